@@ -1,0 +1,42 @@
+"""What a sans-IO core asks its runtime to do.
+
+Every protocol core in `ecast` (the link layer, ufabcast, later the router and the
+application endpoint) is a plain object whose methods take an input and the current time
+and return an :class:`Effects`.  The runtime (the asyncio/TCP driver or the simulator)
+performs the effects; the core never touches a socket, a clock or a thread.  This is the
+shape of etcd's ``raft`` (Ready/Advance) and of ``h11``; see ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+NodeId = str
+"""A process identifier.  Strings, so that ordering ties break the same way everywhere."""
+
+
+@dataclass(slots=True)
+class Effects:
+    """Outputs of one call into a core.
+
+    ``wake_at`` replaces a list of named timers: a core keeps its own deadlines and tells
+    the runtime only the earliest one, so the runtime holds at most one timer per core and
+    calls ``on_tick(now)`` when it fires (docs/decisions.md, "one wake-up per core").
+    """
+
+    send: list[tuple[NodeId, Any]] = field(default_factory=list)
+    deliver: list[Any] = field(default_factory=list)
+    wake_at: float | None = None
+    forget: list[NodeId] = field(default_factory=list)
+
+    def wake(self, at: float | None) -> None:
+        """Ask to be ticked no later than ``at``."""
+        if at is not None and (self.wake_at is None or at < self.wake_at):
+            self.wake_at = at
+
+    def extend(self, other: Effects) -> None:
+        self.send.extend(other.send)
+        self.deliver.extend(other.deliver)
+        self.forget.extend(other.forget)
+        self.wake(other.wake_at)

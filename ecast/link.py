@@ -1,0 +1,231 @@
+"""Quasi-reliable, loss-less FIFO channels (dissertation 3.3.4, 3.5.1) as a sans-IO core.
+
+E-Cast's correctness argument assumes that between two correct processes every message is
+eventually received (quasi-reliability), in send order (FIFO), and never with a hole in the
+middle (loss-less).  The wait-free Multi-Paxos of 3.5.4 leans on exactly this: a leader
+sends phase-2 messages back to back and never waits for their acknowledgements.
+
+TCP alone gives FIFO within one connection but not across reconnects, and the simulator
+drops frames on purpose.  This module restores the guarantees with per-channel sequence
+numbers, cumulative acknowledgements, a reorder buffer and resend of unacknowledged frames.
+The same class runs under the simulator (lossy, delaying network) and, in a later issue,
+under the TCP runtime (reconnects).
+
+Incarnations: a process that restarts is a *new* process (fail-silent model, 3.5.4).  Each
+frame names the sender's incarnation and the incarnation of the receiver it was meant for.
+A frame from a newer incarnation of a peer resets the channel, and nothing buffered for the
+old incarnation is ever resent to the new one.
+
+One frame per peer per flush carries every message queued for that peer since the last
+flush, so the per-message cost of the runtime is paid once per batch (STYLE.md section 4).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from ecast.effects import NodeId
+
+DATAGRAM = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """The unit a channel puts on the wire.
+
+    ``seq`` is 0 for a frame that only carries an acknowledgement and -1 for a best-effort
+    datagram (see :meth:`LinkLayer.forget`).  ``ack`` is the highest sequence number
+    received in order from the peer's current incarnation.
+    """
+
+    src_inc: int
+    dst_inc: int
+    seq: int
+    ack: int
+    msgs: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LinkParams:
+    resend_timeout: float = 0.2
+    """Resend a frame that has not been acknowledged for this long."""
+    ack_delay: float = 0.01
+    """Send a bare acknowledgement if no data frame carried one within this delay."""
+    reorder_window: int = 4096
+    """Frames further ahead than this are dropped on receipt (they will be resent)."""
+
+
+@dataclass(slots=True)
+class _Channel:
+    peer_inc: int = 0  # 0 until the peer's incarnation is known
+    next_out: int = 1
+    unacked: deque[tuple[int, tuple[Any, ...], float]] = field(default_factory=deque)
+    next_in: int = 1
+    reorder: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+    ack_due_at: float | None = None
+    ack_sent: int = 0
+
+
+class LinkLayer:
+    """All channels of one process.
+
+    Usage per event: feed inbound frames to :meth:`on_frame` (which returns the messages now
+    deliverable, in order), queue outbound messages with :meth:`send`, then call
+    :meth:`flush` once to obtain the frames to transmit.  Call :meth:`on_tick` at
+    :meth:`next_deadline` for resends and delayed acknowledgements.
+    """
+
+    def __init__(self, me: NodeId, incarnation: int, params: LinkParams | None = None) -> None:
+        if incarnation <= 0:
+            raise ValueError("incarnation must be positive")
+        self.me = me
+        self.incarnation = incarnation
+        self.params = params or LinkParams()
+        self._chans: dict[NodeId, _Channel] = {}
+        self._outbox: dict[NodeId, list[Any]] = {}
+        self._forgotten: set[NodeId] = set()
+        self.stats = {"frames_sent": 0, "frames_resent": 0, "frames_dropped_stale": 0}
+
+    # -- sending -------------------------------------------------------------------------
+    def send(self, peer: NodeId, msg: Any) -> None:
+        """Queue ``msg`` for ``peer``; it leaves with the next :meth:`flush`."""
+        box = self._outbox.get(peer)
+        if box is None:
+            self._outbox[peer] = [msg]
+        else:
+            box.append(msg)
+
+    def flush(self, now: float) -> list[tuple[NodeId, Frame]]:
+        """One frame per peer with everything queued, plus acknowledgements that are due."""
+        out: list[tuple[NodeId, Frame]] = []
+        if self._outbox:
+            boxes, self._outbox = self._outbox, {}
+            for peer, msgs in boxes.items():
+                if peer in self._forgotten:
+                    out.append((peer, Frame(self.incarnation, 0, DATAGRAM, 0, tuple(msgs))))
+                    continue
+                ch = self._chan(peer)
+                seq = ch.next_out
+                ch.next_out += 1
+                payload = tuple(msgs)
+                ch.unacked.append((seq, payload, now))
+                ack = ch.next_in - 1
+                ch.ack_sent = ack
+                ch.ack_due_at = None
+                out.append((peer, Frame(self.incarnation, ch.peer_inc, seq, ack, payload)))
+        self.stats["frames_sent"] += len(out)
+        return out
+
+    # -- receiving -----------------------------------------------------------------------
+    def on_frame(self, src: NodeId, frame: Frame, now: float) -> list[Any]:
+        """Accept a frame from ``src``; return the messages that became deliverable in order."""
+        if frame.seq == DATAGRAM or src in self._forgotten:
+            return list(frame.msgs)  # best effort, no channel state
+        ch = self._chan(src)
+        if frame.dst_inc not in (0, self.incarnation):
+            # Meant for an earlier incarnation of this process.  Answer with a bare ack so
+            # the sender learns our incarnation and resets its side of the channel.
+            self.stats["frames_dropped_stale"] += 1
+            if frame.src_inc >= ch.peer_inc:
+                ch.peer_inc = frame.src_inc
+                if ch.ack_due_at is None:
+                    ch.ack_due_at = now + self.params.ack_delay
+            return []
+        if frame.src_inc < ch.peer_inc:
+            self.stats["frames_dropped_stale"] += 1
+            return []  # from a dead incarnation of the peer
+        if frame.src_inc > ch.peer_inc:
+            if ch.peer_inc != 0:
+                # The peer restarted: it is a new process.  Forget both directions.
+                ch = _Channel()
+                self._chans[src] = ch
+            ch.peer_inc = frame.src_inc
+        self._on_ack(ch, frame.ack)
+        if frame.seq == 0:
+            return []
+        delivered: list[Any] = []
+        if frame.seq == ch.next_in:
+            delivered.extend(frame.msgs)
+            ch.next_in += 1
+            reorder = ch.reorder
+            while reorder:
+                msgs = reorder.pop(ch.next_in, None)
+                if msgs is None:
+                    break
+                delivered.extend(msgs)
+                ch.next_in += 1
+        elif ch.next_in < frame.seq <= ch.next_in + self.params.reorder_window:
+            ch.reorder[frame.seq] = frame.msgs  # ahead of a gap: wait for the resend
+        # Duplicates and gaps both need the sender to hear our position soon.
+        if ch.ack_due_at is None:
+            ch.ack_due_at = now + self.params.ack_delay
+        return delivered
+
+    def _on_ack(self, ch: _Channel, ack: int) -> None:
+        unacked = ch.unacked
+        while unacked and unacked[0][0] <= ack:
+            unacked.popleft()
+
+    # -- time ----------------------------------------------------------------------------
+    def on_tick(self, now: float) -> list[tuple[NodeId, Frame]]:
+        """Resend overdue frames and send acknowledgements that are due."""
+        out: list[tuple[NodeId, Frame]] = []
+        timeout = self.params.resend_timeout
+        for peer, ch in self._chans.items():
+            ack = ch.next_in - 1
+            resent = False
+            if ch.unacked and ch.unacked[0][2] + timeout <= now:
+                fresh: deque[tuple[int, tuple[Any, ...], float]] = deque()
+                for seq, msgs, _sent in ch.unacked:
+                    out.append((peer, Frame(self.incarnation, ch.peer_inc, seq, ack, msgs)))
+                    fresh.append((seq, msgs, now))
+                    self.stats["frames_resent"] += 1
+                ch.unacked = fresh
+                resent = True
+            if resent:
+                ch.ack_sent = ack
+                ch.ack_due_at = None
+            elif ch.ack_due_at is not None and ch.ack_due_at <= now:
+                out.append((peer, Frame(self.incarnation, ch.peer_inc, 0, ack)))
+                ch.ack_sent = ack
+                ch.ack_due_at = None
+        return out
+
+    def next_deadline(self) -> float | None:
+        best: float | None = None
+        timeout = self.params.resend_timeout
+        for ch in self._chans.values():
+            if ch.unacked:
+                t = ch.unacked[0][2] + timeout
+                if best is None or t < best:
+                    best = t
+            if ch.ack_due_at is not None and (best is None or ch.ack_due_at < best):
+                best = ch.ack_due_at
+        return best
+
+    # -- membership ----------------------------------------------------------------------
+    def forget(self, peer: NodeId) -> None:
+        """Drop every buffer for ``peer`` (it was parted or declared faulty) for good.
+
+        Later traffic with ``peer`` is best effort in both directions: we still want to tell
+        a parted router that it was parted, but owe it no ordering or resend.  Ids are never
+        reused (a restarted process comes back under a fresh id), so this is permanent.
+        """
+        self._chans.pop(peer, None)
+        self._forgotten.add(peer)  # what is queued still leaves, as a datagram
+
+    def unacked(self, peer: NodeId) -> int:
+        ch = self._chans.get(peer)
+        return len(ch.unacked) if ch else 0
+
+    def peers(self) -> list[NodeId]:
+        return list(self._chans)
+
+    def _chan(self, peer: NodeId) -> _Channel:
+        ch = self._chans.get(peer)
+        if ch is None:
+            ch = _Channel()
+            self._chans[peer] = ch
+        return ch

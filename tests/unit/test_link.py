@@ -1,0 +1,173 @@
+"""The link layer restores FIFO, loss-less delivery over a lossy, duplicating network."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ecast.link import DATAGRAM, Frame, LinkLayer, LinkParams
+
+
+def pump(a: LinkLayer, b: LinkLayer, frames: list[tuple[str, Frame]], now: float) -> list:
+    """Deliver frames a -> b; return what b delivered."""
+    out = []
+    for dst, frame in frames:
+        assert dst == b.me
+        out.extend(b.on_frame(a.me, frame, now))
+    return out
+
+
+def test_one_frame_per_peer_per_flush_carries_every_queued_message() -> None:
+    a = LinkLayer("a", 1)
+    for i in range(5):
+        a.send("b", i)
+    a.send("c", "x")
+    frames = a.flush(0.0)
+    assert sorted(dst for dst, _ in frames) == ["b", "c"]
+    by_dst = dict(frames)
+    assert by_dst["b"].msgs == (0, 1, 2, 3, 4)
+    assert by_dst["b"].seq == 1
+    assert a.flush(0.0) == []  # nothing queued, nothing sent
+
+
+def test_lost_frame_is_resent_and_order_is_restored() -> None:
+    p = LinkParams(resend_timeout=0.1, ack_delay=0.01)
+    a, b = LinkLayer("a", 1, p), LinkLayer("b", 1, p)
+    a.send("b", "m1")
+    f1 = a.flush(0.0)
+    a.send("b", "m2")
+    f2 = a.flush(0.0)
+    # f1 is lost; f2 arrives first and must wait in the reorder buffer.
+    assert pump(a, b, f2, 0.0) == []
+    assert a.next_deadline() == 0.1
+    resent = a.on_tick(0.1)
+    assert [f.seq for _, f in resent] == [f1[0][1].seq, f2[0][1].seq]
+    assert pump(a, b, resent, 0.1) == ["m1", "m2"]
+    # b acknowledges; a stops resending.
+    acks = b.on_tick(0.2)
+    for _, frame in acks:
+        a.on_frame("b", frame, 0.2)
+    assert a.unacked("b") == 0
+    assert a.on_tick(1.0) == []
+
+
+def test_duplicates_are_delivered_once() -> None:
+    a, b = LinkLayer("a", 1), LinkLayer("b", 1)
+    a.send("b", "m")
+    frames = a.flush(0.0)
+    assert pump(a, b, frames, 0.0) == ["m"]
+    assert pump(a, b, frames, 0.0) == []
+
+
+def test_ack_piggybacks_on_data() -> None:
+    a, b = LinkLayer("a", 1), LinkLayer("b", 1)
+    a.send("b", "ping")
+    pump(a, b, a.flush(0.0), 0.0)
+    b.send("a", "pong")
+    ((_dst, frame),) = b.flush(0.001)
+    assert frame.ack == 1
+    a.on_frame("b", frame, 0.001)
+    assert a.unacked("b") == 0
+
+
+def test_new_incarnation_resets_the_channel_and_nothing_is_resent_to_it() -> None:
+    a, b = LinkLayer("a", 1), LinkLayer("b", 1)
+    a.send("b", "hello")
+    pump(a, b, a.flush(0.0), 0.0)
+    b.send("a", "reply")
+    for _, f in b.flush(0.0):
+        a.on_frame("b", f, 0.0)
+    a.send("b", "to-old-b")
+    a.flush(0.0)  # sent, never acknowledged: old b died
+    b2 = LinkLayer("b", 2)  # b restarted: a new process
+    b2.send("a", "i am new")
+    got = [m for _, f in b2.flush(1.0) for m in a.on_frame("b", f, 1.0)]
+    assert got == ["i am new"]
+    assert a.unacked("b") == 0  # the old incarnation's frames are gone
+    assert all(f.seq == 0 for _, f in a.on_tick(5.0))  # at most a bare ack, no data
+
+
+def test_frames_for_a_dead_incarnation_are_dropped_and_answered() -> None:
+    a = LinkLayer("a", 1)
+    b2 = LinkLayer("b", 2)
+    stale = Frame(src_inc=1, dst_inc=1, seq=7, ack=0, msgs=("old",))  # meant for b's first life
+    assert b2.on_frame("a", stale, 0.0) == []
+    assert b2.stats["frames_dropped_stale"] == 1
+    # b2 answers with a bare ack that tells a about the new incarnation.
+    answer = b2.on_tick(1.0)
+    assert answer and answer[0][1].src_inc == 2 and answer[0][1].seq == 0
+    a.on_frame("b", answer[0][1], 1.0)  # a resets its channel to b
+
+
+def test_forgotten_peer_gets_best_effort_datagrams_both_ways() -> None:
+    a, b = LinkLayer("a", 1), LinkLayer("b", 1)
+    a.forget("b")
+    a.send("b", "you were parted")
+    ((_dst, frame),) = a.flush(0.0)
+    assert frame.seq == DATAGRAM
+    assert b.on_frame("a", frame, 0.0) == ["you were parted"]
+    assert a.unacked("b") == 0 and a.on_tick(10.0) == []
+    # Sequenced frames from a forgotten peer are delivered without channel state.
+    b.send("a", "late")
+    ((_dst, late),) = b.flush(0.0)
+    assert a.on_frame("b", late, 0.0) == ["late"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 60),
+    loss=st.floats(0.0, 0.6),
+    dup=st.floats(0.0, 0.3),
+)
+def test_lossy_duplicating_reordering_network_yields_fifo_exactly_once(
+    seed: int, n: int, loss: float, dup: float
+) -> None:
+    rng = random.Random(seed)
+    p = LinkParams(resend_timeout=0.05, ack_delay=0.01)
+    a, b = LinkLayer("a", 1, p), LinkLayer("b", 1, p)
+    got: list[int] = []
+    wire: list[tuple[float, str, Frame]] = []  # (arrival, receiver, frame)
+    now = 0.0
+    sent = 0
+
+    def transmit(src: LinkLayer, frames: list[tuple[str, Frame]]) -> None:
+        for dst, f in frames:
+            if rng.random() < loss:
+                continue
+            copies = 2 if rng.random() < dup else 1
+            for _ in range(copies):
+                wire.append((now + rng.uniform(0.001, 0.03), dst, f))
+
+    for _ in range(4000):
+        if sent < n and rng.random() < 0.3:
+            a.send("b", sent)
+            sent += 1
+            transmit(a, a.flush(now))
+        now += 0.005
+        wire.sort(key=lambda x: x[0])
+        due = [w for w in wire if w[0] <= now]
+        wire = [w for w in wire if w[0] > now]
+        for _, dst, f in due:
+            if dst == "b":
+                got.extend(b.on_frame("a", f, now))
+            else:
+                a.on_frame("b", f, now)
+        transmit(a, a.on_tick(now))
+        transmit(b, b.on_tick(now))
+        if sent == n and len(got) == n and a.unacked("b") == 0:
+            break
+    assert got == list(range(n))
+
+
+def test_old_duplicates_leave_no_state_behind() -> None:
+    a, b = LinkLayer("a", 1), LinkLayer("b", 1)
+    frames = []
+    for i in range(3):
+        a.send("b", i)
+        frames += a.flush(0.0)
+    pump(a, b, frames, 0.0)
+    pump(a, b, frames, 0.0)  # every frame again
+    assert b._chans["a"].reorder == {}
