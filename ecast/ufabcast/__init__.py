@@ -1,0 +1,31 @@
+"""Uniform FIFO atomic broadcast among routers: reconfigurable wait-free Multi-Paxos (3.5.4)."""
+
+from ecast.ufabcast.core import NOOP, Ufabcast
+from ecast.ufabcast.messages import (
+    AppCmd,
+    Executed,
+    Installed,
+    JoinCmd,
+    PartCmd,
+    SnapshotNeeded,
+    Stopped,
+    View,
+    ViewChanged,
+)
+from ecast.ufabcast.params import MUTATIONS, UfabParams
+
+__all__ = [
+    "MUTATIONS",
+    "NOOP",
+    "AppCmd",
+    "Executed",
+    "Installed",
+    "JoinCmd",
+    "PartCmd",
+    "SnapshotNeeded",
+    "Stopped",
+    "UfabParams",
+    "Ufabcast",
+    "View",
+    "ViewChanged",
+]

@@ -1,0 +1,54 @@
+"""Tunables of ufabcast, with the dissertation's defaults (3.5.4 to 3.5.7)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MUTATIONS = frozenset(
+    {
+        "keep_void_instances",  # execute old-view instances chosen after a stop sign
+        "renumber_reproposals",  # give a re-proposed command a fresh sequence number
+        "no_fifo_dedup",  # release a command again when it was chosen twice
+        "execute_parted",  # execute commands of a router chosen after its own part
+        "skip_phase1",  # a new leader proposes without phase 1 (holes not filled)
+    }
+)
+"""Test-only switches that plant known bugs; the test suite must catch every one."""
+
+
+@dataclass(frozen=True, slots=True)
+class UfabParams:
+    heartbeat_interval: float = 0.25
+    """Heartbeats carry the highest executed instance (GC) and prove liveness (3.5.5)."""
+    failure_timeout: float = 1.0
+    """A member silent this long is proposed ``part``.  The dissertation used 3 s; a data
+    centre warrants 1 s (docs/decisions.md)."""
+    clump_delay: float = 0.010
+    """Message clumping (3.5.7): wait at most this long for more commands..."""
+    clump_trigger: int = 3
+    """...or until this many are waiting.  A trigger, not a cap: everything waiting goes."""
+    max_batch: int = 4096
+    """Cap on commands per Paxos instance, so one instance never becomes a huge frame."""
+    max_active: int = 32768
+    """Instances above the collected watermark a leader may have open (3.5.6)."""
+    backoff_initial: float = 0.05
+    backoff_max: float = 2.0
+    """Binary exponential backoff after a conflicting proposal (3.5.6)."""
+    catchup_batch: int = 512
+    """Executed instances per catch-up reply."""
+    resend_timeout: float = 1.0
+    """Re-send pending commands to the leader if none of them executed for this long."""
+    join_retry: float = 1.0
+    """A joiner without a snapshot asks again (the next seed) this often."""
+    seed: int = 0
+    """Seeds the jitter of backoff delays, so runs replay exactly."""
+    mutations: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.mutations) - MUTATIONS
+        if unknown:
+            raise ValueError(f"unknown mutations: {sorted(unknown)}")
+        if self.failure_timeout <= self.heartbeat_interval:
+            raise ValueError("failure_timeout must exceed heartbeat_interval")
+        if self.clump_trigger < 1 or self.max_batch < 1 or self.max_active < 1:
+            raise ValueError("clump_trigger, max_batch and max_active must be positive")
