@@ -42,7 +42,7 @@ def ufab_config(
         commands=commands,
         faults=faults,
         fault_time=fault_time,
-        params=params,
+        ufab=params,
     )
 
 

@@ -141,6 +141,8 @@ class Ufabcast:
         # -- replicated state machine
         self.view: View | None = None
         self.installed = False
+        self.installed_view: View | None = None
+        """For a joiner: the view its first snapshot put it in."""
         self.next_exec = 0
         self.log: dict[int, tuple[int, Value]] = {}
         self.log_floor = -1
@@ -1139,6 +1141,8 @@ class Ufabcast:
             return
         if self.view is not None and msg.view.number < self.view.number:
             return
+        if not self.installed:
+            self.installed_view = msg.view
         self.installed = True
         self.next_exec = msg.tag + 1
         self.log_floor = msg.tag
