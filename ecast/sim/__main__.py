@@ -15,6 +15,9 @@ import json
 import sys
 from typing import Any
 
+from ecast.endpoint import ENDPOINT_MUTATIONS, EndpointParams
+from ecast.router import ROUTER_MUTATIONS, RouterParams
+from ecast.sim.ecast_run import ECAST_FAULTS, EcastRunConfig, run_ecast
 from ecast.sim.ufab import FAULT_KINDS, UfabRunConfig, run_ufabcast
 from ecast.ufabcast import MUTATIONS, UfabParams
 
@@ -46,9 +49,41 @@ def ufab_config(
     )
 
 
-def replay_command(**kw: Any) -> str:
-    """The command line that reruns a schedule given as ``ufab_config`` keywords."""
-    parts = ["python -m ecast.sim --layer ufabcast"]
+def ecast_config(
+    seed: int,
+    routers: int = 3,
+    submitters: int = 3,
+    receivers: int = 2,
+    replication: int = 0,
+    messages: int = 300,
+    faults: tuple[str, ...] = ECAST_FAULTS,
+    clumping: bool = True,
+    delayed_acks: bool = True,
+    all_leaders: bool = False,
+    fault_time: float = 8.0,
+    router_mutations: frozenset[str] = frozenset(),
+    endpoint_mutations: frozenset[str] = frozenset(),
+) -> EcastRunConfig:
+    return EcastRunConfig(
+        seed=seed,
+        routers=routers,
+        submitters=submitters,
+        receivers=receivers,
+        replication=replication,
+        messages=messages,
+        faults=faults,
+        fault_time=fault_time,
+        ufab=UfabParams(clump_trigger=3 if clumping else 1, clump_delay=0.010 if clumping else 0.0),
+        router=RouterParams(
+            delayed_acks=delayed_acks, all_leaders=all_leaders, mutations=router_mutations
+        ),
+        endpoint=EndpointParams(mutations=endpoint_mutations),
+    )
+
+
+def replay_command(layer: str = "ufabcast", **kw: Any) -> str:
+    """The command line that reruns a schedule given as ``*_config`` keywords."""
+    parts = [f"python -m ecast.sim --layer {layer}"]
     for key, value in kw.items():
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
@@ -67,42 +102,80 @@ def _csv(text: str) -> tuple[str, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ecast.sim", description=__doc__.split("\n")[0])
-    ap.add_argument("--layer", choices=["ufabcast"], default="ufabcast")
+    ap.add_argument("--layer", choices=["ecast", "ufabcast"], default="ecast")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--routers", type=int, default=3)
-    ap.add_argument("--commands", type=int, default=300)
-    ap.add_argument("--faults", type=_csv, default=FAULT_KINDS, help=",".join(FAULT_KINDS))
-    ap.add_argument("--max-active", type=int, default=32768)
+    ap.add_argument("--faults", type=_csv, default=None, help="comma-separated fault kinds")
     ap.add_argument("--clumping", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--fault-time", type=float, default=8.0)
-    ap.add_argument("--mutations", type=_csv, default=(), help=",".join(sorted(MUTATIONS)))
+    ap.add_argument("--mutations", type=_csv, default=(), help="planted bugs (tests only)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--progress", action="store_true", help="print faults as they happen")
-    args = ap.parse_args(argv)
-    unknown = set(args.faults) - set(FAULT_KINDS)
-    if unknown:
-        ap.error(f"unknown faults {sorted(unknown)}; choose from {','.join(FAULT_KINDS)}")
-    cfg = ufab_config(
-        seed=args.seed,
-        routers=args.routers,
-        commands=args.commands,
-        faults=tuple(args.faults),
-        max_active=args.max_active,
-        clumping=args.clumping,
-        fault_time=args.fault_time,
-        mutations=frozenset(args.mutations),
+    e = ap.add_argument_group("ecast layer")
+    e.add_argument("--messages", type=int, default=300)
+    e.add_argument("--submitters", type=int, default=3)
+    e.add_argument("--receivers", type=int, default=2)
+    e.add_argument(
+        "--replication",
+        type=int,
+        default=0,
+        help="0: broadcast config; f: key-ring config with f successors",
     )
+    e.add_argument("--delayed-acks", action=argparse.BooleanOptionalAction, default=True)
+    e.add_argument("--all-leaders", action="store_true", help="every router acts as leader")
+    u = ap.add_argument_group("ufabcast layer")
+    u.add_argument("--commands", type=int, default=300)
+    u.add_argument("--max-active", type=int, default=32768)
+    args = ap.parse_args(argv)
+    kinds = ECAST_FAULTS if args.layer == "ecast" else FAULT_KINDS
+    faults = kinds if args.faults is None else tuple(args.faults)
+    unknown = set(faults) - set(kinds)
+    if unknown:
+        ap.error(f"unknown faults {sorted(unknown)}; choose from {','.join(kinds)}")
+    mutations = frozenset(args.mutations)
+    if args.layer == "ecast":
+        bad = mutations - ROUTER_MUTATIONS - ENDPOINT_MUTATIONS
+        if bad:
+            ap.error(f"unknown mutations {sorted(bad)}")
+        cfg: Any = ecast_config(
+            seed=args.seed,
+            routers=args.routers,
+            submitters=args.submitters,
+            receivers=args.receivers,
+            replication=args.replication,
+            messages=args.messages,
+            faults=faults,
+            clumping=args.clumping,
+            delayed_acks=args.delayed_acks,
+            all_leaders=args.all_leaders,
+            fault_time=args.fault_time,
+            router_mutations=mutations & ROUTER_MUTATIONS,
+            endpoint_mutations=mutations & ENDPOINT_MUTATIONS,
+        )
+        runner: Any = run_ecast
+    else:
+        if mutations - MUTATIONS:
+            ap.error(f"unknown mutations {sorted(mutations - MUTATIONS)}")
+        cfg = ufab_config(
+            seed=args.seed,
+            routers=args.routers,
+            commands=args.commands,
+            faults=faults,
+            max_active=args.max_active,
+            clumping=args.clumping,
+            fault_time=args.fault_time,
+            mutations=mutations,
+        )
+        runner = run_ufabcast
     if args.progress:
         cfg.progress = lambda line: print(line, flush=True)
-    result = run_ufabcast(cfg)
+    result = runner(cfg)
     if args.json:
         print(json.dumps(result.to_json(), sort_keys=True))
     else:
-        print(
-            f"seed {result.seed}: {result.commands} commands, {result.executed} executed, "
-            f"{result.routers_started} routers started, {len(result.faults)} faults, "
-            f"{result.virtual_s:.1f}s virtual in {result.wall_s:.2f}s"
-        )
+        for key, value in result.to_json().items():
+            if key not in ("faults", "stats", "violations", "situations"):
+                print(f"{key}: {value}")
         reached = [k for k, v in result.situations.items() if v]
         print(f"situations reached: {', '.join(reached) or 'none'}")
         if result.violations:

@@ -1,18 +1,33 @@
-"""A scripted driver for ufabcast cores: the test decides every delivery.
+"""Scripted drivers: the test decides every delivery.
 
 Messages wait in per-link FIFO queues until the test delivers them (a link's whole queue is
 one batch, like one frame); time moves only when the test ticks.  This is how the unit
 tests stage exact interleavings (a stop sign chosen together with the instance after it,
-a leader that crashes after one acceptor saw its proposal, ...) and then run the same
-checkers as the randomized simulator over what the routers executed.
+a leader that crashes after one acceptor saw its proposal, a leader change after the last
+message, ...) and then run the same checkers as the randomized simulator.
+
+:class:`ManualNet` hosts bare ufabcast routers; :class:`EcastNet` hosts E-Cast routers and
+application endpoints.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
+from ecast.config import BroadcastConfig, Config
 from ecast.effects import Effects, NodeId
+from ecast.endpoint import Endpoint, EndpointParams
+from ecast.router import Router, RouterParams
+from ecast.sim.ecast_checks import (
+    LIVENESS,
+    SAFETY,
+    AppRecord,
+    build_reference,
+)
+from ecast.sim.ecast_checks import RouterRecord as EcastRouterRecord
+from ecast.sim.ecast_run import AppHost, RouterHost
 from ecast.sim.ufab import LogApp
 from ecast.sim.ufab_checks import (
     SAFETY_CHECKS,
@@ -24,61 +39,45 @@ from ecast.sim.ufab_checks import (
 from ecast.ufabcast import Ufabcast, UfabParams
 
 
-class ManualNet:
-    def __init__(self, founders: list[NodeId], params: UfabParams | None = None) -> None:
-        self.params = params or UfabParams()
+class ScriptedNet:
+    """Per-link FIFO queues and a clock, both under the test's control."""
+
+    def __init__(self) -> None:
         self.now = 0.0
-        self.apps: dict[NodeId, LogApp] = {}
+        self.nodes: dict[NodeId, Any] = {}
         self.queues: dict[tuple[NodeId, NodeId], deque[Any]] = {}
         self.crashed: set[NodeId] = set()
-        self.proposals: dict[str, tuple[NodeId, int]] = {}
         self.notes: dict[str, Any] = {}
         """Observations a scenario records mid-way, for tests to assert on."""
         self.sent: list[tuple[NodeId, NodeId, Any]] = []
-        """Every message any core sent, in order (for assertions about proposals)."""
-        for f in founders:
-            self._add(f, Ufabcast(f, self.params, members=founders))
+        """Every message any node sent, in order."""
 
-    # ------------------------------------------------------------------ processes
-    def _add(self, rid: NodeId, core: Ufabcast) -> None:
-        self.apps[rid] = LogApp(core, RouterRecord(installed=core.installed))
+    def add(self, node_id: NodeId, node: Any, tick: bool = True) -> None:
+        self.nodes[node_id] = node
+        self.crashed.discard(node_id)
+        if tick:
+            self._apply(node_id, node.on_tick(self.now))
 
-    def core(self, rid: NodeId) -> Ufabcast:
-        return self.apps[rid].core
+    def call(self, node_id: NodeId, fn: Callable[[Any, float], Effects]) -> None:
+        self._apply(node_id, fn(self.nodes[node_id], self.now))
 
-    def record(self, rid: NodeId) -> RouterRecord:
-        return self.apps[rid].rec
-
-    def join(self, rid: NodeId, seeds: list[NodeId]) -> None:
-        self._add(rid, Ufabcast(rid, self.params, seeds=seeds))
-        self._apply(rid, self.apps[rid].on_tick(self.now))
-
-    def crash(self, rid: NodeId) -> None:
-        self.crashed.add(rid)
+    def crash(self, node_id: NodeId) -> None:
+        self.crashed.add(node_id)
         for key in list(self.queues):
-            if rid in key:
+            if node_id in key:
                 del self.queues[key]
-
-    # ------------------------------------------------------------------ inputs
-    def propose(self, rid: NodeId, payload: str) -> None:
-        app = self.apps[rid]
-        self._apply(rid, app.propose(payload, self.now))
-        self.proposals[payload] = (rid, app.core.my_seq)
-
-    def leave(self, rid: NodeId) -> None:
-        self._apply(rid, self.core(rid).leave(self.now))
 
     def tick(self, dt: float = 0.0) -> None:
         self.now += dt
-        for rid, app in self.apps.items():
-            if rid not in self.crashed:
-                self._apply(rid, app.on_tick(self.now))
+        for nid, node in self.nodes.items():
+            if nid not in self.crashed:
+                self._apply(nid, node.on_tick(self.now))
 
-    def _apply(self, rid: NodeId, fx: Effects) -> None:
+    def _apply(self, nid: NodeId, fx: Effects) -> None:
         for dst, msg in fx.send:
-            if dst not in self.crashed and rid not in self.crashed:
-                self.sent.append((rid, dst, msg))
-                self.queues.setdefault((rid, dst), deque()).append(msg)
+            if dst not in self.crashed and nid not in self.crashed:
+                self.sent.append((nid, dst, msg))
+                self.queues.setdefault((nid, dst), deque()).append(msg)
 
     # ------------------------------------------------------------------ delivery
     def pending(self, src: NodeId, dst: NodeId) -> list[Any]:
@@ -91,7 +90,7 @@ class ManualNet:
             return 0
         n = len(q) if count is None else min(count, len(q))
         batch = tuple(q.popleft() for _ in range(n))
-        self._apply(dst, self.apps[dst].on_messages(src, batch, self.now))
+        self._apply(dst, self.nodes[dst].on_messages(src, batch, self.now))
         return n
 
     def inject(self, src: NodeId, dst: NodeId, msg: Any) -> None:
@@ -99,17 +98,11 @@ class ManualNet:
         self.queues.setdefault((src, dst), deque()).append(msg)
 
     def lose(self, src: NodeId, dst: NodeId, index: int) -> Any:
-        """Remove one queued message: a message that went to a router which then vanished."""
+        """Remove one queued message: a message that went to a process which then vanished."""
         q = self.queues[(src, dst)]
         msg = q[index]
         del q[index]
         return msg
-
-    def replace(self, rid: NodeId, core: Ufabcast) -> None:
-        """Start a new process under an old id (which the group must refuse)."""
-        self._add(rid, core)
-        self.crashed.discard(rid)
-        self._apply(rid, self.apps[rid].on_tick(self.now))
 
     def drop(self, src: NodeId, dst: NodeId) -> int:
         q = self.queues.pop((src, dst), None)
@@ -138,7 +131,45 @@ class ManualNet:
             self.tick(step)
         self.deliver_all(hold=hold)
 
-    # ------------------------------------------------------------------ verdict
+
+class ManualNet(ScriptedNet):
+    """Bare ufabcast routers, each with an executed log on top (:class:`LogApp`)."""
+
+    def __init__(self, founders: list[NodeId], params: UfabParams | None = None) -> None:
+        super().__init__()
+        self.params = params or UfabParams()
+        self.proposals: dict[str, tuple[NodeId, int]] = {}
+        for f in founders:
+            self._add(f, Ufabcast(f, self.params, members=founders), tick=False)
+
+    @property
+    def apps(self) -> dict[NodeId, LogApp]:
+        return self.nodes
+
+    def _add(self, rid: NodeId, core: Ufabcast, tick: bool = True) -> None:
+        self.add(rid, LogApp(core, RouterRecord(installed=core.installed)), tick)
+
+    def core(self, rid: NodeId) -> Ufabcast:
+        return self.nodes[rid].core
+
+    def record(self, rid: NodeId) -> RouterRecord:
+        return self.nodes[rid].rec
+
+    def join(self, rid: NodeId, seeds: list[NodeId]) -> None:
+        self._add(rid, Ufabcast(rid, self.params, seeds=seeds))
+
+    def replace(self, rid: NodeId, core: Ufabcast) -> None:
+        """Start a new process under an old id (which the group must refuse)."""
+        self._add(rid, core)
+
+    def propose(self, rid: NodeId, payload: str) -> None:
+        app = self.nodes[rid]
+        self._apply(rid, app.propose(payload, self.now))
+        self.proposals[payload] = (rid, app.core.my_seq)
+
+    def leave(self, rid: NodeId) -> None:
+        self._apply(rid, self.core(rid).leave(self.now))
+
     def executed(self, rid: NodeId) -> list[str]:
         return [e[2] for e in self.record(rid).log]
 
@@ -163,4 +194,86 @@ class ManualNet:
                         f"termination: {rid} still waits for {len(app.core.pending)} of its "
                         f"commands and {len(app.core.pending_reconfig)} reconfigurations"
                     )
+        return out
+
+
+class EcastNet(ScriptedNet):
+    """E-Cast routers and application endpoints, recorded for the E-Cast checkers."""
+
+    def __init__(
+        self,
+        routers: list[NodeId],
+        config: Config | None = None,
+        router_params: RouterParams | None = None,
+        endpoint_params: EndpointParams | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config or BroadcastConfig.initial()
+        self.router_params = router_params or RouterParams()
+        self.endpoint_params = endpoint_params or EndpointParams()
+        self.founders = list(routers)
+        self.router_recs: dict[NodeId, EcastRouterRecord] = {}
+        self.app_recs: dict[NodeId, AppRecord] = {}
+        for r in routers:
+            self.add_router(r, routers=routers)
+
+    def add_router(
+        self,
+        rid: NodeId,
+        routers: list[NodeId] | None = None,
+        seeds: list[NodeId] | None = None,
+    ) -> Router:
+        router = Router(rid, self.config, self.router_params, routers=routers, seeds=seeds)
+        rec = EcastRouterRecord()
+        self.router_recs[rid] = rec
+        self.add(rid, RouterHost(router, rec, lambda: self.now))
+        return router
+
+    def add_app(self, pid: NodeId, role: str = "member", join: bool = True) -> Endpoint:
+        ep = Endpoint(pid, self.founders, self.endpoint_params)
+        rec = AppRecord(role)
+        self.app_recs[pid] = rec
+        self.add(pid, AppHost(pid, ep, rec))
+        if join:
+            self.call(pid, lambda h, now: h.record_submission(*h.ep.join(now, role=role), now))
+        return ep
+
+    def router(self, rid: NodeId) -> Router:
+        return self.nodes[rid].router
+
+    def endpoint(self, pid: NodeId) -> Endpoint:
+        return self.nodes[pid].ep
+
+    def submit(self, pid: NodeId, payload: Any, header: Any = None) -> None:
+        self.call(pid, lambda h, now: h.submit(payload, header, now))
+
+    def submit_unsafe(self, pid: NodeId, payload: Any, header: Any = None) -> None:
+        self.call(pid, lambda h, now: h.submit_unsafe(payload, header, now))
+
+    def close(self, pid: NodeId) -> None:
+        self.call(pid, lambda h, now: h.record_submission(*h.ep.close(now), now))
+
+    def suspect(self, pid: NodeId, who: list[NodeId]) -> None:
+        self.call(pid, lambda h, now: h.record_submission(*h.ep.suspect(who, now), now))
+
+    def delivered(self, pid: NodeId) -> list[Any]:
+        """Payloads ``pid`` delivered (safe deliveries, in order)."""
+        ref_ids = {e[2] for e in self.app_recs[pid].events if e[0] == "dlv"}
+        payloads = {}
+        for rec in self.router_recs.values():
+            for m in rec.learned.values():
+                if m.id in ref_ids:
+                    payloads[m.id] = m.payload
+        return [payloads.get(e[2]) for e in self.app_recs[pid].events if e[0] == "dlv"]
+
+    def violations(self, liveness: bool = True) -> list[str]:
+        for pid, rec in self.app_recs.items():
+            rec.crashed = pid in self.crashed
+        ref = build_reference(self.config, self.router_recs)
+        out: list[str] = []
+        for check in SAFETY:
+            out.extend(check(ref, self.app_recs))
+        if liveness:
+            for check in LIVENESS:
+                out.extend(check(ref, self.app_recs))
         return out

@@ -1,0 +1,388 @@
+"""The application endpoint: Algorithm 10 with flow control, leader tracking and unsafe
+messages (3.4.3, 3.5.2, 3.5.6, 3.5.7).
+
+An endpoint submits messages in a session, keeps unstable ones in a send window bounded
+by a congestion window, delivers in ``t`` order exactly once, confirms every delivery it
+receives (duplicates included, or stability would stall), and follows the router
+succession order.  Upcalls, in order: :class:`Delivery`, :class:`Acked`, :class:`Rejected`,
+:class:`LeaderChanged`, :class:`Terminated`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from ecast.effects import Effects, NodeId
+from ecast.message import Message, MsgId, Session, Submission
+from ecast.proto import (
+    Closed,
+    CloseSessions,
+    Confirm,
+    Congestion,
+    Deliver,
+    DeliverUnsafe,
+    Hello,
+    Leader,
+    Route,
+    RouteUnsafe,
+    SessionsClosed,
+    Stable,
+    Suspected,
+)
+
+ENDPOINT_MUTATIONS = frozenset(
+    {
+        "no_window_resend",  # keep the window to itself when the leader changes
+        "no_duplicate_confirm",  # confirm only deliveries that were new
+        "unsafe_advances_t_max",  # let an accepted unsafe message move t_max
+    }
+)
+
+
+class EndpointClosed(RuntimeError):
+    """Submitting after ``close()`` or after termination."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointParams:
+    initial_window: int = 1
+    max_window: int = 1024
+    window_growth: float = 0.5
+    """The congestion window doubles this often (3.5.6)."""
+    progress_timeout: float = 2.0
+    """With messages in the window and no progress for this long, try the next router in
+    succession order (an isolated leader never learns that it was parted)."""
+    mutations: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.initial_window <= self.max_window:
+            raise ValueError("need 1 <= initial_window <= max_window")
+        unknown = set(self.mutations) - ENDPOINT_MUTATIONS
+        if unknown:
+            raise ValueError(f"unknown endpoint mutations: {sorted(unknown)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    t: int
+    """Index in the m-seq; for an unsafe message, the tag it carried (None: never sent)."""
+    message: Message
+    unsafe: bool = False
+    accepted: bool = True
+    """For unsafe messages: whether it fit the delivery stream (tag equal to ``t_max``)."""
+    frontier: int | None = None
+    """For unsafe messages: the router's forwarding position whose config routed it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Acked:
+    """A submission became stable: every unsuspected destination delivered it."""
+
+    id: MsgId
+    t: int | None
+    delivered: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    id: MsgId
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderChanged:
+    view: int
+    succession: tuple[NodeId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionsWereClosed:
+    namespace: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Terminated:
+    reason: str
+    """``closed`` (own part delivered) or ``suspected`` (declared faulty)."""
+
+
+class Endpoint:
+    """One application process's side of E-Cast."""
+
+    def __init__(
+        self,
+        me: NodeId,
+        routers: list[NodeId] | tuple[NodeId, ...],
+        params: EndpointParams | None = None,
+        session: Session | None = None,
+    ) -> None:
+        if not routers:
+            raise ValueError("an endpoint needs at least one router to talk to")
+        self.me = me
+        self.p = params or EndpointParams()
+        self._mut = self.p.mutations
+        self.session: Session = session or (me, 0, "")
+        self.unsafe_session: Session = (self.session[0], self.session[1], self.session[2] + "~u")
+        self.next_seq = 1
+        self.next_unsafe = 1
+        self.window: dict[int, Submission] = {}
+        """Submitted, unstable messages by sequence number (the send window W)."""
+        self.backlog: deque[Submission] = deque()
+        """Submitted, not yet admitted by the congestion window."""
+        self.cwnd = self.p.initial_window
+        self.t_max = -1
+        self.view = -1
+        self.succession: tuple[NodeId, ...] = tuple(routers)
+        self.target = routers[0]
+        self.joined_at: int | None = None
+        self.terminated: str | None = None
+        self.closing = False
+        self.lingering = False
+        """Closed for the application, but still confirming until our part is stable: a
+        leader that takes over in between re-sends the part, and only our confirmation
+        lets it become stable (docs/decisions.md)."""
+        self._started = False
+        self._next_growth = 0.0
+        self._last_progress = 0.0
+        self._now = 0.0
+        self._fx: Effects | None = None
+        self._routes: list[Submission] = []
+        self._unsafe: list[Submission] = []
+        self._confirms: dict[NodeId, int] = {}
+        self._part_id: MsgId | None = None
+        self._join_id: MsgId | None = None
+        self.stats = {"delivered": 0, "duplicates": 0, "unsafe_accepted": 0, "unsafe_rejected": 0}
+
+    # ================================================================== application API
+    def submit(self, payload: Any, header: Any = None, now: float = 0.0) -> tuple[MsgId, Effects]:
+        """Queue a message; it enters the window as the congestion window allows."""
+        self._begin(now)
+        sid = self._new_submission(payload, header)
+        return sid, self._end()
+
+    def join(self, now: float, **header: Any) -> tuple[MsgId, Effects]:
+        """Submit this process's join (application membership is what the history says)."""
+        self._begin(now)
+        sid = self._new_submission(None, {"kind": "join", **header})
+        self._join_id = sid
+        return sid, self._end()
+
+    def suspect(self, who: list[NodeId], now: float) -> tuple[MsgId, Effects]:
+        """Declare processes faulty (E-Cast never suspects application processes itself)."""
+        self._begin(now)
+        sid = self._new_submission(None, {"kind": "suspect", "who": sorted(who)})
+        return sid, self._end()
+
+    def close(self, now: float) -> tuple[MsgId | None, Effects]:
+        """Submit our part; keep confirming until it is delivered, then terminate."""
+        self._begin(now)
+        if not self.closing and self.terminated is None:
+            self._part_id = self._new_submission(None, {"kind": "part"})
+            self.closing = True
+        return self._part_id, self._end()
+
+    def submit_unsafe(self, payload: Any, header: Any = None, now: float = 0.0) -> Effects:
+        """Forward without agreement; never confirmed, acknowledged or kept (3.5.7)."""
+        self._begin(now)
+        if self.terminated is None:
+            self._unsafe.append(
+                Submission((self.unsafe_session, self.next_unsafe), header, payload)
+            )
+            self.next_unsafe += 1
+        return self._end()
+
+    def close_sessions(self, namespace: str, epoch: int, now: float) -> Effects:
+        self._begin(now)
+        self._send(self.target, CloseSessions(namespace, epoch))
+        return self._end()
+
+    def add_routers(self, routers: list[NodeId] | tuple[NodeId, ...]) -> None:
+        """More routers to try when the known ones stop answering (a re-read router list);
+        the progress timeout cycles through them until an announcement says who leads."""
+        known = set(self.succession)
+        extra = tuple(r for r in routers if r not in known)
+        if extra:
+            self.succession = self.succession + extra
+
+    # ================================================================== inputs
+    def on_message(self, src: NodeId, msg: Any, now: float) -> Effects:
+        return self.on_messages(src, (msg,), now)
+
+    def on_messages(self, src: NodeId, msgs: tuple[Any, ...] | list[Any], now: float) -> Effects:
+        self._begin(now)
+        for msg in msgs:
+            if self.terminated is not None and not self.lingering:
+                break
+            t = type(msg)
+            if t is Deliver:
+                self._on_deliver(src, msg)
+            elif t is DeliverUnsafe:
+                self._on_unsafe(msg)
+            elif t is Stable:
+                self._on_stable(msg)
+            elif t is Leader:
+                self._on_leader(msg)
+            elif t is Congestion:
+                self.cwnd = max(1, self.cwnd // 2)
+            elif t is Closed:
+                for sid in msg.ids:
+                    if sid[0] == self.session and self.window.pop(sid[1], None) is not None:
+                        self._deliver(Rejected(sid, "closed"))
+            elif t is SessionsClosed:
+                self._deliver(SessionsWereClosed(msg.namespace, msg.epoch))
+            elif t is Suspected:
+                self._terminate("suspected")
+            else:
+                raise TypeError(f"endpoint: unknown message type {t.__name__}")
+        return self._end()
+
+    def on_tick(self, now: float) -> Effects:
+        self._begin(now)
+        if self.terminated is None or self.lingering:
+            if now >= self._next_growth:
+                self._next_growth = now + self.p.window_growth
+                self.cwnd = min(self.p.max_window, self.cwnd * 2)
+                self._admit()
+            if self.window and now - self._last_progress > self.p.progress_timeout:
+                self._switch(self._next_router())
+        return self._end()
+
+    # ================================================================== handlers
+    def _on_deliver(self, src: NodeId, msg: Deliver) -> None:
+        top = -1
+        fresh = False
+        parted = False
+        for t, m in msg.items:
+            if t > top:
+                top = t
+            if t <= self.t_max:
+                self.stats["duplicates"] += 1
+                continue
+            fresh = True
+            self.t_max = t
+            self.stats["delivered"] += 1
+            self._deliver(Delivery(t, m))
+            if m.sender == self.me and m.id[0] == self.session:
+                if m.id == self._join_id:
+                    self.joined_at = t
+                elif m.id == self._part_id:
+                    parted = True  # our own part: confirm it, then we are done
+                    break
+        self._last_progress = self._now
+        if fresh or "no_duplicate_confirm" not in self._mut:
+            prev = self._confirms.get(src, -1)
+            if top > prev:
+                self._confirms[src] = top
+        if parted:
+            self._terminate("closed")
+            self.lingering = True
+
+    def _on_unsafe(self, msg: DeliverUnsafe) -> None:
+        for tag, frontier, m in msg.items:
+            accepted = tag is not None and tag == self.t_max
+            self.stats["unsafe_accepted" if accepted else "unsafe_rejected"] += 1
+            self._deliver(Delivery(tag if tag is not None else -1, m, True, accepted, frontier))
+            if accepted and "unsafe_advances_t_max" in self._mut:
+                self.t_max = max(self.t_max, frontier)
+
+    def _on_stable(self, msg: Stable) -> None:
+        progressed = False
+        for sid, t, delivered in msg.acks:
+            if sid[0] == self.session and self.window.pop(sid[1], None) is not None:
+                progressed = True
+                self._deliver(Acked(sid, t, delivered))
+                if sid == self._part_id:
+                    self.lingering = False  # nobody will wait for us any more
+        if progressed:
+            self._last_progress = self._now
+            self._admit()
+
+    def _on_leader(self, msg: Leader) -> None:
+        if msg.view <= self.view:
+            return  # an older announcement
+        self.view = msg.view
+        self.succession = msg.succession
+        self._deliver(LeaderChanged(msg.view, msg.succession))
+        if msg.succession and msg.succession[0] != self.target:
+            self._switch(msg.succession[0])
+
+    # ================================================================== internals
+    def _begin(self, now: float) -> None:
+        self._now = now
+        self._fx = Effects()
+        if not self._started:
+            self._started = True
+            self._last_progress = now
+            self._next_growth = now + self.p.window_growth
+            self._send(self.target, Hello())
+
+    def _end(self) -> Effects:
+        fx = self._fx
+        assert fx is not None
+        if self.terminated is None or self.lingering:
+            if self._confirms:
+                for r, upto in self._confirms.items():
+                    self._send(r, Confirm(upto))
+                self._confirms = {}
+            if self._routes:
+                self._send(self.target, Route(tuple(self._routes)))
+                self._routes = []
+            if self._unsafe:
+                self._send(self.target, RouteUnsafe(tuple(self._unsafe)))
+                self._unsafe = []
+            wake = self._next_growth
+            if self.window:
+                wake = min(wake, self._last_progress + self.p.progress_timeout + 1e-6)
+            fx.wake(max(wake, self._now))
+        self._fx = None
+        return fx
+
+    def _send(self, dst: NodeId, msg: Any) -> None:
+        assert self._fx is not None
+        self._fx.send.append((dst, msg))
+
+    def _deliver(self, upcall: Any) -> None:
+        assert self._fx is not None
+        self._fx.deliver.append(upcall)
+
+    def _new_submission(self, payload: Any, header: Any) -> MsgId:
+        if self.terminated is not None:
+            raise EndpointClosed(f"{self.me} terminated ({self.terminated})")
+        if self.closing:
+            raise EndpointClosed(f"{self.me} is closing: its part is the last message")
+        sid = (self.session, self.next_seq)
+        self.next_seq += 1
+        self.backlog.append(Submission(sid, header, payload))
+        self._admit()
+        return sid
+
+    def _admit(self) -> None:
+        """Move backlog into the window while the congestion window allows."""
+        while self.backlog and len(self.window) < self.cwnd and self.terminated is None:
+            sub = self.backlog.popleft()
+            if not self.window:
+                self._last_progress = self._now  # the progress clock starts with work
+            self.window[sub.id[1]] = sub
+            self._routes.append(sub)
+
+    def _next_router(self) -> NodeId:
+        order = self.succession or (self.target,)
+        if self.target in order:
+            return order[(order.index(self.target) + 1) % len(order)]
+        return order[0]
+
+    def _switch(self, router: NodeId) -> None:
+        """Talk to ``router`` from now on; it gets the whole window again (3.4.3)."""
+        self.target = router
+        self._last_progress = self._now
+        self._send(router, Hello())
+        if "no_window_resend" in self._mut:
+            return
+        self._routes = list(self.window.values())
+
+    def _terminate(self, reason: str) -> None:
+        self.terminated = reason
+        self._deliver(Terminated(reason))

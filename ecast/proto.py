@@ -1,0 +1,154 @@
+"""Messages between application processes and routers, and the commands routers replicate.
+
+Algorithm 10 (application process) and Algorithm 11 (router) in 3.4, with the additions of
+3.5: leader announcements (3.5.2), delayed acknowledgements (3.5.7), unsafe messages
+(3.5.7) and congestion notices (3.5.6).  Everything is batched: one message carries every
+item of its kind produced by one step of the sender.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ecast.effects import NodeId
+from ecast.message import Message, MsgId, Submission
+
+# ------------------------------------------------------------------ endpoint -> router
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """A process announces itself to a router (it gets the succession order back)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Submissions to route, in session order (``route`` of Algorithm 10)."""
+
+    subs: tuple[Submission, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteUnsafe:
+    """Submissions to forward without agreement (3.5.7)."""
+
+    subs: tuple[Submission, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Confirm:
+    """Every ``Deliver`` this router sent me up to ``upto`` arrived (FIFO makes it exact)."""
+
+    upto: int
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSessions:
+    """Close every session of ``namespace`` with an epoch up to ``epoch``, in total order."""
+
+    namespace: str
+    epoch: int
+
+
+# ------------------------------------------------------------------ router -> endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Messages in strictly increasing ``t`` (``deliver`` of Algorithm 11)."""
+
+    items: tuple[tuple[int, Message], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverUnsafe:
+    """Unsafe messages: ``(tag, frontier, message)``.
+
+    ``tag`` is the ``t`` this router last sent to the receiver (None: nothing yet); the
+    receiver accepts the message only if its ``t_max`` equals ``tag``.  ``frontier`` is
+    the router's forwarding position: the config of the prefix before it routed the
+    message.
+    """
+
+    items: tuple[tuple[int | None, int, Message], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Stable:
+    """Stable acknowledgements: ``(id, t, delivered)``.
+
+    ``t`` is the message's timestamp (None if it was collected before this duplicate
+    arrived); ``delivered`` says whether any destination confirmed it (False for an ignored
+    message with an empty destination set, which Rubberband uses to detect stale
+    reconfigurations, 4.4.1).
+    """
+
+    acks: tuple[tuple[MsgId, int | None, bool], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """These submissions belong to closed sessions; they were not and will not be routed."""
+
+    ids: tuple[MsgId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionsClosed:
+    namespace: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Leader:
+    """The succession order of router view ``view``; its first router leads (3.5.2)."""
+
+    view: int
+    succession: tuple[NodeId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Congestion:
+    """Halve your congestion window (3.5.6)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Suspected:
+    """The history declared you faulty: stop (process-controlled crash, 3.3.4)."""
+
+
+ENDPOINT_TO_ROUTER = (Hello, Route, RouteUnsafe, Confirm, CloseSessions)
+ROUTER_TO_ENDPOINT = (
+    Deliver,
+    DeliverUnsafe,
+    Stable,
+    Closed,
+    SessionsClosed,
+    Leader,
+    Congestion,
+    Suspected,
+)
+
+# ------------------------------------------------------------------ replicated commands
+# Payloads of ufabcast commands: a router proposes a tuple of these per step.
+
+
+@dataclass(frozen=True, slots=True)
+class RouteCmd:
+    """Messages to append to the m-seq (senders set by the proposing router)."""
+
+    msgs: tuple[Message, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StableCmd:
+    """``(t, delivered)`` of messages every unsuspected destination confirmed."""
+
+    entries: tuple[tuple[int, bool], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSessionsCmd:
+    requester: NodeId
+    namespace: str
+    epoch: int

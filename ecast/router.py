@@ -1,0 +1,729 @@
+"""The E-Cast router: Algorithm 11 with everything section 3.5 adds.
+
+Every router learns the same m-seq through ufabcast and applies it to the same replicated
+state (:class:`RouterState`): the :class:`~ecast.mseq.MSeq`, the session table, the stable
+acknowledgements still owed, per-sender unstable counts and the suspects that unstable
+messages still need.  Learning is deterministic, so duplicates and gaps are resolved
+identically everywhere (3.4.4: "deterministically at every router").
+
+The leader is the oldest router in join order (3.5.2).  Only the leader forwards, tracks
+confirmations and proposes stability; that state (:class:`_Lead`) is local and rebuilt by
+whoever becomes leader: it sends every unstable message again, in ``t`` order per
+destination, and endpoints confirm duplicates.  Any router may act as leader at any time
+without breaking safety (``RouterParams.all_leaders`` tests exactly that).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ecast.config import Config
+from ecast.effects import Effects, NodeId
+from ecast.message import Message, MsgId, Session
+from ecast.mseq import MSeq
+from ecast.proto import (
+    Closed,
+    CloseSessions,
+    CloseSessionsCmd,
+    Confirm,
+    Congestion,
+    Deliver,
+    DeliverUnsafe,
+    Hello,
+    Leader,
+    Route,
+    RouteCmd,
+    RouteUnsafe,
+    SessionsClosed,
+    Stable,
+    StableCmd,
+    Suspected,
+)
+from ecast.ufabcast import (
+    Executed,
+    Installed,
+    SnapshotNeeded,
+    Stopped,
+    Ufabcast,
+    UfabParams,
+    ViewChanged,
+)
+from ecast.ufabcast.messages import UFAB_MESSAGES
+
+ROUTER_MUTATIONS = frozenset(
+    {
+        "skip_learn_dedup",  # append duplicates and gaps instead of dropping them
+        "route_latest_config",  # route with the latest config, not the message's prefix
+        "ignore_suspects",  # keep waiting for confirmations from suspected destinations
+        "join_without_sessions",  # a joining router gets no session table
+    }
+)
+_UFAB_TYPES = frozenset(UFAB_MESSAGES)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterParams:
+    ufab: UfabParams = field(default_factory=UfabParams)
+    delayed_acks: bool = True
+    """Buffer stable notices and piggyback them on route proposals (3.5.7)."""
+    ack_delay: float = 0.010
+    congestion_threshold: int = 1024
+    congestion_interval: float = 0.25
+    """Also the period at which suspects are re-applied to outstanding confirmations."""
+    ack_cache: int = 1024
+    """Stable acknowledgements remembered per session, for duplicates of stable messages
+    (an endpoint's window never exceeds this, so older ones were surely received)."""
+    unsafe_backlog: int = 4096
+    """Unsafe copies are dropped for a destination this far behind on confirmations."""
+    all_leaders: bool = False
+    """Every router forwards and proposes stability (a test mode: safety must hold)."""
+    mutations: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        unknown = set(self.mutations) - ROUTER_MUTATIONS
+        if unknown:
+            raise ValueError(f"unknown router mutations: {sorted(unknown)}")
+
+
+class RouterState:
+    """What every router holds identically after learning the same commands."""
+
+    __slots__ = ("acks", "by_id", "closed", "counts", "departed", "mseq", "sessions", "suspects")
+
+    def __init__(self, config: Config) -> None:
+        self.mseq = MSeq(config)
+        self.sessions: dict[Session, int] = {}
+        """Session -> next expected sequence number."""
+        self.acks: dict[Session, dict[int, tuple[int, bool]]] = {}
+        """Session -> seq -> (t, delivered) of its most recent stable messages."""
+        self.closed: dict[str, int] = {}
+        """Namespace -> highest closed epoch (one watermark per namespace)."""
+        self.by_id: dict[MsgId, int] = {}
+        """Learned, unstable messages by id."""
+        self.counts: dict[NodeId, int] = {}
+        """Unstable messages per sender (flow control, 3.5.6)."""
+        self.suspects: dict[NodeId, int] = {}
+        """Suspected process -> t of the first message suspecting it; kept while any
+        unstable message before it may still name it as a destination."""
+        self.departed: dict[NodeId, int] = {}
+        """Process -> t of its own part, once that part is stable.  It delivered every
+        message before its part (delivery is in t order), so nobody waits for it; kept,
+        like suspects, while unstable messages before it remain."""
+
+    def snapshot(self, with_sessions: bool = True) -> dict[str, Any]:
+        return {
+            "mseq": self.mseq.snapshot(),
+            "sessions": list(self.sessions.items()) if with_sessions else [],
+            "acks": [(s, list(a.items())) for s, a in self.acks.items()] if with_sessions else [],
+            "closed": list(self.closed.items()),
+            "by_id": list(self.by_id.items()),
+            "counts": list(self.counts.items()),
+            "suspects": list(self.suspects.items()),
+            "departed": list(self.departed.items()),
+        }
+
+    @classmethod
+    def restore(cls, snap: dict[str, Any]) -> RouterState:
+        st = cls.__new__(cls)
+        st.mseq = MSeq.restore(snap["mseq"])
+        st.sessions = dict(snap["sessions"])
+        st.acks = {s: dict(a) for s, a in snap["acks"]}
+        st.closed = dict(snap["closed"])
+        st.by_id = dict(snap["by_id"])
+        st.counts = dict(snap["counts"])
+        st.suspects = dict(snap["suspects"])
+        st.departed = dict(snap["departed"])
+        return st
+
+
+class _Lead:
+    """Leader-local forwarding and stability state (not replicated, rebuilt on takeover)."""
+
+    __slots__ = (
+        "announced",
+        "confirmed",
+        "frontier",
+        "last_sent",
+        "remaining",
+        "routed_by",
+        "waiting",
+    )
+
+    def __init__(self, frontier: int) -> None:
+        self.frontier = frontier
+        """Every message with ``t < frontier`` has been forwarded by this leader."""
+        self.remaining: dict[int, int] = {}
+        """t -> destinations that still must confirm."""
+        self.waiting: dict[NodeId, deque[int]] = {}
+        """Destination -> timestamps sent to it and not confirmed yet, in order."""
+        self.last_sent: dict[NodeId, int] = {}
+        self.confirmed: set[int] = set()
+        """Unstable timestamps some destination confirmed (the ack's ``delivered``)."""
+        self.routed_by: dict[int, set[NodeId]] = {}
+        """Other processes that routed a learned, unstable message (they get the ack too)."""
+        self.announced: dict[NodeId, int] = {}
+        """Application process -> router view last announced to it."""
+
+
+class Router:
+    """One E-Cast router.  Give ``routers`` for a founder, ``seeds`` for a joiner."""
+
+    def __init__(
+        self,
+        me: NodeId,
+        config: Config,
+        params: RouterParams | None = None,
+        *,
+        routers: list[NodeId] | tuple[NodeId, ...] | None = None,
+        seeds: list[NodeId] | tuple[NodeId, ...] | None = None,
+    ) -> None:
+        self.me = me
+        self.p = params or RouterParams()
+        self._mut = self.p.mutations
+        self.ufab = Ufabcast(me, self.p.ufab, members=routers, seeds=seeds)
+        self.state = RouterState(config)
+        self.lead: _Lead | None = None
+        self.stopped = False
+        self.apps: dict[NodeId, None] = {}
+        """Application processes that contacted us (ordered, for announcements)."""
+        self._proposed: dict[MsgId, None] = {}
+        """Ids this router proposed that are not learned yet (receipt-time dedup only)."""
+        self._routes: list[Message] = []
+        self._stable_out: list[tuple[int, bool]] = []
+        self._stable_since: float | None = None
+        self._closes: list[CloseSessionsCmd] = []
+        self._out: dict[NodeId, list[Any]] = {}
+        """Per application process, items to send this step, in order: ('d', t, msg),
+        ('u', tag, frontier, msg) or a whole message object."""
+        self._acks_out: dict[NodeId, list[tuple[MsgId, int | None, bool]]] = {}
+        self._closed_out: dict[NodeId, list[MsgId]] = {}
+        self._sorted: dict[frozenset[NodeId], tuple[NodeId, ...]] = {}
+        self._next_periodic = 0.0
+        self.observer: Callable[[int, Message], None] | None = None
+        """Called with every message this router appends (or installs), for checkers."""
+        self._now = 0.0
+        self._fx: Effects | None = None
+        self.stats: dict[str, int] = {
+            "routed": 0,
+            "learned": 0,
+            "duplicates": 0,
+            "gaps": 0,
+            "delivered": 0,
+            "stable": 0,
+            "congestion_notices": 0,
+            "unsafe_sent": 0,
+            "unsafe_dropped": 0,
+            "closed_rejects": 0,
+            "takeovers": 0,
+        }
+
+    # ================================================================== inputs
+    def on_message(self, src: NodeId, msg: Any, now: float) -> Effects:
+        return self.on_messages(src, (msg,), now)
+
+    def on_messages(self, src: NodeId, msgs: tuple[Any, ...] | list[Any], now: float) -> Effects:
+        self._begin(now)
+        ufab_msgs = [m for m in msgs if type(m) in _UFAB_TYPES]
+        if ufab_msgs:
+            self._absorb(self.ufab.on_messages(src, ufab_msgs, now))
+        if len(ufab_msgs) != len(msgs) and not self.stopped:
+            self._from_app(src, [m for m in msgs if type(m) not in _UFAB_TYPES])
+        return self._end()
+
+    def on_tick(self, now: float) -> Effects:
+        self._begin(now)
+        self._absorb(self.ufab.on_tick(now))
+        if not self.stopped and now >= self._next_periodic:
+            self._next_periodic = now + self.p.congestion_interval
+            self._periodic()
+        return self._end()
+
+    def leave(self, now: float) -> Effects:
+        """Part from the router group gracefully."""
+        self._begin(now)
+        self._absorb(self.ufab.leave(now))
+        return self._end()
+
+    # ================================================================== introspection
+    def leading(self) -> bool:
+        return self.lead is not None
+
+    def unstable(self) -> int:
+        return self.state.mseq.unstable()
+
+    def memory(self) -> dict[str, int]:
+        st = self.state
+        lead = self.lead
+        return {
+            "mseq_entries": len(st.mseq.entries),
+            "configs": len(st.mseq.configs),
+            "unstable": st.mseq.unstable(),
+            "by_id": len(st.by_id),
+            "suspects": len(st.suspects) + len(st.departed),
+            "sessions": len(st.sessions),
+            "ack_cache": sum(len(a) for a in st.acks.values()),
+            "remaining": len(lead.remaining) if lead else 0,
+            "waiting": sum(len(q) for q in lead.waiting.values()) if lead else 0,
+            "routed_by": len(lead.routed_by) if lead else 0,
+            "proposed": len(self._proposed),
+        }
+
+    # ================================================================== call framing
+    def _begin(self, now: float) -> None:
+        self._now = now
+        self._fx = Effects()
+
+    def _absorb(self, fx: Effects) -> None:
+        """Take ufabcast's effects: pass sends through, process its upcalls in order."""
+        out = self._fx
+        assert out is not None
+        out.send.extend(fx.send)
+        out.forget.extend(fx.forget)
+        out.wake(fx.wake_at)
+        for up in fx.deliver:
+            t = type(up)
+            if t is Executed:
+                self._learn_command(up.payload)
+            elif t is ViewChanged:
+                pass  # leadership is re-evaluated at the end of every step
+            elif t is SnapshotNeeded:
+                snap = self.state.snapshot("join_without_sessions" not in self._mut)
+                self._absorb(self.ufab.provide_snapshot(up.joiner, up.tag, snap, self._now))
+            elif t is Installed:
+                self.state = RouterState.restore(up.app_state)
+                self.lead = None  # rebuilt below if we lead
+                self._proposed.clear()
+                if self.observer is not None:
+                    for t_, m in sorted(self.state.mseq.entries.items()):
+                        self.observer(t_, m)
+            elif t is Stopped:
+                self.stopped = True
+                self.lead = None
+
+    def _end(self) -> Effects:
+        fx = self._fx
+        assert fx is not None
+        if not self.stopped:
+            self._check_leadership()
+            if self.lead is not None:
+                self._forward()
+            self._propose()
+            self._flush_app_messages()
+            if self._stable_out and self._stable_since is not None:
+                fx.wake(self._stable_since + self.p.ack_delay)
+            fx.wake(self._next_periodic)
+        self._fx = None
+        return fx
+
+    def _send(self, dst: NodeId, msg: Any) -> None:
+        assert self._fx is not None
+        self._fx.send.append((dst, msg))
+
+    # ================================================================== leadership
+    def _should_lead(self) -> bool:
+        u = self.ufab
+        if not u.installed or u.stopped or u.view is None:
+            return False
+        return self.p.all_leaders or u.view.members[0] == self.me
+
+    def _check_leadership(self) -> None:
+        if self._should_lead():
+            if self.lead is None:
+                self._take_over()
+        elif self.lead is not None:
+            self.lead = None
+
+    def _take_over(self) -> None:
+        """Become leader: forward every unstable message again, from the stable floor."""
+        self.stats["takeovers"] += 1
+        self.lead = _Lead(self.state.mseq.floor)
+        for p in sorted(self.state.mseq.latest.members()):  # never a set's hash order
+            self.apps.setdefault(p, None)
+
+    def _announce(self) -> None:
+        lead = self.lead
+        view = self.ufab.view
+        assert lead is not None and view is not None
+        msg = Leader(view.number, view.members)
+        for p in self.apps:
+            if lead.announced.get(p, -1) < view.number:
+                lead.announced[p] = view.number
+                self._out.setdefault(p, []).append(msg)
+
+    # ================================================================== from endpoints
+    def _from_app(self, src: NodeId, msgs: list[Any]) -> None:
+        if src not in self.apps:
+            self.apps[src] = None
+            view = self.ufab.view
+            if self.lead is None and view is not None and self.ufab.installed:
+                self._out.setdefault(src, []).append(Leader(view.number, view.members))
+        for msg in msgs:
+            t = type(msg)
+            if t is Confirm:
+                self._on_confirm(src, msg.upto)
+            elif t is Route:
+                self._on_route(src, msg)
+            elif t is RouteUnsafe:
+                self._on_unsafe(src, msg)
+            elif t is Hello:
+                pass
+            elif t is CloseSessions:
+                self._closes.append(CloseSessionsCmd(src, msg.namespace, msg.epoch))
+            else:
+                raise TypeError(f"router: unknown message type {t.__name__}")
+
+    def _on_route(self, src: NodeId, msg: Route) -> None:
+        st = self.state
+        lead = self.lead
+        closed = st.closed
+        for sub in msg.subs:
+            sid = sub.id
+            sess, seq = sid
+            if closed.get(sess[0], -1) >= sess[1]:
+                self._closed_out.setdefault(src, []).append(sid)
+                continue
+            t = st.by_id.get(sid)
+            if t is not None:
+                # Learned, not stable: never propose it again; ack it when it is stable.
+                if lead is not None:
+                    lead.routed_by.setdefault(t, set()).add(src)
+                continue
+            if seq < st.sessions.get(sess, 1):
+                ack = st.acks.get(sess, {}).get(seq)
+                entry = (sid, *ack) if ack is not None else (sid, None, False)
+                self._acks_out.setdefault(src, []).append(entry)
+                continue
+            if sid in self._proposed:
+                continue
+            self._proposed[sid] = None
+            self._routes.append(Message(src, sid, sub.header, sub.payload))
+
+    def _on_unsafe(self, src: NodeId, msg: RouteUnsafe) -> None:
+        lead = self.lead
+        if lead is None:
+            self.stats["unsafe_dropped"] += len(msg.subs)
+            return  # we sent nobody anything: no copy could ever be accepted
+        st = self.state
+        frontier = lead.frontier
+        config = st.mseq.config_for(frontier)
+        suspects = st.suspects
+        for sub in msg.subs:
+            m = Message(src, sub.id, sub.header, sub.payload)
+            for d in self._sorted_dests(config.destset(m)):
+                if d in suspects:
+                    continue
+                waiting = lead.waiting.get(d)
+                if waiting is not None and len(waiting) > self.p.unsafe_backlog:
+                    self.stats["unsafe_dropped"] += 1
+                    continue
+                self._out.setdefault(d, []).append(("u", lead.last_sent.get(d), frontier, m))
+                self.stats["unsafe_sent"] += 1
+
+    def _on_confirm(self, src: NodeId, upto: int) -> None:
+        lead = self.lead
+        if lead is None:
+            return
+        q = lead.waiting.get(src)
+        if not q:
+            return
+        remaining = lead.remaining
+        confirmed = lead.confirmed
+        while q and q[0] <= upto:
+            t = q.popleft()
+            confirmed.add(t)
+            r = remaining.get(t)
+            if r is None:
+                continue
+            if r <= 1:
+                del remaining[t]
+                self._stable_candidate(t, True)
+            else:
+                remaining[t] = r - 1
+
+    # ================================================================== learning
+    def _learn_command(self, payload: Any) -> None:
+        for cmd in payload:
+            t = type(cmd)
+            if t is RouteCmd:
+                for msg in cmd.msgs:
+                    self._learn(msg)
+            elif t is StableCmd:
+                for t_, delivered in cmd.entries:
+                    self._learn_stable(t_, delivered)
+            elif t is CloseSessionsCmd:
+                self._learn_close(cmd)
+        self._collect()
+
+    def _learn(self, msg: Message) -> None:
+        """Append ``msg`` if it is its session's next; resolve everything else the same
+        way on every router (3.4.4)."""
+        st = self.state
+        sid = msg.id
+        sess, seq = sid
+        self._proposed.pop(sid, None)
+        lead = self.lead
+        if st.closed.get(sess[0], -1) >= sess[1]:
+            if lead is not None:
+                self._closed_out.setdefault(msg.sender, []).append(sid)
+            return
+        nxt = st.sessions.get(sess, 1)
+        if seq != nxt and "skip_learn_dedup" not in self._mut:
+            if seq < nxt:
+                self.stats["duplicates"] += 1
+                if lead is not None:
+                    t = st.by_id.get(sid)
+                    if t is not None:
+                        lead.routed_by.setdefault(t, set()).add(msg.sender)
+                    else:
+                        ack = st.acks.get(sess, {}).get(seq)
+                        entry = (sid, *ack) if ack is not None else (sid, None, False)
+                        self._acks_out.setdefault(msg.sender, []).append(entry)
+            else:
+                self.stats["gaps"] += 1
+            return
+        st.sessions[sess] = max(nxt, seq + 1)
+        mseq = st.mseq
+        t = mseq.append(msg)
+        self.stats["learned"] += 1
+        st.by_id[sid] = t
+        st.counts[msg.sender] = st.counts.get(msg.sender, 0) + 1
+        if self.observer is not None:
+            self.observer(t, msg)
+        suspected = mseq.config_for(t).suspects(msg)
+        if suspected:
+            for p in sorted(suspected):
+                if p not in st.suspects:
+                    st.suspects[p] = t
+                    if lead is not None:
+                        self._drop_destination(p)
+                        self._out.setdefault(p, []).append(Suspected())
+
+    def _learn_stable(self, t: int, delivered: bool) -> None:
+        st = self.state
+        mseq = st.mseq
+        msg = mseq.entries.get(t)
+        if msg is None or not mseq.mark_stable(t):
+            return
+        self.stats["stable"] += 1
+        sid = msg.id
+        st.by_id.pop(sid, None)
+        sess, seq = sid
+        cache = st.acks.get(sess)
+        if cache is None:
+            cache = st.acks[sess] = {}
+        cache[seq] = (t, delivered)
+        if len(cache) > self.p.ack_cache:
+            del cache[next(iter(cache))]
+        sender = msg.sender
+        n = st.counts.get(sender, 0) - 1
+        if n > 0:
+            st.counts[sender] = n
+        else:
+            st.counts.pop(sender, None)
+        if msg.kind == "part" and sender in mseq.config_for(t).destset(msg):
+            st.departed.setdefault(sender, t)
+            self._drop_destination(sender)
+        lead = self.lead
+        if lead is not None:
+            ack = (sid, t, delivered)
+            self._acks_out.setdefault(sender, []).append(ack)
+            for p in sorted(lead.routed_by.pop(t, ())):
+                if p != sender:
+                    self._acks_out.setdefault(p, []).append(ack)
+            lead.remaining.pop(t, None)
+            lead.confirmed.discard(t)
+
+    def _learn_close(self, cmd: CloseSessionsCmd) -> None:
+        st = self.state
+        ns, epoch = cmd.namespace, cmd.epoch
+        if st.closed.get(ns, -1) < epoch:
+            st.closed[ns] = epoch
+        for sess in [s for s in st.sessions if s[0] == ns and s[1] <= epoch]:
+            del st.sessions[sess]
+        for sess in [s for s in st.acks if s[0] == ns and s[1] <= epoch]:
+            del st.acks[sess]
+        if self.lead is not None:
+            self._out.setdefault(cmd.requester, []).append(SessionsClosed(ns, epoch))
+
+    def _collect(self) -> None:
+        st = self.state
+        if st.mseq.collect():
+            floor = st.mseq.floor
+            for gone in (st.suspects, st.departed):
+                if gone:
+                    for p in [p for p, t in gone.items() if t < floor]:
+                        del gone[p]
+
+    # ================================================================== leader duties
+    def _sorted_dests(self, dests: frozenset[NodeId]) -> tuple[NodeId, ...]:
+        """Destinations in a fixed order (never a set's hash order, which varies per run)."""
+        cached = self._sorted.get(dests)
+        if cached is None:
+            if len(self._sorted) > 4096:
+                self._sorted.clear()
+            cached = self._sorted[dests] = tuple(sorted(dests))
+        return cached
+
+    def _forward(self) -> None:
+        """Send every learned message past the frontier to ``destset \\ suspects``, in t order."""
+        lead = self.lead
+        assert lead is not None
+        self._announce()
+        st = self.state
+        mseq = st.mseq
+        end = mseq.next_t
+        t = max(lead.frontier, mseq.floor)
+        if t >= end:
+            return
+        entries = mseq.entries
+        stable = mseq.stable
+        suspects = st.suspects
+        departed = st.departed
+        ignore_suspects = "ignore_suspects" in self._mut
+        latest = "route_latest_config" in self._mut
+        out = self._out
+        waiting = lead.waiting
+        last_sent = lead.last_sent
+        remaining = lead.remaining
+        delivered = 0
+        while t < end:
+            msg = entries.get(t)
+            if msg is not None and t not in stable:
+                config = mseq.latest if latest else mseq.config_for(t)
+                n = 0
+                for d in self._sorted_dests(config.destset(msg)):
+                    if (d in suspects and not ignore_suspects) or d in departed:
+                        continue
+                    n += 1
+                    box = out.get(d)
+                    if box is None:
+                        box = out[d] = []
+                    box.append(("d", t, msg))
+                    q = waiting.get(d)
+                    if q is None:
+                        q = waiting[d] = deque()
+                    q.append(t)
+                    last_sent[d] = t
+                if n:
+                    remaining[t] = n
+                    delivered += n
+                else:
+                    self._stable_candidate(t, False)  # nobody to wait for: stable at once
+            t += 1
+        lead.frontier = t
+        self.stats["delivered"] += delivered
+
+    def _drop_destination(self, p: NodeId) -> None:
+        """Stop waiting for ``p``'s confirmations: it is suspected or it departed."""
+        lead = self.lead
+        if lead is None or ("ignore_suspects" in self._mut and p not in self.state.departed):
+            return
+        q = lead.waiting.pop(p, None)
+        if not q:
+            return
+        remaining = lead.remaining
+        for t in q:
+            r = remaining.get(t)
+            if r is None:
+                continue
+            if r <= 1:
+                del remaining[t]
+                self._stable_candidate(t, t in lead.confirmed)
+            else:
+                remaining[t] = r - 1
+
+    def _stable_candidate(self, t: int, delivered: bool) -> None:
+        self._stable_out.append((t, delivered))
+        if self._stable_since is None:
+            self._stable_since = self._now
+
+    def _periodic(self) -> None:
+        """Every 250 ms: re-apply suspects, and send congestion notices (3.5.6)."""
+        lead = self.lead
+        if lead is None:
+            return
+        st = self.state
+        for gone in (st.suspects, st.departed):
+            for p in list(gone):
+                if p in lead.waiting:
+                    self._drop_destination(p)
+        # A destination may never confirm what became stable without it (another leader
+        # collected the confirmations first): let go of stable heads, and of empty queues.
+        mseq = st.mseq
+        for d in list(lead.waiting):
+            q = lead.waiting[d]
+            while q and mseq.is_stable(q[0]):
+                q.popleft()
+            if not q:
+                del lead.waiting[d]
+        counts = self.state.counts
+        total = sum(counts.values())
+        threshold = self.p.congestion_threshold
+        if total > threshold and counts:
+            # n counts the processes that have unstable messages: idle ones should not
+            # shrink the fair quota of the ones that are sending (docs/decisions.md).
+            quota = threshold / len(counts)
+            for p, c in counts.items():
+                if c > quota:
+                    self._out.setdefault(p, []).append(Congestion())
+                    self.stats["congestion_notices"] += 1
+
+    # ================================================================== output
+    def _propose(self) -> None:
+        """One ufabcast proposal per step: new routes, plus stable notices when due."""
+        cmds: list[Any] = []
+        if self._routes:
+            cmds.append(RouteCmd(tuple(self._routes)))
+            self.stats["routed"] += len(self._routes)
+            self._routes = []
+        if self._stable_out:
+            due = (
+                not self.p.delayed_acks
+                or cmds
+                or self._now >= (self._stable_since or 0.0) + self.p.ack_delay
+            )
+            if due:
+                cmds.append(StableCmd(tuple(self._stable_out)))
+                self._stable_out = []
+                self._stable_since = None
+        if self._closes:
+            cmds.extend(self._closes)
+            self._closes = []
+        if cmds:
+            self._absorb(self.ufab.propose(tuple(cmds), self._now))
+            if self.lead is not None:
+                self._forward()  # a founder of one learns at once
+
+    def _flush_app_messages(self) -> None:
+        for p, acks in self._acks_out.items():
+            self._out.setdefault(p, []).append(Stable(tuple(acks)))
+        self._acks_out = {}
+        for p, ids in self._closed_out.items():
+            self.stats["closed_rejects"] += len(ids)
+            self._out.setdefault(p, []).append(Closed(tuple(ids)))
+        self._closed_out = {}
+        if not self._out:
+            return
+        send = self._send
+        for p, items in self._out.items():
+            run: list[Any] = []
+            kind = ""
+            for item in items:
+                if type(item) is tuple:
+                    k = item[0]
+                    if k != kind and run:
+                        send(p, Deliver(tuple(run)) if kind == "d" else DeliverUnsafe(tuple(run)))
+                        run = []
+                    kind = k
+                    run.append(item[1:])
+                else:
+                    if run:
+                        send(p, Deliver(tuple(run)) if kind == "d" else DeliverUnsafe(tuple(run)))
+                        run = []
+                    send(p, item)
+            if run:
+                send(p, Deliver(tuple(run)) if kind == "d" else DeliverUnsafe(tuple(run)))
+        self._out = {}

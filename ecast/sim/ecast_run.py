@@ -1,0 +1,479 @@
+"""One seeded E-Cast run: routers, application processes and a monitor under faults.
+
+Submitters submit on a schedule and also react to what they deliver (so submissions are
+causally related); receivers only deliver; a monitor process submits ``suspect`` messages
+for application processes that crashed (E-Cast never suspects them itself, 4.2.3) and,
+as a fault, for one that did not.  On top of the router-group nemesis of
+:mod:`ecast.sim.group`, application processes crash, join, leave, and get cut off from
+their router.  After the fault phase everything heals and the run continues until the
+system is quiescent: every submission acknowledged, every message stable, every router
+at one position.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ecast.config import BroadcastConfig, Config, KeyRingConfig
+from ecast.effects import Effects, NodeId
+from ecast.endpoint import Acked, Delivery, Endpoint, EndpointParams, Terminated
+from ecast.message import Message
+from ecast.router import Router, RouterParams
+from ecast.sim.ecast_checks import LIVENESS, SAFETY, AppRecord, RouterRecord, build_reference
+from ecast.sim.group import ROUTER_FAULTS, GroupRunConfig, RouterGroupRun
+from ecast.ufabcast import Ufabcast
+
+APP_FAULTS = ("app_crash", "false_suspicion", "app_cut", "app_join", "app_part")
+ECAST_FAULTS = ROUTER_FAULTS + APP_FAULTS
+ECAST_SITUATIONS = (
+    "leader_crash_unstable",
+    "join_during_view_change",
+    "isolated_leader",
+    "false_suspicion",
+    "mutual_parts",
+)
+
+
+@dataclass
+class EcastRunConfig(GroupRunConfig):
+    submitters: int = 3
+    receivers: int = 2
+    replication: int = 0
+    """0: atomic broadcast config; f >= 1: key-ring config with f successors."""
+    messages: int = 300
+    unsafe_fraction: float = 0.1
+    react: float = 0.05
+    """Chance that a submitter answers a delivered message with one of its own."""
+    router: RouterParams = field(default_factory=RouterParams)
+    endpoint: EndpointParams = field(default_factory=EndpointParams)
+    monitor_delay: float = 0.5
+    faults: tuple[str, ...] = ECAST_FAULTS
+
+
+@dataclass
+class EcastRunResult:
+    seed: int
+    messages: int
+    delivered: int
+    stable: int
+    unsafe_accepted: int
+    unsafe_delivered: int
+    violations: list[str]
+    situations: dict[str, int]
+    faults: list[tuple[float, str]]
+    routers_started: int
+    virtual_s: float
+    wall_s: float
+    events: int
+    digest: str
+    stats: dict[str, int]
+    quorum: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "messages": self.messages,
+            "delivered": self.delivered,
+            "stable": self.stable,
+            "unsafe_delivered": self.unsafe_delivered,
+            "unsafe_accepted": self.unsafe_accepted,
+            "violations": self.violations,
+            "situations": self.situations,
+            "faults": [{"t": round(t, 6), "fault": f} for t, f in self.faults],
+            "routers_started": self.routers_started,
+            "virtual_s": round(self.virtual_s, 3),
+            "wall_s": round(self.wall_s, 3),
+            "events": self.events,
+            "digest": self.digest,
+            "quorum": self.quorum,
+            "stats": self.stats,
+        }
+
+
+class RouterHost:
+    """A router in the simulator, recording what it learns (``clock`` gives the time)."""
+
+    def __init__(self, router: Router, rec: RouterRecord, clock: Callable[[], float]) -> None:
+        self.router = router
+        self.rec = rec
+        self.clock = clock
+        router.observer = self._learned
+
+    def _learned(self, t: int, msg: Message) -> None:
+        self.rec.learned[t] = msg
+        self.rec.first_seen.setdefault(t, self.clock())
+
+    def on_messages(self, src: NodeId, msgs: tuple[Any, ...], now: float) -> Effects:
+        return self.router.on_messages(src, msgs, now)
+
+    def on_tick(self, now: float) -> Effects:
+        return self.router.on_tick(now)
+
+
+Reaction = Callable[["AppHost", Message, float], "tuple[Any, Any] | None"]
+"""Given a delivered message, maybe answer it: return (payload, header) to submit."""
+
+
+class AppHost:
+    """An application process: an endpoint, its record, and its behaviour."""
+
+    def __init__(
+        self, pid: NodeId, ep: Endpoint, rec: AppRecord, react: Reaction | None = None
+    ) -> None:
+        self.pid = pid
+        self.ep = ep
+        self.rec = rec
+        self.react = react
+
+    def on_messages(self, src: NodeId, msgs: tuple[Any, ...], now: float) -> Effects:
+        return self._absorb(self.ep.on_messages(src, msgs, now), now)
+
+    def on_tick(self, now: float) -> Effects:
+        return self._absorb(self.ep.on_tick(now), now)
+
+    def accepts_work(self) -> bool:
+        return self.ep.terminated is None and not self.ep.closing
+
+    def submit(self, payload: Any, header: Any, now: float) -> Effects:
+        sid, fx = self.ep.submit(payload, header, now)
+        self.rec.events.append(("sub", sid, now))
+        return self._absorb(fx, now)
+
+    def record_submission(self, sid: Any, fx: Effects, now: float) -> Effects:
+        """For joins, parts and suspicions submitted straight through the endpoint."""
+        if sid is not None:
+            self.rec.events.append(("sub", sid, now))
+        return self._absorb(fx, now)
+
+    def submit_unsafe(self, payload: Any, header: Any, now: float) -> Effects:
+        fx = self.ep.submit_unsafe(payload, header, now)
+        self.rec.unsafe_submitted.add((self.ep.unsafe_session, self.ep.next_unsafe - 1))
+        return self._absorb(fx, now)
+
+    def _absorb(self, fx: Effects, now: float) -> Effects:
+        rec = self.rec
+        events = rec.events
+        for up in fx.deliver:
+            t = type(up)
+            if t is Delivery:
+                if up.unsafe:
+                    events.append(("uns", up.t, up.frontier, up.message, up.accepted))
+                else:
+                    events.append(("dlv", up.t, up.message.id, now))
+                    m = up.message
+                    if self.react is not None and self.accepts_work() and m.sender != self.pid:
+                        answer = self.react(self, m, now)
+                        if answer is not None:
+                            more = self.submit(answer[0], answer[1], now)
+                            fx.send.extend(more.send)
+                            fx.wake(more.wake_at)
+            elif t is Acked:
+                events.append(("ack", up.id, up.t, up.delivered, now))
+            elif t is Terminated:
+                rec.terminated = up.reason
+        return fx
+
+
+class EcastRun(RouterGroupRun):
+    leader_crash_situation = "leader_crash_unstable"
+
+    def __init__(self, cfg: EcastRunConfig) -> None:
+        super().__init__(cfg, ECAST_SITUATIONS)
+        self.cfg = cfg
+        self.initial: Config = (
+            KeyRingConfig.initial(replication=cfg.replication)
+            if cfg.replication
+            else BroadcastConfig.initial()
+        )
+        self.routers: dict[NodeId, Router] = {}
+        self.router_recs: dict[NodeId, RouterRecord] = {}
+        self.apps: dict[NodeId, AppHost] = {}
+        self.app_recs: dict[NodeId, AppRecord] = {}
+        self.founders: list[NodeId] = []
+        self._submitted = 0
+        self._unsafe = 0
+        self._next_app = 0
+        self._false_suspects: set[NodeId] = set()
+
+    # ------------------------------------------------------------------ routers
+    def _make_router(
+        self, rid: NodeId, founders: list[NodeId] | None, seeds: list[NodeId] | None
+    ) -> Ufabcast:
+        params = replace(self.cfg.router, ufab=self.ufab_params())
+        router = Router(rid, self.initial, params, routers=founders, seeds=seeds)
+        rec = RouterRecord()
+        self.routers[rid] = router
+        self.router_recs[rid] = rec
+        self.sim.add(rid, RouterHost(router, rec, lambda: self.sim.now))
+        return router.ufab
+
+    def leader(self) -> NodeId | None:
+        latest = self.latest_view()[0]
+        for r in self.live():
+            view = self.routers[r].ufab.view
+            if self.routers[r].leading() and view is not None and view.number == latest:
+                return r
+        return None
+
+    def in_flight(self, rid: NodeId) -> int:
+        return self.routers[rid].unstable()
+
+    # ------------------------------------------------------------------ applications
+    def header_for(self, payload: Any) -> Any:
+        return {"key": payload} if self.cfg.replication else None
+
+    def _add_app(self, role: str) -> NodeId:
+        self._next_app += 1
+        prefix = {"submitter": "s", "receiver": "d", "monitor": "mon"}[role]
+        pid = f"{prefix}{self._next_app}"
+        routers = [r for r in self.live()] or self.founders
+        ep = Endpoint(pid, routers, self.cfg.endpoint)
+        rec = AppRecord(role)
+        react = self._react if role == "submitter" and self.cfg.react > 0 else None
+        host = AppHost(pid, ep, rec, react)
+        self.apps[pid] = host
+        self.app_recs[pid] = rec
+        self.sim.add(pid, host)
+        ring_role = "receiver" if role == "receiver" else "client"
+
+        self.sim.call(pid, lambda h, now: h.record_submission(*h.ep.join(now, role=ring_role), now))
+        return pid
+
+    def _react(self, host: AppHost, m: Message, now: float) -> tuple[Any, Any] | None:
+        """Submitters answer some deliveries, so submissions depend causally on others."""
+        if m.kind is None and self.rng.random() < self.cfg.react:
+            return f"re:{m.payload}", self.header_for(m.payload)
+        return None
+
+    def _app_alive(self, pid: NodeId) -> bool:
+        return self.sim.nodes[pid].alive and self.apps[pid].ep.terminated is None
+
+    def _apps(self, role: str | None = None) -> list[NodeId]:
+        return [
+            p
+            for p, h in self.apps.items()
+            if (role is None or h.rec.role == role) and self._app_alive(p)
+        ]
+
+    def _submit(self, unsafe: bool = False) -> None:
+        live = [
+            p
+            for p in self._apps("submitter")
+            if self.apps[p].ep.joined_at is not None and self.apps[p].accepts_work()
+        ]
+        if not live:
+            if self.sim.now < self.cfg.fault_time:
+                # Nobody has joined yet (or every submitter is gone for now): try again.
+                self.sim.at(self.sim.now + 0.05, lambda: self._submit(unsafe))
+            return
+        pid = live[self.rng.randrange(len(live))]
+        if unsafe:
+            self._unsafe += 1
+            payload = f"u{self._unsafe}"
+            header = self.header_for(payload)
+            self.sim.call(pid, lambda h, now: h.submit_unsafe(payload, header, now))
+            return
+        self._submitted += 1
+        payload = f"m{self._submitted}"
+        self.sim.call(pid, lambda h, now: h.submit(payload, self.header_for(payload), now))
+
+    def _monitor_suspect(self, pids: list[NodeId]) -> None:
+        monitors = self._apps("monitor")
+        if not monitors:
+            return
+
+        self.sim.call(
+            monitors[0], lambda h, now: h.record_submission(*h.ep.suspect(pids, now), now)
+        )
+
+    # ------------------------------------------------------------------ application faults
+    def _fault_app_crash(self) -> None:
+        crashed = sum(1 for h in self.app_recs.values() if h.crashed)
+        candidates = [p for p in self._apps() if self.apps[p].rec.role != "monitor"]
+        if crashed >= 3 or len(candidates) < 3:
+            return
+        victim = candidates[self.rng.randrange(len(candidates))]
+        self.sim.crash(victim)
+        self.app_recs[victim].crashed = True
+        self._note(f"crash app {victim}")
+        self.sim.at(self.sim.now + self.cfg.monitor_delay, lambda: self._monitor_suspect([victim]))
+
+    def _fault_false_suspicion(self) -> None:
+        candidates = [p for p in self._apps() if self.apps[p].rec.role != "monitor"]
+        if len(candidates) < 3 or len(self._false_suspects) >= 2:
+            return
+        victim = candidates[self.rng.randrange(len(candidates))]
+        self._false_suspects.add(victim)
+        self._note(f"suspect live app {victim}")
+        self._monitor_suspect([victim])
+
+    def _fault_app_cut(self) -> None:
+        candidates = self._apps()
+        leader = self.leader()
+        if not candidates or leader is None:
+            return
+        victim = candidates[self.rng.randrange(len(candidates))]
+        self.sim.cut(victim, leader)
+        dur = self.rng.uniform(1.0, 3.0)
+        self._note(f"cut app {victim} from leader {leader} for {dur:.2f}s")
+        self._disrupt(dur, self._heal)
+
+    def _fault_app_join(self) -> None:
+        if len(self.apps) < self.cfg.submitters + self.cfg.receivers + 5:
+            role = "submitter" if self.rng.random() < 0.5 else "receiver"
+            pid = self._add_app(role)
+            self._note(f"app join {pid}")
+
+    def _replenish(self) -> None:
+        super()._replenish()
+        live = self.live()
+        for host in self.apps.values():
+            if live and not set(host.ep.succession) & set(live):
+                host.ep.add_routers(live)  # as an SDK re-reading its router list would
+
+    def _fault_app_part(self) -> None:
+        candidates = [
+            p
+            for p in self._apps()
+            if self.apps[p].rec.role != "monitor" and self.apps[p].accepts_work()
+        ]
+        if len(candidates) < 3:
+            return
+        victim = candidates[self.rng.randrange(len(candidates))]
+        self._note(f"app part {victim}")
+        self.sim.call(victim, lambda h, now: h.record_submission(*h.ep.close(now), now))
+
+    # ------------------------------------------------------------------ run
+    def correct_apps(self) -> list[NodeId]:
+        return [p for p in self.apps if self._app_alive(p)]
+
+    def done(self) -> bool:
+        if not self.quorum_up():
+            return True
+        correct = self.correct_routers()
+        if not correct or not self.group_quiescent(correct):
+            return False
+        if any(self.routers[r].unstable() for r in correct):
+            return False
+        for p in self.correct_apps():
+            ep = self.apps[p].ep
+            if ep.window or ep.backlog or ep.joined_at is None:
+                return False
+        return True
+
+    def run(self) -> EcastRunResult:
+        cfg = self.cfg
+        started = time.perf_counter()
+        self.founders = self.start_founders()
+        self._add_app("monitor")
+        for _ in range(cfg.submitters):
+            self._add_app("submitter")
+        for _ in range(cfg.receivers):
+            self._add_app("receiver")
+        sim = self.sim
+        # Traffic stops before the faults do: some faults then hit an idle system, where a
+        # leader change leaves nothing new to deliver (duplicates must be confirmed).
+        last = 0.8 * cfg.fault_time
+        for _ in range(cfg.messages):
+            sim.at(self.rng.uniform(0.3, last), self._submit)
+        for _ in range(int(cfg.messages * cfg.unsafe_fraction)):
+            sim.at(self.rng.uniform(0.3, last), lambda: self._submit(unsafe=True))
+        self.schedule_background()
+        if cfg.progress:
+            t = 0.0
+            while t < cfg.fault_time + cfg.settle_time:
+                t += 1.0
+                sim.at(t, lambda: cfg.progress(self.status_line()))  # type: ignore[misc]
+        sim.run(cfg.fault_time)
+        self.heal_everything()
+        sim.run(cfg.fault_time + cfg.settle_time, stop=self.done)
+        settled = self.done()
+        self._settled = True
+        sim.run(sim.now + 1.0)
+        return self._verdict(settled, time.perf_counter() - started)
+
+    def status_line(self) -> str:
+        number, members = self.latest_view()
+        leader = self.leader() or "-"
+        acked = sum(1 for r in self.app_recs.values() for e in r.events if e[0] == "ack")
+        unstable = {r: self.routers[r].unstable() for r in members if r in set(self.live())}
+        return (
+            f"t={self.sim.now:7.3f}s view {number} {list(members)} leader {leader} "
+            f"submitted {self._submitted} acked {acked} unstable {unstable}"
+        )
+
+    def _verdict(self, settled: bool, wall: float) -> EcastRunResult:
+        parted = self.parted_by_group()
+        for r, rec in self.router_recs.items():
+            rec.crashed = not self.sim.nodes[r].alive
+            rec.stopped = self.routers[r].stopped or r in parted
+        ref = build_reference(self.initial, self.router_recs)
+        violations: list[str] = []
+        for check in SAFETY:
+            violations.extend(check(ref, self.app_recs))
+        quorum = self.quorum_up()
+        if quorum:
+            for check in LIVENESS:
+                violations.extend(check(ref, self.app_recs))
+            if not settled:
+                violations.append("termination: the run did not quiesce within the settle time")
+            violations.extend(self._memory_violations())
+        for p in self._false_suspects:
+            if p in ref.suspected and self.app_recs[p].terminated == "suspected":
+                self.situations["false_suspicion"] += 1
+        delivered = sum(1 for r in self.app_recs.values() for e in r.events if e[0] == "dlv")
+        acked = sum(1 for r in self.app_recs.values() for e in r.events if e[0] == "ack")
+        uns = [e for r in self.app_recs.values() for e in r.events if e[0] == "uns"]
+        stats = self.summed_stats(
+            [self.routers[r].stats for r in self.routers] + [c.stats for c in self.cores.values()]
+        )
+        return EcastRunResult(
+            seed=self.cfg.seed,
+            messages=self._submitted,
+            delivered=delivered,
+            stable=acked,
+            unsafe_accepted=sum(1 for e in uns if e[4]),
+            unsafe_delivered=len(uns),
+            violations=violations,
+            situations=dict(self.situations),
+            faults=self.faults,
+            routers_started=len(self.routers),
+            virtual_s=self.sim.now,
+            wall_s=wall,
+            events=self.sim.events,
+            digest=self.sim.digest(),
+            stats=stats,
+            quorum=quorum,
+        )
+
+    def _memory_violations(self) -> list[str]:
+        """After quiescence, routers hold no per-message state for stable messages."""
+        out = []
+        for r in self.correct_routers():
+            mem = self.routers[r].memory()
+            held = {
+                k: v
+                for k, v in mem.items()
+                if k
+                in (
+                    "mseq_entries",
+                    "unstable",
+                    "by_id",
+                    "suspects",
+                    "remaining",
+                    "waiting",
+                    "routed_by",
+                    "proposed",
+                )
+                and v
+            }
+            if held or mem["configs"] != 1:
+                out.append(f"bounded-memory: quiescent router {r} still holds {held or mem}")
+        return out[:5]
+
+
+def run_ecast(cfg: EcastRunConfig) -> EcastRunResult:
+    return EcastRun(cfg).run()

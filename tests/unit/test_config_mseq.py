@@ -1,0 +1,118 @@
+"""Config automata and the MSeq: suspects stay out, timestamps stay absolute, GC is exact."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ecast.config import BroadcastConfig, KeyRingConfig, load_config, restore_config
+from ecast.message import Message
+from ecast.mseq import MSeq
+
+PROCS = ["p1", "p2", "p3", "p4", "p5"]
+
+
+def msg(sender: str, n: int, header: object = None) -> Message:
+    return Message(sender, ((sender, 0, ""), n), header, f"{sender}-{n}")
+
+
+history = st.lists(
+    st.tuples(
+        st.sampled_from(PROCS),
+        st.sampled_from(["join", "join-receiver", "part", "suspect", "data"]),
+        st.sampled_from(PROCS),
+        st.integers(0, 50),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(history, st.sampled_from(["broadcast", "ring"]))
+def test_a_suspected_or_parted_process_never_appears_in_a_later_destination_set(
+    events: list[tuple[str, str, str, int]], kind: str
+) -> None:
+    config = (
+        BroadcastConfig.initial() if kind == "broadcast" else KeyRingConfig.initial(replication=2)
+    )
+    gone: set[str] = set()
+    for i, (sender, what, other, key) in enumerate(events):
+        header: object
+        if what == "join":
+            header = {"kind": "join"}
+        elif what == "join-receiver":
+            header = {"kind": "join", "role": "receiver"}
+        elif what == "part":
+            header = {"kind": "part"}
+        elif what == "suspect":
+            header = {"kind": "suspect", "who": [other]}
+        else:
+            header = {"key": key}
+        m = msg(sender, i, header)
+        dests = config.destset(m)
+        assert not (dests & gone), f"{sorted(dests & gone)} left but still routed to"
+        if sender in gone:
+            assert config.apply(m) is config, "a process that left changed the config"
+        if what == "part" and sender in config.members():
+            gone.add(sender)
+        gone |= config.suspects(m) & config.members()
+        config = config.apply(m)
+        assert not (config.members() & gone)
+
+
+def test_configs_load_by_import_path_and_round_trip_through_plain_state() -> None:
+    b = load_config("ecast.config:BroadcastConfig")
+    assert isinstance(b, BroadcastConfig) and b.members() == frozenset()
+    r = load_config("ecast.config:KeyRingConfig", replication=3)
+    r = r.apply(msg("d1", 1, {"kind": "join", "role": "receiver"}))
+    r = r.apply(msg("c1", 2, {"kind": "join", "role": "client"}))
+    same = restore_config("ecast.config:KeyRingConfig", r.to_state())
+    assert same == r and same.members() == frozenset({"d1", "c1"})
+    for bad in ("ecast.config", ":Broadcast", ""):
+        try:
+            load_config(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad!r} should be rejected")
+
+
+def test_key_ring_sends_each_key_to_f_distinct_successors() -> None:
+    config = KeyRingConfig.initial(replication=3)
+    for i in range(8):
+        config = config.apply(msg(f"d{i}", 1, {"kind": "join", "role": "receiver"}))
+    config = config.apply(msg("c", 1, {"kind": "join", "role": "client"}))
+    seen = set()
+    for k in range(200):
+        dests = config.destset(msg("c", 10 + k, {"key": k}))
+        assert len(dests) == 3 and dests <= set(config.receivers())
+        seen |= dests
+        assert dests == config.destset(msg("c", 999, {"key": k}))  # a function of the key
+    assert seen == set(config.receivers())  # the ring spreads keys over every receiver
+    assert config.destset(msg("stranger", 1, {"key": 1})) == frozenset()  # not a member
+
+
+def test_mseq_keeps_absolute_timestamps_and_collects_the_stable_prefix() -> None:
+    m = MSeq(BroadcastConfig.initial())
+    joins = [m.append(msg(p, 1, {"kind": "join"})) for p in ("a", "b")]
+    assert joins == [0, 1]
+    data = [m.append(msg("a", 2 + i)) for i in range(3)]
+    assert data == [2, 3, 4]
+    assert len(m.configs) == 3  # initial, after a's join, after b's join: data adds none
+    assert m.config_for(0).members() == frozenset()
+    assert m.config_for(1).members() == {"a"}
+    assert m.config_for(5).members() == {"a", "b"}
+    for t in (3, 0, 2):  # stable out of order: only the contiguous prefix goes
+        m.mark_stable(t)
+    assert m.collect() == 1 and m.floor == 1
+    m.mark_stable(1)
+    assert m.collect() == 3 and m.floor == 4
+    assert sorted(m.entries) == [4] and len(m.configs) == 1
+    t = m.append(msg("b", 2))
+    assert t == 5  # never re-based after collection
+    again = MSeq.restore(m.snapshot())
+    assert (again.next_t, again.floor, sorted(again.entries), again.latest) == (
+        m.next_t,
+        m.floor,
+        sorted(m.entries),
+        m.latest,
+    )

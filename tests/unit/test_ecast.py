@@ -1,0 +1,292 @@
+"""Routers and endpoints driven by scripts: each test stages one required behaviour."""
+
+from __future__ import annotations
+
+from ecast.config import KeyRingConfig
+from ecast.endpoint import Acked, Endpoint, EndpointClosed, EndpointParams, LeaderChanged
+from ecast.message import Submission
+from ecast.proto import (
+    Closed,
+    CloseSessions,
+    Confirm,
+    Congestion,
+    Deliver,
+    DeliverUnsafe,
+    Hello,
+    Leader,
+    Route,
+    Stable,
+    StableCmd,
+    Suspected,
+)
+from ecast.router import Router
+from ecast.ufabcast.messages import Accept
+from tests import ecast_scenarios as sc
+
+
+def sent(n, kind, src=None, dst=None):  # type: ignore[no-untyped-def]
+    return [
+        (s, d, m)
+        for s, d, m in n.sent
+        if type(m) is kind and (src is None or s == src) and (dst is None or d == dst)
+    ]
+
+
+def acks_of(n, pid):  # type: ignore[no-untyped-def]
+    return [e for e in n.app_recs[pid].events if e[0] == "ack"]
+
+
+def test_broadcast_delivers_one_order_and_acknowledges_with_timestamps() -> None:
+    n = sc.net()
+    for p in "abc":
+        n.add_app(p)
+    n.settle(0.3)
+    for i in range(6):
+        n.submit("abc"[i % 3], f"m{i}")
+    n.settle(0.5)
+    orders = {p: [x for x in n.delivered(p) if x] for p in "abc"}
+    assert orders["a"] == orders["b"] == orders["c"]
+    assert sorted(orders["a"]) == [f"m{i}" for i in range(6)]
+    for p in "abc":
+        acks = [e for e in acks_of(n, p) if e[2] is not None]
+        assert len(acks) == 3 and all(e[3] for e in acks)  # join + two messages, delivered
+    assert n.violations() == []
+
+
+def test_forwarding_keeps_strict_t_order_per_destination() -> None:
+    n = sc.leader_change_after_last_message()
+    for _s, _d, m in sent(n, Deliver):
+        ts = [t for t, _m in m.items]
+        assert ts == sorted(set(ts))
+    # The new leader sent x again; a confirmed the duplicate; x became stable.
+    assert n.notes["a delivered before the crash"] == [None, None, "x"]
+    assert [e[1][1] for e in acks_of(n, "a")][-1] == 2
+    assert n.violations() == []
+
+
+def test_route_of_a_learned_unstable_message_is_not_proposed_again() -> None:
+    n = sc.net()
+    n.add_app("a")
+    n.add_app("b")
+    n.settle(0.3)
+    n.submit("a", "x")
+    n.deliver("a", "r1")  # the route itself
+    held = {("a", "r1"), ("b", "r1")}  # then confirmations wait: x stays unstable
+    n.deliver_all(hold=held)
+    r1 = n.router("r1")
+    assert r1.unstable() == 1
+    routed = r1.stats["routed"]
+    sub = n.endpoint("a").window[2]
+    n.inject("a", "r1", Route((sub,)))  # a resends x (as after a leader change)
+    n.inject("b", "r1", Route((sub,)))  # b routes the same submission too
+    n.settle(0.5)
+    assert r1.stats["routed"] == routed  # neither was proposed again
+    assert any(e[1] == sub.id for e in acks_of(n, "a"))
+    # Every process that routed the message gets the stable acknowledgement.
+    to_b = [a for _s, _d, m in sent(n, Stable, dst="b") for a in m.acks if a[0] == sub.id]
+    assert to_b and to_b[0][1] is not None
+    assert n.violations() == []
+
+
+def test_message_nobody_receives_is_acknowledged_at_once_as_not_delivered() -> None:
+    n = sc.net()
+    n.add_app("stranger", join=False)  # never joined: the config ignores its messages
+    n.settle(0.2)
+    n.submit("stranger", "lost")
+    n.settle(0.3)
+    (ack,) = acks_of(n, "stranger")
+    _k, _id, t, delivered, _at = ack
+    assert t is not None and delivered is False
+    assert n.violations() == []
+
+
+def test_suspected_process_is_told_and_stops_and_gets_nothing_more() -> None:
+    n = sc.net()
+    for p in ("a", "b", "mon"):
+        n.add_app(p)
+    n.settle(0.3)
+    n.suspect("mon", ["b"])  # b is alive: a false suspicion
+    n.settle(0.3)
+    assert any(d == "b" for _s, d, _m in sent(n, Suspected))
+    assert n.endpoint("b").terminated == "suspected"
+    got = len(n.delivered("b"))
+    n.submit("a", "after")
+    n.settle(0.3)
+    assert len(n.delivered("b")) == got
+    assert "after" in n.delivered("a")
+    assert n.violations() == []
+
+
+def test_close_ends_at_the_own_part_but_confirms_until_it_is_stable() -> None:
+    n = sc.net()
+    n.add_app("a")
+    n.add_app("b")
+    n.settle(0.3)
+    n.close("b")
+    try:
+        n.submit("b", "too late")
+    except EndpointClosed:
+        pass
+    else:
+        raise AssertionError("submitting after close must fail")
+    n.settle(0.3)
+    ep = n.endpoint("b")
+    assert ep.terminated == "closed" and not ep.lingering  # part stable: done
+    assert n.router("r1").state.mseq.latest.members() == {"a"}
+    assert n.violations() == []
+
+
+def test_unsafe_message_is_accepted_only_where_the_tag_matches() -> None:
+    n = sc.unsafe_then_safe()
+    uns = [e for e in n.app_recs["b"].events if e[0] == "uns"]
+    assert uns and uns[0][4] is True  # tag == t_max at b
+    # Never confirmed, acknowledged or kept: no Confirm followed only the unsafe delivery.
+    assert not any(e[1] == uns[0][3].id for e in acks_of(n, "a"))
+    assert n.endpoint("a").window == {}
+    # Sent to a router that never forwarded anything to b: tag None, not accepted.
+    n.submit_unsafe("a", "via r2")
+    n.endpoint("a").target = "r2"
+    n.submit_unsafe("a", "via r2 again")
+    n.settle(0.2)
+    assert n.router("r2").stats["unsafe_dropped"] >= 1
+    assert n.violations() == []
+
+
+def test_endpoint_window_starts_at_one_doubles_and_halves_on_congestion() -> None:
+    ep = Endpoint("e", ["r1"], EndpointParams())
+    for i in range(40):
+        ep.submit(i, None, 0.0)
+    assert len(ep.window) == 1
+    now = 0.0
+    sizes = []
+    for _ in range(12):
+        now += 0.5
+        ep.on_tick(now)
+        sizes.append(ep.cwnd)
+    assert sizes[:4] == [2, 4, 8, 16] and sizes[-1] == 1024
+    assert len(ep.window) == 40
+    ep.on_message("r1", Congestion(), now)
+    assert ep.cwnd == 512
+    for _ in range(20):
+        ep.on_message("r1", Congestion(), now)
+    assert ep.cwnd == 1
+
+
+def test_router_notifies_submitters_above_their_fair_quota() -> None:
+    n = sc.net(congestion_threshold=4)
+    n.add_app("a")
+    n.add_app("b")
+    n.settle(0.3)
+    held = {("r1", "a"), ("r1", "b")}  # deliveries wait, so nothing is confirmed
+    n.settle(2.0)  # a's congestion window grows to 16
+    for i in range(6):
+        n.submit("a", f"a{i}")
+    n.submit("b", "b0")
+    n.deliver_all(hold=held)
+    assert n.router("r1").state.counts == {"a": 6, "b": 1}
+    n.settle(0.3, hold=held)  # periodic check: 7 unstable > 4; quota 4/2 = 2 each
+    told = {d for _s, d, _m in sent(n, Congestion)}
+    assert told == {"a"}
+    assert n.router("r1").ufab.view.number == 0  # nobody was suspected meanwhile
+
+
+def test_sessions_drop_gaps_acknowledge_duplicates_and_close() -> None:
+    n = sc.net()
+    n.add_app("a")
+    n.settle(0.3)
+    session = n.endpoint("a").session
+    n.inject("a", "r1", Route((Submission((session, 5), None, "gap"),)))
+    n.settle(0.3)
+    assert all(n.router(r).state.sessions[session] == 2 for r in ("r1", "r2", "r3"))
+    assert sum(n.router(r).stats["gaps"] for r in ("r1", "r2", "r3")) == 3  # everywhere alike
+    n.inject("a", "r1", Route((Submission((session, 1), None, "dup"),)))
+    n.settle(0.2)
+    dup_acks = [a for _s, _d, m in sent(n, Stable, dst="a") for a in m.acks if a[0][1] == 1]
+    assert len(dup_acks) >= 2 and dup_acks[-1][1] == 0  # the join's t, from the ack cache
+    n.inject("a", "r1", CloseSessions("a", 0))
+    n.settle(0.2)
+    assert all(session not in n.router(r).state.sessions for r in ("r1", "r2", "r3"))
+    n.submit("a", "closed?")
+    n.settle(0.2)
+    assert any(d == "a" for _s, d, _m in sent(n, Closed))
+    assert "closed?" not in n.delivered("a")
+
+
+def test_announcements_reach_processes_before_they_join_and_old_ones_are_ignored() -> None:
+    n = sc.net()
+    n.add_app("watcher", join=False)
+    n.settle(0.2)
+    assert any(d == "watcher" for _s, d, _m in sent(n, Leader))
+    ep = Endpoint("e", ["r1"], EndpointParams())
+    fx = ep.on_message("r2", Leader(3, ("r2", "r1")), 0.0)
+    assert ep.target == "r2" and any(type(u) is LeaderChanged for u in fx.deliver)
+    ep.on_message("r1", Leader(2, ("r1", "r2")), 0.0)  # older: ignored
+    assert ep.target == "r2" and ep.view == 3
+
+
+def test_joining_router_gets_mseq_sessions_and_configs_and_leads_only_once_installed() -> None:
+    n = sc.router_joins_then_traffic()
+    r4, r1 = n.router("r4"), n.router("r1")
+    assert r4.ufab.installed
+    assert r4.state.sessions == r1.state.sessions
+    assert r4.state.mseq.next_t == r1.state.mseq.next_t
+    assert r4.state.mseq.latest == r1.state.mseq.latest
+    assert n.violations() == []
+    joiner = Router("r9", KeyRingConfig.initial(), seeds=["r1"])
+    assert not joiner.leading()
+    joiner.on_tick(0.0)
+    assert not joiner.leading() and not joiner.ufab.installed
+
+
+def test_endpoint_moves_on_when_the_leader_is_isolated() -> None:
+    n = sc.net()
+    n.add_app("a")
+    n.settle(0.3)
+    cut = {("r1", x) for x in ("r2", "r3", "a")} | {(x, "r1") for x in ("r2", "r3", "a")}
+    for pair in cut:
+        n.drop(*pair)
+    n.submit("a", "x")
+    n.settle(4.0, hold=cut)  # r1 never learns its part; a times out and tries r2
+    assert n.endpoint("a").target != "r1"
+    assert "x" in n.delivered("a")
+    assert n.violations() == []
+
+
+def test_delayed_acks_piggyback_and_can_be_switched_off() -> None:
+    def stable_notices_alone(delayed: bool) -> int:
+        """Instances that carry nothing but stable notices."""
+        n = sc.net(delayed_acks=delayed)
+        n.add_app("a")
+        n.add_app("b")  # b's confirmations arrive on their own, without a new route
+        n.settle(0.3)
+        n.settle(3.0)  # a's congestion window grows to 64
+        for i in range(30):
+            n.submit("a", f"m{i}")
+            n.settle(0.002, step=0.001)
+        n.settle(0.2)
+        alone = 0
+        for _s, _d, m in sent(n, Accept, src="r1", dst="r2"):
+            kinds = [type(c) for ac in m.value for c in getattr(ac, "payload", ())]
+            alone += kinds == [StableCmd]
+        assert n.violations() == []
+        return alone
+
+    assert stable_notices_alone(False) > 2 * stable_notices_alone(True)
+
+
+def test_confirm_and_hello_are_routine_and_unknown_messages_are_refused() -> None:
+    r = Router("r1", KeyRingConfig.initial(), routers=["r1"])
+    r.on_message("p", Hello(), 0.0)
+    r.on_message("p", Confirm(5), 0.0)
+    try:
+        r.on_message("p", object(), 0.0)
+    except TypeError as e:
+        assert "unknown" in str(e)
+    else:
+        raise AssertionError("an unknown message must be refused")
+    assert isinstance(
+        DeliverUnsafe(
+            (),
+        ),
+        DeliverUnsafe,
+    ) and Acked((("s", 0, ""), 1), 1, True)
