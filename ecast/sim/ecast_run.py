@@ -24,6 +24,7 @@ from ecast.message import Message
 from ecast.router import Router, RouterParams
 from ecast.sim.ecast_checks import LIVENESS, SAFETY, AppRecord, RouterRecord, build_reference
 from ecast.sim.group import ROUTER_FAULTS, GroupRunConfig, RouterGroupRun
+from ecast.sim.ufab import GRACE
 from ecast.ufabcast import Ufabcast
 
 APP_FAULTS = ("app_crash", "false_suspicion", "app_cut", "app_join", "app_part")
@@ -392,7 +393,7 @@ class EcastRun(RouterGroupRun):
         sim.run(cfg.fault_time + cfg.settle_time, stop=self.done)
         settled = self.done()
         self._settled = True
-        sim.run(sim.now + 1.0)
+        sim.run(sim.now + GRACE)
         return self._verdict(settled, time.perf_counter() - started)
 
     def status_line(self) -> str:

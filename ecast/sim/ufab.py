@@ -34,6 +34,8 @@ from ecast.ufabcast import (
 )
 
 FAULT_KINDS = ROUTER_FAULTS
+GRACE = 3.0
+"""Virtual seconds after quiescence before memory is judged (slowest injected delay + GC)."""
 SITUATIONS = (
     "leader_crash_in_flight",
     "join_during_view_change",
@@ -198,8 +200,10 @@ class UfabRun(RouterGroupRun):
         sim.run(cfg.fault_time + cfg.settle_time, stop=self.done)
         settled = self.done()
         self._settled = True
-        # Let heartbeats carry the final executed positions so GC can finish.
-        sim.run(sim.now + 4 * cfg.ufab.heartbeat_interval + 0.1)
+        # Let heartbeats carry the final executed positions so GC can finish.  Frames sent
+        # through a slowed node may still be in flight (up to 1.5 s) and hold back later
+        # ones on the same connection, so wait that out too.
+        sim.run(sim.now + GRACE)
         self._check_memory(final=True)
         return self._verdict(settled, time.perf_counter() - started)
 
