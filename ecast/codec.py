@@ -1,0 +1,386 @@
+"""The wire encoding of every message: msgpack, one extension code per message class.
+
+Why extension types: a payload may itself be any msgpack value, so a dataclass must not
+look like a list or a map.  Why an identity cache: the same object often goes to several
+peers in one flush (an ``Accept`` to every follower, a ``Message`` inside the ``Deliver``
+of each of its destinations); :class:`Encoder` packs each object once per flush and
+splices the bytes wherever it appears (STYLE.md section 4: encode once).
+
+Decoding validates every field against the class's annotations (ints are ints, node ids
+are strings, tuples are tuples of what they claim), so a malformed or hostile frame raises
+:class:`DecodeError` here and never reaches a protocol core.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+from ecast import message as _message
+from ecast import proto as _proto
+from ecast.link import Frame
+from ecast.ufabcast import messages as _ufab
+
+MAX_FRAME = 16 * 1024 * 1024
+"""Default largest frame a peer may send (16 MiB); larger ones close the connection."""
+
+
+class DecodeError(ValueError):
+    """A frame that is not a well-formed, known message; the peer gets disconnected."""
+
+
+# Codes are part of the wire protocol: never renumber, only append.
+_CLASSES: tuple[type, ...] = (
+    # link
+    Frame,
+    # application messages
+    _message.Submission,
+    _message.Message,
+    # ufabcast commands and messages
+    _ufab.AppCmd,
+    _ufab.JoinCmd,
+    _ufab.PartCmd,
+    _ufab.View,
+    _ufab.Forward,
+    _ufab.Prepare,
+    _ufab.Promise,
+    _ufab.Accept,
+    _ufab.Accepted,
+    _ufab.Nack,
+    _ufab.Commit,
+    _ufab.Heartbeat,
+    _ufab.CatchUpRequest,
+    _ufab.CatchUpReply,
+    _ufab.JoinRequest,
+    _ufab.Snapshot,
+    _ufab.Parted,
+    # E-Cast
+    _proto.Hello,
+    _proto.Route,
+    _proto.RouteUnsafe,
+    _proto.Confirm,
+    _proto.CloseSessions,
+    _proto.Deliver,
+    _proto.DeliverUnsafe,
+    _proto.Stable,
+    _proto.Closed,
+    _proto.SessionsClosed,
+    _proto.Leader,
+    _proto.Congestion,
+    _proto.Suspected,
+    _proto.RouteCmd,
+    _proto.StableCmd,
+    _proto.CloseSessionsCmd,
+)
+_CODE: dict[type, int] = {cls: i + 1 for i, cls in enumerate(_CLASSES)}
+_FIELDS: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _CLASSES
+}
+EXTRA_CODE_BASE = 64
+"""Codes from here on are for classes registered by layers above E-Cast (Rubberband)."""
+
+
+def register(cls: type, code: int) -> None:
+    """Let a layer above E-Cast put its own frozen dataclasses on the wire."""
+    if code < EXTRA_CODE_BASE or code > 127:
+        raise ValueError("extra codes live in 64..127")
+    if code in _CODE.values() and _CODE.get(cls) != code:
+        raise ValueError(f"code {code} is taken")
+    _CODE[cls] = code
+    _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    _BY_CODE[code] = cls
+    _VALIDATORS.pop(cls, None)
+
+
+_BY_CODE: dict[int, type] = {code: cls for cls, code in _CODE.items()}
+
+
+# ------------------------------------------------------------------ validation
+Check = Callable[[Any], bool]
+
+
+def _any(_v: Any) -> bool:
+    return True
+
+
+def _checker(tp: Any, owner: type) -> Check:
+    """A predicate for values of annotation ``tp`` (the shapes used by our messages)."""
+    if tp is Any or tp is typing.Any:
+        return _any
+    if tp is int:
+        return lambda v: type(v) is int
+    if tp is float:
+        return lambda v: type(v) in (float, int)
+    if tp is bool:
+        return lambda v: type(v) is bool
+    if tp is str:
+        return lambda v: type(v) is str
+    if tp is bytes:
+        return lambda v: type(v) is bytes
+    if tp is type(None):
+        return lambda v: v is None
+    if dataclasses.is_dataclass(tp):
+        return lambda v, tp=tp: type(v) is tp
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        parts = [_checker(a, owner) for a in args]
+        return lambda v: any(p(v) for p in parts)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            each = _checker(args[0], owner)
+            if each is _any:
+                return lambda v: type(v) is tuple
+            return lambda v: type(v) is tuple and all(each(x) for x in v)
+        if not args:
+            return lambda v: type(v) is tuple
+        fixed = [_checker(a, owner) for a in args]
+        n = len(fixed)
+        return lambda v: (
+            type(v) is tuple and len(v) == n and all(c(x) for c, x in zip(fixed, v, strict=True))
+        )
+    if origin is dict:
+        return lambda v: type(v) is dict
+    raise TypeError(f"codec: no validator for {tp!r} in {owner.__name__}")
+
+
+_VALIDATORS: dict[type, tuple[Check, ...]] = {}
+
+
+def _validators(cls: type) -> tuple[Check, ...]:
+    checks = _VALIDATORS.get(cls)
+    if checks is None:
+        module = __import__(cls.__module__, fromlist=["_"])
+        hints = typing.get_type_hints(cls, vars(module))
+        checks = tuple(_checker(hints[name], cls) for name in _FIELDS[cls])
+        _VALIDATORS[cls] = checks
+    return checks
+
+
+# ------------------------------------------------------------------ hot classes
+# Messages travel by the thousand inside a few container types.  Those containers are
+# packed as flat tuples of primitives (one C-level pack and unpack for the whole batch,
+# no Python call per message) and validated in one tight loop.
+
+_M = _message.Message
+_S = _message.Submission
+
+
+def _bad(cls: type, value: Any) -> DecodeError:
+    return DecodeError(f"{cls.__name__}: bad item {value!r:.80}")
+
+
+def _flat_msg(m: Any) -> tuple[Any, ...]:
+    (ns, epoch, stream), seq = m.id
+    return (m.sender, ns, epoch, stream, seq, m.header, m.payload)
+
+
+def _msg(x: Any, cls: type) -> Any:
+    if type(x) is not tuple or len(x) != 7:
+        raise _bad(cls, x)
+    sender, ns, epoch, stream, seq, header, payload = x
+    if (
+        type(sender) is not str
+        or type(ns) is not str
+        or type(epoch) is not int
+        or type(stream) is not str
+        or type(seq) is not int
+    ):
+        raise _bad(cls, x)
+    return _M(sender, ((ns, epoch, stream), seq), header, payload)
+
+
+def _flat_sub(m: Any) -> tuple[Any, ...]:
+    (ns, epoch, stream), seq = m.id
+    return (ns, epoch, stream, seq, m.header, m.payload)
+
+
+def _sub(x: Any, cls: type) -> Any:
+    if type(x) is not tuple or len(x) != 6:
+        raise _bad(cls, x)
+    ns, epoch, stream, seq, header, payload = x
+    if (
+        type(ns) is not str
+        or type(epoch) is not int
+        or type(stream) is not str
+        or type(seq) is not int
+    ):
+        raise _bad(cls, x)
+    return _S(((ns, epoch, stream), seq), header, payload)
+
+
+def _enc_deliver(o: Any) -> Any:
+    return [(t, *_flat_msg(m)) for t, m in o.items]
+
+
+def _dec_deliver(data: Any) -> Any:
+    out = []
+    for x in data:
+        if type(x) is not tuple or len(x) != 8 or type(x[0]) is not int:
+            raise _bad(_proto.Deliver, x)
+        out.append((x[0], _msg(x[1:], _proto.Deliver)))
+    return _proto.Deliver(tuple(out))
+
+
+def _enc_unsafe(o: Any) -> Any:
+    return [(tag, frontier, *_flat_msg(m)) for tag, frontier, m in o.items]
+
+
+def _dec_unsafe(data: Any) -> Any:
+    out = []
+    for x in data:
+        if (
+            type(x) is not tuple
+            or len(x) != 9
+            or (x[0] is not None and type(x[0]) is not int)
+            or type(x[1]) is not int
+        ):
+            raise _bad(_proto.DeliverUnsafe, x)
+        out.append((x[0], x[1], _msg(x[2:], _proto.DeliverUnsafe)))
+    return _proto.DeliverUnsafe(tuple(out))
+
+
+def _enc_msgs(o: Any) -> Any:
+    return [_flat_msg(m) for m in o.msgs]
+
+
+def _dec_routecmd(data: Any) -> Any:
+    return _proto.RouteCmd(tuple(_msg(x, _proto.RouteCmd) for x in data))
+
+
+def _enc_subs(o: Any) -> Any:
+    return [_flat_sub(m) for m in o.subs]
+
+
+def _dec_route(data: Any) -> Any:
+    return _proto.Route(tuple(_sub(x, _proto.Route) for x in data))
+
+
+def _dec_route_unsafe(data: Any) -> Any:
+    return _proto.RouteUnsafe(tuple(_sub(x, _proto.RouteUnsafe) for x in data))
+
+
+def _enc_stable(o: Any) -> Any:
+    return [(ns, epoch, stream, seq, t, d) for ((ns, epoch, stream), seq), t, d in o.acks]
+
+
+def _dec_stable(data: Any) -> Any:
+    out = []
+    for x in data:
+        if type(x) is not tuple or len(x) != 6:
+            raise _bad(_proto.Stable, x)
+        ns, epoch, stream, seq, t, d = x
+        if (
+            type(ns) is not str
+            or type(epoch) is not int
+            or type(stream) is not str
+            or type(seq) is not int
+            or (t is not None and type(t) is not int)
+            or type(d) is not bool
+        ):
+            raise _bad(_proto.Stable, x)
+        out.append((((ns, epoch, stream), seq), t, d))
+    return _proto.Stable(tuple(out))
+
+
+_SPECIAL: dict[type, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+    _proto.Deliver: (_enc_deliver, _dec_deliver),
+    _proto.DeliverUnsafe: (_enc_unsafe, _dec_unsafe),
+    _proto.RouteCmd: (_enc_msgs, _dec_routecmd),
+    _proto.Route: (_enc_subs, _dec_route),
+    _proto.RouteUnsafe: (_enc_subs, _dec_route_unsafe),
+    _proto.Stable: (_enc_stable, _dec_stable),
+}
+_SPECIAL_DEC: dict[int, Callable[[Any], Any]] = {_CODE[c]: d for c, (_e, d) in _SPECIAL.items()}
+
+
+# ------------------------------------------------------------------ encoding
+class Encoder:
+    """Packs messages; objects seen earlier in the same flush are not packed again."""
+
+    __slots__ = ("_cache", "_keep")
+
+    def __init__(self) -> None:
+        self._cache: dict[int, msgpack.ExtType] = {}
+        self._keep: list[Any] = []  # keeps cached objects alive so ids stay unique
+
+    def _default(self, obj: Any) -> Any:
+        key = id(obj)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        cls = type(obj)
+        code = _CODE.get(cls)
+        if code is None:
+            raise TypeError(f"cannot encode {cls.__name__}")
+        special = _SPECIAL.get(cls)
+        fields = special[0](obj) if special else [getattr(obj, n) for n in _FIELDS[cls]]
+        data = msgpack.packb(fields, default=self._default, use_bin_type=True)
+        ext = msgpack.ExtType(code, data)
+        self._cache[key] = ext
+        self._keep.append(obj)
+        return ext
+
+    def pack(self, obj: Any) -> bytes:
+        return msgpack.packb(obj, default=self._default, use_bin_type=True)
+
+    def reset(self) -> None:
+        """Forget cached encodings (call once per flush)."""
+        self._cache.clear()
+        self._keep.clear()
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        raise DecodeError(f"unknown message type code {code}")
+    fields = msgpack.unpackb(
+        data, ext_hook=_ext_hook, use_list=False, raw=False, strict_map_key=False
+    )
+    special = _SPECIAL_DEC.get(code)
+    if special is not None:
+        if type(fields) is not tuple:
+            raise DecodeError(f"{cls.__name__}: expected a sequence")
+        return special(fields)
+    if type(fields) is not tuple or len(fields) != len(_FIELDS[cls]):
+        raise DecodeError(f"{cls.__name__}: expected {len(_FIELDS[cls])} fields")
+    for check, value, name in zip(_validators(cls), fields, _FIELDS[cls], strict=True):
+        if not check(value):
+            raise DecodeError(f"{cls.__name__}.{name}: bad value {value!r:.60}")
+    return cls(*fields)
+
+
+def unpack(data: bytes) -> Any:
+    """Decode one packed value; any malformation becomes :class:`DecodeError`."""
+    try:
+        return msgpack.unpackb(
+            data, ext_hook=_ext_hook, use_list=False, raw=False, strict_map_key=False
+        )
+    except DecodeError:
+        raise
+    except (
+        ValueError,
+        TypeError,
+        msgpack.ExtraData,
+        msgpack.FormatError,
+        msgpack.StackError,
+        RecursionError,
+    ) as e:
+        raise DecodeError(f"malformed: {e}") from None
+
+
+def pack(obj: Any) -> bytes:
+    """Encode one value without a shared cache (tests, handshakes)."""
+    return Encoder().pack(obj)
+
+
+def decode_frame(data: bytes) -> Frame:
+    obj = unpack(data)
+    if type(obj) is not Frame:
+        raise DecodeError(f"expected a frame, got {type(obj).__name__}")
+    return obj
