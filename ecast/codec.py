@@ -76,6 +76,8 @@ _CLASSES: tuple[type, ...] = (
     _proto.RouteCmd,
     _proto.StableCmd,
     _proto.CloseSessionsCmd,
+    _proto.Directory,
+    _proto.Direct,
 )
 _CODE: dict[type, int] = {cls: i + 1 for i, cls in enumerate(_CLASSES)}
 _FIELDS: dict[type, tuple[str, ...]] = {

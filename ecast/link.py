@@ -205,6 +205,48 @@ class LinkLayer:
                 best = ch.ack_due_at
         return best
 
+    # -- connections ---------------------------------------------------------------------
+    def received_from(self, peer: NodeId, peer_inc: int) -> int:
+        """What we hold in order from ``peer``'s incarnation (sent in a reconnect handshake)."""
+        ch = self._chans.get(peer)
+        if ch is None or ch.peer_inc != peer_inc:
+            return 0
+        return ch.next_in - 1
+
+    def known_incarnation(self, peer: NodeId) -> int:
+        ch = self._chans.get(peer)
+        return ch.peer_inc if ch is not None else 0
+
+    def on_connected(
+        self, peer: NodeId, peer_inc: int, peer_ack: int, now: float
+    ) -> list[tuple[NodeId, Frame]]:
+        """A (re)connection to ``peer`` is up: return the frames to send again at once.
+
+        ``peer_ack`` is what the peer holds of our frames, so only what it misses is resent.
+        A new incarnation is a new process: its channel starts afresh and nothing buffered
+        for its predecessor goes to it.
+        """
+        if peer in self._forgotten:
+            return []
+        ch = self._chan(peer)
+        if ch.peer_inc not in (0, peer_inc):
+            ch = _Channel()
+            self._chans[peer] = ch
+        ch.peer_inc = peer_inc
+        self._on_ack(ch, peer_ack)
+        ack = ch.next_in - 1
+        frames = []
+        fresh: deque[tuple[int, tuple[Any, ...], float]] = deque()
+        for seq, msgs, _sent in ch.unacked:
+            frames.append((peer, Frame(self.incarnation, peer_inc, seq, ack, msgs)))
+            fresh.append((seq, msgs, now))
+        ch.unacked = fresh
+        if frames:
+            ch.ack_sent = ack
+            ch.ack_due_at = None
+            self.stats["frames_resent"] += len(frames)
+        return frames
+
     # -- membership ----------------------------------------------------------------------
     def forget(self, peer: NodeId) -> None:
         """Drop every buffer for ``peer`` (it was parted or declared faulty) for good.

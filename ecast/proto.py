@@ -117,6 +117,21 @@ class Suspected:
     """The history declared you faulty: stop (process-controlled crash, 3.3.4)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Directory:
+    """Where nodes listen (node id -> HOST:PORT); runtimes gossip it, cores never see it."""
+
+    entries: tuple[tuple[NodeId, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Direct:
+    """An application message sent straight to another application process, outside the
+    total order (Rubberband's basic reads, result streaming and data migration)."""
+
+    payload: object
+
+
 ENDPOINT_TO_ROUTER = (Hello, Route, RouteUnsafe, Confirm, CloseSessions)
 ROUTER_TO_ENDPOINT = (
     Deliver,

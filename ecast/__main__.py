@@ -1,0 +1,5 @@
+import sys
+
+from ecast.cli import main
+
+sys.exit(main())

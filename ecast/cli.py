@@ -1,0 +1,35 @@
+"""``ecast``: the command line.
+
+ecast router ...      run a router daemon (ecast.daemon)
+ecast bench ...       run the benchmark on a local cluster (ecast.bench)
+ecast sim ...         run one seeded simulation (ecast.sim)
+ecast demo ...        the simulated demo
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "router":
+        from ecast.daemon import main as run
+    elif command == "bench":
+        from ecast.bench import main as run
+    elif command == "sim":
+        from ecast.sim.__main__ import main as run
+    elif command == "demo":
+        from ecast.sim.demo import main as run
+    else:
+        print(f"ecast: unknown command {command!r}\n{__doc__}", file=sys.stderr)
+        return 2
+    return run(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""The asyncio client SDK: an application process that submits and delivers.
+
+    client = await ecast.connect(["127.0.0.1:7001"], name="app-1", secret=b"...")
+    ack = await client.submit(b"hello", header={"key": 42})   # in the send window now
+    print((await ack).t)                                        # stable: every destination has it
+    async for d in client.deliveries():                         # in t order, exactly once
+        ...
+    await client.close()                                        # submits part, waits for it
+
+The SDK confirms a delivery as it enters a bounded delivery queue; when the queue is full
+the SDK stops reading from its routers until the application catches up, so a slow
+consumer slows the senders (through E-Cast's flow control) instead of growing memory.
+Leader changes are followed without the caller noticing: the endpoint resends its window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from ecast.effects import NodeId
+from ecast.endpoint import (
+    Acked,
+    Delivery,
+    Endpoint,
+    EndpointClosed,
+    EndpointParams,
+    LeaderChanged,
+    Rejected,
+    Terminated,
+)
+from ecast.message import MsgId, Session
+from ecast.runtime import Node, Runtime
+
+__all__ = ["Ack", "Client", "ClosedError", "connect"]
+
+
+class ClosedError(RuntimeError):
+    """The client was closed or declared faulty; nothing more can be submitted."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """A stable acknowledgement: every unsuspected destination delivered the message."""
+
+    id: MsgId
+    t: int | None
+    """Timestamp in the m-seq (None for a duplicate of a message collected long ago)."""
+    delivered: bool
+    """False if nobody was a destination (an ignored message, 4.4.1)."""
+
+
+class Client:
+    def __init__(
+        self,
+        name: str,
+        runtime: Runtime,
+        params: EndpointParams,
+        session: Session | None,
+        queue_size: int,
+    ) -> None:
+        self.name = name
+        self.runtime = runtime
+        self._params = params
+        self._session = session
+        self._queue: asyncio.Queue[Delivery | None] = asyncio.Queue(queue_size)
+        self._queue_size = queue_size
+        self._paused = False
+        self._acks: dict[MsgId, asyncio.Future[Ack]] = {}
+        self._space = asyncio.Event()
+        self._joined = asyncio.Event()
+        self._closed = asyncio.Event()
+        self.terminated: str | None = None
+        self.leader: NodeId | None = None
+        self.view = -1
+        self.node: Node | None = None
+        self.endpoint: Endpoint | None = None
+        self._direct: asyncio.Queue[tuple[NodeId, Any]] = asyncio.Queue()
+        self._owns_runtime = False
+
+    # ------------------------------------------------------------------ setup
+    async def _start(self, routers: list[str], join: bool, join_header: dict[str, Any]) -> None:
+        node = self.runtime.add_node(
+            self.name,
+            None,
+            on_deliver=self._on_upcalls,
+            keep_connected=self._routers_to_keep,
+        )
+        self.node = node
+        node.on_direct = lambda src, payload: self._direct.put_nowait((src, payload))
+        await node.start()
+        ids: list[NodeId] = []
+        errors = []
+        for address in routers:
+            try:
+                ids.append(await node.connect(address))
+            except (TimeoutError, OSError, ConnectionError) as e:
+                errors.append(f"{address}: {e}")
+        if not ids:
+            raise ConnectionError("no router reachable: " + "; ".join(errors))
+        self.endpoint = Endpoint(self.name, ids, self._params, self._session)
+        node.core = self.endpoint
+        node.feed(lambda core, now: core.on_tick(now))
+        if join:
+            node.feed(lambda core, now: core.join(now, **join_header)[1])
+            await self._joined.wait()
+
+    def _routers_to_keep(self) -> list[NodeId]:
+        """Stay connected to every router of the succession order (issue 4: topology)."""
+        ep = self.endpoint
+        return list(ep.succession) if ep is not None else []
+
+    # ------------------------------------------------------------------ upcalls
+    def _on_upcalls(self, node: Node, upcalls: list[Any]) -> None:
+        for up in upcalls:
+            t = type(up)
+            if t is Delivery:
+                self._queue.put_nowait(up)
+                if not self._paused and self._queue.qsize() >= self._queue_size:
+                    self._paused = True
+                    node.pause_reading(True)
+            elif t is Acked:
+                fut = self._acks.pop(up.id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(Ack(up.id, up.t, up.delivered))
+                self._space.set()
+            elif t is Rejected:
+                fut = self._acks.pop(up.id, None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(ClosedError(f"{up.id}: session {up.reason}"))
+            elif t is LeaderChanged:
+                self.view = up.view
+                self.leader = up.succession[0] if up.succession else None
+                self.runtime.loop.call_soon(self._join_check)
+            elif t is Terminated:
+                self.terminated = up.reason
+                self._closed.set()
+                self._queue.put_nowait(None)
+                for fut in self._acks.values():
+                    if not fut.done() and up.reason != "closed":
+                        fut.set_exception(ClosedError(f"client {up.reason}"))
+        self._join_check()
+
+    def _join_check(self) -> None:
+        ep = self.endpoint
+        if ep is not None and ep.joined_at is not None:
+            self._joined.set()
+
+    # ------------------------------------------------------------------ submitting
+    def _require_open(self) -> Node:
+        if self.terminated is not None or self.node is None:
+            raise ClosedError(f"client {self.name} is {self.terminated or 'not connected'}")
+        return self.node
+
+    def submit_nowait(self, payload: bytes, header: Any = None) -> asyncio.Future[Ack]:
+        """Queue a message (it enters the window when there is room); return its ack."""
+        node = self._require_open()
+        fut: asyncio.Future[Ack] = self.runtime.loop.create_future()
+        holder: list[MsgId] = []
+
+        def go(core: Endpoint, now: float) -> Any:
+            sid, fx = core.submit(payload, header, now)
+            holder.append(sid)
+            return fx
+
+        try:
+            node.feed(go)
+        except EndpointClosed as e:
+            raise ClosedError(str(e)) from None
+        self._acks[holder[0]] = fut
+        return fut
+
+    async def submit(self, payload: bytes, header: Any = None) -> asyncio.Future[Ack]:
+        """Submit; return once the message is in the send window, with its ack future."""
+        fut = self.submit_nowait(payload, header)
+        ep = self.endpoint
+        assert ep is not None
+        while ep.backlog and self.terminated is None:
+            self._space.clear()
+            await self._space.wait()
+        return fut
+
+    async def submit_unsafe(self, payload: bytes, header: Any = None) -> None:
+        """Forward without agreement: no ack, accepted by receivers only if it fits."""
+        node = self._require_open()
+        node.feed(lambda core, now: core.submit_unsafe(payload, header, now))
+
+    async def suspect(self, processes: list[NodeId]) -> asyncio.Future[Ack]:
+        node = self._require_open()
+        fut: asyncio.Future[Ack] = self.runtime.loop.create_future()
+        holder: list[MsgId] = []
+
+        def go(core: Endpoint, now: float) -> Any:
+            sid, fx = core.suspect(processes, now)
+            holder.append(sid)
+            return fx
+
+        node.feed(go)
+        self._acks[holder[0]] = fut
+        return fut
+
+    # ------------------------------------------------------------------ delivering
+    async def deliveries(self) -> AsyncIterator[Delivery]:
+        """Deliveries in ``t`` order; unsafe ones say whether they were accepted."""
+        while True:
+            d = await self._queue.get()
+            if self._paused and self._queue.qsize() <= self._queue_size // 2 and self.node:
+                self._paused = False
+                self.node.pause_reading(False)
+            if d is None:
+                return
+            yield d
+
+    def send_direct(self, peer: NodeId, payload: Any) -> None:
+        """Send to another application process directly (authenticated, not ordered)."""
+        self._require_open().send_direct(peer, payload)
+
+    async def receive_direct(self) -> tuple[NodeId, Any]:
+        return await self._direct.get()
+
+    # ------------------------------------------------------------------ leaving
+    async def close(self, timeout: float = 10.0) -> None:
+        """Part gracefully: submit part and wait until it is delivered."""
+        node = self.node
+        if node is not None and self.terminated is None:
+            node.feed(lambda core, now: core.close(now)[1])
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._closed.wait(), timeout)
+            # Linger a moment so the part's stable confirmation goes out (docs/decisions.md).
+            ep = self.endpoint
+            for _ in range(50):
+                if ep is None or not ep.lingering:
+                    break
+                await asyncio.sleep(0.02)
+        if node is not None:
+            await node.stop()
+        if self._owns_runtime:
+            await self.runtime.close()
+
+
+async def connect(
+    routers: list[str],
+    name: str,
+    *,
+    secret: bytes | None = None,
+    runtime: Runtime | None = None,
+    params: EndpointParams | None = None,
+    session: Session | None = None,
+    join: bool = True,
+    join_header: dict[str, Any] | None = None,
+    queue_size: int = 10_000,
+) -> Client:
+    """Connect to a router group (any of ``routers``, given as HOST:PORT) and join it.
+
+    The secret comes from ``secret`` or the ``ECAST_SECRET`` environment variable.
+    Several clients may share one ``runtime`` (colocated processes talk in memory).
+    """
+    owns = runtime is None
+    if runtime is None:
+        key = secret if secret is not None else os.environ.get("ECAST_SECRET", "").encode()
+        runtime = Runtime(key)
+    client = Client(name, runtime, params or EndpointParams(), session, queue_size)
+    client._owns_runtime = owns
+    await client._start(routers, join, join_header or {})
+    return client

@@ -1,0 +1,329 @@
+"""Authenticated, length-prefixed connections over TCP (optionally TLS).
+
+A connection carries frames between two logical nodes.  It starts with a handshake that
+both sides must pass before anything else is read:
+
+    dialer   -> acceptor  ["hello", version, node, incarnation, listen, nonce_d, expect]
+    acceptor -> dialer    ["challenge", version, node, incarnation, listen, nonce_a, mac_a]
+    dialer   -> acceptor  ["proof", mac_d, ack_for_acceptor]
+    acceptor -> dialer    ["ready", ack_for_dialer]
+
+``mac_a`` and ``mac_d`` are HMAC-SHA256 over both nonces, both node ids and both
+incarnations, keyed with the cluster secret: each side proves it knows the secret without
+sending it, and the proof binds the identities it claims.  The acks tell the other side how
+much of its frame stream arrived, so after a reconnect only what is missing is resent.
+
+Afterwards every message is ``4-byte big-endian length || body``.  A frame longer than
+the limit (default 16 MiB), a malformed body, an unknown message type, a failed or
+silent handshake closes the connection with a logged reason; the process goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgpack
+
+from ecast.effects import NodeId
+
+PROTOCOL_VERSION = 1
+HANDSHAKE_TIMEOUT = 5.0
+_LEN = struct.Struct(">I")
+log = logging.getLogger("ecast.transport")
+
+
+class HandshakeError(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class PeerInfo:
+    node: NodeId
+    incarnation: int
+    listen: str | None
+
+
+class Endpoint(Protocol):
+    """What a connection needs from the local node it belongs to."""
+
+    node_id: NodeId
+    incarnation: int
+    listen: str | None
+    secret: bytes
+    max_frame: int
+
+    def check_peer(self, peer: PeerInfo) -> str | None:
+        """None if ``peer`` may connect, else the reason it may not."""
+
+    def received_from(self, peer: PeerInfo) -> int: ...
+
+    def connection_open(self, conn: Connection, peer_ack: int) -> None: ...
+
+    def frame_received(self, conn: Connection, body: bytes) -> None: ...
+
+    def connection_closed(self, conn: Connection, reason: str) -> None: ...
+
+
+def _mac(secret: bytes, role: bytes, *parts: Any) -> bytes:
+    h = hmac.new(secret, role, hashlib.sha256)
+    for p in parts:
+        h.update(b"\x00")
+        h.update(p if isinstance(p, bytes) else str(p).encode())
+    return h.digest()
+
+
+class Connection(asyncio.Protocol):
+    """One TCP connection, bound to a peer node once the handshake succeeds."""
+
+    def __init__(
+        self,
+        local: Endpoint,
+        dialer: bool,
+        expect: NodeId | None = None,
+        on_fail: Callable[[Connection, str], None] | None = None,
+    ) -> None:
+        self.local = local
+        self.dialer = dialer
+        self.expect = expect
+        self.on_fail = on_fail
+        self.peer: PeerInfo | None = None
+        self.state = "new"
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self._nonce = os.urandom(16)
+        self._peer_nonce = b""
+        self._timer: asyncio.TimerHandle | None = None
+        self.closed_reason = ""
+        self.frames_in = 0
+        self.bytes_out = 0
+
+    # ------------------------------------------------------------------ asyncio hooks
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's are not subclasses
+        self.state = "handshake"
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+        if self.dialer:
+            me = self.local
+            self._send_plain(
+                [
+                    "hello",
+                    PROTOCOL_VERSION,
+                    me.node_id,
+                    me.incarnation,
+                    me.listen,
+                    self._nonce,
+                    self.expect,
+                ]
+            )
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        limit = self.local.max_frame
+        while len(buf) >= 4:
+            (n,) = _LEN.unpack_from(buf)
+            if n > limit:
+                self.close(f"frame of {n} bytes exceeds the {limit}-byte limit")
+                return
+            if len(buf) < 4 + n:
+                break
+            body = bytes(buf[4 : 4 + n])
+            del buf[: 4 + n]
+            if self.state == "open":
+                self.frames_in += 1
+                self.local.frame_received(self, body)
+            else:
+                try:
+                    self._handshake_step(body)
+                except HandshakeError as e:
+                    self._refuse(str(e))
+                    return
+                except Exception as e:  # malformed handshake bodies of any shape
+                    self._refuse(f"malformed handshake: {e}")
+                    return
+            if self.state == "closed":
+                return
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        was = self.state
+        self.state = "closed"
+        reason = self.closed_reason or (str(exc) if exc else "peer closed the connection")
+        self.closed_reason = reason
+        if was == "open":
+            self.local.connection_closed(self, reason)
+        elif self.on_fail is not None:
+            self.on_fail(self, reason)
+
+    # ------------------------------------------------------------------ sending
+    def send(self, body: bytes) -> None:
+        t = self.transport
+        if t is None or self.state != "open":
+            return
+        t.writelines((_LEN.pack(len(body)), body))
+        self.bytes_out += 4 + len(body)
+
+    def _send_plain(self, obj: Any) -> None:
+        body = msgpack.packb(obj, use_bin_type=True)
+        assert self.transport is not None
+        self.transport.writelines((_LEN.pack(len(body)), body))
+
+    def close(self, reason: str) -> None:
+        if self.state == "closed":
+            return
+        if not self.closed_reason:
+            self.closed_reason = reason
+        if self.peer is not None or self.state != "open":
+            log.info(
+                "event=connection_closed local=%s peer=%s reason=%r",
+                self.local.node_id,
+                self.peer.node if self.peer else "?",
+                reason,
+            )
+        if self.transport is not None:
+            self.transport.close()
+
+    # ------------------------------------------------------------------ handshake
+    def _refuse(self, reason: str) -> None:
+        log.warning(
+            "event=handshake_refused local=%s peer=%s reason=%r",
+            self.local.node_id,
+            self.peer.node if self.peer else "?",
+            reason,
+        )
+        with contextlib.suppress(Exception):  # best effort before closing
+            self._send_plain(["error", reason])
+        self.closed_reason = reason
+        if self.transport is not None:
+            self.transport.close()
+        self.state = "closed"
+
+    def _handshake_timeout(self) -> None:
+        if self.state == "handshake":
+            self._refuse(f"no handshake within {HANDSHAKE_TIMEOUT:.0f}s")
+
+    def _handshake_step(self, body: bytes) -> None:
+        msg = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=False)
+        if not isinstance(msg, list) or not msg or not isinstance(msg[0], str):
+            raise HandshakeError("handshake expected")
+        kind = msg[0]
+        me = self.local
+        if kind == "error":
+            raise HandshakeError(f"peer refused: {msg[1] if len(msg) > 1 else '?'}")
+        if not self.dialer and kind == "hello":
+            _, version, node, inc, listen, nonce, expect = msg
+            self._check_version(version)
+            if expect not in (None, me.node_id):
+                raise HandshakeError(f"this is {me.node_id}, not {expect}")
+            self.peer = PeerInfo(str(node), int(inc), listen)
+            self._peer_nonce = bytes(nonce)
+            self._check_identity(self.peer)
+            mac = _mac(
+                me.secret,
+                b"acceptor",
+                self._peer_nonce,
+                self._nonce,
+                node,
+                inc,
+                me.node_id,
+                me.incarnation,
+            )
+            self._send_plain(
+                [
+                    "challenge",
+                    PROTOCOL_VERSION,
+                    me.node_id,
+                    me.incarnation,
+                    me.listen,
+                    self._nonce,
+                    mac,
+                ]
+            )
+        elif self.dialer and kind == "challenge" and self.peer is None:
+            _, version, node, inc, listen, nonce, mac = msg
+            self._check_version(version)
+            if self.expect is not None and node != self.expect:
+                raise HandshakeError(f"expected {self.expect}, reached {node}")
+            peer = PeerInfo(str(node), int(inc), listen)
+            want = _mac(
+                me.secret,
+                b"acceptor",
+                self._nonce,
+                bytes(nonce),
+                me.node_id,
+                me.incarnation,
+                node,
+                inc,
+            )
+            if not hmac.compare_digest(want, bytes(mac)):
+                raise HandshakeError("acceptor failed authentication (wrong secret)")
+            self.peer = peer
+            self._check_identity(peer)
+            proof = _mac(
+                me.secret,
+                b"dialer",
+                bytes(nonce),
+                self._nonce,
+                me.node_id,
+                me.incarnation,
+                node,
+                inc,
+            )
+            self._send_plain(["proof", proof, me.received_from(peer)])
+        elif not self.dialer and kind == "proof" and self.peer is not None:
+            _, mac, ack = msg
+            peer = self.peer
+            want = _mac(
+                me.secret,
+                b"dialer",
+                self._nonce,
+                self._peer_nonce,
+                peer.node,
+                peer.incarnation,
+                me.node_id,
+                me.incarnation,
+            )
+            if not hmac.compare_digest(want, bytes(mac)):
+                raise HandshakeError("dialer failed authentication (wrong secret)")
+            self._send_plain(["ready", me.received_from(peer)])
+            self._open(int(ack))
+        elif self.dialer and kind == "ready" and self.peer is not None:
+            self._open(int(msg[1]))
+        else:
+            raise HandshakeError(f"unexpected {kind!r} during the handshake")
+
+    def _check_version(self, version: Any) -> None:
+        if version != PROTOCOL_VERSION:
+            raise HandshakeError(
+                f"protocol version {version} (this node speaks {PROTOCOL_VERSION})"
+            )
+
+    def _check_identity(self, peer: PeerInfo) -> None:
+        problem = self.local.check_peer(peer)
+        if problem:
+            raise HandshakeError(problem)
+
+    def _open(self, peer_ack: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.state = "open"
+        self.local.connection_open(self, peer_ack)
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"address must look like HOST:PORT, got {address!r}")
+    return host.strip("[]"), int(port)
