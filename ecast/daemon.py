@@ -91,6 +91,7 @@ class RouterDaemon:
             server_ssl=server_ssl,
             client_ssl=client_ssl,
             max_frame=a.max_frame,
+            handshake_timeout=a.handshake_timeout,
         )
         self.runtime = rt
         config = load_config(a.config, **dict(kv.split("=", 1) for kv in a.config_arg))
@@ -305,7 +306,8 @@ def router_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--failure-timeout", type=float, default=1.0)
     ap.add_argument("--clumping", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--delayed-acks", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--max-frame", type=int, default=16 * 1024 * 1024)
+    ap.add_argument("--max-frame", type=int, default=16 * 1024 * 1024, help="bytes")
+    ap.add_argument("--handshake-timeout", type=float, default=5.0, help="seconds")
     ap.add_argument("--leave-timeout", type=float, default=5.0)
     ap.add_argument("--log-level", default="info")
     ap.add_argument("--file", help="TOML file with any of these settings (flags win)")

@@ -32,7 +32,7 @@ from ecast.codec import MAX_FRAME, DecodeError, Encoder, decode_frame
 from ecast.effects import Effects, NodeId
 from ecast.link import Frame, LinkLayer, LinkParams
 from ecast.proto import Direct, Directory
-from ecast.transport import Connection, PeerInfo, split_address
+from ecast.transport import HANDSHAKE_TIMEOUT, Connection, PeerInfo, split_address
 
 log = logging.getLogger("ecast.runtime")
 
@@ -55,10 +55,12 @@ class Runtime:
         server_ssl: ssl.SSLContext | None = None,
         client_ssl: ssl.SSLContext | None = None,
         max_frame: int = MAX_FRAME,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
     ) -> None:
         if not secret:
             raise ValueError("a cluster secret is required")
         self.secret = secret
+        self.handshake_timeout = handshake_timeout
         self.server_ssl = server_ssl
         self.client_ssl = client_ssl
         self.max_frame = max_frame
@@ -125,6 +127,7 @@ class Node:
         self.listen = listen
         self.secret = runtime.secret
         self.max_frame = runtime.max_frame
+        self.handshake_timeout = runtime.handshake_timeout
         self.incarnation = new_incarnation()
         self.link = LinkLayer(node_id, self.incarnation, TCP_LINK)
         self.on_deliver = on_deliver

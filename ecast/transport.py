@@ -60,6 +60,7 @@ class Endpoint(Protocol):
     listen: str | None
     secret: bytes
     max_frame: int
+    handshake_timeout: float
 
     def check_peer(self, peer: PeerInfo) -> str | None:
         """None if ``peer`` may connect, else the reason it may not."""
@@ -111,7 +112,7 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's are not subclasses
         self.state = "handshake"
         loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+        self._timer = loop.call_later(self.local.handshake_timeout, self._handshake_timeout)
         if self.dialer:
             me = self.local
             self._send_plain(
@@ -211,7 +212,7 @@ class Connection(asyncio.Protocol):
 
     def _handshake_timeout(self) -> None:
         if self.state == "handshake":
-            self._refuse(f"no handshake within {HANDSHAKE_TIMEOUT:.0f}s")
+            self._refuse(f"no handshake within {self.local.handshake_timeout:g}s")
 
     def _handshake_step(self, body: bytes) -> None:
         msg = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=False)

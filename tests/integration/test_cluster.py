@@ -1,0 +1,112 @@
+"""Real router daemons and SDK clients on 127.0.0.1, with routers killed and added."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+import ecast
+from tests.integration.cluster import SECRET, Cluster, Recorder, check_guarantees
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
+    c = Cluster(tmp_path)
+    yield c
+    c.stop_all()
+
+
+async def connect(cluster: Cluster, name: str) -> Recorder:
+    client = await ecast.connect(cluster.addresses(), name=name, secret=SECRET.encode())
+    return Recorder(client)
+
+
+async def pump(rec: Recorder, n: int, stop: asyncio.Event, tag: str) -> None:
+    """Submit up to ``n`` messages as fast as the window allows, recording acks."""
+    pending = []
+    for i in range(n):
+        if stop.is_set():
+            break
+        fut = await rec.client.submit(f"{tag}-{i}".encode())
+        pending.append(fut)
+        if i % 50 == 0:
+            await asyncio.sleep(0)
+    for fut in pending:
+        ack = await asyncio.wait_for(fut, 30)
+        rec.acked[ack.id] = ack.t
+
+
+async def test_clients_agree_while_the_group_loses_and_gains_routers(cluster: Cluster) -> None:
+    routers = cluster.start_group(5)
+    clients = [await connect(cluster, f"c{i}") for i in range(3)]
+    assert clients[0].client.leader == "r1"
+    stop = asyncio.Event()
+    work = [asyncio.create_task(pump(c, 3000, stop, c.name)) for c in clients]
+    await asyncio.sleep(1.0)
+    cluster.kill("r1")  # the leader, mid-stream
+    await asyncio.sleep(1.8)
+    cluster.start("r6", routers[1].address)  # a router joins the smaller group
+    cluster.wait_healthy("r6")
+    new_leader = clients[0].client.leader
+    assert new_leader not in (None, "r1")
+    cluster.kill(new_leader)  # the new leader
+    await asyncio.sleep(1.8)
+    follower = next(r for r in ("r3", "r4", "r5") if r != new_leader and cluster.routers[r].alive())
+    cluster.kill(follower)  # and a follower
+    await asyncio.wait_for(asyncio.gather(*work), 90)
+    await asyncio.sleep(0.5)
+    total = sum(len(c.acked) for c in clients)
+    assert total == 9000, f"only {total} of 9000 acknowledged"
+    problems = check_guarantees(clients, clients)
+    assert problems == []
+    first, second, third = (c.payloads() for c in clients)
+    assert first == second == third
+    for c in clients:
+        await c.client.close()
+    alive = [r for r in cluster.routers.values() if r.alive()]
+    views = {r.id: r.health()["view"] for r in alive}
+    assert len(set(views.values())) == 1, views
+
+
+async def test_sigterm_parts_a_router_gracefully(cluster: Cluster) -> None:
+    cluster.start_group(3)
+    client = await connect(cluster, "c1")
+    ack = await client.client.submit(b"before")
+    await asyncio.wait_for(ack, 10)
+    code = cluster.terminate("r3")
+    assert code == 0
+    h = cluster.wait_healthy("r1", members=2)
+    assert h["members"] == ["r1", "r2"]
+    ack = await client.client.submit(b"after")
+    assert (await asyncio.wait_for(ack, 10)).delivered
+    log = cluster.routers["r3"].log.read_text()
+    assert "event=leaving" in log and "event=stopped" in log
+    await client.client.close()
+
+
+async def test_metrics_and_health_describe_the_router(cluster: Cluster) -> None:
+    cluster.start_group(3)
+    client = await connect(cluster, "c1")
+    for i in range(20):
+        await asyncio.wait_for(await client.client.submit(f"m{i}".encode()), 10)
+    text = cluster.routers["r1"].metrics_text()
+    for name in (
+        "ecast_messages_routed_total",
+        "ecast_unstable_messages",
+        "ecast_paxos_active_instances",
+        "ecast_view",
+        "ecast_leader",
+        "ecast_congestion_notices_total",
+        "ecast_peer_unacked_frames",
+    ):
+        assert name in text, name
+    h = cluster.routers["r2"].health()
+    assert h is not None and h["leader"] == "r1" and h["status"] == "ok" and not h["leading"]
+    await client.client.close()
+    t0 = time.monotonic()
+    while cluster.routers["r1"].health()["unstable"] and time.monotonic() - t0 < 5:
+        await asyncio.sleep(0.05)
+    assert cluster.routers["r1"].health()["unstable"] == 0

@@ -1,0 +1,145 @@
+"""The frame decoder: every message round-trips; anything else is a DecodeError, never a crash."""
+
+from __future__ import annotations
+
+import contextlib
+
+import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ecast.codec import DecodeError, Encoder, decode_frame, pack, unpack
+from ecast.link import Frame
+from ecast.message import Message, Submission
+from ecast.proto import (
+    Confirm,
+    Deliver,
+    DeliverUnsafe,
+    Leader,
+    Route,
+    RouteCmd,
+    Stable,
+    StableCmd,
+)
+from ecast.ufabcast.messages import Accept, AppCmd, Heartbeat, JoinCmd, PartCmd, Promise, View
+
+names = st.text(st.characters(codec="utf-8"), min_size=1, max_size=8)
+ints = st.integers(-(2**40), 2**40)
+session = st.tuples(names, st.integers(0, 2**31), st.text(max_size=4))
+msg_id = st.tuples(session, st.integers(1, 2**31))
+payloads = st.one_of(st.none(), st.binary(max_size=64), ints, st.text(max_size=16))
+headers = st.one_of(st.none(), st.dictionaries(st.text(max_size=6), payloads, max_size=3))
+messages = st.builds(Message, names, msg_id, headers, payloads)
+submissions = st.builds(Submission, msg_id, headers, payloads)
+commands = st.one_of(
+    st.builds(
+        AppCmd, names, st.integers(1, 2**31), st.tuples(st.builds(RouteCmd, st.tuples(messages)))
+    ),
+    st.builds(JoinCmd, names, names),
+    st.builds(PartCmd, names, names),
+)
+ballot = st.tuples(st.integers(0, 100), names)
+wire = st.one_of(
+    st.builds(Deliver, st.lists(st.tuples(st.integers(0, 2**40), messages), max_size=4).map(tuple)),
+    st.builds(
+        DeliverUnsafe,
+        st.lists(st.tuples(st.one_of(st.none(), ints), ints, messages), max_size=3).map(tuple),
+    ),
+    st.builds(Route, st.lists(submissions, max_size=4).map(tuple)),
+    st.builds(
+        Stable,
+        st.lists(st.tuples(msg_id, st.one_of(st.none(), ints), st.booleans()), max_size=3).map(
+            tuple
+        ),
+    ),
+    st.builds(Confirm, ints),
+    st.builds(Leader, ints, st.lists(names, max_size=4).map(tuple)),
+    st.builds(Accept, ints, ballot, ints, st.lists(commands, max_size=3).map(tuple)),
+    st.builds(
+        Promise,
+        ints,
+        ballot,
+        ints,
+        st.lists(
+            st.tuples(ints, ballot, st.lists(commands, max_size=2).map(tuple)), max_size=2
+        ).map(tuple),
+    ),
+    st.builds(Heartbeat, ints, ints),
+    st.builds(StableCmd, st.lists(st.tuples(ints, st.booleans()), max_size=3).map(tuple)),
+    st.builds(View, ints, st.lists(names, max_size=3).map(tuple), ints),
+)
+frames = st.builds(
+    Frame,
+    st.integers(0, 2**50),
+    st.integers(0, 2**50),
+    ints,
+    ints,
+    st.lists(wire, max_size=4).map(tuple),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(frames)
+def test_every_message_round_trips(frame: Frame) -> None:
+    assert decode_frame(pack(frame)) == frame
+
+
+def test_an_object_shared_by_frames_is_encoded_once_per_flush() -> None:
+    calls: list[str] = []
+
+    class Counting(Encoder):
+        def _default(self, obj: object) -> object:
+            calls.append(type(obj).__name__)
+            return super()._default(obj)
+
+    m = Message("s", (("s", 0, ""), 1), None, b"x" * 1000)
+    accept = Accept(0, (0, "r"), 1, (AppCmd("r", 1, (RouteCmd((m,)),)),))
+    enc = Counting()
+    first = enc.pack(Frame(1, 2, 2, 0, (accept,)))
+    second = enc.pack(Frame(1, 3, 2, 0, (accept,)))  # the same Accept to a second follower
+    assert len(first) > 1000 and len(second) == len(first)
+    # The second frame reused the first's encoding of the Accept: only the Frame was new.
+    assert calls == ["Frame", "Accept", "AppCmd", "RouteCmd", "Frame", "Accept"]
+    enc.reset()
+    enc.pack(Frame(1, 2, 3, 0, (accept,)))
+    assert calls[-4:] == ["Frame", "Accept", "AppCmd", "RouteCmd"]  # a new flush packs again
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=200))
+def test_random_bytes_never_crash_the_decoder(data: bytes) -> None:
+    with contextlib.suppress(DecodeError):
+        decode_frame(data)
+
+
+@settings(max_examples=500, deadline=None)
+@given(frames, st.data())
+def test_mutated_frames_decode_or_raise_decode_error(frame: Frame, data: st.DataObject) -> None:
+    raw = bytearray(pack(frame))
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(raw) - 1))
+        raw[i] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(0, len(raw)))
+    try:
+        decoded = decode_frame(bytes(raw[:cut]))
+    except DecodeError:
+        return
+    assert isinstance(decoded, Frame)
+
+
+def test_unknown_codes_wrong_shapes_and_wrong_types_are_refused() -> None:
+    cases = [
+        msgpack.packb(msgpack.ExtType(120, b"\x90")),  # a code nobody registered
+        pack(Confirm(3))[:-1],  # truncated
+        msgpack.packb(msgpack.ExtType(1, msgpack.packb([1, 2]))),  # a Frame with 2 fields
+        pack(Frame(1, 1, 1, 1, (Confirm("x"),))),  # type: ignore[arg-type]
+        pack(Frame(1, 1, 1, 1, (Leader(1, ("r", 2)),))),  # type: ignore[arg-type]
+        msgpack.packb([1, 2, 3]),  # not a frame at all
+    ]
+    for raw in cases:
+        try:
+            decode_frame(raw)
+        except DecodeError:
+            continue
+        raise AssertionError(f"accepted {raw!r}")
+    assert unpack(pack(Confirm(3))) == Confirm(3)
