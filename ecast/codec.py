@@ -80,9 +80,17 @@ _CLASSES: tuple[type, ...] = (
     _proto.Direct,
 )
 _CODE: dict[type, int] = {cls: i + 1 for i, cls in enumerate(_CLASSES)}
-_FIELDS: dict[type, tuple[str, ...]] = {
-    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _CLASSES
-}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    if dataclasses.is_dataclass(cls):
+        return tuple(f.name for f in dataclasses.fields(cls))
+    return tuple(cls._fields)  # type: ignore[attr-defined]  # a NamedTuple
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {cls: _field_names(cls) for cls in _CLASSES}
+"""NamedTuples (Message, Submission) keep their codes, but msgpack packs them as plain
+arrays: they travel flattened inside the hot containers, or are rebuilt by their owner."""
 EXTRA_CODE_BASE = 64
 """Codes from here on are for classes registered by layers above E-Cast (Rubberband)."""
 
@@ -94,7 +102,7 @@ def register(cls: type, code: int) -> None:
     if code in _CODE.values() and _CODE.get(cls) != code:
         raise ValueError(f"code {code} is taken")
     _CODE[cls] = code
-    _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    _FIELDS[cls] = _field_names(cls)
     _BY_CODE[code] = cls
     _VALIDATORS.pop(cls, None)
 

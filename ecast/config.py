@@ -165,7 +165,7 @@ class KeyRingConfig:
     messages are delivered to their sender only.  Used by the benchmark.
     """
 
-    __slots__ = ("_all", "_others", "_positions", "_retired", "_ring", "f")
+    __slots__ = ("_all", "_others", "_positions", "_retired", "_ring", "_succ", "f")
 
     def __init__(
         self,
@@ -182,10 +182,16 @@ class KeyRingConfig:
         self._others = others
         self._all = frozenset(n for _, n in ring) | others
         self._retired = retired
+        names = [n for _, n in ring]
+        k = min(f, len(names))
+        # The f successors of each ring position, built once per config, not per message.
+        self._succ = tuple(
+            frozenset(names[(i + j) % len(names)] for j in range(k)) for i in range(len(names))
+        )
 
     @classmethod
-    def initial(cls, replication: int = 3, **_: Any) -> KeyRingConfig:
-        return cls(replication)
+    def initial(cls, replication: int | str = 3, **_: Any) -> KeyRingConfig:
+        return cls(int(replication))
 
     @classmethod
     def from_state(cls, state: Any) -> KeyRingConfig:
@@ -236,10 +242,8 @@ class KeyRingConfig:
         if sender not in self._all or not self._ring:
             return EMPTY
         key = msg.header.get("key") if type(msg.header) is dict else None
-        ring = self._ring
-        n = len(ring)
         i = bisect_left(self._positions, ring_position(str(key)))
-        return frozenset(ring[(i + k) % n][1] for k in range(min(self.f, n)))
+        return self._succ[i % len(self._succ)]
 
     def suspects(self, msg: Message) -> frozenset[NodeId]:
         if msg.kind == "suspect" and msg.sender in self._all:

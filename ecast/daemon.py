@@ -65,6 +65,20 @@ def tls_contexts(args: argparse.Namespace) -> tuple[ssl.SSLContext | None, ssl.S
     return server, client
 
 
+def config_args(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs for ``Config.initial``; values are JSON when they parse as JSON."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--config-arg wants KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
 class RouterDaemon:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -94,7 +108,7 @@ class RouterDaemon:
             handshake_timeout=a.handshake_timeout,
         )
         self.runtime = rt
-        config = load_config(a.config, **dict(kv.split("=", 1) for kv in a.config_arg))
+        config = load_config(a.config, **config_args(a.config_arg))
         node = rt.add_node(a.id, None, listen=a.listen, advertise=True)
         await node.start()
         if a.join:

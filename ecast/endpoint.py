@@ -163,6 +163,14 @@ class Endpoint:
         sid = self._new_submission(payload, header)
         return sid, self._end()
 
+    def submit_many(
+        self, items: list[tuple[Any, Any]], now: float = 0.0
+    ) -> tuple[list[MsgId], Effects]:
+        """Queue many ``(payload, header)`` messages in one step (one Route per step)."""
+        self._begin(now)
+        ids = [self._new_submission(payload, header) for payload, header in items]
+        return ids, self._end()
+
     def join(self, now: float, **header: Any) -> tuple[MsgId, Effects]:
         """Submit this process's join (application membership is what the history says)."""
         self._begin(now)

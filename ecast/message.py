@@ -9,8 +9,7 @@ namespace up to an epoch and leave a single watermark behind.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ecast.effects import NodeId
 
@@ -20,17 +19,20 @@ MsgId = tuple[Session, int]
 """(session, sequence number); sequence numbers start at 1."""
 
 
-@dataclass(frozen=True, slots=True)
-class Submission:
-    """What an endpoint sends to a router: no sender, the router's link supplies it."""
+class Submission(NamedTuple):
+    """What an endpoint sends to a router: no sender, the router's link supplies it.
+
+    A NamedTuple rather than a frozen dataclass: just as immutable, but built several
+    times per message on its path (decoding, routing), where a frozen dataclass's
+    ``__init__`` costs several times more (docs/decisions.md).
+    """
 
     id: MsgId
     header: Any
     payload: Any
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(NamedTuple):
     """A message in the m-seq.
 
     ``sender`` is the authenticated process the router received the submission from; it is

@@ -103,6 +103,9 @@ class MSeq:
         m.configs = [restore_config(p, c) for _s, p, c in chain]
         m.next_t = state["next_t"]
         m.floor = state["floor"]
-        m.entries = dict(state["entries"])
+        # Messages arrive as plain arrays when the snapshot crossed the wire.
+        m.entries = {
+            t: msg if type(msg) is Message else Message(*msg) for t, msg in state["entries"]
+        }
         m.stable = set(state["stable"])
         return m

@@ -70,6 +70,11 @@ class RouterParams:
     delayed_acks: bool = True
     """Buffer stable notices and piggyback them on route proposals (3.5.7)."""
     ack_delay: float = 0.010
+    early_acks: bool = True
+    """Acknowledge a message as soon as it is stable, before the stable notice is agreed
+    (see ``Router._stable_candidate``)."""
+    adaptive_acks: bool = True
+    """Propose stable notices at once when ufabcast has nothing in flight to carry them."""
     congestion_threshold: int = 1024
     congestion_interval: float = 0.25
     """Also the period at which suspects are re-applied to outstanding confirmations."""
@@ -129,10 +134,10 @@ class RouterState:
     def restore(cls, snap: dict[str, Any]) -> RouterState:
         st = cls.__new__(cls)
         st.mseq = MSeq.restore(snap["mseq"])
-        st.sessions = dict(snap["sessions"])
-        st.acks = {s: dict(a) for s, a in snap["acks"]}
+        st.sessions = {tuple(s): n for s, n in snap["sessions"]}
+        st.acks = {tuple(s): {seq: tuple(v) for seq, v in a} for s, a in snap["acks"]}
         st.closed = dict(snap["closed"])
-        st.by_id = dict(snap["by_id"])
+        st.by_id = {(tuple(sid[0]), sid[1]): t for sid, t in snap["by_id"]}
         st.counts = dict(snap["counts"])
         st.suspects = dict(snap["suspects"])
         st.departed = dict(snap["departed"])
@@ -143,6 +148,7 @@ class _Lead:
     """Leader-local forwarding and stability state (not replicated, rebuilt on takeover)."""
 
     __slots__ = (
+        "acked",
         "announced",
         "confirmed",
         "frontier",
@@ -166,6 +172,8 @@ class _Lead:
         """Other processes that routed a learned, unstable message (they get the ack too)."""
         self.announced: dict[NodeId, int] = {}
         """Application process -> router view last announced to it."""
+        self.acked: set[int] = set()
+        """Stable timestamps acknowledged before their stable notice was learned."""
 
 
 class Router:
@@ -196,8 +204,8 @@ class Router:
         self._stable_since: float | None = None
         self._closes: list[CloseSessionsCmd] = []
         self._out: dict[NodeId, list[Any]] = {}
-        """Per application process, items to send this step, in order: ('d', t, msg),
-        ('u', tag, frontier, msg) or a whole message object."""
+        """Per application process, what to send this step, in order: ``(t, msg)`` to
+        deliver, ``(tag, frontier, msg)`` unsafe, or a whole message object."""
         self._acks_out: dict[NodeId, list[tuple[MsgId, int | None, bool]]] = {}
         self._closed_out: dict[NodeId, list[MsgId]] = {}
         self._sorted: dict[frozenset[NodeId], tuple[NodeId, ...]] = {}
@@ -268,6 +276,7 @@ class Router:
             "remaining": len(lead.remaining) if lead else 0,
             "waiting": sum(len(q) for q in lead.waiting.values()) if lead else 0,
             "routed_by": len(lead.routed_by) if lead else 0,
+            "acked_early": len(lead.acked) if lead else 0,
             "proposed": len(self._proposed),
         }
 
@@ -419,7 +428,7 @@ class Router:
                 if waiting is not None and len(waiting) > self.p.unsafe_backlog:
                     self.stats["unsafe_dropped"] += 1
                     continue
-                self._out.setdefault(d, []).append(("u", lead.last_sent.get(d), frontier, m))
+                self._out.setdefault(d, []).append((lead.last_sent.get(d), frontier, m))
                 self.stats["unsafe_sent"] += 1
 
     def _on_confirm(self, src: NodeId, upto: int) -> None:
@@ -529,8 +538,13 @@ class Router:
         lead = self.lead
         if lead is not None:
             ack = (sid, t, delivered)
-            self._acks_out.setdefault(sender, []).append(ack)
-            for p in sorted(lead.routed_by.pop(t, ())):
+            if t in lead.acked:
+                lead.acked.discard(t)  # acknowledged when it became stable
+                others = lead.routed_by.pop(t, ())
+            else:
+                self._acks_out.setdefault(sender, []).append(ack)
+                others = lead.routed_by.pop(t, ())
+            for p in sorted(others):
                 if p != sender:
                     self._acks_out.setdefault(p, []).append(ack)
             lead.remaining.pop(t, None)
@@ -601,7 +615,7 @@ class Router:
                     box = out.get(d)
                     if box is None:
                         box = out[d] = []
-                    box.append(("d", t, msg))
+                    box.append((t, msg))
                     q = waiting.get(d)
                     if q is None:
                         q = waiting[d] = deque()
@@ -636,9 +650,32 @@ class Router:
                 remaining[t] = r - 1
 
     def _stable_candidate(self, t: int, delivered: bool) -> None:
+        """Every unsuspected destination has ``t``: it is stable now.
+
+        The acknowledgement goes out at once; the stable notice is replicated afterwards,
+        for garbage collection and so a new leader does not forward ``t`` again.  Safe:
+        what the acknowledgement promises already holds, and a leader that takes over
+        before the notice is chosen merely acknowledges again (endpoints ignore acks of
+        messages no longer in their window).  This takes a consensus round off every
+        message's path from submit to acknowledgement.
+        """
         self._stable_out.append((t, delivered))
         if self._stable_since is None:
             self._stable_since = self._now
+        lead = self.lead
+        msg = self.state.mseq.entries.get(t)
+        if lead is None or msg is None or not self.p.early_acks:
+            return
+        if msg.kind == "part":
+            # This acknowledgement lets a leaving process stop confirming, which is only
+            # safe once every router knows its part is stable (``RouterState.departed``).
+            return
+        ack = (msg.id, t, delivered)
+        self._acks_out.setdefault(msg.sender, []).append(ack)
+        for p in sorted(lead.routed_by.pop(t, ())):
+            if p != msg.sender:
+                self._acks_out.setdefault(p, []).append(ack)
+        lead.acked.add(t)
 
     def _periodic(self) -> None:
         """Every 250 ms: re-apply suspects, and send congestion notices (3.5.6)."""
@@ -684,6 +721,9 @@ class Router:
                 not self.p.delayed_acks
                 or cmds
                 or self._now >= (self._stable_since or 0.0) + self.p.ack_delay
+                # An idle pipeline has nothing to piggyback on: waiting would only add
+                # latency (adaptive delayed acknowledgements, 3.5.7's future work).
+                or (self.p.adaptive_acks and self.ufab.idle())
             )
             if due:
                 cmds.append(StableCmd(tuple(self._stable_out)))
@@ -709,21 +749,19 @@ class Router:
             return
         send = self._send
         for p, items in self._out.items():
+            # Runs of deliveries and of unsafe copies become one message each, in order.
             run: list[Any] = []
-            kind = ""
+            size = 0
             for item in items:
-                if type(item) is tuple:
-                    k = item[0]
-                    if k != kind and run:
-                        send(p, Deliver(tuple(run)) if kind == "d" else DeliverUnsafe(tuple(run)))
-                        run = []
-                    kind = k
-                    run.append(item[1:])
+                n = len(item) if type(item) is tuple else 0
+                if n != size and run:
+                    send(p, Deliver(tuple(run)) if size == 2 else DeliverUnsafe(tuple(run)))
+                    run = []
+                size = n
+                if n:
+                    run.append(item)
                 else:
-                    if run:
-                        send(p, Deliver(tuple(run)) if kind == "d" else DeliverUnsafe(tuple(run)))
-                        run = []
                     send(p, item)
             if run:
-                send(p, Deliver(tuple(run)) if kind == "d" else DeliverUnsafe(tuple(run)))
+                send(p, Deliver(tuple(run)) if size == 2 else DeliverUnsafe(tuple(run)))
         self._out = {}

@@ -36,7 +36,7 @@ from ecast.transport import HANDSHAKE_TIMEOUT, Connection, PeerInfo, split_addre
 
 log = logging.getLogger("ecast.runtime")
 
-TCP_LINK = LinkParams(resend_timeout=float("inf"), ack_delay=0.005)
+TCP_LINK = LinkParams(resend_timeout=float("inf"), ack_delay=0.1)
 """Over TCP nothing is lost inside a connection: resend only after a reconnect."""
 
 DeliverFn = Callable[["Node", list[Any]], None]

@@ -136,3 +136,28 @@ def unsafe_then_safe(rm: frozenset[str] = NONE, em: frozenset[str] = NONE) -> Ec
     n.submit("a", "m")
     n.settle(0.5)
     return n
+
+
+def leaver_confirmed_then_leader_crash(
+    rm: frozenset[str] = NONE, em: frozenset[str] = NONE
+) -> EcastNet:
+    """b closes; its part is delivered and confirmed to r1, which crashes before the stable
+    notice is agreed.  b must keep confirming until the new leader's re-sent part is
+    stable, or the new leader waits for b forever."""
+    n = net(router_mutations=rm, endpoint_mutations=em)
+    n.add_app("a")
+    n.add_app("b")
+    n.settle(0.3)
+    n.close("b")
+    n.deliver("b", "r1")  # the part's route: r1 proposes it
+    for follower in ("r2", "r3"):
+        n.deliver("r1", follower)  # Accept
+        n.deliver(follower, "r1")  # Accepted: chosen, learned, forwarded
+    for app in ("a", "b"):
+        n.deliver("r1", app)  # the part is delivered: b is closed and lingers
+        n.deliver(app, "r1")  # confirmations: r1 now knows the part is stable
+    n.deliver("r1", "b")  # whatever r1 tells b before it crashes
+    n.notes["b lingering when r1 crashed"] = n.endpoint("b").lingering
+    n.crash("r1")
+    n.settle(3.0)
+    return n

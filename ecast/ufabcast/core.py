@@ -326,6 +326,10 @@ class Ufabcast:
         """True while this router holds an active ballot in its current view."""
         return self._active_lead() is not None
 
+    def idle(self) -> bool:
+        """Nothing queued and nothing proposed that is not known chosen."""
+        return not self.queue and not self._fwd_out and self.in_flight() == 0
+
     def in_flight(self) -> int:
         """Instances this router proposed as leader that are not known chosen yet."""
         lead = self._active_lead()
@@ -760,6 +764,7 @@ class Ufabcast:
         due = (
             urgent
             or len(q) >= self.p.clump_trigger
+            or lead.next_inst - 1 - lead.committed < self.p.pipeline_depth
             or (self.queue_since is not None and self._now >= self.queue_since + self.p.clump_delay)
         )
         if not due:

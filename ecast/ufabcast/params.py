@@ -27,6 +27,11 @@ class UfabParams:
     """Message clumping (3.5.7): wait at most this long for more commands..."""
     clump_trigger: int = 3
     """...or until this many are waiting.  A trigger, not a cap: everything waiting goes."""
+    pipeline_depth: int = 2
+    """Adaptive clumping: while fewer instances than this are uncommitted, propose at once
+    (a lone message crosses without waiting for a timer); beyond it, the clumping rule
+    above applies and batches grow with the load (the adaptive scheme 3.5.7 leaves as
+    future work).  0 turns it off and keeps the dissertation's fixed rule."""
     max_batch: int = 4096
     """Cap on commands per Paxos instance, so one instance never becomes a huge frame."""
     max_active: int = 32768

@@ -255,7 +255,7 @@ def test_endpoint_moves_on_when_the_leader_is_isolated() -> None:
 def test_delayed_acks_piggyback_and_can_be_switched_off() -> None:
     def stable_notices_alone(delayed: bool) -> int:
         """Instances that carry nothing but stable notices."""
-        n = sc.net(delayed_acks=delayed)
+        n = sc.net(delayed_acks=delayed, adaptive_acks=False, early_acks=False)
         n.add_app("a")
         n.add_app("b")  # b's confirmations arrive on their own, without a new route
         n.settle(0.3)
@@ -290,3 +290,28 @@ def test_confirm_and_hello_are_routine_and_unknown_messages_are_refused() -> Non
         ),
         DeliverUnsafe,
     ) and Acked((("s", 0, ""), 1), 1, True)
+
+
+def test_an_idle_pipeline_neither_delays_stable_notices_nor_acknowledgements() -> None:
+    def ack_delay(**kw: object) -> float:
+        n = sc.net(**kw)
+        n.add_app("a")
+        n.settle(0.3)
+        n.submit("a", "x")
+        start = n.now
+        while not [e for e in acks_of(n, "a") if e[1][1] == 2]:
+            n.settle(0.001, step=0.001)
+        return n.now - start
+
+    fixed = ack_delay(adaptive_acks=False, early_acks=False)
+    adaptive = ack_delay()
+    assert fixed >= 0.010  # the dissertation's 10 ms delayed acknowledgement
+    assert adaptive < 0.003 and adaptive < fixed
+
+
+def test_a_leaver_keeps_confirming_until_the_group_agreed_its_part_is_stable() -> None:
+    n = sc.leaver_confirmed_then_leader_crash()
+    assert n.notes["b lingering when r1 crashed"] is True
+    assert not n.endpoint("b").lingering  # released by the new leader, after agreement
+    assert n.router("r2").state.departed or n.router("r2").state.mseq.floor > 0
+    assert n.violations() == []

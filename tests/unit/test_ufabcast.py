@@ -46,7 +46,7 @@ def test_leader_pipelines_instances_without_waiting() -> None:
 
 
 def test_clumping_waits_for_the_timer_or_the_trigger_and_the_trigger_is_no_cap() -> None:
-    net = ManualNet(["a", "b", "c"], UfabParams())  # defaults: 10 ms, 3 commands
+    net = ManualNet(["a", "b", "c"], UfabParams(pipeline_depth=0))  # fixed: 10 ms, 3 commands
     net.propose("a", "m0")
     net.propose("a", "m1")
     assert net.pending("a", "b") == []  # two are waiting for a third or the timer
@@ -60,7 +60,7 @@ def test_clumping_waits_for_the_timer_or_the_trigger_and_the_trigger_is_no_cap()
     last = [m for m in net.pending("a", "b") if type(m) is Accept][-1]
     assert [c.payload for c in last.value] == [f"b{i}" for i in range(1, 11)]
     # With a cap of 4 per instance the same Forward needs three instances.
-    capped = ManualNet(["a", "b", "c"], UfabParams(max_batch=4))
+    capped = ManualNet(["a", "b", "c"], UfabParams(max_batch=4, pipeline_depth=0))
     capped.inject("b", "a", Forward(batch))
     capped.deliver("b", "a")
     sizes = [len(m.value) for m in capped.pending("a", "b") if type(m) is Accept]
@@ -305,3 +305,21 @@ def test_active_instance_limit_holds_back_proposals_but_never_a_part() -> None:
     net.settle(2.0)  # heartbeats advance the watermark; the rest follows
     assert sorted(net.executed("a")) == sorted(f"m{i}" for i in range(10))
     assert net.violations() == []
+
+
+def test_adaptive_clumping_sends_at_once_when_idle_and_batches_when_busy() -> None:
+    net = ManualNet(["a", "b", "c"], UfabParams(pipeline_depth=2))
+    net.propose("a", "m0")  # idle leader: out at once, no timer
+    net.propose("a", "m1")  # one uncommitted instance: still below the depth
+    accepts = [m for m in net.pending("a", "b") if type(m) is Accept]
+    assert [[c.payload for c in m.value] for m in accepts] == [["m0"], ["m1"]]
+    net.propose("a", "m2")  # two uncommitted: the clumping rule takes over
+    net.propose("a", "m3")
+    assert len([m for m in net.pending("a", "b") if type(m) is Accept]) == 2
+    net.deliver_all()  # m0 and m1 commit: what waited leaves as one batch
+    values = [
+        [c.payload for c in m.value]
+        for src, dst, m in net.sent
+        if src == "a" and dst == "b" and type(m) is Accept
+    ]
+    assert values == [["m0"], ["m1"], ["m2", "m3"]]

@@ -1,0 +1,610 @@
+"""``ecast bench``: E-Cast on a real local cluster, measured.
+
+Routers run as separate OS processes (``ecast router``), receivers (many logical processes
+in one OS process) and clients in their own processes.  Clients submit messages with a key
+and a payload; the key-ring config routes each message to ``replication`` receivers.
+
+Reported: ``throughput_per_s`` (stable acknowledgements per second), ``delivered_per_s``
+(message-destination pairs per second), latency ``p50_ms``/``p99_ms`` from submit to stable
+acknowledgement, ``rss_mb`` per role (after warm-up and at the end), and with
+``--kill-leader-at`` the ``longest_gap_s`` without acknowledgements and whether the order
+checkers passed on what was delivered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from array import array
+from pathlib import Path
+from typing import Any
+
+SECRET = "bench-secret"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+# ====================================================================== workers
+async def _receivers(args: argparse.Namespace) -> dict[str, Any]:
+    from ecast.endpoint import Delivery, Endpoint
+    from ecast.runtime import Runtime
+
+    rt = Runtime(SECRET.encode())
+    routers = args.routers.split(",")
+    counts = {}
+    records: dict[str, array[int]] = {}
+    order_ok = True
+    nodes = []
+    start = time.monotonic()
+    per_second: list[int] = []
+    total = [0]
+
+    for i in range(args.count):
+        name = f"d{args.first + i}"
+        counts[name] = 0
+        rec = records[name] = array("q")
+        last = [-1]
+
+        def on_deliver(
+            node: Any,
+            ups: list[Any],
+            name: str = name,
+            rec: array[int] = rec,
+            last: list[int] = last,
+        ) -> None:
+            nonlocal order_ok
+            n = 0
+            for u in ups:
+                if type(u) is Delivery and not u.unsafe:
+                    if u.t <= last[0]:
+                        order_ok = False
+                    last[0] = u.t
+                    if args.record:
+                        rec.append(u.message.id[1])
+                        rec.append(u.t)
+                    n += 1
+                elif type(u) is Delivery:
+                    n += u.accepted
+            counts[name] += n
+            total[0] += n
+
+        node = rt.add_node(name, None, on_deliver=on_deliver)
+        await node.start()
+        ids = []
+        for addr in routers:
+            try:
+                ids.append(await node.connect(addr))
+            except OSError:
+                continue
+        ep = Endpoint(name, ids)
+        node.core = ep
+        node.keep_connected = lambda ep=ep: list(ep.succession)
+        node.feed(lambda core, now: core.join(now, role="receiver")[1])
+        nodes.append(node)
+    print(json.dumps({"event": "ready"}), flush=True)
+    deadline = start + args.duration + 60
+    while time.monotonic() < deadline:
+        await asyncio.sleep(1.0)
+        per_second.append(total[0])
+        if os.path.exists(args.stop_file):
+            break
+    out = {
+        "role": "receivers",
+        "delivered": total[0],
+        "per_second": per_second,
+        "order_ok": order_ok,
+        "counts": counts,
+    }
+    if args.record:
+        path = Path(args.record)
+        path.mkdir(parents=True, exist_ok=True)
+        for name, rec in records.items():
+            (path / f"{name}.bin").write_bytes(rec.tobytes())
+    return out
+
+
+async def _client(args: argparse.Namespace) -> dict[str, Any]:
+    import ecast
+
+    client = await ecast.connect(
+        args.routers.split(","),
+        name=args.name,
+        secret=SECRET.encode(),
+        join_header={"role": "client"},
+        queue_size=1 << 20,
+    )
+    print(json.dumps({"event": "ready", "leader": client.leader}), flush=True)
+    payload = os.urandom(args.payload)
+    loop = asyncio.get_running_loop()
+    ep = client.endpoint
+    assert ep is not None
+    lat: list[float] = []
+    acks: array[int] = array("q")
+    ack_times: list[float] = []
+    sent_at: dict[int, float] = {}
+    state = {"submitted": 0, "leader": client.leader, "open": True}
+    start = loop.time()
+    end = start + args.duration
+    warm = start + args.warmup
+
+    def submit(n: int) -> None:
+        i = state["submitted"]
+        items = [(payload, {"key": i + k}) for k in range(n)]
+        ids = client.submit_batch(items)
+        now = loop.time()
+        for sid in ids:
+            sent_at[sid[1]] = now
+        state["submitted"] = i + n
+
+    def on_acks(batch: list[Any]) -> None:
+        now = loop.time()
+        for ack in batch:
+            t0 = sent_at.pop(ack.id[1], None)
+            if t0 is not None and now >= warm:
+                lat.append(now - t0)
+            ack_times.append(now)
+            if args.record:
+                acks.append(ack.id[1])
+                acks.append(ack.t if ack.t is not None else -1)
+        if state["open"] and not args.rate:  # closed loop: refill what the acks freed
+            room = args.window - len(ep.window) - len(ep.backlog)
+            if room > 0:
+                submit(room)
+
+    client.ack_listener = on_acks
+
+    async def drain() -> None:
+        async for _ in client.deliveries():
+            pass
+
+    drainer = asyncio.create_task(drain())
+    if args.unsafe:
+        count = 0
+        while loop.time() < end:
+            for i in range(200):
+                await client.submit_unsafe(payload, {"key": count + i})
+            count += 200
+            await asyncio.sleep(0)
+        state["submitted"] = count
+    else:
+        if not args.rate:
+            submit(args.window)
+        while loop.time() < end:
+            if args.rate:
+                due = int((loop.time() - start) * args.rate) - state["submitted"]
+                if due > 0:
+                    submit(due)
+                await asyncio.sleep(0.001)
+            else:
+                await asyncio.sleep(0.05)
+            if client.leader != state["leader"]:
+                state["leader"] = client.leader
+                print(json.dumps({"event": "leader", "leader": client.leader}), flush=True)
+    state["open"] = False
+    # Let the last acknowledgements arrive.
+    for _ in range(200):
+        if not ep.window and not ep.backlog:
+            break
+        await asyncio.sleep(0.05)
+    measured = [t for t in ack_times if warm <= t <= end]
+    gaps = [b - a for a, b in itertools.pairwise(ack_times)]
+    out = {
+        "role": "client",
+        "name": args.name,
+        "submitted": state["submitted"],
+        "acked": len(ack_times),
+        "acked_in_window": len(measured),
+        "measure_s": max(1e-9, end - warm),
+        "latencies": lat[-200000:],
+        "longest_gap_s": max(gaps, default=0.0),
+        "leader": client.leader,
+    }
+    if args.record:
+        Path(args.record).mkdir(parents=True, exist_ok=True)
+        (Path(args.record) / f"acks-{args.name}.bin").write_bytes(acks.tobytes())
+    drainer.cancel()
+    await client.close(timeout=2)
+    return out
+
+
+def worker_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="ecast bench worker")
+    ap.add_argument("role", choices=["receivers", "client"])
+    ap.add_argument("--routers", required=True)
+    ap.add_argument("--count", type=int, default=1)
+    ap.add_argument("--first", type=int, default=1)
+    ap.add_argument("--name", default="c1")
+    ap.add_argument("--duration", type=float, default=10)
+    ap.add_argument("--warmup", type=float, default=5)
+    ap.add_argument("--payload", type=int, default=256)
+    ap.add_argument("--rate", type=float, default=0)
+    ap.add_argument("--window", type=int, default=4096)
+    ap.add_argument("--unsafe", action="store_true")
+    ap.add_argument("--record", default="")
+    ap.add_argument("--stop-file", default="/nonexistent")
+    ap.add_argument("--out", required=True, help="file for the JSON result")
+    args = ap.parse_args(argv)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    run = _receivers if args.role == "receivers" else _client
+    result = asyncio.run(run(args))
+    # Results can be large (latency samples): they go to a file, the pipe gets a pointer.
+    out = Path(args.out)
+    out.write_text(json.dumps(result))
+    print(json.dumps({"role": result["role"], "result": str(out)}), flush=True)
+    return 0
+
+
+# ====================================================================== parent
+class Proc:
+    def __init__(self, role: str, name: str, cmd: list[str], env: dict[str, str]) -> None:
+        self.role = role
+        self.name = name
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        self.lines: list[dict[str, Any]] = []
+
+    def read_line(self, timeout: float) -> dict[str, Any] | None:
+        import select
+
+        r, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not r:
+            return None
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            return None
+        obj = json.loads(line)
+        self.lines.append(obj)
+        return obj
+
+
+def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    env = {**os.environ, "ECAST_SECRET": SECRET}
+    py = sys.executable
+    tmp = Path(tempfile.mkdtemp(prefix="ecast-bench-"))
+    stop_file = str(tmp / "stop")
+    routers: dict[str, tuple[subprocess.Popen[bytes], str, int]] = {}
+    extra = [] if args.clumping else ["--no-clumping"]
+    extra += [] if args.delayed_acks else ["--no-delayed-acks"]
+    config = [
+        "--config",
+        "ecast.config:KeyRingConfig",
+        "--config-arg",
+        f"replication={args.replication}",
+    ]
+    first_addr = None
+    for i in range(1, args.routers + 1):
+        rid = f"r{i}"
+        port, metrics = _free_port(), _free_port()
+        addr = f"127.0.0.1:{port}"
+        cmd = [
+            py,
+            "-m",
+            "ecast",
+            "router",
+            "--id",
+            rid,
+            "--listen",
+            addr,
+            "--metrics",
+            f"127.0.0.1:{metrics}",
+            "--log-level",
+            "warning",
+            *config,
+            *extra,
+        ]
+        if first_addr:
+            cmd += ["--join", first_addr]
+        log = open(tmp / f"{rid}.log", "wb")  # noqa: SIM115 - lives as long as the router
+        routers[rid] = (
+            subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env),
+            addr,
+            metrics,
+        )
+        if first_addr is None:
+            first_addr = addr
+            _wait_health(metrics, 1)
+    for _rid, (_p, _a, metrics) in routers.items():
+        _wait_health(metrics, args.routers)
+    addresses = ",".join(a for _p, a, _m in routers.values())
+    record = str(tmp / "record") if args.kill_leader_at is not None or args.check else ""
+    workers: list[Proc] = []
+    per = max(1, -(-args.receivers // args.receiver_procs))
+    n = 0
+    for k in range(args.receiver_procs):
+        count = min(per, args.receivers - n)
+        if count <= 0:
+            break
+        cmd = [
+            py,
+            "-m",
+            "ecast.bench",
+            "worker",
+            "receivers",
+            "--routers",
+            addresses,
+            "--count",
+            str(count),
+            "--first",
+            str(n + 1),
+            "--duration",
+            str(args.duration),
+            "--stop-file",
+            stop_file,
+            "--out",
+            str(tmp / f"recv{k}.json"),
+        ]
+        cmd += ["--record", record] if record else []
+        workers.append(Proc("receiver", f"recv{k}", cmd, env))
+        n += count
+    for w in workers:
+        if w.read_line(60) is None:
+            raise SystemExit(f"receivers did not start: {w.proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+    clients = []
+    for c in range(args.clients):
+        cmd = [
+            py,
+            "-m",
+            "ecast.bench",
+            "worker",
+            "client",
+            "--routers",
+            addresses,
+            "--name",
+            f"c{c + 1}",
+            "--duration",
+            str(args.duration),
+            "--warmup",
+            str(args.warmup),
+            "--payload",
+            str(args.payload),
+            "--window",
+            str(args.window),
+            "--out",
+            str(tmp / f"c{c + 1}.json"),
+        ]
+        if args.rate:
+            cmd += ["--rate", str(args.rate / args.clients)]
+        if args.unsafe:
+            cmd += ["--unsafe"]
+        if record:
+            cmd += ["--record", record]
+        clients.append(Proc("client", f"c{c + 1}", cmd, env))
+    leader = "r1"
+    for c in clients:
+        first = c.read_line(60)
+        if first is None:
+            raise SystemExit(f"client did not start: {c.proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+        leader = first.get("leader") or leader
+    t0 = time.monotonic()
+    rss: dict[str, dict[str, float]] = {}
+    killed = None
+    results: dict[str, dict[str, Any]] = {}
+    while True:
+        elapsed = time.monotonic() - t0
+        for c in clients:
+            while True:
+                line = c.read_line(0)
+                if line is None:
+                    break
+                if line.get("event") == "leader" and line.get("leader"):
+                    leader = line["leader"]
+                elif line.get("role") == "client":
+                    results[c.name] = json.loads(Path(line["result"]).read_text())
+        if args.kill_leader_at is not None and killed is None and elapsed >= args.kill_leader_at:
+            killed = leader
+            os.kill(routers[leader][0].pid, signal.SIGKILL)
+        stamp = "warm" if elapsed < args.warmup + 1 else "end"
+        for rid, (p, _a, _m) in routers.items():
+            if p.poll() is None:
+                rss.setdefault(f"router {rid}", {})[stamp] = _rss_mb(p.pid)
+        for w in workers + clients:
+            if w.proc.poll() is None:
+                rss.setdefault(f"{w.role} {w.name}", {})[stamp] = _rss_mb(w.proc.pid)
+        if len(results) == len(clients):
+            break
+        if elapsed > args.duration + 90:
+            raise SystemExit("clients did not finish")
+        time.sleep(0.25)
+    Path(stop_file).touch()
+    recv_results = []
+    for w in workers:
+        while True:
+            line = w.read_line(30)
+            if line is None or line.get("role") == "receivers":
+                break
+        if line:
+            recv_results.append(json.loads(Path(line["result"]).read_text()))
+    for p, _a, _m in routers.values():
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+    return _summarize(args, results, recv_results, rss, killed, record, routers)
+
+
+def _wait_health(metrics_port: int, members: int, timeout: float = 30) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/health", timeout=1) as r:
+                h = json.loads(r.read())
+                if h.get("status") == "ok" and len(h.get("members", [])) >= members:
+                    return
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"router on metrics port {metrics_port} did not become healthy")
+
+
+def _summarize(
+    args: argparse.Namespace,
+    clients: dict[str, dict[str, Any]],
+    receivers: list[dict[str, Any]],
+    rss: dict[str, dict[str, float]],
+    killed: str | None,
+    record: str,
+    routers: dict[str, Any],
+) -> dict[str, Any]:
+    lat = [x for c in clients.values() for x in c["latencies"]]
+    measure = max(c["measure_s"] for c in clients.values())
+    acked = sum(c["acked_in_window"] for c in clients.values())
+    per_second = [r["per_second"] for r in receivers]
+    # Delivered per second over the measurement window, from the receivers' counters.
+    warm, end = int(args.warmup), int(args.warmup + measure)
+    delivered = 0
+    for ps in per_second:
+        if len(ps) > end:
+            delivered += ps[end] - ps[warm]
+        elif len(ps) > warm:
+            delivered += ps[-1] - ps[warm]
+    out: dict[str, Any] = {
+        "throughput_per_s": round(acked / measure, 1),
+        "delivered_per_s": round(delivered / measure, 1),
+        "p50_ms": round(_percentile(lat, 0.5) * 1000, 3),
+        "p99_ms": round(_percentile(lat, 0.99) * 1000, 3),
+        "rss_mb": {
+            k: {s: round(v, 1) for s, v in sorted(d.items())} for k, d in sorted(rss.items())
+        },
+        "routers": args.routers,
+        "receivers": args.receivers,
+        "replication": args.replication,
+        "payload_bytes": args.payload,
+        "clients": args.clients,
+        "duration_s": args.duration,
+        "mode": "unsafe"
+        if args.unsafe
+        else (f"open loop {args.rate}/s" if args.rate else f"closed loop window {args.window}"),
+        "clumping": args.clumping,
+        "delayed_acks": args.delayed_acks,
+        "submitted": sum(c["submitted"] for c in clients.values()),
+        "acked": sum(c["acked"] for c in clients.values()),
+        "order_ok": all(r["order_ok"] for r in receivers),
+    }
+    if args.unsafe:
+        out["unsafe_accepted_per_s"] = out.pop("delivered_per_s")
+        out.pop("throughput_per_s")
+    if killed is not None:
+        out["killed_leader"] = killed
+        out["longest_gap_s"] = round(max(c["longest_gap_s"] for c in clients.values()), 3)
+    if record:
+        out.update(_check_records(Path(record), args))
+    return out
+
+
+def _check_records(path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Order checkers on what was delivered: one t per message everywhere, and every
+    acknowledged message delivered by each of its destinations on the ring."""
+    from ecast.config import KeyRingConfig
+    from ecast.message import Message
+
+    by_receiver: dict[str, dict[int, int]] = {}
+    t_of: dict[int, int] = {}
+    conflicts = 0
+    for f in sorted(path.glob("d*.bin")):
+        a = array("q")
+        a.frombytes(f.read_bytes())
+        seen = dict(zip(a[0::2], a[1::2], strict=True))
+        by_receiver[f.stem] = seen
+        for seq, t in seen.items():
+            if t_of.setdefault(seq, t) != t:
+                conflicts += 1
+    ring = KeyRingConfig.initial(replication=args.replication)
+    for name in by_receiver:
+        ring = ring.apply(
+            Message(name, ((name, 0, ""), 1), {"kind": "join", "role": "receiver"}, None)
+        )
+    lost = 0
+    checked = 0
+    for f in path.glob("acks-*.bin"):
+        client = f.stem.removeprefix("acks-")
+        a = array("q")
+        a.frombytes(f.read_bytes())
+        for seq, t in zip(a[0::2], a[1::2], strict=True):
+            if seq == 1 or t < 0:
+                continue  # the client's own join
+            key = seq - 2  # submissions after the join carry key i at sequence i + 2
+            dests = ring.destset(Message(client, ((client, 0, ""), seq), {"key": key}, None))
+            checked += 1
+            if any(by_receiver.get(d, {}).get(seq) != t for d in dests):
+                lost += 1
+    return {
+        "order_conflicts": conflicts,
+        "acked_checked": checked,
+        "acked_lost": lost,
+        "checkers_passed": conflicts == 0 and lost == 0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "worker":
+        return worker_main(argv[1:])
+    ap = argparse.ArgumentParser(prog="ecast bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--routers", type=int, default=3)
+    ap.add_argument("--receivers", type=int, default=16)
+    ap.add_argument("--receiver-procs", type=int, default=1)
+    ap.add_argument("--replication", type=int, default=3)
+    ap.add_argument("--payload", type=int, default=256, help="bytes")
+    ap.add_argument("--clients", type=int, default=1)
+    ap.add_argument("--duration", type=float, default=20, help="seconds")
+    ap.add_argument("--warmup", type=float, default=5, help="seconds not measured")
+    ap.add_argument("--rate", type=float, default=0, help="open loop: messages per second")
+    ap.add_argument("--window", type=int, default=4096, help="closed loop: outstanding messages")
+    ap.add_argument("--unsafe", action="store_true", help="submit unsafe messages")
+    ap.add_argument("--clumping", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--delayed-acks", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--kill-leader-at", type=float, default=None, help="seconds")
+    ap.add_argument("--check", action="store_true", help="record deliveries and check order")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    result = run_bench(args)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        width = max(len(k) for k in result)
+        for k, v in result.items():
+            if k == "rss_mb":
+                for role, d in v.items():
+                    print(f"{'rss_mb ' + role:<{width + 12}} {d}")
+            else:
+                print(f"{k:<{width + 12}} {v}")
+    return 0 if result.get("checkers_passed", True) and result.get("order_ok", True) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
