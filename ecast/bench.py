@@ -300,6 +300,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     routers: dict[str, tuple[subprocess.Popen[bytes], str, int]] = {}
     extra = [] if args.clumping else ["--no-clumping"]
     extra += [] if args.delayed_acks else ["--no-delayed-acks"]
+    extra += list(args.router_arg)
     config = [
         "--config",
         "ecast.config:KeyRingConfig",
@@ -589,6 +590,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clumping", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--delayed-acks", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--kill-leader-at", type=float, default=None, help="seconds")
+    ap.add_argument("--router-arg", action="append", default=[],
+                    help="extra flag for every router daemon, e.g. --router-arg=--max-batch=256")
     ap.add_argument("--check", action="store_true", help="record deliveries and check order")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)

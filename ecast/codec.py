@@ -224,8 +224,19 @@ def _sub(x: Any, cls: type) -> Any:
     return _S(((ns, epoch, stream), seq), header, payload)
 
 
-def _enc_deliver(o: Any) -> Any:
-    return [(t, *_flat_msg(m)) for t, m in o.items]
+def _enc_deliver(o: Any, enc: Encoder) -> Any:
+    # A message delivered to three receivers is flattened once per flush.
+    flat = enc._flat
+    out = []
+    for t, m in o.items:
+        f = flat.get(id(m))
+        if f is None:
+            (ns, epoch, stream), seq = m.id
+            f = flat[id(m)] = (m.sender, ns, epoch, stream, seq, m.header, m.payload)
+        out.append((t, *f))
+    self_keep = enc._keep
+    self_keep.append(o)  # its messages stay alive, so their ids stay unique, until reset
+    return out
 
 
 def _dec_deliver(data: Any) -> Any:
@@ -237,7 +248,7 @@ def _dec_deliver(data: Any) -> Any:
     return _proto.Deliver(tuple(out))
 
 
-def _enc_unsafe(o: Any) -> Any:
+def _enc_unsafe(o: Any, _enc: Encoder) -> Any:
     return [(tag, frontier, *_flat_msg(m)) for tag, frontier, m in o.items]
 
 
@@ -255,7 +266,7 @@ def _dec_unsafe(data: Any) -> Any:
     return _proto.DeliverUnsafe(tuple(out))
 
 
-def _enc_msgs(o: Any) -> Any:
+def _enc_msgs(o: Any, _enc: Encoder) -> Any:
     return [_flat_msg(m) for m in o.msgs]
 
 
@@ -263,7 +274,7 @@ def _dec_routecmd(data: Any) -> Any:
     return _proto.RouteCmd(tuple(_msg(x, _proto.RouteCmd) for x in data))
 
 
-def _enc_subs(o: Any) -> Any:
+def _enc_subs(o: Any, _enc: Encoder) -> Any:
     return [_flat_sub(m) for m in o.subs]
 
 
@@ -275,7 +286,7 @@ def _dec_route_unsafe(data: Any) -> Any:
     return _proto.RouteUnsafe(tuple(_sub(x, _proto.RouteUnsafe) for x in data))
 
 
-def _enc_stable(o: Any) -> Any:
+def _enc_stable(o: Any, _enc: Encoder) -> Any:
     return [(ns, epoch, stream, seq, t, d) for ((ns, epoch, stream), seq), t, d in o.acks]
 
 
@@ -298,7 +309,19 @@ def _dec_stable(data: Any) -> Any:
     return _proto.Stable(tuple(out))
 
 
-_SPECIAL: dict[type, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+def _enc_stablecmd(o: Any, _enc: Encoder) -> Any:
+    return list(o.entries)
+
+
+def _dec_stablecmd(data: Any) -> Any:
+    for x in data:
+        if type(x) is not tuple or len(x) != 2 or type(x[0]) is not int or type(x[1]) is not bool:
+            raise _bad(_proto.StableCmd, x)
+    return _proto.StableCmd(data)
+
+
+_SPECIAL: dict[type, tuple[Callable[[Any, Encoder], Any], Callable[[Any], Any]]] = {
+    _proto.StableCmd: (_enc_stablecmd, _dec_stablecmd),
     _proto.Deliver: (_enc_deliver, _dec_deliver),
     _proto.DeliverUnsafe: (_enc_unsafe, _dec_unsafe),
     _proto.RouteCmd: (_enc_msgs, _dec_routecmd),
@@ -313,11 +336,14 @@ _SPECIAL_DEC: dict[int, Callable[[Any], Any]] = {_CODE[c]: d for c, (_e, d) in _
 class Encoder:
     """Packs messages; objects seen earlier in the same flush are not packed again."""
 
-    __slots__ = ("_cache", "_keep")
+    __slots__ = ("__dict__", "_cache", "_flat", "_keep")
 
     def __init__(self) -> None:
         self._cache: dict[int, msgpack.ExtType] = {}
+        self._flat: dict[int, tuple[Any, ...]] = {}
         self._keep: list[Any] = []  # keeps cached objects alive so ids stay unique
+        # One reusable Packer (msgpack.packb builds a new one per call).
+        self._packer = msgpack.Packer(default=self._default, use_bin_type=True).pack
 
     def _default(self, obj: Any) -> Any:
         key = id(obj)
@@ -329,19 +355,20 @@ class Encoder:
         if code is None:
             raise TypeError(f"cannot encode {cls.__name__}")
         special = _SPECIAL.get(cls)
-        fields = special[0](obj) if special else [getattr(obj, n) for n in _FIELDS[cls]]
-        data = msgpack.packb(fields, default=self._default, use_bin_type=True)
+        fields = special[0](obj, self) if special else [getattr(obj, n) for n in _FIELDS[cls]]
+        data = msgpack.Packer(default=self._default, use_bin_type=True).pack(fields)
         ext = msgpack.ExtType(code, data)
         self._cache[key] = ext
         self._keep.append(obj)
         return ext
 
     def pack(self, obj: Any) -> bytes:
-        return msgpack.packb(obj, default=self._default, use_bin_type=True)
+        return self._packer(obj)
 
     def reset(self) -> None:
         """Forget cached encodings (call once per flush)."""
         self._cache.clear()
+        self._flat.clear()
         self._keep.clear()
 
 

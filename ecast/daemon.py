@@ -94,6 +94,8 @@ class RouterDaemon:
             failure_timeout=a.failure_timeout,
             clump_trigger=3 if a.clumping else 1,
             clump_delay=0.010 if a.clumping else 0.0,
+            max_batch=a.max_batch,
+            pipeline_depth=a.pipeline_depth,
         )
         return RouterParams(ufab=ufab, delayed_acks=a.delayed_acks)
 
@@ -320,6 +322,9 @@ def router_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--failure-timeout", type=float, default=1.0)
     ap.add_argument("--clumping", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--delayed-acks", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--max-batch", type=int, default=4096, help="commands per Paxos instance")
+    ap.add_argument("--pipeline-depth", type=int, default=2,
+                    help="uncommitted instances before clumping waits (0: fixed clumping)")
     ap.add_argument("--max-frame", type=int, default=16 * 1024 * 1024, help="bytes")
     ap.add_argument("--handshake-timeout", type=float, default=5.0, help="seconds")
     ap.add_argument("--leave-timeout", type=float, default=5.0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ecast.effects import Effects, NodeId
 from ecast.message import Message, MsgId, Session, Submission
@@ -64,10 +64,11 @@ class EndpointParams:
             raise ValueError(f"unknown endpoint mutations: {sorted(unknown)}")
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
+class Delivery(NamedTuple):
+    """One delivered message (a NamedTuple: built once per delivery, so it must be cheap)."""
+
     t: int
-    """Index in the m-seq; for an unsafe message, the tag it carried (None: never sent)."""
+    """Index in the m-seq; for an unsafe message, the tag it carried (-1: never sent)."""
     message: Message
     unsafe: bool = False
     accepted: bool = True
@@ -76,8 +77,7 @@ class Delivery:
     """For unsafe messages: the router's forwarding position whose config routed it."""
 
 
-@dataclass(frozen=True, slots=True)
-class Acked:
+class Acked(NamedTuple):
     """A submission became stable: every unsuspected destination delivered it."""
 
     id: MsgId

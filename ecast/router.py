@@ -493,12 +493,13 @@ class Router:
             else:
                 self.stats["gaps"] += 1
             return
-        st.sessions[sess] = max(nxt, seq + 1)
+        st.sessions[sess] = seq + 1 if seq + 1 > nxt else nxt
         mseq = st.mseq
         t = mseq.append(msg)
         self.stats["learned"] += 1
         st.by_id[sid] = t
-        st.counts[msg.sender] = st.counts.get(msg.sender, 0) + 1
+        counts = st.counts
+        counts[msg.sender] = counts.get(msg.sender, 0) + 1
         if self.observer is not None:
             self.observer(t, msg)
         suspected = mseq.config_for(t).suspects(msg)
@@ -524,29 +525,39 @@ class Router:
         if cache is None:
             cache = st.acks[sess] = {}
         cache[seq] = (t, delivered)
-        if len(cache) > self.p.ack_cache:
-            del cache[next(iter(cache))]
+        # Keep the last ack_cache entries.  Sessions become stable in order, so dropping
+        # seq - ack_cache is enough, in O(1): deleting "the first" key of a dict instead
+        # re-scans every slot deleted before it on each call.
+        cache.pop(seq - self.p.ack_cache, None)
         sender = msg.sender
         n = st.counts.get(sender, 0) - 1
         if n > 0:
             st.counts[sender] = n
         else:
             st.counts.pop(sender, None)
-        if msg.kind == "part" and sender in mseq.config_for(t).destset(msg):
+        header = msg.header
+        if (
+            type(header) is dict
+            and header.get("kind") == "part"
+            and sender in mseq.config_for(t).destset(msg)
+        ):
             st.departed.setdefault(sender, t)
             self._drop_destination(sender)
         lead = self.lead
         if lead is not None:
             ack = (sid, t, delivered)
-            if t in lead.acked:
-                lead.acked.discard(t)  # acknowledged when it became stable
-                others = lead.routed_by.pop(t, ())
+            acked = lead.acked
+            if t in acked:
+                acked.discard(t)  # acknowledged when it became stable
             else:
-                self._acks_out.setdefault(sender, []).append(ack)
-                others = lead.routed_by.pop(t, ())
-            for p in sorted(others):
-                if p != sender:
-                    self._acks_out.setdefault(p, []).append(ack)
+                box = self._acks_out.get(sender)
+                if box is None:
+                    box = self._acks_out[sender] = []
+                box.append(ack)
+            if lead.routed_by:
+                for p in sorted(lead.routed_by.pop(t, ())):
+                    if p != sender:
+                        self._acks_out.setdefault(p, []).append(ack)
             lead.remaining.pop(t, None)
             lead.confirmed.discard(t)
 
@@ -666,15 +677,21 @@ class Router:
         msg = self.state.mseq.entries.get(t)
         if lead is None or msg is None or not self.p.early_acks:
             return
-        if msg.kind == "part":
+        header = msg.header
+        if type(header) is dict and header.get("kind") == "part":
             # This acknowledgement lets a leaving process stop confirming, which is only
             # safe once every router knows its part is stable (``RouterState.departed``).
             return
         ack = (msg.id, t, delivered)
-        self._acks_out.setdefault(msg.sender, []).append(ack)
-        for p in sorted(lead.routed_by.pop(t, ())):
-            if p != msg.sender:
-                self._acks_out.setdefault(p, []).append(ack)
+        sender = msg.sender
+        box = self._acks_out.get(sender)
+        if box is None:
+            box = self._acks_out[sender] = []
+        box.append(ack)
+        if lead.routed_by:
+            for p in sorted(lead.routed_by.pop(t, ())):
+                if p != sender:
+                    self._acks_out.setdefault(p, []).append(ack)
         lead.acked.add(t)
 
     def _periodic(self) -> None:
