@@ -1,5 +1,6 @@
 # Two commands set everything up on a fresh machine (each creates the virtualenv it needs):
-#   make demo   the main job: a simulated router group under faults, then the checkers' verdict
+#   make demo   the main job: a real local router group orders a replicated bank, survives a
+#               leader kill and a router join, and checks the replicas agree
 #   make test   the test suite (ECAST_LONG=1 make test runs thousands of schedules)
 
 PYTHON ?= python3
@@ -7,7 +8,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint clean
+.PHONY: demo sim-demo test lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +17,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	$(PY) -m ecast demo
+
+sim-demo: $(STAMP)
 	$(PY) -m ecast.sim.demo
 
 # pytest exits 5 when it collects no tests; that is not a failure of the suite.

@@ -18,8 +18,6 @@ import asyncio
 import itertools
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,13 +26,9 @@ from array import array
 from pathlib import Path
 from typing import Any
 
+from ecast.local import LocalCluster
+
 SECRET = "bench-secret"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rss_mb(pid: int) -> float:
@@ -297,51 +291,25 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     py = sys.executable
     tmp = Path(tempfile.mkdtemp(prefix="ecast-bench-"))
     stop_file = str(tmp / "stop")
-    routers: dict[str, tuple[subprocess.Popen[bytes], str, int]] = {}
     extra = [] if args.clumping else ["--no-clumping"]
     extra += [] if args.delayed_acks else ["--no-delayed-acks"]
     extra += list(args.router_arg)
-    config = [
-        "--config",
-        "ecast.config:KeyRingConfig",
-        "--config-arg",
-        f"replication={args.replication}",
-    ]
-    first_addr = None
-    for i in range(1, args.routers + 1):
-        rid = f"r{i}"
-        port, metrics = _free_port(), _free_port()
-        addr = f"127.0.0.1:{port}"
-        cmd = [
-            py,
-            "-m",
-            "ecast",
-            "router",
-            "--id",
-            rid,
-            "--listen",
-            addr,
-            "--metrics",
-            f"127.0.0.1:{metrics}",
+    cluster = LocalCluster(
+        tmp,
+        SECRET,
+        [
+            "--config",
+            "ecast.config:KeyRingConfig",
+            "--config-arg",
+            f"replication={args.replication}",
             "--log-level",
             "warning",
-            *config,
             *extra,
-        ]
-        if first_addr:
-            cmd += ["--join", first_addr]
-        log = open(tmp / f"{rid}.log", "wb")  # noqa: SIM115 - lives as long as the router
-        routers[rid] = (
-            subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env),
-            addr,
-            metrics,
-        )
-        if first_addr is None:
-            first_addr = addr
-            _wait_health(metrics, 1)
-    for _rid, (_p, _a, metrics) in routers.items():
-        _wait_health(metrics, args.routers)
-    addresses = ",".join(a for _p, a, _m in routers.values())
+        ],
+    )
+    cluster.start_group(args.routers)
+    routers = cluster.routers
+    addresses = ",".join(cluster.addresses())
     record = str(tmp / "record") if args.kill_leader_at is not None or args.check else ""
     workers: list[Proc] = []
     per = max(1, -(-args.receivers // args.receiver_procs))
@@ -428,11 +396,11 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                     results[c.name] = json.loads(Path(line["result"]).read_text())
         if args.kill_leader_at is not None and killed is None and elapsed >= args.kill_leader_at:
             killed = leader
-            os.kill(routers[leader][0].pid, signal.SIGKILL)
+            cluster.kill(leader)
         stamp = "warm" if elapsed < args.warmup + 1 else "end"
-        for rid, (p, _a, _m) in routers.items():
-            if p.poll() is None:
-                rss.setdefault(f"router {rid}", {})[stamp] = _rss_mb(p.pid)
+        for rid, r in routers.items():
+            if r.alive():
+                rss.setdefault(f"router {rid}", {})[stamp] = _rss_mb(r.proc.pid)
         for w in workers + clients:
             if w.proc.poll() is None:
                 rss.setdefault(f"{w.role} {w.name}", {})[stamp] = _rss_mb(w.proc.pid)
@@ -450,26 +418,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 break
         if line:
             recv_results.append(json.loads(Path(line["result"]).read_text()))
-    for p, _a, _m in routers.values():
-        if p.poll() is None:
-            p.send_signal(signal.SIGKILL)
+    cluster.stop_all()
     return _summarize(args, results, recv_results, rss, killed, record, routers)
-
-
-def _wait_health(metrics_port: int, members: int, timeout: float = 30) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/health", timeout=1) as r:
-                h = json.loads(r.read())
-                if h.get("status") == "ok" and len(h.get("members", [])) >= members:
-                    return
-        except Exception:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"router on metrics port {metrics_port} did not become healthy")
 
 
 def _summarize(
@@ -590,8 +540,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clumping", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--delayed-acks", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--kill-leader-at", type=float, default=None, help="seconds")
-    ap.add_argument("--router-arg", action="append", default=[],
-                    help="extra flag for every router daemon, e.g. --router-arg=--max-batch=256")
+    ap.add_argument(
+        "--router-arg",
+        action="append",
+        default=[],
+        help="extra flag for every router daemon, e.g. --router-arg=--max-batch=256",
+    )
     ap.add_argument("--check", action="store_true", help="record deliveries and check order")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)

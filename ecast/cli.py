@@ -3,7 +3,8 @@
 ecast router ...      run a router daemon (ecast.daemon)
 ecast bench ...       run the benchmark on a local cluster (ecast.bench)
 ecast sim ...         run one seeded simulation (ecast.sim)
-ecast demo ...        the simulated demo
+ecast demo ...        the main job: a real local cluster runs a replicated bank
+ecast sim-demo ...    the simulated demo: the protocol under faults in virtual time
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     elif command == "sim":
         from ecast.sim.__main__ import main as run
     elif command == "demo":
+        from ecast.demo import main as run
+    elif command == "sim-demo":
         from ecast.sim.demo import main as run
     else:
         print(f"ecast: unknown command {command!r}\n{__doc__}", file=sys.stderr)

@@ -104,6 +104,7 @@ class RouterDaemon:
         server_ssl, client_ssl = tls_contexts(a)
         rt = Runtime(
             read_secret(a.secret_file),
+            host_id=a.id,
             server_ssl=server_ssl,
             client_ssl=client_ssl,
             max_frame=a.max_frame,
@@ -265,21 +266,24 @@ class RouterDaemon:
                 "ecast_view_members", len(u.view.members) if u.view else 0, "Routers in the view"
             )
         if rt is not None:
+            for key, value in rt.stats.items():
+                metric(f"ecast_transport_{key}_total", value, f"Transport counter {key}", "counter")
             for node in rt.nodes.values():
                 for key, value in node.stats.items():
                     metric(f"ecast_link_{key}_total", value, f"Link counter {key}", "counter")
-                for peer, conn in node.conns.items():
+                for peer in rt.routes:
                     metric(
                         "ecast_peer_unacked_frames",
                         node.link.unacked(peer),
                         "Frames sent to a peer and not acknowledged",
                         peer=peer,
                     )
-                    t = conn.transport
-                    size = t.get_write_buffer_size() if t is not None else 0
-                    metric(
-                        "ecast_peer_write_buffer_bytes", size, "Bytes queued for a peer", peer=peer
-                    )
+            for host, conn in rt.conns.items():
+                t = conn.transport
+                size = t.get_write_buffer_size() if t is not None else 0
+                metric(
+                    "ecast_peer_write_buffer_bytes", size, "Bytes queued for a process", peer=host
+                )
         return "\n".join(lines) + "\n"
 
     async def _serve_metrics(self) -> Any:
@@ -323,8 +327,12 @@ def router_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--clumping", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--delayed-acks", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--max-batch", type=int, default=4096, help="commands per Paxos instance")
-    ap.add_argument("--pipeline-depth", type=int, default=2,
-                    help="uncommitted instances before clumping waits (0: fixed clumping)")
+    ap.add_argument(
+        "--pipeline-depth",
+        type=int,
+        default=2,
+        help="uncommitted instances before clumping waits (0: fixed clumping)",
+    )
     ap.add_argument("--max-frame", type=int, default=16 * 1024 * 1024, help="bytes")
     ap.add_argument("--handshake-timeout", type=float, default=5.0, help="seconds")
     ap.add_argument("--leave-timeout", type=float, default=5.0)

@@ -290,7 +290,7 @@ async def connect(
     owns = runtime is None
     if runtime is None:
         key = secret if secret is not None else os.environ.get("ECAST_SECRET", "").encode()
-        runtime = Runtime(key)
+        runtime = Runtime(key, host_id=f"{name}-{os.getpid()}")
     client = Client(name, runtime, params or EndpointParams(), session, queue_size)
     client._owns_runtime = owns
     await client._start(routers, join, join_header or {})

@@ -1,21 +1,23 @@
-"""Authenticated, length-prefixed connections over TCP (optionally TLS).
+"""Authenticated, length-prefixed connections between two OS processes (hosts).
 
-A connection carries frames between two logical nodes.  It starts with a handshake that
-both sides must pass before anything else is read:
+One connection joins two *hosts* (runtimes), however many logical nodes each one runs:
+a leader that forwards to sixteen receivers living in one process writes one packet, not
+sixteen, and the receivers' acknowledgements come back in one packet too.  The handshake
+authenticates the processes, once:
 
-    dialer   -> acceptor  ["hello", version, node, incarnation, listen, nonce_d, expect]
-    acceptor -> dialer    ["challenge", version, node, incarnation, listen, nonce_a, mac_a]
-    dialer   -> acceptor  ["proof", mac_d, ack_for_acceptor]
-    acceptor -> dialer    ["ready", ack_for_dialer]
+    dialer   -> acceptor  ["hello", version, host, incarnation, listen, nonce_d]
+    acceptor -> dialer    ["challenge", version, host, incarnation, listen, nonce_a, mac_a]
+    dialer   -> acceptor  ["proof", mac_d]
+    acceptor -> dialer    ["ready"]
 
-``mac_a`` and ``mac_d`` are HMAC-SHA256 over both nonces, both node ids and both
+``mac_a`` and ``mac_d`` are HMAC-SHA256 over both nonces, both host ids and both
 incarnations, keyed with the cluster secret: each side proves it knows the secret without
-sending it, and the proof binds the identities it claims.  The acks tell the other side how
-much of its frame stream arrived, so after a reconnect only what is missing is resent.
+sending it, and the proof binds the identities it claims.
 
-Afterwards every message is ``4-byte big-endian length || body``.  A frame longer than
-the limit (default 16 MiB), a malformed body, an unknown message type, a failed or
-silent handshake closes the connection with a logged reason; the process goes on.
+Afterwards every packet is ``4-byte big-endian length || body`` where the body is a msgpack
+array of items (see :mod:`ecast.runtime` for the items).  A packet longer than the limit
+(default 16 MiB), a malformed body, an unknown message type, a failed or silent handshake
+closes the connection with a logged reason; the process goes on.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import msgpack
 
 from ecast.effects import NodeId
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 HANDSHAKE_TIMEOUT = 5.0
 _LEN = struct.Struct(">I")
 log = logging.getLogger("ecast.transport")
@@ -47,15 +49,15 @@ class HandshakeError(Exception):
 
 @dataclass(slots=True)
 class PeerInfo:
-    node: NodeId
+    host: str
     incarnation: int
     listen: str | None
 
 
 class Endpoint(Protocol):
-    """What a connection needs from the local node it belongs to."""
+    """What a connection needs from the local process (the runtime) it belongs to."""
 
-    node_id: NodeId
+    host_id: str
     incarnation: int
     listen: str | None
     secret: bytes
@@ -65,9 +67,7 @@ class Endpoint(Protocol):
     def check_peer(self, peer: PeerInfo) -> str | None:
         """None if ``peer`` may connect, else the reason it may not."""
 
-    def received_from(self, peer: PeerInfo) -> int: ...
-
-    def connection_open(self, conn: Connection, peer_ack: int) -> None: ...
+    def connection_open(self, conn: Connection) -> None: ...
 
     def frame_received(self, conn: Connection, body: bytes) -> None: ...
 
@@ -83,18 +83,21 @@ def _mac(secret: bytes, role: bytes, *parts: Any) -> bytes:
 
 
 class Connection(asyncio.Protocol):
-    """One TCP connection, bound to a peer node once the handshake succeeds."""
+    """One TCP connection, bound to a peer host once the handshake succeeds.
+
+    The runtime keeps its per-connection bookkeeping here too: ``nodes`` (the peer's
+    logical nodes and their incarnations) and ``ready`` (local-to-remote node pairs whose
+    channel has been synchronised and may carry frames).
+    """
 
     def __init__(
         self,
         local: Endpoint,
         dialer: bool,
-        expect: NodeId | None = None,
         on_fail: Callable[[Connection, str], None] | None = None,
     ) -> None:
         self.local = local
         self.dialer = dialer
-        self.expect = expect
         self.on_fail = on_fail
         self.peer: PeerInfo | None = None
         self.state = "new"
@@ -104,8 +107,12 @@ class Connection(asyncio.Protocol):
         self._peer_nonce = b""
         self._timer: asyncio.TimerHandle | None = None
         self.closed_reason = ""
-        self.frames_in = 0
+        self.packets_in = 0
         self.bytes_out = 0
+        self.nodes: dict[NodeId, int] = {}
+        self.ready: set[tuple[NodeId, NodeId]] = set()
+        self.announced = False
+        """Set once a node list from the peer arrived (``Runtime.connect`` waits for it)."""
 
     # ------------------------------------------------------------------ asyncio hooks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -116,15 +123,7 @@ class Connection(asyncio.Protocol):
         if self.dialer:
             me = self.local
             self._send_plain(
-                [
-                    "hello",
-                    PROTOCOL_VERSION,
-                    me.node_id,
-                    me.incarnation,
-                    me.listen,
-                    self._nonce,
-                    self.expect,
-                ]
+                ["hello", PROTOCOL_VERSION, me.host_id, me.incarnation, me.listen, self._nonce]
             )
 
     def data_received(self, data: bytes) -> None:
@@ -141,7 +140,7 @@ class Connection(asyncio.Protocol):
             body = bytes(buf[4 : 4 + n])
             del buf[: 4 + n]
             if self.state == "open":
-                self.frames_in += 1
+                self.packets_in += 1
                 self.local.frame_received(self, body)
             else:
                 try:
@@ -185,22 +184,21 @@ class Connection(asyncio.Protocol):
             return
         if not self.closed_reason:
             self.closed_reason = reason
-        if self.peer is not None or self.state != "open":
-            log.info(
-                "event=connection_closed local=%s peer=%s reason=%r",
-                self.local.node_id,
-                self.peer.node if self.peer else "?",
-                reason,
-            )
+        log.info(
+            "event=connection_closed host=%s peer=%s reason=%r",
+            self.local.host_id,
+            self.peer.host if self.peer else "?",
+            reason,
+        )
         if self.transport is not None:
             self.transport.close()
 
     # ------------------------------------------------------------------ handshake
     def _refuse(self, reason: str) -> None:
         log.warning(
-            "event=handshake_refused local=%s peer=%s reason=%r",
-            self.local.node_id,
-            self.peer.node if self.peer else "?",
+            "event=handshake_refused host=%s peer=%s reason=%r",
+            self.local.host_id,
+            self.peer.host if self.peer else "?",
             reason,
         )
         with contextlib.suppress(Exception):  # best effort before closing
@@ -211,7 +209,7 @@ class Connection(asyncio.Protocol):
         self.state = "closed"
 
     def _handshake_timeout(self) -> None:
-        if self.state == "handshake":
+        if self.state in ("handshake", "proven"):
             self._refuse(f"no handshake within {self.local.handshake_timeout:g}s")
 
     def _handshake_step(self, body: bytes) -> None:
@@ -222,29 +220,21 @@ class Connection(asyncio.Protocol):
         me = self.local
         if kind == "error":
             raise HandshakeError(f"peer refused: {msg[1] if len(msg) > 1 else '?'}")
-        if not self.dialer and kind == "hello":
-            _, version, node, inc, listen, nonce, expect = msg
+        if not self.dialer and kind == "hello" and self.peer is None:
+            _, version, host, inc, listen, nonce = msg
             self._check_version(version)
-            if expect not in (None, me.node_id):
-                raise HandshakeError(f"this is {me.node_id}, not {expect}")
-            self.peer = PeerInfo(str(node), int(inc), listen)
+            self.peer = PeerInfo(str(host), int(inc), listen)
             self._peer_nonce = bytes(nonce)
             self._check_identity(self.peer)
             mac = _mac(
-                me.secret,
-                b"acceptor",
-                self._peer_nonce,
-                self._nonce,
-                node,
-                inc,
-                me.node_id,
-                me.incarnation,
-            )
+                me.secret, b"acceptor", self._peer_nonce, self._nonce, host, inc,
+                me.host_id, me.incarnation,
+            )  # fmt: skip
             self._send_plain(
                 [
                     "challenge",
                     PROTOCOL_VERSION,
-                    me.node_id,
+                    me.host_id,
                     me.incarnation,
                     me.listen,
                     self._nonce,
@@ -252,62 +242,42 @@ class Connection(asyncio.Protocol):
                 ]
             )
         elif self.dialer and kind == "challenge" and self.peer is None:
-            _, version, node, inc, listen, nonce, mac = msg
+            _, version, host, inc, listen, nonce, mac = msg
             self._check_version(version)
-            if self.expect is not None and node != self.expect:
-                raise HandshakeError(f"expected {self.expect}, reached {node}")
-            peer = PeerInfo(str(node), int(inc), listen)
+            peer = PeerInfo(str(host), int(inc), listen)
             want = _mac(
-                me.secret,
-                b"acceptor",
-                self._nonce,
-                bytes(nonce),
-                me.node_id,
-                me.incarnation,
-                node,
-                inc,
-            )
+                me.secret, b"acceptor", self._nonce, bytes(nonce), me.host_id, me.incarnation,
+                host, inc,
+            )  # fmt: skip
             if not hmac.compare_digest(want, bytes(mac)):
                 raise HandshakeError("acceptor failed authentication (wrong secret)")
             self.peer = peer
             self._check_identity(peer)
             proof = _mac(
-                me.secret,
-                b"dialer",
-                bytes(nonce),
-                self._nonce,
-                me.node_id,
-                me.incarnation,
-                node,
-                inc,
-            )
-            self._send_plain(["proof", proof, me.received_from(peer)])
+                me.secret, b"dialer", bytes(nonce), self._nonce, me.host_id, me.incarnation,
+                host, inc,
+            )  # fmt: skip
+            self._send_plain(["proof", proof])
+            self.state = "proven"
         elif not self.dialer and kind == "proof" and self.peer is not None:
-            _, mac, ack = msg
             peer = self.peer
             want = _mac(
-                me.secret,
-                b"dialer",
-                self._nonce,
-                self._peer_nonce,
-                peer.node,
-                peer.incarnation,
-                me.node_id,
-                me.incarnation,
-            )
-            if not hmac.compare_digest(want, bytes(mac)):
+                me.secret, b"dialer", self._nonce, self._peer_nonce, peer.host,
+                peer.incarnation, me.host_id, me.incarnation,
+            )  # fmt: skip
+            if not hmac.compare_digest(want, bytes(msg[1])):
                 raise HandshakeError("dialer failed authentication (wrong secret)")
-            self._send_plain(["ready", me.received_from(peer)])
-            self._open(int(ack))
-        elif self.dialer and kind == "ready" and self.peer is not None:
-            self._open(int(msg[1]))
+            self._send_plain(["ready"])
+            self._open()
+        elif self.dialer and kind == "ready" and self.state == "proven":
+            self._open()
         else:
             raise HandshakeError(f"unexpected {kind!r} during the handshake")
 
     def _check_version(self, version: Any) -> None:
         if version != PROTOCOL_VERSION:
             raise HandshakeError(
-                f"protocol version {version} (this node speaks {PROTOCOL_VERSION})"
+                f"protocol version {version} (this process speaks {PROTOCOL_VERSION})"
             )
 
     def _check_identity(self, peer: PeerInfo) -> None:
@@ -315,12 +285,12 @@ class Connection(asyncio.Protocol):
         if problem:
             raise HandshakeError(problem)
 
-    def _open(self, peer_ack: int) -> None:
+    def _open(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self.state = "open"
-        self.local.connection_open(self, peer_ack)
+        self.local.connection_open(self)
 
 
 def split_address(address: str) -> tuple[str, int]:

@@ -276,4 +276,11 @@ class EcastNet(ScriptedNet):
         if liveness:
             for check in LIVENESS:
                 out.extend(check(ref, self.app_recs))
+            # Quiescence: once the script settles, a live router holds nothing unstable.
+            for rid in self.router_recs:
+                if rid in self.crashed or rid not in self.nodes:
+                    continue
+                r = self.router(rid)
+                if r.ufab.installed and not r.ufab.stopped and r.unstable():
+                    out.append(f"quiescence: router {rid} holds {r.unstable()} unstable messages")
         return out

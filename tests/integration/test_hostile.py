@@ -59,7 +59,7 @@ def closed(sock: socket.socket, timeout: float = 3.0) -> bool:
 
 def handshake(
     r: RouterProc,
-    node: str = "intruder",
+    host: str = "intruder",
     inc: int = 1,
     secret: str = SECRET,
     version: int = PROTOCOL_VERSION,
@@ -67,14 +67,31 @@ def handshake(
     """Do the dialer's side of the handshake by hand; return the socket and the last reply."""
     sock = socket.create_connection(("127.0.0.1", r.port))
     nonce = os.urandom(16)
-    send(sock, ["hello", version, node, inc, None, nonce, None])
+    send(sock, ["hello", version, host, inc, None, nonce])
     reply = recv(sock)
     if not (isinstance(reply, list) and reply[0] == "challenge"):
         return sock, reply
     _k, _v, peer, peer_inc, _listen, peer_nonce, _mac_a = reply
-    proof = _mac(secret.encode(), b"dialer", bytes(peer_nonce), nonce, node, inc, peer, peer_inc)
-    send(sock, ["proof", proof, 0])
+    proof = _mac(secret.encode(), b"dialer", bytes(peer_nonce), nonce, host, inc, peer, peer_inc)
+    send(sock, ["proof", proof])
     return sock, recv(sock)
+
+
+def send_packet(sock: socket.socket, *items: object) -> None:
+    """A packet of multiplexed items, as a runtime sends after the handshake."""
+    body = msgpack.packb(list(items), use_bin_type=True)
+    sock.sendall(struct.pack(">I", len(body)) + body)
+
+
+def packets(sock: socket.socket, timeout: float = 3.0) -> list[object]:
+    """Every item the router sends until it goes quiet."""
+    out: list[object] = []
+    while True:
+        p = recv(sock, timeout)
+        if p is None:
+            return out
+        out.extend(p if isinstance(p, list) else [p])
+        timeout = 0.5
 
 
 def still_serving(r: RouterProc) -> None:
@@ -113,20 +130,53 @@ def test_wrong_protocol_version_is_refused(router: RouterProc) -> None:
 
 
 def test_stale_incarnation_is_refused(router: RouterProc) -> None:
-    sock, reply = handshake(router, node="ghost", inc=1000)
-    assert reply == ["ready", 0]
-    data = pack(Frame(1000, 0, 1, 0, ()))
-    sock.sendall(struct.pack(">I", len(data)) + data)  # the router now knows incarnation 1000
+    sock, reply = handshake(router)
+    assert reply == ["ready"]
+    send_packet(sock, ["nodes", [["ghost", 1000]]])
+    frame = pack(("ghost", "r1", Frame(1000, 0, 1, 0, ())))
+    body = b"\x91" + frame  # a one-item packet: the router now knows incarnation 1000
+    sock.sendall(struct.pack(">I", len(body)) + body)
     time.sleep(0.2)
-    old, reply = handshake(router, node="ghost", inc=999)  # an earlier life of "ghost"
+    old, reply = handshake(router, host="intruder-2")
+    assert reply == ["ready"]
+    send_packet(old, ["nodes", [["ghost", 999]]])  # an earlier life of "ghost"
+    items = packets(old)
+    assert ["error", "stale incarnation 999 of ghost (current 1000)"] in items
+    assert closed(old)
+    assert "stale incarnation" in router.log.read_text()
+    still_serving(router)
+
+
+def test_an_older_incarnation_of_a_process_is_refused(router: RouterProc) -> None:
+    _sock, reply = handshake(router, host="proc", inc=50)
+    assert reply == ["ready"]
+    old, reply = handshake(router, host="proc", inc=49)
     assert isinstance(reply, list) and reply[0] == "error" and "stale incarnation" in reply[1]
     assert closed(old)
     still_serving(router)
 
 
+def test_frames_from_a_node_that_was_not_announced_are_refused(router: RouterProc) -> None:
+    sock, _ = handshake(router)
+    frame = pack(("nobody", "r1", Frame(7, 0, 1, 0, ())))
+    body = b"\x91" + frame
+    sock.sendall(struct.pack(">I", len(body)) + body)
+    assert any("unannounced node" in str(x) for x in packets(sock))
+    assert closed(sock)
+    still_serving(router)
+
+
+def test_claiming_the_routers_own_node_id_is_refused(router: RouterProc) -> None:
+    sock, _ = handshake(router)
+    send_packet(sock, ["nodes", [["r1", 5]]])
+    assert any("runs here" in str(x) for x in packets(sock))
+    assert closed(sock)
+    still_serving(router)
+
+
 def test_malformed_frame_closes_the_connection(router: RouterProc) -> None:
     sock, reply = handshake(router)
-    assert reply == ["ready", 0]
+    assert reply == ["ready"]
     junk = b"\xc1\xff\x00garbage"
     sock.sendall(struct.pack(">I", len(junk)) + junk)
     assert closed(sock)
@@ -164,8 +214,9 @@ def test_well_formed_frame_with_a_wrongly_typed_field_is_refused(router: RouterP
     sock, _ = handshake(router)
     from ecast.proto import Confirm
 
+    send_packet(sock, ["nodes", [["typo", 1]]])
     bad = Frame(1, 0, 1, 0, (Confirm("not a number"),))  # type: ignore[arg-type]
-    data = pack(bad)
+    data = b"\x91" + pack(("typo", "r1", bad))
     sock.sendall(struct.pack(">I", len(data)) + data)
     assert closed(sock)
     assert "Confirm.upto" in router.log.read_text()
