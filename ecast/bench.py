@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import subprocess
@@ -42,11 +41,39 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
+BUCKET_S = 0.0001
+"""Latencies are counted in 0.1 ms buckets: memory stays flat however long the run."""
+
+
+def _percentile(hist: dict[int, int], q: float) -> float:
+    """The ``q`` quantile, in seconds, of a histogram of ``BUCKET_S`` buckets."""
+    total = sum(hist.values())
+    if not total:
         return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
+    rank = q * total
+    seen = 0
+    for bucket in sorted(hist):
+        seen += hist[bucket]
+        if seen > rank:
+            return bucket * BUCKET_S
+    return max(hist) * BUCKET_S
+
+
+def _count_at(series: list[tuple[float, int]], when: float) -> int:
+    """A receiver's delivery count at wall-clock time ``when`` (linear between samples)."""
+    prev_t, prev_n = 0.0, 0
+    for t, n in series:
+        if t >= when:
+            if t == prev_t:
+                return n
+            return round(prev_n + (n - prev_n) * (when - prev_t) / (t - prev_t))
+        prev_t, prev_n = t, n
+    return prev_n
+
+
+def _record_key(sender: str, seq: int) -> int:
+    """Client ``cN``'s message ``seq`` as one integer (receivers record only these)."""
+    return int(sender[1:]) << 40 | seq
 
 
 # ====================================================================== workers
@@ -61,8 +88,10 @@ async def _receivers(args: argparse.Namespace) -> dict[str, Any]:
     order_ok = True
     nodes = []
     start = time.monotonic()
-    per_second: list[int] = []
+    series: list[tuple[float, int]] = []
     total = [0]
+    rejected = [0]
+    accepted = [0]
 
     for i in range(args.count):
         name = f"d{args.first + i}"
@@ -84,12 +113,15 @@ async def _receivers(args: argparse.Namespace) -> dict[str, Any]:
                     if u.t <= last[0]:
                         order_ok = False
                     last[0] = u.t
-                    if args.record:
-                        rec.append(u.message.id[1])
+                    m = u.message
+                    if args.record and m.kind is None:
+                        rec.append(_record_key(m.sender, m.id[1]))
                         rec.append(u.t)
                     n += 1
                 elif type(u) is Delivery:
                     n += u.accepted
+                    accepted[0] += u.accepted
+                    rejected[0] += not u.accepted
             counts[name] += n
             total[0] += n
 
@@ -109,14 +141,16 @@ async def _receivers(args: argparse.Namespace) -> dict[str, Any]:
     print(json.dumps({"event": "ready"}), flush=True)
     deadline = start + args.duration + 60
     while time.monotonic() < deadline:
-        await asyncio.sleep(1.0)
-        per_second.append(total[0])
+        await asyncio.sleep(0.25)
+        series.append((time.time(), total[0]))
         if os.path.exists(args.stop_file):
             break
     out = {
         "role": "receivers",
         "delivered": total[0],
-        "per_second": per_second,
+        "unsafe_rejected": rejected[0],
+        "unsafe_accepted": accepted[0],
+        "series": series,
         "order_ok": order_ok,
         "counts": counts,
     }
@@ -143,14 +177,16 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     ep = client.endpoint
     assert ep is not None
-    lat: list[float] = []
+    hist: dict[int, int] = {}
     acks: array[int] = array("q")
-    ack_times: list[float] = []
     sent_at: dict[int, float] = {}
     state = {"submitted": 0, "leader": client.leader, "open": True}
+    counts = {"acked": 0, "acked_in_window": 0, "submitted_in_window": 0}
+    gap = {"last": 0.0, "longest": 0.0}
     start = loop.time()
     end = start + args.duration
     warm = start + args.warmup
+    wall = time.time() - start  # loop time -> wall clock, shared with the receivers
 
     def submit(n: int) -> None:
         i = state["submitted"]
@@ -163,14 +199,21 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
 
     def on_acks(batch: list[Any]) -> None:
         now = loop.time()
+        in_window = warm <= now <= end
         for ack in batch:
             t0 = sent_at.pop(ack.id[1], None)
-            if t0 is not None and now >= warm:
-                lat.append(now - t0)
-            ack_times.append(now)
+            if t0 is not None and in_window:
+                b = int((now - t0) / BUCKET_S)
+                hist[b] = hist.get(b, 0) + 1
             if args.record:
-                acks.append(ack.id[1])
+                acks.append(_record_key(args.name, ack.id[1]))
                 acks.append(ack.t if ack.t is not None else -1)
+        counts["acked"] += len(batch)
+        if in_window:
+            counts["acked_in_window"] += len(batch)
+        if gap["last"]:
+            gap["longest"] = max(gap["longest"], now - gap["last"])
+        gap["last"] = now
         if state["open"] and not args.rate:  # closed loop: refill what the acks freed
             room = args.window - len(ep.window) - len(ep.backlog)
             if room > 0:
@@ -184,13 +227,18 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
 
     drainer = asyncio.create_task(drain())
     if args.unsafe:
-        count = 0
-        while loop.time() < end:
-            for i in range(200):
-                await client.submit_unsafe(payload, {"key": count + i})
-            count += 200
-            await asyncio.sleep(0)
-        state["submitted"] = count
+        # Open loop at --rate, else as fast as the connection to the routers drains.
+        batch = 256
+        while (now := loop.time()) < end:
+            due = int((now - start) * args.rate) - state["submitted"] if args.rate else batch
+            n = min(due, 4 * batch)
+            if n > 0:
+                i = state["submitted"]
+                await client.submit_unsafe_batch([(payload, {"key": i + k}) for k in range(n)])
+                state["submitted"] = i + n
+                if warm <= now:
+                    counts["submitted_in_window"] += n
+            await asyncio.sleep(0.001 if args.rate else 0)
     else:
         if not args.rate:
             submit(args.window)
@@ -211,17 +259,17 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
         if not ep.window and not ep.backlog:
             break
         await asyncio.sleep(0.05)
-    measured = [t for t in ack_times if warm <= t <= end]
-    gaps = [b - a for a, b in itertools.pairwise(ack_times)]
     out = {
         "role": "client",
         "name": args.name,
         "submitted": state["submitted"],
-        "acked": len(ack_times),
-        "acked_in_window": len(measured),
+        "submitted_in_window": counts["submitted_in_window"],
+        "acked": counts["acked"],
+        "acked_in_window": counts["acked_in_window"],
         "measure_s": max(1e-9, end - warm),
-        "latencies": lat[-200000:],
-        "longest_gap_s": max(gaps, default=0.0),
+        "window_wall": (warm + wall, end + wall),
+        "latency_hist": sorted(hist.items()),
+        "longest_gap_s": gap["longest"],
         "leader": client.leader,
     }
     if args.record:
@@ -431,23 +479,24 @@ def _summarize(
     record: str,
     routers: dict[str, Any],
 ) -> dict[str, Any]:
-    lat = [x for c in clients.values() for x in c["latencies"]]
+    hist: dict[int, int] = {}
+    for c in clients.values():
+        for bucket, n in c["latency_hist"]:
+            hist[bucket] = hist.get(bucket, 0) + n
     measure = max(c["measure_s"] for c in clients.values())
     acked = sum(c["acked_in_window"] for c in clients.values())
-    per_second = [r["per_second"] for r in receivers]
-    # Delivered per second over the measurement window, from the receivers' counters.
-    warm, end = int(args.warmup), int(args.warmup + measure)
+    # Delivered over the clients' measurement window, from the receivers' timed counters.
+    w0 = min(c["window_wall"][0] for c in clients.values())
+    w1 = max(c["window_wall"][1] for c in clients.values())
     delivered = 0
-    for ps in per_second:
-        if len(ps) > end:
-            delivered += ps[end] - ps[warm]
-        elif len(ps) > warm:
-            delivered += ps[-1] - ps[warm]
+    for r in receivers:
+        delivered += _count_at(r["series"], w1) - _count_at(r["series"], w0)
+    measure = max(measure, w1 - w0)
     out: dict[str, Any] = {
         "throughput_per_s": round(acked / measure, 1),
         "delivered_per_s": round(delivered / measure, 1),
-        "p50_ms": round(_percentile(lat, 0.5) * 1000, 3),
-        "p99_ms": round(_percentile(lat, 0.99) * 1000, 3),
+        "p50_ms": round(_percentile(hist, 0.5) * 1000, 1),
+        "p99_ms": round(_percentile(hist, 0.99) * 1000, 1),
         "rss_mb": {
             k: {s: round(v, 1) for s, v in sorted(d.items())} for k, d in sorted(rss.items())
         },
@@ -467,8 +516,17 @@ def _summarize(
         "order_ok": all(r["order_ok"] for r in receivers),
     }
     if args.unsafe:
+        # Acceptance over the whole run: of the copies every submission owed its
+        # destinations (replication per message), how many were delivered and accepted.
+        owed = sum(c["submitted"] for c in clients.values()) * args.replication
+        got = sum(r["unsafe_accepted"] for r in receivers)
         out["unsafe_accepted_per_s"] = out.pop("delivered_per_s")
-        out.pop("throughput_per_s")
+        in_window = sum(c["submitted_in_window"] for c in clients.values())
+        out["unsafe_submitted_per_s"] = round(in_window / measure, 1)
+        out["unsafe_acceptance_rate"] = round(got / owed, 4) if owed else None
+        out["unsafe_rejected"] = sum(r["unsafe_rejected"] for r in receivers)
+        for key in ("throughput_per_s", "p50_ms", "p99_ms"):
+            out.pop(key)
     if killed is not None:
         out["killed_leader"] = killed
         out["longest_gap_s"] = round(max(c["longest_gap_s"] for c in clients.values()), 3)
@@ -491,8 +549,8 @@ def _check_records(path: Path, args: argparse.Namespace) -> dict[str, Any]:
         a.frombytes(f.read_bytes())
         seen = dict(zip(a[0::2], a[1::2], strict=True))
         by_receiver[f.stem] = seen
-        for seq, t in seen.items():
-            if t_of.setdefault(seq, t) != t:
+        for rk, t in seen.items():  # one t per message, at every receiver that has it
+            if t_of.setdefault(rk, t) != t:
                 conflicts += 1
     ring = KeyRingConfig.initial(replication=args.replication)
     for name in by_receiver:
@@ -505,13 +563,14 @@ def _check_records(path: Path, args: argparse.Namespace) -> dict[str, Any]:
         client = f.stem.removeprefix("acks-")
         a = array("q")
         a.frombytes(f.read_bytes())
-        for seq, t in zip(a[0::2], a[1::2], strict=True):
+        for rk, t in zip(a[0::2], a[1::2], strict=True):
+            seq = rk & ((1 << 40) - 1)
             if seq == 1 or t < 0:
                 continue  # the client's own join
             key = seq - 2  # submissions after the join carry key i at sequence i + 2
             dests = ring.destset(Message(client, ((client, 0, ""), seq), {"key": key}, None))
             checked += 1
-            if any(by_receiver.get(d, {}).get(seq) != t for d in dests):
+            if any(by_receiver.get(d, {}).get(rk) != t for d in dests):
                 lost += 1
     return {
         "order_conflicts": conflicts,
@@ -535,7 +594,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=20, help="seconds")
     ap.add_argument("--warmup", type=float, default=5, help="seconds not measured")
     ap.add_argument("--rate", type=float, default=0, help="open loop: messages per second")
-    ap.add_argument("--window", type=int, default=4096, help="closed loop: outstanding messages")
+    ap.add_argument(
+        "--window",
+        type=int,
+        default=1024,
+        help="closed loop: messages outstanding (the SDK admits at most 1,024 at a time)",
+    )
     ap.add_argument("--unsafe", action="store_true", help="submit unsafe messages")
     ap.add_argument("--clumping", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--delayed-acks", action=argparse.BooleanOptionalAction, default=True)

@@ -178,6 +178,7 @@ def _validators(cls: type) -> tuple[Check, ...]:
 # no Python call per message) and validated in one tight loop.
 
 _M = _message.Message
+_tnew = _message.fast_new
 _S = _message.Submission
 
 
@@ -202,7 +203,7 @@ def _msg(x: Any, cls: type) -> Any:
         or type(seq) is not int
     ):
         raise _bad(cls, x)
-    return _M(sender, ((ns, epoch, stream), seq), header, payload)
+    return _tnew(_M, (sender, ((ns, epoch, stream), seq), header, payload))
 
 
 def _flat_sub(m: Any) -> tuple[Any, ...]:
@@ -221,7 +222,7 @@ def _sub(x: Any, cls: type) -> Any:
         or type(seq) is not int
     ):
         raise _bad(cls, x)
-    return _S(((ns, epoch, stream), seq), header, payload)
+    return _tnew(_S, (((ns, epoch, stream), seq), header, payload))
 
 
 def _enc_deliver(o: Any, enc: Encoder) -> Any:

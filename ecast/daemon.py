@@ -83,6 +83,8 @@ class RouterDaemon:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.started = time.time()
+        self.loop_lag_max = 0.0
+        """Longest the event loop stayed away from a 100 ms sleep, beyond it (seconds)."""
         self.runtime: Runtime | None = None
         self.router: Router | None = None
         self._stop = asyncio.Event()
@@ -122,6 +124,7 @@ class RouterDaemon:
             self.router = Router(a.id, config, self._params(), routers=[a.id])
             log.info("event=bootstrap router=%s listen=%s", a.id, node.listen)
         node.core = self.router
+        self.router.backlog = node.link.backlog
         node.feed(lambda core, now: core.on_tick(now))
         metrics = await self._serve_metrics() if a.metrics else None
         loop = asyncio.get_running_loop()
@@ -151,8 +154,15 @@ class RouterDaemon:
     async def _watch(self) -> None:
         """Log view changes, and stop when the group parts this router."""
         seen = None
+        loop = asyncio.get_running_loop()
         while True:
+            before = loop.time()
             await asyncio.sleep(0.1)
+            lag = loop.time() - before - 0.1
+            self.loop_lag_max = max(self.loop_lag_max, lag)
+            if lag > 0.25:
+                # The event loop did not come back for this long: heartbeats were late too.
+                log.warning("event=loop_lag router=%s seconds=%.3f", self.args.id, lag)
             r = self.router
             if r is None:
                 continue
@@ -261,6 +271,11 @@ class RouterDaemon:
                 "ecast_paxos_executed_instance", u.executed, "Highest executed ufabcast instance"
             )
             metric("ecast_view", u.view.number if u.view else -1, "Router view number")
+            metric(
+                "ecast_loop_lag_max_seconds",
+                round(self.loop_lag_max, 4),
+                "Longest event-loop stall seen (heartbeats are late by as much)",
+            )
             metric("ecast_leader", 1 if r.leading() else 0, "1 if this router leads")
             metric(
                 "ecast_view_members", len(u.view.members) if u.view else 0, "Routers in the view"

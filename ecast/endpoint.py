@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from ecast.effects import Effects, NodeId
 from ecast.message import Message, MsgId, Session, Submission
+from ecast.message import fast_new as _tnew
 from ecast.proto import (
     Closed,
     CloseSessions,
@@ -202,6 +203,19 @@ class Endpoint:
             self.next_unsafe += 1
         return self._end()
 
+    def submit_unsafe_many(self, items: list[tuple[Any, Any]], now: float = 0.0) -> Effects:
+        """Many unsafe ``(payload, header)`` messages in one step (one RouteUnsafe)."""
+        self._begin(now)
+        if self.terminated is None:
+            session = self.unsafe_session
+            n = self.next_unsafe
+            self._unsafe.extend(
+                _tnew(Submission, ((session, n + i), header, payload))
+                for i, (payload, header) in enumerate(items)
+            )
+            self.next_unsafe = n + len(items)
+        return self._end()
+
     def close_sessions(self, namespace: str, epoch: int, now: float) -> Effects:
         self._begin(now)
         self._send(self.target, CloseSessions(namespace, epoch))
@@ -272,7 +286,7 @@ class Endpoint:
             fresh = True
             self.t_max = t
             self.stats["delivered"] += 1
-            self._deliver(Delivery(t, m))
+            self._deliver(_tnew(Delivery, (t, m, False, True, None)))
             if m.sender == self.me and m.id[0] == self.session:
                 if m.id == self._join_id:
                     self.joined_at = t
@@ -301,7 +315,7 @@ class Endpoint:
         for sid, t, delivered in msg.acks:
             if sid[0] == self.session and self.window.pop(sid[1], None) is not None:
                 progressed = True
-                self._deliver(Acked(sid, t, delivered))
+                self._deliver(_tnew(Acked, (sid, t, delivered)))
                 if sid == self._part_id:
                     self.lingering = False  # nobody will wait for us any more
         if progressed:

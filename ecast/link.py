@@ -66,6 +66,7 @@ class _Channel:
     reorder: dict[int, tuple[Any, ...]] = field(default_factory=dict)
     ack_due_at: float | None = None
     ack_sent: int = 0
+    unacked_msgs: int = 0
 
 
 class LinkLayer:
@@ -111,6 +112,7 @@ class LinkLayer:
                 ch.next_out += 1
                 payload = tuple(msgs)
                 ch.unacked.append((seq, payload, now))
+                ch.unacked_msgs += len(payload)
                 ack = ch.next_in - 1
                 ch.ack_sent = ack
                 ch.ack_due_at = None
@@ -166,7 +168,7 @@ class LinkLayer:
     def _on_ack(self, ch: _Channel, ack: int) -> None:
         unacked = ch.unacked
         while unacked and unacked[0][0] <= ack:
-            unacked.popleft()
+            ch.unacked_msgs -= len(unacked.popleft()[1])
 
     # -- time ----------------------------------------------------------------------------
     def on_tick(self, now: float) -> list[tuple[NodeId, Frame]]:
@@ -261,6 +263,15 @@ class LinkLayer:
     def unacked(self, peer: NodeId) -> int:
         ch = self._chans.get(peer)
         return len(ch.unacked) if ch else 0
+
+    def backlog(self, peer: NodeId) -> int:
+        """Messages sent to ``peer`` and not yet acknowledged: how far behind it is.
+
+        Protocol cores read it to shed best-effort traffic (unsafe copies) for a peer that
+        does not keep up, before its buffers grow without bound.
+        """
+        ch = self._chans.get(peer)
+        return ch.unacked_msgs if ch else 0
 
     def peers(self) -> list[NodeId]:
         return list(self._chans)

@@ -50,3 +50,9 @@ class Message(NamedTuple):
         """The membership kind (``join``/``part``/``suspect``) if the header names one."""
         h = self.header
         return h.get("kind") if type(h) is dict else None
+
+
+fast_new = tuple.__new__
+"""``fast_new(Message, (sender, id, header, payload))`` builds a NamedTuple in C, without
+its Python-level ``__new__``: hot paths build one per message at every hop.  All fields
+must be given, in order."""

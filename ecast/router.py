@@ -23,6 +23,7 @@ from typing import Any
 from ecast.config import Config
 from ecast.effects import Effects, NodeId
 from ecast.message import Message, MsgId, Session
+from ecast.message import fast_new as _tnew
 from ecast.mseq import MSeq
 from ecast.proto import (
     Closed,
@@ -82,7 +83,10 @@ class RouterParams:
     """Stable acknowledgements remembered per session, for duplicates of stable messages
     (an endpoint's window never exceeds this, so older ones were surely received)."""
     unsafe_backlog: int = 4096
-    """Unsafe copies are dropped for a destination this far behind on confirmations."""
+    """Unsafe copies are dropped for a destination this far behind on confirmations, or
+    with this many messages sent to it and not yet acknowledged by its link (``backlog``).
+    Unsafe messages bypass flow control; without this a flood of them grows the buffers
+    of a slow destination without bound."""
     all_leaders: bool = False
     """Every router forwards and proposes stability (a test mode: safety must hold)."""
     mutations: frozenset[str] = frozenset()
@@ -212,6 +216,9 @@ class Router:
         self._next_periodic = 0.0
         self.observer: Callable[[int, Message], None] | None = None
         """Called with every message this router appends (or installs), for checkers."""
+        self.backlog: Callable[[NodeId], int] | None = None
+        """Messages sent to a peer and not yet acknowledged by its link (the host wires in
+        ``LinkLayer.backlog``): how unsafe traffic learns that a destination lags."""
         self._now = 0.0
         self._fx: Effects | None = None
         self.stats: dict[str, int] = {
@@ -408,7 +415,7 @@ class Router:
             if sid in self._proposed:
                 continue
             self._proposed[sid] = None
-            self._routes.append(Message(src, sid, sub.header, sub.payload))
+            self._routes.append(_tnew(Message, (src, sid, sub.header, sub.payload)))
 
     def _on_unsafe(self, src: NodeId, msg: RouteUnsafe) -> None:
         lead = self.lead
@@ -419,13 +426,21 @@ class Router:
         frontier = lead.frontier
         config = st.mseq.config_for(frontier)
         suspects = st.suspects
+        limit = self.p.unsafe_backlog
+        backlog = self.backlog
+        lagging: dict[NodeId, bool] = {}
         for sub in msg.subs:
-            m = Message(src, sub.id, sub.header, sub.payload)
+            m = _tnew(Message, (src, sub.id, sub.header, sub.payload))
             for d in self._sorted_dests(config.destset(m)):
                 if d in suspects:
                     continue
-                waiting = lead.waiting.get(d)
-                if waiting is not None and len(waiting) > self.p.unsafe_backlog:
+                lags = lagging.get(d)
+                if lags is None:
+                    waiting = lead.waiting.get(d)
+                    lags = lagging[d] = (waiting is not None and len(waiting) > limit) or (
+                        backlog is not None and backlog(d) > limit
+                    )
+                if lags:
                     self.stats["unsafe_dropped"] += 1
                     continue
                 self._out.setdefault(d, []).append((lead.last_sent.get(d), frontier, m))

@@ -128,6 +128,8 @@ class Runtime:
         self._outbox: dict[Connection, list[Any]] = {}
         self._flush_scheduled = False
         self._closed = False
+        self._congested: set[Connection] = set()
+        self._writable: asyncio.Event | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -488,15 +490,34 @@ class Runtime:
             conn.send(_array_header(1) + self.encoder.pack(("error", reason)))
         conn.close(reason)
 
+    def writing_paused(self, conn: Connection, paused: bool) -> None:
+        if paused:
+            self._congested.add(conn)
+            if self._writable is not None:
+                self._writable.clear()
+        else:
+            self._congested.discard(conn)
+            if not self._congested and self._writable is not None:
+                self._writable.set()
+
+    async def writable(self) -> None:
+        """Wait while some connection's send buffer is above its high-water mark.
+
+        Messages that bypass E-Cast's congestion window (unsafe messages) wait here, so a
+        fast sender cannot grow its buffers without bound.
+        """
+        if not self._congested:
+            return
+        if self._writable is None:
+            self._writable = asyncio.Event()
+        self._writable.clear()
+        await self._writable.wait()
+
     def pause_reading(self, paused: bool) -> None:
         """Stop (or resume) reading from every connection: backpressure from the owner."""
         for conn in self.conns.values():
-            t = conn.transport
-            if t is not None and conn.state == "open":
-                if paused:
-                    t.pause_reading()
-                else:
-                    t.resume_reading()
+            if conn.state == "open":
+                conn.set_reading(paused)
 
     # ------------------------------------------------------------------ dialing
     def _gossip(self) -> None:
@@ -583,8 +604,10 @@ class Runtime:
         )
         self._announced.pop(conn, None)
         for f in (failed, announced):
-            if f not in done:
+            if not f.done():
                 f.cancel()
+            else:
+                f.exception()  # retrieved: a duplicate's failure is routine
         if not done:
             conn.close("no node list in time")
             raise TimeoutError(f"{address}: no node list within {timeout:g}s")

@@ -213,9 +213,20 @@ class Client:
         return fut
 
     async def submit_unsafe(self, payload: bytes, header: Any = None) -> None:
-        """Forward without agreement: no ack, accepted by receivers only if it fits."""
+        """Forward without agreement: no ack, accepted by receivers only if it fits.
+
+        Unsafe messages bypass the congestion window; this waits instead while the
+        connection to the routers is backed up.
+        """
         node = self._require_open()
+        await self.runtime.writable()
         node.feed(lambda core, now: core.submit_unsafe(payload, header, now))
+
+    async def submit_unsafe_batch(self, items: list[tuple[bytes, Any]]) -> None:
+        """Many unsafe ``(payload, header)`` messages at once (see ``submit_unsafe``)."""
+        node = self._require_open()
+        await self.runtime.writable()
+        node.feed(lambda core, now: core.submit_unsafe_many(items, now))
 
     async def suspect(self, processes: list[NodeId]) -> asyncio.Future[Ack]:
         node = self._require_open()

@@ -39,6 +39,12 @@ from ecast.effects import NodeId
 
 PROTOCOL_VERSION = 2
 HANDSHAKE_TIMEOUT = 5.0
+READ_BUDGET = 256 * 1024
+"""Bytes a connection may hand to the process per event-loop turn.  Beyond it the
+connection stops reading until the next turn, so timers (heartbeats, failure detection)
+run between bursts: a peer that sends faster than this process can work must not stall
+it for seconds, which its group would take for a crash.  TCP then pushes back on the
+sender."""
 _LEN = struct.Struct(">I")
 log = logging.getLogger("ecast.transport")
 
@@ -72,6 +78,9 @@ class Endpoint(Protocol):
     def frame_received(self, conn: Connection, body: bytes) -> None: ...
 
     def connection_closed(self, conn: Connection, reason: str) -> None: ...
+
+    def writing_paused(self, conn: Connection, paused: bool) -> None:
+        """The connection's send buffer crossed its high (or back under its low) mark."""
 
 
 def _mac(secret: bytes, role: bytes, *parts: Any) -> bytes:
@@ -113,6 +122,10 @@ class Connection(asyncio.Protocol):
         self.ready: set[tuple[NodeId, NodeId]] = set()
         self.announced = False
         """Set once a node list from the peer arrived (``Runtime.connect`` waits for it)."""
+        self._turn_bytes = 0
+        self._turn_pending = False
+        self._budget_paused = False
+        self._owner_paused = False
 
     # ------------------------------------------------------------------ asyncio hooks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -127,6 +140,13 @@ class Connection(asyncio.Protocol):
             )
 
     def data_received(self, data: bytes) -> None:
+        if not self._turn_pending:
+            self._turn_pending = True
+            asyncio.get_running_loop().call_soon(self._next_turn)
+        self._turn_bytes += len(data)
+        if self._turn_bytes > READ_BUDGET and not self._budget_paused and self.transport:
+            self._budget_paused = True
+            self.transport.pause_reading()
         buf = self._buf
         buf += data
         limit = self.local.max_frame
@@ -154,7 +174,34 @@ class Connection(asyncio.Protocol):
             if self.state == "closed":
                 return
 
+    def _next_turn(self) -> None:
+        self._turn_pending = False
+        self._turn_bytes = 0
+        if self._budget_paused:
+            self._budget_paused = False
+            if not self._owner_paused and self.transport is not None and self.state != "closed":
+                self.transport.resume_reading()
+
+    def set_reading(self, paused: bool) -> None:
+        """The owner's backpressure (a full delivery queue), combined with the budget's."""
+        self._owner_paused = paused
+        t = self.transport
+        if t is None or self.state == "closed":
+            return
+        if paused:
+            t.pause_reading()
+        elif not self._budget_paused:
+            t.resume_reading()
+
+    def pause_writing(self) -> None:
+        self.local.writing_paused(self, True)
+
+    def resume_writing(self) -> None:
+        self.local.writing_paused(self, False)
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.state == "open":
+            self.local.writing_paused(self, False)
         if self._timer is not None:
             self._timer.cancel()
         was = self.state

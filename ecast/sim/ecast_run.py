@@ -208,7 +208,8 @@ class EcastRun(RouterGroupRun):
         rec = RouterRecord()
         self.routers[rid] = router
         self.router_recs[rid] = rec
-        self.sim.add(rid, RouterHost(router, rec, lambda: self.sim.now))
+        node = self.sim.add(rid, RouterHost(router, rec, lambda: self.sim.now))
+        router.backlog = node.link.backlog  # as the TCP runtime wires it
         return router.ufab
 
     def leader(self) -> NodeId | None:

@@ -174,6 +174,7 @@ class Ufabcast:
         # -- failure detection and GC
         # None: not heard yet; the failure timeout starts at the first tick.
         self.last_heard: dict[NodeId, float | None] = {}
+        self._last_detect: float | None = None
         self.suspected: set[NodeId] = set()
         self.reported: dict[NodeId, int] = {}
         self.next_hb = 0.0
@@ -209,6 +210,7 @@ class Ufabcast:
             "relayed": 0,
             "resends": 0,
             "void_discarded": 0,
+            "stalls_excused": 0,
             "duplicates_dropped": 0,
             "ignored_parted": 0,
         }
@@ -1194,6 +1196,16 @@ class Ufabcast:
         assert view is not None
         now = self._now
         timeout = self.p.failure_timeout
+        # A tick that comes much later than the heartbeat period means this process was
+        # stalled (starved of CPU, a long pause): what others sent meanwhile may still be
+        # waiting unread, so the stall is not counted as their silence.
+        last, self._last_detect = self._last_detect, now
+        stall = 0.0 if last is None else now - last - 2 * self.p.heartbeat_interval
+        if stall > 0:
+            self.stats["stalls_excused"] += 1
+            for m, heard in self.last_heard.items():
+                if heard is not None:
+                    self.last_heard[m] = min(now, heard + stall)
         for m in view.members:
             if m == self.me or m in self.suspected:
                 continue

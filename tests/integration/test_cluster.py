@@ -110,3 +110,35 @@ async def test_metrics_and_health_describe_the_router(cluster: Cluster) -> None:
     while cluster.routers["r1"].health()["unstable"] and time.monotonic() - t0 < 5:
         await asyncio.sleep(0.05)
     assert cluster.routers["r1"].health()["unstable"] == 0
+
+
+async def test_an_unsafe_flood_neither_stalls_nor_splits_the_group(cluster: Cluster) -> None:
+    """Unsafe messages bypass flow control.  A client sending them as fast as it can must
+    not stall a router's event loop past the failure timeout (its group would part it)."""
+    routers = cluster.start_group(3)
+    sink = await connect(cluster, "sink")  # a slow-ish destination: it records everything
+    flood = await connect(cluster, "flood")
+    payload = b"x" * 256
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 4.0
+    sent = 0
+    while loop.time() < end:
+        await flood.client.submit_unsafe_batch([(payload, None)] * 512)
+        sent += 512
+        await asyncio.sleep(0)
+    ack = await asyncio.wait_for(await flood.client.submit(b"still ordered"), 10)
+    assert ack.delivered
+    for r in routers:
+        h = r.health()
+        assert h is not None and sorted(h["members"]) == ["r1", "r2", "r3"], h
+        lag = [
+            float(line.split()[1])
+            for line in r.metrics_text().splitlines()
+            if line.startswith("ecast_loop_lag_max_seconds")
+        ]
+        assert lag and lag[0] < 1.0, f"{r.id} stalled for {lag}s"
+    assert sent > 10_000
+    assert sink.client.endpoint is not None
+    assert sink.client.endpoint.stats["unsafe_accepted"] > 0
+    await flood.client.close()
+    await sink.client.close()

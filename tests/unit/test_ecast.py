@@ -152,6 +152,22 @@ def test_unsafe_message_is_accepted_only_where_the_tag_matches() -> None:
     assert n.violations() == []
 
 
+def test_unsafe_copies_to_a_destination_whose_link_lags_are_dropped() -> None:
+    n = sc.unsafe_then_safe()
+    before = len([e for e in n.app_recs["b"].events if e[0] == "uns"])
+    r1 = n.router("r1")
+    r1.backlog = lambda d: r1.p.unsafe_backlog + 1 if d == "b" else 0
+    n.submit_unsafe("a", "shed")
+    n.settle(0.2)
+    assert len([e for e in n.app_recs["b"].events if e[0] == "uns"]) == before
+    assert r1.stats["unsafe_dropped"] >= 1
+    r1.backlog = lambda d: 0  # caught up: unsafe copies flow again
+    n.submit_unsafe("a", "flows")
+    n.settle(0.2)
+    assert len([e for e in n.app_recs["b"].events if e[0] == "uns"]) == before + 1
+    assert n.violations() == []
+
+
 def test_endpoint_window_starts_at_one_doubles_and_halves_on_congestion() -> None:
     ep = Endpoint("e", ["r1"], EndpointParams())
     for i in range(40):

@@ -171,3 +171,22 @@ def test_old_duplicates_leave_no_state_behind() -> None:
     pump(a, b, frames, 0.0)
     pump(a, b, frames, 0.0)  # every frame again
     assert b._chans["a"].reorder == {}
+
+
+def test_backlog_counts_messages_until_the_peer_acknowledges_them() -> None:
+    a, b = LinkLayer("a", 1), LinkLayer("b", 1)
+    for i in range(3):
+        a.send("b", i)
+    f1 = a.flush(0.0)
+    a.send("b", 3)
+    f2 = a.flush(0.0)
+    assert a.backlog("b") == 4 and a.backlog("nobody") == 0
+    pump(a, b, f1 + f2, 0.0)
+    b.send("a", "reply")  # carries b's acknowledgement of both frames
+    pump(b, a, b.flush(0.0), 0.0)
+    assert a.backlog("b") == 0
+    # Resends keep counting what is still unacknowledged, and nothing twice.
+    a.send("b", "lost")
+    a.flush(0.0)
+    a.on_tick(10.0)
+    assert a.backlog("b") == 1

@@ -12,6 +12,7 @@ from ecast.ufabcast.messages import (
     Accepted,
     CatchUpReply,
     Forward,
+    Heartbeat,
     JoinRequest,
     Parted,
     Prepare,
@@ -180,9 +181,10 @@ def test_phase1_fills_holes_with_the_highest_accepted_value_or_a_noop() -> None:
     low, high = (AppCmd("a", 1, "low"),), (AppCmd("c", 1, "high"),)
     # b accepted instance 2 from a (ballot (0, a)) before a went quiet.
     b.on_messages("a", (Accept(0, (0, "a"), 2, low),), 0.0)
-    b.on_tick(0.0)
-    fx = b.on_tick(1.5)  # a and c silent: b suspects both and prepares
-    (prepare,) = {m for _d, m in fx.send if type(m) is Prepare}
+    sent = []
+    for k in range(7):  # b ticks every 250 ms; a and c stay silent: b suspects, prepares
+        sent += b.on_tick(k * 0.25).send
+    (prepare,) = {m for _d, m in sent if type(m) is Prepare}
     assert prepare.start == 0
     # c promises: a stop sign at 1 (nothing anywhere at 0), and 2 at a higher ballot.
     promise = Promise(0, prepare.ballot, 0, ((1, (0, "a"), stop), (2, (1, "c"), high)))
@@ -323,3 +325,18 @@ def test_adaptive_clumping_sends_at_once_when_idle_and_batches_when_busy() -> No
         if src == "a" and dst == "b" and type(m) is Accept
     ]
     assert values == [["m0"], ["m1"], ["m2", "m3"]]
+
+
+def test_a_stalled_router_does_not_blame_others_for_its_own_pause() -> None:
+    b = Ufabcast("b", params(), members=["a", "b", "c"])
+    b.on_messages("a", (Heartbeat(0, 0),), 0.0)
+    b.on_messages("c", (Heartbeat(0, 0),), 0.0)
+    b.on_tick(0.0)
+    # b's process was starved for 1.5 s: heartbeats from a and c may sit unread.
+    fx = b.on_tick(1.5)
+    assert not b.suspected and not any(type(m) is Prepare for _d, m in fx.send)
+    assert b.stats["stalls_excused"] == 1
+    # Real silence after the stall is still detected, one failure timeout later.
+    for k in range(1, 7):
+        b.on_tick(1.5 + k * 0.25)
+    assert b.suspected == {"a", "c"}
