@@ -164,11 +164,13 @@ async def _receivers(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _client(args: argparse.Namespace) -> dict[str, Any]:
     import ecast
+    from ecast.endpoint import EndpointParams
 
     client = await ecast.connect(
         args.routers.split(","),
         name=args.name,
         secret=SECRET.encode(),
+        params=EndpointParams(max_window=args.max_window),
         join_header={"role": "client"},
         queue_size=1 << 20,
     )
@@ -214,7 +216,7 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
         if gap["last"]:
             gap["longest"] = max(gap["longest"], now - gap["last"])
         gap["last"] = now
-        if state["open"] and not args.rate:  # closed loop: refill what the acks freed
+        if state["open"] and not args.rate and not args.unsafe:  # closed loop: refill
             room = args.window - len(ep.window) - len(ep.backlog)
             if room > 0:
                 submit(room)
@@ -292,6 +294,7 @@ def worker_main(argv: list[str]) -> int:
     ap.add_argument("--payload", type=int, default=256)
     ap.add_argument("--rate", type=float, default=0)
     ap.add_argument("--window", type=int, default=4096)
+    ap.add_argument("--max-window", type=int, default=1024)
     ap.add_argument("--unsafe", action="store_true")
     ap.add_argument("--record", default="")
     ap.add_argument("--stop-file", default="/nonexistent")
@@ -411,6 +414,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             str(args.payload),
             "--window",
             str(args.window),
+            "--max-window",
+            str(args.max_window),
             "--out",
             str(tmp / f"c{c + 1}.json"),
         ]
@@ -599,6 +604,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=1024,
         help="closed loop: messages outstanding (the SDK admits at most 1,024 at a time)",
+    )
+    ap.add_argument(
+        "--max-window",
+        type=int,
+        default=1024,
+        help="the SDK's largest congestion window (routers need --congestion-threshold and "
+        "--ack-cache to match, through --router-arg)",
     )
     ap.add_argument("--unsafe", action="store_true", help="submit unsafe messages")
     ap.add_argument("--clumping", action=argparse.BooleanOptionalAction, default=True)

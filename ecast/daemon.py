@@ -99,7 +99,12 @@ class RouterDaemon:
             max_batch=a.max_batch,
             pipeline_depth=a.pipeline_depth,
         )
-        return RouterParams(ufab=ufab, delayed_acks=a.delayed_acks)
+        return RouterParams(
+            ufab=ufab,
+            delayed_acks=a.delayed_acks,
+            congestion_threshold=a.congestion_threshold,
+            ack_cache=max(a.ack_cache, a.congestion_threshold),
+        )
 
     async def run(self) -> int:
         a = self.args
@@ -347,6 +352,18 @@ def router_arguments(ap: argparse.ArgumentParser) -> None:
         type=int,
         default=2,
         help="uncommitted instances before clumping waits (0: fixed clumping)",
+    )
+    ap.add_argument(
+        "--congestion-threshold",
+        type=int,
+        default=1024,
+        help="unstable messages before senders above their fair share are told to slow down",
+    )
+    ap.add_argument(
+        "--ack-cache",
+        type=int,
+        default=1024,
+        help="acks kept per session for late duplicates; at least the clients' max window",
     )
     ap.add_argument("--max-frame", type=int, default=16 * 1024 * 1024, help="bytes")
     ap.add_argument("--handshake-timeout", type=float, default=5.0, help="seconds")

@@ -67,7 +67,10 @@ class Client:
         self.runtime = runtime
         self._params = params
         self._session = session
-        self._queue: asyncio.Queue[Delivery | None] = asyncio.Queue(queue_size)
+        # Unbounded as a container: ``queue_size`` is where reading pauses.  Frames already
+        # read when the mark is crossed (one packet, one turn's read budget) still go in;
+        # refusing them would lose confirmed deliveries.
+        self._queue: asyncio.Queue[Delivery | None] = asyncio.Queue()
         self._queue_size = queue_size
         self._paused = False
         self._acks: dict[MsgId, asyncio.Future[Ack]] = {}

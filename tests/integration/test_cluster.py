@@ -142,3 +142,35 @@ async def test_an_unsafe_flood_neither_stalls_nor_splits_the_group(cluster: Clus
     assert sink.client.endpoint.stats["unsafe_accepted"] > 0
     await flood.client.close()
     await sink.client.close()
+
+
+async def test_a_slow_consumer_pauses_its_routers_and_loses_nothing(cluster: Cluster) -> None:
+    cluster.start_group(3)
+    slow = await ecast.connect(
+        cluster.addresses(), name="slow", secret=SECRET.encode(), queue_size=50
+    )
+    fast = await connect(cluster, "fast")
+    # One frame of 300 unsafe copies lands on a queue that pauses at 50: all must go in.
+    await fast.client.submit_unsafe_batch([(b"u", None)] * 300)
+    futs = [fast.client.submit_nowait(f"m{i}".encode()) for i in range(600)]
+    await asyncio.sleep(2.0)  # slow consumes nothing yet: its reading is paused
+    assert not all(f.done() for f in futs), "stability must wait for the slow destination"
+    got = []
+    unsafe = 0
+    async with asyncio.timeout(30):
+        async for d in slow.deliveries():
+            if d.unsafe:
+                unsafe += 1
+            elif d.message.sender == "fast" and d.message.kind is None:
+                got.append(d.message.payload)
+                if len(got) == 600:
+                    break
+    assert got == [f"m{i}".encode() for i in range(600)]
+    assert unsafe == 300
+    acks = [await asyncio.wait_for(f, 10) for f in futs]
+    assert all(a.delivered for a in acks)
+    assert slow.terminated is None and slow.endpoint is not None
+    for r in cluster.routers.values():
+        assert "core_error" not in r.log.read_text()
+    await fast.client.close()
+    await slow.close()
