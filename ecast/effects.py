@@ -16,7 +16,7 @@ NodeId = str
 """A process identifier.  Strings, so that ordering ties break the same way everywhere."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Effects:
     """Outputs of one call into a core.
 
@@ -29,6 +29,20 @@ class Effects:
     deliver: list[Any] = field(default_factory=list)
     wake_at: float | None = None
     forget: list[NodeId] = field(default_factory=list)
+
+    def __init__(
+        self,
+        send: list[tuple[NodeId, Any]] | None = None,
+        deliver: list[Any] | None = None,
+        wake_at: float | None = None,
+        forget: list[NodeId] | None = None,
+    ) -> None:
+        # Written out: one is built per call into a core, and the generated __init__ with
+        # default factories costs about twice as much.
+        self.send = [] if send is None else send
+        self.deliver = [] if deliver is None else deliver
+        self.wake_at = wake_at
+        self.forget = [] if forget is None else forget
 
     def wake(self, at: float | None) -> None:
         """Ask to be ticked no later than ``at``."""

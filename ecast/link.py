@@ -29,9 +29,10 @@ from typing import Any
 from ecast.effects import NodeId
 
 DATAGRAM = -1
+_INF = float("inf")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Frame:
     """The unit a channel puts on the wire.
 
@@ -196,16 +197,18 @@ class LinkLayer:
         return out
 
     def next_deadline(self) -> float | None:
-        best: float | None = None
+        best = _INF
         timeout = self.params.resend_timeout
         for ch in self._chans.values():
-            if ch.unacked:
-                t = ch.unacked[0][2] + timeout
-                if best is None or t < best:
+            unacked = ch.unacked
+            if unacked:
+                t = unacked[0][2] + timeout
+                if t < best:
                     best = t
-            if ch.ack_due_at is not None and (best is None or ch.ack_due_at < best):
-                best = ch.ack_due_at
-        return best
+            due = ch.ack_due_at
+            if due is not None and due < best:
+                best = due
+        return None if best == _INF else best
 
     # -- connections ---------------------------------------------------------------------
     def received_from(self, peer: NodeId, peer_inc: int) -> int:

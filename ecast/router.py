@@ -154,6 +154,7 @@ class _Lead:
     __slots__ = (
         "acked",
         "announced",
+        "announced_upto",
         "confirmed",
         "frontier",
         "last_sent",
@@ -176,6 +177,9 @@ class _Lead:
         """Other processes that routed a learned, unstable message (they get the ack too)."""
         self.announced: dict[NodeId, int] = {}
         """Application process -> router view last announced to it."""
+        self.announced_upto: tuple[int, int] = (-1, -1)
+        """(view, number of known processes) when every known process was announced to:
+        forwarding, which runs per batch, skips the scan while nothing changed."""
         self.acked: set[int] = set()
         """Stable timestamps acknowledged before their stable notice was learned."""
 
@@ -363,11 +367,15 @@ class Router:
         lead = self.lead
         view = self.ufab.view
         assert lead is not None and view is not None
+        key = (view.number, len(self.apps))  # processes are only ever added to ``apps``
+        if lead.announced_upto == key:
+            return
         msg = Leader(view.number, view.members)
         for p in self.apps:
             if lead.announced.get(p, -1) < view.number:
                 lead.announced[p] = view.number
                 self._out.setdefault(p, []).append(msg)
+        lead.announced_upto = key
 
     # ================================================================== from endpoints
     def _from_app(self, src: NodeId, msgs: list[Any]) -> None:
