@@ -568,19 +568,13 @@ class Router:
             self._drop_destination(sender)
         lead = self.lead
         if lead is not None:
-            ack = (sid, t, delivered)
             acked = lead.acked
             if t in acked:
                 acked.discard(t)  # acknowledged when it became stable
+                if lead.routed_by:
+                    self._ack_routers_of(lead, t, (sid, t, delivered), sender)
             else:
-                box = self._acks_out.get(sender)
-                if box is None:
-                    box = self._acks_out[sender] = []
-                box.append(ack)
-            if lead.routed_by:
-                for p in sorted(lead.routed_by.pop(t, ())):
-                    if p != sender:
-                        self._acks_out.setdefault(p, []).append(ack)
+                self._ack(lead, t, (sid, t, delivered), sender)
             lead.remaining.pop(t, None)
             lead.confirmed.discard(t)
 
@@ -705,17 +699,24 @@ class Router:
             # This acknowledgement lets a leaving process stop confirming, which is only
             # safe once every router knows its part is stable (``RouterState.departed``).
             return
-        ack = (msg.id, t, delivered)
-        sender = msg.sender
+        self._ack(lead, t, (msg.id, t, delivered), msg.sender)
+        lead.acked.add(t)
+
+    def _ack(self, lead: _Lead, t: int, ack: tuple[MsgId, int, bool], sender: NodeId) -> None:
+        """Acknowledge ``t`` to its sender and to every other process that routed it."""
         box = self._acks_out.get(sender)
         if box is None:
             box = self._acks_out[sender] = []
         box.append(ack)
         if lead.routed_by:
-            for p in sorted(lead.routed_by.pop(t, ())):
-                if p != sender:
-                    self._acks_out.setdefault(p, []).append(ack)
-        lead.acked.add(t)
+            self._ack_routers_of(lead, t, ack, sender)
+
+    def _ack_routers_of(
+        self, lead: _Lead, t: int, ack: tuple[MsgId, int, bool], sender: NodeId
+    ) -> None:
+        for p in sorted(lead.routed_by.pop(t, ())):
+            if p != sender:
+                self._acks_out.setdefault(p, []).append(ack)
 
     def _periodic(self) -> None:
         """Every 250 ms: re-apply suspects, and send congestion notices (3.5.6)."""
