@@ -334,15 +334,22 @@ _SPECIAL_DEC: dict[int, Callable[[Any], Any]] = {_CODE[c]: d for c, (_e, d) in _
 
 
 # ------------------------------------------------------------------ encoding
+_ext_new = tuple.__new__
+"""Builds an ``ExtType`` without its Python-level ``__new__`` checks: our codes are valid
+and our data is ``bytes`` by construction."""
+
+
 class Encoder:
     """Packs messages; objects seen earlier in the same flush are not packed again."""
 
-    __slots__ = ("__dict__", "_cache", "_flat", "_keep")
+    __slots__ = ("__dict__", "_cache", "_depth", "_flat", "_keep", "_packers")
 
     def __init__(self) -> None:
         self._cache: dict[int, msgpack.ExtType] = {}
         self._flat: dict[int, tuple[Any, ...]] = {}
         self._keep: list[Any] = []  # keeps cached objects alive so ids stay unique
+        self._packers: list[Callable[[Any], bytes]] = []
+        self._depth = 0
         # One reusable Packer (msgpack.packb builds a new one per call).
         self._packer = msgpack.Packer(default=self._default, use_bin_type=True).pack
 
@@ -357,8 +364,18 @@ class Encoder:
             raise TypeError(f"cannot encode {cls.__name__}")
         special = _SPECIAL.get(cls)
         fields = special[0](obj, self) if special else [getattr(obj, n) for n in _FIELDS[cls]]
-        data = msgpack.Packer(default=self._default, use_bin_type=True).pack(fields)
-        ext = msgpack.ExtType(code, data)
+        # One Packer per nesting depth, reused: a new Packer allocates a 256 KiB buffer,
+        # and allocating and touching that per object cost more than the packing itself.
+        depth = self._depth
+        packers = self._packers
+        if depth == len(packers):
+            packers.append(msgpack.Packer(default=self._default, use_bin_type=True).pack)
+        self._depth = depth + 1
+        try:
+            data = packers[depth](fields)
+        finally:
+            self._depth = depth
+        ext = _ext_new(msgpack.ExtType, (code, data))
         self._cache[key] = ext
         self._keep.append(obj)
         return ext

@@ -16,6 +16,16 @@ NodeId = str
 """A process identifier.  Strings, so that ordering ties break the same way everywhere."""
 
 
+class UnexpectedMessage(TypeError):
+    """A well-formed message the core does not take, from ``peer`` (a process speaking the
+    wrong role).  Raised before the core changes any state, so the runtime can drop that
+    peer and still feed everyone else's messages of the same batch."""
+
+    def __init__(self, core: str, peer: NodeId, kind: str) -> None:
+        super().__init__(f"{core}: unknown message type {kind} from {peer}")
+        self.peer = peer
+
+
 @dataclass(slots=True, init=False)
 class Effects:
     """Outputs of one call into a core.

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ecast.config import Config
-from ecast.effects import Effects, NodeId
+from ecast.effects import Effects, NodeId, UnexpectedMessage
 from ecast.message import Message, MsgId, Session
 from ecast.message import fast_new as _tnew
 from ecast.mseq import MSeq
@@ -63,6 +63,8 @@ ROUTER_MUTATIONS = frozenset(
     }
 )
 _UFAB_TYPES = frozenset(UFAB_MESSAGES)
+_APP_TYPES = frozenset({Confirm, Route, RouteUnsafe, Hello, CloseSessions})
+_KNOWN_TYPES = _UFAB_TYPES | _APP_TYPES
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +77,8 @@ class RouterParams:
     """Acknowledge a message as soon as it is stable, before the stable notice is agreed
     (see ``Router._stable_candidate``)."""
     adaptive_acks: bool = True
-    """Propose stable notices at once when ufabcast has nothing in flight to carry them."""
+    """Propose stable notices at once when ufabcast has nothing in flight to carry them and
+    an acknowledgement waits for them (see ``Router._propose``)."""
     congestion_threshold: int = 1024
     congestion_interval: float = 0.25
     """Also the period at which suspects are re-applied to outstanding confirmations."""
@@ -210,6 +213,8 @@ class Router:
         self._routes: list[Message] = []
         self._stable_out: list[tuple[int, bool]] = []
         self._stable_since: float | None = None
+        self._stable_waited = False
+        """Some message in ``_stable_out`` is acknowledged only once its notice is learned."""
         self._closes: list[CloseSessionsCmd] = []
         self._out: dict[NodeId, list[Any]] = {}
         """Per application process, what to send this step, in order: ``(t, msg)`` to
@@ -244,12 +249,25 @@ class Router:
         return self.on_messages(src, (msg,), now)
 
     def on_messages(self, src: NodeId, msgs: tuple[Any, ...] | list[Any], now: float) -> Effects:
+        return self.on_batch(((src, msgs),), now)
+
+    def on_batch(
+        self, batch: tuple[tuple[NodeId, Any], ...] | list[tuple[NodeId, Any]], now: float
+    ) -> Effects:
+        """Messages from several senders in one step (one packet from a process that hosts
+        many endpoints): forwarding, proposing and flushing run once for all of them."""
+        known = _KNOWN_TYPES
+        for src, msgs in batch:
+            for m in msgs:
+                if type(m) not in known:
+                    raise UnexpectedMessage("router", src, type(m).__name__)
         self._begin(now)
-        ufab_msgs = [m for m in msgs if type(m) in _UFAB_TYPES]
-        if ufab_msgs:
-            self._absorb(self.ufab.on_messages(src, ufab_msgs, now))
-        if len(ufab_msgs) != len(msgs) and not self.stopped:
-            self._from_app(src, [m for m in msgs if type(m) not in _UFAB_TYPES])
+        for src, msgs in batch:
+            ufab_msgs = [m for m in msgs if type(m) in _UFAB_TYPES]
+            if ufab_msgs:
+                self._absorb(self.ufab.on_messages(src, ufab_msgs, now))
+            if len(ufab_msgs) != len(msgs) and not self.stopped:
+                self._from_app(src, [m for m in msgs if type(m) not in _UFAB_TYPES])
         return self._end()
 
     def on_tick(self, now: float) -> Effects:
@@ -396,8 +414,6 @@ class Router:
                 pass
             elif t is CloseSessions:
                 self._closes.append(CloseSessionsCmd(src, msg.namespace, msg.epoch))
-            else:
-                raise TypeError(f"router: unknown message type {t.__name__}")
 
     def _on_route(self, src: NodeId, msg: Route) -> None:
         st = self.state
@@ -693,11 +709,13 @@ class Router:
         lead = self.lead
         msg = self.state.mseq.entries.get(t)
         if lead is None or msg is None or not self.p.early_acks:
+            self._stable_waited = True
             return
         header = msg.header
         if type(header) is dict and header.get("kind") == "part":
             # This acknowledgement lets a leaving process stop confirming, which is only
             # safe once every router knows its part is stable (``RouterState.departed``).
+            self._stable_waited = True
             return
         self._ack(lead, t, (msg.id, t, delivered), msg.sender)
         lead.acked.add(t)
@@ -763,13 +781,17 @@ class Router:
                 or cmds
                 or self._now >= (self._stable_since or 0.0) + self.p.ack_delay
                 # An idle pipeline has nothing to piggyback on: waiting would only add
-                # latency (adaptive delayed acknowledgements, 3.5.7's future work).
-                or (self.p.adaptive_acks and self.ufab.idle())
+                # latency (adaptive delayed acknowledgements, 3.5.7's future work).  Only
+                # an acknowledgement that waits for its notice (a part, or early acks off)
+                # is worth a consensus round of its own; the others went out already, and
+                # a round per message would double the leader's writes at light load.
+                or (self.p.adaptive_acks and self._stable_waited and self.ufab.idle())
             )
             if due:
                 cmds.append(StableCmd(tuple(self._stable_out)))
                 self._stable_out = []
                 self._stable_since = None
+                self._stable_waited = False
         if self._closes:
             cmds.extend(self._closes)
             self._closes = []

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ecast.codec import MAX_FRAME, DecodeError, Encoder, unpack
-from ecast.effects import Effects, NodeId
+from ecast.effects import Effects, NodeId, UnexpectedMessage
 from ecast.link import Frame, LinkLayer, LinkParams
 from ecast.proto import Direct, Directory
 from ecast.transport import HANDSHAKE_TIMEOUT, Connection, PeerInfo, split_address
@@ -319,6 +319,9 @@ class Runtime:
             )
             conn.close(f"bad frame: {e}")
             return
+        # Frames for one node are fed to it together, after the items before them: a
+        # router hears from the sixteen endpoints of a receiver process in one step.
+        pending: dict[Node, list[tuple[NodeId, Frame]]] = {}
         try:
             for item in items:
                 if conn.state != "open":
@@ -329,11 +332,22 @@ class Runtime:
                         raise ProtocolViolation(f"frame from unannounced node {src!r:.40}")
                     node = self.nodes.get(dst)
                     if node is not None:
-                        node._on_frame(src, frame)
+                        box = pending.get(node)
+                        if box is None:
+                            pending[node] = [(src, frame)]
+                        else:
+                            box.append((src, frame))
                 elif len(item) == 2:
+                    if pending:
+                        self._feed_pending(pending)
+                        pending = {}
+                        if conn.state != "open":
+                            return
                     self._control(conn, item[0], item[1])
                 else:
                     raise ProtocolViolation(f"bad packet item {item!r:.60}")
+            if pending:
+                self._feed_pending(pending)
         except ProtocolViolation as e:
             self.stats["decode_errors"] += 1
             log.warning(
@@ -346,6 +360,11 @@ class Runtime:
                 "event=bad_frame host=%s peer=%s reason=%r", self.host_id, _host(conn), str(e)
             )
             self.refuse(conn, f"malformed control item: {e}")
+
+    @staticmethod
+    def _feed_pending(pending: dict[Node, list[tuple[NodeId, Frame]]]) -> None:
+        for node, frames in pending.items():
+            node._on_frames(frames)
 
     def _control(self, conn: Connection, kind: Any, data: Any) -> None:
         if kind == "nodes":
@@ -741,34 +760,70 @@ class Node:
 
     # ------------------------------------------------------------------ receiving
     def _on_frame(self, src: NodeId, frame: Frame) -> None:
+        self._on_frames(((src, frame),))
+
+    def _on_frames(
+        self, frames: list[tuple[NodeId, Frame]] | tuple[tuple[NodeId, Frame], ...]
+    ) -> None:
         if self._stopped:
             return
-        self.stats["frames_in"] += 1
-        msgs = self.link.on_frame(src, frame, self.loop.time())
-        if not msgs:
+        self.stats["frames_in"] += len(frames)
+        now = self.loop.time()
+        link = self.link
+        batch: list[tuple[NodeId, list[Any]]] = []
+        for src, frame in frames:
+            msgs = link.on_frame(src, frame, now)
+            if msgs:
+                msgs = self._side_channel(src, msgs)
+                if msgs:
+                    batch.append((src, msgs))
+        if not batch:
             self._rearm()
             return
-        if any(type(m) is Directory or type(m) is Direct for m in msgs):
-            for m in msgs:
-                if type(m) is Directory:
-                    if self.runtime.learn_addresses(m.entries):
-                        self.runtime._gossip()
-                elif type(m) is Direct and self.on_direct is not None:
-                    self.on_direct(src, m.payload)
-            msgs = [m for m in msgs if type(m) is not Directory and type(m) is not Direct]
-            if not msgs:
-                return
+        self._feed_batch(batch)
+
+    def _side_channel(self, src: NodeId, msgs: list[Any]) -> list[Any]:
+        """Handle what the runtime itself consumes (directories, direct payloads)."""
+        if not any(type(m) is Directory or type(m) is Direct for m in msgs):
+            return msgs
+        for m in msgs:
+            if type(m) is Directory:
+                if self.runtime.learn_addresses(m.entries):
+                    self.runtime._gossip()
+            elif type(m) is Direct and self.on_direct is not None:
+                self.on_direct(src, m.payload)
+        return [m for m in msgs if type(m) is not Directory and type(m) is not Direct]
+
+    def _feed_batch(self, batch: list[tuple[NodeId, list[Any]]]) -> None:
+        on_batch = getattr(self.core, "on_batch", None)
+        if on_batch is None or len(batch) == 1:
+            for src, msgs in batch:
+                try:
+                    self.feed(lambda core, now, s=src, m=msgs: core.on_messages(s, m, now))
+                except Exception:
+                    self._core_error((src,))
+            return
         try:
-            self.feed(lambda core, now: core.on_messages(src, msgs, now))
+            self.feed(lambda core, now: core.on_batch(batch, now))
+        except UnexpectedMessage as e:
+            # The core refused the batch before changing anything: drop the offender only.
+            self._core_error((e.peer,))
+            rest = [(s, m) for s, m in batch if s != e.peer]
+            if rest:
+                self._feed_batch(rest)
         except Exception:
-            self.stats["core_errors"] += 1
-            log.error(
-                "event=core_error node=%s peer=%s detail=%r",
-                self.node_id,
-                src,
-                traceback.format_exc(limit=5),
-            )
-            conn = self.runtime.routes.get(src)
+            self._core_error(tuple(dict.fromkeys(s for s, _ in batch)))
+
+    def _core_error(self, peers: tuple[NodeId, ...]) -> None:
+        self.stats["core_errors"] += 1
+        log.error(
+            "event=core_error node=%s peer=%s detail=%r",
+            self.node_id,
+            ",".join(peers),
+            traceback.format_exc(limit=5),
+        )
+        for peer in peers:
+            conn = self.runtime.routes.get(peer)
             if conn is not None:
                 conn.close("input the protocol could not handle")
 

@@ -196,6 +196,9 @@ class Ufabcast:
         self._acks_out: dict[tuple[NodeId, int, Ballot], int] = {}
         self._nacks_out: dict[NodeId, tuple[int, Ballot]] = {}
         self._commit_dirty = False
+        self._commit_due: float | None = None
+        """When a withheld ``Commit`` must go out alone (``UfabParams.commit_delay``)."""
+        self._accept_sent = False
         self._resend_due = False
         self._last_believed: NodeId | None = None
         self.stats: dict[str, int] = {
@@ -369,6 +372,7 @@ class Ufabcast:
     def _begin(self, now: float) -> None:
         self._now = now
         self._fx = Effects()
+        self._accept_sent = False
 
     def _end(self) -> Effects:
         fx = self._fx
@@ -400,19 +404,32 @@ class Ufabcast:
                 self._send(dst, Nack(view, promised))
             self._nacks_out = {}
         if self._commit_dirty:
-            self._commit_dirty = False
-            lead = self.lead
-            if lead is not None and self.view is not None and not self.stopped:
-                msg = Commit(lead.view, lead.ballot, lead.first_inst, lead.committed)
-                for m in self.view.members:
-                    if m != self.me:
-                        self._send(m, msg)
+            self._send_commit()
         if self.retiring:
             fx.wake(max(self.next_hb, self._now))
         elif not self.stopped:
             fx.wake(self._next_wake())
         self._fx = None
         return fx
+
+    def _send_commit(self) -> None:
+        """Send the pending ``Commit`` now if an ``Accept`` carries it, or it is due."""
+        lead = self.lead
+        if lead is None or self.view is None or self.stopped:
+            self._commit_dirty = False
+            self._commit_due = None
+            return
+        if not self._accept_sent and self.p.commit_delay > 0:
+            if self._commit_due is None:
+                self._commit_due = self._now + self.p.commit_delay
+            if self._now < self._commit_due:
+                return
+        self._commit_dirty = False
+        self._commit_due = None
+        msg = Commit(lead.view, lead.ballot, lead.first_inst, lead.committed)
+        for m in self.view.members:
+            if m != self.me:
+                self._send(m, msg)
 
     def _send(self, dst: NodeId, msg: Any) -> None:
         assert self._fx is not None
@@ -427,6 +444,8 @@ class Ufabcast:
         if not self.installed:
             return max(self._join_at, now)
         wake = self.next_hb
+        if self._commit_due is not None:
+            wake = min(wake, self._commit_due)
         if self.queue and self.queue_since is not None and self._active_lead() is not None:
             wake = min(wake, self.queue_since + self.p.clump_delay)
         if self.lead is None and self._believed_leader() == self.me and self.backoff_until > now:
@@ -492,6 +511,7 @@ class Ufabcast:
                 if m != self.me:
                     self._send(m, final)
             self._commit_dirty = False
+            self._commit_due = None
         self._install_view(view, fresh=False)
         for j in joined:
             self.reported[j] = tag
@@ -797,6 +817,7 @@ class Ufabcast:
         acc.accepted[inst] = (lead.ballot, value)
         lead.acked[self.me] = inst
         msg = Accept(view.number, lead.ballot, inst, value)
+        self._accept_sent = True
         for m in view.members:
             if m != self.me:
                 self._send(m, msg)

@@ -32,6 +32,12 @@ class UfabParams:
     (a lone message crosses without waiting for a timer); beyond it, the clumping rule
     above applies and batches grow with the load (the adaptive scheme 3.5.7 leaves as
     future work).  0 turns it off and keeps the dissertation's fixed rule."""
+    commit_delay: float = 0.005
+    """A ``Commit`` rides with the next ``Accept``; alone it waits at most this long.
+    Nobody waits on a follower's learning: only the leader forwards, and in a group of
+    three a follower decides when it accepts (its vote and the leader's are a majority).
+    A standalone ``Commit`` per instance costs the leader a write per follower and each
+    follower a wake-up.  A view change sends it at once; 0 always sends it at once."""
     max_batch: int = 4096
     """Cap on commands per Paxos instance, so one instance never becomes a huge frame."""
     max_active: int = 32768

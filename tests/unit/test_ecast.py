@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ecast.config import KeyRingConfig
+from ecast.effects import UnexpectedMessage
 from ecast.endpoint import Acked, Endpoint, EndpointClosed, EndpointParams, LeaderChanged
 from ecast.message import Submission
 from ecast.proto import (
@@ -290,6 +291,22 @@ def test_delayed_acks_piggyback_and_can_be_switched_off() -> None:
     assert stable_notices_alone(False) > 2 * stable_notices_alone(True)
 
 
+def test_a_batch_with_a_message_of_the_wrong_role_changes_nothing() -> None:
+    r = Router("r1", KeyRingConfig.initial(), routers=["r1"])
+    r.on_message("p", Hello(), 0.0)
+    sub = Submission((("p", 0, ""), 1), {"kind": "join", "role": "client"}, None)
+    before = r.memory()
+    try:
+        r.on_batch([("p", [Route((sub,))]), ("q", [Confirm(1), object()])], 0.0)
+    except UnexpectedMessage as e:
+        assert e.peer == "q"
+    else:
+        raise AssertionError("the batch must be refused")
+    assert r.memory() == before and r.stats["routed"] == 0
+    fx = r.on_batch([("p", [Route((sub,))])], 0.0)  # the runtime re-feeds the others
+    assert r.stats["routed"] == 1 and fx.send
+
+
 def test_confirm_and_hello_are_routine_and_unknown_messages_are_refused() -> None:
     r = Router("r1", KeyRingConfig.initial(), routers=["r1"])
     r.on_message("p", Hello(), 0.0)
@@ -321,8 +338,36 @@ def test_an_idle_pipeline_neither_delays_stable_notices_nor_acknowledgements() -
 
     fixed = ack_delay(adaptive_acks=False, early_acks=False)
     adaptive = ack_delay()
+    notice_first = ack_delay(early_acks=False)  # the ack waits for the notice: no delay
     assert fixed >= 0.010  # the dissertation's 10 ms delayed acknowledgement
     assert adaptive < 0.003 and adaptive < fixed
+    assert notice_first < 0.005 and notice_first < fixed
+
+
+def test_early_acks_spend_no_consensus_round_on_stable_notices_at_light_load() -> None:
+    def notices_alone(**kw: object) -> tuple[int, int]:
+        n = sc.net(**kw)
+        n.add_app("a")
+        n.add_app("b")
+        n.settle(0.3)
+        n.settle(1.0)
+        before = len(acks_of(n, "a"))
+        for i in range(20):  # one message every 5 ms: the pipeline idles in between
+            n.submit("a", f"m{i}")
+            n.settle(0.005, step=0.001)
+        n.settle(0.2)
+        alone = 0
+        for _s, _d, m in sent(n, Accept, src="r1", dst="r2"):
+            kinds = [type(c) for ac in m.value for c in getattr(ac, "payload", ())]
+            alone += kinds == [StableCmd]
+        assert n.violations() == []
+        return alone, len(acks_of(n, "a")) - before
+
+    early, early_acks = notices_alone()
+    late, late_acks = notices_alone(early_acks=False)
+    assert early_acks >= 20 and late_acks >= 20
+    assert late >= 20  # every acknowledgement waited for its own round
+    assert early <= 5, early  # notices wait up to 10 ms and ride with the next route
 
 
 def test_a_leaver_keeps_confirming_until_the_group_agreed_its_part_is_stable() -> None:

@@ -11,6 +11,7 @@ from ecast.ufabcast.messages import (
     Accept,
     Accepted,
     CatchUpReply,
+    Commit,
     Forward,
     Heartbeat,
     JoinRequest,
@@ -340,3 +341,30 @@ def test_a_stalled_router_does_not_blame_others_for_its_own_pause() -> None:
     for k in range(1, 7):
         b.on_tick(1.5 + k * 0.25)
     assert b.suspected == {"a", "c"}
+
+
+def test_a_commit_rides_with_the_next_accept_or_leaves_alone_after_the_delay() -> None:
+    net = ManualNet(["a", "b", "c"], UfabParams(commit_delay=0.005))
+    net.propose("a", "m0")
+    net.deliver("a", "b")
+    net.deliver("b", "a")  # m0 is chosen: its Commit waits for company
+    assert not [m for m in net.pending("a", "b") if type(m) is Commit]
+    assert net.executed("b") == ["m0"]  # b decided on accepting (two of three votes)
+    net.propose("a", "m1")  # the next Accept takes the Commit along, in the same step
+    assert [type(m) for m in net.pending("a", "b")] == [Accept, Commit]
+    net.deliver_all()
+    net.tick(0.004)
+    assert not [m for m in net.pending("a", "c") if type(m) is Commit and m.hi == 1]
+    net.tick(0.002)  # nothing else to carry it: out alone once the delay is over
+    (commit,) = [m for m in net.pending("a", "c") if type(m) is Commit]
+    assert commit.hi == 1
+    net.settle(0.5)
+    assert net.executed("c") == ["m0", "m1"] and net.violations() == []
+
+
+def test_a_commit_goes_at_once_without_a_delay() -> None:
+    net = ManualNet(["a", "b", "c"], UfabParams(commit_delay=0.0))
+    net.propose("a", "m0")
+    net.deliver("a", "b")
+    net.deliver("b", "a")
+    assert [m.hi for m in net.pending("a", "b") if type(m) is Commit] == [0]
