@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ecast.local import LocalCluster
+from ecast.runtime import tune_process
 
 SECRET = "bench-secret"
 
@@ -300,12 +301,7 @@ def worker_main(argv: list[str]) -> int:
     ap.add_argument("--stop-file", default="/nonexistent")
     ap.add_argument("--out", required=True, help="file for the JSON result")
     args = ap.parse_args(argv)
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    tune_process()
     run = _receivers if args.role == "receivers" else _client
     result = asyncio.run(run(args))
     # Results can be large (latency samples): they go to a file, the pipe gets a pointer.

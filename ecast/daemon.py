@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import signal
@@ -26,7 +25,7 @@ from typing import Any
 
 from ecast.config import load_config
 from ecast.router import Router, RouterParams
-from ecast.runtime import Runtime, read_secret
+from ecast.runtime import Runtime, read_secret, tune_process
 from ecast.ufabcast import UfabParams
 
 log = logging.getLogger("ecast.daemon")
@@ -392,8 +391,5 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     apply_toml(args, ap)
     setup_logging(args.log_level)
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        uvloop.install()
+    tune_process()
     return asyncio.run(RouterDaemon(args).run())

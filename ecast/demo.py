@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ecast.local import LocalCluster
+from ecast.runtime import tune_process
 
 ACCOUNTS = 64
 OPENING = 1_000
@@ -265,12 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    tune_process()
     return asyncio.run(run_demo(args))
 
 
