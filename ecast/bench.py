@@ -177,7 +177,6 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
     )
     print(json.dumps({"event": "ready", "leader": client.leader}), flush=True)
     payload = os.urandom(args.payload)
-    loop = asyncio.get_running_loop()
     ep = client.endpoint
     assert ep is not None
     hist: dict[int, int] = {}
@@ -186,22 +185,25 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
     state = {"submitted": 0, "leader": client.leader, "open": True}
     counts = {"acked": 0, "acked_in_window": 0, "submitted_in_window": 0}
     gap = {"last": 0.0, "longest": 0.0}
-    start = loop.time()
+    # Not loop.time(): uvloop's clock has millisecond resolution and is read once per
+    # loop turn, which rounds every latency to whole milliseconds.
+    clock = time.perf_counter
+    start = clock()
     end = start + args.duration
     warm = start + args.warmup
-    wall = time.time() - start  # loop time -> wall clock, shared with the receivers
+    wall = time.time() - start  # our clock -> wall clock, shared with the receivers
 
     def submit(n: int) -> None:
         i = state["submitted"]
         items = [(payload, {"key": i + k}) for k in range(n)]
         ids = client.submit_batch(items)
-        now = loop.time()
+        now = clock()
         for sid in ids:
             sent_at[sid[1]] = now
         state["submitted"] = i + n
 
     def on_acks(batch: list[Any]) -> None:
-        now = loop.time()
+        now = clock()
         in_window = warm <= now <= end
         for ack in batch:
             t0 = sent_at.pop(ack.id[1], None)
@@ -232,7 +234,7 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
     if args.unsafe:
         # Open loop at --rate, else as fast as the connection to the routers drains.
         batch = 256
-        while (now := loop.time()) < end:
+        while (now := clock()) < end:
             due = int((now - start) * args.rate) - state["submitted"] if args.rate else batch
             n = min(due, 4 * batch)
             if n > 0:
@@ -245,9 +247,9 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
     else:
         if not args.rate:
             submit(args.window)
-        while loop.time() < end:
+        while clock() < end:
             if args.rate:
-                due = int((loop.time() - start) * args.rate) - state["submitted"]
+                due = int((clock() - start) * args.rate) - state["submitted"]
                 if due > 0:
                     submit(due)
                 await asyncio.sleep(0.001)
@@ -298,10 +300,15 @@ def worker_main(argv: list[str]) -> int:
     ap.add_argument("--max-window", type=int, default=1024)
     ap.add_argument("--unsafe", action="store_true")
     ap.add_argument("--record", default="")
+    ap.add_argument("--sched", choices=("batch", "normal"), default="normal")
     ap.add_argument("--stop-file", default="/nonexistent")
     ap.add_argument("--out", required=True, help="file for the JSON result")
     args = ap.parse_args(argv)
     tune_process()
+    if args.sched == "batch" and hasattr(os, "sched_setscheduler"):
+        # Load generators and sinks do throughput work: they should not preempt the
+        # leader router each time a packet wakes them (see --worker-sched).
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     run = _receivers if args.role == "receivers" else _client
     result = asyncio.run(run(args))
     # Results can be large (latency samples): they go to a file, the pipe gets a pointer.
@@ -383,6 +390,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             stop_file,
             "--out",
             str(tmp / f"recv{k}.json"),
+            "--sched",
+            args.worker_sched,
         ]
         cmd += ["--record", record] if record else []
         workers.append(Proc("receiver", f"recv{k}", cmd, env))
@@ -414,6 +423,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             str(args.max_window),
             "--out",
             str(tmp / f"c{c + 1}.json"),
+            "--sched",
+            args.worker_sched,
         ]
         if args.rate:
             cmd += ["--rate", str(args.rate / args.clients)]
@@ -512,6 +523,7 @@ def _summarize(
         else (f"open loop {args.rate}/s" if args.rate else f"closed loop window {args.window}"),
         "clumping": args.clumping,
         "delayed_acks": args.delayed_acks,
+        "worker_sched": args.worker_sched,
         "submitted": sum(c["submitted"] for c in clients.values()),
         "acked": sum(c["acked"] for c in clients.values()),
         "order_ok": all(r["order_ok"] for r in receivers),
@@ -617,6 +629,14 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         help="extra flag for every router daemon, e.g. --router-arg=--max-batch=256",
+    )
+    ap.add_argument(
+        "--worker-sched",
+        choices=("batch", "normal"),
+        default="batch",
+        help="CPU policy of the client and receiver processes: batch (SCHED_BATCH) keeps "
+        "them from preempting the leader router when a packet wakes them (routers do the "
+        "same while following: ecast router --follower-sched)",
     )
     ap.add_argument("--check", action="store_true", help="record deliveries and check order")
     ap.add_argument("--json", action="store_true")

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -84,6 +85,7 @@ class RouterDaemon:
         self.started = time.time()
         self.loop_lag_max = 0.0
         """Longest the event loop stayed away from a 100 ms sleep, beyond it (seconds)."""
+        self._policy = "normal"
         self.runtime: Runtime | None = None
         self.router: Router | None = None
         self._stop = asyncio.Event()
@@ -170,6 +172,7 @@ class RouterDaemon:
             r = self.router
             if r is None:
                 continue
+            self._schedule_policy(r.leading())
             view = r.ufab.view
             if view is not None and view != seen:
                 seen = view
@@ -184,6 +187,26 @@ class RouterDaemon:
                 log.warning("event=parted router=%s reason=%s", self.args.id, r.ufab.stop_reason)
                 self._stop.set()
                 return
+
+    def _schedule_policy(self, leading: bool) -> None:
+        """The leader's work is on every message's path; a follower's is not.
+
+        When routers share CPUs (with each other or with applications), a follower that a
+        message wakes would otherwise preempt the leader in the middle of its turn, and
+        every message waits for it.  SCHED_BATCH makes the kernel treat the follower as
+        CPU-bound and not favour it on wake-up; its share of the CPU is unchanged.
+        """
+        policy = "batch" if not leading and self.args.follower_sched == "batch" else "normal"
+        if policy == self._policy or not hasattr(os, "sched_setscheduler"):
+            return
+        self._policy = policy
+        which = os.SCHED_BATCH if policy == "batch" else os.SCHED_OTHER
+        try:
+            os.sched_setscheduler(0, which, os.sched_param(0))
+        except OSError as e:
+            log.warning("event=sched_policy router=%s error=%r", self.args.id, str(e))
+        else:
+            log.info("event=sched_policy router=%s policy=%s", self.args.id, policy)
 
     async def _leave(self, node: Any) -> None:
         r = self.router
@@ -367,6 +390,13 @@ def router_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-frame", type=int, default=16 * 1024 * 1024, help="bytes")
     ap.add_argument("--handshake-timeout", type=float, default=5.0, help="seconds")
     ap.add_argument("--leave-timeout", type=float, default=5.0)
+    ap.add_argument(
+        "--follower-sched",
+        choices=("batch", "normal"),
+        default="batch",
+        help="CPU policy while following: batch (Linux SCHED_BATCH) keeps a follower woken "
+        "by a message from preempting the leader on a shared machine",
+    )
     ap.add_argument("--log-level", default="info")
     ap.add_argument("--file", help="TOML file with any of these settings (flags win)")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -110,6 +111,36 @@ async def test_metrics_and_health_describe_the_router(cluster: Cluster) -> None:
     while cluster.routers["r1"].health()["unstable"] and time.monotonic() - t0 < 5:
         await asyncio.sleep(0.05)
     assert cluster.routers["r1"].health()["unstable"] == 0
+
+
+def policies(cluster: Cluster) -> dict[str, str]:
+    names = {os.SCHED_OTHER: "normal", os.SCHED_BATCH: "batch"}
+    return {
+        rid: names.get(os.sched_getscheduler(r.proc.pid), "?")
+        for rid, r in cluster.routers.items()
+        if r.alive()
+    }
+
+
+async def wait_policies(cluster: Cluster, want: dict[str, str]) -> None:
+    deadline = time.monotonic() + 5
+    while policies(cluster) != want and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert policies(cluster) == want
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="Linux scheduling policies")
+async def test_followers_yield_the_cpu_to_the_leader_and_a_new_leader_takes_it(
+    cluster: Cluster,
+) -> None:
+    cluster.start_group(3)
+    await wait_policies(cluster, {"r1": "normal", "r2": "batch", "r3": "batch"})
+    cluster.kill("r1")
+    cluster.wait_healthy("r2", members=2)
+    leader = cluster.leader()
+    assert leader in ("r2", "r3")
+    follower = "r3" if leader == "r2" else "r2"
+    await wait_policies(cluster, {leader: "normal", follower: "batch"})
 
 
 async def test_an_unsafe_flood_neither_stalls_nor_splits_the_group(cluster: Cluster) -> None:
