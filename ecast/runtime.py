@@ -59,6 +59,9 @@ log = logging.getLogger("ecast.runtime")
 TCP_LINK = LinkParams(resend_timeout=float("inf"), ack_delay=0.1)
 """Over TCP nothing is lost inside a connection: resend only after a reconnect."""
 
+QUANTUM = 64 * 1024
+"""Packet bytes a loop turn takes in before it feeds its nodes and writes their output."""
+
 DeliverFn = Callable[["Node", list[Any]], None]
 
 
@@ -150,6 +153,7 @@ class Runtime:
         self._frames_in: dict[Node, list[tuple[NodeId, Frame]]] = {}
         """Frames received this loop turn, per node, in arrival order."""
         self._feed_scheduled = False
+        self._bytes_in = 0
         self._closed = False
         self._congested: set[Connection] = set()
         self._writable: asyncio.Event | None = None
@@ -374,6 +378,12 @@ class Runtime:
                     self._control(conn, item[0], item[1])
                 else:
                     raise ProtocolViolation(f"bad packet item {item!r:.60}")
+            self._bytes_in += len(body)
+            if self._bytes_in >= QUANTUM and self._frames_in:
+                # A large input is worked off and its output written before the next:
+                # the next process in the pipeline starts on it while we go on.
+                self._feed_frames()
+                self._flush()
         except ProtocolViolation as e:
             self.stats["decode_errors"] += 1
             log.warning(
@@ -389,6 +399,7 @@ class Runtime:
 
     def _feed_frames(self) -> None:
         self._feed_scheduled = False
+        self._bytes_in = 0
         pending = self._frames_in
         if not pending:
             return

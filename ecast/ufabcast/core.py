@@ -65,6 +65,8 @@ from ecast.ufabcast.messages import (
 )
 from ecast.ufabcast.params import UfabParams
 
+_INF = float("inf")
+
 _LOWEST: Ballot = (0, "")
 NOOP: Value = ()
 
@@ -196,6 +198,8 @@ class Ufabcast:
         self._acks_out: dict[tuple[NodeId, int, Ballot], int] = {}
         self._nacks_out: dict[NodeId, tuple[int, Ballot]] = {}
         self._commit_dirty = False
+        self._votes_due = _INF
+        """When held votes must go out (``UfabParams.vote_delay``); infinite if none."""
         self._commit_due: float | None = None
         """When a withheld ``Commit`` must go out alone (``UfabParams.commit_delay``)."""
         self._accept_sent = False
@@ -396,9 +400,7 @@ class Ufabcast:
                 else:
                     self._send(target, Forward(tuple(cmds), 1))
         if self._acks_out:
-            for (leader, view, ballot), upto in self._acks_out.items():
-                self._send(leader, Accepted(view, ballot, upto))
-            self._acks_out = {}
+            self._send_votes()
         if self._nacks_out:
             for dst, (view, promised) in self._nacks_out.items():
                 self._send(dst, Nack(view, promised))
@@ -411,6 +413,36 @@ class Ufabcast:
             fx.wake(self._next_wake())
         self._fx = None
         return fx
+
+    def _send_votes(self) -> None:
+        """Send ``Accepted`` now if this router is one of the votes the leader waits for,
+        else once ``vote_delay`` has passed (see ``UfabParams.vote_delay``)."""
+        held: dict[tuple[NodeId, int, Ballot], int] = {}
+        for key, upto in self._acks_out.items():
+            leader, view, ballot = key
+            if self._now < self._votes_due and not self._prompt_voter(leader, view):
+                held[key] = upto
+                continue
+            self._send(leader, Accepted(view, ballot, upto))
+        self._acks_out = held
+        if not held:
+            self._votes_due = _INF
+        elif self._votes_due == _INF:
+            self._votes_due = self._now + self.p.vote_delay
+
+    def _prompt_voter(self, leader: NodeId, view_number: int) -> bool:
+        view = self.view
+        if (
+            self.p.vote_delay <= 0
+            or view is None
+            or view.number != view_number
+            or self.retiring
+            or not self.installed
+        ):
+            return True
+        need = view.majority - (1 if leader in view.members else 0)
+        voters = [m for m in view.members if m != leader]
+        return self.me in voters[:need]
 
     def _send_commit(self) -> None:
         """Send the pending ``Commit`` now if an ``Accept`` carries it, or it is due."""
@@ -446,6 +478,8 @@ class Ufabcast:
         wake = self.next_hb
         if self._commit_due is not None:
             wake = min(wake, self._commit_due)
+        if self._acks_out:
+            wake = min(wake, self._votes_due)
         if self.queue and self.queue_since is not None and self._active_lead() is not None:
             wake = min(wake, self.queue_since + self.p.clump_delay)
         if self.lead is None and self._believed_leader() == self.me and self.backoff_until > now:

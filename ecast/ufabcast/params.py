@@ -38,6 +38,12 @@ class UfabParams:
     three a follower decides when it accepts (its vote and the leader's are a majority).
     A standalone ``Commit`` per instance costs the leader a write per follower and each
     follower a wake-up.  A view change sends it at once; 0 always sends it at once."""
+    vote_delay: float = 0.005
+    """A leader needs ``majority - 1`` followers' votes: the first ones in view order vote
+    at once, the others hold their ``Accepted`` this long (it still counts if the prompt
+    voters are slow or gone).  In a group of three the leader's second vote per instance
+    was a packet it read and a step it ran for nothing.  0 makes every follower vote at
+    once."""
     max_batch: int = 4096
     """Cap on commands per Paxos instance, so one instance never becomes a huge frame."""
     max_active: int = 32768

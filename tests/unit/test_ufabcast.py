@@ -368,3 +368,27 @@ def test_a_commit_goes_at_once_without_a_delay() -> None:
     net.deliver("a", "b")
     net.deliver("b", "a")
     assert [m.hi for m in net.pending("a", "b") if type(m) is Commit] == [0]
+
+
+def test_the_first_follower_votes_at_once_and_the_other_after_the_vote_delay() -> None:
+    net = ManualNet(["a", "b", "c"], UfabParams(vote_delay=0.005))
+    net.propose("a", "m0")
+    net.deliver("a", "b")
+    net.deliver("a", "c")
+    assert [type(m) for m in net.pending("b", "a")] == [Accepted]  # the vote a waits for
+    assert net.pending("c", "a") == []  # a redundant vote, held
+    net.tick(0.006)
+    assert [type(m) for m in net.pending("c", "a") if type(m) is not Heartbeat] == [Accepted]
+    net.settle(0.5)
+    assert net.executed("a") == ["m0"] and net.violations() == []
+
+
+def test_a_held_vote_still_chooses_when_the_prompt_voter_is_gone() -> None:
+    net = ManualNet(["a", "b", "c"], UfabParams(vote_delay=0.005))
+    net.crash("b")
+    net.propose("a", "m0")
+    net.deliver_all()
+    assert net.executed("a") == []
+    net.tick(0.006)
+    net.deliver_all()
+    assert net.executed("a") == ["m0"]
