@@ -462,8 +462,36 @@ def pack(obj: Any) -> bytes:
     return Encoder().pack(obj)
 
 
-def decode_frame(data: bytes) -> Frame:
-    obj = unpack(data)
-    if type(obj) is not Frame:
-        raise DecodeError(f"expected a frame, got {type(obj).__name__}")
-    return obj
+def frame_item(src: str, dst: str, frame: Frame) -> tuple[Any, ...]:
+    """A frame as a packet item: flat, not an extension object of its own (one object
+    fewer to pack and decode per frame, and frames are many)."""
+    return (src, dst, frame.src_inc, frame.dst_inc, frame.seq, frame.ack, frame.msgs)
+
+
+def decode_packet(data: bytes) -> list[tuple[Any, ...]]:
+    """A packet body: frame items come back as ``(src, dst, Frame)``, control items as
+    ``(kind, data)``; any malformation is a :class:`DecodeError`."""
+    items = unpack(data)
+    if type(items) is not tuple:
+        raise DecodeError("a packet is an array of items")
+    out: list[tuple[Any, ...]] = []
+    for item in items:
+        n = len(item) if type(item) is tuple else 0
+        if n == 7:
+            src, dst, src_inc, dst_inc, seq, ack, msgs = item
+            if (
+                type(src) is not str
+                or type(dst) is not str
+                or type(src_inc) is not int
+                or type(dst_inc) is not int
+                or type(seq) is not int
+                or type(ack) is not int
+                or type(msgs) is not tuple
+            ):
+                raise DecodeError(f"bad frame header {item[:6]!r:.80}")
+            out.append((src, dst, Frame(src_inc, dst_inc, seq, ack, msgs)))
+        elif n == 2:
+            out.append(item)
+        else:
+            raise DecodeError(f"bad packet item {item!r:.60}")
+    return out

@@ -12,8 +12,9 @@ multiplexed, it writes one packet and reads one.
 
 A packet is a msgpack array of items:
 
-- ``(src, dst, Frame)``: a link-layer frame from node ``src`` (on the sending host) to
-  node ``dst`` (on the receiving host);
+- ``(src, dst, src_inc, dst_inc, seq, ack, msgs)``: a link-layer frame
+  (:class:`~ecast.link.Frame`, flattened) from node ``src`` (on the sending host) to node
+  ``dst`` (on the receiving host);
 - ``("nodes", ((node, incarnation), ...))``: nodes that now run on the sending host;
 - ``("gone", (node, ...))``: nodes that stopped there;
 - ``("acks", ((sender_node, receiver_node, count), ...))``: "my node ``sender_node`` holds
@@ -27,9 +28,10 @@ them until then).
 
 Batching: everything the nodes of a process emit during one turn of the event loop leaves
 in one packet per peer host, flushed by a single ``call_soon`` callback, each object
-encoded once per flush.  There is no task per message: packets are handled in the
-protocol callback that read them.  Colocated nodes exchange frames in memory, without
-encoding.
+encoded once per flush.  There is no task per message: packets are decoded in the
+protocol callback that read them, and the frames of one turn go to each node in one step
+at the end of the turn (or as soon as ``QUANTUM`` bytes came in, whose output is written
+at once).  Colocated nodes exchange frames in memory, without encoding.
 
 Timers: a core reports its earliest deadline in ``Effects.wake_at``; each node keeps one
 ``call_at`` handle for the earlier of that and its link layer's deadline.
@@ -48,7 +50,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ecast.codec import MAX_FRAME, DecodeError, Encoder, unpack
+from ecast.codec import MAX_FRAME, DecodeError, Encoder, decode_packet, frame_item
 from ecast.effects import Effects, NodeId, UnexpectedMessage
 from ecast.link import Frame, LinkLayer, LinkParams
 from ecast.proto import Direct, Directory
@@ -276,11 +278,12 @@ class Runtime:
             if conn is None or (src, peer) not in conn.ready:
                 self._want(peer)  # kept by the link layer; resent once the channel is up
                 continue
+            item = frame_item(src, peer, frame)
             box = outbox.get(conn)
             if box is None:
-                outbox[conn] = [(src, peer, frame)]
+                outbox[conn] = [item]
             else:
-                box.append((src, peer, frame))
+                box.append(item)
         node.stats["frames_out"] += len(frames)
         if outbox and not self._flush_scheduled:
             self._flush_scheduled = True
@@ -333,12 +336,7 @@ class Runtime:
         """One packet from an open connection (see ``ecast.transport.Endpoint``)."""
         self.stats["packets_in"] += 1
         try:
-            items = unpack(body)
-            if type(items) is not tuple:
-                raise DecodeError("a packet is an array of items")
-            for item in items:
-                if type(item) is not tuple:
-                    raise DecodeError(f"bad packet item {item!r:.60}")
+            items = decode_packet(body)
         except DecodeError as e:
             self.stats["decode_errors"] += 1
             log.warning(
@@ -357,7 +355,7 @@ class Runtime:
                     return
                 if len(item) == 3:
                     src, dst, frame = item
-                    if type(frame) is not Frame or src not in conn.nodes:
+                    if src not in conn.nodes:
                         raise ProtocolViolation(f"frame from unannounced node {src!r:.40}")
                     node = self.nodes.get(dst)
                     if node is not None:
@@ -376,8 +374,6 @@ class Runtime:
                         if conn.state != "open":
                             return
                     self._control(conn, item[0], item[1])
-                else:
-                    raise ProtocolViolation(f"bad packet item {item!r:.60}")
             self._bytes_in += len(body)
             if self._bytes_in >= QUANTUM and self._frames_in:
                 # A large input is worked off and its output written before the next:

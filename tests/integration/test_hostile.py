@@ -14,7 +14,6 @@ import pytest
 
 import ecast
 from ecast.codec import pack
-from ecast.link import Frame
 from ecast.transport import PROTOCOL_VERSION, _mac
 from tests.integration.cluster import SECRET, Cluster, RouterProc
 
@@ -133,7 +132,7 @@ def test_stale_incarnation_is_refused(router: RouterProc) -> None:
     sock, reply = handshake(router)
     assert reply == ["ready"]
     send_packet(sock, ["nodes", [["ghost", 1000]]])
-    frame = pack(("ghost", "r1", Frame(1000, 0, 1, 0, ())))
+    frame = pack(("ghost", "r1", 1000, 0, 1, 0, ()))
     body = b"\x91" + frame  # a one-item packet: the router now knows incarnation 1000
     sock.sendall(struct.pack(">I", len(body)) + body)
     time.sleep(0.2)
@@ -158,7 +157,7 @@ def test_an_older_incarnation_of_a_process_is_refused(router: RouterProc) -> Non
 
 def test_frames_from_a_node_that_was_not_announced_are_refused(router: RouterProc) -> None:
     sock, _ = handshake(router)
-    frame = pack(("nobody", "r1", Frame(7, 0, 1, 0, ())))
+    frame = pack(("nobody", "r1", 7, 0, 1, 0, ()))
     body = b"\x91" + frame
     sock.sendall(struct.pack(">I", len(body)) + body)
     assert any("unannounced node" in str(x) for x in packets(sock))
@@ -210,13 +209,23 @@ def test_a_peer_that_connects_and_says_nothing_is_dropped(router: RouterProc) ->
     still_serving(router)
 
 
+def test_a_frame_with_a_wrongly_typed_header_is_refused(router: RouterProc) -> None:
+    sock, _ = handshake(router)
+    send_packet(sock, ["nodes", [["typo", 1]]])
+    data = b"\x91" + pack(("typo", "r1", 1, 0, "one", 0, ()))
+    sock.sendall(struct.pack(">I", len(data)) + data)
+    assert closed(sock)
+    assert "bad frame header" in router.log.read_text()
+    still_serving(router)
+
+
 def test_well_formed_frame_with_a_wrongly_typed_field_is_refused(router: RouterProc) -> None:
     sock, _ = handshake(router)
     from ecast.proto import Confirm
 
     send_packet(sock, ["nodes", [["typo", 1]]])
-    bad = Frame(1, 0, 1, 0, (Confirm("not a number"),))  # type: ignore[arg-type]
-    data = b"\x91" + pack(("typo", "r1", bad))
+    bad = (Confirm("not a number"),)  # type: ignore[arg-type]
+    data = b"\x91" + pack(("typo", "r1", 1, 0, 1, 0, bad))
     sock.sendall(struct.pack(">I", len(data)) + data)
     assert closed(sock)
     assert "Confirm.upto" in router.log.read_text()

@@ -8,7 +8,7 @@ import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ecast.codec import DecodeError, Encoder, decode_frame, pack, unpack
+from ecast.codec import DecodeError, Encoder, decode_packet, frame_item, pack, unpack
 from ecast.link import Frame
 from ecast.message import Message, Submission
 from ecast.proto import (
@@ -81,7 +81,8 @@ frames = st.builds(
 @settings(max_examples=300, deadline=None)
 @given(frames)
 def test_every_message_round_trips(frame: Frame) -> None:
-    assert decode_frame(pack(frame)) == frame
+    packet = pack([frame_item("a", "b", frame), ("gone", ("c",))])
+    assert decode_packet(packet) == [("a", "b", frame), ("gone", ("c",))]
 
 
 def test_an_object_shared_by_frames_is_encoded_once_per_flush() -> None:
@@ -109,36 +110,43 @@ def test_an_object_shared_by_frames_is_encoded_once_per_flush() -> None:
 @given(st.binary(max_size=200))
 def test_random_bytes_never_crash_the_decoder(data: bytes) -> None:
     with contextlib.suppress(DecodeError):
-        decode_frame(data)
+        decode_packet(data)
 
 
 @settings(max_examples=500, deadline=None)
 @given(frames, st.data())
 def test_mutated_frames_decode_or_raise_decode_error(frame: Frame, data: st.DataObject) -> None:
-    raw = bytearray(pack(frame))
+    raw = bytearray(pack([frame_item("a", "b", frame)]))
     for _ in range(data.draw(st.integers(1, 4))):
         i = data.draw(st.integers(0, len(raw) - 1))
         raw[i] = data.draw(st.integers(0, 255))
     cut = data.draw(st.integers(0, len(raw)))
     try:
-        decoded = decode_frame(bytes(raw[:cut]))
+        decoded = decode_packet(bytes(raw[:cut]))
     except DecodeError:
         return
-    assert isinstance(decoded, Frame)
+    for item in decoded:
+        assert len(item) == 2 or isinstance(item[2], Frame)
 
 
 def test_unknown_codes_wrong_shapes_and_wrong_types_are_refused() -> None:
+    def item(*msgs: object) -> tuple[object, ...]:
+        return ("a", "b", 1, 1, 1, 1, msgs)
+
     cases = [
-        msgpack.packb(msgpack.ExtType(120, b"\x90")),  # a code nobody registered
-        pack(Confirm(3))[:-1],  # truncated
-        msgpack.packb(msgpack.ExtType(1, msgpack.packb([1, 2]))),  # a Frame with 2 fields
-        pack(Frame(1, 1, 1, 1, (Confirm("x"),))),  # type: ignore[arg-type]
-        pack(Frame(1, 1, 1, 1, (Leader(1, ("r", 2)),))),  # type: ignore[arg-type]
-        msgpack.packb([1, 2, 3]),  # not a frame at all
+        msgpack.packb([item(msgpack.ExtType(120, b"\x90"))]),  # a code nobody registered
+        pack([item(Confirm(3))])[:-1],  # truncated
+        msgpack.packb([item(msgpack.ExtType(3, msgpack.packb([1, 2])))]),  # a Message of 2 fields
+        pack([item(Confirm("x"))]),  # a wrongly typed field
+        pack([item(Leader(1, ("r", 2)))]),  # a wrongly typed tuple element
+        pack([("a", "b", 1, "1", 1, 1, ())]),  # a wrongly typed frame header
+        pack([("a", "b", 1, 1, 1)]),  # an item of no known shape
+        msgpack.packb([1, 2, 3]),  # items that are not tuples
+        msgpack.packb({"a": 1}),  # not a packet at all
     ]
     for raw in cases:
         try:
-            decode_frame(raw)
+            decode_packet(raw)
         except DecodeError:
             continue
         raise AssertionError(f"accepted {raw!r}")
