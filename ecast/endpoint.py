@@ -52,6 +52,11 @@ class EndpointParams:
     max_window: int = 1024
     window_growth: float = 0.5
     """The congestion window doubles this often (3.5.6)."""
+    max_route: int = 256
+    """Submissions per ``Route``; the rest leave in the following steps (the endpoint asks
+    to be woken at once).  A closed-loop client that gets 512 acknowledgements in one
+    packet would otherwise send the next 512 as one batch, and the whole pipeline moves in
+    two waves, one process busy at a time (docs/decisions.md)."""
     progress_timeout: float = 2.0
     """With messages in the window and no progress for this long, try the next router in
     succession order (an isolated leader never learns that it was parted)."""
@@ -60,6 +65,8 @@ class EndpointParams:
     def __post_init__(self) -> None:
         if not 1 <= self.initial_window <= self.max_window:
             raise ValueError("need 1 <= initial_window <= max_window")
+        if self.max_route < 1:
+            raise ValueError("max_route must be positive")
         unknown = set(self.mutations) - ENDPOINT_MUTATIONS
         if unknown:
             raise ValueError(f"unknown endpoint mutations: {sorted(unknown)}")
@@ -349,9 +356,16 @@ class Endpoint:
                 for r, upto in self._confirms.items():
                     self._send(r, Confirm(upto))
                 self._confirms = {}
-            if self._routes:
-                self._send(self.target, Route(tuple(self._routes)))
-                self._routes = []
+            routes = self._routes
+            if routes:
+                cap = self.p.max_route
+                if len(routes) > cap:
+                    self._send(self.target, Route(tuple(routes[:cap])))
+                    self._routes = routes[cap:]
+                    fx.wake(self._now)  # the next part in the next step, not this packet
+                else:
+                    self._send(self.target, Route(tuple(routes)))
+                    self._routes = []
             if self._unsafe:
                 self._send(self.target, RouteUnsafe(tuple(self._unsafe)))
                 self._unsafe = []

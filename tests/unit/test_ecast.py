@@ -189,6 +189,19 @@ def test_endpoint_window_starts_at_one_doubles_and_halves_on_congestion() -> Non
     assert ep.cwnd == 1
 
 
+def test_a_large_admission_leaves_as_routes_of_at_most_max_route_over_steps() -> None:
+    ep = Endpoint("e", ["r1"], EndpointParams(initial_window=1024, max_route=256))
+    _ids, fx = ep.submit_many([(i, None) for i in range(600)], 0.0)
+    sizes = [len(m.subs) for _d, m in fx.send if type(m) is Route]
+    assert sizes == [256] and fx.wake_at == 0.0  # the rest in the next step, at once
+    fx = ep.on_tick(0.0)
+    assert [len(m.subs) for _d, m in fx.send if type(m) is Route] == [256]
+    fx = ep.on_tick(0.0)
+    routes = [m for _d, m in fx.send if type(m) is Route]
+    assert [len(m.subs) for m in routes] == [88] and routes[0].subs[-1].payload == 599
+    assert fx.wake_at is not None and fx.wake_at > 0.0  # nothing left to send now
+
+
 def test_router_notifies_submitters_above_their_fair_quota() -> None:
     n = sc.net(congestion_threshold=4)
     n.add_app("a")
