@@ -496,103 +496,119 @@ class Router:
         for cmd in payload:
             t = type(cmd)
             if t is RouteCmd:
-                for msg in cmd.msgs:
-                    self._learn(msg)
+                self._learn(cmd.msgs)
             elif t is StableCmd:
-                for t_, delivered in cmd.entries:
-                    self._learn_stable(t_, delivered)
+                self._learn_stable(cmd.entries)
             elif t is CloseSessionsCmd:
                 self._learn_close(cmd)
         self._collect()
 
-    def _learn(self, msg: Message) -> None:
-        """Append ``msg`` if it is its session's next; resolve everything else the same
-        way on every router (3.4.4)."""
+    def _learn(self, msgs: tuple[Message, ...]) -> None:
+        """Append each message if it is its session's next; resolve everything else the
+        same way on every router (3.4.4).  One loop for a whole command: every router
+        runs it for every message."""
         st = self.state
-        sid = msg.id
-        sess, seq = sid
-        self._proposed.pop(sid, None)
-        lead = self.lead
-        if st.closed.get(sess[0], -1) >= sess[1]:
-            if lead is not None:
-                self._closed_out.setdefault(msg.sender, []).append(sid)
-            return
-        nxt = st.sessions.get(sess, 1)
-        if seq != nxt and "skip_learn_dedup" not in self._mut:
-            if seq < nxt:
-                self.stats["duplicates"] += 1
-                if lead is not None:
-                    t = st.by_id.get(sid)
-                    if t is not None:
-                        lead.routed_by.setdefault(t, set()).add(msg.sender)
-                    else:
-                        ack = st.acks.get(sess, {}).get(seq)
-                        entry = (sid, *ack) if ack is not None else (sid, None, False)
-                        self._acks_out.setdefault(msg.sender, []).append(entry)
-            else:
-                self.stats["gaps"] += 1
-            return
-        st.sessions[sess] = seq + 1 if seq + 1 > nxt else nxt
         mseq = st.mseq
-        t = mseq.append(msg)
-        self.stats["learned"] += 1
-        st.by_id[sid] = t
+        sessions = st.sessions
+        closed = st.closed
+        by_id = st.by_id
         counts = st.counts
-        counts[msg.sender] = counts.get(msg.sender, 0) + 1
-        if self.observer is not None:
-            self.observer(t, msg)
-        suspected = mseq.config_for(t).suspects(msg)
-        if suspected:
-            for p in sorted(suspected):
-                if p not in st.suspects:
-                    st.suspects[p] = t
+        proposed = self._proposed
+        lead = self.lead
+        observer = self.observer
+        dedup = "skip_learn_dedup" not in self._mut
+        learned = 0
+        for msg in msgs:
+            sender, sid, _h, _p = msg
+            sess, seq = sid
+            proposed.pop(sid, None)
+            if closed and closed.get(sess[0], -1) >= sess[1]:
+                if lead is not None:
+                    self._closed_out.setdefault(sender, []).append(sid)
+                continue
+            nxt = sessions.get(sess, 1)
+            if seq != nxt and dedup:
+                if seq < nxt:
+                    self.stats["duplicates"] += 1
                     if lead is not None:
-                        self._drop_destination(p)
-                        self._out.setdefault(p, []).append(Suspected())
+                        t = by_id.get(sid)
+                        if t is not None:
+                            lead.routed_by.setdefault(t, set()).add(sender)
+                        else:
+                            ack = st.acks.get(sess, {}).get(seq)
+                            entry = (sid, *ack) if ack is not None else (sid, None, False)
+                            self._acks_out.setdefault(sender, []).append(entry)
+                else:
+                    self.stats["gaps"] += 1
+                continue
+            sessions[sess] = seq + 1 if seq + 1 > nxt else nxt
+            t = mseq.append(msg)
+            learned += 1
+            by_id[sid] = t
+            counts[sender] = counts.get(sender, 0) + 1
+            if observer is not None:
+                observer(t, msg)
+            suspected = mseq.config_for(t).suspects(msg)
+            if suspected:
+                for p in sorted(suspected):
+                    if p not in st.suspects:
+                        st.suspects[p] = t
+                        if lead is not None:
+                            self._drop_destination(p)
+                            self._out.setdefault(p, []).append(Suspected())
+        self.stats["learned"] += learned
 
-    def _learn_stable(self, t: int, delivered: bool) -> None:
+    def _learn_stable(self, entries: tuple[tuple[int, bool], ...]) -> None:
         st = self.state
         mseq = st.mseq
-        msg = mseq.entries.get(t)
-        if msg is None or not mseq.mark_stable(t):
-            return
-        self.stats["stable"] += 1
-        sid = msg.id
-        st.by_id.pop(sid, None)
-        sess, seq = sid
-        cache = st.acks.get(sess)
-        if cache is None:
-            cache = st.acks[sess] = {}
-        cache[seq] = (t, delivered)
-        # Keep the last ack_cache entries.  Sessions become stable in order, so dropping
-        # seq - ack_cache is enough, in O(1): deleting "the first" key of a dict instead
-        # re-scans every slot deleted before it on each call.
-        cache.pop(seq - self.p.ack_cache, None)
-        sender = msg.sender
-        n = st.counts.get(sender, 0) - 1
-        if n > 0:
-            st.counts[sender] = n
-        else:
-            st.counts.pop(sender, None)
-        header = msg.header
-        if (
-            type(header) is dict
-            and header.get("kind") == "part"
-            and sender in mseq.config_for(t).destset(msg)
-        ):
-            st.departed.setdefault(sender, t)
-            self._drop_destination(sender)
+        mentries = mseq.entries
+        stable = mseq.stable
+        by_id = st.by_id
+        acks = st.acks
+        counts = st.counts
+        keep = self.p.ack_cache
         lead = self.lead
-        if lead is not None:
-            acked = lead.acked
-            if t in acked:
-                acked.discard(t)  # acknowledged when it became stable
-                if lead.routed_by:
-                    self._ack_routers_of(lead, t, (sid, t, delivered), sender)
+        n_stable = 0
+        for t, delivered in entries:
+            msg = mentries.get(t)
+            if msg is None or t < mseq.floor or t >= mseq.next_t or t in stable:
+                continue
+            stable.add(t)
+            n_stable += 1
+            sender, sid, header, _p = msg
+            by_id.pop(sid, None)
+            sess, seq = sid
+            cache = acks.get(sess)
+            if cache is None:
+                cache = acks[sess] = {}
+            cache[seq] = (t, delivered)
+            # Keep the last ack_cache entries.  Sessions become stable in order, so
+            # dropping seq - ack_cache is enough, in O(1): deleting "the first" key of a
+            # dict instead re-scans every slot deleted before it on each call.
+            cache.pop(seq - keep, None)
+            n = counts.get(sender, 0) - 1
+            if n > 0:
+                counts[sender] = n
             else:
-                self._ack(lead, t, (sid, t, delivered), sender)
-            lead.remaining.pop(t, None)
-            lead.confirmed.discard(t)
+                counts.pop(sender, None)
+            if (
+                type(header) is dict
+                and header.get("kind") == "part"
+                and sender in mseq.config_for(t).destset(msg)
+            ):
+                st.departed.setdefault(sender, t)
+                self._drop_destination(sender)
+            if lead is not None:
+                acked = lead.acked
+                if t in acked:
+                    acked.discard(t)  # acknowledged when it became stable
+                    if lead.routed_by:
+                        self._ack_routers_of(lead, t, (sid, t, delivered), sender)
+                else:
+                    self._ack(lead, t, (sid, t, delivered), sender)
+                lead.remaining.pop(t, None)
+                lead.confirmed.discard(t)
+        self.stats["stable"] += n_stable
 
     def _learn_close(self, cmd: CloseSessionsCmd) -> None:
         st = self.state
