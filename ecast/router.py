@@ -15,6 +15,7 @@ without breaking safety (``RouterParams.all_leaders`` tests exactly that).
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -663,13 +664,21 @@ class Router:
         last_sent = lead.last_sent
         remaining = lead.remaining
         delivered = 0
+        skip_gone = bool(suspects or departed)
+        # The config changes rarely: look it up again only past the next config boundary.
+        starts = mseq.starts
+        config = mseq.latest
+        bound = -1
         while t < end:
+            if t >= bound and not latest:
+                i = bisect_right(starts, t)
+                config = mseq.configs[i - 1]
+                bound = starts[i] if i < len(starts) else end
             msg = entries.get(t)
             if msg is not None and t not in stable:
-                config = mseq.latest if latest else mseq.config_for(t)
                 n = 0
                 for d in self._sorted_dests(config.destset(msg)):
-                    if (d in suspects and not ignore_suspects) or d in departed:
+                    if skip_gone and ((d in suspects and not ignore_suspects) or d in departed):
                         continue
                     n += 1
                     box = out.get(d)
