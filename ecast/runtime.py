@@ -332,7 +332,7 @@ class Runtime:
         self.stats["bytes_out"] += len(body) + 4
 
     # ------------------------------------------------------------------ receiving
-    def frame_received(self, conn: Connection, body: bytes) -> None:
+    def frame_received(self, conn: Connection, body: bytes | memoryview) -> None:
         """One packet from an open connection (see ``ecast.transport.Endpoint``)."""
         self.stats["packets_in"] += 1
         try:

@@ -75,7 +75,7 @@ class Endpoint(Protocol):
 
     def connection_open(self, conn: Connection) -> None: ...
 
-    def frame_received(self, conn: Connection, body: bytes) -> None: ...
+    def frame_received(self, conn: Connection, body: bytes | memoryview) -> None: ...
 
     def connection_closed(self, conn: Connection, reason: str) -> None: ...
 
@@ -112,6 +112,8 @@ class Connection(asyncio.Protocol):
         self.state = "new"
         self.transport: asyncio.Transport | None = None
         self._buf = bytearray()
+        self._need = 4
+        """Bytes ``_buf`` must hold before the next packet can be cut from it."""
         self._nonce = os.urandom(16)
         self._peer_nonce = b""
         self._timer: asyncio.TimerHandle | None = None
@@ -147,24 +149,34 @@ class Connection(asyncio.Protocol):
         if self._turn_bytes > READ_BUDGET and not self._budget_paused and self.transport:
             self._budget_paused = True
             self.transport.pause_reading()
+        # Bodies are views into what was read, not copies: a packet of a few hundred
+        # kilobytes used to be copied twice and the rest of the buffer moved after it.
         buf = self._buf
-        buf += data
+        if buf:
+            buf += data
+            if len(buf) < self._need:
+                return  # the rest of a packet is still on its way
+            data = bytes(buf)
+            buf.clear()
+        view = memoryview(data)
+        size = len(data)
+        pos = 0
         limit = self.local.max_frame
-        while len(buf) >= 4:
-            (n,) = _LEN.unpack_from(buf)
+        while size - pos >= 4:
+            (n,) = _LEN.unpack_from(data, pos)
             if n > limit:
                 self.close(f"frame of {n} bytes exceeds the {limit}-byte limit")
                 return
-            if len(buf) < 4 + n:
+            if size - pos - 4 < n:
                 break
-            body = bytes(buf[4 : 4 + n])
-            del buf[: 4 + n]
+            body = view[pos + 4 : pos + 4 + n]
+            pos += 4 + n
             if self.state == "open":
                 self.packets_in += 1
                 self.local.frame_received(self, body)
             else:
                 try:
-                    self._handshake_step(body)
+                    self._handshake_step(bytes(body))
                 except HandshakeError as e:
                     self._refuse(str(e))
                     return
@@ -173,6 +185,10 @@ class Connection(asyncio.Protocol):
                     return
             if self.state == "closed":
                 return
+        if pos < size:
+            rest = view[pos:]
+            buf += rest
+            self._need = 4 + _LEN.unpack_from(rest)[0] if len(rest) >= 4 else 4
 
     def _next_turn(self) -> None:
         self._turn_pending = False
