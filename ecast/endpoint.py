@@ -281,25 +281,34 @@ class Endpoint:
 
     # ================================================================== handlers
     def _on_deliver(self, src: NodeId, msg: Deliver) -> None:
+        fx = self._fx
+        assert fx is not None
+        out = fx.deliver
+        me = self.me
+        t_max = self.t_max
         top = -1
-        fresh = False
+        fresh = 0
+        dups = 0
         parted = False
         for t, m in msg.items:
             if t > top:
                 top = t
-            if t <= self.t_max:
-                self.stats["duplicates"] += 1
+            if t <= t_max:
+                dups += 1
                 continue
-            fresh = True
-            self.t_max = t
-            self.stats["delivered"] += 1
-            self._deliver(_tnew(Delivery, (t, m, False, True, None)))
-            if m.sender == self.me and m.id[0] == self.session:
+            fresh += 1
+            t_max = t
+            out.append(_tnew(Delivery, (t, m, False, True, None)))
+            if m[0] == me and m[1][0] == self.session:
                 if m.id == self._join_id:
                     self.joined_at = t
                 elif m.id == self._part_id:
                     parted = True  # our own part: confirm it, then we are done
                     break
+        self.t_max = t_max
+        stats = self.stats
+        stats["delivered"] += fresh
+        stats["duplicates"] += dups
         self._last_progress = self._now
         if fresh or "no_duplicate_confirm" not in self._mut:
             prev = self._confirms.get(src, -1)
@@ -319,11 +328,18 @@ class Endpoint:
 
     def _on_stable(self, msg: Stable) -> None:
         progressed = False
-        for sid, t, delivered in msg.acks:
-            if sid[0] == self.session and self.window.pop(sid[1], None) is not None:
+        fx = self._fx
+        assert fx is not None
+        out = fx.deliver
+        session = self.session
+        window = self.window
+        part = self._part_id
+        for ack in msg.acks:
+            sid = ack[0]
+            if sid[0] == session and window.pop(sid[1], None) is not None:
                 progressed = True
-                self._deliver(_tnew(Acked, (sid, t, delivered)))
-                if sid == self._part_id:
+                out.append(_tnew(Acked, ack))
+                if sid == part:
                     self.lingering = False  # nobody will wait for us any more
         if progressed:
             self._last_progress = self._now
