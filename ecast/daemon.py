@@ -130,7 +130,7 @@ class RouterDaemon:
             self.router = Router(a.id, config, self._params(), routers=[a.id])
             log.info("event=bootstrap router=%s listen=%s", a.id, node.listen)
         node.core = self.router
-        self.router.backlog = node.link.backlog
+        self.router.backlog = node.backlog
         node.feed(lambda core, now: core.on_tick(now))
         metrics = await self._serve_metrics() if a.metrics else None
         loop = asyncio.get_running_loop()

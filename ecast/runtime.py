@@ -61,6 +61,8 @@ log = logging.getLogger("ecast.runtime")
 TCP_LINK = LinkParams(resend_timeout=float("inf"), ack_delay=0.1)
 """Over TCP nothing is lost inside a connection: resend only after a reconnect."""
 
+CONGESTED = 1 << 30
+"""What ``Node.backlog`` adds for a peer whose connection is congested."""
 QUANTUM = 64 * 1024
 """Packet bytes a loop turn takes in before it feeds its nodes and writes their output."""
 
@@ -546,6 +548,12 @@ class Runtime:
             conn.send(_array_header(1) + self.encoder.pack(("error", reason)))
         conn.close(reason)
 
+    def congested(self, peer: NodeId) -> bool:
+        """True while the connection that reaches ``peer`` holds more unsent bytes than its
+        high-water mark (the peer's process does not read as fast as we write)."""
+        conn = self.routes.get(peer)
+        return conn is not None and conn in self._congested
+
     def writing_paused(self, conn: Connection, paused: bool) -> None:
         if paused:
             self._congested.add(conn)
@@ -865,6 +873,15 @@ class Node:
                 conn.close("input the protocol could not handle")
 
     # ------------------------------------------------------------------ conveniences
+    def backlog(self, peer: NodeId) -> int:
+        """How far ``peer`` lags: link messages it has not acknowledged, or "very far" while
+        the connection to its process is congested.  A link message may carry thousands of
+        copies, so the count alone let a flood of unsafe messages fill the send buffers of
+        a slow receiver process (the leader grew to 300 MB); cores that shed best-effort
+        traffic (``Router.backlog``) read this."""
+        n = self.link.backlog(peer)
+        return n + CONGESTED if self.runtime.congested(peer) else n
+
     def send_direct(self, peer: NodeId, payload: Any) -> None:
         """Send ``payload`` to another application process over an authenticated link."""
         self.link.send(peer, Direct(payload))

@@ -48,3 +48,17 @@ def test_packets_come_out_whole_and_in_order_however_the_stream_is_cut(
         return sink.bodies
 
     assert asyncio.run(run()) == bodies
+
+
+def test_a_peer_behind_a_congested_connection_counts_as_far_behind() -> None:
+    from ecast.runtime import CONGESTED, Runtime
+
+    rt = Runtime(b"secret")
+    node = rt.add_node("r1", None)
+    conn = Connection(rt, dialer=True)
+    rt.routes["e1"] = conn
+    assert node.backlog("e1") == 0
+    rt.writing_paused(conn, True)  # the peer's process stopped reading
+    assert node.backlog("e1") >= CONGESTED and node.backlog("e2") == 0
+    rt.writing_paused(conn, False)
+    assert node.backlog("e1") == 0
