@@ -282,6 +282,15 @@ def test_endpoint_moves_on_when_the_leader_is_isolated() -> None:
     assert n.violations() == []
 
 
+def notices_alone_in_instances(n):  # type: ignore[no-untyped-def]
+    """Paxos instances the leader proposed that carry nothing but stable notices."""
+    alone = 0
+    for _s, _d, m in sent(n, Accept, src="r1", dst="r2"):
+        kinds = [type(c) for ac in m.value for c in getattr(ac, "payload", ())]
+        alone += kinds == [StableCmd]
+    return alone
+
+
 def test_delayed_acks_piggyback_and_can_be_switched_off() -> None:
     def stable_notices_alone(delayed: bool) -> int:
         """Instances that carry nothing but stable notices."""
@@ -294,10 +303,7 @@ def test_delayed_acks_piggyback_and_can_be_switched_off() -> None:
             n.submit("a", f"m{i}")
             n.settle(0.002, step=0.001)
         n.settle(0.2)
-        alone = 0
-        for _s, _d, m in sent(n, Accept, src="r1", dst="r2"):
-            kinds = [type(c) for ac in m.value for c in getattr(ac, "payload", ())]
-            alone += kinds == [StableCmd]
+        alone = notices_alone_in_instances(n)
         assert n.violations() == []
         return alone
 
@@ -358,7 +364,7 @@ def test_an_idle_pipeline_neither_delays_stable_notices_nor_acknowledgements() -
 
 
 def test_early_acks_spend_no_consensus_round_on_stable_notices_at_light_load() -> None:
-    def notices_alone(**kw: object) -> tuple[int, int]:
+    def rounds(**kw: object) -> tuple[int, int]:
         n = sc.net(**kw)
         n.add_app("a")
         n.add_app("b")
@@ -369,15 +375,12 @@ def test_early_acks_spend_no_consensus_round_on_stable_notices_at_light_load() -
             n.submit("a", f"m{i}")
             n.settle(0.005, step=0.001)
         n.settle(0.2)
-        alone = 0
-        for _s, _d, m in sent(n, Accept, src="r1", dst="r2"):
-            kinds = [type(c) for ac in m.value for c in getattr(ac, "payload", ())]
-            alone += kinds == [StableCmd]
+        alone = notices_alone_in_instances(n)
         assert n.violations() == []
         return alone, len(acks_of(n, "a")) - before
 
-    early, early_acks = notices_alone()
-    late, late_acks = notices_alone(early_acks=False)
+    early, early_acks = rounds()
+    late, late_acks = rounds(early_acks=False)
     assert early_acks >= 20 and late_acks >= 20
     assert late >= 20  # every acknowledgement waited for its own round
     assert early <= 5, early  # notices wait up to 10 ms and ride with the next route
