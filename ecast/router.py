@@ -563,7 +563,7 @@ class Router:
         st = self.state
         mseq = st.mseq
         mentries = mseq.entries
-        stable = mseq.stable
+        mark_stable = mseq.mark_stable
         by_id = st.by_id
         acks = st.acks
         counts = st.counts
@@ -572,9 +572,8 @@ class Router:
         n_stable = 0
         for t, delivered in entries:
             msg = mentries.get(t)
-            if msg is None or t < mseq.floor or t >= mseq.next_t or t in stable:
+            if msg is None or not mark_stable(t):
                 continue
-            stable.add(t)
             n_stable += 1
             sender, sid, header, _p = msg
             by_id.pop(sid, None)
