@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ecast.effects import NodeId
+from ecast.effects import Effects, NodeId
 from ecast.endpoint import (
     Acked,
     Delivery,
@@ -167,36 +167,14 @@ class Client:
             raise ClosedError(f"client {self.name} is {self.terminated or 'not connected'}")
         return self.node
 
-    def submit_nowait(self, payload: bytes, header: Any = None) -> asyncio.Future[Ack]:
-        """Queue a message (it enters the window when there is room); return its ack."""
+    def _submit(self, call: Callable[[Endpoint, float], tuple[Any, Effects]]) -> Any:
+        """Run one submitting step on the endpoint and return what it numbered."""
         node = self._require_open()
-        fut: asyncio.Future[Ack] = self.runtime.loop.create_future()
-        holder: list[MsgId] = []
+        holder: list[Any] = []
 
-        def go(core: Endpoint, now: float) -> Any:
-            sid, fx = core.submit(payload, header, now)
-            holder.append(sid)
-            return fx
-
-        try:
-            node.feed(go)
-        except EndpointClosed as e:
-            raise ClosedError(str(e)) from None
-        self._acks[holder[0]] = fut
-        return fut
-
-    def submit_batch(self, items: list[tuple[bytes, Any]]) -> list[MsgId]:
-        """Queue many ``(payload, header)`` messages at once, without a future each.
-
-        Their acknowledgements go to ``ack_listener`` in batches: the cheapest way to
-        keep thousands of messages in flight (benchmarks, bulk loaders).
-        """
-        node = self._require_open()
-        holder: list[list[MsgId]] = []
-
-        def go(core: Endpoint, now: float) -> Any:
-            ids, fx = core.submit_many(items, now)
-            holder.append(ids)
+        def go(core: Endpoint, now: float) -> Effects:
+            result, fx = call(core, now)
+            holder.append(result)
             return fx
 
         try:
@@ -204,6 +182,24 @@ class Client:
         except EndpointClosed as e:
             raise ClosedError(str(e)) from None
         return holder[0]
+
+    def _future_for(self, sid: MsgId) -> asyncio.Future[Ack]:
+        fut: asyncio.Future[Ack] = self.runtime.loop.create_future()
+        self._acks[sid] = fut
+        return fut
+
+    def submit_nowait(self, payload: bytes, header: Any = None) -> asyncio.Future[Ack]:
+        """Queue a message (it enters the window when there is room); return its ack."""
+        return self._future_for(self._submit(lambda core, now: core.submit(payload, header, now)))
+
+    def submit_batch(self, items: list[tuple[bytes, Any]]) -> list[MsgId]:
+        """Queue many ``(payload, header)`` messages at once, without a future each.
+
+        Their acknowledgements go to ``ack_listener`` in batches: the cheapest way to
+        keep thousands of messages in flight (benchmarks, bulk loaders).
+        """
+        ids: list[MsgId] = self._submit(lambda core, now: core.submit_many(items, now))
+        return ids
 
     async def submit(self, payload: bytes, header: Any = None) -> asyncio.Future[Ack]:
         """Submit; return once the message is in the send window, with its ack future."""
@@ -232,18 +228,7 @@ class Client:
         node.feed(lambda core, now: core.submit_unsafe_many(items, now))
 
     async def suspect(self, processes: list[NodeId]) -> asyncio.Future[Ack]:
-        node = self._require_open()
-        fut: asyncio.Future[Ack] = self.runtime.loop.create_future()
-        holder: list[MsgId] = []
-
-        def go(core: Endpoint, now: float) -> Any:
-            sid, fx = core.suspect(processes, now)
-            holder.append(sid)
-            return fx
-
-        node.feed(go)
-        self._acks[holder[0]] = fut
-        return fut
+        return self._future_for(self._submit(lambda core, now: core.suspect(processes, now)))
 
     # ------------------------------------------------------------------ delivering
     async def deliveries(self) -> AsyncIterator[Delivery]:
