@@ -52,6 +52,13 @@ class EndpointParams:
     max_window: int = 1024
     window_growth: float = 0.5
     """The congestion window doubles this often (3.5.6)."""
+    slow_start: bool = True
+    """Until the first congestion notice, the window also doubles each time a whole
+    window's worth of messages became stable (once per round trip, as in TCP's slow
+    start).  Growing only every ``window_growth`` took a client five seconds to reach a
+    window of 1,024 from 1; per round trip it takes a few tens of milliseconds.  After a
+    notice, only the periodic doubling of 3.5.6 remains, so the routers' notices (every
+    250 ms) still outpace the growth (docs/decisions.md)."""
     max_route: int = 256
     """Submissions per ``Route``; the rest leave in the following steps (the endpoint asks
     to be woken at once).  A closed-loop client that gets 512 acknowledgements in one
@@ -141,6 +148,9 @@ class Endpoint:
         self.backlog: deque[Submission] = deque()
         """Submitted, not yet admitted by the congestion window."""
         self.cwnd = self.p.initial_window
+        self._slow_start = self.p.slow_start
+        self._acked_round = 0
+        """Messages that became stable since the window last doubled (slow start)."""
         self.t_max = -1
         self.view = -1
         self.succession: tuple[NodeId, ...] = tuple(routers)
@@ -256,6 +266,7 @@ class Endpoint:
                 self._on_leader(msg)
             elif t is Congestion:
                 self.cwnd = max(1, self.cwnd // 2)
+                self._slow_start = False
             elif t is Closed:
                 for sid in msg.ids:
                     if sid[0] == self.session and self.window.pop(sid[1], None) is not None:
@@ -327,22 +338,27 @@ class Endpoint:
                 self.t_max = max(self.t_max, frontier)
 
     def _on_stable(self, msg: Stable) -> None:
-        progressed = False
         fx = self._fx
         assert fx is not None
         out = fx.deliver
         session = self.session
         window = self.window
         part = self._part_id
+        acked = 0
         for ack in msg.acks:
             sid = ack[0]
             if sid[0] == session and window.pop(sid[1], None) is not None:
-                progressed = True
+                acked += 1
                 out.append(_tnew(Acked, ack))
                 if sid == part:
                     self.lingering = False  # nobody will wait for us any more
-        if progressed:
+        if acked:
             self._last_progress = self._now
+            if self._slow_start:
+                self._acked_round += acked
+                if self._acked_round >= self.cwnd:
+                    self._acked_round = 0
+                    self.cwnd = min(self.p.max_window, self.cwnd * 2)
             self._admit()
 
     def _on_leader(self, msg: Leader) -> None:

@@ -189,6 +189,34 @@ def test_endpoint_window_starts_at_one_doubles_and_halves_on_congestion() -> Non
     assert ep.cwnd == 1
 
 
+def test_endpoint_window_doubles_per_acknowledged_window_until_the_first_notice() -> None:
+    ep = Endpoint("e", ["r1"], EndpointParams())
+    for i in range(5000):
+        ep.submit(i, None, 0.0)
+    t = 0
+
+    def ack_window() -> None:
+        nonlocal t
+        acks = []
+        for seq in sorted(ep.window):
+            acks.append(((ep.session, seq), t, True))
+            t += 1
+        ep.on_message("r1", Stable(tuple(acks)), 0.01)
+
+    sizes = []
+    for _ in range(11):
+        ack_window()
+        sizes.append(len(ep.window))
+    # No timer fired (window_growth is 0.5 s): one round trip per doubling.
+    assert sizes == [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 1024]
+    ep.on_message("r1", Congestion(), 0.02)
+    assert ep.cwnd == 512
+    ack_window()  # a congested endpoint grows only with the periodic timer again
+    assert ep.cwnd == 512
+    ep.on_tick(0.6)
+    assert ep.cwnd == 1024
+
+
 def test_a_large_admission_leaves_as_routes_of_at_most_max_route_over_steps() -> None:
     ep = Endpoint("e", ["r1"], EndpointParams(initial_window=1024, max_route=256))
     _ids, fx = ep.submit_many([(i, None) for i in range(600)], 0.0)
