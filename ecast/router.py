@@ -104,7 +104,7 @@ class RouterParams:
 class RouterState:
     """What every router holds identically after learning the same commands."""
 
-    __slots__ = ("acks", "by_id", "closed", "counts", "departed", "mseq", "sessions", "suspects")
+    __slots__ = ("acks", "by_id", "closed", "departed", "mseq", "sessions", "suspects")
 
     def __init__(self, config: Config) -> None:
         self.mseq = MSeq(config)
@@ -116,8 +116,6 @@ class RouterState:
         """Namespace -> highest closed epoch (one watermark per namespace)."""
         self.by_id: dict[MsgId, int] = {}
         """Learned, unstable messages by id."""
-        self.counts: dict[NodeId, int] = {}
-        """Unstable messages per sender (flow control, 3.5.6)."""
         self.suspects: dict[NodeId, int] = {}
         """Suspected process -> t of the first message suspecting it; kept while any
         unstable message before it may still name it as a destination."""
@@ -126,6 +124,21 @@ class RouterState:
         message before its part (delivery is in t order), so nobody waits for it; kept,
         like suspects, while unstable messages before it remain."""
 
+    def unstable_per_sender(self) -> dict[NodeId, int]:
+        """Unstable messages per sender (flow control, 3.5.6).
+
+        Counted when the leader looks (every 250 ms, over at most the unstable messages)
+        rather than kept up to date on every router for every message learned and made
+        stable: that cost more than the look ever does.
+        """
+        counts: dict[NodeId, int] = {}
+        stable = self.mseq.stable
+        for t, msg in self.mseq.entries.items():
+            if t not in stable:
+                sender = msg.sender
+                counts[sender] = counts.get(sender, 0) + 1
+        return counts
+
     def snapshot(self, with_sessions: bool = True) -> dict[str, Any]:
         return {
             "mseq": self.mseq.snapshot(),
@@ -133,7 +146,6 @@ class RouterState:
             "acks": [(s, list(a.items())) for s, a in self.acks.items()] if with_sessions else [],
             "closed": list(self.closed.items()),
             "by_id": list(self.by_id.items()),
-            "counts": list(self.counts.items()),
             "suspects": list(self.suspects.items()),
             "departed": list(self.departed.items()),
         }
@@ -146,7 +158,6 @@ class RouterState:
         st.acks = {tuple(s): {seq: tuple(v) for seq, v in a} for s, a in snap["acks"]}
         st.closed = dict(snap["closed"])
         st.by_id = {(tuple(sid[0]), sid[1]): t for sid, t in snap["by_id"]}
-        st.counts = dict(snap["counts"])
         st.suspects = dict(snap["suspects"])
         st.departed = dict(snap["departed"])
         return st
@@ -159,7 +170,6 @@ class _Lead:
         "acked",
         "announced",
         "announced_upto",
-        "confirmed",
         "frontier",
         "last_sent",
         "remaining",
@@ -171,12 +181,11 @@ class _Lead:
         self.frontier = frontier
         """Every message with ``t < frontier`` has been forwarded by this leader."""
         self.remaining: dict[int, int] = {}
-        """t -> destinations that still must confirm."""
+        """t -> 2 * (destinations that still must confirm) + (1 if one confirmed already,
+        the ack's ``delivered``).  One int per message, not a set entry more per copy."""
         self.waiting: dict[NodeId, deque[int]] = {}
         """Destination -> timestamps sent to it and not confirmed yet, in order."""
         self.last_sent: dict[NodeId, int] = {}
-        self.confirmed: set[int] = set()
-        """Unstable timestamps some destination confirmed (the ack's ``delivered``)."""
         self.routed_by: dict[int, set[NodeId]] = {}
         """Other processes that routed a learned, unstable message (they get the ack too)."""
         self.announced: dict[NodeId, int] = {}
@@ -479,18 +488,16 @@ class Router:
         if not q:
             return
         remaining = lead.remaining
-        confirmed = lead.confirmed
         while q and q[0] <= upto:
             t = q.popleft()
-            confirmed.add(t)
             r = remaining.get(t)
             if r is None:
                 continue
-            if r <= 1:
+            if r < 4:  # this was the last destination
                 del remaining[t]
                 self._stable_candidate(t, True)
             else:
-                remaining[t] = r - 1
+                remaining[t] = (r - 2) | 1
 
     # ================================================================== learning
     def _learn_command(self, payload: Any) -> None:
@@ -513,7 +520,9 @@ class Router:
         sessions = st.sessions
         closed = st.closed
         by_id = st.by_id
-        counts = st.counts
+        entries = mseq.entries
+        configs = mseq.configs
+        starts = mseq.starts
         proposed = self._proposed
         lead = self.lead
         observer = self.observer
@@ -543,13 +552,20 @@ class Router:
                     self.stats["gaps"] += 1
                 continue
             sessions[sess] = seq + 1 if seq + 1 > nxt else nxt
-            t = mseq.append(msg)
+            # MSeq.append, written out: t is routed by the config before it.
+            t = mseq.next_t
+            entries[t] = msg
+            mseq.next_t = t + 1
+            config = configs[-1]
+            after = config.apply(msg)
+            if after is not config:
+                starts.append(t + 1)
+                configs.append(after)
             learned += 1
             by_id[sid] = t
-            counts[sender] = counts.get(sender, 0) + 1
             if observer is not None:
                 observer(t, msg)
-            suspected = mseq.config_for(t).suspects(msg)
+            suspected = config.suspects(msg)
             if suspected:
                 for p in sorted(suspected):
                     if p not in st.suspects:
@@ -563,17 +579,21 @@ class Router:
         st = self.state
         mseq = st.mseq
         mentries = mseq.entries
-        mark_stable = mseq.mark_stable
+        stable = mseq.stable
+        floor = mseq.floor
         by_id = st.by_id
         acks = st.acks
-        counts = st.counts
         keep = self.p.ack_cache
         lead = self.lead
         n_stable = 0
         for t, delivered in entries:
-            msg = mentries.get(t)
-            if msg is None or not mark_stable(t):
+            # MSeq.mark_stable, written out: this loop runs for every message on every router.
+            if t < floor or t in stable:
                 continue
+            msg = mentries.get(t)
+            if msg is None:
+                continue
+            stable.add(t)
             n_stable += 1
             sender, sid, header, _p = msg
             by_id.pop(sid, None)
@@ -586,11 +606,6 @@ class Router:
             # dropping seq - ack_cache is enough, in O(1): deleting "the first" key of a
             # dict instead re-scans every slot deleted before it on each call.
             cache.pop(seq - keep, None)
-            n = counts.get(sender, 0) - 1
-            if n > 0:
-                counts[sender] = n
-            else:
-                counts.pop(sender, None)
             if (
                 type(header) is dict
                 and header.get("kind") == "part"
@@ -607,7 +622,6 @@ class Router:
                 else:
                     self._ack(lead, t, (sid, t, delivered), sender)
                 lead.remaining.pop(t, None)
-                lead.confirmed.discard(t)
         self.stats["stable"] += n_stable
 
     def _learn_close(self, cmd: CloseSessionsCmd) -> None:
@@ -690,7 +704,7 @@ class Router:
                     q.append(t)
                     last_sent[d] = t
                 if n:
-                    remaining[t] = n
+                    remaining[t] = 2 * n
                     delivered += n
                 else:
                     self._stable_candidate(t, False)  # nobody to wait for: stable at once
@@ -711,11 +725,11 @@ class Router:
             r = remaining.get(t)
             if r is None:
                 continue
-            if r <= 1:
+            if r < 4:
                 del remaining[t]
-                self._stable_candidate(t, t in lead.confirmed)
+                self._stable_candidate(t, bool(r & 1))
             else:
-                remaining[t] = r - 1
+                remaining[t] = r - 2
 
     def _stable_candidate(self, t: int, delivered: bool) -> None:
         """Every unsuspected destination has ``t``: it is stable now.
@@ -779,7 +793,7 @@ class Router:
                 q.popleft()
             if not q:
                 del lead.waiting[d]
-        counts = self.state.counts
+        counts = self.state.unstable_per_sender()
         total = sum(counts.values())
         threshold = self.p.congestion_threshold
         if total > threshold and counts:

@@ -241,7 +241,7 @@ def test_router_notifies_submitters_above_their_fair_quota() -> None:
         n.submit("a", f"a{i}")
     n.submit("b", "b0")
     n.deliver_all(hold=held)
-    assert n.router("r1").state.counts == {"a": 6, "b": 1}
+    assert n.router("r1").state.unstable_per_sender() == {"a": 6, "b": 1}
     n.settle(0.3, hold=held)  # periodic check: 7 unstable > 4; quota 4/2 = 2 each
     told = {d for _s, d, _m in sent(n, Congestion)}
     assert told == {"a"}
