@@ -259,24 +259,38 @@ def _enc_deliver(o: Any, enc: Encoder) -> Any:
     # A message delivered to three receivers is flattened once per flush.
     flat = enc._flat
     out = []
+    append = out.append
     for t, m in o.items:
         f = flat.get(id(m))
         if f is None:
             (ns, epoch, stream), seq = m.id
             f = flat[id(m)] = (m.sender, ns, epoch, stream, seq, m.header, m.payload)
-        out.append((t, *f))
+        sender, ns, epoch, stream, seq, header, payload = f
+        append((t, sender, ns, epoch, stream, seq, header, payload))  # one tuple, built once
     self_keep = enc._keep
     self_keep.append(o)  # its messages stay alive, so their ids stay unique, until reset
     return out
 
 
 def _dec_deliver(data: Any) -> Any:
-    msgs = _msgs(data, _proto.Deliver, 1)
-    ts = [x[0] for x in data]
-    for t in ts:
-        if type(t) is not int:
-            raise _bad(_proto.Deliver, t)
-    return _proto.Deliver(tuple(zip(ts, msgs, strict=True)))
+    # The _msgs loop with t in front, written out: every copy a receiver gets passes here.
+    out = []
+    append = out.append
+    for x in data:
+        if type(x) is not tuple or len(x) != 8:
+            raise _bad(_proto.Deliver, x)
+        t, sender, ns, epoch, stream, seq, header, payload = x
+        if (
+            type(t) is not int
+            or type(sender) is not str
+            or type(ns) is not str
+            or type(epoch) is not int
+            or type(stream) is not str
+            or type(seq) is not int
+        ):
+            raise _bad(_proto.Deliver, x)
+        append((t, _tnew(_M, (sender, ((ns, epoch, stream), seq), header, payload))))
+    return _proto.Deliver(tuple(out))
 
 
 def _enc_unsafe(o: Any, _enc: Encoder) -> Any:
