@@ -2,9 +2,9 @@
 
 Why extension types: a payload may itself be any msgpack value, so a dataclass must not
 look like a list or a map.  Why an identity cache: the same object often goes to several
-peers in one flush (an ``Accept`` to every follower, a ``Message`` inside the ``Deliver``
-of each of its destinations); :class:`Encoder` packs each object once per flush and
-splices the bytes wherever it appears (STYLE.md section 4: encode once).
+peers in one flush (an ``Accept`` to every follower); :class:`Encoder` packs each object
+once per flush and splices the bytes wherever it appears (STYLE.md section 4: encode
+once).  Messages inside the hot containers are plain nested arrays, packed in C.
 
 Decoding validates every field against the class's annotations (ints are ints, node ids
 are strings, tuples are tuples of what they claim), so a malformed or hostile frame raises
@@ -17,6 +17,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 import msgpack
@@ -191,85 +192,74 @@ def _make_decoder(cls: type) -> Callable[[Any], Any]:
 
 # ------------------------------------------------------------------ hot classes
 # Messages travel by the thousand inside a few container types.  Those containers are
-# packed as flat tuples of primitives (one C-level pack and unpack for the whole batch,
-# no Python call per message) and validated in one tight loop.
+# packed as they are: a Message or Submission is a tuple, so msgpack writes it as a nested
+# array in C, with no Python code per message on the sending side.  On the receiving side
+# msgpack has already built every tuple but the outer NamedTuple; one tight loop checks
+# the shape and leaf types and turns each tuple into its class in one step.  (Flattened
+# arrays, the earlier layout, cost a Python-built tuple per copy on the leader and four
+# more per message at each receiver to rebuild the nesting.)
 
 _M = _message.Message
 _tnew = _message.fast_new
 _S = _message.Submission
+_SHAPE = (TypeError, ValueError)
+"""What unpacking a value of the wrong shape raises (every value here came from msgpack,
+so iterating it runs no foreign code)."""
 
 
 def _bad(cls: type, value: Any) -> DecodeError:
     return DecodeError(f"{cls.__name__}: bad item {value!r:.80}")
 
 
-def _flat_msg(m: Any) -> tuple[Any, ...]:
-    (ns, epoch, stream), seq = m.id
-    return (m.sender, ns, epoch, stream, seq, m.header, m.payload)
-
-
-def _msgs(data: Any, cls: type, skip: int = 0) -> list[Any]:
-    """Messages flattened as ``(*prefix, sender, ns, epoch, stream, seq, header,
-    payload)``, checked and rebuilt in one loop (every copy a receiver gets, every route a
-    follower learns passes here; a call per message cost a tenth of a receiver's time).
-    The ``skip`` prefix fields are the caller's to check."""
+def _msgs(data: Any, cls: type) -> list[Any]:
+    """Messages ``(sender, ((ns, epoch, stream), seq), header, payload)``, checked and made
+    :class:`Message` in one loop (every route a follower learns passes here)."""
     out: list[Any] = []
     append = out.append
-    size = 7 + skip
-    for x in data:
-        if type(x) is not tuple or len(x) != size:
-            raise _bad(cls, x)
-        sender, ns, epoch, stream, seq, header, payload = x[skip:] if skip else x
+    for m in data:
+        try:
+            sender, sid, _h, _p = m
+            sess, seq = sid
+            ns, epoch, stream = sess
+        except _SHAPE:
+            raise _bad(cls, m) from None
         if (
-            type(sender) is not str
+            type(m) is not tuple
+            or type(sid) is not tuple
+            or type(sess) is not tuple
+            or type(sender) is not str
             or type(ns) is not str
             or type(epoch) is not int
             or type(stream) is not str
             or type(seq) is not int
         ):
-            raise _bad(cls, x)
-        append(_tnew(_M, (sender, ((ns, epoch, stream), seq), header, payload)))
+            raise _bad(cls, m)
+        append(_tnew(_M, m))
     return out
-
-
-def _flat_sub(m: Any) -> tuple[Any, ...]:
-    (ns, epoch, stream), seq = m.id
-    return (ns, epoch, stream, seq, m.header, m.payload)
 
 
 def _subs(data: Any, cls: type) -> tuple[Any, ...]:
     out = []
     append = out.append
     for x in data:
-        if type(x) is not tuple or len(x) != 6:
-            raise _bad(cls, x)
-        ns, epoch, stream, seq, header, payload = x
+        try:
+            sid, _h, _p = x
+            sess, seq = sid
+            ns, epoch, stream = sess
+        except _SHAPE:
+            raise _bad(cls, x) from None
         if (
-            type(ns) is not str
+            type(x) is not tuple
+            or type(sid) is not tuple
+            or type(sess) is not tuple
+            or type(ns) is not str
             or type(epoch) is not int
             or type(stream) is not str
             or type(seq) is not int
         ):
             raise _bad(cls, x)
-        append(_tnew(_S, (((ns, epoch, stream), seq), header, payload)))
+        append(_tnew(_S, x))
     return tuple(out)
-
-
-def _enc_deliver(o: Any, enc: Encoder) -> Any:
-    # A message delivered to three receivers is flattened once per flush.
-    flat = enc._flat
-    out = []
-    append = out.append
-    for t, m in o.items:
-        f = flat.get(id(m))
-        if f is None:
-            (ns, epoch, stream), seq = m.id
-            f = flat[id(m)] = (m.sender, ns, epoch, stream, seq, m.header, m.payload)
-        sender, ns, epoch, stream, seq, header, payload = f
-        append((t, sender, ns, epoch, stream, seq, header, payload))  # one tuple, built once
-    self_keep = enc._keep
-    self_keep.append(o)  # its messages stay alive, so their ids stay unique, until reset
-    return out
 
 
 def _dec_deliver(data: Any) -> Any:
@@ -277,11 +267,19 @@ def _dec_deliver(data: Any) -> Any:
     out = []
     append = out.append
     for x in data:
-        if type(x) is not tuple or len(x) != 8:
-            raise _bad(_proto.Deliver, x)
-        t, sender, ns, epoch, stream, seq, header, payload = x
+        try:
+            t, m = x
+            sender, sid, _h, _p = m
+            sess, seq = sid
+            ns, epoch, stream = sess
+        except _SHAPE:
+            raise _bad(_proto.Deliver, x) from None
         if (
-            type(t) is not int
+            type(x) is not tuple
+            or type(m) is not tuple
+            or type(sid) is not tuple
+            or type(sess) is not tuple
+            or type(t) is not int
             or type(sender) is not str
             or type(ns) is not str
             or type(epoch) is not int
@@ -289,32 +287,25 @@ def _dec_deliver(data: Any) -> Any:
             or type(seq) is not int
         ):
             raise _bad(_proto.Deliver, x)
-        append((t, _tnew(_M, (sender, ((ns, epoch, stream), seq), header, payload))))
+        append((t, _tnew(_M, m)))
     return _proto.Deliver(tuple(out))
 
 
-def _enc_unsafe(o: Any, _enc: Encoder) -> Any:
-    return [(tag, frontier, *_flat_msg(m)) for tag, frontier, m in o.items]
-
-
 def _dec_unsafe(data: Any) -> Any:
-    msgs = _msgs(data, _proto.DeliverUnsafe, 2)
     for x in data:
-        if (x[0] is not None and type(x[0]) is not int) or type(x[1]) is not int:
+        if (
+            type(x) is not tuple
+            or len(x) != 3
+            or (x[0] is not None and type(x[0]) is not int)
+            or type(x[1]) is not int
+        ):
             raise _bad(_proto.DeliverUnsafe, x)
+    msgs = _msgs([x[2] for x in data], _proto.DeliverUnsafe)
     return _proto.DeliverUnsafe(tuple((x[0], x[1], m) for x, m in zip(data, msgs, strict=True)))
-
-
-def _enc_msgs(o: Any, _enc: Encoder) -> Any:
-    return [_flat_msg(m) for m in o.msgs]
 
 
 def _dec_routecmd(data: Any) -> Any:
     return _proto.RouteCmd(tuple(_msgs(data, _proto.RouteCmd)))
-
-
-def _enc_subs(o: Any, _enc: Encoder) -> Any:
-    return [_flat_sub(m) for m in o.subs]
 
 
 def _dec_route(data: Any) -> Any:
@@ -325,31 +316,29 @@ def _dec_route_unsafe(data: Any) -> Any:
     return _proto.RouteUnsafe(_subs(data, _proto.RouteUnsafe))
 
 
-def _enc_stable(o: Any, _enc: Encoder) -> Any:
-    return [(ns, epoch, stream, seq, t, d) for ((ns, epoch, stream), seq), t, d in o.acks]
-
-
 def _dec_stable(data: Any) -> Any:
-    out = []
-    for x in data:
-        if type(x) is not tuple or len(x) != 6:
-            raise _bad(_proto.Stable, x)
-        ns, epoch, stream, seq, t, d = x
+    # An ack arrives as the plain tuple ``(((ns, epoch, stream), seq), t, delivered)`` the
+    # endpoint wants: checked, it is kept as it is.
+    for a in data:
+        try:
+            sid, t, d = a
+            sess, seq = sid
+            ns, epoch, stream = sess
+        except _SHAPE:
+            raise _bad(_proto.Stable, a) from None
         if (
-            type(ns) is not str
+            type(a) is not tuple
+            or type(sid) is not tuple
+            or type(sess) is not tuple
+            or type(ns) is not str
             or type(epoch) is not int
             or type(stream) is not str
             or type(seq) is not int
             or (t is not None and type(t) is not int)
             or type(d) is not bool
         ):
-            raise _bad(_proto.Stable, x)
-        out.append((((ns, epoch, stream), seq), t, d))
-    return _proto.Stable(tuple(out))
-
-
-def _enc_stablecmd(o: Any, _enc: Encoder) -> Any:
-    return list(o.entries)
+            raise _bad(_proto.Stable, a)
+    return _proto.Stable(data)
 
 
 def _dec_stablecmd(data: Any) -> Any:
@@ -359,14 +348,15 @@ def _dec_stablecmd(data: Any) -> Any:
     return _proto.StableCmd(data)
 
 
-_SPECIAL: dict[type, tuple[Callable[[Any, Encoder], Any], Callable[[Any], Any]]] = {
-    _proto.StableCmd: (_enc_stablecmd, _dec_stablecmd),
-    _proto.Deliver: (_enc_deliver, _dec_deliver),
-    _proto.DeliverUnsafe: (_enc_unsafe, _dec_unsafe),
-    _proto.RouteCmd: (_enc_msgs, _dec_routecmd),
-    _proto.Route: (_enc_subs, _dec_route),
-    _proto.RouteUnsafe: (_enc_subs, _dec_route_unsafe),
-    _proto.Stable: (_enc_stable, _dec_stable),
+# Each hot container has one field, a tuple of tuples, packed as it is.
+_SPECIAL: dict[type, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+    _proto.StableCmd: (attrgetter("entries"), _dec_stablecmd),
+    _proto.Deliver: (attrgetter("items"), _dec_deliver),
+    _proto.DeliverUnsafe: (attrgetter("items"), _dec_unsafe),
+    _proto.RouteCmd: (attrgetter("msgs"), _dec_routecmd),
+    _proto.Route: (attrgetter("subs"), _dec_route),
+    _proto.RouteUnsafe: (attrgetter("subs"), _dec_route_unsafe),
+    _proto.Stable: (attrgetter("acks"), _dec_stable),
 }
 _SPECIAL_DEC: dict[int, Callable[[Any], Any]] = {_CODE[c]: d for c, (_e, d) in _SPECIAL.items()}
 
@@ -380,11 +370,10 @@ and our data is ``bytes`` by construction."""
 class Encoder:
     """Packs messages; objects seen earlier in the same flush are not packed again."""
 
-    __slots__ = ("__dict__", "_cache", "_depth", "_flat", "_keep", "_packers")
+    __slots__ = ("__dict__", "_cache", "_depth", "_keep", "_packers")
 
     def __init__(self) -> None:
         self._cache: dict[int, msgpack.ExtType] = {}
-        self._flat: dict[int, tuple[Any, ...]] = {}
         self._keep: list[Any] = []  # keeps cached objects alive so ids stay unique
         self._packers: list[Callable[[Any], bytes]] = []
         self._depth = 0
@@ -401,7 +390,7 @@ class Encoder:
         if code is None:
             raise TypeError(f"cannot encode {cls.__name__}")
         special = _SPECIAL.get(cls)
-        fields = special[0](obj, self) if special else [getattr(obj, n) for n in _FIELDS[cls]]
+        fields = special[0](obj) if special else [getattr(obj, n) for n in _FIELDS[cls]]
         # One Packer per nesting depth, reused: a new Packer allocates a 256 KiB buffer,
         # and allocating and touching that per object cost more than the packing itself.
         depth = self._depth
@@ -424,7 +413,6 @@ class Encoder:
     def reset(self) -> None:
         """Forget cached encodings (call once per flush)."""
         self._cache.clear()
-        self._flat.clear()
         self._keep.clear()
 
 
