@@ -104,8 +104,7 @@ class BroadcastConfig:
         return self._members
 
     def apply(self, msg: Message) -> BroadcastConfig:
-        h = msg.header  # Message.kind written out: every router calls this per message
-        kind = h.get("kind") if type(h) is dict else None
+        kind = msg.kind
         if kind is None:
             return self
         members = self._members
@@ -134,8 +133,7 @@ class BroadcastConfig:
         return members if msg.sender in members else EMPTY
 
     def suspects(self, msg: Message) -> frozenset[NodeId]:
-        h = msg.header
-        if type(h) is dict and h.get("kind") == "suspect" and msg.sender in self._members:
+        if msg.kind == "suspect" and msg.sender in self._members:
             return _suspected(msg)
         return EMPTY
 
@@ -210,8 +208,7 @@ class KeyRingConfig:
         return tuple(n for _, n in self._ring)
 
     def apply(self, msg: Message) -> KeyRingConfig:
-        h = msg.header  # Message.kind written out: every router calls this per message
-        kind = h.get("kind") if type(h) is dict else None
+        kind = msg.kind
         if kind is None:
             return self
         sender = msg.sender
@@ -236,8 +233,7 @@ class KeyRingConfig:
         return KeyRingConfig(self.f, ring, self._others - gone, self._retired | gone)
 
     def destset(self, msg: Message) -> frozenset[NodeId]:
-        h = msg.header  # Message.kind written out: every router calls this per message
-        kind = h.get("kind") if type(h) is dict else None
+        kind = msg.kind
         sender = msg.sender
         if kind is not None:
             if kind == "join":
@@ -250,8 +246,7 @@ class KeyRingConfig:
         return self._succ[i % len(self._succ)]
 
     def suspects(self, msg: Message) -> frozenset[NodeId]:
-        h = msg.header
-        if type(h) is dict and h.get("kind") == "suspect" and msg.sender in self._all:
+        if msg.kind == "suspect" and msg.sender in self._all:
             return _suspected(msg)
         return EMPTY
 
