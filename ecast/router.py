@@ -520,9 +520,7 @@ class Router:
         sessions = st.sessions
         closed = st.closed
         by_id = st.by_id
-        entries = mseq.entries
         configs = mseq.configs
-        starts = mseq.starts
         proposed = self._proposed
         lead = self.lead
         observer = self.observer
@@ -552,15 +550,8 @@ class Router:
                     self.stats["gaps"] += 1
                 continue
             sessions[sess] = seq + 1 if seq + 1 > nxt else nxt
-            # MSeq.append, written out: t is routed by the config before it.
-            t = mseq.next_t
-            entries[t] = msg
-            mseq.next_t = t + 1
-            config = configs[-1]
-            after = config.apply(msg)
-            if after is not config:
-                starts.append(t + 1)
-                configs.append(after)
+            config = configs[-1]  # the config before t routes t (no bisect per message)
+            t = mseq.append(msg)
             learned += 1
             by_id[sid] = t
             if observer is not None:
@@ -579,21 +570,16 @@ class Router:
         st = self.state
         mseq = st.mseq
         mentries = mseq.entries
-        stable = mseq.stable
-        floor = mseq.floor
+        mark_stable = mseq.mark_stable
         by_id = st.by_id
         acks = st.acks
         keep = self.p.ack_cache
         lead = self.lead
         n_stable = 0
         for t, delivered in entries:
-            # MSeq.mark_stable, written out: this loop runs for every message on every router.
-            if t < floor or t in stable:
-                continue
             msg = mentries.get(t)
-            if msg is None:
+            if msg is None or not mark_stable(t):
                 continue
-            stable.add(t)
             n_stable += 1
             sender, sid, header, _p = msg
             by_id.pop(sid, None)
