@@ -186,16 +186,7 @@ class Endpoint:
     ) -> tuple[list[MsgId], Effects]:
         """Queue many ``(payload, header)`` messages in one step (one Route per step)."""
         self._begin(now)
-        self._check_open()
-        session = self.session
-        first = self.next_seq
-        self.next_seq = first + len(items)
-        ids = [(session, seq) for seq in range(first, self.next_seq)]
-        # One admission for the whole batch, not one call per message (a client's cost).
-        self.backlog.extend(
-            [_tnew(Submission, (sid, h, p)) for sid, (p, h) in zip(ids, items, strict=True)]
-        )
-        self._admit()
+        ids = self._new_submissions(items)
         return ids, self._end()
 
     def join(self, now: float, **header: Any) -> tuple[MsgId, Effects]:
@@ -425,19 +416,25 @@ class Endpoint:
         assert self._fx is not None
         self._fx.deliver.append(upcall)
 
-    def _check_open(self) -> None:
+    def _new_submissions(self, items: list[tuple[Any, Any]]) -> list[MsgId]:
+        """Number ``(payload, header)`` items and admit them in one step: a client's cost
+        is per message, so no call per message here."""
         if self.terminated is not None:
             raise EndpointClosed(f"{self.me} terminated ({self.terminated})")
         if self.closing:
             raise EndpointClosed(f"{self.me} is closing: its part is the last message")
+        session = self.session
+        first = self.next_seq
+        self.next_seq = first + len(items)
+        ids = [(session, seq) for seq in range(first, self.next_seq)]
+        self.backlog.extend(
+            [_tnew(Submission, (sid, h, p)) for sid, (p, h) in zip(ids, items, strict=True)]
+        )
+        self._admit()
+        return ids
 
     def _new_submission(self, payload: Any, header: Any) -> MsgId:
-        self._check_open()
-        sid = (self.session, self.next_seq)
-        self.next_seq += 1
-        self.backlog.append(Submission(sid, header, payload))
-        self._admit()
-        return sid
+        return self._new_submissions([(payload, header)])[0]
 
     def _admit(self) -> None:
         """Move backlog into the window while the congestion window allows."""
