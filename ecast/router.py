@@ -520,7 +520,9 @@ class Router:
         sessions = st.sessions
         closed = st.closed
         by_id = st.by_id
+        entries = mseq.entries
         configs = mseq.configs
+        starts = mseq.starts
         proposed = self._proposed
         lead = self.lead
         observer = self.observer
@@ -550,8 +552,15 @@ class Router:
                     self.stats["gaps"] += 1
                 continue
             sessions[sess] = seq + 1 if seq + 1 > nxt else nxt
-            config = configs[-1]  # the config before t routes t (no bisect per message)
-            t = mseq.append(msg)
+            # MSeq.append, written out: t is routed by the config before it.
+            t = mseq.next_t
+            entries[t] = msg
+            mseq.next_t = t + 1
+            config = configs[-1]
+            after = config.apply(msg)
+            if after is not config:
+                starts.append(t + 1)
+                configs.append(after)
             learned += 1
             by_id[sid] = t
             if observer is not None:
@@ -570,16 +579,21 @@ class Router:
         st = self.state
         mseq = st.mseq
         mentries = mseq.entries
-        mark_stable = mseq.mark_stable
+        stable = mseq.stable
+        floor = mseq.floor
         by_id = st.by_id
         acks = st.acks
         keep = self.p.ack_cache
         lead = self.lead
         n_stable = 0
         for t, delivered in entries:
-            msg = mentries.get(t)
-            if msg is None or not mark_stable(t):
+            # MSeq.mark_stable, written out: this loop runs for every message on every router.
+            if t < floor or t in stable:
                 continue
+            msg = mentries.get(t)
+            if msg is None:
+                continue
+            stable.add(t)
             n_stable += 1
             sender, sid, header, _p = msg
             by_id.pop(sid, None)
