@@ -104,7 +104,8 @@ class BroadcastConfig:
         return self._members
 
     def apply(self, msg: Message) -> BroadcastConfig:
-        kind = msg.kind
+        h = msg.header  # Message.kind written out: every router calls this per message
+        kind = h.get("kind") if type(h) is dict else None
         if kind is None:
             return self
         members = self._members
@@ -133,7 +134,8 @@ class BroadcastConfig:
         return members if msg.sender in members else EMPTY
 
     def suspects(self, msg: Message) -> frozenset[NodeId]:
-        if msg.kind == "suspect" and msg.sender in self._members:
+        h = msg.header
+        if type(h) is dict and h.get("kind") == "suspect" and msg.sender in self._members:
             return _suspected(msg)
         return EMPTY
 
@@ -208,7 +210,8 @@ class KeyRingConfig:
         return tuple(n for _, n in self._ring)
 
     def apply(self, msg: Message) -> KeyRingConfig:
-        kind = msg.kind
+        h = msg.header  # Message.kind written out: every router calls this per message
+        kind = h.get("kind") if type(h) is dict else None
         if kind is None:
             return self
         sender = msg.sender
@@ -233,7 +236,8 @@ class KeyRingConfig:
         return KeyRingConfig(self.f, ring, self._others - gone, self._retired | gone)
 
     def destset(self, msg: Message) -> frozenset[NodeId]:
-        kind = msg.kind
+        h = msg.header  # Message.kind written out: every router calls this per message
+        kind = h.get("kind") if type(h) is dict else None
         sender = msg.sender
         if kind is not None:
             if kind == "join":
@@ -246,7 +250,8 @@ class KeyRingConfig:
         return self._succ[i % len(self._succ)]
 
     def suspects(self, msg: Message) -> frozenset[NodeId]:
-        if msg.kind == "suspect" and msg.sender in self._all:
+        h = msg.header
+        if type(h) is dict and h.get("kind") == "suspect" and msg.sender in self._all:
             return _suspected(msg)
         return EMPTY
 
