@@ -239,6 +239,7 @@ def _msgs(data: Any, cls: type) -> list[Any]:
 
 
 def _subs(data: Any, cls: type) -> tuple[Any, ...]:
+    # The message-id check of _msgs, written out (docs/decisions.md: hot loops).
     out = []
     append = out.append
     for x in data:
@@ -318,7 +319,8 @@ def _dec_route_unsafe(data: Any) -> Any:
 
 def _dec_stable(data: Any) -> Any:
     # An ack arrives as the plain tuple ``(((ns, epoch, stream), seq), t, delivered)`` the
-    # endpoint wants: checked, it is kept as it is.
+    # endpoint wants: checked (the message-id check of _msgs, written out), it is kept as
+    # it is.
     for a in data:
         try:
             sid, t, d = a
