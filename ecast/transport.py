@@ -37,7 +37,7 @@ import msgpack
 
 from ecast.effects import NodeId
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 HANDSHAKE_TIMEOUT = 5.0
 READ_BUDGET = 256 * 1024
 """Bytes a connection may hand to the process per event-loop turn.  Beyond it the

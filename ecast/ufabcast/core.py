@@ -24,8 +24,11 @@ How the pieces fit (each is spelled out where it is implemented):
   commands pass through a reorder buffer that releases them in sequence order and drops
   second copies; it is a pure function of the executed sequence and survives views.
 * **Membership.**  Heartbeats every 250 ms carry the highest executed instance; the minimum
-  over the view is the GC watermark.  A member silent for the failure timeout is proposed
-  ``part``.  Commands of a router executed after its own ``part`` are ignored.
+  over the view is the GC watermark.  Under load a follower's ``Accepted`` carries it too
+  and the leader's ``Commit`` carries the watermark back, so the log is collected a round
+  trip after every member executed it instead of up to two heartbeats later.  A member
+  silent for the failure timeout is proposed ``part``.  Commands of a router executed
+  after its own ``part`` are ignored.
 """
 
 from __future__ import annotations
@@ -198,6 +201,8 @@ class Ufabcast:
         self._acks_out: dict[tuple[NodeId, int, Ballot], int] = {}
         self._nacks_out: dict[NodeId, tuple[int, Ballot]] = {}
         self._commit_dirty = False
+        self._gc_due = False
+        """A follower reported progress in an ``Accepted``: collect before returning."""
         self._votes_due = _INF
         """When held votes must go out (``UfabParams.vote_delay``); infinite if none."""
         self._commit_due: float | None = None
@@ -390,6 +395,9 @@ class Ufabcast:
             if self._resend_due:
                 self._resend_pending()
             self._flush_queue()
+            if self._gc_due:
+                self._gc_due = False
+                self._collect_garbage()
             if self._fwd_out:
                 cmds, self._fwd_out = self._fwd_out, []
                 target = self._believed_leader()
@@ -423,7 +431,7 @@ class Ufabcast:
             if self._now < self._votes_due and not self._prompt_voter(leader, view):
                 held[key] = upto
                 continue
-            self._send(leader, Accepted(view, ballot, upto))
+            self._send(leader, Accepted(view, ballot, upto, self.next_exec - 1))
         self._acks_out = held
         if not held:
             self._votes_due = _INF
@@ -458,7 +466,7 @@ class Ufabcast:
                 return
         self._commit_dirty = False
         self._commit_due = None
-        msg = Commit(lead.view, lead.ballot, lead.first_inst, lead.committed)
+        msg = Commit(lead.view, lead.ballot, lead.first_inst, lead.committed, self.watermark)
         for m in self.view.members:
             if m != self.me:
                 self._send(m, msg)
@@ -540,7 +548,7 @@ class Ufabcast:
         if self._commit_dirty and self.lead is not None:
             # The old view's last Commit must go out before its leadership is gone.
             lead = self.lead
-            final = Commit(lead.view, lead.ballot, lead.first_inst, lead.committed)
+            final = Commit(lead.view, lead.ballot, lead.first_inst, lead.committed, self.watermark)
             for m in old.members:
                 if m != self.me:
                     self._send(m, final)
@@ -1067,6 +1075,10 @@ class Ufabcast:
             self._nacks_out[src] = (msg.view, acc.promised)
 
     def _on_accepted(self, src: NodeId, msg: Accepted) -> None:
+        view = self.view
+        if view is not None and msg.executed > self.reported.get(src, -2) and src in view.members:
+            self.reported[src] = msg.executed
+            self._gc_due = True
         lead = self._active_lead()
         if lead is None or msg.view != lead.view or msg.ballot != lead.ballot:
             return
@@ -1106,6 +1118,10 @@ class Ufabcast:
         if seen is None or seen[0] != msg.ballot or seen[1] < msg.hi:
             self._commit_seen[view] = (msg.ballot, msg.hi)
         self._try_execute()
+        if current and self.installed and msg.collected > self.watermark:
+            # Every member executed up to ``collected``, this one included (its own report
+            # is part of the minimum), so nothing up to there can be asked of it again.
+            self._collect_to(min(msg.collected, self.next_exec - 1))
 
     @staticmethod
     def _value_for(acc: _Acceptor | None, inst: int, ballot: Ballot) -> Value | None:
@@ -1291,6 +1307,11 @@ class Ufabcast:
                 if r is None:
                     return
                 w = min(w, r)
+        self._collect_to(w)
+
+    def _collect_to(self, w: int) -> None:
+        view = self.view
+        assert view is not None
         old = self.watermark
         if w <= old:
             return

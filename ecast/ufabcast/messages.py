@@ -104,12 +104,15 @@ class Accepted:
     """The sender accepted every ``Accept`` of this ballot it received up to ``upto``.
 
     One range acknowledgement per leader per flush instead of one per instance; FIFO
-    channels make "everything up to" exact.
+    channels make "everything up to" exact.  ``executed`` is the sender's highest executed
+    instance: under load it reaches the leader within a round trip, so the leader can
+    collect garbage without waiting for the next heartbeat (3.5.5).
     """
 
     view: int
     ballot: Ballot
     upto: int
+    executed: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,12 +125,17 @@ class Nack:
 
 @dataclass(frozen=True, slots=True)
 class Commit:
-    """Instances ``lo..hi`` of ``view`` are chosen with the values of ``ballot``."""
+    """Instances ``lo..hi`` of ``view`` are chosen with the values of ``ballot``.
+
+    ``collected`` is the leader's GC watermark: every member has executed every instance
+    up to it, so a follower may forget them too (3.5.5) without waiting for heartbeats.
+    """
 
     view: int
     ballot: Ballot
     lo: int
     hi: int
+    collected: int
 
 
 @dataclass(frozen=True, slots=True)

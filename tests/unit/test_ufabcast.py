@@ -194,7 +194,7 @@ def test_phase1_fills_holes_with_the_highest_accepted_value_or_a_noop() -> None:
     assert proposed[:3] == [(0, NOOP), (1, stop), (2, high)]
     # Once chosen, the hole executes as a no-op and the stop sign ends the view.
     top = max(i for i, _v in proposed)
-    fx = b.on_messages("c", (Accepted(0, prepare.ballot, top),), 1.6)
+    fx = b.on_messages("c", (Accepted(0, prepare.ballot, top, -1),), 1.6)
     assert b.view is not None and b.view.number == 1 and "c" not in b.view.members
 
 
@@ -392,3 +392,24 @@ def test_a_held_vote_still_chooses_when_the_prompt_voter_is_gone() -> None:
     net.tick(0.006)
     net.deliver_all()
     assert net.executed("a") == ["m0"]
+
+
+def test_the_log_is_collected_a_round_trip_after_everyone_executed_it_not_a_heartbeat() -> None:
+    # Heartbeats every 30 s: any collection below comes from Accepted and Commit alone.
+    net = ManualNet(["a", "b", "c"], params(heartbeat_interval=30.0, failure_timeout=60.0))
+    for i in range(4):
+        net.propose("a", f"m{i}")
+        net.deliver_all()
+        net.tick(0.01)
+        net.deliver_all()
+    assert all(net.executed(r) == [f"m{i}" for i in range(4)] for r in "abc")
+    # The only heartbeats went out with the first tick, when instance 0 was all anyone had.
+    assert {m.executed for _s, _d, m in net.sent if type(m) is Heartbeat} == {0}
+    a, b, c = (net.core(r) for r in "abc")
+    # The leader heard every follower's position in its votes and collected what all
+    # executed; each Commit carried that watermark to the followers, one instance behind.
+    assert a.watermark == 3 and not a.log
+    assert b.watermark == c.watermark == 2 and sorted(b.log) == sorted(c.log) == [3]
+    commits = [m.collected for s, d, m in net.sent if s == "a" and type(m) is Commit]
+    assert commits == sorted(commits) and commits[-1] == 2
+    assert net.violations() == []
