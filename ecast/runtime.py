@@ -328,10 +328,11 @@ class Runtime:
             encoder.reset()
 
     def _write(self, conn: Connection, parts: list[bytes], size: int) -> None:
-        body = _array_header(len(parts)) + b"".join(parts)
-        conn.send(body)
+        head = _array_header(len(parts))
+        size += len(head)
+        conn.send(head, parts, size)
         self.stats["packets_out"] += 1
-        self.stats["bytes_out"] += len(body) + 4
+        self.stats["bytes_out"] += size + 4
 
     # ------------------------------------------------------------------ receiving
     def frame_received(self, conn: Connection, body: bytes | memoryview) -> None:
@@ -545,7 +546,8 @@ class Runtime:
         """Tell the peer why (best effort), log, and close the connection."""
         log.warning("event=refused host=%s peer=%s reason=%r", self.host_id, _host(conn), reason)
         with contextlib.suppress(Exception):
-            conn.send(_array_header(1) + self.encoder.pack(("error", reason)))
+            error = self.encoder.pack(("error", reason))
+            conn.send(_array_header(1), [error], 1 + len(error))
         conn.close(reason)
 
     def congested(self, peer: NodeId) -> bool:
