@@ -369,6 +369,12 @@ _ext_new = tuple.__new__
 and our data is ``bytes`` by construction."""
 
 
+KEEP_PACKER_BUFFER = 512 * 1024
+"""A Packer's buffer grows to the largest object it packed and never shrinks.  One that
+packed more than this (a Paxos instance of thousands of messages after a stall) is
+replaced, so a rare burst does not leave megabytes resident for the process's life."""
+
+
 class Encoder:
     """Packs messages; objects seen earlier in the same flush are not packed again."""
 
@@ -380,7 +386,10 @@ class Encoder:
         self._packers: list[Callable[[Any], bytes]] = []
         self._depth = 0
         # One reusable Packer (msgpack.packb builds a new one per call).
-        self._packer = msgpack.Packer(default=self._default, use_bin_type=True).pack
+        self._packer = self._new_packer()
+
+    def _new_packer(self) -> Callable[[Any], bytes]:
+        return msgpack.Packer(default=self._default, use_bin_type=True).pack
 
     def _default(self, obj: Any) -> Any:
         key = id(obj)
@@ -398,19 +407,24 @@ class Encoder:
         depth = self._depth
         packers = self._packers
         if depth == len(packers):
-            packers.append(msgpack.Packer(default=self._default, use_bin_type=True).pack)
+            packers.append(self._new_packer())
         self._depth = depth + 1
         try:
             data = packers[depth](fields)
         finally:
             self._depth = depth
+        if len(data) > KEEP_PACKER_BUFFER:
+            packers[depth] = self._new_packer()
         ext = _ext_new(msgpack.ExtType, (code, data))
         self._cache[key] = ext
         self._keep.append(obj)
         return ext
 
     def pack(self, obj: Any) -> bytes:
-        return self._packer(obj)
+        data = self._packer(obj)
+        if len(data) > KEEP_PACKER_BUFFER:
+            self._packer = self._new_packer()
+        return data
 
     def reset(self) -> None:
         """Forget cached encodings (call once per flush)."""

@@ -8,7 +8,15 @@ import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ecast.codec import DecodeError, Encoder, decode_packet, frame_item, pack, unpack
+from ecast.codec import (
+    KEEP_PACKER_BUFFER,
+    DecodeError,
+    Encoder,
+    decode_packet,
+    frame_item,
+    pack,
+    unpack,
+)
 from ecast.link import Frame
 from ecast.message import Message, Submission
 from ecast.proto import (
@@ -104,6 +112,22 @@ def test_an_object_shared_by_frames_is_encoded_once_per_flush() -> None:
     enc.reset()
     enc.pack(Frame(1, 2, 3, 0, (accept,)))
     assert calls[-4:] == ["Frame", "Accept", "AppCmd", "RouteCmd"]  # a new flush packs again
+
+
+def test_a_packer_that_packed_a_burst_is_replaced_and_small_ones_are_kept() -> None:
+    # A Packer's buffer keeps the size of the largest object it packed; a process that
+    # once packed a huge Paxos instance would hold that memory for good.
+    enc = Encoder()
+    small = Accept(0, (0, "r"), 1, (AppCmd("r", 1, b"x" * 100),))
+    big = Accept(0, (0, "r"), 2, (AppCmd("r", 2, b"y" * (KEEP_PACKER_BUFFER + 1)),))
+    enc.pack(Frame(1, 2, 1, 0, (small,)))
+    top, nested = enc._packer, list(enc._packers)
+    enc.pack(Frame(1, 2, 2, 0, (small,)))
+    assert enc._packer is top and enc._packers == nested  # reused
+    encoded = enc.pack(Frame(1, 2, 3, 0, (big,)))
+    assert enc._packer is not top and enc._packers[0] is not nested[0]
+    assert unpack(encoded) == Frame(1, 2, 3, 0, (big,))  # and what it packed is intact
+    assert unpack(enc.pack(Frame(1, 2, 4, 0, (small,)))) == Frame(1, 2, 4, 0, (small,))
 
 
 @settings(max_examples=500, deadline=None)
