@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ecast.codec import (
-    KEEP_PACKER_BUFFER,
+    PACKER_BUFFER,
     DecodeError,
     Encoder,
     decode_packet,
@@ -114,12 +114,12 @@ def test_an_object_shared_by_frames_is_encoded_once_per_flush() -> None:
     assert calls[-4:] == ["Frame", "Accept", "AppCmd", "RouteCmd"]  # a new flush packs again
 
 
-def test_a_packer_that_packed_a_burst_is_replaced_and_small_ones_are_kept() -> None:
+def test_a_packer_that_outgrew_its_buffer_is_replaced_and_small_ones_are_kept() -> None:
     # A Packer's buffer keeps the size of the largest object it packed; a process that
     # once packed a huge Paxos instance would hold that memory for good.
     enc = Encoder()
     small = Accept(0, (0, "r"), 1, (AppCmd("r", 1, b"x" * 100),))
-    big = Accept(0, (0, "r"), 2, (AppCmd("r", 2, b"y" * (KEEP_PACKER_BUFFER + 1)),))
+    big = Accept(0, (0, "r"), 2, (AppCmd("r", 2, b"y" * (PACKER_BUFFER + 1)),))
     enc.pack(Frame(1, 2, 1, 0, (small,)))
     top, nested = enc._packer, list(enc._packers)
     enc.pack(Frame(1, 2, 2, 0, (small,)))
