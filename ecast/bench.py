@@ -6,9 +6,9 @@ and a payload; the key-ring config routes each message to ``replication`` receiv
 
 Reported: ``throughput_per_s`` (stable acknowledgements per second), ``delivered_per_s``
 (message-destination pairs per second), latency ``p50_ms``/``p99_ms`` from submit to stable
-acknowledgement, ``rss_mb`` per role (after warm-up and at the end), and with
-``--kill-leader-at`` the ``longest_gap_s`` without acknowledgements and whether the order
-checkers passed on what was delivered.
+acknowledgement, ``rss_mb`` per role (after warm-up, at the end, and the spread and trend
+between), and with ``--kill-leader-at`` the ``longest_gap_s`` without acknowledgements
+and whether the order checkers passed on what was delivered.
 """
 
 from __future__ import annotations
@@ -205,17 +205,21 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
     def on_acks(batch: list[Any]) -> None:
         now = clock()
         in_window = warm <= now <= end
+        mine = 0  # not the SDK's own membership messages (its join)
         for ack in batch:
             t0 = sent_at.pop(ack.id[1], None)
-            if t0 is not None and in_window:
+            if t0 is None:
+                continue
+            mine += 1
+            if in_window:
                 b = int((now - t0) / BUCKET_S)
                 hist[b] = hist.get(b, 0) + 1
             if args.record:
                 acks.append(_record_key(args.name, ack.id[1]))
                 acks.append(ack.t if ack.t is not None else -1)
-        counts["acked"] += len(batch)
+        counts["acked"] += mine
         if in_window:
-            counts["acked_in_window"] += len(batch)
+            counts["acked_in_window"] += mine
         if gap["last"]:
             gap["longest"] = max(gap["longest"], now - gap["last"])
         gap["last"] = now
@@ -440,7 +444,9 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"client did not start: {c.proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
         leader = first.get("leader") or leader
     t0 = time.monotonic()
-    rss: dict[str, dict[str, float]] = {}
+    rss_series: dict[str, list[tuple[float, float, bool]]] = {}
+    """Per role: (seconds, MB, in the warm-up); every 0.25 s in the warm-up, then every 1 s."""
+    next_rss = 0.0
     killed = None
     results: dict[str, dict[str, Any]] = {}
     while True:
@@ -457,13 +463,12 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         if args.kill_leader_at is not None and killed is None and elapsed >= args.kill_leader_at:
             killed = leader
             cluster.kill(leader)
-        stamp = "warm" if elapsed < args.warmup + 1 else "end"
-        for rid, r in routers.items():
-            if r.alive():
-                rss.setdefault(f"router {rid}", {})[stamp] = _rss_mb(r.proc.pid)
-        for w in workers + clients:
-            if w.proc.poll() is None:
-                rss.setdefault(f"{w.role} {w.name}", {})[stamp] = _rss_mb(w.proc.pid)
+        warm = elapsed < args.warmup + 1
+        if warm or elapsed >= next_rss:
+            if not warm:
+                next_rss = elapsed + 1.0
+            for role, pid in _live_pids(routers, workers + clients):
+                rss_series.setdefault(role, []).append((elapsed, _rss_mb(pid), warm))
         if len(results) == len(clients):
             break
         if elapsed > args.duration + 90:
@@ -479,7 +484,39 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         if line:
             recv_results.append(json.loads(Path(line["result"]).read_text()))
     cluster.stop_all()
+    rss = {role: _rss_summary(series) for role, series in rss_series.items()}
     return _summarize(args, results, recv_results, rss, killed, record, routers)
+
+
+def _live_pids(routers: dict[str, Any], workers: list[Any]) -> list[tuple[str, int]]:
+    out = [(f"router {rid}", r.proc.pid) for rid, r in routers.items() if r.alive()]
+    out += [(f"{w.role} {w.name}", w.proc.pid) for w in workers if w.proc.poll() is None]
+    return out
+
+
+def _rss_summary(series: list[tuple[float, float, bool]]) -> dict[str, float]:
+    """``warm`` (the last sample of the warm-up) and ``end``, and over the samples after
+    the warm-up their ``min``, ``max`` and least-squares ``slope_mb_per_min``.
+
+    Two samples alone cannot tell growth from the heap's breathing (glibc's heap moves by
+    about a megabyte within a second under load); a leak shows as a slope that stays
+    positive however long the run, breathing as a spread around a flat line.
+    """
+    warm = [mb for _t, mb, w in series if w]
+    after = [(t, mb) for t, mb, w in series if not w]
+    out = {"warm": warm[-1] if warm else series[0][1], "end": series[-1][1]}
+    if after:
+        out["min"] = min(mb for _t, mb in after)
+        out["max"] = max(mb for _t, mb in after)
+    if len(after) >= 2:
+        n = len(after)
+        mt = sum(t for t, _mb in after) / n
+        mm = sum(mb for _t, mb in after) / n
+        var = sum((t - mt) ** 2 for t, _mb in after)
+        if var > 0:
+            cov = sum((t - mt) * (mb - mm) for t, mb in after)
+            out["slope_mb_per_min"] = cov / var * 60
+    return out
 
 
 def _summarize(
@@ -509,9 +546,7 @@ def _summarize(
         "delivered_per_s": round(delivered / measure, 1),
         "p50_ms": round(_percentile(hist, 0.5) * 1000, 1),
         "p99_ms": round(_percentile(hist, 0.99) * 1000, 1),
-        "rss_mb": {
-            k: {s: round(v, 1) for s, v in sorted(d.items())} for k, d in sorted(rss.items())
-        },
+        "rss_mb": {k: {s: round(v, 1) for s, v in d.items()} for k, d in sorted(rss.items())},
         "routers": args.routers,
         "receivers": args.receivers,
         "replication": args.replication,
