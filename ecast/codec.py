@@ -211,40 +211,24 @@ def _bad(cls: type, value: Any) -> DecodeError:
     return DecodeError(f"{cls.__name__}: bad item {value!r:.80}")
 
 
-def _msgs(data: Any, cls: type) -> list[Any]:
-    """Messages ``(sender, ((ns, epoch, stream), seq), header, payload)``, checked and made
-    :class:`Message` in one loop (every route a follower learns passes here)."""
-    out: list[Any] = []
-    append = out.append
-    for m in data:
-        try:
-            sender, sid, _h, _p = m
-            sess, seq = sid
-            ns, epoch, stream = sess
-        except _SHAPE:
-            raise _bad(cls, m) from None
-        if (
-            type(m) is not tuple
-            or type(sid) is not tuple
-            or type(sess) is not tuple
-            or type(sender) is not str
-            or type(ns) is not str
-            or type(epoch) is not int
-            or type(stream) is not str
-            or type(seq) is not int
-        ):
-            raise _bad(cls, m)
-        append(_tnew(_M, m))
-    return out
+def _id_loop(name: str, unpack: str, checks: str, keep: str, result: str) -> Any:
+    """Generates one hot decoding loop that checks every item's message id.
 
-
-def _subs(data: Any, cls: type) -> tuple[Any, ...]:
-    # The message-id check of _msgs, written out (docs/decisions.md: hot loops).
+    Each hot container's items carry a message id ``((ns, epoch, stream), seq)`` among
+    other fields; their loops differ only in how an item unpacks, what else they check
+    and what they keep.  The loops stay written out in the generated code, with no call
+    per item (docs/decisions.md, "Hot loops keep written-out copies"), but their source
+    is this one template: ``unpack`` binds ``sid`` from the item ``x``, ``checks`` adds
+    ``or``-ed refusals, ``keep`` is the statement per good item, ``result`` the return
+    value built from ``out`` (or ``data``).
+    """
+    src = f"""
+def {name}(data, cls):
     out = []
     append = out.append
     for x in data:
         try:
-            sid, _h, _p = x
+            {unpack}
             sess, seq = sid
             ns, epoch, stream = sess
         except _SHAPE:
@@ -257,39 +241,61 @@ def _subs(data: Any, cls: type) -> tuple[Any, ...]:
             or type(epoch) is not int
             or type(stream) is not str
             or type(seq) is not int
+            {checks}
         ):
             raise _bad(cls, x)
-        append(_tnew(_S, x))
-    return tuple(out)
+        {keep}
+    return {result}
+"""
+    ns = {"_SHAPE": _SHAPE, "_bad": _bad, "_tnew": _tnew, "_M": _M, "_S": _S}
+    exec(compile(src, f"<decoder loop {name}>", "exec"), ns)
+    return ns[name]
+
+
+_msgs = _id_loop(
+    "_msgs",
+    unpack="sender, sid, _h, _p = x",
+    checks="or type(sender) is not str",
+    keep="append(_tnew(_M, x))",
+    result="out",
+)
+"""Messages ``(sender, ((ns, epoch, stream), seq), header, payload)``, checked and made
+:class:`Message` in one loop (every route a follower learns passes here)."""
+
+_subs = _id_loop(
+    "_subs",
+    unpack="sid, _h, _p = x",
+    checks="",
+    keep="append(_tnew(_S, x))",
+    result="tuple(out)",
+)
+
+_deliver_items = _id_loop(
+    "_deliver_items",
+    unpack="t, m = x; sender, sid, _h, _p = m",
+    checks="or type(m) is not tuple or type(t) is not int or type(sender) is not str",
+    keep="append((t, _tnew(_M, m)))",
+    result="tuple(out)",
+)
+"""``(t, message)`` items: every copy a receiver gets passes here."""
+
+_stable_acks = _id_loop(
+    "_stable_acks",
+    unpack="sid, t, d = x",
+    checks="or (t is not None and type(t) is not int) or type(d) is not bool",
+    keep="pass",
+    result="data",
+)
+"""An ack arrives as the plain tuple ``(((ns, epoch, stream), seq), t, delivered)`` the
+endpoint wants: checked, it is kept as it is."""
 
 
 def _dec_deliver(data: Any) -> Any:
-    # The _msgs loop with t in front, written out: every copy a receiver gets passes here.
-    out = []
-    append = out.append
-    for x in data:
-        try:
-            t, m = x
-            sender, sid, _h, _p = m
-            sess, seq = sid
-            ns, epoch, stream = sess
-        except _SHAPE:
-            raise _bad(_proto.Deliver, x) from None
-        if (
-            type(x) is not tuple
-            or type(m) is not tuple
-            or type(sid) is not tuple
-            or type(sess) is not tuple
-            or type(t) is not int
-            or type(sender) is not str
-            or type(ns) is not str
-            or type(epoch) is not int
-            or type(stream) is not str
-            or type(seq) is not int
-        ):
-            raise _bad(_proto.Deliver, x)
-        append((t, _tnew(_M, m)))
-    return _proto.Deliver(tuple(out))
+    return _proto.Deliver(_deliver_items(data, _proto.Deliver))
+
+
+def _dec_stable(data: Any) -> Any:
+    return _proto.Stable(_stable_acks(data, _proto.Stable))
 
 
 def _dec_unsafe(data: Any) -> Any:
@@ -315,32 +321,6 @@ def _dec_route(data: Any) -> Any:
 
 def _dec_route_unsafe(data: Any) -> Any:
     return _proto.RouteUnsafe(_subs(data, _proto.RouteUnsafe))
-
-
-def _dec_stable(data: Any) -> Any:
-    # An ack arrives as the plain tuple ``(((ns, epoch, stream), seq), t, delivered)`` the
-    # endpoint wants: checked (the message-id check of _msgs, written out), it is kept as
-    # it is.
-    for a in data:
-        try:
-            sid, t, d = a
-            sess, seq = sid
-            ns, epoch, stream = sess
-        except _SHAPE:
-            raise _bad(_proto.Stable, a) from None
-        if (
-            type(a) is not tuple
-            or type(sid) is not tuple
-            or type(sess) is not tuple
-            or type(ns) is not str
-            or type(epoch) is not int
-            or type(stream) is not str
-            or type(seq) is not int
-            or (t is not None and type(t) is not int)
-            or type(d) is not bool
-        ):
-            raise _bad(_proto.Stable, a)
-    return _proto.Stable(data)
 
 
 def _dec_stablecmd(data: Any) -> Any:
