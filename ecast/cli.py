@@ -2,6 +2,7 @@
 
 ecast router ...      run a router daemon (ecast.daemon)
 ecast bench ...       run the benchmark on a local cluster (ecast.bench)
+ecast cost ...        CPU time per message of each role, in one process (ecast.cost)
 ecast sim ...         run one seeded simulation (ecast.sim)
 ecast demo ...        the main job: a real local cluster runs a replicated bank
 ecast sim-demo ...    the simulated demo: the protocol under faults in virtual time
@@ -22,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
         from ecast.daemon import main as run
     elif command == "bench":
         from ecast.bench import main as run
+    elif command == "cost":
+        from ecast.cost import main as run
     elif command == "sim":
         from ecast.sim.__main__ import main as run
     elif command == "demo":

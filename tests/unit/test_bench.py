@@ -1,10 +1,14 @@
-"""What ``ecast bench`` reports about memory: growth must be told from breathing."""
+"""What the benchmarks report: memory growth told from breathing, cost per message per role."""
 
 from __future__ import annotations
 
+import json
 import math
 
+import pytest
+
 from ecast.bench import _rss_summary
+from ecast.cost import main as cost_main
 
 
 def test_a_breathing_heap_is_flat_and_a_leak_has_a_slope() -> None:
@@ -25,3 +29,22 @@ def test_a_run_too_short_for_a_trend_reports_what_it_has() -> None:
     assert _rss_summary([(0.0, 40.0, True)]) == {"warm": 40.0, "end": 40.0}
     one = _rss_summary([(0.0, 40.0, True), (6.0, 41.0, False)])
     assert one == {"warm": 40.0, "end": 41.0, "min": 41.0, "max": 41.0}
+
+
+def test_the_cost_benchmark_charges_every_role_and_its_workload_is_deterministic(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--rounds", "60", "--warmup-rounds", "20", "--receivers", "4", "--json"]
+    runs = []
+    for _ in range(2):
+        assert cost_main(argv) == 0
+        runs.append(json.loads(capsys.readouterr().out))
+    first, second = runs
+    assert first["stable_messages"] == second["stable_messages"] > 1000
+    per = first["us_per_message"]
+    assert set(per) == {"leader", "followers", "client", "receivers"}
+    # Every role runs its core and decodes what it gets; all but the receivers encode.
+    assert all(parts["core"] > 0 and parts["decode"] > 0 for parts in per.values())
+    assert all(per[r]["encode"] > 0 for r in ("leader", "followers", "client"))
+    total = sum(parts["total"] for parts in per.values())
+    assert math.isclose(first["total_us_per_message"], total, abs_tol=0.05)
