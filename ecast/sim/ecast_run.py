@@ -23,7 +23,7 @@ from ecast.endpoint import Acked, Delivery, Endpoint, EndpointParams, Terminated
 from ecast.message import Message
 from ecast.router import Router, RouterParams
 from ecast.sim.ecast_checks import LIVENESS, SAFETY, AppRecord, RouterRecord, build_reference
-from ecast.sim.group import ROUTER_FAULTS, GroupRunConfig, RouterGroupRun
+from ecast.sim.group import ROUTER_FAULTS, GroupRunConfig, GroupRunResult, RouterGroupRun
 from ecast.sim.ufab import GRACE
 from ecast.ufabcast import Ufabcast
 
@@ -54,43 +54,21 @@ class EcastRunConfig(GroupRunConfig):
     faults: tuple[str, ...] = ECAST_FAULTS
 
 
-@dataclass
-class EcastRunResult:
-    seed: int
+@dataclass(kw_only=True)
+class EcastRunResult(GroupRunResult):
     messages: int
     delivered: int
     stable: int
     unsafe_accepted: int
     unsafe_delivered: int
-    violations: list[str]
-    situations: dict[str, int]
-    faults: list[tuple[float, str]]
-    routers_started: int
-    virtual_s: float
-    wall_s: float
-    events: int
-    digest: str
-    stats: dict[str, int]
-    quorum: bool
 
-    def to_json(self) -> dict[str, Any]:
+    def _counts(self) -> dict[str, Any]:
         return {
-            "seed": self.seed,
             "messages": self.messages,
             "delivered": self.delivered,
             "stable": self.stable,
             "unsafe_delivered": self.unsafe_delivered,
             "unsafe_accepted": self.unsafe_accepted,
-            "violations": self.violations,
-            "situations": self.situations,
-            "faults": [{"t": round(t, 6), "fault": f} for t, f in self.faults],
-            "routers_started": self.routers_started,
-            "virtual_s": round(self.virtual_s, 3),
-            "wall_s": round(self.wall_s, 3),
-            "events": self.events,
-            "digest": self.digest,
-            "quorum": self.quorum,
-            "stats": self.stats,
         }
 
 

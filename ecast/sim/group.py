@@ -24,6 +24,43 @@ from ecast.ufabcast import Ufabcast, UfabParams
 ROUTER_FAULTS = ("crash", "leader", "join", "partition", "isolate", "mutual", "slow", "loss")
 
 
+@dataclass(kw_only=True)
+class GroupRunResult:
+    """What every group run reports besides its layer's own counts (``_counts``)."""
+
+    seed: int
+    violations: list[str]
+    situations: dict[str, int]
+    faults: list[tuple[float, str]]
+    routers_started: int
+    virtual_s: float
+    wall_s: float
+    events: int
+    digest: str
+    stats: dict[str, int]
+    quorum: bool
+    """Whether a majority of the latest view was up at the end (else liveness is not owed)."""
+
+    def _counts(self) -> dict[str, Any]:
+        return {}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            **self._counts(),
+            "violations": self.violations,
+            "situations": self.situations,
+            "faults": [{"t": round(t, 6), "fault": f} for t, f in self.faults],
+            "routers_started": self.routers_started,
+            "virtual_s": round(self.virtual_s, 3),
+            "wall_s": round(self.wall_s, 3),
+            "events": self.events,
+            "digest": self.digest,
+            "quorum": self.quorum,
+            "stats": self.stats,
+        }
+
+
 @dataclass
 class GroupRunConfig:
     seed: int

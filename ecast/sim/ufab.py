@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ecast.effects import Effects, NodeId
-from ecast.sim.group import ROUTER_FAULTS, GroupRunConfig, RouterGroupRun
+from ecast.sim.group import ROUTER_FAULTS, GroupRunConfig, GroupRunResult, RouterGroupRun
 from ecast.sim.ufab_checks import (
     SAFETY_CHECKS,
     Facts,
@@ -91,39 +91,13 @@ class UfabRunConfig(GroupRunConfig):
     commands: int = 300
 
 
-@dataclass
-class UfabRunResult:
-    seed: int
+@dataclass(kw_only=True)
+class UfabRunResult(GroupRunResult):
     commands: int
     executed: int
-    violations: list[str]
-    situations: dict[str, int]
-    faults: list[tuple[float, str]]
-    routers_started: int
-    virtual_s: float
-    wall_s: float
-    events: int
-    digest: str
-    stats: dict[str, int]
-    quorum: bool
-    """Whether a majority of the latest view was up at the end (else liveness is not owed)."""
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed,
-            "commands": self.commands,
-            "executed": self.executed,
-            "violations": self.violations,
-            "situations": self.situations,
-            "faults": [{"t": round(t, 6), "fault": f} for t, f in self.faults],
-            "routers_started": self.routers_started,
-            "virtual_s": round(self.virtual_s, 3),
-            "wall_s": round(self.wall_s, 3),
-            "events": self.events,
-            "digest": self.digest,
-            "quorum": self.quorum,
-            "stats": self.stats,
-        }
+    def _counts(self) -> dict[str, Any]:
+        return {"commands": self.commands, "executed": self.executed}
 
 
 class UfabRun(RouterGroupRun):
