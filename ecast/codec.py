@@ -14,6 +14,7 @@ are strings, tuples are tuples of what they claim), so a malformed or hostile fr
 from __future__ import annotations
 
 import dataclasses
+import threading
 import types
 import typing
 from collections.abc import Callable
@@ -298,6 +299,55 @@ def _dec_stable(data: Any) -> Any:
     return _proto.Stable(_stable_acks(data, _proto.Stable))
 
 
+DELIVER_REFS = EXTRA_CODE_BASE - 1
+"""The extension code of a ``Deliver`` whose messages are indexes into its packet's
+message table (wire protocol v6; see ``Encoder.pack_packet``)."""
+
+TABLE = "m"
+"""The kind of the packet item that carries the message table: ``("m", (msg, ...))``."""
+
+
+_decoding = threading.local()
+"""Per thread: how many ``Deliver`` by reference the current packet decoded (each must be
+resolved, i.e. stand in a frame's messages of a packet with a table)."""
+
+
+class _Refs:
+    """A ``Deliver`` by reference, as decoded, until its packet's table resolves it."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: tuple[tuple[int, int], ...]) -> None:
+        self.items = items
+
+
+def _dec_deliver_refs(data: Any) -> _Refs:
+    if type(data) is not tuple:
+        raise DecodeError("Deliver: expected a sequence")
+    for x in data:
+        if type(x) is not tuple or len(x) != 2 or type(x[0]) is not int or type(x[1]) is not int:
+            raise _bad(_proto.Deliver, x)
+    _decoding.refs = getattr(_decoding, "refs", 0) + 1
+    return _Refs(data)
+
+
+def _resolve(msgs: tuple[Any, ...], table: list[Any]) -> tuple[Any, ...]:
+    """A frame's messages with every ``Deliver`` by reference made a ``Deliver``."""
+    n = len(table)
+    out = []
+    for x in msgs:
+        if type(x) is _Refs:
+            _decoding.refs -= 1
+            items = []
+            for t, i in x.items:
+                if not 0 <= i < n:
+                    raise DecodeError(f"Deliver: index {i} outside the packet's table of {n}")
+                items.append((t, table[i]))
+            x = _proto.Deliver(tuple(items))
+        out.append(x)
+    return tuple(out)
+
+
 def _dec_unsafe(data: Any) -> Any:
     for x in data:
         if (
@@ -367,13 +417,16 @@ resident from the start rather than faulted in, one step of RSS at a time, later
 class Encoder:
     """Packs messages; objects seen earlier in the same flush are not packed again."""
 
-    __slots__ = ("__dict__", "_cache", "_depth", "_keep", "_packers")
+    __slots__ = ("__dict__", "_cache", "_depth", "_keep", "_packers", "_table", "_table_msgs")
 
     def __init__(self) -> None:
         self._cache: dict[int, msgpack.ExtType] = {}
         self._keep: list[Any] = []  # keeps cached objects alive so ids stay unique
         self._packers: list[Callable[[Any], bytes]] = []
         self._depth = 0
+        self._table: dict[int, int] | None = None
+        """While a packet is packed: its message table, message ``id`` -> index."""
+        self._table_msgs: list[Any] = []
         # One reusable Packer (msgpack.packb builds a new one per call).
         self._packer = self._new_packer()
 
@@ -388,6 +441,8 @@ class Encoder:
         if hit is not None:
             return hit
         cls = type(obj)
+        if cls is _proto.Deliver and self._table is not None:
+            return self._deliver_refs(obj)
         code = _CODE.get(cls)
         if code is None:
             raise TypeError(f"cannot encode {cls.__name__}")
@@ -410,6 +465,51 @@ class Encoder:
         self._cache[key] = ext
         self._keep.append(obj)
         return ext
+
+    def _deliver_refs(self, obj: Any) -> Any:
+        # Not cached: the indexes are only good within this packet.
+        table = self._table
+        assert table is not None
+        msgs = self._table_msgs
+        refs = []
+        append = refs.append
+        for t, m in obj.items:
+            i = table.get(id(m))
+            if i is None:
+                i = table[id(m)] = len(msgs)
+                msgs.append(m)  # keeps it alive, so its id stays unique
+            append((t, i))
+        depth = self._depth
+        packers = self._packers
+        if depth == len(packers):
+            packers.append(self._new_packer())
+        data = packers[depth](refs)
+        if len(data) > PACKER_BUFFER:
+            packers[depth] = self._new_packer()
+        return _ext_new(msgpack.ExtType, (DELIVER_REFS, data))
+
+    def pack_packet(self, items: list[Any]) -> list[bytes]:
+        """The packed items of one packet, led by its message table if it needs one.
+
+        A packet to a process that hosts many receivers carries each message to several
+        of them (three of sixteen in the benchmark).  Packed inline, every copy cost the
+        leader a full pack of the message (its fields scattered over the heap) and the
+        receiving process a full decode and check.  Now each ``Deliver`` in the packet
+        names its messages by index into one table that holds each message once (wire
+        protocol v6); the table is packed first, so the decoder has it when it meets the
+        references.  ``decode_packet`` resolves them; the items never leave the packet
+        with references in them.
+        """
+        self._table = {}
+        try:
+            parts = [self.pack(item) for item in items]
+            msgs = self._table_msgs
+            if msgs:
+                parts.insert(0, self.pack((TABLE, tuple(msgs))))
+        finally:
+            self._table = None
+            self._table_msgs = []
+        return parts
 
     def pack(self, obj: Any) -> bytes:
         data = self._packer(obj)
@@ -441,7 +541,7 @@ def _decoder(code: int) -> Callable[[Any], Any]:
     return decode
 
 
-_DECODERS: dict[int, Callable[[Any], Any]] = {}
+_DECODERS: dict[int, Callable[[Any], Any]] = {DELIVER_REFS: _dec_deliver_refs}
 _unpackb = msgpack.unpackb
 
 
@@ -478,6 +578,15 @@ def pack(obj: Any) -> bytes:
     return Encoder().pack(obj)
 
 
+def array_header(n: int) -> bytes:
+    """The msgpack header of an ``n``-item array (items are packed one by one)."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 0x10000:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
 def frame_item(src: str, dst: str, frame: Frame) -> tuple[Any, ...]:
     """A frame as a packet item: flat, not an extension object of its own (one object
     fewer to pack and decode per frame, and frames are many)."""
@@ -487,10 +596,18 @@ def frame_item(src: str, dst: str, frame: Frame) -> tuple[Any, ...]:
 def decode_packet(data: bytes | memoryview) -> list[tuple[Any, ...]]:
     """A packet body: frame items come back as ``(src, dst, Frame)``, control items as
     ``(kind, data)``; any malformation is a :class:`DecodeError`."""
+    _decoding.refs = 0
     items = unpack(data)
     if type(items) is not tuple:
         raise DecodeError("a packet is an array of items")
     out: list[tuple[Any, ...]] = []
+    table = None
+    first = items[0] if items else None
+    if type(first) is tuple and len(first) == 2 and first[0] == TABLE:
+        if type(first[1]) is not tuple:
+            raise DecodeError("a packet's message table is an array")
+        table = _msgs(first[1], _proto.Deliver)
+        items = items[1:]
     for item in items:
         n = len(item) if type(item) is tuple else 0
         if n == 7:
@@ -505,9 +622,13 @@ def decode_packet(data: bytes | memoryview) -> list[tuple[Any, ...]]:
                 or type(msgs) is not tuple
             ):
                 raise DecodeError(f"bad frame header {item[:6]!r:.80}")
+            if table is not None:
+                msgs = _resolve(msgs, table)
             out.append((src, dst, Frame(src_inc, dst_inc, seq, ack, msgs)))
         elif n == 2:
             out.append(item)
         else:
             raise DecodeError(f"bad packet item {item!r:.60}")
+    if _decoding.refs:
+        raise DecodeError("a Deliver by reference outside a frame of a packet with a table")
     return out

@@ -22,7 +22,7 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
-from ecast.codec import Encoder, decode_packet, frame_item
+from ecast.codec import Encoder, array_header, decode_packet, frame_item
 from ecast.config import KeyRingConfig
 from ecast.effects import Effects, NodeId
 from ecast.endpoint import Acked, Endpoint, EndpointParams
@@ -91,7 +91,10 @@ class Pipeline:
             )
         clock = time.perf_counter
         t0 = clock()
-        encoded = {p: self._enc.pack(items) for p, items in packets.items()}
+        encoded = {}
+        for p, items in packets.items():
+            parts = self._enc.pack_packet(items)  # as the runtime does, less the writev
+            encoded[p] = array_header(len(parts)) + b"".join(parts)
         self._enc.reset()
         self.cpu[self.role[self.process[src]], "encode"] += clock() - t0
         for p, data in encoded.items():

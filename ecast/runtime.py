@@ -20,7 +20,9 @@ A packet is a msgpack array of items:
 - ``("acks", ((sender_node, receiver_node, count), ...))``: "my node ``sender_node`` holds
   ``count`` frames in order from your node ``receiver_node``", the per-channel resend
   point, exchanged once both ends of a node pair are known;
-- ``("error", reason)``: why the sender is about to close the connection.
+- ``("error", reason)``: why the sender is about to close the connection;
+- ``("m", (message, ...))``: the packet's message table, first if present, which the
+  packet's ``Deliver`` messages index into (``Encoder.pack_packet``).
 
 A channel ``(local, remote)`` carries frames only after the peer's ``acks`` for it arrived,
 so after a reconnect exactly the frames the peer misses are resent (the link layer keeps
@@ -50,7 +52,14 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ecast.codec import MAX_FRAME, DecodeError, Encoder, decode_packet, frame_item
+from ecast.codec import (
+    MAX_FRAME,
+    DecodeError,
+    Encoder,
+    array_header,
+    decode_packet,
+    frame_item,
+)
 from ecast.effects import Effects, NodeId, UnexpectedMessage
 from ecast.link import Frame, LinkLayer, LinkParams
 from ecast.proto import Direct, Directory
@@ -91,15 +100,6 @@ def tune_process() -> None:
 def new_incarnation() -> int:
     """Larger for every new process of a node id (a restarted process is a new process)."""
     return time.time_ns() // 1000
-
-
-def _array_header(n: int) -> bytes:
-    """The msgpack header of an ``n``-item array (items are packed one by one)."""
-    if n < 16:
-        return bytes((0x90 | n,))
-    if n < 0x10000:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
 
 
 class ProtocolViolation(Exception):
@@ -310,11 +310,14 @@ class Runtime:
             for conn, items in outbox.items():
                 if conn.state != "open":
                     continue  # closed meanwhile; the link layers resend after a reconnect
-                parts = [pack(item) for item in items]
+                parts = encoder.pack_packet(items)
                 size = sum(map(len, parts))
                 if size <= limit:
                     self._write(conn, parts, size)
                     continue
+                # Too big for one packet: pack the messages inline, so that every piece
+                # stands on its own (a message table serves only its own packet).
+                parts = [pack(item) for item in items]
                 chunk: list[bytes] = []
                 size = 0
                 for part in parts:  # split, keeping order, so no packet tops the limit
@@ -328,7 +331,7 @@ class Runtime:
             encoder.reset()
 
     def _write(self, conn: Connection, parts: list[bytes], size: int) -> None:
-        head = _array_header(len(parts))
+        head = array_header(len(parts))
         size += len(head)
         conn.send(head, parts, size)
         self.stats["packets_out"] += 1
@@ -547,7 +550,7 @@ class Runtime:
         log.warning("event=refused host=%s peer=%s reason=%r", self.host_id, _host(conn), reason)
         with contextlib.suppress(Exception):
             error = self.encoder.pack(("error", reason))
-            conn.send(_array_header(1), [error], 1 + len(error))
+            conn.send(array_header(1), [error], 1 + len(error))
         conn.close(reason)
 
     def congested(self, peer: NodeId) -> bool:

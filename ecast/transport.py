@@ -37,7 +37,7 @@ import msgpack
 
 from ecast.effects import NodeId
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 HANDSHAKE_TIMEOUT = 5.0
 _JOIN_LIMIT = 64 * 1024
 READ_BUDGET = 256 * 1024

@@ -5,13 +5,17 @@ from __future__ import annotations
 import contextlib
 
 import msgpack
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ecast.codec import (
+    DELIVER_REFS,
     PACKER_BUFFER,
+    TABLE,
     DecodeError,
     Encoder,
+    array_header,
     decode_packet,
     frame_item,
     pack,
@@ -175,3 +179,62 @@ def test_unknown_codes_wrong_shapes_and_wrong_types_are_refused() -> None:
             continue
         raise AssertionError(f"accepted {raw!r}")
     assert unpack(pack(Confirm(3))) == Confirm(3)
+
+
+def test_a_packet_carries_each_message_once_and_every_deliver_gets_it_back() -> None:
+    # Three receivers in one process get the same message: the packet holds it once.
+    m = Message("c", (("s", 0, ""), 1), {"key": 7}, b"x" * 300)
+    other = Message("c", (("s", 0, ""), 2), None, b"y")
+    items = [
+        frame_item("r1", f"d{i}", Frame(1, 2, 3, 0, (Deliver(((5, m), (6, other))),)))
+        for i in range(3)
+    ]
+    enc = Encoder()
+    parts = enc.pack_packet(items)
+    packet = array_header(len(parts)) + b"".join(parts)
+    assert packet.count(b"x" * 300) == 1
+    decoded = decode_packet(packet)
+    assert [(s, d, f) for s, d, f in decoded] == [
+        ("r1", f"d{i}", Frame(1, 2, 3, 0, (Deliver(((5, m), (6, other))),))) for i in range(3)
+    ]
+    # Packed outside a packet (tests, control items) a Deliver stays inline.
+    assert unpack(pack(Deliver(((5, m),)))) == Deliver(((5, m),))
+
+
+def test_bad_references_are_refused() -> None:
+    m = Message("c", (("s", 0, ""), 1), None, b"")
+
+    def packet(table: object, refs: object, code: int = DELIVER_REFS) -> bytes:
+        ref = msgpack.ExtType(code, msgpack.packb(refs))
+        frame = ("r1", "d1", 1, 2, 3, 0, (ref,))
+        return msgpack.packb([(TABLE, table), frame] if table is not None else [frame])
+
+    assert decode_packet(packet((tuple(m),), [(5, 0)]))[0][2].msgs == (Deliver(((5, m),)),)
+    for bad in (
+        packet((tuple(m),), [(5, 1)]),  # past the table
+        packet((tuple(m),), [(5, -1)]),
+        packet((tuple(m),), [(5, "0")]),
+        packet((tuple(m),), [5]),
+        packet(None, [(5, 0)]),  # no table
+        packet(((1, 2),), [(5, 0)]),  # a table entry that is no message
+        packet(7, [(5, 0)]),
+        msgpack.packb([(TABLE, (tuple(m),)), ("x", msgpack.ExtType(DELIVER_REFS, b"\x90"))]),
+    ):
+        with pytest.raises(DecodeError):
+            decode_packet(bad)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(frames, min_size=1, max_size=4), st.lists(messages, min_size=1, max_size=3))
+def test_every_packet_round_trips_with_its_message_table(
+    fs: list[Frame], shared: list[Message]
+) -> None:
+    # Delivers that share messages with each other, besides whatever the frames carry.
+    extra = Frame(1, 2, 3, 4, tuple(Deliver(((i, m),)) for i, m in enumerate(shared)) * 2)
+    items = [frame_item("a", f"d{i}", f) for i, f in enumerate([*fs, extra])]
+    parts = Encoder().pack_packet([*items, ("gone", ("c",))])
+    decoded = decode_packet(array_header(len(parts)) + b"".join(parts))
+    assert decoded == [
+        *[("a", f"d{i}", f) for i, f in enumerate([*fs, extra])],
+        ("gone", ("c",)),
+    ]
