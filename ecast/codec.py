@@ -120,7 +120,7 @@ _BY_CODE: dict[int, type] = {code: cls for cls, code in _CODE.items()}
 
 def _check_expr(tp: Any, var: str, owner: type, ns: dict[str, Any], depth: int = 0) -> str:
     """A Python expression that is true when ``var`` is a valid value of annotation ``tp``."""
-    if tp is Any or tp is typing.Any:
+    if tp is Any or tp is typing.Any or tp is object:
         return "True"
     if tp is int:
         return f"type({var}) is int"
@@ -441,7 +441,10 @@ class Encoder:
         if hit is not None:
             return hit
         cls = type(obj)
-        if cls is _proto.Deliver and self._table is not None:
+        if cls is _proto.Deliver and self._table is not None and self._depth == 0:
+            # Only a Deliver that is one of a frame's messages, where the decoder
+            # resolves references; one inside another object (a Direct's payload)
+            # stays inline.
             return self._deliver_refs(obj)
         code = _CODE.get(cls)
         if code is None:

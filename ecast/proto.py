@@ -9,6 +9,7 @@ item of its kind produced by one step of the sender.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ecast.effects import NodeId
 from ecast.message import Message, MsgId, Submission
@@ -127,9 +128,12 @@ class Directory:
 @dataclass(frozen=True, slots=True)
 class Direct:
     """An application message sent straight to another application process, outside the
-    total order (Rubberband's basic reads, result streaming and data migration)."""
+    total order (Rubberband's basic reads, result streaming and data migration).
 
-    payload: object
+    ``payload`` is anything the codec packs; it is the application's to check.
+    """
+
+    payload: Any
 
 
 ENDPOINT_TO_ROUTER = (Hello, Route, RouteUnsafe, Confirm, CloseSessions)

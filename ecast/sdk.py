@@ -247,7 +247,23 @@ class Client:
         self._require_open().send_direct(peer, payload)
 
     async def receive_direct(self) -> tuple[NodeId, Any]:
+        """The next ``(sender, payload)`` another application process sent directly."""
         return await self._direct.get()
+
+    async def serve(self, listen: str = "127.0.0.1:0") -> str:
+        """Accept direct connections from other application processes on ``listen``
+        (port 0 picks a free one); returns the address to give them."""
+        node = self._require_open()
+        await node.runtime.serve(listen)
+        address = node.runtime.listen
+        assert address is not None
+        return address
+
+    async def connect_peer(self, address: str, timeout: float = 5.0) -> NodeId:
+        """Open an authenticated connection to the application process serving at
+        ``address`` (same handshake and framing as the routers'); returns its node id,
+        for ``send_direct``."""
+        return await self._require_open().connect(address, timeout)
 
     # ------------------------------------------------------------------ leaving
     async def close(self, timeout: float = 10.0) -> None:

@@ -205,3 +205,26 @@ async def test_a_slow_consumer_pauses_its_routers_and_loses_nothing(cluster: Clu
         assert "core_error" not in r.log.read_text()
     await fast.client.close()
     await slow.close()
+
+
+async def test_application_processes_talk_directly_over_an_authenticated_channel(
+    cluster: Cluster,
+) -> None:
+    cluster.start_group(3)
+    alice, bob = [await connect(cluster, n) for n in ("alice", "bob")]
+    assert alice.client.node.runtime is not bob.client.node.runtime  # two processes' worth
+    address = await bob.client.serve()
+    peer = await alice.client.connect_peer(address)
+    assert peer == "bob"
+    payload = {"rows": [(1, b"x" * 1000), (2, None)], "range": ["a", "m"]}
+    alice.client.send_direct(peer, payload)
+    sender, got = await asyncio.wait_for(bob.client.receive_direct(), 10)
+    assert sender == "alice"
+    assert got == {"rows": ((1, b"x" * 1000), (2, None)), "range": ("a", "m")}
+    bob.client.send_direct(sender, "thanks")  # and back over the same connection
+    assert await asyncio.wait_for(alice.client.receive_direct(), 10) == ("bob", "thanks")
+    with pytest.raises(ConnectionError):  # a process that does not know the secret
+        stranger = await ecast.connect(cluster.addresses(), name="eve", secret=b"wrong")
+        await stranger.close()
+    for c in (alice, bob):
+        await c.client.close()

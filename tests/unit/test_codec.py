@@ -27,6 +27,7 @@ from ecast.proto import (
     Confirm,
     Deliver,
     DeliverUnsafe,
+    Direct,
     Leader,
     Route,
     RouteCmd,
@@ -197,8 +198,14 @@ def test_a_packet_carries_each_message_once_and_every_deliver_gets_it_back() -> 
     assert [(s, d, f) for s, d, f in decoded] == [
         ("r1", f"d{i}", Frame(1, 2, 3, 0, (Deliver(((5, m), (6, other))),))) for i in range(3)
     ]
-    # Packed outside a packet (tests, control items) a Deliver stays inline.
+    # Packed outside a packet (tests, control items) a Deliver stays inline, and so does
+    # one inside another object: only a frame's own messages are resolved.
     assert unpack(pack(Deliver(((5, m),)))) == Deliver(((5, m),))
+    nested = frame_item("a", "b", Frame(1, 2, 3, 0, (Direct(Deliver(((5, m),))),)))
+    parts = Encoder().pack_packet([nested])
+    assert decode_packet(array_header(len(parts)) + b"".join(parts)) == [
+        ("a", "b", Frame(1, 2, 3, 0, (Direct(Deliver(((5, m),))),)))
+    ]
 
 
 def test_bad_references_are_refused() -> None:
