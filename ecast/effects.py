@@ -39,6 +39,9 @@ class Effects:
     deliver: list[Any] = field(default_factory=list)
     wake_at: float | None = None
     forget: list[NodeId] = field(default_factory=list)
+    drop: list[NodeId] = field(default_factory=list)
+    """Peers whose link buffers can go: they left for good, but a later process under the
+    same id starts a fresh channel (``LinkLayer.drop``; ``forget`` is permanent)."""
 
     def __init__(
         self,
@@ -46,6 +49,7 @@ class Effects:
         deliver: list[Any] | None = None,
         wake_at: float | None = None,
         forget: list[NodeId] | None = None,
+        drop: list[NodeId] | None = None,
     ) -> None:
         # Written out: one is built per call into a core, and the generated __init__ with
         # default factories costs about twice as much.
@@ -53,6 +57,7 @@ class Effects:
         self.deliver = [] if deliver is None else deliver
         self.wake_at = wake_at
         self.forget = [] if forget is None else forget
+        self.drop = [] if drop is None else drop
 
     def wake(self, at: float | None) -> None:
         """Ask to be ticked no later than ``at``."""
@@ -63,4 +68,5 @@ class Effects:
         self.send.extend(other.send)
         self.deliver.extend(other.deliver)
         self.forget.extend(other.forget)
+        self.drop.extend(other.drop)
         self.wake(other.wake_at)

@@ -263,6 +263,13 @@ class LinkLayer:
         self._chans.pop(peer, None)
         self._forgotten.add(peer)  # what is queued still leaves, as a datagram
 
+    def drop(self, peer: NodeId) -> None:
+        """Free the channel of an application process that left (parted or declared
+        faulty, and collected).  Unlike ``forget`` nothing is remembered: application ids
+        are names that a later process may take again, and it gets a fresh channel."""
+        self._chans.pop(peer, None)
+        self._outbox.pop(peer, None)
+
     def unacked(self, peer: NodeId) -> int:
         ch = self._chans.get(peer)
         return len(ch.unacked) if ch else 0

@@ -644,6 +644,13 @@ class Router:
                 if gone:
                     for p in [p for p, t in gone.items() if t < floor]:
                         del gone[p]
+                        view = self.ufab.view
+                        router = view is not None and p in view.members
+                        if not router and self._fx is not None:
+                            # Its departure is stable and collected: nothing more is
+                            # owed to it, so its resend buffers go (3.3.4; a router's
+                            # own channels follow ufabcast's views instead).
+                            self._fx.drop.append(p)
 
     # ================================================================== leader duties
     def _sorted_dests(self, dests: frozenset[NodeId]) -> tuple[NodeId, ...]:

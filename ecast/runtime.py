@@ -768,6 +768,8 @@ class Node:
             link.send(dst, msg)
         for peer in fx.forget:
             link.forget(peer)
+        for peer in fx.drop:
+            link.drop(peer)
         self._core_wake = fx.wake_at
         if fx.deliver and self.on_deliver is not None:
             self.on_deliver(self, fx.deliver)

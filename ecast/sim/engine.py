@@ -204,6 +204,8 @@ class Simulator:
             link.send(dst, msg)
         for peer in fx.forget:
             link.forget(peer)
+        for peer in fx.drop:
+            link.drop(peer)
         if fx.deliver:
             self._digest.update(f"{self.now!r} {node.id} {fx.deliver!r}\n".encode())
             if self.observer is not None:

@@ -51,6 +51,8 @@ class ScriptedNet:
         """Observations a scenario records mid-way, for tests to assert on."""
         self.sent: list[tuple[NodeId, NodeId, Any]] = []
         """Every message any node sent, in order."""
+        self.dropped: list[tuple[NodeId, NodeId]] = []
+        """``(node, peer)``: a node let its link buffers for ``peer`` go (``Effects.drop``)."""
 
     def add(self, node_id: NodeId, node: Any, tick: bool = True) -> None:
         self.nodes[node_id] = node
@@ -74,6 +76,7 @@ class ScriptedNet:
                 self._apply(nid, node.on_tick(self.now))
 
     def _apply(self, nid: NodeId, fx: Effects) -> None:
+        self.dropped.extend((nid, peer) for peer in fx.drop)
         for dst, msg in fx.send:
             if dst not in self.crashed and nid not in self.crashed:
                 self.sent.append((nid, dst, msg))

@@ -118,6 +118,24 @@ def test_suspected_process_is_told_and_stops_and_gets_nothing_more() -> None:
     assert n.violations() == []
 
 
+def test_routers_let_the_link_buffers_of_departed_processes_go() -> None:
+    # A parted or suspected process is owed nothing once its departure is stable and
+    # collected; keeping its resend buffers would leak one channel per departed client.
+    n = sc.net()
+    for p in ("a", "b", "c", "mon"):
+        n.add_app(p)
+    n.settle(0.3)
+    n.suspect("mon", ["b"])
+    n.close("c")
+    n.settle(0.3)
+    for _ in range(3):  # traffic moves the collection floor past both departures
+        n.submit("a", "more")
+        n.settle(0.3)
+    for r in ("r1", "r2", "r3"):
+        assert {p for node, p in n.dropped if node == r} == {"b", "c"}, r
+    assert "more" in n.delivered("a") and n.violations() == []
+
+
 def test_close_ends_at_the_own_part_but_confirms_until_it_is_stable() -> None:
     n = sc.net()
     n.add_app("a")

@@ -190,3 +190,24 @@ def test_backlog_counts_messages_until_the_peer_acknowledges_them() -> None:
     a.flush(0.0)
     a.on_tick(10.0)
     assert a.backlog("b") == 1
+
+
+def test_a_dropped_peer_loses_its_buffers_and_a_later_process_of_that_name_starts_afresh() -> None:
+    a = LinkLayer("a", 1)
+    a.send("app", "x")
+    a.send("app", "y")
+    a.flush(0.0)
+    assert a.unacked("app") == 1 and a.backlog("app") == 2
+    a.send("app", "queued")
+    a.drop("app")  # it parted; its departure is stable and collected
+    assert a.unacked("app") == 0 and "app" not in a.peers()
+    assert a.flush(0.1) == []  # nothing queued for it leaves either
+    # Unlike forget, the name is not remembered: a new process called "app" gets a
+    # channel with ordering and resends again, not best-effort datagrams.
+    app = LinkLayer("app", 7)
+    app.send("a", "hello")
+    [(_, frame)] = app.flush(0.2)
+    assert frame.seq != DATAGRAM and a.on_frame("app", frame, 0.2) == ["hello"]
+    a.send("app", "welcome")
+    [(_, reply)] = a.flush(0.3)
+    assert reply.seq == 1 and reply.dst_inc == 7
