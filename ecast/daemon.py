@@ -351,9 +351,12 @@ class RouterDaemon:
 
 def router_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
-        "--id", required=True, help="router id, unique for ever (a restart takes a new one)"
+        "--id",
+        help="router id, unique for ever (a restart takes a new one); required here or in --file",
     )
-    ap.add_argument("--listen", required=True, help="HOST:PORT for routers and clients")
+    ap.add_argument(
+        "--listen", help="HOST:PORT for routers and clients; required here or in --file"
+    )
     ap.add_argument("--join", help="HOST:PORT of any running router (omit to bootstrap)")
     ap.add_argument("--config", default="ecast.config:BroadcastConfig", help="package.module:Class")
     ap.add_argument(
@@ -402,17 +405,21 @@ def router_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def apply_toml(args: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
-    if not args.file:
-        return
-    with open(args.file, "rb") as f:
-        data = tomllib.load(f)
-    defaults = vars(ap.parse_args(["--id", "x", "--listen", "x:1"]))
-    for key, value in data.items():
-        name = key.replace("-", "_")
-        if name not in defaults:
-            raise SystemExit(f"{args.file}: unknown setting {key!r}")
-        if getattr(args, name) == defaults[name] or name in ("id", "listen"):
-            setattr(args, name, value)
+    """Settings from ``--file`` fill in what the command line left at its default (flags
+    win); ``--id`` and ``--listen`` must come from one or the other."""
+    if args.file:
+        with open(args.file, "rb") as f:
+            data = tomllib.load(f)
+        defaults = vars(ap.parse_args([]))
+        for key, value in data.items():
+            name = key.replace("-", "_")
+            if name not in defaults:
+                raise SystemExit(f"{args.file}: unknown setting {key!r}")
+            if getattr(args, name) == defaults[name]:
+                setattr(args, name, value)
+    for name in ("id", "listen"):
+        if not getattr(args, name):
+            ap.error(f"--{name} is required (on the command line or in --file)")
 
 
 def main(argv: list[str] | None = None) -> int:
