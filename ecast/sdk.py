@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -296,16 +297,19 @@ async def connect(
     join: bool = True,
     join_header: dict[str, Any] | None = None,
     queue_size: int = 10_000,
+    tls: ssl.SSLContext | None = None,
 ) -> Client:
     """Connect to a router group (any of ``routers``, given as HOST:PORT) and join it.
 
     The secret comes from ``secret`` or the ``ECAST_SECRET`` environment variable.
     Several clients may share one ``runtime`` (colocated processes talk in memory).
+    ``tls`` is the client context for routers started with ``--tls-cert`` (a client's
+    own ``serve`` for direct connections stays plain TCP).
     """
     owns = runtime is None
     if runtime is None:
         key = secret if secret is not None else os.environ.get("ECAST_SECRET", "").encode()
-        runtime = Runtime(key, host_id=f"{name}-{os.getpid()}")
+        runtime = Runtime(key, host_id=f"{name}-{os.getpid()}", client_ssl=tls)
     client = Client(name, runtime, params or EndpointParams(), session, queue_size)
     client._owns_runtime = owns
     await client._start(routers, join, join_header or {})

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 import ecast
+from ecast.local import LocalCluster
 from tests.integration.cluster import SECRET, Cluster, Recorder, check_guarantees
 
 
@@ -228,3 +231,35 @@ async def test_application_processes_talk_directly_over_an_authenticated_channel
         await stranger.close()
     for c in (alice, bob):
         await c.client.close()
+
+
+async def test_routers_and_clients_speak_tls(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    tls_args = ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(cert)]
+    cluster = LocalCluster(tmp_path, SECRET, tls_args)
+    try:
+        cluster.start_group(2)  # r2 joins r1 over TLS
+        plain = await asyncio.wait_for(
+            asyncio.gather(
+                ecast.connect(cluster.addresses(), name="plain", secret=SECRET.encode()),
+                return_exceptions=True,
+            ),
+            30,
+        )
+        assert isinstance(plain[0], ConnectionError)  # no TLS, no entry
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(cert))
+        ctx.check_hostname = False
+        client = await ecast.connect(
+            cluster.addresses(), name="secure", secret=SECRET.encode(), tls=ctx
+        )
+        ack = await asyncio.wait_for(await client.submit(b"over tls"), 10)
+        assert ack.delivered
+        await client.close()
+    finally:
+        cluster.stop_all()
