@@ -62,8 +62,14 @@ class LocalCluster:
     secret: str
     args: Sequence[str] = ()
     routers: dict[str, LocalRouter] = field(default_factory=dict)
+    _starts: dict[str, tuple[str | None, tuple[str, ...]]] = field(default_factory=dict)
 
     def start(self, rid: str, join: str | None = None, *extra: str) -> LocalRouter:
+        r = self._spawn(rid, join, extra)
+        self._starts[rid] = (join, extra)
+        return r
+
+    def _spawn(self, rid: str, join: str | None, extra: tuple[str, ...]) -> LocalRouter:
         port, metrics = free_port(), free_port()
         log = self.workdir / f"{rid}.log"
         cmd = [
@@ -98,12 +104,25 @@ class LocalCluster:
             h = self.routers[rid].health()
             if h and h.get("status") == "ok" and (members is None or len(h["members"]) == members):
                 return h
-            if not self.routers[rid].alive():
-                break
+            r = self.routers[rid]
+            if not r.alive():
+                if not self._lost_port_race(r):
+                    break
+                # ``free_port`` closes its probe before the router binds, and another
+                # process may take the port in between.  The router failed before it
+                # joined anything, so the same id may try again on fresh ports.
+                join, extra = self._starts.get(rid, (None, ()))
+                self._spawn(rid, join, extra)
             time.sleep(0.05)
         raise RuntimeError(
             f"{rid} not healthy in time: {h}\n{self.routers[rid].log.read_text()[-3000:]}"
         )
+
+    @staticmethod
+    def _lost_port_race(r: LocalRouter) -> bool:
+        text = r.log.read_text(errors="replace")
+        joined = "event=bootstrap" in text or "event=joining" in text
+        return "address already in use" in text and not joined
 
     def start_group(self, n: int) -> list[LocalRouter]:
         first = self.start("r1")
