@@ -304,6 +304,13 @@ class RouterDaemon:
                 "Longest event-loop stall seen (heartbeats are late by as much)",
             )
             metric("ecast_leader", 1 if r.leading() else 0, "1 if this router leads")
+            if u.view:
+                metric(
+                    "ecast_leader_info",
+                    1,
+                    "The leader of this router's view (the first of its succession order)",
+                    leader=u.view.members[0],
+                )
             metric(
                 "ecast_view_members", len(u.view.members) if u.view else 0, "Routers in the view"
             )
@@ -313,11 +320,21 @@ class RouterDaemon:
             for node in rt.nodes.values():
                 for key, value in node.stats.items():
                     metric(f"ecast_link_{key}_total", value, f"Link counter {key}", "counter")
-                for peer in rt.routes:
+                # Every peer the link holds buffers for, connected or not: a peer whose
+                # connection dropped is the one whose queue grows.
+                peers = sorted(set(node.link.peers()) | set(rt.routes))
+                for peer in peers:  # each family's samples together, as Prometheus wants
                     metric(
                         "ecast_peer_unacked_frames",
                         node.link.unacked(peer),
                         "Frames sent to a peer and not acknowledged",
+                        peer=peer,
+                    )
+                for peer in peers:
+                    metric(
+                        "ecast_peer_unacked_messages",
+                        node.link.backlog(peer),
+                        "Messages sent to a peer and not acknowledged",
                         peer=peer,
                     )
             for host, conn in rt.conns.items():
@@ -427,6 +444,13 @@ def main(argv: list[str] | None = None) -> int:
     router_arguments(ap)
     args = ap.parse_args(argv)
     apply_toml(args, ap)
+    try:  # fail here, with a clear message, rather than with a traceback from the loop
+        load_config(args.config, **config_args(args.config_arg))
+    except (ImportError, AttributeError, ValueError, TypeError) as e:
+        ap.error(
+            f"--config {args.config}: {e} (the module must be importable: installed, or its "
+            "directory on PYTHONPATH)"
+        )
     setup_logging(args.log_level)
     tune_process()
     return asyncio.run(RouterDaemon(args).run())

@@ -105,6 +105,9 @@ async def test_metrics_and_health_describe_the_router(cluster: Cluster) -> None:
         "ecast_leader",
         "ecast_congestion_notices_total",
         "ecast_peer_unacked_frames",
+        "ecast_peer_unacked_messages",
+        'ecast_leader_info{leader="r1"} 1',
+        'ecast_peer_unacked_messages{peer="c1"}',
     ):
         assert name in text, name
     h = cluster.routers["r2"].health()

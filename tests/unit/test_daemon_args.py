@@ -37,3 +37,15 @@ def test_id_and_listen_are_required_from_one_or_the_other(tmp_path: Path) -> Non
     (tmp_path / "bad.toml").write_text("no-such-setting = 1\n")
     with pytest.raises(SystemExit):
         parse(["--id", "r1", "--listen", "x:1", "--file", str(tmp_path / "bad.toml")])
+
+
+def test_a_config_that_cannot_be_loaded_is_a_clear_error_not_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from ecast.daemon import main
+
+    for config in ("no_such_package.mod:Config", "ecast.config:NoSuchClass", "no-colon"):
+        with pytest.raises(SystemExit) as e:
+            main(["--id", "r1", "--listen", "127.0.0.1:1", "--config", config])
+        assert e.value.code == 2
+        assert f"--config {config}:" in capsys.readouterr().err
