@@ -451,23 +451,29 @@ class Encoder:
             raise TypeError(f"cannot encode {cls.__name__}")
         special = _SPECIAL.get(cls)
         fields = special[0](obj) if special else [getattr(obj, n) for n in _FIELDS[cls]]
-        # One Packer per nesting depth, reused: allocating and touching a new buffer per
-        # object cost more than the packing itself.
+        ext = _ext_new(msgpack.ExtType, (code, self._pack_nested(fields)))
+        self._cache[key] = ext
+        self._keep.append(obj)
+        return ext
+
+    def _pack_nested(self, value: Any) -> bytes:
+        """Pack an object's fields with the Packer of the current nesting depth.
+
+        One Packer per depth, reused: allocating and touching a new buffer per object cost
+        more than the packing itself.  One whose output outgrew its buffer is replaced
+        (``PACKER_BUFFER``)."""
         depth = self._depth
         packers = self._packers
         if depth == len(packers):
             packers.append(self._new_packer())
         self._depth = depth + 1
         try:
-            data = packers[depth](fields)
+            data = packers[depth](value)
         finally:
             self._depth = depth
         if len(data) > PACKER_BUFFER:
             packers[depth] = self._new_packer()
-        ext = _ext_new(msgpack.ExtType, (code, data))
-        self._cache[key] = ext
-        self._keep.append(obj)
-        return ext
+        return data
 
     def _deliver_refs(self, obj: Any) -> Any:
         # Not cached: the indexes are only good within this packet.
@@ -482,14 +488,7 @@ class Encoder:
                 i = table[id(m)] = len(msgs)
                 msgs.append(m)  # keeps it alive, so its id stays unique
             append((t, i))
-        depth = self._depth
-        packers = self._packers
-        if depth == len(packers):
-            packers.append(self._new_packer())
-        data = packers[depth](refs)
-        if len(data) > PACKER_BUFFER:
-            packers[depth] = self._new_packer()
-        return _ext_new(msgpack.ExtType, (DELIVER_REFS, data))
+        return _ext_new(msgpack.ExtType, (DELIVER_REFS, self._pack_nested(refs)))
 
     def pack_packet(self, items: list[Any]) -> list[bytes]:
         """The packed items of one packet, led by its message table if it needs one.
