@@ -34,6 +34,9 @@ class LocalRouter:
     metrics: int
     proc: subprocess.Popen[bytes]
     log: Path
+    join: str | None = None
+    extra: tuple[str, ...] = ()
+    """How it was started (``LocalCluster.start``), to start it again on fresh ports."""
 
     @property
     def address(self) -> str:
@@ -62,12 +65,9 @@ class LocalCluster:
     secret: str
     args: Sequence[str] = ()
     routers: dict[str, LocalRouter] = field(default_factory=dict)
-    _starts: dict[str, tuple[str | None, tuple[str, ...]]] = field(default_factory=dict)
 
     def start(self, rid: str, join: str | None = None, *extra: str) -> LocalRouter:
-        r = self._spawn(rid, join, extra)
-        self._starts[rid] = (join, extra)
-        return r
+        return self._spawn(rid, join, extra)
 
     def _spawn(self, rid: str, join: str | None, extra: tuple[str, ...]) -> LocalRouter:
         port, metrics = free_port(), free_port()
@@ -91,7 +91,7 @@ class LocalCluster:
         env = {**os.environ, "ECAST_SECRET": self.secret}
         with log.open("wb") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        r = LocalRouter(rid, port, metrics, proc, log)
+        r = LocalRouter(rid, port, metrics, proc, log, join, extra)
         self.routers[rid] = r
         return r
 
@@ -111,8 +111,7 @@ class LocalCluster:
                 # ``free_port`` closes its probe before the router binds, and another
                 # process may take the port in between.  The router failed before it
                 # joined anything, so the same id may try again on fresh ports.
-                join, extra = self._starts.get(rid, (None, ()))
-                self._spawn(rid, join, extra)
+                self._spawn(rid, r.join, r.extra)
             time.sleep(0.05)
         raise RuntimeError(
             f"{rid} not healthy in time: {h}\n{self.routers[rid].log.read_text()[-3000:]}"
