@@ -1,0 +1,2 @@
+"""Rubberband: elastic, sequentially consistent, successor-replicated storage on E-Cast
+(dissertation chapter 4)."""

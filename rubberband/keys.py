@@ -1,0 +1,323 @@
+"""Rubberband keys, their one total order, and half-open key ranges (dissertation 4.2.2).
+
+Rubberband partitions data along a single key domain.  The dissertation's Erlang
+implementation could use any term as a key because Erlang orders all terms; Python's ``<``
+raises across types, so keys here are first *encoded* into a sort form that Python's own
+tuple comparison orders totally, in C:
+
+=========  ======================  =========================================
+key        encoded (``EKey``)      notes
+=========  ======================  =========================================
+``MIN``    ``(-1,)``               minus infinity, below every key
+``None``   ``(0,)``
+``bool``   ``(1, b)``              ``False < True``; never equal to 0 or 1
+``int``    ``(2, n)``              ints and floats share a rank and compare
+``float``  ``(2, x)``              by value: ``1`` and ``1.0`` are one key;
+                                   NaN is refused
+``str``    ``(3, s)``              code point order
+``bytes``  ``(4, b)``
+``tuple``  ``(5, (e1, e2, ...))``  element-wise, a prefix first
+``MAX``    ``(9,)``                plus infinity, above every key
+=========  ======================  =========================================
+
+The encoded form is what travels in message headers and what routers compare: a router
+never decodes a key (it only bisects encoded keys), and msgpack keeps tuples as arrays, so
+an encoded key survives the wire unchanged (decoded with ``use_list=False``).
+
+A *range* is a half-open interval ``(lo, hi)`` of encoded keys with ``lo < hi``; a point
+key ``k`` is the range ``(k, after(k))``: no valid encoded key lies strictly between ``k``
+and ``after(k)``.  A *range set* is a tuple of ranges in ascending order, disjoint and
+never touching (``normalize`` merges adjacent ranges), so equal sets are equal tuples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from bisect import bisect_right
+from collections.abc import Iterable
+from typing import Any
+
+import msgpack
+
+Key = Any
+"""``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, or a tuple of keys."""
+EKey = tuple[Any, ...]
+"""An encoded key (see the module docstring)."""
+Range = tuple[EKey, EKey]
+RangeSet = tuple[Range, ...]
+
+MIN_EKEY: EKey = (-1,)
+MAX_EKEY: EKey = (9,)
+_NONE = (0,)
+MAX_TUPLE_DEPTH = 8
+MAX_INT = 2**64 - 1
+MIN_INT = -(2**63)
+"""msgpack's integer range: a key must survive the wire."""
+
+
+class BadKey(ValueError):
+    """A value that cannot be a Rubberband key (the caller's input, refused at the call)."""
+
+
+class _Infinity:
+    __slots__ = ("_e", "_name")
+
+    def __init__(self, name: str, e: EKey) -> None:
+        self._name = name
+        self._e = e
+
+    def __repr__(self) -> str:
+        return self._name
+
+    def __reduce__(self) -> str:
+        return self._name
+
+
+MIN = _Infinity("MIN", MIN_EKEY)
+"""Minus infinity: the lower bound of the whole keyspace."""
+MAX = _Infinity("MAX", MAX_EKEY)
+"""Plus infinity: the (exclusive) upper bound of the whole keyspace."""
+
+EVERYTHING: RangeSet = ((MIN_EKEY, MAX_EKEY),)
+NOTHING: RangeSet = ()
+
+
+# ------------------------------------------------------------------ encoding
+def encode_key(key: Key, _depth: int = 0) -> EKey:
+    """The sort form of ``key``; raises :class:`BadKey` for anything that is not a key."""
+    t = type(key)
+    if t is str:
+        return (3, key)
+    if t is int:
+        if not MIN_INT <= key <= MAX_INT:
+            raise BadKey(f"integer key {key} outside the 64-bit range msgpack carries")
+        return (2, key)
+    if t is bytes:
+        return (4, key)
+    if key is None:
+        return _NONE
+    if t is bool:
+        return (1, key)
+    if t is float:
+        if math.isnan(key):
+            raise BadKey("NaN is not a key: it is not ordered")
+        return (2, key)
+    if t is tuple:
+        if _depth >= MAX_TUPLE_DEPTH:
+            raise BadKey(f"tuple keys nest at most {MAX_TUPLE_DEPTH} deep")
+        return (5, tuple(encode_key(k, _depth + 1) for k in key))
+    if key is MIN or key is MAX:
+        return key._e  # type: ignore[no-any-return]
+    raise BadKey(
+        f"{t.__name__} is not a key type (use None, bool, int, float, str, bytes or tuples)"
+    )
+
+
+def decode_key(ekey: EKey) -> Key:
+    rank = ekey[0]
+    if rank == 2 or rank == 3 or rank == 4 or rank == 1:
+        return ekey[1]
+    if rank == 0:
+        return None
+    if rank == 5:
+        return tuple(decode_key(e) for e in ekey[1])
+    if rank == -1:
+        return MIN
+    if rank == 9:
+        return MAX
+    raise BadKey(f"not an encoded key: {ekey!r:.60}")
+
+
+def is_ekey(value: Any, _depth: int = 0) -> bool:
+    """Whether ``value`` (e.g. decoded off the wire) is a well-formed encoded key."""
+    if type(value) is not tuple or not value:
+        return False
+    rank = value[0]
+    if type(rank) is not int:
+        return False
+    n = len(value)
+    if n == 1:
+        return rank in (-1, 0, 9)
+    if n != 2:
+        return False
+    v = value[1]
+    if rank == 2:
+        return (type(v) is int and MIN_INT <= v <= MAX_INT) or (
+            type(v) is float and not math.isnan(v)
+        )
+    if rank == 3:
+        return type(v) is str
+    if rank == 4:
+        return type(v) is bytes
+    if rank == 1:
+        return type(v) is bool
+    if rank == 5:
+        return (
+            _depth < MAX_TUPLE_DEPTH and type(v) is tuple and all(is_ekey(e, _depth + 1) for e in v)
+        )
+    return False
+
+
+def is_bound(value: Any) -> bool:
+    """An encoded key, or the exclusive bound ``after(k)`` of one."""
+    if type(value) is tuple and len(value) >= 2 and value[-1] == 0 and type(value[-1]) is int:
+        head = value[:-1]
+        if is_ekey(head) and len(head) <= 2:
+            return True
+    return is_ekey(value)
+
+
+def after(ekey: EKey) -> EKey:
+    """The smallest bound above ``ekey``: ``(ekey, after(ekey))`` holds ``ekey`` alone."""
+    return (*ekey, 0)
+
+
+def point(key: Key) -> Range:
+    e = encode_key(key)
+    return (e, (*e, 0))
+
+
+def key_range(lo: Key = MIN, hi: Key = MAX) -> Range:
+    """``[lo, hi)`` of user keys (``MIN``/``MAX`` for open ends); empty ranges are refused."""
+    a, b = encode_key(lo), encode_key(hi)
+    if not a < b:
+        raise BadKey(f"empty range [{lo!r}, {hi!r})")
+    return (a, b)
+
+
+def stable_hash32(key: Key) -> int:
+    """A 32-bit hash of a key that every process and Python version computes alike
+    (never Python's salted ``hash``): hash partitioning (dissertation 5.3)."""
+    data = msgpack.packb(_canonical(encode_key(key)), use_bin_type=True)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=4).digest(), "big")
+
+
+def _canonical(ekey: EKey) -> EKey:
+    """Equal keys, one byte form: an integral float hashes as the int it equals."""
+    rank = ekey[0]
+    if rank == 2 and type(ekey[1]) is float and ekey[1].is_integer():
+        n = int(ekey[1])
+        if MIN_INT <= n <= MAX_INT:
+            return (2, n)
+    if rank == 5:
+        return (5, tuple(_canonical(e) for e in ekey[1]))
+    return ekey
+
+
+# ------------------------------------------------------------------ range sets
+def normalize(ranges: Iterable[Range]) -> RangeSet:
+    """Sorted, disjoint, non-touching; empty ranges dropped."""
+    rs = sorted(r for r in ranges if r[0] < r[1])
+    if len(rs) <= 1:
+        return tuple(rs)
+    out: list[Range] = []
+    lo, hi = rs[0]
+    for a, b in rs[1:]:
+        if a <= hi:
+            if b > hi:
+                hi = b
+        else:
+            out.append((lo, hi))
+            lo, hi = a, b
+    out.append((lo, hi))
+    return tuple(out)
+
+
+def union(a: RangeSet, b: RangeSet) -> RangeSet:
+    if not a:
+        return b
+    if not b:
+        return a
+    return normalize((*a, *b))
+
+
+def intersect(a: RangeSet, b: RangeSet) -> RangeSet:
+    """Both normalized; a linear merge."""
+    out: list[Range] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        lo = a[i][0] if a[i][0] > b[j][0] else b[j][0]
+        hi = a[i][1] if a[i][1] < b[j][1] else b[j][1]
+        if lo < hi:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return tuple(out)
+
+
+def difference(a: RangeSet, b: RangeSet) -> RangeSet:
+    """``a`` minus ``b`` (both normalized)."""
+    out: list[Range] = []
+    j = 0
+    for lo, hi in a:
+        cur = lo
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < hi:
+            blo, bhi = b[k]
+            if blo > cur:
+                out.append((cur, blo))
+            if bhi > cur:
+                cur = bhi
+            if cur >= hi:
+                break
+            k += 1
+        if cur < hi:
+            out.append((cur, hi))
+    return tuple(out)
+
+
+def covers(a: RangeSet, b: RangeSet) -> bool:
+    """Whether ``a`` contains all of ``b``."""
+    return not difference(b, a)
+
+
+def overlaps(a: RangeSet, b: RangeSet) -> bool:
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i][0] < b[j][1] and b[j][0] < a[i][1]:
+            return True
+        if a[i][1] <= b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return False
+
+
+def contains(rs: RangeSet, ekey: EKey) -> bool:
+    i = bisect_right(rs, (ekey, (*MAX_EKEY, 1))) - 1
+    return i >= 0 and rs[i][0] <= ekey < rs[i][1]
+
+
+def is_range_set(value: Any, limit: int = 4096) -> bool:
+    """Whether a value off the wire is a normalized range set of at most ``limit`` ranges."""
+    if type(value) is not tuple or len(value) > limit:
+        return False
+    prev = None
+    for r in value:
+        if type(r) is not tuple or len(r) != 2:
+            return False
+        lo, hi = r
+        if not (is_bound(lo) and is_bound(hi)) or not lo < hi:
+            return False
+        if prev is not None and not prev < lo:
+            return False
+        prev = hi
+    return True
+
+
+def describe(rs: RangeSet) -> str:
+    """For people: ``[a, b) | [c, MAX)``."""
+    if not rs:
+        return "(empty)"
+
+    def show(e: EKey) -> str:
+        if len(e) == 3 or (len(e) == 2 and e[0] == 0):
+            return f"{decode_key(e[:-1])!r}+"
+        return repr(decode_key(e))
+
+    return " | ".join(f"[{show(lo)}, {show(hi)})" for lo, hi in rs)

@@ -1,0 +1,158 @@
+"""The key order and the range algebra, against brute force over a small universe."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rubberband import keys as K
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=K.MIN_INT, max_value=K.MAX_INT),
+    st.floats(allow_nan=False),
+    st.text(max_size=6),
+    st.binary(max_size=6),
+)
+key_values = st.recursive(
+    scalars, lambda inner: st.tuples(inner, inner) | st.tuples(inner), max_leaves=4
+)
+
+
+def test_ranks_order_types_and_never_raise():
+    ordered = [
+        K.MIN,
+        None,
+        False,
+        True,
+        -5,
+        0.5,
+        1,
+        "a",
+        "b",
+        b"\x00",
+        (),
+        (None,),
+        (1, "x"),
+        K.MAX,
+    ]
+    enc = [K.encode_key(k) for k in ordered]
+    assert enc == sorted(enc)
+    assert len(set(enc)) == len(enc)
+
+
+def test_ints_and_floats_are_one_rank_but_bools_are_not():
+    assert K.encode_key(1) == K.encode_key(1.0)
+    assert K.encode_key(True) != K.encode_key(1)
+    assert K.encode_key(0.5) < K.encode_key(1) < K.encode_key(1.5)
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [(float("nan"), "NaN"), ({1}, "not a key type"), (2**70, "64-bit"), ([1], "not a key type")],
+)
+def test_non_keys_are_refused_with_a_reason(bad, why):
+    with pytest.raises(K.BadKey, match=why):
+        K.encode_key(bad)
+
+
+def test_deep_tuples_are_refused():
+    k: object = 1
+    for _ in range(K.MAX_TUPLE_DEPTH + 1):
+        k = (k,)
+    with pytest.raises(K.BadKey, match="nest"):
+        K.encode_key(k)
+
+
+@given(key_values, key_values)
+def test_order_is_total_and_matches_python_where_python_orders(a, b):
+    ea, eb = K.encode_key(a), K.encode_key(b)
+    assert (ea < eb) + (ea == eb) + (ea > eb) == 1
+    if type(a) is type(b) and type(a) in (int, str, bytes):
+        assert (ea < eb) == (a < b)
+
+
+@given(key_values)
+def test_encoding_round_trips_through_msgpack(k):
+    e = K.encode_key(k)
+    wire = msgpack.unpackb(msgpack.packb(e, use_bin_type=True), use_list=False, raw=False)
+    assert wire == e
+    assert K.is_ekey(wire)
+    back = K.decode_key(wire)
+    assert K.encode_key(back) == e
+
+
+@given(key_values)
+def test_a_point_range_holds_its_key_alone(k):
+    lo, hi = K.point(k)
+    assert lo < hi and K.is_bound(hi)
+    assert K.contains(((lo, hi),), lo)
+
+
+@given(key_values, key_values)
+def test_nothing_lies_between_a_key_and_its_after(a, b):
+    ea, eb = K.encode_key(a), K.encode_key(b)
+    assert not (ea < eb < K.after(ea))
+
+
+def test_stable_hash_is_stable():
+    assert K.stable_hash32("abc") == K.stable_hash32("abc")
+    assert 0 <= K.stable_hash32((1, "x")) < 2**32
+    assert K.stable_hash32(1) == K.stable_hash32(1.0)
+
+
+# ------------------------------------------------------------------ range algebra
+UNIVERSE = list(range(0, 12))
+bounds = st.integers(min_value=0, max_value=12)
+
+
+def _rs(pairs):
+    return K.normalize(((2, a), (2, b)) for a, b in pairs)
+
+
+range_sets = st.lists(st.tuples(bounds, bounds), max_size=5).map(_rs)
+
+
+def _members(rs):
+    return {x for x in UNIVERSE if K.contains(rs, (2, x))}
+
+
+@given(range_sets, range_sets)
+@settings(max_examples=300)
+def test_algebra_matches_sets(a, b):
+    assert _members(K.union(a, b)) == _members(a) | _members(b)
+    assert _members(K.intersect(a, b)) == _members(a) & _members(b)
+    assert _members(K.difference(a, b)) == _members(a) - _members(b)
+    assert K.covers(a, b) == (_members(b) <= _members(a))
+    assert K.overlaps(a, b) == bool(_members(a) & _members(b))
+    for rs in (K.union(a, b), K.intersect(a, b), K.difference(a, b)):
+        assert K.is_range_set(rs)
+        assert K.normalize(rs) == rs
+
+
+@given(range_sets)
+def test_normalized_sets_are_canonical(a):
+    assert _rs([(lo[1], hi[1]) for lo, hi in a]) == a
+    assert K.difference(K.EVERYTHING, K.difference(K.EVERYTHING, a)) == a
+
+
+def test_touching_ranges_merge_and_malformed_sets_are_refused():
+    assert _rs([(1, 3), (3, 5)]) == (((2, 1), (2, 5)),)
+    assert not K.is_range_set((((2, 3), (2, 1)),))
+    assert not K.is_range_set((((2, 1), (2, 3)), ((2, 2), (2, 5))))
+    assert not K.is_range_set(([(2, 1), (2, 3)],))
+    assert K.is_range_set(K.EVERYTHING)
+
+
+def test_describe_is_readable():
+    text = K.describe(K.union((K.key_range(20, 40),), (K.point("z"),)))
+    assert text == "[20, 40) | ['z', 'z'+)"
+
+
+@given(key_values, key_values)
+def test_equal_keys_hash_alike(a, b):
+    if K.encode_key(a) == K.encode_key(b):
+        assert K.stable_hash32(a) == K.stable_hash32(b)
