@@ -1,5 +1,5 @@
 import sys
 
-from ecast.cli import main
+from ecast.tools.cli import main
 
 sys.exit(main())

@@ -23,8 +23,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ecast.effects import Effects, NodeId
-from ecast.endpoint import (
+from ecast.core.effects import Effects, NodeId
+from ecast.core.endpoint import (
     Acked,
     Delivery,
     Endpoint,
@@ -34,7 +34,7 @@ from ecast.endpoint import (
     Rejected,
     Terminated,
 )
-from ecast.message import MsgId, Session
+from ecast.core.message import MsgId, Session
 from ecast.runtime import Node, Runtime
 
 __all__ = ["Ack", "Client", "ClosedError", "connect"]

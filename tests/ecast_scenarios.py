@@ -6,11 +6,11 @@ Every function takes the router and endpoint mutations to plant and returns the
 
 from __future__ import annotations
 
-from ecast.config import Config
-from ecast.endpoint import EndpointParams
-from ecast.router import RouterParams
+from ecast.core.config import Config
+from ecast.core.endpoint import EndpointParams
+from ecast.core.router import RouterParams
+from ecast.core.ufabcast import UfabParams
 from ecast.sim.manual import EcastNet
-from ecast.ufabcast import UfabParams
 
 NONE: frozenset[str] = frozenset()
 

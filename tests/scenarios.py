@@ -7,8 +7,8 @@ that the generic checkers flag it.
 
 from __future__ import annotations
 
+from ecast.core.ufabcast import UfabParams
 from ecast.sim.manual import ManualNet
-from ecast.ufabcast import UfabParams
 
 IMMEDIATE = {"clump_trigger": 1, "clump_delay": 0.0}
 """Propose every command in its own instance, at once: scripts stay easy to follow."""

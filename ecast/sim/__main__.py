@@ -15,11 +15,11 @@ import json
 import sys
 from typing import Any
 
-from ecast.endpoint import ENDPOINT_MUTATIONS, EndpointParams
-from ecast.router import ROUTER_MUTATIONS, RouterParams
+from ecast.core.endpoint import ENDPOINT_MUTATIONS, EndpointParams
+from ecast.core.router import ROUTER_MUTATIONS, RouterParams
+from ecast.core.ufabcast import MUTATIONS, UfabParams
 from ecast.sim.ecast_run import ECAST_FAULTS, EcastRunConfig, run_ecast
 from ecast.sim.ufab import FAULT_KINDS, UfabRunConfig, run_ufabcast
-from ecast.ufabcast import MUTATIONS, UfabParams
 
 
 def ufab_config(

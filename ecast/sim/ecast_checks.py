@@ -11,9 +11,9 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
-from ecast.config import Config
-from ecast.effects import NodeId
-from ecast.message import Message, MsgId
+from ecast.core.config import Config
+from ecast.core.effects import NodeId
+from ecast.core.message import Message, MsgId
 
 # Events an application process records, in the order they happened at the process:
 #   ("sub", id, time)                          submitted (safe)

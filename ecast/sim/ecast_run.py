@@ -17,15 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ecast.config import BroadcastConfig, Config, KeyRingConfig
-from ecast.effects import Effects, NodeId
-from ecast.endpoint import Acked, Delivery, Endpoint, EndpointParams, Terminated
-from ecast.message import Message
-from ecast.router import Router, RouterParams
+from ecast.core.config import BroadcastConfig, Config, KeyRingConfig
+from ecast.core.effects import Effects, NodeId
+from ecast.core.endpoint import Acked, Delivery, Endpoint, EndpointParams, Terminated
+from ecast.core.message import Message
+from ecast.core.router import Router, RouterParams
+from ecast.core.ufabcast import Ufabcast
 from ecast.sim.ecast_checks import LIVENESS, SAFETY, AppRecord, RouterRecord, build_reference
 from ecast.sim.group import ROUTER_FAULTS, GroupRunConfig, GroupRunResult, RouterGroupRun
 from ecast.sim.ufab import GRACE
-from ecast.ufabcast import Ufabcast
 
 APP_FAULTS = ("app_crash", "false_suspicion", "app_cut", "app_join", "app_part")
 ECAST_FAULTS = ROUTER_FAULTS + APP_FAULTS

@@ -1,7 +1,7 @@
 """A deterministic, seeded discrete-event simulator for sans-IO cores.
 
 Every process in a run is a core (anything with ``on_message`` and ``on_tick`` returning
-:class:`~ecast.effects.Effects`) behind the real :class:`~ecast.link.LinkLayer`.  The
+:class:`~ecast.core.effects.Effects`) behind the real :class:`~ecast.core.link.LinkLayer`.  The
 network between link layers is simulated: per-connection delay with jitter (frames on one
 connection stay in order, different connections reorder freely), loss, partitions, slow
 nodes and crashes.  Lost frames are recovered by the link layer, so loss injection tests
@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ecast.effects import Effects, NodeId
-from ecast.link import Frame, LinkLayer, LinkParams
+from ecast.core.effects import Effects, NodeId
+from ecast.core.link import Frame, LinkLayer, LinkParams
 
 _FRAME = 0
 _TICK = 1

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ecast.effects import NodeId
+from ecast.core.effects import NodeId
+from ecast.core.ufabcast import Ufabcast, UfabParams
 from ecast.sim.engine import NetParams, Simulator
-from ecast.ufabcast import Ufabcast, UfabParams
 
 ROUTER_FAULTS = ("crash", "leader", "join", "partition", "isolate", "mutual", "slow", "loss")
 

@@ -16,10 +16,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ecast.config import BroadcastConfig, Config
-from ecast.effects import Effects, NodeId
-from ecast.endpoint import Endpoint, EndpointParams
-from ecast.router import Router, RouterParams
+from ecast.core.config import BroadcastConfig, Config
+from ecast.core.effects import Effects, NodeId
+from ecast.core.endpoint import Endpoint, EndpointParams
+from ecast.core.router import Router, RouterParams
+from ecast.core.ufabcast import Ufabcast, UfabParams
 from ecast.sim.ecast_checks import (
     LIVENESS,
     SAFETY,
@@ -36,7 +37,6 @@ from ecast.sim.ufab_checks import (
     check_termination,
     check_uniform_agreement,
 )
-from ecast.ufabcast import Ufabcast, UfabParams
 
 
 class ScriptedNet:

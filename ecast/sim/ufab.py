@@ -15,7 +15,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ecast.effects import Effects, NodeId
+from ecast.core.effects import Effects, NodeId
+from ecast.core.ufabcast import (
+    Executed,
+    Installed,
+    SnapshotNeeded,
+    Stopped,
+    Ufabcast,
+    ViewChanged,
+)
 from ecast.sim.group import ROUTER_FAULTS, GroupRunConfig, GroupRunResult, RouterGroupRun
 from ecast.sim.ufab_checks import (
     SAFETY_CHECKS,
@@ -23,14 +31,6 @@ from ecast.sim.ufab_checks import (
     RouterRecord,
     check_termination,
     check_uniform_agreement,
-)
-from ecast.ufabcast import (
-    Executed,
-    Installed,
-    SnapshotNeeded,
-    Stopped,
-    Ufabcast,
-    ViewChanged,
 )
 
 FAULT_KINDS = ROUTER_FAULTS

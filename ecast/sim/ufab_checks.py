@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ecast.effects import NodeId
+from ecast.core.effects import NodeId
 
 Entry = tuple[NodeId, int, str]
 """(proposer, seq, payload) of one released command."""

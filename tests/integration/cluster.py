@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from ecast.local import LocalCluster, LocalRouter
+from ecast.tools.local import LocalCluster, LocalRouter
 
 SECRET = "integration-secret"
 

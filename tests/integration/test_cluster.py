@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import ecast
-from ecast.local import LocalCluster
+from ecast.tools.local import LocalCluster
 from tests.integration.cluster import SECRET, Cluster, Recorder, check_guarantees
 
 

@@ -13,8 +13,8 @@ import msgpack
 import pytest
 
 import ecast
-from ecast.codec import pack
-from ecast.transport import PROTOCOL_VERSION, _mac
+from ecast.runtime.transport import PROTOCOL_VERSION, _mac
+from ecast.wire.codec import pack
 from tests.integration.cluster import SECRET, Cluster, RouterProc
 
 
@@ -221,7 +221,7 @@ def test_a_frame_with_a_wrongly_typed_header_is_refused(router: RouterProc) -> N
 
 def test_well_formed_frame_with_a_wrongly_typed_field_is_refused(router: RouterProc) -> None:
     sock, _ = handshake(router)
-    from ecast.proto import Confirm
+    from ecast.core.proto import Confirm
 
     send_packet(sock, ["nodes", [["typo", 1]]])
     bad = (Confirm("not a number"),)  # type: ignore[arg-type]

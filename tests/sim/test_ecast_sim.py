@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ecast.endpoint import ENDPOINT_MUTATIONS
-from ecast.router import ROUTER_MUTATIONS
+from ecast.core.endpoint import ENDPOINT_MUTATIONS
+from ecast.core.router import ROUTER_MUTATIONS
 from ecast.sim.__main__ import ecast_config, replay_command
 from ecast.sim.ecast_checks import LIVENESS, SAFETY
 from ecast.sim.ecast_run import ECAST_SITUATIONS, run_ecast

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ecast.core.ufabcast import MUTATIONS
 from ecast.sim.__main__ import replay_command, ufab_config
 from ecast.sim.ufab import SITUATIONS, run_ufabcast
 from ecast.sim.ufab_checks import SAFETY_CHECKS
-from ecast.ufabcast import MUTATIONS
 from tests import report, scenarios
 
 LONG = os.environ.get("ECAST_LONG") == "1"

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from ecast.bench import _rss_summary
-from ecast.cost import main as cost_main
+from ecast.tools.bench import _rss_summary
+from ecast.tools.cost import main as cost_main
 
 
 def test_a_breathing_heap_is_flat_and_a_leak_has_a_slope() -> None:

@@ -9,7 +9,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ecast.codec import (
+from ecast.core.link import Frame
+from ecast.core.message import Message, Submission
+from ecast.core.proto import (
+    Confirm,
+    Deliver,
+    DeliverUnsafe,
+    Direct,
+    Leader,
+    Route,
+    RouteCmd,
+    Stable,
+    StableCmd,
+)
+from ecast.core.ufabcast.messages import Accept, AppCmd, Heartbeat, JoinCmd, PartCmd, Promise, View
+from ecast.wire.codec import (
     DELIVER_REFS,
     PACKER_BUFFER,
     TABLE,
@@ -21,20 +35,6 @@ from ecast.codec import (
     pack,
     unpack,
 )
-from ecast.link import Frame
-from ecast.message import Message, Submission
-from ecast.proto import (
-    Confirm,
-    Deliver,
-    DeliverUnsafe,
-    Direct,
-    Leader,
-    Route,
-    RouteCmd,
-    Stable,
-    StableCmd,
-)
-from ecast.ufabcast.messages import Accept, AppCmd, Heartbeat, JoinCmd, PartCmd, Promise, View
 
 names = st.text(st.characters(codec="utf-8"), min_size=1, max_size=8)
 ints = st.integers(-(2**40), 2**40)
@@ -250,7 +250,7 @@ def test_every_packet_round_trips_with_its_message_table(
 def test_every_message_class_has_a_decoder() -> None:
     # A class whose annotations the decoder generator cannot check is refused on the wire
     # at its first use (Direct was, for its payload: object): build them all up front.
-    from ecast.codec import _CODE, _decoder
+    from ecast.wire.codec import _CODE, _decoder
 
     for cls, code in _CODE.items():
         assert callable(_decoder(code)), cls.__name__

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ecast.config import BroadcastConfig, KeyRingConfig, load_config, restore_config
-from ecast.message import Message
-from ecast.mseq import MSeq
+from ecast.core.config import BroadcastConfig, KeyRingConfig, load_config, restore_config
+from ecast.core.message import Message
+from ecast.core.mseq import MSeq
 
 PROCS = ["p1", "p2", "p3", "p4", "p5"]
 
@@ -61,14 +61,14 @@ def test_a_suspected_or_parted_process_never_appears_in_a_later_destination_set(
 
 
 def test_configs_load_by_import_path_and_round_trip_through_plain_state() -> None:
-    b = load_config("ecast.config:BroadcastConfig")
+    b = load_config("ecast.core.config:BroadcastConfig")
     assert isinstance(b, BroadcastConfig) and b.members() == frozenset()
-    r = load_config("ecast.config:KeyRingConfig", replication=3)
+    r = load_config("ecast.core.config:KeyRingConfig", replication=3)
     r = r.apply(msg("d1", 1, {"kind": "join", "role": "receiver"}))
     r = r.apply(msg("c1", 2, {"kind": "join", "role": "client"}))
-    same = restore_config("ecast.config:KeyRingConfig", r.to_state())
+    same = restore_config("ecast.core.config:KeyRingConfig", r.to_state())
     assert same == r and same.members() == frozenset({"d1", "c1"})
-    for bad in ("ecast.config", ":Broadcast", ""):
+    for bad in ("ecast.core.config", ":Broadcast", ""):
         try:
             load_config(bad)
         except ValueError:

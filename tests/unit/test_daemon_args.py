@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ecast.daemon import apply_toml, router_arguments
+from ecast.tools.daemon import apply_toml, router_arguments
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -42,9 +42,9 @@ def test_id_and_listen_are_required_from_one_or_the_other(tmp_path: Path) -> Non
 def test_a_config_that_cannot_be_loaded_is_a_clear_error_not_a_traceback(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from ecast.daemon import main
+    from ecast.tools.daemon import main
 
-    for config in ("no_such_package.mod:Config", "ecast.config:NoSuchClass", "no-colon"):
+    for config in ("no_such_package.mod:Config", "ecast.core.config:NoSuchClass", "no-colon"):
         with pytest.raises(SystemExit) as e:
             main(["--id", "r1", "--listen", "127.0.0.1:1", "--config", config])
         assert e.value.code == 2

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ecast.config import KeyRingConfig
-from ecast.effects import UnexpectedMessage
-from ecast.endpoint import Acked, Endpoint, EndpointClosed, EndpointParams, LeaderChanged
-from ecast.message import Submission
-from ecast.proto import (
+from ecast.core.config import KeyRingConfig
+from ecast.core.effects import UnexpectedMessage
+from ecast.core.endpoint import Acked, Endpoint, EndpointClosed, EndpointParams, LeaderChanged
+from ecast.core.message import Submission
+from ecast.core.proto import (
     Closed,
     CloseSessions,
     Confirm,
@@ -20,8 +20,8 @@ from ecast.proto import (
     StableCmd,
     Suspected,
 )
-from ecast.router import Router
-from ecast.ufabcast.messages import Accept
+from ecast.core.router import Router
+from ecast.core.ufabcast.messages import Accept
 from tests import ecast_scenarios as sc
 
 

@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ecast.link import DATAGRAM, Frame, LinkLayer, LinkParams
+from ecast.core.link import DATAGRAM, Frame, LinkLayer, LinkParams
 
 
 def pump(a: LinkLayer, b: LinkLayer, frames: list[tuple[str, Frame]], now: float) -> list:

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ecast.transport import Connection
+from ecast.runtime.transport import Connection
 
 
 class Sink:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ecast.sim.manual import ManualNet
-from ecast.ufabcast import NOOP, AppCmd, Executed, JoinCmd, PartCmd, Ufabcast, UfabParams
-from ecast.ufabcast.messages import (
+from ecast.core.ufabcast import NOOP, AppCmd, Executed, JoinCmd, PartCmd, Ufabcast, UfabParams
+from ecast.core.ufabcast.messages import (
     Accept,
     Accepted,
     CatchUpReply,
@@ -20,6 +19,7 @@ from ecast.ufabcast.messages import (
     Promise,
     Snapshot,
 )
+from ecast.sim.manual import ManualNet
 from tests import scenarios
 from tests.scenarios import params
 

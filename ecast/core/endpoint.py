@@ -14,10 +14,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ecast.effects import Effects, NodeId
-from ecast.message import Message, MsgId, Session, Submission
-from ecast.message import fast_new as _tnew
-from ecast.proto import (
+from ecast.core.effects import Effects, NodeId
+from ecast.core.message import Message, MsgId, Session, Submission
+from ecast.core.message import fast_new as _tnew
+from ecast.core.proto import (
     Closed,
     CloseSessions,
     Confirm,

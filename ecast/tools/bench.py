@@ -25,8 +25,8 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-from ecast.local import LocalCluster
 from ecast.runtime import tune_process
+from ecast.tools.local import LocalCluster
 
 SECRET = "bench-secret"
 
@@ -79,7 +79,7 @@ def _record_key(sender: str, seq: int) -> int:
 
 # ====================================================================== workers
 async def _receivers(args: argparse.Namespace) -> dict[str, Any]:
-    from ecast.endpoint import Delivery, Endpoint
+    from ecast.core.endpoint import Delivery, Endpoint
     from ecast.runtime import Runtime
 
     rt = Runtime(SECRET.encode())
@@ -165,7 +165,7 @@ async def _receivers(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _client(args: argparse.Namespace) -> dict[str, Any]:
     import ecast
-    from ecast.endpoint import EndpointParams
+    from ecast.core.endpoint import EndpointParams
 
     client = await ecast.connect(
         args.routers.split(","),
@@ -357,7 +357,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         SECRET,
         [
             "--config",
-            "ecast.config:KeyRingConfig",
+            "ecast.core.config:KeyRingConfig",
             "--config-arg",
             f"replication={args.replication}",
             "--log-level",
@@ -379,7 +379,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         cmd = [
             py,
             "-m",
-            "ecast.bench",
+            "ecast.tools.bench",
             "worker",
             "receivers",
             "--routers",
@@ -408,7 +408,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         cmd = [
             py,
             "-m",
-            "ecast.bench",
+            "ecast.tools.bench",
             "worker",
             "client",
             "--routers",
@@ -586,8 +586,8 @@ def _summarize(
 def _check_records(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Order checkers on what was delivered: one t per message everywhere, and every
     acknowledged message delivered by each of its destinations on the ring."""
-    from ecast.config import KeyRingConfig
-    from ecast.message import Message
+    from ecast.core.config import KeyRingConfig
+    from ecast.core.message import Message
 
     by_receiver: dict[str, dict[int, int]] = {}
     t_of: dict[int, int] = {}

@@ -1,7 +1,7 @@
 """The E-Cast router: Algorithm 11 with everything section 3.5 adds.
 
 Every router learns the same m-seq through ufabcast and applies it to the same replicated
-state (:class:`RouterState`): the :class:`~ecast.mseq.MSeq`, the session table, the stable
+state (:class:`RouterState`): the :class:`~ecast.core.mseq.MSeq`, the session table, the stable
 acknowledgements still owed, per-sender unstable counts and the suspects that unstable
 messages still need.  Learning is deterministic, so duplicates and gaps are resolved
 identically everywhere (3.4.4: "deterministically at every router").
@@ -21,12 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ecast.config import Config
-from ecast.effects import Effects, NodeId, UnexpectedMessage
-from ecast.message import Message, MsgId, Session
-from ecast.message import fast_new as _tnew
-from ecast.mseq import MSeq
-from ecast.proto import (
+from ecast.core.config import Config
+from ecast.core.effects import Effects, NodeId, UnexpectedMessage
+from ecast.core.message import Message, MsgId, Session
+from ecast.core.message import fast_new as _tnew
+from ecast.core.mseq import MSeq
+from ecast.core.proto import (
     Closed,
     CloseSessions,
     CloseSessionsCmd,
@@ -44,7 +44,7 @@ from ecast.proto import (
     StableCmd,
     Suspected,
 )
-from ecast.ufabcast import (
+from ecast.core.ufabcast import (
     Executed,
     Installed,
     SnapshotNeeded,
@@ -53,7 +53,7 @@ from ecast.ufabcast import (
     UfabParams,
     ViewChanged,
 )
-from ecast.ufabcast.messages import UFAB_MESSAGES
+from ecast.core.ufabcast.messages import UFAB_MESSAGES
 
 ROUTER_MUTATIONS = frozenset(
     {

@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ecast.effects import NodeId
+from ecast.core.effects import NodeId
 
 DATAGRAM = -1
 _INF = float("inf")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ecast.effects import NodeId
+from ecast.core.effects import NodeId
 
 Session = tuple[str, int, str]
 """(namespace, epoch, stream)."""

@@ -3,7 +3,7 @@
 A reconfigurable, wait-free Multi-Paxos.  "Wait-free" in the dissertation's sense: the
 leader pipelines phase-2 messages over FIFO channels and never waits between them.  The
 class is a sans-IO core: inputs are messages, proposals and ticks with the current time;
-outputs are :class:`~ecast.effects.Effects`.
+outputs are :class:`~ecast.core.effects.Effects`.
 
 How the pieces fit (each is spelled out where it is implemented):
 
@@ -38,8 +38,8 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from ecast.effects import Effects, NodeId
-from ecast.ufabcast.messages import (
+from ecast.core.effects import Effects, NodeId
+from ecast.core.ufabcast.messages import (
     Accept,
     Accepted,
     AppCmd,
@@ -66,7 +66,7 @@ from ecast.ufabcast.messages import (
     View,
     ViewChanged,
 )
-from ecast.ufabcast.params import UfabParams
+from ecast.core.ufabcast.params import UfabParams
 
 _INF = float("inf")
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any
 
-from ecast.config import Config, config_path, restore_config
-from ecast.message import Message
+from ecast.core.config import Config, config_path, restore_config
+from ecast.core.message import Message
 
 
 class MSeq:

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import msgpack
 
-from ecast.effects import NodeId
+from ecast.core.effects import NodeId
 
 PROTOCOL_VERSION = 6
 HANDSHAKE_TIMEOUT = 5.0
@@ -47,7 +47,7 @@ run between bursts: a peer that sends faster than this process can work must not
 it for seconds, which its group would take for a crash.  TCP then pushes back on the
 sender."""
 _LEN = struct.Struct(">I")
-log = logging.getLogger("ecast.transport")
+log = logging.getLogger("ecast.runtime.transport")
 
 
 class HandshakeError(Exception):

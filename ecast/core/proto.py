@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ecast.effects import NodeId
-from ecast.message import Message, MsgId, Submission
+from ecast.core.effects import NodeId
+from ecast.core.message import Message, MsgId, Submission
 
 # ------------------------------------------------------------------ endpoint -> router
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ecast.local import LocalCluster
 from ecast.runtime import tune_process
+from ecast.tools.local import LocalCluster
 
 ACCOUNTS = 64
 OPENING = 1_000

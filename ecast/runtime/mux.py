@@ -3,7 +3,7 @@
 One :class:`Runtime` per OS process (a *host*) holds the cluster secret, TLS settings, an
 address directory and one authenticated connection per peer host, and it runs one or
 more :class:`Node` s.  A node is one logical process: a core (router, endpoint, ...) and
-its :class:`~ecast.link.LinkLayer`, whose channels are per node pair.
+its :class:`~ecast.core.link.LinkLayer`, whose channels are per node pair.
 
 Why connections per host rather than per node: Python pays per system call and per
 callback.  A leader forwarding to sixteen receivers that live in one benchmark process
@@ -13,7 +13,7 @@ multiplexed, it writes one packet and reads one.
 A packet is a msgpack array of items:
 
 - ``(src, dst, src_inc, dst_inc, seq, ack, msgs)``: a link-layer frame
-  (:class:`~ecast.link.Frame`, flattened) from node ``src`` (on the sending host) to node
+  (:class:`~ecast.core.link.Frame`, flattened) from node ``src`` (on the sending host) to node
   ``dst`` (on the receiving host);
 - ``("nodes", ((node, incarnation), ...))``: nodes that now run on the sending host;
 - ``("gone", (node, ...))``: nodes that stopped there;
@@ -52,7 +52,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ecast.codec import (
+from ecast.core.effects import Effects, NodeId, UnexpectedMessage
+from ecast.core.link import Frame, LinkLayer, LinkParams
+from ecast.core.proto import Direct, Directory
+from ecast.runtime.transport import HANDSHAKE_TIMEOUT, Connection, PeerInfo, split_address
+from ecast.wire.codec import (
     MAX_FRAME,
     DecodeError,
     Encoder,
@@ -60,10 +64,6 @@ from ecast.codec import (
     decode_packet,
     frame_item,
 )
-from ecast.effects import Effects, NodeId, UnexpectedMessage
-from ecast.link import Frame, LinkLayer, LinkParams
-from ecast.proto import Direct, Directory
-from ecast.transport import HANDSHAKE_TIMEOUT, Connection, PeerInfo, split_address
 
 log = logging.getLogger("ecast.runtime")
 
@@ -339,7 +339,7 @@ class Runtime:
 
     # ------------------------------------------------------------------ receiving
     def frame_received(self, conn: Connection, body: bytes | memoryview) -> None:
-        """One packet from an open connection (see ``ecast.transport.Endpoint``)."""
+        """One packet from an open connection (see ``ecast.runtime.transport.Endpoint``)."""
         self.stats["packets_in"] += 1
         try:
             items = decode_packet(body)
@@ -478,7 +478,7 @@ class Runtime:
                 self.schedule(node)
             node._rearm()
 
-    # Connection callbacks (see ecast.transport.Endpoint).
+    # Connection callbacks (see ecast.runtime.transport.Endpoint).
     def check_peer(self, peer: PeerInfo) -> str | None:
         if peer.host == self.host_id:
             return f"peer claims this process's own host id {peer.host}"

@@ -23,8 +23,8 @@ import zlib
 from bisect import bisect_left
 from typing import Any, Protocol, runtime_checkable
 
-from ecast.effects import NodeId
-from ecast.message import Message
+from ecast.core.effects import NodeId
+from ecast.core.message import Message
 
 EMPTY: frozenset[NodeId] = frozenset()
 

@@ -23,10 +23,10 @@ from typing import Any
 
 import msgpack
 
-from ecast import message as _message
-from ecast import proto as _proto
-from ecast.link import Frame
-from ecast.ufabcast import messages as _ufab
+from ecast.core import message as _message
+from ecast.core import proto as _proto
+from ecast.core.link import Frame
+from ecast.core.ufabcast import messages as _ufab
 
 MAX_FRAME = 16 * 1024 * 1024
 """Default largest frame a peer may send (16 MiB); larger ones close the connection."""

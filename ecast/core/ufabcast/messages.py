@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ecast.effects import NodeId
+from ecast.core.effects import NodeId
 
 Ballot = tuple[int, NodeId]
 """(round, proposer).  Round 0 belongs to the first member of a view and needs no phase 1."""

@@ -22,13 +22,13 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
-from ecast.codec import Encoder, array_header, decode_packet, frame_item
-from ecast.config import KeyRingConfig
-from ecast.effects import Effects, NodeId
-from ecast.endpoint import Acked, Endpoint, EndpointParams
-from ecast.link import Frame
-from ecast.router import Router, RouterParams
-from ecast.ufabcast.params import UfabParams
+from ecast.core.config import KeyRingConfig
+from ecast.core.effects import Effects, NodeId
+from ecast.core.endpoint import Acked, Endpoint, EndpointParams
+from ecast.core.link import Frame
+from ecast.core.router import Router, RouterParams
+from ecast.core.ufabcast.params import UfabParams
+from ecast.wire.codec import Encoder, array_header, decode_packet, frame_item
 
 TICK = 0.002
 """Virtual seconds per round: every node gets one step per round."""

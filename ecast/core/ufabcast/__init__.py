@@ -1,7 +1,7 @@
 """Uniform FIFO atomic broadcast among routers: reconfigurable wait-free Multi-Paxos (3.5.4)."""
 
-from ecast.ufabcast.core import NOOP, Ufabcast
-from ecast.ufabcast.messages import (
+from ecast.core.ufabcast.core import NOOP, Ufabcast
+from ecast.core.ufabcast.messages import (
     AppCmd,
     Executed,
     Installed,
@@ -12,7 +12,7 @@ from ecast.ufabcast.messages import (
     View,
     ViewChanged,
 )
-from ecast.ufabcast.params import MUTATIONS, UfabParams
+from ecast.core.ufabcast.params import MUTATIONS, UfabParams
 
 __all__ = [
     "MUTATIONS",

@@ -24,12 +24,12 @@ import time
 import tomllib
 from typing import Any
 
-from ecast.config import load_config
-from ecast.router import Router, RouterParams
+from ecast.core.config import load_config
+from ecast.core.router import Router, RouterParams
+from ecast.core.ufabcast import UfabParams
 from ecast.runtime import Runtime, read_secret, tune_process
-from ecast.ufabcast import UfabParams
 
-log = logging.getLogger("ecast.daemon")
+log = logging.getLogger("ecast.tools.daemon")
 
 
 class KeyValueFormatter(logging.Formatter):
@@ -375,7 +375,9 @@ def router_arguments(ap: argparse.ArgumentParser) -> None:
         "--listen", help="HOST:PORT for routers and clients; required here or in --file"
     )
     ap.add_argument("--join", help="HOST:PORT of any running router (omit to bootstrap)")
-    ap.add_argument("--config", default="ecast.config:BroadcastConfig", help="package.module:Class")
+    ap.add_argument(
+        "--config", default="ecast.core.config:BroadcastConfig", help="package.module:Class"
+    )
     ap.add_argument(
         "--config-arg", action="append", default=[], help="KEY=VALUE for Config.initial"
     )

@@ -1,8 +1,8 @@
 """``ecast``: the command line.
 
-ecast router ...      run a router daemon (ecast.daemon)
-ecast bench ...       run the benchmark on a local cluster (ecast.bench)
-ecast cost ...        CPU time per message of each role, in one process (ecast.cost)
+ecast router ...      run a router daemon (ecast.tools.daemon)
+ecast bench ...       run the benchmark on a local cluster (ecast.tools.bench)
+ecast cost ...        CPU time per message of each role, in one process (ecast.tools.cost)
 ecast sim ...         run one seeded simulation (ecast.sim)
 ecast demo ...        the main job: a real local cluster runs a replicated bank
 ecast sim-demo ...    the simulated demo: the protocol under faults in virtual time
@@ -20,15 +20,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command == "router":
-        from ecast.daemon import main as run
+        from ecast.tools.daemon import main as run
     elif command == "bench":
-        from ecast.bench import main as run
+        from ecast.tools.bench import main as run
     elif command == "cost":
-        from ecast.cost import main as run
+        from ecast.tools.cost import main as run
     elif command == "sim":
         from ecast.sim.__main__ import main as run
     elif command == "demo":
-        from ecast.demo import main as run
+        from ecast.tools.demo import main as run
     elif command == "sim-demo":
         from ecast.sim.demo import main as run
     else:

@@ -1,0 +1,1 @@
+"""The commands: router daemon, benchmark, cost, demo, local clusters, command line."""

@@ -1,0 +1,1 @@
+"""The wire format: how messages and packets become bytes and back."""
