@@ -203,7 +203,7 @@ class RouterGroupRun:
     def group_quiescent(self, correct: list[NodeId]) -> bool:
         """One position, one view, nothing pending, no crashed or parted member left."""
         cores = [self.cores[r] for r in correct]
-        if any(not c.installed or c.pending or c.pending_reconfig for c in cores):
+        if any(not c.installed or not c.proposer.idle() for c in cores):
             return False
         if len({(c.executed, c.view) for c in cores}) != 1:
             return False
@@ -220,7 +220,7 @@ class RouterGroupRun:
             self.sim.nodes[r].alive and not c.installed and not c.stopped
             for r, c in self.cores.items()
         )
-        return joining or any(self.cores[r].pending_reconfig for r in live)
+        return joining or any(self.cores[r].proposer.reconfigs for r in live)
 
     def _may_lose(self, victim: NodeId) -> bool:
         """Crashing ``victim`` keeps a majority of the latest view alive."""
@@ -322,8 +322,8 @@ class RouterGroupRun:
 
         def probe() -> None:
             ca, cb = self.cores[a], self.cores[b]
-            a_parts_b = any(c.router == b for c in ca.pending_reconfig)
-            b_parts_a = any(c.router == a for c in cb.pending_reconfig)
+            a_parts_b = any(c.router == b for c in ca.proposer.reconfigs)
+            b_parts_a = any(c.router == a for c in cb.proposer.reconfigs)
             if a_parts_b and b_parts_a:
                 self.situations["mutual_parts"] += 1
                 return

@@ -168,7 +168,7 @@ class ManualNet(ScriptedNet):
     def propose(self, rid: NodeId, payload: str) -> None:
         app = self.nodes[rid]
         self._apply(rid, app.propose(payload, self.now))
-        self.proposals[payload] = (rid, app.core.my_seq)
+        self.proposals[payload] = (rid, app.core.proposer.seq)
 
     def leave(self, rid: NodeId) -> None:
         self._apply(rid, self.core(rid).leave(self.now))
@@ -192,10 +192,11 @@ class ManualNet(ScriptedNet):
             out.extend(check_uniform_agreement(facts))
             out.extend(check_termination(facts))
             for rid, app in self.apps.items():
-                if app.rec.correct and (app.core.pending or app.core.pending_reconfig):
+                mine = app.core.proposer
+                if app.rec.correct and not mine.idle():
                     out.append(
-                        f"termination: {rid} still waits for {len(app.core.pending)} of its "
-                        f"commands and {len(app.core.pending_reconfig)} reconfigurations"
+                        f"termination: {rid} still waits for {len(mine.pending)} of its "
+                        f"commands and {len(mine.reconfigs)} reconfigurations"
                     )
         return out
 

@@ -129,7 +129,7 @@ class UfabRun(RouterGroupRun):
 
         def go(app: LogApp, now: float) -> Effects:
             fx = app.propose(payload, now)
-            self.proposals[payload] = (rid, core.my_seq)
+            self.proposals[payload] = (rid, core.proposer.seq)
             return fx
 
         self.sim.call(rid, go)

@@ -208,7 +208,7 @@ def test_redundant_parts_and_joins_are_proposed_once() -> None:
         if any(type(c) is PartCmd and c.router == "d" for c in m.value)
     }
     assert len(parts) == 1
-    assert all(not net.core(r).pending_reconfig for r in "abc")
+    assert all(not net.core(r).proposer.reconfigs for r in "abc")
     # A joiner asking two routers is joined once.
     net.join("j", ["b", "c"])
     net.inject("j", "c", JoinRequest())
@@ -335,12 +335,12 @@ def test_a_stalled_router_does_not_blame_others_for_its_own_pause() -> None:
     b.on_tick(0.0)
     # b's process was starved for 1.5 s: heartbeats from a and c may sit unread.
     fx = b.on_tick(1.5)
-    assert not b.suspected and not any(type(m) is Prepare for _d, m in fx.send)
+    assert not b.detector.suspected and not any(type(m) is Prepare for _d, m in fx.send)
     assert b.stats["stalls_excused"] == 1
     # Real silence after the stall is still detected, one failure timeout later.
     for k in range(1, 7):
         b.on_tick(1.5 + k * 0.25)
-    assert b.suspected == {"a", "c"}
+    assert b.detector.suspected == {"a", "c"}
 
 
 def test_a_commit_rides_with_the_next_accept_or_leaves_alone_after_the_delay() -> None:

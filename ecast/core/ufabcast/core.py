@@ -39,6 +39,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ecast.core.effects import Effects, NodeId
+from ecast.core.ufabcast.catchup import CatchUp
+from ecast.core.ufabcast.detector import FailureDetector
+from ecast.core.ufabcast.fifo import FifoRelease
+from ecast.core.ufabcast.gc import Watermark, prune
 from ecast.core.ufabcast.messages import (
     Accept,
     Accepted,
@@ -67,48 +71,12 @@ from ecast.core.ufabcast.messages import (
     ViewChanged,
 )
 from ecast.core.ufabcast.params import UfabParams
+from ecast.core.ufabcast.paxos import LOWEST, Acceptor, Tenure
+from ecast.core.ufabcast.proposer import ClumpQueue, Proposer
+from ecast.core.ufabcast.retirement import Retirement
 
 _INF = float("inf")
-
-_LOWEST: Ballot = (0, "")
 NOOP: Value = ()
-
-
-class _Acceptor:
-    """Acceptor state for one view."""
-
-    __slots__ = ("accepted", "promised", "seen")
-
-    def __init__(self) -> None:
-        self.promised: Ballot = _LOWEST
-        self.accepted: dict[int, tuple[Ballot, Value]] = {}
-        # Values of Accept messages we had to reject; a learner may need them (see _value_for).
-        self.seen: dict[int, tuple[Ballot, Value]] = {}
-
-
-class _Lead:
-    """State of this router while it holds (or is trying to obtain) a ballot."""
-
-    __slots__ = (
-        "acked",
-        "ballot",
-        "committed",
-        "first_inst",
-        "next_inst",
-        "preparing",
-        "promises",
-        "view",
-    )
-
-    def __init__(self, view: int, ballot: Ballot, start: int, preparing: bool) -> None:
-        self.view = view
-        self.ballot = ballot
-        self.preparing = preparing
-        self.promises: dict[NodeId, tuple[tuple[int, Ballot, Value], ...]] = {}
-        self.first_inst = start
-        self.next_inst = start
-        self.committed = start - 1
-        self.acked: dict[NodeId, int] = {}
 
 
 class Ufabcast:
@@ -138,11 +106,9 @@ class Ufabcast:
         self._rng = random.Random(zlib.crc32(me.encode()) ^ self.p.seed)
         self.stopped = False
         """No longer a participant: executes, proposes and accepts nothing."""
-        self.retiring = False
-        """Stopped after our own part, but still serving the log to the new view (below)."""
+        self.retirement: Retirement | None = None
+        """Set once we executed our own part and still serve the log to the new view."""
         self.stop_reason = ""
-        self._retire_from: tuple[NodeId, ...] = ()
-        self._confirmed: set[NodeId] = set()
         # -- replicated state machine
         self.view: View | None = None
         self.installed = False
@@ -152,42 +118,25 @@ class Ufabcast:
         self.log: dict[int, tuple[int, Value]] = {}
         self.log_floor = -1
         """Our executed log starts above this (a snapshot replaced what lies below)."""
-        self.watermark = -1
-        """Every member has executed up to here: all Paxos state at or below is collected."""
-        self.fifo_next: dict[NodeId, int] = {}
-        self.held: dict[NodeId, dict[int, AppCmd]] = {}
+        self.wm = Watermark()
+        self.fifo = FifoRelease()
         self.retired: set[NodeId] = set()
         # -- Paxos, per view
-        self.acc: dict[int, _Acceptor] = {}
+        self.acc: dict[int, Acceptor] = {}
         self.decided: dict[int, dict[int, Value]] = {}
         self._commit_seen: dict[int, tuple[Ballot, int]] = {}
-        self.lead: _Lead | None = None
-        self.hint_ballot: Ballot = _LOWEST
+        self.lead: Tenure | None = None
+        self.hint_ballot: Ballot = LOWEST
         self.max_round = 0
         self.backoff = self.p.backoff_initial
         self.backoff_until = 0.0
-        # -- leader queue (commands waiting to be put into instances by this router)
-        self.queue: list[Command] = []
-        self.queue_since: float | None = None
-        self.queued_ids: set[tuple[Any, Any]] = set()
-        """Commands queued or proposed by us in this tenure (dropped when they execute)."""
-        # -- proposer
-        self.my_seq = 0
-        self.pending: dict[int, AppCmd] = {}
-        self.pending_reconfig: list[JoinCmd | PartCmd] = []
-        self.last_progress = 0.0
-        # -- failure detection and GC
-        # None: not heard yet; the failure timeout starts at the first tick.
-        self.last_heard: dict[NodeId, float | None] = {}
-        self._last_detect: float | None = None
-        self.suspected: set[NodeId] = set()
-        self.reported: dict[NodeId, int] = {}
+        self.queue = ClumpQueue()
+        self.proposer = Proposer(me)
+        # -- failure detection, heartbeats, catch-up
+        self.detector = FailureDetector()
+        self.catchup = CatchUp()
         self.next_hb = 0.0
         self._hint_sent: dict[NodeId, float] = {}
-        self._catchup_check_at = 0.0
-        self._catchup_last = -2
-        self._catchup_turn = 0
-        self._missing_from: NodeId | None = None
         # -- joining
         self.seeds = tuple(seeds or ())
         self._join_attempt = 0
@@ -254,9 +203,7 @@ class Ufabcast:
         """Broadcast ``payload``; it will be executed by every router in one total order."""
         self._begin(now)
         if not self.stopped:
-            self.my_seq += 1
-            cmd = AppCmd(self.me, self.my_seq, payload)
-            self.pending[cmd.seq] = cmd
+            cmd = self.proposer.new(payload)
             self.stats["proposed"] += 1
             if self.installed:
                 self._route(cmd)
@@ -283,10 +230,7 @@ class Ufabcast:
             for msg in msgs:
                 self._retiring_message(src, msg)
         elif not self.stopped:
-            if src in self.last_heard:
-                self.last_heard[src] = now
-                if src in self.suspected:
-                    self.suspected.discard(src)
+            self.detector.heard(src, now)
             handlers = self._handlers
             for msg in msgs:
                 if self.stopped:
@@ -328,9 +272,24 @@ class Ufabcast:
 
     # ================================================================== introspection
     @property
+    def retiring(self) -> bool:
+        """Stopped after our own part, but still serving the log to the new view."""
+        return self.retirement is not None
+
+    @property
     def finished(self) -> bool:
         """Stopped and owing nobody anything: the process may exit."""
         return self.stopped and not self.retiring
+
+    @property
+    def watermark(self) -> int:
+        """Every member has executed up to here: all Paxos state at or below is collected."""
+        return self.wm.value
+
+    @property
+    def held(self) -> dict[NodeId, dict[int, AppCmd]]:
+        """Commands executed ahead of a gap in their proposer's sequence (FIFO release)."""
+        return self.fifo.held
 
     @property
     def executed(self) -> int:
@@ -354,7 +313,7 @@ class Ufabcast:
 
     def gc_violations(self) -> list[str]:
         """State held for instances at or below the collected watermark (should be none)."""
-        w = self.watermark
+        w = self.wm.value
         bad: list[str] = []
         if any(i <= w for i in self.log):
             bad.append("log")
@@ -371,8 +330,8 @@ class Ufabcast:
             "log": len(self.log),
             "accepted": sum(len(a.accepted) + len(a.seen) for a in self.acc.values()),
             "decided": sum(len(d) for d in self.decided.values()),
-            "held": sum(len(h) for h in self.held.values()),
-            "pending": len(self.pending) + len(self.pending_reconfig),
+            "held": self.fifo.held_count(),
+            "pending": len(self.proposer.pending) + len(self.proposer.reconfigs),
             "queue": len(self.queue),
             "views": len(self.acc),
         }
@@ -466,7 +425,7 @@ class Ufabcast:
                 return
         self._commit_dirty = False
         self._commit_due = None
-        msg = Commit(lead.view, lead.ballot, lead.first_inst, lead.committed, self.watermark)
+        msg = Commit(lead.view, lead.ballot, lead.first_inst, lead.committed, self.wm.value)
         for m in self.view.members:
             if m != self.me:
                 self._send(m, msg)
@@ -488,14 +447,14 @@ class Ufabcast:
             wake = min(wake, self._commit_due)
         if self._acks_out:
             wake = min(wake, self._votes_due)
-        if self.queue and self.queue_since is not None and self._active_lead() is not None:
-            wake = min(wake, self.queue_since + self.p.clump_delay)
+        since = self.queue.since
+        if since is not None and self.queue and self._active_lead() is not None:
+            wake = min(wake, since + self.p.clump_delay)
         if self.lead is None and self._believed_leader() == self.me and self.backoff_until > now:
             wake = min(wake, self.backoff_until)
-        timeout = self.p.failure_timeout
-        for m, heard in self.last_heard.items():
-            if heard is not None and m not in self.suspected:
-                wake = min(wake, heard + timeout + 1e-6)
+        deadline = self.detector.next_deadline(self.p.failure_timeout)
+        if deadline is not None:
+            wake = min(wake, deadline)
         return max(wake, now)
 
     # ================================================================== views
@@ -515,15 +474,10 @@ class Ufabcast:
         for old in [v for v in self._commit_seen if v < view.number]:
             del self._commit_seen[old]
         now = self._now
-        for m in view.members:
-            if m != self.me and m not in self.last_heard:
-                self.last_heard[m] = now if self._fx is not None else None
-        for m in [m for m in self.last_heard if m not in view.members]:
-            del self.last_heard[m]
-            self.suspected.discard(m)
+        self.detector.watch(view.members, self.me, now if self._fx is not None else None)
         # Leadership starts afresh in every view.
         self.lead = None
-        self.queued_ids = set()
+        self.queue.new_tenure()
         self.backoff = self.p.backoff_initial
         self.backoff_until = 0.0
         self.hint_ballot = (0, view.members[0])
@@ -533,22 +487,20 @@ class Ufabcast:
         self.max_round = self.hint_ballot[0]
         if view.members[0] == self.me and acc.promised <= (0, self.me):
             acc.promised = (0, self.me)
-            self.lead = _Lead(view.number, (0, self.me), view.start, preparing=False)
+            self.lead = Tenure(view.number, (0, self.me), view.start, preparing=False)
         self._last_believed = self._believed_leader()
         if fresh:
             self.next_hb = now
 
     def _enter_view(self, view: View, joined: list[NodeId], parted: list[NodeId], tag: int) -> None:
         self.stats["view_changes"] += 1
-        leftover = self.queue
-        self.queue = []
-        self.queue_since = None
+        leftover = self.queue.take()
         old = self.view
         assert old is not None
         if self._commit_dirty and self.lead is not None:
             # The old view's last Commit must go out before its leadership is gone.
             lead = self.lead
-            final = Commit(lead.view, lead.ballot, lead.first_inst, lead.committed, self.watermark)
+            final = Commit(lead.view, lead.ballot, lead.first_inst, lead.committed, self.wm.value)
             for m in old.members:
                 if m != self.me:
                     self._send(m, final)
@@ -556,11 +508,11 @@ class Ufabcast:
             self._commit_due = None
         self._install_view(view, fresh=False)
         for j in joined:
-            self.reported[j] = tag
+            self.wm.reported[j] = tag
             self._snap_parts[(j, tag)] = self._core_snapshot()
             self._deliver(SnapshotNeeded(j, tag))
         for r in parted:
-            self.reported.pop(r, None)
+            self.wm.reported.pop(r, None)
             self._hint_sent.pop(r, None)
             if r != self.me:
                 assert self._fx is not None
@@ -569,7 +521,7 @@ class Ufabcast:
         if self.me in parted:
             self._retire(old.members)
             return
-        self.pending_reconfig = [c for c in self.pending_reconfig if not self._redundant(c)]
+        self.proposer.reconfigs = [c for c in self.proposer.reconfigs if not self._redundant(c)]
         # Commands that were waiting here, and our own commands that sat in now-void
         # instances, go to the leader of the new view.
         self._fwd_out.extend(leftover)
@@ -577,13 +529,8 @@ class Ufabcast:
 
     def _core_snapshot(self) -> tuple[Any, ...]:
         assert self.view is not None
-        held = tuple(c for p in sorted(self.held) for _, c in sorted(self.held[p].items()))
-        return (
-            self.view,
-            tuple(sorted(self.fifo_next.items())),
-            held,
-            tuple(sorted(self.retired)),
-        )
+        next_seq, held = self.fifo.snapshot()
+        return (self.view, next_seq, held, tuple(sorted(self.retired)))
 
     def _retire(self, old_members: tuple[NodeId, ...]) -> None:
         """We executed our own part: stop taking part, but do not vanish yet.
@@ -596,16 +543,12 @@ class Ufabcast:
         the new view confirms (by telling us we are parted) that it executed the stop sign.
         """
         self.stopped = True
-        self.retiring = True
+        self.retirement = Retirement(old_members)
         self.stop_reason = "parted"
         self._deliver(Stopped("parted"))
-        self._retire_from = old_members
-        self._confirmed = set()
         self.lead = None
-        self.queue = []
-        self.queued_ids = set()
-        self.pending.clear()
-        self.pending_reconfig = []
+        self.queue.reset()
+        self.proposer.clear()
         self._fwd_out = []
         self._resend_due = False
         self.acc.clear()
@@ -617,13 +560,12 @@ class Ufabcast:
         if t is CatchUpRequest:
             self._on_catchup_request(src, msg)
         elif t is Parted:
-            assert self.view is not None
-            if src in self.view.members:
-                self._confirmed.add(src)
-                if len(self._confirmed) >= self.view.majority:
-                    self._stop("parted")
-        elif t is Heartbeat and msg.executed > self.reported.get(src, -2):
-            self.reported[src] = msg.executed
+            view = self.view
+            assert view is not None and self.retirement is not None
+            if self.retirement.confirm(src, view.members, view.majority):
+                self._stop("parted")
+        elif t is Heartbeat:
+            self.wm.report(src, msg.executed)
 
     def _retiring_tick(self) -> None:
         if self._now < self.next_hb:
@@ -631,32 +573,32 @@ class Ufabcast:
         view = self.view
         assert view is not None
         self.next_hb = self._now + self.p.heartbeat_interval
+        assert self.retirement is not None
         msg = Heartbeat(view.number, self.next_exec - 1)
-        for m in sorted(set(self._retire_from) | set(view.members)):
-            if m != self.me:
-                self._send(m, msg)
+        for m in self.retirement.audience(view.members, self.me):
+            self._send(m, msg)
 
     def _stop(self, reason: str) -> None:
         was_stopped = self.stopped
         self.stopped = True
-        self.retiring = False
+        self.retirement = None
         self.stop_reason = self.stop_reason or reason
         if not was_stopped:
             self._deliver(Stopped(reason))
         # A stopped router owes nobody anything: let the runtime drop every channel.
         assert self._fx is not None
         peers = (
-            set(self.last_heard) | set(self.reported) | set(self.view.members if self.view else ())
+            self.detector.watched()
+            | set(self.wm.reported)
+            | set(self.view.members if self.view else ())
         )
         peers.discard(self.me)
         self._fx.forget.extend(sorted(peers))
         self.acc.clear()
         self.decided.clear()
         self.log.clear()
-        self.queue = []
-        self.queued_ids = set()
-        self.pending.clear()
-        self.pending_reconfig = []
+        self.queue.reset()
+        self.proposer.clear()
         self.lead = None
         self._fwd_out = []
         self._snap_parts.clear()
@@ -717,43 +659,21 @@ class Ufabcast:
                     self.retired.add(r)
                     parted.append(r)
                     if not execute_parted:
-                        self.held.pop(r, None)
-                        self.fifo_next.pop(r, None)
+                        self.fifo.forget(r)
         if joined or parted:
             self._enter_view(View(view.number + 1, tuple(members), inst + 1), joined, parted, inst)
 
     def _fifo(self, cmd: AppCmd, inst: int) -> None:
-        """Per-proposer reorder buffer: a deterministic function of the executed sequence."""
-        p = cmd.proposer
-        nxt = self.fifo_next.get(p, 1)
-        if cmd.seq < nxt:
+        if cmd.seq < self.fifo.released_below(cmd.proposer):
             self.stats["duplicates_dropped"] += 1
-            if "no_fifo_dedup" in self._mut:
-                self._release(cmd, inst)
-            return
-        if cmd.seq > nxt:
-            self.held.setdefault(p, {})[cmd.seq] = cmd
-            return
-        self._release(cmd, inst)
-        nxt += 1
-        held = self.held.get(p)
-        if held:
-            while True:
-                c = held.pop(nxt, None)
-                if c is None:
-                    break
-                self._release(c, inst)
-                nxt += 1
-            if not held:
-                del self.held[p]
-        self.fifo_next[p] = nxt
+        for c in self.fifo.admit(cmd, "no_fifo_dedup" in self._mut) or ():
+            self._release(c, inst)
 
     def _release(self, cmd: AppCmd, inst: int) -> None:
         self._deliver(Executed(cmd.proposer, cmd.seq, cmd.payload, inst))
-        if self.queued_ids:
-            self.queued_ids.discard((cmd.proposer, cmd.seq))
-        if cmd.proposer == self.me and self.pending.pop(cmd.seq, None) is not None:
-            self.last_progress = self._now
+        self.queue.executed(cmd.proposer, cmd.seq)
+        if cmd.proposer == self.me:
+            self.proposer.executed(cmd.seq, self._now)
 
     # ================================================================== proposing
     def _route(self, cmd: Command) -> None:
@@ -765,11 +685,8 @@ class Ufabcast:
     def _submit_reconfig(self, cmd: JoinCmd | PartCmd) -> None:
         if self._redundant(cmd):
             return
-        for c in self.pending_reconfig:
-            if type(c) is type(cmd) and c.router == cmd.router:
-                return
-        self.pending_reconfig.append(cmd)
-        self._route(cmd)
+        if self.proposer.add_reconfig(cmd):
+            self._route(cmd)
 
     def _resend_pending(self) -> None:
         """Send every command of ours not yet executed to the leader, in sequence order.
@@ -778,62 +695,50 @@ class Ufabcast:
         ``_fwd_out`` are replaced, not doubled, so the Forward stays in FIFO order.
         """
         self._resend_due = False
-        if not self.pending and not self.pending_reconfig:
+        if self.proposer.idle():
             return
         self.stats["resends"] += 1
         me = self.me
         self._fwd_out = [c for c in self._fwd_out if c.proposer != me]
-        if "renumber_reproposals" in self._mut and self.pending:
-            renumbered: dict[int, AppCmd] = {}
-            for c in self.pending.values():
-                self.my_seq += 1
-                renumbered[self.my_seq] = AppCmd(self.me, self.my_seq, c.payload)
-            self.pending = renumbered
-        self._fwd_out.extend(self.pending_reconfig)
-        self._fwd_out.extend(self.pending.values())
+        if "renumber_reproposals" in self._mut:
+            self.proposer.renumber()
+        self._fwd_out.extend(self.proposer.outstanding())
 
     def _on_leader_change(self) -> None:
         """The router we send commands to changed: hand over what we hold, re-send ours."""
         if self._active_lead() is None and self.queue:
-            self._fwd_out.extend(self.queue)
-            self.queue = []
-            self.queue_since = None
+            self._fwd_out.extend(self.queue.take())
         self._resend_due = True
 
     def _enqueue(self, cmd: Command) -> None:
         if cmd.proposer in self.retired and "execute_parted" not in self._mut:
             return  # it would be ignored when executed; do not spend an instance on it
         if type(cmd) is AppCmd:
-            key = (cmd.proposer, cmd.seq)
-            if cmd.seq < self.fifo_next.get(cmd.proposer, 1) or key in self.queued_ids:
-                return  # already executed here, or already proposed in this tenure
-            self.queued_ids.add(key)
+            if cmd.seq < self.fifo.released_below(cmd.proposer):
+                return  # already executed here
+            key: tuple[Any, Any] = (cmd.proposer, cmd.seq)
         else:
             if self._redundant(cmd):  # type: ignore[arg-type]
                 return
             key = (type(cmd).__name__, cmd.router)  # type: ignore[union-attr]
-            if key in self.queued_ids:
-                return  # already proposed (or waiting) in this tenure
-            self.queued_ids.add(key)  # type: ignore[arg-type]
-        self.queue.append(cmd)
-        if self.queue_since is None:
-            self.queue_since = self._now
+        self.queue.add(cmd, key, self._now)  # once per tenure
 
     def _flush_queue(self) -> None:
         lead = self._active_lead()
         if lead is None or not self.queue:
             return
-        q = self.queue
+        q = self.queue.cmds
+        since = self.queue.since
         urgent = any(type(c) is not AppCmd for c in q)
         due = (
             urgent
             or len(q) >= self.p.clump_trigger
             or lead.next_inst - 1 - lead.committed < self.p.pipeline_depth
-            or (self.queue_since is not None and self._now >= self.queue_since + self.p.clump_delay)
+            or (since is not None and self._now >= since + self.p.clump_delay)
         )
         if not due:
             return
-        limit = self.watermark + self.p.max_active
+        limit = self.wm.value + self.p.max_active
         while q:
             if lead.next_inst > limit:
                 self.stats["limit_blocked"] += 1
@@ -845,8 +750,7 @@ class Ufabcast:
             batch = q[: self.p.max_batch]
             q = q[self.p.max_batch :]
             self._propose_value(tuple(batch))
-        self.queue = q
-        self.queue_since = self._now if q else None
+        self.queue.keep(q, self._now)
 
     def _propose_value(self, value: Value) -> None:
         lead = self.lead
@@ -867,7 +771,7 @@ class Ufabcast:
             self._update_commit()
 
     # ================================================================== leadership
-    def _active_lead(self) -> _Lead | None:
+    def _active_lead(self) -> Tenure | None:
         lead = self.lead
         if lead is None or lead.preparing or self.view is None or lead.view != self.view.number:
             return None
@@ -877,10 +781,10 @@ class Ufabcast:
         view = self.view
         assert view is not None
         hint = self.hint_ballot[1]
-        if hint in view.members and hint not in self.suspected:
+        if hint in view.members and hint not in self.detector.suspected:
             return hint
         for m in view.members:
-            if m == self.me or m not in self.suspected:
+            if m == self.me or m not in self.detector.suspected:
                 return m
         return self.me
 
@@ -898,7 +802,7 @@ class Ufabcast:
     def _step_down(self) -> None:
         self.stats["stepdowns"] += 1
         self.lead = None
-        self.queued_ids = set()
+        self.queue.new_tenure()
         delay = self.backoff * (0.5 + self._rng.random())
         self.backoff_until = self._now + delay
         self.backoff = min(self.backoff * 2, self.p.backoff_max)
@@ -919,21 +823,17 @@ class Ufabcast:
         start = self.next_exec
         self.stats["phase1"] += 1
         if "skip_phase1" in self._mut:
-            self.lead = _Lead(view.number, ballot, start, preparing=False)
+            self.lead = Tenure(view.number, ballot, start, preparing=False)
             return
-        lead = _Lead(view.number, ballot, start, preparing=True)
+        lead = Tenure(view.number, ballot, start, preparing=True)
         self.lead = lead
-        lead.promises[self.me] = self._accepted_from(acc, start)
+        lead.promises[self.me] = acc.accepted_from(start)
         msg = Prepare(view.number, ballot, start)
         for m in view.members:
             if m != self.me:
                 self._send(m, msg)
         if len(lead.promises) >= view.majority:
             self._finish_phase1()
-
-    @staticmethod
-    def _accepted_from(acc: _Acceptor, start: int) -> tuple[tuple[int, Ballot, Value], ...]:
-        return tuple((i, b, v) for i, (b, v) in sorted(acc.accepted.items()) if i >= start)
 
     def _finish_phase1(self) -> None:
         lead = self.lead
@@ -949,7 +849,7 @@ class Ufabcast:
         self.stats["phase1_won"] += 1
         self.backoff = self.p.backoff_initial
         # Instances every member executed while we prepared need no second round.
-        start = max(lead.first_inst, self.watermark + 1)
+        start = max(lead.first_inst, self.wm.value + 1)
         lead.first_inst = lead.next_inst = start
         lead.committed = start - 1
         hi = max(merged, default=start - 1)
@@ -977,10 +877,10 @@ class Ufabcast:
         self._try_execute()
 
     # ================================================================== message handlers
-    def _acc(self, view: int) -> _Acceptor:
+    def _acc(self, view: int) -> Acceptor:
         acc = self.acc.get(view)
         if acc is None:
-            acc = _Acceptor()
+            acc = Acceptor()
             self.acc[view] = acc
         return acc
 
@@ -1024,7 +924,7 @@ class Ufabcast:
         if msg.ballot >= acc.promised:
             acc.promised = msg.ballot
             self._saw_ballot(msg.view, msg.ballot)
-            entries = self._accepted_from(acc, msg.start)
+            entries = acc.accepted_from(msg.start)
             self._send(src, Promise(msg.view, msg.ballot, msg.start, entries))
         else:
             self._nacks_out[src] = (msg.view, acc.promised)
@@ -1042,7 +942,7 @@ class Ufabcast:
     def _on_accept(self, src: NodeId, msg: Accept) -> None:
         if self._closed(src, msg.view):
             return
-        if self.installed and msg.instance <= self.watermark:
+        if self.installed and msg.instance <= self.wm.value:
             return
         acc = self._acc(msg.view)
         if msg.ballot >= acc.promised:
@@ -1076,8 +976,7 @@ class Ufabcast:
 
     def _on_accepted(self, src: NodeId, msg: Accepted) -> None:
         view = self.view
-        if view is not None and msg.executed > self.reported.get(src, -2) and src in view.members:
-            self.reported[src] = msg.executed
+        if view is not None and src in view.members and self.wm.report(src, msg.executed):
             self._gc_due = True
         lead = self._active_lead()
         if lead is None or msg.view != lead.view or msg.ballot != lead.ballot:
@@ -1110,38 +1009,24 @@ class Ufabcast:
             for inst in range(lo, msg.hi + 1):
                 if inst in d:
                     continue
-                value = self._value_for(acc, inst, msg.ballot)
+                value = acc.value_for(inst, msg.ballot) if acc is not None else None
                 if value is None:
-                    self._missing_from = src
+                    self.catchup.missing_from = src
                     continue
                 d[inst] = value
         if seen is None or seen[0] != msg.ballot or seen[1] < msg.hi:
             self._commit_seen[view] = (msg.ballot, msg.hi)
         self._try_execute()
-        if current and self.installed and msg.collected > self.watermark:
+        if current and self.installed and msg.collected > self.wm.value:
             # Every member executed up to ``collected``, this one included (its own report
             # is part of the minimum), so nothing up to there can be asked of it again.
             self._collect_to(min(msg.collected, self.next_exec - 1))
-
-    @staticmethod
-    def _value_for(acc: _Acceptor | None, inst: int, ballot: Ballot) -> Value | None:
-        """The value chosen at ``ballot``: any proposal at a ballot >= it carries it (P2b)."""
-        if acc is None:
-            return None
-        entry = acc.accepted.get(inst)
-        if entry is not None and entry[0] >= ballot:
-            return entry[1]
-        entry = acc.seen.get(inst)
-        if entry is not None and entry[0] >= ballot:
-            return entry[1]
-        return None
 
     def _on_heartbeat(self, src: NodeId, msg: Heartbeat) -> None:
         if src in self.retired:
             self._hint_peer(src)
             return
-        if msg.executed > self.reported.get(src, -2):
-            self.reported[src] = msg.executed
+        self.wm.report(src, msg.executed)
         if self.view is not None and msg.view < self.view.number:
             self._hint_peer(src)
 
@@ -1151,7 +1036,7 @@ class Ufabcast:
             return
         if not self.installed:
             return
-        if msg.start <= max(self.watermark, self.log_floor):
+        if msg.start <= max(self.wm.value, self.log_floor):
             # Our log no longer reaches back that far (every member we knew had executed
             # it, but the requester missed it, e.g. because the routers that still held it
             # were parted).  Transfer state instead, as for a joiner.
@@ -1224,29 +1109,23 @@ class Ufabcast:
         self.installed = True
         self.next_exec = msg.tag + 1
         self.log_floor = msg.tag
-        _prune(self.log, msg.tag, -1)
-        self.fifo_next = dict(msg.fifo_next)
-        self.held = {}
-        for c in msg.held:
-            self.held.setdefault(c.proposer, {})[c.seq] = c
+        prune(self.log, msg.tag, -1)
+        self.fifo.restore(msg.fifo_next, msg.held)
         self.retired = set(msg.retired)
         for v in list(self.decided):
             d = self.decided[v]
             for inst in [i for i in d if i <= msg.tag]:
                 del d[inst]
-        mine_done = self.fifo_next.get(self.me, 1)
-        for seq in [s for s in self.pending if s < mine_done]:
-            del self.pending[seq]
-        leftover = self.queue
-        self.queue = []
-        self.queue_since = None
+        mine_done = self.fifo.released_below(self.me)
+        self.proposer.executed_below(mine_done)
+        leftover = self.queue.take()
         self._fwd_out.extend(leftover)
         self._install_view(msg.view, fresh=True)
-        self.pending_reconfig = [c for c in self.pending_reconfig if not self._redundant(c)]
+        self.proposer.reconfigs = [c for c in self.proposer.reconfigs if not self._redundant(c)]
         self._deliver(Installed(msg.tag, msg.view, msg.app_state))
         for m in msg.view.members:
-            self.reported.setdefault(m, -2)
-        self.reported.pop(self.me, None)
+            self.wm.reported.setdefault(m, -2)
+        self.wm.reported.pop(self.me, None)
         self._try_execute()
         self._resend_due = True
 
@@ -1265,27 +1144,12 @@ class Ufabcast:
     def _detect_failures(self) -> None:
         view = self.view
         assert view is not None
-        now = self._now
-        timeout = self.p.failure_timeout
-        # A tick that comes much later than the heartbeat period means this process was
-        # stalled (starved of CPU, a long pause): what others sent meanwhile may still be
-        # waiting unread, so the stall is not counted as their silence.
-        last, self._last_detect = self._last_detect, now
-        stall = 0.0 if last is None else now - last - 2 * self.p.heartbeat_interval
-        if stall > 0:
-            self.stats["stalls_excused"] += 1
-            for m, heard in self.last_heard.items():
-                if heard is not None:
-                    self.last_heard[m] = min(now, heard + stall)
-        for m in view.members:
-            if m == self.me or m in self.suspected:
-                continue
-            heard = self.last_heard.get(m)
-            if heard is None:
-                self.last_heard[m] = now
-            elif now - heard > timeout:
-                self.suspected.add(m)
-                self._submit_reconfig(PartCmd(self.me, m))
+        p = self.p
+        for m in self.detector.detect(
+            view.members, self.me, self._now, p.failure_timeout, p.heartbeat_interval
+        ):
+            self._submit_reconfig(PartCmd(self.me, m))
+        self.stats["stalls_excused"] = self.detector.stalls_excused
 
     def _send_heartbeats(self) -> None:
         view = self.view
@@ -1300,69 +1164,32 @@ class Ufabcast:
         """Forget instances every member has executed (3.5.5)."""
         view = self.view
         assert view is not None
-        w = self.next_exec - 1
-        for m in view.members:
-            if m != self.me:
-                r = self.reported.get(m)
-                if r is None:
-                    return
-                w = min(w, r)
-        self._collect_to(w)
+        w = self.wm.candidate(view.members, self.me, self.next_exec - 1)
+        if w is not None:
+            self._collect_to(w)
 
     def _collect_to(self, w: int) -> None:
         view = self.view
         assert view is not None
-        old = self.watermark
+        old = self.wm.value
         if w <= old:
             return
-        _prune(self.log, w, old)
+        prune(self.log, w, old)
         acc = self.acc.get(view.number)
         if acc is not None:
-            _prune(acc.accepted, w, old)
-            _prune(acc.seen, w, old)
+            prune(acc.accepted, w, old)
+            prune(acc.seen, w, old)
         for d in self.decided.values():
-            _prune(d, w, old)
-        self.watermark = w
+            prune(d, w, old)
+        self.wm.value = w
 
     def _stall_resend(self) -> None:
-        if not self.pending and not self.pending_reconfig:
-            self.last_progress = self._now
-            return
-        if self._now - self.last_progress >= self.p.resend_timeout:
-            self.last_progress = self._now
+        if self.proposer.stalled(self._now, self.p.resend_timeout):
             self._resend_due = True
 
     def _maybe_catch_up(self) -> None:
-        now = self._now
-        if now < self._catchup_check_at:
-            return
-        self._catchup_check_at = now + self.p.heartbeat_interval
-        mine = self.next_exec - 1
-        best: NodeId | None = self._missing_from
-        if best is None and mine == self._catchup_last:
-            # Stalled while peers are ahead: ask them in turn, so one that died or left
-            # cannot keep us waiting.
-            ahead = sorted(p for p, e in self.reported.items() if e > mine and p != self.me)
-            if ahead:
-                self._catchup_turn += 1
-                best = ahead[self._catchup_turn % len(ahead)]
-        self._catchup_last = mine
-        self._missing_from = None
+        best = self.catchup.whom_to_ask(
+            self._now, self.next_exec - 1, self.wm.reported, self.me, self.p.heartbeat_interval
+        )
         if best is not None:
             self._send(best, CatchUpRequest(self.next_exec))
-
-
-def _prune(d: dict[int, Any], upto: int, floor: int) -> None:
-    """Delete the keys ``<= upto`` of an instance-keyed dict whose keys are all ``> floor``.
-
-    Walks the instance range when it is short and the keys when the range is longer, so a
-    jump over millions of instances (a snapshot) costs no more than the dict's size.
-    """
-    if not d:
-        return
-    if upto - floor <= len(d):
-        for inst in range(floor + 1, upto + 1):
-            d.pop(inst, None)
-    else:
-        for inst in [i for i in d if i <= upto]:
-            del d[inst]
