@@ -207,7 +207,7 @@ class Client:
         fut = self.submit_nowait(payload, header)
         ep = self.endpoint
         assert ep is not None
-        while ep.backlog and self.terminated is None:
+        while ep.queued and self.terminated is None:
             self._space.clear()
             await self._space.wait()
         return fut

@@ -58,10 +58,18 @@ def config_path(config: Config) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def restore_config(path: str, state: Any) -> Config:
+def restore_config(path: str, state: Any, expected: type | None = None) -> Config:
+    """Rebuild a config from ``(path, state)``.  With ``expected`` (what a router was
+    started with) the path must name exactly that class and nothing is imported: a peer's
+    snapshot cannot make a router import and run a module of its choosing."""
+    if expected is not None:
+        want = f"{expected.__module__}:{expected.__qualname__}"
+        if path != want:
+            raise ValueError(f"snapshot names config {path!r:.120}, this router runs {want}")
+        return expected.from_state(state)  # type: ignore[attr-defined,no-any-return]
     module_name, _, cls_name = path.partition(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
-    return cls.from_state(state)
+    return cls.from_state(state)  # type: ignore[no-any-return]
 
 
 def _suspected(msg: Message) -> frozenset[NodeId]:

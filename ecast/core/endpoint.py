@@ -18,7 +18,6 @@ from ecast.core.effects import Effects, NodeId
 from ecast.core.message import Message, MsgId, Session, Submission
 from ecast.core.message import fast_new as _tnew
 from ecast.core.proto import (
-    Closed,
     CloseSessions,
     Confirm,
     Congestion,
@@ -26,6 +25,7 @@ from ecast.core.proto import (
     DeliverUnsafe,
     Hello,
     Leader,
+    RejectedClosed,
     Route,
     RouteUnsafe,
     SessionsClosed,
@@ -113,12 +113,6 @@ class LeaderChanged:
 
 
 @dataclass(frozen=True, slots=True)
-class SessionsWereClosed:
-    namespace: str
-    epoch: int
-
-
-@dataclass(frozen=True, slots=True)
 class Terminated:
     reason: str
     """``closed`` (own part delivered) or ``suspected`` (declared faulty)."""
@@ -145,7 +139,7 @@ class Endpoint:
         self.next_unsafe = 1
         self.window: dict[int, Submission] = {}
         """Submitted, unstable messages by sequence number (the send window W)."""
-        self.backlog: deque[Submission] = deque()
+        self.queued: deque[Submission] = deque()
         """Submitted, not yet admitted by the congestion window."""
         self.cwnd = self.p.initial_window
         self._slow_start = self.p.slow_start
@@ -267,12 +261,12 @@ class Endpoint:
             elif t is Congestion:
                 self.cwnd = max(1, self.cwnd // 2)
                 self._slow_start = False
-            elif t is Closed:
+            elif t is RejectedClosed:
                 for sid in msg.ids:
                     if sid[0] == self.session and self.window.pop(sid[1], None) is not None:
                         self._deliver(Rejected(sid, "closed"))
             elif t is SessionsClosed:
-                self._deliver(SessionsWereClosed(msg.namespace, msg.epoch))
+                self._deliver(msg)  # the upcall is the reply itself
             elif t is Suspected:
                 self._terminate("suspected")
             else:
@@ -427,7 +421,7 @@ class Endpoint:
         first = self.next_seq
         self.next_seq = first + len(items)
         ids = [(session, seq) for seq in range(first, self.next_seq)]
-        self.backlog.extend(
+        self.queued.extend(
             [_tnew(Submission, (sid, h, p)) for sid, (p, h) in zip(ids, items, strict=True)]
         )
         self._admit()
@@ -437,9 +431,9 @@ class Endpoint:
         return self._new_submissions([(payload, header)])[0]
 
     def _admit(self) -> None:
-        """Move backlog into the window while the congestion window allows."""
-        while self.backlog and len(self.window) < self.cwnd and self.terminated is None:
-            sub = self.backlog.popleft()
+        """Move queued submissions into the window while the congestion window allows."""
+        while self.queued and len(self.window) < self.cwnd and self.terminated is None:
+            sub = self.queued.popleft()
             if not self.window:
                 self._last_progress = self._now  # the progress clock starts with work
             self.window[sub.id[1]] = sub

@@ -274,7 +274,7 @@ class LinkLayer:
         ch = self._chans.get(peer)
         return len(ch.unacked) if ch else 0
 
-    def backlog(self, peer: NodeId) -> int:
+    def unacked_messages(self, peer: NodeId) -> int:
         """Messages sent to ``peer`` and not yet acknowledged: how far behind it is.
 
         Protocol cores read it to shed best-effort traffic (unsafe copies) for a peer that

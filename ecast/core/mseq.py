@@ -6,21 +6,56 @@ chain of ``Config`` values: ``configs[i]`` routes every message with
 ``starts[i] <= t < starts[i + 1]`` (the config of the prefix before it).  A new config is
 stored only where ``apply`` changes it.  Collecting the stable prefix drops its messages
 and every config that no remaining message needs.
+
+A config is application code.  If one raises, every router must still reach the same
+state, or the group splits: :class:`ConfigGuard` turns an exception in ``apply`` into
+"no change", in ``destset`` into "no destinations" and in ``suspects`` into "nobody",
+identically everywhere, and counts it (the daemon logs and exports the count).
+
+The router learns and stabilizes messages by the thousand per step; :meth:`MSeq.extend`
+and :meth:`MSeq.mark_stable_many` take a whole batch in one loop, so no caller needs to
+know how the chain is stored.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Iterable
 from typing import Any
 
-from ecast.core.config import Config, config_path, restore_config
+from ecast.core.config import EMPTY, Config, config_path, restore_config
+from ecast.core.effects import NodeId
 from ecast.core.message import Message
 
 
-class MSeq:
-    __slots__ = ("configs", "entries", "floor", "next_t", "stable", "starts")
+class ConfigGuard:
+    """Calls into application configs with a defined outcome when they raise."""
 
-    def __init__(self, config: Config) -> None:
+    __slots__ = ("errors", "last_error")
+
+    def __init__(self) -> None:
+        self.errors = 0
+        self.last_error = ""
+
+    def failed(self, what: str, config: Config, msg: Message, e: Exception) -> None:
+        self.errors += 1
+        self.last_error = (
+            f"{type(config).__name__}.{what} raised {type(e).__name__}: {e} "
+            f"(message {msg.id} from {msg.sender})"
+        )[:300]
+
+    def destset(self, config: Config, msg: Message) -> frozenset[NodeId]:
+        try:
+            return config.destset(msg)
+        except Exception as e:
+            self.failed("destset", config, msg, e)
+            return EMPTY
+
+
+class MSeq:
+    __slots__ = ("configs", "entries", "floor", "guard", "next_t", "stable", "starts")
+
+    def __init__(self, config: Config, guard: ConfigGuard | None = None) -> None:
         self.next_t = 0
         self.floor = 0
         """Every message with ``t < floor`` is stable and collected."""
@@ -29,19 +64,48 @@ class MSeq:
         """Stable timestamps at or above ``floor`` (waiting for the ones below them)."""
         self.starts: list[int] = [0]
         self.configs: list[Config] = [config]
+        self.guard = guard or ConfigGuard()
 
     # ------------------------------------------------------------------ growth
-    def append(self, msg: Message, apply_config: bool = True) -> int:
+    def append(self, msg: Message) -> int:
+        """Append one message (tests and tools; routers learn in batches, ``extend``)."""
         t = self.next_t
-        self.entries[t] = msg
-        self.next_t = t + 1
-        if apply_config:
-            current = self.configs[-1]
-            nxt = current.apply(msg)
-            if nxt is not current:
-                self.starts.append(t + 1)
-                self.configs.append(nxt)
+        self.extend((msg,))
         return t
+
+    def extend(
+        self, msgs: Iterable[Message], suspects: list[tuple[int, frozenset[NodeId]]] | None = None
+    ) -> int:
+        """Append ``msgs`` in order, each routed by the config of the prefix before it;
+        return the first one's ``t``.  Processes a message suspects go into ``suspects``
+        as ``(t, who)``: the router stops waiting for them from there on."""
+        first = t = self.next_t
+        entries = self.entries
+        configs = self.configs
+        starts = self.starts
+        config = configs[-1]
+        for msg in msgs:
+            entries[t] = msg
+            t += 1
+            if suspects is not None:
+                try:
+                    who = config.suspects(msg)
+                except Exception as e:
+                    self.guard.failed("suspects", config, msg, e)
+                    who = EMPTY
+                if who:
+                    suspects.append((t - 1, who))
+            try:
+                after = config.apply(msg)
+            except Exception as e:
+                self.guard.failed("apply", config, msg, e)
+                continue
+            if after is not config:
+                starts.append(t)
+                configs.append(after)
+                config = after
+        self.next_t = t
+        return first
 
     def config_for(self, t: int) -> Config:
         """The config of the prefix before ``t`` (``t == next_t``: the latest one)."""
@@ -51,12 +115,35 @@ class MSeq:
     def latest(self) -> Config:
         return self.configs[-1]
 
+    def destset(self, t: int, msg: Message) -> frozenset[NodeId]:
+        """Where ``msg`` at ``t`` goes, guarded (see :class:`ConfigGuard`)."""
+        return self.guard.destset(self.config_for(t), msg)
+
     # ------------------------------------------------------------------ stability and GC
     def mark_stable(self, t: int) -> bool:
         if t < self.floor or t >= self.next_t or t in self.stable:
             return False
         self.stable.add(t)
         return True
+
+    def mark_stable_many(
+        self, entries: Iterable[tuple[int, bool]]
+    ) -> list[tuple[int, bool, Message]]:
+        """Mark ``(t, delivered)`` entries stable; return the ones that were not yet, with
+        their messages (duplicates and collected ones are skipped)."""
+        floor = self.floor
+        stable = self.stable
+        get = self.entries.get
+        out = []
+        for t, delivered in entries:
+            if t < floor or t in stable:
+                continue
+            msg = get(t)
+            if msg is None:
+                continue
+            stable.add(t)
+            out.append((t, delivered, msg))
+        return out
 
     def is_stable(self, t: int) -> bool:
         return t < self.floor or t in self.stable
@@ -81,6 +168,10 @@ class MSeq:
     def unstable(self) -> int:
         return self.next_t - self.floor - len(self.stable)
 
+    def unstable_items(self) -> Iterable[tuple[int, Message]]:
+        stable = self.stable
+        return ((t, m) for t, m in self.entries.items() if t not in stable)
+
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> dict[str, Any]:
         """A plain, self-contained copy (configs serialized), for a joining router."""
@@ -96,11 +187,14 @@ class MSeq:
         }
 
     @classmethod
-    def restore(cls, state: dict[str, Any]) -> MSeq:
+    def restore(cls, state: dict[str, Any], config_class: type | None = None) -> MSeq:
+        """Rebuild from ``snapshot``; ``config_class``, when given, is the only class the
+        snapshot may name (a peer must not make this router import a module)."""
         chain = state["configs"]
-        m = cls(restore_config(chain[0][1], chain[0][2]))
+        configs = [restore_config(p, c, config_class) for _s, p, c in chain]
+        m = cls(configs[0])
         m.starts = [s for s, _p, _c in chain]
-        m.configs = [restore_config(p, c) for _s, p, c in chain]
+        m.configs = configs
         m.next_t = state["next_t"]
         m.floor = state["floor"]
         # Messages arrive as plain arrays when the snapshot crossed the wire.

@@ -88,7 +88,7 @@ class Stable:
 
 
 @dataclass(frozen=True, slots=True)
-class Closed:
+class RejectedClosed:
     """These submissions belong to closed sessions; they were not and will not be routed."""
 
     ids: tuple[MsgId, ...]
@@ -141,7 +141,7 @@ ROUTER_TO_ENDPOINT = (
     Deliver,
     DeliverUnsafe,
     Stable,
-    Closed,
+    RejectedClosed,
     SessionsClosed,
     Leader,
     Congestion,

@@ -71,7 +71,7 @@ TCP_LINK = LinkParams(resend_timeout=float("inf"), ack_delay=0.1)
 """Over TCP nothing is lost inside a connection: resend only after a reconnect."""
 
 CONGESTED = 1 << 30
-"""What ``Node.backlog`` adds for a peer whose connection is congested."""
+"""What ``Node.lag`` adds for a peer whose connection is congested."""
 QUANTUM = 64 * 1024
 """Packet bytes a loop turn takes in before it feeds its nodes and writes their output."""
 
@@ -880,13 +880,13 @@ class Node:
                 conn.close("input the protocol could not handle")
 
     # ------------------------------------------------------------------ conveniences
-    def backlog(self, peer: NodeId) -> int:
+    def lag(self, peer: NodeId) -> int:
         """How far ``peer`` lags: link messages it has not acknowledged, or "very far" while
         the connection to its process is congested.  A link message may carry thousands of
         copies, so the count alone let a flood of unsafe messages fill the send buffers of
         a slow receiver process (the leader grew to 300 MB); cores that shed best-effort
-        traffic (``Router.backlog``) read this."""
-        n = self.link.backlog(peer)
+        traffic (``Router.link_lag``) read this."""
+        n = self.link.unacked_messages(peer)
         return n + CONGESTED if self.runtime.congested(peer) else n
 
     def send_direct(self, peer: NodeId, payload: Any) -> None:

@@ -187,7 +187,7 @@ class EcastRun(RouterGroupRun):
         self.routers[rid] = router
         self.router_recs[rid] = rec
         node = self.sim.add(rid, RouterHost(router, rec, lambda: self.sim.now))
-        router.backlog = node.link.backlog  # as the TCP runtime wires it
+        router.link_lag = node.link.unacked_messages  # as the TCP runtime wires it
         return router.ufab
 
     def leader(self) -> NodeId | None:
@@ -340,7 +340,7 @@ class EcastRun(RouterGroupRun):
             return False
         for p in self.correct_apps():
             ep = self.apps[p].ep
-            if ep.window or ep.backlog or ep.joined_at is None:
+            if ep.window or ep.queued or ep.joined_at is None:
                 return False
         return True
 

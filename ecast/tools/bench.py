@@ -224,7 +224,7 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
             gap["longest"] = max(gap["longest"], now - gap["last"])
         gap["last"] = now
         if state["open"] and not args.rate and not args.unsafe:  # closed loop: refill
-            room = args.window - len(ep.window) - len(ep.backlog)
+            room = args.window - len(ep.window) - len(ep.queued)
             if room > 0:
                 submit(room)
 
@@ -265,7 +265,7 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
     state["open"] = False
     # Let the last acknowledgements arrive.
     for _ in range(200):
-        if not ep.window and not ep.backlog:
+        if not ep.window and not ep.queued:
             break
         await asyncio.sleep(0.05)
     out = {

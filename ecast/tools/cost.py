@@ -133,7 +133,7 @@ class Pipeline:
         clock = time.perf_counter
         for _ in range(rounds):
             self.now += TICK
-            if len(self.client.backlog) < self.window:  # closed loop: keep it full
+            if len(self.client.queued) < self.window:  # closed loop: keep it full
                 t0 = clock()
                 items = [(self.payload, {"key": self.key + i}) for i in range(self.window)]
                 self.key += self.window

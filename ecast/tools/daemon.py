@@ -130,7 +130,7 @@ class RouterDaemon:
             self.router = Router(a.id, config, self._params(), routers=[a.id])
             log.info("event=bootstrap router=%s listen=%s", a.id, node.listen)
         node.core = self.router
-        self.router.backlog = node.backlog
+        self.router.link_lag = node.lag
         node.feed(lambda core, now: core.on_tick(now))
         metrics = await self._serve_metrics() if a.metrics else None
         loop = asyncio.get_running_loop()
@@ -333,7 +333,7 @@ class RouterDaemon:
                 for peer in peers:
                     metric(
                         "ecast_peer_unacked_messages",
-                        node.link.backlog(peer),
+                        node.link.unacked_messages(peer),
                         "Messages sent to a peer and not acknowledged",
                         peer=peer,
                     )

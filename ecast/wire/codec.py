@@ -70,7 +70,7 @@ _CLASSES: tuple[type, ...] = (
     _proto.Deliver,
     _proto.DeliverUnsafe,
     _proto.Stable,
-    _proto.Closed,
+    _proto.RejectedClosed,
     _proto.SessionsClosed,
     _proto.Leader,
     _proto.Congestion,

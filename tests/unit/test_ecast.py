@@ -7,7 +7,6 @@ from ecast.core.effects import UnexpectedMessage
 from ecast.core.endpoint import Acked, Endpoint, EndpointClosed, EndpointParams, LeaderChanged
 from ecast.core.message import Submission
 from ecast.core.proto import (
-    Closed,
     CloseSessions,
     Confirm,
     Congestion,
@@ -15,6 +14,7 @@ from ecast.core.proto import (
     DeliverUnsafe,
     Hello,
     Leader,
+    RejectedClosed,
     Route,
     Stable,
     StableCmd,
@@ -175,12 +175,12 @@ def test_unsafe_copies_to_a_destination_whose_link_lags_are_dropped() -> None:
     n = sc.unsafe_then_safe()
     before = len([e for e in n.app_recs["b"].events if e[0] == "uns"])
     r1 = n.router("r1")
-    r1.backlog = lambda d: r1.p.unsafe_backlog + 1 if d == "b" else 0
+    r1.link_lag = lambda d: r1.p.unsafe_lag_limit + 1 if d == "b" else 0
     n.submit_unsafe("a", "shed")
     n.settle(0.2)
     assert len([e for e in n.app_recs["b"].events if e[0] == "uns"]) == before
     assert r1.stats["unsafe_dropped"] >= 1
-    r1.backlog = lambda d: 0  # caught up: unsafe copies flow again
+    r1.link_lag = lambda d: 0  # caught up: unsafe copies flow again
     n.submit_unsafe("a", "flows")
     n.settle(0.2)
     assert len([e for e in n.app_recs["b"].events if e[0] == "uns"]) == before + 1
@@ -284,7 +284,7 @@ def test_sessions_drop_gaps_acknowledge_duplicates_and_close() -> None:
     assert all(session not in n.router(r).state.sessions for r in ("r1", "r2", "r3"))
     n.submit("a", "closed?")
     n.settle(0.2)
-    assert any(d == "a" for _s, d, _m in sent(n, Closed))
+    assert any(d == "a" for _s, d, _m in sent(n, RejectedClosed))
     assert "closed?" not in n.delivered("a")
 
 

@@ -173,23 +173,23 @@ def test_old_duplicates_leave_no_state_behind() -> None:
     assert b._chans["a"].reorder == {}
 
 
-def test_backlog_counts_messages_until_the_peer_acknowledges_them() -> None:
+def test_unacked_messages_count_until_the_peer_acknowledges_them() -> None:
     a, b = LinkLayer("a", 1), LinkLayer("b", 1)
     for i in range(3):
         a.send("b", i)
     f1 = a.flush(0.0)
     a.send("b", 3)
     f2 = a.flush(0.0)
-    assert a.backlog("b") == 4 and a.backlog("nobody") == 0
+    assert a.unacked_messages("b") == 4 and a.unacked_messages("nobody") == 0
     pump(a, b, f1 + f2, 0.0)
     b.send("a", "reply")  # carries b's acknowledgement of both frames
     pump(b, a, b.flush(0.0), 0.0)
-    assert a.backlog("b") == 0
+    assert a.unacked_messages("b") == 0
     # Resends keep counting what is still unacknowledged, and nothing twice.
     a.send("b", "lost")
     a.flush(0.0)
     a.on_tick(10.0)
-    assert a.backlog("b") == 1
+    assert a.unacked_messages("b") == 1
 
 
 def test_a_dropped_peer_loses_its_buffers_and_a_later_process_of_that_name_starts_afresh() -> None:
@@ -197,7 +197,7 @@ def test_a_dropped_peer_loses_its_buffers_and_a_later_process_of_that_name_start
     a.send("app", "x")
     a.send("app", "y")
     a.flush(0.0)
-    assert a.unacked("app") == 1 and a.backlog("app") == 2
+    assert a.unacked("app") == 1 and a.unacked_messages("app") == 2
     a.send("app", "queued")
     a.drop("app")  # it parted; its departure is stable and collected
     assert a.unacked("app") == 0 and "app" not in a.peers()

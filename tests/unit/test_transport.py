@@ -57,8 +57,8 @@ def test_a_peer_behind_a_congested_connection_counts_as_far_behind() -> None:
     node = rt.add_node("r1", None)
     conn = Connection(rt, dialer=True)
     rt.routes["e1"] = conn
-    assert node.backlog("e1") == 0
+    assert node.lag("e1") == 0
     rt.writing_paused(conn, True)  # the peer's process stopped reading
-    assert node.backlog("e1") >= CONGESTED and node.backlog("e2") == 0
+    assert node.lag("e1") >= CONGESTED and node.lag("e2") == 0
     rt.writing_paused(conn, False)
-    assert node.backlog("e1") == 0
+    assert node.lag("e1") == 0

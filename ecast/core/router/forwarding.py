@@ -1,0 +1,350 @@
+"""The leader's duties: forwarding, confirmations, stability, acknowledgements (3.4.4, 3.5).
+
+Only the leader (the oldest router in join order, 3.5.2) forwards, tracks confirmations
+and proposes stability.  Its state is local, never replicated, and rebuilt by whoever
+becomes leader: a new leader forwards every unstable message again, in ``t`` order per
+destination, and endpoints confirm duplicates.  Any router may act as leader at any time
+without breaking safety (``RouterParams.all_leaders`` tests exactly that).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from ecast.core.effects import NodeId
+from ecast.core.message import Message, MsgId, Submission
+from ecast.core.message import fast_new as _tnew
+from ecast.core.proto import Congestion, Leader, SessionsClosed, Suspected
+from ecast.core.router.outbox import Ack, AppOutbox
+from ecast.core.router.params import RouterParams
+from ecast.core.router.state import RouterState
+
+
+class StableNotices:
+    """``(t, delivered)`` of messages found stable, waiting to be proposed (3.5.7).
+
+    Owned by the router, not the leader's state: notices found just before a leader
+    steps down are still worth proposing.
+    """
+
+    __slots__ = ("entries", "since", "waited")
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[int, bool]] = []
+        self.since: float | None = None
+        self.waited = False
+        """Some entry is acknowledged only once its notice is learned."""
+
+    def add(self, t: int, delivered: bool, now: float, waited: bool) -> None:
+        self.entries.append((t, delivered))
+        if self.since is None:
+            self.since = now
+        if waited:
+            self.waited = True
+
+    def take(self) -> tuple[tuple[int, bool], ...]:
+        out = tuple(self.entries)
+        self.entries = []
+        self.since = None
+        self.waited = False
+        return out
+
+
+class Forwarding:
+    """Leader-local forwarding and stability state of one router (not replicated)."""
+
+    __slots__ = (
+        "_dest_order",
+        "_drop_suspects",
+        "_now",
+        "acked",
+        "announced",
+        "announced_upto",
+        "frontier",
+        "last_sent",
+        "notices",
+        "outbox",
+        "p",
+        "remaining",
+        "routed_by",
+        "state",
+        "stats",
+        "waiting",
+    )
+
+    def __init__(
+        self,
+        state: RouterState,
+        params: RouterParams,
+        outbox: AppOutbox,
+        notices: StableNotices,
+        stats: dict[str, int],
+    ) -> None:
+        self.state = state
+        self.p = params
+        self.outbox = outbox
+        self.notices = notices
+        self.stats = stats
+        self._drop_suspects = "ignore_suspects" not in params.mutations
+        self._dest_order: dict[frozenset[NodeId], tuple[NodeId, ...]] = {}
+        self._now = 0.0
+        self.frontier = state.mseq.floor
+        """Every message with ``t < frontier`` has been forwarded by this leader."""
+        self.remaining: dict[int, int] = {}
+        """t -> 2 * (destinations that still must confirm) + (1 if one confirmed already,
+        the ack's ``delivered``).  One int per message, not a set entry more per copy."""
+        self.waiting: dict[NodeId, deque[int]] = {}
+        """Destination -> timestamps sent to it and not confirmed yet, in order."""
+        self.last_sent: dict[NodeId, int] = {}
+        self.routed_by: dict[int, set[NodeId]] = {}
+        """Other processes that routed a learned, unstable message (they get the ack too)."""
+        self.announced: dict[NodeId, int] = {}
+        """Application process -> router view last announced to it."""
+        self.announced_upto: tuple[int, int] = (-1, -1)
+        """(view, number of known processes) when every known process was announced to:
+        forwarding, which runs per batch, skips the scan while nothing changed."""
+        self.acked: set[int] = set()
+        """Stable timestamps acknowledged before their stable notice was learned."""
+
+    def at(self, now: float) -> None:
+        self._now = now
+
+    # ================================================================== forwarding
+    def ordered(self, dests: frozenset[NodeId]) -> tuple[NodeId, ...]:
+        """Destinations in a fixed order (never a set's hash order, which varies per run)."""
+        cached = self._dest_order.get(dests)
+        if cached is None:
+            if len(self._dest_order) > 4096:
+                self._dest_order.clear()
+            cached = self._dest_order[dests] = tuple(sorted(dests))
+        return cached
+
+    def announce(self, view: int, succession: tuple[NodeId, ...], apps: dict[NodeId, None]) -> None:
+        key = (view, len(apps))  # processes are only ever added to ``apps``
+        if self.announced_upto == key:
+            return
+        msg = Leader(view, succession)
+        for p in apps:
+            if self.announced.get(p, -1) < view:
+                self.announced[p] = view
+                self.outbox.send(p, msg)
+        self.announced_upto = key
+
+    def forward(self, route_latest: bool = False) -> None:
+        """Send every learned message past the frontier to ``destset \\ suspects``, in t order."""
+        st = self.state
+        mseq = st.mseq
+        end = mseq.next_t
+        t = max(self.frontier, mseq.floor)
+        if t >= end:
+            return
+        entries = mseq.entries
+        stable = mseq.stable
+        suspects = st.suspects
+        departed = st.departed
+        drop_suspects = self._drop_suspects
+        deliver = self.outbox.deliver
+        destset = mseq.guard.destset
+        ordered = self.ordered
+        waiting = self.waiting
+        last_sent = self.last_sent
+        remaining = self.remaining
+        delivered = 0
+        skip_gone = bool(suspects or departed)
+        # The config changes rarely: look it up again only past the next config boundary.
+        starts = mseq.starts
+        config = mseq.latest
+        bound = -1
+        while t < end:
+            if t >= bound and not route_latest:
+                i = bisect_right(starts, t)
+                config = mseq.configs[i - 1]
+                bound = starts[i] if i < len(starts) else end
+            msg = entries.get(t)
+            if msg is not None and t not in stable:
+                n = 0
+                for d in ordered(destset(config, msg)):
+                    if skip_gone and ((d in suspects and drop_suspects) or d in departed):
+                        continue
+                    n += 1
+                    deliver(d, t, msg)
+                    q = waiting.get(d)
+                    if q is None:
+                        q = waiting[d] = deque()
+                    q.append(t)
+                    last_sent[d] = t
+                if n:
+                    remaining[t] = 2 * n
+                    delivered += n
+                else:
+                    self.stable_candidate(t, False)  # nobody to wait for: stable at once
+            t += 1
+        self.frontier = t
+        self.stats["delivered"] += delivered
+
+    def forward_unsafe(
+        self, src: NodeId, subs: tuple[Submission, ...], link_lag: Callable[[NodeId], int] | None
+    ) -> None:
+        """Unsafe copies (3.5.7): routed with the config at the frontier, tagged with the
+        last ``t`` this leader sent each destination; no agreement, no acknowledgement."""
+        st = self.state
+        frontier = self.frontier
+        mseq = st.mseq
+        config = mseq.config_for(frontier)
+        destset = mseq.guard.destset
+        suspects = st.suspects
+        limit = self.p.unsafe_lag_limit
+        lagging: dict[NodeId, bool] = {}
+        for sub in subs:
+            m = _tnew(Message, (src, sub.id, sub.header, sub.payload))
+            for d in self.ordered(destset(config, m)):
+                if d in suspects:
+                    continue
+                lags = lagging.get(d)
+                if lags is None:
+                    waiting = self.waiting.get(d)
+                    lags = lagging[d] = (waiting is not None and len(waiting) > limit) or (
+                        link_lag is not None and link_lag(d) > limit
+                    )
+                if lags:
+                    self.stats["unsafe_dropped"] += 1
+                    continue
+                self.outbox.deliver_unsafe(d, self.last_sent.get(d), frontier, m)
+                self.stats["unsafe_sent"] += 1
+
+    # ================================================================== confirmations
+    def on_confirm(self, src: NodeId, upto: int) -> None:
+        q = self.waiting.get(src)
+        if not q:
+            return
+        remaining = self.remaining
+        while q and q[0] <= upto:
+            t = q.popleft()
+            r = remaining.get(t)
+            if r is None:
+                continue
+            if r < 4:  # this was the last destination
+                del remaining[t]
+                self.stable_candidate(t, True)
+            else:
+                remaining[t] = (r - 2) | 1
+
+    def drop_destination(self, p: NodeId) -> None:
+        """Stop waiting for ``p``'s confirmations: it is suspected or it departed."""
+        if not self._drop_suspects and p not in self.state.departed:
+            return
+        q = self.waiting.pop(p, None)
+        if not q:
+            return
+        remaining = self.remaining
+        for t in q:
+            r = remaining.get(t)
+            if r is None:
+                continue
+            if r < 4:
+                del remaining[t]
+                self.stable_candidate(t, bool(r & 1))
+            else:
+                remaining[t] = r - 2
+
+    def stable_candidate(self, t: int, delivered: bool) -> None:
+        """Every unsuspected destination has ``t``: it is stable now.
+
+        The acknowledgement goes out at once; the stable notice is replicated afterwards,
+        for garbage collection and so a new leader does not forward ``t`` again.  Safe:
+        what the acknowledgement promises already holds, and a leader that takes over
+        before the notice is chosen merely acknowledges again (endpoints ignore acks of
+        messages no longer in their window).  This takes a consensus round off every
+        message's path from submit to acknowledgement.
+        """
+        msg = self.state.mseq.entries.get(t)
+        waited = msg is None or not self.p.early_acks
+        if not waited:
+            header = msg.header  # type: ignore[union-attr]
+            # This acknowledgement lets a leaving process stop confirming, which is only
+            # safe once every router knows its part is stable (``RouterState.departed``).
+            waited = type(header) is dict and header.get("kind") == "part"
+        self.notices.add(t, delivered, self._now, waited)
+        if waited:
+            return
+        assert msg is not None
+        self.ack(t, (msg.id, t, delivered), msg.sender)
+        self.acked.add(t)
+
+    def ack(self, t: int, ack: Ack, sender: NodeId) -> None:
+        """Acknowledge ``t`` to its sender and to every other process that routed it."""
+        self.outbox.ack(sender, ack)
+        if self.routed_by:
+            self.ack_other_routers(t, ack, sender)
+
+    def ack_other_routers(self, t: int, ack: Ack, sender: NodeId) -> None:
+        for p in sorted(self.routed_by.pop(t, ())):
+            if p != sender:
+                self.outbox.ack(p, ack)
+
+    def also_routed(self, t: int, p: NodeId) -> None:
+        """``p`` routed the learned, unstable message at ``t`` too: it gets the ack."""
+        self.routed_by.setdefault(t, set()).add(p)
+
+    # ================================================================== periodic
+    def periodic(self) -> None:
+        """Every 250 ms: re-apply suspects, and send congestion notices (3.5.6)."""
+        st = self.state
+        for gone in (st.suspects, st.departed):
+            for p in list(gone):
+                if p in self.waiting:
+                    self.drop_destination(p)
+        # A destination may never confirm what became stable without it (another leader
+        # collected the confirmations first): let go of stable heads, and of empty queues.
+        mseq = st.mseq
+        for d in list(self.waiting):
+            q = self.waiting[d]
+            while q and mseq.is_stable(q[0]):
+                q.popleft()
+            if not q:
+                del self.waiting[d]
+        counts = st.unstable_per_sender()
+        total = sum(counts.values())
+        threshold = self.p.congestion_threshold
+        if total > threshold and counts:
+            # n counts the processes that have unstable messages: idle ones should not
+            # shrink the fair quota of the ones that are sending (docs/decisions.md).
+            quota = threshold / len(counts)
+            for p, c in counts.items():
+                if c > quota:
+                    self.outbox.send(p, Congestion())
+                    self.stats["congestion_notices"] += 1
+
+    # ================================================================== learning events
+    # (``ecast.core.router.state.LearnListener``)
+    def learned_duplicate(self, sender: NodeId, sid: MsgId, t: int | None, ack: Any) -> None:
+        if t is not None:
+            self.also_routed(t, sender)
+        else:
+            self.outbox.ack(sender, (sid, *ack) if ack is not None else (sid, None, False))
+
+    def learned_closed(self, sender: NodeId, sid: MsgId) -> None:
+        self.outbox.reject_closed(sender, sid)
+
+    def learned_suspect(self, p: NodeId) -> None:
+        self.drop_destination(p)
+        self.outbox.send(p, Suspected())
+
+    def learned_stable(self, t: int, sid: MsgId, delivered: bool, sender: NodeId) -> None:
+        acked = self.acked
+        if t in acked:
+            acked.discard(t)  # acknowledged when it became stable
+            if self.routed_by:
+                self.ack_other_routers(t, (sid, t, delivered), sender)
+        else:
+            self.ack(t, (sid, t, delivered), sender)
+        self.remaining.pop(t, None)
+
+    def learned_departure(self, p: NodeId) -> None:
+        self.drop_destination(p)
+
+    def learned_close(self, requester: NodeId, namespace: str, epoch: int) -> None:
+        self.outbox.send(requester, SessionsClosed(namespace, epoch))

@@ -1,0 +1,50 @@
+"""Tunables of an E-Cast router, with the dissertation's defaults (3.5.6, 3.5.7)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ecast.core.ufabcast import UfabParams
+
+ROUTER_MUTATIONS = frozenset(
+    {
+        "skip_learn_dedup",  # append duplicates and gaps instead of dropping them
+        "route_latest_config",  # route with the latest config, not the message's prefix
+        "ignore_suspects",  # keep waiting for confirmations from suspected destinations
+        "join_without_sessions",  # a joining router gets no session table
+    }
+)
+"""Test-only switches that plant known bugs; the test suite must catch every one."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouterParams:
+    ufab: UfabParams = field(default_factory=UfabParams)
+    delayed_acks: bool = True
+    """Buffer stable notices and piggyback them on route proposals (3.5.7)."""
+    ack_delay: float = 0.010
+    early_acks: bool = True
+    """Acknowledge a message as soon as it is stable, before the stable notice is agreed
+    (see ``Forwarding.stable_candidate``)."""
+    adaptive_acks: bool = True
+    """Propose stable notices at once when ufabcast has nothing in flight to carry them and
+    an acknowledgement waits for them (see ``Router._propose``)."""
+    congestion_threshold: int = 1024
+    congestion_interval: float = 0.25
+    """Also the period at which suspects are re-applied to outstanding confirmations."""
+    ack_cache: int = 1024
+    """Stable acknowledgements remembered per session, for duplicates of stable messages
+    (an endpoint's window never exceeds this, so older ones were surely received)."""
+    unsafe_lag_limit: int = 4096
+    """Unsafe copies are dropped for a destination this far behind: this many
+    confirmations outstanding, or this many messages sent to it and not yet acknowledged
+    by its link (``Router.link_lag``).  Unsafe messages bypass flow control; without this
+    a flood of them grows the buffers of a slow destination without bound."""
+    all_leaders: bool = False
+    """Every router forwards and proposes stability (a test mode: safety must hold)."""
+    mutations: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        unknown = set(self.mutations) - ROUTER_MUTATIONS
+        if unknown:
+            raise ValueError(f"unknown router mutations: {sorted(unknown)}")

@@ -1,0 +1,378 @@
+"""The E-Cast router: Algorithm 11 with everything section 3.5 adds.
+
+Three parts, each in its own module: ufabcast (:mod:`ecast.core.ufabcast`) agrees on
+commands; :class:`~ecast.core.router.state.RouterState` is what every router learns from
+them, identically; :class:`~ecast.core.router.forwarding.Forwarding` is what only the
+leader does (forward, collect confirmations, acknowledge).  This class takes inputs from
+routers and application processes, feeds ufabcast, learns what it executes, and leads
+when it is the oldest router of its view (3.5.2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ecast.core.config import Config
+from ecast.core.effects import Effects, NodeId, UnexpectedMessage
+from ecast.core.message import Message, MsgId
+from ecast.core.message import fast_new as _tnew
+from ecast.core.mseq import ConfigGuard
+from ecast.core.proto import (
+    CloseSessions,
+    CloseSessionsCmd,
+    Confirm,
+    Hello,
+    Leader,
+    Route,
+    RouteCmd,
+    RouteUnsafe,
+    StableCmd,
+)
+from ecast.core.router.forwarding import Forwarding, StableNotices
+from ecast.core.router.outbox import AppOutbox
+from ecast.core.router.params import RouterParams
+from ecast.core.router.state import RouterState
+from ecast.core.ufabcast import (
+    Executed,
+    Installed,
+    SnapshotNeeded,
+    Stopped,
+    Ufabcast,
+    ViewChanged,
+)
+from ecast.core.ufabcast.messages import UFAB_MESSAGES
+
+_UFAB_TYPES = frozenset(UFAB_MESSAGES)
+_APP_TYPES = frozenset({Confirm, Route, RouteUnsafe, Hello, CloseSessions})
+_KNOWN_TYPES = _UFAB_TYPES | _APP_TYPES
+__all__ = ["Router", "RouterParams"]
+
+
+class Router:
+    """One E-Cast router.  Give ``routers`` for a founder, ``seeds`` for a joiner."""
+
+    def __init__(
+        self,
+        me: NodeId,
+        config: Config,
+        params: RouterParams | None = None,
+        *,
+        routers: list[NodeId] | tuple[NodeId, ...] | None = None,
+        seeds: list[NodeId] | tuple[NodeId, ...] | None = None,
+    ) -> None:
+        self.me = me
+        self.p = params or RouterParams()
+        self._mut = self.p.mutations
+        self.config_class = type(config)
+        """The only config class a peer's snapshot may name."""
+        self.guard = ConfigGuard()
+        self.ufab = Ufabcast(me, self.p.ufab, members=routers, seeds=seeds)
+        self.state = RouterState(config, self.guard)
+        self.lead: Forwarding | None = None
+        self.stopped = False
+        self.apps: dict[NodeId, None] = {}
+        """Application processes that contacted us (ordered, for announcements)."""
+        self._proposed: dict[MsgId, set[NodeId]] = {}
+        """Ids this router proposed and has not learned yet, with who routed them
+        (receipt-time dedup: a process re-routing its own message is not proposed twice;
+        another process routing the same id is, and learns the ack as a duplicate)."""
+        self._routes: list[Message] = []
+        self._closes: list[CloseSessionsCmd] = []
+        self.notices = StableNotices()
+        self.outbox = AppOutbox()
+        self._next_periodic = 0.0
+        self.link_lag: Callable[[NodeId], int] | None = None
+        """Messages sent to a peer and not yet acknowledged by its link (the host wires in
+        ``Node.lag``): how unsafe traffic learns that a destination lags."""
+        self._now = 0.0
+        self._fx: Effects | None = None
+        self.counts: dict[str, int] = {
+            "routed": 0,
+            "delivered": 0,
+            "congestion_notices": 0,
+            "unsafe_sent": 0,
+            "unsafe_dropped": 0,
+            "closed_rejects": 0,
+            "takeovers": 0,
+        }
+
+    @property
+    def observer(self) -> Callable[[int, Message], None] | None:
+        """Called with every message this router appends (or installs), for checkers."""
+        return self.state.observer
+
+    @observer.setter
+    def observer(self, fn: Callable[[int, Message], None] | None) -> None:
+        self.state.observer = fn
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return {**self.counts, **self.state.stats, "config_errors": self.guard.errors}
+
+    # ================================================================== inputs
+    def on_message(self, src: NodeId, msg: Any, now: float) -> Effects:
+        return self.on_messages(src, (msg,), now)
+
+    def on_messages(self, src: NodeId, msgs: tuple[Any, ...] | list[Any], now: float) -> Effects:
+        return self.on_batch(((src, msgs),), now)
+
+    def on_batch(
+        self, batch: tuple[tuple[NodeId, Any], ...] | list[tuple[NodeId, Any]], now: float
+    ) -> Effects:
+        """Messages from several senders in one step (one packet from a process that hosts
+        many endpoints): forwarding, proposing and flushing run once for all of them."""
+        known = _KNOWN_TYPES
+        for src, msgs in batch:
+            for m in msgs:
+                if type(m) not in known:
+                    raise UnexpectedMessage("router", src, type(m).__name__)
+        self._begin(now)
+        for src, msgs in batch:
+            ufab_msgs = [m for m in msgs if type(m) in _UFAB_TYPES]
+            if ufab_msgs:
+                self._absorb(self.ufab.on_messages(src, ufab_msgs, now))
+            if len(ufab_msgs) != len(msgs) and not self.stopped:
+                self._from_app(src, [m for m in msgs if type(m) not in _UFAB_TYPES])
+        return self._end()
+
+    def on_tick(self, now: float) -> Effects:
+        self._begin(now)
+        self._absorb(self.ufab.on_tick(now))
+        if not self.stopped and now >= self._next_periodic:
+            self._next_periodic = now + self.p.congestion_interval
+            if self.lead is not None:
+                self.lead.periodic()
+        return self._end()
+
+    def leave(self, now: float) -> Effects:
+        """Part from the router group gracefully."""
+        self._begin(now)
+        self._absorb(self.ufab.leave(now))
+        return self._end()
+
+    # ================================================================== introspection
+    def leading(self) -> bool:
+        return self.lead is not None
+
+    def unstable(self) -> int:
+        return self.state.mseq.unstable()
+
+    def memory(self) -> dict[str, int]:
+        st = self.state
+        lead = self.lead
+        return {
+            "mseq_entries": len(st.mseq.entries),
+            "configs": len(st.mseq.configs),
+            "unstable": st.mseq.unstable(),
+            "by_id": len(st.by_id),
+            "suspects": len(st.suspects) + len(st.departed),
+            "sessions": len(st.sessions),
+            "ack_cache": sum(len(a) for a in st.acks.values()),
+            "remaining": len(lead.remaining) if lead else 0,
+            "waiting": sum(len(q) for q in lead.waiting.values()) if lead else 0,
+            "routed_by": len(lead.routed_by) if lead else 0,
+            "acked_early": len(lead.acked) if lead else 0,
+            "proposed": len(self._proposed),
+        }
+
+    # ================================================================== call framing
+    def _begin(self, now: float) -> None:
+        self._now = now
+        self._fx = Effects()
+        if self.lead is not None:
+            self.lead.at(now)
+
+    def _absorb(self, fx: Effects) -> None:
+        """Take ufabcast's effects: pass sends through, process its upcalls in order."""
+        out = self._fx
+        assert out is not None
+        out.send.extend(fx.send)
+        out.forget.extend(fx.forget)
+        out.wake(fx.wake_at)
+        for up in fx.deliver:
+            t = type(up)
+            if t is Executed:
+                self._learn_command(up.payload)
+            elif t is ViewChanged:
+                pass  # leadership is re-evaluated at the end of every step
+            elif t is SnapshotNeeded:
+                snap = self.state.snapshot("join_without_sessions" not in self._mut)
+                self._absorb(self.ufab.provide_snapshot(up.joiner, up.tag, snap, self._now))
+            elif t is Installed:
+                observer, stats = self.observer, self.state.stats
+                self.state = RouterState.restore(up.app_state, self.config_class, self.guard)
+                self.state.observer = observer
+                self.state.stats = stats  # counters never go back
+                self.lead = None  # rebuilt below if we lead
+                self._proposed.clear()
+                if observer is not None:
+                    for t_, m in sorted(self.state.mseq.entries.items()):
+                        observer(t_, m)
+            elif t is Stopped:
+                self.stopped = True
+                self.lead = None
+
+    def _end(self) -> Effects:
+        fx = self._fx
+        assert fx is not None
+        if not self.stopped:
+            self._check_leadership()
+            lead = self.lead
+            if lead is not None:
+                self._announce(lead)
+                lead.forward("route_latest_config" in self._mut)
+            self._propose()
+            self.counts["closed_rejects"] += self.outbox.flush(self._send)
+            notices = self.notices
+            if notices.entries and notices.since is not None:
+                fx.wake(notices.since + self.p.ack_delay)
+            fx.wake(self._next_periodic)
+        self._fx = None
+        return fx
+
+    def _send(self, dst: NodeId, msg: Any) -> None:
+        assert self._fx is not None
+        self._fx.send.append((dst, msg))
+
+    # ================================================================== leadership
+    def _should_lead(self) -> bool:
+        u = self.ufab
+        if not u.installed or u.stopped or u.view is None:
+            return False
+        return self.p.all_leaders or u.view.members[0] == self.me
+
+    def _check_leadership(self) -> None:
+        if self._should_lead():
+            if self.lead is None:
+                self._take_over()
+        elif self.lead is not None:
+            self.lead = None
+
+    def _take_over(self) -> None:
+        """Become leader: forward every unstable message again, from the stable floor."""
+        self.counts["takeovers"] += 1
+        self.lead = Forwarding(self.state, self.p, self.outbox, self.notices, self.counts)
+        self.lead.at(self._now)
+        for p in sorted(self.state.mseq.latest.members()):  # never a set's hash order
+            self.apps.setdefault(p, None)
+
+    def _announce(self, lead: Forwarding) -> None:
+        view = self.ufab.view
+        assert view is not None
+        lead.announce(view.number, view.members, self.apps)
+
+    # ================================================================== from endpoints
+    def _from_app(self, src: NodeId, msgs: list[Any]) -> None:
+        if src not in self.apps:
+            self.apps[src] = None
+            view = self.ufab.view
+            if self.lead is None and view is not None and self.ufab.installed:
+                self.outbox.send(src, Leader(view.number, view.members))
+        for msg in msgs:
+            t = type(msg)
+            if t is Confirm:
+                if self.lead is not None:
+                    self.lead.on_confirm(src, msg.upto)
+            elif t is Route:
+                self._on_route(src, msg)
+            elif t is RouteUnsafe:
+                lead = self.lead
+                if lead is None:  # we sent nobody anything: no copy could ever be accepted
+                    self.counts["unsafe_dropped"] += len(msg.subs)
+                else:
+                    lead.forward_unsafe(src, msg.subs, self.link_lag)
+            elif t is Hello:
+                pass
+            elif t is CloseSessions:
+                self._closes.append(CloseSessionsCmd(src, msg.namespace, msg.epoch))
+
+    def _on_route(self, src: NodeId, msg: Route) -> None:
+        st = self.state
+        lead = self.lead
+        closed = st.closed
+        proposed = self._proposed
+        for sub in msg.subs:
+            sid = sub.id
+            sess, seq = sid
+            if closed and closed.get(sess[0], -1) >= sess[1]:
+                self.outbox.reject_closed(src, sid)
+                continue
+            t = st.by_id.get(sid)
+            if t is not None:
+                # Learned, not stable: never propose it again; ack it when it is stable.
+                if lead is not None:
+                    lead.also_routed(t, src)
+                continue
+            if seq < st.sessions.get(sess, 1):
+                ack = st.acks.get(sess, {}).get(seq)
+                self.outbox.ack(src, (sid, *ack) if ack is not None else (sid, None, False))
+                continue
+            routed = proposed.get(sid)
+            if routed is None:
+                proposed[sid] = {src}
+            elif src in routed:
+                continue
+            else:
+                routed.add(src)  # another process routes it: it learns the ack as a duplicate
+            self._routes.append(_tnew(Message, (src, sid, sub.header, sub.payload)))
+
+    # ================================================================== learning
+    def _learn_command(self, payload: Any) -> None:
+        lead = self.lead
+        st = self.state
+        for cmd in payload:
+            t = type(cmd)
+            if t is RouteCmd:
+                if self._proposed:
+                    proposed = self._proposed
+                    for m in cmd.msgs:
+                        proposed.pop(m[1], None)
+                st.learn_routes(cmd.msgs, lead, "skip_learn_dedup" not in self._mut)
+            elif t is StableCmd:
+                st.learn_stable(cmd.entries, self.p.ack_cache, lead)
+            elif t is CloseSessionsCmd:
+                st.learn_close(cmd.requester, cmd.namespace, cmd.epoch, lead)
+        self._collect()
+
+    def _collect(self) -> None:
+        gone = self.state.collect()
+        if gone and self._fx is not None:
+            view = self.ufab.view
+            for p in gone:
+                if view is None or p not in view.members:
+                    # Its departure is stable and collected: nothing more is owed to it, so
+                    # its resend buffers go (3.3.4; a router's own channels follow
+                    # ufabcast's views instead).
+                    self._fx.drop.append(p)
+
+    # ================================================================== output
+    def _propose(self) -> None:
+        """One ufabcast proposal per step: new routes, plus stable notices when due."""
+        cmds: list[Any] = []
+        if self._routes:
+            cmds.append(RouteCmd(tuple(self._routes)))
+            self.counts["routed"] += len(self._routes)
+            self._routes = []
+        notices = self.notices
+        if notices.entries:
+            due = (
+                not self.p.delayed_acks
+                or cmds
+                or self._now >= (notices.since or 0.0) + self.p.ack_delay
+                # An idle pipeline has nothing to piggyback on: waiting would only add
+                # latency (adaptive delayed acknowledgements, 3.5.7's future work).  Only
+                # an acknowledgement that waits for its notice (a part, or early acks off)
+                # is worth a consensus round of its own; the others went out already, and
+                # a round per message would double the leader's writes at light load.
+                or (self.p.adaptive_acks and notices.waited and self.ufab.idle())
+            )
+            if due:
+                cmds.append(StableCmd(notices.take()))
+        if self._closes:
+            cmds.extend(self._closes)
+            self._closes = []
+        if cmds:
+            self._absorb(self.ufab.propose(tuple(cmds), self._now))
+            if self.lead is not None:
+                self.lead.forward("route_latest_config" in self._mut)  # a founder of one
