@@ -212,10 +212,12 @@ class Plan:
 class _Destination:
     name: str
     atoms: tuple[RangeSet, ...]
-    """Missing ranges cut at old segment bounds, ascending; each held whole by..."""
+    """The missing ranges cut at old segment bounds, ascending: an old process holds an
+    atom whole or not at all, so a cover is a bitmask test."""
     holders: tuple[tuple[str, ...], ...]
-    """... these unsuspected old processes, in old-ring order."""
+    """Per atom, its unsuspected old holders in old-ring order (the candidate sources)."""
     lost: RangeSet
+    """Missing ranges whose old holders are all suspected."""
 
 
 class _Problem:
