@@ -316,7 +316,7 @@ def describe(rs: RangeSet) -> str:
         return "(empty)"
 
     def show(e: EKey) -> str:
-        if len(e) == 3 or (len(e) == 2 and e[0] == 0):
+        if len(e) == 3 or (len(e) == 2 and e[0] in (-1, 0, 9)):
             return f"{decode_key(e[:-1])!r}+"
         return repr(decode_key(e))
 

@@ -152,6 +152,11 @@ def test_describe_is_readable():
     assert text == "[20, 40) | ['z', 'z'+)"
 
 
+def test_describe_marks_the_bound_after_min_and_none_alike():
+    assert K.describe((K.point(K.MIN),)) == "[MIN, MIN+)"
+    assert K.describe((K.point(None),)) == "[None, None+)"
+
+
 @given(key_values, key_values)
 def test_equal_keys_hash_alike(a, b):
     if K.encode_key(a) == K.encode_key(b):
