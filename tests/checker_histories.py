@@ -152,7 +152,8 @@ def list_append_history(
                 zombies.append(mops)
             emit(process, "info", "txn", mops, level)
     every_key = sorted(appended)
-    for process in names[:2]:
+    for final in range(2):
+        process = names[final % len(names)]
         mops = [["r", k, None] for k in every_key]
         emit(process, "invoke", "final-read", mops, None)
         emit(process, "ok", "final-read", apply(mops), None)
@@ -234,3 +235,78 @@ def swap_elements(ops: list[Op], rng: random.Random) -> tuple[list[Op], str] | N
     swapped = list(values)
     swapped[i], swapped[j] = swapped[j], swapped[i]
     return _with_read(ops, at, number, swapped), f"swapped positions {i} and {j} at op {at}"
+
+
+def bank_history(
+    seed: int,
+    operations: int,
+    accounts: int = 5,
+    balance: int = 10,
+    processes: int = 4,
+    crash_rate: float = 0.05,
+) -> list[Op]:
+    """A strictly serializable bank history: each call applies atomically while it runs.
+
+    A transfer that would overdraw fails.  Reads are of all accounts or of a random few,
+    at a random level, and return JSON-style string keys as a real client would.
+    """
+    rng = random.Random(seed)
+    store = dict.fromkeys(range(accounts), balance)
+    ops: list[Op] = []
+
+    def emit(process: str, op_type: str, f: str, value: Any, level: str | None) -> None:
+        ops.append(Op(process, op_type, f, value, len(ops), len(ops) / 1000, level))  # type: ignore[arg-type]
+
+    def transfer(value: dict[str, int]) -> bool:
+        if store[value["from"]] < value["amount"]:
+            return False
+        store[value["from"]] -= value["amount"]
+        store[value["to"]] += value["amount"]
+        return True
+
+    names = [f"p{i}" for i in range(processes)]
+    running: dict[str, tuple[str, Any, str | None, str, Any]] = {}
+    zombies: list[dict[str, int]] = []
+    started = 0
+    while started < operations or running:
+        if zombies and rng.random() < 0.05:
+            transfer(zombies.pop())
+        process = rng.choice(names)
+        state = running.get(process)
+        if state is None:
+            if started >= operations:
+                continue
+            started += 1
+            if rng.random() < 0.5:
+                source, target = rng.sample(range(accounts), 2)
+                value: Any = {"from": source, "to": target, "amount": rng.randint(1, 5)}
+                fate = rng.choices(["ok", "info"], [1 - crash_rate, crash_rate])[0]
+                running[process] = ("transfer", value, None, fate, None)
+                emit(process, "invoke", "transfer", value, None)
+            else:
+                level = rng.choice(["sequential", "snapshot", "basic"])
+                chosen = sorted(rng.sample(range(accounts), rng.randint(1, accounts)))
+                running[process] = ("read", chosen, level, "ok", None)
+                emit(process, "invoke", "read", None, level)
+            continue
+        f, value, level, fate, result = state
+        if fate == "ok" and result is None:
+            if f == "transfer":
+                result = "ok" if transfer(value) else "fail"
+            else:
+                result = {str(a): store[a] for a in value}
+            running[process] = (f, value, level, fate, result)
+            continue
+        del running[process]
+        if f == "read":
+            emit(process, "ok", "read", result, level)
+        elif fate == "ok":
+            emit(process, result, "transfer", value, None)
+        else:
+            when = rng.random()
+            if when < 0.4:
+                transfer(value)
+            elif when < 0.7:
+                zombies.append(value)
+            emit(process, "info", "transfer", value, None)
+    return ops

@@ -35,7 +35,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jepsen_like.checkers.history import Call, HistoryError, Op, pair_calls
+from jepsen_like.checkers.history import Call, HistoryError, Op, gc_paused, pair_calls
 from jepsen_like.checkers.result import DEFAULT_MAX_EXAMPLES, CheckResult, Findings
 
 
@@ -277,4 +277,5 @@ def check_calls(calls: Sequence[Call], options: BankOptions) -> CheckResult:
 
 def check(history: Iterable[Op], options: BankOptions) -> CheckResult:
     """Check a bank history; invalid if any anomaly, unknown if no read completed."""
-    return check_calls(pair_calls(history), options)
+    with gc_paused():
+        return check_calls(pair_calls(history), options)

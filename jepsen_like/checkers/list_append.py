@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from jepsen_like.checkers.graph import (
@@ -60,7 +60,7 @@ from jepsen_like.checkers.graph import (
     kinds_from_names,
     strongly_connected,
 )
-from jepsen_like.checkers.history import Call, HistoryError, Op, pair_calls
+from jepsen_like.checkers.history import Call, HistoryError, Op, gc_paused, pair_calls
 from jepsen_like.checkers.result import DEFAULT_MAX_EXAMPLES, CheckResult, Findings
 
 MODELS: dict[str, frozenset[str]] = {
@@ -100,60 +100,62 @@ class ListAppendOptions:
         return cls(edges=MODELS[model], **kwargs)
 
 
-@dataclass(slots=True)
 class Txn:
     """A transaction that happened (ok) or may have (info); a node of the graph."""
 
-    node: int
-    call: Call
-    mops: list[Mop]
-    final: bool
-    appends: list[tuple[Hashable, Hashable]] = field(default_factory=list)
-    reads: list[tuple[Hashable, list[Any]]] = field(default_factory=list)
-    """Reads whose result is known: ok transactions only."""
+    __slots__ = ("appends", "call", "final", "level", "mops", "node", "ok", "reads")
 
-    @property
-    def ok(self) -> bool:
-        return self.call.outcome == "ok"
+    def __init__(self, node: int, call: Call, final: bool) -> None:
+        self.node = node
+        self.call = call
+        self.final = final
+        self.ok = call.outcome == "ok"
+        self.level = call.level
+        self.mops: list[Mop] = []
+        self.appends: list[tuple[Hashable, Hashable]] = []
+        self.reads: list[tuple[Hashable, list[Any]]] = []
+        """Reads whose result is known: ok transactions only."""
+        self._parse()
 
-    @property
-    def level(self) -> str:
-        return self.call.level
-
-
-def _parse_mops(call: Call) -> list[Mop]:
-    """The micro-ops of a call; reads of a call that is not ok have unknown results."""
-    if call.outcome == "ok" and call.completion is not None and call.completion.value is not None:
-        value, reads_known = call.completion.value, True
-    else:
-        value, reads_known = call.invoke.value, False
-    if not isinstance(value, list | tuple):
-        raise HistoryError(f"{call.describe()}: a transaction must be a list, not {value!r}")
-    mops: list[Mop] = []
-    for mop in value:
-        if not isinstance(mop, list | tuple) or len(mop) != 3:
-            raise HistoryError(f"{call.describe()}: micro-op {mop!r} is not [f, key, value]")
-        f, key, arg = mop
-        try:
-            hash(key)
-        except TypeError:
-            raise HistoryError(f"{call.describe()}: key {key!r} is not a scalar") from None
-        if f == "append":
-            try:
-                hash(arg)
-            except TypeError:
-                raise HistoryError(f"{call.describe()}: appended {arg!r} is not a scalar") from None
-            mops.append(("append", key, arg))
-        elif f == "r":
-            if not reads_known or arg is None:
-                mops.append(("r", key, None))
-            elif isinstance(arg, list | tuple):
-                mops.append(("r", key, list(arg)))
-            else:
-                raise HistoryError(f"{call.describe()}: read of {key!r} returned {arg!r}")
+    def _parse(self) -> None:
+        """Validate the micro-ops; the reads of a call that is not ok have unknown results."""
+        call = self.call
+        completion = call.completion
+        if self.ok and completion is not None and completion.value is not None:
+            value, reads_known = completion.value, True
         else:
-            raise HistoryError(f"{call.describe()}: micro-op {f!r} is neither append nor r")
-    return mops
+            value, reads_known = call.invoke.value, False
+        if not isinstance(value, list | tuple):
+            raise HistoryError(f"{call.describe()}: a transaction must be a list, not {value!r}")
+        mops, appends, reads = self.mops, self.appends, self.reads
+        for mop in value:
+            if not isinstance(mop, list | tuple) or len(mop) != 3:
+                raise HistoryError(f"{call.describe()}: micro-op {mop!r} is not [f, key, value]")
+            f, key, arg = mop
+            try:
+                hash(key)
+            except TypeError:
+                raise HistoryError(f"{call.describe()}: key {key!r} is not a scalar") from None
+            if f == "append":
+                try:
+                    hash(arg)
+                except TypeError:
+                    raise HistoryError(
+                        f"{call.describe()}: appended {arg!r} is not a scalar"
+                    ) from None
+                mops.append(("append", key, arg))
+                appends.append((key, arg))
+            elif f == "r":
+                if not reads_known or arg is None:
+                    mops.append(("r", key, None))
+                elif isinstance(arg, list | tuple):
+                    values = list(arg)
+                    mops.append(("r", key, values))
+                    reads.append((key, values))
+                else:
+                    raise HistoryError(f"{call.describe()}: read of {key!r} returned {arg!r}")
+            else:
+                raise HistoryError(f"{call.describe()}: micro-op {f!r} is neither append nor r")
 
 
 def _fmt(value: Any) -> str:
@@ -166,6 +168,14 @@ def _fmt(value: Any) -> str:
             return f"[{head} ...{len(value) - 7} more... {tail}]"
         return "[" + " ".join(_fmt(v) for v in value) + "]"
     return repr(value)
+
+
+def _window(order: list[Any], first: int, last: int) -> str:
+    """Positions ``first..last`` of a long list, with a neighbour each side for context."""
+    start, end = max(0, first - 1), min(len(order), last + 2)
+    head = "... " if start > 0 else ""
+    tail = " ..." if end < len(order) else ""
+    return "[" + head + " ".join(_fmt(v) for v in order[start:end]) + tail + "]"
 
 
 def _fmt_mops(txn: Txn) -> str:
@@ -211,23 +221,19 @@ class _Checker:
         self.allowed = kinds_from_names(options.edges)
         self.findings = Findings(options.max_examples)
         self.txns: list[Txn] = []
-        self.failed: list[tuple[Call, list[Mop]]] = []
+        self.failed: list[Txn] = []
+        """Failed transactions: not graph nodes, only kept to recognise aborted reads."""
         self.ignored_calls = 0
+        txn_fs, final_read_fs = options.txn_fs, options.final_read_fs
         for call in calls:
-            if call.f not in options.txn_fs and call.f not in options.final_read_fs:
+            f = call.invoke.f
+            if f not in txn_fs and f not in final_read_fs:
                 self.ignored_calls += 1
                 continue
-            mops = _parse_mops(call)
             if call.outcome == "fail":
-                self.failed.append((call, mops))
-                continue
-            txn = Txn(len(self.txns), call, mops, call.f in options.final_read_fs)
-            for f, key, arg in mops:
-                if f == "append":
-                    txn.appends.append((key, arg))
-                elif arg is not None:
-                    txn.reads.append((key, arg))
-            self.txns.append(txn)
+                self.failed.append(Txn(-1, call, False))
+            else:
+                self.txns.append(Txn(len(self.txns), call, f in final_read_fs))
         self.writers: dict[Hashable, dict[Any, int]] = {}
         """key -> appended value -> node of the ok or info transaction that appended it."""
         self.failed_writers: dict[Hashable, dict[Any, Call]] = {}
@@ -251,10 +257,9 @@ class _Checker:
                 if key in seen_keys:
                     self.intermediate.setdefault(key, {})[seen_keys[key]] = txn.node
                 seen_keys[key] = value
-        for call, mops in self.failed:
-            for f, key, value in mops:
-                if f != "append":
-                    continue
+        for failed in self.failed:
+            call = failed.call
+            for key, value in failed.appends:
                 if value in writers.get(key, ()) or value in self.failed_writers.get(key, ()):
                     raise HistoryError(f"{_fmt(value)} was appended to {_fmt(key)} twice")
                 self.failed_writers.setdefault(key, {})[value] = call
@@ -317,7 +322,11 @@ class _Checker:
         )
 
     def _check_internal(self, txn: Txn) -> None:
-        """A transaction must see its own appends, on top of what it read before."""
+        """A transaction must see its own appends, on top of what it read before.
+
+        One report per transaction: after the first disagreement, later reads of the
+        transaction are compared with a state already known to be wrong.
+        """
         known: dict[Hashable, tuple[bool, list[Any]]] = {}  # key -> (whole list?, values)
         read_so_far: dict[Hashable, set[Any]] = {}
         for f, key, arg in txn.mops:
@@ -330,6 +339,7 @@ class _Checker:
                         f"{txn.call.describe()} read {_fmt(arg)} in {_fmt(key)} before it "
                         f"appended {_fmt(arg)} itself: {_fmt_mops(txn)}.",
                     )
+                    return
                 continue
             if arg is None:
                 continue
@@ -344,6 +354,7 @@ class _Checker:
                         f"{txn.call.describe()} read {_fmt(key)} = {_fmt(arg)}, but its own "
                         f"earlier micro-ops imply {shape}: {_fmt_mops(txn)}.",
                     )
+                    return
             known[key] = (True, arg)
             read_so_far.setdefault(key, set()).update(arg)
 
@@ -536,7 +547,7 @@ class _Checker:
                         return (
                             f"{na} appended {_fmt(order.order[before])} to {_fmt(key)} and "
                             f"{nb} appended {_fmt(value)} after it (the longest read of "
-                            f"{_fmt(key)} is {_fmt(order.order)})."
+                            f"{_fmt(key)} has {_window(order.order, before, at)})."
                         )
                     break
         if kind == WR:
@@ -660,14 +671,15 @@ def _classify(cycle: list[Step]) -> tuple[str, str]:
 def check_calls(calls: Sequence[Call], options: ListAppendOptions | None = None) -> CheckResult:
     """Check already paired calls (see ``check`` for the verdict's meaning)."""
     started = time.perf_counter()
-    checker = _Checker(calls, options or ListAppendOptions())
-    checker.index_appends()
-    reads_by_key = checker.check_reads()
-    checker.infer_orders(reads_by_key)
-    checker.build_edges(reads_by_key)
-    components, largest = checker.find_cycles()
-    final_reads, unobserved = checker.check_final_reads()
-    checker.check_torn_basic_reads()
+    with gc_paused():
+        checker = _Checker(calls, options or ListAppendOptions())
+        checker.index_appends()
+        reads_by_key = checker.check_reads()
+        checker.infer_orders(reads_by_key)
+        checker.build_edges(reads_by_key)
+        components, largest = checker.find_cycles()
+        final_reads, unobserved = checker.check_final_reads()
+        checker.check_torn_basic_reads()
     outcomes = {"ok": 0, "info": 0}
     for txn in checker.txns:
         outcomes[txn.call.outcome] += 1
@@ -693,4 +705,5 @@ def check_calls(calls: Sequence[Call], options: ListAppendOptions | None = None)
 
 def check(history: Iterable[Op], options: ListAppendOptions | None = None) -> CheckResult:
     """Check a list-append history; invalid if any anomaly, unknown if nothing was read."""
-    return check_calls(pair_calls(history), options)
+    with gc_paused():
+        return check_calls(pair_calls(history), options)
