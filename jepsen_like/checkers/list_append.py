@@ -279,13 +279,14 @@ class _Checker:
                 if len(distinct) != len(values):
                     self._duplicates(txn, key, values)
                 unknown = distinct.difference(writers.get(key, empty))
-                for value in unknown:
+                for value in [v for v in dict.fromkeys(values) if v in unknown] if unknown else ():
                     writer = failed.get(key, {}).get(value)
                     if writer is not None:
                         self.findings.anomaly(
                             "G1a",
                             f"{txn.call.describe()} read {_fmt(key)} = {_fmt(values)}, which "
-                            f"holds {_fmt(value)}, appended by the failed {writer.describe()}.",
+                            f"holds {_fmt(value)}, appended only by the call that failed "
+                            f"({writer.describe()}).",
                         )
                     else:
                         self.findings.anomaly(

@@ -129,9 +129,6 @@ class Findings:
         """Record something allowed but worth showing; it never fails the run."""
         _add(self._observations, self._observation_counts, kind, explanation, self.max_examples)
 
-    def count(self, kind: str) -> int:
-        return self._anomaly_counts.get(kind, 0)
-
     def result(self, checker: str, stats: dict[str, Any], checked_anything: bool) -> CheckResult:
         valid: Validity
         if self._anomalies:

@@ -314,3 +314,26 @@ def test_invoke_value_hides_read_results():
         ["r", "x", None],
         ["append", "x", 2],
     ]
+
+
+def test_an_unobserved_append_follows_the_last_observed_one():
+    # T2's append of 2 to x was never read, so it comes after T1's 1: with y's order
+    # (T2 before T1) that is a write cycle.
+    h = HistoryBuilder()
+    h.txn("p1", [["append", "x", 1], ["append", "y", 2]])
+    h.txn("p2", [["append", "x", 2], ["append", "y", 1]])
+    h.txn("p3", [["r", "x", [1]], ["r", "y", [1, 2]]])
+    assert "G0" in kinds(h)
+
+
+def test_real_time_reaches_past_concurrent_completions():
+    # p1 completes, then p2 (invoked before p1 completed) completes; p3 starts after
+    # both, so p1's append precedes p3's read even though p2 completed in between.
+    h = HistoryBuilder()
+    h.invoke("p1", "txn", [["append", "x", 1]])
+    h.invoke("p2", "txn", [["append", "y", 1]])
+    h.complete("p1", "txn", "ok", [["append", "x", 1]])
+    h.complete("p2", "txn", "ok", [["append", "y", 1]])
+    h.txn("p3", [["r", "x", []]])
+    h.txn("p4", [["r", "x", [1]]])
+    assert kinds(h, "strict-serializable") == {"G-single-realtime"}

@@ -63,3 +63,30 @@ def test_swapping_two_elements_of_a_read_is_caught(seed, shape):
     result = list_append.check(bad)
     assert result.valid is False, how
     assert "incompatible-order" in result.anomalies, (how, result.render())
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=seeds, shape=shapes)
+def test_reduced_real_time_edges_keep_every_real_time_order(seed, shape):
+    """The frontier leaves out implied edges; what it keeps must still imply them all."""
+    from jepsen_like.checkers.graph import REALTIME
+    from jepsen_like.checkers.history import pair_calls
+    from jepsen_like.checkers.list_append import _Checker
+
+    ops = list_append_history(seed, **shape)
+    checker = _Checker(pair_calls(ops), ListAppendOptions.for_model("strict-serializable"))
+    checker._realtime_edges()
+    out = checker.graph.out
+    txns = checker.txns
+    for txn in txns:
+        reach, stack = set(), [txn.node]
+        while stack:
+            for nxt, mask in out[stack.pop()].items():
+                if mask & REALTIME and nxt not in reach:
+                    reach.add(nxt)
+                    stack.append(nxt)
+        done = txn.call.complete_index if txn.ok else None
+        expected = {
+            other.node for other in txns if done is not None and done < other.call.invoke_index
+        }
+        assert reach == expected, (txn.call.describe(), sorted(reach ^ expected))
