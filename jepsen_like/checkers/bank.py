@@ -254,11 +254,11 @@ def check_calls(calls: Sequence[Call], options: BankOptions) -> CheckResult:
             mine = [t for t in earlier_ok.get(process, []) if account in t.deltas]
             findings.anomaly(
                 "read-your-writes",
-                f"{who} saw account {account} at {balance}, but a state holding the "
-                f"process's own {len(mine)} earlier ok transfers on it (net "
-                f"{own.get(account, 0):+d}, the last at index "
-                f"{mine[-1].call.invoke_index if mine else '-'}) and none of its later ones "
-                f"is between {low} and {high}, whatever other processes' transfers applied.",
+                f"{who} saw account {account} at {balance}; with the process's own earlier "
+                f"ok transfers on it applied ({len(mine)}, net {own.get(account, 0):+d}"
+                f"{f', the last invoked at index {mine[-1].call.invoke_index}' if mine else ''})"
+                f" and its later ones not, the balance lies between {low} and {high}, "
+                "whatever other processes' transfers applied.",
             )
 
     stats: dict[str, Any] = {
