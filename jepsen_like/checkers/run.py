@@ -1,0 +1,87 @@
+"""``check_all``: judge a history against the workload that produced it.
+
+A runner stores, next to each history, the workload description it ran as JSON, so the
+same call works on a live run and on a file found later::
+
+    {"name": "list-append", "model": "sequential"}
+    {"name": "list-append", "edges": ["ww", "wr", "rw", "process", "realtime"]}
+    {"name": "bank", "accounts": [0, 1, 2, 3], "initial_balance": 10}
+    {"name": "bank", "initial": {"a": 5, "b": 15}, "allow_negative": true}
+
+The options objects of the checkers (``ListAppendOptions``, ``BankOptions``) are accepted
+as well, and the name ``"list-append"`` alone means its defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from jepsen_like.checkers import bank, list_append
+from jepsen_like.checkers.bank import BankOptions
+from jepsen_like.checkers.history import Op, read_history
+from jepsen_like.checkers.list_append import ListAppendOptions
+from jepsen_like.checkers.result import DEFAULT_MAX_EXAMPLES, CheckResult
+
+Workload = str | Mapping[str, Any] | ListAppendOptions | BankOptions
+
+
+def workload_options(workload: Workload) -> ListAppendOptions | BankOptions:
+    """The checker options a workload description asks for; unknown fields are errors."""
+    if isinstance(workload, ListAppendOptions | BankOptions):
+        return workload
+    if isinstance(workload, str):
+        workload = {"name": workload}
+    spec = dict(workload)
+    name = spec.pop("name", None)
+    max_examples = spec.pop("max_examples", DEFAULT_MAX_EXAMPLES)
+    if name == "list-append":
+        model = spec.pop("model", None)
+        edges = spec.pop("edges", None)
+        if model is not None and edges is not None:
+            raise ValueError("give a list-append workload a model or edges, not both")
+        options: dict[str, Any] = {"max_examples": max_examples}
+        if model is not None:
+            options["edges"] = list_append.MODELS.get(model)
+            if options["edges"] is None:
+                raise ValueError(f"unknown model {model!r}; known: {sorted(list_append.MODELS)}")
+        if edges is not None:
+            options["edges"] = frozenset(edges)
+        for key in ("txn_fs", "final_read_fs"):
+            if key in spec:
+                options[key] = frozenset(spec.pop(key))
+        _no_leftovers(name, spec)
+        return ListAppendOptions(**options)
+    if name == "bank":
+        allow_negative = bool(spec.pop("allow_negative", False))
+        if "initial" in spec:
+            initial = spec.pop("initial")
+            if "accounts" in spec or "initial_balance" in spec:
+                raise ValueError("give a bank workload initial, or accounts and initial_balance")
+        else:
+            try:
+                accounts = spec.pop("accounts")
+                balance = spec.pop("initial_balance")
+            except KeyError as missing:
+                raise ValueError(f"a bank workload needs {missing}") from None
+            initial = dict.fromkeys(accounts, balance)
+        _no_leftovers(name, spec)
+        return BankOptions(
+            initial=initial, allow_negative=allow_negative, max_examples=max_examples
+        )
+    raise ValueError(f"unknown workload {name!r}; known: bank, list-append")
+
+
+def _no_leftovers(name: str, spec: Mapping[str, Any]) -> None:
+    if spec:
+        raise ValueError(f"the {name} workload has no setting {sorted(spec)}")
+
+
+def check_all(history: Iterable[Op] | str | os.PathLike[str], workload: Workload) -> CheckResult:
+    """Check a history (ops, or the path of a JSON-lines file) against its workload."""
+    options = workload_options(workload)
+    ops = read_history(history) if isinstance(history, str | os.PathLike) else history
+    if isinstance(options, BankOptions):
+        return bank.check(ops, options)
+    return list_append.check(ops, options)
