@@ -74,6 +74,7 @@ class Client:
         self._queue: asyncio.Queue[Delivery | None] = asyncio.Queue()
         self._queue_size = queue_size
         self._paused = False
+        self._paused_peers: list[NodeId] = []
         self._acks: dict[MsgId, asyncio.Future[Ack]] = {}
         self._space = asyncio.Event()
         self._joined = asyncio.Event()
@@ -90,27 +91,25 @@ class Client:
 
     # ------------------------------------------------------------------ setup
     async def _start(self, routers: list[str], join: bool, join_header: dict[str, Any]) -> None:
-        node = self.runtime.add_node(
-            self.name,
-            None,
-            on_deliver=self._on_upcalls,
-            keep_connected=self._routers_to_keep,
-        )
-        self.node = node
-        node.on_direct = lambda src, payload: self._direct.put_nowait((src, payload))
-        await node.start()
         ids: list[NodeId] = []
         errors = []
         for address in routers:
             try:
-                ids.append(await node.connect(address))
+                ids.append(await self.runtime.connect_node(address))
             except (TimeoutError, OSError, ConnectionError) as e:
                 errors.append(f"{address}: {e}")
         if not ids:
             raise ConnectionError("no router reachable: " + "; ".join(errors))
         self.endpoint = Endpoint(self.name, ids, self._params, self._session)
-        node.core = self.endpoint
-        node.feed(lambda core, now: core.on_tick(now))
+        node = self.runtime.add_node(
+            self.name,
+            self.endpoint,
+            on_deliver=self._on_upcalls,
+            on_direct=lambda src, payload: self._direct.put_nowait((src, payload)),
+            keep_connected=self._routers_to_keep,
+        )
+        self.node = node
+        node.start()
         if join:
             node.feed(lambda core, now: core.join(now, **join_header)[1])
             await self._joined.wait()
@@ -128,8 +127,7 @@ class Client:
             if t is Delivery:
                 self._queue.put_nowait(up)
                 if not self._paused and self._queue.qsize() >= self._queue_size:
-                    self._paused = True
-                    node.pause_reading(True)
+                    self._pause_routers(True)
             elif t is Acked:
                 fut = self._acks.pop(up.id, None)
                 if fut is not None:
@@ -156,6 +154,15 @@ class Client:
         if batch and self.ack_listener is not None:
             self.ack_listener(batch)
         self._join_check()
+
+    def _pause_routers(self, paused: bool) -> None:
+        """A full delivery queue stops reading from the routers only: a peer's direct
+        stream (a migration) must not stall behind the application's deliveries."""
+        if paused:
+            ep = self.endpoint
+            self._paused_peers = list(ep.succession) if ep is not None else []
+        self._paused = paused
+        self.runtime.pause_reading(paused, self._paused_peers)
 
     def _join_check(self) -> None:
         ep = self.endpoint
@@ -236,9 +243,8 @@ class Client:
         """Deliveries in ``t`` order; unsafe ones say whether they were accepted."""
         while True:
             d = await self._queue.get()
-            if self._paused and self._queue.qsize() <= self._queue_size // 2 and self.node:
-                self._paused = False
-                self.node.pause_reading(False)
+            if self._paused and self._queue.qsize() <= self._queue_size // 2:
+                self._pause_routers(False)
             if d is None:
                 return
             yield d
@@ -255,10 +261,7 @@ class Client:
         """Accept direct connections from other application processes on ``listen``
         (port 0 picks a free one); returns the address to give them."""
         node = self._require_open()
-        await node.runtime.serve(listen)
-        address = node.runtime.listen
-        assert address is not None
-        return address
+        return await node.runtime.serve(listen)
 
     async def connect_peer(self, address: str, timeout: float = 5.0) -> NodeId:
         """Open an authenticated connection to the application process serving at

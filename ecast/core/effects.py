@@ -10,7 +10,7 @@ shape of etcd's ``raft`` (Ready/Advance) and of ``h11``; see ``docs/architecture
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 NodeId = str
 """A process identifier.  Strings, so that ordering ties break the same way everywhere."""
@@ -70,3 +70,46 @@ class Effects:
         self.forget.extend(other.forget)
         self.drop.extend(other.drop)
         self.wake(other.wake_at)
+
+
+class Core(Protocol):
+    """What the runtime and the simulator drive: any sans-IO protocol core.
+
+    ``on_messages`` gets every message of one link-layer frame from ``src``, in order;
+    ``on_tick`` is called no later than the last ``Effects.wake_at`` asked for.  A core
+    may also offer ``on_batch(((src, msgs), ...), now)`` to take what several senders
+    brought in one step (the router does, so a packet from a process hosting many
+    endpoints costs it one step).  A core raises :class:`UnexpectedMessage` for a message
+    type it does not take, before changing any state.
+    """
+
+    def on_messages(
+        self, src: NodeId, msgs: tuple[Any, ...] | list[Any], now: float
+    ) -> Effects: ...
+
+    def on_tick(self, now: float) -> Effects: ...
+
+
+class Links(Protocol):
+    """Where a core's sends go: a link layer, or a test's scripted queues."""
+
+    def send(self, peer: NodeId, msg: Any) -> None: ...
+
+    def forget(self, peer: NodeId) -> None: ...
+
+    def drop(self, peer: NodeId) -> None: ...
+
+
+def carry_out(fx: Effects, links: Links) -> None:
+    """Hand a core's sends, forgets and drops to its links, in order.  Deliveries and the
+    wake-up are the caller's: each host surfaces them its own way (an SDK queue, a
+    simulator record, a benchmark counter)."""
+    send = links.send
+    for dst, msg in fx.send:
+        send(dst, msg)
+    if fx.forget:
+        for peer in fx.forget:
+            links.forget(peer)
+    if fx.drop:
+        for peer in fx.drop:
+            links.drop(peer)

@@ -1,5 +1,16 @@
 """The asyncio runtime: real connections and timers around the sans-IO cores."""
 
-from ecast.runtime.mux import CONGESTED, QUANTUM, TCP_LINK, Node, Runtime, read_secret, tune_process
+from ecast.runtime.mux import QUANTUM, Runtime
+from ecast.runtime.node import CONGESTED, TCP_LINK, Node
+from ecast.runtime.process import new_incarnation, read_secret, tune_process
 
-__all__ = ["CONGESTED", "QUANTUM", "TCP_LINK", "Node", "Runtime", "read_secret", "tune_process"]
+__all__ = [
+    "CONGESTED",
+    "QUANTUM",
+    "TCP_LINK",
+    "Node",
+    "Runtime",
+    "new_incarnation",
+    "read_secret",
+    "tune_process",
+]

@@ -20,23 +20,15 @@ import heapq
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from ecast.core.effects import Effects, NodeId
+from ecast.core.effects import Core, Effects, NodeId, carry_out
 from ecast.core.link import Frame, LinkLayer, LinkParams
 
 _FRAME = 0
 _TICK = 1
 _CALL = 2
 _INF = float("inf")
-
-
-class Core(Protocol):
-    def on_messages(self, src: NodeId, msgs: tuple[Any, ...], now: float) -> Effects:
-        """All messages of one frame, in order."""
-        ...
-
-    def on_tick(self, now: float) -> Effects: ...
 
 
 @dataclass(slots=True)
@@ -199,13 +191,7 @@ class Simulator:
         self._after(node)
 
     def _apply(self, node: SimNode, fx: Effects) -> None:
-        link = node.link
-        for dst, msg in fx.send:
-            link.send(dst, msg)
-        for peer in fx.forget:
-            link.forget(peer)
-        for peer in fx.drop:
-            link.drop(peer)
+        carry_out(fx, node.link)
         if fx.deliver:
             self._digest.update(f"{self.now!r} {node.id} {fx.deliver!r}\n".encode())
             if self.observer is not None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ecast.core.config import BroadcastConfig, Config
-from ecast.core.effects import Effects, NodeId
+from ecast.core.effects import Effects, NodeId, carry_out
 from ecast.core.endpoint import Endpoint, EndpointParams
 from ecast.core.router import Router, RouterParams
 from ecast.core.ufabcast import Ufabcast, UfabParams
@@ -76,11 +76,7 @@ class ScriptedNet:
                 self._apply(nid, node.on_tick(self.now))
 
     def _apply(self, nid: NodeId, fx: Effects) -> None:
-        self.dropped.extend((nid, peer) for peer in fx.drop)
-        for dst, msg in fx.send:
-            if dst not in self.crashed and nid not in self.crashed:
-                self.sent.append((nid, dst, msg))
-                self.queues.setdefault((nid, dst), deque()).append(msg)
+        carry_out(fx, _ScriptedLinks(self, nid))
 
     # ------------------------------------------------------------------ delivery
     def pending(self, src: NodeId, dst: NodeId) -> list[Any]:
@@ -133,6 +129,28 @@ class ScriptedNet:
             self.deliver_all(hold=hold)
             self.tick(step)
         self.deliver_all(hold=hold)
+
+
+class _ScriptedLinks:
+    """A node's links in a scripted net: sends wait in the test's per-link queues."""
+
+    __slots__ = ("net", "nid")
+
+    def __init__(self, net: ScriptedNet, nid: NodeId) -> None:
+        self.net = net
+        self.nid = nid
+
+    def send(self, dst: NodeId, msg: Any) -> None:
+        net = self.net
+        if dst not in net.crashed and self.nid not in net.crashed:
+            net.sent.append((self.nid, dst, msg))
+            net.queues.setdefault((self.nid, dst), deque()).append(msg)
+
+    def forget(self, peer: NodeId) -> None:
+        pass  # scripted queues keep no per-peer state
+
+    def drop(self, peer: NodeId) -> None:
+        self.net.dropped.append((self.nid, peer))
 
 
 class ManualNet(ScriptedNet):

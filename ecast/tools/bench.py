@@ -126,17 +126,17 @@ async def _receivers(args: argparse.Namespace) -> dict[str, Any]:
             counts[name] += n
             total[0] += n
 
-        node = rt.add_node(name, None, on_deliver=on_deliver)
-        await node.start()
         ids = []
         for addr in routers:
             try:
-                ids.append(await node.connect(addr))
+                ids.append(await rt.connect_node(addr))
             except OSError:
                 continue
         ep = Endpoint(name, ids)
-        node.core = ep
-        node.keep_connected = lambda ep=ep: list(ep.succession)
+        node = rt.add_node(
+            name, ep, on_deliver=on_deliver, keep_connected=lambda ep=ep: list(ep.succession)
+        )
+        node.start()
         node.feed(lambda core, now: core.join(now, role="receiver")[1])
         nodes.append(node)
     print(json.dumps({"event": "ready"}), flush=True)

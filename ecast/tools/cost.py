@@ -23,15 +23,32 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from ecast.core.config import KeyRingConfig
-from ecast.core.effects import Effects, NodeId
+from ecast.core.effects import Effects, NodeId, carry_out
 from ecast.core.endpoint import Acked, Endpoint, EndpointParams
 from ecast.core.link import Frame
 from ecast.core.router import Router, RouterParams
 from ecast.core.ufabcast.params import UfabParams
-from ecast.wire.codec import Encoder, array_header, decode_packet, frame_item
+from ecast.wire.codec import Encoder
+from ecast.wire.packet import array_header, decode_packet, frame_item
 
 TICK = 0.002
 """Virtual seconds per round: every node gets one step per round."""
+
+
+class _ByDestination:
+    """A core's sends grouped per destination, as a link layer's flush groups them."""
+
+    def __init__(self) -> None:
+        self.boxes: defaultdict[NodeId, list[Any]] = defaultdict(list)
+
+    def send(self, peer: NodeId, msg: Any) -> None:
+        self.boxes[peer].append(msg)
+
+    def forget(self, peer: NodeId) -> None:
+        pass
+
+    def drop(self, peer: NodeId) -> None:
+        pass
 
 
 class Pipeline:
@@ -80,11 +97,10 @@ class Pipeline:
             self.acked += sum(type(d) is Acked for d in fx.deliver)
         if not fx.send:
             return
-        by_dst: defaultdict[NodeId, list[Any]] = defaultdict(list)
-        for dst, m in fx.send:
-            by_dst[dst].append(m)
+        by_dst = _ByDestination()
+        carry_out(fx, by_dst)
         packets: defaultdict[str, list[Any]] = defaultdict(list)
-        for dst, msgs in by_dst.items():
+        for dst, msgs in by_dst.boxes.items():
             self._seq += 1
             packets[self.process[dst]].append(
                 frame_item(src, dst, Frame(1, 1, self._seq, 0, tuple(msgs)))

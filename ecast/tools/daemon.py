@@ -120,18 +120,17 @@ class RouterDaemon:
         )
         self.runtime = rt
         config = load_config(a.config, **config_args(a.config_arg))
-        node = rt.add_node(a.id, None, listen=a.listen, advertise=True)
-        await node.start()
+        listen = await rt.serve(a.listen)
         if a.join:
-            seed = await self._reach(node, a.join)
+            seed = await self._reach(rt, a.join)
             self.router = Router(a.id, config, self._params(), seeds=[seed])
             log.info("event=joining router=%s seed=%s address=%s", a.id, seed, a.join)
         else:
             self.router = Router(a.id, config, self._params(), routers=[a.id])
-            log.info("event=bootstrap router=%s listen=%s", a.id, node.listen)
-        node.core = self.router
+            log.info("event=bootstrap router=%s listen=%s", a.id, listen)
+        node = rt.add_node(a.id, self.router, advertise=True)
         self.router.link_lag = node.lag
-        node.feed(lambda core, now: core.on_tick(now))
+        node.start()
         metrics = await self._serve_metrics() if a.metrics else None
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -146,10 +145,10 @@ class RouterDaemon:
         log.info("event=stopped router=%s", a.id)
         return 0
 
-    async def _reach(self, node: Any, address: str) -> str:
+    async def _reach(self, rt: Runtime, address: str) -> str:
         for attempt in range(60):
             try:
-                return await node.connect(address)
+                return await rt.connect_node(address)
             except (TimeoutError, OSError, ConnectionError) as e:
                 log.warning(
                     "event=join_retry address=%s attempt=%d reason=%r", address, attempt, str(e)

@@ -331,7 +331,24 @@ def _dec_deliver_refs(data: Any) -> _Refs:
     return _Refs(data)
 
 
-def _resolve(msgs: tuple[Any, ...], table: list[Any]) -> tuple[Any, ...]:
+def begin_packet() -> None:
+    _decoding.refs = 0
+
+
+def end_packet() -> None:
+    """Every ``Deliver`` by reference must have been resolved by its packet's table."""
+    if _decoding.refs:
+        raise DecodeError("a Deliver by reference outside a frame of a packet with a table")
+
+
+def decode_message_table(data: Any) -> list[Any]:
+    """A packet's message table (``ecast.wire.packet``), checked like routed messages."""
+    if type(data) is not tuple:
+        raise DecodeError("a packet's message table is an array")
+    return _msgs(data, _proto.Deliver)  # type: ignore[no-any-return]
+
+
+def resolve_references(msgs: tuple[Any, ...], table: list[Any]) -> tuple[Any, ...]:
     """A frame's messages with every ``Deliver`` by reference made a ``Deliver``."""
     n = len(table)
     out = []
@@ -578,59 +595,3 @@ def unpack(data: bytes | memoryview) -> Any:
 def pack(obj: Any) -> bytes:
     """Encode one value without a shared cache (tests, handshakes)."""
     return Encoder().pack(obj)
-
-
-def array_header(n: int) -> bytes:
-    """The msgpack header of an ``n``-item array (items are packed one by one)."""
-    if n < 16:
-        return bytes((0x90 | n,))
-    if n < 0x10000:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
-
-
-def frame_item(src: str, dst: str, frame: Frame) -> tuple[Any, ...]:
-    """A frame as a packet item: flat, not an extension object of its own (one object
-    fewer to pack and decode per frame, and frames are many)."""
-    return (src, dst, frame.src_inc, frame.dst_inc, frame.seq, frame.ack, frame.msgs)
-
-
-def decode_packet(data: bytes | memoryview) -> list[tuple[Any, ...]]:
-    """A packet body: frame items come back as ``(src, dst, Frame)``, control items as
-    ``(kind, data)``; any malformation is a :class:`DecodeError`."""
-    _decoding.refs = 0
-    items = unpack(data)
-    if type(items) is not tuple:
-        raise DecodeError("a packet is an array of items")
-    out: list[tuple[Any, ...]] = []
-    table = None
-    first = items[0] if items else None
-    if type(first) is tuple and len(first) == 2 and first[0] == TABLE:
-        if type(first[1]) is not tuple:
-            raise DecodeError("a packet's message table is an array")
-        table = _msgs(first[1], _proto.Deliver)
-        items = items[1:]
-    for item in items:
-        n = len(item) if type(item) is tuple else 0
-        if n == 7:
-            src, dst, src_inc, dst_inc, seq, ack, msgs = item
-            if (
-                type(src) is not str
-                or type(dst) is not str
-                or type(src_inc) is not int
-                or type(dst_inc) is not int
-                or type(seq) is not int
-                or type(ack) is not int
-                or type(msgs) is not tuple
-            ):
-                raise DecodeError(f"bad frame header {item[:6]!r:.80}")
-            if table is not None:
-                msgs = _resolve(msgs, table)
-            out.append((src, dst, Frame(src_inc, dst_inc, seq, ack, msgs)))
-        elif n == 2:
-            out.append(item)
-        else:
-            raise DecodeError(f"bad packet item {item!r:.60}")
-    if _decoding.refs:
-        raise DecodeError("a Deliver by reference outside a frame of a packet with a table")
-    return out

@@ -29,12 +29,10 @@ from ecast.wire.codec import (
     TABLE,
     DecodeError,
     Encoder,
-    array_header,
-    decode_packet,
-    frame_item,
     pack,
     unpack,
 )
+from ecast.wire.packet import FrameItem, Gone, array_header, decode_packet, frame_item
 
 names = st.text(st.characters(codec="utf-8"), min_size=1, max_size=8)
 ints = st.integers(-(2**40), 2**40)
@@ -95,7 +93,7 @@ frames = st.builds(
 @given(frames)
 def test_every_message_round_trips(frame: Frame) -> None:
     packet = pack([frame_item("a", "b", frame), ("gone", ("c",))])
-    assert decode_packet(packet) == [("a", "b", frame), ("gone", ("c",))]
+    assert decode_packet(packet) == [FrameItem("a", "b", frame), Gone(("c",))]
 
 
 def test_an_object_shared_by_frames_is_encoded_once_per_flush() -> None:
@@ -242,8 +240,8 @@ def test_every_packet_round_trips_with_its_message_table(
     parts = Encoder().pack_packet([*items, ("gone", ("c",))])
     decoded = decode_packet(array_header(len(parts)) + b"".join(parts))
     assert decoded == [
-        *[("a", f"d{i}", f) for i, f in enumerate([*fs, extra])],
-        ("gone", ("c",)),
+        *[FrameItem("a", f"d{i}", f) for i, f in enumerate([*fs, extra])],
+        Gone(("c",)),
     ]
 
 

@@ -51,10 +51,11 @@ def test_packets_come_out_whole_and_in_order_however_the_stream_is_cut(
 
 
 def test_a_peer_behind_a_congested_connection_counts_as_far_behind() -> None:
+    from ecast.core.endpoint import Endpoint
     from ecast.runtime import CONGESTED, Runtime
 
     rt = Runtime(b"secret")
-    node = rt.add_node("r1", None)
+    node = rt.add_node("r1", Endpoint("r1", ["x"]))
     conn = Connection(rt, dialer=True)
     rt.routes["e1"] = conn
     assert node.lag("e1") == 0
