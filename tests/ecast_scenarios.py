@@ -139,6 +139,24 @@ def unsafe_then_safe(rm: frozenset[str] = NONE, em: frozenset[str] = NONE) -> Ec
     return n
 
 
+def unsafe_after_takeover(rm: frozenset[str] = NONE, em: frozenset[str] = NONE) -> EcastNet:
+    """b has delivered everything and it is all stable when the leader r1 crashes; r2
+    takes over and nothing safe follows.  An unsafe message from a must still be accepted
+    by b: r2 has no tag of its own for b."""
+    n = net(router_mutations=rm, endpoint_mutations=em)
+    n.add_app("a")
+    n.add_app("b")
+    n.settle(0.3)
+    n.submit("a", "m")
+    n.settle(0.5)
+    n.crash("r1")
+    n.settle(3.0)
+    n.notes["leader"] = n.endpoint("a").target
+    n.submit_unsafe("a", "u")
+    n.settle(0.5)
+    return n
+
+
 def leaver_confirmed_then_leader_crash(
     rm: frozenset[str] = NONE, em: frozenset[str] = NONE
 ) -> EcastNet:

@@ -325,7 +325,9 @@ class Endpoint:
 
     def _on_unsafe(self, msg: DeliverUnsafe) -> None:
         for tag, frontier, m in msg.items:
-            accepted = tag is not None and tag == self.t_max
+            # A None tag: the leader sent us nothing since it took over, and everything
+            # before its frontier meant for us is stable (``Forwarding.forward_unsafe``).
+            accepted = tag == self.t_max if tag is not None else self.t_max < frontier
             self.stats["unsafe_accepted" if accepted else "unsafe_rejected"] += 1
             self._deliver(Delivery(tag if tag is not None else -1, m, True, accepted, frontier))
             if accepted and "unsafe_advances_t_max" in self._mut:

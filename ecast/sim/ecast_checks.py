@@ -295,8 +295,10 @@ def check_unsafe_cut(ref: Reference, apps: dict[NodeId, AppRecord]) -> list[str]
                 count += 1
             elif e[0] == "uns" and e[4]:
                 _k, tag, frontier, msg, _acc = e
-                upto_tag = bisect_right(mine, tag)
                 before_frontier = bisect_right(mine, frontier - 1)
+                # A tag of -1 (None on the wire): the leader had sent it nothing since it
+                # took over; everything before the frontier must have been delivered.
+                upto_tag = bisect_right(mine, tag) if tag >= 0 else before_frontier
                 if count != upto_tag:
                     out.append(
                         f"unsafe-cut: {p} accepted {msg.id} at tag {tag} having "

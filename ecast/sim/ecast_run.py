@@ -35,6 +35,7 @@ ECAST_SITUATIONS = (
     "isolated_leader",
     "false_suspicion",
     "mutual_parts",
+    "unsafe_untagged_accepted",
 )
 
 
@@ -176,6 +177,7 @@ class EcastRun(RouterGroupRun):
         self._unsafe = 0
         self._next_app = 0
         self._false_suspects: set[NodeId] = set()
+        self._probes_until = 0.0
 
     # ------------------------------------------------------------------ routers
     def _make_router(
@@ -333,6 +335,8 @@ class EcastRun(RouterGroupRun):
     def done(self) -> bool:
         if not self.quorum_up():
             return True
+        if self.sim.now < self._probes_until + 0.2:
+            return False
         correct = self.correct_routers()
         if not correct or not self.group_quiescent(correct):
             return False
@@ -361,6 +365,11 @@ class EcastRun(RouterGroupRun):
             sim.at(self.rng.uniform(0.3, last), self._submit)
         for _ in range(int(cfg.messages * cfg.unsafe_fraction)):
             sim.at(self.rng.uniform(0.3, last), lambda: self._submit(unsafe=True))
+        # Unsafe probes after the faults healed and the traffic ended: often the first
+        # thing a leader elected during the quiet end of the fault phase forwards.
+        self._probes_until = cfg.fault_time + 3.0
+        for at in (0.5, 1.5, 3.0):
+            sim.at(cfg.fault_time + at, lambda: self._submit(unsafe=True))
         self.schedule_background()
         if cfg.progress:
             t = 0.0
@@ -407,6 +416,9 @@ class EcastRun(RouterGroupRun):
         delivered = sum(1 for r in self.app_recs.values() for e in r.events if e[0] == "dlv")
         acked = sum(1 for r in self.app_recs.values() for e in r.events if e[0] == "ack")
         uns = [e for r in self.app_recs.values() for e in r.events if e[0] == "uns"]
+        # An unsafe copy from a leader that had sent its destination nothing since it took
+        # over (no tag), accepted: the case a leader change would otherwise starve.
+        self.situations["unsafe_untagged_accepted"] += sum(1 for e in uns if e[1] < 0 and e[4])
         stats = self.summed_stats(
             [self.routers[r].stats for r in self.routers] + [c.stats for c in self.cores.values()]
         )

@@ -171,6 +171,15 @@ def test_unsafe_message_is_accepted_only_where_the_tag_matches() -> None:
     assert n.violations() == []
 
 
+def test_unsafe_messages_are_accepted_after_a_takeover_with_no_safe_traffic() -> None:
+    n = sc.unsafe_after_takeover()
+    assert n.notes["leader"] == "r2"
+    uns = [e for e in n.app_recs["b"].events if e[0] == "uns"]
+    # ("uns", tag, frontier, message, accepted): r2 had sent b nothing, so no tag (-1).
+    assert [(e[1], e[3].payload, e[4]) for e in uns] == [(-1, "u", True)]
+    assert not n.violations()
+
+
 def test_unsafe_copies_to_a_destination_whose_link_lags_are_dropped() -> None:
     n = sc.unsafe_then_safe()
     before = len([e for e in n.app_recs["b"].events if e[0] == "uns"])

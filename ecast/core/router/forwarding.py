@@ -164,7 +164,13 @@ class Forwarding:
                 config = mseq.configs[i - 1]
                 bound = starts[i] if i < len(starts) else end
             msg = entries.get(t)
-            if msg is not None and t not in stable:
+            if msg is not None and t in stable:
+                # Every destination has it; a new leader still counts it as "sent", so
+                # that its unsafe tags (3.5.7) match what each destination delivered.
+                for d in destset(config, msg):
+                    if d not in suspects and d not in departed and last_sent.get(d, -1) < t:
+                        last_sent[d] = t
+            elif msg is not None:
                 n = 0
                 for d in ordered(destset(config, msg)):
                     if skip_gone and ((d in suspects and drop_suspects) or d in departed):
@@ -189,7 +195,14 @@ class Forwarding:
         self, src: NodeId, subs: tuple[Submission, ...], link_lag: Callable[[NodeId], int] | None
     ) -> None:
         """Unsafe copies (3.5.7): routed with the config at the frontier, tagged with the
-        last ``t`` this leader sent each destination; no agreement, no acknowledgement."""
+        last ``t`` this leader sent each destination; no agreement, no acknowledgement.
+
+        The tag is None for a destination this leader has sent nothing since it took over
+        and that no message from the stable floor on was meant for: every message before
+        the frontier meant for it is stable (so it delivered them), and the destination
+        accepts the copy if it delivered nothing at or beyond the frontier.  Without
+        this, a destination that gets no new safe traffic after a leader change would
+        reject every unsafe copy for good."""
         st = self.state
         frontier = self.frontier
         mseq = st.mseq
