@@ -14,10 +14,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ecast.core.effects import Effects, NodeId
+from ecast.core.effects import Effects, NodeId, UnexpectedMessage
 from ecast.core.message import Message, MsgId, Session, Submission
 from ecast.core.message import fast_new as _tnew
 from ecast.core.proto import (
+    ROUTER_TO_ENDPOINT,
     CloseSessions,
     Confirm,
     Congestion,
@@ -40,6 +41,9 @@ ENDPOINT_MUTATIONS = frozenset(
         "unsafe_advances_t_max",  # let an accepted unsafe message move t_max
     }
 )
+
+
+_FROM_ROUTERS = frozenset(ROUTER_TO_ENDPOINT)
 
 
 class EndpointClosed(RuntimeError):
@@ -245,6 +249,12 @@ class Endpoint:
         return self.on_messages(src, (msg,), now)
 
     def on_messages(self, src: NodeId, msgs: tuple[Any, ...] | list[Any], now: float) -> Effects:
+        # Validate the whole batch before anything changes: refusing it halfway would
+        # keep the confirmations of deliveries that never reached the application.
+        known = _FROM_ROUTERS
+        for msg in msgs:
+            if type(msg) not in known:
+                raise UnexpectedMessage("endpoint", src, type(msg).__name__)
         self._begin(now)
         for msg in msgs:
             if self.terminated is not None and not self.lingering:
@@ -269,8 +279,6 @@ class Endpoint:
                 self._deliver(msg)  # the upcall is the reply itself
             elif t is Suspected:
                 self._terminate("suspected")
-            else:
-                raise TypeError(f"endpoint: unknown message type {t.__name__}")
         return self._end()
 
     def on_tick(self, now: float) -> Effects:

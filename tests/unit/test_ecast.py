@@ -447,3 +447,23 @@ def test_a_leaver_keeps_confirming_until_the_group_agreed_its_part_is_stable() -
     assert not n.endpoint("b").lingering  # released by the new leader, after agreement
     assert n.router("r2").state.departed or n.router("r2").state.mseq.floor > 0
     assert n.violations() == []
+
+
+def test_an_endpoint_refuses_a_bad_batch_before_confirming_any_of_it() -> None:
+    from ecast.core.message import Message
+
+    ep = Endpoint("a", ["r1"])
+    ep.on_tick(0.0)
+    m = Message("b", (("b", 0, ""), 1), None, b"x")
+    try:
+        ep.on_messages("r1", (Deliver(((0, m),)), Accept(0, (0, "r1"), 0, ())), 0.1)
+    except UnexpectedMessage as e:
+        assert e.peer == "r1"
+    else:
+        raise AssertionError("the batch was taken")
+    # Nothing of the batch took effect: no delivery is owed, and none is confirmed.
+    assert ep.t_max == -1
+    fx = ep.on_tick(0.2)
+    assert not [msg for _d, msg in fx.send if type(msg).__name__ == "Confirm"]
+    fx = ep.on_messages("r1", (Deliver(((0, m),)),), 0.3)
+    assert [d.message for d in fx.deliver] == [m]
