@@ -51,6 +51,21 @@ class ConfigGuard:
             self.failed("destset", config, msg, e)
             return EMPTY
 
+    def suspects(self, config: Config, msg: Message) -> frozenset[NodeId]:
+        try:
+            return config.suspects(msg)
+        except Exception as e:
+            self.failed("suspects", config, msg, e)
+            return EMPTY
+
+    def apply(self, config: Config, msg: Message) -> Config:
+        """The next config (``MSeq.extend`` has this written out, with the same outcome)."""
+        try:
+            return config.apply(msg)
+        except Exception as e:
+            self.failed("apply", config, msg, e)
+            return config
+
 
 class MSeq:
     __slots__ = ("configs", "entries", "floor", "guard", "next_t", "stable", "starts")

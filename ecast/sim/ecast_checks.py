@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ecast.core.config import Config
 from ecast.core.effects import NodeId
 from ecast.core.message import Message, MsgId
+from ecast.core.mseq import ConfigGuard
 
 # Events an application process records, in the order they happened at the process:
 #   ("sub", id, time)                          submitted (safe)
@@ -84,6 +85,7 @@ def build_reference(initial: Config, routers: dict[NodeId, RouterRecord]) -> Ref
     starts, configs = [0], [initial]
     config = initial
     index: dict[MsgId, int] = {}
+    guard = ConfigGuard()  # a config that raises has the routers' defined outcome
     for t in range(top + 1):
         m = mseq.get(t)
         if m is None:
@@ -91,10 +93,10 @@ def build_reference(initial: Config, routers: dict[NodeId, RouterRecord]) -> Ref
         if m.id in index and len(problems) < 5:
             problems.append(f"no-duplicates: {m.id} appears at t={index[m.id]} and t={t}")
         index[m.id] = t
-        dest[t] = config.destset(m)
-        for p in config.suspects(m):
+        dest[t] = guard.destset(config, m)
+        for p in guard.suspects(config, m):
             suspected.setdefault(p, t)
-        nxt = config.apply(m)
+        nxt = guard.apply(config, m)
         if nxt is not config:
             config = nxt
             starts.append(t + 1)
@@ -309,7 +311,7 @@ def check_unsafe_cut(ref: Reference, apps: dict[NodeId, AppRecord]) -> list[str]
                         f"unsafe-cut: {p} accepted {msg.id} at tag {tag}, but a message "
                         f"before frontier {frontier} was meant for it"
                     )
-                elif p not in ref.config_at(frontier).destset(msg):
+                elif p not in ConfigGuard().destset(ref.config_at(frontier), msg):
                     out.append(
                         f"unsafe-cut: {p} accepted {msg.id}, not a destination at "
                         f"frontier {frontier}"

@@ -116,3 +116,101 @@ def test_mseq_keeps_absolute_timestamps_and_collects_the_stable_prefix() -> None
         sorted(m.entries),
         m.latest,
     )
+
+
+# ------------------------------------------------------------------ hostile headers
+leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=True),
+    st.text(max_size=5),
+    st.binary(max_size=5),
+    st.sampled_from(["join", "part", "suspect", "kind", "who", "role", "receiver", "p1"]),
+)
+values = st.recursive(
+    leaves,
+    lambda inner: (
+        st.tuples(inner, inner)
+        | st.lists(inner, max_size=4).map(tuple)
+        | st.dictionaries(leaves.filter(lambda x: x.__hash__ is not None), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+headers = st.one_of(
+    values,
+    st.fixed_dictionaries(
+        {"kind": st.sampled_from(["join", "part", "suspect", "x"]) | values},
+        optional={"who": values, "role": values, "key": values},
+    ),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from([*PROCS, "@routers"]), headers), max_size=25),
+    st.sampled_from(["broadcast", "ring"]),
+)
+def test_shipped_configs_never_raise_on_any_header_and_round_trip(
+    events: list[tuple[str, object]], kind: str
+) -> None:
+    config = (
+        BroadcastConfig.initial() if kind == "broadcast" else KeyRingConfig.initial(replication=2)
+    )
+    for i, (sender, header) in enumerate(events):
+        m = msg(sender, i, header)
+        dests = config.destset(m)
+        who = config.suspects(m)
+        assert isinstance(dests, frozenset) and isinstance(who, frozenset)
+        assert all(type(p) is str for p in dests | who)
+        config = config.apply(m)
+        back = type(config).from_state(config.to_state())
+        assert back == config and hash(back) == hash(config)
+
+
+class _Fragile(BroadcastConfig):
+    """A config with a bug: it raises on the payload "boom" (for the router's guard)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def initial(cls, **_: object) -> _Fragile:
+        return cls()
+
+    def _joined(self, p: str, header: dict[str, object]) -> _Fragile:
+        return _Fragile(self._members | {p}, self._retired)
+
+    def _left(self, gone: frozenset[str]) -> _Fragile:
+        return _Fragile(self._members - gone, self._retired | gone)
+
+    def destset(self, m: Message) -> frozenset[str]:
+        if m.payload == "boom":
+            raise RuntimeError("a bug in the config")
+        return super().destset(m)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Fragile and other._members == self._members
+
+    def __hash__(self) -> int:
+        return hash(self._members)
+
+
+def test_a_config_that_raises_has_one_outcome_on_every_router() -> None:
+    from tests.ecast_scenarios import net
+
+    n = net(config=_Fragile.initial())
+    for p in ("a", "b"):
+        n.add_app(p)
+    n.settle(0.3)
+    n.submit("a", "boom")
+    n.submit("a", "fine")
+    n.settle(0.5)
+    # "boom" went nowhere (its destination set is empty everywhere) but was acknowledged
+    # as ignored; "fine" after it was delivered; no router diverged.
+    assert n.delivered("b")[-1:] == ["fine"]
+    acks = [e for e in n.app_recs["a"].events if e[0] == "ack"]
+    assert [e[3] for e in acks][-2:] == [False, True]
+    leader = n.router("r1")
+    assert leader.stats["config_errors"] >= 1
+    assert "a bug in the config" in leader.guard.last_error
+    assert not n.violations()
