@@ -157,6 +157,25 @@ def unsafe_after_takeover(rm: frozenset[str] = NONE, em: frozenset[str] = NONE) 
     return n
 
 
+def leaver_crashes_before_confirming_its_part(
+    rm: frozenset[str] = NONE, em: frozenset[str] = NONE
+) -> EcastNet:
+    """b's part is ordered, then b crashes before it confirms it: b is no member any more,
+    yet everyone waits for its confirmation until the monitor suspects it."""
+    n = net(router_mutations=rm, endpoint_mutations=em)
+    for p in ("a", "b", "mon"):
+        n.add_app(p)
+    n.settle(0.3)
+    n.close("b")
+    n.deliver("b", "r1")  # the part is routed...
+    n.crash("b")  # ...and b is gone before anything comes back
+    n.submit("a", "after")
+    n.settle(0.5)
+    n.suspect("mon", ["b"])
+    n.settle(1.0)
+    return n
+
+
 def leaver_confirmed_then_leader_crash(
     rm: frozenset[str] = NONE, em: frozenset[str] = NONE
 ) -> EcastNet:

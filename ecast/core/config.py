@@ -197,22 +197,23 @@ class Membership:
                 return self
             return self._left(frozenset((sender,)))
         if kind == SUSPECT:
-            gone = self.suspects(msg)
+            gone = self.suspects(msg) & self._members
             return self._left(gone) if gone else self
         return self._apply_other(msg, kind if type(kind) is str else None)
 
     def suspects(self, msg: Message) -> frozenset[NodeId]:
+        """Everyone a member's suspect names, members or not: a process that parted and
+        crashed before it confirmed its own part is no member any more, yet routers wait
+        for its confirmations until someone suspects it."""
         h = msg.header
         if type(h) is not dict or h.get(KIND) != SUSPECT:
             return EMPTY
         sender = msg.sender
         if sender == ROUTERS:
-            return frozenset(
-                p for p in suspected_in(msg) & self._members if self.accepts_router_suspect(p)
-            )
+            return frozenset(p for p in suspected_in(msg) if self.accepts_router_suspect(p))
         if sender not in self._members:
             return EMPTY
-        return suspected_in(msg) & self._members
+        return suspected_in(msg)
 
     def join_destset(self, msg: Message) -> frozenset[NodeId] | None:
         """Where a membership message goes under broadcast rules, or None for a data

@@ -467,3 +467,11 @@ def test_an_endpoint_refuses_a_bad_batch_before_confirming_any_of_it() -> None:
     assert not [msg for _d, msg in fx.send if type(msg).__name__ == "Confirm"]
     fx = ep.on_messages("r1", (Deliver(((0, m),)),), 0.3)
     assert [d.message for d in fx.deliver] == [m]
+
+
+def test_a_process_that_crashes_after_its_part_is_ordered_can_still_be_suspected() -> None:
+    n = sc.leaver_crashes_before_confirming_its_part()
+    assert "after" in n.delivered("a")
+    assert n.endpoint("a").window == {}  # everything acknowledged
+    assert all(n.router(r).unstable() == 0 for r in ("r1", "r2", "r3"))
+    assert not n.violations()
