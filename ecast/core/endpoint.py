@@ -5,7 +5,22 @@ An endpoint submits messages in a session, keeps unstable ones in a send window 
 by a congestion window, delivers in ``t`` order exactly once, confirms every delivery it
 receives (duplicates included, or stability would stall), and follows the router
 succession order.  Upcalls, in order: :class:`Delivery`, :class:`Acked`, :class:`Rejected`,
-:class:`LeaderChanged`, :class:`Terminated`.
+:class:`LeaderChanged`, ``SessionsClosed`` (the router's reply itself),
+:class:`Terminated`.
+
+Two sessions per process:
+
+* the *data* session, which the application may choose and hand from one process to
+  another (a retried Spark task resubmits the same session and sequence numbers), and
+  whose window the congestion window bounds;
+* the *control* session ``("@" + name, 0, "")``, for this process's own join, part and
+  suspect messages.  It is never bounded by the congestion window, so a suspect or a
+  part gets through whatever the data window holds (a full data window may wait for
+  exactly the suspect that is stuck behind it), and it never takes a data sequence
+  number (a process that reuses a data session still joins).
+
+The endpoint keeps its lease with the routers alive: every message to its router counts,
+and an idle endpoint sends a small ``Hello`` every third of its lease.
 """
 
 from __future__ import annotations
@@ -14,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ecast.core.config import JOIN, KIND, PART, SUSPECT, WHO
 from ecast.core.effects import Effects, NodeId, UnexpectedMessage
 from ecast.core.message import Message, MsgId, Session, Submission
 from ecast.core.message import fast_new as _tnew
@@ -24,8 +40,10 @@ from ecast.core.proto import (
     Congestion,
     Deliver,
     DeliverUnsafe,
+    Detach,
     Hello,
     Leader,
+    LeaseGranted,
     RejectedClosed,
     Route,
     RouteUnsafe,
@@ -71,6 +89,10 @@ class EndpointParams:
     progress_timeout: float = 2.0
     """With messages in the window and no progress for this long, try the next router in
     succession order (an isolated leader never learns that it was parted)."""
+    lease: float = 0.0
+    """The lease this process asks the routers for, in seconds (0: the routers' default;
+    they cap it at their maximum).  Silent for longer than its lease, a process is
+    suspected (``ecast router --client-lease``)."""
     mutations: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -138,13 +160,21 @@ class Endpoint:
         self.p = params or EndpointParams()
         self._mut = self.p.mutations
         self.session: Session = session or (me, 0, "")
+        self.control_session: Session = ("@" + me, 0, "")
         self.unsafe_session: Session = (self.session[0], self.session[1], self.session[2] + "~u")
         self.next_seq = 1
+        self.next_control = 1
         self.next_unsafe = 1
         self.window: dict[int, Submission] = {}
-        """Submitted, unstable messages by sequence number (the send window W)."""
+        """Submitted, unstable data messages by sequence number (the send window W)."""
+        self.control: dict[int, tuple[Submission, int]] = {}
+        """Unstable control messages (join, part, suspect), outside the congestion window,
+        each with the data sequence number it was submitted before: a process's messages
+        are ordered as it submitted them (causal order, 3.3), across both sessions."""
         self.queued: deque[Submission] = deque()
         """Submitted, not yet admitted by the congestion window."""
+        self.closing_sessions: dict[tuple[str, int], None] = {}
+        """``close_sessions`` requests not answered yet (re-sent to every new router)."""
         self.cwnd = self.p.initial_window
         self._slow_start = self.p.slow_start
         self._acked_round = 0
@@ -160,9 +190,13 @@ class Endpoint:
         """Closed for the application, but still confirming until our part is stable: a
         leader that takes over in between re-sends the part, and only our confirmation
         lets it become stable (docs/decisions.md)."""
+        self.lease = self.p.lease
+        """The lease the routers granted (the request until they answer)."""
+        self._keepalive = (self.lease or 3.0) / 3
         self._started = False
         self._next_growth = 0.0
         self._last_progress = 0.0
+        self._last_sent = 0.0
         self._now = 0.0
         self._fx: Effects | None = None
         self._routes: list[Submission] = []
@@ -176,7 +210,7 @@ class Endpoint:
     def submit(self, payload: Any, header: Any = None, now: float = 0.0) -> tuple[MsgId, Effects]:
         """Queue a message; it enters the window as the congestion window allows."""
         self._begin(now)
-        sid = self._new_submission(payload, header)
+        sid = self._new_submissions([(payload, header)])[0]
         return sid, self._end()
 
     def submit_many(
@@ -190,33 +224,36 @@ class Endpoint:
     def join(self, now: float, **header: Any) -> tuple[MsgId, Effects]:
         """Submit this process's join (application membership is what the history says)."""
         self._begin(now)
-        sid = self._new_submission(None, {"kind": "join", **header})
+        sid = self._new_control({KIND: JOIN, **header})
         self._join_id = sid
         return sid, self._end()
 
     def suspect(self, who: list[NodeId], now: float) -> tuple[MsgId, Effects]:
-        """Declare processes faulty (E-Cast never suspects application processes itself)."""
+        """Declare processes faulty (members' suspects count; the config decides)."""
         self._begin(now)
-        sid = self._new_submission(None, {"kind": "suspect", "who": sorted(who)})
+        sid = self._new_control({KIND: SUSPECT, WHO: sorted(who)})
         return sid, self._end()
 
     def close(self, now: float) -> tuple[MsgId | None, Effects]:
         """Submit our part; keep confirming until it is delivered, then terminate."""
         self._begin(now)
         if not self.closing and self.terminated is None:
-            self._part_id = self._new_submission(None, {"kind": "part"})
+            self._part_id = self._new_control({KIND: PART})
             self.closing = True
         return self._part_id, self._end()
 
-    def submit_unsafe(self, payload: Any, header: Any = None, now: float = 0.0) -> Effects:
-        """Forward without agreement; never confirmed, acknowledged or kept (3.5.7)."""
+    def detach(self, now: float) -> Effects:
+        """Leave without a part (a process that never joined): the routers drop what they
+        keep for us at once instead of when our lease runs out."""
         self._begin(now)
         if self.terminated is None:
-            self._unsafe.append(
-                Submission((self.unsafe_session, self.next_unsafe), header, payload)
-            )
-            self.next_unsafe += 1
+            self._send(self.target, Detach())
+            self._terminate("detached")
         return self._end()
+
+    def submit_unsafe(self, payload: Any, header: Any = None, now: float = 0.0) -> Effects:
+        """Forward without agreement; never confirmed, acknowledged or kept (3.5.7)."""
+        return self.submit_unsafe_many([(payload, header)], now)
 
     def submit_unsafe_many(self, items: list[tuple[Any, Any]], now: float = 0.0) -> Effects:
         """Many unsafe ``(payload, header)`` messages in one step (one RouteUnsafe)."""
@@ -232,8 +269,13 @@ class Endpoint:
         return self._end()
 
     def close_sessions(self, namespace: str, epoch: int, now: float) -> Effects:
+        """Close every session of ``namespace`` up to ``epoch`` (in total order); the
+        ``SessionsClosed`` reply comes as an upcall.  Re-sent until it comes."""
         self._begin(now)
-        self._send(self.target, CloseSessions(namespace, epoch))
+        if self.terminated is None:
+            self.closing_sessions[(namespace, epoch)] = None
+            self._send(self.target, CloseSessions(namespace, epoch))
+            self._last_progress = now
         return self._end()
 
     def add_routers(self, routers: list[NodeId] | tuple[NodeId, ...]) -> None:
@@ -243,6 +285,10 @@ class Endpoint:
         extra = tuple(r for r in routers if r not in known)
         if extra:
             self.succession = self.succession + extra
+
+    def waiting(self) -> bool:
+        """Whether anything we sent still waits for the routers (progress is owed)."""
+        return bool(self.window or self.control or self.closing_sessions)
 
     # ================================================================== inputs
     def on_message(self, src: NodeId, msg: Any, now: float) -> Effects:
@@ -276,7 +322,10 @@ class Endpoint:
                     if sid[0] == self.session and self.window.pop(sid[1], None) is not None:
                         self._deliver(Rejected(sid, "closed"))
             elif t is SessionsClosed:
-                self._deliver(msg)  # the upcall is the reply itself
+                self._on_sessions_closed(msg)
+            elif t is LeaseGranted:
+                self.lease = msg.seconds
+                self._keepalive = max(0.05, msg.seconds / 3)
             elif t is Suspected:
                 self._terminate("suspected")
         return self._end()
@@ -288,7 +337,7 @@ class Endpoint:
                 self._next_growth = now + self.p.window_growth
                 self.cwnd = min(self.p.max_window, self.cwnd * 2)
                 self._admit()
-            if self.window and now - self._last_progress > self.p.progress_timeout:
+            if self.waiting() and now - self._last_progress > self.p.progress_timeout:
                 self._switch(self._next_router())
         return self._end()
 
@@ -298,6 +347,7 @@ class Endpoint:
         assert fx is not None
         out = fx.deliver
         me = self.me
+        control = self.control_session
         t_max = self.t_max
         top = -1
         fresh = 0
@@ -312,7 +362,7 @@ class Endpoint:
             fresh += 1
             t_max = t
             out.append(_tnew(Delivery, (t, m, False, True, None)))
-            if m[0] == me and m[1][0] == self.session:
+            if m[0] == me and m[1][0] == control:
                 if m.id == self._join_id:
                     self.joined_at = t
                 elif m.id == self._part_id:
@@ -347,14 +397,17 @@ class Endpoint:
         out = fx.deliver
         session = self.session
         window = self.window
-        part = self._part_id
         acked = 0
         for ack in msg.acks:
             sid = ack[0]
-            if sid[0] == session and window.pop(sid[1], None) is not None:
-                acked += 1
+            if sid[0] == session:
+                if window.pop(sid[1], None) is not None:
+                    acked += 1
+                    out.append(_tnew(Acked, ack))
+            elif sid[0] == self.control_session and self.control.pop(sid[1], None) is not None:
                 out.append(_tnew(Acked, ack))
-                if sid == part:
+                self._last_progress = self._now
+                if sid == self._part_id:
                     self.lingering = False  # nobody will wait for us any more
         if acked:
             self._last_progress = self._now
@@ -364,6 +417,13 @@ class Endpoint:
                     self._acked_round = 0
                     self.cwnd = min(self.p.max_window, self.cwnd * 2)
             self._admit()
+
+    def _on_sessions_closed(self, msg: SessionsClosed) -> None:
+        done = [k for k in self.closing_sessions if k[0] == msg.namespace and k[1] <= msg.epoch]
+        for k in done:
+            del self.closing_sessions[k]
+        self._last_progress = self._now
+        self._deliver(msg)  # the upcall is the reply itself
 
     def _on_leader(self, msg: Leader) -> None:
         if msg.view <= self.view:
@@ -382,11 +442,12 @@ class Endpoint:
             self._started = True
             self._last_progress = now
             self._next_growth = now + self.p.window_growth
-            self._send(self.target, Hello())
+            self._send(self.target, Hello(self.p.lease))
 
     def _end(self) -> Effects:
         fx = self._fx
         assert fx is not None
+        now = self._now
         if self.terminated is None or self.lingering:
             if self._confirms:
                 for r, upto in self._confirms.items():
@@ -398,17 +459,22 @@ class Endpoint:
                 if len(routes) > cap:
                     self._send(self.target, Route(tuple(routes[:cap])))
                     self._routes = routes[cap:]
-                    fx.wake(self._now)  # the next part in the next step, not this packet
+                    fx.wake(now)  # the next part in the next step, not this packet
                 else:
                     self._send(self.target, Route(tuple(routes)))
                     self._routes = []
             if self._unsafe:
                 self._send(self.target, RouteUnsafe(tuple(self._unsafe)))
                 self._unsafe = []
-            wake = self._next_growth
-            if self.window:
+            if fx.send:
+                self._last_sent = now
+            elif now - self._last_sent >= self._keepalive:
+                self._send(self.target, Hello(self.p.lease))  # our lease, kept alive
+                self._last_sent = now
+            wake = min(self._next_growth, self._last_sent + self._keepalive)
+            if self.waiting():
                 wake = min(wake, self._last_progress + self.p.progress_timeout + 1e-6)
-            fx.wake(max(wake, self._now))
+            fx.wake(max(wake, now))
         self._fx = None
         return fx
 
@@ -420,13 +486,16 @@ class Endpoint:
         assert self._fx is not None
         self._fx.deliver.append(upcall)
 
-    def _new_submissions(self, items: list[tuple[Any, Any]]) -> list[MsgId]:
-        """Number ``(payload, header)`` items and admit them in one step: a client's cost
-        is per message, so no call per message here."""
+    def _check_open(self) -> None:
         if self.terminated is not None:
             raise EndpointClosed(f"{self.me} terminated ({self.terminated})")
         if self.closing:
             raise EndpointClosed(f"{self.me} is closing: its part is the last message")
+
+    def _new_submissions(self, items: list[tuple[Any, Any]]) -> list[MsgId]:
+        """Number ``(payload, header)`` items and admit them in one step: a client's cost
+        is per message, so no call per message here."""
+        self._check_open()
         session = self.session
         first = self.next_seq
         self.next_seq = first + len(items)
@@ -437,14 +506,29 @@ class Endpoint:
         self._admit()
         return ids
 
-    def _new_submission(self, payload: Any, header: Any) -> MsgId:
-        return self._new_submissions([(payload, header)])[0]
+    def _new_control(self, header: dict[str, Any]) -> MsgId:
+        """A control message: numbered in the control session, sent at once.  Data
+        submitted before it and still queued goes first, past the congestion window: it
+        precedes the control message causally, and the control message must not wait."""
+        self._check_open()
+        sid = (self.control_session, self.next_control)
+        self.next_control += 1
+        sub = Submission(sid, header, None)
+        if not self.waiting():
+            self._last_progress = self._now  # the progress clock starts with work
+        while self.queued:
+            data = self.queued.popleft()
+            self.window[data.id[1]] = data
+            self._routes.append(data)
+        self.control[sid[1]] = (sub, self.next_seq)
+        self._routes.append(sub)
+        return sid
 
     def _admit(self) -> None:
         """Move queued submissions into the window while the congestion window allows."""
         while self.queued and len(self.window) < self.cwnd and self.terminated is None:
             sub = self.queued.popleft()
-            if not self.window:
+            if not self.waiting():
                 self._last_progress = self._now  # the progress clock starts with work
             self.window[sub.id[1]] = sub
             self._routes.append(sub)
@@ -456,13 +540,29 @@ class Endpoint:
         return order[0]
 
     def _switch(self, router: NodeId) -> None:
-        """Talk to ``router`` from now on; it gets the whole window again (3.4.3)."""
+        """Talk to ``router`` from now on; it gets the whole window again (3.4.3), control
+        messages first, and every unanswered session close."""
         self.target = router
         self._last_progress = self._now
-        self._send(router, Hello())
+        self._send(router, Hello(self.p.lease))
+        for ns, epoch in self.closing_sessions:
+            self._send(router, CloseSessions(ns, epoch))
         if "no_window_resend" in self._mut:
             return
-        self._routes = list(self.window.values())
+        self._routes = self._unstable_in_order()
+
+    def _unstable_in_order(self) -> list[Submission]:
+        """Every unstable submission, data and control, in the order they were made."""
+        data = list(self.window.values())  # admitted in sequence order
+        out: list[Submission] = []
+        i = 0
+        for sub, before in self.control.values():
+            while i < len(data) and data[i].id[1] < before:
+                out.append(data[i])
+                i += 1
+            out.append(sub)
+        out.extend(data[i:])
+        return out
 
     def _terminate(self, reason: str) -> None:
         self.terminated = reason

@@ -19,7 +19,16 @@ from ecast.core.message import Message, MsgId, Submission
 
 @dataclass(frozen=True, slots=True)
 class Hello:
-    """A process announces itself to a router (it gets the succession order back)."""
+    """A process announces itself to a router (it gets the succession order back), and
+    keeps its lease alive when it has nothing else to send.  ``lease`` is the lease it
+    asks for, in seconds (0: the router's default)."""
+
+    lease: float
+
+
+@dataclass(frozen=True, slots=True)
+class Detach:
+    """A process that never joined leaves: the router drops its lease and state at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +118,14 @@ class Leader:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseGranted:
+    """The lease this router holds the process to, in seconds: silent for longer, it is
+    suspected.  Sent when a process first asks, and whenever the grant changes."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class Congestion:
     """Halve your congestion window (3.5.6)."""
 
@@ -136,7 +153,7 @@ class Direct:
     payload: Any
 
 
-ENDPOINT_TO_ROUTER = (Hello, Route, RouteUnsafe, Confirm, CloseSessions)
+ENDPOINT_TO_ROUTER = (Hello, Route, RouteUnsafe, Confirm, CloseSessions, Detach)
 ROUTER_TO_ENDPOINT = (
     Deliver,
     DeliverUnsafe,
@@ -146,6 +163,7 @@ ROUTER_TO_ENDPOINT = (
     Leader,
     Congestion,
     Suspected,
+    LeaseGranted,
 )
 
 # ------------------------------------------------------------------ replicated commands

@@ -37,7 +37,7 @@ import msgpack
 
 from ecast.core.effects import NodeId
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 HANDSHAKE_TIMEOUT = 5.0
 _JOIN_LIMIT = 64 * 1024
 READ_BUDGET = 256 * 1024

@@ -11,7 +11,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
-from ecast.core.config import Config
+from ecast.core.config import ROUTERS, SUSPECT, Config, kind_of
 from ecast.core.effects import NodeId
 from ecast.core.message import Message, MsgId
 from ecast.core.mseq import ConfigGuard
@@ -127,7 +127,17 @@ def check_validity(ref: Reference, apps: dict[NodeId, AppRecord]) -> list[str]:
     unsafe = set().union(*(rec.unsafe_submitted for rec in apps.values()))
     out = []
     for t, m in ref.mseq.items():
-        if m.id not in submitted:
+        if m.sender == ROUTERS:
+            # The routers submit one kind of message themselves: a suspect for processes
+            # whose lease ran out, in a session of the submitting router.
+            h = m.header
+            if not (type(h) is dict and h.get("lease") is True and kind_of(m) == SUSPECT):
+                out.append(f"validity: t={t} {m.id} from the routers is no lease suspect")
+                break
+            if m.id[0][0] != ROUTERS:
+                out.append(f"validity: t={t} lease suspect {m.id} outside a router session")
+                break
+        elif m.id not in submitted:
             out.append(f"validity: t={t} {m.id} was never submitted")
             break
     for p, rec in apps.items():

@@ -80,6 +80,9 @@ _CLASSES: tuple[type, ...] = (
     _proto.CloseSessionsCmd,
     _proto.Directory,
     _proto.Direct,
+    # protocol v7
+    _proto.Detach,
+    _proto.LeaseGranted,
 )
 _CODE: dict[type, int] = {cls: i + 1 for i, cls in enumerate(_CLASSES)}
 

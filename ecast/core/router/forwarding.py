@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ecast.core.config import ROUTERS
 from ecast.core.effects import NodeId
 from ecast.core.message import Message, MsgId, Submission
 from ecast.core.message import fast_new as _tnew
@@ -289,7 +290,8 @@ class Forwarding:
 
     def ack(self, t: int, ack: Ack, sender: NodeId) -> None:
         """Acknowledge ``t`` to its sender and to every other process that routed it."""
-        self.outbox.ack(sender, ack)
+        if sender != ROUTERS:  # the routers' own messages need no acknowledgement
+            self.outbox.ack(sender, ack)
         if self.routed_by:
             self.ack_other_routers(t, ack, sender)
 

@@ -40,11 +40,23 @@ class RouterParams:
     confirmations outstanding, or this many messages sent to it and not yet acknowledged
     by its link (``Router.link_lag``).  Unsafe messages bypass flow control; without this
     a flood of them grows the buffers of a slow destination without bound."""
+    client_lease: float = 5.0
+    """Seconds an application process may stay silent before the leader submits a
+    suspect for it (ZooKeeper's session timeout, Kafka's ``session.timeout.ms``).  A new
+    leader gives every process a full lease first.  Whether such a suspect counts is the
+    config's decision (``Membership.accepts_lease_suspects``)."""
+    max_client_lease: float = 60.0
+    """The longest lease a process may ask for (``Hello.lease``)."""
+    expelled_memory: int = 65536
+    """How many suspected process names every router remembers, to tell a process that
+    comes back that it was suspected (it never resumes silently)."""
     all_leaders: bool = False
     """Every router forwards and proposes stability (a test mode: safety must hold)."""
     mutations: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
+        if not 0 < self.client_lease <= self.max_client_lease:
+            raise ValueError("need 0 < client_lease <= max_client_lease")
         unknown = set(self.mutations) - ROUTER_MUTATIONS
         if unknown:
             raise ValueError(f"unknown router mutations: {sorted(unknown)}")

@@ -10,10 +10,11 @@ when it is the oldest router of its view (3.5.2).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ecast.core.config import Config
+from ecast.core.config import KIND, ROUTERS, SUSPECT, WHO, Config
 from ecast.core.effects import Effects, NodeId, UnexpectedMessage
 from ecast.core.message import Message, MsgId
 from ecast.core.message import fast_new as _tnew
@@ -22,12 +23,15 @@ from ecast.core.proto import (
     CloseSessions,
     CloseSessionsCmd,
     Confirm,
+    Detach,
     Hello,
     Leader,
+    LeaseGranted,
     Route,
     RouteCmd,
     RouteUnsafe,
     StableCmd,
+    Suspected,
 )
 from ecast.core.router.forwarding import Forwarding, StableNotices
 from ecast.core.router.outbox import AppOutbox
@@ -44,7 +48,7 @@ from ecast.core.ufabcast import (
 from ecast.core.ufabcast.messages import UFAB_MESSAGES
 
 _UFAB_TYPES = frozenset(UFAB_MESSAGES)
-_APP_TYPES = frozenset({Confirm, Route, RouteUnsafe, Hello, CloseSessions})
+_APP_TYPES = frozenset({Confirm, Route, RouteUnsafe, Hello, CloseSessions, Detach})
 _KNOWN_TYPES = _UFAB_TYPES | _APP_TYPES
 __all__ = ["Router", "RouterParams"]
 
@@ -68,11 +72,20 @@ class Router:
         """The only config class a peer's snapshot may name."""
         self.guard = ConfigGuard()
         self.ufab = Ufabcast(me, self.p.ufab, members=routers, seeds=seeds)
-        self.state = RouterState(config, self.guard)
+        self.state = RouterState(config, self.guard, self.p.expelled_memory)
         self.lead: Forwarding | None = None
         self.stopped = False
         self.apps: dict[NodeId, None] = {}
         """Application processes that contacted us (ordered, for announcements)."""
+        self.heard: dict[NodeId, float] = {}
+        """Application process -> when it last sent us anything (its lease)."""
+        self.leases: dict[NodeId, float] = {}
+        """Application process -> the lease granted to it, when it asked for one."""
+        self._lease_seq = 0
+        """Sequence numbers of the suspects this router submits (its own session)."""
+        self._learned_at: deque[tuple[int, float]] = deque()
+        """``(first t, time)`` of every learned route command, while any of it is
+        unstable: the age of the oldest unstable message, for health checks."""
         self._proposed: dict[MsgId, set[NodeId]] = {}
         """Ids this router proposed and has not learned yet, with who routed them
         (receipt-time dedup: a process re-routing its own message is not proposed twice;
@@ -95,6 +108,9 @@ class Router:
             "unsafe_dropped": 0,
             "closed_rejects": 0,
             "takeovers": 0,
+            "leases_expired": 0,
+            "suspects_issued": 0,
+            "expelled_refused": 0,
         }
 
     @property
@@ -127,6 +143,8 @@ class Router:
             for m in msgs:
                 if type(m) not in known:
                     raise UnexpectedMessage("router", src, type(m).__name__)
+            if src[:1] == "@":
+                raise UnexpectedMessage("router", src, "a message from a reserved @ name")
         self._begin(now)
         for src, msgs in batch:
             ufab_msgs = [m for m in msgs if type(m) in _UFAB_TYPES]
@@ -143,6 +161,7 @@ class Router:
             self._next_periodic = now + self.p.congestion_interval
             if self.lead is not None:
                 self.lead.periodic()
+                self._expire_leases()
         return self._end()
 
     def leave(self, now: float) -> Effects:
@@ -157,6 +176,29 @@ class Router:
 
     def unstable(self) -> int:
         return self.state.mseq.unstable()
+
+    def oldest_unstable_age(self, now: float) -> float:
+        """Seconds since the oldest unstable message was learned (0 if none is)."""
+        floor = self.state.mseq.floor
+        samples = self._learned_at
+        while len(samples) > 1 and samples[1][0] <= floor:
+            samples.popleft()
+        if not samples or self.state.mseq.unstable() == 0:
+            return 0.0
+        return max(0.0, now - samples[0][1])
+
+    def waiting_for(self) -> list[NodeId]:
+        """Destinations whose confirmations the leader still awaits, longest first."""
+        lead = self.lead
+        if lead is None:
+            return []
+        heads = [(q[0], d) for d, q in lead.waiting.items() if q]
+        return [d for _t, d in sorted(heads)]
+
+    def connected_apps(self, now: float) -> int:
+        """Application processes heard from within their lease."""
+        default = self.p.client_lease
+        return sum(1 for p, h in self.heard.items() if now - h <= self.leases.get(p, default))
 
     def memory(self) -> dict[str, int]:
         st = self.state
@@ -201,7 +243,9 @@ class Router:
                 self._absorb(self.ufab.provide_snapshot(up.joiner, up.tag, snap, self._now))
             elif t is Installed:
                 observer, stats = self.observer, self.state.stats
-                self.state = RouterState.restore(up.app_state, self.config_class, self.guard)
+                self.state = RouterState.restore(
+                    up.app_state, self.config_class, self.guard, self.p.expelled_memory
+                )
                 self.state.observer = observer
                 self.state.stats = stats  # counters never go back
                 self.lead = None  # rebuilt below if we lead
@@ -250,12 +294,40 @@ class Router:
             self.lead = None
 
     def _take_over(self) -> None:
-        """Become leader: forward every unstable message again, from the stable floor."""
+        """Become leader: forward every unstable message again, from the stable floor, and
+        give every application process a full lease before it may be suspected."""
         self.counts["takeovers"] += 1
         self.lead = Forwarding(self.state, self.p, self.outbox, self.notices, self.counts)
         self.lead.at(self._now)
-        for p in sorted(self.state.mseq.latest.members()):  # never a set's hash order
+        st = self.state
+        for p in sorted(st.mseq.latest.members()):  # never a set's hash order
             self.apps.setdefault(p, None)
+        now = self._now
+        for p in self.apps:
+            if p not in st.expelled and not st.gone(p):
+                self.heard[p] = now
+
+    # ================================================================== leases
+    def _expire_leases(self) -> None:
+        """The leader suspects every process silent past its lease, in one message."""
+        now = self._now
+        default = self.p.client_lease
+        leases = self.leases
+        expired = [p for p, h in self.heard.items() if now - h > leases.get(p, default)]
+        if not expired:
+            return
+        st = self.state
+        for p in expired:
+            del self.heard[p]
+        self.counts["leases_expired"] += len(expired)
+        who = sorted(p for p in expired if p not in st.expelled and not st.gone(p))
+        if not who:
+            return
+        self._lease_seq += 1
+        sid = ((ROUTERS, 0, self.me), self._lease_seq)
+        header = {KIND: SUSPECT, WHO: who, "lease": True}
+        self._routes.append(Message(ROUTERS, sid, header, None))
+        self.counts["suspects_issued"] += 1
 
     def _announce(self, lead: Forwarding) -> None:
         view = self.ufab.view
@@ -264,6 +336,12 @@ class Router:
 
     # ================================================================== from endpoints
     def _from_app(self, src: NodeId, msgs: list[Any]) -> None:
+        if src in self.state.expelled:
+            # Suspected before: it must stop, never resume (the config ignores it too).
+            self.counts["expelled_refused"] += 1
+            self.outbox.send(src, Suspected())
+            return
+        self.heard[src] = self._now
         if src not in self.apps:
             self.apps[src] = None
             view = self.ufab.view
@@ -283,9 +361,27 @@ class Router:
                 else:
                     lead.forward_unsafe(src, msg.subs, self.link_lag)
             elif t is Hello:
-                pass
+                self._grant_lease(src, msg.lease)
+            elif t is Detach:
+                self._forget_app(src)
+                return
             elif t is CloseSessions:
                 self._closes.append(CloseSessionsCmd(src, msg.namespace, msg.epoch))
+
+    def _grant_lease(self, src: NodeId, asked: Any) -> None:
+        p = self.p
+        lease = p.client_lease
+        if type(asked) in (int, float) and asked > 0:
+            lease = min(float(asked), p.max_client_lease)
+        if self.leases.get(src) != lease:
+            self.leases[src] = lease
+            self.outbox.send(src, LeaseGranted(lease))
+
+    def _forget_app(self, p: NodeId) -> None:
+        """``p`` left for good (detached, or its departure is collected)."""
+        self.apps.pop(p, None)
+        self.heard.pop(p, None)
+        self.leases.pop(p, None)
 
     def _on_route(self, src: NodeId, msg: Route) -> None:
         st = self.state
@@ -324,6 +420,9 @@ class Router:
         for cmd in payload:
             t = type(cmd)
             if t is RouteCmd:
+                if not st.mseq.unstable():
+                    self._learned_at.clear()
+                self._learned_at.append((st.mseq.next_t, self._now))
                 if self._proposed:
                     proposed = self._proposed
                     for m in cmd.msgs:
@@ -340,6 +439,7 @@ class Router:
         if gone and self._fx is not None:
             view = self.ufab.view
             for p in gone:
+                self._forget_app(p)
                 if view is None or p not in view.members:
                     # Its departure is stable and collected: nothing more is owed to it, so
                     # its resend buffers go (3.3.4; a router's own channels follow

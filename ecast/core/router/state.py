@@ -11,6 +11,7 @@ sends anything.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -44,6 +45,8 @@ class RouterState:
         "by_id",
         "closed",
         "departed",
+        "expelled",
+        "expelled_memory",
         "mseq",
         "observer",
         "sessions",
@@ -51,7 +54,9 @@ class RouterState:
         "suspects",
     )
 
-    def __init__(self, config: Config, guard: ConfigGuard | None = None) -> None:
+    def __init__(
+        self, config: Config, guard: ConfigGuard | None = None, expelled_memory: int = 65536
+    ) -> None:
         self.mseq = MSeq(config, guard)
         self.sessions: dict[Session, int] = {}
         """Session -> next expected sequence number."""
@@ -68,6 +73,10 @@ class RouterState:
         """Process -> t of its own part, once that part is stable.  It delivered every
         message before its part (delivery is in t order), so nobody waits for it; kept,
         like suspects, while unstable messages before it remain."""
+        self.expelled: OrderedDict[NodeId, None] = OrderedDict()
+        """Processes ever suspected, the latest ``expelled_memory`` of them: long after
+        their suspect is collected, one that comes back is told, and never resumes."""
+        self.expelled_memory = expelled_memory
         self.observer: Callable[[int, Message], None] | None = None
         """Called with every message appended (or installed), for checkers."""
         self.stats = {"learned": 0, "duplicates": 0, "gaps": 0, "stable": 0}
@@ -113,10 +122,18 @@ class RouterState:
             return
         for t, who in found:
             for p in sorted(who):
+                self._expel(p)
                 if p not in self.suspects:
                     self.suspects[p] = t
                     if listener is not None:
                         listener.learned_suspect(p)
+
+    def _expel(self, p: NodeId) -> None:
+        expelled = self.expelled
+        expelled[p] = None
+        expelled.move_to_end(p)
+        while len(expelled) > self.expelled_memory:
+            expelled.popitem(last=False)
 
     def _out_of_turn(self, msg: Message, duplicate: bool, listener: LearnListener | None) -> None:
         if not duplicate:
@@ -218,11 +235,16 @@ class RouterState:
             "by_id": list(self.by_id.items()),
             "suspects": list(self.suspects.items()),
             "departed": list(self.departed.items()),
+            "expelled": list(self.expelled),
         }
 
     @classmethod
     def restore(
-        cls, snap: dict[str, Any], config_class: type | None, guard: ConfigGuard
+        cls,
+        snap: dict[str, Any],
+        config_class: type | None,
+        guard: ConfigGuard,
+        expelled_memory: int = 65536,
     ) -> RouterState:
         st = cls.__new__(cls)
         st.mseq = MSeq.restore(snap["mseq"], config_class)
@@ -233,6 +255,8 @@ class RouterState:
         st.by_id = {(tuple(sid[0]), sid[1]): t for sid, t in snap["by_id"]}
         st.suspects = dict(snap["suspects"])
         st.departed = dict(snap["departed"])
+        st.expelled = OrderedDict.fromkeys(snap.get("expelled", ()))
+        st.expelled_memory = expelled_memory
         st.observer = None
         st.stats = {"learned": 0, "duplicates": 0, "gaps": 0, "stable": 0}
         return st
