@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 
 from storage_adapters.base import BadOperation, Placement, RangeSet
-from storage_adapters.scan.dictionary import STRINGS
 from storage_adapters.scan.ops import Rows, Select, Write
 from storage_adapters.scan.plan import Probe, Stats, domain_of, make_plan
 from storage_adapters.scan.predicates import (
@@ -273,7 +272,7 @@ class HotState:
             values = self.table.dicts[name].values.take(codes)
             nul = codes == 0
             values[nul] = ""
-            got = (values.astype(STRINGS), nul)
+            got = (values, nul)
             self._strings[name] = got
         return got
 
@@ -311,7 +310,7 @@ class HotState:
             strings = values if isinstance(values, list) else None
             if strings is None:
                 return typed_range_mask(where, self._strings_of(key.name)[0][sel])
-            return typed_range_mask(where, np.array(strings, dtype=STRINGS)[sel])
+            return typed_range_mask(where, np.array(strings, dtype=object)[sel])
         ivs = ranges_constraint(where, Domain(key))
         return evaluate(Constraint(intervals=ivs), values[sel], None)
 

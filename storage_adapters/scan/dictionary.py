@@ -23,9 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.dtypes import StringDType
 
-STRINGS = StringDType()
 _MAX_CHAR = 0x10FFFF
 
 
@@ -43,7 +41,7 @@ class StringDictionary:
         self.rank = np.full(64, -1, dtype=np.int64)
         """``rank[code]`` for ``code < _ranked``; -1 for NULL."""
         self._ranked = 1
-        self._sorted = np.zeros(0, dtype=STRINGS)
+        self._sorted = np.zeros(0, dtype=object)
         """The strings of codes ``1.._ranked-1`` in order."""
 
     def __len__(self) -> int:
@@ -100,16 +98,17 @@ class StringDictionary:
             grown = np.full(len(self.values), -1, dtype=np.int64)
             grown[:old_n] = self.rank[:old_n]
             self.rank = grown
-        new = self.values[old_n:n].astype(STRINGS)
+        # Python sorts str by code point, NUL included; object arrays keep that order.
         if 4 * (n - old_n) >= old_n:
-            everything = self.values[1:n].astype(STRINGS)
-            order = np.argsort(everything, kind="stable")
+            everything = self.values[1:n]
+            order = np.array(sorted(range(n - 1), key=everything.__getitem__), dtype=np.int64)
             self._sorted = everything[order]
             rank = np.empty(n - 1, dtype=np.int64)
             rank[order] = np.arange(n - 1)
             self.rank[1:n] = rank
         else:
-            order = np.argsort(new, kind="stable")
+            new = self.values[old_n:n]
+            order = np.array(sorted(range(n - old_n), key=new.__getitem__), dtype=np.int64)
             new_sorted = new[order]
             pos = np.searchsorted(self._sorted, new_sorted)
             # Old entry i moves up by the number of new strings inserted at or before it.
@@ -124,7 +123,8 @@ class StringDictionary:
 
     def rank_at_least(self, s: str, strict: bool = False) -> int:
         """The smallest rank of a string ``>= s`` (``> s`` if ``strict``)."""
-        return int(np.searchsorted(self.sorted_strings(), s, side="right" if strict else "left"))
+        side = "right" if strict else "left"
+        return int(np.searchsorted(self.sorted_strings(), s, side=side))  # type: ignore[call-overload]
 
     # ---------------------------------------------------------------- upkeep
     def remapped(self, used: np.ndarray) -> tuple[StringDictionary, np.ndarray]:

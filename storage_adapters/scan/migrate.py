@@ -30,7 +30,6 @@ import numpy as np
 
 from storage_adapters.base import RangeSet
 from storage_adapters.scan.clock import restriction
-from storage_adapters.scan.dictionary import STRINGS
 from storage_adapters.scan.predicates import (
     Constraint,
     Domain,
@@ -89,7 +88,7 @@ class _PinnedTable:
         if key.type.is_string:
             strings = self.dicts[key.name][0].take(values)
             strings[values == 0] = ""
-            return np.flatnonzero(live & typed_range_mask(self.where, strings.astype(STRINGS)))
+            return np.flatnonzero(live & typed_range_mask(self.where, strings))
         ivs = ranges_constraint(self.where, Domain(key))
         return np.flatnonzero(live & evaluate(Constraint(intervals=ivs), values, None))
 

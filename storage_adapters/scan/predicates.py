@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from storage_adapters.base import BadOperation, RangeSet
-from storage_adapters.scan.dictionary import STRINGS, StringDictionary, prefix_successor
+from storage_adapters.scan.dictionary import StringDictionary, prefix_successor
 from storage_adapters.scan.schema import Column, check_utf8, scalar
 
 COMPARISONS = ("=", "!=", "<", "<=", ">", ">=")
@@ -437,7 +437,8 @@ def _touches(a: Interval, b: Interval, domain: Domain) -> bool:
 
 
 def typed_range_mask(typed: list[TypedRange], values: np.ndarray) -> np.ndarray:
-    """Value-mode check of typed ranges on plain values (numbers or a StringDType array)."""
+    """Value-mode check of typed ranges on plain values (numbers or an object array of
+    strings)."""
     m = np.zeros(len(values), dtype=bool)
     for lo, lo_inc, hi, hi_inc in typed:
         part = np.ones(len(values), dtype=bool)
@@ -451,8 +452,9 @@ def typed_range_mask(typed: list[TypedRange], values: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------- value mode
 def string_atom_mask(atom: Atom, strings: np.ndarray, nul: np.ndarray) -> np.ndarray:
-    """Value-mode evaluation of one atom on decoded strings (a StringDType array with ""
-    for NULL, and the NULL mask)."""
+    """Value-mode evaluation of one atom on decoded strings (an object array of ``str``,
+    ``""`` for NULL, and the NULL mask).  Object arrays compare with Python's own string
+    order, which the dictionary's ranks follow too."""
     op = atom.op
     if op == "is null":
         return nul.copy()
@@ -472,13 +474,10 @@ def string_atom_mask(atom: Atom, strings: np.ndarray, nul: np.ndarray) -> np.nda
     elif op == ">=":
         m = strings >= c
     elif op == "prefix":
-        m = np.strings.startswith(strings, c)
+        m = np.fromiter((s.startswith(c) for s in strings), dtype=bool, count=len(strings))
     elif op == "in":
-        m = (
-            np.isin(strings, np.array(list(c), dtype=STRINGS))
-            if c
-            else np.zeros(len(strings), dtype=bool)
-        )
+        wanted = set(c)
+        m = np.fromiter((s in wanted for s in strings), dtype=bool, count=len(strings))
     else:
         raise AssertionError(op)
     return m & ~nul

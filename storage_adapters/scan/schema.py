@@ -275,6 +275,7 @@ def check_length(col: Column, value: str) -> None:
 
 
 def check_utf8(col: Column, value: str) -> None:
+    """Strings are Unicode text: encodable as UTF-8 (no lone surrogates)."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -312,8 +313,9 @@ def column_values(col: Column, values: Sequence[Any]) -> tuple[Any, np.ndarray |
             raise BadOperation(
                 f"{bad!r:.40} is longer than {col.type.max_len} characters ({name!r})"
             )
+        joined = "".join(values)
         try:
-            "".join(values).encode("utf-8")
+            joined.encode("utf-8")
         except UnicodeEncodeError:
             raise BadOperation(f"a value of {name!r} is not valid Unicode text") from None
         return list(values), nulls

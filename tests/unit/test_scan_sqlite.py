@@ -6,7 +6,7 @@ multisets, counts exactly, float aggregates to rounding.  Strict reads see SQLit
 at their place in the batch, basic reads its state after the batch.  Every batch runs
 three times over: with the optimizer's choice of predicate indexes, with every probe
 indexed, and with none, so both join paths meet the same inputs.  ``ECAST_LONG=1`` runs
-thousands of cases instead of 150.
+thousands of cases instead of 200.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from storage_adapters.base import EVERYTHING, BadOperation, Placement
 from storage_adapters.scan import ScanEngine, ScanOps
 from storage_adapters.scan import plan as plan_module
 
-EXAMPLES = 3000 if os.environ.get("ECAST_LONG") == "1" else 150
+EXAMPLES = 3000 if os.environ.get("ECAST_LONG") == "1" else 200
 OTHER_TYPES = ["int8", "int32", "int64", "float", "bool", "date", "varchar(4)", "char(2)"]
 ALPHABET = "abé\U0001f600"
 DATES = ["1999-12-31", "2000-01-01", "2000-02-29", "2024-06-15", "1970-01-01"]
