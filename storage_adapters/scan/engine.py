@@ -58,7 +58,10 @@ class ScanEngine:
         block_rows: int = DEFAULT_BLOCK_ROWS,
         durable_dir: str | Path | None = None,
         fsync: bool = True,
+        snapshot_after_bytes: int = 64 << 20,
     ) -> None:
+        """``durable_dir``: keep a redo log and rolling snapshots there and recover from
+        them now (off by default; see :mod:`.durability`)."""
         if not 16 <= block_rows <= MAX_BLOCK_ROWS:
             raise ValueError(f"block_rows is between 16 and {MAX_BLOCK_ROWS}")
         self.placement = placement or Placement()
@@ -71,7 +74,9 @@ class ScanEngine:
         if durable_dir is not None:
             from storage_adapters.scan.durability import Durability
 
-            self._durability = Durability(Path(durable_dir), fsync=fsync)
+            self._durability = Durability(
+                Path(durable_dir), fsync=fsync, snapshot_after_bytes=snapshot_after_bytes
+            )
             self._durability.recover(self)
 
     # ---------------------------------------------------------------- the protocol
@@ -118,6 +123,16 @@ class ScanEngine:
         if self._durability is not None:
             self._durability.close()
             self._durability = None
+
+    # Recovery replays the log through these: the same work, not logged again.
+    def apply_unlogged(self, batch: Sequence[tuple[Any, RangeSet]]) -> list[Any]:
+        return self._apply(batch, basic=False)
+
+    def receive_unlogged(self, chunk: Any) -> None:
+        self._receive(chunk)
+
+    def delete_unlogged(self, ranges: RangeSet) -> None:
+        self._delete(ranges)
 
     def checkpoint(self) -> None:
         """Write a full snapshot now and trim the log (durable engines only)."""
