@@ -52,11 +52,15 @@ DENSE_SPAN = 1 << 22
 MAX_SEGMENT_ENTRIES = 1 << 21
 """Cap on an index's (segment, probe) entries: wide overlapping ranges stay unindexed."""
 
-# Costs per scanned row, in units of one vectorized comparison.
-COST_ATOM = 2.0  # a comparison and an AND
-COST_RANK_VIEW = 6.0  # a string column's rank gather, shared by the probes that use it
-COST_DENSE_PROBE = 10.0
-COST_PAIR = 40.0  # expanding one candidate pair and checking its residuals
+# Costs in nanoseconds per scanned row or per candidate pair, measured with NumPy 2 on
+# x86-64 (only their ratios matter): a comparison over a block is SIMD-cheap, a pair is
+# a handful of gathers.
+COST_SCAN = 0.5  # one unindexed probe over a block: finding its rows, call overhead
+COST_ATOM = 0.3  # one comparison and its AND
+COST_DENSE_PROBE = 1.2  # an index's lookup-table gather and candidate scan
+COST_SEARCH_LEVEL = 5.0  # one level of binary search, for indexes without a lookup table
+COST_PAIR = 12.0  # expanding one candidate pair
+COST_RESIDUAL = 8.0  # checking one more column of a pair
 
 FORCE: str | None = None
 """Tests set ``"index"`` (index every probe that has an interval) or ``"scan"`` (index
@@ -114,6 +118,31 @@ class Stats:
             if name != HASH_COLUMN and table.schema.by_name[name].type.is_string:
                 null = null | (v == 0)
             self.samples[name] = (np.sort(v[~null]), float(null.mean()) if len(null) else 0.0)
+
+    def selectivities(
+        self, table: Table, name: str, lists: Sequence[Sequence[Interval]]
+    ) -> np.ndarray:
+        """Estimated fraction of rows whose ``name`` lies in each list of intervals."""
+        got = self.samples.get(name)
+        if got is None or len(got[0]) == 0:
+            return np.full(len(lists), 1.0 / max(self.n_rows, 1))
+        values, null_frac = got
+        if name != HASH_COLUMN and table.schema.by_name[name].type.is_string:
+            values = np.sort(table.dicts[name].ranks()[values])
+        big = np.inf if values.dtype.kind == "f" else np.iinfo(np.int64).max
+        los, his, owner = [], [], []
+        for i, ivs in enumerate(lists):
+            for lo, hi in ivs:
+                los.append(-big if lo is None else lo)
+                his.append(big if hi is None else hi)
+                owner.append(i)
+        dtype = np.float64 if values.dtype.kind == "f" else np.int64
+        a = np.searchsorted(values, np.array(los, dtype=dtype), "left")
+        b = np.searchsorted(values, np.array(his, dtype=dtype), "right")
+        hits = np.bincount(
+            np.array(owner, dtype=np.int64), weights=np.maximum(b - a, 0), minlength=len(lists)
+        )
+        return (1.0 - null_frac) * (hits + 0.5) / (len(values) + 1)
 
     def selectivity(self, table: Table, name: str, intervals: Sequence[Interval]) -> float:
         """Estimated fraction of rows whose ``name`` lies in ``intervals``."""
@@ -364,43 +393,53 @@ def make_plan(table: Table, stats: Stats, probes: list[Probe]) -> Plan:
         for name in p:
             if name not in kinds:
                 kinds[name] = domain_of(table, name).kind
-    columns = [c for c in kinds]
-    scan_cost = np.zeros(n)
-    for q, p in enumerate(probes):
-        scan_cost[q] = 1.0 + sum(
-            COST_ATOM * max(1, len(c.intervals or ()) + len(c.ne)) for c in p.values()
-        )
-    # gain[q, j]: what probe q saves per row if it moves from nested loops into an index on
-    # column j (its selectivity there decides how many pairs it pays for).
+    columns = list(kinds)
+    scan_cost = np.array(
+        [
+            COST_SCAN
+            + sum(COST_ATOM * max(1, len(c.intervals or ()) + len(c.ne)) for c in p.values())
+            for p in probes
+        ]
+    )
+    # gain[q, j]: what probe q saves per row if it leaves nested loops for an index on
+    # column j, where its selectivity decides how many candidate pairs it pays for.
     gain = np.full((n, len(columns)), -np.inf)
     for j, name in enumerate(columns):
-        for q, p in enumerate(probes):
-            con = p.get(name)
-            if con is None or not con.intervals:
-                continue
-            sel = stats.selectivity(table, name, con.intervals)
-            residual = len(p) - 1
-            gain[q, j] = scan_cost[q] - sel * COST_PAIR * (1 + residual)
+        qs = [q for q, p in enumerate(probes) if name in p and p[name].intervals]
+        if not qs:
+            continue
+        sel = stats.selectivities(table, name, [probes[q][name].intervals for q in qs])
+        residual = np.array([len(probes[q]) - 1 for q in qs])
+        gain[qs, j] = scan_cost[qs] - sel * (COST_PAIR + COST_RESIDUAL * residual)
     if FORCE == "index":
         gain = np.where(np.isfinite(gain), gain + 1e9, gain)
-    remaining = np.ones(n, dtype=bool)
-    chosen: list[tuple[str, np.ndarray]] = []
-    free_cols = set(range(len(columns))) if FORCE != "scan" else set()
-    while free_cols and remaining.any():
-        best_j, best_gain, best_members = -1, 0.0, None
-        for j in free_cols:
-            g = np.where(remaining, gain[:, j], -np.inf)
-            members = g > 0
+    if FORCE == "scan":
+        gain[:] = -np.inf
+    # Each probe goes to the index that saves it most; an index that does not repay its
+    # own probing is dropped and its probes choose again (Steiner's refinement of the
+    # greedy of 2.7.1, 2.7.2).
+    open_cols = np.ones(len(columns), dtype=bool)
+    while True:
+        masked = np.where(open_cols, gain, -np.inf)
+        best = masked.argmax(axis=1) if len(columns) else np.zeros(n, dtype=np.int64)
+        best_gain = masked[np.arange(n), best] if len(columns) else np.zeros(n)
+        assigned = best_gain > 0
+        dropped = False
+        for j in np.flatnonzero(open_cols):
+            members = assigned & (best == j)
             if not members.any():
                 continue
-            total = float(g[members].sum()) - _probe_cost(table, columns[j], kinds, members)
-            if total > best_gain:
-                best_j, best_gain, best_members = j, total, members
-        if best_members is None:
+            total = float(best_gain[members].sum())
+            if total <= _probe_cost(table, columns[j], kinds, members) and FORCE != "index":
+                open_cols[j] = False
+                dropped = True
+        if not dropped:
             break
-        chosen.append((columns[best_j], best_members))
-        remaining &= ~best_members
-        free_cols.discard(best_j)
+    chosen = [
+        (columns[j], assigned & (best == j))
+        for j in np.flatnonzero(open_cols)
+        if (assigned & (best == j)).any()
+    ]
     indexes: list[IntervalIndex] = []
     access: dict[int, str] = {}
     for name, members in chosen:
@@ -434,7 +473,7 @@ def _probe_cost(table: Table, name: str, kinds: dict[str, str], members: np.ndar
         if span is not None and int(span[1]) - int(span[0]) <= DENSE_SPAN:
             return COST_DENSE_PROBE
     edges = 2 * int(members.sum()) + 2
-    return COST_DENSE_PROBE + 5.0 * math.log2(edges)
+    return COST_DENSE_PROBE + COST_SEARCH_LEVEL * math.log2(edges)
 
 
 def block_span(block: Block, name: str) -> tuple[Any, Any] | None:

@@ -27,16 +27,18 @@ from storage_adapters.scan.table import Table
 _INT64 = (-(2**63), 2**63 - 1)
 
 
-def decode_column(table: Table, col: Column, values: np.ndarray) -> list[Any]:
-    """Stored values (codes, days, 0/1) of one column as plain Python values."""
+def decode_column(table: Table, col: Column, values: np.ndarray) -> np.ndarray:
+    """Stored values (codes, days, 0/1) of one column as an array whose ``tolist()`` gives
+    plain Python values.  Arrays, not lists: NumPy arrays are invisible to the garbage
+    collector, which would otherwise walk a batch's whole result at every collection."""
     kind = col.type.kind
     if kind == "str":
-        return table.dicts[col.name].decode(values)
+        return table.dicts[col.name].values.take(values)  # type: ignore[no-any-return]
     if kind == "date":
         return decode_dates(values)
     if kind == "bool":
-        return values.astype(bool).tolist()  # type: ignore[no-any-return]
-    return values.tolist()  # type: ignore[no-any-return]
+        return values.astype(bool)
+    return values
 
 
 def stored_nulls(block: Any, col: Column, rows: np.ndarray) -> np.ndarray | None:
@@ -182,50 +184,61 @@ class ReadSink:
         return int(v)
 
     def _rows_into(self, out: list[dict[str, Any]]) -> None:
+        """Gather and decode every projected column once for all selects together."""
         selects = [q for q in range(self.n) if not self.is_agg[q]]
         if not selects:
             return
-        data: dict[int, list[list[Any]]] = {q: [] for q in selects}
-        for q in selects:
-            out[q] = {"columns": list(self.reads[q].columns), "data": data[q]}
+        index_of: dict[int, int] = {}
+        units: list[Unit] = []
+        unit_of, rows_of, qs_of = [], [], []
+        for unit, rows, qs in self.pieces:
+            i = index_of.get(id(unit))
+            if i is None:
+                i = index_of[id(unit)] = len(units)
+                units.append(unit)
+            unit_of.append(np.full(len(rows), i, dtype=np.int32))
+            rows_of.append(rows)
+            qs_of.append(qs)
+        if self.pieces:
+            which = np.concatenate(unit_of)
+            rows = np.concatenate(rows_of)
+            qs = np.concatenate(qs_of)
+            order = np.argsort(qs, kind="stable")  # by query, each in scan order
+            which, rows, qs = which[order], rows[order], qs[order]
+        else:
+            which = rows = qs = np.zeros(0, dtype=np.int64)
+        counts = np.bincount(qs, minlength=self.n)
+        starts = np.cumsum(counts) - counts
+        by_unit = []
+        for i, unit in enumerate(units):
+            sel = np.flatnonzero(which == i)
+            by_unit.append((unit, sel, rows[sel]))
         wanted = {c for q in selects for c in self.reads[q].columns}
-        schema = self.table.schema
-        for col in schema.columns:
-            c = col.name
-            if c not in wanted:
-                continue
-            has = np.zeros(self.n, dtype=bool)
-            users = [q for q in selects if c in self.reads[q].columns]
-            has[users] = True
-            vals, nuls, qss = [], [], []
-            for unit, rows, qs in self.pieces:
-                m = has[qs]
-                if not m.any():
-                    continue
-                r = rows[m] if not m.all() else rows
-                vals.append(unit.block.cols[c][r])
-                nul = stored_nulls(unit.block, col, r)
-                nuls.append(np.zeros(len(r), dtype=bool) if nul is None else nul)
-                qss.append(qs[m] if not m.all() else qs)
-            if vals:
-                v = np.concatenate(vals)
-                nul = np.concatenate(nuls)
-                qq = np.concatenate(qss)
-                order = np.argsort(qq, kind="stable")
-                v, nul, qq = v[order], nul[order], qq[order]
-                values = decode_column(self.table, col, v)
-                for p in np.flatnonzero(nul).tolist():
-                    values[p] = None
-                counts = np.bincount(qq, minlength=self.n)
-            else:
-                values, counts = [], np.zeros(self.n, dtype=np.int64)
-            starts = np.cumsum(counts) - counts
-            for q in users:
-                a = int(starts[q])
-                data[q].append(values[a : a + int(counts[q])])
-        # Columns were visited in schema order; put each result in projection order.
+        decoded: dict[str, np.ndarray] = {}
+        for col in self.table.schema.columns:
+            if col.name in wanted:
+                decoded[col.name] = self._column(col, by_unit, len(rows))
         for q in selects:
+            a, b = int(starts[q]), int(starts[q] + counts[q])
             proj = self.reads[q].columns
-            order = [c for c in schema.names if c in set(proj)]
-            pos = {c: i for i, c in enumerate(order)}
-            out[q]["data"] = [data[q][pos[c]] for c in proj]
+            out[q] = {"columns": list(proj), "data": [decoded[c][a:b].tolist() for c in proj]}
+
+    def _column(self, col: Column, by_unit: list[Any], total: int) -> np.ndarray:
+        """One column of every matched row, in the sorted order, as plain values."""
+        name = col.name
+        dtype = self.table.schema.by_name[name].type.dtype
+        values = np.zeros(total, dtype=dtype)
+        nulls = None
+        for unit, sel, rows in by_unit:
+            values[sel] = unit.block.cols[name][rows]
+            mask = stored_nulls(unit.block, col, rows)
+            if mask is not None and mask.any():
+                if nulls is None:
+                    nulls = np.zeros(total, dtype=bool)
+                nulls[sel] = mask
+        decoded = decode_column(self.table, col, values)
+        if nulls is None:
+            return decoded
+        decoded = decoded.astype(object)
+        decoded[nulls] = None
+        return decoded

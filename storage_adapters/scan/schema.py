@@ -351,16 +351,17 @@ def column_values(col: Column, values: Sequence[Any]) -> tuple[Any, np.ndarray |
     return np.array([to_day(col, v) for v in values], dtype=np.int32), nulls
 
 
-def decode_dates(days: np.ndarray) -> list[str]:
-    """ISO strings of day numbers; a table of the span when the span is small (the usual
-    case: dates of one column cluster in a few decades), NumPy's formatter otherwise."""
+def decode_dates(days: np.ndarray) -> np.ndarray:
+    """ISO strings of day numbers, as an object array; a table of the span when the span
+    is small (the usual case: dates of one column cluster in a few decades), NumPy's
+    formatter otherwise."""
     if len(days) == 0:
-        return []
+        return np.zeros(0, dtype=object)
     lo, hi = int(days.min()), int(days.max())
     if hi - lo < 4 * len(days) + 1024:
         table = np.arange(lo, hi + 1, dtype=np.int64).astype("datetime64[D]").astype(str)
-        return table.astype(object)[days.astype(np.int64) - lo].tolist()  # type: ignore[no-any-return]
-    return days.astype("datetime64[D]").astype(str).tolist()  # type: ignore[no-any-return]
+        return table.astype(object)[days.astype(np.int64) - lo]  # type: ignore[no-any-return]
+    return days.astype("datetime64[D]").astype(str).astype(object)  # type: ignore[no-any-return]
 
 
 def day_to_iso(day: int) -> str:
