@@ -110,7 +110,7 @@ class StringDictionary:
             new = self.values[old_n:n]
             order = np.array(sorted(range(n - old_n), key=new.__getitem__), dtype=np.int64)
             new_sorted = new[order]
-            pos = np.searchsorted(self._sorted, new_sorted)
+            pos = np.searchsorted(self._sorted, new_sorted)  # object needles: str order
             # Old entry i moves up by the number of new strings inserted at or before it.
             shift = np.searchsorted(pos, np.arange(len(self._sorted)), side="right")
             old_rank = self.rank[1:old_n]
@@ -124,7 +124,9 @@ class StringDictionary:
     def rank_at_least(self, s: str, strict: bool = False) -> int:
         """The smallest rank of a string ``>= s`` (``> s`` if ``strict``)."""
         side = "right" if strict else "left"
-        return int(np.searchsorted(self.sorted_strings(), s, side=side))  # type: ignore[call-overload]
+        needle = np.empty((), dtype=object)  # a str would become a NumPy string, NULs lost
+        needle[()] = s
+        return int(np.searchsorted(self.sorted_strings(), needle, side=side))  # type: ignore[call-overload]
 
     # ---------------------------------------------------------------- upkeep
     def remapped(self, used: np.ndarray) -> tuple[StringDictionary, np.ndarray]:

@@ -436,16 +436,26 @@ def _touches(a: Interval, b: Interval, domain: Domain) -> bool:
     return b[0] <= a[1] + step
 
 
+def as_object(value: Any) -> np.ndarray:
+    """``value`` as a 0-d object array.  Compared with an object array of strings it is
+    compared as a Python ``str``; a bare ``str`` would first become a NumPy string, which
+    drops trailing NULs ("a\\x00" would equal "a")."""
+    out = np.empty((), dtype=object)
+    out[()] = value
+    return out
+
+
 def typed_range_mask(typed: list[TypedRange], values: np.ndarray) -> np.ndarray:
     """Value-mode check of typed ranges on plain values (numbers or an object array of
     strings)."""
     m = np.zeros(len(values), dtype=bool)
+    wrap = as_object if values.dtype == object else (lambda x: x)
     for lo, lo_inc, hi, hi_inc in typed:
         part = np.ones(len(values), dtype=bool)
         if lo is not None:
-            part &= (values >= lo) if lo_inc else (values > lo)
+            part &= (values >= wrap(lo)) if lo_inc else (values > wrap(lo))
         if hi is not None:
-            part &= (values <= hi) if hi_inc else (values < hi)
+            part &= (values <= wrap(hi)) if hi_inc else (values < wrap(hi))
         m |= part
     return m
 
@@ -461,6 +471,8 @@ def string_atom_mask(atom: Atom, strings: np.ndarray, nul: np.ndarray) -> np.nda
     if op == "is not null":
         return ~nul
     c = atom.value
+    if op in COMPARISONS:
+        c = as_object(c)
     if op == "=":
         m = strings == c
     elif op == "!=":
