@@ -284,6 +284,60 @@ def summary(
     }
 
 
+# ---------------------------------------------------------------- migration
+def measure_migration(d: ScanDriver, w: Workload, updates: int) -> dict[str, Any]:
+    """What a consistent send cursor costs (5.4): opening it, draining it, and the writes
+    that run while it is open, which copy each block they touch once (copy-on-write);
+    beside what copying the rows up front at the call would have cost instead."""
+    e = d.engine
+    table = e.tables[TABLE]
+    plain, beside = [], []
+    for _ in range(3):  # alternate, take medians: a single update batch is noisy
+        batch = [(d.write_op(w.update()), EVERYTHING) for _ in range(updates)]
+        start = time.perf_counter()
+        e.apply(batch)
+        plain.append(time.perf_counter() - start)
+        cursor = e.open_send(EVERYTHING)
+        batch = [(d.write_op(w.update()), EVERYTHING) for _ in range(updates)]
+        start = time.perf_counter()
+        e.apply(batch)
+        beside.append(time.perf_counter() - start)
+        cursor.close()
+    start = time.perf_counter()
+    cursor = e.open_send(EVERYTHING)
+    opened = time.perf_counter() - start
+    start = time.perf_counter()
+    for block in table.blocks:  # the worst case: every block written while it is open
+        block.writable()
+    every_block = time.perf_counter() - start
+    cursor.close()
+    cursor = e.open_send(EVERYTHING)
+    start = time.perf_counter()
+    chunks = sent = size = 0
+    while (chunk := cursor.next_chunk(1 << 20)) is not None:
+        chunks += 1
+        sent += chunk["n"]
+        size += sum(len(c[-1]) for c in chunk["cols"].values())
+    drained = time.perf_counter() - start
+    cursor.close()
+    start = time.perf_counter()
+    copies = [{k: v[: b.n][b.live[: b.n]] for k, v in b.cols.items()} for b in table.blocks]
+    upfront = time.perf_counter() - start
+    del copies
+    return {
+        "rows": sent,
+        "open_ms": round(opened * 1000, 3),
+        "copy_every_block_ms": round(every_block * 1000, 1),
+        "copy_up_front_ms": round(upfront * 1000, 1),
+        "updates": updates,
+        "updates_ms_median": round(float(np.median(plain)) * 1000, 1),
+        "updates_ms_median_with_cursor_open": round(float(np.median(beside)) * 1000, 1),
+        "drain_s": round(drained, 3),
+        "drain_mb_per_s": round(size / drained / 1e6, 1) if drained else None,
+        "chunks_of_1mb": chunks,
+    }
+
+
 # ---------------------------------------------------------------- the run
 def machine() -> dict[str, Any]:
     cpu = platform.processor()
@@ -331,6 +385,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-rows", type=int, default=1 << 16)
     ap.add_argument("--check-queries", type=int, default=20)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--migration",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure a send cursor on the scan engine's table",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     rates = [int(r) for r in args.updates.split(",") if r]
@@ -377,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
                 cell = run_sql(driver, workload, args.outstanding, rate, args.seconds)
             result["updates_per_s"][str(rate)][name] = cell
             log(f"{name:7s} {rate:5d} updates/s: {cell}")
+        if name == "scan" and args.migration:
+            result["migration"] = measure_migration(driver, workload, 1000)
+            log(f"migration: {result['migration']}")
         del driver
         gc.unfreeze()
         gc.collect()

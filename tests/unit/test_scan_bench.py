@@ -46,3 +46,7 @@ def test_the_benchmark_prints_one_json_object_with_every_engine_and_rate(
     assert result["answers_agree"] is True
     assert result["rows_per_checked_query"] >= 1
     assert 0 <= result["unindexed_fraction"] <= 1
+    # The send cursor sent every row it had when it opened.
+    migration = result["migration"]
+    assert 9000 <= migration["rows"] <= 11000 and migration["chunks_of_1mb"] >= 1
+    assert migration["open_ms"] >= 0 and migration["drain_s"] > 0
