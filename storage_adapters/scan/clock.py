@@ -172,7 +172,8 @@ def _read(table: Table, stats: Stats, reads: list[Item], hot: HotState | None) -
         probes.append(probe)
         positions.append(BASIC if op.basic else pos)
     sink = ReadSink(table, ops)
-    live_probes = [q for q in range(len(ops)) if q not in set(empty)]
+    nothing = set(empty)
+    live_probes = [q for q in range(len(ops)) if q not in nothing]
     if live_probes:
         plan = make_plan(table, stats, [probes[q] for q in live_probes])
         # Probe ids in the plan are positions in ``live_probes``; the sink speaks in read

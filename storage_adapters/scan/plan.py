@@ -19,11 +19,15 @@ Candidates are then checked against the rest of their probe's predicates ("resid
 in one vectorized pass per column over all pairs: the per-probe bounds sit in arrays
 indexed by probe id, the query relation of 2.6.1 stored column-wise.
 
-The optimizer follows the greedy Algorithm 8 of 2.7.1, with a cost model in place of
-its fixed gain threshold: an index on a column costs one probe per row; a probe moved
-from nested loops into it saves its predicate evaluations per row and pays per
-candidate pair, at the selectivity estimated from a row sample (the "statistics select"
-of 2.7.1, refreshed after a tenth of the table has been written).
+The optimizer replaces the gain heuristic and fixed threshold of Algorithm 8 (2.7.1)
+with measured costs, as Steiner's refinements do (2.7.2): a probe moved from nested
+loops into an index on a column saves its predicate evaluations per row and pays per
+candidate pair, at its selectivity there as estimated from a row sample (the
+"statistics select" of 2.7.1, retaken after a tenth of the table has been written).
+Each probe goes to the index that saves it most, so a selective predicate on a rare
+column is not lost to a popular but unselective one (the greedy's weakness noted in
+2.7.1); an index whose probes together do not repay its own per-row lookup is dropped
+and its probes choose again.
 """
 
 from __future__ import annotations
@@ -142,21 +146,6 @@ class Stats:
         hits = np.bincount(
             np.array(owner, dtype=np.int64), weights=np.maximum(b - a, 0), minlength=len(lists)
         )
-        return (1.0 - null_frac) * (hits + 0.5) / (len(values) + 1)
-
-    def selectivity(self, table: Table, name: str, intervals: Sequence[Interval]) -> float:
-        """Estimated fraction of rows whose ``name`` lies in ``intervals``."""
-        got = self.samples.get(name)
-        if got is None or len(got[0]) == 0:
-            return 1.0 / max(self.n_rows, 1)
-        values, null_frac = got
-        if name != HASH_COLUMN and table.schema.by_name[name].type.is_string:
-            values = np.sort(table.dicts[name].ranks()[values])
-        hits = 0
-        for lo, hi in intervals:
-            a = 0 if lo is None else int(np.searchsorted(values, lo, "left"))
-            b = len(values) if hi is None else int(np.searchsorted(values, hi, "right"))
-            hits += max(b - a, 0)
         return (1.0 - null_frac) * (hits + 0.5) / (len(values) + 1)
 
 
@@ -386,7 +375,7 @@ class Plan:
 
 
 def make_plan(table: Table, stats: Stats, probes: list[Probe]) -> Plan:
-    """Choose predicate indexes for ``probes`` (the greedy of 2.7.1 with costs)."""
+    """Choose predicate indexes for ``probes`` and the residual checks of their pairs."""
     n = len(probes)
     kinds: dict[str, str] = {}
     for p in probes:
@@ -416,15 +405,14 @@ def make_plan(table: Table, stats: Stats, probes: list[Probe]) -> Plan:
     if FORCE == "scan":
         gain[:] = -np.inf
     # Each probe goes to the index that saves it most; an index that does not repay its
-    # own probing is dropped and its probes choose again (Steiner's refinement of the
-    # greedy of 2.7.1, 2.7.2).
+    # own per-row lookup is dropped and its probes choose again (see the module).
     open_cols = np.ones(len(columns), dtype=bool)
     while True:
         masked = np.where(open_cols, gain, -np.inf)
         best = masked.argmax(axis=1) if len(columns) else np.zeros(n, dtype=np.int64)
         best_gain = masked[np.arange(n), best] if len(columns) else np.zeros(n)
         assigned = best_gain > 0
-        dropped = False
+        closed_one = False
         for j in np.flatnonzero(open_cols):
             members = assigned & (best == j)
             if not members.any():
@@ -432,8 +420,8 @@ def make_plan(table: Table, stats: Stats, probes: list[Probe]) -> Plan:
             total = float(best_gain[members].sum())
             if total <= _probe_cost(table, columns[j], kinds, members) and FORCE != "index":
                 open_cols[j] = False
-                dropped = True
-        if not dropped:
+                closed_one = True
+        if not closed_one:
             break
     chosen = [
         (columns[j], assigned & (best == j))

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from storage_adapters.scan.plan import Plan, block_span
-from storage_adapters.scan.predicates import HASH_COLUMN, Constraint, evaluate
+from storage_adapters.scan.predicates import HASH_COLUMN, evaluate
 from storage_adapters.scan.table import Block, Table
 
 
@@ -222,15 +222,3 @@ def _excluded(block: Block, bounds: list[tuple[str, Any, Any]]) -> bool:
         if (hi is not None and bmin > hi) or (lo is not None and block.maxs[name] < lo):
             return True
     return False
-
-
-def constraint_mask(
-    table: Table, block: Block, probe: dict[str, Constraint], ranks: dict[str, np.ndarray]
-) -> np.ndarray:
-    """Rows ``[0, n)`` of ``block`` that satisfy ``probe`` (live or not)."""
-    views = Views(table, block, ranks)
-    m = np.ones(block.n, dtype=bool)
-    for name, con in probe.items():
-        v, nul = views.full(name)
-        m &= evaluate(con, v, nul)
-    return m

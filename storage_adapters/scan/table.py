@@ -249,12 +249,6 @@ class Table:
         if any(b.n_live == 0 for b in self.blocks):
             self.blocks = [b for b in self.blocks if b.n_live]
 
-    def gather(self, block: Block, rows: np.ndarray) -> tuple[dict[str, np.ndarray], dict]:
-        """Copies of the columns (and null masks) of ``rows`` of ``block``."""
-        cols = {name: arr[rows] for name, arr in block.cols.items()}
-        nulls = {name: arr[rows] for name, arr in block.nulls.items()}
-        return cols, nulls
-
     # ---------------------------------------------------------------- upkeep
     def compact_dictionaries(self) -> None:
         """Drop strings no row uses any more, when they outnumber the rows (updates that
