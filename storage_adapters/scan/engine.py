@@ -27,6 +27,8 @@ import numpy as np
 
 from storage_adapters.base import BadOperation, Placement, RangeSet
 from storage_adapters.scan import clock
+from storage_adapters.scan.durability import Durability
+from storage_adapters.scan.migrate import Decoded, SendCursor
 from storage_adapters.scan.ops import (
     DDL,
     Compiled,
@@ -70,10 +72,8 @@ class ScanEngine:
         self._stats: dict[str, Stats] = {}
         self._counters = {"batches": 0, "ops": 0, "rejected": 0}
         self._cursors = 0
-        self._durability = None
+        self._durability: Durability | None = None
         if durable_dir is not None:
-            from storage_adapters.scan.durability import Durability
-
             self._durability = Durability(
                 Path(durable_dir), fsync=fsync, snapshot_after_bytes=snapshot_after_bytes
             )
@@ -92,9 +92,7 @@ class ScanEngine:
         on the current state.  Writes are refused."""
         return self._apply(batch, basic=True)
 
-    def open_send(self, ranges: RangeSet) -> Any:
-        from storage_adapters.scan.migrate import SendCursor
-
+    def open_send(self, ranges: RangeSet) -> SendCursor:
         cursor = SendCursor(self.tables, ranges)
         self._cursors += 1
         return cursor
@@ -110,7 +108,7 @@ class ScanEngine:
             self._durability.log_delete(ranges, self)
 
     def stats(self) -> dict[str, int | float]:
-        return {
+        out: dict[str, int | float] = {
             "items": sum(len(t) for t in self.tables.values()),
             "bytes": sum(t.nbytes() for t in self.tables.values()),
             "tables": len(self.tables),
@@ -118,6 +116,11 @@ class ScanEngine:
             "send_cursors_opened": self._cursors,
             **self._counters,
         }
+        if self._durability is not None:
+            out["log_lsn"] = self._durability.lsn
+            out["recovered_snapshot_lsn"] = self._durability.recovered["snapshot_lsn"]
+            out["recovered_records"] = self._durability.recovered["replayed"]
+        return out
 
     def close(self) -> None:
         if self._durability is not None:
@@ -201,26 +204,32 @@ class ScanEngine:
 
     # ---------------------------------------------------------------- migration
     def _receive(self, chunk: Any) -> None:
-        from storage_adapters.scan.migrate import Decoded
-
+        """Check the whole chunk first (a malformed one stops the engine unchanged), then
+        create the table if needed and upsert the rows."""
         got = Decoded(chunk)
         table = self.tables.get(got.table)
+        if table is not None and table.schema != got.schema:
+            raise ValueError(f"a chunk of {got.table!r} has another schema than the table here")
+        key = got.schema.key_column
+        if key.type.is_string:
+            strings, idx = got.strings[key.name]
+            keys = [strings[i] for i in idx.tolist()]
+        else:
+            keys = got.cols[key.name].tolist()
+        if len(set(keys)) != len(keys) or any(k is None for k in keys):
+            raise ValueError(f"a chunk of {got.table!r} repeats a key or has a NULL key")
         if table is None:
             self._create(got.table, got.schema)
             table = self.tables[got.table]
-        elif table.schema != got.schema:
-            raise ValueError(f"a chunk of {got.table!r} has another schema than the table here")
         if got.n == 0:
             return
         schema = table.schema
         cols: dict[str, np.ndarray] = dict(got.cols)
         for name, (strings, idx) in got.strings.items():
-            d = table.dicts[name]
-            present = [s for s in strings if s is not None]
+            present = [i for i, s in enumerate(strings) if s is not None]
             codes = np.zeros(len(strings), dtype=np.int32)
             if present:
-                where = [i for i, s in enumerate(strings) if s is not None]
-                codes[where] = d.encode(present)
+                codes[present] = table.dicts[name].encode([strings[i] for i in present])
             cols[name] = codes[idx]
         nulls = {
             c.name: got.nulls.get(c.name)
@@ -228,13 +237,6 @@ class ScanEngine:
             if c.nullable and not c.type.is_string
         }
         hashes = None
-        key = schema.key_column
-        if key.type.is_string:
-            keys = table.dicts[key.name].decode(cols[key.name])
-        else:
-            keys = cols[key.name].tolist()
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"a chunk of {got.table!r} repeats a key")
         if table.hashed:
             hashes = got.hashes
             if hashes is None:
