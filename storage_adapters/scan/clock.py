@@ -196,6 +196,11 @@ def _read(table: Table, stats: Stats, reads: list[Item], hot: HotState | None) -
     return {pos: out[i] for i, (pos, _, _) in enumerate(reads)}
 
 
+def _hash_in_ranges(where: list[TypedRange], hashes: np.ndarray) -> np.ndarray:
+    ivs = ranges_constraint(where, Domain(None))
+    return evaluate(Constraint(intervals=ivs), hashes, None)
+
+
 class _Relay:
     def __init__(self, sink: ReadSink, ids: np.ndarray) -> None:
         self.sink = sink
@@ -210,7 +215,12 @@ class _Relay:
 
 # ---------------------------------------------------------------- hot rows
 class HotState:
-    """The hot rows of a batch, gathered into small arrays, and their versions."""
+    """The hot rows of a batch, gathered into small arrays, and their versions.
+
+    Arrays grow by doubling (``n`` rows in use), so a batch of many inserts costs linear
+    time.  Writes find their rows through the key when they name it (``key = c`` or
+    ``key in [...]``, the common case) and compare strings by dictionary code for ``=``,
+    ``!=`` and ``in``, so thousands of writes by key cost about as much as their count."""
 
     def __init__(self, table: Table, by_block: dict[int, np.ndarray], track_versions: bool):
         self.table = table
@@ -234,11 +244,14 @@ class HotState:
             hashes = [b.hash[r] for b, r in parts if b.hash is not None]
             self.hash = np.concatenate(hashes) if hashes else np.zeros(0, np.int64)
         n = sum(len(r) for _, r in parts)
+        self.n = n
         self.origin_block = np.repeat(
             np.array(blocks, dtype=np.int64), [len(by_block[i]) for i in blocks]
         ).astype(np.int64)
         self.origin_row = (
-            np.concatenate([by_block[i] for i in blocks]) if blocks else np.zeros(0, np.int64)
+            np.concatenate([by_block[i] for i in blocks]).astype(np.int64)
+            if blocks
+            else np.zeros(0, np.int64)
         )
         self.alive = np.ones(n, dtype=bool)
         self.dirty = np.zeros(n, dtype=bool)
@@ -252,11 +265,11 @@ class HotState:
                 np.ndarray | None,
             ]
         ] = []
-        self._strings: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        self.keys: dict[Any, int] = dict(zip(self._key_values(slice(None)), range(n), strict=True))
+        self.keys: dict[Any, int] = dict(zip(self._key_values(slice(0, n)), range(n), strict=True))
+        """Hot row of each alive key."""
 
     def __len__(self) -> int:
-        return len(self.alive)
+        return self.n
 
     def _key_values(self, where: Any) -> list[Any]:
         key = self.table.schema.key_column
@@ -265,21 +278,36 @@ class HotState:
             return self.table.dicts[key.name].decode(values)
         return values.tolist()  # type: ignore[no-any-return]
 
-    # ---------------------------------------------------------------- value mode
-    def _strings_of(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        got = self._strings.get(name)
-        if got is None:
-            codes = self.cols[name]
-            values = self.table.dicts[name].values.take(codes)
-            nul = codes == 0
-            values[nul] = ""
-            got = (values, nul)
-            self._strings[name] = got
-        return got
+    def _grow(self, extra: int) -> None:
+        need = self.n + extra
+        if need <= len(self.alive):
+            return
+        cap = max(need, 2 * len(self.alive), 64)
 
+        def grown(a: np.ndarray, fill: Any) -> np.ndarray:
+            out = np.full(cap, fill, dtype=a.dtype)
+            out[: self.n] = a[: self.n]
+            return out
+
+        self.cols = {k: grown(v, 0) for k, v in self.cols.items()}
+        self.nulls = {k: grown(v, False) for k, v in self.nulls.items()}
+        if self.hash is not None:
+            self.hash = grown(self.hash, 0)
+        self.alive = grown(self.alive, False)
+        self.dirty = grown(self.dirty, False)
+        self.start = grown(self.start, -1)
+        self.origin_block = grown(self.origin_block, -1)
+        self.origin_row = grown(self.origin_row, -1)
+
+    # ---------------------------------------------------------------- value mode
     def match(self, atoms: Sequence[Atom], where: Restriction) -> np.ndarray:
         """Alive hot rows that satisfy ``atoms`` and lie in ``where``."""
-        m = self.alive.copy()
+        rows = self._by_key(atoms)
+        if rows is None:
+            rows = np.flatnonzero(self.alive[: self.n])
+        if not len(rows):
+            return rows
+        m = np.ones(len(rows), dtype=bool)
         by_col: dict[str, list[Atom]] = {}
         for a in atoms:
             by_col.setdefault(a.column, []).append(a)
@@ -287,33 +315,70 @@ class HotState:
         for name, col_atoms in by_col.items():
             col = schema.by_name[name]
             if col.type.is_string:
-                strings, nul = self._strings_of(name)
+                codes = self.cols[name][rows]
+                nul = codes == 0
                 for a in col_atoms:
-                    m &= string_atom_mask(a, strings, nul)
+                    m &= self._string_mask(name, a, codes, nul)
             else:
                 con = Domain(col).fold(col_atoms)
-                m &= evaluate(con, self.cols[name], self.nulls.get(name))
+                nulls = self.nulls.get(name)
+                m &= evaluate(con, self.cols[name][rows], None if nulls is None else nulls[rows])
         if where is not None:
-            m &= self._in_ranges(where, self.cols, self.hash, slice(None))
-        return np.flatnonzero(m)
+            m &= self._in_ranges(where, rows)
+        return rows[m]
 
-    def _in_ranges(
-        self, where: list[TypedRange], cols: dict[str, Any], hashes: np.ndarray | None, sel: Any
+    def _by_key(self, atoms: Sequence[Atom]) -> np.ndarray | None:
+        """The alive rows an equality or ``in`` on the key allows, None without one."""
+        key = self.table.schema.key
+        found: set[int] | None = None
+        for a in atoms:
+            if a.column != key or a.op not in ("=", "in"):
+                continue
+            values = (a.value,) if a.op == "=" else a.value
+            hits = {self.keys[v] for v in values if v in self.keys}
+            found = hits if found is None else found & hits
+        return None if found is None else np.array(sorted(found), dtype=np.int64)
+
+    def _string_mask(self, name: str, a: Atom, codes: np.ndarray, nul: np.ndarray) -> np.ndarray:
+        d = self.table.dicts[name]
+        if a.op == "=":
+            code = d.code(a.value)
+            return codes == code if code else np.zeros(len(codes), dtype=bool)
+        if a.op == "!=":
+            code = d.code(a.value)
+            return (codes != code) & ~nul if code else ~nul
+        if a.op == "in":
+            wanted = [c for c in (d.code(v) for v in a.value) if c]
+            return np.isin(codes, wanted)
+        strings = d.values.take(codes)
+        strings[nul] = ""
+        return string_atom_mask(a, strings, nul)
+
+    def _in_ranges(self, where: list[TypedRange], rows: np.ndarray) -> np.ndarray:
+        table = self.table
+        if table.hashed:
+            assert self.hash is not None
+            return _hash_in_ranges(where, self.hash[rows])
+        key = table.schema.key_column
+        values = self.cols[key.name][rows]
+        if key.type.is_string:
+            return typed_range_mask(where, table.dicts[key.name].values.take(values))
+        ivs = ranges_constraint(where, Domain(key))
+        return evaluate(Constraint(intervals=ivs), values, None)
+
+    def _new_rows_in_ranges(
+        self, where: list[TypedRange], rows: Rows, hashes: np.ndarray | None
     ) -> np.ndarray:
         table = self.table
         if table.hashed:
             assert hashes is not None
-            ivs = ranges_constraint(where, Domain(None))
-            return evaluate(Constraint(intervals=ivs), hashes[sel], None)
+            return _hash_in_ranges(where, hashes)
         key = table.schema.key_column
-        values = cols[key.name]
+        values = rows.values[key.name]
         if key.type.is_string:
-            strings = values if isinstance(values, list) else None
-            if strings is None:
-                return typed_range_mask(where, self._strings_of(key.name)[0][sel])
-            return typed_range_mask(where, np.array(strings, dtype=object)[sel])
+            return typed_range_mask(where, np.array(values, dtype=object))
         ivs = ranges_constraint(where, Domain(key))
-        return evaluate(Constraint(intervals=ivs), values[sel], None)
+        return evaluate(Constraint(intervals=ivs), values, None)
 
     # ---------------------------------------------------------------- writes
     def apply(self, pos: int, op: Write, where: Restriction, placement: Placement) -> Any:
@@ -354,7 +419,6 @@ class HotState:
             if col.type.is_string:
                 code = 0 if value is None else int(self.table.dicts[name].encode([value])[0])
                 self.cols[name][rows] = code
-                self._strings.pop(name, None)
                 continue
             if value is None:
                 self.nulls[name][rows] = True
@@ -377,7 +441,7 @@ class HotState:
             )
         sel = np.arange(rows.n)
         if where is not None:
-            sel = np.flatnonzero(self._in_ranges(where, rows.values, hashes, slice(None)))
+            sel = np.flatnonzero(self._new_rows_in_ranges(where, rows, hashes))
         keys = [rows.keys[i] for i in sel.tolist()] if len(sel) < rows.n else rows.keys
         if upsert:
             last = {k: i for i, k in zip(sel.tolist(), keys, strict=True)}
@@ -419,29 +483,30 @@ class HotState:
                 self.cols[name][targets] = arr[old]
             for name, arr in nulls.items():
                 self.nulls[name][targets] = arr[old]
-            self._strings.clear()
             self.dirty[targets] = True
             self.start[targets] = pos
             updated = int(old.sum())
         fresh = ~old
         count = int(fresh.sum())
         if count:
-            base = len(self.alive)
+            base = self.n
+            self._grow(count)
+            span = slice(base, base + count)
             for name in self.cols:
-                self.cols[name] = np.concatenate((self.cols[name], cols[name][fresh]))
+                self.cols[name][span] = cols[name][fresh]
             for name in self.nulls:
-                self.nulls[name] = np.concatenate((self.nulls[name], nulls[name][fresh]))
+                self.nulls[name][span] = nulls[name][fresh]
             if self.hash is not None:
                 assert new_hash is not None
-                self.hash = np.concatenate((self.hash, new_hash[fresh]))
-            self.alive = np.concatenate((self.alive, np.ones(count, dtype=bool)))
-            self.dirty = np.concatenate((self.dirty, np.ones(count, dtype=bool)))
-            self.start = np.concatenate((self.start, np.full(count, pos, dtype=np.int64)))
-            self.origin_block = np.concatenate((self.origin_block, np.full(count, -1)))
-            self.origin_row = np.concatenate((self.origin_row, np.full(count, -1)))
+                self.hash[span] = new_hash[fresh]
+            self.alive[span] = True
+            self.dirty[span] = True
+            self.start[span] = pos
+            self.origin_block[span] = -1
+            self.origin_row[span] = -1
+            self.n = base + count
             fresh_keys = [k for k, f in zip(keys, fresh.tolist(), strict=True) if f]
             self.keys.update(zip(fresh_keys, range(base, base + count), strict=True))
-            self._strings.clear()
         if upsert:
             return {"inserted": count, "updated": updated}
         return {"inserted": count}
@@ -449,7 +514,7 @@ class HotState:
     # ---------------------------------------------------------------- reads and the end
     def version_unit(self) -> Unit:
         """The versions of the hot rows as one block, with their visibility intervals."""
-        alive = np.flatnonzero(self.alive)
+        alive = np.flatnonzero(self.alive[: self.n])
         parts = [*self.versions]
         parts.append(
             (
@@ -473,9 +538,11 @@ class HotState:
 
     def write_back(self) -> None:
         table = self.table
-        have_origin = self.origin_block >= 0
-        gone = np.flatnonzero(have_origin & ~self.alive)
-        changed = np.flatnonzero(have_origin & self.alive & self.dirty)
+        n = self.n
+        have_origin = self.origin_block[:n] >= 0
+        alive = self.alive[:n]
+        gone = np.flatnonzero(have_origin & ~alive)
+        changed = np.flatnonzero(have_origin & alive & self.dirty[:n])
         for idx, action in ((gone, "kill"), (changed, "scatter")):
             if not len(idx):
                 continue
@@ -492,7 +559,7 @@ class HotState:
                         {k: v[sel] for k, v in self.cols.items()},
                         {k: v[sel] for k, v in self.nulls.items()},
                     )
-        new = np.flatnonzero(~have_origin & self.alive)
+        new = np.flatnonzero(~have_origin & alive)
         if len(new):
             table.append(
                 {k: v[new] for k, v in self.cols.items()},
