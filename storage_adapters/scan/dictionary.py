@@ -121,6 +121,13 @@ class StringDictionary:
             self._sorted = np.insert(self._sorted, pos, new_sorted)
         self._ranked = n
 
+    def settle(self) -> None:
+        """Rank a large arrival now (a bulk load), so that the first read to compare this
+        column does not pay for the full sort: reads keep a predictable cost."""
+        new = self.n - self._ranked
+        if new >= 1024 and 4 * new >= self._ranked:
+            self._refresh()
+
     def rank_at_least(self, s: str, strict: bool = False) -> int:
         """The smallest rank of a string ``>= s`` (``> s`` if ``strict``)."""
         side = "right" if strict else "left"

@@ -182,7 +182,7 @@ class ScanEngine:
             for pos, result in out.items():
                 results[pos] = result
             if any(isinstance(op, Write) for _, op, _ in items):
-                table.compact_dictionaries()
+                table.settle()
 
     def _ddl(self, op: Compiled) -> dict[str, bool]:
         if isinstance(op, CreateTable):
@@ -246,6 +246,7 @@ class ScanEngine:
         # A re-sent chunk replaces what an earlier copy left: receiving is an upsert.
         self._drop_keys(table, keys)
         table.append(cols, nulls, hashes)
+        table.settle()
 
     def _drop_keys(self, table: Table, keys: list[Any]) -> None:
         if not table.blocks:

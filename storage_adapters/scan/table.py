@@ -250,6 +250,12 @@ class Table:
             self.blocks = [b for b in self.blocks if b.n_live]
 
     # ---------------------------------------------------------------- upkeep
+    def settle(self) -> None:
+        """Upkeep after a batch of writes: compact and rank the string dictionaries."""
+        self.compact_dictionaries()
+        for d in self.dicts.values():
+            d.settle()
+
     def compact_dictionaries(self) -> None:
         """Drop strings no row uses any more, when they outnumber the rows (updates that
         write fresh strings would otherwise grow a dictionary without bound)."""
