@@ -170,3 +170,29 @@ def test_combine_merges_partial_answers_and_raises_rejections() -> None:
     ) == {"inserted": 1, "updated": 2}
     with pytest.raises(BadOperation, match="nope"):
         ScanOps.combine(sel, [a, BadOperation("nope")])
+
+
+def test_operations_and_results_survive_msgpack_both_ways() -> None:
+    import msgpack
+
+    o = ops()
+    e = ScanEngine()
+    batch = [
+        o.create_table("u", [("k", "int64"), ("d", "date"), ("s", "varchar")], key="k"),
+        o.insert("u", [{"k": 1, "d": dt.date(2024, 2, 3), "s": "x"}, {"k": 2}]),
+        o.upsert("u", columns=["k", "s"], data=[[2], ["y"]]),
+        o.update("u", [("k", "in", [1, 2])], {"d": dt.date(2024, 2, 4)}),
+        o.select("u", [("s", "prefix", "")], columns=["k", "d"]),
+        o.select("u", agg=[("count", "*"), ("max", "d")], isolation="basic"),
+    ]
+    wire = [msgpack.unpackb(msgpack.packb(op), use_list=False) for op in batch]
+    got = e.apply([(op, EVERYTHING) for op in wire])
+    assert got[:4] == [
+        {"created": True},
+        {"inserted": 2},
+        {"inserted": 0, "updated": 1},
+        {"updated": 2},
+    ]
+    assert sorted(zip(*got[4]["data"], strict=True)) == [(1, "2024-02-04"), (2, "2024-02-04")]
+    assert got[5]["partials"] == [2, "2024-02-04"]
+    assert msgpack.unpackb(msgpack.packb(got)) == got
