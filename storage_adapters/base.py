@@ -33,6 +33,10 @@ hash partitioning (dissertation 5.3).  :class:`Placement` maps a key to its plac
 Clients use an engine's :class:`Operations` (no engine instance, no I/O) to compute what
 an operation reads or writes (``part_fun``), so routers route without ever parsing a
 payload (5.6.3 measured 10-20 % lost to parsing in the routers).
+
+Engines import only this module (and third-party libraries); it re-exports the key
+helpers an engine's ``part_fun`` needs to build range sets (``encode_key``, ``after``,
+``normalize``, ``intersect``, ``union``, ``MIN_EKEY``/``MAX_EKEY``, ``NOTHING``).
 """
 
 from __future__ import annotations
@@ -41,17 +45,43 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from rubberband.keys import EVERYTHING, EKey, Key, RangeSet, encode_key, stable_hash32
+from rubberband.keys import (
+    EVERYTHING,
+    MAX_EKEY,
+    MIN_EKEY,
+    NOTHING,
+    BadKey,
+    EKey,
+    Key,
+    RangeSet,
+    after,
+    encode_key,
+    intersect,
+    normalize,
+    stable_hash32,
+    union,
+)
 
 __all__ = [
     "EVERYTHING",
+    "MAX_EKEY",
+    "MIN_EKEY",
+    "NOTHING",
+    "BadKey",
     "BadOperation",
+    "EKey",
     "Engine",
+    "Key",
     "Operations",
     "Part",
     "Placement",
     "RangeSet",
     "SendCursor",
+    "after",
+    "encode_key",
+    "intersect",
+    "normalize",
+    "union",
 ]
 
 Partitioning = Literal["range", "hash"]
