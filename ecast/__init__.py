@@ -1,17 +1,100 @@
 """E-Cast: dynamic, uniform, causal total order multicast (dissertation chapter 3).
 
-``ecast.connect(routers, name=...)`` is the client SDK's entry point (``ecast.sdk``).
+The public API, for applications and for the layers built on E-Cast (Rubberband, the
+storage adapters, the fault-injection suite), which import nothing else of ``ecast``:
+
+- the client SDK: :func:`connect`, :class:`Client`, :class:`Ack`, :class:`Delivery`, and
+  every exception it raises (``ecast.errors``);
+- the ``Config`` toolkit: :class:`Config`, :class:`Membership`, the shipped
+  :class:`BroadcastConfig` and :class:`KeyRingConfig`, and the header conventions;
+- sans-IO building blocks for cores of one's own: :class:`Message`, :class:`Effects`,
+  :class:`Core`, :class:`Endpoint` and its upcalls;
+- tools: the deterministic :mod:`simulator <ecast.sim>` and local process launcher.
+
+Names resolve lazily: importing ``ecast`` does not import asyncio or the runtime.
 """
 
+from __future__ import annotations
+
+import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+_EXPORTS: dict[str, str] = {
+    # client SDK
+    "connect": "ecast.sdk",
+    "Client": "ecast.sdk",
+    "Ack": "ecast.sdk",
+    "Delivery": "ecast.core.endpoint",
+    "Error": "ecast.errors",
+    "InvalidName": "ecast.errors",
+    "InvalidMessage": "ecast.errors",
+    "MessageTooLarge": "ecast.errors",
+    "Backpressure": "ecast.errors",
+    "ClosedError": "ecast.errors",
+    "SuspectedError": "ecast.errors",
+    "NameRetiredError": "ecast.errors",
+    "Unavailable": "ecast.errors",
+    "AuthenticationError": "ecast.errors",
+    "NotARouterError": "ecast.errors",
+    "SessionClosedError": "ecast.errors",
+    "PartFailedError": "ecast.errors",
+    # Config toolkit
+    "Config": "ecast.core.config",
+    "Membership": "ecast.core.config",
+    "BroadcastConfig": "ecast.core.config",
+    "KeyRingConfig": "ecast.core.config",
+    "KIND": "ecast.core.config",
+    "JOIN": "ecast.core.config",
+    "PART": "ecast.core.config",
+    "SUSPECT": "ecast.core.config",
+    "WHO": "ecast.core.config",
+    "ROUTERS": "ecast.core.config",
+    "EMPTY": "ecast.core.config",
+    "kind_of": "ecast.core.config",
+    # sans-IO building blocks
+    "Message": "ecast.core.message",
+    "MsgId": "ecast.core.message",
+    "Session": "ecast.core.message",
+    "NodeId": "ecast.core.effects",
+    "Effects": "ecast.core.effects",
+    "Core": "ecast.core.effects",
+    "UnexpectedMessage": "ecast.core.effects",
+    "Endpoint": "ecast.core.endpoint",
+    "EndpointParams": "ecast.core.endpoint",
+    "Acked": "ecast.core.endpoint",
+    "Terminated": "ecast.core.endpoint",
+    "LeaderChanged": "ecast.core.endpoint",
+    "Rejected": "ecast.core.endpoint",
+    "SessionsClosed": "ecast.core.proto",
+    "Direct": "ecast.core.proto",
+    "Router": "ecast.core.router",
+    "RouterParams": "ecast.core.router",
+    "UfabParams": "ecast.core.ufabcast",
+    # runtime and tools
+    "Runtime": "ecast.runtime",
+    "Node": "ecast.runtime",
+    "tune_process": "ecast.runtime",
+    "read_secret": "ecast.runtime",
+    "sim": "ecast.sim",
+    "local": "ecast.tools.local",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
 
 
 def __getattr__(name: str) -> Any:
-    # The SDK pulls in asyncio and the runtime; the protocol cores do not need them.
-    if name in ("connect", "Client", "Ack"):
-        from ecast import sdk
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ecast' has no attribute {name!r}")
+    if name in ("sim", "local"):
+        value = importlib.import_module(module)
+    else:
+        value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
-        return getattr(sdk, name)
-    raise AttributeError(name)
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,16 +1,17 @@
 """The asyncio client SDK: an application process that submits and delivers.
 
-    client = await ecast.connect(["127.0.0.1:7001"], name="app-1", secret=b"...")
-    ack = await client.submit(b"hello", header={"key": 42})   # in the send window now
-    print((await ack).t)                                        # stable: every destination has it
-    async for d in client.deliveries():                         # in t order, exactly once
-        ...
-    await client.close()                                        # submits part, waits for it
+    async with ecast.connect(["127.0.0.1:7001"], name="app-1") as client:
+        ack = await client.submit(b"hello", header={"key": 42})   # stable: delivered everywhere
+        async for d in client.deliveries():                          # in t order, exactly once
+            ...
 
-The SDK confirms a delivery as it enters a bounded delivery queue; when the queue is full
-the SDK stops reading from its routers until the application catches up, so a slow
-consumer slows the senders (through E-Cast's flow control) instead of growing memory.
-Leader changes are followed without the caller noticing: the endpoint resends its window.
+Everything a caller gets wrong fails at the call, with a message that says what to change
+(``ecast.errors``); nothing raises later inside the event loop because of a caller's
+input.  Every wait has a timeout.  The SDK confirms a delivery as it enters a bounded
+delivery queue; when the queue is full it stops reading from its routers until the
+application catches up, so a slow consumer slows the senders (through E-Cast's flow
+control) instead of growing memory.  Leader changes are followed without the caller
+noticing: the endpoint resends its window.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ import asyncio
 import contextlib
 import os
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
+
+from ecast.core.config import JOIN, KIND, PART, SUSPECT, WHO
 from ecast.core.effects import Effects, NodeId
 from ecast.core.endpoint import (
     Acked,
@@ -35,13 +39,31 @@ from ecast.core.endpoint import (
     Terminated,
 )
 from ecast.core.message import MsgId, Session
+from ecast.core.proto import SessionsClosed
+from ecast.errors import (
+    AuthenticationError,
+    Backpressure,
+    ClosedError,
+    InvalidMessage,
+    InvalidName,
+    MessageTooLarge,
+    NameRetiredError,
+    NotARouterError,
+    PartFailedError,
+    SessionClosedError,
+    SuspectedError,
+    Unavailable,
+)
 from ecast.runtime import Node, Runtime
+from ecast.wire.codec import MAX_FRAME
 
-__all__ = ["Ack", "Client", "ClosedError", "connect"]
+__all__ = ["Ack", "Client", "connect"]
 
-
-class ClosedError(RuntimeError):
-    """The client was closed or declared faulty; nothing more can be submitted."""
+MAX_NAME = 255
+DEFAULT_MAX_MESSAGE = MAX_FRAME - 64 * 1024
+"""Until the routers' ``Welcome`` says otherwise (it comes with the first answer)."""
+_SIMPLE = frozenset({int, str, bytes, float, bool, type(None)})
+"""Header values packed without a trial encoding (the common case, per message)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +77,57 @@ class Ack:
     """False if nobody was a destination (an ignored message, 4.4.1)."""
 
 
+def check_name(name: Any) -> str:
+    if type(name) is not str or not name or len(name) > MAX_NAME:
+        raise InvalidName(f"a process name is a non-empty str of at most {MAX_NAME} characters")
+    if name.startswith("@"):
+        raise InvalidName(f"{name!r}: names starting with @ are reserved for the routers")
+    if not name.isprintable():
+        raise InvalidName(f"{name!r}: a process name must be printable")
+    return name
+
+
+def _packed_size(value: Any, what: str) -> int:
+    try:
+        return len(msgpack.packb(value, use_bin_type=True))
+    except (TypeError, ValueError, OverflowError) as e:
+        raise InvalidMessage(
+            f"{what} cannot be encoded ({e}): use None, bool, int, float, str, bytes, "
+            "and lists, tuples and dicts of them"
+        ) from None
+
+
+def message_size(payload: Any, header: Any, limit: int, reserved: bool = True) -> int:
+    """The packed size of a message; raises at the call for anything the routers refuse."""
+    size = len(payload) + 5 if type(payload) is bytes else _packed_size(payload, "payload")
+    if header is not None:
+        if type(header) is not dict:
+            raise InvalidMessage(f"a header is a dict (or None), not {type(header).__name__}")
+        if reserved and KIND in header:
+            raise InvalidMessage(
+                f"header key {KIND!r} is reserved for membership messages "
+                "(join, part, suspect): use another key"
+            )
+        if len(header) <= 8 and all(
+            type(k) is str and type(v) in _SIMPLE and (type(v) is not int or -(2**63) <= v < 2**64)
+            for k, v in header.items()
+        ):
+            size += sum(
+                len(k) + 9 + (len(v) if type(v) in (str, bytes) else 0) for k, v in header.items()
+            )
+        else:
+            size += _packed_size(header, "header")
+    if size > limit:
+        raise MessageTooLarge(
+            f"a message of {size} bytes exceeds the routers' limit of {limit} bytes "
+            "(split it, or start the routers with a larger --max-frame)"
+        )
+    return size
+
+
 class Client:
+    """One application process connected to a router group (see :func:`connect`)."""
+
     def __init__(
         self,
         name: str,
@@ -63,61 +135,130 @@ class Client:
         params: EndpointParams,
         session: Session | None,
         queue_size: int,
+        *,
+        max_queued: int = 10_000,
+        direct_queue_size: int = 10_000,
+        ack_timeout: float | None = 30.0,
+        unavailable_after: float = 10.0,
     ) -> None:
         self.name = name
         self.runtime = runtime
         self._params = params
         self._session = session
-        # Unbounded as a container: ``queue_size`` is where reading pauses.  Frames already
-        # read when the mark is crossed (one packet, one turn's read budget) still go in;
-        # refusing them would lose confirmed deliveries.
         self._queue: asyncio.Queue[Delivery | None] = asyncio.Queue()
+        # Unbounded as a container: ``queue_size`` is where reading pauses.  Frames already
+        # read when the mark is crossed still go in; refusing them would lose confirmed
+        # deliveries.
         self._queue_size = queue_size
         self._paused = False
         self._paused_peers: list[NodeId] = []
-        self._acks: dict[MsgId, asyncio.Future[Ack]] = {}
+        self.max_queued = max_queued
+        self.ack_timeout = ack_timeout
+        self.unavailable_after = unavailable_after
+        self._acks: dict[MsgId, asyncio.Future[Any]] = {}
+        self._closes: dict[tuple[str, int], asyncio.Future[SessionsClosed]] = {}
         self._space = asyncio.Event()
         self._joined = asyncio.Event()
+        self._welcomed = asyncio.Event()
         self._closed = asyncio.Event()
         self.terminated: str | None = None
+        self.error: Exception | None = None
+        """Why the client stopped, once it did for any reason but ``close``."""
         self.leader: NodeId | None = None
         self.view = -1
         self.node: Node | None = None
         self.endpoint: Endpoint | None = None
+        self._members: set[NodeId] = set()
         self._direct: asyncio.Queue[tuple[NodeId, Any]] = asyncio.Queue()
+        self._direct_size = direct_queue_size
+        self._direct_paused: dict[NodeId, None] = {}
         self._owns_runtime = False
+        self._watch: asyncio.Task[None] | None = None
+        self._unreachable_since: float | None = None
+        self.state = "connecting"
+        """``connecting``, ``connected``, ``reconnecting`` (no router reachable right
+        now), ``unavailable`` (none for ``unavailable_after`` seconds: pending calls
+        failed), or ``closed``."""
         self.ack_listener: Callable[[list[Ack]], None] | None = None
         """Receives, in batches, the acks of messages sent with ``submit_batch``."""
 
     # ------------------------------------------------------------------ setup
-    async def _start(self, routers: list[str], join: bool, join_header: dict[str, Any]) -> None:
+    async def _start(
+        self, routers: list[str], join: bool, join_header: dict[str, Any], timeout: float
+    ) -> None:
         ids: list[NodeId] = []
-        errors = []
+        errors: list[str] = []
         for address in routers:
             try:
-                ids.append(await self.runtime.connect_node(address))
-            except (TimeoutError, OSError, ConnectionError) as e:
+                ids.append(await self.runtime.connect_node(address, timeout))
+            except (TimeoutError, OSError, ConnectionError, ValueError) as e:
                 errors.append(f"{address}: {e}")
         if not ids:
-            raise ConnectionError("no router reachable: " + "; ".join(errors))
+            raise _unreachable(errors)
         self.endpoint = Endpoint(self.name, ids, self._params, self._session)
-        node = self.runtime.add_node(
+        self.node = self.runtime.add_node(
             self.name,
             self.endpoint,
             on_deliver=self._on_upcalls,
-            on_direct=lambda src, payload: self._direct.put_nowait((src, payload)),
+            on_direct=self._on_direct,
             keep_connected=self._routers_to_keep,
         )
-        self.node = node
-        node.start()
-        if join:
-            node.feed(lambda core, now: core.join(now, **join_header)[1])
-            await self._joined.wait()
+        self.node.start()
+        self.state = "connected"
+        self._watch = asyncio.get_running_loop().create_task(self._watch_routers())
+        try:
+            await asyncio.wait_for(self._welcomed.wait(), timeout)
+            if join:
+                sid = self._feed(lambda core, now: core.join(now, **join_header))
+                fut = self._future_for(sid)
+                ack = await asyncio.wait_for(asyncio.shield(fut), timeout)
+                if not ack.delivered:
+                    raise NameRetiredError(
+                        f"{self.name!r} was the name of a process that left; names are "
+                        "unique for ever, pick a new one"
+                    )
+                await asyncio.wait_for(self._joined.wait(), timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"connected to {len(ids)} router(s) but {'the join' if join else 'no answer'} "
+                f"came back within {timeout:g} s (is the group's majority up?)"
+            ) from None
+        if self.terminated is not None:
+            raise self._stopped_error()
 
     def _routers_to_keep(self) -> list[NodeId]:
-        """Stay connected to every router of the succession order (issue 4: topology)."""
+        """Stay connected to every router of the succession order, so a new leader reaches
+        this process at once."""
         ep = self.endpoint
         return list(ep.succession) if ep is not None else []
+
+    async def _watch_routers(self) -> None:
+        """Connection state, and failing pending calls once no router was reachable for
+        ``unavailable_after`` seconds."""
+        loop = asyncio.get_running_loop()
+        while self.terminated is None:
+            await asyncio.sleep(0.25)
+            ep = self.endpoint
+            if ep is None:
+                continue
+            reachable = any(r in self.runtime.routes for r in ep.succession)
+            now = loop.time()
+            if reachable:
+                self._unreachable_since = None
+                self.state = "connected"
+                continue
+            if self._unreachable_since is None:
+                self._unreachable_since = now
+            if now - self._unreachable_since < self.unavailable_after:
+                self.state = "reconnecting"
+            elif self.state != "unavailable":
+                self.state = "unavailable"
+                self._fail_pending(
+                    Unavailable(
+                        f"no router reachable for {self.unavailable_after:g} s "
+                        f"(routers: {', '.join(ep.succession)}); still trying"
+                    )
+                )
 
     # ------------------------------------------------------------------ upcalls
     def _on_upcalls(self, node: Node, upcalls: list[Any]) -> None:
@@ -125,35 +266,89 @@ class Client:
         for up in upcalls:
             t = type(up)
             if t is Delivery:
-                self._queue.put_nowait(up)
-                if not self._paused and self._queue.qsize() >= self._queue_size:
-                    self._pause_routers(True)
+                self._on_delivery(up)
             elif t is Acked:
                 fut = self._acks.pop(up.id, None)
+                ack = Ack(up.id, up.t, up.delivered)
                 if fut is not None:
                     if not fut.done():
-                        fut.set_result(Ack(up.id, up.t, up.delivered))
-                else:
-                    batch.append(Ack(up.id, up.t, up.delivered))
+                        fut.set_result(ack)
+                elif self.endpoint is not None and up.id[0] == self.endpoint.session:
+                    batch.append(ack)
                 self._space.set()
             elif t is Rejected:
                 fut = self._acks.pop(up.id, None)
                 if fut is not None and not fut.done():
-                    fut.set_exception(ClosedError(f"{up.id}: session {up.reason}"))
+                    fut.set_exception(
+                        SessionClosedError(f"{up.id}: its session was closed; not routed")
+                    )
+            elif t is SessionsClosed:
+                for key in [k for k in self._closes if k[0] == up.namespace and k[1] <= up.epoch]:
+                    fut = self._closes.pop(key)
+                    if not fut.done():
+                        fut.set_result(up)
             elif t is LeaderChanged:
                 self.view = up.view
                 self.leader = up.succession[0] if up.succession else None
-                self.runtime.loop.call_soon(self._join_check)
             elif t is Terminated:
-                self.terminated = up.reason
-                self._closed.set()
-                self._queue.put_nowait(None)
-                for fut in self._acks.values():
-                    if not fut.done() and up.reason != "closed":
-                        fut.set_exception(ClosedError(f"client {up.reason}"))
+                self._on_terminated(up.reason)
         if batch and self.ack_listener is not None:
             self.ack_listener(batch)
-        self._join_check()
+        ep = self.endpoint
+        if ep is not None:
+            if ep.joined_at is not None:
+                self._joined.set()
+            if ep.max_message is not None:
+                self._welcomed.set()
+
+    def _on_delivery(self, d: Delivery) -> None:
+        m = d.message
+        kind = m.kind
+        if kind is not None and not d.unsafe:
+            self._track_membership(kind, m)
+        self._queue.put_nowait(d)
+        if not self._paused and self._queue.qsize() >= self._queue_size:
+            self._pause_routers(True)
+
+    def _track_membership(self, kind: str, m: Any) -> None:
+        if kind == JOIN:
+            if m.sender == self.name and type(m.payload) is dict:
+                members = m.payload.get("members")
+                if type(members) in (list, tuple):
+                    self._members = {p for p in members if type(p) is str}
+            self._members.add(m.sender)
+        elif kind == PART:
+            self._members.discard(m.sender)
+        elif kind == SUSPECT:
+            who = m.header.get(WHO) if type(m.header) is dict else None
+            if type(who) in (list, tuple):
+                self._members.difference_update(p for p in who if type(p) is str)
+
+    def _on_terminated(self, reason: str) -> None:
+        self.terminated = reason
+        self._closed.set()
+        self._queue.put_nowait(None)
+        if reason == "suspected":
+            self.error = SuspectedError(
+                f"{self.name} was declared faulty (silent past its lease, or suspected by a "
+                "peer); it stops for good, a new process takes a new name"
+            )
+        if reason not in ("closed", "detached"):
+            self.state = "closed"
+            self._fail_pending(self._stopped_error())
+
+    def _stopped_error(self) -> ClosedError:
+        if self.error is not None and isinstance(self.error, ClosedError):
+            return self.error
+        return ClosedError(f"client {self.name} is {self.terminated or 'closed'}")
+
+    def _fail_pending(self, error: Exception) -> None:
+        for futs in (self._acks, self._closes):
+            for fut in futs.values():
+                if not fut.done():
+                    fut.set_exception(error)
+            futs.clear()
+        self._space.set()
 
     def _pause_routers(self, paused: bool) -> None:
         """A full delivery queue stops reading from the routers only: a peer's direct
@@ -164,20 +359,15 @@ class Client:
         self._paused = paused
         self.runtime.pause_reading(paused, self._paused_peers)
 
-    def _join_check(self) -> None:
-        ep = self.endpoint
-        if ep is not None and ep.joined_at is not None:
-            self._joined.set()
-
     # ------------------------------------------------------------------ submitting
-    def _require_open(self) -> Node:
+    def _open_node(self) -> Node:
         if self.terminated is not None or self.node is None:
-            raise ClosedError(f"client {self.name} is {self.terminated or 'not connected'}")
+            raise self._stopped_error() if self.terminated else ClosedError("not connected")
         return self.node
 
-    def _submit(self, call: Callable[[Endpoint, float], tuple[Any, Effects]]) -> Any:
+    def _feed(self, call: Callable[[Endpoint, float], tuple[Any, Effects]]) -> Any:
         """Run one submitting step on the endpoint and return what it numbered."""
-        node = self._require_open()
+        node = self._open_node()
         holder: list[Any] = []
 
         def go(core: Endpoint, now: float) -> Effects:
@@ -191,129 +381,380 @@ class Client:
             raise ClosedError(str(e)) from None
         return holder[0]
 
-    def _future_for(self, sid: MsgId) -> asyncio.Future[Ack]:
-        fut: asyncio.Future[Ack] = self.runtime.loop.create_future()
+    def _future_for(self, sid: MsgId) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = self.runtime.loop.create_future()
         self._acks[sid] = fut
         return fut
 
-    def submit_nowait(self, payload: bytes, header: Any = None) -> asyncio.Future[Ack]:
-        """Queue a message (it enters the window when there is room); return its ack."""
-        return self._future_for(self._submit(lambda core, now: core.submit(payload, header, now)))
-
-    def submit_batch(self, items: list[tuple[bytes, Any]]) -> list[MsgId]:
-        """Queue many ``(payload, header)`` messages at once, without a future each.
-
-        Their acknowledgements go to ``ack_listener`` in batches: the cheapest way to
-        keep thousands of messages in flight (benchmarks, bulk loaders).
-        """
-        ids: list[MsgId] = self._submit(lambda core, now: core.submit_many(items, now))
-        return ids
-
-    async def submit(self, payload: bytes, header: Any = None) -> asyncio.Future[Ack]:
-        """Submit; return once the message is in the send window, with its ack future."""
-        fut = self.submit_nowait(payload, header)
+    @property
+    def max_message(self) -> int:
+        """The largest message (packed payload and header) the routers accept."""
         ep = self.endpoint
-        assert ep is not None
-        while ep.queued and self.terminated is None:
+        return ep.max_message if ep is not None and ep.max_message else DEFAULT_MAX_MESSAGE
+
+    def submit_nowait(
+        self, payload: Any, header: dict[str, Any] | None = None
+    ) -> asyncio.Future[Ack]:
+        """Queue a message without waiting for window space; return its ack future.
+
+        Raises :class:`Backpressure` when ``max_queued`` messages already wait for the
+        window: a caller that never waits must still be told to slow down."""
+        message_size(payload, header, self.max_message)
+        ep = self.endpoint
+        if ep is not None and len(ep.queued) >= self.max_queued:
+            raise Backpressure(
+                f"{len(ep.queued)} messages already wait for window space; await "
+                "enqueue() or submit() to wait for room"
+            )
+        return self._future_for(self._feed(lambda core, now: core.submit(payload, header, now)))
+
+    async def enqueue(
+        self, payload: Any, header: dict[str, Any] | None = None
+    ) -> asyncio.Future[Ack]:
+        """Submit once the send window has room (E-Cast's flow control pushing back);
+        return the ack future: the pipelined form of :meth:`submit`."""
+        message_size(payload, header, self.max_message)
+        ep = self.endpoint
+        while ep is not None and len(ep.queued) >= self.max_queued and self._alive():
+            self._space.clear()
+            await self._space.wait()
+        fut = self.submit_nowait(payload, header)
+        while ep is not None and ep.queued and self._alive():
             self._space.clear()
             await self._space.wait()
         return fut
 
-    async def submit_unsafe(self, payload: bytes, header: Any = None) -> None:
+    async def submit(
+        self, payload: Any, header: dict[str, Any] | None = None, *, timeout: float | None = -1.0
+    ) -> Ack:
+        """Submit and wait until the message is stable: every destination delivered it.
+        ``timeout`` defaults to the client's ``ack_timeout`` (None: wait for ever)."""
+        fut = await self.enqueue(payload, header)
+        return await self._wait(fut, timeout, "the acknowledgement")
+
+    def submit_batch(self, items: list[tuple[Any, Any]]) -> list[MsgId]:
+        """Queue many ``(payload, header)`` messages at once, without a future each.
+
+        Their acknowledgements go to ``ack_listener`` in batches: the cheapest way to
+        keep thousands of messages in flight (benchmarks, bulk loaders)."""
+        limit = self.max_message
+        for payload, header in items:
+            message_size(payload, header, limit)
+        ep = self.endpoint
+        if ep is not None and len(ep.queued) >= self.max_queued:
+            raise Backpressure(
+                f"{len(ep.queued)} messages already wait for window space (max_queued)"
+            )
+        ids: list[MsgId] = self._feed(lambda core, now: core.submit_many(items, now))
+        return ids
+
+    async def submit_unsafe(self, payload: Any, header: dict[str, Any] | None = None) -> None:
         """Forward without agreement: no ack, accepted by receivers only if it fits.
 
         Unsafe messages bypass the congestion window; this waits instead while the
-        connection to the routers is backed up.
-        """
-        node = self._require_open()
+        connection to the routers is backed up."""
+        message_size(payload, header, self.max_message)
+        node = self._open_node()
         await self.runtime.writable()
         node.feed(lambda core, now: core.submit_unsafe(payload, header, now))
 
-    async def submit_unsafe_batch(self, items: list[tuple[bytes, Any]]) -> None:
+    async def submit_unsafe_batch(self, items: list[tuple[Any, Any]]) -> None:
         """Many unsafe ``(payload, header)`` messages at once (see ``submit_unsafe``)."""
-        node = self._require_open()
+        for payload, header in items:
+            message_size(payload, header, self.max_message)
+        node = self._open_node()
         await self.runtime.writable()
         node.feed(lambda core, now: core.submit_unsafe_many(items, now))
 
-    async def suspect(self, processes: list[NodeId]) -> asyncio.Future[Ack]:
-        return self._future_for(self._submit(lambda core, now: core.suspect(processes, now)))
+    async def suspect(self, processes: list[NodeId], *, timeout: float | None = -1.0) -> Ack:
+        """Ask the group to declare ``processes`` faulty; return once that is ordered and
+        stable.  Control messages never wait behind this process's data window."""
+        if not processes or not all(type(p) is str for p in processes):
+            raise InvalidMessage("suspect() takes a non-empty list of process names")
+        fut = self._future_for(self._feed(lambda core, now: core.suspect(list(processes), now)))
+        return await self._wait(fut, timeout, "the suspect's acknowledgement")
+
+    async def close_sessions(
+        self, namespace: str, epoch: int, *, timeout: float | None = -1.0
+    ) -> SessionsClosed:
+        """Close every session of ``namespace`` with an epoch up to ``epoch``, in the total
+        order; later messages of those sessions are refused (:class:`SessionClosedError`).
+        Re-sent to each new leader until the routers answer."""
+        if type(namespace) is not str or type(epoch) is not int or epoch < 0:
+            raise InvalidMessage("close_sessions(namespace: str, epoch: int >= 0)")
+        key = (namespace, epoch)
+        fut = self._closes.get(key)
+        if fut is None:
+            fut = self._closes[key] = self.runtime.loop.create_future()
+            self._open_node().feed(lambda core, now: core.close_sessions(namespace, epoch, now))
+        return await self._wait(fut, timeout, "the sessions' close")  # type: ignore[no-any-return]
+
+    async def _wait(self, fut: asyncio.Future[Any], timeout: float | None, what: str) -> Any:
+        if timeout is not None and timeout < 0:
+            timeout = self.ack_timeout
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"{what} did not come within {timeout:g} s (state: {self.state}); the "
+                "message is still in flight and may yet be delivered"
+            ) from None
+
+    def _alive(self) -> bool:
+        return self.terminated is None
 
     # ------------------------------------------------------------------ delivering
-    async def deliveries(self) -> AsyncIterator[Delivery]:
-        """Deliveries in ``t`` order; unsafe ones say whether they were accepted."""
+    async def deliveries(self, *, include_membership: bool = True) -> AsyncIterator[Delivery]:
+        """Deliveries in ``t`` order, exactly once.  Membership messages (join, part,
+        suspect) come too, with ``d.kind`` set, unless ``include_membership`` is False;
+        unsafe ones say whether they were accepted (``d.accepted``)."""
         while True:
             d = await self._queue.get()
             if self._paused and self._queue.qsize() <= self._queue_size // 2:
                 self._pause_routers(False)
             if d is None:
+                self._queue.put_nowait(None)  # every later iteration ends too
+                if self.error is not None:
+                    raise self.error
                 return
+            if not include_membership and d.message.kind is not None:
+                continue
             yield d
 
-    def send_direct(self, peer: NodeId, payload: Any) -> None:
-        """Send to another application process directly (authenticated, not ordered)."""
-        self._require_open().send_direct(peer, payload)
+    def members(self) -> frozenset[NodeId]:
+        """The members this process knows: those of its own join, then every join, part
+        and suspect delivered to it (a config that delivers membership messages to every
+        member, as ``BroadcastConfig`` does, keeps this exact)."""
+        return frozenset(self._members)
 
-    async def receive_direct(self) -> tuple[NodeId, Any]:
+    # ------------------------------------------------------------------ direct channel
+    def _on_direct(self, src: NodeId, payload: Any) -> None:
+        self._direct.put_nowait((src, payload))
+        if self._direct.qsize() >= self._direct_size and src not in self._direct_paused:
+            self._direct_paused[src] = None
+            self.runtime.pause_reading(True, [src])
+
+    def send_direct_nowait(self, peer: NodeId, payload: Any) -> None:
+        """Send to another application process directly (authenticated, FIFO, not ordered
+        with E-Cast messages), without waiting for the peer to keep up."""
+        message_size(payload, None, self.runtime.max_frame - 64 * 1024)
+        self._open_node().send_direct(peer, payload)
+
+    async def send_direct(self, peer: NodeId, payload: Any, *, high_water: int = 1024) -> None:
+        """Send directly and wait while the peer lags: more than ``high_water`` messages
+        not yet acknowledged by its link, or its connection's buffer over its mark."""
+        self.send_direct_nowait(peer, payload)
+        node = self._open_node()
+        while node.lag(peer) > high_water and self._alive():
+            await asyncio.sleep(0.005)
+
+    async def receive_direct(self, *, timeout: float | None = None) -> tuple[NodeId, Any]:
         """The next ``(sender, payload)`` another application process sent directly."""
-        return await self._direct.get()
+        item = await asyncio.wait_for(self._direct.get(), timeout)
+        if self._direct_paused and self._direct.qsize() <= self._direct_size // 2:
+            peers = list(self._direct_paused)
+            self._direct_paused.clear()
+            self.runtime.pause_reading(False, peers)
+        return item
 
     async def serve(self, listen: str = "127.0.0.1:0") -> str:
-        """Accept direct connections from other application processes on ``listen``
-        (port 0 picks a free one); returns the address to give them."""
-        node = self._require_open()
-        return await node.runtime.serve(listen)
+        """Accept direct connections on ``listen`` (port 0 picks a free one); return the
+        address to give peers.  ``connect(listen=...)`` does this before the handshake,
+        so the routers gossip the address; serving later works for peers you tell."""
+        self._open_node()
+        return await self.runtime.serve(listen)
 
     async def connect_peer(self, address: str, timeout: float = 5.0) -> NodeId:
         """Open an authenticated connection to the application process serving at
-        ``address`` (same handshake and framing as the routers'); returns its node id,
-        for ``send_direct``."""
-        return await self._require_open().connect(address, timeout)
+        ``address``; return its node id, for ``send_direct``."""
+        self._open_node()
+        try:
+            return await self.runtime.connect_node(address, timeout)
+        except (OSError, ConnectionError) as e:
+            raise _unreachable([f"{address}: {e}"]) from None
 
     # ------------------------------------------------------------------ leaving
     async def close(self, timeout: float = 10.0) -> None:
-        """Part gracefully: submit part and wait until it is delivered."""
-        node = self.node
-        if node is not None and self.terminated is None:
-            node.feed(lambda core, now: core.close(now)[1])
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._closed.wait(), timeout)
+        """Part gracefully: wait (up to ``timeout``) for the data window to drain, submit
+        the part, wait until it is delivered, and stop.  Raises
+        :class:`PartFailedError` when the part did not get through in time; every pending
+        acknowledgement is resolved (with :class:`ClosedError`) either way."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        node, ep = self.node, self.endpoint
+        failure: Exception | None = None
+        if node is not None and ep is not None and self.terminated is None:
+            while ep.window and loop.time() < deadline and self._alive():
+                self._space.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._space.wait(), deadline - loop.time())
+            if self.terminated is None:
+                node.feed(lambda core, now: core.close(now)[1])
+                try:
+                    await asyncio.wait_for(self._closed.wait(), max(0.0, deadline - loop.time()))
+                except TimeoutError:
+                    failure = PartFailedError(
+                        f"{self.name}'s part was not delivered within {timeout:g} s "
+                        f"(state: {self.state}); the group counts it as a member until its "
+                        "lease runs out"
+                    )
             # Linger a moment so the part's stable confirmation goes out (docs/decisions.md).
-            ep = self.endpoint
-            for _ in range(50):
-                if ep is None or not ep.lingering:
-                    break
+            while ep.lingering and loop.time() < deadline:
                 await asyncio.sleep(0.02)
-        if node is not None:
-            await node.stop()
+            if self.terminated == "suspected" and failure is None:
+                failure = self.error
+        await self._shutdown()
+        if failure is not None:
+            raise failure
+
+    async def detach(self, timeout: float = 10.0) -> None:
+        """Leave without a part, as a process that never joined does: wait (up to
+        ``timeout``) until everything submitted is acknowledged, tell the router, stop."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        ep, node = self.endpoint, self.node
+        if ep is not None and node is not None and self.terminated is None:
+            while ep.waiting() and loop.time() < deadline and self._alive():
+                self._space.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._space.wait(), deadline - loop.time())
+            if self.terminated is None:
+                node.feed(lambda core, now: core.detach(now))
+                self.runtime.flush()
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        if self.terminated is None:
+            self.terminated = "closed"
+            self._queue.put_nowait(None)
+        self.state = "closed"
+        self._fail_pending(ClosedError(f"client {self.name} closed"))
+        if self._watch is not None:
+            self._watch.cancel()
+        if self.node is not None:
+            await self.node.stop()
         if self._owns_runtime:
             await self.runtime.close()
 
+    async def __aenter__(self) -> Client:
+        return self
 
-async def connect(
+    async def __aexit__(self, *exc: object) -> None:
+        if self.state != "closed":
+            if self.endpoint is not None and self.endpoint.joined_at is not None:
+                await self.close()
+            else:
+                await self.detach()
+
+
+def _unreachable(errors: list[str]) -> Unavailable:
+    text = "; ".join(errors)
+    if "wrong secret" in text or "failed authentication" in text:
+        return AuthenticationError(
+            f"a router refused this process's secret (pass secret= or set ECAST_SECRET to "
+            f"the cluster's): {text}"
+        )
+    if "HTTP answered" in text:
+        return NotARouterError(f"not an E-Cast router (HTTP answered): {text}")
+    return Unavailable(f"no router reachable: {text}")
+
+
+class _Connecting:
+    """What :func:`connect` returns: await it, or use it as ``async with``."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+        self._client: Client | None = None
+
+    def __await__(self) -> Generator[Any, None, Client]:
+        return self._make().__await__()  # type: ignore[no-any-return]
+
+    async def __aenter__(self) -> Client:
+        self._client = await self._make()
+        return self._client
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._client is not None:
+            await self._client.__aexit__(*exc)
+
+
+def connect(
     routers: list[str],
     name: str,
     *,
-    secret: bytes | None = None,
+    secret: bytes | str | None = None,
     runtime: Runtime | None = None,
     params: EndpointParams | None = None,
     session: Session | None = None,
     join: bool = True,
     join_header: dict[str, Any] | None = None,
+    listen: str | None = None,
+    lease: float | None = None,
     queue_size: int = 10_000,
+    max_queued: int = 10_000,
+    direct_queue_size: int = 10_000,
+    timeout: float = 10.0,
+    ack_timeout: float | None = 30.0,
+    unavailable_after: float = 10.0,
     tls: ssl.SSLContext | None = None,
-) -> Client:
+) -> _Connecting:
     """Connect to a router group (any of ``routers``, given as HOST:PORT) and join it.
 
-    The secret comes from ``secret`` or the ``ECAST_SECRET`` environment variable.
-    Several clients may share one ``runtime`` (colocated processes talk in memory).
-    ``tls`` is the client context for routers started with ``--tls-cert`` (a client's
-    own ``serve`` for direct connections stays plain TCP).
+    - ``secret``: the cluster secret, or the ``ECAST_SECRET`` environment variable.
+    - ``join=False``: a light client that only submits (under a config that accepts
+      non-members) and leaves with ``detach()``.
+    - ``session``: the data session ``(namespace, epoch, stream)``; a process that takes
+      over another's session resubmits with the same sequence numbers and the routers
+      keep one copy of each (exactly-once ingestion).
+    - ``listen``: serve direct connections on this address before connecting, so the
+      routers gossip it and peers can reach this process (``join_header`` may carry it).
+    - ``lease``: seconds this process may stay silent before it is suspected (the routers
+      cap it; None: their default).
+    - ``timeout``: for connecting and joining; ``ack_timeout``: default for each wait on
+      an acknowledgement; ``unavailable_after``: how long no router may be reachable
+      before pending calls fail with :class:`Unavailable`.
     """
-    owns = runtime is None
-    if runtime is None:
-        key = secret if secret is not None else os.environ.get("ECAST_SECRET", "").encode()
-        runtime = Runtime(key, host_id=f"{name}-{os.getpid()}", client_ssl=tls)
-    client = Client(name, runtime, params or EndpointParams(), session, queue_size)
-    client._owns_runtime = owns
-    await client._start(routers, join, join_header or {})
-    return client
+    check_name(name)
+    if not routers or not all(type(r) is str and ":" in r for r in routers):
+        raise ValueError("routers is a non-empty list of HOST:PORT strings")
+
+    async def make() -> Client:
+        rt = runtime
+        owns = rt is None
+        if rt is None:
+            key = secret if secret is not None else os.environ.get("ECAST_SECRET", "")
+            key_bytes = key.encode() if isinstance(key, str) else key
+            if not key_bytes:
+                raise AuthenticationError(
+                    "no cluster secret: pass secret= to ecast.connect or set ECAST_SECRET"
+                )
+            rt = Runtime(key_bytes, host_id=f"{name}-{os.getpid()}", client_ssl=tls)
+        if listen is not None:
+            await rt.serve(listen)
+        p = params or EndpointParams()
+        if lease is not None:
+            if lease <= 0:
+                raise ValueError("lease is a positive number of seconds")
+            from dataclasses import replace
+
+            p = replace(p, lease=float(lease))
+        client = Client(
+            name,
+            rt,
+            p,
+            session,
+            queue_size,
+            max_queued=max_queued,
+            direct_queue_size=direct_queue_size,
+            ack_timeout=ack_timeout,
+            unavailable_after=unavailable_after,
+        )
+        client._owns_runtime = owns
+        try:
+            await client._start(routers, join, join_header or {}, timeout)
+        except BaseException:
+            await client._shutdown()
+            raise
+        return client
+
+    return _Connecting(make)

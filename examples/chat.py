@@ -24,40 +24,74 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import signal
 import sys
 
 import ecast
 
 
+async def read_lines(queue: asyncio.Queue[str | None]) -> None:
+    """Lines from stdin without a blocking thread: Ctrl-C must not wait for enter."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while line := await reader.readline():
+        await queue.put(line.decode(errors="replace").rstrip("\n"))
+    await queue.put(None)  # end of input
+
+
 async def chat(args: argparse.Namespace) -> int:
-    client = await ecast.connect(args.routers.split(","), name=args.name)
-    print(f"* joined as {args.name}; the leading router is {client.leader}", flush=True)
-    arrived = asyncio.Event()
+    async with ecast.connect(args.routers.split(","), name=args.name) as client:
+        print(f"* joined as {args.name}; the leading router is {client.leader}", flush=True)
+        print(f"* in the room: {', '.join(sorted(client.members()))}", flush=True)
+        arrived = asyncio.Event()
 
-    async def show() -> None:
-        async for d in client.deliveries():
-            m = d.message
-            if m.kind in ("join", "part"):
-                print(f"[t={d.t}] * {m.sender} {m.kind}s the room", flush=True)
-                if m.kind == "join" and m.sender == args.wait_for:
-                    arrived.set()
-            elif m.kind is None:
-                print(f"[t={d.t}] <{m.sender}> {m.payload.decode()}", flush=True)
+        async def show() -> None:
+            async for d in client.deliveries():
+                m = d.message
+                if d.kind in ("join", "part"):
+                    print(f"[t={d.t}] * {m.sender} {d.kind}s the room", flush=True)
+                    if d.kind == "join" and m.sender == args.wait_for:
+                        arrived.set()
+                elif d.kind is None:
+                    print(f"[t={d.t}] <{m.sender}> {m.payload.decode()}", flush=True)
 
-    shower = asyncio.create_task(show())
-    if args.wait_for:
-        await arrived.wait()
-    if args.script is not None:
-        for line in args.script:
-            ack = await (await client.submit(line.encode()))
-            print(f"* stable at t={ack.t}: {line}", flush=True)
-        await asyncio.sleep(args.linger)
-    else:
-        loop = asyncio.get_running_loop()
-        while line := await loop.run_in_executor(None, sys.stdin.readline):
-            await client.submit(line.rstrip("\n").encode())
-    await client.close()
-    shower.cancel()
+        shower = asyncio.create_task(show())
+        if args.wait_for and args.wait_for not in client.members():
+            await arrived.wait()
+        if args.script is not None:
+            for line in args.script:
+                ack = await client.submit(line.encode())
+                print(f"* stable at t={ack.t}: {line}", flush=True)
+            await asyncio.sleep(args.linger)
+        else:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)  # Ctrl-C parts cleanly
+            lines: asyncio.Queue[str | None] = asyncio.Queue()
+            reader = asyncio.create_task(read_lines(lines))
+            while not stop.is_set():
+                getter = asyncio.create_task(lines.get())
+                stopper = asyncio.create_task(stop.wait())
+                done, _ = await asyncio.wait(
+                    (getter, stopper), return_when=asyncio.FIRST_COMPLETED
+                )
+                stopper.cancel()
+                if getter not in done:
+                    getter.cancel()
+                    break
+                line = getter.result()
+                if line is None:
+                    break
+                if line:
+                    await client.submit(line.encode())
+            reader.cancel()
+            print("* leaving the room", flush=True)
+        shower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await shower
     return 0
 
 
@@ -68,7 +102,11 @@ def main() -> int:
     ap.add_argument("--script", nargs="*", help="send these lines instead of reading stdin")
     ap.add_argument("--wait-for", help="say nothing before this member has joined")
     ap.add_argument("--linger", type=float, default=1.0, help="with --script: wait this long")
-    return asyncio.run(chat(ap.parse_args()))
+    try:
+        return asyncio.run(chat(ap.parse_args()))
+    except ecast.Error as e:
+        print(f"chat: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -180,6 +180,11 @@ class Membership:
     def is_member(self, p: NodeId) -> bool:
         return p in self._members
 
+    def joiner_state(self) -> Any:
+        """What a process's own join carries to it: the members it joined, itself among
+        them (override to hand a joiner more of the config to mirror)."""
+        return {"members": sorted(self._members)}
+
     def apply(self, msg: Message) -> Membership:
         h = msg.header  # kind_of written out: every router calls this per message
         kind = h.get(KIND) if type(h) is dict else None

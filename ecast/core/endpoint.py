@@ -43,13 +43,13 @@ from ecast.core.proto import (
     Detach,
     Hello,
     Leader,
-    LeaseGranted,
     RejectedClosed,
     Route,
     RouteUnsafe,
     SessionsClosed,
     Stable,
     Suspected,
+    Welcome,
 )
 
 ENDPOINT_MUTATIONS = frozenset(
@@ -116,6 +116,12 @@ class Delivery(NamedTuple):
     """For unsafe messages: whether it fit the delivery stream (tag equal to ``t_max``)."""
     frontier: int | None = None
     """For unsafe messages: the router's forwarding position whose config routed it."""
+
+    @property
+    def kind(self) -> str | None:
+        """``join``, ``part`` or ``suspect`` for membership messages (whose payload is
+        None, or the members for a process's own join), None for data messages."""
+        return self.message.kind
 
 
 class Acked(NamedTuple):
@@ -193,6 +199,8 @@ class Endpoint:
         self.lease = self.p.lease
         """The lease the routers granted (the request until they answer)."""
         self._keepalive = (self.lease or 3.0) / 3
+        self.max_message: int | None = None
+        """The largest message (payload and header) the routers accept, once welcomed."""
         self._started = False
         self._next_growth = 0.0
         self._last_progress = 0.0
@@ -323,9 +331,10 @@ class Endpoint:
                         self._deliver(Rejected(sid, "closed"))
             elif t is SessionsClosed:
                 self._on_sessions_closed(msg)
-            elif t is LeaseGranted:
-                self.lease = msg.seconds
-                self._keepalive = max(0.05, msg.seconds / 3)
+            elif t is Welcome:
+                self.lease = msg.lease
+                self.max_message = msg.max_message
+                self._keepalive = max(0.05, msg.lease / 3)
             elif t is Suspected:
                 self._terminate("suspected")
         return self._end()

@@ -22,7 +22,7 @@ flush, so the per-message cost of the runtime is paid once per batch (STYLE.md s
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +56,9 @@ class LinkParams:
     """Send a bare acknowledgement if no data frame carried one within this delay."""
     reorder_window: int = 4096
     """Frames further ahead than this are dropped on receipt (they will be resent)."""
+    dropped_memory: int = 65536
+    """How many dropped peers (``LinkLayer.drop``) are remembered, to talk to one that
+    comes back by datagram rather than through a channel that no longer lines up."""
 
 
 @dataclass(slots=True)
@@ -88,6 +91,8 @@ class LinkLayer:
         self._chans: dict[NodeId, _Channel] = {}
         self._outbox: dict[NodeId, list[Any]] = {}
         self._forgotten: set[NodeId] = set()
+        self._dropped: OrderedDict[NodeId, int] = OrderedDict()
+        """Dropped peer -> the incarnation whose channel went (bounded, oldest first)."""
         self.stats = {"frames_sent": 0, "frames_resent": 0, "frames_dropped_stale": 0}
 
     # -- sending -------------------------------------------------------------------------
@@ -105,7 +110,7 @@ class LinkLayer:
         if self._outbox:
             boxes, self._outbox = self._outbox, {}
             for peer, msgs in boxes.items():
-                if peer in self._forgotten:
+                if peer in self._forgotten or peer in self._dropped:
                     out.append((peer, Frame(self.incarnation, 0, DATAGRAM, 0, tuple(msgs))))
                     continue
                 ch = self._chan(peer)
@@ -126,6 +131,13 @@ class LinkLayer:
         """Accept a frame from ``src``; return the messages that became deliverable in order."""
         if frame.seq == DATAGRAM or src in self._forgotten:
             return list(frame.msgs)  # best effort, no channel state
+        dropped = self._dropped.get(src)
+        if dropped is not None:
+            if frame.src_inc <= dropped:
+                # The incarnation we dropped is still talking: its channel is gone, so
+                # what it says arrives as a datagram and the core can answer it.
+                return list(frame.msgs) if frame.seq > 0 else []
+            del self._dropped[src]  # a new process under the name: a fresh channel
         ch = self._chan(src)
         if frame.dst_inc not in (0, self.incarnation):
             # Meant for an earlier incarnation of this process.  Answer with a bare ack so
@@ -233,6 +245,11 @@ class LinkLayer:
         """
         if peer in self._forgotten:
             return []
+        dropped = self._dropped.get(peer)
+        if dropped is not None:
+            if peer_inc <= dropped:
+                return []
+            del self._dropped[peer]
         ch = self._chan(peer)
         if ch.peer_inc not in (0, peer_inc):
             ch = _Channel()
@@ -265,10 +282,20 @@ class LinkLayer:
 
     def drop(self, peer: NodeId) -> None:
         """Free the channel of an application process that left (parted or declared
-        faulty, and collected).  Unlike ``forget`` nothing is remembered: application ids
-        are names that a later process may take again, and it gets a fresh channel."""
-        self._chans.pop(peer, None)
+        faulty, and collected), with every frame it did not acknowledge.
+
+        The incarnation is remembered (the latest ``dropped_memory`` of them): if that
+        process talks again (it was paused, or cut off, past being declared faulty), its
+        channel no longer lines up with ours, so both directions fall back to datagrams
+        and the core can still tell it to stop.  A later incarnation gets a fresh channel.
+        """
+        ch = self._chans.pop(peer, None)
         self._outbox.pop(peer, None)
+        dropped = self._dropped
+        dropped[peer] = ch.peer_inc if ch is not None else 0
+        dropped.move_to_end(peer)
+        while len(dropped) > self.params.dropped_memory:
+            dropped.popitem(last=False)
 
     def unacked(self, peer: NodeId) -> int:
         ch = self._chans.get(peer)

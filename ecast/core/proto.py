@@ -118,11 +118,13 @@ class Leader:
 
 
 @dataclass(frozen=True, slots=True)
-class LeaseGranted:
-    """The lease this router holds the process to, in seconds: silent for longer, it is
-    suspected.  Sent when a process first asks, and whenever the grant changes."""
+class Welcome:
+    """A router's answer to a process's first ``Hello`` (and to one that asks for another
+    lease): the lease it holds the process to, in seconds (silent for longer, it is
+    suspected), and the largest message, in bytes of payload and header, it accepts."""
 
-    seconds: float
+    lease: float
+    max_message: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +165,7 @@ ROUTER_TO_ENDPOINT = (
     Leader,
     Congestion,
     Suspected,
-    LeaseGranted,
+    Welcome,
 )
 
 # ------------------------------------------------------------------ replicated commands

@@ -270,6 +270,10 @@ class Runtime:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
+    def flush(self) -> None:
+        """Write everything queued now rather than at the end of the loop turn."""
+        self._flush()
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         if self._dirty:

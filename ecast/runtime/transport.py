@@ -166,7 +166,10 @@ class Connection(asyncio.Protocol):
         while size - pos >= 4:
             (n,) = _LEN.unpack_from(data, pos)
             if n > limit:
-                self.close(f"frame of {n} bytes exceeds the {limit}-byte limit")
+                if self.state != "open" and bytes(data[pos : pos + 5]) == b"HTTP/":
+                    self.close("not an E-Cast router (HTTP answered)")
+                else:
+                    self.close(f"frame of {n} bytes exceeds the {limit}-byte limit")
                 return
             if size - pos - 4 < n:
                 break

@@ -174,6 +174,7 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
         params=EndpointParams(max_window=args.max_window),
         join_header={"role": "client"},
         queue_size=1 << 20,
+        max_queued=1 << 20,
     )
     print(json.dumps({"event": "ready", "leader": client.leader}), flush=True)
     payload = os.urandom(args.payload)

@@ -82,7 +82,7 @@ _CLASSES: tuple[type, ...] = (
     _proto.Direct,
     # protocol v7
     _proto.Detach,
-    _proto.LeaseGranted,
+    _proto.Welcome,
 )
 _CODE: dict[type, int] = {cls: i + 1 for i, cls in enumerate(_CLASSES)}
 

@@ -32,7 +32,10 @@ class Recorder:
         async for d in self.client.deliveries():
             if not d.unsafe:
                 m = d.message
-                self.delivered.append((d.t, m.sender, m.id, m.payload))
+                # Membership messages carry no application payload (a process's own join
+                # carries the members it joined).
+                payload = m.payload if d.kind is None else None
+                self.delivered.append((d.t, m.sender, m.id, payload))
 
     def payloads(self) -> list[Any]:
         return [p for _t, _s, _i, p in self.delivered if p is not None]

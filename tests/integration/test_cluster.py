@@ -34,7 +34,7 @@ async def pump(rec: Recorder, n: int, stop: asyncio.Event, tag: str) -> None:
     for i in range(n):
         if stop.is_set():
             break
-        fut = await rec.client.submit(f"{tag}-{i}".encode())
+        fut = await rec.client.enqueue(f"{tag}-{i}".encode())
         pending.append(fut)
         if i % 50 == 0:
             await asyncio.sleep(0)
@@ -78,14 +78,13 @@ async def test_clients_agree_while_the_group_loses_and_gains_routers(cluster: Cl
 async def test_sigterm_parts_a_router_gracefully(cluster: Cluster) -> None:
     cluster.start_group(3)
     client = await connect(cluster, "c1")
-    ack = await client.client.submit(b"before")
-    await asyncio.wait_for(ack, 10)
+    await client.client.submit(b"before", timeout=10)
     code = cluster.terminate("r3")
     assert code == 0
     h = cluster.wait_healthy("r1", members=2)
     assert h["members"] == ["r1", "r2"]
-    ack = await client.client.submit(b"after")
-    assert (await asyncio.wait_for(ack, 10)).delivered
+    ack = await client.client.submit(b"after", timeout=10)
+    assert ack.delivered
     log = cluster.routers["r3"].log.read_text()
     assert "event=leaving" in log and "event=stopped" in log
     await client.client.close()
@@ -95,7 +94,7 @@ async def test_metrics_and_health_describe_the_router(cluster: Cluster) -> None:
     cluster.start_group(3)
     client = await connect(cluster, "c1")
     for i in range(20):
-        await asyncio.wait_for(await client.client.submit(f"m{i}".encode()), 10)
+        await client.client.submit(f"m{i}".encode(), timeout=10)
     text = cluster.routers["r1"].metrics_text()
     for name in (
         "ecast_messages_routed_total",
@@ -163,7 +162,7 @@ async def test_an_unsafe_flood_neither_stalls_nor_splits_the_group(cluster: Clus
         await flood.client.submit_unsafe_batch([(payload, None)] * 512)
         sent += 512
         await asyncio.sleep(0)
-    ack = await asyncio.wait_for(await flood.client.submit(b"still ordered"), 10)
+    ack = await flood.client.submit(b"still ordered", timeout=10)
     assert ack.delivered
     for r in routers:
         h = r.health()
@@ -223,11 +222,11 @@ async def test_application_processes_talk_directly_over_an_authenticated_channel
     peer = await alice.client.connect_peer(address)
     assert peer == "bob"
     payload = {"rows": [(1, b"x" * 1000), (2, None)], "range": ["a", "m"]}
-    alice.client.send_direct(peer, payload)
+    await alice.client.send_direct(peer, payload)
     sender, got = await asyncio.wait_for(bob.client.receive_direct(), 10)
     assert sender == "alice"
     assert got == {"rows": ((1, b"x" * 1000), (2, None)), "range": ("a", "m")}
-    bob.client.send_direct(sender, "thanks")  # and back over the same connection
+    await bob.client.send_direct(sender, "thanks")  # and back over the same connection
     assert await asyncio.wait_for(alice.client.receive_direct(), 10) == ("bob", "thanks")
     with pytest.raises(ConnectionError):  # a process that does not know the secret
         stranger = await ecast.connect(cluster.addresses(), name="eve", secret=b"wrong")
@@ -261,7 +260,7 @@ async def test_routers_and_clients_speak_tls(tmp_path: Path) -> None:
         client = await ecast.connect(
             cluster.addresses(), name="secure", secret=SECRET.encode(), tls=ctx
         )
-        ack = await asyncio.wait_for(await client.submit(b"over tls"), 10)
+        ack = await client.submit(b"over tls", timeout=10)
         assert ack.delivered
         await client.close()
     finally:

@@ -98,7 +98,7 @@ def still_serving(r: RouterProc) -> None:
         c = await ecast.connect(
             [r.address], name=f"probe{time.monotonic_ns()}", secret=SECRET.encode()
         )
-        ack = await asyncio.wait_for(await c.submit(b"still here"), 10)
+        ack = await c.submit(b"still here", timeout=10)
         assert ack.delivered
         await c.close()
 

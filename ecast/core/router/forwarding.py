@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ecast.core.config import ROUTERS
+from ecast.core.config import JOIN, KIND, ROUTERS
 from ecast.core.effects import NodeId
 from ecast.core.message import Message, MsgId, Submission
 from ecast.core.message import fast_new as _tnew
@@ -183,6 +183,9 @@ class Forwarding:
                         q = waiting[d] = deque()
                     q.append(t)
                     last_sent[d] = t
+                h = msg[2]
+                if type(h) is dict and h.get(KIND) == JOIN and last_sent.get(msg[0]) == t:
+                    self._welcome_joiner(t, msg)
                 if n:
                     remaining[t] = 2 * n
                     delivered += n
@@ -191,6 +194,20 @@ class Forwarding:
             t += 1
         self.frontier = t
         self.stats["delivered"] += delivered
+
+    def _welcome_joiner(self, t: int, msg: Message) -> None:
+        """A joiner's own copy of its join carries the config's view just after it
+        (``joiner_state``: the members, for a ``Membership`` config), so the process
+        knows whom it joined without asking (``Client.members``)."""
+        after = self.state.mseq.config_for(t + 1)
+        state_of = getattr(after, "joiner_state", None)
+        if state_of is None:
+            return
+        try:
+            state = state_of()
+        except Exception:
+            return  # a config bug costs the joiner its view, not the group its order
+        self.outbox.replace_delivery(msg[0], t, msg._replace(payload=state))
 
     def forward_unsafe(
         self, src: NodeId, subs: tuple[Submission, ...], link_lag: Callable[[NodeId], int] | None

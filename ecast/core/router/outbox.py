@@ -43,6 +43,12 @@ class AppOutbox:
                 self.unsafe_runs.pop(p, None)
         run.append((t, msg))
 
+    def replace_delivery(self, p: NodeId, t: int, msg: Message) -> None:
+        """Send ``p`` its own copy of the message at ``t`` just queued for it."""
+        run = self.runs.get(p)
+        if run and run[-1][0] == t:
+            run[-1] = (t, msg)
+
     def deliver_unsafe(self, p: NodeId, tag: int | None, frontier: int, msg: Message) -> None:
         run = self.unsafe_runs.get(p)
         if run is None:

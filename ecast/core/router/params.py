@@ -47,6 +47,10 @@ class RouterParams:
     config's decision (``Membership.accepts_lease_suspects``)."""
     max_client_lease: float = 60.0
     """The longest lease a process may ask for (``Hello.lease``)."""
+    max_message: int = 16 * 1024 * 1024 - 64 * 1024
+    """The largest message, in packed bytes of payload and header, that processes may
+    submit (announced in ``Welcome``; the SDK refuses larger ones at the call).  The
+    daemon derives it from its frame limit, leaving room for a frame's other fields."""
     expelled_memory: int = 65536
     """How many suspected process names every router remembers, to tell a process that
     comes back that it was suspected (it never resumes silently)."""

@@ -26,12 +26,12 @@ from ecast.core.proto import (
     Detach,
     Hello,
     Leader,
-    LeaseGranted,
     Route,
     RouteCmd,
     RouteUnsafe,
     StableCmd,
     Suspected,
+    Welcome,
 )
 from ecast.core.router.forwarding import Forwarding, StableNotices
 from ecast.core.router.outbox import AppOutbox
@@ -375,7 +375,7 @@ class Router:
             lease = min(float(asked), p.max_client_lease)
         if self.leases.get(src) != lease:
             self.leases[src] = lease
-            self.outbox.send(src, LeaseGranted(lease))
+            self.outbox.send(src, Welcome(lease, p.max_message))
 
     def _forget_app(self, p: NodeId) -> None:
         """``p`` left for good (detached, or its departure is collected)."""
