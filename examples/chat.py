@@ -75,9 +75,7 @@ async def chat(args: argparse.Namespace) -> int:
             while not stop.is_set():
                 getter = asyncio.create_task(lines.get())
                 stopper = asyncio.create_task(stop.wait())
-                done, _ = await asyncio.wait(
-                    (getter, stopper), return_when=asyncio.FIRST_COMPLETED
-                )
+                done, _ = await asyncio.wait((getter, stopper), return_when=asyncio.FIRST_COMPLETED)
                 stopper.cancel()
                 if getter not in done:
                     getter.cancel()
