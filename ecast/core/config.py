@@ -243,32 +243,40 @@ class BroadcastConfig(Membership):
 
     A joining process receives its own join and every later message; a parting process
     receives its own part and nothing after.  Membership messages go to every member.
+    With ``senders="anyone"`` a process that never joined (a light client) may broadcast
+    too; by default only members may.
     """
 
-    __slots__ = ()
+    __slots__ = ("open",)
 
     def __init__(
-        self, members: frozenset[NodeId] = EMPTY, retired: frozenset[NodeId] = EMPTY
+        self,
+        members: frozenset[NodeId] = EMPTY,
+        retired: frozenset[NodeId] = EMPTY,
+        open: bool = False,
     ) -> None:
         super().__init__(members, retired)
+        self.open = open
 
     @classmethod
-    def initial(cls, **_: Any) -> BroadcastConfig:
-        return cls()
+    def initial(cls, senders: str = "members") -> BroadcastConfig:
+        if senders not in ("members", "anyone"):
+            raise ValueError(f"senders is 'members' or 'anyone', not {senders!r}")
+        return cls(open=senders == "anyone")
 
     @classmethod
     def from_state(cls, state: Any) -> BroadcastConfig:
-        members, retired = state
-        return cls(frozenset(members), frozenset(retired))
+        members, retired, *rest = state
+        return cls(frozenset(members), frozenset(retired), bool(rest and rest[0]))
 
     def to_state(self) -> Any:
-        return [sorted(self._members), sorted(self._retired)]
+        return [sorted(self._members), sorted(self._retired), self.open]
 
     def _joined(self, p: NodeId, header: dict[str, Any]) -> BroadcastConfig:
-        return BroadcastConfig(self._members | {p}, self._retired)
+        return BroadcastConfig(self._members | {p}, self._retired, self.open)
 
     def _left(self, gone: frozenset[NodeId]) -> BroadcastConfig:
-        return BroadcastConfig(self._members - gone, self._retired | gone)
+        return BroadcastConfig(self._members - gone, self._retired | gone, self.open)
 
     def destset(self, msg: Message) -> frozenset[NodeId]:
         members = self._members
@@ -276,17 +284,21 @@ class BroadcastConfig(Membership):
         if type(h) is dict and KIND in h:
             dests = self.join_destset(msg)
             return dests if dests is not None else EMPTY
-        return members if msg.sender in members else EMPTY
+        sender = msg.sender
+        if sender in members or (self.open and sender not in self._retired):
+            return members
+        return EMPTY
 
     def __eq__(self, other: object) -> bool:
         return (
             type(other) is BroadcastConfig
             and other._members == self._members
             and other._retired == self._retired
+            and other.open == self.open
         )
 
     def __hash__(self) -> int:
-        return hash((self._members, self._retired))
+        return hash((self._members, self._retired, self.open))
 
     def __repr__(self) -> str:
         return f"BroadcastConfig({sorted(self._members)})"
@@ -331,7 +343,7 @@ class KeyRingConfig(Membership):
         )
 
     @classmethod
-    def initial(cls, replication: int | str = 3, **_: Any) -> KeyRingConfig:
+    def initial(cls, replication: int | str = 3) -> KeyRingConfig:
         return cls(int(replication))
 
     @classmethod

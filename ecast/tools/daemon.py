@@ -5,15 +5,18 @@
 
 The first router bootstraps a group of one; later ones join a running group through any
 member.  SIGTERM parts the router gracefully (its part is agreed on, then it leaves);
-SIGKILL is survived by the rest of the group.  ``/metrics`` (Prometheus text) and
-``/health`` (JSON) are served over HTTP on a separate port.  Logs are one ``key=value``
-line per event.
+SIGKILL is survived by the rest of the group.  A router the group removed (it was paused
+or cut off past the failure timeout) exits, or with ``--rejoin`` joins again under a
+fresh id (``r2.1``, ``r2.2``, ...), since ids are unique for ever.  ``/metrics``
+(Prometheus text) and ``/health`` (JSON; 503 when degraded) are served over HTTP on a
+separate port.  Logs are one ``key=value`` line per event.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -21,46 +24,159 @@ import signal
 import ssl
 import sys
 import time
-import tomllib
 from typing import Any
 
-from ecast.core.config import load_config
+from ecast.core.config import config_class
 from ecast.core.router import Router, RouterParams
 from ecast.core.ufabcast import UfabParams
-from ecast.runtime import Runtime, read_secret, tune_process
+from ecast.runtime import Node, Runtime, read_secret, tune_process
+from ecast.tools.daemon_kit import (
+    LOG_LEVELS,
+    Metrics,
+    Setting,
+    UsageError,
+    address,
+    build_parser,
+    check_port_free,
+    effective,
+    load_settings,
+    positive,
+    run_main,
+    secret_file_problem,
+    serve_http,
+    setup_logging,
+)
 
-log = logging.getLogger("ecast.tools.daemon")
+log = logging.getLogger("ecast.daemon")
 
-
-class KeyValueFormatter(logging.Formatter):
-    """``ts=... level=... logger=... event=...``: one line per event, easy to grep and parse."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        line = (
-            f"ts={ts}.{int(record.msecs):03d}Z level={record.levelname.lower()} "
-            f"logger={record.name} {record.getMessage()}"
-        )
-        if record.exc_info:
-            line += " traceback=" + json.dumps(self.formatException(record.exc_info))
-        return line
-
-
-def setup_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(KeyValueFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+SETTINGS: tuple[Setting, ...] = (
+    Setting("id", str, None, "router id, unique for ever (a restart takes a new one); required"),
+    Setting("listen", str, None, "HOST:PORT for routers and clients; required", check=address),
+    Setting(
+        "join", str, None, "HOST:PORT of any running router (omit to bootstrap)", check=address
+    ),
+    Setting(
+        "config",
+        str,
+        "ecast:BroadcastConfig",
+        "the Config class, package.module:Class; only the bootstrapping router's counts "
+        "(joiners install the group's)",
+    ),
+    Setting("config-arg", str, [], "KEY=VALUE for the config's initial(); repeatable", repeat=True),
+    Setting("metrics", str, None, "HOST:PORT for /metrics and /health", check=address),
+    Setting("secret-file", str, None, "file with the cluster secret (else $ECAST_SECRET)"),
+    Setting("tls-cert", str, None, "certificate (PEM) to speak TLS with"),
+    Setting("tls-key", str, None, "its private key (PEM)"),
+    Setting("tls-ca", str, None, "CA bundle (PEM) to verify peers with"),
+    Setting("heartbeat", float, 0.25, "router heartbeat period", "s", check=positive),
+    Setting(
+        "failure-timeout",
+        float,
+        1.0,
+        "a router silent this long is removed from the group",
+        "s",
+        check=positive,
+    ),
+    Setting(
+        "client-lease",
+        float,
+        5.0,
+        "an application process silent this long is suspected (leases)",
+        "s",
+        check=positive,
+    ),
+    Setting(
+        "max-client-lease",
+        float,
+        60.0,
+        "the longest lease a process may ask for at connect time",
+        "s",
+        check=positive,
+    ),
+    Setting("clumping", bool, True, "clump commands into Paxos instances (3.5.7)"),
+    Setting("delayed-acks", bool, True, "piggyback stable notices on route proposals (3.5.7)"),
+    Setting("max-batch", int, 4096, "commands per Paxos instance", "commands", check=positive),
+    Setting(
+        "pipeline-depth",
+        int,
+        2,
+        "uncommitted instances before clumping waits (0: fixed clumping)",
+        "instances",
+    ),
+    Setting(
+        "congestion-threshold",
+        int,
+        1024,
+        "unstable messages before senders above their fair share are told to slow down",
+        "messages",
+        check=positive,
+    ),
+    Setting(
+        "ack-cache",
+        int,
+        1024,
+        "acks kept per session for late duplicates; at least the clients' max window",
+        "acks",
+        check=positive,
+    ),
+    Setting(
+        "max-frame",
+        int,
+        16 * 1024 * 1024,
+        "largest packet a peer may send",
+        "bytes",
+        check=lambda v: None if v >= 64 * 1024 else "must be at least 65536",
+    ),
+    Setting(
+        "handshake-timeout",
+        float,
+        5.0,
+        "time a new connection has to prove itself",
+        "s",
+        check=positive,
+    ),
+    Setting("join-timeout", float, 30.0, "give up joining after this long", "s", check=positive),
+    Setting(
+        "leave-timeout",
+        float,
+        5.0,
+        "time a SIGTERM waits for the part to be agreed",
+        "s",
+        check=positive,
+    ),
+    Setting(
+        "health-unstable-age",
+        float,
+        5.0,
+        "/health says degraded when a message has been unstable this long",
+        "s",
+        check=positive,
+    ),
+    Setting(
+        "rejoin", bool, False, "when the group removes this router, join again under a fresh id"
+    ),
+    Setting(
+        "follower-sched",
+        str,
+        "batch",
+        "CPU policy while following: batch (Linux SCHED_BATCH) keeps a follower woken by a "
+        "message from preempting the leader on a shared machine",
+        choices=("batch", "normal"),
+    ),
+    Setting("log-level", str, "info", "log level", choices=LOG_LEVELS),
+)
 
 
 def tls_contexts(args: argparse.Namespace) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
     if not args.tls_cert:
         return None, None
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=args.tls_ca)
-    server.load_cert_chain(args.tls_cert, args.tls_key)
-    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=args.tls_ca)
-    client.load_cert_chain(args.tls_cert, args.tls_key)
+    try:
+        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=args.tls_ca)
+        server.load_cert_chain(args.tls_cert, args.tls_key)
+        client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=args.tls_ca)
+        client.load_cert_chain(args.tls_cert, args.tls_key)
+    except (OSError, ssl.SSLError) as e:
+        raise UsageError(f"--tls-cert/--tls-key/--tls-ca: {e}") from None
     client.check_hostname = False  # peers are authenticated by the cluster secret
     return server, client
 
@@ -71,12 +187,43 @@ def config_args(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--config-arg wants KEY=VALUE, got {pair!r}")
+            raise UsageError(f"--config-arg wants KEY=VALUE, got {pair!r}")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
             out[key] = value
     return out
+
+
+def load_initial_config(path: str, pairs: list[str]) -> Any:
+    """The bootstrap config, or a one-line error that says what is wrong with it."""
+    try:
+        cls = config_class(path)
+    except ImportError as e:
+        raise UsageError(
+            f"--config {path}: cannot import {e.name or path.partition(':')[0]} (the module "
+            "must be installed, or its directory on PYTHONPATH)"
+        ) from None
+    except ValueError as e:
+        raise UsageError(f"--config {path}: {e}") from None
+    kwargs = config_args(pairs)
+    params = inspect.signature(cls.initial).parameters  # type: ignore[attr-defined]
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        takes = [n for n, p in params.items() if p.kind is not p.VAR_POSITIONAL]
+        for key in kwargs:
+            if key not in takes:
+                raise UsageError(
+                    f"--config-arg {key}=...: {cls.__name__} takes no setting {key!r} "
+                    f"(it takes: {', '.join(takes) or 'none'})"
+                )
+    try:
+        return cls.initial(**kwargs)  # type: ignore[attr-defined]
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"--config-arg: {cls.__name__} refused its settings: {e}") from None
+
+
+class JoinRefused(Exception):
+    """The group will not take this router (its id is retired, or its secret is wrong)."""
 
 
 class RouterDaemon:
@@ -88,7 +235,11 @@ class RouterDaemon:
         self._policy = "normal"
         self.runtime: Runtime | None = None
         self.router: Router | None = None
+        self.node: Node | None = None
+        self.router_id = args.id
+        self.rejoins = 0
         self._stop = asyncio.Event()
+        self._terminating = False
 
     def _params(self) -> RouterParams:
         a = self.args
@@ -105,13 +256,27 @@ class RouterDaemon:
             delayed_acks=a.delayed_acks,
             congestion_threshold=a.congestion_threshold,
             ack_cache=max(a.ack_cache, a.congestion_threshold),
+            client_lease=a.client_lease,
+            max_client_lease=max(a.max_client_lease, a.client_lease),
+            max_message=a.max_frame - 64 * 1024,
         )
 
     async def run(self) -> int:
         a = self.args
+        config = load_initial_config(a.config, a.config_arg)
         server_ssl, client_ssl = tls_contexts(a)
+        if a.secret_file:
+            problem = secret_file_problem(a.secret_file)
+            if problem:
+                raise UsageError(f"--secret-file {problem}")
+        try:
+            secret = read_secret(a.secret_file)
+        except SystemExit as e:
+            raise UsageError(str(e)) from None
+        except OSError as e:
+            raise UsageError(f"--secret-file {a.secret_file}: {e.strerror or e}") from None
         rt = Runtime(
-            read_secret(a.secret_file),
+            secret,
             host_id=a.id,
             server_ssl=server_ssl,
             client_ssl=client_ssl,
@@ -119,42 +284,119 @@ class RouterDaemon:
             handshake_timeout=a.handshake_timeout,
         )
         self.runtime = rt
-        config = load_config(a.config, **config_args(a.config_arg))
-        listen = await rt.serve(a.listen)
-        if a.join:
-            seed = await self._reach(rt, a.join)
-            self.router = Router(a.id, config, self._params(), seeds=[seed])
-            log.info("event=joining router=%s seed=%s address=%s", a.id, seed, a.join)
-        else:
-            self.router = Router(a.id, config, self._params(), routers=[a.id])
-            log.info("event=bootstrap router=%s listen=%s", a.id, listen)
-        node = rt.add_node(a.id, self.router, advertise=True)
-        self.router.link_lag = node.lag
-        node.start()
+        if a.metrics:
+            check_port_free(a.metrics, "--metrics")
+        try:
+            listen = await rt.serve(a.listen)
+        except OSError as e:
+            raise UsageError(f"--listen {a.listen}: {e.strerror or e}") from None
         metrics = await self._serve_metrics() if a.metrics else None
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+            loop.add_signal_handler(sig, self._terminate)
+        log.info("event=starting router=%s %s", a.id, effective(a, SETTINGS))
         watcher = asyncio.create_task(self._watch())
-        await self._stop.wait()
-        watcher.cancel()
-        await self._leave(node)
-        if metrics is not None:
-            await metrics.cleanup()
-        await rt.close()
-        log.info("event=stopped router=%s", a.id)
-        return 0
+        code = 0
+        try:
+            seeds = [a.join] if a.join else []
+            while True:
+                await self._start_router(config, seeds, listen)
+                await self._stop.wait()
+                r = self.router
+                assert r is not None
+                if self._terminating or not a.rejoin or not r.ufab.installed:
+                    if not self._terminating and not r.ufab.installed:
+                        raise JoinRefused(
+                            f"the group refused router id {self.router_id}: it belonged to a "
+                            "router that left, and ids are unique for ever (pick a new --id)"
+                        )
+                    code = 0 if self._terminating else 1
+                    break
+                # Removed by the group: come back under a fresh id (ids are never reused).
+                seeds = self._seed_addresses()
+                await self._drop_router()
+                self.rejoins += 1
+                self.router_id = f"{a.id}.{self.rejoins}"
+                self._stop.clear()
+                log.warning("event=rejoining router=%s seeds=%s", self.router_id, ",".join(seeds))
+        except JoinRefused as e:
+            log.error("event=join_refused router=%s reason=%r", self.router_id, str(e))
+            print(f"ecast router: {e}", flush=True, file=sys.stderr)
+            code = 2
+        finally:
+            watcher.cancel()
+            if self._terminating and self.node is not None:
+                await self._leave(self.node)
+            if metrics is not None:
+                await metrics.cleanup()
+            await rt.close()
+        log.info("event=stopped router=%s code=%d", self.router_id, code)
+        return code
 
-    async def _reach(self, rt: Runtime, address: str) -> str:
-        for attempt in range(60):
-            try:
-                return await rt.connect_node(address)
-            except (TimeoutError, OSError, ConnectionError) as e:
-                log.warning(
-                    "event=join_retry address=%s attempt=%d reason=%r", address, attempt, str(e)
+    async def _start_router(self, config: Any, seeds: list[str], listen: str) -> None:
+        rt = self.runtime
+        assert rt is not None
+        rid = self.router_id
+        if seeds:
+            seed = await self._reach(rt, seeds)
+            self.router = Router(rid, config, self._params(), seeds=[seed])
+            log.info("event=joining router=%s seed=%s", rid, seed)
+        else:
+            self.router = Router(rid, config, self._params(), routers=[rid])
+            log.info("event=bootstrap router=%s listen=%s", rid, listen)
+        self.node = rt.add_node(rid, self.router, advertise=True)
+        self.router.link_lag = self.node.lag
+        self.node.start()
+
+    async def _drop_router(self) -> None:
+        if self.node is not None:
+            await self.node.stop()
+        self.node = None
+
+    def _seed_addresses(self) -> list[str]:
+        """Where the rest of the group listens, from the gossiped directory."""
+        rt, r = self.runtime, self.router
+        assert rt is not None and r is not None
+        view = r.ufab.view
+        peers = [m for m in (view.members if view else ()) if m != self.router_id]
+        found = [rt.directory[m] for m in peers if m in rt.directory]
+        if self.args.join and self.args.join not in found:
+            found.append(self.args.join)
+        return found or list(dict.fromkeys(rt.directory.values()))
+
+    async def _reach(self, rt: Runtime, seeds: list[str]) -> str:
+        """A running router to join through; gives up after ``--join-timeout``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.args.join_timeout
+        attempt = 0
+        last = ""
+        while True:
+            for address_ in seeds:
+                try:
+                    return await rt.connect_node(address_, min(5.0, self.args.join_timeout))
+                except (TimeoutError, OSError, ConnectionError) as e:
+                    last = f"{address_}: {e}"
+                    if "authentication" in str(e) or "wrong secret" in str(e):
+                        raise JoinRefused(
+                            f"{last}: this router's secret differs from the group's "
+                            "(--secret-file or ECAST_SECRET)"
+                        ) from None
+                    log.warning(
+                        "event=join_retry address=%s attempt=%d reason=%r",
+                        address_,
+                        attempt,
+                        str(e),
+                    )
+            attempt += 1
+            if loop.time() >= deadline:
+                raise JoinRefused(
+                    f"no router reachable to join within {self.args.join_timeout:g} s ({last})"
                 )
-                await asyncio.sleep(0.5)
-        raise SystemExit(f"cannot reach {address} to join")
+            await asyncio.sleep(0.5)
+
+    def _terminate(self) -> None:
+        self._terminating = True
+        self._stop.set()
 
     async def _watch(self) -> None:
         """Log view changes, and stop when the group parts this router."""
@@ -167,9 +409,9 @@ class RouterDaemon:
             self.loop_lag_max = max(self.loop_lag_max, lag)
             if lag > 0.25:
                 # The event loop did not come back for this long: heartbeats were late too.
-                log.warning("event=loop_lag router=%s seconds=%.3f", self.args.id, lag)
+                log.warning("event=loop_lag router=%s seconds=%.3f", self.router_id, lag)
             r = self.router
-            if r is None:
+            if r is None or self._stop.is_set():
                 continue
             self._schedule_policy(r.leading())
             view = r.ufab.view
@@ -177,15 +419,14 @@ class RouterDaemon:
                 seen = view
                 log.info(
                     "event=view router=%s view=%d members=%s leader=%s",
-                    self.args.id,
+                    self.router_id,
                     view.number,
                     ",".join(view.members),
                     view.members[0],
                 )
             if r.ufab.finished or (r.stopped and not r.ufab.retiring):
-                log.warning("event=parted router=%s reason=%s", self.args.id, r.ufab.stop_reason)
+                log.warning("event=parted router=%s reason=%s", self.router_id, r.ufab.stop_reason)
                 self._stop.set()
-                return
 
     def _schedule_policy(self, leading: bool) -> None:
         """The leader's work is on every message's path; a follower's is not.
@@ -203,15 +444,15 @@ class RouterDaemon:
         try:
             os.sched_setscheduler(0, which, os.sched_param(0))
         except OSError as e:
-            log.warning("event=sched_policy router=%s error=%r", self.args.id, str(e))
+            log.warning("event=sched_policy router=%s error=%r", self.router_id, str(e))
         else:
-            log.info("event=sched_policy router=%s policy=%s", self.args.id, policy)
+            log.info("event=sched_policy router=%s policy=%s", self.router_id, policy)
 
-    async def _leave(self, node: Any) -> None:
+    async def _leave(self, node: Node) -> None:
         r = self.router
         if r is None or r.stopped:
             return
-        log.info("event=leaving router=%s", self.args.id)
+        log.info("event=leaving router=%s", self.router_id)
         node.feed(lambda core, now: core.leave(now))
         deadline = time.monotonic() + self.args.leave_timeout
         while time.monotonic() < deadline:
@@ -223,235 +464,158 @@ class RouterDaemon:
     def health(self) -> dict[str, Any]:
         r = self.router
         if r is None:
-            return {"status": "starting"}
+            return {"status": "starting", "router": self.router_id}
         u = r.ufab
         view = u.view
-        status = (
-            "ok" if u.installed and not u.stopped else ("joining" if not u.installed else "stopped")
-        )
-        return {
-            "status": status,
-            "router": self.args.id,
+        now = asyncio.get_running_loop().time()
+        out: dict[str, Any] = {
+            "status": "ok",
+            "router": self.router_id,
             "view": view.number if view else None,
             "members": list(view.members) if view else [],
-            "leader": view.members[0] if view else None,
+            "leader": None,
             "leading": r.leading(),
             "paxos_leader": u.is_leader(),
             "unstable": r.unstable(),
+            "oldest_unstable_s": round(r.oldest_unstable_age(now), 3),
             "executed": u.executed,
             "uptime_s": round(time.time() - self.started, 1),
         }
+        if not u.installed:
+            out["status"] = "joining"
+            return out
+        if u.stopped:
+            out["status"] = "stopped"
+            return out
+        assert view is not None
+        suspected = u.detector.suspected
+        reachable = [m for m in view.members if m == self.router_id or m not in suspected]
+        out["reachable"] = reachable
+        leader = view.members[0]
+        out["leader"] = leader if leader in reachable else None
+        if len(reachable) < view.majority:
+            out["status"] = "no-quorum"
+            out["reason"] = (
+                f"{len(reachable)} of {len(view.members)} routers reachable; {view.majority} needed"
+            )
+        elif out["oldest_unstable_s"] > self.args.health_unstable_age:
+            out["status"] = "degraded"
+            waiting = r.waiting_for()
+            out["waiting_for"] = waiting[:20]
+            out["reason"] = f"a message has been unstable for {out['oldest_unstable_s']:.1f} s" + (
+                f", waiting for {', '.join(waiting[:5])}" if waiting else ""
+            )
+        return out
 
     def metrics(self) -> str:
         r = self.router
         rt = self.runtime
-        lines: list[str] = []
-
-        def metric(name: str, value: float, help_: str, kind: str = "gauge", **labels: Any) -> None:
-            if not any(x.startswith(f"# HELP {name} ") for x in lines):
-                lines.append(f"# HELP {name} {help_}")
-                lines.append(f"# TYPE {name} {kind}")
-            lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
-            lines.append(f"{name}{{{lab}}} {value}" if lab else f"{name} {value}")
-
+        m = Metrics()
         if r is not None:
             u = r.ufab
-            metric(
-                "ecast_messages_routed_total",
-                r.stats["routed"],
-                "Messages this router proposed",
-                "counter",
+            stats = r.stats
+            now = asyncio.get_running_loop().time()
+            for key, name, help_ in (
+                ("routed", "ecast_messages_routed_total", "Messages this router proposed"),
+                ("learned", "ecast_messages_learned_total", "Messages appended to the m-seq"),
+                ("delivered", "ecast_deliveries_total", "Message copies forwarded as leader"),
+                ("stable", "ecast_stable_total", "Messages learned stable"),
+                ("congestion_notices", "ecast_congestion_notices_total", "Congestion notices"),
+                ("unsafe_sent", "ecast_unsafe_sent_total", "Unsafe copies forwarded"),
+                ("leases_expired", "ecast_leases_expired_total", "Leases that ran out"),
+                (
+                    "suspects_issued",
+                    "ecast_suspects_issued_total",
+                    "Suspects this router submitted",
+                ),
+                ("config_errors", "ecast_config_errors_total", "Exceptions the config raised"),
+            ):
+                m.add(name, stats[key], help_, "counter")
+            m.add("ecast_unstable_messages", r.unstable(), "Learned messages not yet stable")
+            m.add(
+                "ecast_oldest_unstable_seconds",
+                round(r.oldest_unstable_age(now), 3),
+                "Age of the oldest unstable message",
             )
-            metric(
-                "ecast_messages_learned_total",
-                r.stats["learned"],
-                "Messages appended to the m-seq",
-                "counter",
+            m.add(
+                "ecast_application_processes",
+                r.connected_apps(now),
+                "Application processes heard from within their lease",
             )
-            metric(
-                "ecast_deliveries_total",
-                r.stats["delivered"],
-                "Message copies forwarded as leader",
-                "counter",
-            )
-            metric("ecast_stable_total", r.stats["stable"], "Messages learned stable", "counter")
-            metric("ecast_unstable_messages", r.unstable(), "Learned messages not yet stable")
-            metric(
-                "ecast_congestion_notices_total",
-                r.stats["congestion_notices"],
-                "Congestion notices sent",
-                "counter",
-            )
-            metric(
-                "ecast_unsafe_sent_total",
-                r.stats["unsafe_sent"],
-                "Unsafe copies forwarded",
-                "counter",
-            )
-            metric(
-                "ecast_paxos_active_instances",
-                u.in_flight(),
-                "Proposed instances not yet known chosen",
-            )
-            metric(
-                "ecast_paxos_executed_instance", u.executed, "Highest executed ufabcast instance"
-            )
-            metric("ecast_view", u.view.number if u.view else -1, "Router view number")
-            metric(
+            m.add("ecast_paxos_active_instances", u.in_flight(), "Proposed, not known chosen")
+            m.add("ecast_paxos_executed_instance", u.executed, "Highest executed instance")
+            m.add("ecast_view", u.view.number if u.view else -1, "Router view number")
+            m.add(
                 "ecast_loop_lag_max_seconds",
                 round(self.loop_lag_max, 4),
                 "Longest event-loop stall seen (heartbeats are late by as much)",
             )
-            metric("ecast_leader", 1 if r.leading() else 0, "1 if this router leads")
+            m.add("ecast_leader", 1 if r.leading() else 0, "1 if this router leads")
+            m.add("ecast_rejoins_total", self.rejoins, "Times this daemon rejoined", "counter")
             if u.view:
-                metric(
+                m.add(
                     "ecast_leader_info",
                     1,
                     "The leader of this router's view (the first of its succession order)",
                     leader=u.view.members[0],
                 )
-            metric(
-                "ecast_view_members", len(u.view.members) if u.view else 0, "Routers in the view"
-            )
+            m.add("ecast_view_members", len(u.view.members) if u.view else 0, "Routers in view")
+            if r.guard.errors:
+                log.warning(
+                    "event=config_error router=%s last=%r", self.router_id, r.guard.last_error
+                )
         if rt is not None:
             for key, value in rt.stats.items():
-                metric(f"ecast_transport_{key}_total", value, f"Transport counter {key}", "counter")
+                m.add(f"ecast_transport_{key}_total", value, f"Transport counter {key}", "counter")
             for node in rt.nodes.values():
                 for key, value in node.stats.items():
-                    metric(f"ecast_link_{key}_total", value, f"Link counter {key}", "counter")
+                    m.add(f"ecast_link_{key}_total", value, f"Link counter {key}", "counter")
                 # Every peer the link holds buffers for, connected or not: a peer whose
                 # connection dropped is the one whose queue grows.
                 peers = sorted(set(node.link.peers()) | set(rt.routes))
-                for peer in peers:  # each family's samples together, as Prometheus wants
-                    metric(
-                        "ecast_peer_unacked_frames",
-                        node.link.unacked(peer),
-                        "Frames sent to a peer and not acknowledged",
-                        peer=peer,
-                    )
-                for peer in peers:
-                    metric(
-                        "ecast_peer_unacked_messages",
-                        node.link.unacked_messages(peer),
-                        "Messages sent to a peer and not acknowledged",
-                        peer=peer,
-                    )
+                m.per_label(
+                    "ecast_peer_unacked_frames",
+                    {p: node.link.unacked(p) for p in peers},
+                    "Frames sent to a peer and not acknowledged",
+                    "peer",
+                )
+                m.per_label(
+                    "ecast_peer_unacked_messages",
+                    {p: node.link.unacked_messages(p) for p in peers},
+                    "Messages sent to a peer and not acknowledged",
+                    "peer",
+                )
+            sizes = {}
             for host, conn in rt.conns.items():
                 t = conn.transport
-                size = t.get_write_buffer_size() if t is not None else 0
-                metric(
-                    "ecast_peer_write_buffer_bytes", size, "Bytes queued for a process", peer=host
-                )
-        return "\n".join(lines) + "\n"
+                sizes[host] = t.get_write_buffer_size() if t is not None else 0
+            m.per_label(
+                "ecast_peer_write_buffer_bytes", sizes, "Bytes queued for a process", "peer"
+            )
+        return m.text()
 
     async def _serve_metrics(self) -> Any:
-        from aiohttp import web
-
-        async def metrics(_req: web.Request) -> web.Response:
-            return web.Response(text=self.metrics(), content_type="text/plain")
-
-        async def health(_req: web.Request) -> web.Response:
-            h = self.health()
-            return web.json_response(h, status=200 if h["status"] in ("ok", "joining") else 503)
-
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        app.router.add_get("/health", health)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        host, _, port = self.args.metrics.rpartition(":")
-        await web.TCPSite(runner, host, int(port)).start()
-        log.info("event=metrics_listening address=%s", self.args.metrics)
-        return runner
-
-
-def router_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument(
-        "--id",
-        help="router id, unique for ever (a restart takes a new one); required here or in --file",
-    )
-    ap.add_argument(
-        "--listen", help="HOST:PORT for routers and clients; required here or in --file"
-    )
-    ap.add_argument("--join", help="HOST:PORT of any running router (omit to bootstrap)")
-    ap.add_argument(
-        "--config", default="ecast.core.config:BroadcastConfig", help="package.module:Class"
-    )
-    ap.add_argument(
-        "--config-arg", action="append", default=[], help="KEY=VALUE for Config.initial"
-    )
-    ap.add_argument("--metrics", help="HOST:PORT for /metrics and /health")
-    ap.add_argument("--secret-file", help="file with the cluster secret (else $ECAST_SECRET)")
-    ap.add_argument("--tls-cert")
-    ap.add_argument("--tls-key")
-    ap.add_argument("--tls-ca")
-    ap.add_argument("--heartbeat", type=float, default=0.25)
-    ap.add_argument("--failure-timeout", type=float, default=1.0)
-    ap.add_argument("--clumping", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--delayed-acks", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--max-batch", type=int, default=4096, help="commands per Paxos instance")
-    ap.add_argument(
-        "--pipeline-depth",
-        type=int,
-        default=2,
-        help="uncommitted instances before clumping waits (0: fixed clumping)",
-    )
-    ap.add_argument(
-        "--congestion-threshold",
-        type=int,
-        default=1024,
-        help="unstable messages before senders above their fair share are told to slow down",
-    )
-    ap.add_argument(
-        "--ack-cache",
-        type=int,
-        default=1024,
-        help="acks kept per session for late duplicates; at least the clients' max window",
-    )
-    ap.add_argument("--max-frame", type=int, default=16 * 1024 * 1024, help="bytes")
-    ap.add_argument("--handshake-timeout", type=float, default=5.0, help="seconds")
-    ap.add_argument("--leave-timeout", type=float, default=5.0)
-    ap.add_argument(
-        "--follower-sched",
-        choices=("batch", "normal"),
-        default="batch",
-        help="CPU policy while following: batch (Linux SCHED_BATCH) keeps a follower woken "
-        "by a message from preempting the leader on a shared machine",
-    )
-    ap.add_argument("--log-level", default="info")
-    ap.add_argument("--file", help="TOML file with any of these settings (flags win)")
-
-
-def apply_toml(args: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
-    """Settings from ``--file`` fill in what the command line left at its default (flags
-    win); ``--id`` and ``--listen`` must come from one or the other."""
-    if args.file:
-        with open(args.file, "rb") as f:
-            data = tomllib.load(f)
-        defaults = vars(ap.parse_args([]))
-        for key, value in data.items():
-            name = key.replace("-", "_")
-            if name not in defaults:
-                raise SystemExit(f"{args.file}: unknown setting {key!r}")
-            if getattr(args, name) == defaults[name]:
-                setattr(args, name, value)
-    for name in ("id", "listen"):
-        if not getattr(args, name):
-            ap.error(f"--{name} is required (on the command line or in --file)")
+        return await serve_http(
+            self.args.metrics,
+            self.metrics,
+            self.health,
+            lambda h: h["status"] in ("ok", "joining", "starting"),
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="ecast router", description=__doc__.split("\n")[0])
-    router_arguments(ap)
-    args = ap.parse_args(argv)
-    apply_toml(args, ap)
-    try:  # fail here, with a clear message, rather than with a traceback from the loop
-        load_config(args.config, **config_args(args.config_arg))
-    except (ImportError, AttributeError, ValueError, TypeError) as e:
-        ap.error(
-            f"--config {args.config}: {e} (the module must be importable: installed, or its "
-            "directory on PYTHONPATH)"
-        )
-    setup_logging(args.log_level)
-    tune_process()
-    return asyncio.run(RouterDaemon(args).run())
+    ap = build_parser("ecast router", __doc__.split("\n")[0], SETTINGS)
+
+    def go() -> int:
+        args = load_settings(ap, SETTINGS, argv)
+        for name in ("id", "listen"):
+            if not getattr(args, name):
+                raise UsageError(f"--{name} is required (on the command line or in --file)")
+        if args.id.startswith("@"):
+            raise UsageError(f"--id {args.id}: ids starting with @ are reserved")
+        load_initial_config(args.config, args.config_arg)  # fail here, before any I/O
+        setup_logging(args.log_level)
+        tune_process()
+        return asyncio.run(RouterDaemon(args).run())
+
+    return run_main(go, "ecast router")
