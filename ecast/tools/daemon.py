@@ -24,10 +24,12 @@ import signal
 import ssl
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 from ecast.core.config import config_class
-from ecast.core.router import Router, RouterParams
+from ecast.core.router import ROUTER_MUTATIONS, Router, RouterParams
+from ecast.core.ufabcast import MUTATIONS as UFAB_MUTATIONS
 from ecast.core.ufabcast import UfabParams
 from ecast.runtime import Node, Runtime, read_secret, tune_process
 from ecast.tools.daemon_kit import (
@@ -46,6 +48,7 @@ from ecast.tools.daemon_kit import (
     serve_http,
     setup_logging,
 )
+from ecast.tools.local import MUTATIONS_ENV
 
 log = logging.getLogger("ecast.daemon")
 
@@ -164,6 +167,13 @@ SETTINGS: tuple[Setting, ...] = (
         choices=("batch", "normal"),
     ),
     Setting("log-level", str, "info", "log level", choices=LOG_LEVELS),
+    Setting(
+        "mutation",
+        str,
+        [],
+        "plant a known bug (tests only; refused unless ECAST_TEST_MUTATIONS=1)",
+        repeat=True,
+    ),
 )
 
 
@@ -251,7 +261,10 @@ class RouterDaemon:
             max_batch=a.max_batch,
             pipeline_depth=a.pipeline_depth,
         )
+        mutations = frozenset(a.mutation)
+        ufab = replace(ufab, mutations=mutations & UFAB_MUTATIONS)
         return RouterParams(
+            mutations=mutations & ROUTER_MUTATIONS,
             ufab=ufab,
             delayed_acks=a.delayed_acks,
             congestion_threshold=a.congestion_threshold,
@@ -613,6 +626,17 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"--{name} is required (on the command line or in --file)")
         if args.id.startswith("@"):
             raise UsageError(f"--id {args.id}: ids starting with @ are reserved")
+        if args.mutation:
+            if os.environ.get(MUTATIONS_ENV) != "1":
+                raise UsageError(
+                    f"--mutation plants bugs for tests; set {MUTATIONS_ENV}=1 to allow it"
+                )
+            unknown = set(args.mutation) - ROUTER_MUTATIONS - UFAB_MUTATIONS
+            if unknown:
+                raise UsageError(
+                    f"--mutation {', '.join(sorted(unknown))}: unknown (known: "
+                    f"{', '.join(sorted(ROUTER_MUTATIONS | UFAB_MUTATIONS))})"
+                )
         load_initial_config(args.config, args.config_arg)  # fail here, before any I/O
         setup_logging(args.log_level)
         tune_process()

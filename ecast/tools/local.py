@@ -1,8 +1,12 @@
-"""A router group of real daemons on 127.0.0.1: for the demo, the benchmark and the tests.
+"""Local daemons for people, tests and tools: started, watched and stopped as an operator
+would, through their command lines, signals and ``/health``.
 
-Each router is a separate OS process started with ``python -m ecast router``; the group is
-driven only through the daemon's command line, its signals and its ``/health`` endpoint,
-exactly as an operator would.
+:class:`StateDir` runs any daemon (a router, a Rubberband storage process, ...) with a
+state directory that holds the cluster secret (mode 600), one log per process, and
+``processes.json`` (pid, command line, ports, log of each), so a later command (``status``,
+``down``) finds them.  A *launcher prefix* runs a process inside something, such as
+``["ip", "netns", "exec", "ns1"]`` for a network namespace.  :class:`LocalCluster` is a
+router group on top of it.
 """
 
 from __future__ import annotations
@@ -15,10 +19,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+MUTATIONS_ENV = "ECAST_TEST_MUTATIONS"
+"""Set to 1 to let daemons accept ``--mutation`` (planted bugs, for tests only)."""
 
 
 def free_port() -> int:
@@ -27,54 +34,235 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def http_json(url: str, timeout: float = 1.0) -> dict[str, Any] | None:
+    """GET a JSON document; None if nothing answered (a 503 still answers)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return dict(json.loads(r.read()))
+    except urllib.error.HTTPError as e:
+        try:
+            return dict(json.loads(e.read()))
+        except Exception:
+            return None
+    except Exception:
+        return None
+
+
+@dataclass
+class Daemon:
+    """One process started by a :class:`StateDir`."""
+
+    name: str
+    argv: list[str]
+    proc: subprocess.Popen[bytes]
+    log: Path
+    ports: dict[str, int] = field(default_factory=dict)
+    health_port: int | None = None
+    restart: Callable[[], Daemon] | None = None
+    """How to start it again on fresh ports (after losing a port race)."""
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def health(self) -> dict[str, Any] | None:
+        if self.health_port is None:
+            return None
+        return http_json(f"http://127.0.0.1:{self.health_port}/health")
+
+    def metrics_text(self) -> str:
+        url = f"http://127.0.0.1:{self.health_port}/metrics"
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return str(r.read().decode())
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def terminate(self, timeout: float = 10.0) -> int:
+        self.signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+class StateDir:
+    """Processes of one local cluster, recorded in ``dir/processes.json``."""
+
+    def __init__(
+        self,
+        path: Path | str,
+        secret: str | None = None,
+        launcher: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.secret_file = self.path / "secret"
+        if secret is None:
+            secret = (
+                self.secret_file.read_text().strip()
+                if self.secret_file.exists()
+                else os.urandom(24).hex()
+            )
+        self.secret = secret
+        self.secret_file.write_text(secret + "\n")
+        self.secret_file.chmod(0o600)
+        self.launcher = list(launcher)
+        self.env = dict(env or {})
+        self.daemons: dict[str, Daemon] = {}
+
+    def start(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        ports: dict[str, int] | None = None,
+        health_port: int | None = None,
+        env: dict[str, str] | None = None,
+        launcher: Sequence[str] | None = None,
+    ) -> Daemon:
+        """Start ``argv`` (its output to ``dir/NAME.log``), recorded under ``name``."""
+        log = self.path / f"{name}.log"
+        full = [*(self.launcher if launcher is None else launcher), *argv]
+        environ = {**os.environ, **self.env, **(env or {})}
+        environ.pop("ECAST_SECRET", None)  # daemons read dir/secret, never the environment
+        with log.open("ab") as out:
+            proc = subprocess.Popen(full, stdout=out, stderr=subprocess.STDOUT, env=environ)
+        d = Daemon(name, list(full), proc, log, dict(ports or {}), health_port)
+        self.daemons[name] = d
+        self.save()
+        return d
+
+    def python(self, module: str, *args: str) -> list[str]:
+        """A command line that runs ``python -m module args`` with this interpreter."""
+        return [sys.executable, "-m", module, *args]
+
+    def save(self) -> None:
+        data = {
+            name: {
+                "pid": d.pid,
+                "argv": d.argv,
+                "ports": d.ports,
+                "health_port": d.health_port,
+                "log": str(d.log),
+                "alive": d.alive(),
+            }
+            for name, d in self.daemons.items()
+        }
+        (self.path / "processes.json").write_text(json.dumps(data, indent=1))
+
+    @staticmethod
+    def recorded(path: Path | str) -> dict[str, Any]:
+        """What ``processes.json`` of a state directory says (for ``status``, ``down``)."""
+        f = Path(path) / "processes.json"
+        return dict(json.loads(f.read_text())) if f.exists() else {}
+
+    def wait_healthy(
+        self,
+        name: str,
+        ok: Callable[[dict[str, Any]], bool] = lambda h: h.get("status") == "ok",
+        timeout: float = 30.0,
+    ) -> dict[str, Any]:
+        """Poll ``/health`` until ``ok`` holds; start again on fresh ports if the process
+        lost the race for a probed port before it did anything."""
+        deadline = time.monotonic() + timeout
+        h = None
+        while time.monotonic() < deadline:
+            d = self.daemons[name]
+            h = d.health()
+            if h is not None and ok(h):
+                return h
+            if not d.alive():
+                if d.restart is None or not _lost_port_race(d):
+                    break
+                # ``free_port`` closes its probe before the daemon binds, and another
+                # process may take the port in between: it did nothing yet, so start it
+                # again on fresh ports.
+                self.daemons[name] = d.restart()
+            time.sleep(0.05)
+        d = self.daemons[name]
+        raise RuntimeError(f"{name} not healthy in time: {h}\n{d.log_text()[-3000:]}")
+
+    def stop_all(self, timeout: float = 5.0) -> None:
+        """SIGTERM everyone, then SIGKILL whoever is left."""
+        for d in self.daemons.values():
+            d.signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for d in self.daemons.values():
+            try:
+                d.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                d.kill()
+        self.save()
+
+
+def _lost_port_race(d: Daemon) -> bool:
+    text = d.log_text()
+    return ("address already in use" in text.lower() or "in use" in text) and (
+        "event=bootstrap" not in text and "event=joining" not in text
+    )
+
+
 @dataclass
 class LocalRouter:
+    """A router daemon of a :class:`LocalCluster`."""
+
     id: str
     port: int
     metrics: int
-    proc: subprocess.Popen[bytes]
-    log: Path
-    join: str | None = None
-    extra: tuple[str, ...] = ()
-    """How it was started (``LocalCluster.start``), to start it again on fresh ports."""
+    daemon: Daemon
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.daemon.proc
+
+    @property
+    def log(self) -> Path:
+        return self.daemon.log
+
     def health(self) -> dict[str, Any] | None:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics}/health", timeout=1) as r:
-                return dict(json.loads(r.read()))
-        except Exception:
-            return None
+        return self.daemon.health()
 
     def metrics_text(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics}/metrics", timeout=1) as r:
-            return str(r.read().decode())
+        return self.daemon.metrics_text()
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return self.daemon.alive()
 
 
-@dataclass
 class LocalCluster:
     """Routers ``r1``, ``r2``, ... as daemons; ``args`` go to every one of them."""
 
-    workdir: Path
-    secret: str
-    args: Sequence[str] = ()
-    routers: dict[str, LocalRouter] = field(default_factory=dict)
+    def __init__(
+        self,
+        workdir: Path | str,
+        secret: str | None = None,
+        args: Sequence[str] = (),
+        launcher: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.state = StateDir(workdir, secret, launcher, env)
+        self.workdir = self.state.path
+        self.secret = self.state.secret
+        self.args = list(args)
+        self.routers: dict[str, LocalRouter] = {}
 
     def start(self, rid: str, join: str | None = None, *extra: str) -> LocalRouter:
-        return self._spawn(rid, join, extra)
-
-    def _spawn(self, rid: str, join: str | None, extra: tuple[str, ...]) -> LocalRouter:
         port, metrics = free_port(), free_port()
-        log = self.workdir / f"{rid}.log"
-        cmd = [
-            sys.executable,
-            "-m",
+        argv = self.state.python(
             "ecast",
             "router",
             "--id",
@@ -83,49 +271,42 @@ class LocalCluster:
             f"127.0.0.1:{port}",
             "--metrics",
             f"127.0.0.1:{metrics}",
+            "--secret-file",
+            str(self.state.secret_file),
             *self.args,
             *extra,
-        ]
+        )
         if join:
-            cmd += ["--join", join]
-        env = {**os.environ, "ECAST_SECRET": self.secret}
-        with log.open("wb") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        r = LocalRouter(rid, port, metrics, proc, log, join, extra)
+            argv += ["--join", join]
+        d = self.state.start(
+            rid, argv, ports={"listen": port, "metrics": metrics}, health_port=metrics
+        )
+        r = LocalRouter(rid, port, metrics, d)
+
+        def again() -> Daemon:
+            return self.start(rid, join, *extra).daemon
+
+        d.restart = again
         self.routers[rid] = r
         return r
 
     def wait_healthy(
         self, rid: str, members: int | None = None, timeout: float = 30.0
     ) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        h = None
-        while time.monotonic() < deadline:
-            h = self.routers[rid].health()
-            if h and h.get("status") == "ok" and (members is None or len(h["members"]) == members):
-                return h
-            r = self.routers[rid]
-            if not r.alive():
-                if not self._lost_port_race(r):
-                    break
-                # ``free_port`` closes its probe before the router binds, and another
-                # process may take the port in between.  The router failed before it
-                # joined anything, so the same id may try again on fresh ports.
-                self._spawn(rid, r.join, r.extra)
-            time.sleep(0.05)
-        raise RuntimeError(
-            f"{rid} not healthy in time: {h}\n{self.routers[rid].log.read_text()[-3000:]}"
+        h = self.state.wait_healthy(
+            rid,
+            lambda h: h.get("status") == "ok" and (members is None or len(h["members"]) == members),
+            timeout,
         )
-
-    @staticmethod
-    def _lost_port_race(r: LocalRouter) -> bool:
-        text = r.log.read_text(errors="replace")
-        joined = "event=bootstrap" in text or "event=joining" in text
-        return "address already in use" in text and not joined
+        d = self.state.daemons[rid]
+        if self.routers[rid].daemon is not d:  # started again on fresh ports
+            self.routers[rid] = LocalRouter(rid, d.ports["listen"], d.ports["metrics"], d)
+        return h
 
     def start_group(self, n: int) -> list[LocalRouter]:
         first = self.start("r1")
         self.wait_healthy("r1")
+        first = self.routers["r1"]
         for i in range(2, n + 1):
             self.start(f"r{i}", first.address)
         for i in range(1, n + 1):
@@ -141,12 +322,10 @@ class LocalCluster:
         return None
 
     def kill(self, rid: str) -> None:
-        self.routers[rid].proc.send_signal(signal.SIGKILL)
-        self.routers[rid].proc.wait(5)
+        self.routers[rid].daemon.kill()
 
     def terminate(self, rid: str, timeout: float = 10.0) -> int:
-        self.routers[rid].proc.send_signal(signal.SIGTERM)
-        return self.routers[rid].proc.wait(timeout)
+        return self.routers[rid].daemon.terminate(timeout)
 
     def addresses(self) -> list[str]:
         return [r.address for r in self.routers.values() if r.alive()]
@@ -154,5 +333,5 @@ class LocalCluster:
     def stop_all(self) -> None:
         for r in self.routers.values():
             if r.alive():
-                r.proc.kill()
-                r.proc.wait(5)
+                r.daemon.kill()
+        self.state.save()
