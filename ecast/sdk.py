@@ -409,11 +409,27 @@ class Client:
         return self._future_for(self._feed(lambda core, now: core.submit(payload, header, now)))
 
     async def enqueue(
-        self, payload: Any, header: dict[str, Any] | None = None
+        self,
+        payload: Any,
+        header: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = -1.0,
     ) -> asyncio.Future[Ack]:
         """Submit once the send window has room (E-Cast's flow control pushing back);
-        return the ack future: the pipelined form of :meth:`submit`."""
+        return the ack future: the pipelined form of :meth:`submit`.  ``timeout`` bounds
+        the wait for room (default: the client's ``ack_timeout``)."""
         message_size(payload, header, self.max_message)
+        if timeout is not None and timeout < 0:
+            timeout = self.ack_timeout
+        try:
+            return await asyncio.wait_for(self._enqueue(payload, header), timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"no room in the send window within {timeout:g} s (state: {self.state}): "
+                "earlier messages are not becoming stable"
+            ) from None
+
+    async def _enqueue(self, payload: Any, header: dict[str, Any] | None) -> asyncio.Future[Ack]:
         ep = self.endpoint
         while ep is not None and len(ep.queued) >= self.max_queued and self._alive():
             self._space.clear()
@@ -429,7 +445,7 @@ class Client:
     ) -> Ack:
         """Submit and wait until the message is stable: every destination delivered it.
         ``timeout`` defaults to the client's ``ack_timeout`` (None: wait for ever)."""
-        fut = await self.enqueue(payload, header)
+        fut = await self.enqueue(payload, header, timeout=timeout)
         return await self._wait(fut, timeout, "the acknowledgement")
 
     def submit_batch(self, items: list[tuple[Any, Any]]) -> list[MsgId]:

@@ -20,6 +20,7 @@ def net(
     router_mutations: frozenset[str] = NONE,
     endpoint_mutations: frozenset[str] = NONE,
     config: Config | None = None,
+    endpoint: dict[str, object] | None = None,
     **router_kw: object,
 ) -> EcastNet:
     rp = RouterParams(
@@ -27,7 +28,7 @@ def net(
         mutations=router_mutations,
         **router_kw,  # type: ignore[arg-type]
     )
-    ep = EndpointParams(mutations=endpoint_mutations)
+    ep = EndpointParams(mutations=endpoint_mutations, **(endpoint or {}))  # type: ignore[arg-type]
     return EcastNet([f"r{i + 1}" for i in range(routers)], config, rp, ep)
 
 
@@ -173,6 +174,46 @@ def leaver_crashes_before_confirming_its_part(
     n.settle(0.5)
     n.suspect("mon", ["b"])
     n.settle(1.0)
+    return n
+
+
+def silent_crash_caught_by_lease(rm: frozenset[str] = NONE, em: frozenset[str] = NONE) -> EcastNet:
+    """d crashes and nobody suspects it: a's message waits for d's confirmation until d's
+    lease runs out and the leader suspects d itself."""
+    n = net(router_mutations=rm, endpoint_mutations=em)
+    for p in ("a", "d"):
+        n.add_app(p)
+    n.settle(0.3)
+    n.crash("d")
+    n.submit("a", "x")
+    n.settle(n.router_params.client_lease + 1.0)
+    n.notes["suspects issued"] = sum(n.router(r).stats["suspects_issued"] for r in n.founders)
+    return n
+
+
+def busy_survivor_suspects_a_dead_peer(
+    rm: frozenset[str] = NONE, em: frozenset[str] = NONE
+) -> EcastNet:
+    """d dies; a keeps submitting until its window is full of messages that can only
+    become stable once d is suspected, then a suspects d.  The suspect must not wait
+    behind that window (leases are long here, so they do not rescue anyone)."""
+    n = net(
+        router_mutations=rm,
+        endpoint_mutations=em,
+        endpoint={"initial_window": 2, "max_window": 2, "slow_start": False},
+        client_lease=60.0,
+    )
+    for p in ("a", "b", "c", "d"):
+        n.add_app(p)
+    n.settle(0.3)
+    n.crash("d")
+    for i in range(20):
+        n.submit("a", f"m{i}")
+    n.settle(0.5)
+    n.notes["window before"] = len(n.endpoint("a").window)
+    n.notes["queued before"] = len(n.endpoint("a").queued)
+    n.suspect("a", ["d"])
+    n.settle(3.0)
     return n
 
 

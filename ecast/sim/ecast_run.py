@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ecast.core.config import BroadcastConfig, Config, KeyRingConfig
+from ecast.core.config import ROUTERS, BroadcastConfig, Config, KeyRingConfig
 from ecast.core.effects import Effects, NodeId
 from ecast.core.endpoint import Acked, Delivery, Endpoint, EndpointParams, Terminated
 from ecast.core.message import Message
@@ -27,7 +27,14 @@ from ecast.sim.ecast_checks import LIVENESS, SAFETY, AppRecord, RouterRecord, bu
 from ecast.sim.group import ROUTER_FAULTS, GroupRunConfig, GroupRunResult, RouterGroupRun
 from ecast.sim.ufab import GRACE
 
-APP_FAULTS = ("app_crash", "false_suspicion", "app_cut", "app_join", "app_part")
+APP_FAULTS = (
+    "app_crash",
+    "false_suspicion",
+    "app_cut",
+    "app_join",
+    "app_part",
+    "app_silent_crash",
+)
 ECAST_FAULTS = ROUTER_FAULTS + APP_FAULTS
 ECAST_SITUATIONS = (
     "leader_crash_unstable",
@@ -36,6 +43,7 @@ ECAST_SITUATIONS = (
     "false_suspicion",
     "mutual_parts",
     "unsafe_untagged_accepted",
+    "lease_suspect",
 )
 
 
@@ -178,6 +186,8 @@ class EcastRun(RouterGroupRun):
         self._next_app = 0
         self._false_suspects: set[NodeId] = set()
         self._probes_until = 0.0
+        self._silent: set[NodeId] = set()
+        """Processes crashed without a monitor's suspect (leases must catch them)."""
 
     # ------------------------------------------------------------------ routers
     def _make_router(
@@ -282,6 +292,19 @@ class EcastRun(RouterGroupRun):
         self.app_recs[victim].crashed = True
         self._note(f"crash app {victim}")
         self.sim.at(self.sim.now + self.cfg.monitor_delay, lambda: self._monitor_suspect([victim]))
+
+    def _fault_app_silent_crash(self) -> None:
+        """A process dies and nobody suspects it: only its lease running out (the leader's
+        suspect) lets the messages it was to confirm become stable."""
+        crashed = sum(1 for h in self.app_recs.values() if h.crashed)
+        candidates = [p for p in self._apps() if self.apps[p].rec.role != "monitor"]
+        if crashed >= 3 or len(candidates) < 3:
+            return
+        victim = candidates[self.rng.randrange(len(candidates))]
+        self.sim.crash(victim)
+        self.app_recs[victim].crashed = True
+        self._silent.add(victim)
+        self._note(f"crash app {victim} silently")
 
     def _fault_false_suspicion(self) -> None:
         candidates = [p for p in self._apps() if self.apps[p].rec.role != "monitor"]
@@ -413,6 +436,13 @@ class EcastRun(RouterGroupRun):
         for p in self._false_suspects:
             if p in ref.suspected and self.app_recs[p].terminated == "suspected":
                 self.situations["false_suspicion"] += 1
+        lease_suspects = {
+            p
+            for m in ref.mseq.values()
+            if m.sender == ROUTERS
+            for p in (m.header.get("who", ()) if type(m.header) is dict else ())
+        }
+        self.situations["lease_suspect"] += len(self._silent & lease_suspects)
         delivered = sum(1 for r in self.app_recs.values() for e in r.events if e[0] == "dlv")
         acked = sum(1 for r in self.app_recs.values() for e in r.events if e[0] == "ack")
         uns = [e for r in self.app_recs.values() for e in r.events if e[0] == "uns"]

@@ -95,6 +95,7 @@ SCRIPTED = {
     "no_window_resend": sc.leader_crash_before_proposing,
     "no_duplicate_confirm": sc.leader_change_after_last_message,
     "unsafe_advances_t_max": sc.unsafe_then_safe,
+    "no_lease_expiry": sc.silent_crash_caught_by_lease,
 }
 
 

@@ -478,3 +478,36 @@ def test_a_process_that_crashes_after_its_part_is_ordered_can_still_be_suspected
     assert n.endpoint("a").window == {}  # everything acknowledged
     assert all(n.router(r).unstable() == 0 for r in ("r1", "r2", "r3"))
     assert not n.violations()
+
+
+def test_a_process_that_dies_silently_is_suspected_when_its_lease_runs_out() -> None:
+    n = sc.silent_crash_caught_by_lease()
+    assert n.notes["suspects issued"] == 1
+    assert n.endpoint("a").window == {}  # x became stable without d
+    r1 = n.router("r1")
+    assert "d" in r1.state.expelled and r1.stats["leases_expired"] >= 1
+    assert not n.violations()
+
+
+def test_a_new_leader_gives_every_process_a_full_lease() -> None:
+    n = sc.net()
+    for p in ("a", "b"):
+        n.add_app(p)
+    n.settle(0.3)
+    n.crash("b")
+    n.settle(3.0)  # b silent for 3 s of its 5-s lease...
+    n.crash("r1")  # ...when the leader dies: r2 takes over and starts b's lease afresh
+    n.settle(3.0)
+    r2 = n.router("r2")
+    assert r2.leading() and r2.stats["suspects_issued"] == 0
+    n.settle(3.0)
+    assert r2.stats["suspects_issued"] == 1 and "b" in r2.state.expelled
+
+
+def test_a_suspect_gets_through_a_full_data_window() -> None:
+    n = sc.busy_survivor_suspects_a_dead_peer()
+    assert n.notes["window before"] == 2 and n.notes["queued before"] == 18
+    a = n.endpoint("a")
+    assert a.window == {} and not a.queued and a.control == {}  # all of it stable
+    assert [p for p in n.delivered("b") if p and p.startswith("m")] == [f"m{i}" for i in range(20)]
+    assert not n.violations()

@@ -12,6 +12,7 @@ ROUTER_MUTATIONS = frozenset(
         "route_latest_config",  # route with the latest config, not the message's prefix
         "ignore_suspects",  # keep waiting for confirmations from suspected destinations
         "join_without_sessions",  # a joining router gets no session table
+        "no_lease_expiry",  # the leader never suspects a process whose lease ran out
     }
 )
 """Test-only switches that plant known bugs; the test suite must catch every one."""

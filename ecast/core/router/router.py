@@ -161,7 +161,8 @@ class Router:
             self._next_periodic = now + self.p.congestion_interval
             if self.lead is not None:
                 self.lead.periodic()
-                self._expire_leases()
+                if "no_lease_expiry" not in self._mut:
+                    self._expire_leases()
         return self._end()
 
     def leave(self, now: float) -> Effects:

@@ -1,0 +1,31 @@
+"""A client process for the lease tests: joins, consumes deliveries, and reports on stdout
+(JSON lines) when it joined and when it learned it was suspected (then exits 3)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+import ecast
+
+
+async def main(args: argparse.Namespace) -> int:
+    client = await ecast.connect(args.routers.split(","), name=args.name, secret=args.secret)
+    print(json.dumps({"event": "joined", "name": args.name}), flush=True)
+    try:
+        async for _ in client.deliveries():
+            pass
+    except ecast.SuspectedError as e:
+        print(json.dumps({"event": "suspected", "error": str(e)}), flush=True)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--routers", required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--secret", required=True)
+    sys.exit(asyncio.run(main(ap.parse_args())))
