@@ -54,7 +54,7 @@ from ecast.errors import (
     SuspectedError,
     Unavailable,
 )
-from ecast.runtime import Node, Runtime
+from ecast.runtime import Node, Runtime, new_incarnation
 from ecast.wire.codec import MAX_FRAME
 
 __all__ = ["Ack", "Client", "connect"]
@@ -195,7 +195,9 @@ class Client:
                 errors.append(f"{address}: {e}")
         if not ids:
             raise _unreachable(errors)
-        self.endpoint = Endpoint(self.name, ids, self._params, self._session)
+        self.endpoint = Endpoint(
+            self.name, ids, self._params, self._session, incarnation=new_incarnation()
+        )
         self.node = self.runtime.add_node(
             self.name,
             self.endpoint,
@@ -221,7 +223,7 @@ class Client:
         except TimeoutError:
             raise TimeoutError(
                 f"connected to {len(ids)} router(s) but {'the join' if join else 'no answer'} "
-                f"came back within {timeout:g} s (is the group's majority up?)"
+                f"did not come back within {timeout:g} s (is a majority of the routers up?)"
             ) from None
         if self.terminated is not None:
             raise self._stopped_error()
@@ -561,6 +563,7 @@ class Client:
         not yet acknowledged by its link, or its connection's buffer over its mark."""
         self.send_direct_nowait(peer, payload)
         node = self._open_node()
+        await asyncio.sleep(0)  # let the runtime write it: the peer's lag shows only then
         while node.lag(peer) > high_water and self._alive():
             await asyncio.sleep(0.005)
 

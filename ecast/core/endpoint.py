@@ -5,22 +5,22 @@ An endpoint submits messages in a session, keeps unstable ones in a send window 
 by a congestion window, delivers in ``t`` order exactly once, confirms every delivery it
 receives (duplicates included, or stability would stall), and follows the router
 succession order.  Upcalls, in order: :class:`Delivery`, :class:`Acked`, :class:`Rejected`,
-:class:`LeaderChanged`, ``SessionsClosed`` (the router's reply itself),
-:class:`Terminated`.
+:class:`LeaderChanged`, ``SessionsClosed`` and ``Welcome`` (the router's messages
+themselves), :class:`Terminated`.
 
 Two sessions per process:
 
 * the *data* session, which the application may choose and hand from one process to
   another (a retried Spark task resubmits the same session and sequence numbers), and
   whose window the congestion window bounds;
-* the *control* session ``("@" + name, 0, "")``, for this process's own join, part and
+* the *control* session ``("@" + name, incarnation, "")``, for this process's own join, part and
   suspect messages.  It is never bounded by the congestion window, so a suspect or a
   part gets through whatever the data window holds (a full data window may wait for
   exactly the suspect that is stuck behind it), and it never takes a data sequence
   number (a process that reuses a data session still joins).
 
 The endpoint keeps its lease with the routers alive: every message to its router counts,
-and an idle endpoint sends a small ``Hello`` every third of its lease.
+and an idle endpoint sends a ``KeepAlive`` every third of its lease.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from ecast.core.proto import (
     DeliverUnsafe,
     Detach,
     Hello,
+    KeepAlive,
     Leader,
     RejectedClosed,
     Route,
@@ -159,6 +160,7 @@ class Endpoint:
         routers: list[NodeId] | tuple[NodeId, ...],
         params: EndpointParams | None = None,
         session: Session | None = None,
+        incarnation: int = 0,
     ) -> None:
         if not routers:
             raise ValueError("an endpoint needs at least one router to talk to")
@@ -166,7 +168,9 @@ class Endpoint:
         self.p = params or EndpointParams()
         self._mut = self.p.mutations
         self.session: Session = session or (me, 0, "")
-        self.control_session: Session = ("@" + me, 0, "")
+        self.control_session: Session = ("@" + me, incarnation, "")
+        """Per process, not per name: a later process under a retired name sends a join
+        the routers have not seen (and the config refuses), not a duplicate of the old."""
         self.unsafe_session: Session = (self.session[0], self.session[1], self.session[2] + "~u")
         self.next_seq = 1
         self.next_control = 1
@@ -335,6 +339,7 @@ class Endpoint:
                 self.lease = msg.lease
                 self.max_message = msg.max_message
                 self._keepalive = max(0.05, msg.lease / 3)
+                self._deliver(msg)  # the upcall is the greeting itself
             elif t is Suspected:
                 self._terminate("suspected")
         return self._end()
@@ -478,7 +483,7 @@ class Endpoint:
             if fx.send:
                 self._last_sent = now
             elif now - self._last_sent >= self._keepalive:
-                self._send(self.target, Hello(self.p.lease))  # our lease, kept alive
+                self._send(self.target, KeepAlive())  # our lease, kept alive
                 self._last_sent = now
             wake = min(self._next_growth, self._last_sent + self._keepalive)
             if self.waiting():

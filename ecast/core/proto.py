@@ -19,11 +19,17 @@ from ecast.core.message import Message, MsgId, Submission
 
 @dataclass(frozen=True, slots=True)
 class Hello:
-    """A process announces itself to a router (it gets the succession order back), and
-    keeps its lease alive when it has nothing else to send.  ``lease`` is the lease it
-    asks for, in seconds (0: the router's default)."""
+    """A process announces itself to a router, when it starts and whenever it turns to
+    another router; it gets the succession order and a ``Welcome`` back.  ``lease`` is
+    the lease it asks for, in seconds (0: the router's default)."""
 
     lease: float
+
+
+@dataclass(frozen=True, slots=True)
+class KeepAlive:
+    """An idle process's lease, kept alive (every third of the lease it sends nothing
+    else)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +161,7 @@ class Direct:
     payload: Any
 
 
-ENDPOINT_TO_ROUTER = (Hello, Route, RouteUnsafe, Confirm, CloseSessions, Detach)
+ENDPOINT_TO_ROUTER = (Hello, Route, RouteUnsafe, Confirm, CloseSessions, Detach, KeepAlive)
 ROUTER_TO_ENDPOINT = (
     Deliver,
     DeliverUnsafe,

@@ -83,6 +83,7 @@ _CLASSES: tuple[type, ...] = (
     # protocol v7
     _proto.Detach,
     _proto.Welcome,
+    _proto.KeepAlive,
 )
 _CODE: dict[type, int] = {cls: i + 1 for i, cls in enumerate(_CLASSES)}
 

@@ -25,6 +25,7 @@ from ecast.core.proto import (
     Confirm,
     Detach,
     Hello,
+    KeepAlive,
     Leader,
     Route,
     RouteCmd,
@@ -48,7 +49,7 @@ from ecast.core.ufabcast import (
 from ecast.core.ufabcast.messages import UFAB_MESSAGES
 
 _UFAB_TYPES = frozenset(UFAB_MESSAGES)
-_APP_TYPES = frozenset({Confirm, Route, RouteUnsafe, Hello, CloseSessions, Detach})
+_APP_TYPES = frozenset({Confirm, Route, RouteUnsafe, Hello, CloseSessions, Detach, KeepAlive})
 _KNOWN_TYPES = _UFAB_TYPES | _APP_TYPES
 __all__ = ["Router", "RouterParams"]
 
@@ -363,6 +364,8 @@ class Router:
                     lead.forward_unsafe(src, msg.subs, self.link_lag)
             elif t is Hello:
                 self._grant_lease(src, msg.lease)
+            elif t is KeepAlive:
+                pass  # hearing from it was the point (``heard``, above)
             elif t is Detach:
                 self._forget_app(src)
                 return
@@ -370,13 +373,14 @@ class Router:
                 self._closes.append(CloseSessionsCmd(src, msg.namespace, msg.epoch))
 
     def _grant_lease(self, src: NodeId, asked: Any) -> None:
+        """Answer a ``Hello``: always, since a greeting may come from a new process that
+        took a name this router still holds a lease for."""
         p = self.p
         lease = p.client_lease
         if type(asked) in (int, float) and asked > 0:
             lease = min(float(asked), p.max_client_lease)
-        if self.leases.get(src) != lease:
-            self.leases[src] = lease
-            self.outbox.send(src, Welcome(lease, p.max_message))
+        self.leases[src] = lease
+        self.outbox.send(src, Welcome(lease, p.max_message))
 
     def _forget_app(self, p: NodeId) -> None:
         """``p`` left for good (detached, or its departure is collected)."""

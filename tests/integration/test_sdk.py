@@ -1,0 +1,280 @@
+"""The client SDK against real router daemons: what applications and the layers above
+rely on, and every way a caller can get it wrong failing at the call."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import ecast
+from ecast.tools.local import LocalCluster
+from tests.integration.cluster import SECRET
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three routers whose config lets processes that never joined submit too."""
+    c = LocalCluster(
+        tmp_path_factory.mktemp("sdk"),
+        SECRET,
+        ["--config", "ecast:BroadcastConfig", "--config-arg", "senders=anyone"],
+    )
+    c.start_group(3)
+    yield c
+    c.stop_all()
+
+
+def connect(group: LocalCluster, name: str, **kw: object) -> ecast.sdk._Connecting:
+    return ecast.connect(group.addresses(), name=name, secret=SECRET, **kw)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ the surface
+async def test_the_package_exports_its_api_and_a_version() -> None:
+    assert "connect" in dir(ecast) and "SuspectedError" in dir(ecast)
+    assert ecast.__version__
+
+
+async def test_one_await_for_the_common_case_and_async_with(group: LocalCluster) -> None:
+    async with connect(group, "one-await") as c:
+        ack = await c.submit(b"hello", {"key": 1})
+        assert isinstance(ack, ecast.Ack) and ack.delivered and ack.t is not None
+        fut = await c.enqueue(b"pipelined")
+        assert (await asyncio.wait_for(fut, 10)).delivered
+        assert c.state == "connected"
+    assert c.state == "closed"
+    with pytest.raises(ecast.ClosedError):
+        await c.submit(b"after close")
+
+
+async def test_membership_deliveries_have_a_kind_and_members_are_known(
+    group: LocalCluster,
+) -> None:
+    async with connect(group, "m-alice") as alice:
+        assert "m-alice" in alice.members()
+        async with connect(group, "m-bob") as bob:
+            assert {"m-alice", "m-bob"} <= bob.members()  # from bob's own join
+            kinds = []
+            async for d in alice.deliveries():
+                kinds.append((d.kind, d.message.sender))
+                if d.kind == "join" and d.message.sender == "m-bob":
+                    break
+            assert ("join", "m-bob") in kinds
+            assert "m-bob" in alice.members()
+        deadline = time.monotonic() + 10
+        while "m-bob" in alice.members() and time.monotonic() < deadline:
+            async for d in alice.deliveries():
+                if d.kind == "part":
+                    break
+        assert "m-bob" not in alice.members()
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.mark.parametrize(
+    ("payload", "header", "error", "text"),
+    [
+        (b"x", {1, 2}, ecast.InvalidMessage, "a header is a dict"),
+        (b"x", {"k": {1, 2}}, ecast.InvalidMessage, "header cannot be encoded"),
+        ({1, 2}, None, ecast.InvalidMessage, "payload cannot be encoded"),
+        (b"x", {"kind": "join"}, ecast.InvalidMessage, "reserved for membership"),
+        (b"x", ["not", "a", "dict"], ecast.InvalidMessage, "a header is a dict"),
+        (b"x" * (20 * 1024 * 1024), None, ecast.MessageTooLarge, "exceeds the routers' limit"),
+    ],
+)
+async def test_bad_messages_fail_at_the_call(
+    group: LocalCluster, payload: object, header: object, error: type, text: str
+) -> None:
+    async with connect(group, f"bad-{error.__name__}-{len(str(header))}-{id(payload)}") as c:
+        for call in (
+            lambda: c.submit_nowait(payload, header),  # type: ignore[arg-type]
+            lambda: c.submit_batch([(payload, header)]),
+        ):
+            with pytest.raises(error, match=text):
+                call()
+        with pytest.raises(error, match=text):
+            await c.submit(payload, header)  # type: ignore[arg-type]
+        # Nothing went wrong inside the loop: the client still works.
+        assert (await c.submit(b"fine", timeout=10)).delivered
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [("", "non-empty"), ("@routers", "reserved"), ("x" * 300, "at most 255"), (7, "str")],
+)
+async def test_bad_names_fail_at_the_call(group: LocalCluster, name: object, text: str) -> None:
+    with pytest.raises(ecast.InvalidName, match=text):
+        ecast.connect(group.addresses(), name=name, secret=SECRET)  # type: ignore[arg-type]
+
+
+async def test_a_retired_name_fails_fast(group: LocalCluster) -> None:
+    c = await connect(group, "once-only")
+    await c.close()
+    start = time.monotonic()
+    with pytest.raises(ecast.NameRetiredError, match="unique for ever"):
+        await connect(group, "once-only")
+    assert time.monotonic() - start < 5
+
+
+async def test_the_backlog_of_submit_nowait_is_bounded(group: LocalCluster) -> None:
+    async with connect(group, "bounded", max_queued=50) as c:
+        with pytest.raises(ecast.Backpressure, match="await enqueue"):
+            for i in range(100_000):
+                c.submit_nowait(f"m{i}".encode())
+
+
+async def test_no_secret_a_wrong_secret_and_a_wrong_port_say_what_to_change(
+    group: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ECAST_SECRET", raising=False)
+    with pytest.raises(ecast.AuthenticationError, match=r"secret= .*ECAST_SECRET"):
+        await ecast.connect(group.addresses(), name="no-secret")
+    with pytest.raises(ecast.AuthenticationError, match="ECAST_SECRET"):
+        await ecast.connect(group.addresses(), name="wrong", secret="not-the-secret")
+    metrics = f"127.0.0.1:{group.routers['r1'].metrics}"
+    with pytest.raises(ecast.NotARouterError, match="HTTP answered"):
+        await ecast.connect([metrics], name="http", secret=SECRET)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    start = time.monotonic()
+    with pytest.raises(ecast.Unavailable, match="no router reachable"):
+        await ecast.connect([closed], name="nowhere", secret=SECRET)
+    assert time.monotonic() - start < 5
+
+
+# ------------------------------------------------------------------ sessions
+async def test_close_sessions_answers_and_later_messages_of_them_are_refused(
+    group: LocalCluster,
+) -> None:
+    session = ("ingest-q1", 4, "part-0")
+    async with connect(group, "closer", join=False, session=session) as c:
+        assert (await c.submit(b"before", timeout=10)).t is not None  # ordered (no members)
+        reply = await c.close_sessions("ingest-q1", 4, timeout=10)
+        assert (reply.namespace, reply.epoch) == ("ingest-q1", 4)
+        with pytest.raises(ecast.SessionClosedError, match="closed"):
+            await c.submit(b"after", timeout=10)
+
+
+async def test_a_session_handed_to_a_new_process_lands_once(group: LocalCluster) -> None:
+    session = ("spark-job", 7, "partition-3")
+    async with connect(group, "watcher") as watcher:
+        first = await connect(group, "task-attempt-1", join=False, session=session)
+        acks = [await first.submit(f"row-{i}".encode(), timeout=10) for i in range(5)]
+        await first.detach()
+        # A retry from another process: the same session and sequence numbers, same rows.
+        # Its join (it does join) takes no data sequence number.
+        second = await connect(group, "task-attempt-2", session=session)
+        again = [await second.submit(f"row-{i}".encode(), timeout=10) for i in range(7)]
+        assert [a.t for a in again[:5]] == [a.t for a in acks]  # the first copies' places
+        assert again[5].t is not None and again[5].t > acks[-1].t
+        await second.close()
+        seen = []
+        async for d in watcher.deliveries(include_membership=False):
+            seen.append(d.message.payload)
+            if d.message.payload == b"row-6":
+                break
+        assert seen == [f"row-{i}".encode() for i in range(7)]  # once each, in order
+
+
+async def test_a_light_client_submits_without_joining_and_detaches(group: LocalCluster) -> None:
+    async with connect(group, "listener") as listener:
+        light = await connect(group, "light-1", join=False)
+        assert light.members() == frozenset()
+        assert (await light.submit(b"from a light client", timeout=10)).delivered
+        await light.detach()
+        assert light.state == "closed"
+        async for d in listener.deliveries(include_membership=False):
+            assert d.message.sender == "light-1" and d.message.payload == b"from a light client"
+            break
+        # No part message: the listener never sees light-1 leave.
+        assert "light-1" not in listener.members()
+
+
+# ------------------------------------------------------------------ direct channel
+async def test_a_process_that_listens_is_reachable_by_name(group: LocalCluster) -> None:
+    async with (
+        connect(group, "storage-a", listen="127.0.0.1:0") as server,
+        connect(group, "client-b") as client,
+    ):
+        deadline = time.monotonic() + 10
+        while "storage-a" not in client.runtime.directory and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # the routers gossip the address
+        await client.send_direct("storage-a", {"read": [1, 2]})
+        sender, payload = await server.receive_direct(timeout=10)
+        assert sender == "client-b" and payload == {"read": (1, 2)}
+
+
+async def test_the_direct_channel_pushes_back_and_never_stalls_deliveries(
+    group: LocalCluster,
+) -> None:
+    async with (
+        connect(group, "slow-reader", listen="127.0.0.1:0", direct_queue_size=100) as rd,
+        connect(group, "fast-writer") as wr,
+    ):
+        peer = await wr.connect_peer(rd.runtime.listen or "")
+        with pytest.raises(ecast.MessageTooLarge):
+            await wr.send_direct(peer, b"x" * (20 * 1024 * 1024))
+        blob = b"y" * 2048
+        sent = 0
+
+        async def flood() -> None:
+            nonlocal sent
+            while True:
+                await wr.send_direct(peer, blob, high_water=64)
+                sent += 1
+
+        flooder = asyncio.create_task(flood())
+        await asyncio.sleep(1.5)
+        stalled_at = sent
+        await asyncio.sleep(0.5)
+        # The reader reads nothing: its queue filled, reading from that one peer paused,
+        # and the writer's sends now wait instead of buffering without bound.
+        assert sent == stalled_at and sent < 100 + 64 + 400
+        # Deliveries from the routers still flow to the reader meanwhile.
+        ack = await wr.submit(b"ordered", timeout=10)
+        assert ack.delivered
+        async for d in rd.deliveries(include_membership=False):
+            assert d.message.payload == b"ordered"
+            break
+        got = 0
+        while got < 200:  # draining the queue lets the writer go on
+            await rd.receive_direct(timeout=10)
+            got += 1
+        assert sent > stalled_at
+        flooder.cancel()
+
+
+# ------------------------------------------------------------------ failures
+async def test_losing_every_router_fails_pending_calls_and_close_says_so(tmp_path: Path) -> None:
+    c = LocalCluster(tmp_path, SECRET)
+    try:
+        c.start_group(3)
+        client = await ecast.connect(
+            c.addresses(), name="orphan", secret=SECRET, unavailable_after=2.0
+        )
+        assert client.state == "connected"
+        for rid in ("r1", "r2", "r3"):
+            c.kill(rid)
+        fut = client.submit_nowait(b"into the void")
+        deadline = time.monotonic() + 10
+        while client.state != "unavailable" and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert client.state == "unavailable"
+        with pytest.raises(ecast.Unavailable, match="no router reachable for 2 s"):
+            await asyncio.wait_for(fut, 5)
+        with pytest.raises(TimeoutError, match="did not come within 1 s"):
+            await client.submit(b"still nothing", timeout=1.0)
+        pending = client.submit_nowait(b"pending at close")
+        with pytest.raises(ecast.PartFailedError, match="not delivered within 1 s"):
+            await client.close(timeout=1.0)
+        with pytest.raises(ecast.ClosedError):
+            await asyncio.wait_for(pending, 1)
+        assert client.state == "closed"
+    finally:
+        c.stop_all()
