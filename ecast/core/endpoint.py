@@ -216,6 +216,8 @@ class Endpoint:
         self._confirms: dict[NodeId, int] = {}
         self._part_id: MsgId | None = None
         self._join_id: MsgId | None = None
+        self._heard_target = 0.0
+        """When our router last sent us anything (it answers keep-alives)."""
         self.stats = {"delivered": 0, "duplicates": 0, "unsafe_accepted": 0, "unsafe_rejected": 0}
 
     # ================================================================== application API
@@ -314,6 +316,14 @@ class Endpoint:
             if type(msg) not in known:
                 raise UnexpectedMessage("endpoint", src, type(msg).__name__)
         self._begin(now)
+        if src == self.target:
+            self._heard_target = now
+        elif self.succession and src == self.succession[0] and self.terminated is None:
+            # The leader is back in reach after we moved on from it (its deliveries, acks
+            # or keep-alive answers come straight from it): talk to it again.  Its lease
+            # book is the one that counts.
+            self._switch(src)
+            self._heard_target = now
         for msg in msgs:
             if self.terminated is not None and not self.lingering:
                 break
@@ -352,6 +362,13 @@ class Endpoint:
                 self.cwnd = min(self.p.max_window, self.cwnd * 2)
                 self._admit()
             if self.waiting() and now - self._last_progress > self.p.progress_timeout:
+                self._switch(self._next_router())
+            elif (
+                now - self._heard_target > self.p.progress_timeout + self._keepalive
+                and now - self._last_progress > self.p.progress_timeout
+            ):
+                # Idle, and our router has not answered a keep-alive: it may be gone, and a
+                # new leader does not know a process that never joined.  Try the next.
                 self._switch(self._next_router())
         return self._end()
 
@@ -455,6 +472,7 @@ class Endpoint:
         if not self._started:
             self._started = True
             self._last_progress = now
+            self._heard_target = now
             self._next_growth = now + self.p.window_growth
             self._send(self.target, Hello(self.p.lease))
 
@@ -484,8 +502,15 @@ class Endpoint:
                 self._last_sent = now
             elif now - self._last_sent >= self._keepalive:
                 self._send(self.target, KeepAlive())  # our lease, kept alive
+                leader = self.succession[0] if self.succession else self.target
+                if leader != self.target:
+                    self._send(leader, KeepAlive())  # the leader keeps the lease book
                 self._last_sent = now
-            wake = min(self._next_growth, self._last_sent + self._keepalive)
+            wake = min(
+                self._next_growth,
+                self._last_sent + self._keepalive,
+                self._heard_target + self.p.progress_timeout + self._keepalive + 1e-6,
+            )
             if self.waiting():
                 wake = min(wake, self._last_progress + self.p.progress_timeout + 1e-6)
             fx.wake(max(wake, now))
@@ -558,6 +583,7 @@ class Endpoint:
         messages first, and every unanswered session close."""
         self.target = router
         self._last_progress = self._now
+        self._heard_target = self._now
         self._send(router, Hello(self.p.lease))
         for ns, epoch in self.closing_sessions:
             self._send(router, CloseSessions(ns, epoch))

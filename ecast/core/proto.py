@@ -28,8 +28,9 @@ class Hello:
 
 @dataclass(frozen=True, slots=True)
 class KeepAlive:
-    """An idle process's lease, kept alive (every third of the lease it sends nothing
-    else)."""
+    """An idle process keeps its lease alive with it (when it sent nothing else for a
+    third of its lease); the router answers with one, so an idle process learns when its
+    router is gone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +164,7 @@ class Direct:
 
 ENDPOINT_TO_ROUTER = (Hello, Route, RouteUnsafe, Confirm, CloseSessions, Detach, KeepAlive)
 ROUTER_TO_ENDPOINT = (
+    KeepAlive,
     Deliver,
     DeliverUnsafe,
     Stable,

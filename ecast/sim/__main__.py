@@ -19,6 +19,7 @@ from ecast.core.endpoint import ENDPOINT_MUTATIONS, EndpointParams
 from ecast.core.router import ROUTER_MUTATIONS, RouterParams
 from ecast.core.ufabcast import MUTATIONS, UfabParams
 from ecast.sim.ecast_run import ECAST_FAULTS, EcastRunConfig, run_ecast
+from ecast.sim.engine import NetParams
 from ecast.sim.ufab import FAULT_KINDS, UfabRunConfig, run_ufabcast
 
 
@@ -63,8 +64,10 @@ def ecast_config(
     fault_time: float = 8.0,
     router_mutations: frozenset[str] = frozenset(),
     endpoint_mutations: frozenset[str] = frozenset(),
+    codec: bool = False,
 ) -> EcastRunConfig:
     return EcastRunConfig(
+        net=NetParams(codec=codec),
         seed=seed,
         routers=routers,
         submitters=submitters,
@@ -109,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clumping", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--fault-time", type=float, default=8.0)
     ap.add_argument("--mutations", type=_csv, default=(), help="planted bugs (tests only)")
+    ap.add_argument(
+        "--codec",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="send every frame through the real wire codec (slower; catches what it cannot carry)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--progress", action="store_true", help="print faults as they happen")
     e = ap.add_argument_group("ecast layer")
@@ -151,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             fault_time=args.fault_time,
             router_mutations=mutations & ROUTER_MUTATIONS,
             endpoint_mutations=mutations & ENDPOINT_MUTATIONS,
+            codec=args.codec,
         )
         runner: Any = run_ecast
     else:
@@ -166,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             fault_time=args.fault_time,
             mutations=mutations,
         )
+        cfg.net.codec = args.codec
         runner = run_ufabcast
     if args.progress:
         cfg.progress = lambda line: print(line, flush=True)

@@ -18,6 +18,7 @@ from ecast.core.mseq import ConfigGuard
 
 # Events an application process records, in the order they happened at the process:
 #   ("sub", id, time)                          submitted (safe)
+#   ("resub", id, time)                        submitted again by a session's next owner
 #   ("dlv", t, id, time)                       delivered (safe)
 #   ("uns", tag, frontier, message, accepted)  delivered (unsafe)
 #   ("ack", id, t, delivered, time)            stable acknowledgement
@@ -280,7 +281,7 @@ def check_termination(ref: Reference, apps: dict[NodeId, AppRecord]) -> list[str
             continue
         acked = {e[1] for e in rec.events if e[0] == "ack"}
         for e in rec.events:
-            if e[0] != "sub" or e[1] in acked:
+            if e[0] not in ("sub", "resub") or e[1] in acked:
                 continue
             if rec.terminated == "closed" and e[1] in ref.index:
                 continue  # it left once its part was delivered, before later acks came

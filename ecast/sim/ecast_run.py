@@ -21,6 +21,7 @@ from ecast.core.config import ROUTERS, BroadcastConfig, Config, KeyRingConfig
 from ecast.core.effects import Effects, NodeId
 from ecast.core.endpoint import Acked, Delivery, Endpoint, EndpointParams, Terminated
 from ecast.core.message import Message
+from ecast.core.proto import Direct
 from ecast.core.router import Router, RouterParams
 from ecast.core.ufabcast import Ufabcast
 from ecast.sim.ecast_checks import LIVENESS, SAFETY, AppRecord, RouterRecord, build_reference
@@ -34,6 +35,8 @@ APP_FAULTS = (
     "app_join",
     "app_part",
     "app_silent_crash",
+    "handover_sequence",
+    "handover_overlap",
 )
 ECAST_FAULTS = ROUTER_FAULTS + APP_FAULTS
 ECAST_SITUATIONS = (
@@ -44,6 +47,8 @@ ECAST_SITUATIONS = (
     "mutual_parts",
     "unsafe_untagged_accepted",
     "lease_suspect",
+    "handover_sequence",
+    "handover_overlap",
 )
 
 
@@ -61,6 +66,9 @@ class EcastRunConfig(GroupRunConfig):
     endpoint: EndpointParams = field(default_factory=EndpointParams)
     monitor_delay: float = 0.5
     faults: tuple[str, ...] = ECAST_FAULTS
+    app: Application | None = None
+    """What the application processes do beyond submitting and delivering, and the config
+    they run under; None: the broadcast or key-ring config by ``replication``."""
 
 
 @dataclass(kw_only=True)
@@ -104,19 +112,79 @@ class RouterHost:
 Reaction = Callable[["AppHost", Message, float], "tuple[Any, Any] | None"]
 """Given a delivered message, maybe answer it: return (payload, header) to submit."""
 
+DirectSends = list[tuple[NodeId, Any]]
+
+
+class Application:
+    """A simulated application on E-Cast: its config and what its processes do with
+    deliveries and direct messages.  The default runs E-Cast's own configs; a layer
+    above (or a test) plugs in its own config and application cores, and its checks run
+    with the simulator's."""
+
+    situations: tuple[str, ...] = ()
+
+    def __init__(self, replication: int = 0) -> None:
+        self.replication = replication
+
+    def initial_config(self) -> Config:
+        if self.replication:
+            return KeyRingConfig.initial(replication=self.replication)
+        # Processes that never joined may send (the handover faults' light clients).
+        return BroadcastConfig.initial(senders="anyone")
+
+    def join_header(self, role: str, pid: NodeId) -> dict[str, Any]:
+        return {"role": "receiver" if role == "receiver" else "client"}
+
+    def header_for(self, payload: Any) -> Any:
+        return {"key": payload} if self.replication else None
+
+    def on_delivery(self, host: AppHost, m: Message, now: float) -> DirectSends:
+        """Direct messages to send when ``host`` delivers ``m``."""
+        return []
+
+    def on_direct(self, host: AppHost, src: NodeId, payload: Any, now: float) -> DirectSends:
+        """A direct message arrived; what to send back."""
+        return []
+
+    def check(self, run: EcastRun, quiescent: bool) -> list[str]:
+        """The application's own guarantees, after the run (``quiescent``: liveness owed)."""
+        return []
+
 
 class AppHost:
     """An application process: an endpoint, its record, and its behaviour."""
 
     def __init__(
-        self, pid: NodeId, ep: Endpoint, rec: AppRecord, react: Reaction | None = None
+        self,
+        pid: NodeId,
+        ep: Endpoint,
+        rec: AppRecord,
+        react: Reaction | None = None,
+        app: Application | None = None,
     ) -> None:
         self.pid = pid
         self.ep = ep
         self.rec = rec
         self.react = react
+        self.app = app
+        self.received: list[tuple[NodeId, Any]] = []
+        """Direct messages this process received, in order."""
+        self.sent: dict[int, tuple[Any, Any]] = {}
+        """Data sequence number -> (payload, header) submitted (what a successor resends)."""
 
     def on_messages(self, src: NodeId, msgs: tuple[Any, ...], now: float) -> Effects:
+        if any(type(m) is Direct for m in msgs):
+            # Direct messages are the application's; the rest is E-Cast's (as the SDK does).
+            replies: DirectSends = []
+            for m in msgs:
+                if type(m) is Direct:
+                    self.received.append((src, m.payload))
+                    if self.app is not None and self.ep.terminated is None:
+                        replies.extend(self.app.on_direct(self, src, m.payload, now))
+            rest = [m for m in msgs if type(m) is not Direct]
+            fx = self.ep.on_messages(src, rest, now) if rest else Effects()
+            fx.send.extend((dst, Direct(p)) for dst, p in replies)
+            return self._absorb(fx, now)
         return self._absorb(self.ep.on_messages(src, msgs, now), now)
 
     def on_tick(self, now: float) -> Effects:
@@ -128,6 +196,14 @@ class AppHost:
     def submit(self, payload: Any, header: Any, now: float) -> Effects:
         sid, fx = self.ep.submit(payload, header, now)
         self.rec.events.append(("sub", sid, now))
+        self.sent[sid[1]] = (payload, header)
+        return self._absorb(fx, now)
+
+    def resubmit(self, items: list[tuple[Any, Any]], now: float) -> Effects:
+        """Submit again, in this process's own session (handed over from another), what
+        its previous owner submitted at the same sequence numbers, byte for byte."""
+        ids, fx = self.ep.submit_many(items, now)
+        self.rec.events.extend(("resub", sid, now) for sid in ids)
         return self._absorb(fx, now)
 
     def record_submission(self, sid: Any, fx: Effects, now: float) -> Effects:
@@ -152,6 +228,10 @@ class AppHost:
                 else:
                     events.append(("dlv", up.t, up.message.id, now))
                     m = up.message
+                    if self.app is not None and self.ep.terminated is None:
+                        fx.send.extend(
+                            (dst, Direct(p)) for dst, p in self.app.on_delivery(self, m, now)
+                        )
                     if self.react is not None and self.accepts_work() and m.sender != self.pid:
                         answer = self.react(self, m, now)
                         if answer is not None:
@@ -171,11 +251,10 @@ class EcastRun(RouterGroupRun):
     def __init__(self, cfg: EcastRunConfig) -> None:
         super().__init__(cfg, ECAST_SITUATIONS)
         self.cfg = cfg
-        self.initial: Config = (
-            KeyRingConfig.initial(replication=cfg.replication)
-            if cfg.replication
-            else BroadcastConfig.initial()
-        )
+        self.app = cfg.app or Application(cfg.replication)
+        for situation in self.app.situations:
+            self.situations.setdefault(situation, 0)
+        self.initial: Config = self.app.initial_config()
         self.routers: dict[NodeId, Router] = {}
         self.router_recs: dict[NodeId, RouterRecord] = {}
         self.apps: dict[NodeId, AppHost] = {}
@@ -186,6 +265,7 @@ class EcastRun(RouterGroupRun):
         self._next_app = 0
         self._false_suspects: set[NodeId] = set()
         self._probes_until = 0.0
+        self._handovers = 0
         self._silent: set[NodeId] = set()
         """Processes crashed without a monitor's suspect (leases must catch them)."""
 
@@ -215,7 +295,7 @@ class EcastRun(RouterGroupRun):
 
     # ------------------------------------------------------------------ applications
     def header_for(self, payload: Any) -> Any:
-        return {"key": payload} if self.cfg.replication else None
+        return self.app.header_for(payload)
 
     def _add_app(self, role: str) -> NodeId:
         self._next_app += 1
@@ -225,13 +305,12 @@ class EcastRun(RouterGroupRun):
         ep = Endpoint(pid, routers, self.cfg.endpoint)
         rec = AppRecord(role)
         react = self._react if role == "submitter" and self.cfg.react > 0 else None
-        host = AppHost(pid, ep, rec, react)
+        host = AppHost(pid, ep, rec, react, self.app)
         self.apps[pid] = host
         self.app_recs[pid] = rec
         self.sim.add(pid, host)
-        ring_role = "receiver" if role == "receiver" else "client"
-
-        self.sim.call(pid, lambda h, now: h.record_submission(*h.ep.join(now, role=ring_role), now))
+        header = self.app.join_header(role, pid)
+        self.sim.call(pid, lambda h, now: h.record_submission(*h.ep.join(now, **header), now))
         return pid
 
     def _react(self, host: AppHost, m: Message, now: float) -> tuple[Any, Any] | None:
@@ -306,6 +385,48 @@ class EcastRun(RouterGroupRun):
         self._silent.add(victim)
         self._note(f"crash app {victim} silently")
 
+    def _fault_handover_sequence(self) -> None:
+        self._handover(overlap=False)
+
+    def _fault_handover_overlap(self) -> None:
+        self._handover(overlap=True)
+
+    def _handover(self, overlap: bool) -> None:
+        """A new process takes over a submitter's session, as a retried Spark task does:
+        it resubmits the same sequence numbers with the same contents, after its owner
+        crashed (``overlap=False``) or while its owner is still at work (``True``).  The
+        routers must keep one copy of each, and acknowledge both processes."""
+        if self.cfg.replication or self._handovers >= 2:
+            return  # the key-ring config ignores processes that never joined
+        candidates = [
+            p
+            for p in self._apps("submitter")
+            if self.apps[p].ep.joined_at is not None and self.apps[p].sent
+        ]
+        if not candidates:
+            return
+        self._handovers += 1
+        old = candidates[self.rng.randrange(len(candidates))]
+        host = self.apps[old]
+        items = [host.sent[seq] for seq in sorted(host.sent)]
+        if not overlap:
+            self.sim.crash(old)
+            self.app_recs[old].crashed = True
+            self.sim.at(self.sim.now + self.cfg.monitor_delay, lambda: self._monitor_suspect([old]))
+        self._next_app += 1
+        pid = f"h{self._next_app}"
+        routers = [r for r in self.live()] or self.founders
+        ep = Endpoint(pid, routers, self.cfg.endpoint, session=host.ep.session)
+        rec = AppRecord("handover")
+        new = AppHost(pid, ep, rec, None, self.app)
+        self.apps[pid] = new
+        self.app_recs[pid] = rec
+        self.sim.add(pid, new)
+        kind = "overlap" if overlap else "sequence"
+        self._note(f"handover ({kind}) of {old}'s session to {pid}, {len(items)} messages")
+        self.situations[f"handover_{kind}"] += 1
+        self.sim.call(pid, lambda h, now: h.resubmit(items, now))
+
     def _fault_false_suspicion(self) -> None:
         candidates = [p for p in self._apps() if self.apps[p].rec.role != "monitor"]
         if len(candidates) < 3 or len(self._false_suspects) >= 2:
@@ -367,9 +488,18 @@ class EcastRun(RouterGroupRun):
             return False
         for p in self.correct_apps():
             ep = self.apps[p].ep
-            if ep.window or ep.queued or ep.joined_at is None:
+            joins = self.apps[p].rec.role != "handover"  # a light client never joins
+            if ep.window or ep.queued or ep.control or (joins and ep.joined_at is None):
                 return False
-        return True
+        # A process that died without anyone suspecting it is not done with until its
+        # lease ran out and the routers suspected it (else that suspect comes later).
+        # (A process that never joined is owed nothing, and may never be suspected.)
+        expelled = self.routers[correct[0]].state.expelled
+        return all(
+            p in expelled
+            for p, rec in self.app_recs.items()
+            if rec.crashed and rec.role != "handover" and self.apps[p].ep.joined_at is not None
+        )
 
     def run(self) -> EcastRunResult:
         cfg = self.cfg
@@ -433,6 +563,7 @@ class EcastRun(RouterGroupRun):
             if not settled:
                 violations.append("termination: the run did not quiesce within the settle time")
             violations.extend(self._memory_violations())
+        violations.extend(self.app.check(self, quorum and settled))
         for p in self._false_suspects:
             if p in ref.suspected and self.app_recs[p].terminated == "suspected":
                 self.situations["false_suspicion"] += 1

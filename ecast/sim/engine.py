@@ -41,6 +41,10 @@ class NetParams:
     """Probability that a frame is dropped on the wire."""
     min_tick: float = 0.0001
     """A core may not ask to be woken sooner than this after now (guards busy loops)."""
+    codec: bool = False
+    """Send every frame through the real wire codec (encoded into a packet and decoded
+    again, with every check the runtime applies): a message the codec cannot carry, or
+    carries wrongly, fails the run instead of passing in memory."""
 
 
 class SimNode:
@@ -227,6 +231,8 @@ class Simulator:
         if net.loss and rng.random() < net.loss:
             self.frames_lost += 1
             return
+        if net.codec:
+            frame = _through_codec(src, dst, frame)
         delay = net.delay + rng.random() * net.jitter + node.slow + target.slow
         key = (src, dst)
         arrival = self.now + delay
@@ -235,3 +241,22 @@ class Simulator:
             arrival = last  # one connection delivers in order
         self._last_arrival[key] = arrival
         self._push(arrival, _FRAME, dst, src, frame)
+
+
+_ENCODER: Any = None
+
+
+def _through_codec(src: NodeId, dst: NodeId, frame: Frame) -> Frame:
+    """``frame`` as the receiving runtime would see it after the wire."""
+    global _ENCODER
+    from ecast.wire.codec import Encoder
+    from ecast.wire.packet import array_header, decode_packet, frame_item
+
+    if _ENCODER is None:
+        _ENCODER = Encoder()
+    try:
+        parts = _ENCODER.pack_packet([frame_item(src, dst, frame)])
+    finally:
+        _ENCODER.reset()
+    (item,) = decode_packet(array_header(len(parts)) + b"".join(parts))
+    return item.frame  # type: ignore[union-attr]

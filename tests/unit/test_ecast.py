@@ -511,3 +511,28 @@ def test_a_suspect_gets_through_a_full_data_window() -> None:
     assert a.window == {} and not a.queued and a.control == {}  # all of it stable
     assert [p for p in n.delivered("b") if p and p.startswith("m")] == [f"m{i}" for i in range(20)]
     assert not n.violations()
+
+
+def test_a_second_submitter_of_an_in_flight_message_is_acked_without_a_timeout() -> None:
+    from ecast.core.config import BroadcastConfig
+
+    n = sc.net(config=BroadcastConfig.initial(senders="anyone"))
+    n.add_app("a")
+    n.add_app("watcher")
+    n.settle(0.3)
+    a = n.endpoint("a")
+    n.add_app("b", join=False)
+    b = n.endpoint("b")
+    b.session = a.session  # b takes over a's session (a retried task)
+    n.submit("a", "x")
+    n.deliver("a", "r1")  # r1 proposes x; it is not learned yet...
+    n.call("b", lambda h, now: h.record_submission(*h.ep.submit("x", None, now), now))
+    n.deliver("b", "r1")  # ...when b routes the same id to r1
+    start = n.now
+    n.settle(0.3)
+    acks_b = acks_of(n, "b")
+    assert [e[1] for e in acks_b] == [(a.session, 1)]
+    assert acks_b[0][4] - start < 0.1  # not after a 2-s progress timeout
+    assert [e[2] for e in acks_b] == [e[2] for e in acks_of(n, "a") if e[1] == (a.session, 1)]
+    assert n.delivered("watcher").count("x") == 1
+    assert not n.violations()

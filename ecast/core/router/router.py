@@ -162,7 +162,11 @@ class Router:
             self._next_periodic = now + self.p.congestion_interval
             if self.lead is not None:
                 self.lead.periodic()
-                if "no_lease_expiry" not in self._mut:
+                view = self.ufab.view
+                # The oldest router keeps the lease book (under ``all_leaders`` the others
+                # lead too, but processes talk to it).
+                primary = view is not None and view.members[0] == self.me
+                if primary and "no_lease_expiry" not in self._mut:
                     self._expire_leases()
         return self._end()
 
@@ -365,7 +369,9 @@ class Router:
             elif t is Hello:
                 self._grant_lease(src, msg.lease)
             elif t is KeepAlive:
-                pass  # hearing from it was the point (``heard``, above)
+                # Hearing from it renewed its lease (``heard``, above); the answer tells an
+                # idle process that this router is alive.
+                self.outbox.send(src, msg)
             elif t is Detach:
                 self._forget_app(src)
                 return
