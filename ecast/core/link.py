@@ -8,8 +8,8 @@ sends phase-2 messages back to back and never waits for their acknowledgements.
 TCP alone gives FIFO within one connection but not across reconnects, and the simulator
 drops frames on purpose.  This module restores the guarantees with per-channel sequence
 numbers, cumulative acknowledgements, a reorder buffer and resend of unacknowledged frames.
-The same class runs under the simulator (lossy, delaying network) and, in a later issue,
-under the TCP runtime (reconnects).
+The same class runs under the simulator (lossy, delaying network) and under the TCP
+runtime (reconnects).
 
 Incarnations: a process that restarts is a *new* process (fail-silent model, 3.5.4).  Each
 frame names the sender's incarnation and the incarnation of the receiver it was meant for.
