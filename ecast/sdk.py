@@ -26,7 +26,8 @@ from typing import Any
 
 import msgpack
 
-from ecast.core.config import JOIN, KIND, PART, SUSPECT, WHO
+from ecast import errors as ecast_errors
+from ecast.core.config import JOIN, KIND, MEMBERSHIP_KINDS, PART, SUSPECT, WHO
 from ecast.core.effects import Effects, NodeId
 from ecast.core.endpoint import (
     Acked,
@@ -103,10 +104,10 @@ def message_size(payload: Any, header: Any, limit: int, reserved: bool = True) -
     if header is not None:
         if type(header) is not dict:
             raise InvalidMessage(f"a header is a dict (or None), not {type(header).__name__}")
-        if reserved and KIND in header:
+        if reserved and header.get(KIND) in MEMBERSHIP_KINDS:
             raise InvalidMessage(
-                f"header key {KIND!r} is reserved for membership messages "
-                "(join, part, suspect): use another key"
+                f"header {KIND!r} values join, part and suspect are reserved for membership "
+                "messages: the client sends them itself (connect, close, suspect)"
             )
         if len(header) <= 8 and all(
             type(k) is str and type(v) in _SIMPLE and (type(v) is not int or -(2**63) <= v < 2**64)
@@ -213,13 +214,23 @@ class Client:
             if join:
                 sid = self._feed(lambda core, now: core.join(now, **join_header))
                 fut = self._future_for(sid)
-                ack = await asyncio.wait_for(asyncio.shield(fut), timeout)
-                if not ack.delivered:
+                joined = asyncio.ensure_future(self._joined.wait())
+                try:
+                    # Joined once the join is delivered to us; a join nobody was to get
+                    # (the config refused the name) is acknowledged at once instead.
+                    done, _ = await asyncio.wait(
+                        (joined, fut), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    joined.cancel()
+                if not done:
+                    raise TimeoutError
+                refused = fut.done() and not fut.exception() and not fut.result().delivered
+                if not self._joined.is_set() and refused:
                     raise NameRetiredError(
                         f"{self.name!r} was the name of a process that left; names are "
                         "unique for ever, pick a new one"
                     )
-                await asyncio.wait_for(self._joined.wait(), timeout)
         except TimeoutError:
             raise TimeoutError(
                 f"connected to {len(ids)} router(s) but {'the join' if join else 'no answer'} "
@@ -385,6 +396,7 @@ class Client:
 
     def _future_for(self, sid: MsgId) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = self.runtime.loop.create_future()
+        fut.add_done_callback(_retrieved)
         self._acks[sid] = fut
         return fut
 
@@ -504,6 +516,7 @@ class Client:
         fut = self._closes.get(key)
         if fut is None:
             fut = self._closes[key] = self.runtime.loop.create_future()
+            fut.add_done_callback(_retrieved)
             self._open_node().feed(lambda core, now: core.close_sessions(namespace, epoch, now))
         return await self._wait(fut, timeout, "the sessions' close")  # type: ignore[no-any-return]
 
@@ -603,10 +616,11 @@ class Client:
         node, ep = self.node, self.endpoint
         failure: Exception | None = None
         if node is not None and ep is not None and self.terminated is None:
-            while ep.window and loop.time() < deadline and self._alive():
+            drained_by = loop.time() + timeout / 2  # the other half is the part's
+            while ep.window and loop.time() < drained_by and self._alive():
                 self._space.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._space.wait(), deadline - loop.time())
+                    await asyncio.wait_for(self._space.wait(), drained_by - loop.time())
             if self.terminated is None:
                 node.feed(lambda core, now: core.close(now)[1])
                 try:
@@ -658,12 +672,23 @@ class Client:
     async def __aenter__(self) -> Client:
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        if self.state != "closed":
-            if self.endpoint is not None and self.endpoint.joined_at is not None:
-                await self.close()
-            else:
-                await self.detach()
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if self.state == "closed":
+            return
+        leave = self.close if self.endpoint and self.endpoint.joined_at is not None else None
+        if exc is None:
+            await (leave() if leave is not None else self.detach())
+            return
+        # Leaving after an error: best effort and brief, and the caller's error stands.
+        with contextlib.suppress(ecast_errors.Error, TimeoutError, OSError):
+            await (leave(2.0) if leave is not None else self.detach(2.0))
+        await self._shutdown()
+
+
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    """An acknowledgement nobody awaits may fail (the client closed): that is no error."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _unreachable(errors: list[str]) -> Unavailable:
@@ -692,9 +717,9 @@ class _Connecting:
         self._client = await self._make()
         return self._client
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
         if self._client is not None:
-            await self._client.__aexit__(*exc)
+            await self._client.__aexit__(exc_type, exc, tb)
 
 
 def connect(
