@@ -1,0 +1,590 @@
+"""Rubberband's ``Config``: Algorithm 12 (dissertation 4.3) as an E-Cast config automaton.
+
+Routers load it with ``--config rubberband.config:RubberbandConfig --config-arg
+replication=3 --config-arg partitioning=range``; only the bootstrapping router's arguments
+count (joiners install the group's state).  Like every E-Cast config it is an immutable
+value, deterministic, and never raises on a header: headers come from application
+processes.
+
+**Roles come from names.**  A process's role is the prefix of its name: ``super:``,
+``storage:`` or ``client:``.  Names are proven by E-Cast's credentials (a client's
+credential covers ``client:*`` names only), so authorization by role is authorization by
+proven identity: only supers submit keyspace messages and suspect votes, only storage
+processes submit ``ready`` and ``incomplete``, only clients submit data.  Everything else,
+from anyone, gets an empty destination set and changes nothing.
+
+**Headers** (the client computes ranges with the engine's ``part_fun``; routers never parse
+payloads, which cost the dissertation 10-20 % of throughput, 5.6.3):
+
+==========================================================  ===========================
+header                                                      message
+==========================================================  ===========================
+``{"w": ranges}``                                           write (ROWA: every holder)
+``{"r": ranges, "o": offset}``                              sequential read (a cover)
+``{"kind": "join"}``                                        join; storage joins standby
+``{"kind": "part"}``                                        part
+``{"kind": "suspect", "who": [p]}``                         a super's vote, one name
+``{"kind": "keyspace", "v": v, "op": op, "ins": list}``     keyspace message (4.4.1)
+``{"kind": "ready", "v": v}``                               a storage process finished v
+``{"kind": "incomplete", "v": v, "ranges": ranges}``        a receive that cannot finish
+==========================================================  ===========================
+
+``ranges`` is a normalized range set of encoded keys (:mod:`rubberband.keys`), ``op`` one
+of ``["expand", name, id]``, ``["contract", name]``, ``["replace", old, new]``,
+``["rebalance", name, id]``, ``ins`` the optimizer's instructions in wire form
+(:mod:`rubberband.optimizer`).
+
+**Routing.**  A write goes to every unsuspected holder overlapping its ranges.  A read
+goes to a deterministic cover, one holder per primary segment rotated by the read's offset
+(:class:`rubberband.placement.Routing`), avoiding *busy* holders (receivers of an
+unfinished reconfiguration) when another replica is left, and never to an *incomplete*
+one (it lacks data it will never get); a read that some range has no holder for at all
+gets an empty destination set, which its client sees as an acknowledgement without
+delivery (unavailable).  A keyspace message computed from another version than the
+current one is ignored (4.4.1: empty destination set, its super retries).
+
+**Suspicion** (4.2.3): each super votes with a suspect message; a process is suspected
+by the vote that brings its voters to half of the current supers (at least one).  Router
+lease suspects count for clients only: the supers decide about storage and supers.  A
+vote names one process, so a vote is delivered beyond the supers only when it takes
+effect: then it goes to every member, so storage processes in a migration with the
+suspected process learn it at that point in the history and abort (4.4.1), and joined
+clients learn that a responder is gone.  Keyspace messages go to the supers and every
+storage process: each mirrors the keyspace to know its partition and the version.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ecast import EMPTY, JOIN, KIND, PART, ROUTERS, SUSPECT, Membership, Message, NodeId
+from rubberband.keys import EKey, RangeSet, is_ekey, is_range_set
+from rubberband.optimizer import BadInstruction, Copy, instructions_from_wire
+from rubberband.placement import BadKeyspace, Keyspace, Routing, Unavailable
+
+SUPER = "super:"
+STORAGE = "storage:"
+CLIENT = "client:"
+ROLES = (SUPER, STORAGE, CLIENT)
+KEYSPACE = "keyspace"
+READY = "ready"
+INCOMPLETE = "incomplete"
+OPS = ("expand", "contract", "replace", "rebalance")
+MAX_RANGES = 4096
+"""Ranges one header may name; more is refused (empty destination set)."""
+
+_NONE: frozenset[NodeId] = frozenset()
+
+
+def role_of(name: str) -> str | None:
+    """``super:``, ``storage:`` or ``client:`` (the prefix of a name), else None."""
+    for r in ROLES:
+        if name.startswith(r) and len(name) > len(r):
+            return r
+    return None
+
+
+class Pending:
+    """One unfinished reconfiguration: who must still say ``ready``, and which of them
+    receive data (busy: reads avoid them)."""
+
+    __slots__ = ("receivers", "waiting")
+
+    def __init__(self, waiting: frozenset[NodeId], receivers: frozenset[NodeId]) -> None:
+        self.waiting = waiting
+        self.receivers = receivers
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Pending)
+            and other.waiting == self.waiting
+            and other.receivers == self.receivers
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.waiting, self.receivers))
+
+    def __repr__(self) -> str:
+        return f"Pending(waiting={sorted(self.waiting)}, receivers={sorted(self.receivers)})"
+
+
+class RubberbandConfig(Membership):
+    """Members by role, the keyspace (ring of active storage processes), standby, busy and
+    incomplete processes, the keyspace version and suspect votes."""
+
+    __slots__ = (
+        "_clients",
+        "_read_routing",
+        "_storage",
+        "_supers",
+        "_write_routing",
+        "incomplete",
+        "keyspace",
+        "partitioning",
+        "pending",
+        "version",
+        "votes",
+    )
+
+    def __init__(
+        self,
+        keyspace: Keyspace,
+        partitioning: str = "range",
+        *,
+        version: int = 0,
+        supers: frozenset[NodeId] = _NONE,
+        storage: frozenset[NodeId] = _NONE,
+        clients: frozenset[NodeId] = _NONE,
+        retired: frozenset[NodeId] = _NONE,
+        pending: dict[int, Pending] | None = None,
+        votes: dict[NodeId, frozenset[NodeId]] | None = None,
+        incomplete: frozenset[NodeId] = _NONE,
+    ) -> None:
+        super().__init__(supers | storage | clients, retired)
+        self.keyspace = keyspace
+        self.partitioning = partitioning
+        self.version = version
+        self._supers = supers
+        self._storage = storage
+        self._clients = clients
+        self.pending: dict[int, Pending] = pending or {}
+        self.votes: dict[NodeId, frozenset[NodeId]] = votes or {}
+        self.incomplete = incomplete
+        self._write_routing: Routing | None = None
+        self._read_routing: Routing | None = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def initial(cls, replication: int | str = 3, partitioning: str = "range") -> RubberbandConfig:
+        try:
+            f = int(replication)
+        except (TypeError, ValueError):
+            raise ValueError(f"replication must be an integer, got {replication!r}") from None
+        if not 1 <= f <= 16:
+            raise ValueError(f"replication must be between 1 and 16, got {f}")
+        if partitioning not in ("range", "hash"):
+            raise ValueError(f"partitioning is 'range' or 'hash', not {partitioning!r}")
+        return cls(Keyspace(f), partitioning)
+
+    def to_state(self) -> Any:
+        return [
+            self.keyspace.f,
+            self.partitioning,
+            self.version,
+            [list(x) for x in self.keyspace.ring()],
+            sorted(self._supers),
+            sorted(self._storage),
+            sorted(self._clients),
+            sorted(self._retired),
+            [[v, sorted(p.waiting), sorted(p.receivers)] for v, p in sorted(self.pending.items())],
+            [[p, sorted(v)] for p, v in sorted(self.votes.items())],
+            sorted(self.incomplete),
+        ]
+
+    @classmethod
+    def from_state(cls, state: Any) -> RubberbandConfig:
+        try:
+            (
+                f,
+                partitioning,
+                version,
+                ring,
+                supers,
+                storage,
+                clients,
+                retired,
+                pending,
+                votes,
+                incomplete,
+            ) = state
+            keyspace = Keyspace(f, ((_tuple(e), str(p)) for e, p in ring))
+            return cls(
+                keyspace,
+                str(partitioning),
+                version=int(version),
+                supers=frozenset(supers),
+                storage=frozenset(storage),
+                clients=frozenset(clients),
+                retired=frozenset(retired),
+                pending={int(v): Pending(frozenset(w), frozenset(r)) for v, w, r in pending},
+                votes={p: frozenset(v) for p, v in votes},
+                incomplete=frozenset(incomplete),
+            )
+        except (TypeError, ValueError, BadKeyspace) as e:
+            raise ValueError(f"not a RubberbandConfig state: {e}") from None
+
+    def _with(self, **changes: Any) -> RubberbandConfig:
+        fields = {
+            "version": self.version,
+            "supers": self._supers,
+            "storage": self._storage,
+            "clients": self._clients,
+            "retired": self._retired,
+            "pending": self.pending,
+            "votes": self.votes,
+            "incomplete": self.incomplete,
+        }
+        keyspace = changes.pop("keyspace", self.keyspace)
+        fields.update(changes)
+        return RubberbandConfig(keyspace, self.partitioning, **fields)
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def f(self) -> int:
+        return self.keyspace.f
+
+    def supers(self) -> frozenset[NodeId]:
+        return self._supers
+
+    def storage(self) -> frozenset[NodeId]:
+        """Storage processes that are members (active or standby)."""
+        return self._storage
+
+    def clients(self) -> frozenset[NodeId]:
+        """Clients that joined (light clients never appear here)."""
+        return self._clients
+
+    def active(self) -> tuple[NodeId, ...]:
+        """The ring in id order, suspected processes still on it included (until a
+        contract or replace removes them)."""
+        return self.keyspace.processes
+
+    def standby(self) -> frozenset[NodeId]:
+        return self._storage - set(self.keyspace.processes)
+
+    def busy(self) -> frozenset[NodeId]:
+        """Receivers of unfinished reconfigurations: reads avoid them."""
+        out: frozenset[NodeId] = _NONE
+        for p in self.pending.values():
+            out |= p.receivers
+        return out
+
+    def excluded(self) -> frozenset[NodeId]:
+        """Processes on the ring that are no longer members (suspected or parted)."""
+        return frozenset(p for p in self.keyspace.processes if p not in self._storage)
+
+    def joiner_state(self) -> Any:
+        """A joining process mirrors the whole configuration (supers need all of it,
+        storage processes the replication factor, partitioning and version)."""
+        return {"members": sorted(self._members), "rubberband": self.to_state()}
+
+    def write_routing(self) -> Routing:
+        r = self._write_routing
+        if r is None:
+            r = self._write_routing = self.keyspace.routing(self.excluded())
+        return r
+
+    def read_routing(self) -> Routing:
+        r = self._read_routing
+        if r is None:
+            r = self._read_routing = self.keyspace.routing(
+                self.excluded() | self.incomplete, self.busy()
+            )
+        return r
+
+    def read_cover(self, ranges: RangeSet, offset: int) -> dict[NodeId, RangeSet]:
+        """Who answers a sequential read of ``ranges`` at ``offset`` and for which ranges
+        (raises :class:`Unavailable`); clients and tests use it, routers use
+        :meth:`destset`."""
+        return self.read_routing().read_cover(ranges, offset)
+
+    # ------------------------------------------------------------------ membership
+    def _may_join(self, p: NodeId, header: dict[str, Any]) -> bool:
+        return role_of(p) is not None
+
+    def _joined(self, p: NodeId, header: dict[str, Any]) -> RubberbandConfig:
+        role = role_of(p)
+        if role == SUPER:
+            return self._with(supers=self._supers | {p})
+        if role == STORAGE:
+            return self._with(storage=self._storage | {p})
+        return self._with(clients=self._clients | {p})
+
+    def _left(self, gone: frozenset[NodeId]) -> RubberbandConfig:
+        pending = {}
+        for v, p in self.pending.items():
+            waiting = p.waiting - gone
+            if waiting:
+                pending[v] = Pending(waiting, p.receivers - gone)
+        votes = {p: v - gone for p, v in self.votes.items() if p not in gone and v - gone}
+        return self._with(
+            supers=self._supers - gone,
+            storage=self._storage - gone,
+            clients=self._clients - gone,
+            retired=self._retired | gone,
+            pending=pending,
+            votes=votes,
+            incomplete=self.incomplete - gone,
+        )
+
+    def accepts_router_suspect(self, p: NodeId) -> bool:
+        """Lease suspects count for clients; the supers decide about everyone else."""
+        return p.startswith(CLIENT)
+
+    def _threshold(self) -> int:
+        """Votes needed: half of the current supers, at least one (4.2.3)."""
+        return max(1, (len(self._supers) + 1) // 2)
+
+    def suspects(self, msg: Message) -> frozenset[NodeId]:
+        h = msg.header
+        if type(h) is not dict or h.get(KIND) != SUSPECT:
+            return EMPTY
+        who = _names(h.get("who"))
+        if who is None:
+            return EMPTY
+        sender = msg.sender
+        if sender == ROUTERS:
+            return frozenset(p for p in who if p.startswith(CLIENT))
+        if sender not in self._supers or len(who) != 1:
+            return EMPTY  # a vote names one process: a delivered vote is one that counted
+        need = self._threshold()
+        supers = self._supers
+        out = []
+        for p in who:
+            if p in self._retired or p == sender:
+                continue
+            voters = (self.votes.get(p, _NONE) & supers) | {sender}
+            if len(voters) >= need:
+                out.append(p)
+        return frozenset(out)
+
+    # ------------------------------------------------------------------ the automaton
+    def apply(self, msg: Message) -> RubberbandConfig:
+        h = msg.header
+        kind = h.get(KIND) if type(h) is dict else None
+        if kind is None:
+            return self  # data messages never change the configuration
+        if kind == SUSPECT:
+            return self._apply_suspect(msg)
+        if kind in (JOIN, PART):
+            return super().apply(msg)  # type: ignore[return-value]
+        sender = msg.sender
+        if kind == KEYSPACE:
+            return self._apply_keyspace(msg, h) if sender in self._supers else self
+        if kind == READY:
+            return self._apply_ready(sender, h) if sender in self._storage else self
+        if kind == INCOMPLETE:
+            return self._apply_incomplete(sender, h) if sender in self._storage else self
+        return self
+
+    def _apply_suspect(self, msg: Message) -> RubberbandConfig:
+        gone = self.suspects(msg) & self._members
+        sender = msg.sender
+        if sender == ROUTERS or sender not in self._supers:
+            return self._left(gone) if gone else self
+        who = _names(msg.header.get("who")) or ()
+        votes = dict(self.votes)
+        for p in who:
+            if p in gone or p == sender or p not in self._members:
+                continue
+            votes[p] = (votes.get(p, _NONE) & self._supers) | {sender}
+        after = self._with(votes=votes) if votes != self.votes else self
+        return after._left(gone) if gone else after
+
+    def _apply_ready(self, sender: NodeId, h: dict[str, Any]) -> RubberbandConfig:
+        v = h.get("v")
+        p = self.pending.get(v) if type(v) is int else None
+        if p is None or sender not in p.waiting:
+            return self
+        pending = dict(self.pending)
+        waiting = p.waiting - {sender}
+        if waiting:
+            pending[v] = Pending(waiting, p.receivers - {sender})  # type: ignore[index]
+        else:
+            del pending[v]  # type: ignore[arg-type]
+        return self._with(pending=pending)
+
+    def _apply_incomplete(self, sender: NodeId, h: dict[str, Any]) -> RubberbandConfig:
+        """A receiver whose source was suspected mid-transfer: it never gets ready and
+        must not serve reads until a super repairs it (replace, or contract)."""
+        if sender not in self.keyspace or sender in self.incomplete:
+            return self
+        return self._with(incomplete=self.incomplete | {sender})
+
+    def _apply_keyspace(self, msg: Message, h: dict[str, Any]) -> RubberbandConfig:
+        plan = self._keyspace_plan(h)
+        if plan is None:
+            return self
+        keyspace, involved, receivers = plan
+        pending = dict(self.pending)
+        v = self.version + 1
+        waiting = involved & self._storage
+        if waiting:
+            pending[v] = Pending(waiting, receivers & self._storage)
+        # A process leaving the ring (contract, replace) is no longer incomplete.
+        incomplete = frozenset(p for p in self.incomplete if p in keyspace)
+        return self._with(keyspace=keyspace, version=v, pending=pending, incomplete=incomplete)
+
+    def _keyspace_plan(
+        self, h: dict[str, Any]
+    ) -> tuple[Keyspace, frozenset[NodeId], frozenset[NodeId]] | None:
+        """The new keyspace, the storage processes involved and the receivers, or None
+        for a stale, malformed or impossible keyspace message (ignored everywhere)."""
+        if h.get("v") != self.version or type(h.get("v")) is not int:
+            return None
+        op = h.get("op")
+        if type(op) is not tuple or not op or op[0] not in OPS:
+            return None
+        try:
+            instructions = instructions_from_wire(h.get("ins", ()))
+        except BadInstruction:
+            return None
+        ks = self.keyspace
+        storage = self._storage
+        try:
+            name = op[1]
+            if op[0] == "expand" and len(op) == 3:
+                if name not in storage or name in ks or not is_ekey(op[2]):
+                    return None
+                new = ks.expand(_tuple(op[2]), name)
+                moved = frozenset((name,))
+            elif op[0] == "contract" and len(op) == 2:
+                new = ks.contract(name)
+                moved = frozenset((name,))
+            elif op[0] == "replace" and len(op) == 3:
+                newcomer = op[2]
+                if newcomer not in storage or newcomer in ks:
+                    return None
+                new = ks.replace(name, newcomer)
+                moved = frozenset((name, newcomer))
+            elif op[0] == "rebalance" and len(op) == 3:
+                if not is_ekey(op[2]):
+                    return None
+                new = ks.rebalance(name, _tuple(op[2]))
+                moved = frozenset((name,))
+            else:
+                return None
+        except (BadKeyspace, TypeError, IndexError):
+            return None
+        named: set[NodeId] = set(moved)
+        receivers: set[NodeId] = set()
+        for ins in instructions:
+            if isinstance(ins, Copy):
+                if ins.src not in ks or ins.dst not in new:
+                    return None
+                named.add(ins.src)
+                named.add(ins.dst)
+                receivers.add(ins.dst)
+            else:
+                if ins.process not in ks:
+                    return None
+                named.add(ins.process)
+        return new, frozenset(named), frozenset(receivers)
+
+    def destset(self, msg: Message) -> frozenset[NodeId]:
+        h = msg.header
+        if type(h) is not dict:
+            return EMPTY
+        sender = msg.sender
+        kind = h.get(KIND)
+        if kind is None:
+            if not sender.startswith(CLIENT) or sender in self._retired:
+                return EMPTY
+            w = h.get("w")
+            if w is not None:
+                if type(w) is not tuple or len(w) > MAX_RANGES or not is_range_set(w):
+                    return EMPTY
+                return self.write_routing().write_set(w)
+            r = h.get("r")
+            o = h.get("o", 0)
+            if type(r) is not tuple or len(r) > MAX_RANGES or type(o) is not int:
+                return EMPTY
+            if not is_range_set(r):
+                return EMPTY
+            try:
+                return frozenset(self.read_routing().read_cover(r, o))
+            except Unavailable:
+                return EMPTY
+        supers = self._supers
+        if kind == JOIN:
+            if sender in self._retired or sender in self._members or role_of(sender) is None:
+                return EMPTY
+            return supers | {sender}
+        if kind == PART:
+            return supers | {sender} if sender in self._members else EMPTY
+        if kind == SUSPECT:
+            gone = self.suspects(msg)
+            if gone:
+                return self._members - gone
+            return supers if sender in supers else EMPTY
+        if kind == KEYSPACE:
+            if sender not in supers:
+                return EMPTY
+            if self._keyspace_plan(h) is None:
+                return EMPTY
+            # Every storage process mirrors the keyspace (its partition, the version its
+            # basic reads are checked against); the involved ones find instructions.
+            return supers | self._storage
+        if kind in (READY, INCOMPLETE):
+            return supers if sender in self._storage else EMPTY
+        return EMPTY
+
+    # ------------------------------------------------------------------ value semantics
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is RubberbandConfig
+            and other.version == self.version
+            and other.keyspace == self.keyspace
+            and other.partitioning == self.partitioning
+            and other._supers == self._supers
+            and other._storage == self._storage
+            and other._clients == self._clients
+            and other._retired == self._retired
+            and other.pending == self.pending
+            and other.votes == self.votes
+            and other.incomplete == self.incomplete
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.version, self.keyspace, self._members))
+
+    def __repr__(self) -> str:
+        return (
+            f"RubberbandConfig(v{self.version}, f={self.f}, ring={list(self.keyspace.processes)}, "
+            f"standby={sorted(self.standby())}, supers={sorted(self._supers)})"
+        )
+
+
+def _names(value: Any) -> tuple[NodeId, ...] | None:
+    if type(value) not in (list, tuple) or len(value) > 4096:
+        return None
+    if not all(type(p) is str for p in value):
+        return None
+    return tuple(value)
+
+
+def _tuple(value: Any) -> EKey:
+    """An encoded key off a state or header (lists where a decoder made them)."""
+    if type(value) is list:
+        return tuple(_tuple(v) for v in value)
+    if type(value) is tuple:
+        return tuple(_tuple(v) if type(v) in (list, tuple) else v for v in value)
+    return value  # type: ignore[no-any-return]
+
+
+# ------------------------------------------------------------------ header builders
+# Clients, storage processes and supers build headers only through these, so the table in
+# the module docstring is the whole protocol between them and the routers.
+def write_header(ranges: RangeSet) -> dict[str, Any]:
+    return {"w": ranges}
+
+
+def read_header(ranges: RangeSet, offset: int) -> dict[str, Any]:
+    return {"r": ranges, "o": offset}
+
+
+def keyspace_header(version: int, op: tuple[Any, ...], instructions: Any) -> dict[str, Any]:
+    """``op`` as in the module docstring, ``instructions`` a plan's ``to_wire()``."""
+    return {KIND: KEYSPACE, "v": version, "op": tuple(op), "ins": tuple(instructions)}
+
+
+def ready_header(version: int) -> dict[str, Any]:
+    return {KIND: READY, "v": version}
+
+
+def incomplete_header(version: int, ranges: RangeSet) -> dict[str, Any]:
+    return {KIND: INCOMPLETE, "v": version, "ranges": ranges}
+
+
+def vote_header(who: NodeId) -> dict[str, Any]:
+    return {KIND: SUSPECT, "who": [who]}

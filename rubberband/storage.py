@@ -1,0 +1,476 @@
+"""The storage process core: an engine fed in delivery order, and partial live migration.
+
+Sans-IO (dissertation 4.4.1, 5.4).  The host hands it E-Cast deliveries in ``t`` order and
+direct messages from peers; it returns :data:`Output` tuples: direct messages to send,
+configuration messages to submit, or a stop.  The host runs it on one worker thread (its
+engine may block), never two calls at once.
+
+**Order.**  Every delivered operation and instruction runs at its position in the total
+order, or later but as if there: an item whose ranges overlap a range still being
+received (or an item queued before it) waits in a queue, everything else runs at once.
+When a receive completes, the queue drains in order.  So a write to a range arrives
+before the range's base and is applied after it, a read of it waits for it, and a send
+or delete of it runs after the writes that preceded it, whatever the transfer's speed.
+
+**Migration.**  A keyspace message carries instructions (:mod:`rubberband.optimizer`).
+A ``copy`` makes the source open a consistent cursor on the ranges at the message's
+position and the destination pull it in bounded chunks over the direct channel (the
+receiver paces the sender; nothing unbounded is buffered on either side).  A ``delete``
+runs at its position: the engine's cursors are snapshots, so a delete never reaches into
+a send opened before it.  Transfers are named by ``(t, index)``: the keyspace message's
+position and the instruction's index, the same on both sides.  When every instruction of
+a keyspace message that concerns this process is done, it submits ``ready``; until then
+the routers keep reads away from it where another replica exists.
+
+**Failures.**  A source suspected mid-transfer leaves its receiver *incomplete*: it
+submits ``incomplete``, the routers send it no more reads, and a super repairs it (replace
+or contract).  An engine error other than a :class:`BadOperation` stops the process
+(fail-stop): a replica never skips a write and carries on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ecast import KIND, SUSPECT, Message, NodeId
+from rubberband.config import (
+    KEYSPACE,
+    STORAGE,
+    SUPER,
+    incomplete_header,
+    ready_header,
+)
+from rubberband.keys import NOTHING, RangeSet, difference, intersect, is_range_set, overlaps, union
+from rubberband.optimizer import Copy, Delete, instructions_from_wire
+from rubberband.placement import BadKeyspace, Keyspace
+from storage_adapters.base import BadOperation, Engine, SendCursor
+
+Output = tuple[Any, ...]
+"""``("direct", dst, payload)``, ``("submit", header, payload)`` or ``("stop", reason)``."""
+
+CHUNK_BYTES = 256 * 1024
+TransferId = tuple[int, int]
+
+# Direct message tags (first element of the payload).
+RESULT = "res"
+"""storage -> client: ``("res", msg_id, covered ranges, result, error)``."""
+PULL = "pull"
+"""receiver -> source: ``("pull", tid, n)``: send chunk ``n``."""
+CHUNK = "chunk"
+"""source -> receiver: ``("chunk", tid, n, data, last)``."""
+
+
+class EngineFailed(RuntimeError):
+    """The engine failed for a reason other than the operation: the process must stop."""
+
+
+@dataclass
+class _Incoming:
+    src: NodeId
+    ranges: RangeSet
+    version: int
+    next: int = 0
+    done: bool = False
+
+
+@dataclass
+class _Outgoing:
+    dst: NodeId
+    ranges: RangeSet
+    version: int
+    cursor: SendCursor | None = None
+    next: int = 0
+    """The chunk number the receiver asked for and has not been sent yet (-1: none)."""
+    asked: int = -1
+
+
+@dataclass
+class _Queued:
+    """An item that waits for a range being received: a data message or an instruction."""
+
+    ranges: RangeSet
+    msg: Message | None = None
+    t: int = 0
+    action: tuple[Any, ...] = ()
+
+
+@dataclass
+class StorageStats:
+    applied: int = 0
+    rejected: int = 0
+    queued_max: int = 0
+    chunks_sent: int = 0
+    chunks_received: int = 0
+    transfers: dict[str, int] = field(default_factory=lambda: {"in": 0, "out": 0, "aborted": 0})
+
+
+class StorageCore:
+    """One storage process: standby until a keyspace message places it on the ring."""
+
+    def __init__(self, me: NodeId, engine: Engine, *, chunk_bytes: int = CHUNK_BYTES) -> None:
+        if not me.startswith(STORAGE):
+            raise ValueError(f"a storage process is named {STORAGE}..., not {me!r}")
+        self.me = me
+        self.engine = engine
+        self.chunk_bytes = chunk_bytes
+        self.keyspace: Keyspace | None = None
+        """The keyspace mirror, from our join on (None before it)."""
+        self.version = 0
+        self.owned: RangeSet = NOTHING
+        """What we answer for as of the last keyspace message delivered."""
+        self.receiving: RangeSet = NOTHING
+        self.broken: RangeSet = NOTHING
+        """Ranges whose transfer was aborted: incomplete until a super repairs us."""
+        self.incoming: dict[TransferId, _Incoming] = {}
+        self.outgoing: dict[TransferId, _Outgoing] = {}
+        self.early_pulls: dict[TransferId, tuple[NodeId, int]] = {}
+        self.queue: list[_Queued] = []
+        self._queued_ranges: RangeSet = NOTHING
+        self.unfinished: dict[int, int] = {}
+        """Keyspace version -> our instructions of it not yet done."""
+        self.stopped: str | None = None
+        self.stats = StorageStats()
+
+    # ================================================================== inputs
+    def joined(self, state: Any) -> list[Output]:
+        """Our own join was delivered with the config's state (``joiner_state``)."""
+        rb = state.get("rubberband") if isinstance(state, dict) else None
+        if not isinstance(rb, list | tuple) or len(rb) < 4:
+            return self._stop("the join carried no Rubberband configuration")
+        try:
+            self.keyspace = Keyspace.from_state((rb[0], [(_tuple(e), p) for e, p in rb[3]]))
+        except (BadKeyspace, TypeError, ValueError) as e:
+            return self._stop(f"the join carried a bad keyspace: {e}")
+        self.version = int(rb[2])
+        self.owned = self.keyspace.partition(self.me)
+        return []
+
+    def deliver(self, items: Iterable[tuple[int, Message]]) -> list[Output]:
+        """Deliveries in ``t`` order (E-Cast guarantees it); data runs in engine batches."""
+        out: list[Output] = []
+        batch: list[tuple[Message, RangeSet]] = []
+        for t, msg in items:
+            if self.stopped is not None:
+                break
+            h = msg.header
+            kind = h.get(KIND) if type(h) is dict else None
+            if kind is None:
+                mine = self._mine(h)
+                if mine is None:
+                    continue
+                if self._blocked(mine):
+                    self._enqueue(_Queued(mine, msg=msg, t=t))
+                else:
+                    batch.append((msg, mine))
+                continue
+            if batch:
+                self._apply(batch, out)
+                batch = []
+            if kind == KEYSPACE and msg.sender.startswith(SUPER):
+                self._keyspace(t, msg, out)
+            elif kind == SUSPECT and msg.sender.startswith(SUPER):
+                self._suspected(h.get("who"), out)
+        if batch and self.stopped is None:
+            self._apply(batch, out)
+        return out
+
+    def direct(self, src: NodeId, payload: Any) -> list[Output]:
+        """A peer's pull or chunk (clients never talk to us directly here)."""
+        out: list[Output] = []
+        if self.stopped is not None or type(payload) is not tuple or not payload:
+            return out
+        tag = payload[0]
+        if tag == PULL and len(payload) == 3:
+            tid, n = _tid(payload[1]), payload[2]
+            if tid is None or type(n) is not int:
+                return out
+            send = self.outgoing.get(tid)
+            if send is None or send.dst != src:
+                if len(self.early_pulls) < 4096:
+                    self.early_pulls[tid] = (src, n)  # the keyspace message is on its way
+                return out
+            send.asked = n
+            self._serve(tid, send, out)
+        elif tag == CHUNK and len(payload) == 5:
+            tid = _tid(payload[1])
+            rec = self.incoming.get(tid) if tid is not None else None
+            if rec is None or rec.src != src or rec.done or payload[2] != rec.next:
+                return out
+            self._received(tid, rec, payload[3], bool(payload[4]), out)  # type: ignore[arg-type]
+        return out
+
+    # ================================================================== data
+    def _mine(self, h: Any) -> RangeSet | None:
+        ranges = h.get("w") if type(h) is dict else None
+        if ranges is None and type(h) is dict:
+            ranges = h.get("r")
+        if type(ranges) is not tuple or not is_range_set(ranges):
+            return None
+        return intersect(ranges, self.owned)
+
+    def _blocked(self, ranges: RangeSet) -> bool:
+        return overlaps(ranges, self.receiving) or overlaps(ranges, self._queued_ranges)
+
+    def _enqueue(self, item: _Queued) -> None:
+        self.queue.append(item)
+        self._queued_ranges = union(self._queued_ranges, item.ranges)
+        if len(self.queue) > self.stats.queued_max:
+            self.stats.queued_max = len(self.queue)
+
+    def _apply(self, batch: list[tuple[Message, RangeSet]], out: list[Output]) -> None:
+        try:
+            results = self.engine.apply([(m.payload, r) for m, r in batch])
+        except Exception as e:
+            self._stop(f"engine failed: {type(e).__name__}: {e}", out)
+            return
+        if len(results) != len(batch):
+            self._stop("engine returned a wrong number of results", out)
+            return
+        self.stats.applied += len(batch)
+        for (m, mine), res in zip(batch, results, strict=True):
+            bad = isinstance(res, BadOperation)
+            if bad:
+                self.stats.rejected += 1
+            if "r" in m.header:
+                out.append(
+                    (
+                        "direct",
+                        m.sender,
+                        (RESULT, m.id, mine, None if bad else res, str(res) if bad else None),
+                    )
+                )
+            elif bad:
+                out.append(("direct", m.sender, (RESULT, m.id, mine, None, str(res))))
+
+    # ================================================================== reconfiguration
+    def _keyspace(self, t: int, msg: Message, out: list[Output]) -> None:
+        h = msg.header
+        ks = self.keyspace
+        if ks is None:
+            return
+        op = h.get("op")
+        try:
+            if op[0] == "expand":
+                new = ks.expand(_tuple(op[2]), op[1])
+            elif op[0] == "contract":
+                new = ks.contract(op[1])
+            elif op[0] == "replace":
+                new = ks.replace(op[1], op[2])
+            else:
+                new = ks.rebalance(op[1], _tuple(op[2]))
+            instructions = instructions_from_wire(h.get("ins", ()))
+        except Exception as e:
+            self._stop(f"cannot follow keyspace message {op!r:.80}: {e}", out)
+            return
+        old_owned = self.owned
+        self.keyspace = new
+        self.version += 1
+        v = self.version
+        self.owned = new.partition(self.me)
+        me = self.me
+        mine = [
+            ins
+            for ins in instructions
+            if (isinstance(ins, Copy) and me in (ins.src, ins.dst))
+            or (isinstance(ins, Delete) and ins.process == me)
+        ]
+        # Involved as the routers count it: named by the operation or an instruction.
+        if mine or me in op[1:]:
+            self.unfinished[v] = len(mine)
+        deleted = NOTHING
+        for i, ins in enumerate(instructions):
+            tid = (t, i)
+            if isinstance(ins, Copy):
+                if ins.src == me:
+                    self._order(
+                        _Queued(ins.ranges, t=t, action=("send", tid, ins.dst, ins.ranges, v)), out
+                    )
+                elif ins.dst == me:
+                    self._start_receive(tid, ins.src, ins.ranges, v, out)
+            elif ins.process == me:
+                deleted = union(deleted, ins.ranges)
+                self._order(_Queued(ins.ranges, t=t, action=("delete", ins.ranges, v)), out)
+        # Ranges we lose that no instruction deletes (nobody needed them) go at once.
+        extra = difference(difference(old_owned, self.owned), deleted)
+        if extra:
+            self._order(_Queued(extra, t=t, action=("delete", extra, 0)), out)
+        if v in self.unfinished:
+            self._maybe_ready(v, out, count=0)
+
+    def _order(self, item: _Queued, out: list[Output]) -> None:
+        """Run an instruction now, or queue it behind what it must follow."""
+        if self._blocked(item.ranges):
+            self._enqueue(item)
+        else:
+            self._run_action(item.action, out)
+
+    def _run_action(self, action: tuple[Any, ...], out: list[Output]) -> None:
+        if action[0] == "send":
+            _, tid, dst, ranges, v = action
+            try:
+                cursor = self.engine.open_send(ranges)
+            except Exception as e:
+                self._stop(f"engine failed to open a send: {e}", out)
+                return
+            send = _Outgoing(dst, ranges, v, cursor)
+            self.outgoing[tid] = send
+            self.stats.transfers["out"] += 1
+            early = self.early_pulls.pop(tid, None)
+            if early is not None and early[0] == dst:
+                send.asked = early[1]
+                self._serve(tid, send, out)
+        elif action[0] == "delete":
+            _, ranges, v = action
+            try:
+                self.engine.delete(ranges)
+            except Exception as e:
+                self._stop(f"engine failed to delete: {e}", out)
+                return
+            if v:
+                self._maybe_ready(v, out)
+
+    def _start_receive(
+        self, tid: TransferId, src: NodeId, ranges: RangeSet, v: int, out: list[Output]
+    ) -> None:
+        self.incoming[tid] = _Incoming(src, ranges, v)
+        self.receiving = union(self.receiving, ranges)
+        self.stats.transfers["in"] += 1
+        out.append(("direct", src, (PULL, tid, 0)))
+
+    def _serve(self, tid: TransferId, send: _Outgoing, out: list[Output]) -> None:
+        if send.asked != send.next or send.cursor is None:
+            return
+        try:
+            data = send.cursor.next_chunk(self.chunk_bytes)
+        except Exception as e:
+            self._stop(f"engine failed while sending: {e}", out)
+            return
+        last = data is None
+        out.append(
+            ("direct", send.dst, (CHUNK, tid, send.next, data if data is not None else (), last))
+        )
+        self.stats.chunks_sent += 1
+        send.next += 1
+        if last:
+            send.cursor.close()
+            del self.outgoing[tid]
+            self._maybe_ready(send.version, out)
+
+    def _received(
+        self, tid: TransferId, rec: _Incoming, data: Any, last: bool, out: list[Output]
+    ) -> None:
+        if data:
+            try:
+                self.engine.receive(data)
+            except Exception as e:
+                self._stop(f"engine failed to receive: {e}", out)
+                return
+        self.stats.chunks_received += 1
+        rec.next += 1
+        if not last:
+            out.append(("direct", rec.src, (PULL, tid, rec.next)))
+            return
+        rec.done = True
+        del self.incoming[tid]
+        self._recompute_receiving()
+        self._drain(out)
+        self._maybe_ready(rec.version, out)
+
+    def _recompute_receiving(self) -> None:
+        r: RangeSet = NOTHING
+        for rec in self.incoming.values():
+            r = union(r, rec.ranges)
+        self.receiving = r
+
+    def _drain(self, out: list[Output]) -> None:
+        """Run queued items whose ranges are free now, in order; the rest keep waiting
+        (an item also waits for any earlier queued item it overlaps)."""
+        queue, self.queue = self.queue, []
+        self._queued_ranges = NOTHING
+        batch: list[tuple[Message, RangeSet]] = []
+        for item in queue:
+            if self.stopped is not None:
+                return
+            if self._blocked(item.ranges):
+                self._enqueue(item)
+                continue
+            if item.msg is not None:
+                batch.append((item.msg, item.ranges))
+                continue
+            if batch:
+                self._apply(batch, out)
+                batch = []
+            self._run_action(item.action, out)
+        if batch and self.stopped is None:
+            self._apply(batch, out)
+
+    def _maybe_ready(self, v: int, out: list[Output], count: int = 1) -> None:
+        left = self.unfinished.get(v)
+        if left is None:
+            return
+        left -= count
+        if left <= 0:
+            del self.unfinished[v]
+            if not self.broken:
+                out.append(("submit", ready_header(v), None))
+        else:
+            self.unfinished[v] = left
+
+    # ================================================================== failures
+    def _suspected(self, who: Any, out: list[Output]) -> None:
+        if type(who) not in (list, tuple) or len(who) != 1 or type(who[0]) is not str:
+            return
+        gone = who[0]
+        for tid, rec in list(self.incoming.items()):
+            if rec.src == gone:
+                del self.incoming[tid]
+                self.stats.transfers["aborted"] += 1
+                self.broken = union(self.broken, rec.ranges)
+                out.append(("submit", incomplete_header(rec.version, rec.ranges), None))
+        self._recompute_receiving()
+        for tid, send in list(self.outgoing.items()):
+            if send.dst == gone:
+                if send.cursor is not None:
+                    send.cursor.close()
+                del self.outgoing[tid]
+                self.stats.transfers["aborted"] += 1
+                self._maybe_ready(send.version, out)
+        # Writes waiting for an aborted range run now: the range is broken (no reads come
+        # here any more) but later transfers and deletes must not wait for ever.
+        self._drain(out)
+
+    def _stop(self, reason: str, out: list[Output] | None = None) -> list[Output]:
+        self.stopped = reason
+        if out is not None:
+            out.append(("stop", reason))
+            return out
+        return [("stop", reason)]
+
+    # ================================================================== introspection
+    def status(self) -> dict[str, Any]:
+        return {
+            "name": self.me,
+            "version": self.version,
+            "active": self.keyspace is not None and self.me in self.keyspace,
+            "owned": self.owned,
+            "receiving": self.receiving,
+            "broken": self.broken,
+            "queued": len(self.queue),
+            "transfers_in": len(self.incoming),
+            "transfers_out": len(self.outgoing),
+            "stopped": self.stopped,
+        }
+
+
+def _tid(value: Any) -> TransferId | None:
+    if type(value) is tuple and len(value) == 2 and all(type(x) is int for x in value):
+        return value  # type: ignore[return-value]
+    return None
+
+
+def _tuple(value: Any) -> Any:
+    if type(value) in (list, tuple):
+        return tuple(_tuple(v) for v in value)
+    return value

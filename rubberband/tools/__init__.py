@@ -1,0 +1,1 @@
+"""Rubberband's command-line tools (``rubberband ...``)."""

@@ -1,0 +1,28 @@
+"""``rubberband``: one command, a subcommand per tool."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "cost": ("rubberband.tools.cost", "microseconds the routers spend routing per message"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print("usage: rubberband COMMAND [ARGS]\n\ncommands:")
+        for name, (_, what) in COMMANDS.items():
+            print(f"  {name:<10} {what}")
+        return 0 if args else 2
+    entry = COMMANDS.get(args[0])
+    if entry is None:
+        print(f"rubberband: unknown command {args[0]!r} (try rubberband --help)", file=sys.stderr)
+        return 2
+    return int(importlib.import_module(entry[0]).main(args[1:]) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

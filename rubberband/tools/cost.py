@@ -1,0 +1,140 @@
+"""``rubberband cost``: microseconds the routers spend in Rubberband's config per message.
+
+``destset`` runs on the leading router once per message, on the hot path, so its cost
+caps the cluster's throughput as surely as the network does.  This times it for the
+shapes of message that matter (point writes and reads, multi-key writes, range reads over
+a whole cluster) on a keyspace of ``--storage`` processes, beside E-Cast's
+``KeyRingConfig`` routing the same number of point messages (the baseline every run
+carries, since this machine varies by 10-15 % from run to run).  Headers are decoded off
+the wire first, as a router sees them.  Budgets: 3 us for a point write, 15 us for a
+4-range read over 16 processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+from ecast import KeyRingConfig, Message
+from rubberband.config import RubberbandConfig, keyspace_header, read_header, write_header
+from rubberband.keys import encode_key, key_range, normalize, point
+from rubberband.optimizer import optimize
+
+BUDGET_US = {"write 1 key": 3.0, "read 4 ranges": 15.0}
+
+
+def build(storage: int, f: int) -> RubberbandConfig:
+    """A settled cluster: one super, ``storage`` processes expanded at ids 0, 1000, ..."""
+    c = RubberbandConfig.initial(replication=f)
+    n = 0
+
+    def send(sender: str, header: Any) -> None:
+        nonlocal c, n
+        n += 1
+        c = c.apply(Message(sender, (("cost", 0, sender), n), header, None))
+
+    send("super:s", {"kind": "join"})
+    for i in range(storage):
+        send(f"storage:{i}", {"kind": "join"})
+    for i in range(storage):
+        ek = encode_key(i * 1000)
+        new = c.keyspace.expand(ek, f"storage:{i}")
+        plan = optimize(c.keyspace, new, max_solutions=64)
+        send("super:s", keyspace_header(c.version, ("expand", f"storage:{i}", ek), plan.to_wire()))
+    for v in sorted(c.pending):
+        for p in sorted(c.pending[v].waiting):
+            send(p, {"kind": "ready", "v": v})
+    return c
+
+
+def wire(header: Any) -> Any:
+    """The header as a router decodes it (tuples, not lists)."""
+    return msgpack.unpackb(msgpack.packb(header), use_list=False)
+
+
+def workloads(storage: int, rng: random.Random) -> dict[str, list[Any]]:
+    span = storage * 1000
+    out: dict[str, list[Any]] = {
+        "write 1 key": [],
+        "read 1 key": [],
+        "write 10 keys": [],
+        "read 4 ranges": [],
+        "read everything": [],
+    }
+    for i in range(1000):
+        k = rng.randrange(span)
+        out["write 1 key"].append(wire(write_header((point(k),))))
+        out["read 1 key"].append(wire(read_header((point(k),), i)))
+        keys = normalize(point(rng.randrange(span)) for _ in range(10))
+        out["write 10 keys"].append(wire(write_header(keys)))
+        starts = sorted(rng.sample(range(0, span, 10), 4))
+        ranges = normalize(key_range(s, s + rng.randrange(1, span // 8)) for s in starts)
+        out["read 4 ranges"].append(wire(read_header(ranges, i)))
+        out["read everything"].append(wire(read_header((key_range(),), i)))
+    return out
+
+
+def per_call(fn: Callable[[Message], Any], msgs: list[Message], repeat: int) -> float:
+    """Best of ``repeat`` passes, microseconds per call."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for m in msgs:
+            fn(m)
+        best = min(best, (time.perf_counter() - t0) / len(msgs))
+    return best * 1e6
+
+
+def measure(storage: int, f: int, repeat: int, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    c = build(storage, f)
+    rows: dict[str, float] = {}
+    for name, headers in workloads(storage, rng).items():
+        msgs = [Message("client:c", (("c", 0, ""), i), h, b"") for i, h in enumerate(headers)]
+        assert all(c.destset(m) for m in msgs), name
+        rows[name] = per_call(c.destset, msgs, repeat)
+    ring = KeyRingConfig(f)
+    for i in range(storage):
+        ring = ring.apply(
+            Message(f"r{i}", (("j", 0, ""), i), {"kind": "join", "role": "receiver"}, None)
+        )
+    ring = ring.apply(Message("c", (("j", 0, ""), 99), {"kind": "join"}, None))
+    base = [
+        Message("c", (("c", 0, ""), i), {"key": rng.randrange(10**6)}, b"") for i in range(1000)
+    ]
+    rows["baseline KeyRingConfig point"] = per_call(ring.destset, base, repeat)
+    return {"storage": storage, "replication": f, "us_per_destset": rows, "budget_us": BUDGET_US}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="rubberband cost", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--storage", type=int, default=16, help="storage processes (default 16)")
+    ap.add_argument("--replication", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=7, help="passes; the best counts")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", action="store_true", help="end with one JSON line")
+    args = ap.parse_args(argv)
+    result = measure(args.storage, args.replication, args.repeat, args.seed)
+    print(f"destset cost, {args.storage} storage processes, replication {args.replication}")
+    over = False
+    for name, us in result["us_per_destset"].items():
+        budget = BUDGET_US.get(name)
+        mark = ""
+        if budget is not None:
+            ok = us <= budget
+            over |= not ok
+            mark = f"  (budget {budget:g} us: {'ok' if ok else 'OVER'})"
+        print(f"  {name:<30} {us:8.2f} us{mark}")
+    if args.json:
+        print(json.dumps(result))
+    return 1 if over else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,249 @@
+"""An in-memory, ordered key-value engine: the engine behind Rubberband's key-value SDK.
+
+Values are anything msgpack carries; a key is any Rubberband key.  Items are kept in a
+sorted map by *placement* (the encoded key under range partitioning, its 32-bit hash
+under hash partitioning, dissertation 5.3) and then by encoded key, so a range of
+placement space is one slice of the map whatever the partitioning.
+
+Operations (tuples, as they travel in payloads):
+
+=======================================  ==============================================
+operation                                meaning
+=======================================  ==============================================
+``("put", ((key, value), ...))``         set every key, atomically (one message)
+``("append", ((key, value), ...))``      append ``value`` to each key's list
+``("delete", (key, ...))``               remove the keys
+``("delete_range", lo, hi)``             remove ``[lo, hi)`` (range partitioning only)
+``("get", (key, ...))``                  ``{key: value}`` of the keys present
+``("scan", lo, hi)``                     ``[(key, value), ...]`` of ``[lo, hi)`` in order
+=======================================  ==============================================
+
+Writes return None; a read returns what it found *inside the ranges it was given*, so a
+client combines the answers of several replicas without double counting
+(:meth:`KVOps.combine`).  ``append`` to a key that holds a non-list is a
+:class:`BadOperation`, decided the same way at every replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sortedcontainers import SortedDict
+
+from storage_adapters.base import (
+    MAX_EKEY,
+    MIN_EKEY,
+    BadKey,
+    BadOperation,
+    EKey,
+    Part,
+    Placement,
+    RangeSet,
+    after,
+    encode_key,
+    normalize,
+)
+
+WRITES = frozenset({"put", "append", "delete", "delete_range"})
+READS = frozenset({"get", "scan"})
+MAX_KEYS = 100_000
+"""Keys one operation may name."""
+
+
+def _bound(key: Any) -> EKey:
+    if key is None:
+        return MIN_EKEY
+    return encode_key(key)
+
+
+class KVOps:
+    """The client half: what an operation touches, and how replicas' answers combine."""
+
+    def part_fun(self, op: Any, placement: Placement) -> Part:
+        if type(op) not in (tuple, list) or not op or op[0] not in WRITES | READS:
+            raise BadOperation(f"not a key-value operation: {op!r:.80}")
+        name = op[0]
+        kind: Any = "write" if name in WRITES else "read"
+        try:
+            if name in ("put", "append"):
+                pairs = op[1]
+                if len(pairs) > MAX_KEYS or not all(len(p) == 2 for p in pairs):
+                    raise BadOperation(f"{name} takes (key, value) pairs")
+                keys = [p[0] for p in pairs]
+            elif name in ("delete", "get"):
+                keys = list(op[1])
+                if len(keys) > MAX_KEYS:
+                    raise BadOperation(f"{name} names more than {MAX_KEYS} keys")
+            else:
+                if len(op) != 3:
+                    raise BadOperation(f"{name} takes lo and hi")
+                if not placement.ordered:
+                    if name == "delete_range":
+                        raise BadOperation("delete_range needs range partitioning")
+                    return Part(kind, ((MIN_EKEY, MAX_EKEY),))  # every hash bucket
+                lo = _bound(op[1])
+                hi = MAX_EKEY if op[2] is None else encode_key(op[2])
+                if not lo < hi:
+                    raise BadOperation(f"empty range [{op[1]!r}, {op[2]!r})")
+                return Part(kind, ((lo, hi),))
+            places = [placement.ekey(k) for k in keys]
+        except BadKey as e:
+            raise BadOperation(str(e)) from None
+        except TypeError:
+            raise BadOperation(f"malformed {name}: {op!r:.80}") from None
+        if not places:
+            raise BadOperation(f"{name} names no key")
+        return Part(kind, normalize((p, after(p)) for p in places))
+
+    def combine(self, op: Any, answers: Sequence[Any]) -> Any:
+        """One answer from the answers of responders that covered disjoint ranges."""
+        if op[0] == "get":
+            out: dict[Any, Any] = {}
+            for a in answers:
+                out.update(a)
+            return out
+        if op[0] == "scan":
+            rows = [row for a in answers for row in a]
+            rows.sort(key=lambda kv: encode_key(kv[0]))
+            return rows
+        return None
+
+
+def _in(ranges: RangeSet, place: EKey) -> bool:
+    return any(lo <= place < hi for lo, hi in ranges)
+
+
+class _Cursor:
+    """A materialized copy: later writes cannot leak into it."""
+
+    def __init__(self, items: list[tuple[Any, Any]]) -> None:
+        self._items = items
+        self._i = 0
+
+    def next_chunk(self, max_bytes: int) -> Any | None:
+        if self._i >= len(self._items):
+            return None
+        out = []
+        size = 0
+        while self._i < len(self._items) and (not out or size < max_bytes):
+            k, v = self._items[self._i]
+            out.append((k, v))
+            size += 64 + len(repr(v)) if not isinstance(v, bytes | str) else 64 + len(v)
+            self._i += 1
+        return out
+
+    def close(self) -> None:
+        self._items = []
+
+
+class MemoryEngine:
+    """Ordered key-value data in memory, keyed by (placement, encoded key)."""
+
+    def __init__(self, placement: Placement | None = None) -> None:
+        self.placement = placement or Placement()
+        self._data: SortedDict = SortedDict()
+        self.counts = {"writes": 0, "reads": 0, "rejected": 0}
+
+    # ------------------------------------------------------------------ helpers
+    def _slot(self, key: Any) -> tuple[EKey, EKey]:
+        e = encode_key(key)
+        return (self.placement.ekey(key), e)
+
+    def _range_items(self, ranges: RangeSet) -> list[tuple[Any, Any]]:
+        out = []
+        data = self._data
+        for lo, hi in ranges:
+            for slot in data.irange((lo,), (hi,), inclusive=(True, False)):
+                out.append((slot, data[slot]))
+        return out
+
+    # ------------------------------------------------------------------ the protocol
+    def apply(self, batch: Sequence[tuple[Any, RangeSet]]) -> list[Any]:
+        return [self._one(op, ranges) for op, ranges in batch]
+
+    def _one(self, op: Any, ranges: RangeSet) -> Any:
+        try:
+            name = op[0] if type(op) in (tuple, list) and op else None
+            if name not in WRITES and name not in READS:
+                raise BadOperation(f"not a key-value operation: {op!r:.80}")
+            if name in WRITES:
+                self.counts["writes"] += 1
+            else:
+                self.counts["reads"] += 1
+            return getattr(self, "_" + name)(op, ranges)
+        except BadOperation as e:
+            self.counts["rejected"] += 1
+            return e
+        except (BadKey, TypeError, IndexError, KeyError, ValueError) as e:
+            self.counts["rejected"] += 1
+            return BadOperation(f"{op!r:.60}: {e}")
+
+    def _put(self, op: Any, ranges: RangeSet) -> None:
+        for key, value in op[1]:
+            slot = self._slot(key)
+            if _in(ranges, slot[0]):
+                self._data[slot] = (key, value)
+
+    def _append(self, op: Any, ranges: RangeSet) -> None:
+        mine = []
+        for key, value in op[1]:
+            slot = self._slot(key)
+            if _in(ranges, slot[0]):
+                old = self._data.get(slot)
+                if old is not None and type(old[1]) not in (list, tuple):
+                    raise BadOperation(f"append to {key!r}, which holds a {type(old[1]).__name__}")
+                mine.append((slot, key, value))
+        for slot, key, value in mine:  # all checked first: the operation is atomic
+            old = self._data.get(slot)
+            self._data[slot] = (key, [*(old[1] if old else ()), value])
+
+    def _delete(self, op: Any, ranges: RangeSet) -> None:
+        for key in op[1]:
+            slot = self._slot(key)
+            if _in(ranges, slot[0]):
+                self._data.pop(slot, None)
+
+    def _delete_range(self, op: Any, ranges: RangeSet) -> None:
+        for slot, _ in self._range_items(ranges):
+            del self._data[slot]
+
+    def _get(self, op: Any, ranges: RangeSet) -> dict[Any, Any]:
+        out = {}
+        for key in op[1]:
+            slot = self._slot(key)
+            if _in(ranges, slot[0]):
+                item = self._data.get(slot)
+                if item is not None:
+                    out[key] = item[1]
+        return out
+
+    def _scan(self, op: Any, ranges: RangeSet) -> list[tuple[Any, Any]]:
+        return [item for _, item in self._range_items(ranges)]
+
+    def open_send(self, ranges: RangeSet) -> _Cursor:
+        return _Cursor([(slot, item) for slot, item in self._range_items(ranges)])
+
+    def receive(self, chunk: Any) -> None:
+        for slot, item in chunk:
+            self._data[_tuple(slot)] = tuple(item)
+
+    def delete(self, ranges: RangeSet) -> None:
+        for slot, _ in self._range_items(ranges):
+            del self._data[slot]
+
+    def stats(self) -> dict[str, int | float]:
+        return {"items": len(self._data), "bytes": 0, **self.counts}
+
+    def close(self) -> None:
+        self._data.clear()
+
+    def items(self) -> list[tuple[Any, Any]]:
+        """Every (key, value) in placement order: what replicas compare."""
+        return list(self._data.values())
+
+
+def _tuple(value: Any) -> Any:
+    if type(value) in (list, tuple):
+        return tuple(_tuple(v) for v in value)
+    return value

@@ -1,0 +1,57 @@
+"""The null engine: accepts every operation, stores nothing, answers nothing.
+
+For protocol benchmarks (dissertation 4.6 ran Rubberband on a null engine too): what it
+measures is E-Cast and Rubberband, with the cost of storing data taken out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from storage_adapters.base import Part, Placement, RangeSet
+
+
+class NullOps:
+    """Operations are ``(kind, ranges)``: ``kind`` "read" or "write", ranges already in
+    placement space; the benchmark builds them."""
+
+    def part_fun(self, op: Any, placement: Placement) -> Part:
+        kind, ranges = op
+        return Part("read" if kind == "read" else "write", ranges)
+
+    def combine(self, op: Any, answers: Sequence[Any]) -> Any:
+        return None
+
+
+class _Empty:
+    def next_chunk(self, max_bytes: int) -> Any | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class NullEngine:
+    def __init__(self, placement: Placement | None = None) -> None:
+        self.placement = placement or Placement()
+        self.applied = 0
+
+    def apply(self, batch: Sequence[tuple[Any, RangeSet]]) -> list[Any]:
+        self.applied += len(batch)
+        return [None] * len(batch)
+
+    def open_send(self, ranges: RangeSet) -> _Empty:
+        return _Empty()
+
+    def receive(self, chunk: Any) -> None:
+        pass
+
+    def delete(self, ranges: RangeSet) -> None:
+        pass
+
+    def stats(self) -> dict[str, int | float]:
+        return {"items": 0, "bytes": 0, "applied": self.applied}
+
+    def close(self) -> None:
+        pass

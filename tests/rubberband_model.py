@@ -1,0 +1,198 @@
+"""A model of a Rubberband cluster for storage-core tests: the total order is the
+config itself (one sequencer, no routers), direct messages travel on FIFO links
+delivered in a seeded random interleaving, and configuration messages that storage
+processes submit (ready, incomplete) enter the order at random later steps.  What it
+leaves out (routers, E-Cast's faults) the E-Cast simulator covers; what it checks is the
+storage processes' ordering, migration and failure handling against a reference."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import defaultdict, deque
+from typing import Any
+
+from ecast import Message
+from rubberband.config import RubberbandConfig, keyspace_header, vote_header
+from rubberband.keys import encode_key
+from rubberband.optimizer import optimize
+from rubberband.storage import StorageCore
+from storage_adapters.base import Placement
+from storage_adapters.memory import KVOps, MemoryEngine
+
+SUPER = "super:s"
+
+
+class Model:
+    def __init__(self, f: int = 3, seed: int = 0, chunk_bytes: int = 200) -> None:
+        self.rng = random.Random(seed)
+        self.config = RubberbandConfig.initial(replication=f)
+        self.t = 0
+        self.seq = itertools.count(1)
+        self.storage: dict[str, StorageCore] = {}
+        self.links: dict[tuple[str, str], deque[Any]] = defaultdict(deque)
+        self.later: list[tuple[str, Any]] = []
+        self.results: dict[Any, list[tuple[Any, Any, Any]]] = defaultdict(list)
+        self.stopped: dict[str, str] = {}
+        self.chunk_bytes = chunk_bytes
+        self.ops = KVOps()
+        self.placement = Placement()
+        self.reference: dict[Any, Any] = {}
+        self.dead: set[str] = set()
+        self.submit(SUPER, {"kind": "join"})
+
+    # ------------------------------------------------------------------ the order
+    def submit(self, sender: str, header: Any, payload: Any = None) -> frozenset[str]:
+        return self.send(sender, header, payload)[1]
+
+    def send(self, sender: str, header: Any, payload: Any = None) -> tuple[Any, frozenset[str]]:
+        m = Message(sender, (("m", 0, sender), next(self.seq)), header, payload)
+        dests = self.config.destset(m) - self.config.suspects(m)
+        after = self.config.apply(m)
+        self.t += 1
+        t = self.t
+        if type(header) is dict and header.get("kind") == "join" and sender.startswith("storage:"):
+            self.storage[sender] = StorageCore(
+                sender, MemoryEngine(self.placement), chunk_bytes=self.chunk_bytes
+            )
+            self._outputs(sender, self.storage[sender].joined(after.joiner_state()))
+        self.config = after
+        for d in sorted(dests):
+            core = self.storage.get(d)
+            if core is not None and d not in self.dead:
+                self._outputs(d, core.deliver([(t, m)]))
+        return m.id, dests
+
+    def _outputs(self, me: str, outs: list[tuple[Any, ...]]) -> None:
+        for o in outs:
+            if o[0] == "direct":
+                dst, payload = o[1], o[2]
+                if dst.startswith("storage:"):
+                    self.links[(me, dst)].append(payload)
+                else:
+                    self.results[payload[1]].append((me, payload[2], payload[3], payload[4]))
+            elif o[0] == "submit":
+                self.later.append((me, o[1]))
+            else:
+                self.stopped[me] = o[1]
+
+    def step(self) -> bool:
+        """Deliver one direct message or one deferred submission; False when idle."""
+        links = [k for k, q in self.links.items() if q]
+        choices = len(links) + len(self.later)
+        if not choices:
+            return False
+        i = self.rng.randrange(choices)
+        if i < len(links):
+            src, dst = links[i]
+            payload = self.links[(src, dst)].popleft()
+            if dst not in self.dead and src not in self.dead:
+                self._outputs(dst, self.storage[dst].direct(src, payload))
+        else:
+            sender, header = self.later.pop(i - len(links))
+            if sender not in self.dead:
+                self.submit(sender, header)
+        return True
+
+    def settle(self, limit: int = 100_000) -> None:
+        for _ in range(limit):
+            if not self.step():
+                return
+        raise AssertionError("the model did not settle")
+
+    # ------------------------------------------------------------------ operations
+    def join_storage(self, name: str) -> None:
+        self.submit(name, {"kind": "join"})
+
+    def reconfigure(self, op: tuple[Any, ...]) -> frozenset[str]:
+        c = self.config
+        ks = c.keyspace
+        if op[0] == "expand":
+            new = ks.expand(encode_key(op[2]), op[1])
+            op = ("expand", op[1], encode_key(op[2]))
+        elif op[0] == "contract":
+            new = ks.contract(op[1])
+        elif op[0] == "replace":
+            new = ks.replace(op[1], op[2])
+        else:
+            new = ks.rebalance(op[1], encode_key(op[2]))
+            op = ("rebalance", op[1], encode_key(op[2]))
+        plan = optimize(ks, new, c.excluded() | c.incomplete)  # as a super does
+        return self.submit(SUPER, keyspace_header(c.version, op, plan.to_wire()))
+
+    def write(self, op: Any, client: str = "client:c") -> None:
+        part = self.ops.part_fun(op, self.placement)
+        self.submit(client, {"w": part.ranges}, op)
+        if op[0] == "put":
+            for k, v in op[1]:
+                self.reference[k] = v
+        elif op[0] == "append":
+            if any(type(self.reference.get(k, [])) is not list for k, _ in op[1]):
+                return  # every replica rejects an append to a non-list, whole
+            for k, v in op[1]:
+                self.reference[k] = [*self.reference.get(k, ()), v]
+        elif op[0] == "delete":
+            for k in op[1]:
+                self.reference.pop(k, None)
+
+    def read(self, op: Any, offset: int = 0, client: str = "client:c") -> Any:
+        part = self.ops.part_fun(op, self.placement)
+        m_id, dests = self.send(client, {"r": part.ranges, "o": offset}, op)
+        return m_id, dests, part.ranges
+
+    def answer(self, m_id: Any, op: Any, ranges: Any) -> Any:
+        """The combined answer of a read, once its responders covered ``ranges``
+        (duplicates dropped by range, as the client does); None while incomplete."""
+        from rubberband.keys import covers, difference, intersect, union
+
+        covered: Any = ()
+        answers = []
+        for _, got, result, error in self.results.get(m_id, ()):
+            if error is not None:
+                raise AssertionError(error)
+            fresh = difference(got, covered)
+            if not fresh:
+                continue
+            answers.append(self._restrict(op, result, fresh))
+            covered = union(covered, fresh)
+        if not covers(covered, intersect(ranges, ranges)):
+            return None
+        return self.ops.combine(op, answers)
+
+    def _restrict(self, op: Any, result: Any, ranges: Any) -> Any:
+        def inside(k: Any) -> bool:
+            e = encode_key(k)
+            return any(lo <= e < hi for lo, hi in ranges)
+
+        if op[0] == "get":
+            return {k: v for k, v in result.items() if inside(k)}
+        return [kv for kv in result if inside(kv[0])]
+
+    def suspect(self, name: str) -> None:
+        self.dead.add(name)
+        self.submit(SUPER, vote_header(name))
+
+    # ------------------------------------------------------------------ checks
+    def replica_violations(self) -> list[str]:
+        """Every live, unbroken holder of a key agrees with the reference."""
+        out = []
+        ks = self.config.keyspace
+        for name in ks.processes:
+            core = self.storage[name]
+            if name in self.dead or core.broken or core.stopped:
+                continue
+            engine = core.engine
+            assert isinstance(engine, MemoryEngine)
+            got = dict(engine.items())
+            part = ks.partition(name)
+            want = {
+                k: v
+                for k, v in self.reference.items()
+                if any(lo <= encode_key(k) < hi for lo, hi in part)
+            }
+            if got != want:
+                missing = sorted(set(want) - set(got))[:5]
+                extra = sorted(set(got) - set(want))[:5]
+                wrong = [k for k in want if k in got and got[k] != want[k]][:5]
+                out.append(f"{name}: missing {missing} extra {extra} wrong {wrong}")
+        return out
