@@ -71,8 +71,10 @@ class _Incoming:
     src: NodeId
     ranges: RangeSet
     version: int
+    t: int
+    """The keyspace message's position: the receive blocks later items, not earlier."""
     next: int = 0
-    done: bool = False
+    started: bool = False
 
 
 @dataclass
@@ -120,7 +122,6 @@ class StorageCore:
         self.version = 0
         self.owned: RangeSet = NOTHING
         """What we answer for as of the last keyspace message delivered."""
-        self.receiving: RangeSet = NOTHING
         self.broken: RangeSet = NOTHING
         """Ranges whose transfer was aborted: incomplete until a super repairs us."""
         self.incoming: dict[TransferId, _Incoming] = {}
@@ -160,7 +161,7 @@ class StorageCore:
                 mine = self._mine(h)
                 if mine is None:
                     continue
-                if self._blocked(mine):
+                if self._blocked(mine, t):
                     self._enqueue(_Queued(mine, msg=msg, t=t))
                 else:
                     batch.append((msg, mine))
@@ -196,7 +197,7 @@ class StorageCore:
         elif tag == CHUNK and len(payload) == 5:
             tid = _tid(payload[1])
             rec = self.incoming.get(tid) if tid is not None else None
-            if rec is None or rec.src != src or rec.done or payload[2] != rec.next:
+            if rec is None or rec.src != src or not rec.started or payload[2] != rec.next:
                 return out
             self._received(tid, rec, payload[3], bool(payload[4]), out)  # type: ignore[arg-type]
         return out
@@ -210,8 +211,19 @@ class StorageCore:
             return None
         return intersect(ranges, self.owned)
 
-    def _blocked(self, ranges: RangeSet) -> bool:
-        return overlaps(ranges, self.receiving) or overlaps(ranges, self._queued_ranges)
+    def _blocked(self, ranges: RangeSet, t: int) -> bool:
+        """Whether an item at position ``t`` must wait: it overlaps a receive begun by an
+        earlier keyspace message, or an item already waiting (which is earlier)."""
+        if overlaps(ranges, self._queued_ranges):
+            return True
+        return any(rec.t < t and overlaps(ranges, rec.ranges) for rec in self.incoming.values())
+
+    @property
+    def receiving(self) -> RangeSet:
+        r: RangeSet = NOTHING
+        for rec in self.incoming.values():
+            r = union(r, rec.ranges)
+        return r
 
     def _enqueue(self, item: _Queued) -> None:
         self.queue.append(item)
@@ -301,7 +313,7 @@ class StorageCore:
 
     def _order(self, item: _Queued, out: list[Output]) -> None:
         """Run an instruction now, or queue it behind what it must follow."""
-        if self._blocked(item.ranges):
+        if self._blocked(item.ranges, item.t):
             self._enqueue(item)
         else:
             self._run_action(item.action, out)
@@ -321,6 +333,11 @@ class StorageCore:
             if early is not None and early[0] == dst:
                 send.asked = early[1]
                 self._serve(tid, send, out)
+        elif action[0] == "pull":
+            rec = self.incoming.get(action[1])
+            if rec is not None and not rec.started:  # None: aborted meanwhile
+                rec.started = True
+                out.append(("direct", rec.src, (PULL, action[1], 0)))
         elif action[0] == "delete":
             _, ranges, v = action
             try:
@@ -334,10 +351,12 @@ class StorageCore:
     def _start_receive(
         self, tid: TransferId, src: NodeId, ranges: RangeSet, v: int, out: list[Output]
     ) -> None:
-        self.incoming[tid] = _Incoming(src, ranges, v)
-        self.receiving = union(self.receiving, ranges)
+        """The receive blocks later items at once; its first pull waits for every earlier
+        item on its ranges (a delete queued before it must not erase what arrives)."""
+        t = tid[0]
         self.stats.transfers["in"] += 1
-        out.append(("direct", src, (PULL, tid, 0)))
+        self.incoming[tid] = _Incoming(src, ranges, v, t)
+        self._order(_Queued(ranges, t=t, action=("pull", tid)), out)
 
     def _serve(self, tid: TransferId, send: _Outgoing, out: list[Output]) -> None:
         if send.asked != send.next or send.cursor is None:
@@ -372,17 +391,9 @@ class StorageCore:
         if not last:
             out.append(("direct", rec.src, (PULL, tid, rec.next)))
             return
-        rec.done = True
         del self.incoming[tid]
-        self._recompute_receiving()
         self._drain(out)
         self._maybe_ready(rec.version, out)
-
-    def _recompute_receiving(self) -> None:
-        r: RangeSet = NOTHING
-        for rec in self.incoming.values():
-            r = union(r, rec.ranges)
-        self.receiving = r
 
     def _drain(self, out: list[Output]) -> None:
         """Run queued items whose ranges are free now, in order; the rest keep waiting
@@ -393,7 +404,7 @@ class StorageCore:
         for item in queue:
             if self.stopped is not None:
                 return
-            if self._blocked(item.ranges):
+            if self._blocked(item.ranges, item.t):
                 self._enqueue(item)
                 continue
             if item.msg is not None:
@@ -429,7 +440,6 @@ class StorageCore:
                 self.stats.transfers["aborted"] += 1
                 self.broken = union(self.broken, rec.ranges)
                 out.append(("submit", incomplete_header(rec.version, rec.ranges), None))
-        self._recompute_receiving()
         for tid, send in list(self.outgoing.items()):
             if send.dst == gone:
                 if send.cursor is not None:

@@ -13,10 +13,10 @@ from collections import defaultdict, deque
 from typing import Any
 
 from ecast import Message
-from rubberband.config import RubberbandConfig, keyspace_header, vote_header
+from rubberband.config import RubberbandConfig, vote_header
 from rubberband.keys import encode_key
-from rubberband.optimizer import optimize
 from rubberband.storage import StorageCore
+from rubberband.super import SuperCore
 from storage_adapters.base import Placement
 from storage_adapters.memory import KVOps, MemoryEngine
 
@@ -39,6 +39,7 @@ class Model:
         self.placement = Placement()
         self.reference: dict[Any, Any] = {}
         self.dead: set[str] = set()
+        self.super = SuperCore(SUPER)
         self.submit(SUPER, {"kind": "join"})
 
     # ------------------------------------------------------------------ the order
@@ -56,6 +57,10 @@ class Model:
                 sender, MemoryEngine(self.placement), chunk_bytes=self.chunk_bytes
             )
             self._outputs(sender, self.storage[sender].joined(after.joiner_state()))
+        if sender == SUPER and type(header) is dict and header.get("kind") == "join":
+            self.super.joined(after.joiner_state())
+        elif SUPER in dests:
+            self.super.deliver([(t, m)])
         self.config = after
         for d in sorted(dests):
             core = self.storage.get(d)
@@ -104,21 +109,10 @@ class Model:
     def join_storage(self, name: str) -> None:
         self.submit(name, {"kind": "join"})
 
-    def reconfigure(self, op: tuple[Any, ...]) -> frozenset[str]:
-        c = self.config
-        ks = c.keyspace
-        if op[0] == "expand":
-            new = ks.expand(encode_key(op[2]), op[1])
-            op = ("expand", op[1], encode_key(op[2]))
-        elif op[0] == "contract":
-            new = ks.contract(op[1])
-        elif op[0] == "replace":
-            new = ks.replace(op[1], op[2])
-        else:
-            new = ks.rebalance(op[1], encode_key(op[2]))
-            op = ("rebalance", op[1], encode_key(op[2]))
-        plan = optimize(ks, new, c.excluded() | c.incomplete)  # as a super does
-        return self.submit(SUPER, keyspace_header(c.version, op, plan.to_wire()))
+    def reconfigure(self, op: tuple[Any, ...], force: bool = True) -> frozenset[str]:
+        """Planned by the super's replica, as an administrator's request is."""
+        proposal = self.super.plan(*op, force=force)
+        return self.submit(SUPER, proposal.header)
 
     def write(self, op: Any, client: str = "client:c") -> None:
         part = self.ops.part_fun(op, self.placement)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from ecast import Message
 from rubberband.storage import StorageCore
+from rubberband.super import Refused
 from storage_adapters.base import BadOperation
 from storage_adapters.memory import MemoryEngine
 from tests.rubberband_model import Model
@@ -212,6 +213,7 @@ def test_random_reconfigurations_under_writes_keep_replicas_equal(data: st.DataO
     assert not m.stopped
     assert m.replica_violations() == []
     assert m.config.pending == {}
+    assert m.super.config == m.config
     for offset in range(f):
         mid, dests, ranges = m.read(("scan", None, None), offset)
         m.settle()
@@ -219,3 +221,46 @@ def test_random_reconfigurations_under_writes_keep_replicas_equal(data: st.DataO
             assert m.answer(mid, ("scan", None, None), ranges) == sorted(
                 m.reference.items(), key=lambda kv: kv[0]
             )
+
+
+# ------------------------------------------------------------------ the super's replica
+def test_the_super_mirrors_the_routers_config_and_refuses_what_must_not_run() -> None:
+    m = grown(3)
+    sup = m.super
+    assert sup.config == m.config
+    with pytest.raises(Refused, match="fewer than the replication factor"):
+        sup.plan("contract", "storage:1")
+    with pytest.raises(Refused, match="has it joined"):
+        sup.plan("expand", "storage:77", 5)
+    with pytest.raises(Refused, match="already on the ring"):
+        sup.plan("replace", "storage:0", "storage:1")
+    with pytest.raises(Refused, match="would pass another"):
+        sup.plan("rebalance", "storage:0", 150)
+    with pytest.raises(Refused, match="unknown reconfiguration"):
+        sup.plan("explode", "storage:0")
+    # A plan is stamped with the version it was computed from; one made stale by another
+    # reconfiguration is routed nowhere (acknowledged without delivery) and changes nothing.
+    m.join_storage("storage:5")
+    m.join_storage("storage:6")
+    first = sup.plan("expand", "storage:5", 50)
+    second = sup.plan("expand", "storage:6", 250)
+    assert m.submit("super:s", first.header)
+    assert m.submit("super:s", second.header) == frozenset()
+    assert "storage:6" in m.config.standby()
+    m.reconfigure(("expand", "storage:6", 250))  # planned again from the new version
+    m.settle()
+    assert sup.config == m.config and m.replica_violations() == []
+    # Losing every holder of a range is refused unless forced.
+    for p in ("storage:0", "storage:5", "storage:1"):
+        m.suspect(p)
+    m.join_storage("storage:7")
+    with pytest.raises(Refused, match="lost"):
+        sup.plan("replace", "storage:0", "storage:7")
+    assert sup.plan("replace", "storage:0", "storage:7", force=True).plan.lost
+    status = sup.status()
+    assert status["version"] == m.config.version and status["standby"] == ["storage:7"]
+    assert {r["name"] for r in status["ring"] if r["suspected"]} == {
+        "storage:0",
+        "storage:1",
+        "storage:5",
+    }

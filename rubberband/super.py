@@ -1,0 +1,156 @@
+"""The super process core: a replica of the configuration, and reconfiguration plans.
+
+Sans-IO (dissertation 4.2.1, 4.4).  A super receives every message that changes the
+configuration (joins, parts, votes, keyspace messages, ``ready`` and ``incomplete``
+reports: the Config routes all of them to the supers), so applying each delivered
+message to the state its own join carried keeps an exact replica of the routers' config,
+at the same position in the history.
+
+:meth:`SuperCore.plan` turns an administrator's request into a keyspace message stamped
+with the version it was computed from, with the instruction list of the optimizer
+(Algorithm 13) and the refusals a careful operator wants: a contract below the replication
+factor, a reconfiguration that would lose data (every holder of some range suspected)
+unless forced, a process that is not standby or not on the ring.  A keyspace message that
+E-Cast acknowledges without delivery was stale (another reconfiguration came first); the
+host plans it again from the newer configuration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rubberband.config import RubberbandConfig, keyspace_header
+from rubberband.keys import EKey, decode_key, describe, encode_key
+from rubberband.optimizer import Plan, optimize
+from rubberband.placement import BadReconfiguration, Keyspace
+
+
+class Refused(ValueError):
+    """A reconfiguration request that must not run; the message says why."""
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A keyspace message ready to submit, and the plan it carries (for a dry run)."""
+
+    header: dict[str, Any]
+    plan: Plan
+    before: Keyspace
+    after: Keyspace
+
+    def describe(self) -> list[str]:
+        return [f"op {self.header['op'][0]} at version {self.header['v']}", *self.plan.describe()]
+
+
+class SuperCore:
+    """A super's replica of the configuration."""
+
+    def __init__(self, me: str) -> None:
+        if not me.startswith("super:"):
+            raise ValueError(f"a super process is named super:..., not {me!r}")
+        self.me = me
+        self.config: RubberbandConfig | None = None
+
+    def joined(self, state: Any) -> None:
+        """Our own join was delivered with the config's state (``joiner_state``)."""
+        rb = state.get("rubberband") if isinstance(state, dict) else None
+        self.config = RubberbandConfig.from_state(rb)
+
+    def deliver(self, items: Any) -> None:
+        """Deliveries in order; each configuration message moves the replica on."""
+        c = self.config
+        if c is None:
+            return
+        for _, msg in items:
+            c = c.apply(msg)
+        self.config = c
+
+    # ------------------------------------------------------------------ planning
+    def plan(self, op: str, *args: Any, force: bool = False) -> Proposal:
+        """``expand NAME KEY``, ``contract NAME``, ``replace OLD NEW``, ``rebalance NAME
+        KEY`` (KEY a user key); raises :class:`Refused` with the reason."""
+        c = self.config
+        if c is None:
+            raise Refused("this super has not joined yet")
+        ks = c.keyspace
+        try:
+            if op == "expand":
+                name, key = args
+                self._standby(c, name)
+                ek = _ekey(key)
+                after = ks.expand(ek, name)
+                wire_op: tuple[Any, ...] = ("expand", name, ek)
+            elif op == "contract":
+                (name,) = args
+                if name not in ks:
+                    raise Refused(f"{name} is not on the ring")
+                if len(ks) - 1 < c.f and name in c.storage():
+                    raise Refused(
+                        f"contracting {name} leaves {len(ks) - 1} storage processes, fewer than "
+                        f"the replication factor {c.f}: replace it instead"
+                    )
+                after = ks.contract(name)
+                wire_op = ("contract", name)
+            elif op == "replace":
+                old, new = args
+                if old not in ks:
+                    raise Refused(f"{old} is not on the ring")
+                self._standby(c, new)
+                after = ks.replace(old, new)
+                wire_op = ("replace", old, new)
+            elif op == "rebalance":
+                name, key = args
+                ek = _ekey(key)
+                after = ks.rebalance(name, ek)
+                wire_op = ("rebalance", name, ek)
+            else:
+                raise Refused(
+                    f"unknown reconfiguration {op!r} (expand, contract, replace, rebalance)"
+                )
+        except (BadReconfiguration, ValueError) as e:
+            if isinstance(e, Refused):
+                raise
+            raise Refused(str(e)) from None
+        # Sources must hold all their data: suspected and incomplete processes do not.
+        plan = optimize(ks, after, c.excluded() | c.incomplete)
+        if plan.lost and not force:
+            raise Refused(
+                f"every holder of {describe(plan.lost)} is suspected: that data is lost; "
+                "force the reconfiguration to go on without it"
+            )
+        header = keyspace_header(c.version, wire_op, plan.to_wire())
+        return Proposal(header, plan, ks, after)
+
+    @staticmethod
+    def _standby(c: RubberbandConfig, name: str) -> None:
+        if name not in c.storage():
+            raise Refused(f"{name} is not a storage process of this cluster (has it joined?)")
+        if name in c.keyspace:
+            raise Refused(f"{name} is already on the ring")
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> dict[str, Any]:
+        c = self.config
+        if c is None:
+            return {"joined": False}
+        return {
+            "joined": True,
+            "version": c.version,
+            "replication": c.f,
+            "partitioning": c.partitioning,
+            "ring": [
+                {"name": p, "id": repr(decode_key(e)), "suspected": p not in c.storage()}
+                for e, p in c.keyspace.ring()
+            ],
+            "standby": sorted(c.standby()),
+            "busy": sorted(c.busy()),
+            "incomplete": sorted(c.incomplete),
+            "pending": {v: sorted(p.waiting) for v, p in sorted(c.pending.items())},
+            "supers": sorted(c.supers()),
+            "clients": len(c.clients()),
+        }
+
+
+def _ekey(key: Any) -> EKey:
+    return encode_key(key)
