@@ -51,11 +51,23 @@ Output = tuple[Any, ...]
 """``("direct", dst, payload)``, ``("submit", header, payload)`` or ``("stop", reason)``."""
 
 CHUNK_BYTES = 256 * 1024
+_NOW = 1 << 62
+"""A position after everything delivered so far (what blocks an answer given now)."""
 TransferId = tuple[int, int]
 
 # Direct message tags (first element of the payload).
 RESULT = "res"
-"""storage -> client: ``("res", msg_id, covered ranges, result, error)``."""
+"""storage -> client: ``("res", id, covered, result, error, position, ok)``.
+
+``covered`` is the part of the request this answer is for (the request intersected with
+what this process holds), ``error`` the message of a :class:`BadOperation` (else None).
+``position`` and ``ok`` depend on the read: a sequential read has None and True; a
+snapshot read the router's frontier and whether this process could answer as of it; a
+basic read this process's keyspace version and whether the client's version matched."""
+BASIC = "basic"
+"""client -> storage: ``("basic", request_id, op, ranges, version)``: a basic read."""
+STALE = "stale"
+"""storage -> client: ``("stale", request_id, version, keyspace state)``: refresh and retry."""
 PULL = "pull"
 """receiver -> source: ``("pull", tid, n)``: send chunk ``n``."""
 CHUNK = "chunk"
@@ -177,13 +189,62 @@ class StorageCore:
             self._apply(batch, out)
         return out
 
+    def deliver_unsafe(self, msg: Message, frontier: int | None, accepted: bool) -> list[Output]:
+        """A snapshot read (4.5.2): answered at once if this process delivered exactly what
+        the router had sent it when it routed the read (``accepted``) and holds every
+        range of it in full; otherwise refused, and the client retries the whole read."""
+        out: list[Output] = []
+        h = msg.header
+        if self.stopped is not None or type(h) is not dict or "r" not in h:
+            return out
+        mine = self._mine(h)
+        if mine is None:
+            return out
+        ok = accepted and not self._blocked(mine, _NOW) and not overlaps(mine, self.broken)
+        if not ok:
+            out.append(("direct", msg.sender, (RESULT, msg.id, mine, None, None, frontier, False)))
+            return out
+        self._answer(msg.sender, msg.id, msg.payload, mine, frontier, out)
+        return out
+
+    def _answer(
+        self, to: NodeId, rid: Any, op: Any, mine: RangeSet, position: Any, out: list[Output]
+    ) -> None:
+        try:
+            res = self.engine.apply([(op, mine)])[0]
+        except Exception as e:
+            self._stop(f"engine failed: {type(e).__name__}: {e}", out)
+            return
+        if isinstance(res, BadOperation):
+            out.append(("direct", to, (RESULT, rid, mine, None, str(res), position, True)))
+        else:
+            out.append(("direct", to, (RESULT, rid, mine, res, None, position, True)))
+
+    def _basic(self, src: NodeId, payload: tuple[Any, ...], out: list[Output]) -> None:
+        """A basic read (4.5.2): straight from the client, answered from the current state
+        if the client routed it by this process's keyspace version; only the ranges held
+        in full are answered (``covered``), the client asks another replica for the rest."""
+        _, rid, op, ranges, version = payload
+        if type(ranges) is not tuple or not is_range_set(ranges) or type(version) is not int:
+            return
+        if version != self.version or self.keyspace is None:
+            state = self.keyspace.to_state() if self.keyspace is not None else None
+            out.append(("direct", src, (STALE, rid, self.version, state)))
+            return
+        mine = difference(intersect(ranges, self.owned), union(self.receiving, self.broken))
+        if self.queue:
+            mine = difference(mine, self._queued_ranges)
+        self._answer(src, rid, op, mine, self.version, out)
+
     def direct(self, src: NodeId, payload: Any) -> list[Output]:
-        """A peer's pull or chunk (clients never talk to us directly here)."""
+        """A peer's pull or chunk, or a client's basic read."""
         out: list[Output] = []
         if self.stopped is not None or type(payload) is not tuple or not payload:
             return out
         tag = payload[0]
-        if tag == PULL and len(payload) == 3:
+        if tag == BASIC and len(payload) == 5:
+            self._basic(src, payload, out)
+        elif tag == PULL and len(payload) == 3:
             tid, n = _tid(payload[1]), payload[2]
             if tid is None or type(n) is not int:
                 return out
@@ -246,15 +307,10 @@ class StorageCore:
             if bad:
                 self.stats.rejected += 1
             if "r" in m.header:
-                out.append(
-                    (
-                        "direct",
-                        m.sender,
-                        (RESULT, m.id, mine, None if bad else res, str(res) if bad else None),
-                    )
-                )
+                payload = (RESULT, m.id, mine, None if bad else res, str(res) if bad else None)
+                out.append(("direct", m.sender, (*payload, None, True)))
             elif bad:
-                out.append(("direct", m.sender, (RESULT, m.id, mine, None, str(res))))
+                out.append(("direct", m.sender, (RESULT, m.id, mine, None, str(res), None, True)))
 
     # ================================================================== reconfiguration
     def _keyspace(self, t: int, msg: Message, out: list[Output]) -> None:

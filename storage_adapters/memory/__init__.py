@@ -109,6 +109,14 @@ class KVOps:
             return rows
         return None
 
+    def restrict(self, result: Any, ranges: RangeSet, placement: Placement) -> Any:
+        """The part of a read's answer inside ``ranges`` (placement space)."""
+        if type(result) is dict:
+            return {k: v for k, v in result.items() if _in(ranges, placement.ekey(k))}
+        if type(result) in (list, tuple):
+            return [kv for kv in result if _in(ranges, placement.ekey(kv[0]))]
+        return result
+
 
 def _in(ranges: RangeSet, place: EKey) -> bool:
     return any(lo <= place < hi for lo, hi in ranges)

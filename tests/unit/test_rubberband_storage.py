@@ -9,10 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ecast import Message
+from rubberband.client import ClientCore, Rejected
 from rubberband.storage import StorageCore
 from rubberband.super import Refused
 from storage_adapters.base import BadOperation
-from storage_adapters.memory import MemoryEngine
+from storage_adapters.memory import KVOps, MemoryEngine
 from tests.rubberband_model import Model
 
 
@@ -264,3 +265,92 @@ def test_the_super_mirrors_the_routers_config_and_refuses_what_must_not_run() ->
         "storage:1",
         "storage:5",
     }
+
+
+# ------------------------------------------------------------------ the three read levels
+def read_all(m: Model, level: str, op: Any) -> Any:
+    """One read at ``level`` through the client core, as the SDK does it."""
+    client = ClientCore(KVOps())
+    client.learn(m.config.version, m.config.keyspace.to_state())
+    payload, header, g = client.read(op)
+    if level == "sequential":
+        mid, _ = m.send("client:c", header, payload)
+        m.settle()
+        for _, covered, result, error in m.results[mid]:
+            g.add(covered, result, error, None, True)
+    elif level == "snapshot":
+        msg = Message("client:c", (("u", 0, "client:c"), next(m.seq)), header, payload)
+        for d in sorted(m.config.destset(msg)):
+            for o in m.storage[d].deliver_unsafe(msg, m.t, True):
+                g.add(*o[2][2:])
+    else:
+        tried: frozenset[str] = frozenset()
+        while not g.complete:
+            for target, ranges in client.basic_targets(g, tried).items():
+                tried |= {target}
+                outs = m.storage[target].direct(
+                    "client:c", ("basic", 1, op, ranges, client.version)
+                )
+                for o in outs:
+                    if o[2][0] == "stale":
+                        client.learn(o[2][2], o[2][3])
+                    else:
+                        g.add(*o[2][2:])
+    assert g.complete
+    return client.result(g)
+
+
+@pytest.mark.parametrize("level", ["sequential", "snapshot", "basic"])
+def test_every_read_level_sees_the_data(level: str) -> None:
+    m = grown(5, f=3)
+    for k in range(0, 500, 3):
+        m.write(("put", ((k, -k),)))
+    m.settle()
+    want = sorted(m.reference.items())
+    assert read_all(m, level, ("scan", None, None)) == want
+    assert read_all(m, level, ("get", (3, 6, 7, 450))) == {3: -3, 6: -6, 450: -450}
+
+
+def test_snapshot_reads_are_refused_where_a_range_is_still_arriving() -> None:
+    m = grown(4)
+    for k in range(0, 400, 3):
+        m.write(("put", ((k, k),)))
+    m.join_storage("storage:9")
+    m.reconfigure(("expand", "storage:9", 150))
+    core = m.storage["storage:9"]
+    op = ("get", (153,))
+    msg = Message("client:c", (("u", 0, "client:c"), 1), {"r": core.receiving, "o": 0}, op)
+    (out,) = core.deliver_unsafe(msg, m.t, True)
+    assert out[2][-1] is False  # refused: the client retries the whole read
+    (out,) = core.deliver_unsafe(msg, m.t, False)
+    assert out[2][-1] is False  # not accepted by the endpoint either
+    m.settle()
+    (out,) = core.deliver_unsafe(msg, m.t, True)
+    assert out[2][-1] is True and out[2][3] == {153: 153}
+
+
+def test_a_basic_read_with_a_stale_version_learns_the_keyspace() -> None:
+    m = grown(4)
+    m.write(("put", ((5, "five"),)))
+    client = ClientCore(KVOps())
+    client.learn(1, m.config.keyspace.to_state())  # an old version number
+    _, _, g = client.read(("get", (5,)))
+    target = next(iter(client.basic_targets(g)))
+    (out,) = m.storage[target].direct("client:c", ("basic", 7, ("get", (5,)), g.ranges, 1))
+    assert out[2][0] == "stale" and out[2][2] == m.config.version
+    assert client.learn(out[2][2], out[2][3]) and client.version == m.config.version
+    assert read_all(m, "basic", ("get", (5,))) == {5: "five"}
+
+
+def test_a_rejected_operation_raises_at_the_client() -> None:
+    m = grown(3)
+    m.write(("put", ((1, "x"),)))
+    client = ClientCore(KVOps())
+    with pytest.raises(BadOperation):
+        client.write(("explode",))
+    with pytest.raises(BadOperation, match="is a read"):
+        client.write(("get", (1,)))
+    _, _, g = client.read(("get", (1,)))
+    g.add(g.ranges, None, "append to 1, which holds a str", None, True)
+    with pytest.raises(Rejected, match="append to 1"):
+        client.result(g)

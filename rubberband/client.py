@@ -1,0 +1,169 @@
+"""The client core: operations into messages, answers into results (4.5).
+
+Sans-IO.  The client computes what an operation touches with the engine's ``part_fun``
+(routers never parse payloads) and turns the storage processes' answers back into one
+result.  Three read isolation levels (4.5.2):
+
+* **sequential**: the read is an ordinary E-Cast message, ordered with every write; the
+  responders (a cover of its ranges) answer when they deliver it.  Sequentially
+  consistent: a read sees every write ordered before it, including the client's own.
+* **snapshot**: the read travels as an unsafe message, outside the total order, and each
+  responder answers at once if it had delivered exactly what the router had sent it when
+  it routed the read; every part then reflects the same prefix of the history (the
+  router's frontier), a consistent cut.  A part refused, or parts at different frontiers,
+  and the whole read is tried again.
+* **basic**: the client sends the read straight to storage processes chosen from its copy
+  of the keyspace; each answers from its current state the ranges it holds in full, if
+  the client's keyspace version is its own.  No ordering at all, but never an answer from
+  a process that does not hold the data (configuration-consistent).
+
+Every answer says which ranges it covers; a read completes when the answers cover the
+request, and a range answered twice is taken once (replicas agree at one position).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rubberband.config import read_header, write_header
+from rubberband.keys import NOTHING, RangeSet, covers, difference, intersect, union
+from rubberband.placement import BadKeyspace, Keyspace
+from storage_adapters.base import BadOperation, Placement
+
+Isolation = Literal["sequential", "snapshot", "basic"]
+ISOLATION_LEVELS = ("sequential", "snapshot", "basic")
+
+
+class RubberbandError(Exception):
+    """Base class of what a Rubberband call raises."""
+
+
+class Unavailable(RubberbandError):
+    """Some range of the request has no holder left (every replica suspected), or no
+    storage process could be reached."""
+
+
+class Indeterminate(RubberbandError):
+    """A sequential read whose responders did not all answer: a responder failed after
+    the read was ordered.  It is not re-sent behind the client's own later writes; the
+    caller decides whether to read again."""
+
+
+class Rejected(RubberbandError):
+    """Every replica refused the operation as invalid (:class:`BadOperation`)."""
+
+
+@dataclass
+class Gather:
+    """The answers of one read, combined by range."""
+
+    op: Any
+    ranges: RangeSet
+    covered: RangeSet = NOTHING
+    pieces: list[tuple[RangeSet, Any]] = field(default_factory=list)
+    error: str | None = None
+    position: Any = None
+    refused: bool = False
+
+    def add(
+        self, covered: RangeSet, result: Any, error: str | None, position: Any, ok: bool
+    ) -> None:
+        if not ok:
+            self.refused = True
+            return
+        if error is not None:
+            self.error = error
+            return
+        fresh = difference(intersect(covered, self.ranges), self.covered)
+        if not fresh:
+            return
+        self.pieces.append((fresh, result))
+        self.covered = union(self.covered, fresh)
+        if self.position is None:
+            self.position = position
+        elif position != self.position:
+            self.refused = True  # a snapshot read's parts from different frontiers
+
+    @property
+    def complete(self) -> bool:
+        return self.error is not None or self.refused or covers(self.covered, self.ranges)
+
+    def missing(self) -> RangeSet:
+        return difference(self.ranges, self.covered)
+
+
+class ClientCore:
+    """An engine's operations, the client's copy of the keyspace, and read gathering."""
+
+    def __init__(self, ops: Any, placement: Placement | None = None) -> None:
+        self.ops = ops
+        self.placement = placement or Placement()
+        self.keyspace: Keyspace | None = None
+        self.version = -1
+        self._offset = 0
+
+    # ------------------------------------------------------------------ configuration
+    def learn(self, version: int, keyspace_state: Any, partitioning: str | None = None) -> bool:
+        """A newer keyspace (from a super, or a storage process that found ours stale)."""
+        if type(version) is not int or version <= self.version:
+            return False
+        try:
+            ks = Keyspace.from_state(_tuples(keyspace_state))
+        except (BadKeyspace, TypeError, ValueError):
+            return False
+        self.keyspace = ks
+        self.version = version
+        if partitioning is not None and partitioning != self.placement.partitioning:
+            self.placement = Placement(partitioning)  # type: ignore[arg-type]
+        return True
+
+    # ------------------------------------------------------------------ messages
+    def write(self, op: Any) -> tuple[Any, dict[str, Any]]:
+        """``(payload, header)`` of a write; raises :class:`BadOperation` for a bad op."""
+        part = self.ops.part_fun(op, self.placement)
+        if part.kind != "write":
+            raise BadOperation(f"{op[0]!r} is a read, not a write")
+        return op, write_header(part.ranges)
+
+    def read(self, op: Any) -> tuple[Any, dict[str, Any], Gather]:
+        """``(payload, header, gather)`` of a sequential or snapshot read; the offset turns
+        per read so that load spreads over the replicas (4.3)."""
+        part = self.ops.part_fun(op, self.placement)
+        if part.kind != "read":
+            raise BadOperation(f"{op[0]!r} is a write, not a read")
+        self._offset += 1
+        return op, read_header(part.ranges, self._offset), Gather(op, part.ranges)
+
+    def basic_targets(
+        self, gather: Gather, avoid: frozenset[str] = frozenset()
+    ) -> dict[str, RangeSet]:
+        """Storage processes to ask for what ``gather`` still misses (a cover from the
+        client's keyspace, rotated per read, avoiding processes that failed it)."""
+        ks = self.keyspace
+        if ks is None or not len(ks):
+            raise Unavailable("the client knows no storage process yet")
+        self._offset += 1
+        from rubberband.placement import Unavailable as NoHolder
+
+        try:
+            return ks.read_cover(gather.missing(), self._offset, exclude=avoid)
+        except NoHolder as e:
+            raise Unavailable(str(e)) from None
+
+    def result(self, gather: Gather) -> Any:
+        if gather.error is not None:
+            raise Rejected(gather.error)
+        return self.ops.combine(gather.op, [self._restrict(r, res) for r, res in gather.pieces])
+
+    def _restrict(self, ranges: RangeSet, result: Any) -> Any:
+        """Engines answer for the ranges they were given; the client keeps each range
+        once, so an engine's ``restrict`` (if any) trims an answer to ``ranges``."""
+        restrict = getattr(self.ops, "restrict", None)
+        return result if restrict is None else restrict(result, ranges, self.placement)
+
+
+def _tuples(value: Any) -> Any:
+    if type(value) in (list, tuple):
+        return tuple(_tuples(v) for v in value)
+    return value
