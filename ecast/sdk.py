@@ -552,6 +552,11 @@ class Client:
                 continue
             yield d
 
+    def peers(self) -> list[NodeId]:
+        """Every process the routers told us listens somewhere (their address
+        directory): how a light client finds, say, the processes of a role."""
+        return sorted(self.runtime.directory)
+
     def members(self) -> frozenset[NodeId]:
         """The members this process knows: those of its own join, then every join, part
         and suspect delivered to it (a config that delivers membership messages to every

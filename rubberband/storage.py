@@ -202,9 +202,10 @@ class StorageCore:
             return out
         ok = accepted and not self._blocked(mine, _NOW) and not overlaps(mine, self.broken)
         if not ok:
-            out.append(("direct", msg.sender, (RESULT, msg.id, mine, None, None, frontier, False)))
+            rid = h.get("q", msg.id)
+            out.append(("direct", msg.sender, (RESULT, rid, mine, None, None, frontier, False)))
             return out
-        self._answer(msg.sender, msg.id, msg.payload, mine, frontier, out)
+        self._answer(msg.sender, h.get("q", msg.id), msg.payload, mine, frontier, out)
         return out
 
     def _answer(
@@ -306,11 +307,13 @@ class StorageCore:
             bad = isinstance(res, BadOperation)
             if bad:
                 self.stats.rejected += 1
-            if "r" in m.header:
-                payload = (RESULT, m.id, mine, None if bad else res, str(res) if bad else None)
+            h = m.header
+            # Reads are answered; writes when the client asked ("a": an operation whose
+            # validity depends on the data, such as an append) or when rejected.
+            if "r" in h or bad or h.get("a"):
+                rid = h.get("q", m.id)
+                payload = (RESULT, rid, mine, None if bad else res, str(res) if bad else None)
                 out.append(("direct", m.sender, (*payload, None, True)))
-            elif bad:
-                out.append(("direct", m.sender, (RESULT, m.id, mine, None, str(res), None, True)))
 
     # ================================================================== reconfiguration
     def _keyspace(self, t: int, msg: Message, out: list[Output]) -> None:

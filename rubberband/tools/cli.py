@@ -6,7 +6,11 @@ import importlib
 import sys
 
 COMMANDS = {
-    "cost": ("rubberband.tools.cost", "microseconds the routers spend routing per message"),
+    "storage": ("rubberband.tools.daemons:storage_main", "run a storage process"),
+    "super": ("rubberband.tools.daemons:super_main", "run a super process"),
+    "cluster": ("rubberband.tools.cluster:cluster_main", "a local cluster: up, status, down"),
+    "admin": ("rubberband.tools.cluster:admin_main", "expand, contract, replace, rebalance"),
+    "cost": ("rubberband.tools.cost:main", "microseconds the routers spend routing per message"),
 }
 
 
@@ -21,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     if entry is None:
         print(f"rubberband: unknown command {args[0]!r} (try rubberband --help)", file=sys.stderr)
         return 2
-    return int(importlib.import_module(entry[0]).main(args[1:]) or 0)
+    module, _, func = entry[0].partition(":")
+    return int(getattr(importlib.import_module(module), func)(args[1:]) or 0)
 
 
 if __name__ == "__main__":

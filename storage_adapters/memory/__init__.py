@@ -109,6 +109,10 @@ class KVOps:
             return rows
         return None
 
+    def answered(self, op: Any) -> bool:
+        """Whether a holder must answer the write: an append fails on a non-list."""
+        return bool(op) and op[0] == "append"
+
     def restrict(self, result: Any, ranges: RangeSet, placement: Placement) -> Any:
         """The part of a read's answer inside ``ranges`` (placement space)."""
         if type(result) is dict:

@@ -1,0 +1,290 @@
+"""Asyncio hosts for the storage and super cores, on E-Cast's SDK.
+
+A host owns one E-Cast client (a joined, listening application process) and one core.
+Deliveries and direct messages go into one queue; a worker hands them to the core in
+batches.  The storage core runs on a single worker thread, because its engine may block
+(a scan, a Memcached round trip, a large receive): the event loop keeps confirming
+deliveries to the routers and answering the supers' heartbeats meanwhile, so a busy
+process is not mistaken for a dead one.  Outputs go back on the loop: direct messages
+(awaiting the peer's pace, so a migration stream cannot flood a slow receiver),
+configuration messages to submit, or a stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ecast import Client, NodeId
+from rubberband.storage import StorageCore
+from rubberband.super import Proposal, Refused, SuperCore
+
+log = logging.getLogger("rubberband")
+
+PING = "ping"
+PONG = "pong"
+DESCRIBE = "describe"
+CONFIG = "config"
+BATCH = 512
+
+
+class _Host:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+        self.stopped: str | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.done = asyncio.Event()
+
+    async def _read_deliveries(self) -> None:
+        try:
+            async for d in self.client.deliveries():
+                self.inbox.put_nowait(("d", d))
+        except Exception as e:  # the process was suspected, or lost every router
+            self._stop(f"E-Cast stopped: {e}")
+            return
+        self._stop("E-Cast closed")
+
+    async def _read_direct(self) -> None:
+        while True:
+            src, payload = await self.client.receive_direct()
+            if type(payload) is tuple and payload and payload[0] == PING:
+                # Heartbeats are answered on the loop, never behind the engine's work.
+                with contextlib.suppress(Exception):
+                    self.client.send_direct_nowait(src, (PONG, *payload[1:]))
+                continue
+            self.inbox.put_nowait(("x", src, payload))
+
+    def _stop(self, reason: str) -> None:
+        if self.stopped is None:
+            self.stopped = reason
+            log.warning("event=stop reason=%s", reason.replace(" ", "_")[:200])
+        self.done.set()
+
+    def _start(self, *coros: Any) -> None:
+        for c in coros:
+            self._tasks.append(asyncio.ensure_future(c))
+
+    async def _batch(self) -> list[tuple[Any, ...]]:
+        items = [await self.inbox.get()]
+        while len(items) < BATCH and not self.inbox.empty():
+            items.append(self.inbox.get_nowait())
+        return items
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(BaseException):
+                await t
+
+
+class StorageHost(_Host):
+    """Runs a :class:`StorageCore` under an E-Cast client that joined as ``storage:...``."""
+
+    def __init__(self, client: Client, core: StorageCore) -> None:
+        super().__init__(client)
+        self.core = core
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="engine")
+
+    async def run(self) -> str:
+        """Until the process must stop; returns why."""
+        self._start(self._read_deliveries(), self._read_direct(), self._work())
+        await self.done.wait()
+        await self.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        return self.stopped or "stopped"
+
+    async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
+        me = self.core.me
+        while self.stopped is None:
+            items = await self._batch()
+            outs = await loop.run_in_executor(self._pool, self._step, items, me)
+            for o in outs:
+                await self._emit(o)
+
+    def _step(self, items: list[tuple[Any, ...]], me: NodeId) -> list[tuple[Any, ...]]:
+        """On the engine thread: feed the core, safe deliveries in runs."""
+        core = self.core
+        out: list[tuple[Any, ...]] = []
+        run: list[tuple[int, Any]] = []
+        for item in items:
+            if item[0] == "d":
+                d = item[1]
+                m = d.message
+                if d.unsafe:
+                    if run:
+                        out += core.deliver(run)
+                        run = []
+                    out += core.deliver_unsafe(m, d.frontier, d.accepted)
+                elif m.kind == "join" and m.sender == me:
+                    out += core.joined(m.payload)
+                else:
+                    run.append((d.t, m))
+            else:
+                if run:
+                    out += core.deliver(run)
+                    run = []
+                out += core.direct(item[1], item[2])
+        if run:
+            out += core.deliver(run)
+        return out
+
+    async def _emit(self, o: tuple[Any, ...]) -> None:
+        try:
+            if o[0] == "direct":
+                await self.client.send_direct(o[1], o[2])
+            elif o[0] == "submit":
+                await self.client.enqueue(o[2], o[1], timeout=None)
+            else:
+                self._stop(str(o[1]))
+        except Exception as e:
+            log.warning("event=output_failed what=%s error=%s", o[0], str(e).replace(" ", "_"))
+
+
+class SuperHost(_Host):
+    """Runs a :class:`SuperCore`: the replica, heartbeats and suspect votes, clients'
+    keyspace queries, and reconfiguration requests (from the admin API)."""
+
+    def __init__(
+        self,
+        client: Client,
+        core: SuperCore,
+        *,
+        heartbeat: float = 0.5,
+        suspect_after: float = 3.0,
+    ) -> None:
+        super().__init__(client)
+        self.core = core
+        self.heartbeat = heartbeat
+        self.suspect_after = suspect_after
+        self.heard: dict[NodeId, float] = {}
+        self.voted: set[NodeId] = set()
+        self.changed = asyncio.Event()
+        self.joined = asyncio.Event()
+
+    async def run(self) -> str:
+        self._start(self._read_deliveries(), self._read_direct(), self._work(), self._beat())
+        await self.done.wait()
+        await self.close()
+        return self.stopped or "stopped"
+
+    async def _work(self) -> None:
+        me = self.core.me
+        while self.stopped is None:
+            for item in await self._batch():
+                if item[0] == "d":
+                    d = item[1]
+                    m = d.message
+                    if d.unsafe:
+                        continue
+                    if m.kind == "join" and m.sender == me:
+                        self.core.joined(m.payload)
+                        self.joined.set()
+                    else:
+                        self.core.deliver([(d.t, m)])
+                else:
+                    self._direct(item[1], item[2])
+            self.changed.set()
+            self.changed = asyncio.Event()
+
+    def _direct(self, src: NodeId, payload: Any) -> None:
+        if type(payload) is not tuple or not payload:
+            return
+        if payload[0] == PONG:
+            self.heard[src] = time.monotonic()
+        elif payload[0] == DESCRIBE and len(payload) == 2:
+            c = self.core.config
+            if c is None:
+                return
+            reply = (CONFIG, payload[1], c.version, c.keyspace.to_state(), c.partitioning)
+            with contextlib.suppress(Exception):
+                self.client.send_direct_nowait(src, reply)
+
+    async def _beat(self) -> None:
+        """Heartbeat every storage process and super; vote against the silent ones."""
+        await self.joined.wait()
+        started = time.monotonic()
+        while self.stopped is None:
+            c = self.core.config
+            now = time.monotonic()
+            if c is not None:
+                watched = (c.storage() | c.supers()) - {self.core.me}
+                for p in sorted(watched):
+                    with contextlib.suppress(Exception):
+                        self.client.send_direct_nowait(p, (PING, int(now * 1000)))
+                    last = self.heard.setdefault(p, max(now, started))
+                    if now - last > self.suspect_after and p not in self.voted:
+                        self.voted.add(p)
+                        log.warning("event=vote_suspect process=%s silent_s=%.1f", p, now - last)
+                        self._tasks.append(asyncio.ensure_future(self._vote(p)))
+                for p in list(self.heard):
+                    if p not in watched:
+                        del self.heard[p]
+                        self.voted.discard(p)
+            await asyncio.sleep(self.heartbeat)
+
+    async def _vote(self, p: NodeId) -> None:
+        try:
+            await self.client.suspect([p], timeout=None)
+        except Exception as e:
+            log.warning("event=vote_failed process=%s error=%s", p, str(e).replace(" ", "_"))
+
+    # ------------------------------------------------------------------ reconfiguration
+    async def reconfigure(
+        self,
+        op: str,
+        *args: Any,
+        force: bool = False,
+        dry_run: bool = False,
+        wait: bool = True,
+        timeout: float = 60.0,
+        attempts: int = 8,
+    ) -> dict[str, Any]:
+        """Plan, submit, retry while stale, and (with ``wait``) wait until every involved
+        storage process is ready.  Raises :class:`Refused`."""
+        await asyncio.wait_for(self.joined.wait(), timeout)
+        deadline = time.monotonic() + timeout
+        for _ in range(attempts):
+            proposal: Proposal = self.core.plan(op, *args, force=force)
+            summary = {
+                "op": op,
+                "args": list(args),
+                "version_from": proposal.header["v"],
+                "instructions": proposal.plan.describe(),
+                "lost": bool(proposal.plan.lost),
+            }
+            if dry_run:
+                return {**summary, "submitted": False}
+            ack = await self.client.submit(
+                None, proposal.header, timeout=max(1.0, deadline - time.monotonic())
+            )
+            if not ack.delivered:
+                await self._caught_up(proposal.header["v"] + 1, deadline)
+                continue  # stale: another reconfiguration came first; plan again
+            version = proposal.header["v"] + 1
+            await self._caught_up(version, deadline)
+            if wait:
+                while True:
+                    c = self.core.config
+                    if c is not None and version not in c.pending:
+                        break
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"version {version} not ready in {timeout:.0f} s")
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self.changed.wait(), 0.2)
+            return {**summary, "submitted": True, "version": version}
+        raise Refused(f"the configuration kept changing under {attempts} plans; try again")
+
+    async def _caught_up(self, version: int, deadline: float) -> None:
+        """Wait until the replica reached ``version`` (our own message's delivery)."""
+        while (c := self.core.config) is None or c.version < version:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the configuration did not reach version {version}")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), 0.2)

@@ -1,0 +1,279 @@
+"""``rubberband.connect``: the asyncio client of a Rubberband cluster.
+
+```python
+rb = await rubberband.connect(routers, name="client:app-1", secret=...)
+await rb.put(key, value); await rb.put_many({k1: v1, k2: v2})      # atomic multi-key
+await rb.append(key, value); await rb.append_many({k1: v1})          # list-append, atomic
+await rb.delete(key); await rb.delete_range(lo, hi)
+await rb.get(key, isolation="sequential")     # or "snapshot", "basic"
+await rb.get_many([k1, k2]); await rb.scan(lo, hi, isolation=...)
+await rb.close()
+```
+
+A client is light: it does not join (E-Cast's session and sequence numbers still make
+every write land once) and it listens, so storage processes can stream answers back to
+it.  It learns the keyspace (version, ring, partitioning) from a super at connect time,
+and again from any storage process that finds its copy stale.  Writes return when stable
+(every unsuspected holder delivered them); many calls may be in flight at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import itertools
+import time
+from typing import Any
+
+import ecast
+from rubberband.client import (
+    ISOLATION_LEVELS,
+    ClientCore,
+    Gather,
+    Indeterminate,
+    Rejected,
+    Unavailable,
+)
+from rubberband.host import CONFIG, DESCRIBE
+from rubberband.storage import BASIC, RESULT, STALE
+
+
+class RubberbandClient:
+    """Key-value calls over a generic ``write(op)`` / ``read(op, isolation)``."""
+
+    def __init__(self, client: ecast.Client, core: ClientCore, *, answer_timeout: float) -> None:
+        self.ecast = client
+        self.core = core
+        self.answer_timeout = answer_timeout
+        self._rid = itertools.count(1)
+        self._reads: dict[Any, tuple[Gather, asyncio.Event]] = {}
+        self._described: dict[int, asyncio.Future[Any]] = {}
+        self._writes: dict[Any, asyncio.Future[Any]] = {}
+        self._reader = asyncio.ensure_future(self._read_direct())
+
+    # ------------------------------------------------------------------ plumbing
+    async def _read_direct(self) -> None:
+        while True:
+            _, p = await self.ecast.receive_direct()
+            if type(p) is not tuple or not p:
+                continue
+            if p[0] == RESULT and len(p) == 7:
+                wfut = self._writes.get(p[1])
+                if wfut is not None:
+                    if not wfut.done():
+                        wfut.set_result(p[4])
+                    continue
+                entry = self._reads.get(p[1])
+                if entry is not None:
+                    entry[0].add(p[2], p[3], p[4], p[5], p[6])
+                    entry[1].set()
+            elif p[0] == STALE and len(p) == 4:
+                self.core.learn(p[2], p[3])
+                entry = self._reads.get(p[1])
+                if entry is not None:
+                    entry[1].set()
+            elif p[0] == CONFIG and len(p) == 5:
+                fut = self._described.pop(p[1], None)
+                if fut is not None and not fut.done():
+                    fut.set_result(p)
+
+    async def refresh(self, timeout: float = 10.0) -> None:
+        """Learn the keyspace from a super (any one the routers told us of)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            supers = [p for p in self.ecast.peers() if p.startswith("super:")]
+            for s in supers:
+                rid = next(self._rid)
+                fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                self._described[rid] = fut
+                with contextlib.suppress(Exception):
+                    self.ecast.send_direct_nowait(s, (DESCRIBE, rid))
+                try:
+                    _, _, version, state, partitioning = await asyncio.wait_for(fut, 1.0)
+                except TimeoutError:
+                    self._described.pop(rid, None)
+                    continue
+                self.core.learn(version, state, partitioning)
+                return
+            await asyncio.sleep(0.1)
+        raise Unavailable("no super answered: is the cluster up?")
+
+    # ------------------------------------------------------------------ generic
+    async def write(self, op: Any, timeout: float | None = None) -> None:
+        """Submit a write and wait until it is stable.  An operation whose validity
+        depends on the data (``self.core.ops.answered(op)``, such as an append) also
+        waits for a holder's answer, so a rejection raises :class:`Rejected` here."""
+        payload, header = self.core.write(op)
+        answered = getattr(self.core.ops, "answered", None)
+        fut: asyncio.Future[Any] | None = None
+        if answered is not None and answered(op):
+            rid = ("w", next(self._rid))
+            header["q"] = rid
+            header["a"] = 1
+            fut = asyncio.get_running_loop().create_future()
+            self._writes[rid] = fut
+        try:
+            ack = await self.ecast.submit(payload, header, timeout=timeout if timeout else -1.0)
+            if not ack.delivered:
+                raise Unavailable(f"no holder is left for some key of {op[0]}")
+            if fut is not None:
+                try:
+                    error = await asyncio.wait_for(fut, self.answer_timeout)
+                except TimeoutError:
+                    raise Indeterminate(
+                        f"{op[0]} is stable but no holder answered in {self.answer_timeout:g} s"
+                    ) from None
+                if error is not None:
+                    raise Rejected(error)
+        finally:
+            if fut is not None:
+                self._writes.pop(header["q"], None)
+
+    async def read(self, op: Any, isolation: str = "sequential", attempts: int = 5) -> Any:
+        if isolation not in ISOLATION_LEVELS:
+            raise ValueError(
+                f"isolation is one of {', '.join(ISOLATION_LEVELS)}, not {isolation!r}"
+            )
+        if isolation == "basic":
+            return await self._basic(op)
+        for _ in range(attempts):
+            payload, header, gather = self.core.read(op)
+            rid = ("q", next(self._rid))
+            header["q"] = rid
+            event = asyncio.Event()
+            self._reads[rid] = (gather, event)
+            try:
+                if isolation == "sequential":
+                    ack = await self.ecast.submit(payload, header)
+                    if not ack.delivered:
+                        raise Unavailable(f"some range of {op[0]} has no holder left")
+                    await self._complete(gather, event, Indeterminate)
+                    return self.core.result(gather)
+                await self.ecast.submit_unsafe(payload, header)
+                with contextlib.suppress(Indeterminate):
+                    await self._complete(gather, event, Indeterminate)
+                if gather.complete and not gather.refused:
+                    return self.core.result(gather)
+            finally:
+                self._reads.pop(rid, None)
+            await asyncio.sleep(0.01)
+        raise Unavailable(f"a snapshot read of {op[0]} found no consistent cut in {attempts} tries")
+
+    async def _complete(self, gather: Gather, event: asyncio.Event, error: type) -> None:
+        deadline = time.monotonic() + self.answer_timeout
+        while not gather.complete:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise error(
+                    f"{gather.op[0]}: no answer for {len(gather.missing())} range(s) in "
+                    f"{self.answer_timeout:g} s (a responder failed after the read was ordered)"
+                )
+            event.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(event.wait(), left)
+
+    async def _basic(self, op: Any) -> Any:
+        _, _, gather = self.core.read(op)
+        tried: frozenset[str] = frozenset()
+        for _ in range(8):
+            rid = ("b", next(self._rid))
+            event = asyncio.Event()
+            self._reads[rid] = (gather, event)
+            try:
+                version = self.core.version
+                targets = self.core.basic_targets(gather, tried)
+                for target, ranges in targets.items():
+                    self.ecast.send_direct_nowait(target, (BASIC, rid, op, ranges, version))
+                tried |= frozenset(targets)
+                with contextlib.suppress(Indeterminate):
+                    await self._complete(gather, event, Indeterminate)
+                if gather.complete:
+                    return self.core.result(gather)
+                if self.core.version != version:
+                    tried = frozenset()  # a new keyspace: every process may hold it now
+            finally:
+                self._reads.pop(rid, None)
+        raise Unavailable(f"a basic read of {op[0]} found no holder that answered")
+
+    # ------------------------------------------------------------------ key-value
+    async def put(self, key: Any, value: Any) -> None:
+        await self.write(("put", ((key, value),)))
+
+    async def put_many(self, items: dict[Any, Any]) -> None:
+        await self.write(("put", tuple(items.items())))
+
+    async def append(self, key: Any, value: Any) -> None:
+        await self.write(("append", ((key, value),)))
+
+    async def append_many(self, items: dict[Any, Any]) -> None:
+        await self.write(("append", tuple(items.items())))
+
+    async def delete(self, key: Any) -> None:
+        await self.write(("delete", (key,)))
+
+    async def delete_range(self, lo: Any, hi: Any) -> None:
+        await self.write(("delete_range", lo, hi))
+
+    async def get(self, key: Any, isolation: str = "sequential") -> Any:
+        return (await self.read(("get", (key,)), isolation)).get(key)
+
+    async def get_many(self, keys: list[Any], isolation: str = "sequential") -> dict[Any, Any]:
+        return await self.read(("get", tuple(keys)), isolation)  # type: ignore[no-any-return]
+
+    async def scan(
+        self, lo: Any = None, hi: Any = None, isolation: str = "sequential"
+    ) -> list[Any]:
+        return await self.read(("scan", lo, hi), isolation)  # type: ignore[no-any-return]
+
+    # ------------------------------------------------------------------ lifetime
+    async def close(self) -> None:
+        self._reader.cancel()
+        with contextlib.suppress(BaseException):
+            await self._reader
+        await self.ecast.detach()
+
+    async def __aenter__(self) -> RubberbandClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+DEFAULT_OPS = "storage_adapters.memory:KVOps"
+"""The operations of the key-value engine, named by path: Rubberband imports no engine."""
+
+
+def load_ops(ops: Any) -> Any:
+    """An engine's client-side operations: an object, or ``module:Class`` to build one."""
+    if ops is None:
+        ops = DEFAULT_OPS
+    if isinstance(ops, str):
+        module, _, cls = ops.partition(":")
+        return getattr(importlib.import_module(module), cls)()
+    return ops
+
+
+async def connect(
+    routers: list[str] | str,
+    name: str,
+    *,
+    ops: Any = None,
+    listen: str = "127.0.0.1:0",
+    answer_timeout: float = 10.0,
+    connect_timeout: float = 15.0,
+    **ecast_options: Any,
+) -> RubberbandClient:
+    """Connect a light client named ``client:...``.  ``ops`` are the engine's client-side
+    operations (default: the key-value engine's); ``ecast_options`` go to
+    :func:`ecast.connect` (``secret``, ``credentials``, timeouts)."""
+    if not name.startswith("client:"):
+        raise ecast.InvalidName(f"a Rubberband client is named client:..., not {name!r}")
+    client = await ecast.connect(routers, name=name, join=False, listen=listen, **ecast_options)
+    rb = RubberbandClient(client, ClientCore(load_ops(ops)), answer_timeout=answer_timeout)
+    try:
+        await rb.refresh(connect_timeout)
+    except BaseException:
+        await rb.close()
+        raise
+    return rb

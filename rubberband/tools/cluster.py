@@ -1,0 +1,310 @@
+"""``rubberband cluster`` and ``rubberband admin``: a local cluster for people and tests.
+
+```sh
+rubberband cluster up --routers 3 --supers 1 --storage 4 --replication 3 --state-dir DIR
+rubberband cluster status --state-dir DIR --json
+rubberband cluster add --storage 2 --state-dir DIR        # more storage processes, in standby
+rubberband admin --state-dir DIR expand storage:5 KEY     # or: contract NAME, replace OLD NEW,
+rubberband admin --state-dir DIR status                   #     rebalance NAME KEY
+rubberband admin --state-dir DIR status
+rubberband cluster down --state-dir DIR
+```
+
+``up`` starts the routers (E-Cast daemons with Rubberband's config), then the supers,
+then the storage processes in standby, and expands the keyspace until every storage
+process is placed (ids spread evenly over integer keys ``0 .. --key-space``).  Every
+process has the state directory on its command line; the directory records them
+(``processes.json``), the secret, the admin token and the supers' admin addresses
+(``cluster.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from ecast import local
+
+CONFIG = "rubberband.config:RubberbandConfig"
+
+
+def _state(path: str) -> dict[str, Any]:
+    f = Path(path) / "cluster.json"
+    if not f.exists():
+        raise SystemExit(f"rubberband: no cluster in {path} (run rubberband cluster up)")
+    return dict(json.loads(f.read_text()))
+
+
+def admin_request(
+    state_dir: str, path: str, body: dict[str, Any] | None = None, timeout: float = 120.0
+) -> tuple[int, dict[str, Any]]:
+    """Call a super's admin API (the first that answers); ``(status, json)``."""
+    st = _state(state_dir)
+    last: tuple[int, dict[str, Any]] = (503, {"error": "no super answered"})
+    for address in st["supers"].values():
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            f"http://{address}{path}",
+            data=data,
+            method="POST" if body is not None else "GET",
+            headers={
+                "Authorization": f"Bearer {st['admin_token']}",
+                "Content-Type": "application/json",
+            },
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+        except OSError as e:
+            last = (503, {"error": f"{address}: {e}"})
+    return last
+
+
+def up(args: argparse.Namespace) -> int:
+    d = Path(args.state_dir)
+    cluster = local.LocalCluster(
+        d,
+        args=[
+            "--config",
+            CONFIG,
+            "--config-arg",
+            f"replication={args.replication}",
+            "--config-arg",
+            f"partitioning={args.partitioning}",
+        ],
+    )
+    state = cluster.state
+    t0 = time.monotonic()
+    routers = cluster.start_group(args.routers)
+    addresses = ",".join(r.address for r in routers)
+    token = os.urandom(24).hex()
+    token_file = d / "admin_token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    common = [
+        "--routers",
+        addresses,
+        "--secret-file",
+        str(state.secret_file),
+        "--state-dir",
+        str(d),
+    ]
+    supers: dict[str, str] = {}
+    for i in range(1, args.supers + 1):
+        name = f"super:s{i}"
+        port = local.free_port()
+        argv = state.python(
+            "rubberband.tools.cli",
+            "super",
+            "--name",
+            name,
+            "--admin",
+            f"127.0.0.1:{port}",
+            "--admin-token-file",
+            str(token_file),
+            *common,
+        )
+        state.start(f"s{i}", argv, ports={"admin": port}, health_port=port)
+        state.wait_healthy(f"s{i}", timeout=args.timeout)
+        supers[name] = f"127.0.0.1:{port}"
+    storage = _start_storage(state, common, args.engine, range(1, args.storage + 1), args.timeout)
+    (d / "cluster.json").write_text(
+        json.dumps(
+            {
+                "routers": addresses.split(","),
+                "secret_file": str(state.secret_file),
+                "admin_token": token,
+                "supers": supers,
+                "storage": storage,
+                "replication": args.replication,
+                "partitioning": args.partitioning,
+                "engine": args.engine,
+            },
+            indent=1,
+        )
+    )
+    step = max(1, args.key_space // max(1, args.storage))
+    for i in range(1, args.storage + 1):
+        code, body = admin_request(
+            str(d), "/reconfigure", {"op": "expand", "args": [f"storage:{i}", (i - 1) * step]}
+        )
+        if code != 200:
+            print(
+                f"rubberband cluster up: expand storage:{i} failed: {body.get('error')}",
+                file=sys.stderr,
+            )
+            return 1
+    print(
+        f"cluster up in {time.monotonic() - t0:.1f} s: {args.routers} routers, {args.supers} "
+        f"super(s), {args.storage} storage processes ({args.engine}), replication "
+        f"{args.replication}; routers {addresses}"
+    )
+    return 0
+
+
+def _start_storage(
+    state: local.StateDir, common: list[str], engine: str, numbers: range, timeout: float
+) -> dict[str, int]:
+    """Storage processes ``storage:N`` for N in ``numbers``, in standby, healthy."""
+    storage: dict[str, int] = {}
+    for i in numbers:
+        port = local.free_port()
+        argv = state.python(
+            "rubberband.tools.cli",
+            "storage",
+            "--name",
+            f"storage:{i}",
+            "--engine",
+            engine,
+            "--metrics",
+            f"127.0.0.1:{port}",
+            *common,
+        )
+        state.start(f"storage{i}", argv, ports={"metrics": port}, health_port=port)
+        storage[f"storage:{i}"] = port
+    for i in numbers:
+        state.wait_healthy(f"storage{i}", timeout=timeout)
+    return storage
+
+
+def add(args: argparse.Namespace) -> int:
+    d = Path(args.state_dir)
+    st = _state(args.state_dir)
+    before = local.StateDir.recorded(d)  # starting processes rewrites the record
+    state = local.StateDir(d)
+    common = ["--routers", ",".join(st["routers"]), "--secret-file", st["secret_file"]]
+    common += ["--state-dir", str(d)]
+    first = max((int(n.split(":")[1]) for n in st["storage"]), default=0) + 1
+    numbers = range(first, first + args.storage)
+    started = _start_storage(state, common, st["engine"], numbers, args.timeout)
+    st["storage"].update(started)
+    (d / "cluster.json").write_text(json.dumps(st, indent=1))
+    now = local.StateDir.recorded(d)
+    (d / "processes.json").write_text(json.dumps({**before, **now}, indent=1))
+    print(" ".join(started))
+    return 0
+
+
+def status(args: argparse.Namespace) -> int:
+    st = _state(args.state_dir)
+    code, body = admin_request(args.state_dir, "/status")
+    recorded = local.StateDir.recorded(args.state_dir)
+    out = {
+        "routers": st["routers"],
+        "secret_file": st["secret_file"],
+        "super": next(iter(st["supers"].values()), None),
+        "processes": [
+            {"name": n, "pid": p["pid"], "alive": _alive(p["pid"])}
+            for n, p in sorted(recorded.items())
+        ],
+        "ring": body.get("ring", []),
+        "version": body.get("version"),
+        "standby": body.get("standby", []),
+        "pending": body.get("pending", {}),
+    }
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"version {out['version']}, routers {', '.join(out['routers'])}")
+        for r in out["ring"]:
+            print(f"  {r['name']:<16} id={r['id']}{'  SUSPECTED' if r['suspected'] else ''}")
+        print(f"  standby: {', '.join(out['standby']) or '-'}")
+    return 0 if code == 200 else 1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def down(args: argparse.Namespace) -> int:
+    import signal
+
+    recorded = local.StateDir.recorded(args.state_dir)
+    for p in recorded.values():
+        if _alive(p["pid"]):
+            os.kill(p["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    for p in recorded.values():
+        while _alive(p["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(p["pid"]):
+            os.kill(p["pid"], signal.SIGKILL)
+    print(f"stopped {len(recorded)} processes")
+    return 0
+
+
+def cluster_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="rubberband cluster", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    u = sub.add_parser("up")
+    u.add_argument("--routers", type=int, default=3)
+    u.add_argument("--supers", type=int, default=1)
+    u.add_argument("--storage", type=int, default=4)
+    u.add_argument("--replication", type=int, default=3)
+    u.add_argument("--partitioning", default="range", choices=["range", "hash"])
+    u.add_argument("--engine", default="memory")
+    u.add_argument("--key-space", type=int, default=1_000_000)
+    u.add_argument("--timeout", type=float, default=60.0)
+    u.add_argument("--state-dir", required=True)
+    s = sub.add_parser("status")
+    s.add_argument("--state-dir", required=True)
+    s.add_argument("--json", action="store_true")
+    a = sub.add_parser("add", help="start more storage processes, in standby")
+    a.add_argument("--storage", type=int, default=1)
+    a.add_argument("--timeout", type=float, default=60.0)
+    a.add_argument("--state-dir", required=True)
+    d = sub.add_parser("down")
+    d.add_argument("--state-dir", required=True)
+    args = ap.parse_args(argv)
+    return {"up": up, "add": add, "status": status, "down": down}[args.cmd](args)
+
+
+def admin_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="rubberband admin")
+    ap.add_argument("--state-dir", required=True)
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--force", action="store_true", help="go on even if data would be lost")
+    ap.add_argument("--no-wait", action="store_true")
+    ap.add_argument("op", choices=["expand", "contract", "replace", "rebalance", "status"])
+    ap.add_argument("args", nargs="*")
+    args = ap.parse_args(argv)
+    if args.op == "status":
+        code, body = admin_request(args.state_dir, "/status")
+    else:
+        op_args: list[Any] = list(args.args)
+        if args.op in ("expand", "rebalance") and len(op_args) == 2:
+            op_args[1] = _key(op_args[1])
+        code, body = admin_request(
+            args.state_dir,
+            "/reconfigure",
+            {
+                "op": args.op,
+                "args": op_args,
+                "dry_run": args.dry_run,
+                "force": args.force,
+                "wait": not args.no_wait,
+            },
+        )
+    print(json.dumps(body, indent=1))
+    return 0 if code == 200 else (2 if code in (400, 401, 409) else 1)
+
+
+def _key(text: str) -> Any:
+    """A key on the command line: an integer if it reads as one, else the string."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
