@@ -1,2 +1,36 @@
 """Rubberband: elastic, sequentially consistent, successor-replicated storage on E-Cast
-(dissertation chapter 4)."""
+(dissertation chapter 4).
+
+The client API: :func:`connect` and what its calls raise (:class:`Unavailable`,
+:class:`Indeterminate`, :class:`Rejected`, all :class:`RubberbandError`).  Names resolve
+lazily, so importing ``rubberband`` starts nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "connect": "rubberband.sdk",
+    "RubberbandClient": "rubberband.sdk",
+    "RubberbandError": "rubberband.client",
+    "Unavailable": "rubberband.client",
+    "Indeterminate": "rubberband.client",
+    "Rejected": "rubberband.client",
+    "RubberbandConfig": "rubberband.config",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rubberband' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
