@@ -22,6 +22,7 @@ import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -56,6 +57,7 @@ from ecast.errors import (
     Unavailable,
 )
 from ecast.runtime import Node, Runtime, new_incarnation
+from ecast.runtime.process import load_auth
 from ecast.wire.codec import MAX_FRAME
 
 __all__ = ["Ack", "Client", "connect"]
@@ -197,7 +199,12 @@ class Client:
         if not ids:
             raise _unreachable(errors)
         self.endpoint = Endpoint(
-            self.name, ids, self._params, self._session, incarnation=new_incarnation()
+            self.name,
+            ids,
+            self._params,
+            self._session,
+            incarnation=new_incarnation(),
+            role_of=self.runtime.role_of,
         )
         self.node = self.runtime.add_node(
             self.name,
@@ -698,11 +705,13 @@ def _retrieved(fut: asyncio.Future[Any]) -> None:
 
 def _unreachable(errors: list[str]) -> Unavailable:
     text = "; ".join(errors)
-    if "wrong secret" in text or "failed authentication" in text:
+    if "wrong secret" in text:
         return AuthenticationError(
             f"a router refused this process's secret (pass secret= or set ECAST_SECRET to "
             f"the cluster's): {text}"
         )
+    if "authentication" in text or "credential" in text or "development secret" in text:
+        return AuthenticationError(f"a router refused this process's credential: {text}")
     if "HTTP answered" in text:
         return NotARouterError(f"not an E-Cast router (HTTP answered): {text}")
     return Unavailable(f"no router reachable: {text}")
@@ -732,6 +741,7 @@ def connect(
     name: str,
     *,
     secret: bytes | str | None = None,
+    credentials: str | Path | None = None,
     runtime: Runtime | None = None,
     params: EndpointParams | None = None,
     session: Session | None = None,
@@ -746,10 +756,18 @@ def connect(
     ack_timeout: float | None = 30.0,
     unavailable_after: float = 10.0,
     tls: ssl.SSLContext | None = None,
+    tls_server: ssl.SSLContext | None = None,
 ) -> _Connecting:
     """Connect to a router group (any of ``routers``, given as HOST:PORT) and join it.
 
-    - ``secret``: the cluster secret, or the ``ECAST_SECRET`` environment variable.
+    - ``credentials``: this process's credential file (``ecast credentials issue --role
+      application --name PATTERN``), or ``$ECAST_CREDENTIALS``; it must cover ``name``.
+    - ``secret``: the development mode's cluster secret (or ``$ECAST_SECRET``): any
+      holder may take any name and role, so it is for development only
+      (``docs/security.md``).
+    - ``tls``: a client TLS context for the routers (with the client certificate, since
+      routers with TLS require one); ``tls_server``: a server context for the direct
+      connections this process accepts (``listen``).
     - ``join=False``: a light client that only submits (under a config that accepts
       non-members) and leaves with ``detach()``.
     - ``session``: the data session ``(namespace, epoch, stream)``; a process that takes
@@ -771,13 +789,18 @@ def connect(
         rt = runtime
         owns = rt is None
         if rt is None:
-            key = secret if secret is not None else os.environ.get("ECAST_SECRET", "")
-            key_bytes = key.encode() if isinstance(key, str) else key
-            if not key_bytes:
+            try:
+                auth = load_auth(credentials, secret)
+            except (ValueError, OSError) as e:
+                raise AuthenticationError(str(e)) from None
+            rt = Runtime(
+                auth, host_id=f"{name}-{os.getpid()}", client_ssl=tls, server_ssl=tls_server
+            )
+            if not rt.identity.covers(name):
                 raise AuthenticationError(
-                    "no cluster secret: pass secret= to ecast.connect or set ECAST_SECRET"
+                    f"this process's credential covers {', '.join(rt.identity.names)}, "
+                    f"not the name {name!r}"
                 )
-            rt = Runtime(key_bytes, host_id=f"{name}-{os.getpid()}", client_ssl=tls)
         if listen is not None:
             await rt.serve(listen)
         p = params or EndpointParams()

@@ -2,7 +2,7 @@
 
 Run a router group first (three terminals, or see ``ecast demo``)::
 
-    export ECAST_SECRET=change-me
+    export ECAST_SECRET=$(ecast credentials secret)   # development mode; docs/security.md
     ecast router --id r1 --listen 127.0.0.1:7001 --metrics 127.0.0.1:9001
     ecast router --id r2 --listen 127.0.0.1:7002 --join 127.0.0.1:7001
     ecast router --id r3 --listen 127.0.0.1:7003 --join 127.0.0.1:7001

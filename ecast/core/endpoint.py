@@ -52,6 +52,7 @@ from ecast.core.proto import (
     Suspected,
     Welcome,
 )
+from ecast.core.roles import RoleOf, acts_as_router, everyone_is_a_router
 
 ENDPOINT_MUTATIONS = frozenset(
     {
@@ -152,7 +153,16 @@ class Terminated:
 
 
 class Endpoint:
-    """One application process's side of E-Cast."""
+    """One application process's side of E-Cast.
+
+    It takes routers' messages only from peers whose credential, as ``role_of`` tells, is
+    a router's: an application process cannot deliver to it, ack for it, redirect it or
+    declare it faulty.  What steers the endpoint itself (``Leader``, which redirects it,
+    and ``Suspected``, which stops it) counts only from routers it knows: those it was
+    given, then every router of a succession order a known router announced.  (Routers
+    it does not know yet may still forward to it: every router acting as leader at once
+    does, and a new router's forwards can overtake the announcement that names it.)
+    """
 
     def __init__(
         self,
@@ -161,10 +171,15 @@ class Endpoint:
         params: EndpointParams | None = None,
         session: Session | None = None,
         incarnation: int = 0,
+        role_of: RoleOf | None = None,
     ) -> None:
         if not routers:
             raise ValueError("an endpoint needs at least one router to talk to")
         self.me = me
+        self.role_of: RoleOf = role_of or everyone_is_a_router
+        self.known_routers: set[NodeId] = set(routers)
+        self.ignored_unknown_router = 0
+        """``Leader`` and ``Suspected`` messages from routers this endpoint does not know."""
         self.p = params or EndpointParams()
         self._mut = self.p.mutations
         self.session: Session = session or (me, 0, "")
@@ -299,6 +314,7 @@ class Endpoint:
         extra = tuple(r for r in routers if r not in known)
         if extra:
             self.succession = self.succession + extra
+        self.known_routers.update(routers)
 
     def waiting(self) -> bool:
         """Whether anything we sent still waits for the routers (progress is owed)."""
@@ -315,6 +331,11 @@ class Endpoint:
         for msg in msgs:
             if type(msg) not in known:
                 raise UnexpectedMessage("endpoint", src, type(msg).__name__)
+        if msgs and not acts_as_router(self.role_of(src)):
+            raise UnexpectedMessage(
+                "endpoint", src, f"{type(msgs[0]).__name__} from a peer without a router credential"
+            )
+        steering = src in self.known_routers
         self._begin(now)
         if src == self.target:
             self._heard_target = now
@@ -335,7 +356,10 @@ class Endpoint:
             elif t is Stable:
                 self._on_stable(msg)
             elif t is Leader:
-                self._on_leader(msg)
+                if steering:
+                    self._on_leader(msg)
+                else:
+                    self.ignored_unknown_router += 1
             elif t is Congestion:
                 self.cwnd = max(1, self.cwnd // 2)
                 self._slow_start = False
@@ -351,7 +375,10 @@ class Endpoint:
                 self._keepalive = max(0.05, msg.lease / 3)
                 self._deliver(msg)  # the upcall is the greeting itself
             elif t is Suspected:
-                self._terminate("suspected")
+                if steering:
+                    self._terminate("suspected")
+                else:
+                    self.ignored_unknown_router += 1
         return self._end()
 
     def on_tick(self, now: float) -> Effects:
@@ -461,6 +488,7 @@ class Endpoint:
             return  # an older announcement
         self.view = msg.view
         self.succession = msg.succession
+        self.known_routers.update(msg.succession)
         self._deliver(LeaderChanged(msg.view, msg.succession))
         if msg.succession and msg.succession[0] != self.target:
             self._switch(msg.succession[0])

@@ -130,7 +130,7 @@ class Dialer:
         if failed in done or conn.state != "open":
             exc = failed.exception() if failed in done else None
             # Both sides dialed at once and the other connection won: use that one.
-            other = rt.conns.get(conn.peer.host) if conn.peer is not None else None
+            other = rt.conns.get(conn.peer.key) if conn.peer is not None else None
             if other is not None and other.state == "open":
                 if not other.announced:
                     await asyncio.sleep(0.05)

@@ -1,7 +1,8 @@
 """The runtime of one OS process: its nodes, its connections, and the packets between them.
 
-One :class:`Runtime` per OS process (a *host*) holds the cluster secret, TLS settings, an
-address directory and one authenticated connection per peer host, and runs one or more
+One :class:`Runtime` per OS process (a *host*) holds its credential (or the development
+secret), TLS settings, an address directory and one authenticated connection per peer
+host, and runs one or more
 :class:`~ecast.runtime.node.Node` s.  A node is one logical process: a core (router,
 endpoint, ...) and its link layer, whose channels are per node pair.
 
@@ -10,6 +11,12 @@ callback.  A leader forwarding to sixteen receivers that live in one benchmark p
 would otherwise write sixteen small frames per turn and read sixteen acknowledgements;
 multiplexed, it writes one packet and reads one.  The packet format is in
 :mod:`ecast.wire.packet`.
+
+What a connection proved limits what it may do: it may announce only the nodes its
+credential covers (a name announced under a router credential moves only to another
+router credential), and the cores learn each peer's role through :meth:`Runtime.role_of`.
+Address directories are taken only from routers, bounded, and never override the address
+a node's own process announced in its handshake.
 
 A channel ``(local, remote)`` carries frames only after the peer's ``acks`` item for it
 arrived, so after a reconnect exactly the frames the peer misses are resent (the link
@@ -36,10 +43,13 @@ from typing import Any
 from ecast.core.effects import Core, NodeId
 from ecast.core.link import Frame
 from ecast.core.proto import Directory
+from ecast.core.roles import ROUTER, acts_as_router
 from ecast.runtime.dial import Dialer
+from ecast.runtime.handshake import MAX_HOST, Auth, SecretAuth
 from ecast.runtime.node import CONGESTED, TCP_LINK, DeliverFn, Node
 from ecast.runtime.process import new_incarnation, read_secret, tune_process
 from ecast.runtime.transport import HANDSHAKE_TIMEOUT, Connection, PeerInfo, split_address
+from ecast.security.secret import secret_problem
 from ecast.wire.codec import MAX_FRAME, DecodeError, Encoder
 from ecast.wire.packet import (
     Acks,
@@ -68,6 +78,17 @@ log = logging.getLogger("ecast.runtime")
 
 QUANTUM = 64 * 1024
 """Packet bytes a loop turn takes in before it feeds its nodes and writes their output."""
+MAX_CONNECTIONS = 4096
+"""Open and opening connections a process keeps at most; more are closed at once."""
+MAX_HANDSHAKES = 128
+"""Connections at most that have not proven themselves yet (each may hold a handshake
+frame for up to the handshake timeout)."""
+MAX_DIRECTORY = 65_536
+"""Addresses a process keeps at most (the oldest learned by gossip go first)."""
+MAX_GOSSIP = 8192
+"""Entries one directory message may carry; a larger one is ignored."""
+MAX_INCARNATIONS = 65_536
+"""Peer processes whose latest incarnation a process remembers (the oldest are forgotten)."""
 
 
 class ProtocolViolation(Exception):
@@ -79,30 +100,47 @@ class Runtime:
 
     def __init__(
         self,
-        secret: bytes,
+        auth: Auth | bytes,
         *,
         host_id: str | None = None,
         server_ssl: ssl.SSLContext | None = None,
         client_ssl: ssl.SSLContext | None = None,
         max_frame: int = MAX_FRAME,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
+        max_handshakes: int = MAX_HANDSHAKES,
     ) -> None:
-        if not secret:
-            raise ValueError("a cluster secret is required")
-        self.secret = secret
+        if isinstance(auth, bytes | bytearray):
+            problem = secret_problem(bytes(auth))
+            if problem:
+                raise ValueError(problem)
+            auth = SecretAuth(bytes(auth))
+        self.auth: Auth = auth
+        self.identity = auth.identity
         self.host_id = host_id or f"host-{os.getpid()}-{os.urandom(4).hex()}"
+        if not self.host_id.isprintable() or not 0 < len(self.host_id) <= MAX_HOST:
+            raise ValueError(f"host id {self.host_id!r:.60}: 1 to {MAX_HOST} printable characters")
         self.incarnation = new_incarnation()
         self.listen: str | None = None
         self.handshake_timeout = handshake_timeout
         self.server_ssl = server_ssl
         self.client_ssl = client_ssl
         self.max_frame = max_frame
+        self.max_connections = max_connections
+        self.max_handshakes = max_handshakes
         self.nodes: dict[NodeId, Node] = {}
         self.directory: dict[NodeId, str] = {}
         self.conns: dict[str, Connection] = {}
-        """Open connections by peer host id."""
+        """Open connections by their peer's key (``PeerInfo.key``: host id and credential)."""
         self.routes: dict[NodeId, Connection] = {}
         """The connection each remote node is reached through."""
+        self.roles: dict[NodeId, str] = {}
+        """The role of the credential each remote node was last announced under; kept
+        while its frames may still be on their way to a core, dropped when it is gone."""
+        self._announced_at: dict[NodeId, str] = {}
+        """Where nodes listen, as their own process said in its handshake (gossip never
+        overrides it)."""
+        self._handshaking: set[Connection] = set()
         self.encoder = Encoder()
         self.dialer = Dialer(self)
         self.stats = {
@@ -112,6 +150,7 @@ class Runtime:
             "decode_errors": 0,
             "connections_refused": 0,
             "connections_opened": 0,
+            "directories_ignored": 0,
         }
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
@@ -147,6 +186,11 @@ class Runtime:
         ``node.start()`` to give its core its first tick."""
         if node_id in self.nodes:
             raise ValueError(f"node {node_id} already runs here")
+        if not self.identity.covers(node_id):
+            raise ValueError(
+                f"node {node_id!r}: this process's credential covers only "
+                f"{', '.join(self.identity.names)}"
+            )
         node = Node(
             self,
             node_id,
@@ -200,15 +244,31 @@ class Runtime:
     def learn_addresses(
         self, entries: list[tuple[NodeId, str]] | tuple[tuple[NodeId, str], ...]
     ) -> bool:
+        """Take gossiped addresses, except for nodes that run here and nodes whose own
+        process told us where it listens."""
         changed = False
+        directory = self.directory
+        own = self._announced_at
         for node, addr in entries:
-            if node not in self.nodes and self.directory.get(node) != addr:
-                self.directory[node] = addr
-                changed = True
+            if node in self.nodes or node in own or directory.get(node) == addr:
+                continue
+            if not _plausible_address(addr):
+                continue
+            directory.pop(node, None)  # re-inserted last: the newest goes last
+            directory[node] = addr
+            changed = True
+        while len(directory) > MAX_DIRECTORY:
+            oldest = next((n for n in directory if n not in own and n not in self.nodes), None)
+            if oldest is None:
+                break
+            del directory[oldest]
         return changed
 
     def directory_from(self, src: NodeId, entries: tuple[tuple[NodeId, str], ...]) -> None:
-        """A peer node gossiped where nodes listen."""
+        """A peer node gossiped where nodes listen; only routers may."""
+        if not acts_as_router(self.roles.get(src)) or len(entries) > MAX_GOSSIP:
+            self.stats["directories_ignored"] += 1
+            return
         if self.learn_addresses(entries):
             self._gossip()
 
@@ -394,9 +454,14 @@ class Runtime:
             self._on_acks(conn, item.acks)
         elif t is Gone:
             for node in item.nodes:
-                conn.nodes.pop(node, None)
+                if conn.nodes.pop(node, None) is None:
+                    continue
                 if self.routes.get(node) is conn:
                     del self.routes[node]
+                    # Stopped for good, as far as anyone knows here: no longer gossiped.
+                    self.directory.pop(node, None)
+                    self._announced_at.pop(node, None)
+                    self.roles.pop(node, None)
                 conn.ready = {pair for pair in conn.ready if pair[1] != node}
         elif t is PeerError:
             log.warning(
@@ -407,15 +472,31 @@ class Runtime:
             )
 
     def _on_nodes(self, conn: Connection, entries: tuple[tuple[str, int], ...]) -> None:
+        peer = conn.peer
+        assert peer is not None
+        identity = peer.identity
         for node, inc in entries:
             if node in self.nodes:
-                raise ProtocolViolation(f"peer claims node {node}, which runs here")
+                raise ProtocolViolation(f"peer claims node {node!r:.60}, which runs here")
+            if not identity.covers(node) or not node.isprintable() or len(node) > MAX_HOST:
+                self.stats["connections_refused"] += 1
+                raise ProtocolViolation(
+                    f"node {node!r:.60} is not covered by the peer's {identity.describe()}"
+                )
+            role = self.roles.get(node)
+            if role == ROUTER and identity.role != ROUTER:
+                self.stats["connections_refused"] += 1
+                raise ProtocolViolation(
+                    f"node {node!r:.60} runs under a router credential, not the peer's "
+                    f"{identity.describe()}"
+                )
             known = max((n.link.known_incarnation(node) for n in self.nodes.values()), default=0)
             if known and inc < known:
                 self.stats["connections_refused"] += 1
                 raise ProtocolViolation(f"stale incarnation {inc} of {node} (current {known})")
-        listen = conn.peer.listen if conn.peer is not None else None
+        listen = peer.listen
         acks = []
+        changed = False
         for node, inc in entries:
             old = self.routes.get(node)
             if old is not None and old is not conn:  # it moved (or restarted) elsewhere
@@ -424,11 +505,18 @@ class Runtime:
             conn.nodes[node] = inc
             conn.ready = {pair for pair in conn.ready if pair[1] != node}
             self.routes[node] = conn
+            self.roles[node] = identity.role
+            if listen:
+                self._announced_at[node] = listen
+                if self.directory.get(node) != listen:
+                    self.directory.pop(node, None)
+                    self.directory[node] = listen
+                    changed = True
             for local in self.nodes.values():
                 acks.append((local.node_id, node, local.link.received_from(node, inc)))
         if acks:
             self._queue(conn, control_item(Acks(tuple(acks))))
-        if listen and self.learn_addresses([(n, listen) for n, _ in entries]):
+        if changed:
             self._gossip()
         conn.announced = True
         self.dialer.announced(conn)
@@ -448,20 +536,48 @@ class Runtime:
             node.rearm()
 
     # Connection callbacks (the owner interface of ``ecast.runtime.transport``).
+    def admit(self, conn: Connection) -> str | None:
+        if len(self._handshaking) >= self.max_handshakes:
+            self.stats["connections_refused"] += 1
+            return f"{len(self._handshaking)} connections already in their handshake"
+        if len(self.conns) + len(self._handshaking) >= self.max_connections:
+            self.stats["connections_refused"] += 1
+            return f"{self.max_connections} connections already"
+        self._handshaking.add(conn)
+        return None
+
+    def handshake_over(self, conn: Connection) -> None:
+        self._handshaking.discard(conn)
+
     def check_peer(self, peer: PeerInfo) -> str | None:
+        """A proven peer: refuse our own host id and earlier incarnations of the process.
+        Only now is its incarnation recorded, keyed by its host id and credential."""
         if peer.host == self.host_id:
             return f"peer claims this process's own host id {peer.host}"
-        known = self._host_incs.get(peer.host, 0)
+        key = peer.key
+        incs = self._host_incs
+        known = incs.get(key, 0)
         if peer.incarnation < known:
             self.stats["connections_refused"] += 1
             return f"stale incarnation {peer.incarnation} of {peer.host} (current {known})"
-        self._host_incs[peer.host] = peer.incarnation
+        incs.pop(key, None)
+        incs[key] = peer.incarnation
+        if len(incs) > MAX_INCARNATIONS:
+            del incs[next(iter(incs))]
         return None
+
+    def role_of(self, node: NodeId) -> str | None:
+        """The role of the credential ``node`` was announced under (a node that runs here
+        has this process's), or None for a node never announced."""
+        if node in self.nodes:
+            return self.identity.role
+        return self.roles.get(node)
 
     def connection_open(self, conn: Connection) -> None:
         peer = conn.peer
         assert peer is not None
-        old = self.conns.get(peer.host)
+        key = peer.key
+        old = self.conns.get(key)
         if old is not None and old is not conn and old.state == "open":
             # Both sides dialed: keep the connection dialed by the smaller id, everywhere.
             def dialer(c: Connection) -> str:
@@ -473,14 +589,15 @@ class Runtime:
                 return
             old.close("replaced by a newer connection")
             self._forget_conn(old)
-        self.conns[peer.host] = conn
+        self.conns[key] = conn
         self.stats["connections_opened"] += 1
         log.info(
-            "event=connected host=%s peer=%s incarnation=%d dialer=%s",
+            "event=connected host=%s peer=%s incarnation=%d dialer=%s identity=%r",
             self.host_id,
             peer.host,
             peer.incarnation,
             conn.dialer,
+            peer.identity.describe(),
         )
         self._announce(conn, list(self.nodes.values()))
 
@@ -502,11 +619,14 @@ class Runtime:
         log.info("event=disconnected host=%s peer=%s reason=%r", self.host_id, _host(conn), reason)
 
     def _forget_conn(self, conn: Connection) -> None:
-        if conn.peer is not None and self.conns.get(conn.peer.host) is conn:
-            del self.conns[conn.peer.host]
+        if conn.peer is not None and self.conns.get(conn.peer.key) is conn:
+            del self.conns[conn.peer.key]
+        listen = conn.peer.listen if conn.peer is not None else None
         for node in conn.nodes:
             if self.routes.get(node) is conn:
                 del self.routes[node]
+                if listen is not None and self._announced_at.get(node) == listen:
+                    del self._announced_at[node]  # gossip may tell us where it went
         conn.ready = set()
         self.dialer.lost(conn, "forgotten")
 
@@ -592,3 +712,11 @@ class Runtime:
 
 def _host(conn: Connection) -> str:
     return conn.peer.host if conn.peer is not None else "?"
+
+
+def _plausible_address(addr: object) -> bool:
+    """HOST:PORT of a sane length: what a directory entry may say."""
+    if type(addr) is not str or not 3 <= len(addr) <= 270 or not addr.isprintable():
+        return False
+    host, _, port = addr.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536

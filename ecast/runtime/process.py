@@ -4,8 +4,22 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ecast.runtime.handshake import Auth
+
+log = logging.getLogger("ecast.runtime")
+
+DEVELOPMENT_WARNING = (
+    "DEVELOPMENT MODE: authenticated by one shared cluster secret; every process that "
+    "knows it may take any name and any role (router included). Use --credentials "
+    "(ecast credentials issue) in production; see docs/security.md"
+)
 
 
 def tune_process() -> None:
@@ -33,12 +47,52 @@ def new_incarnation() -> int:
 
 
 def read_secret(path: str | None = None, env: str = "ECAST_SECRET") -> bytes:
-    """The cluster secret from a file or an environment variable."""
+    """The cluster secret from a file or an environment variable.  Taken from the
+    environment, it is removed from it, so the processes this one starts do not inherit
+    it."""
     if path:
         with open(path, "rb") as f:
             secret = f.read().strip()
     else:
-        secret = os.environ.get(env, "").encode()
+        secret = os.environ.pop(env, "").encode()
     if not secret:
         raise SystemExit(f"no cluster secret: pass --secret-file or set {env}")
     return secret
+
+
+def load_auth(
+    credentials: str | Path | None = None,
+    secret: bytes | str | None = None,
+    revoked: str | Path | None = None,
+) -> Auth:
+    """How this process proves itself: a credential file, else the development secret
+    (given, or ``$ECAST_CREDENTIALS``, else ``$ECAST_SECRET``).  Raises ``CredentialError``
+    or ``ValueError`` with what is wrong; the secret mode logs a warning."""
+    from ecast.runtime.handshake import CredentialAuth, SecretAuth
+    from ecast.security.credentials import Credential, read_revoked
+    from ecast.security.secret import secret_problem
+
+    if credentials is None and secret is None:
+        credentials = os.environ.get("ECAST_CREDENTIALS") or None
+    if credentials is not None:
+        if secret is not None:
+            raise ValueError("give a credential or a secret, not both")
+        bad = frozenset() if revoked is None else read_revoked(revoked)
+        return CredentialAuth(Credential.load(credentials, bad))
+    if secret is None:
+        # Read, not taken out: a library must not change its host's environment (a
+        # second client of the same program would find nothing).  Entry points that
+        # start no children of their own take it out (``read_secret``).
+        secret = os.environ.get("ECAST_SECRET", "")
+    key = secret.encode() if isinstance(secret, str) else bytes(secret)
+    if not key:
+        raise ValueError(
+            "no credential and no cluster secret: pass credentials= (a file from "
+            "`ecast credentials issue`), or secret= for the development mode, or set "
+            "ECAST_CREDENTIALS or ECAST_SECRET"
+        )
+    problem = secret_problem(key)
+    if problem:
+        raise ValueError(problem)
+    log.warning("event=development_mode warning=%r", DEVELOPMENT_WARNING)
+    return SecretAuth(key)

@@ -1,22 +1,22 @@
-"""Authenticated, length-prefixed connections between two OS processes (hosts).
+"""Authenticated, integrity-protected, length-prefixed connections between two OS processes.
 
 One connection joins two *hosts* (runtimes), however many logical nodes each one runs:
 a leader that forwards to sixteen receivers living in one process writes one packet, not
 sixteen, and the receivers' acknowledgements come back in one packet too.  The handshake
-authenticates the processes, once:
+(:mod:`ecast.runtime.handshake`) proves each side's credential (or, in the development
+mode, knowledge of the cluster secret) once, and derives a key per direction.
 
-    dialer   -> acceptor  ["hello", version, host, incarnation, listen, nonce_d]
-    acceptor -> dialer    ["challenge", version, host, incarnation, listen, nonce_a, mac_a]
-    dialer   -> acceptor  ["proof", mac_d]
-    acceptor -> dialer    ["ready"]
+Afterwards every packet is ``4-byte big-endian length || body || tag``: the body is a
+msgpack array of items (:mod:`ecast.wire.packet`) and ``tag`` the first 16 bytes of
+HMAC-SHA256 over the packet's sequence number in its direction (8 bytes) and the body,
+keyed with that direction's key.  The tag is checked before anything is decoded: a
+packet altered, dropped, replayed, reordered or injected on the way closes the connection.
+It is one MAC per packet, and packets are batched (often tens of kilobytes), never one
+per message.  Without TLS, packets are readable on the way: the tag protects integrity,
+not confidentiality (``docs/security.md``).
 
-``mac_a`` and ``mac_d`` are HMAC-SHA256 over both nonces, both host ids and both
-incarnations, keyed with the cluster secret: each side proves it knows the secret without
-sending it, and the proof binds the identities it claims.
-
-Afterwards every packet is ``4-byte big-endian length || body`` where the body is a msgpack
-array of items (see :mod:`ecast.runtime` for the items).  A packet longer than the limit
-(default 16 MiB), a malformed body, an unknown message type, a failed or silent handshake
+A packet longer than the limit (default 16 MiB; ``MAX_HANDSHAKE_FRAME`` before the peer
+proved itself), a malformed body, an unknown message type, a failed or silent handshake
 closes the connection with a logged reason; the process goes on.
 """
 
@@ -24,21 +24,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import hmac
 import logging
-import os
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import msgpack
 
 from ecast.core.effects import NodeId
+from ecast.runtime.handshake import (
+    MAX_HANDSHAKE_FRAME,
+    PROTOCOL_VERSION,
+    Auth,
+    Handshake,
+    HandshakeError,
+    PeerInfo,
+    decode_handshake,
+)
+from ecast.wire.codec import DecodeError
 
-PROTOCOL_VERSION = 7
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Connection",
+    "HandshakeError",
+    "PeerInfo",
+    "split_address",
+]
+
 HANDSHAKE_TIMEOUT = 5.0
+TAG = 16
+"""Bytes of the per-packet MAC (HMAC-SHA256, truncated)."""
 _JOIN_LIMIT = 64 * 1024
 READ_BUDGET = 256 * 1024
 """Bytes a connection may hand to the process per event-loop turn.  Beyond it the
@@ -50,15 +66,42 @@ _LEN = struct.Struct(">I")
 log = logging.getLogger("ecast.runtime.transport")
 
 
-class HandshakeError(Exception):
-    pass
+class PacketMac:
+    """One direction's packet tags: HMAC-SHA256 (truncated to ``TAG`` bytes) over the
+    packet's sequence number and its body, keyed with the direction's key.
 
+    The keyed HMAC state is made once and copied per packet: keying it costs more than
+    tagging a small packet.  The sequence number makes a replayed, dropped or reordered
+    packet fail like an altered one.
+    """
 
-@dataclass(slots=True)
-class PeerInfo:
-    host: str
-    incarnation: int
-    listen: str | None
+    __slots__ = ("_base", "seq")
+
+    def __init__(self, key: bytes) -> None:
+        self._base = hmac.new(key, digestmod="sha256")
+        self.seq = 0
+
+    def tag(self, parts: tuple[bytes, ...] | list[bytes]) -> bytes:
+        """The tag of the next packet sent, whose body is ``parts`` joined."""
+        mac = self._base.copy()
+        mac.update(self.seq.to_bytes(8, "big"))
+        self.seq += 1
+        for part in parts:
+            mac.update(part)
+        return mac.digest()[:TAG]
+
+    def verify(self, packet: bytes | memoryview) -> bool:
+        """Whether ``packet`` (body then tag) is the next packet in this direction."""
+        n = len(packet)
+        if n < TAG:
+            return False
+        mac = self._base.copy()
+        mac.update(self.seq.to_bytes(8, "big"))
+        mac.update(packet[: n - TAG])
+        if not hmac.compare_digest(mac.digest()[:TAG], packet[n - TAG :]):
+            return False
+        self.seq += 1
+        return True
 
 
 class Endpoint(Protocol):
@@ -67,12 +110,18 @@ class Endpoint(Protocol):
     host_id: str
     incarnation: int
     listen: str | None
-    secret: bytes
+    auth: Auth
     max_frame: int
     handshake_timeout: float
 
+    def admit(self, conn: Connection) -> str | None:
+        """None if a new connection may start its handshake, else why not (caps)."""
+
+    def handshake_over(self, conn: Connection) -> None:
+        """``conn`` is open or closed: it no longer counts against the handshake cap."""
+
     def check_peer(self, peer: PeerInfo) -> str | None:
-        """None if ``peer`` may connect, else the reason it may not."""
+        """None if the proven ``peer`` may connect, else the reason it may not."""
 
     def connection_open(self, conn: Connection) -> None: ...
 
@@ -82,14 +131,6 @@ class Endpoint(Protocol):
 
     def writing_paused(self, conn: Connection, paused: bool) -> None:
         """The connection's send buffer crossed its high (or back under its low) mark."""
-
-
-def _mac(secret: bytes, role: bytes, *parts: Any) -> bytes:
-    h = hmac.new(secret, role, hashlib.sha256)
-    for p in parts:
-        h.update(b"\x00")
-        h.update(p if isinstance(p, bytes) else str(p).encode())
-    return h.digest()
 
 
 class Connection(asyncio.Protocol):
@@ -115,8 +156,10 @@ class Connection(asyncio.Protocol):
         self._buf = bytearray()
         self._need = 4
         """Bytes ``_buf`` must hold before the next packet can be cut from it."""
-        self._nonce = os.urandom(16)
-        self._peer_nonce = b""
+        self._handshake: Handshake | None = None
+        self._send_mac: PacketMac | None = None
+        """Tags the packets we send, once open."""
+        self._recv_mac: PacketMac | None = None
         self._timer: asyncio.TimerHandle | None = None
         self.closed_reason = ""
         self.packets_in = 0
@@ -134,13 +177,21 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's are not subclasses
         self.state = "handshake"
+        me = self.local
+        if not self.dialer:
+            problem = me.admit(self)
+            if problem:
+                self.closed_reason = problem
+                self.state = "closed"
+                log.warning("event=connection_refused host=%s reason=%r", me.host_id, problem)
+                self.transport.abort()
+                return
         loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self.local.handshake_timeout, self._handshake_timeout)
+        self._timer = loop.call_later(me.handshake_timeout, self._handshake_timeout)
+        hs = Handshake(self.dialer, me.auth, me.host_id, me.incarnation, me.listen, me.check_peer)
+        self._handshake = hs
         if self.dialer:
-            me = self.local
-            self._send_plain(
-                ["hello", PROTOCOL_VERSION, me.host_id, me.incarnation, me.listen, self._nonce]
-            )
+            self._send_plain(hs.start())
 
     def data_received(self, data: bytes) -> None:
         if not self._turn_pending:
@@ -162,12 +213,14 @@ class Connection(asyncio.Protocol):
         view = memoryview(data)
         size = len(data)
         pos = 0
-        limit = self.local.max_frame
+        limit = self.local.max_frame if self.state == "open" else MAX_HANDSHAKE_FRAME
         while size - pos >= 4:
             (n,) = _LEN.unpack_from(data, pos)
             if n > limit:
                 if self.state != "open" and bytes(data[pos : pos + 5]) == b"HTTP/":
                     self.close("not an E-Cast router (HTTP answered)")
+                elif self.state != "open":
+                    self._refuse(f"a handshake frame of {n} bytes (the limit is {limit})")
                 else:
                     self.close(f"frame of {n} bytes exceeds the {limit}-byte limit")
                 return
@@ -176,23 +229,49 @@ class Connection(asyncio.Protocol):
             body = view[pos + 4 : pos + 4 + n]
             pos += 4 + n
             if self.state == "open":
+                if not self._authentic(body):
+                    return
                 self.packets_in += 1
-                self.local.frame_received(self, body)
+                self.local.frame_received(self, body[:-TAG])
+            elif self.state == "closed":
+                return
             else:
                 try:
                     self._handshake_step(bytes(body))
-                except HandshakeError as e:
+                except (HandshakeError, DecodeError) as e:
                     self._refuse(str(e))
                     return
-                except Exception as e:  # malformed handshake bodies of any shape
-                    self._refuse(f"malformed handshake: {e}")
-                    return
+                if self.state == "open":
+                    limit = self.local.max_frame
             if self.state == "closed":
                 return
         if pos < size:
             rest = view[pos:]
             buf += rest
             self._need = 4 + _LEN.unpack_from(rest)[0] if len(rest) >= 4 else 4
+
+    def _authentic(self, body: memoryview) -> bool:
+        """Check a packet's tag (and count it in its direction's sequence) before anything
+        reads it; close the connection if it fails."""
+        assert self._recv_mac is not None
+        if self._recv_mac.verify(body):
+            return True
+        n = len(body)
+        reason = "packet failed authentication (altered, replayed or injected on the way)"
+        if self.packets_in == 0 and n <= MAX_HANDSHAKE_FRAME:
+            # The dialer refused our proof: its last word is a plain handshake error.
+            with contextlib.suppress(DecodeError):
+                msg = decode_handshake(body)
+                if msg[0] == "error" and len(msg) == 2 and type(msg[1]) is str:
+                    reason = f"peer refused: {msg[1][:300]}"
+        log.warning(
+            "event=bad_packet host=%s peer=%s reason=%r",
+            self.local.host_id,
+            self.peer.host if self.peer else "?",
+            reason,
+        )
+        self.close(reason)
+        return False
 
     def _next_turn(self) -> None:
         self._turn_pending = False
@@ -226,6 +305,8 @@ class Connection(asyncio.Protocol):
             self._timer.cancel()
         was = self.state
         self.state = "closed"
+        if was == "handshake":
+            self.local.handshake_over(self)
         reason = self.closed_reason or (str(exc) if exc else "peer closed the connection")
         self.closed_reason = reason
         if was == "open":
@@ -246,14 +327,16 @@ class Connection(asyncio.Protocol):
         t = self.transport
         if t is None or self.state != "open":
             return
+        assert self._send_mac is not None
+        tag = self._send_mac.tag((head, *parts))
+        size += TAG
         if size <= _JOIN_LIMIT:
-            t.write(b"".join((_LEN.pack(size), head, *parts)))
+            t.write(b"".join((_LEN.pack(size), head, *parts, tag)))
         else:
-            t.writelines((_LEN.pack(size) + head, *parts))
+            t.writelines((_LEN.pack(size) + head, *parts, tag))
         self.bytes_out += 4 + size
 
-    def _send_plain(self, obj: Any) -> None:
-        body = msgpack.packb(obj, use_bin_type=True)
+    def _send_plain(self, body: bytes) -> None:
         assert self.transport is not None
         self.transport.writelines((_LEN.pack(len(body)), body))
 
@@ -265,109 +348,60 @@ class Connection(asyncio.Protocol):
         log.info(
             "event=connection_closed host=%s peer=%s reason=%r",
             self.local.host_id,
-            self.peer.host if self.peer else "?",
+            self._peer_name(),
             reason,
         )
         if self.transport is not None:
             self.transport.close()
 
     # ------------------------------------------------------------------ handshake
+    def _peer_name(self) -> str:
+        """The peer's host id for logs: proven, or claimed (marked with a ``?``)."""
+        if self.peer is not None:
+            return self.peer.host
+        hs = self._handshake
+        claimed = hs.claimed if hs is not None else None
+        return f"?{claimed!r:.60}" if claimed else "?"
+
     def _refuse(self, reason: str) -> None:
         log.warning(
             "event=handshake_refused host=%s peer=%s reason=%r",
             self.local.host_id,
-            self.peer.host if self.peer else "?",
+            self._peer_name(),
             reason,
         )
         with contextlib.suppress(Exception):  # best effort before closing
-            self._send_plain(["error", reason])
+            self._send_plain(msgpack.packb(["error", reason[:300]]))
         self.closed_reason = reason
         if self.transport is not None:
             self.transport.close()
-        self.state = "closed"
+        if self.state != "closed":
+            self.state = "closed"
+            self.local.handshake_over(self)
 
     def _handshake_timeout(self) -> None:
-        if self.state in ("handshake", "proven"):
+        if self.state == "handshake":
             self._refuse(f"no handshake within {self.local.handshake_timeout:g}s")
 
     def _handshake_step(self, body: bytes) -> None:
-        msg = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=False)
-        if not isinstance(msg, list) or not msg or not isinstance(msg[0], str):
-            raise HandshakeError("handshake expected")
-        kind = msg[0]
-        me = self.local
-        if kind == "error":
-            raise HandshakeError(f"peer refused: {msg[1] if len(msg) > 1 else '?'}")
-        if not self.dialer and kind == "hello" and self.peer is None:
-            _, version, host, inc, listen, nonce = msg
-            self._check_version(version)
-            self.peer = PeerInfo(str(host), int(inc), listen)
-            self._peer_nonce = bytes(nonce)
-            self._check_identity(self.peer)
-            mac = _mac(
-                me.secret, b"acceptor", self._peer_nonce, self._nonce, host, inc,
-                me.host_id, me.incarnation,
-            )  # fmt: skip
-            self._send_plain(
-                [
-                    "challenge",
-                    PROTOCOL_VERSION,
-                    me.host_id,
-                    me.incarnation,
-                    me.listen,
-                    self._nonce,
-                    mac,
-                ]
-            )
-        elif self.dialer and kind == "challenge" and self.peer is None:
-            _, version, host, inc, listen, nonce, mac = msg
-            self._check_version(version)
-            peer = PeerInfo(str(host), int(inc), listen)
-            want = _mac(
-                me.secret, b"acceptor", self._nonce, bytes(nonce), me.host_id, me.incarnation,
-                host, inc,
-            )  # fmt: skip
-            if not hmac.compare_digest(want, bytes(mac)):
-                raise HandshakeError("acceptor failed authentication (wrong secret)")
-            self.peer = peer
-            self._check_identity(peer)
-            proof = _mac(
-                me.secret, b"dialer", bytes(nonce), self._nonce, me.host_id, me.incarnation,
-                host, inc,
-            )  # fmt: skip
-            self._send_plain(["proof", proof])
-            self.state = "proven"
-        elif not self.dialer and kind == "proof" and self.peer is not None:
-            peer = self.peer
-            want = _mac(
-                me.secret, b"dialer", self._nonce, self._peer_nonce, peer.host,
-                peer.incarnation, me.host_id, me.incarnation,
-            )  # fmt: skip
-            if not hmac.compare_digest(want, bytes(msg[1])):
-                raise HandshakeError("dialer failed authentication (wrong secret)")
-            self._send_plain(["ready"])
+        hs = self._handshake
+        assert hs is not None
+        for out in hs.receive(body):
+            self._send_plain(out)
+        if hs.done:
+            assert hs.peer is not None and hs.keys is not None
+            self.peer = hs.peer
+            self._send_mac = PacketMac(hs.keys.send)
+            self._recv_mac = PacketMac(hs.keys.receive)
+            self._handshake = None
             self._open()
-        elif self.dialer and kind == "ready" and self.state == "proven":
-            self._open()
-        else:
-            raise HandshakeError(f"unexpected {kind!r} during the handshake")
-
-    def _check_version(self, version: Any) -> None:
-        if version != PROTOCOL_VERSION:
-            raise HandshakeError(
-                f"protocol version {version} (this process speaks {PROTOCOL_VERSION})"
-            )
-
-    def _check_identity(self, peer: PeerInfo) -> None:
-        problem = self.local.check_peer(peer)
-        if problem:
-            raise HandshakeError(problem)
 
     def _open(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self.state = "open"
+        self.local.handshake_over(self)
         self.local.connection_open(self)
 
 

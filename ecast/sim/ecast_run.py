@@ -22,6 +22,7 @@ from ecast.core.effects import Effects, NodeId
 from ecast.core.endpoint import Acked, Delivery, Endpoint, EndpointParams, Terminated
 from ecast.core.message import Message
 from ecast.core.proto import Direct
+from ecast.core.roles import APPLICATION, ROUTER
 from ecast.core.router import Router, RouterParams
 from ecast.core.ufabcast import Ufabcast
 from ecast.sim.ecast_checks import LIVENESS, SAFETY, AppRecord, RouterRecord, build_reference
@@ -274,13 +275,19 @@ class EcastRun(RouterGroupRun):
         self, rid: NodeId, founders: list[NodeId] | None, seeds: list[NodeId] | None
     ) -> Ufabcast:
         params = replace(self.cfg.router, ufab=self.ufab_params())
-        router = Router(rid, self.initial, params, routers=founders, seeds=seeds)
+        router = Router(
+            rid, self.initial, params, routers=founders, seeds=seeds, role_of=self.role_of
+        )
         rec = RouterRecord()
         self.routers[rid] = router
         self.router_recs[rid] = rec
         node = self.sim.add(rid, RouterHost(router, rec, lambda: self.sim.now))
         router.link_lag = node.link.unacked_messages  # as the TCP runtime wires it
         return router.ufab
+
+    def role_of(self, peer: NodeId) -> str:
+        """As the runtime's credentials would say: routers are routers, the rest apps."""
+        return ROUTER if peer in self.routers else APPLICATION
 
     def leader(self) -> NodeId | None:
         latest = self.latest_view()[0]
@@ -302,7 +309,7 @@ class EcastRun(RouterGroupRun):
         prefix = {"submitter": "s", "receiver": "d", "monitor": "mon"}[role]
         pid = f"{prefix}{self._next_app}"
         routers = [r for r in self.live()] or self.founders
-        ep = Endpoint(pid, routers, self.cfg.endpoint)
+        ep = Endpoint(pid, routers, self.cfg.endpoint, role_of=self.role_of)
         rec = AppRecord(role)
         react = self._react if role == "submitter" and self.cfg.react > 0 else None
         host = AppHost(pid, ep, rec, react, self.app)

@@ -19,6 +19,7 @@ from typing import Any
 from ecast.core.config import BroadcastConfig, Config
 from ecast.core.effects import Effects, NodeId, carry_out
 from ecast.core.endpoint import Endpoint, EndpointParams
+from ecast.core.roles import APPLICATION, ROUTER
 from ecast.core.router import Router, RouterParams
 from ecast.core.ufabcast import Ufabcast, UfabParams
 from ecast.sim.ecast_checks import (
@@ -245,14 +246,20 @@ class EcastNet(ScriptedNet):
         routers: list[NodeId] | None = None,
         seeds: list[NodeId] | None = None,
     ) -> Router:
-        router = Router(rid, self.config, self.router_params, routers=routers, seeds=seeds)
+        router = Router(
+            rid, self.config, self.router_params, routers=routers, seeds=seeds, role_of=self.role_of
+        )
         rec = EcastRouterRecord()
         self.router_recs[rid] = rec
         self.add(rid, RouterHost(router, rec, lambda: self.now))
         return router
 
+    def role_of(self, peer: NodeId) -> str:
+        """As the runtime's credentials would say: routers are routers, the rest apps."""
+        return ROUTER if peer in self.router_recs else APPLICATION
+
     def add_app(self, pid: NodeId, role: str = "member", join: bool = True) -> Endpoint:
-        ep = Endpoint(pid, self.founders, self.endpoint_params)
+        ep = Endpoint(pid, self.founders, self.endpoint_params, role_of=self.role_of)
         rec = AppRecord(role)
         self.app_recs[pid] = rec
         self.add(pid, AppHost(pid, ep, rec))

@@ -5,6 +5,7 @@
   ecast tail ...         print deliveries as JSON lines
   ecast members ...      list the group's application members
   ecast suspect ...      ask the group to declare processes faulty
+  ecast credentials ...  the cluster's CA and its processes' credentials
   ecast bench ...        the benchmark, on a local cluster
   ecast cost ...         CPU time per message of each role, in one process
   ecast sim ...          run one seeded simulation
@@ -36,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         return client_main(command, rest)
     if command == "router":
         from ecast.tools.daemon import main as run
+    elif command == "credentials":
+        from ecast.tools.credentials_cli import main as run
     elif command == "bench":
         from ecast.tools.bench import main as run
     elif command == "cost":

@@ -33,7 +33,13 @@ def _common(ap: argparse.ArgumentParser) -> None:
         default=os.environ.get("ECAST_ROUTERS", "127.0.0.1:7001"),
         help="comma-separated HOST:PORT of routers (default: $ECAST_ROUTERS or 127.0.0.1:7001)",
     )
-    ap.add_argument("--secret-file", help="file with the cluster secret (else $ECAST_SECRET)")
+    ap.add_argument(
+        "--credentials", help="this process's credential file (else $ECAST_CREDENTIALS)"
+    )
+    ap.add_argument(
+        "--secret-file",
+        help="development mode: file with the cluster secret (else $ECAST_SECRET)",
+    )
     ap.add_argument(
         "--name",
         help="this process's name (default: a fresh cli-HOST-PID-RANDOM; names are unique "
@@ -58,12 +64,18 @@ def _payload_json(payload: Any) -> Any:
 
 
 async def _connect(args: argparse.Namespace) -> ecast.Client:
-    try:
-        secret = read_secret(args.secret_file)
-    except SystemExit as e:
-        raise ecast.AuthenticationError(str(e)) from None
+    secret = None
+    if args.secret_file or not (args.credentials or os.environ.get("ECAST_CREDENTIALS")):
+        try:
+            secret = read_secret(args.secret_file)
+        except SystemExit as e:
+            raise ecast.AuthenticationError(f"{e}, or pass --credentials") from None
     return await ecast.connect(
-        args.routers.split(","), name=_name(args), secret=secret, timeout=args.timeout
+        args.routers.split(","),
+        name=_name(args),
+        secret=secret,
+        credentials=args.credentials if secret is None else None,
+        timeout=args.timeout,
     )
 
 

@@ -8,8 +8,11 @@ a closed-loop client and the receivers, every message encoded with the real code
 packet per destination process and decoded again, exactly as the runtime does.  The CPU
 time of each call into a core, of the encoding of its output and of the decoding of its
 input is charged to its role; divided by the stable acknowledgements it gives
-microseconds per message per role.  What it leaves out: the link layer, system calls and
-the event loop.  The workload is deterministic; the timing is the machine's.
+microseconds per message per role.  Each packet also gets its integrity tag on the way out
+and has it checked on the way in (``ecast.runtime.transport.PacketMac``), as on a
+connection; ``--no-integrity`` leaves that out, to see its cost.  What it leaves out: the
+link layer, system calls and the event loop.  The workload is deterministic; the timing is
+the machine's.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from ecast.core.endpoint import Acked, Endpoint, EndpointParams
 from ecast.core.link import Frame
 from ecast.core.router import Router, RouterParams
 from ecast.core.ufabcast.params import UfabParams
+from ecast.runtime.transport import TAG, PacketMac
 from ecast.wire.codec import Encoder
 from ecast.wire.packet import array_header, decode_packet, frame_item
 
@@ -86,6 +90,9 @@ class Pipeline:
         self._wake: dict[NodeId, float] = {}
         self._seq = 0
         self._enc = Encoder()
+        self.integrity = args.integrity
+        self._macs: dict[tuple[str, str], tuple[PacketMac, PacketMac]] = {}
+        """Per pair of processes: the sender's and the receiver's side of one direction."""
         for d in self.receivers:
             self._emit(d, self.nodes[d].join(self.now, role="receiver")[1])
         self._emit("c", self.client.join(self.now, role="client")[1])
@@ -108,17 +115,32 @@ class Pipeline:
         clock = time.perf_counter
         t0 = clock()
         encoded = {}
+        here = self.process[src]
         for p, items in packets.items():
             parts = self._enc.pack_packet(items)  # as the runtime does, less the writev
-            encoded[p] = array_header(len(parts)) + b"".join(parts)
+            head = array_header(len(parts))
+            if self.integrity:
+                parts.append(self._mac(here, p)[0].tag((head, *parts)))
+            encoded[p] = head + b"".join(parts)
         self._enc.reset()
-        self.cpu[self.role[self.process[src]], "encode"] += clock() - t0
+        self.cpu[self.role[here], "encode"] += clock() - t0
         for p, data in encoded.items():
             t0 = clock()
+            if self.integrity:
+                if not self._mac(here, p)[1].verify(data):
+                    raise AssertionError("a packet failed its integrity check")
+                data = memoryview(data)[:-TAG]
             items = decode_packet(data)
             self.cpu[self.role[p], "decode"] += clock() - t0
             for s, d, frame in items:
                 self._inbox[d].append((s, frame.msgs))
+
+    def _mac(self, src: str, dst: str) -> tuple[PacketMac, PacketMac]:
+        pair = self._macs.get((src, dst))
+        if pair is None:
+            key = f"{src}->{dst}".encode().ljust(32, b"k")
+            pair = self._macs[src, dst] = (PacketMac(key), PacketMac(key))
+        return pair
 
     def _step(self, n: NodeId) -> None:
         node = self.nodes[n]
@@ -198,6 +220,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "window": args.window,
         "clumping": args.clumping,
         "delayed_acks": args.delayed_acks,
+        "integrity": args.integrity,
     }
 
 
@@ -212,6 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-rounds", type=int, default=300)
     ap.add_argument("--clumping", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--delayed-acks", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument(
+        "--integrity",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="tag and check every packet as connections do",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.routers < 1 or args.receivers < args.replication or args.window < 1:

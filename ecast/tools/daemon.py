@@ -28,10 +28,13 @@ from dataclasses import replace
 from typing import Any
 
 from ecast.core.config import config_class
+from ecast.core.roles import ROUTER
 from ecast.core.router import ROUTER_MUTATIONS, Router, RouterParams
 from ecast.core.ufabcast import MUTATIONS as UFAB_MUTATIONS
 from ecast.core.ufabcast import UfabParams
 from ecast.runtime import Node, Runtime, read_secret, tune_process
+from ecast.runtime.handshake import Auth
+from ecast.runtime.process import DEVELOPMENT_WARNING, load_auth
 from ecast.tools.daemon_kit import (
     LOG_LEVELS,
     Metrics,
@@ -67,10 +70,51 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("config-arg", str, [], "KEY=VALUE for the config's initial(); repeatable", repeat=True),
     Setting("metrics", str, None, "HOST:PORT for /metrics and /health", check=address),
-    Setting("secret-file", str, None, "file with the cluster secret (else $ECAST_SECRET)"),
+    Setting(
+        "credentials",
+        str,
+        None,
+        "this router's credential file (ecast credentials issue --role router); else "
+        "$ECAST_CREDENTIALS",
+    ),
+    Setting("revoked", str, None, "file of revoked credential serials, one per line"),
+    Setting(
+        "secret-file",
+        str,
+        None,
+        "DEVELOPMENT MODE: file with one cluster secret shared by every process (else "
+        "$ECAST_SECRET); any holder may act as a router",
+    ),
     Setting("tls-cert", str, None, "certificate (PEM) to speak TLS with"),
     Setting("tls-key", str, None, "its private key (PEM)"),
-    Setting("tls-ca", str, None, "CA bundle (PEM) to verify peers with"),
+    Setting(
+        "tls-ca",
+        str,
+        None,
+        "CA bundle (PEM) to verify peers with; every peer must then present a certificate",
+    ),
+    Setting(
+        "tls-check-hostname",
+        bool,
+        True,
+        "check that a router's TLS certificate names the host it was dialed at",
+    ),
+    Setting(
+        "max-connections",
+        int,
+        4096,
+        "connections kept at most, open or opening",
+        "connections",
+        check=positive,
+    ),
+    Setting(
+        "max-handshakes",
+        int,
+        128,
+        "connections at most that have not proven themselves yet",
+        "connections",
+        check=positive,
+    ),
     Setting("heartbeat", float, 0.25, "router heartbeat period", "s", check=positive),
     Setting(
         "failure-timeout",
@@ -178,7 +222,11 @@ SETTINGS: tuple[Setting, ...] = (
 
 
 def tls_contexts(args: argparse.Namespace) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+    """Mutual TLS: the server asks every peer for a certificate the CA bundle signed (with
+    ``--tls-ca``), and dialing routers check the peer's host name unless told not to."""
     if not args.tls_cert:
+        if args.tls_key or args.tls_ca:
+            raise UsageError("--tls-key and --tls-ca need --tls-cert")
         return None, None
     try:
         server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=args.tls_ca)
@@ -187,8 +235,62 @@ def tls_contexts(args: argparse.Namespace) -> tuple[ssl.SSLContext | None, ssl.S
         client.load_cert_chain(args.tls_cert, args.tls_key)
     except (OSError, ssl.SSLError) as e:
         raise UsageError(f"--tls-cert/--tls-key/--tls-ca: {e}") from None
-    client.check_hostname = False  # peers are authenticated by the cluster secret
+    if args.tls_ca:
+        server.verify_mode = ssl.CERT_REQUIRED
+    else:
+        log.warning(
+            "event=tls_without_ca warning=%r",
+            "no --tls-ca: peers' TLS certificates are not asked for",
+        )
+    client.check_hostname = args.tls_check_hostname
     return server, client
+
+
+def load_router_auth(args: argparse.Namespace) -> Auth:
+    """The router's credential (or the development secret), or a one-line usage error."""
+    from ecast.security.credentials import CredentialError
+
+    if args.credentials and args.secret_file:
+        raise UsageError("--credentials and --secret-file exclude each other (pick one mode)")
+    if args.revoked and not (args.credentials or os.environ.get("ECAST_CREDENTIALS")):
+        raise UsageError("--revoked needs --credentials")
+    if args.secret_file:
+        problem = secret_file_problem(args.secret_file)
+        if problem:
+            raise UsageError(f"--secret-file {problem}")
+    try:
+        secret = read_secret(args.secret_file) if args.secret_file else None
+        if secret is None and not args.credentials and not os.environ.get("ECAST_CREDENTIALS"):
+            secret = read_secret(None)
+        auth = load_auth(args.credentials, secret, args.revoked)
+    except SystemExit as e:
+        raise UsageError(
+            f"{e}; or give this router a credential with --credentials "
+            "(ecast credentials issue --role router)"
+        ) from None
+    except (CredentialError, ValueError) as e:
+        raise UsageError(f"--credentials: {e}" if args.credentials else str(e)) from None
+    except OSError as e:
+        raise UsageError(f"--secret-file {args.secret_file}: {e.strerror or e}") from None
+    identity = auth.identity
+    if identity.serial:
+        if identity.role != ROUTER:
+            raise UsageError(
+                f"--credentials: a {identity.role} credential; a router needs a router one"
+            )
+        if not identity.covers(args.id):
+            raise UsageError(
+                f"--credentials covers {', '.join(identity.names)}, not --id {args.id}"
+            )
+        if args.rejoin and not identity.covers(f"{args.id}.1"):
+            raise UsageError(
+                f"--rejoin takes ids {args.id}.1, {args.id}.2, ...: the credential must "
+                f"cover {args.id}.* too (ecast credentials issue --name {args.id} "
+                f"--name '{args.id}.*')"
+            )
+    else:
+        print(f"ecast router: WARNING: {DEVELOPMENT_WARNING}", file=sys.stderr, flush=True)
+    return auth
 
 
 def config_args(pairs: list[str]) -> dict[str, Any]:
@@ -278,23 +380,16 @@ class RouterDaemon:
         a = self.args
         config = load_initial_config(a.config, a.config_arg)
         server_ssl, client_ssl = tls_contexts(a)
-        if a.secret_file:
-            problem = secret_file_problem(a.secret_file)
-            if problem:
-                raise UsageError(f"--secret-file {problem}")
-        try:
-            secret = read_secret(a.secret_file)
-        except SystemExit as e:
-            raise UsageError(str(e)) from None
-        except OSError as e:
-            raise UsageError(f"--secret-file {a.secret_file}: {e.strerror or e}") from None
+        auth = load_router_auth(a)
         rt = Runtime(
-            secret,
+            auth,
             host_id=a.id,
             server_ssl=server_ssl,
             client_ssl=client_ssl,
             max_frame=a.max_frame,
             handshake_timeout=a.handshake_timeout,
+            max_connections=a.max_connections,
+            max_handshakes=a.max_handshakes,
         )
         self.runtime = rt
         if a.metrics:
@@ -352,10 +447,10 @@ class RouterDaemon:
         rid = self.router_id
         if seeds:
             seed = await self._reach(rt, seeds)
-            self.router = Router(rid, config, self._params(), seeds=[seed])
+            self.router = Router(rid, config, self._params(), seeds=[seed], role_of=rt.role_of)
             log.info("event=joining router=%s seed=%s", rid, seed)
         else:
-            self.router = Router(rid, config, self._params(), routers=[rid])
+            self.router = Router(rid, config, self._params(), routers=[rid], role_of=rt.role_of)
             log.info("event=bootstrap router=%s listen=%s", rid, listen)
         self.node = rt.add_node(rid, self.router, advertise=True)
         self.router.link_lag = self.node.lag
@@ -389,10 +484,15 @@ class RouterDaemon:
                     return await rt.connect_node(address_, min(5.0, self.args.join_timeout))
                 except (TimeoutError, OSError, ConnectionError) as e:
                     last = f"{address_}: {e}"
-                    if "authentication" in str(e) or "wrong secret" in str(e):
+                    if "wrong secret" in str(e):
                         raise JoinRefused(
                             f"{last}: this router's secret differs from the group's "
                             "(--secret-file or ECAST_SECRET)"
+                        ) from None
+                    if "authentication" in str(e) or "credential" in str(e):
+                        raise JoinRefused(
+                            f"{last}: the group refused this router's credential, or this "
+                            "router refused the group's (--credentials)"
                         ) from None
                     log.warning(
                         "event=join_retry address=%s attempt=%d reason=%r",
@@ -599,9 +699,10 @@ class RouterDaemon:
                     "peer",
                 )
             sizes = {}
-            for host, conn in rt.conns.items():
+            for conn in rt.conns.values():
                 t = conn.transport
-                sizes[host] = t.get_write_buffer_size() if t is not None else 0
+                if conn.peer is not None:
+                    sizes[conn.peer.host] = t.get_write_buffer_size() if t is not None else 0
             m.per_label(
                 "ecast_peer_write_buffer_bytes", sizes, "Bytes queued for a process", "peer"
             )

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import os
 import random
 import struct
 import sys
@@ -98,14 +97,13 @@ def _p50(values: list[float]) -> float:
 async def run_demo(args: argparse.Namespace) -> int:
     import ecast
 
-    secret = os.urandom(16).hex()
     workdir = Path(tempfile.mkdtemp(prefix="ecast-demo-"))
     say = print
     say(
         f"E-Cast demo: {args.routers} router daemons, {args.replicas} replicas, "
         f"{args.rate} transfers/s for {args.duration:g}s (logs in {workdir})"
     )
-    cluster = LocalCluster(workdir, secret, ["--log-level", "info"])
+    cluster = LocalCluster(workdir, args=["--log-level", "info"])  # a CA, a credential each
     ok = True
     try:
         t0 = time.monotonic()
@@ -117,7 +115,7 @@ async def run_demo(args: argparse.Namespace) -> int:
         replicas = [Replica(f"replica-{i + 1}") for i in range(args.replicas)]
         for rep in replicas:
             rep.client = await ecast.connect(
-                cluster.addresses(), name=rep.name, secret=secret.encode()
+                cluster.addresses(), name=rep.name, **cluster.client_auth(rep.name)
             )
             rep.task = asyncio.create_task(rep.apply_deliveries())
         say(f"  {len(replicas)} replicas joined; leader is {replicas[0].client.leader}")

@@ -2,9 +2,11 @@
 would, through their command lines, signals and ``/health``.
 
 :class:`StateDir` runs any daemon (a router, a Rubberband storage process, ...) with a
-state directory that holds the cluster secret (mode 600), one log per process, and
-``processes.json`` (pid, command line, ports, log of each), so a later command (``status``,
-``down``) finds them.  A *launcher prefix* runs a process inside something, such as
+state directory that holds the cluster's certificate authority and a credential per
+process (``ca.json``, ``credentials/NAME.cred``, mode 600), or in the development mode the
+cluster secret (``secret``, mode 600), one log per process, and ``processes.json`` (pid,
+command line, ports, log of each), so a later command (``status``, ``down``) finds them.
+A *launcher prefix* runs a process inside something, such as
 ``["ip", "netns", "exec", "ns1"]`` for a network namespace.  :class:`LocalCluster` is a
 router group on top of it.
 """
@@ -23,6 +25,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ecast.core.roles import APPLICATION, ROUTER
+from ecast.security.credentials import CertificateAuthority
 
 MUTATIONS_ENV = "ECAST_TEST_MUTATIONS"
 """Set to 1 to let daemons accept ``--mutation`` (planted bugs, for tests only)."""
@@ -103,22 +108,63 @@ class StateDir:
         secret: str | None = None,
         launcher: Sequence[str] = (),
         env: dict[str, str] | None = None,
+        credentials: bool | None = None,
     ) -> None:
+        """Credentials by default; the development mode's one secret when ``secret`` is
+        given (or ``credentials=False``: a fresh random secret)."""
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
+        self.credentials = secret is None if credentials is None else credentials
         self.secret_file = self.path / "secret"
-        if secret is None:
-            secret = (
-                self.secret_file.read_text().strip()
-                if self.secret_file.exists()
-                else os.urandom(24).hex()
-            )
-        self.secret = secret
-        self.secret_file.write_text(secret + "\n")
-        self.secret_file.chmod(0o600)
+        self.secret: str | None = None
+        self.ca_file = self.path / "ca.json"
+        self._ca: CertificateAuthority | None = None
+        if self.credentials:
+            if secret is not None:
+                raise ValueError("a secret is for the development mode, not with credentials")
+            if self.ca_file.exists():
+                self._ca = CertificateAuthority.load(self.ca_file)
+            else:
+                self._ca = CertificateAuthority.create()
+                self._ca.save(self.ca_file)
+            (self.path / "credentials").mkdir(mode=0o700, exist_ok=True)
+        else:
+            if secret is None:
+                secret = (
+                    self.secret_file.read_text().strip()
+                    if self.secret_file.exists()
+                    else os.urandom(24).hex()
+                )
+            self.secret = secret
+            self.secret_file.write_text(secret + "\n")
+            self.secret_file.chmod(0o600)
         self.launcher = list(launcher)
         self.env = dict(env or {})
         self.daemons: dict[str, Daemon] = {}
+
+    def issue(self, role: str, names: Sequence[str], file: str | None = None) -> Path:
+        """A credential for ``role`` under ``names``, issued by this directory's CA, in
+        ``credentials/FILE.cred`` (FILE: the first name, made safe for a file name)."""
+        if self._ca is None:
+            raise ValueError("this state directory runs the development mode (one secret)")
+        stem = file or "".join(c if c.isalnum() or c in "-_." else "_" for c in names[0])
+        out = self.path / "credentials" / f"{stem}.cred"
+        self._ca.issue(role, list(names)).save(out)
+        return out
+
+    def auth_args(self, role: str, name: str) -> list[str]:
+        """The flags that give a daemon ``name`` its proof: a fresh credential (covering
+        ``name`` and, for routers, the ids ``--rejoin`` takes) or the secret file."""
+        if not self.credentials:
+            return ["--secret-file", str(self.secret_file)]
+        names = [name, f"{name}.*"] if role == ROUTER else [name]
+        return ["--credentials", str(self.issue(role, names))]
+
+    def client_auth(self, pattern: str) -> dict[str, Any]:
+        """Keyword arguments for ``ecast.connect`` of a process named by ``pattern``."""
+        if not self.credentials:
+            return {"secret": self.secret}
+        return {"credentials": str(self.issue(APPLICATION, [pattern]))}
 
     def start(
         self,
@@ -134,7 +180,9 @@ class StateDir:
         log = self.path / f"{name}.log"
         full = [*(self.launcher if launcher is None else launcher), *argv]
         environ = {**os.environ, **self.env, **(env or {})}
-        environ.pop("ECAST_SECRET", None)  # daemons read dir/secret, never the environment
+        # Daemons read their proof from this directory, never from the environment.
+        environ.pop("ECAST_SECRET", None)
+        environ.pop("ECAST_CREDENTIALS", None)
         with log.open("ab") as out:
             proc = subprocess.Popen(full, stdout=out, stderr=subprocess.STDOUT, env=environ)
         d = Daemon(name, list(full), proc, log, dict(ports or {}), health_port)
@@ -253,8 +301,9 @@ class LocalCluster:
         args: Sequence[str] = (),
         launcher: Sequence[str] = (),
         env: dict[str, str] | None = None,
+        credentials: bool | None = None,
     ) -> None:
-        self.state = StateDir(workdir, secret, launcher, env)
+        self.state = StateDir(workdir, secret, launcher, env, credentials)
         self.workdir = self.state.path
         self.secret = self.state.secret
         self.args = list(args)
@@ -271,8 +320,7 @@ class LocalCluster:
             f"127.0.0.1:{port}",
             "--metrics",
             f"127.0.0.1:{metrics}",
-            "--secret-file",
-            str(self.state.secret_file),
+            *self.state.auth_args(ROUTER, rid),
             *self.args,
             *extra,
         )
@@ -289,6 +337,11 @@ class LocalCluster:
         d.restart = again
         self.routers[rid] = r
         return r
+
+    def client_auth(self, pattern: str) -> dict[str, Any]:
+        """Keyword arguments for ``ecast.connect``: a credential covering ``pattern`` (or
+        the development secret)."""
+        return self.state.client_auth(pattern)
 
     def wait_healthy(
         self, rid: str, members: int | None = None, timeout: float = 30.0

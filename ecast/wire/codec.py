@@ -313,7 +313,8 @@ TABLE = "m"
 
 _decoding = threading.local()
 """Per thread: how many ``Deliver`` by reference the current packet decoded (each must be
-resolved, i.e. stand in a frame's messages of a packet with a table)."""
+resolved, i.e. stand in a frame's messages of a packet with a table), and how deep the
+decoder is inside nested messages (``MAX_NESTING``)."""
 
 
 class _Refs:
@@ -567,18 +568,36 @@ def _decoder(code: int) -> Callable[[Any], Any]:
 _DECODERS: dict[int, Callable[[Any], Any]] = {DELIVER_REFS: _dec_deliver_refs}
 _unpackb = msgpack.unpackb
 
+MAX_NESTING = 24
+"""How deep extension values (messages) may nest inside one another.
+
+msgpack decodes an extension value's data with a nested ``unpackb`` call, made from C
+through ``ext_hook``: each level of nesting costs C stack that Python's recursion limit
+does not see, and about 200 nested ``Direct`` values (under a kilobyte) crashed a router
+with SIGSEGV.  The deepest nesting E-Cast itself sends is four (a frame's ``Accept``
+holds ``AppCmd`` s holding a ``RouteCmd``; a ``Snapshot`` holds a ``View``); the rest is
+room for the classes and payloads of the layers above."""
+
 
 def _ext_hook(code: int, data: bytes) -> Any:
+    depth = _decoding.depth
+    if depth >= MAX_NESTING:
+        raise DecodeError(f"messages nested deeper than {MAX_NESTING}")
     decode = _DECODERS.get(code)
     if decode is None:
         decode = _decoder(code)
-    return decode(
-        _unpackb(data, ext_hook=_ext_hook, use_list=False, raw=False, strict_map_key=False)
-    )
+    _decoding.depth = depth + 1
+    try:
+        return decode(
+            _unpackb(data, ext_hook=_ext_hook, use_list=False, raw=False, strict_map_key=False)
+        )
+    finally:
+        _decoding.depth = depth
 
 
 def unpack(data: bytes | memoryview) -> Any:
     """Decode one packed value; any malformation becomes :class:`DecodeError`."""
+    _decoding.depth = 0
     try:
         return msgpack.unpackb(
             data, ext_hook=_ext_hook, use_list=False, raw=False, strict_map_key=False

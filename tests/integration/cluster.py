@@ -8,7 +8,7 @@ from typing import Any
 
 from ecast.tools.local import LocalCluster, LocalRouter
 
-SECRET = "integration-secret"
+SECRET = "integration-5f1c0a9e7b3d42c68e0f9a1b2c3d4e5f"
 
 
 RouterProc = LocalRouter

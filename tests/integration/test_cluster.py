@@ -229,7 +229,7 @@ async def test_application_processes_talk_directly_over_an_authenticated_channel
     await bob.client.send_direct(sender, "thanks")  # and back over the same connection
     assert await asyncio.wait_for(alice.client.receive_direct(), 10) == ("bob", "thanks")
     with pytest.raises(ConnectionError):  # a process that does not know the secret
-        stranger = await ecast.connect(cluster.addresses(), name="eve", secret=b"wrong")
+        stranger = await ecast.connect(cluster.addresses(), name="eve", secret=SECRET[::-1])
         await stranger.close()
     for c in (alice, bob):
         await c.client.close()
@@ -244,21 +244,27 @@ async def test_routers_and_clients_speak_tls(tmp_path: Path) -> None:
         check=True, capture_output=True,
     )  # fmt: skip
     tls_args = ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(cert)]
-    cluster = LocalCluster(tmp_path, SECRET, tls_args)
+    cluster = LocalCluster(tmp_path, args=tls_args)  # credentials inside mutual TLS
     try:
-        cluster.start_group(2)  # r2 joins r1 over TLS
+        cluster.start_group(2)  # r2 joins r1 over TLS, checking r1's host name
         plain = await asyncio.wait_for(
             asyncio.gather(
-                ecast.connect(cluster.addresses(), name="plain", secret=SECRET.encode()),
+                ecast.connect(cluster.addresses(), name="plain", **cluster.client_auth("plain")),
                 return_exceptions=True,
             ),
             30,
         )
         assert isinstance(plain[0], ConnectionError)  # no TLS, no entry
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(cert))
-        ctx.check_hostname = False
+        anonymous = await asyncio.gather(
+            ecast.connect(cluster.addresses(), name="anon", tls=ctx, timeout=5,
+                          **cluster.client_auth("anon")),
+            return_exceptions=True,
+        )  # fmt: skip
+        assert isinstance(anonymous[0], ConnectionError)  # TLS without a client certificate
+        ctx.load_cert_chain(str(cert), str(key))
         client = await ecast.connect(
-            cluster.addresses(), name="secure", secret=SECRET.encode(), tls=ctx
+            cluster.addresses(), name="secure", tls=ctx, **cluster.client_auth("secure")
         )
         ack = await client.submit(b"over tls", timeout=10)
         assert ack.delivered

@@ -1,45 +1,142 @@
-"""Bad input against a real router daemon: refused, logged, and the daemon keeps serving."""
+"""Bad and hostile input against real router daemons: refused, logged, and the daemon keeps
+serving; what a holder of some credential tries beyond it changes nothing.
+
+A hostile peer here is written by hand over a socket (:class:`RawPeer`): the library's own
+handshake and packet tags, so that it can send what no SDK would.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import struct
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
 
 import ecast
-from ecast.runtime.transport import PROTOCOL_VERSION, _mac
-from ecast.wire.codec import pack
-from tests.integration.cluster import SECRET, Cluster, RouterProc
+from ecast.core.message import Message
+from ecast.core.proto import Confirm, Deliver, Direct, Directory, Leader, Suspected
+from ecast.core.ufabcast.messages import (
+    Accept,
+    AppCmd,
+    Commit,
+    Forward,
+    JoinRequest,
+    Prepare,
+    Snapshot,
+    View,
+)
+from ecast.runtime.handshake import PROTOCOL_VERSION, Auth, CredentialAuth, Handshake, SecretAuth
+from ecast.runtime.transport import TAG, PacketMac
+from ecast.security.credentials import CertificateAuthority, Credential
+from ecast.tools.local import LocalCluster, LocalRouter
+from ecast.wire.codec import _CODE, pack
+from tests.integration.cluster import SECRET
+
+RouterProc = LocalRouter
 
 
 @pytest.fixture
-def router(tmp_path: Path):  # type: ignore[no-untyped-def]
-    c = Cluster(tmp_path)
-    r = c.start("r1", None, "--handshake-timeout", "0.5", "--max-frame", "65536")
-    c.wait_healthy("r1")
-    yield r
+def cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
+    c = LocalCluster(tmp_path)  # credentials, issued by the state directory's CA
+    yield c
     c.stop_all()
 
 
-def send(sock: socket.socket, obj: object) -> None:
-    body = msgpack.packb(obj, use_bin_type=True)
+@pytest.fixture
+def router(cluster: LocalCluster):  # type: ignore[no-untyped-def]
+    """A router with a legitimate client connected through every probe: ``still_serving``
+    checks that the client still submits and receives."""
+    r = cluster.start("r1", None, "--handshake-timeout", "0.5", "--max-frame", "65536")
+    cluster.wait_healthy("r1")
+    b = Bystander(cluster, r)
+    _bystanders[r.port] = b
+    yield r
+    del _bystanders[r.port]
+    b.close()
+
+
+class Bystander:
+    """A legitimate SDK client on its own event loop in a thread, connected before the
+    probe and kept through it."""
+
+    def __init__(self, cluster: LocalCluster, r: RouterProc) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.received: list[Any] = []
+        self.sent = 0
+
+        async def connect() -> ecast.Client:
+            return await ecast.connect(
+                [r.address], name="bystander", **cluster.client_auth("bystander")
+            )
+
+        self.client = self._run(connect())
+        self._collector = asyncio.run_coroutine_threadsafe(self._collect(), self.loop)
+
+    def _run(self, coro: Any, timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def _collect(self) -> None:
+        async for d in self.client.deliveries(include_membership=False):
+            self.received.append(d.message.payload)
+
+    def check(self) -> None:
+        """It was never stopped, and a message it submits now is acknowledged and comes
+        back to it, after every earlier one of its own, exactly once (the broadcast
+        config delivers everyone's messages to it too)."""
+        assert self.client.endpoint.terminated is None
+        self.sent += 1
+        payload = f"bystander {self.sent}".encode()
+        ack = self._run(self.client.submit(payload, timeout=10))
+        assert ack.delivered
+        deadline = time.monotonic() + 10
+        while payload not in self.received and time.monotonic() < deadline:
+            time.sleep(0.02)
+        want = [f"bystander {i}".encode() for i in range(1, self.sent + 1)]
+        mine = [p for p in self.received if isinstance(p, bytes) and p.startswith(b"bystander")]
+        assert mine == want
+        assert b"forged" not in self.received
+
+    def close(self) -> None:
+        self._collector.cancel()
+        with contextlib.suppress(Exception):
+            self._run(self.client.close(), timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+_bystanders: dict[int, Bystander] = {}
+
+
+def credential(cluster: LocalCluster, role: str, *names: str) -> CredentialAuth:
+    path = cluster.state.issue(role, list(names), file=f"{role}-{names[0]}-{os.urandom(2).hex()}")
+    return CredentialAuth(Credential.load(path))
+
+
+# ------------------------------------------------------------------ a peer written by hand
+def send_plain(sock: socket.socket, body: bytes) -> None:
     sock.sendall(struct.pack(">I", len(body)) + body)
 
 
-def recv(sock: socket.socket, timeout: float = 3.0) -> object | None:
+def recv_plain(sock: socket.socket, timeout: float = 3.0) -> bytes | None:
     sock.settimeout(timeout)
     try:
         head = sock.recv(4, socket.MSG_WAITALL)
         if len(head) < 4:
             return None
         (n,) = struct.unpack(">I", head)
-        return msgpack.unpackb(sock.recv(n, socket.MSG_WAITALL), raw=False)
+        return sock.recv(n, socket.MSG_WAITALL)
     except (TimeoutError, ConnectionError, OSError):
         return None
 
@@ -56,177 +153,704 @@ def closed(sock: socket.socket, timeout: float = 3.0) -> bool:
         return True
 
 
-def handshake(
-    r: RouterProc,
-    host: str = "intruder",
-    inc: int = 1,
-    secret: str = SECRET,
-    version: int = PROTOCOL_VERSION,
-) -> tuple[socket.socket, object]:
-    """Do the dialer's side of the handshake by hand; return the socket and the last reply."""
-    sock = socket.create_connection(("127.0.0.1", r.port))
-    nonce = os.urandom(16)
-    send(sock, ["hello", version, host, inc, None, nonce])
-    reply = recv(sock)
-    if not (isinstance(reply, list) and reply[0] == "challenge"):
-        return sock, reply
-    _k, _v, peer, peer_inc, _listen, peer_nonce, _mac_a = reply
-    proof = _mac(secret.encode(), b"dialer", bytes(peer_nonce), nonce, host, inc, peer, peer_inc)
-    send(sock, ["proof", proof])
-    return sock, recv(sock)
+class RawPeer:
+    """The dialer's side of a connection to ``r``, by hand: ``refusal`` says why the
+    handshake failed, else packets go out tagged as a runtime would tag them."""
+
+    def __init__(
+        self, r: RouterProc | int, auth: Auth, host: str = "intruder", inc: int = 1
+    ) -> None:
+        port = r if isinstance(r, int) else r.port
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.refusal: str | None = None
+        hs = Handshake(True, auth, host, inc, None, lambda peer: None)
+        out = [hs.start()]
+        try:
+            while not hs.done:
+                for body in out:
+                    send_plain(self.sock, body)
+                reply = recv_plain(self.sock)
+                if reply is None:
+                    raise ConnectionError("closed during the handshake")
+                out = hs.receive(reply)
+        except Exception as e:
+            self.refusal = str(e)
+            return
+        assert hs.keys is not None
+        self.send_mac = PacketMac(hs.keys.send)
+        self.recv_mac = PacketMac(hs.keys.receive)
+
+    def send_body(self, body: bytes) -> bytes:
+        """Send one packet; returns it as it went on the wire (to replay it)."""
+        tag = self.send_mac.tag([body])
+        wire = struct.pack(">I", len(body) + TAG) + body + tag
+        self.sock.sendall(wire)
+        return wire
+
+    def send_items(self, *items: Any) -> bytes:
+        """Items packed as they are; messages (dataclasses) with the real codec."""
+        return self.send_body(b"".join([_array(len(items)), *(pack(i) for i in items)]))
+
+    def frame(self, src: str, dst: str, *msgs: Any, seq: int = 1, src_inc: int = 1) -> bytes:
+        return self.send_items((src, dst, src_inc, 0, seq, 0, tuple(msgs)))
+
+    def announce(self, *nodes: tuple[str, int]) -> bytes:
+        return self.send_items(("nodes", tuple(nodes)))
+
+    def packets(self, timeout: float = 3.0) -> list[Any]:
+        """Every item received until the router goes quiet or closes."""
+        out: list[Any] = []
+        while True:
+            body = recv_plain(self.sock, timeout)
+            if body is None:
+                return out
+            if self.recv_mac.verify(body):
+                out.extend(msgpack.unpackb(body[:-TAG], raw=False, strict_map_key=False,
+                                           ext_hook=lambda c, d: ("ext", c)))  # fmt: skip
+            timeout = 0.5
+
+    def closed(self, timeout: float = 3.0) -> bool:
+        return closed(self.sock, timeout)
 
 
-def send_packet(sock: socket.socket, *items: object) -> None:
-    """A packet of multiplexed items, as a runtime sends after the handshake."""
-    body = msgpack.packb(list(items), use_bin_type=True)
-    sock.sendall(struct.pack(">I", len(body)) + body)
+def _array(n: int) -> bytes:
+    return bytes((0x90 | n,)) if n < 16 else b"\xdc" + n.to_bytes(2, "big")
 
 
-def packets(sock: socket.socket, timeout: float = 3.0) -> list[object]:
-    """Every item the router sends until it goes quiet."""
-    out: list[object] = []
-    while True:
-        p = recv(sock, timeout)
-        if p is None:
-            return out
-        out.extend(p if isinstance(p, list) else [p])
-        timeout = 0.5
+def log_of(r: RouterProc) -> str:
+    return r.log.read_text(errors="replace")
 
 
-def still_serving(r: RouterProc) -> None:
+def still_serving(cluster: LocalCluster, r: RouterProc) -> None:
     async def go() -> None:
-        c = await ecast.connect(
-            [r.address], name=f"probe{time.monotonic_ns()}", secret=SECRET.encode()
-        )
+        name = f"probe{time.monotonic_ns()}"
+        c = await ecast.connect([r.address], name=name, **cluster.client_auth(name))
         ack = await c.submit(b"still here", timeout=10)
         assert ack.delivered
         await c.close()
 
     asyncio.get_event_loop_policy().new_event_loop().run_until_complete(go())
+    bystander = _bystanders.get(r.port)
+    if bystander is not None:
+        bystander.check()
     h = r.health()
     assert h is not None and h["status"] == "ok"
     assert r.alive()
 
 
-def test_wrong_secret_is_refused(router: RouterProc) -> None:
-    sock, reply = handshake(router, secret="not-the-secret")
-    assert isinstance(reply, list) and reply[0] == "error" and "wrong secret" in reply[1]
-    assert closed(sock)
-    assert "event=handshake_refused" in router.log.read_text()
-    still_serving(router)
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
 
 
-async def test_sdk_with_the_wrong_secret_cannot_connect(router: RouterProc) -> None:
-    with pytest.raises(ConnectionError):
-        await ecast.connect([router.address], name="bad", secret=b"nope")
+def metric(r: RouterProc, name: str) -> float:
+    for line in r.metrics_text().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no metric {name}")
 
 
-def test_wrong_protocol_version_is_refused(router: RouterProc) -> None:
-    sock, reply = handshake(router, version=PROTOCOL_VERSION + 41)
+# ------------------------------------------------------------------ authentication
+def test_a_credential_from_another_ca_is_refused(cluster: LocalCluster, router: RouterProc) -> None:
+    stranger = CredentialAuth(CertificateAuthority.create().issue("router", ["r9"]))
+    peer = RawPeer(router, stranger)
+    assert peer.refusal is not None and "not signed by this cluster's CA" in peer.refusal
+    assert "event=handshake_refused" in log_of(router)
+    still_serving(cluster, router)
+
+
+async def test_sdk_with_a_foreign_credential_or_the_secret_cannot_connect(
+    cluster: LocalCluster, router: RouterProc, tmp_path: Path
+) -> None:
+    foreign = tmp_path / "foreign.cred"
+    CertificateAuthority.create().issue("application", ["bad"]).save(foreign)
+    with pytest.raises(ecast.AuthenticationError, match="credential"):
+        await ecast.connect([router.address], name="bad", credentials=foreign)
+    with pytest.raises(ecast.AuthenticationError):
+        await ecast.connect([router.address], name="bad", secret=SECRET)
+    mine = cluster.client_auth("someone-else")
+    with pytest.raises(ecast.AuthenticationError, match="covers someone-else"):
+        await ecast.connect([router.address], name="bad", **mine)
+
+
+async def test_a_revoked_credential_is_refused(tmp_path: Path) -> None:
+    c = LocalCluster(tmp_path)
+    try:
+        gone = c.client_auth("gone")
+        serial = Credential.load(gone["credentials"]).certificate.serial
+        revoked = tmp_path / "revoked.txt"
+        revoked.write_text(f"{serial}  # a lost laptop\n")
+        c.start("r1", None, "--revoked", str(revoked))
+        c.wait_healthy("r1")
+        with pytest.raises(ecast.AuthenticationError, match="revoked"):
+            await ecast.connect(c.addresses(), name="gone", **gone)
+        kept = await ecast.connect(c.addresses(), name="kept", **c.client_auth("kept"))
+        await kept.close()
+    finally:
+        c.stop_all()
+
+
+def test_wrong_secret_is_refused_in_the_development_mode(tmp_path: Path) -> None:
+    c = LocalCluster(tmp_path, SECRET)
+    try:
+        r = c.start("r1")
+        c.wait_healthy("r1")
+        assert "DEVELOPMENT MODE" in log_of(r)  # said at every start
+        peer = RawPeer(r, SecretAuth(b"not-the-secret-but-long-enough-0123456789"))
+        assert peer.refusal is not None and "wrong secret" in peer.refusal
+        peer = RawPeer(r, SecretAuth(SECRET.encode()))
+        assert peer.refusal is None
+    finally:
+        c.stop_all()
+
+
+def test_a_weak_secret_file_stops_the_daemon_with_one_line(tmp_path: Path) -> None:
+    weak = tmp_path / "secret"
+    weak.write_text("change-me\n")
+    weak.chmod(0o600)
+    p = subprocess.run(
+        [sys.executable, "-m", "ecast", "router", "--id", "r1", "--listen", "127.0.0.1:0",
+         "--secret-file", str(weak)],
+        capture_output=True, text=True, timeout=30, env={**os.environ, "ECAST_SECRET": ""},
+    )  # fmt: skip
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "too weak" in lines[0] and "ecast credentials secret" in lines[0]
+    weak.write_text(SECRET + "\n")
+    weak.chmod(0o644)  # strong, but others can read it
+    p = subprocess.run(
+        [sys.executable, "-m", "ecast", "router", "--id", "r1", "--listen", "127.0.0.1:0",
+         "--secret-file", str(weak)],
+        capture_output=True, text=True, timeout=30, env={**os.environ, "ECAST_SECRET": ""},
+    )  # fmt: skip
+    assert p.returncode == 2 and "can be read by other users" in p.stderr
+
+
+async def test_the_sdk_refuses_a_weak_secret_before_dialing() -> None:
+    with pytest.raises(ecast.AuthenticationError, match="too weak"):
+        await ecast.connect(["127.0.0.1:9"], name="weak", secret="change-me")
+
+
+def test_wrong_protocol_version_is_refused(cluster: LocalCluster, router: RouterProc) -> None:
+    sock = socket.create_connection(("127.0.0.1", router.port))
+    send_plain(sock, msgpack.packb(
+        ["hello", PROTOCOL_VERSION + 41, "x", 1, None, b"n" * 32, b"e" * 32]))  # fmt: skip
+    reply = msgpack.unpackb(recv_plain(sock) or b"\xc0")
     assert isinstance(reply, list) and reply[0] == "error" and "version" in reply[1]
     assert closed(sock)
-    still_serving(router)
+    still_serving(cluster, router)
 
 
-def test_stale_incarnation_is_refused(router: RouterProc) -> None:
-    sock, reply = handshake(router)
-    assert reply == ["ready"]
-    send_packet(sock, ["nodes", [["ghost", 1000]]])
-    frame = pack(("ghost", "r1", 1000, 0, 1, 0, ()))
-    body = b"\x91" + frame  # a one-item packet: the router now knows incarnation 1000
-    sock.sendall(struct.pack(">I", len(body)) + body)
+def test_the_acceptor_never_proves_itself_to_a_dialer_that_did_not(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    """No offline guessing oracle: the challenge carries nothing keyed, and a wrong proof
+    gets a refusal, never the router's own proof."""
+    sock = socket.create_connection(("127.0.0.1", router.port))
+    send_plain(sock, msgpack.packb(["hello", PROTOCOL_VERSION, "x", 1, None, b"n" * 32,
+                                    os.urandom(32)]))  # fmt: skip
+    challenge = msgpack.unpackb(recv_plain(sock) or b"\xc0")
+    assert challenge[0] == "challenge" and len(challenge) == 7
+    send_plain(sock, msgpack.packb(["proof", None, b"\x00" * 32]))
+    reply = msgpack.unpackb(recv_plain(sock) or b"\xc0")
+    assert reply[0] == "error" and "requires a credential" in reply[1]
+    assert closed(sock)
+
+
+# ------------------------------------------------------------------ unauthenticated hellos
+def test_an_unauthenticated_hello_changes_nothing(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    """Probe: a hello without proof claiming r2 with incarnation 2^64-1 left the real r2
+    refused for ever; sixteen 4 MiB hellos took a router from 42 to 119 MB."""
+    for inc in (2**64 - 1, 2**62):
+        sock = socket.create_connection(("127.0.0.1", router.port))
+        send_plain(sock, msgpack.packb(["hello", PROTOCOL_VERSION, "r2", inc, "127.0.0.1:9",
+                                        b"n" * 32, os.urandom(32)]))  # fmt: skip
+        sock.close()
+    before = rss_kb(router.proc.pid)
+    socks = []
+    for _ in range(16):
+        s = socket.create_connection(("127.0.0.1", router.port))
+        with contextlib.suppress(ConnectionError):  # closed at the length, mid-send
+            s.sendall(struct.pack(">I", 4 << 20) + b"h" * (1 << 20))
+        socks.append(s)
+    assert all(closed(s) for s in socks)  # refused at the length, nothing buffered
+    assert rss_kb(router.proc.pid) - before < 8 * 1024
+    r2 = cluster.start("r2", router.address)  # the real r2 joins as if nothing happened
+    cluster.wait_healthy("r2", members=2)
+    assert r2.alive()
+    assert "a handshake frame of 4194304 bytes" in log_of(router)
+
+
+def test_an_unauthenticated_hello_cannot_stall_the_loop(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    """Probe: ``bytes(n)`` of a 17-byte hello's integer nonce (2^30) stalled the loop 1 s."""
+    for field in (5, 6):
+        for n in (2**30, 2**33, 2**62):
+            fields: list[Any] = ["hello", PROTOCOL_VERSION, "x", 1, None, b"n" * 32, b"e" * 32]
+            fields[field] = n
+            sock = socket.create_connection(("127.0.0.1", router.port))
+            send_plain(sock, msgpack.packb(fields))
+            assert closed(sock)
+    time.sleep(0.3)
+    assert metric(router, "ecast_loop_lag_max_seconds") < 0.2
+    assert "must be 32 bytes" in log_of(router)
+    still_serving(cluster, router)
+
+
+def test_connections_beyond_the_caps_are_closed_at_once(cluster: LocalCluster) -> None:
+    r = cluster.start("r1", None, "--max-handshakes", "4", "--handshake-timeout", "2")
+    cluster.wait_healthy("r1")
+    silent = [socket.create_connection(("127.0.0.1", r.port)) for _ in range(4)]
     time.sleep(0.2)
-    old, reply = handshake(router, host="intruder-2")
-    assert reply == ["ready"]
-    send_packet(old, ["nodes", [["ghost", 999]]])  # an earlier life of "ghost"
-    items = packets(old)
-    assert ["error", "stale incarnation 999 of ghost (current 1000)"] in items
-    assert closed(old)
-    assert "stale incarnation" in router.log.read_text()
-    still_serving(router)
+    extra = socket.create_connection(("127.0.0.1", r.port))
+    assert closed(extra, timeout=1.0)  # not kept for the handshake timeout
+    assert "in their handshake" in log_of(r)
+    for s in silent:
+        assert closed(s, timeout=5)  # the timeout frees the places
+    still_serving(cluster, r)
 
 
-def test_an_older_incarnation_of_a_process_is_refused(router: RouterProc) -> None:
-    _sock, reply = handshake(router, host="proc", inc=50)
-    assert reply == ["ready"]
-    old, reply = handshake(router, host="proc", inc=49)
-    assert isinstance(reply, list) and reply[0] == "error" and "stale incarnation" in reply[1]
-    assert closed(old)
-    still_serving(router)
+def test_a_huge_or_malformed_host_id_is_refused_before_anything_is_kept(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    """Probe: host ids of any length were kept for ever.  Now a host id is at most 256
+    printable characters, checked before the proof, and nothing is kept before it."""
+    before = rss_kb(router.proc.pid)
+    for host in ("h" * 257, "h" * 8000, "bad\nhost", ""):
+        sock = socket.create_connection(("127.0.0.1", router.port))
+        send_plain(sock, msgpack.packb(["hello", PROTOCOL_VERSION, host, 2**63 - 1, None,
+                                        b"n" * 32, os.urandom(32)]))  # fmt: skip
+        reply = msgpack.unpackb(recv_plain(sock) or b"\xc0")
+        assert reply[0] == "error" and "host id" in reply[1]
+        assert closed(sock)
+    assert rss_kb(router.proc.pid) - before < 8 * 1024
+    still_serving(cluster, router)
 
 
-def test_frames_from_a_node_that_was_not_announced_are_refused(router: RouterProc) -> None:
-    sock, _ = handshake(router)
-    frame = pack(("nobody", "r1", 7, 0, 1, 0, ()))
-    body = b"\x91" + frame
-    sock.sendall(struct.pack(">I", len(body)) + body)
-    assert any("unannounced node" in str(x) for x in packets(sock))
-    assert closed(sock)
-    still_serving(router)
+def test_the_frame_limit_is_small_until_the_peer_proved_itself(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    """Before its proof a peer may send 8 KiB frames at most (a certificate is under one);
+    after it, the router's frame limit (64 KiB here) applies."""
+    sock = socket.create_connection(("127.0.0.1", router.port))
+    sock.sendall(struct.pack(">I", 9000) + b"\x00" * 100)
+    assert closed(sock, timeout=1.0)  # at the length, without waiting for the rest
+    assert "a handshake frame of 9000 bytes (the limit is 8192)" in log_of(router)
+
+    async def big() -> None:
+        c = await ecast.connect([router.address], name="big", **cluster.client_auth("big"))
+        ack = await c.submit(b"x" * 40_000, timeout=10)
+        assert ack.delivered
+        await c.close()
+
+    asyncio.get_event_loop_policy().new_event_loop().run_until_complete(big())
+    still_serving(cluster, router)
 
 
-def test_claiming_the_routers_own_node_id_is_refused(router: RouterProc) -> None:
-    sock, _ = handshake(router)
-    send_packet(sock, ["nodes", [["r1", 5]]])
-    assert any("runs here" in str(x) for x in packets(sock))
-    assert closed(sock)
-    still_serving(router)
+# ------------------------------------------------------------------ identities and roles
+def test_connections_beyond_the_connection_cap_are_closed_at_once(
+    cluster: LocalCluster,
+) -> None:
+    r = cluster.start("r1", None, "--max-connections", "3")
+    cluster.wait_healthy("r1")
+    auth = credential(cluster, "application", "filler-*")
+    fillers = [RawPeer(r, auth, host=f"filler-{i}") for i in range(3)]
+    assert all(p.refusal is None for p in fillers)
+    extra = socket.create_connection(("127.0.0.1", r.port))
+    assert closed(extra, timeout=1.0)
+    assert "3 connections already" in log_of(r)
+    for p in fillers:
+        p.sock.close()
+    time.sleep(0.3)
+    still_serving(cluster, r)  # the places are free again
 
 
-def test_malformed_frame_closes_the_connection(router: RouterProc) -> None:
-    sock, reply = handshake(router)
-    assert reply == ["ready"]
-    junk = b"\xc1\xff\x00garbage"
-    sock.sendall(struct.pack(">I", len(junk)) + junk)
-    assert closed(sock)
-    assert "event=bad_frame" in router.log.read_text()
-    still_serving(router)
+async def test_a_forged_identity_is_refused_and_the_real_holder_keeps_its_deliveries(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    """Probe: a client announced ``alice`` with incarnation 2^62, received bob's message,
+    confirmed it for alice, and bob's ack said delivered while alice got nothing."""
+    alice = await ecast.connect([router.address], name="alice", **cluster.client_auth("alice"))
+    bob = await ecast.connect([router.address], name="bob", **cluster.client_auth("bob"))
+    mallory = RawPeer(router, credential(cluster, "application", "mallory"), host="alice")
+    assert mallory.refusal is None
+    mallory.announce(("alice", 2**62))
+    items = mallory.packets()
+    assert any("not covered" in str(x) for x in items)
+    assert mallory.closed()
+    ack = await bob.submit(b"for alice", timeout=10)
+    assert ack.delivered
+    got = []
+    async for d in alice.deliveries():
+        if d.kind is None:
+            got.append(d.message.payload)
+            break
+    assert got == [b"for alice"]
+    assert "not covered by the peer's application credential" in log_of(router)
+    await alice.close()
+    await bob.close()
 
 
-def test_unknown_message_type_closes_the_connection(router: RouterProc) -> None:
-    sock, _ = handshake(router)
-    body = msgpack.packb(msgpack.ExtType(99, msgpack.packb([1, 2])), use_bin_type=True)
-    sock.sendall(struct.pack(">I", len(body)) + body)
-    assert closed(sock)
-    assert "unknown message type code 99" in router.log.read_text()
-    still_serving(router)
+def test_an_application_cannot_take_a_routers_name(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    peer = RawPeer(router, credential(cluster, "application", "r*"), host="r2")
+    peer.announce(("r1", 5))
+    assert any("runs here" in str(x) for x in peer.packets())
+    assert peer.closed()
+    still_serving(cluster, router)
 
 
-def test_oversized_frame_closes_the_connection(router: RouterProc) -> None:
-    sock, _ = handshake(router)
-    sock.sendall(struct.pack(">I", 10_000_000) + b"x" * 1000)  # the limit is 64 KiB here
-    assert closed(sock)
-    assert "exceeds the 65536-byte limit" in router.log.read_text()
-    still_serving(router)
+def refused_router_message(cluster: LocalCluster, r: RouterProc, *msgs: Any) -> None:
+    name = f"evil-{os.urandom(3).hex()}"  # a fresh channel each time
+    peer = RawPeer(r, credential(cluster, "application", "evil-*"), host="evil-host")
+    assert peer.refusal is None
+    peer.announce((name, 1))
+    time.sleep(0.1)
+    peer.frame(name, "r1", *msgs)
+    assert peer.closed()
+    assert "without a router credential" in log_of(r)
 
 
-def test_a_peer_that_connects_and_says_nothing_is_dropped(router: RouterProc) -> None:
+def test_a_clients_join_request_is_ignored(cluster: LocalCluster, router: RouterProc) -> None:
+    """Probe: one JoinRequest from a client put ``evil`` into the view (and earned it a
+    snapshot of every message and session)."""
+    refused_router_message(cluster, router, JoinRequest())
+    time.sleep(0.5)
+    h = router.health()
+    assert h is not None and h["members"] == ["r1"] and h["view"] == 0
+    still_serving(cluster, router)
+
+
+def test_a_clients_snapshot_is_ignored_and_imports_nothing(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    """Probe: a forged Snapshot was installed silently; with config path ``this:X`` the
+    router imported ``this`` (its code ran) and installed view 10^6 led by ``evil``."""
+    state = ("this:X", None)
+    snap = Snapshot(10**6, View(10**6, ("evil", "r1"), 0), (), (), (), state)
+    refused_router_message(cluster, router, snap)
+    time.sleep(0.3)
+    h = router.health()
+    assert h is not None and h["view"] == 0 and h["leader"] == "r1"
+    assert "Beautiful is better than ugly" not in log_of(router)  # ``import this`` prints it
+    still_serving(cluster, router)
+
+
+def test_a_clients_consensus_messages_are_ignored(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    value = (AppCmd("evil", 1, ()),)
+    for msg in (Prepare(0, (99, "evil"), 0), Accept(0, (99, "evil"), 5, value),
+                Commit(0, (99, "evil"), 0, 5, 0), Forward(value, 1)):  # fmt: skip
+        refused_router_message(cluster, router, msg)
+    h = router.health()
+    assert h is not None and h["view"] == 0 and h["leading"] and h["paxos_leader"]
+    still_serving(cluster, router)
+
+
+async def test_a_clients_directory_is_ignored(cluster: LocalCluster, router: RouterProc) -> None:
+    peer = RawPeer(router, credential(cluster, "application", "gossip"), host="gossip-host")
+    peer.announce(("gossip", 1))
+    time.sleep(0.1)
+    peer.frame("gossip", "r1", Directory((("r1", "10.6.6.6:1"), ("ghost", "10.6.6.6:2"))))
+    time.sleep(0.3)
+    c = await ecast.connect([router.address], name="reader", **cluster.client_auth("reader"))
+    await asyncio.sleep(0.5)  # the router's directory arrives when the channel is up
+    assert "ghost" not in c.runtime.directory
+    assert c.runtime.directory.get("r1") == router.address
+    assert metric(router, "ecast_transport_directories_ignored_total") >= 1
+    await c.close()
+
+
+def _send_to_endpoint(port: int, auth: Auth, node: str, dst: str, msg: Any, inc: int = 1) -> bool:
+    """Announce incarnation ``inc`` of ``node`` to the process on ``port``, send it ``msg``;
+    whether the process closed the connection."""
+    peer = RawPeer(port, auth, host=f"{node}-host", inc=inc)
+    assert peer.refusal is None
+    peer.announce((node, inc))
+    time.sleep(0.1)
+    peer.frame(node, dst, msg, src_inc=inc)
+    return peer.closed(timeout=2.0)
+
+
+async def test_an_application_cannot_deliver_to_redirect_or_stop_another(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    """Probe: endpoints accepted ``Deliver``, ``Leader`` and ``Suspected`` from any sender.
+    Now only from router credentials, and ``Leader``/``Suspected`` only from routers the
+    endpoint knows."""
+    alice = await ecast.connect(
+        [router.address], name="alice", listen="127.0.0.1:0", **cluster.client_auth("alice")
+    )
+    assert alice.runtime.listen is not None
+    port = int(alice.runtime.listen.rsplit(":", 1)[1])
+    forged = Message("bob", (("bob", 0, ""), 1), None, b"forged")
+    app = credential(cluster, "application", "evil-*")
+    for i, msg in enumerate((Deliver(((1, forged),)), Leader(99, ("evil-0",)), Suspected())):
+        assert await asyncio.to_thread(_send_to_endpoint, port, app, f"evil-{i}", "alice", msg)
+    assert alice.node.stats["core_errors"] == 3
+    # A router credential of no router alice knows can neither redirect nor stop her.
+    stray = credential(cluster, "router", "r9")
+    for inc, msg in enumerate((Leader(99, ("r9",)), Suspected()), 1):  # a new life each
+        await asyncio.to_thread(_send_to_endpoint, port, stray, "r9", "alice", msg, inc)
+    await asyncio.sleep(0.3)
+    assert alice.endpoint.ignored_unknown_router == 2
+    assert alice.endpoint.terminated is None and alice.endpoint.target == "r1"
+    ack = await alice.submit(b"alice goes on", timeout=10)
+    assert ack.delivered
+    got = []
+    async for d in alice.deliveries(include_membership=False):
+        got.append(d.message.payload)
+        if d.message.payload == b"alice goes on":
+            break
+    assert b"forged" not in got
+    await alice.close()
+    await asyncio.to_thread(still_serving, cluster, router)
+
+
+# ------------------------------------------------------------------ hostile packets
+def nested_direct(depth: int) -> bytes:
+    data = b"\xc0"
+    for _ in range(depth):
+        data = msgpack.packb(msgpack.ExtType(_CODE[Direct], b"\x91" + data))
+    return data
+
+
+@pytest.mark.parametrize("depth", [200, 300, 10_000])
+def test_a_deeply_nested_packet_is_refused_and_the_router_lives(
+    cluster: LocalCluster, router: RouterProc, depth: int
+) -> None:
+    """Probe: 300 nested ``Direct`` values (1,437 bytes) made the router exit with SIGSEGV."""
+    peer = RawPeer(router, credential(cluster, "application", "deep"), host="deep-host")
+    peer.announce(("deep", 1))
+    time.sleep(0.1)
+    frame = b"\x97" + b"".join(pack(x) for x in ("deep", "r1", 1, 0, 1, 0)) + b"\x91"
+    peer.send_body(b"\x91" + frame + nested_direct(depth))
+    assert peer.closed()
+    assert router.alive()
+    assert "nested deeper than" in log_of(router)
+    still_serving(cluster, router)
+
+
+def test_malformed_frame_closes_the_connection(cluster: LocalCluster, router: RouterProc) -> None:
+    peer = RawPeer(router, credential(cluster, "application", "junk"))
+    peer.send_body(b"\xc1\xff\x00garbage")
+    assert peer.closed()
+    assert "event=bad_frame" in log_of(router)
+    still_serving(cluster, router)
+
+
+def test_unknown_message_type_closes_the_connection(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    peer = RawPeer(router, credential(cluster, "application", "junk"))
+    peer.send_body(msgpack.packb(msgpack.ExtType(99, msgpack.packb([1, 2]))))
+    assert peer.closed()
+    assert "unknown message type code 99" in log_of(router)
+    still_serving(cluster, router)
+
+
+def test_oversized_frame_closes_the_connection(cluster: LocalCluster, router: RouterProc) -> None:
+    peer = RawPeer(router, credential(cluster, "application", "big"))
+    peer.sock.sendall(struct.pack(">I", 10_000_000) + b"x" * 1000)  # the limit is 64 KiB here
+    assert peer.closed()
+    assert "exceeds the 65536-byte limit" in log_of(router)
+    still_serving(cluster, router)
+
+
+def test_a_peer_that_connects_and_says_nothing_is_dropped(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
     sock = socket.create_connection(("127.0.0.1", router.port))
     t0 = time.monotonic()
     assert closed(sock, timeout=5)
     assert time.monotonic() - t0 < 3
-    assert "no handshake within 0.5s" in router.log.read_text()
-    still_serving(router)
+    assert "no handshake within 0.5s" in log_of(router)
+    still_serving(cluster, router)
 
 
-def test_a_frame_with_a_wrongly_typed_header_is_refused(router: RouterProc) -> None:
-    sock, _ = handshake(router)
-    send_packet(sock, ["nodes", [["typo", 1]]])
-    data = b"\x91" + pack(("typo", "r1", 1, 0, "one", 0, ()))
-    sock.sendall(struct.pack(">I", len(data)) + data)
-    assert closed(sock)
-    assert "bad frame header" in router.log.read_text()
-    still_serving(router)
+def test_frames_from_a_node_that_was_not_announced_are_refused(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    peer = RawPeer(router, credential(cluster, "application", "nobody"))
+    peer.frame("nobody", "r1", Confirm(1))
+    assert any("unannounced node" in str(x) for x in peer.packets())
+    assert peer.closed()
+    still_serving(cluster, router)
 
 
-def test_well_formed_frame_with_a_wrongly_typed_field_is_refused(router: RouterProc) -> None:
-    sock, _ = handshake(router)
-    from ecast.core.proto import Confirm
+def test_a_stale_incarnation_of_a_node_is_refused(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    auth = credential(cluster, "application", "ghost")
+    peer = RawPeer(router, auth, host="ghost-a")
+    peer.announce(("ghost", 1000))
+    peer.frame("ghost", "r1", src_inc=1000)  # the router now knows incarnation 1000
+    time.sleep(0.2)
+    old = RawPeer(router, auth, host="ghost-b")
+    old.announce(("ghost", 999))  # an earlier life of "ghost"
+    assert ["error", "stale incarnation 999 of ghost (current 1000)"] in old.packets()
+    assert old.closed()
+    still_serving(cluster, router)
 
-    send_packet(sock, ["nodes", [["typo", 1]]])
-    bad = (Confirm("not a number"),)  # type: ignore[arg-type]
-    data = b"\x91" + pack(("typo", "r1", 1, 0, 1, 0, bad))
-    sock.sendall(struct.pack(">I", len(data)) + data)
-    assert closed(sock)
-    assert "Confirm.upto" in router.log.read_text()
-    still_serving(router)
+
+def test_an_older_incarnation_of_a_process_is_refused(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    auth = credential(cluster, "application", "proc")
+    assert RawPeer(router, auth, host="proc", inc=50).refusal is None
+    old = RawPeer(router, auth, host="proc", inc=49)
+    assert old.refusal is not None and "stale incarnation" in old.refusal
+    # Another credential's process under the same host id is another process: no clash.
+    assert (
+        RawPeer(router, credential(cluster, "application", "x"), host="proc", inc=1).refusal is None
+    )
+    still_serving(cluster, router)
+
+
+def test_a_frame_with_a_wrongly_typed_field_is_refused(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    peer = RawPeer(router, credential(cluster, "application", "typo"))
+    peer.announce(("typo", 1))
+    peer.send_items(("typo", "r1", 1, 0, "one", 0, ()))
+    assert peer.closed()
+    assert "bad frame header" in log_of(router)
+    peer = RawPeer(router, credential(cluster, "application", "typo2"))
+    peer.announce(("typo2", 1))
+    peer.frame("typo2", "r1", Confirm("not a number"))  # type: ignore[arg-type]
+    assert peer.closed()
+    assert "Confirm.upto" in log_of(router)
+    still_serving(cluster, router)
+
+
+def test_a_hostile_name_cannot_inject_metrics(cluster: LocalCluster, router: RouterProc) -> None:
+    from ecast.tools.daemon_kit import MAX_LABEL_VALUES
+
+    peer = RawPeer(router, credential(cluster, "application", "x*"), host="namer")
+    evil = 'x"} 1\\ ecast_injected{a="'
+    peer.announce((evil, 1))
+    time.sleep(0.3)
+    text = router.metrics_text()
+    assert 'peer="x\\"} 1\\\\ ecast_injected{a=\\""' in text  # escaped, one label value
+    assert not any(line.startswith("ecast_injected") for line in text.splitlines())
+    peer.announce(*((f"x{i}", 1) for i in range(MAX_LABEL_VALUES + 100)))
+    time.sleep(0.3)
+    series = [
+        ln for ln in router.metrics_text().splitlines()
+        if ln.startswith("ecast_peer_unacked_frames{")
+    ]  # fmt: skip
+    assert len(series) == MAX_LABEL_VALUES + 1  # capped, the rest summed under "other"
+    peer.announce(("x\nnewline", 1))  # not printable: refused outright
+    assert peer.closed()
+    still_serving(cluster, router)
+
+
+# ------------------------------------------------------------------ integrity in flight
+def test_a_replayed_reordered_or_untagged_packet_closes_the_connection(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    """Every packet carries a MAC over its sequence number in its direction: one sent
+    again, out of order, with a forged tag or without one is detected before decoding."""
+    auth = credential(cluster, "application", "rep*")
+    peer = RawPeer(router, auth, host="rep-a")
+    wire = peer.announce(("rep-a", 1))
+    time.sleep(0.1)
+    peer.sock.sendall(wire)  # the same packet again
+    assert peer.closed()
+
+    peer = RawPeer(router, auth, host="rep-b")
+    first = peer.send_mac.tag([b"\x90"])
+    second = peer.send_mac.tag([b"\x90"])
+    peer.sock.sendall(struct.pack(">I", 1 + TAG) + b"\x90" + second)  # the second first
+    assert peer.closed()
+    assert first != second
+
+    peer = RawPeer(router, auth, host="rep-c")
+    body = msgpack.packb([["nodes", [["rep-c", 1]]]])
+    peer.sock.sendall(struct.pack(">I", len(body) + TAG) + body + os.urandom(TAG))
+    assert peer.closed()
+
+    peer = RawPeer(router, auth, host="rep-d")
+    peer.sock.sendall(struct.pack(">I", len(body)) + body)  # no tag at all
+    assert peer.closed()
+    assert log_of(router).count("packet failed authentication") >= 4
+    still_serving(cluster, router)
+
+
+class FlippingProxy:
+    """A TCP proxy that flips one bit in the ``nth`` frame the client sends (the first two
+    are its hello and its proof: later ones are integrity-protected packets)."""
+
+    def __init__(self, target_port: int, nth: int = 6) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.target = target_port
+        self.nth = nth
+        self.flipped = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, outbound: bool) -> None:
+        frames = 0
+        buf = b""
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if not outbound or self.flipped:
+                    dst.sendall(buf + data)
+                    buf = b""
+                    continue
+                buf += data
+                while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+                    n = struct.unpack(">I", buf[:4])[0]
+                    frame, buf = bytearray(buf[: 4 + n]), buf[4 + n :]
+                    frames += 1
+                    if frames == self.nth and not self.flipped:
+                        frame[4 + n // 2] ^= 0x10
+                        self.flipped += 1
+                    dst.sendall(bytes(frame))
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+async def test_a_frame_altered_in_flight_is_detected(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    proxy = FlippingProxy(router.port)
+    try:
+        c = await ecast.connect(
+            [f"127.0.0.1:{proxy.port}"], name="victim", timeout=20, **cluster.client_auth("victim")
+        )
+        for i in range(10):
+            ack = await c.submit(f"through a tampering proxy {i}".encode(), timeout=20)
+            assert ack.delivered  # the client reconnected and the link layer resent
+        await c.close()
+    finally:
+        proxy.close()
+    assert proxy.flipped == 1
+    assert "packet failed authentication" in log_of(router)

@@ -135,7 +135,9 @@ async def test_no_secret_a_wrong_secret_and_a_wrong_port_say_what_to_change(
     with pytest.raises(ecast.AuthenticationError, match=r"secret= .*ECAST_SECRET"):
         await ecast.connect(group.addresses(), name="no-secret")
     with pytest.raises(ecast.AuthenticationError, match="ECAST_SECRET"):
-        await ecast.connect(group.addresses(), name="wrong", secret="not-the-secret")
+        await ecast.connect(group.addresses(), name="wrong", secret=SECRET[::-1])
+    with pytest.raises(ecast.AuthenticationError, match=r"too weak.*ecast credentials secret"):
+        await ecast.connect(group.addresses(), name="weak", secret="not-the-secret")
     metrics = f"127.0.0.1:{group.routers['r1'].metrics}"
     with pytest.raises(ecast.NotARouterError, match="HTTP answered"):
         await ecast.connect([metrics], name="http", secret=SECRET)

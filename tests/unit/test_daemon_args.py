@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 from pathlib import Path
 
@@ -23,10 +24,14 @@ def _in_process(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(daemon, "tune_process", lambda: None)
     monkeypatch.setattr(daemon, "setup_logging", lambda level: None)
-    monkeypatch.setenv("ECAST_SECRET", "a-long-enough-cluster-secret-for-tests")
+    monkeypatch.setenv("ECAST_SECRET", SECRET)
+
+
+SECRET = "a-long-enough-cluster-secret-for-tests"
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    os.environ.setdefault("ECAST_SECRET", SECRET)  # a daemon takes it out of its environment
     code = main(argv)
     return code, capsys.readouterr().err
 

@@ -306,7 +306,7 @@ def test_announcements_reach_processes_before_they_join_and_old_ones_are_ignored
     n.settle(0.2)
     assert any(d == "watcher" for _s, d, _m in sent(n, Leader))
     ep = Endpoint("e", ["r1"], EndpointParams())
-    fx = ep.on_message("r2", Leader(3, ("r2", "r1")), 0.0)
+    fx = ep.on_message("r1", Leader(3, ("r2", "r1")), 0.0)  # a known router names r2
     assert ep.target == "r2" and any(type(u) is LeaderChanged for u in fx.deliver)
     ep.on_message("r1", Leader(2, ("r1", "r2")), 0.0)  # older: ignored
     assert ep.target == "r2" and ep.view == 3

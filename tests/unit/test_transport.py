@@ -1,4 +1,5 @@
-"""Cutting packets out of a TCP byte stream, whatever the read boundaries."""
+"""Cutting packets out of a TCP byte stream, whatever the read boundaries, and checking
+every packet's integrity tag before anything reads it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ecast.runtime.transport import Connection
+from ecast.runtime.transport import TAG, Connection, PacketMac
+
+KEY = b"k" * 32
 
 
 class Sink:
@@ -17,12 +20,41 @@ class Sink:
 
     max_frame = 1 << 20
     handshake_timeout = 5.0
+    host_id = "sink"
 
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
 
     def frame_received(self, conn: Connection, body: Any) -> None:
         self.bodies.append(bytes(body))
+
+
+class Wire:
+    """A transport that records what the connection wrote and whether it closed."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def open_connection(sink: Sink) -> Connection:
+    conn = Connection(sink, dialer=False)  # type: ignore[arg-type]
+    conn.state = "open"
+    conn._recv_mac = PacketMac(KEY)
+    conn.transport = Wire()  # type: ignore[assignment]
+    return conn
+
+
+def sealed(bodies: list[bytes]) -> bytes:
+    """The stream a peer with the same key writes: each body with its tag."""
+    mac = PacketMac(KEY)
+    out = []
+    for b in bodies:
+        tag = mac.tag([b])
+        out.append(struct.pack(">I", len(b) + TAG) + b + tag)
+    return b"".join(out)
 
 
 @settings(max_examples=200, deadline=None)
@@ -35,9 +67,8 @@ def test_packets_come_out_whole_and_in_order_however_the_stream_is_cut(
 ) -> None:
     async def run() -> list[bytes]:
         sink = Sink()
-        conn = Connection(sink, dialer=False)  # type: ignore[arg-type]
-        conn.state = "open"
-        stream = b"".join(struct.pack(">I", len(b)) + b for b in bodies)
+        conn = open_connection(sink)
+        stream = sealed(bodies)
         pos = 0
         i = 0
         while pos < len(stream):
@@ -54,7 +85,7 @@ def test_a_peer_behind_a_congested_connection_counts_as_far_behind() -> None:
     from ecast.core.endpoint import Endpoint
     from ecast.runtime import CONGESTED, Runtime
 
-    rt = Runtime(b"secret")
+    rt = Runtime(b"unit-test-3b9d5e7f1a2c4e6a8b0d2f4a6c8e0a2c")
     node = rt.add_node("r1", Endpoint("r1", ["x"]))
     conn = Connection(rt, dialer=True)
     rt.routes["e1"] = conn
@@ -63,3 +94,39 @@ def test_a_peer_behind_a_congested_connection_counts_as_far_behind() -> None:
     assert node.lag("e1") >= CONGESTED and node.lag("e2") == 0
     rt.writing_paused(conn, False)
     assert node.lag("e1") == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.binary(min_size=1, max_size=200), min_size=2, max_size=6),
+    st.data(),
+)
+def test_a_packet_altered_replayed_or_reordered_on_the_way_is_refused(
+    bodies: list[bytes], data: st.DataObject
+) -> None:
+    """One flipped bit anywhere (body, tag), a packet sent twice or two swapped: the
+    connection closes at that packet and nothing from it on reaches the runtime."""
+    stream = bytearray(sealed(bodies))
+    attack = data.draw(st.sampled_from(["flip", "replay", "swap"]))
+    first = 4 + len(bodies[0]) + TAG
+    second = first + 4 + len(bodies[1]) + TAG
+    if attack == "flip":
+        pos = data.draw(st.integers(4, first - 1))  # in the first packet, after its length
+        stream[pos] ^= 1 << data.draw(st.integers(0, 7))
+        good = 0
+    elif attack == "replay":
+        stream[first:first] = stream[:first]
+        good = 1
+    else:
+        stream = stream[first:second] + stream[:first] + stream[second:]
+        good = 0
+
+    async def run() -> tuple[list[bytes], bool]:
+        sink = Sink()
+        conn = open_connection(sink)
+        conn.data_received(bytes(stream))
+        return sink.bodies, conn.transport.closed  # type: ignore[union-attr]
+
+    got, closed = asyncio.run(run())
+    assert closed
+    assert got == bodies[:good]

@@ -34,6 +34,7 @@ from ecast.core.proto import (
     Suspected,
     Welcome,
 )
+from ecast.core.roles import RoleOf, acts_as_router, everyone_is_a_router
 from ecast.core.router.forwarding import Forwarding, StableNotices
 from ecast.core.router.outbox import AppOutbox
 from ecast.core.router.params import RouterParams
@@ -55,7 +56,12 @@ __all__ = ["Router", "RouterParams"]
 
 
 class Router:
-    """One E-Cast router.  Give ``routers`` for a founder, ``seeds`` for a joiner."""
+    """One E-Cast router.  Give ``routers`` for a founder, ``seeds`` for a joiner.
+
+    ``role_of(peer)`` says what the peer's credential is (``ecast.core.roles``): ufabcast
+    messages are taken only from routers (the runtime proves the credentials; without a
+    ``role_of`` every peer counts as one, for hosts that prove nothing).
+    """
 
     def __init__(
         self,
@@ -65,8 +71,10 @@ class Router:
         *,
         routers: list[NodeId] | tuple[NodeId, ...] | None = None,
         seeds: list[NodeId] | tuple[NodeId, ...] | None = None,
+        role_of: RoleOf | None = None,
     ) -> None:
         self.me = me
+        self.role_of: RoleOf = role_of or everyone_is_a_router
         self.p = params or RouterParams()
         self._mut = self.p.mutations
         self.config_class = type(config)
@@ -112,6 +120,7 @@ class Router:
             "leases_expired": 0,
             "suspects_issued": 0,
             "expelled_refused": 0,
+            "refused_not_router": 0,
         }
 
     @property
@@ -140,10 +149,21 @@ class Router:
         """Messages from several senders in one step (one packet from a process that hosts
         many endpoints): forwarding, proposing and flushing run once for all of them."""
         known = _KNOWN_TYPES
+        ufab = _UFAB_TYPES
         for src, msgs in batch:
+            from_router: bool | None = None
             for m in msgs:
-                if type(m) not in known:
-                    raise UnexpectedMessage("router", src, type(m).__name__)
+                t = type(m)
+                if t not in known:
+                    raise UnexpectedMessage("router", src, t.__name__)
+                if t in ufab:
+                    if from_router is None:
+                        from_router = acts_as_router(self.role_of(src))
+                    if not from_router:
+                        self.counts["refused_not_router"] += 1
+                        raise UnexpectedMessage(
+                            "router", src, f"{t.__name__} from a peer without a router credential"
+                        )
             if src[:1] == "@":
                 raise UnexpectedMessage("router", src, "a message from a reserved @ name")
         self._begin(now)

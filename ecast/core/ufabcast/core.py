@@ -29,6 +29,13 @@ How the pieces fit (each is spelled out where it is implemented):
   trip after every member executed it instead of up to two heartbeats later.  A member
   silent for the failure timeout is proposed ``part``.  Commands of a router executed
   after its own ``part`` are ignored.
+* **Admission.**  The layer above lets only routers' credentials reach this class
+  (``Router.role_of``); here, ``Prepare``, ``Accept``, ``Commit``, ``Accepted`` and ``Nack``
+  of the current view count only from its members (a later view's members are not known
+  yet, so those are taken from any router), catch-up requests and replies only from
+  members (or parted members), and a ``Snapshot`` only when this router asked for one:
+  a joiner from a member of the view the snapshot puts it in, a laggard from the router
+  it asked to catch up.
 """
 
 from __future__ import annotations
@@ -143,6 +150,10 @@ class Ufabcast:
         self._join_at = 0.0
         self._snap_parts: dict[tuple[NodeId, int], tuple[Any, ...]] = {}
         self._snapshot_sent: dict[NodeId, float] = {}
+        self._catchup_asked: dict[NodeId, None] = {}
+        """Routers we asked to catch us up since our last snapshot: the only ones whose
+        ``Snapshot`` an installed router takes (the answer to a request its log could not
+        serve).  Bounded by the view's members and the routers they replaced."""
         # -- per call
         self._fx: Effects | None = None
         self._now = 0.0
@@ -174,6 +185,7 @@ class Ufabcast:
             "stalls_excused": 0,
             "duplicates_dropped": 0,
             "ignored_parted": 0,
+            "ignored_non_member": 0,
         }
         self._handlers: dict[type, Callable[[NodeId, Any], None]] = {
             Forward: self._on_forward,
@@ -891,6 +903,15 @@ class Ufabcast:
             return True
         return False
 
+    def _outsider(self, src: NodeId, view: int) -> bool:
+        """True (and counted) if ``view`` is our current view and ``src`` is not one of its
+        members: only members vote, lead and commit in a view."""
+        v = self.view
+        if v is not None and view == v.number and src not in v.members:
+            self.stats["ignored_non_member"] += 1
+            return True
+        return False
+
     def _hint_peer(self, src: NodeId) -> None:
         """Tell a lagging or parted router where the group is (rate-limited)."""
         last = self._hint_sent.get(src)
@@ -918,7 +939,7 @@ class Ufabcast:
             self._send(target, Forward(msg.cmds, msg.ttl - 1))
 
     def _on_prepare(self, src: NodeId, msg: Prepare) -> None:
-        if self._closed(src, msg.view):
+        if self._closed(src, msg.view) or self._outsider(src, msg.view):
             return
         acc = self._acc(msg.view)
         if msg.ballot >= acc.promised:
@@ -940,7 +961,7 @@ class Ufabcast:
             self._finish_phase1()
 
     def _on_accept(self, src: NodeId, msg: Accept) -> None:
-        if self._closed(src, msg.view):
+        if self._closed(src, msg.view) or self._outsider(src, msg.view):
             return
         if self.installed and msg.instance <= self.wm.value:
             return
@@ -975,6 +996,8 @@ class Ufabcast:
             self._nacks_out[src] = (msg.view, acc.promised)
 
     def _on_accepted(self, src: NodeId, msg: Accepted) -> None:
+        if self._outsider(src, msg.view):
+            return
         view = self.view
         if view is not None and src in view.members and self.wm.report(src, msg.executed):
             self._gc_due = True
@@ -986,6 +1009,8 @@ class Ufabcast:
             self._update_commit()
 
     def _on_nack(self, src: NodeId, msg: Nack) -> None:
+        if self._outsider(src, msg.view):
+            return
         lead = self.lead
         if lead is not None and msg.view == lead.view and msg.promised > lead.ballot:
             self._saw_ballot(msg.view, msg.promised)
@@ -993,7 +1018,7 @@ class Ufabcast:
                 self._step_down()
 
     def _on_commit(self, src: NodeId, msg: Commit) -> None:
-        if self._closed(src, msg.view):
+        if self._closed(src, msg.view) or self._outsider(src, msg.view):
             return
         view = msg.view
         current = self.view is not None and view == self.view.number
@@ -1036,6 +1061,11 @@ class Ufabcast:
             return
         if not self.installed:
             return
+        if self.view is not None and src not in self.view.members:
+            # The log, and the snapshot it may lead to (every session and message), is
+            # for the group's members; a joiner asks with a JoinRequest.
+            self.stats["ignored_non_member"] += 1
+            return
         if msg.start <= max(self.wm.value, self.log_floor):
             # Our log no longer reaches back that far (every member we knew had executed
             # it, but the requester missed it, e.g. because the routers that still held it
@@ -1062,6 +1092,14 @@ class Ufabcast:
             self._send(src, CatchUpReply(tuple(entries)))
 
     def _on_catchup_reply(self, src: NodeId, msg: CatchUpReply) -> None:
+        view = self.view
+        if (
+            not self.installed
+            or view is None
+            or (src not in view.members and src not in self.retired)
+        ):
+            self.stats["ignored_non_member"] += 1
+            return
         self.stats["catchups"] += 1
         for inst, view, value in msg.entries:
             if self.installed:
@@ -1077,7 +1115,7 @@ class Ufabcast:
             and self.next_exec > before
             and not self.stopped
         ):
-            self._send(src, CatchUpRequest(self.next_exec))
+            self._ask_catch_up(src)
 
     def _on_join_request(self, src: NodeId, msg: JoinRequest) -> None:
         if not self.installed or self.view is None:
@@ -1100,10 +1138,13 @@ class Ufabcast:
         forget what it accepted (a leader's phase 1 may still need it), and GC collects
         it once every member has executed past it.
         """
+        if not self._snapshot_wanted(src, msg):
+            return
         if self.installed and msg.tag < self.next_exec:
             return
         if self.view is not None and msg.view.number < self.view.number:
             return
+        self._catchup_asked.clear()
         if not self.installed:
             self.installed_view = msg.view
         self.installed = True
@@ -1128,6 +1169,21 @@ class Ufabcast:
         self.wm.reported.pop(self.me, None)
         self._try_execute()
         self._resend_due = True
+
+    def _snapshot_wanted(self, src: NodeId, msg: Snapshot) -> bool:
+        """A snapshot replaces everything this router knows: only one it asked for counts."""
+        if not self.installed:
+            wanted = (
+                self._join_attempt > 0
+                and src != self.me
+                and src in msg.view.members
+                and self.me in msg.view.members
+            )
+        else:
+            wanted = src in self._catchup_asked
+        if not wanted:
+            self.stats["ignored_non_member"] += 1
+        return wanted
 
     def _on_parted(self, src: NodeId, msg: Parted) -> None:
         self._stop("parted")
@@ -1192,4 +1248,8 @@ class Ufabcast:
             self._now, self.next_exec - 1, self.wm.reported, self.me, self.p.heartbeat_interval
         )
         if best is not None:
-            self._send(best, CatchUpRequest(self.next_exec))
+            self._ask_catch_up(best)
+
+    def _ask_catch_up(self, peer: NodeId) -> None:
+        self._catchup_asked[peer] = None
+        self._send(peer, CatchUpRequest(self.next_exec))

@@ -1,0 +1,1 @@
+"""Credentials, the development secret, and what the runtime proves with them."""

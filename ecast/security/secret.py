@@ -1,0 +1,54 @@
+"""The development mode's one cluster secret: how strong it must be, and how to make one.
+
+A secret proves only "one of us": every holder may take any name and any role
+(``docs/security.md``).  It is also open to offline guessing by anyone a process dials
+(the dialer proves first, so a fake acceptor learns an HMAC of the secret over values it
+knows), which is why a weak secret is refused rather than merely discouraged.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import string
+
+MIN_BITS = 128
+"""Estimated bits of a secret, at least: out of reach of offline guessing."""
+_CLASSES = (string.ascii_lowercase, string.ascii_uppercase, string.digits)
+
+
+def strong_secret() -> str:
+    """256 random bits, URL-safe text (what ``ecast credentials secret`` prints)."""
+    return secrets.token_urlsafe(32)
+
+
+def estimated_bits(secret: bytes) -> float:
+    """A rough upper bound on the secret's strength: its length times the bits of the
+    smallest alphabet that spells it (lower case, upper case, digits, other printable, or
+    any byte), an alphabet counted no larger than twice the distinct characters used (so
+    ``aaaa...`` is weak however long).  A dictionary phrase can still score high; the
+    documentation says to use ``ecast credentials secret``."""
+    try:
+        text = secret.decode("ascii")
+    except UnicodeDecodeError:
+        return 8.0 * len(secret)
+    if not text.isprintable():
+        return 8.0 * len(secret)
+    alphabet = sum(len(c) for c in _CLASSES if any(ch in c for ch in text))
+    if any(not any(ch in c for c in _CLASSES) for ch in text):
+        alphabet += 33
+    alphabet = min(alphabet, 2 * len(set(text)))
+    return len(text) * math.log2(max(alphabet, 2))
+
+
+def secret_problem(secret: bytes) -> str | None:
+    """What is wrong with ``secret``, or None."""
+    if not secret:
+        return "the cluster secret is empty"
+    if len(secret) < 22 or estimated_bits(secret) < MIN_BITS:
+        return (
+            f"the cluster secret is too weak ({len(secret)} characters, about "
+            f"{estimated_bits(secret):.0f} bits; {MIN_BITS} needed): make one with "
+            "`ecast credentials secret`"
+        )
+    return None
