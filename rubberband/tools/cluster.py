@@ -14,7 +14,7 @@ rubberband cluster down --state-dir DIR
 then the storage processes in standby, and expands the keyspace until every storage
 process is placed (ids spread evenly over integer keys ``0 .. --key-space``).  Every
 process has the state directory on its command line; the directory records them
-(``processes.json``), the secret, the admin token and the supers' admin addresses
+(``processes.json``), the certificate authority and credentials, the admin token and the supers' admin addresses
 (``cluster.json``).
 """
 
@@ -90,14 +90,7 @@ def up(args: argparse.Namespace) -> int:
     token_file = d / "admin_token"
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
-    common = [
-        "--routers",
-        addresses,
-        "--secret-file",
-        str(state.secret_file),
-        "--state-dir",
-        str(d),
-    ]
+    common = ["--routers", addresses, "--state-dir", str(d)]
     supers: dict[str, str] = {}
     for i in range(1, args.supers + 1):
         name = f"super:s{i}"
@@ -112,6 +105,7 @@ def up(args: argparse.Namespace) -> int:
             "--admin-token-file",
             str(token_file),
             *common,
+            *state.auth_args("application", name),
         )
         state.start(f"s{i}", argv, ports={"admin": port}, health_port=port)
         state.wait_healthy(f"s{i}", timeout=args.timeout)
@@ -121,7 +115,7 @@ def up(args: argparse.Namespace) -> int:
         json.dumps(
             {
                 "routers": addresses.split(","),
-                "secret_file": str(state.secret_file),
+                "client_credentials": str(state.issue("application", ["client:*"], "clients")),
                 "admin_token": token,
                 "supers": supers,
                 "storage": storage,
@@ -168,6 +162,7 @@ def _start_storage(
             "--metrics",
             f"127.0.0.1:{port}",
             *common,
+            *state.auth_args("application", f"storage:{i}"),
         )
         state.start(f"storage{i}", argv, ports={"metrics": port}, health_port=port)
         storage[f"storage:{i}"] = port
@@ -181,8 +176,7 @@ def add(args: argparse.Namespace) -> int:
     st = _state(args.state_dir)
     before = local.StateDir.recorded(d)  # starting processes rewrites the record
     state = local.StateDir(d)
-    common = ["--routers", ",".join(st["routers"]), "--secret-file", st["secret_file"]]
-    common += ["--state-dir", str(d)]
+    common = ["--routers", ",".join(st["routers"]), "--state-dir", str(d)]
     first = max((int(n.split(":")[1]) for n in st["storage"]), default=0) + 1
     numbers = range(first, first + args.storage)
     started = _start_storage(state, common, st["engine"], numbers, args.timeout)
@@ -200,7 +194,7 @@ def status(args: argparse.Namespace) -> int:
     recorded = local.StateDir.recorded(args.state_dir)
     out = {
         "routers": st["routers"],
-        "secret_file": st["secret_file"],
+        "client_credentials": st["client_credentials"],
         "super": next(iter(st["supers"].values()), None),
         "processes": [
             {"name": n, "pid": p["pid"], "alive": _alive(p["pid"])}

@@ -49,7 +49,8 @@ class UsageError(Exception):
 def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--name", required=True, help="process name with its role prefix")
     ap.add_argument("--routers", required=True, help="HOST:PORT[,HOST:PORT...] of routers")
-    ap.add_argument("--secret-file", help="the cluster secret (else ECAST_SECRET)")
+    ap.add_argument("--credentials", help="this process's credential file (production)")
+    ap.add_argument("--secret-file", help="the development mode's cluster secret")
     ap.add_argument(
         "--listen", default="127.0.0.1:0", help="direct connections (default: any port)"
     )
@@ -57,13 +58,20 @@ def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--log-level", default="info")
 
 
-def _secret(args: argparse.Namespace) -> str | None:
+def _auth(args: argparse.Namespace) -> dict[str, Any]:
+    """``ecast.connect``'s proof: a credential, or the development mode's secret."""
+    if args.credentials and args.secret_file:
+        raise UsageError("give --credentials or --secret-file, not both")
+    if args.credentials:
+        if not Path(args.credentials).is_file():
+            raise UsageError(f"--credentials: no such file: {args.credentials}")
+        return {"credentials": args.credentials}
     if args.secret_file:
         try:
-            return Path(args.secret_file).read_text().strip()
+            return {"secret": Path(args.secret_file).read_text().strip()}
         except OSError as e:
             raise UsageError(f"--secret-file: {e.strerror}: {args.secret_file}") from None
-    return os.environ.get("ECAST_SECRET")
+    return {"secret": os.environ.get("ECAST_SECRET")}
 
 
 def load_engine(spec: str) -> Any:
@@ -110,7 +118,7 @@ async def run_storage(args: argparse.Namespace) -> int:
     client = await ecast.connect(
         args.routers.split(","),
         name=args.name,
-        secret=_secret(args),
+        **_auth(args),
         listen=args.listen,
         timeout=args.join_timeout,
     )
@@ -165,7 +173,7 @@ async def run_super(args: argparse.Namespace) -> int:
     client = await ecast.connect(
         args.routers.split(","),
         name=args.name,
-        secret=_secret(args),
+        **_auth(args),
         listen=args.listen,
         timeout=args.join_timeout,
     )

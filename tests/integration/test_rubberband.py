@@ -49,8 +49,7 @@ def state(d: Path) -> dict[str, Any]:
 
 async def client(d: Path, name: str) -> rbsdk.RubberbandClient:
     st = state(d)
-    secret = Path(st["secret_file"]).read_text().strip()
-    return await rbsdk.connect(st["routers"], name, secret=secret)
+    return await rbsdk.connect(st["routers"], name, credentials=st["client_credentials"])
 
 
 def status(d: Path) -> dict[str, Any]:
