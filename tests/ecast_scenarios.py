@@ -6,8 +6,11 @@ Every function takes the router and endpoint mutations to plant and returns the
 
 from __future__ import annotations
 
+from collections import deque
+
 from ecast.core.config import Config
 from ecast.core.endpoint import EndpointParams
+from ecast.core.proto import Stable
 from ecast.core.router import RouterParams
 from ecast.core.ufabcast import UfabParams
 from ecast.sim.manual import EcastNet
@@ -239,4 +242,38 @@ def leaver_confirmed_then_leader_crash(
     n.notes["b lingering when r1 crashed"] = n.endpoint("b").lingering
     n.crash("r1")
     n.settle(3.0)
+    return n
+
+
+def leaver_acknowledged_late_by_a_later_leader(
+    rm: frozenset[str] = NONE, em: frozenset[str] = NONE
+) -> EcastNet:
+    """b closes; its part becomes stable and is collected, but r1's acknowledgement never
+    reaches b.  b resends its part to r2, which answers from the acknowledgement cache; then
+    r1 crashes and r2 leads.  b left for good: no router may keep a lease for it, or the
+    new leader suspects a process that is long gone, after the group went quiet."""
+    n = net(router_mutations=rm, endpoint_mutations=em)
+    n.add_app("a")
+    n.add_app("b")
+    n.settle(0.3)
+    n.close("b")
+    lost = 0
+    for _ in range(40):  # every acknowledgement r1 sends b is lost with b's channel
+        n.deliver_all(hold={("r1", "b")})
+        q = n.queues.get(("r1", "b"), deque())
+        for i in reversed(range(len(q))):
+            if type(q[i]) is Stable:
+                n.lose("r1", "b", i)
+                lost += 1
+        n.deliver("r1", "b")
+        n.tick(0.05)
+        if ("r1", "b") in n.dropped:
+            break
+    n.notes["r1 dropped b"] = ("r1", "b") in n.dropped
+    n.notes["acks lost"] = lost
+    n.settle(n.endpoint_params.progress_timeout + 0.5)  # b turns to r2, resends its part
+    n.notes["b terminated"] = n.endpoint("b").terminated
+    n.crash("r1")
+    n.settle(n.router_params.client_lease + 2.0)
+    n.notes["suspects issued"] = sum(n.router(r).stats["suspects_issued"] for r in ("r2", "r3"))
     return n

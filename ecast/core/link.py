@@ -288,9 +288,12 @@ class LinkLayer:
         process talks again (it was paused, or cut off, past being declared faulty), its
         channel no longer lines up with ours, so both directions fall back to datagrams
         and the core can still tell it to stop.  A later incarnation gets a fresh channel.
+
+        What is queued for ``peer`` and not flushed yet still leaves, once, as a datagram
+        (as with :meth:`forget`): a router drops a departed process in the very step that
+        queues the acknowledgement of its part, the last thing it owes it.
         """
         ch = self._chans.pop(peer, None)
-        self._outbox.pop(peer, None)
         dropped = self._dropped
         dropped[peer] = ch.peer_inc if ch is not None else 0
         dropped.move_to_end(peer)

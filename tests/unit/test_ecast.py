@@ -536,3 +536,15 @@ def test_a_second_submitter_of_an_in_flight_message_is_acked_without_a_timeout()
     assert [e[2] for e in acks_b] == [e[2] for e in acks_of(n, "a") if e[1] == (a.session, 1)]
     assert n.delivered("watcher").count("x") == 1
     assert not n.violations()
+
+
+def test_a_process_that_left_is_never_suspected_by_lease() -> None:
+    n = sc.leaver_acknowledged_late_by_a_later_leader()
+    assert n.notes["r1 dropped b"] is True
+    assert n.notes["b terminated"] is not None
+    assert n.notes["suspects issued"] == 0
+    for r in ("r2", "r3"):
+        router = n.router(r)
+        assert "b" not in router.state.expelled and "b" not in router.heard
+        assert router.unstable() == 0
+    assert n.violations() == []

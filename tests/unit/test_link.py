@@ -192,7 +192,7 @@ def test_unacked_messages_count_until_the_peer_acknowledges_them() -> None:
     assert a.unacked_messages("b") == 1
 
 
-def test_a_dropped_peer_loses_its_buffers_and_a_later_process_of_that_name_starts_afresh() -> None:
+def test_a_dropped_peer_loses_its_buffers_not_what_is_queued_and_its_name_starts_afresh() -> None:
     a = LinkLayer("a", 1)
     a.send("app", "x")
     a.send("app", "y")
@@ -201,7 +201,11 @@ def test_a_dropped_peer_loses_its_buffers_and_a_later_process_of_that_name_start
     a.send("app", "queued")
     a.drop("app")  # it parted; its departure is stable and collected
     assert a.unacked("app") == 0 and "app" not in a.peers()
-    assert a.flush(0.1) == []  # nothing queued for it leaves either
+    # What was queued in the same step (the acknowledgement of its part) still leaves,
+    # once, as a datagram; nothing unacknowledged is ever resent.
+    [(_, last)] = a.flush(0.1)
+    assert last.seq == DATAGRAM and last.msgs == ("queued",)
+    assert a.on_tick(10.0) == [] and a.flush(10.0) == []
     # Unlike forget, the name is not remembered: a new process called "app" gets a
     # channel with ordering and resends again, not best-effort datagrams.
     app = LinkLayer("app", 7)

@@ -367,8 +367,14 @@ class Router:
             self.counts["expelled_refused"] += 1
             self.outbox.send(src, Suspected())
             return
-        self.heard[src] = self._now
-        if src not in self.apps:
+        if self.state.gone(src):
+            # It left: still answered (a late confirmation, its part resent for a lost
+            # acknowledgement), but it holds no lease and gets no announcements.
+            pass
+        elif src in self.apps:
+            self.heard[src] = self._now
+        else:
+            self.heard[src] = self._now
             self.apps[src] = None
             view = self.ufab.view
             if self.lead is None and view is not None and self.ufab.installed:
@@ -405,7 +411,8 @@ class Router:
         lease = p.client_lease
         if type(asked) in (int, float) and asked > 0:
             lease = min(float(asked), p.max_client_lease)
-        self.leases[src] = lease
+        if not self.state.gone(src):
+            self.leases[src] = lease
         self.outbox.send(src, Welcome(lease, p.max_message))
 
     def _forget_app(self, p: NodeId) -> None:

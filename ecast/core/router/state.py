@@ -47,6 +47,7 @@ class RouterState:
         "departed",
         "expelled",
         "expelled_memory",
+        "left",
         "mseq",
         "observer",
         "sessions",
@@ -76,6 +77,12 @@ class RouterState:
         self.expelled: OrderedDict[NodeId, None] = OrderedDict()
         """Processes ever suspected, the latest ``expelled_memory`` of them: long after
         their suspect is collected, one that comes back is told, and never resumes."""
+        self.left: OrderedDict[NodeId, None] = OrderedDict()
+        """Processes whose own part was stable, the latest ``expelled_memory`` of them.
+        A departed id never comes back (the configs refuse it), so long after its
+        ``departed`` record is collected no router keeps a lease for it: one that still
+        talks (a late confirmation, its part resent for a lost acknowledgement) is
+        answered, never suspected."""
         self.expelled_memory = expelled_memory
         self.observer: Callable[[int, Message], None] | None = None
         """Called with every message appended (or installed), for checkers."""
@@ -129,11 +136,13 @@ class RouterState:
                         listener.learned_suspect(p)
 
     def _expel(self, p: NodeId) -> None:
-        expelled = self.expelled
-        expelled[p] = None
-        expelled.move_to_end(p)
-        while len(expelled) > self.expelled_memory:
-            expelled.popitem(last=False)
+        self._remember(self.expelled, p)
+
+    def _remember(self, names: OrderedDict[NodeId, None], p: NodeId) -> None:
+        names[p] = None
+        names.move_to_end(p)
+        while len(names) > self.expelled_memory:
+            names.popitem(last=False)
 
     def _out_of_turn(self, msg: Message, duplicate: bool, listener: LearnListener | None) -> None:
         if not duplicate:
@@ -172,6 +181,7 @@ class RouterState:
                 and sender in mseq.destset(t, msg)
             ):
                 self.departed.setdefault(sender, t)
+                self._remember(self.left, sender)
                 if listener is not None:
                     listener.learned_departure(sender)
             if listener is not None:
@@ -222,8 +232,9 @@ class RouterState:
         return counts
 
     def gone(self, p: NodeId) -> bool:
-        """Suspected, or departed with a stable part: nobody waits for it any more."""
-        return p in self.suspects or p in self.departed
+        """Suspected, or departed with a stable part (even long ago): nobody waits for
+        it any more, and no lease is kept for it."""
+        return p in self.suspects or p in self.departed or p in self.left
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self, with_sessions: bool = True) -> dict[str, Any]:
@@ -236,6 +247,7 @@ class RouterState:
             "suspects": list(self.suspects.items()),
             "departed": list(self.departed.items()),
             "expelled": list(self.expelled),
+            "left": list(self.left),
         }
 
     @classmethod
@@ -256,6 +268,7 @@ class RouterState:
         st.suspects = dict(snap["suspects"])
         st.departed = dict(snap["departed"])
         st.expelled = OrderedDict.fromkeys(snap.get("expelled", ()))
+        st.left = OrderedDict.fromkeys(snap.get("left", ()))
         st.expelled_memory = expelled_memory
         st.observer = None
         st.stats = {"learned": 0, "duplicates": 0, "gaps": 0, "stable": 0}
