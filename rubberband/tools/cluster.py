@@ -14,8 +14,8 @@ rubberband cluster down --state-dir DIR
 then the storage processes in standby, and expands the keyspace until every storage
 process is placed (ids spread evenly over integer keys ``0 .. --key-space``).  Every
 process has the state directory on its command line; the directory records them
-(``processes.json``), the certificate authority and credentials, the admin token and the supers' admin addresses
-(``cluster.json``).
+(``processes.json``), the certificate authority and credentials, the admin token and
+the supers' admin addresses (``cluster.json``).
 """
 
 from __future__ import annotations
