@@ -64,6 +64,9 @@ class LinkParams:
 @dataclass(slots=True)
 class _Channel:
     peer_inc: int = 0  # 0 until the peer's incarnation is known
+    ended: int = 0
+    """The latest incarnation of the peer known to have stopped (``peer_stopped``): it
+    and every older one are stale; the next one to show up takes the channel."""
     next_out: int = 1
     unacked: deque[tuple[int, tuple[Any, ...], float]] = field(default_factory=deque)
     next_in: int = 1
@@ -143,18 +146,18 @@ class LinkLayer:
             # Meant for an earlier incarnation of this process.  Answer with a bare ack so
             # the sender learns our incarnation and resets its side of the channel.
             self.stats["frames_dropped_stale"] += 1
-            if frame.src_inc >= ch.peer_inc:
+            if frame.src_inc >= ch.peer_inc and frame.src_inc > ch.ended:
                 ch.peer_inc = frame.src_inc
                 if ch.ack_due_at is None:
                     ch.ack_due_at = now + self.params.ack_delay
             return []
-        if frame.src_inc < ch.peer_inc:
+        if frame.src_inc < ch.peer_inc or frame.src_inc <= ch.ended:
             self.stats["frames_dropped_stale"] += 1
             return []  # from a dead incarnation of the peer
         if frame.src_inc > ch.peer_inc:
             if ch.peer_inc != 0:
                 # The peer restarted: it is a new process.  Forget both directions.
-                ch = _Channel()
+                ch = _Channel(ended=ch.ended)
                 self._chans[src] = ch
             ch.peer_inc = frame.src_inc
         self._on_ack(ch, frame.ack)
@@ -234,6 +237,25 @@ class LinkLayer:
         ch = self._chans.get(peer)
         return ch.peer_inc if ch is not None else 0
 
+    def ended_incarnation(self, peer: NodeId) -> int:
+        """The latest incarnation of ``peer`` known to have stopped (0: none)."""
+        ch = self._chans.get(peer)
+        return ch.ended if ch is not None else 0
+
+    def peer_stopped(self, peer: NodeId, peer_inc: int) -> None:
+        """``peer``'s incarnation ``peer_inc`` stopped for good (its process said so).
+
+        Its channel goes, with every frame it did not acknowledge: those were meant for
+        that process.  What is sent to ``peer`` from now on waits in a fresh channel for
+        the next incarnation under the name, as for a peer never talked to; ``peer_inc``
+        and older incarnations stay stale.  A channel already on a newer incarnation is
+        left alone, and so is a peer without a channel.
+        """
+        ch = self._chans.get(peer)
+        if ch is None or ch.peer_inc > peer_inc:
+            return  # never talked to (or forgotten, or dropped), or already a newer one
+        self._chans[peer] = _Channel(ended=max(peer_inc, ch.ended))
+
     def on_connected(
         self, peer: NodeId, peer_inc: int, peer_ack: int, now: float
     ) -> list[tuple[NodeId, Frame]]:
@@ -251,8 +273,10 @@ class LinkLayer:
                 return []
             del self._dropped[peer]
         ch = self._chan(peer)
+        if peer_inc <= ch.ended:
+            return []  # a stopped incarnation
         if ch.peer_inc not in (0, peer_inc):
-            ch = _Channel()
+            ch = _Channel(ended=ch.ended)
             self._chans[peer] = ch
         ch.peer_inc = peer_inc
         self._on_ack(ch, peer_ack)

@@ -140,6 +140,11 @@ class Runtime:
         self._announced_at: dict[NodeId, str] = {}
         """Where nodes listen, as their own process said in its handshake (gossip never
         overrides it)."""
+        self._gossiped: dict[NodeId, str] = {}
+        """What the routers last said about nodes in ``_announced_at`` (one entry at most
+        per such node): where to look once that announcement is void (its connection
+        closed, or the node stopped), since the routers may have told of a newer
+        incarnation meanwhile and say nothing again until their directory changes."""
         self._handshaking: set[Connection] = set()
         self.encoder = Encoder()
         self.dialer = Dialer(self)
@@ -250,9 +255,12 @@ class Runtime:
         directory = self.directory
         own = self._announced_at
         for node, addr in entries:
-            if node in self.nodes or node in own or directory.get(node) == addr:
+            if node in self.nodes or not _plausible_address(addr):
                 continue
-            if not _plausible_address(addr):
+            if node in own:
+                self._gossiped[node] = addr  # kept aside; the node's own word stands
+                continue
+            if directory.get(node) == addr:
                 continue
             directory.pop(node, None)  # re-inserted last: the newest goes last
             directory[node] = addr
@@ -454,15 +462,21 @@ class Runtime:
             self._on_acks(conn, item.acks)
         elif t is Gone:
             for node in item.nodes:
-                if conn.nodes.pop(node, None) is None:
+                inc = conn.nodes.pop(node, None)
+                if inc is None:
                     continue
                 if self.routes.get(node) is conn:
                     del self.routes[node]
-                    # Stopped for good, as far as anyone knows here: no longer gossiped.
+                    # Stopped for good, as far as anyone knows here: no longer gossiped,
+                    # unless the routers told of another process under the name.
                     self.directory.pop(node, None)
-                    self._announced_at.pop(node, None)
+                    listen = self._announced_at.pop(node, None)
+                    self._fall_back_to_gossip(node, listen)
                     self.roles.pop(node, None)
                 conn.ready = {pair for pair in conn.ready if pair[1] != node}
+                # What is sent to the name from now on is for its next incarnation.
+                for local in self.nodes.values():
+                    local.link.peer_stopped(node, inc)
         elif t is PeerError:
             log.warning(
                 "event=refused_by_peer host=%s peer=%s reason=%r",
@@ -494,6 +508,10 @@ class Runtime:
             if known and inc < known:
                 self.stats["connections_refused"] += 1
                 raise ProtocolViolation(f"stale incarnation {inc} of {node} (current {known})")
+            ended = max((n.link.ended_incarnation(node) for n in self.nodes.values()), default=0)
+            if ended and inc <= ended:
+                self.stats["connections_refused"] += 1
+                raise ProtocolViolation(f"incarnation {inc} of {node} stopped (up to {ended})")
         listen = peer.listen
         acks = []
         changed = False
@@ -508,6 +526,7 @@ class Runtime:
             self.roles[node] = identity.role
             if listen:
                 self._announced_at[node] = listen
+                self._gossiped.pop(node, None)  # older than this announcement
                 if self.directory.get(node) != listen:
                     self.directory.pop(node, None)
                     self.directory[node] = listen
@@ -627,8 +646,19 @@ class Runtime:
                 del self.routes[node]
                 if listen is not None and self._announced_at.get(node) == listen:
                     del self._announced_at[node]  # gossip may tell us where it went
+                    self._fall_back_to_gossip(node, listen)
         conn.ready = set()
         self.dialer.lost(conn, "forgotten")
+
+    def _fall_back_to_gossip(self, node: NodeId, announced: str | None) -> None:
+        """``node``'s own announcement (``announced``) is void: take the address the
+        routers gossiped meanwhile, if they named another one (a newer process under the
+        name, most likely; dialing it proves which)."""
+        addr = self._gossiped.pop(node, None)
+        if addr is None or addr == announced or node in self._announced_at:
+            return
+        self.directory.pop(node, None)  # re-inserted last: the newest goes last
+        self.directory[node] = addr
 
     def refuse(self, conn: Connection, reason: str) -> None:
         """Tell the peer why (best effort), log, and close the connection."""

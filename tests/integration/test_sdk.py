@@ -212,6 +212,31 @@ async def test_a_process_that_listens_is_reachable_by_name(group: LocalCluster) 
         assert sender == "client-b" and payload == {"read": (1, 2)}
 
 
+async def test_a_new_process_under_a_name_gets_the_direct_messages_sent_to_it(
+    group: LocalCluster,
+) -> None:
+    """A light client that listens stops; another process starts under its name, on
+    another port.  A long-running process that talked to the first one reaches the new
+    one by the name: nothing of the stopped incarnation (its channel, route or address)
+    stands in the way."""
+    async with connect(group, "reuse-holder", listen="127.0.0.1:0") as holder:
+        for attempt in range(3):
+            light = await connect(group, "reuse-light", listen="127.0.0.1:0", join=False)
+            try:
+                deadline = time.monotonic() + 10
+                while (
+                    holder.runtime.directory.get("reuse-light") != light.runtime.listen
+                    and time.monotonic() < deadline
+                ):
+                    await asyncio.sleep(0.05)  # the routers gossip the new address
+                await asyncio.wait_for(holder.send_direct("reuse-light", {"n": attempt}), 10)
+                sender, payload = await light.receive_direct(timeout=10)
+                assert sender == "reuse-holder" and payload == {"n": attempt}
+            finally:
+                await light.detach()
+        assert holder.state == "connected"
+
+
 async def test_the_direct_channel_pushes_back_and_never_stalls_deliveries(
     group: LocalCluster,
 ) -> None:

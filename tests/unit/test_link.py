@@ -215,3 +215,27 @@ def test_a_dropped_peer_loses_its_buffers_not_what_is_queued_and_its_name_starts
     a.send("app", "welcome")
     [(_, reply)] = a.flush(0.3)
     assert reply.seq == 1 and reply.dst_inc == 7
+
+
+def test_after_a_peer_stopped_what_is_sent_to_its_name_goes_to_its_next_incarnation() -> None:
+    a, b = LinkLayer("a", 1), LinkLayer("b", 1)
+    a.send("b", "hello")
+    pump(a, b, a.flush(0.0), 0.0)
+    a.send("b", "to-old-b")
+    a.flush(0.1)  # never acknowledged: b stops
+    a.peer_stopped("b", 1)  # its process said so
+    assert a.unacked("b") == 0 and a.ended_incarnation("b") == 1
+    a.send("b", "to-whoever-is-next")
+    [(_, waiting)] = a.flush(0.2)  # no connection to anyone called b yet
+    assert waiting.dst_inc == 0
+    assert a.on_connected("b", 1, 0, 0.3) == []  # the stopped one cannot take it
+    b2 = LinkLayer("b", 2)
+    resent = a.on_connected("b", 2, 0, 0.4)
+    assert [f.dst_inc for _, f in resent] == [2]
+    assert pump(a, b2, resent, 0.4) == ["to-whoever-is-next"]
+    # The stopped incarnation stays stale; a channel on a newer one is left alone.
+    assert a.on_frame("b", Frame(1, 1, 9, 0, ("late",)), 0.5) == []
+    a.peer_stopped("b", 1)
+    assert a.known_incarnation("b") == 2 and a.ended_incarnation("b") == 1
+    a.peer_stopped("nobody", 3)
+    assert "nobody" not in a.peers()

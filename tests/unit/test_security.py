@@ -452,3 +452,39 @@ def test_a_process_cannot_run_a_node_its_credential_does_not_cover() -> None:
     with pytest.raises(ValueError, match="covers only r1"):
         rt.add_node("r2", Endpoint("r2", ["r1"]))
     rt._loop.close()
+
+
+def test_a_name_moves_to_its_next_process_and_only_under_a_covering_credential() -> None:
+    """A listening process stops and a new one starts under its name: the routers'
+    gossip, set aside while the old one's own announcement stood, is where to look, the
+    stopped incarnation may not come back, and the name still needs a covering
+    credential."""
+    from ecast.runtime.mux import ProtocolViolation
+    from ecast.wire.packet import Gone
+
+    rt = runtime()
+    local = rt.add_node("r1", object())  # type: ignore[arg-type]
+    r2 = FakeConn(ROUTER, ("r2",), listen="127.0.0.1:7002")
+    rt._on_nodes(r2, (("r2", 1),))
+    old = FakeConn(APPLICATION, ("client:*",), listen="127.0.0.1:8001")
+    rt._on_nodes(old, (("client:b", 5),))
+    local.link.on_connected("client:b", 5, 0, 0.0)
+    rt.directory_from("r2", (("client:b", "127.0.0.1:8002"),))  # a new process, told early
+    assert rt.directory["client:b"] == "127.0.0.1:8001"  # the announcement still stands
+    rt._control(old, Gone(("client:b",)))
+    assert rt.directory["client:b"] == "127.0.0.1:8002" and "client:b" not in rt.routes
+    assert local.link.ended_incarnation("client:b") == 5
+    stale = FakeConn(APPLICATION, ("client:*",), listen="127.0.0.1:8003")
+    with pytest.raises(ProtocolViolation, match="stopped"):
+        rt._on_nodes(stale, (("client:b", 5),))
+    mallory = FakeConn(APPLICATION, ("mallory",), listen="127.0.0.1:8004")
+    with pytest.raises(ProtocolViolation, match="not covered"):
+        rt._on_nodes(mallory, (("client:b", 6),))
+    new = FakeConn(APPLICATION, ("client:*",), listen="127.0.0.1:8002")
+    rt._on_nodes(new, (("client:b", 6),))
+    assert rt.routes["client:b"] is new and rt.directory["client:b"] == "127.0.0.1:8002"
+    # Its connection drops without a word: gossip told of no other address, so the
+    # announced one stays where to redial.
+    rt._forget_conn(new)
+    assert rt.directory["client:b"] == "127.0.0.1:8002" and "client:b" not in rt._announced_at
+    rt._loop.close()
