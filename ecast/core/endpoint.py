@@ -182,7 +182,10 @@ class Endpoint:
         """``Leader`` and ``Suspected`` messages from routers this endpoint does not know."""
         self.p = params or EndpointParams()
         self._mut = self.p.mutations
-        self.session: Session = session or (me, 0, "")
+        self.session: Session = session or (me, incarnation, "")
+        """Per process by default, like the control session: a new process under an old
+        name must not have its first messages taken for the old one's (acknowledged as
+        duplicates and never delivered).  Handing a session over is explicit."""
         self.control_session: Session = ("@" + me, incarnation, "")
         """Per process, not per name: a later process under a retired name sends a join
         the routers have not seen (and the config refuses), not a duplicate of the old."""

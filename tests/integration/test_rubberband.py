@@ -82,6 +82,12 @@ def test_cluster_up_status_and_every_read_level(cluster: Path) -> None:
         with pytest.raises(ValueError, match="isolation"):
             await rb.get(1, isolation="serializable")
         await rb.close()
+        # A new process under the same name: its writes land and its answers reach it.
+        for value in (3, 4):
+            rb = await client(cluster, "client:levels")
+            await rb.append("list", value)
+            assert tuple(await rb.get("list")) == (1, 2, 3, 4)[:value]
+            await rb.close()
 
     asyncio.run(go())
 
