@@ -78,6 +78,10 @@ _EXPORTS: dict[str, str] = {
     "tune_process": "ecast.runtime",
     "read_secret": "ecast.runtime",
     "sim": "ecast.sim",
+    "RouterGroupRun": "ecast.sim.group",
+    "GroupRunConfig": "ecast.sim.group",
+    "ROUTER": "ecast.core.roles",
+    "APPLICATION": "ecast.core.roles",
     "local": "ecast.tools.local",
 }
 

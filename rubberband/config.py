@@ -397,16 +397,34 @@ class RubberbandConfig(Membership):
     def _apply_incomplete(self, sender: NodeId, h: dict[str, Any]) -> RubberbandConfig:
         """A receiver whose source was suspected mid-transfer: it never gets ready and
         must not serve reads until a super repairs it (replace, or contract)."""
-        if sender not in self.keyspace or sender in self.incomplete:
+        if sender not in self.keyspace:
+            # It left the ring meanwhile and holds nothing: only stop waiting for it.
+            return self._without_waiting(frozenset((sender,)))
+        if sender in self.incomplete:
             return self
         return self._with(incomplete=self.incomplete | {sender})
+
+    def _without_waiting(self, gone: frozenset[NodeId]) -> RubberbandConfig:
+        pending = {}
+        for v, p in self.pending.items():
+            waiting = p.waiting - gone
+            if waiting:
+                pending[v] = Pending(waiting, p.receivers - gone)
+        return self if pending == self.pending else self._with(pending=pending)
 
     def _apply_keyspace(self, msg: Message, h: dict[str, Any]) -> RubberbandConfig:
         plan = self._keyspace_plan(h)
         if plan is None:
             return self
         keyspace, involved, receivers = plan
-        pending = dict(self.pending)
+        # An incomplete process that leaves the ring will never finish what it could not
+        # finish before: the reconfigurations waiting for it are done without it.
+        dropped = frozenset(p for p in self.incomplete if p not in keyspace)
+        pending = {}
+        for ver, p in self.pending.items():
+            waiting = p.waiting - dropped
+            if waiting:
+                pending[ver] = Pending(waiting, p.receivers - dropped)
         v = self.version + 1
         waiting = involved & self._storage
         if waiting:
@@ -459,14 +477,18 @@ class RubberbandConfig(Membership):
         named: set[NodeId] = set(moved)
         receivers: set[NodeId] = set()
         for ins in instructions:
+            # Every process an instruction names must still be a member: a plan made
+            # before a vote and ordered after it would copy from, or to, a gone process.
             if isinstance(ins, Copy):
                 if ins.src not in ks or ins.dst not in new:
+                    return None
+                if ins.src not in storage or ins.dst not in storage:
                     return None
                 named.add(ins.src)
                 named.add(ins.dst)
                 receivers.add(ins.dst)
             else:
-                if ins.process not in ks:
+                if ins.process not in ks or ins.process not in storage:
                     return None
                 named.add(ins.process)
         return new, frozenset(named), frozenset(receivers)

@@ -182,7 +182,11 @@ class RubberbandClient:
             self._reads[rid] = (gather, event)
             try:
                 version = self.core.version
-                targets = self.core.basic_targets(gather, tried)
+                try:
+                    targets = self.core.basic_targets(gather, tried)
+                except Unavailable:
+                    await self.refresh()  # our keyspace may be older than the cluster's
+                    targets = self.core.basic_targets(gather, tried)
                 for target, ranges in targets.items():
                     self.ecast.send_direct_nowait(target, (BASIC, rid, op, ranges, version))
                 tried |= frozenset(targets)

@@ -72,6 +72,9 @@ PULL = "pull"
 """receiver -> source: ``("pull", tid, n)``: send chunk ``n``."""
 CHUNK = "chunk"
 """source -> receiver: ``("chunk", tid, n, data, last)``."""
+ABORT = "abort"
+"""source -> receiver: ``("abort", tid)``: the source's own copy is incomplete (its
+receive of those ranges was aborted), so the receiver's copy would be too."""
 
 
 class EngineFailed(RuntimeError):
@@ -135,6 +138,13 @@ class StorageCore:
         self.owned: RangeSet = NOTHING
         """What we answer for as of the last keyspace message delivered."""
         self.broken: RangeSet = NOTHING
+        self.incomplete = False
+        """A receive of ours was aborted while we were on the ring: the routers send us
+        no reads until a super repairs us (contract or replace), and we answer none."""
+        self._aborted: RangeSet = NOTHING
+        self.suspected: set[NodeId] = set()
+        """Processes the history suspected since our join (a transfer with one is void)."""
+        """Ranges of aborted receives: a queued send of them aborts instead of sending."""
         """Ranges whose transfer was aborted: incomplete until a super repairs us."""
         self.incoming: dict[TransferId, _Incoming] = {}
         self.outgoing: dict[TransferId, _Outgoing] = {}
@@ -200,7 +210,7 @@ class StorageCore:
         mine = self._mine(h)
         if mine is None:
             return out
-        ok = accepted and not self._blocked(mine, _NOW) and not overlaps(mine, self.broken)
+        ok = accepted and not self.incomplete and not self._blocked(mine, _NOW)
         if not ok:
             rid = h.get("q", msg.id)
             out.append(("direct", msg.sender, (RESULT, rid, mine, None, None, frontier, False)))
@@ -232,7 +242,11 @@ class StorageCore:
             state = self.keyspace.to_state() if self.keyspace is not None else None
             out.append(("direct", src, (STALE, rid, self.version, state)))
             return
-        mine = difference(intersect(ranges, self.owned), union(self.receiving, self.broken))
+        mine = (
+            NOTHING
+            if self.incomplete
+            else difference(intersect(ranges, self.owned), self.receiving)
+        )
         if self.queue:
             mine = difference(mine, self._queued_ranges)
         self._answer(src, rid, op, mine, self.version, out)
@@ -256,6 +270,12 @@ class StorageCore:
                 return out
             send.asked = n
             self._serve(tid, send, out)
+        elif tag == ABORT and len(payload) == 2:
+            tid = _tid(payload[1])
+            rec = self.incoming.get(tid) if tid is not None else None
+            if rec is not None and rec.src == src:
+                self._abort_incoming(tid, rec, out)  # type: ignore[arg-type]
+                self._drain(out)
         elif tag == CHUNK and len(payload) == 5:
             tid = _tid(payload[1])
             rec = self.incoming.get(tid) if tid is not None else None
@@ -312,6 +332,8 @@ class StorageCore:
             # validity depends on the data, such as an append) or when rejected.
             if "r" in h or bad or h.get("a"):
                 rid = h.get("q", m.id)
+                if self.incomplete and not bad:
+                    mine = NOTHING  # never answer from a copy with gaps
                 payload = (RESULT, rid, mine, None if bad else res, str(res) if bad else None)
                 out.append(("direct", m.sender, (*payload, None, True)))
 
@@ -341,6 +363,11 @@ class StorageCore:
         v = self.version
         self.owned = new.partition(self.me)
         me = self.me
+        # Broken ranges we no longer hold are no longer our problem (a contract or a
+        # replace repairs an incomplete process: it holds nothing afterwards).
+        self.broken = intersect(self.broken, self.owned)
+        if me not in new:
+            self.incomplete = False  # repaired: off the ring, holding nothing
         mine = [
             ins
             for ins in instructions
@@ -363,6 +390,16 @@ class StorageCore:
             elif ins.process == me:
                 deleted = union(deleted, ins.ranges)
                 self._order(_Queued(ins.ranges, t=t, action=("delete", ins.ranges, v)), out)
+        if self.incomplete:
+            # An incomplete process is no source and gets no copies (the super plans
+            # around it until it repairs it): what it gains now, it gains without data.
+            received = NOTHING
+            for ins in mine:
+                if isinstance(ins, Copy) and ins.dst == me:
+                    received = union(received, ins.ranges)
+            gained = difference(difference(self.owned, old_owned), received)
+            if gained:
+                self.broken = union(self.broken, gained)
         # Ranges we lose that no instruction deletes (nobody needed them) go at once.
         extra = difference(difference(old_owned, self.owned), deleted)
         if extra:
@@ -380,6 +417,13 @@ class StorageCore:
     def _run_action(self, action: tuple[Any, ...], out: list[Output]) -> None:
         if action[0] == "send":
             _, tid, dst, ranges, v = action
+            if dst in self.suspected:
+                self._maybe_ready(v, out)  # nobody to send to any more
+                return
+            if overlaps(ranges, self._aborted) or overlaps(ranges, self.broken):
+                out.append(("direct", dst, (ABORT, tid)))
+                self._maybe_ready(v, out)
+                return
             try:
                 cursor = self.engine.open_send(ranges)
             except Exception as e:
@@ -415,6 +459,9 @@ class StorageCore:
         t = tid[0]
         self.stats.transfers["in"] += 1
         self.incoming[tid] = _Incoming(src, ranges, v, t)
+        if src in self.suspected:  # the source was suspected before this message
+            self._abort_incoming(tid, self.incoming[tid], out)
+            return
         self._order(_Queued(ranges, t=t, action=("pull", tid)), out)
 
     def _serve(self, tid: TransferId, send: _Outgoing, out: list[Output]) -> None:
@@ -451,6 +498,7 @@ class StorageCore:
             out.append(("direct", rec.src, (PULL, tid, rec.next)))
             return
         del self.incoming[tid]
+        self._aborted = difference(self._aborted, rec.ranges)  # whole again
         self._drain(out)
         self._maybe_ready(rec.version, out)
 
@@ -483,7 +531,7 @@ class StorageCore:
         left -= count
         if left <= 0:
             del self.unfinished[v]
-            if not self.broken:
+            if not self.incomplete:
                 out.append(("submit", ready_header(v), None))
         else:
             self.unfinished[v] = left
@@ -493,12 +541,10 @@ class StorageCore:
         if type(who) not in (list, tuple) or len(who) != 1 or type(who[0]) is not str:
             return
         gone = who[0]
+        self.suspected.add(gone)
         for tid, rec in list(self.incoming.items()):
             if rec.src == gone:
-                del self.incoming[tid]
-                self.stats.transfers["aborted"] += 1
-                self.broken = union(self.broken, rec.ranges)
-                out.append(("submit", incomplete_header(rec.version, rec.ranges), None))
+                self._abort_incoming(tid, rec, out)
         for tid, send in list(self.outgoing.items()):
             if send.dst == gone:
                 if send.cursor is not None:
@@ -509,6 +555,28 @@ class StorageCore:
         # Writes waiting for an aborted range run now: the range is broken (no reads come
         # here any more) but later transfers and deletes must not wait for ever.
         self._drain(out)
+
+    def _abort_incoming(self, tid: TransferId, rec: _Incoming, out: list[Output]) -> None:
+        """A receive that cannot complete: its ranges are broken here, and every copy of
+        them this process was to send is broken too (the flood of 4.4.2's ranking)."""
+        del self.incoming[tid]
+        self.stats.transfers["aborted"] += 1
+        lost = intersect(rec.ranges, self.owned)
+        self.broken = union(self.broken, lost)
+        if self.keyspace is not None and self.me in self.keyspace:
+            self.incomplete = True
+        # Reported even when we hold none of it any more: the routers must stop waiting
+        # for our ready of that reconfiguration.
+        out.append(("submit", incomplete_header(rec.version, rec.ranges), None))
+        for otid, send in list(self.outgoing.items()):
+            if overlaps(send.ranges, rec.ranges):
+                if send.cursor is not None:
+                    send.cursor.close()
+                del self.outgoing[otid]
+                out.append(("direct", send.dst, (ABORT, otid)))
+                self._maybe_ready(send.version, out)
+        # Sends still queued behind this receive abort when they come to run.
+        self._aborted = union(self._aborted, rec.ranges)
 
     def _stop(self, reason: str, out: list[Output] | None = None) -> list[Output]:
         self.stopped = reason
@@ -526,6 +594,7 @@ class StorageCore:
             "owned": self.owned,
             "receiving": self.receiving,
             "broken": self.broken,
+            "incomplete": self.incomplete,
             "queued": len(self.queue),
             "transfers_in": len(self.incoming),
             "transfers_out": len(self.outgoing),

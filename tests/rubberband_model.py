@@ -173,7 +173,7 @@ class Model:
         ks = self.config.keyspace
         for name in ks.processes:
             core = self.storage[name]
-            if name in self.dead or core.broken or core.stopped:
+            if name in self.dead or core.incomplete or core.stopped:
                 continue
             engine = core.engine
             assert isinstance(engine, MemoryEngine)

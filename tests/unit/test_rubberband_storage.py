@@ -122,7 +122,7 @@ def test_a_source_suspected_mid_transfer_leaves_its_receiver_incomplete() -> Non
     for src in sorted(sources):
         m.suspect(src)
     m.settle()
-    assert core.broken and not core.incoming
+    assert core.incomplete and core.broken and not core.incoming
     assert "storage:9" in m.config.incomplete
     assert m.config.pending.get(m.config.version - 0, None) is None or (
         "storage:9" in next(iter(m.config.pending.values())).waiting
