@@ -7,6 +7,7 @@ either, now or later from a file.  Pure: it imports only ``ecast.core`` and the
 standard library.
 """
 
+from ecast.core.config import load_config
 from ecast.history.checks import (
     LIVENESS,
     NEEDS_CONFIG,
@@ -65,6 +66,7 @@ __all__ = [
     "check_history",
     "dumps_event",
     "iter_events",
+    "load_config",
     "read_history",
     "to_record",
     "write_history",
