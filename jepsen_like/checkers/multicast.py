@@ -73,7 +73,10 @@ def check(history: Any, options: MulticastOptions | None = None) -> CheckResult:
             raise HistoryError(str(err)) from None
     config = None
     if options.config is not None:
-        config = hist.load_config(options.config, **dict(options.config_args))
+        try:
+            config = hist.load_config(options.config, **dict(options.config_args))
+        except (ImportError, TypeError) as err:
+            raise ValueError(f"config {options.config}: {err}") from None
     verdict = hist.check_history(
         history,
         config,
