@@ -21,11 +21,24 @@ from ecast.core.config import ROUTERS, BroadcastConfig, Config, KeyRingConfig
 from ecast.core.effects import Effects, NodeId
 from ecast.core.endpoint import Acked, Delivery, Endpoint, EndpointParams, Terminated
 from ecast.core.message import Message
+from ecast.core.message import fast_new as _tnew
 from ecast.core.proto import Direct
 from ecast.core.roles import APPLICATION, ROUTER
 from ecast.core.router import Router, RouterParams
 from ecast.core.ufabcast import Ufabcast
-from ecast.sim.ecast_checks import LIVENESS, SAFETY, AppRecord, RouterRecord, build_reference
+from ecast.history import (
+    Ack,
+    Crash,
+    Deliver,
+    DeliverUnsafe,
+    History,
+    Resubmit,
+    RouterLog,
+    Submit,
+    SubmitUnsafe,
+    Terminate,
+    check_history,
+)
 from ecast.sim.group import ROUTER_FAULTS, GroupRunConfig, GroupRunResult, RouterGroupRun
 from ecast.sim.ufab import GRACE
 
@@ -93,15 +106,14 @@ class EcastRunResult(GroupRunResult):
 class RouterHost:
     """A router in the simulator, recording what it learns (``clock`` gives the time)."""
 
-    def __init__(self, router: Router, rec: RouterRecord, clock: Callable[[], float]) -> None:
+    def __init__(self, router: Router, log: RouterLog, clock: Callable[[], float]) -> None:
         self.router = router
-        self.rec = rec
+        self.log = log
         self.clock = clock
         router.observer = self._learned
 
     def _learned(self, t: int, msg: Message) -> None:
-        self.rec.learned[t] = msg
-        self.rec.first_seen.setdefault(t, self.clock())
+        self.log.learn(t, msg, self.clock())
 
     def on_messages(self, src: NodeId, msgs: tuple[Any, ...], now: float) -> Effects:
         return self.router.on_messages(src, msgs, now)
@@ -153,19 +165,23 @@ class Application:
 
 
 class AppHost:
-    """An application process: an endpoint, its record, and its behaviour."""
+    """An application process: an endpoint, its behaviour, and the history it records
+    (``events``, its list in the run's :class:`~ecast.history.History`)."""
 
     def __init__(
         self,
         pid: NodeId,
         ep: Endpoint,
-        rec: AppRecord,
+        events: list[Any],
+        role: str = "member",
         react: Reaction | None = None,
         app: Application | None = None,
     ) -> None:
         self.pid = pid
         self.ep = ep
-        self.rec = rec
+        self.events = events
+        self.role = role
+        self.crashed = False
         self.react = react
         self.app = app
         self.received: list[tuple[NodeId, Any]] = []
@@ -196,7 +212,7 @@ class AppHost:
 
     def submit(self, payload: Any, header: Any, now: float) -> Effects:
         sid, fx = self.ep.submit(payload, header, now)
-        self.rec.events.append(("sub", sid, now))
+        self.events.append(Submit(sid, now))
         self.sent[sid[1]] = (payload, header)
         return self._absorb(fx, now)
 
@@ -204,31 +220,35 @@ class AppHost:
         """Submit again, in this process's own session (handed over from another), what
         its previous owner submitted at the same sequence numbers, byte for byte."""
         ids, fx = self.ep.submit_many(items, now)
-        self.rec.events.extend(("resub", sid, now) for sid in ids)
+        self.events.extend(Resubmit(sid, now) for sid in ids)
         return self._absorb(fx, now)
 
     def record_submission(self, sid: Any, fx: Effects, now: float) -> Effects:
         """For joins, parts and suspicions submitted straight through the endpoint."""
         if sid is not None:
-            self.rec.events.append(("sub", sid, now))
+            self.events.append(Submit(sid, now))
         return self._absorb(fx, now)
 
     def submit_unsafe(self, payload: Any, header: Any, now: float) -> Effects:
         fx = self.ep.submit_unsafe(payload, header, now)
-        self.rec.unsafe_submitted.add((self.ep.unsafe_session, self.ep.next_unsafe - 1))
+        self.events.append(SubmitUnsafe((self.ep.unsafe_session, self.ep.next_unsafe - 1), now))
         return self._absorb(fx, now)
 
     def _absorb(self, fx: Effects, now: float) -> Effects:
-        rec = self.rec
-        events = rec.events
+        events = self.events
         for up in fx.deliver:
             t = type(up)
             if t is Delivery:
+                m = up.message
                 if up.unsafe:
-                    events.append(("uns", up.t, up.frontier, up.message, up.accepted))
+                    events.append(
+                        _tnew(
+                            DeliverUnsafe,
+                            (up.t, up.frontier, m.id, up.accepted, now, m[0], m.header, m.payload),
+                        )
+                    )
                 else:
-                    events.append(("dlv", up.t, up.message.id, now))
-                    m = up.message
+                    events.append(_tnew(Deliver, (up.t, m.id, now, m[0], m.header, m.payload)))
                     if self.app is not None and self.ep.terminated is None:
                         fx.send.extend(
                             (dst, Direct(p)) for dst, p in self.app.on_delivery(self, m, now)
@@ -240,9 +260,9 @@ class AppHost:
                             fx.send.extend(more.send)
                             fx.wake(more.wake_at)
             elif t is Acked:
-                events.append(("ack", up.id, up.t, up.delivered, now))
+                events.append(_tnew(Ack, (up.id, up.t, up.delivered, now)))
             elif t is Terminated:
-                rec.terminated = up.reason
+                events.append(Terminate(up.reason, now))
         return fx
 
 
@@ -257,9 +277,9 @@ class EcastRun(RouterGroupRun):
             self.situations.setdefault(situation, 0)
         self.initial: Config = self.app.initial_config()
         self.routers: dict[NodeId, Router] = {}
-        self.router_recs: dict[NodeId, RouterRecord] = {}
         self.apps: dict[NodeId, AppHost] = {}
-        self.app_recs: dict[NodeId, AppRecord] = {}
+        self.history = History()
+        """What every application process observed and every router learned."""
         self.founders: list[NodeId] = []
         self._submitted = 0
         self._unsafe = 0
@@ -278,10 +298,8 @@ class EcastRun(RouterGroupRun):
         router = Router(
             rid, self.initial, params, routers=founders, seeds=seeds, role_of=self.role_of
         )
-        rec = RouterRecord()
         self.routers[rid] = router
-        self.router_recs[rid] = rec
-        node = self.sim.add(rid, RouterHost(router, rec, lambda: self.sim.now))
+        node = self.sim.add(rid, RouterHost(router, self.history.router(rid), lambda: self.sim.now))
         router.link_lag = node.link.unacked_messages  # as the TCP runtime wires it
         return router.ufab
 
@@ -310,11 +328,9 @@ class EcastRun(RouterGroupRun):
         pid = f"{prefix}{self._next_app}"
         routers = [r for r in self.live()] or self.founders
         ep = Endpoint(pid, routers, self.cfg.endpoint, role_of=self.role_of)
-        rec = AppRecord(role)
         react = self._react if role == "submitter" and self.cfg.react > 0 else None
-        host = AppHost(pid, ep, rec, react, self.app)
+        host = AppHost(pid, ep, self.history.log(pid), role, react, self.app)
         self.apps[pid] = host
-        self.app_recs[pid] = rec
         self.sim.add(pid, host)
         header = self.app.join_header(role, pid)
         self.sim.call(pid, lambda h, now: h.record_submission(*h.ep.join(now, **header), now))
@@ -333,7 +349,7 @@ class EcastRun(RouterGroupRun):
         return [
             p
             for p, h in self.apps.items()
-            if (role is None or h.rec.role == role) and self._app_alive(p)
+            if (role is None or h.role == role) and self._app_alive(p)
         ]
 
     def _submit(self, unsafe: bool = False) -> None:
@@ -368,27 +384,31 @@ class EcastRun(RouterGroupRun):
         )
 
     # ------------------------------------------------------------------ application faults
+    def _crash_app(self, pid: NodeId) -> None:
+        self.sim.crash(pid)
+        host = self.apps[pid]
+        host.crashed = True
+        host.events.append(Crash(self.sim.now))
+
     def _fault_app_crash(self) -> None:
-        crashed = sum(1 for h in self.app_recs.values() if h.crashed)
-        candidates = [p for p in self._apps() if self.apps[p].rec.role != "monitor"]
+        crashed = sum(1 for h in self.apps.values() if h.crashed)
+        candidates = [p for p in self._apps() if self.apps[p].role != "monitor"]
         if crashed >= 3 or len(candidates) < 3:
             return
         victim = candidates[self.rng.randrange(len(candidates))]
-        self.sim.crash(victim)
-        self.app_recs[victim].crashed = True
+        self._crash_app(victim)
         self._note(f"crash app {victim}")
         self.sim.at(self.sim.now + self.cfg.monitor_delay, lambda: self._monitor_suspect([victim]))
 
     def _fault_app_silent_crash(self) -> None:
         """A process dies and nobody suspects it: only its lease running out (the leader's
         suspect) lets the messages it was to confirm become stable."""
-        crashed = sum(1 for h in self.app_recs.values() if h.crashed)
-        candidates = [p for p in self._apps() if self.apps[p].rec.role != "monitor"]
+        crashed = sum(1 for h in self.apps.values() if h.crashed)
+        candidates = [p for p in self._apps() if self.apps[p].role != "monitor"]
         if crashed >= 3 or len(candidates) < 3:
             return
         victim = candidates[self.rng.randrange(len(candidates))]
-        self.sim.crash(victim)
-        self.app_recs[victim].crashed = True
+        self._crash_app(victim)
         self._silent.add(victim)
         self._note(f"crash app {victim} silently")
 
@@ -417,17 +437,14 @@ class EcastRun(RouterGroupRun):
         host = self.apps[old]
         items = [host.sent[seq] for seq in sorted(host.sent)]
         if not overlap:
-            self.sim.crash(old)
-            self.app_recs[old].crashed = True
+            self._crash_app(old)
             self.sim.at(self.sim.now + self.cfg.monitor_delay, lambda: self._monitor_suspect([old]))
         self._next_app += 1
         pid = f"h{self._next_app}"
         routers = [r for r in self.live()] or self.founders
         ep = Endpoint(pid, routers, self.cfg.endpoint, session=host.ep.session)
-        rec = AppRecord("handover")
-        new = AppHost(pid, ep, rec, None, self.app)
+        new = AppHost(pid, ep, self.history.log(pid), "handover", None, self.app)
         self.apps[pid] = new
-        self.app_recs[pid] = rec
         self.sim.add(pid, new)
         kind = "overlap" if overlap else "sequence"
         self._note(f"handover ({kind}) of {old}'s session to {pid}, {len(items)} messages")
@@ -435,7 +452,7 @@ class EcastRun(RouterGroupRun):
         self.sim.call(pid, lambda h, now: h.resubmit(items, now))
 
     def _fault_false_suspicion(self) -> None:
-        candidates = [p for p in self._apps() if self.apps[p].rec.role != "monitor"]
+        candidates = [p for p in self._apps() if self.apps[p].role != "monitor"]
         if len(candidates) < 3 or len(self._false_suspects) >= 2:
             return
         victim = candidates[self.rng.randrange(len(candidates))]
@@ -471,7 +488,7 @@ class EcastRun(RouterGroupRun):
         candidates = [
             p
             for p in self._apps()
-            if self.apps[p].rec.role != "monitor" and self.apps[p].accepts_work()
+            if self.apps[p].role != "monitor" and self.apps[p].accepts_work()
         ]
         if len(candidates) < 3:
             return
@@ -495,7 +512,7 @@ class EcastRun(RouterGroupRun):
             return False
         for p in self.correct_apps():
             ep = self.apps[p].ep
-            joins = self.apps[p].rec.role != "handover"  # a light client never joins
+            joins = self.apps[p].role != "handover"  # a light client never joins
             if ep.window or ep.queued or ep.control or (joins and ep.joined_at is None):
                 return False
         # A process that died without anyone suspecting it is not done with until its
@@ -504,8 +521,8 @@ class EcastRun(RouterGroupRun):
         expelled = self.routers[correct[0]].state.expelled
         return all(
             p in expelled
-            for p, rec in self.app_recs.items()
-            if rec.crashed and rec.role != "handover" and self.apps[p].ep.joined_at is not None
+            for p, h in self.apps.items()
+            if h.crashed and h.role != "handover" and h.ep.joined_at is not None
         )
 
     def run(self) -> EcastRunResult:
@@ -547,7 +564,7 @@ class EcastRun(RouterGroupRun):
     def status_line(self) -> str:
         number, members = self.latest_view()
         leader = self.leader() or "-"
-        acked = sum(1 for r in self.app_recs.values() for e in r.events if e[0] == "ack")
+        acked = sum(1 for h in self.apps.values() for e in h.events if type(e) is Ack)
         unstable = {r: self.routers[r].unstable() for r in members if r in set(self.live())}
         return (
             f"t={self.sim.now:7.3f}s view {number} {list(members)} leader {leader} "
@@ -555,38 +572,34 @@ class EcastRun(RouterGroupRun):
         )
 
     def _verdict(self, settled: bool, wall: float) -> EcastRunResult:
-        parted = self.parted_by_group()
-        for r, rec in self.router_recs.items():
-            rec.crashed = not self.sim.nodes[r].alive
-            rec.stopped = self.routers[r].stopped or r in parted
-        ref = build_reference(self.initial, self.router_recs)
-        violations: list[str] = []
-        for check in SAFETY:
-            violations.extend(check(ref, self.app_recs))
         quorum = self.quorum_up()
+        verdict = check_history(self.history, self.initial, liveness=quorum)
+        ref = verdict.reference
+        violations = verdict.messages()
         if quorum:
-            for check in LIVENESS:
-                violations.extend(check(ref, self.app_recs))
             if not settled:
                 violations.append("termination: the run did not quiesce within the settle time")
             violations.extend(self._memory_violations())
         violations.extend(self.app.check(self, quorum and settled))
         for p in self._false_suspects:
-            if p in ref.suspected and self.app_recs[p].terminated == "suspected":
+            if p in ref.suspected and self.apps[p].ep.terminated == "suspected":
                 self.situations["false_suspicion"] += 1
         lease_suspects = {
             p
-            for m in ref.mseq.values()
+            for m in ref.messages.values()
             if m.sender == ROUTERS
             for p in (m.header.get("who", ()) if type(m.header) is dict else ())
         }
         self.situations["lease_suspect"] += len(self._silent & lease_suspects)
-        delivered = sum(1 for r in self.app_recs.values() for e in r.events if e[0] == "dlv")
-        acked = sum(1 for r in self.app_recs.values() for e in r.events if e[0] == "ack")
-        uns = [e for r in self.app_recs.values() for e in r.events if e[0] == "uns"]
+        events = [e for h in self.apps.values() for e in h.events]
+        delivered = sum(1 for e in events if type(e) is Deliver)
+        acked = sum(1 for e in events if type(e) is Ack)
+        uns = [e for e in events if type(e) is DeliverUnsafe]
         # An unsafe copy from a leader that had sent its destination nothing since it took
         # over (no tag), accepted: the case a leader change would otherwise starve.
-        self.situations["unsafe_untagged_accepted"] += sum(1 for e in uns if e[1] < 0 and e[4])
+        self.situations["unsafe_untagged_accepted"] += sum(
+            1 for e in uns if e.tag < 0 and e.accepted
+        )
         stats = self.summed_stats(
             [self.routers[r].stats for r in self.routers] + [c.stats for c in self.cores.values()]
         )
@@ -595,7 +608,7 @@ class EcastRun(RouterGroupRun):
             messages=self._submitted,
             delivered=delivered,
             stable=acked,
-            unsafe_accepted=sum(1 for e in uns if e[4]),
+            unsafe_accepted=sum(1 for e in uns if e.accepted),
             unsafe_delivered=len(uns),
             violations=violations,
             situations=dict(self.situations),

@@ -16,19 +16,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ecast.core.config import BroadcastConfig, Config
+from ecast.core.config import KIND, BroadcastConfig, Config
 from ecast.core.effects import Effects, NodeId, carry_out
 from ecast.core.endpoint import Endpoint, EndpointParams
 from ecast.core.roles import APPLICATION, ROUTER
 from ecast.core.router import Router, RouterParams
 from ecast.core.ufabcast import Ufabcast, UfabParams
-from ecast.sim.ecast_checks import (
-    LIVENESS,
-    SAFETY,
-    AppRecord,
-    build_reference,
-)
-from ecast.sim.ecast_checks import RouterRecord as EcastRouterRecord
+from ecast.history import Crash, Deliver, History, check_history
 from ecast.sim.ecast_run import AppHost, RouterHost
 from ecast.sim.ufab import LogApp
 from ecast.sim.ufab_checks import (
@@ -221,7 +215,8 @@ class ManualNet(ScriptedNet):
 
 
 class EcastNet(ScriptedNet):
-    """E-Cast routers and application endpoints, recorded for the E-Cast checkers."""
+    """E-Cast routers and application endpoints, recorded in a history (``history``) for
+    the E-Cast checkers."""
 
     def __init__(
         self,
@@ -235,8 +230,7 @@ class EcastNet(ScriptedNet):
         self.router_params = router_params or RouterParams()
         self.endpoint_params = endpoint_params or EndpointParams()
         self.founders = list(routers)
-        self.router_recs: dict[NodeId, EcastRouterRecord] = {}
-        self.app_recs: dict[NodeId, AppRecord] = {}
+        self.history = History()
         for r in routers:
             self.add_router(r, routers=routers)
 
@@ -249,20 +243,16 @@ class EcastNet(ScriptedNet):
         router = Router(
             rid, self.config, self.router_params, routers=routers, seeds=seeds, role_of=self.role_of
         )
-        rec = EcastRouterRecord()
-        self.router_recs[rid] = rec
-        self.add(rid, RouterHost(router, rec, lambda: self.now))
+        self.add(rid, RouterHost(router, self.history.router(rid), lambda: self.now))
         return router
 
     def role_of(self, peer: NodeId) -> str:
         """As the runtime's credentials would say: routers are routers, the rest apps."""
-        return ROUTER if peer in self.router_recs else APPLICATION
+        return ROUTER if peer in self.history.routers else APPLICATION
 
     def add_app(self, pid: NodeId, role: str = "member", join: bool = True) -> Endpoint:
         ep = Endpoint(pid, self.founders, self.endpoint_params, role_of=self.role_of)
-        rec = AppRecord(role)
-        self.app_recs[pid] = rec
-        self.add(pid, AppHost(pid, ep, rec))
+        self.add(pid, AppHost(pid, ep, self.history.log(pid), role))
         if join:
             self.call(pid, lambda h, now: h.record_submission(*h.ep.join(now, role=role), now))
         return ep
@@ -285,28 +275,24 @@ class EcastNet(ScriptedNet):
     def suspect(self, pid: NodeId, who: list[NodeId]) -> None:
         self.call(pid, lambda h, now: h.record_submission(*h.ep.suspect(who, now), now))
 
+    def crash(self, node_id: NodeId) -> None:
+        super().crash(node_id)
+        if node_id in self.history.processes:
+            self.history.log(node_id).append(Crash(self.now))
+
     def delivered(self, pid: NodeId) -> list[Any]:
-        """Payloads ``pid`` delivered (safe deliveries, in order)."""
-        ref_ids = {e[2] for e in self.app_recs[pid].events if e[0] == "dlv"}
-        payloads = {}
-        for rec in self.router_recs.values():
-            for m in rec.learned.values():
-                if m.id in ref_ids:
-                    payloads[m.id] = m.payload
-        return [payloads.get(e[2]) for e in self.app_recs[pid].events if e[0] == "dlv"]
+        """Payloads ``pid`` delivered (safe deliveries, in order; None for membership
+        messages)."""
+        return [
+            None if type(e.header) is dict and KIND in e.header else e.payload
+            for e in self.history.of_kind(pid, Deliver)
+        ]
 
     def violations(self, liveness: bool = True) -> list[str]:
-        for pid, rec in self.app_recs.items():
-            rec.crashed = pid in self.crashed
-        ref = build_reference(self.config, self.router_recs)
-        out: list[str] = []
-        for check in SAFETY:
-            out.extend(check(ref, self.app_recs))
+        out = check_history(self.history, self.config, liveness=liveness).messages()
         if liveness:
-            for check in LIVENESS:
-                out.extend(check(ref, self.app_recs))
             # Quiescence: once the script settles, a live router holds nothing unstable.
-            for rid in self.router_recs:
+            for rid in self.history.routers:
                 if rid in self.crashed or rid not in self.nodes:
                     continue
                 r = self.router(rid)

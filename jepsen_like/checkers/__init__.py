@@ -1,7 +1,9 @@
-"""Checkers for recorded histories: Elle's list-append, the bank, and their shared result.
+"""Checkers for recorded histories: Elle's list-append, the bank, E-Cast's multicast,
+and their shared result.
 
-Pure library code (standard library only): a fault-injection runner and the simulators
-record histories (``history``), and ``check_all`` judges one against its workload.
+Pure library code (the standard library, and for the multicast workload
+``ecast.history``): a fault-injection runner and the simulators record histories
+(``history``), and ``check_all`` judges one against its workload.
 """
 
 from jepsen_like.checkers.bank import BankOptions
@@ -14,6 +16,7 @@ from jepsen_like.checkers.history import (
     write_history,
 )
 from jepsen_like.checkers.list_append import MODELS, ListAppendOptions
+from jepsen_like.checkers.multicast import MulticastOptions
 from jepsen_like.checkers.result import CheckResult
 from jepsen_like.checkers.run import check_all, workload_options
 
@@ -24,6 +27,7 @@ __all__ = [
     "CheckResult",
     "HistoryError",
     "ListAppendOptions",
+    "MulticastOptions",
     "Op",
     "check_all",
     "pair_calls",

@@ -1,8 +1,9 @@
 """``python -m jepsen_like.checkers HISTORY WORKLOAD``: check a recorded history file.
 
-WORKLOAD is a name (``list-append``), a JSON description (see ``run``), or ``@file`` for a
-JSON file holding one.  Prints the report, or its JSON with ``--json``; exits 0 when
-valid, 1 when invalid, 2 when nothing could be checked, 3 when the input is malformed.
+WORKLOAD is a name (``list-append``, ``bank``, ``multicast``), a JSON description (see
+``run``), or ``@file`` for a JSON file holding one.  Prints the report, or its JSON with
+``--json``; exits 0 when valid, 1 when invalid, 2 when nothing could be checked, 3 when
+the input is malformed.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def _workload(text: str) -> Any:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jepsen_like.checkers", description=__doc__)
     parser.add_argument("history", help="a JSON-lines history file")
-    parser.add_argument("workload", help="list-append, a JSON workload, or @file.json")
+    parser.add_argument("workload", help="list-append, multicast, a JSON workload, or @file.json")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     try:

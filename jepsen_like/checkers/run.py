@@ -7,34 +7,41 @@ same call works on a live run and on a file found later::
     {"name": "list-append", "edges": ["ww", "wr", "rw", "process", "realtime"]}
     {"name": "bank", "accounts": [0, 1, 2, 3], "initial_balance": 10}
     {"name": "bank", "initial": {"a": 5, "b": 15}, "allow_negative": true}
+    {"name": "multicast", "config": "ecast:KeyRingConfig", "config_args": {"replication": 3}}
 
-The options objects of the checkers (``ListAppendOptions``, ``BankOptions``) are accepted
-as well, and the name ``"list-append"`` alone means its defaults.
+The options objects of the checkers (``ListAppendOptions``, ``BankOptions``,
+``MulticastOptions``) are accepted as well, and a name alone (``"list-append"``,
+``"multicast"``) means its defaults.  A multicast history is E-Cast's own format
+(:mod:`jepsen_like.checkers.multicast`), not operations.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from jepsen_like.checkers import bank, list_append
+from jepsen_like.checkers import bank, list_append, multicast
 from jepsen_like.checkers.bank import BankOptions
-from jepsen_like.checkers.history import Op, read_history
+from jepsen_like.checkers.history import read_history
 from jepsen_like.checkers.list_append import ListAppendOptions
+from jepsen_like.checkers.multicast import MulticastOptions
 from jepsen_like.checkers.result import DEFAULT_MAX_EXAMPLES, CheckResult
 
-Workload = str | Mapping[str, Any] | ListAppendOptions | BankOptions
+Workload = str | Mapping[str, Any] | ListAppendOptions | BankOptions | MulticastOptions
+Options = ListAppendOptions | BankOptions | MulticastOptions
 
 
-def workload_options(workload: Workload) -> ListAppendOptions | BankOptions:
+def workload_options(workload: Workload) -> Options:
     """The checker options a workload description asks for; unknown fields are errors."""
-    if isinstance(workload, ListAppendOptions | BankOptions):
+    if isinstance(workload, ListAppendOptions | BankOptions | MulticastOptions):
         return workload
     if isinstance(workload, str):
         workload = {"name": workload}
     spec = dict(workload)
     name = spec.pop("name", None)
+    if name == "multicast":
+        return MulticastOptions.from_spec(spec)
     max_examples = spec.pop("max_examples", DEFAULT_MAX_EXAMPLES)
     if name == "list-append":
         model = spec.pop("model", None)
@@ -70,7 +77,7 @@ def workload_options(workload: Workload) -> ListAppendOptions | BankOptions:
         return BankOptions(
             initial=initial, allow_negative=allow_negative, max_examples=max_examples
         )
-    raise ValueError(f"unknown workload {name!r}; known: bank, list-append")
+    raise ValueError(f"unknown workload {name!r}; known: bank, list-append, multicast")
 
 
 def _no_leftovers(name: str, spec: Mapping[str, Any]) -> None:
@@ -78,9 +85,12 @@ def _no_leftovers(name: str, spec: Mapping[str, Any]) -> None:
         raise ValueError(f"the {name} workload has no setting {sorted(spec)}")
 
 
-def check_all(history: Iterable[Op] | str | os.PathLike[str], workload: Workload) -> CheckResult:
-    """Check a history (ops, or the path of a JSON-lines file) against its workload."""
+def check_all(history: Any, workload: Workload) -> CheckResult:
+    """Check a history (ops, or the path of a JSON-lines file; for the multicast workload
+    an ``ecast.history.History`` or its file) against its workload."""
     options = workload_options(workload)
+    if isinstance(options, MulticastOptions):
+        return multicast.check(history, options)
     ops = read_history(history) if isinstance(history, str | os.PathLike) else history
     if isinstance(options, BankOptions):
         return bank.check(ops, options)

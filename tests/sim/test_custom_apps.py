@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from ecast.core.config import EMPTY, KIND, Membership
 from ecast.core.effects import NodeId
 from ecast.core.message import Message
+from ecast.history import Deliver
 from ecast.sim.__main__ import ecast_config
 from ecast.sim.ecast_run import AppHost, Application, EcastRun, run_ecast
 from tests import report
@@ -104,14 +105,14 @@ class EchoApp(Application):
         out: list[str] = []
         alive = {p for p in run.apps if run._app_alive(p)}
         index = {}
-        for rec in run.router_recs.values():
-            for m in rec.learned.values():
+        for log in run.history.routers.values():
+            for m in log.learned.values():
                 index[m.id] = m
         for d, host in run.apps.items():
             delivered = [
-                index[e[2]]
-                for e in host.rec.events
-                if e[0] == "dlv" and e[2] in index and index[e[2]].kind is None
+                index[e.id]
+                for e in host.events
+                if type(e) is Deliver and e.id in index and index[e.id].kind is None
             ]
             for s in sorted({m.sender for m in delivered} & alive - {d}):
                 if d not in alive or not quiescent:

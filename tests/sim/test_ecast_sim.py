@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from ecast.core.endpoint import ENDPOINT_MUTATIONS
 from ecast.core.router import ROUTER_MUTATIONS
+from ecast.history import LIVENESS, SAFETY, Ack, Submit
 from ecast.sim.__main__ import ecast_config, replay_command
-from ecast.sim.ecast_checks import LIVENESS, SAFETY
 from ecast.sim.ecast_run import ECAST_SITUATIONS, EcastRun, run_ecast
 from tests import ecast_scenarios as sc
 from tests import report
@@ -69,9 +69,7 @@ def _run_schedules(n: int, all_leaders: bool, label: str) -> Counter[str]:
     one()
     report.SCHEDULES[label] += ran
     report.SITUATIONS[label] = reached
-    report.CHECKERS_PASSED[label] = [
-        c.__name__.removeprefix("check_").replace("_", "-") for c in SAFETY + LIVENESS
-    ] + ["bounded-memory", "quiescence"]
+    report.CHECKERS_PASSED[label] = [*SAFETY, *LIVENESS, "bounded-memory", "quiescence"]
     assert ran >= n
     assert without_quorum <= ran // 20
     return reached
@@ -158,9 +156,9 @@ def test_a_closing_process_is_acknowledged_by_the_router_that_collected_its_part
             part = getattr(host.ep, "_part_id", None)
             if part is None:
                 continue
-            events = run.app_recs[p].events
-            sent = next(e[2] for e in events if e[0] == "sub" and e[1] == part)
-            acked = next(e[4] for e in events if e[0] == "ack" and e[1] == part)
+            events = host.events
+            sent = next(e.time for e in events if type(e) is Submit and e.id == part)
+            acked = next(e.time for e in events if type(e) is Ack and e.id == part)
             assert acked - sent < timeout / 4, (seed, p, acked - sent)
             parts += 1
     assert parts >= 3

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from ecast.core.config import BroadcastConfig, KeyRingConfig, load_config, restore_config
 from ecast.core.message import Message
 from ecast.core.mseq import MSeq
+from ecast.history import Ack
 
 PROCS = ["p1", "p2", "p3", "p4", "p5"]
 
@@ -208,8 +209,8 @@ def test_a_config_that_raises_has_one_outcome_on_every_router() -> None:
     # "boom" went nowhere (its destination set is empty everywhere) but was acknowledged
     # as ignored; "fine" after it was delivered; no router diverged.
     assert n.delivered("b")[-1:] == ["fine"]
-    acks = [e for e in n.app_recs["a"].events if e[0] == "ack"]
-    assert [e[3] for e in acks][-2:] == [False, True]
+    acks = n.history.of_kind("a", Ack)
+    assert [e.delivered for e in acks][-2:] == [False, True]
     leader = n.router("r1")
     assert leader.stats["config_errors"] >= 1
     assert "a bug in the config" in leader.guard.last_error

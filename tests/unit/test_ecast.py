@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ecast import history
 from ecast.core.config import KeyRingConfig
 from ecast.core.effects import UnexpectedMessage
 from ecast.core.endpoint import Acked, Endpoint, EndpointClosed, EndpointParams, LeaderChanged
@@ -34,7 +35,11 @@ def sent(n, kind, src=None, dst=None):  # type: ignore[no-untyped-def]
 
 
 def acks_of(n, pid):  # type: ignore[no-untyped-def]
-    return [e for e in n.app_recs[pid].events if e[0] == "ack"]
+    return n.history.of_kind(pid, history.Ack)
+
+
+def unsafe_of(n, pid):  # type: ignore[no-untyped-def]
+    return n.history.of_kind(pid, history.DeliverUnsafe)
 
 
 def test_broadcast_delivers_one_order_and_acknowledges_with_timestamps() -> None:
@@ -49,8 +54,8 @@ def test_broadcast_delivers_one_order_and_acknowledges_with_timestamps() -> None
     assert orders["a"] == orders["b"] == orders["c"]
     assert sorted(orders["a"]) == [f"m{i}" for i in range(6)]
     for p in "abc":
-        acks = [e for e in acks_of(n, p) if e[2] is not None]
-        assert len(acks) == 3 and all(e[3] for e in acks)  # join + two messages, delivered
+        acks = [e for e in acks_of(n, p) if e.t is not None]
+        assert len(acks) == 3 and all(e.delivered for e in acks)  # join + two messages, delivered
     assert n.violations() == []
 
 
@@ -61,7 +66,7 @@ def test_forwarding_keeps_strict_t_order_per_destination() -> None:
         assert ts == sorted(set(ts))
     # The new leader sent x again; a confirmed the duplicate; x became stable.
     assert n.notes["a delivered before the crash"] == [None, None, "x"]
-    assert [e[1] for e in acks_of(n, "a")][-1] == (("a", 0, ""), 1)  # x, the data session's first
+    assert [e.id for e in acks_of(n, "a")][-1] == (("a", 0, ""), 1)  # x, the data session's first
     assert n.violations() == []
 
 
@@ -82,7 +87,7 @@ def test_route_of_a_learned_unstable_message_is_not_proposed_again() -> None:
     n.inject("b", "r1", Route((sub,)))  # b routes the same submission too
     n.settle(0.5)
     assert r1.stats["routed"] == routed  # neither was proposed again
-    assert any(e[1] == sub.id for e in acks_of(n, "a"))
+    assert any(e.id == sub.id for e in acks_of(n, "a"))
     # Every process that routed the message gets the stable acknowledgement.
     to_b = [a for _s, _d, m in sent(n, Stable, dst="b") for a in m.acks if a[0] == sub.id]
     assert to_b and to_b[0][1] is not None
@@ -96,7 +101,7 @@ def test_message_nobody_receives_is_acknowledged_at_once_as_not_delivered() -> N
     n.submit("stranger", "lost")
     n.settle(0.3)
     (ack,) = acks_of(n, "stranger")
-    _k, _id, t, delivered, _at = ack
+    _id, t, delivered, _at = ack
     assert t is not None and delivered is False
     assert n.violations() == []
 
@@ -157,10 +162,10 @@ def test_close_ends_at_the_own_part_but_confirms_until_it_is_stable() -> None:
 
 def test_unsafe_message_is_accepted_only_where_the_tag_matches() -> None:
     n = sc.unsafe_then_safe()
-    uns = [e for e in n.app_recs["b"].events if e[0] == "uns"]
-    assert uns and uns[0][4] is True  # tag == t_max at b
+    uns = unsafe_of(n, "b")
+    assert uns and uns[0].accepted is True  # tag == t_max at b
     # Never confirmed, acknowledged or kept: no Confirm followed only the unsafe delivery.
-    assert not any(e[1] == uns[0][3].id for e in acks_of(n, "a"))
+    assert not any(e.id == uns[0].id for e in acks_of(n, "a"))
     assert n.endpoint("a").window == {}
     # Sent to a router that never forwarded anything to b: tag None, not accepted.
     n.submit_unsafe("a", "via r2")
@@ -174,25 +179,25 @@ def test_unsafe_message_is_accepted_only_where_the_tag_matches() -> None:
 def test_unsafe_messages_are_accepted_after_a_takeover_with_no_safe_traffic() -> None:
     n = sc.unsafe_after_takeover()
     assert n.notes["leader"] == "r2"
-    uns = [e for e in n.app_recs["b"].events if e[0] == "uns"]
-    # ("uns", tag, frontier, message, accepted): r2 had sent b nothing, so no tag (-1).
-    assert [(e[1], e[3].payload, e[4]) for e in uns] == [(-1, "u", True)]
+    uns = unsafe_of(n, "b")
+    # r2 had sent b nothing, so no tag (-1).
+    assert [(e.tag, e.payload, e.accepted) for e in uns] == [(-1, "u", True)]
     assert not n.violations()
 
 
 def test_unsafe_copies_to_a_destination_whose_link_lags_are_dropped() -> None:
     n = sc.unsafe_then_safe()
-    before = len([e for e in n.app_recs["b"].events if e[0] == "uns"])
+    before = len(unsafe_of(n, "b"))
     r1 = n.router("r1")
     r1.link_lag = lambda d: r1.p.unsafe_lag_limit + 1 if d == "b" else 0
     n.submit_unsafe("a", "shed")
     n.settle(0.2)
-    assert len([e for e in n.app_recs["b"].events if e[0] == "uns"]) == before
+    assert len(unsafe_of(n, "b")) == before
     assert r1.stats["unsafe_dropped"] >= 1
     r1.link_lag = lambda d: 0  # caught up: unsafe copies flow again
     n.submit_unsafe("a", "flows")
     n.settle(0.2)
-    assert len([e for e in n.app_recs["b"].events if e[0] == "uns"]) == before + 1
+    assert len(unsafe_of(n, "b")) == before + 1
     assert n.violations() == []
 
 
@@ -409,7 +414,7 @@ def test_an_idle_pipeline_neither_delays_stable_notices_nor_acknowledgements() -
         n.settle(0.3)
         n.submit("a", "x")
         start = n.now
-        while not [e for e in acks_of(n, "a") if e[1] == (("a", 0, ""), 1)]:  # x
+        while not [e for e in acks_of(n, "a") if e.id == (("a", 0, ""), 1)]:  # x
             n.settle(0.001, step=0.001)
         return n.now - start
 
@@ -531,9 +536,9 @@ def test_a_second_submitter_of_an_in_flight_message_is_acked_without_a_timeout()
     start = n.now
     n.settle(0.3)
     acks_b = acks_of(n, "b")
-    assert [e[1] for e in acks_b] == [(a.session, 1)]
-    assert acks_b[0][4] - start < 0.1  # not after a 2-s progress timeout
-    assert [e[2] for e in acks_b] == [e[2] for e in acks_of(n, "a") if e[1] == (a.session, 1)]
+    assert [e.id for e in acks_b] == [(a.session, 1)]
+    assert acks_b[0].time - start < 0.1  # not after a 2-s progress timeout
+    assert [e.t for e in acks_b] == [e.t for e in acks_of(n, "a") if e.id == (a.session, 1)]
     assert n.delivered("watcher").count("x") == 1
     assert not n.violations()
 
