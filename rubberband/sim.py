@@ -314,14 +314,16 @@ class RbProcess:
                 fx.extend(more)
                 self.run.note(f"super votes {p} out after {now - last:.2f}s of silence")
 
-    def plan_and_submit(self, op: tuple[Any, ...], now: float, again: Any = None) -> Effects:
+    def plan_and_submit(
+        self, op: tuple[Any, ...], now: float, again: Any = None, force: bool = False
+    ) -> Effects:
         """Plan ``op`` and submit it; ``again`` is what to do if it turns out stale
         (default: the same request, planned from the newer configuration)."""
         sup = self.super
         assert sup is not None
         fx = Effects()
         try:
-            proposal = sup.plan(*op, force=True)
+            proposal = sup.plan(*op, force=force)
         except Refused as e:
             self.run.refused.append(f"{op}: {e}")
             return fx
@@ -726,10 +728,10 @@ class RubberbandRun(RouterGroupRun):
         s = self._super()
         return s.super.config if s is not None and s.super is not None else None
 
-    def _admin(self, op: tuple[Any, ...], again: Any = None) -> None:
+    def _admin(self, op: tuple[Any, ...], again: Any = None, force: bool = False) -> None:
         if self._super() is None:
             return
-        self.sim.call(SUPER, lambda h, now: h.plan_and_submit(op, now, again))
+        self.sim.call(SUPER, lambda h, now: h.plan_and_submit(op, now, again, force))
         if (
             "crash" in self.cfg.faults
             and self.sim.now < self.cfg.fault_time
@@ -745,7 +747,7 @@ class RubberbandRun(RouterGroupRun):
         c = self._config()
         if c is None or self.sim.now >= self.cfg.fault_time:
             return
-        standby = sorted(c.standby())
+        standby = sorted(p for p in c.standby() if self.sim.nodes[p].alive)
         if not standby:
             self.add_storage()
             self.sim.at(self.sim.now + 0.1, self._fault_expand)
@@ -773,7 +775,7 @@ class RubberbandRun(RouterGroupRun):
         c = self._config()
         if c is None or not len(c.keyspace) or self.sim.now >= self.cfg.fault_time:
             return
-        standby = sorted(c.standby())
+        standby = sorted(p for p in c.standby() if self.sim.nodes[p].alive)
         if not standby:
             self.add_storage()
             self.sim.at(self.sim.now + 0.1, self._fault_replace)
@@ -806,8 +808,8 @@ class RubberbandRun(RouterGroupRun):
         """Crash a storage process, a source of a migration if there is one; never the
         last holders of a range."""
         c = self._config()
-        if c is None:
-            return
+        if c is None or self.sim.now < 1.5:
+            return  # not while the initial keyspace is being built
         alive = [p for p in c.keyspace.processes if p in c.storage() and self.sim.nodes[p].alive]
         if len(alive) <= c.f:
             return
@@ -824,6 +826,11 @@ class RubberbandRun(RouterGroupRun):
             or self.procs[p].storage.incoming  # type: ignore[union-attr]
             or self.procs[p].storage.incomplete  # type: ignore[union-attr]
         }
+        if any(
+            not self.sim.nodes[p].alive or p not in c.storage() or p in c.incomplete
+            for p in c.keyspace.processes
+        ):
+            return  # one failure at a time: the last one is not repaired yet
         ks = c.keyspace
         self.planned = [(v, e) for v, e in self.planned if v > c.version or v in c.pending]
 
@@ -871,7 +878,9 @@ class RubberbandRun(RouterGroupRun):
             self.sim.at(self.sim.now + 0.2, lambda: self._repair(victim))
             return
         self._note(f"replace suspected {victim} with {standby[0]}")
-        self._admin(("replace", victim, standby[0]), lambda: self._repair(victim))
+        # A repair goes on even if data is lost (the operator's choice; the checkers then
+        # say what was lost).
+        self._admin(("replace", victim, standby[0]), lambda: self._repair(victim), force=True)
 
     def _repair_incomplete(self) -> None:
         """Replace every holder that is suspected, dead or incomplete (after the faults,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rubberband.config import RubberbandConfig, keyspace_header
-from rubberband.keys import EKey, decode_key, describe, encode_key
+from rubberband.keys import EKey, decode_key, describe, difference, encode_key
 from rubberband.optimizer import Plan, optimize
 from rubberband.placement import BadReconfiguration, Keyspace
 
@@ -112,6 +112,16 @@ class SuperCore:
             if isinstance(e, Refused):
                 raise
             raise Refused(str(e)) from None
+        # An incomplete process can be no source and gets no copies: a range handed to
+        # it is a replica short until it is repaired.  Repair first, unless forced.
+        for p in sorted(c.incomplete):
+            if p in after and not force:
+                gained = difference(after.partition(p), ks.partition(p))
+                if gained:
+                    raise Refused(
+                        f"{p} is incomplete and would take on {describe(gained)} without "
+                        "data: replace or contract it first (or force)"
+                    )
         # Sources must hold all their data: suspected and incomplete processes do not.
         plan = optimize(ks, after, c.excluded() | c.incomplete)
         if plan.lost and not force:
