@@ -123,7 +123,10 @@ class MSeq:
         return first
 
     def config_for(self, t: int) -> Config:
-        """The config of the prefix before ``t`` (``t == next_t``: the latest one)."""
+        """The config of the prefix before ``t`` (``t == next_t``: the latest one).
+
+        ``t`` must not lie below the floor's config: collected configs are gone, and
+        the index would wrap around to the latest one."""
         return self.configs[bisect_right(self.starts, t) - 1]
 
     @property

@@ -134,6 +134,21 @@ PINNED = [
         "clumping": True,
         "delayed_acks": False,
     },
+    # Every router leading: another leader's copies made a suspect stable and collected
+    # (with the config before it) while one router's frontier still lay below it; that
+    # router routed an unsafe copy with the wrapped-around latest config but tagged it
+    # with its stale frontier (unsafe-cut).
+    {
+        "seed": 40425,
+        "routers": 3,
+        "submitters": 3,
+        "receivers": 3,
+        "replication": 2,
+        "messages": 261,
+        "clumping": False,
+        "delayed_acks": True,
+        "all_leaders": True,
+    },
 ]
 
 

@@ -553,3 +553,38 @@ def test_a_process_that_left_is_never_suspected_by_lease() -> None:
         assert "b" not in router.state.expelled and "b" not in router.heard
         assert router.unstable() == 0
     assert n.violations() == []
+
+
+def test_unsafe_copies_are_routed_and_tagged_at_least_at_the_stable_floor() -> None:
+    """Where every router leads, another leader may make messages stable before this one
+    forwarded them: once collected, their configs are gone, and this leader's frontier
+    lies below the floor.  Its unsafe copies must name a frontier whose config routed
+    them (the floor's), not the stale one whose collected config wrapped to the latest."""
+    from ecast.core.message import Message
+    from ecast.core.router import RouterParams
+    from ecast.core.router.forwarding import Forwarding, StableNotices
+    from ecast.core.router.outbox import AppOutbox
+    from ecast.core.router.state import RouterState
+
+    st = RouterState(KeyRingConfig(1))
+    joins = tuple(
+        Message(p, ((f"@{p}", 0, ""), 1), {"kind": "join", "role": role}, None)
+        for p, role in (("d1", "receiver"), ("d2", "receiver"), ("s", "submitter"))
+    )
+    st.learn_routes(joins, None)
+    outbox = AppOutbox()
+    stats = {"delivered": 0, "unsafe_sent": 0, "unsafe_dropped": 0}
+    lead = Forwarding(st, RouterParams(), outbox, StableNotices(), stats)
+    lead.forward()
+    stale = lead.frontier
+    # d2 leaves; its part becomes stable and is collected before this leader forwards it.
+    st.learn_routes((Message("d2", (("@d2", 0, ""), 2), {"kind": "part"}, None),), None)
+    st.learn_stable(tuple((t, True) for t in range(st.mseq.next_t)), 16, None)
+    st.collect()
+    assert st.mseq.floor > stale and st.mseq.starts[0] > stale
+    lead.forward_unsafe("s", (Submission((("s", 0, "~u"), 1), {"key": "k"}, "u"),), None)
+    copies = [(p, item) for p, run in outbox.unsafe_runs.items() for item in run.items]
+    assert copies
+    for p, (_tag, frontier, m) in copies:
+        assert frontier >= st.mseq.floor
+        assert p in st.mseq.destset(frontier, m)

@@ -220,10 +220,17 @@ class Forwarding:
         the frontier meant for it is stable (so it delivered them), and the destination
         accepts the copy if it delivered nothing at or beyond the frontier.  Without
         this, a destination that gets no new safe traffic after a leader change would
-        reject every unsafe copy for good."""
+        reject every unsafe copy for good.
+
+        The frontier used is at least the stable floor: where several routers lead at
+        once (``all_leaders``), another leader's copies may make messages stable and
+        collected before this one forwarded them, leaving its own frontier below the
+        floor, where the configs are collected too (``config_for`` would give the wrong
+        one).  Everything below the floor is stable, so a destination that delivered a
+        collected message meant for it has ``t_max`` past its tag and rejects the copy."""
         st = self.state
-        frontier = self.frontier
         mseq = st.mseq
+        frontier = max(self.frontier, mseq.floor)
         config = mseq.config_for(frontier)
         destset = mseq.guard.destset
         suspects = st.suspects
