@@ -245,7 +245,7 @@ class RbProcess:
             if self.op is None:
                 fx.wake(max(now, self.next_op_at))  # the next operation without delay
             else:
-                fx.wake(now + 0.01)
+                fx.wake(now + 0.05)  # deadlines and retries
         return fx
 
     def _flush(self, run_: list[tuple[int, Message]]) -> list[tuple[Any, ...]]:
@@ -507,7 +507,7 @@ class RbProcess:
         for sid in [s for s, o in self.pending_acks.items() if o is op]:
             del self.pending_acks[sid]
         self.op = None
-        self.next_op_at = now + self.run.think
+        self.next_op_at = now if op.kind == "put" else now + self.run.think
 
 
 class _NoFilterGather(Gather):
@@ -543,6 +543,7 @@ class RubberbandRun(RouterGroupRun):
         self.refused: list[str] = []
         self.stopped: dict[NodeId, str] = {}
         self.anomalies: list[str] = []
+        self._next_quiet_check = 0.0
         self.planned: list[tuple[int, list[tuple[NodeId, NodeId]]]] = []
         """Copies of submitted plans not yet finished: what a crash would break."""
         self.terminated: dict[NodeId, str] = {}
@@ -740,12 +741,22 @@ class RubberbandRun(RouterGroupRun):
             self.sim.at(self.sim.now + self.rng.uniform(0.01, 0.08), self._crash_storage)
 
     # ------------------------------------------------------------------ nemesis
+    def _ring_healthy(self, c: RubberbandConfig) -> bool:
+        """Every holder alive, a member and complete: the nemesis reconfigures and
+        crashes only then.  Reconfiguring around a holder that died unnoticed, or that is
+        incomplete, hands its ranges on with fewer complete copies than f; compounding
+        that is the correlated failure of f holders that no replication survives."""
+        return all(
+            self.sim.nodes[p].alive and p in c.storage() and p not in c.incomplete
+            for p in c.keyspace.processes
+        )
+
     def _busy_clients(self) -> bool:
         return any(p.op is not None for p in self.procs.values() if p.client is not None)
 
     def _fault_expand(self) -> None:
         c = self._config()
-        if c is None or self.sim.now >= self.cfg.fault_time:
+        if c is None or self.sim.now >= self.cfg.fault_time or not self._ring_healthy(c):
             return
         standby = sorted(p for p in c.standby() if self.sim.nodes[p].alive)
         if not standby:
@@ -765,7 +776,7 @@ class RubberbandRun(RouterGroupRun):
 
     def _fault_contract(self) -> None:
         c = self._config()
-        if c is None or len(c.keyspace) <= c.f + 1:
+        if c is None or len(c.keyspace) <= c.f + 1 or not self._ring_healthy(c):
             return
         victim = c.keyspace.processes[self.rng.randrange(len(c.keyspace))]
         self._note(f"contract {victim}")
@@ -774,6 +785,8 @@ class RubberbandRun(RouterGroupRun):
     def _fault_replace(self) -> None:
         c = self._config()
         if c is None or not len(c.keyspace) or self.sim.now >= self.cfg.fault_time:
+            return
+        if not self._ring_healthy(c):
             return
         standby = sorted(p for p in c.standby() if self.sim.nodes[p].alive)
         if not standby:
@@ -786,7 +799,7 @@ class RubberbandRun(RouterGroupRun):
 
     def _fault_rebalance(self) -> None:
         c = self._config()
-        if c is None or len(c.keyspace) < 2:
+        if c is None or len(c.keyspace) < 2 or not self._ring_healthy(c):
             return
         i = self.rng.randrange(len(c.keyspace))
         ids = c.keyspace.ids
@@ -893,6 +906,15 @@ class RubberbandRun(RouterGroupRun):
                 self._repair(p)
 
     # ------------------------------------------------------------------ run
+    def _quiet_now_and_then(self) -> bool:
+        """``quiet`` at most every 10 ms of virtual time: the simulator asks after every
+        event, and the check walks every process."""
+        now = self.sim.now
+        if now < self._next_quiet_check:
+            return False
+        self._next_quiet_check = now + 0.01
+        return self.quiet()
+
     def quiet(self) -> bool:
         correct = self.correct_routers()
         if not correct or not self.group_quiescent(correct):
@@ -952,9 +974,9 @@ class RubberbandRun(RouterGroupRun):
             self.sim.run(cfg.fault_time)
             self.heal_everything()
             self._repair_incomplete()
-            self.sim.run(cfg.fault_time + cfg.settle_time / 2, stop=self.quiet)
+            self.sim.run(cfg.fault_time + cfg.settle_time / 2, stop=self._quiet_now_and_then)
             self._repair_incomplete()
-            self.sim.run(cfg.fault_time + cfg.settle_time, stop=self.quiet)
+            self.sim.run(cfg.fault_time + cfg.settle_time, stop=self._quiet_now_and_then)
             settled = self.quiet()
             self.final_phase = True
             self._final_keys = [key_of(i) for i in range(KEYS)]
