@@ -149,6 +149,20 @@ PINNED = [
         "delayed_acks": True,
         "all_leaders": True,
     },
+    # A submitter submitted its part and crashed before confirming it; the leader it had
+    # talked to crashed before its lease ran out.  The next leaders never heard from it
+    # and, its part having left the members, gave it no lease: nobody suspected it, and
+    # its part stayed unstable (every destination the leader waits for holds a lease).
+    {
+        "seed": 1748,
+        "routers": 3,
+        "submitters": 3,
+        "receivers": 3,
+        "replication": 2,
+        "messages": 176,
+        "clumping": False,
+        "delayed_acks": True,
+    },
 ]
 
 

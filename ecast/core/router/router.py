@@ -335,16 +335,28 @@ class Router:
 
     # ================================================================== leases
     def _expire_leases(self) -> None:
-        """The leader suspects every process silent past its lease, in one message."""
+        """The leader suspects every process silent past its lease, in one message.
+
+        Every destination it waits for holds a lease, even one it never heard from and
+        that is no member of the latest config: a process that parted and crashed before
+        confirming its own part, after the leader it talked to crashed too.  Its part
+        left the members, so ``_take_over`` gave it no lease, and without one nobody
+        would ever suspect it: its part would stay unstable for good."""
         now = self._now
+        st = self.state
+        heard = self.heard
+        if self.lead is not None:
+            for d in self.lead.waiting:
+                if d not in heard and d not in st.expelled and not st.gone(d):
+                    heard[d] = now
+                    self.apps.setdefault(d, None)
         default = self.p.client_lease
         leases = self.leases
-        expired = [p for p, h in self.heard.items() if now - h > leases.get(p, default)]
+        expired = [p for p, h in heard.items() if now - h > leases.get(p, default)]
         if not expired:
             return
-        st = self.state
         for p in expired:
-            del self.heard[p]
+            del heard[p]
         self.counts["leases_expired"] += len(expired)
         who = sorted(p for p in expired if p not in st.expelled and not st.gone(p))
         if not who:
