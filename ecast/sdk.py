@@ -100,26 +100,40 @@ def _packed_size(value: Any, what: str) -> int:
         ) from None
 
 
+def _header_size(header: dict[Any, Any]) -> int:
+    """A header's packed size: estimated from above for the common case (up to eight
+    str keys with simple values), else by a trial encoding.  A plain loop: this runs
+    per message, and generators cost more than the check itself."""
+    if len(header) <= 8:
+        size = 0
+        for k, v in header.items():
+            tv = type(v)
+            if type(k) is not str or tv not in _SIMPLE:
+                break
+            if tv is str or tv is bytes:
+                size += len(k) + 9 + len(v)
+            elif tv is int and not -(2**63) <= v < 2**64:
+                break
+            else:
+                size += len(k) + 9
+        else:
+            return size
+    return _packed_size(header, "header")
+
+
 def message_size(payload: Any, header: Any, limit: int, reserved: bool = True) -> int:
     """The packed size of a message; raises at the call for anything the routers refuse."""
     size = len(payload) + 5 if type(payload) is bytes else _packed_size(payload, "payload")
     if header is not None:
         if type(header) is not dict:
             raise InvalidMessage(f"a header is a dict (or None), not {type(header).__name__}")
-        if reserved and header.get(KIND) in MEMBERSHIP_KINDS:
+        kind = header.get(KIND)
+        if reserved and type(kind) is str and kind in MEMBERSHIP_KINDS:
             raise InvalidMessage(
                 f"header {KIND!r} values join, part and suspect are reserved for membership "
                 "messages: the client sends them itself (connect, close, suspect)"
             )
-        if len(header) <= 8 and all(
-            type(k) is str and type(v) in _SIMPLE and (type(v) is not int or -(2**63) <= v < 2**64)
-            for k, v in header.items()
-        ):
-            size += sum(
-                len(k) + 9 + (len(v) if type(v) in (str, bytes) else 0) for k, v in header.items()
-            )
-        else:
-            size += _packed_size(header, "header")
+        size += _header_size(header)
     if size > limit:
         raise MessageTooLarge(
             f"a message of {size} bytes exceeds the routers' limit of {limit} bytes "

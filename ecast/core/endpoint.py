@@ -596,12 +596,18 @@ class Endpoint:
 
     def _admit(self) -> None:
         """Move queued submissions into the window while the congestion window allows."""
-        while self.queued and len(self.window) < self.cwnd and self.terminated is None:
-            sub = self.queued.popleft()
-            if not self.waiting():
-                self._last_progress = self._now  # the progress clock starts with work
-            self.window[sub.id[1]] = sub
-            self._routes.append(sub)
+        queued = self.queued
+        room = self.cwnd - len(self.window)
+        if not queued or room <= 0 or self.terminated is not None:
+            return
+        if not self.waiting():
+            self._last_progress = self._now  # the progress clock starts with work
+        window = self.window
+        routes = self._routes
+        for _ in range(min(room, len(queued))):
+            sub = queued.popleft()
+            window[sub.id[1]] = sub
+            routes.append(sub)
 
     def _next_router(self) -> NodeId:
         order = self.succession or (self.target,)

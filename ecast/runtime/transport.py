@@ -7,10 +7,11 @@ sixteen, and the receivers' acknowledgements come back in one packet too.  The h
 mode, knowledge of the cluster secret) once, and derives a key per direction.
 
 Afterwards every packet is ``4-byte big-endian length || body || tag``: the body is a
-msgpack array of items (:mod:`ecast.wire.packet`) and ``tag`` the first 16 bytes of
-HMAC-SHA256 over the packet's sequence number in its direction (8 bytes) and the body,
-keyed with that direction's key.  The tag is checked before anything is decoded: a
-packet altered, dropped, replayed, reordered or injected on the way closes the connection.
+msgpack array of items (:mod:`ecast.wire.packet`) and ``tag`` the 16-byte GMAC of the body
+(AES-256-GCM with the body as associated data and nothing to encrypt), keyed with that
+direction's key, its nonce the packet's sequence number in its direction.  The tag is
+checked before anything is decoded: a packet altered, dropped, replayed, reordered or
+injected on the way closes the connection.
 It is one MAC per packet, and packets are batched (often tens of kilobytes), never one
 per message.  Without TLS, packets are readable on the way: the tag protects integrity,
 not confidentiality (``docs/security.md``).
@@ -31,6 +32,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 import msgpack
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ecast.core.effects import NodeId
 from ecast.runtime.handshake import (
@@ -54,7 +57,7 @@ __all__ = [
 
 HANDSHAKE_TIMEOUT = 5.0
 TAG = 16
-"""Bytes of the per-packet MAC (HMAC-SHA256, truncated)."""
+"""Bytes of the per-packet MAC (a GMAC tag)."""
 _JOIN_LIMIT = 64 * 1024
 READ_BUDGET = 256 * 1024
 """Bytes a connection may hand to the process per event-loop turn.  Beyond it the
@@ -67,38 +70,54 @@ log = logging.getLogger("ecast.runtime.transport")
 
 
 class PacketMac:
-    """One direction's packet tags: HMAC-SHA256 (truncated to ``TAG`` bytes) over the
-    packet's sequence number and its body, keyed with the direction's key.
+    """One direction's packet tags: GMAC (AES-256-GCM with the body as associated data
+    and an empty plaintext) with the direction's key, its 12-byte nonce the packet's
+    sequence number in that direction.
 
-    The keyed HMAC state is made once and copied per packet: keying it costs more than
-    tagging a small packet.  The sequence number makes a replayed, dropped or reordered
-    packet fail like an altered one.
+    GMAC rather than HMAC-SHA256 for speed: with AES-NI and carry-less multiply it tags
+    tens of kilobytes about ten times faster (25 KB: 1.4 µs against 14 µs), and tagging
+    was most of what integrity cost per message.  It is a standard MAC (NIST SP 800-38D)
+    as long as no nonce repeats under a key: each key serves one direction of one
+    connection (fresh from the handshake's ephemeral X25519 exchange and nonces) and the
+    sequence number only grows.  The sequence number also makes a replayed, dropped or
+    reordered packet fail like an altered one.
     """
 
-    __slots__ = ("_base", "seq")
+    __slots__ = ("_aead", "_aes", "seq")
 
     def __init__(self, key: bytes) -> None:
-        self._base = hmac.new(key, digestmod="sha256")
+        self._aead = AESGCM(key)
+        self._aes = algorithms.AES(key)
         self.seq = 0
 
-    def tag(self, parts: tuple[bytes, ...] | list[bytes]) -> bytes:
-        """The tag of the next packet sent, whose body is ``parts`` joined."""
-        mac = self._base.copy()
-        mac.update(self.seq.to_bytes(8, "big"))
+    def _nonce(self) -> bytes:
+        nonce = self.seq.to_bytes(12, "big")
         self.seq += 1
+        return nonce
+
+    def tag_body(self, body: bytes | memoryview) -> bytes:
+        """The tag of the next packet sent, whose body is ``body`` (contiguous)."""
+        return self._aead.encrypt(self._nonce(), b"", body)
+
+    def tag(self, parts: tuple[bytes, ...] | list[bytes]) -> bytes:
+        """The tag of the next packet sent, whose body is ``parts`` joined: for a packet
+        too large to join (the one-shot call needs one buffer)."""
+        if len(parts) == 1:
+            return self.tag_body(parts[0])
+        gcm = Cipher(self._aes, modes.GCM(self._nonce())).encryptor()
         for part in parts:
-            mac.update(part)
-        return mac.digest()[:TAG]
+            gcm.authenticate_additional_data(part)
+        gcm.finalize()
+        return gcm.tag
 
     def verify(self, packet: bytes | memoryview) -> bool:
         """Whether ``packet`` (body then tag) is the next packet in this direction."""
         n = len(packet)
         if n < TAG:
             return False
-        mac = self._base.copy()
-        mac.update(self.seq.to_bytes(8, "big"))
-        mac.update(packet[: n - TAG])
-        if not hmac.compare_digest(mac.digest()[:TAG], packet[n - TAG :]):
+        view = memoryview(packet)
+        expected = self._aead.encrypt(self.seq.to_bytes(12, "big"), b"", view[: n - TAG])
+        if not hmac.compare_digest(expected, view[n - TAG :]):
             return False
         self.seq += 1
         return True
@@ -328,13 +347,14 @@ class Connection(asyncio.Protocol):
         if t is None or self.state != "open":
             return
         assert self._send_mac is not None
-        tag = self._send_mac.tag((head, *parts))
-        size += TAG
         if size <= _JOIN_LIMIT:
-            t.write(b"".join((_LEN.pack(size), head, *parts, tag)))
+            # One buffer, length prefix included; the tag is over the body in place.
+            packet = b"".join((_LEN.pack(size + TAG), head, *parts))
+            t.writelines((packet, self._send_mac.tag_body(memoryview(packet)[4:])))
         else:
-            t.writelines((_LEN.pack(size) + head, *parts, tag))
-        self.bytes_out += 4 + size
+            tag = self._send_mac.tag((head, *parts))
+            t.writelines((_LEN.pack(size + TAG) + head, *parts, tag))
+        self.bytes_out += 4 + size + TAG
 
     def _send_plain(self, body: bytes) -> None:
         assert self.transport is not None

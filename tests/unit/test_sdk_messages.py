@@ -1,0 +1,58 @@
+"""The SDK's message check, without daemons: the size it computes never undercounts
+what the routers will see, and every refusal is a typed error, never a TypeError."""
+
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ecast.errors import InvalidMessage, MessageTooLarge
+from ecast.sdk import message_size
+
+simple = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.floats(allow_nan=False),
+    st.text(max_size=40),
+    st.binary(max_size=40),
+)
+nested = st.recursive(simple, lambda inner: st.lists(inner, max_size=3), max_leaves=6)
+
+
+@given(
+    payload=st.binary(max_size=300),
+    header=st.none() | st.dictionaries(st.text(max_size=10), nested, max_size=10),
+)
+def test_the_size_is_never_below_the_packed_message(payload: bytes, header: Any) -> None:
+    if header is not None:
+        header.pop("kind", None)
+    size = message_size(payload, header, 1 << 30)
+    packed = len(msgpack.packb(payload, use_bin_type=True))
+    if header is not None:
+        packed += len(msgpack.packb(header, use_bin_type=True))
+    assert size >= packed
+
+
+@pytest.mark.parametrize(
+    ("header", "error", "text"),
+    [
+        ({"kind": "join"}, InvalidMessage, "reserved for membership"),
+        ({"kind": "suspect"}, InvalidMessage, "reserved for membership"),
+        ({"k": {1, 2}}, InvalidMessage, "header cannot be encoded"),
+        ({1: object()}, InvalidMessage, "header cannot be encoded"),
+        ({"k": 2**64}, InvalidMessage, "header cannot be encoded"),
+        ([("k", 1)], InvalidMessage, "a header is a dict"),
+        ({"k": "x" * 200}, MessageTooLarge, "exceeds the routers' limit"),
+    ],
+)
+def test_bad_headers_raise_typed_errors(header: Any, error: type, text: str) -> None:
+    with pytest.raises(error, match=text):
+        message_size(b"x", header, 100)
+
+
+def test_an_unhashable_kind_is_an_ordinary_header_value() -> None:
+    # Not a membership kind, so allowed; it used to escape as TypeError from a set lookup.
+    assert message_size(b"x", {"kind": [1]}, 100) >= len(msgpack.packb({"kind": [1]}))
