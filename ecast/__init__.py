@@ -9,7 +9,9 @@ storage adapters, the fault-injection suite), which import nothing else of ``eca
   :class:`BroadcastConfig` and :class:`KeyRingConfig`, and the header conventions;
 - sans-IO building blocks for cores of one's own: :class:`Message`, :class:`Effects`,
   :class:`Core`, :class:`Endpoint` and its upcalls;
-- tools: the deterministic :mod:`simulator <ecast.sim>`, the local process launcher, and
+- tools: the deterministic :mod:`simulator <ecast.sim>`, the local process launcher, the
+  daemon helpers (:mod:`ecast.tools.daemon_kit`: settings from flags or TOML, metrics,
+  health, ``key=value`` logs), and
   the multicast :mod:`history <ecast.history>` library (recorded runs and the checks of
   E-Cast's guarantees on them).
 
@@ -85,6 +87,7 @@ _EXPORTS: dict[str, str] = {
     "ROUTER": "ecast.core.roles",
     "APPLICATION": "ecast.core.roles",
     "local": "ecast.tools.local",
+    "daemon_kit": "ecast.tools.daemon_kit",
     "history": "ecast.history",
 }
 
@@ -95,7 +98,7 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'ecast' has no attribute {name!r}")
-    if name in ("sim", "local", "history"):
+    if name in ("sim", "local", "daemon_kit", "history"):
         value = importlib.import_module(module)
     else:
         value = getattr(importlib.import_module(module), name)

@@ -158,11 +158,16 @@ class SuperHost(_Host):
         *,
         heartbeat: float = 0.5,
         suspect_after: float = 3.0,
+        auto_repair: bool = True,
+        repair_after: float = 2.0,
     ) -> None:
         super().__init__(client)
         self.core = core
         self.heartbeat = heartbeat
         self.suspect_after = suspect_after
+        self.auto_repair = auto_repair
+        self.repair_after = repair_after
+        self.counts = {"votes": 0, "repairs": 0, "repairs_refused": 0, "reconfigurations": 0}
         self.heard: dict[NodeId, float] = {}
         self.voted: set[NodeId] = set()
         self.changed = asyncio.Event()
@@ -170,6 +175,8 @@ class SuperHost(_Host):
 
     async def run(self) -> str:
         self._start(self._read_deliveries(), self._read_direct(), self._work(), self._beat())
+        if self.auto_repair:
+            self._start(self._repair())
         await self.done.wait()
         await self.close()
         return self.stopped or "stopped"
@@ -221,6 +228,7 @@ class SuperHost(_Host):
                     last = self.heard.setdefault(p, max(now, started))
                     if now - last > self.suspect_after and p not in self.voted:
                         self.voted.add(p)
+                        self.counts["votes"] += 1
                         log.warning("event=vote_suspect process=%s silent_s=%.1f", p, now - last)
                         self._tasks.append(asyncio.ensure_future(self._vote(p)))
                 for p in list(self.heard):
@@ -234,6 +242,35 @@ class SuperHost(_Host):
             await self.client.suspect([p], timeout=None)
         except Exception as e:
             log.warning("event=vote_failed process=%s error=%s", p, str(e).replace(" ", "_"))
+
+    async def _repair(self) -> None:
+        """Replace (or contract) holders that stay failed or incomplete for
+        ``repair_after`` seconds: :meth:`SuperCore.repairs` decides what, and only the
+        first super acts.  A refused repair (it would lose data) waits for an operator."""
+        await self.joined.wait()
+        broken_since: dict[tuple[str, tuple[Any, ...]], float] = {}
+        while self.stopped is None:
+            todo = self.core.repairs()
+            now = time.monotonic()
+            broken_since = {r: broken_since.get(r, now) for r in todo}
+            for r, since in broken_since.items():
+                if now - since < self.repair_after:
+                    continue
+                op, args = r
+                log.warning("event=repair op=%s args=%s", op, ",".join(map(str, args)))
+                try:
+                    result = await self.reconfigure(op, *args, wait=False, timeout=30.0)
+                    self.counts["repairs"] += 1
+                    log.info("event=repaired op=%s version=%s", op, result.get("version"))
+                except Refused as e:
+                    self.counts["repairs_refused"] += 1
+                    log.warning("event=repair_refused reason=%s", str(e).replace(" ", "_"))
+                    await asyncio.sleep(5 * self.repair_after)
+                except Exception as e:  # timeouts, E-Cast errors: try again later
+                    log.warning("event=repair_failed error=%s", str(e).replace(" ", "_"))
+                broken_since = {}
+                break
+            await asyncio.sleep(min(self.heartbeat, self.repair_after / 2))
 
     # ------------------------------------------------------------------ reconfiguration
     async def reconfigure(
@@ -268,6 +305,7 @@ class SuperHost(_Host):
                 await self._caught_up(proposal.header["v"] + 1, deadline)
                 continue  # stale: another reconfiguration came first; plan again
             version = proposal.header["v"] + 1
+            self.counts["reconfigurations"] += 1
             await self._caught_up(version, deadline)
             if wait:
                 while True:

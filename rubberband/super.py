@@ -132,6 +132,38 @@ class SuperCore:
         header = keyspace_header(c.version, wire_op, plan.to_wire())
         return Proposal(header, plan, ks, after)
 
+    # ------------------------------------------------------------------ repair
+    def repairs(self) -> list[tuple[str, tuple[Any, ...]]]:
+        """What this super should do on its own about broken holders (4.2.3, 5.4): a
+        process on the ring that was suspected (failed) or is *incomplete* (its copy
+        broke off when a source failed) is a replica short for its ranges.
+
+        Only the first live super (by name) repairs, so supers do not race each other
+        (a second proposal computed from the same version would be stale and ignored
+        anyway).  Nothing is planned while a reconfiguration still makes progress (some
+        process it waits for is neither incomplete nor gone: an incomplete one never
+        finishes, so waiting for it would wait for ever).  Each broken
+        holder is replaced by a standby process (fresh copies from the complete
+        replicas), or, with no standby left, contracted while the ring keeps at least
+        ``f`` processes.  A repair that would lose data is refused by :meth:`plan`
+        (never forced here): that needs an operator."""
+        c = self.config
+        if c is None or not c.supers() or min(c.supers()) != self.me:
+            return []
+        if any(p.waiting - c.incomplete for p in c.pending.values()):
+            return []
+        ring = c.keyspace.processes
+        broken = [p for p in ring if p not in c.storage() or p in c.incomplete]
+        if not broken:
+            return []
+        victim = sorted(broken)[0]  # one at a time: each repair changes the version
+        spares = sorted(c.standby() - c.incomplete)
+        if spares:
+            return [("replace", (victim, spares[0]))]
+        if len(ring) - 1 >= c.f:
+            return [("contract", (victim,))]
+        return []
+
     @staticmethod
     def _standby(c: RubberbandConfig, name: str) -> None:
         if name not in c.storage():

@@ -104,6 +104,7 @@ def up(args: argparse.Namespace) -> int:
             f"127.0.0.1:{port}",
             "--admin-token-file",
             str(token_file),
+            *([] if args.auto_repair else ["--no-auto-repair"]),
             *common,
             *state.auth_args("application", name),
         )
@@ -204,6 +205,8 @@ def status(args: argparse.Namespace) -> int:
         "version": body.get("version"),
         "standby": body.get("standby", []),
         "pending": body.get("pending", {}),
+        "busy": body.get("busy", []),
+        "incomplete": body.get("incomplete", []),
     }
     if args.json:
         print(json.dumps(out))
@@ -212,6 +215,9 @@ def status(args: argparse.Namespace) -> int:
         for r in out["ring"]:
             print(f"  {r['name']:<16} id={r['id']}{'  SUSPECTED' if r['suspected'] else ''}")
         print(f"  standby: {', '.join(out['standby']) or '-'}")
+        for what in ("busy", "incomplete"):
+            if out[what]:
+                print(f"  {what}: {', '.join(out[what])}")
     return 0 if code == 200 else 1
 
 
@@ -247,6 +253,12 @@ def cluster_main(argv: list[str] | None = None) -> int:
     u.add_argument("--routers", type=int, default=3)
     u.add_argument("--supers", type=int, default=1)
     u.add_argument("--storage", type=int, default=4)
+    u.add_argument(
+        "--auto-repair",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="supers replace or contract failed and incomplete holders on their own",
+    )
     u.add_argument("--replication", type=int, default=3)
     u.add_argument("--partitioning", default="range", choices=["range", "hash"])
     u.add_argument("--engine", default="memory")

@@ -4,12 +4,15 @@ Both are E-Cast application processes that join the group under their role's nam
 prefix and listen for direct connections (results, migration streams, heartbeats).  A
 storage daemon joins in standby and waits for a super to place it; a super keeps a
 replica of the configuration, heartbeats every storage process and super and votes
-against the silent ones, answers clients' keyspace queries, and serves the admin API
-(HTTP, guarded by a bearer token) that turns requests into keyspace messages.
+against the silent ones, repairs failed and incomplete holders on its own (the first
+super does, ``--auto-repair``), answers clients' keyspace queries, and serves the admin
+API (HTTP, guarded by a bearer token) that turns requests into keyspace messages.
 
-Logs are ``key=value`` lines; ``/health`` answers on the admin (super) or ``--metrics``
-(storage) address.  A bad flag or an unreachable cluster exits with status 2 and one
-line that says what is wrong.
+Settings come from flags or a TOML file (``--file``; a flag always wins), declared once
+with E-Cast's daemon helpers.  Logs are ``key=value`` lines; ``/metrics`` (Prometheus)
+and ``/health`` answer on ``--metrics`` (storage) or the admin address (super).  A bad
+setting or an unreachable cluster exits with status 2 and one line that says what is
+wrong.
 """
 
 from __future__ import annotations
@@ -23,13 +26,13 @@ import json
 import logging
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 import ecast
+from ecast import daemon_kit as kit
 from rubberband.host import StorageHost, SuperHost
 from rubberband.storage import StorageCore
 from rubberband.super import Refused, SuperCore
@@ -40,22 +43,54 @@ ENGINES = {
     "scan": "storage_adapters.scan.engine:ScanEngine",
 }
 log = logging.getLogger("rubberband")
+UsageError = kit.UsageError
+Setting = kit.Setting
 
 
-class UsageError(Exception):
-    pass
+def _name_check(prefix: str) -> Any:
+    def check(value: str) -> str | None:
+        if not value.startswith(prefix) or len(value) <= len(prefix):
+            return f"the name of this process starts with {prefix}, like {prefix}1"
+        return None
+
+    return check
 
 
-def _common(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--name", required=True, help="process name with its role prefix")
-    ap.add_argument("--routers", required=True, help="HOST:PORT[,HOST:PORT...] of routers")
-    ap.add_argument("--credentials", help="this process's credential file (production)")
-    ap.add_argument("--secret-file", help="the development mode's cluster secret")
-    ap.add_argument(
-        "--listen", default="127.0.0.1:0", help="direct connections (default: any port)"
-    )
-    ap.add_argument("--state-dir", help="the local cluster's state directory (for tools)")
-    ap.add_argument("--log-level", default="info")
+def _common(prefix: str) -> list[Setting]:
+    return [
+        Setting("name", str, None, "process name with its role prefix", check=_name_check(prefix)),
+        Setting("routers", str, None, "HOST:PORT[,HOST:PORT...] of routers"),
+        Setting("credentials", str, None, "this process's credential file (production)"),
+        Setting("secret-file", str, None, "the development mode's cluster secret (chmod 600)"),
+        Setting("listen", str, "127.0.0.1:0", "direct connections", check=kit.address),
+        Setting("state-dir", str, None, "the local cluster's state directory (for tools)"),
+        Setting("join-timeout", float, 15.0, "give up joining after", "s", check=kit.positive),
+        Setting(
+            "log-level", str, "info", "log level", choices=("debug", "info", "warning", "error")
+        ),
+    ]
+
+
+STORAGE_SETTINGS = [
+    *_common("storage:"),
+    Setting("engine", str, "memory", f"{', '.join(ENGINES)} or module:Class"),
+    Setting("metrics", str, None, "HOST:PORT for /metrics and /health", check=kit.address),
+]
+SUPER_SETTINGS = [
+    *_common("super:"),
+    Setting(
+        "admin", str, None, "HOST:PORT of the admin API, /metrics and /health", check=kit.address
+    ),
+    Setting("admin-token-file", str, None, "the admin API's bearer token (16+ characters)"),
+    Setting("heartbeat", float, 0.5, "heartbeat interval", "s", check=kit.positive),
+    Setting(
+        "suspect-after", float, 3.0, "vote against a process silent for", "s", check=kit.positive
+    ),
+    Setting("auto-repair", bool, True, "replace or contract failed and incomplete holders"),
+    Setting(
+        "repair-after", float, 2.0, "repair a holder broken for at least", "s", check=kit.positive
+    ),
+]
 
 
 def _auth(args: argparse.Namespace) -> dict[str, Any]:
@@ -67,11 +102,14 @@ def _auth(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(f"--credentials: no such file: {args.credentials}")
         return {"credentials": args.credentials}
     if args.secret_file:
-        try:
-            return {"secret": Path(args.secret_file).read_text().strip()}
-        except OSError as e:
-            raise UsageError(f"--secret-file: {e.strerror}: {args.secret_file}") from None
-    return {"secret": os.environ.get("ECAST_SECRET")}
+        problem = kit.secret_file_problem(args.secret_file)
+        if problem:
+            raise UsageError(f"--secret-file: {problem}")
+        return {"secret": Path(args.secret_file).read_text().strip()}
+    secret = os.environ.get("ECAST_SECRET")
+    if not secret:
+        raise UsageError("give --credentials, --secret-file, or ECAST_SECRET")
+    return {"secret": secret}
 
 
 def load_engine(spec: str) -> Any:
@@ -85,24 +123,6 @@ def load_engine(spec: str) -> Any:
         raise UsageError(f"--engine {spec}: {e}") from None
 
 
-def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="ts=%(asctime)s level=%(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
-
-
-async def _health_server(address: str, routes: list[web.RouteDef]) -> web.AppRunner:
-    app = web.Application(client_max_size=1 << 20)
-    app.add_routes(routes)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    host, _, port = address.rpartition(":")
-    await web.TCPSite(runner, host or "127.0.0.1", int(port)).start()
-    return runner
-
-
 def _stop_on_signals(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -110,34 +130,18 @@ def _stop_on_signals(stop: asyncio.Event) -> None:
             loop.add_signal_handler(sig, stop.set)
 
 
-# ------------------------------------------------------------------ storage
-async def run_storage(args: argparse.Namespace) -> int:
-    engine_cls = load_engine(args.engine)
-    if not args.name.startswith("storage:"):
-        raise UsageError(f"--name of a storage process starts with storage:, not {args.name!r}")
-    client = await ecast.connect(
+async def _connect(args: argparse.Namespace) -> ecast.Client:
+    return await ecast.connect(
         args.routers.split(","),
         name=args.name,
         **_auth(args),
         listen=args.listen,
         timeout=args.join_timeout,
     )
-    core = StorageCore(args.name, engine_cls())
-    host = StorageHost(client, core)
-    log.info("event=joined name=%s engine=%s", args.name, args.engine)
 
-    async def health(_: web.Request) -> web.Response:
-        status = core.status()
-        status["owned"] = len(status["owned"])
-        for k in ("receiving", "broken"):
-            status[k] = len(status[k])
-        status["status"] = "ok" if core.stopped is None else "stopped"
-        status["engine"] = core.engine.stats()
-        return web.json_response(status, status=200 if core.stopped is None else 503)
 
-    runner = (
-        await _health_server(args.metrics, [web.get("/health", health)]) if args.metrics else None
-    )
+async def _until_stopped(host: Any, client: ecast.Client, runner: Any) -> int:
+    """Run the host until it stops on its own (exit 1) or a signal asks (exit 0)."""
     stop = asyncio.Event()
     _stop_on_signals(stop)
     run = asyncio.ensure_future(host.run())
@@ -158,10 +162,85 @@ async def run_storage(args: argparse.Namespace) -> int:
     return code
 
 
+def _client_metrics(m: Any, client: ecast.Client) -> None:
+    m.add("rubberband_connected", 1 if client.state == "connected" else 0, "E-Cast connection up")
+
+
+# ------------------------------------------------------------------ storage
+def storage_metrics(core: StorageCore, client: ecast.Client | None = None) -> str:
+    st = core.status()
+    m = kit.Metrics()
+    m.add("rubberband_keyspace_version", st["version"] or 0, "keyspace version applied here")
+    m.add("rubberband_active", 1 if st["active"] else 0, "on the ring (0: standby)")
+    m.add("rubberband_ranges", len(st["owned"]), "ranges held", state="owned")
+    m.add("rubberband_ranges", len(st["receiving"]), "ranges held", state="receiving")
+    m.add("rubberband_ranges", len(st["broken"]), "ranges held", state="broken")
+    m.add("rubberband_incomplete", 1 if st["incomplete"] else 0, "a copy broke off: needs repair")
+    m.add("rubberband_queued", st["queued"], "delivered items waiting for their ranges")
+    m.add("rubberband_transfers", st["transfers_in"], "migrations running", direction="in")
+    m.add("rubberband_transfers", st["transfers_out"], "migrations running", direction="out")
+    m.add("rubberband_stopped", 0 if st["stopped"] is None else 1, "stopped (fail-stop)")
+    for key, value in sorted(core.engine.stats().items()):
+        if type(value) in (int, float):
+            m.add("rubberband_engine", value, "the engine's own figures", stat=key)
+    if client is not None:
+        _client_metrics(m, client)
+    return m.text()
+
+
+def storage_health(core: StorageCore) -> dict[str, Any]:
+    status = core.status()
+    status["owned"] = len(status["owned"])
+    for k in ("receiving", "broken"):
+        status[k] = len(status[k])
+    status["status"] = "ok" if core.stopped is None else "stopped"
+    status["engine"] = core.engine.stats()
+    return status
+
+
+async def run_storage(args: argparse.Namespace) -> int:
+    engine_cls = load_engine(args.engine)
+    if args.metrics:
+        kit.check_port_free(args.metrics, "--metrics")
+    client = await _connect(args)
+    core = StorageCore(args.name, engine_cls())
+    host = StorageHost(client, core)
+    log.info("event=joined name=%s engine=%s", args.name, args.engine)
+    runner = None
+    if args.metrics:
+        runner = await kit.serve_http(
+            args.metrics,
+            lambda: storage_metrics(core, client),
+            lambda: storage_health(core),
+            lambda h: h["status"] == "ok",
+        )
+    return await _until_stopped(host, client, runner)
+
+
 # ------------------------------------------------------------------ super
+def super_metrics(host: SuperHost) -> str:
+    m = kit.Metrics()
+    c = host.core.config
+    if c is not None:
+        m.add("rubberband_keyspace_version", c.version, "keyspace version")
+        m.add("rubberband_replication", c.f, "replication factor f")
+        m.add("rubberband_processes", len(c.keyspace), "storage processes", state="ring")
+        m.add("rubberband_processes", len(c.standby()), "storage processes", state="standby")
+        m.add("rubberband_processes", len(c.busy()), "storage processes", state="busy")
+        m.add("rubberband_processes", len(c.incomplete), "storage processes", state="incomplete")
+        m.add("rubberband_processes", len(c.excluded()), "storage processes", state="failed")
+        m.add("rubberband_pending_reconfigurations", len(c.pending), "not ready yet")
+        m.add("rubberband_supers", len(c.supers()), "live supers")
+        m.add("rubberband_clients", len(c.clients()), "joined clients")
+    for key, value in sorted(host.counts.items()):
+        m.add("rubberband_super_events_total", value, "what this super did", "counter", event=key)
+    _client_metrics(m, host.client)
+    return m.text()
+
+
 async def run_super(args: argparse.Namespace) -> int:
-    if not args.name.startswith("super:"):
-        raise UsageError(f"--name of a super process starts with super:, not {args.name!r}")
+    if not args.admin:
+        raise UsageError("--admin HOST:PORT is required (the admin API, /metrics, /health)")
     token = ""
     if args.admin_token_file:
         try:
@@ -170,26 +249,27 @@ async def run_super(args: argparse.Namespace) -> int:
             raise UsageError(f"--admin-token-file: {e.strerror}") from None
     if len(token) < 16:
         raise UsageError("the admin token must have at least 16 characters (--admin-token-file)")
-    client = await ecast.connect(
-        args.routers.split(","),
-        name=args.name,
-        **_auth(args),
-        listen=args.listen,
-        timeout=args.join_timeout,
-    )
+    kit.check_port_free(args.admin, "--admin")
+    client = await _connect(args)
     core = SuperCore(args.name)
-    host = SuperHost(client, core, heartbeat=args.heartbeat, suspect_after=args.suspect_after)
-    run = asyncio.ensure_future(host.run())
+    host = SuperHost(
+        client,
+        core,
+        heartbeat=args.heartbeat,
+        suspect_after=args.suspect_after,
+        auto_repair=args.auto_repair,
+        repair_after=args.repair_after,
+    )
     log.info("event=joined name=%s", args.name)
 
     def authorized(request: web.Request) -> bool:
         got = request.headers.get("Authorization", "")
         return hmac.compare_digest(got.encode(), f"Bearer {token}".encode())
 
-    async def health(_: web.Request) -> web.Response:
+    def health() -> dict[str, Any]:
         s = core.status()
         s["status"] = "ok" if s.get("joined") and host.stopped is None else "starting"
-        return web.json_response(s, status=200 if s["status"] == "ok" else 503)
+        return s
 
     async def status(request: web.Request) -> web.Response:
         if not authorized(request):
@@ -227,51 +307,28 @@ async def run_super(args: argparse.Namespace) -> int:
             return web.json_response({"error": str(e)}, status=504)
         return web.json_response(result)
 
-    runner = await _health_server(
-        args.admin,
-        [
-            web.get("/health", health),
-            web.get("/status", status),
-            web.post("/reconfigure", reconfigure),
-        ],
+    def routes(app: web.Application) -> None:
+        app.router.add_get("/status", status)
+        app.router.add_post("/reconfigure", reconfigure)
+
+    runner = await kit.serve_http(
+        args.admin, lambda: super_metrics(host), health, lambda h: h["status"] == "ok", routes
     )
-    stop = asyncio.Event()
-    _stop_on_signals(stop)
-    waiter = asyncio.ensure_future(stop.wait())
-    await asyncio.wait([run, waiter], return_when=asyncio.FIRST_COMPLETED)
-    code = 0
-    if run.done():
-        log.error("event=stopped reason=%s", str(run.result()).replace(" ", "_"))
-        code = 1
-    else:
-        run.cancel()
-        await host.close()
-    waiter.cancel()
-    with contextlib.suppress(Exception):
-        await client.close(timeout=5.0)
-    await runner.cleanup()
-    return code
-
-
-def _parser(kind: str) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=f"rubberband {kind}", description=__doc__.split("\n\n")[0])
-    _common(ap)
-    ap.add_argument("--join-timeout", type=float, default=15.0)
-    if kind == "storage":
-        ap.add_argument("--engine", default="memory", help=f"{', '.join(ENGINES)} or module:Class")
-        ap.add_argument("--metrics", help="HOST:PORT for /health")
-    else:
-        ap.add_argument("--admin", required=True, help="HOST:PORT of the admin API and /health")
-        ap.add_argument("--admin-token-file", help="the admin API's bearer token")
-        ap.add_argument("--heartbeat", type=float, default=0.5)
-        ap.add_argument("--suspect-after", type=float, default=3.0)
-    return ap
+    return await _until_stopped(host, client, runner)
 
 
 def main_for(kind: str, argv: list[str] | None = None) -> int:
-    args = _parser(kind).parse_args(argv)
-    _logging(args.log_level)
-    try:
+    settings = STORAGE_SETTINGS if kind == "storage" else SUPER_SETTINGS
+    prog = f"rubberband {kind}"
+
+    def main() -> int:
+        ap = kit.build_parser(prog, (__doc__ or "").split("\n\n")[0], settings)
+        args = kit.load_settings(ap, settings, argv)
+        for required in ("name", "routers"):
+            if not getattr(args, required):
+                raise UsageError(f"--{required} is required (a flag or a key of --file)")
+        kit.setup_logging(args.log_level)
+        log.info("event=start %s", kit.effective(args, settings))
         runner = run_storage if kind == "storage" else run_super
         try:
             import uvloop
@@ -279,13 +336,12 @@ def main_for(kind: str, argv: list[str] | None = None) -> int:
             uvloop.install()
         except ImportError:
             pass
-        return asyncio.run(runner(args))
-    except UsageError as e:
-        print(f"rubberband {kind}: {e}", file=sys.stderr)
-        return 2
-    except (ecast.Error, OSError) as e:
-        print(f"rubberband {kind}: {e}", file=sys.stderr)
-        return 2
+        try:
+            return asyncio.run(runner(args))
+        except (ecast.Error, OSError) as e:
+            raise UsageError(str(e)) from None
+
+    return kit.run_main(main, prog)
 
 
 def storage_main(argv: list[str] | None = None) -> int:

@@ -371,3 +371,63 @@ def test_any_history_keeps_the_invariants(data: st.DataObject) -> None:
         assert RubberbandConfig.from_state(wire) == after
         assert set(after.keyspace.processes) <= after.storage() | after.retired()
         c = after
+
+
+# ------------------------------------------------------------------ automatic repair
+def _super(c: RubberbandConfig, me: str = "super:a") -> Any:
+    from rubberband.super import SuperCore
+
+    s = SuperCore(me)
+    s.config = c
+    return s
+
+
+def _apply_plan(c: RubberbandConfig, s: Any, op: str, args: tuple) -> RubberbandConfig:
+    c, _ = step(c, s.me, s.plan(op, *args).header)
+    for v in list(c.pending):
+        for p in sorted(c.pending[v].waiting):
+            c, _ = step(c, p, ready_header(v))
+    return c
+
+
+def test_the_first_super_replaces_a_failed_holder_with_a_standby() -> None:
+    c = cluster(4, f=3, supers=2)
+    assert _super(c).repairs() == []  # healthy: nothing to do
+    c, _ = step(c, "storage:9", {"kind": "join"})
+    c, _ = step(c, "super:a", vote_header("storage:2"))
+    assert "storage:2" not in c.storage() and "storage:2" in c.keyspace
+    assert _super(c, "super:b").repairs() == []  # only the first super repairs
+    todo = _super(c).repairs()
+    assert todo == [("replace", ("storage:2", "storage:9"))]
+    c = _apply_plan(c, _super(c), *todo[0])
+    assert "storage:2" not in c.keyspace and "storage:9" in c.keyspace
+    assert _super(c).repairs() == []
+
+
+def test_an_incomplete_receiver_is_repaired_without_waiting_for_it() -> None:
+    c = cluster(4, f=3)
+    c, _ = step(c, "storage:8", {"kind": "join"})
+    c, _ = step(c, "storage:9", {"kind": "join"})
+    c, _ = expand(c, "storage:8", 150)
+    v = c.version
+    # While the expand makes progress, nothing is repaired.
+    assert _super(c).repairs() == []
+    c, _ = step(c, "storage:8", incomplete_header(v, (point(150),)))
+    for p in sorted(c.pending[v].waiting - {"storage:8"}):
+        c, _ = step(c, p, ready_header(v))
+    # Only the incomplete receiver is still awaited: it never finishes, so repair it.
+    assert c.pending[v].waiting == {"storage:8"}
+    todo = _super(c).repairs()
+    assert todo == [("replace", ("storage:8", "storage:9"))]
+    c = _apply_plan(c, _super(c), *todo[0])
+    assert not c.pending and not c.incomplete and "storage:8" not in c.keyspace
+
+
+def test_without_a_standby_a_failed_holder_is_contracted_while_f_remain() -> None:
+    c = cluster(4, f=3)
+    c, _ = step(c, "super:a", vote_header("storage:1"))
+    assert _super(c).repairs() == [("contract", ("storage:1",))]
+    c = _apply_plan(c, _super(c), "contract", ("storage:1",))
+    assert len(c.keyspace) == 3
+    c, _ = step(c, "super:a", vote_header("storage:3"))
+    assert _super(c).repairs() == []  # two left of f=3: an operator must add a process
