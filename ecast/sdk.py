@@ -101,21 +101,23 @@ def _packed_size(value: Any, what: str) -> int:
 
 
 def _header_size(header: dict[Any, Any]) -> int:
-    """A header's packed size: estimated from above for the common case (up to eight
-    str keys with simple values), else by a trial encoding.  A plain loop: this runs
-    per message, and generators cost more than the check itself."""
+    """A header's packed size, from above: for the common case (up to eight str keys with
+    simple values) computed (a fixmap byte; per entry at most 5 bytes of key header and
+    10 of value header or scalar, plus the UTF-8 bytes), else by a trial encoding.  A
+    plain loop: this runs per message, and generators cost more than the check itself."""
     if len(header) <= 8:
-        size = 0
+        size = 1
         for k, v in header.items():
             tv = type(v)
             if type(k) is not str or tv not in _SIMPLE:
                 break
-            if tv is str or tv is bytes:
-                size += len(k) + 9 + len(v)
+            size += (len(k) if k.isascii() else len(k.encode())) + 10
+            if tv is str:
+                size += len(v) if v.isascii() else len(v.encode())
+            elif tv is bytes:
+                size += len(v)
             elif tv is int and not -(2**63) <= v < 2**64:
                 break
-            else:
-                size += len(k) + 9
         else:
             return size
     return _packed_size(header, "header")

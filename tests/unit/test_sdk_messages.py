@@ -53,6 +53,21 @@ def test_bad_headers_raise_typed_errors(header: Any, error: type, text: str) -> 
         message_size(b"x", header, 100)
 
 
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"\u0800": -(2**31) - 1},  # a key of 3 UTF-8 bytes in 1 character
+        {"k" * 70_000: "\U0001f600" * 70_000},  # str32 headers, 4-byte characters
+        {"a": 1.5, "b": None, "c": True, "d": b"\xff" * 300, "e": 2**64 - 1},
+    ],
+)
+def test_the_size_of_wide_headers_is_never_undercounted(header: Any) -> None:
+    packed = len(msgpack.packb(b"", use_bin_type=True)) + len(
+        msgpack.packb(header, use_bin_type=True)
+    )
+    assert message_size(b"", header, 1 << 30) >= packed
+
+
 def test_an_unhashable_kind_is_an_ordinary_header_value() -> None:
     # Not a membership kind, so allowed; it used to escape as TypeError from a set lookup.
     assert message_size(b"x", {"kind": [1]}, 100) >= len(msgpack.packb({"kind": [1]}))
