@@ -230,18 +230,31 @@ def _alive(pid: int) -> bool:
 
 
 def down(args: argparse.Namespace) -> int:
+    """Stop the application processes first, so they part while the routers still run
+    (a storage process or super that outlives the routers waits out its part's timeout),
+    then the routers, which get 2 s: routers leaving all at once cannot order their own
+    parts once a majority is gone, and a group that goes away entirely has nothing left
+    to hand over (routers keep no disk state).  SIGKILL whatever is left."""
     import signal
 
     recorded = local.StateDir.recorded(args.state_dir)
-    for p in recorded.values():
-        if _alive(p["pid"]):
-            os.kill(p["pid"], signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    for p in recorded.values():
-        while _alive(p["pid"]) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if _alive(p["pid"]):
-            os.kill(p["pid"], signal.SIGKILL)
+
+    def is_router(p: dict[str, Any]) -> bool:
+        return "router" in p.get("argv", ())
+
+    for group, grace in (
+        ([p for p in recorded.values() if not is_router(p)], 10.0),
+        ([p for p in recorded.values() if is_router(p)], 2.0),
+    ):
+        for p in group:
+            if _alive(p["pid"]):
+                os.kill(p["pid"], signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for p in group:
+            while _alive(p["pid"]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _alive(p["pid"]):
+                os.kill(p["pid"], signal.SIGKILL)
     print(f"stopped {len(recorded)} processes")
     return 0
 

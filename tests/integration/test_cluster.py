@@ -235,7 +235,7 @@ async def test_application_processes_talk_directly_over_an_authenticated_channel
         await c.client.close()
 
 
-async def test_routers_and_clients_speak_tls(tmp_path: Path) -> None:
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
@@ -243,6 +243,11 @@ async def test_routers_and_clients_speak_tls(tmp_path: Path) -> None:
          "-keyout", str(key), "-out", str(cert)],
         check=True, capture_output=True,
     )  # fmt: skip
+    return cert, key
+
+
+async def test_routers_and_clients_speak_tls(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
     tls_args = ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(cert)]
     cluster = LocalCluster(tmp_path, args=tls_args)  # credentials inside mutual TLS
     try:
@@ -269,6 +274,71 @@ async def test_routers_and_clients_speak_tls(tmp_path: Path) -> None:
         ack = await client.submit(b"over tls", timeout=10)
         assert ack.delivered
         await client.close()
+    finally:
+        cluster.stop_all()
+
+
+async def test_the_direct_channel_speaks_mutual_tls(tmp_path: Path) -> None:
+    """Two application processes that serve with ``tls_server`` talk over TLS with
+    client certificates, found by name through the routers' gossip; a peer that does not
+    speak TLS, or has no certificate, is refused before any frame reaches the process."""
+    cert, key = self_signed(tmp_path)
+    tls_args = ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(cert)]
+    cluster = LocalCluster(tmp_path, args=tls_args)
+
+    def contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
+        client_ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(cert))
+        client_ctx.load_cert_chain(str(cert), str(key))
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(cert))
+        server_ctx.load_cert_chain(str(cert), str(key))
+        server_ctx.verify_mode = ssl.CERT_REQUIRED
+        return client_ctx, server_ctx
+
+    try:
+        cluster.start_group(2)
+        procs = []
+        for name in ("tls-alice", "tls-bob"):
+            client_ctx, server_ctx = contexts()
+            procs.append(
+                await ecast.connect(
+                    cluster.addresses(),
+                    name=name,
+                    tls=client_ctx,
+                    tls_server=server_ctx,
+                    listen="127.0.0.1:0",
+                    **cluster.client_auth(name),
+                )
+            )
+        alice, bob = procs
+        address = alice.runtime.listen
+        assert address
+        deadline = time.monotonic() + 10
+        while bob.runtime.directory.get("tls-alice") != address:
+            assert time.monotonic() < deadline, "alice's address never reached bob"
+            await asyncio.sleep(0.1)
+        await bob.send_direct("tls-alice", {"rows": (1, 2, 3)})
+        assert await alice.receive_direct(timeout=10) == ("tls-bob", {"rows": (1, 2, 3)})
+        await alice.send_direct("tls-bob", "back")
+        assert await bob.receive_direct(timeout=10) == ("tls-alice", "back")
+        host, _, port = address.rpartition(":")
+        # Plain TCP: the TLS server wants a ClientHello and drops the connection.
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"\x00\x00\x00\x05hello")
+        assert await asyncio.wait_for(reader.read(100), 10) == b""
+        writer.close()
+        # TLS without a client certificate: the handshake fails (mutual TLS).
+        no_cert = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(cert))
+        with pytest.raises((ssl.SSLError, ConnectionError, asyncio.IncompleteReadError)):
+            reader, writer = await asyncio.open_connection(host, int(port), ssl=no_cert)
+            writer.write(b"\x00\x00\x00\x05hello")
+            await writer.drain()
+            if await asyncio.wait_for(reader.read(100), 10) == b"":
+                raise ConnectionError("closed")
+        # Both processes still work after the refusals.
+        await bob.send_direct("tls-alice", "still here")
+        assert await alice.receive_direct(timeout=10) == ("tls-bob", "still here")
+        for p in procs:
+            await p.close()
     finally:
         cluster.stop_all()
 
