@@ -83,6 +83,7 @@ _EXPORTS: dict[str, str] = {
     "read_secret": "ecast.runtime",
     "sim": "ecast.sim",
     "RouterGroupRun": "ecast.sim.group",
+    "EcastGroupRun": "ecast.sim.group",
     "GroupRunConfig": "ecast.sim.group",
     "ROUTER": "ecast.core.roles",
     "APPLICATION": "ecast.core.roles",

@@ -32,19 +32,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ecast import (
-    APPLICATION,
-    ROUTER,
     Acked,
     Delivery,
     Direct,
+    EcastGroupRun,
     Effects,
     Endpoint,
     EndpointParams,
     GroupRunConfig,
     Message,
     NodeId,
-    Router,
-    RouterGroupRun,
     RouterParams,
     Terminated,
 )
@@ -526,14 +523,13 @@ def _engine() -> Any:
     return load_ops("storage_adapters.memory:MemoryEngine")
 
 
-class RubberbandRun(RouterGroupRun):
+class RubberbandRun(EcastGroupRun):
     leader_crash_situation = "leader_takeover"
 
     def __init__(self, cfg: RbRunConfig) -> None:
         super().__init__(cfg, SITUATIONS)
         self.cfg = cfg
         self.initial = RubberbandConfig.initial(replication=cfg.replication)
-        self.routers: dict[NodeId, Router] = {}
         self.procs: dict[NodeId, RbProcess] = {}
         self.history: list[dict[str, Any]] = []
         self.read_latencies: list[tuple[float, float]] = []
@@ -612,27 +608,7 @@ class RubberbandRun(RouterGroupRun):
         self, rid: NodeId, founders: list[NodeId] | None, seeds: list[NodeId] | None
     ) -> Any:
         params = replace(self.cfg.router, ufab=self.ufab_params())
-        router = Router(
-            rid, self.initial, params, routers=founders, seeds=seeds, role_of=self.role_of
-        )
-        self.routers[rid] = router
-        node = self.sim.add(rid, router)
-        router.link_lag = node.link.unacked_messages  # as the TCP runtime wires it
-        return router.ufab
-
-    def role_of(self, peer: NodeId) -> str:
-        return ROUTER if peer in self.routers else APPLICATION
-
-    def leader(self) -> NodeId | None:
-        latest = self.latest_view()[0]
-        for r in self.live():
-            view = self.routers[r].ufab.view
-            if self.routers[r].leading() and view is not None and view.number == latest:
-                return r
-        return None
-
-    def in_flight(self, rid: NodeId) -> int:
-        return self.routers[rid].unstable()
+        return self.add_router(rid, founders, seeds, self.initial, params)
 
     def add_process(self, pid: NodeId, join: bool = True) -> RbProcess:
         routers = self.live() or list(self.routers)

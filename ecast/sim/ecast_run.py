@@ -23,7 +23,6 @@ from ecast.core.endpoint import Acked, Delivery, Endpoint, EndpointParams, Termi
 from ecast.core.message import Message
 from ecast.core.message import fast_new as _tnew
 from ecast.core.proto import Direct
-from ecast.core.roles import APPLICATION, ROUTER
 from ecast.core.router import Router, RouterParams
 from ecast.core.ufabcast import Ufabcast
 from ecast.history import (
@@ -39,7 +38,7 @@ from ecast.history import (
     Terminate,
     check_history,
 )
-from ecast.sim.group import ROUTER_FAULTS, GroupRunConfig, GroupRunResult, RouterGroupRun
+from ecast.sim.group import ROUTER_FAULTS, EcastGroupRun, GroupRunConfig, GroupRunResult
 from ecast.sim.ufab import GRACE
 
 APP_FAULTS = (
@@ -266,7 +265,7 @@ class AppHost:
         return fx
 
 
-class EcastRun(RouterGroupRun):
+class EcastRun(EcastGroupRun):
     leader_crash_situation = "leader_crash_unstable"
 
     def __init__(self, cfg: EcastRunConfig) -> None:
@@ -276,7 +275,6 @@ class EcastRun(RouterGroupRun):
         for situation in self.app.situations:
             self.situations.setdefault(situation, 0)
         self.initial: Config = self.app.initial_config()
-        self.routers: dict[NodeId, Router] = {}
         self.apps: dict[NodeId, AppHost] = {}
         self.history = History()
         """What every application process observed and every router learned."""
@@ -295,30 +293,16 @@ class EcastRun(RouterGroupRun):
         self, rid: NodeId, founders: list[NodeId] | None, seeds: list[NodeId] | None
     ) -> Ufabcast:
         params = replace(self.cfg.router, ufab=self.ufab_params())
-        router = Router(
-            rid, self.initial, params, routers=founders, seeds=seeds, role_of=self.role_of
+        log = self.history.router(rid)
+        return self.add_router(
+            rid,
+            founders,
+            seeds,
+            self.initial,
+            params,
+            lambda router: RouterHost(router, log, lambda: self.sim.now),
         )
-        self.routers[rid] = router
-        node = self.sim.add(rid, RouterHost(router, self.history.router(rid), lambda: self.sim.now))
-        router.link_lag = node.link.unacked_messages  # as the TCP runtime wires it
-        return router.ufab
 
-    def role_of(self, peer: NodeId) -> str:
-        """As the runtime's credentials would say: routers are routers, the rest apps."""
-        return ROUTER if peer in self.routers else APPLICATION
-
-    def leader(self) -> NodeId | None:
-        latest = self.latest_view()[0]
-        for r in self.live():
-            view = self.routers[r].ufab.view
-            if self.routers[r].leading() and view is not None and view.number == latest:
-                return r
-        return None
-
-    def in_flight(self, rid: NodeId) -> int:
-        return self.routers[rid].unstable()
-
-    # ------------------------------------------------------------------ applications
     def header_for(self, payload: Any) -> Any:
         return self.app.header_for(payload)
 

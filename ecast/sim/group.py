@@ -17,7 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ecast.core.config import Config
 from ecast.core.effects import NodeId
+from ecast.core.roles import APPLICATION, ROUTER
+from ecast.core.router import Router, RouterParams
 from ecast.core.ufabcast import Ufabcast, UfabParams
 from ecast.sim.engine import NetParams, Simulator
 
@@ -411,3 +414,47 @@ class RouterGroupRun:
 
     def describe(self) -> dict[str, Any]:
         return {"routers_started": len(self.cores), "virtual_s": self.sim.now}
+
+
+class EcastGroupRun(RouterGroupRun):
+    """A router group of whole E-Cast routers (ufabcast and forwarding), for runs with
+    application processes: E-Cast's own simulator and the simulators of the layers above
+    (Rubberband) build on it.  The leader is the router forwarding for the latest view;
+    what a crash puts at risk is its unstable messages; roles are as the runtime's
+    credentials would say (routers are routers, everyone else an application)."""
+
+    def __init__(self, cfg: GroupRunConfig, situations: tuple[str, ...]) -> None:
+        super().__init__(cfg, situations)
+        self.routers: dict[NodeId, Router] = {}
+
+    def add_router(
+        self,
+        rid: NodeId,
+        founders: list[NodeId] | None,
+        seeds: list[NodeId] | None,
+        config: Config,
+        params: RouterParams,
+        host: Callable[[Router], Any] | None = None,
+    ) -> Ufabcast:
+        """Create a router, add it (or ``host(router)``, a wrapper that records what it
+        learns) to the simulator, wire its link lag as the TCP runtime does; return its
+        ufabcast core (what ``_make_router`` returns)."""
+        router = Router(rid, config, params, routers=founders, seeds=seeds, role_of=self.role_of)
+        self.routers[rid] = router
+        node = self.sim.add(rid, router if host is None else host(router))
+        router.link_lag = node.link.unacked_messages
+        return router.ufab
+
+    def role_of(self, peer: NodeId) -> str:
+        return ROUTER if peer in self.routers else APPLICATION
+
+    def leader(self) -> NodeId | None:
+        latest = self.latest_view()[0]
+        for r in self.live():
+            view = self.routers[r].ufab.view
+            if self.routers[r].leading() and view is not None and view.number == latest:
+                return r
+        return None
+
+    def in_flight(self, rid: NodeId) -> int:
+        return self.routers[rid].unstable()
