@@ -45,7 +45,7 @@ from rubberband.config import (
 from rubberband.keys import NOTHING, RangeSet, difference, intersect, is_range_set, overlaps, union
 from rubberband.optimizer import Copy, Delete, instructions_from_wire
 from rubberband.placement import BadKeyspace, Keyspace
-from storage_adapters.base import BadOperation, Engine, SendCursor
+from storage_adapters.base import BadOperation, Engine, Placement, SendCursor
 
 Output = tuple[Any, ...]
 """``("direct", dst, payload)``, ``("submit", header, payload)`` or ``("stop", reason)``."""
@@ -166,6 +166,12 @@ class StorageCore:
             self.keyspace = Keyspace.from_state((rb[0], [(_tuple(e), p) for e, p in rb[3]]))
         except (BadKeyspace, TypeError, ValueError) as e:
             return self._stop(f"the join carried a bad keyspace: {e}")
+        if rb[1] not in ("range", "hash"):
+            return self._stop(f"the join carried an unknown partitioning {rb[1]!r}")
+        if self.engine.placement.partitioning != rb[1]:
+            # The cluster's partitioning, not the engine's default: under hash
+            # partitioning every range this process is handed is one of hashes (5.3).
+            self.engine.placement = Placement(rb[1])
         self.version = int(rb[2])
         self.owned = self.keyspace.partition(self.me)
         return []

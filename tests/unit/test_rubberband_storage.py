@@ -154,6 +154,24 @@ def test_a_failing_engine_stops_the_process() -> None:
     assert core.deliver([(2, msg)]) == []  # stopped for good
 
 
+def test_a_joining_process_takes_the_clusters_partitioning() -> None:
+    """The engine places keys as the cluster does: under hash partitioning a put lands
+    only where the key's hash falls, and a get finds it there."""
+    engine = MemoryEngine()
+    core = StorageCore("storage:1", engine)
+    assert core.joined({"rubberband": [1, "hash", 0, [], [], [], [], [], [], [], []]}) == []
+    assert engine.placement.partitioning == "hash"
+    place = engine.placement.ekey("k")
+    mine = ((place, (*place, 0)),)
+    elsewhere = (((place[0], place[1] + 1), (place[0], place[1] + 2)),)
+    engine.apply([(("put", (("k", 1), ("j", 2))), mine)])
+    assert engine.apply([(("get", ("k", "j")), mine)]) == [{"k": 1}]
+    assert engine.apply([(("get", ("k",)), elsewhere)]) == [{}]
+    bad = StorageCore("storage:2", MemoryEngine())
+    out = bad.joined({"rubberband": [1, "sideways", 0, [], [], [], [], [], [], [], []]})
+    assert out and out[-1][0] == "stop"
+
+
 def test_bad_operation_is_returned_not_raised() -> None:
     e = MemoryEngine()
     res = e.apply([(("explode",), (((-1,), (9,)),))])

@@ -147,9 +147,10 @@ class Forwarding:
         suspects = st.suspects
         departed = st.departed
         drop_suspects = self._drop_suspects
-        deliver = self.outbox.deliver
-        destset = mseq.guard.destset
-        ordered = self.ordered
+        outbox = self.outbox
+        runs = outbox.runs
+        guard = mseq.guard
+        order = self._dest_order
         waiting = self.waiting
         last_sent = self.last_sent
         remaining = self.remaining
@@ -165,19 +166,35 @@ class Forwarding:
                 config = mseq.configs[i - 1]
                 bound = starts[i] if i < len(starts) else end
             msg = entries.get(t)
-            if msg is not None and t in stable:
+            if msg is None:
+                t += 1
+                continue
+            # This loop runs for every message: the guard's and the outbox's common cases
+            # are written out (a call each per message and destination cost more).
+            try:
+                dests = config.destset(msg)
+            except Exception:
+                dests = guard.destset(config, msg)  # fails again, and is reported
+            if t in stable:
                 # Every destination has it; a new leader still counts it as "sent", so
                 # that its unsafe tags (3.5.7) match what each destination delivered.
-                for d in destset(config, msg):
+                for d in dests:
                     if d not in suspects and d not in departed and last_sent.get(d, -1) < t:
                         last_sent[d] = t
-            elif msg is not None:
+            else:
                 n = 0
-                for d in ordered(destset(config, msg)):
+                ds = order.get(dests)
+                if ds is None:
+                    ds = self.ordered(dests)
+                for d in ds:
                     if skip_gone and ((d in suspects and drop_suspects) or d in departed):
                         continue
                     n += 1
-                    deliver(d, t, msg)
+                    run = runs.get(d)
+                    if run is None:
+                        outbox.deliver(d, t, msg)
+                    else:
+                        run.append((t, msg))
                     q = waiting.get(d)
                     if q is None:
                         q = waiting[d] = deque()
@@ -372,15 +389,17 @@ class Forwarding:
         self.drop_destination(p)
         self.outbox.send(p, Suspected())
 
-    def learned_stable(self, t: int, sid: MsgId, delivered: bool, sender: NodeId) -> None:
+    def learned_stable(self, run: list[tuple[int, MsgId, bool, NodeId]]) -> None:
         acked = self.acked
-        if t in acked:
-            acked.discard(t)  # acknowledged when it became stable
-            if self.routed_by:
-                self.ack_other_routers(t, (sid, t, delivered), sender)
-        else:
-            self.ack(t, (sid, t, delivered), sender)
-        self.remaining.pop(t, None)
+        remaining = self.remaining
+        for t, sid, delivered, sender in run:
+            if t in acked:
+                acked.discard(t)  # acknowledged when it became stable
+                if self.routed_by:
+                    self.ack_other_routers(t, (sid, t, delivered), sender)
+            else:
+                self.ack(t, (sid, t, delivered), sender)
+            remaining.pop(t, None)
 
     def learned_departure(self, p: NodeId) -> None:
         self.drop_destination(p)

@@ -32,7 +32,8 @@ class LearnListener(Protocol):
 
     def learned_suspect(self, p: NodeId) -> None: ...
 
-    def learned_stable(self, t: int, sid: MsgId, delivered: bool, sender: NodeId) -> None: ...
+    def learned_stable(self, run: list[tuple[int, MsgId, bool, NodeId]]) -> None:
+        """``(t, id, delivered, sender)`` of messages that became stable, in ``t`` order."""
 
     def learned_departure(self, p: NodeId) -> None: ...
 
@@ -163,6 +164,9 @@ class RouterState:
         by_id = self.by_id
         acks = self.acks
         newly = mseq.mark_stable_many(entries)
+        # The listener hears of them in runs, one call each (a call per message cost more);
+        # a departure ends a run, so it hears everything in the same order.
+        run: list[tuple[int, MsgId, bool, NodeId]] = []
         for t, delivered, msg in newly:
             sender, sid, header, _p = msg
             by_id.pop(sid, None)
@@ -183,9 +187,13 @@ class RouterState:
                 self.departed.setdefault(sender, t)
                 self._remember(self.left, sender)
                 if listener is not None:
+                    if run:
+                        listener.learned_stable(run)
+                        run = []
                     listener.learned_departure(sender)
-            if listener is not None:
-                listener.learned_stable(t, sid, delivered, sender)
+            run.append((t, sid, delivered, sender))
+        if listener is not None and run:
+            listener.learned_stable(run)
         self.stats["stable"] += len(newly)
 
     def learn_close(
