@@ -123,7 +123,7 @@ class ClientCore:
         """``(payload, header)`` of a write; raises :class:`BadOperation` for a bad op."""
         part = self.ops.part_fun(op, self.placement)
         if part.kind != "write":
-            raise BadOperation(f"{op[0]!r} is a read, not a write")
+            raise BadOperation(f"{op_name(op)!r} is a read, not a write")
         return op, write_header(part.ranges)
 
     def read(self, op: Any) -> tuple[Any, dict[str, Any], Gather]:
@@ -131,7 +131,7 @@ class ClientCore:
         per read so that load spreads over the replicas (4.3)."""
         part = self.ops.part_fun(op, self.placement)
         if part.kind != "read":
-            raise BadOperation(f"{op[0]!r} is a write, not a read")
+            raise BadOperation(f"{op_name(op)!r} is a write, not a read")
         self._offset += 1
         return op, read_header(part.ranges, self._offset), Gather(op, part.ranges)
 
@@ -161,6 +161,16 @@ class ClientCore:
         once, so an engine's ``restrict`` (if any) trims an answer to ``ranges``."""
         restrict = getattr(self.ops, "restrict", None)
         return result if restrict is None else restrict(result, ranges, self.placement)
+
+
+def op_name(op: Any) -> str:
+    """An operation's name for messages: the first item of a tuple (the key-value
+    engines) or the ``op`` field of a dict (the scan engine)."""
+    if isinstance(op, dict):
+        return str(op.get("op"))
+    if isinstance(op, (tuple, list)) and op:
+        return str(op[0])
+    return type(op).__name__
 
 
 def _tuples(value: Any) -> Any:

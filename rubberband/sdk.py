@@ -10,6 +10,13 @@ await rb.get_many([k1, k2]); await rb.scan(lo, hi, isolation=...)
 await rb.close()
 ```
 
+With another engine's operations (``connect(..., ops="storage_adapters.scan:ScanOps")``)
+the client also offers that engine's calls, e.g. the scan engine's tables::
+
+    await rb.create_table("tickets", schema={"id": "int", "dep": "str"}, key="id")
+    t = rb.table("tickets")
+    await t.insert(rows); await t.select(where=[("dep", "=", "ZRH")], isolation="basic")
+
 A client is light: it does not join (E-Cast's session and sequence numbers still make
 every write land once) and it listens, so storage processes can stream answers back to
 it.  It learns the keyspace (version, ring, partitioning) from a super at connect time,
@@ -34,6 +41,7 @@ from rubberband.client import (
     Indeterminate,
     Rejected,
     Unavailable,
+    op_name,
 )
 from rubberband.host import CONFIG, DESCRIBE
 from rubberband.storage import BASIC, RESULT, STALE
@@ -116,13 +124,14 @@ class RubberbandClient:
         try:
             ack = await self.ecast.submit(payload, header, timeout=timeout if timeout else -1.0)
             if not ack.delivered:
-                raise Unavailable(f"no holder is left for some key of {op[0]}")
+                raise Unavailable(f"no holder is left for some key of {op_name(op)}")
             if fut is not None:
                 try:
                     error = await asyncio.wait_for(fut, self.answer_timeout)
                 except TimeoutError:
                     raise Indeterminate(
-                        f"{op[0]} is stable but no holder answered in {self.answer_timeout:g} s"
+                        f"{op_name(op)} is stable but no holder answered in "
+                        f"{self.answer_timeout:g} s"
                     ) from None
                 if error is not None:
                     raise Rejected(error)
@@ -147,7 +156,7 @@ class RubberbandClient:
                 if isolation == "sequential":
                     ack = await self.ecast.submit(payload, header)
                     if not ack.delivered:
-                        raise Unavailable(f"some range of {op[0]} has no holder left")
+                        raise Unavailable(f"some range of {op_name(op)} has no holder left")
                     await self._complete(gather, event, Indeterminate)
                     return self.core.result(gather)
                 await self.ecast.submit_unsafe(payload, header)
@@ -158,7 +167,9 @@ class RubberbandClient:
             finally:
                 self._reads.pop(rid, None)
             await asyncio.sleep(0.01)
-        raise Unavailable(f"a snapshot read of {op[0]} found no consistent cut in {attempts} tries")
+        raise Unavailable(
+            f"a snapshot read of {op_name(op)} found no consistent cut in {attempts} tries"
+        )
 
     async def _complete(self, gather: Gather, event: asyncio.Event, error: type) -> None:
         deadline = time.monotonic() + self.answer_timeout
@@ -166,7 +177,7 @@ class RubberbandClient:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise error(
-                    f"{gather.op[0]}: no answer for {len(gather.missing())} range(s) in "
+                    f"{op_name(gather.op)}: no answer for {len(gather.missing())} range(s) in "
                     f"{self.answer_timeout:g} s (a responder failed after the read was ordered)"
                 )
             event.clear()
@@ -198,7 +209,7 @@ class RubberbandClient:
                     tried = frozenset()  # a new keyspace: every process may hold it now
             finally:
                 self._reads.pop(rid, None)
-        raise Unavailable(f"a basic read of {op[0]} found no holder that answered")
+        raise Unavailable(f"a basic read of {op_name(op)} found no holder that answered")
 
     # ------------------------------------------------------------------ key-value
     async def put(self, key: Any, value: Any) -> None:
@@ -229,6 +240,24 @@ class RubberbandClient:
         self, lo: Any = None, hi: Any = None, isolation: str = "sequential"
     ) -> list[Any]:
         return await self.read(("scan", lo, hi), isolation)  # type: ignore[no-any-return]
+
+    # ------------------------------------------------------------------ the engine's own
+    def __getattr__(self, name: str) -> Any:
+        """The engine's own calls, such as the scan engine's ``rb.table(...)`` and
+        ``rb.create_table(...)``: whatever its operations' ``bind(client)`` returns
+        offers them, built on :meth:`write` and :meth:`read` (Rubberband itself knows
+        no engine)."""
+        api = self.__dict__.get("_api")
+        if api is None:
+            core = self.__dict__.get("core")
+            bind = getattr(core.ops, "bind", None) if core is not None else None
+            if name.startswith("_") or bind is None:
+                raise AttributeError(
+                    f"{type(self).__name__!r} has no attribute {name!r} (and the engine's "
+                    "operations offer no calls of their own)"
+                )
+            api = self.__dict__["_api"] = bind(self)
+        return getattr(api, name)
 
     # ------------------------------------------------------------------ lifetime
     async def close(self) -> None:

@@ -41,6 +41,7 @@ ENGINES = {
     "memory": "storage_adapters.memory:MemoryEngine",
     "null": "storage_adapters.null:NullEngine",
     "scan": "storage_adapters.scan.engine:ScanEngine",
+    "memcached": "storage_adapters.memcached:MemcachedEngine",
 }
 log = logging.getLogger("rubberband")
 UsageError = kit.UsageError
@@ -74,6 +75,14 @@ def _common(prefix: str) -> list[Setting]:
 STORAGE_SETTINGS = [
     *_common("storage:"),
     Setting("engine", str, "memory", f"{', '.join(ENGINES)} or module:Class"),
+    Setting(
+        "engine-arg",
+        str,
+        [],
+        "an engine option NAME=VALUE (memcached: memory_mb=1024, address=HOST:PORT)",
+        repeat=True,
+        check=lambda v: None if "=" in v[1:] else f"{v!r} is not NAME=VALUE",
+    ),
     Setting("metrics", str, None, "HOST:PORT for /metrics and /health", check=kit.address),
 ]
 SUPER_SETTINGS = [
@@ -110,6 +119,33 @@ def _auth(args: argparse.Namespace) -> dict[str, Any]:
     if not secret:
         raise UsageError("give --credentials, --secret-file, or ECAST_SECRET")
     return {"secret": secret}
+
+
+def engine_options(pairs: list[str]) -> dict[str, Any]:
+    """``NAME=VALUE`` flags as keyword arguments: integers and decimals as numbers."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        name = name.strip().replace("-", "_")
+        if not name.isidentifier():
+            raise UsageError(f"--engine-arg {pair!r}: {name!r} is not an option name")
+        v: Any = value
+        with contextlib.suppress(ValueError):
+            v = float(value) if "." in value else int(value)
+        out[name] = v
+    return out
+
+
+def make_engine(spec: str, pairs: list[str]) -> Any:
+    """The engine, built with its options; a bad option is a usage error, not a crash."""
+    cls = load_engine(spec)
+    options = engine_options(pairs)
+    try:
+        return cls(**options)
+    except TypeError as e:
+        raise UsageError(f"--engine {spec}: {e}") from None
+    except (ValueError, RuntimeError, OSError) as e:
+        raise UsageError(f"--engine {spec} did not start: {e}") from None
 
 
 def load_engine(spec: str) -> Any:
@@ -199,11 +235,15 @@ def storage_health(core: StorageCore) -> dict[str, Any]:
 
 
 async def run_storage(args: argparse.Namespace) -> int:
-    engine_cls = load_engine(args.engine)
     if args.metrics:
         kit.check_port_free(args.metrics, "--metrics")
-    client = await _connect(args)
-    core = StorageCore(args.name, engine_cls())
+    engine = make_engine(args.engine, args.engine_arg)
+    try:
+        client = await _connect(args)
+    except BaseException:
+        engine.close()
+        raise
+    core = StorageCore(args.name, engine)
     host = StorageHost(client, core)
     log.info("event=joined name=%s engine=%s", args.name, args.engine)
     runner = None
@@ -214,7 +254,10 @@ async def run_storage(args: argparse.Namespace) -> int:
             lambda: storage_health(core),
             lambda h: h["status"] == "ok",
         )
-    return await _until_stopped(host, client, runner)
+    try:
+        return await _until_stopped(host, client, runner)
+    finally:
+        engine.close()  # a memcached engine stops its server
 
 
 # ------------------------------------------------------------------ super

@@ -193,6 +193,16 @@ class ScanOps:
         return merged
 
     @staticmethod
+    def answered(op: Any) -> bool:
+        """Every write waits for a holder's answer, so a rejection (an existing key, a
+        value of the wrong type, a table defined otherwise) raises at the call."""
+        return isinstance(op, Mapping) and op.get("op") != "select"
+
+    def bind(self, client: Any) -> Tables:
+        """The calls a Rubberband client offers with these operations (``rb.table``)."""
+        return Tables(client, self)
+
+    @staticmethod
     def rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
         """A select's column-wise result as one dict per row."""
         columns = result["columns"]
@@ -298,3 +308,79 @@ def _combine_aggregates(op: Mapping[str, Any], results: Sequence[Any]) -> dict[s
             count = sum(p[1] for p in parts)
             values.append(total / count if count else None)
     return {"columns": names, "values": values}
+
+
+class Tables:
+    """The scan engine's calls on a Rubberband client (``rb.create_table``, ``rb.table``).
+
+    Built only on the client's generic ``write(op)`` and ``read(op, isolation)``: a
+    write returns when it is stable and raises if a holder rejected it; a select
+    returns its rows as dicts (or one dict of aggregates)."""
+
+    def __init__(self, client: Any, ops: ScanOps) -> None:
+        self._client = client
+        self.ops = ops
+
+    async def create_table(
+        self, name: str, schema: Mapping[str, str] | Sequence[Sequence[str]], key: str
+    ) -> Table:
+        """``schema``: ``{column: type}`` in column order, or ``[(column, type), ...]``;
+        types as in :mod:`.schema` (``int``, ``str``, ``varchar(6) not null``, ...).
+        Creating a table that exists with the same definition is not an error."""
+        pairs = list(schema.items()) if isinstance(schema, Mapping) else list(schema)
+        await self._client.write(self.ops.create_table(name, pairs, key))
+        return self.table(name, key)
+
+    async def drop_table(self, name: str) -> None:
+        await self._client.write(self.ops.drop_table(name))
+
+    def table(self, name: str, key: str | None = None) -> Table:
+        """A table by name; ``key`` names its key attribute when this client did not
+        create it (rows route by it)."""
+        if key is not None:
+            self.ops.keys[name] = key
+        return Table(self._client, self.ops, name)
+
+
+class Table:
+    """Operations on one table through a Rubberband client."""
+
+    def __init__(self, client: Any, ops: ScanOps, name: str) -> None:
+        self._client = client
+        self._ops = ops
+        self.name = name
+
+    def _keyed(self) -> None:
+        if self.name not in self._ops.keys:
+            raise BadOperation(
+                f"table {self.name!r}: its key attribute is unknown to this client "
+                f"(rb.table({self.name!r}, key=...))"
+            )
+
+    async def insert(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Insert rows; a key that exists rejects the whole insert (raises)."""
+        self._keyed()
+        await self._client.write(self._ops.insert(self.name, rows))
+
+    async def upsert(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        self._keyed()
+        await self._client.write(self._ops.upsert(self.name, rows))
+
+    async def update(self, where: Any = (), set: Mapping[str, Any] | None = None) -> None:
+        await self._client.write(self._ops.update(self.name, where, set or {}))
+
+    async def delete(self, where: Any = ()) -> None:
+        await self._client.write(self._ops.delete(self.name, where))
+
+    async def select(
+        self,
+        where: Any = (),
+        columns: Sequence[str] | None = None,
+        agg: Any = None,
+        isolation: str = "sequential",
+    ) -> Any:
+        """Rows as dicts; with ``agg`` (``("count", "*")`` or a list of ``(function,
+        column)``) the aggregates as one dict."""
+        op = self._ops.select(self.name, where, columns, agg, isolation)
+        result = await self._client.read(op, isolation)
+        return result if agg is not None else ScanOps.rows(result)

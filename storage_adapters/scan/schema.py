@@ -59,6 +59,7 @@ _ALIASES = {
     "boolean": "bool",
     "text": "varchar",
     "string": "varchar",
+    "str": "varchar",
 }
 _TYPE_RE = re.compile(r"^\s*([a-z0-9]+)\s*(?:\(\s*(\d+)\s*\))?\s*(not\s+null)?\s*$")
 MIN_DAY = int(np.datetime64("0001-01-01", "D").astype(np.int64))

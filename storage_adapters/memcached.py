@@ -1,0 +1,447 @@
+"""Memcached under Rubberband: each storage process drives its own real ``memcached``.
+
+The engine speaks the key-value operations of :mod:`storage_adapters.memory` (the same
+:class:`~storage_adapters.memory.KVOps` on the client side: ``put``, ``append``,
+``delete``, ``delete_range``, ``get``, ``scan``), so the Rubberband SDK's ``put`` /
+``get`` / ``scan`` work unchanged, and it stores the values in a memcached server.
+
+What memcached lacks, the engine adds:
+
+* **Ordered keys.**  Memcached cannot list its keys, let alone in order, so the engine
+  keeps an exact ordered index of the keys it holds (placement, then key order: one
+  slice per range of placement space, whatever the partitioning).  Range reads, range
+  deletes and partial live migration (dissertation 5.4) work on it; the dissertation's
+  Memcached/RB prototype could not migrate.  The index costs memory per key (measured
+  in docs/storage.md); the values, which are most of the data, live in memcached.
+* **No silent loss.**  The server runs with ``-M`` (an error instead of an eviction when
+  memory is full) and every store waits for its reply, so "out of memory" is an error,
+  not a lost write.  Any error of the server or the connection, and a key the index has
+  but the server lost, is a failure of this replica: it propagates, and the storage
+  process stops (fail-stop) and is replaced.  It never skips a write and carries on.
+* **Snapshots for migration.**  :meth:`open_send` takes the key set of the ranges at the
+  call; a write that would change a key the cursor has not sent yet first saves the old
+  value into the cursor (copy on write, one extra multi-get per write batch that touches
+  it), so later writes never leak into the copy and writes never wait for the copy.
+
+Keys become memcached keys by a fixed encoding within memcached's limits: ``k`` and the
+URL-safe base64 of the msgpack form of the key's canonical encoding (at most 250 bytes,
+no spaces or control characters), or for a longer key ``h`` and the base64 of its
+SHA-256.  Values are msgpack-encoded; a value over the server's item limit is a
+:class:`BadOperation` (the same at every replica, as long as every replica's server has
+the same ``item_limit_mb``, which the engine sets).  TTLs are refused: an expiring item
+would be a replica silently dropping data.
+
+Requests are pipelined: a multi-key operation is one round trip (pymemcache's
+``set_many`` / ``get_many`` / ``delete_many`` write every command and then read every
+reply).  The client is synchronous; Rubberband runs every engine call on the storage
+process's worker thread, never on its event loop.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import msgpack
+from pymemcache.client.base import Client as _Memcache
+from sortedcontainers import SortedDict
+
+from storage_adapters.base import BadKey, BadOperation, EKey, Placement, RangeSet, encode_key
+from storage_adapters.memory import MAX_KEYS, READS, WRITES, KVOps
+
+__all__ = ["KVOps", "MemcachedEngine", "memcached_key"]
+
+MAX_KEY_BYTES = 250
+"""Memcached's key limit."""
+ITEM_OVERHEAD = 96
+"""Bytes an item takes beyond its key and value (header, CAS, suffix), from above."""
+FETCH = 512
+"""Keys per multi-get while scanning or sending: a round trip each, memory bounded."""
+Slot = tuple[EKey, EKey]
+
+
+def memcached_key(ekey: EKey) -> bytes:
+    """The memcached key of a key whose canonical encoding is ``ekey``."""
+    packed = msgpack.packb(ekey, use_bin_type=True)
+    short = b"k" + base64.urlsafe_b64encode(packed).rstrip(b"=")
+    if len(short) <= MAX_KEY_BYTES:
+        return short
+    return b"h" + base64.urlsafe_b64encode(hashlib.sha256(packed).digest()).rstrip(b"=")
+
+
+def _in(ranges: RangeSet, place: EKey) -> bool:
+    return any(lo <= place < hi for lo, hi in ranges)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGKILL when the storage process dies, however it dies (a
+    SIGKILLed storage process must not leave its memcached behind)."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class _Snapshot:
+    """A send cursor: the key set at the call, values read as it goes, except those a
+    later write would change, which the engine saved into it first."""
+
+    def __init__(self, engine: MemcachedEngine, slots: list[Slot], keys: list[Any]) -> None:
+        self._engine = engine
+        self._slots = slots
+        self._keys = keys
+        self._pending = set(slots)
+        """Slots not sent yet: a write to one of these saves its value first."""
+        self.saved: dict[Slot, bytes] = {}
+        self._i = 0
+
+    def wants(self, slot: Slot) -> bool:
+        return slot in self._pending and slot not in self.saved
+
+    def next_chunk(self, max_bytes: int) -> Any | None:
+        if self._i >= len(self._slots):
+            return None
+        out: list[list[Any]] = []
+        size = 0
+        while self._i < len(self._slots) and (not out or size < max_bytes):
+            j = min(self._i + FETCH, len(self._slots))
+            slots = self._slots[self._i : j]
+            keys = self._keys[self._i : j]
+            values = self._engine._fetch([s for s in slots if s not in self.saved])
+            for slot, key in zip(slots, keys, strict=True):
+                value = self.saved.pop(slot, None)
+                if value is None:
+                    value = values[slot]
+                self._pending.discard(slot)
+                out.append([key, value])
+                size += len(value) + 32
+                self._i += 1
+                if size >= max_bytes:
+                    break
+        return out
+
+    def close(self) -> None:
+        self._engine._cursors.discard(self)
+        self._slots, self._keys, self.saved, self._pending = [], [], {}, set()
+
+
+class MemcachedEngine:
+    """Ordered key-value data: the key order in the process, the values in memcached."""
+
+    def __init__(
+        self,
+        placement: Placement | None = None,
+        *,
+        address: str | None = None,
+        memory_mb: int = 1024,
+        item_limit_mb: int = 1,
+        binary: str = "memcached",
+        threads: int = 2,
+        timeout: float = 10.0,
+    ) -> None:
+        """Start a private memcached on a free 127.0.0.1 port (or use ``address``, a
+        server of one's own), and flush it: a new storage process holds no data."""
+        self.placement = placement or Placement()
+        self._server: subprocess.Popen[bytes] | None = None
+        if address is None:
+            host, port = "127.0.0.1", self._start(binary, memory_mb, item_limit_mb, threads)
+        else:
+            host, _, p = str(address).rpartition(":")
+            if not host or not p.isdigit():
+                raise ValueError(f"address is HOST:PORT, not {address!r}")
+            port = int(p)
+        self.address = f"{host}:{port}"
+        self._mc = _Memcache(
+            (host, port), connect_timeout=timeout, timeout=timeout, no_delay=True,
+            default_noreply=False,
+        )  # fmt: skip
+        self._mc.flush_all(noreply=False)
+        settings = self._mc.stats("settings")
+        self.item_limit = int(settings.get(b"item_size_max", 1 << 20))
+        self._index: SortedDict = SortedDict()
+        """(placement, encoded key) -> key, for every key this replica holds."""
+        self._cursors: set[_Snapshot] = set()
+        self.counts = {"writes": 0, "reads": 0, "rejected": 0, "saved_for_send": 0}
+
+    def _start(self, binary: str, memory_mb: int, item_limit_mb: int, threads: int) -> int:
+        exe = shutil.which(binary)
+        if exe is None:
+            raise RuntimeError(
+                f"no {binary!r} on PATH: install memcached (apt-get install memcached) "
+                "or give the engine address=HOST:PORT"
+            )
+        for _ in range(5):  # a free port may be taken between the check and the bind
+            port = _free_port()
+            cmd = [exe, "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-M"]
+            cmd += ["-m", str(int(memory_mb)), "-I", f"{int(item_limit_mb)}m", "-t", str(threads)]
+            if os.geteuid() == 0:
+                cmd += ["-u", "root"]
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                preexec_fn=_die_with_parent,
+            )
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline and proc.poll() is None:
+                with (
+                    contextlib.suppress(OSError),
+                    socket.create_connection(("127.0.0.1", port), timeout=0.2),
+                ):
+                    self._server = proc
+                    return port
+                time.sleep(0.02)
+            err = b""
+            if proc.poll() is None:
+                proc.kill()
+            else:
+                err = proc.stderr.read() if proc.stderr else b""
+            proc.wait()
+            if b"Address already in use" not in err and b"bind" not in err:
+                raise RuntimeError(f"memcached did not start: {err.decode(errors='replace')}")
+        raise RuntimeError("memcached did not start: no free port after 5 attempts")
+
+    # ------------------------------------------------------------------ helpers
+    def _slot(self, key: Any) -> Slot:
+        return (self.placement.ekey(key), encode_key(key))
+
+    def _mine(self, keys: Iterable[Any], ranges: RangeSet) -> list[tuple[Slot, Any]]:
+        out = []
+        for key in keys:
+            slot = self._slot(key)
+            if _in(ranges, slot[0]):
+                out.append((slot, key))
+        return out
+
+    def _range_slots(self, ranges: RangeSet) -> list[Slot]:
+        index = self._index
+        out: list[Slot] = []
+        for lo, hi in ranges:
+            out.extend(index.irange((lo,), (hi,), inclusive=(True, False)))
+        return out
+
+    def _fetch(self, slots: Sequence[Slot]) -> dict[Slot, bytes]:
+        """Values of ``slots`` in one round trip per :data:`FETCH` keys.  A key the index
+        holds but the server does not is lost data: that fails the replica."""
+        out: dict[Slot, bytes] = {}
+        for i in range(0, len(slots), FETCH):
+            part = slots[i : i + FETCH]
+            by_mkey = {memcached_key(s[1]): s for s in part}
+            got = self._mc.get_many(list(by_mkey))
+            for mkey, slot in by_mkey.items():
+                value = got.get(mkey)
+                if value is None:
+                    raise RuntimeError(
+                        f"memcached at {self.address} lost the value of "
+                        f"{self._index.get(slot, slot)!r} (restarted, or evicting?)"
+                    )
+                out[slot] = value
+        return out
+
+    def _before_write(self, slots: Iterable[Slot]) -> None:
+        """Copy on write: save the values open send cursors still owe, before a write
+        changes them."""
+        if not self._cursors:
+            return
+        wanted: dict[Slot, list[_Snapshot]] = {}
+        for slot in slots:
+            for cur in self._cursors:
+                if cur.wants(slot):
+                    wanted.setdefault(slot, []).append(cur)
+        if not wanted:
+            return
+        values = self._fetch(list(wanted))
+        for slot, curs in wanted.items():
+            for cur in curs:
+                cur.saved[slot] = values[slot]
+        self.counts["saved_for_send"] += len(wanted)
+
+    def _pack(self, key: Any, value: Any) -> bytes:
+        try:
+            data = msgpack.packb(value, use_bin_type=True)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise BadOperation(f"value of {key!r:.60} cannot be stored: {e}") from None
+        if len(data) + MAX_KEY_BYTES + ITEM_OVERHEAD > self.item_limit:
+            raise BadOperation(
+                f"value of {key!r:.60} is {len(data)} bytes: over memcached's item limit "
+                f"of {self.item_limit} bytes"
+            )
+        return data
+
+    def _store(self, items: dict[Slot, tuple[Any, bytes]]) -> None:
+        if not items:
+            return
+        self._before_write(items)
+        failed = self._mc.set_many(
+            {memcached_key(s[1]): v for s, (_k, v) in items.items()}, noreply=False
+        )
+        if failed:
+            raise RuntimeError(f"memcached at {self.address} refused {len(failed)} stores")
+        for slot, (key, _v) in items.items():
+            self._index[slot] = key
+
+    def _remove(self, slots: list[Slot]) -> None:
+        slots = list(dict.fromkeys(s for s in slots if s in self._index))
+        if not slots:
+            return
+        self._before_write(slots)
+        for i in range(0, len(slots), FETCH):
+            part = slots[i : i + FETCH]
+            self._mc.delete_many([memcached_key(s[1]) for s in part], noreply=False)
+        for s in slots:
+            del self._index[s]
+
+    # ------------------------------------------------------------------ the protocol
+    def apply(self, batch: Sequence[tuple[Any, RangeSet]]) -> list[Any]:
+        return [self._one(op, ranges) for op, ranges in batch]
+
+    def _one(self, op: Any, ranges: RangeSet) -> Any:
+        try:
+            plan = self._prepare(op, ranges)
+        except BadOperation as e:
+            self.counts["rejected"] += 1
+            return e
+        except (BadKey, TypeError, IndexError, KeyError, ValueError) as e:
+            self.counts["rejected"] += 1
+            return BadOperation(f"{op!r:.60}: {e}")
+        # Past validation, every error is the backend's: it propagates (fail-stop).
+        return plan()
+
+    def _prepare(self, op: Any, ranges: RangeSet) -> Any:
+        """Validate ``op`` completely (so a rejection leaves nothing half done) and
+        return what carries it out."""
+        name = op[0] if type(op) in (tuple, list) and op else None
+        if name not in WRITES and name not in READS:
+            raise BadOperation(f"not a key-value operation: {op!r:.80}")
+        if name in ("put", "append"):
+            if len(op) != 2:
+                raise BadOperation(f"{name} takes (key, value) pairs, and no TTL")
+            pairs = list(op[1])
+            if len(pairs) > MAX_KEYS or not all(len(p) == 2 for p in pairs):
+                raise BadOperation(f"{name} takes (key, value) pairs")
+            mine = [(self._slot(k), k, v) for k, v in pairs]
+            mine = [(s, k, v) for s, k, v in mine if _in(ranges, s[0])]
+            if name == "put":
+                packed = {s: (k, self._pack(k, v)) for s, k, v in mine}
+                return lambda: self._write(self._store, packed)
+            return lambda: self._append(mine)
+        if name in ("delete", "get"):
+            keys = list(op[1])
+            if len(keys) > MAX_KEYS:
+                raise BadOperation(f"{name} names more than {MAX_KEYS} keys")
+            mine_keys = self._mine(keys, ranges)
+            if name == "delete":
+                return lambda: self._write(self._remove, [s for s, _k in mine_keys])
+            return lambda: self._get(mine_keys)
+        if len(op) != 3:
+            raise BadOperation(f"{name} takes lo and hi")
+        if name == "delete_range":
+            return lambda: self._write(self._remove, self._range_slots(ranges))
+        return lambda: self._scan(ranges)
+
+    def _write(self, how: Any, what: Any) -> None:
+        self.counts["writes"] += 1
+        how(what)
+
+    def _append(self, mine: list[tuple[Slot, Any, Any]]) -> None:
+        self.counts["writes"] += 1
+        present = [s for s, _k, _v in mine if s in self._index]
+        old = {s: msgpack.unpackb(b, raw=False) for s, b in self._fetch(present).items()}
+        new: dict[Slot, list[Any]] = {}
+        for slot, key, value in mine:
+            cur = new.get(slot, old.get(slot, []))
+            if type(cur) not in (list, tuple):
+                self.counts["rejected"] += 1
+                return BadOperation(  # type: ignore[return-value]
+                    f"append to {key!r}, which holds a {type(cur).__name__}"
+                )
+            new[slot] = [*cur, value]
+        keys = {s: k for s, k, _v in mine}
+        try:
+            packed = {s: (keys[s], self._pack(keys[s], v)) for s, v in new.items()}
+        except BadOperation as e:
+            self.counts["rejected"] += 1
+            return e  # type: ignore[return-value]
+        self._store(packed)
+
+    def _get(self, mine: list[tuple[Slot, Any]]) -> dict[Any, Any]:
+        self.counts["reads"] += 1
+        present = [(s, k) for s, k in mine if s in self._index]
+        values = self._fetch([s for s, _k in present])
+        return {k: msgpack.unpackb(values[s], raw=False) for s, k in present}
+
+    def _scan(self, ranges: RangeSet) -> list[tuple[Any, Any]]:
+        self.counts["reads"] += 1
+        slots = self._range_slots(ranges)
+        values = self._fetch(slots)
+        index = self._index
+        return [(index[s], msgpack.unpackb(values[s], raw=False)) for s in slots]
+
+    def open_send(self, ranges: RangeSet) -> _Snapshot:
+        slots = self._range_slots(ranges)
+        cur = _Snapshot(self, slots, [self._index[s] for s in slots])
+        self._cursors.add(cur)
+        return cur
+
+    def receive(self, chunk: Any) -> None:
+        items: dict[Slot, tuple[Any, bytes]] = {}
+        for entry in chunk:
+            key, value = entry
+            if type(value) is not bytes:
+                raise ValueError(f"a received value is {type(value).__name__}, not bytes")
+            items[self._slot(key)] = (key, value)
+        self._store(items)
+
+    def delete(self, ranges: RangeSet) -> None:
+        self._remove(self._range_slots(ranges))
+
+    def stats(self) -> dict[str, int | float]:
+        s = self._mc.stats()
+        return {
+            "items": len(self._index),
+            "bytes": int(s.get(b"bytes", 0)),
+            "memcached_items": int(s.get(b"curr_items", 0)),
+            "evictions": int(s.get(b"evictions", 0)),
+            "limit_bytes": int(s.get(b"limit_maxbytes", 0)),
+            "open_sends": len(self._cursors),
+            **self.counts,
+        }
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._mc.close()
+        if self._server is not None:
+            self._server.terminate()
+            try:
+                self._server.wait(5)
+            except subprocess.TimeoutExpired:
+                self._server.kill()
+                self._server.wait()
+            self._server = None
+
+    def items(self) -> list[tuple[Any, Any]]:
+        """Every (key, value) in placement order: what replicas compare."""
+        slots = list(self._index)
+        values = self._fetch(slots)
+        return [(self._index[s], msgpack.unpackb(values[s], raw=False)) for s in slots]
+
+    def __del__(self) -> None:
+        server = getattr(self, "_server", None)
+        if server is not None and server.poll() is None:
+            with contextlib.suppress(Exception):
+                server.kill()

@@ -1,0 +1,350 @@
+"""One conformance suite for every storage engine (``-k conformance``).
+
+What Rubberband requires of an engine (:mod:`storage_adapters.base`), checked the same
+way on the in-memory key-value engine, the scan engine and the Memcached engine (a
+real ``memcached`` per engine): operations apply in the order given and answer as a
+reference model does; a send cursor is a snapshot taken at the call; a range goes from
+one engine to another in chunks (through msgpack, as on the wire), and the writes held
+back while it travelled then apply on top of it; range deletes drop only the range;
+invalid operations are rejected with a clear message, alike at every replica; and a
+failure of the backend raises (the storage process stops), it is never a rejection.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ecast import Message
+from rubberband.storage import StorageCore
+from storage_adapters.base import (
+    EVERYTHING,
+    MAX_EKEY,
+    MIN_EKEY,
+    BadOperation,
+    Placement,
+    RangeSet,
+    encode_key,
+    intersect,
+)
+from storage_adapters.memory import KVOps, MemoryEngine
+from storage_adapters.scan import ScanEngine, ScanOps
+
+ENGINES = ["memory", "scan", "memcached"]
+
+
+class KVDriver:
+    """Operations of the key-value engines (memory and memcached)."""
+
+    ops: Any = KVOps()
+
+    def __init__(self, make: Any) -> None:
+        self.make = make
+
+    def engine(self, placement: Placement | None = None) -> Any:
+        return self.make(placement)
+
+    def setup(self, e: Any) -> None:
+        pass
+
+    def put(self, pairs: list[tuple[int, str]]) -> Any:
+        return ("put", tuple(pairs))
+
+    def delete(self, keys: list[int]) -> Any:
+        return ("delete", tuple(keys))
+
+    def get(self, keys: list[int]) -> Any:
+        return ("get", tuple(keys))
+
+    def got(self, result: Any) -> dict[int, str]:
+        return dict(result)
+
+    def content(self, e: Any) -> dict[int, str]:
+        return {k: v for k, v in e.items()}
+
+    def bad_ops(self) -> list[Any]:
+        return [("explode", 1), ("put", ((1,),)), ("get", ([1],)), "put"]
+
+
+class ScanDriver:
+    """Operations of the scan engine on a two-column table keyed by ``k``."""
+
+    ops: Any = ScanOps()
+
+    def __init__(self, make: Any) -> None:
+        self.make = make
+        self.ops = ScanOps()
+
+    def engine(self, placement: Placement | None = None) -> Any:
+        return self.make(placement)
+
+    def setup(self, e: Any) -> None:
+        create = self.ops.create_table("t", [("k", "int64"), ("v", "varchar")], key="k")
+        assert e.apply([(create, EVERYTHING)]) == [{"created": True}]
+
+    def put(self, pairs: list[tuple[int, str]]) -> Any:
+        return self.ops.upsert("t", [{"k": k, "v": v} for k, v in pairs])
+
+    def delete(self, keys: list[int]) -> Any:
+        return self.ops.delete("t", [("k", "in", list(keys))])
+
+    def get(self, keys: list[int]) -> Any:
+        return self.ops.select("t", [("k", "in", list(keys))], columns=["k", "v"])
+
+    def got(self, result: Any) -> dict[int, str]:
+        return {r["k"]: r["v"] for r in ScanOps.rows(result)}
+
+    def content(self, e: Any) -> dict[int, str]:
+        (res,) = e.apply([(self.ops.select("t", columns=["k", "v"]), EVERYTHING)])
+        return self.got(res)
+
+    def bad_ops(self) -> list[Any]:
+        return [
+            {"op": "explode", "table": "t"},
+            self.ops.select("nope"),
+            self.ops.insert("t", [{"k": 1, "zz": 2}]),
+            self.ops.select("t", [("v", "<", 5)]),
+        ]
+
+
+def _memcached(placement: Placement | None) -> Any:
+    from storage_adapters.memcached import MemcachedEngine
+
+    return MemcachedEngine(placement, memory_mb=64)
+
+
+@pytest.fixture(params=ENGINES)
+def driver(request: pytest.FixtureRequest) -> Iterator[Any]:
+    made: list[Any] = []
+
+    def track(make: Any) -> Any:
+        def build(placement: Placement | None = None) -> Any:
+            e = make(placement)
+            made.append(e)
+            return e
+
+        return build
+
+    if request.param == "memory":
+        d: Any = KVDriver(track(MemoryEngine))
+    elif request.param == "scan":
+        d = ScanDriver(track(lambda p: ScanEngine(p, block_rows=32)))
+    else:
+        if shutil.which("memcached") is None:
+            pytest.fail(
+                "memcached is not installed (.ci/run installs it: apt-get install memcached)"
+            )
+        d = KVDriver(track(_memcached))
+    d.name = request.param
+    yield d
+    for e in made:
+        e.close()
+
+
+def run(d: Any, e: Any, *ops: Any) -> list[Any]:
+    """Apply ``ops`` in one batch, each with the ranges its ``part_fun`` names."""
+    return e.apply([(op, d.ops.part_fun(op, e.placement).ranges) for op in ops])
+
+
+def key_range(lo: int, hi: int) -> RangeSet:
+    return ((encode_key(lo), encode_key(hi)),)
+
+
+def drain(cursor: Any, into: Any, max_bytes: int) -> int:
+    chunks = 0
+    while (chunk := cursor.next_chunk(max_bytes)) is not None:
+        into.receive(msgpack.unpackb(msgpack.packb(chunk, use_bin_type=True), raw=False))
+        chunks += 1
+    cursor.close()
+    return chunks
+
+
+def test_conformance_operations_apply_in_the_order_given(driver: Any) -> None:
+    d = driver
+    e = d.engine()
+    d.setup(e)
+    res = run(
+        d,
+        e,
+        d.put([(1, "a"), (2, "x")]),
+        d.put([(1, "b")]),
+        d.get([1, 2, 3]),
+        d.delete([1]),
+        d.get([1, 2]),
+        d.put([(1, "c")]),
+    )
+    assert d.got(res[2]) == {1: "b", 2: "x"}
+    assert d.got(res[4]) == {2: "x"}
+    assert d.content(e) == {1: "c", 2: "x"}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["put", "delete", "get"]),
+            st.lists(st.integers(-20, 20), min_size=1, max_size=6),
+            st.text(max_size=5),
+        ),
+        max_size=25,
+    )
+)
+def test_conformance_answers_equal_a_reference_model(driver: Any, steps: list[Any]) -> None:
+    d = driver
+    e = getattr(d, "_shared", None)
+    if e is None:
+        e = d._shared = d.engine()
+        d.setup(e)
+    e.delete(EVERYTHING)
+    model: dict[int, str] = {}
+    for kind, keys, text in steps:
+        if kind == "put":
+            pairs = [(k, f"{text}{k}") for k in keys]
+            run(d, e, d.put(pairs))
+            model.update(pairs)
+        elif kind == "delete":
+            run(d, e, d.delete(keys))
+            for k in keys:
+                model.pop(k, None)
+        else:
+            (res,) = run(d, e, d.get(keys))
+            assert d.got(res) == {k: model[k] for k in keys if k in model}
+    assert d.content(e) == model
+
+
+def test_conformance_a_send_cursor_is_a_snapshot_while_writes_go_on(driver: Any) -> None:
+    d = driver
+    src = d.engine()
+    d.setup(src)
+    run(d, src, d.put([(k, f"v{k}") for k in range(0, 300, 2)]))
+    before = {k: v for k, v in d.content(src).items() if 100 <= k < 200}
+    cursor = src.open_send(key_range(100, 200))
+    first = cursor.next_chunk(64)  # some of it sent before the writes, some after
+    later = [
+        d.put([(150, "changed"), (151, "new"), (250, "outside")]),
+        d.delete([120, 198, 2]),
+        d.put([(120, "back")]),
+    ]
+    run(d, src, *later)
+    dst = d.engine()
+    if first is not None:
+        dst.receive(msgpack.unpackb(msgpack.packb(first, use_bin_type=True), raw=False))
+    drain(cursor, dst, 128)
+    assert d.content(dst) == before  # nothing written after the call leaked in
+    # The writes held back while the range travelled apply on top: the copy is the source.
+    run(d, dst, *later)
+    assert d.content(dst) == {k: v for k, v in d.content(src).items() if 100 <= k < 200 or k == 250}
+
+
+def test_conformance_a_range_moves_in_chunks_and_leaves_by_a_range_delete(driver: Any) -> None:
+    d = driver
+    src = d.engine()
+    d.setup(src)
+    run(d, src, d.put([(k, "x" * (k % 17)) for k in range(-50, 250)]))
+    everything = d.content(src)
+    moving = key_range(0, 100)
+    dst = d.engine()
+    chunks = drain(src.open_send(moving), dst, 200)
+    assert chunks >= 3
+    assert d.content(dst) == {k: v for k, v in everything.items() if 0 <= k < 100}
+    src.delete(moving)
+    assert d.content(src) == {k: v for k, v in everything.items() if not 0 <= k < 100}
+    # The receiver goes on with the range as its own.
+    run(d, dst, d.put([(5, "after"), (500, "outside too")]), d.delete([6]))
+    got = d.content(dst)
+    assert got[5] == "after" and 6 not in got and len(got) == 100
+
+
+def test_conformance_reads_and_writes_stay_inside_the_ranges_given(driver: Any) -> None:
+    """A replica answers for its partition only: writes outside it are not applied,
+    reads outside it are not reported (clients combine replicas without doubles)."""
+    d = driver
+    e = d.engine()
+    d.setup(e)
+    mine = key_range(0, 10)
+    put = d.put([(k, f"v{k}") for k in range(-5, 15)])
+    e.apply([(put, intersect(d.ops.part_fun(put, e.placement).ranges, mine))])
+    assert set(d.content(e)) == set(range(10))
+    get = d.get(list(range(-5, 15)))
+    (res,) = e.apply([(get, key_range(3, 6))])
+    assert set(d.got(res)) == {3, 4, 5}
+
+
+def test_conformance_hash_placement_holds_what_its_hash_ranges_name(driver: Any) -> None:
+    d = driver
+    placement = Placement("hash")
+    e = d.engine(placement)
+    d.setup(e)
+    keys = list(range(200))
+    put = d.put([(k, str(k)) for k in keys])
+    lo, hi = (2, 0), (2, 1 << 31)  # the lower half of the 32-bit hashes
+    e.apply([(put, intersect(d.ops.part_fun(put, placement).ranges, ((lo, hi),)))])
+    assert set(d.content(e)) == {k for k in keys if lo <= placement.ekey(k) < hi}
+    dst = d.engine(placement)
+    drain(e.open_send(((MIN_EKEY, MAX_EKEY),)), dst, 300)
+    assert d.content(dst) == d.content(e)
+
+
+def test_conformance_bad_operations_are_rejected_alike_with_a_clear_message(driver: Any) -> None:
+    d = driver
+    a, b = d.engine(), d.engine()
+    for e in (a, b):
+        d.setup(e)
+        run(d, e, d.put([(1, "one")]))
+    for op in d.bad_ops():
+        try:
+            ranges = d.ops.part_fun(op, a.placement).ranges
+        except BadOperation as e:
+            assert str(e)  # the client refuses it before it is sent
+            ranges = EVERYTHING
+        (ra,) = a.apply([(op, ranges)])
+        (rb,) = b.apply([(op, ranges)])
+        assert isinstance(ra, BadOperation) and isinstance(rb, BadOperation), op
+        assert str(ra) == str(rb) and len(str(ra)) > 10, op
+    assert d.content(a) == d.content(b) == {1: "one"}  # and nothing half done
+
+
+def test_conformance_a_backend_failure_stops_the_storage_process(
+    driver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = driver
+    e = d.engine()
+    d.setup(e)
+    run(d, e, d.put([(1, "one")]))
+    if d.name == "memcached":
+        e._server.kill()  # the backing server is gone
+        e._server.wait()
+    elif d.name == "scan":
+        table = e.tables["t"]
+
+        def no_memory(*_a: Any, **_k: Any) -> Any:
+            raise MemoryError("no room for a row")
+
+        for attr in ("append", "_put", "scatter"):  # every way rows are written
+            monkeypatch.setattr(type(table), attr, no_memory)
+    else:
+
+        class Broken(dict):
+            def __setitem__(self, *_a: Any) -> None:
+                raise MemoryError("no room for an item")
+
+            def get(self, *_a: Any) -> Any:
+                raise MemoryError("no room")
+
+        e._data = Broken()
+    core = StorageCore("storage:1", e)
+    ring = [[encode_key(0), "storage:1"]]  # alone on the ring: it holds everything
+    state = [1, e.placement.partitioning, 0, ring, [], [], [], [], [], [], []]
+    assert core.joined({"rubberband": state}) == []
+    assert core.owned
+    op = d.put([(2, "two")])
+    header = {"w": d.ops.part_fun(op, e.placement).ranges}
+    out = core.deliver([(1, Message("client:c", (("c", 0, ""), 1), header, op))])
+    assert out and out[-1][0] == "stop", out
+    assert core.deliver([(2, Message("client:c", (("c", 0, ""), 2), header, op))]) == []
