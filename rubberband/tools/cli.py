@@ -11,6 +11,7 @@ COMMANDS = {
     "cluster": ("rubberband.tools.cluster:cluster_main", "a local cluster: up, status, down"),
     "admin": ("rubberband.tools.cluster:admin_main", "expand, contract, replace, rebalance"),
     "cost": ("rubberband.tools.cost:main", "microseconds the routers spend routing per message"),
+    "bench": ("rubberband.tools.bench:main", "benchmarks: scan-engine, memcached"),
 }
 
 

@@ -1,0 +1,94 @@
+"""The Memcached engine's own rules: key encoding, item limits, TTLs, a given server,
+its figures, and its benchmark's JSON (the shared rules are in the conformance suite)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from storage_adapters.base import EVERYTHING, BadOperation, encode_key
+from storage_adapters.memcached import MAX_KEY_BYTES, MemcachedEngine, memcached_key
+
+keys = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False) | st.text() | st.binary(),
+    lambda inner: st.tuples(inner, inner),
+    max_leaves=6,
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=keys, b=keys)
+def test_memcached_keys_are_legal_and_tell_keys_apart(a: object, b: object) -> None:
+    ka, kb = memcached_key(encode_key(a)), memcached_key(encode_key(b))
+    assert 0 < len(ka) <= MAX_KEY_BYTES
+    assert all(33 <= c < 127 for c in ka)  # no spaces, no control characters
+    assert (ka == kb) == (encode_key(a) == encode_key(b))
+
+
+def test_a_key_too_long_for_memcached_is_hashed_and_still_works() -> None:
+    e = MemcachedEngine(memory_mb=16)
+    try:
+        long_key = "x" * 5000
+        assert memcached_key(encode_key(long_key)).startswith(b"h")
+        e.apply([(("put", ((long_key, 1), ("short", 2))), EVERYTHING)])
+        assert e.apply([(("get", (long_key, "short")), EVERYTHING)]) == [{long_key: 1, "short": 2}]
+        assert e.items() == [("short", 2), (long_key, 1)]
+    finally:
+        e.close()
+
+
+def test_values_over_the_item_limit_and_ttls_are_refused_whole() -> None:
+    e = MemcachedEngine(memory_mb=16, item_limit_mb=1)
+    try:
+        big = b"x" * (1 << 20)
+        (res,) = e.apply([(("put", (("a", 1), ("b", big))), EVERYTHING)])
+        assert isinstance(res, BadOperation) and "item limit" in str(res)
+        (res,) = e.apply([(("put", (("a", 1),), 60), EVERYTHING)])
+        assert isinstance(res, BadOperation) and "TTL" in str(res)
+        assert e.items() == []  # nothing of either was stored
+        (res,) = e.apply([(("put", (("a", object()),)), EVERYTHING)])
+        assert isinstance(res, BadOperation) and "cannot be stored" in str(res)
+        stats = e.stats()
+        assert stats["evictions"] == 0 and stats["rejected"] == 3
+    finally:
+        e.close()
+
+
+def test_an_engine_can_use_a_server_of_ones_own_and_flushes_it() -> None:
+    owner = MemcachedEngine(memory_mb=16)
+    try:
+        owner.apply([(("put", (("left", "over"),)), EVERYTHING)])
+        e = MemcachedEngine(address=owner.address)
+        assert e._server is None  # not ours: closing leaves it running
+        assert e._mc.get(memcached_key(encode_key("left"))) is None  # a new process holds no data
+        e.apply([(("put", (("k", "v"),)), EVERYTHING)])
+        e.close()
+        assert owner._mc.get(memcached_key(encode_key("k"))) is not None  # still running
+        # The first engine's key is gone from under it: that is lost data, and a failure
+        # of the replica (raised, so the storage process stops), never an empty answer.
+        with pytest.raises(RuntimeError, match="lost the value"):
+            owner.apply([(("get", ("left",)), EVERYTHING)])
+    finally:
+        owner.close()
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        MemcachedEngine(address="nowhere")
+
+
+def test_the_memcached_benchmark_prints_json_last() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "rubberband.tools.cli", "bench", "memcached", "--json",
+         "--keys", "3000", "--migrate-mb", "4", "--index-keys", "2000"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1
+    res = json.loads(lines[-1])
+    assert res["writes_per_s"] > 0 and res["reads_per_s"] > 0
+    assert res["migration"]["mb"] == 4 and res["migration"]["mb_per_s"] > 0
+    assert 50 < res["index"]["bytes_per_key"] < 2000
