@@ -100,6 +100,9 @@ class RbRunConfig(GroupRunConfig):
     bulk: int = 240
     """Bulky puts the clients make first, together (data for migrations to move)."""
     chunk_bytes: int = 400
+    engine: str = "storage_adapters.memory:MemoryEngine"
+    """The storage engine, by path (any engine answering the key-value operations:
+    ``storage_adapters.scan.kv:ScanKVEngine`` runs the same schedules on the scan engine)."""
     mutation: str | None = None
     router: RouterParams = field(default_factory=RouterParams)
     endpoint: EndpointParams = field(default_factory=EndpointParams)
@@ -170,7 +173,8 @@ class RbProcess:
         self.super: SuperCore | None = None
         self.client: ClientCore | None = None
         if self.role == "storage":
-            self.storage = StorageCore(pid, _engine(), chunk_bytes=run.cfg.chunk_bytes)
+            engine = load_ops(run.cfg.engine)
+            self.storage = StorageCore(pid, engine, chunk_bytes=run.cfg.chunk_bytes)
         elif self.role == "super":
             self.super = SuperCore(pid)
             self.heard: dict[NodeId, float] = {}
@@ -516,11 +520,6 @@ class _NoFilterGather(Gather):
             return
         self.pieces.append((intersect(covered, self.ranges), result))
         super().add(covered, result, error, position, ok)
-
-
-def _engine() -> Any:
-    """The key-value engine, by path: Rubberband imports no engine."""
-    return load_ops("storage_adapters.memory:MemoryEngine")
 
 
 class RubberbandRun(EcastGroupRun):
@@ -1083,6 +1082,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fault-time", type=float, default=8.0)
     ap.add_argument("--mutation", choices=MUTATIONS)
     ap.add_argument("--scenario", choices=["expand"], help="a fixed schedule instead of faults")
+    ap.add_argument(
+        "--engine",
+        default="storage_adapters.memory:MemoryEngine",
+        help="module:Class of an engine answering the key-value operations "
+        "(storage_adapters.scan.kv:ScanKVEngine: the scan engine)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     faults = tuple(f for f in args.faults.split(",") if f)
@@ -1101,6 +1106,7 @@ def main(argv: list[str] | None = None) -> int:
         fault_time=args.fault_time,
         mutation=args.mutation,
         scenario=args.scenario,
+        engine=args.engine,
     )
     if args.scenario:
         cfg.faults = ()

@@ -57,6 +57,28 @@ def test_randomized_schedules_pass_every_checker_and_reach_every_situation(chunk
     assert not missing, f"never reached: {missing} (reached: {dict(reached)})"
 
 
+SCAN_ENGINE = "storage_adapters.scan.kv:ScanKVEngine"
+SCAN_SCHEDULES = 60
+
+
+@pytest.mark.parametrize("chunk", range(2))
+def test_the_schedules_pass_on_the_scan_engine_too(chunk: int) -> None:
+    """The same randomized schedules with the scan engine in every storage process
+    (its shared scans, send cursors, receives and range deletes, under the key-value
+    operations): every checker passes and every situation is reached."""
+    reached: Counter[str] = Counter()
+    for seed in range(1 + chunk, SCAN_SCHEDULES + 1, 2):
+        result = run_rubberband(RbRunConfig(seed=seed, ops=OPS, engine=SCAN_ENGINE))
+        assert not result.violations, (
+            f"violations in seed {seed}:\n  "
+            + "\n  ".join(result.violations)
+            + f"\nreplay: {replay(seed, engine=SCAN_ENGINE)}"
+        )
+        reached.update(k for k, v in result.situations.items() if v)
+    missing = [s for s in REQUIRED if not reached[s]]
+    assert not missing, f"never reached: {missing} (reached: {dict(reached)})"
+
+
 def test_heavier_schedules_reject_snapshot_reads_and_then_accept_them() -> None:
     """15 clients: snapshot reads routed during takeovers and migrations are refused
     (no consistent cut), retried whole, and then accepted; nothing else goes wrong."""

@@ -1,8 +1,9 @@
 """One conformance suite for every storage engine (``-k conformance``).
 
 What Rubberband requires of an engine (:mod:`storage_adapters.base`), checked the same
-way on the in-memory key-value engine, the scan engine and the Memcached engine (a
-real ``memcached`` per engine): operations apply in the order given and answer as a
+way on the in-memory key-value engine, the scan engine (with its own table operations,
+and with the key-value operations of :mod:`storage_adapters.scan.kv`) and the Memcached
+engine (a real ``memcached`` per engine): operations apply in the order given and answer as a
 reference model does; a send cursor is a snapshot taken at the call; a range goes from
 one engine to another in chunks (through msgpack, as on the wire), and the writes held
 back while it travelled then apply on top of it; range deletes drop only the range;
@@ -35,8 +36,9 @@ from storage_adapters.base import (
 )
 from storage_adapters.memory import KVOps, MemoryEngine
 from storage_adapters.scan import ScanEngine, ScanOps
+from storage_adapters.scan.kv import ScanKVEngine
 
-ENGINES = ["memory", "scan", "memcached"]
+ENGINES = ["memory", "scan", "scan-kv", "memcached"]
 
 
 class KVDriver:
@@ -135,6 +137,8 @@ def driver(request: pytest.FixtureRequest) -> Iterator[Any]:
         d: Any = KVDriver(track(MemoryEngine))
     elif request.param == "scan":
         d = ScanDriver(track(lambda p: ScanEngine(p, block_rows=32)))
+    elif request.param == "scan-kv":  # the key-value operations on the scan engine
+        d = KVDriver(track(lambda p: ScanKVEngine(p, block_rows=32)))
     else:
         if shutil.which("memcached") is None:
             pytest.fail(
@@ -320,8 +324,9 @@ def test_conformance_a_backend_failure_stops_the_storage_process(
     if d.name == "memcached":
         e._server.kill()  # the backing server is gone
         e._server.wait()
-    elif d.name == "scan":
-        table = e.tables["t"]
+    elif d.name in ("scan", "scan-kv"):
+        scan = e if d.name == "scan" else e.scan
+        table = scan.tables["t" if d.name == "scan" else "kv"]
 
         def no_memory(*_a: Any, **_k: Any) -> Any:
             raise MemoryError("no room for a row")
