@@ -155,6 +155,7 @@ class StorageCore:
         """Keyspace version -> our instructions of it not yet done."""
         self.stopped: str | None = None
         self.stats = StorageStats()
+        self._segment_cache: tuple[Keyspace, tuple[RangeSet, ...]] | None = None
 
     # ================================================================== inputs
     def joined(self, state: Any) -> list[Output]:
@@ -227,15 +228,35 @@ class StorageCore:
     def _answer(
         self, to: NodeId, rid: Any, op: Any, mine: RangeSet, position: Any, out: list[Output]
     ) -> None:
+        pieces = self._pieces(mine)
         try:
-            res = self.engine.apply([(op, mine)])[0]
+            results = self.engine.apply([(op, piece) for piece in pieces])
         except Exception as e:
             self._stop(f"engine failed: {type(e).__name__}: {e}", out)
             return
-        if isinstance(res, BadOperation):
-            out.append(("direct", to, (RESULT, rid, mine, None, str(res), position, True)))
-        else:
-            out.append(("direct", to, (RESULT, rid, mine, res, None, position, True)))
+        for piece, res in zip(pieces, results, strict=True):
+            if isinstance(res, BadOperation):
+                out.append(("direct", to, (RESULT, rid, piece, None, str(res), position, True)))
+            else:
+                out.append(("direct", to, (RESULT, rid, piece, res, None, position, True)))
+
+    def _pieces(self, mine: RangeSet) -> list[RangeSet]:
+        """A read's ranges cut at the ring's segments, answered one piece each.
+
+        Replicas of a segment cut it alike, so a client that hears from two replicas for
+        one segment (each answers all it holds of the read) keeps one piece whole and
+        drops the other whole.  Without the cut, answers overlap in part, and an answer
+        that cannot be trimmed to a range (an aggregate, rows projected without their
+        key) would be counted twice.  A point read touches one segment: one piece."""
+        ks = self.keyspace
+        if ks is None or not mine:
+            return [mine]
+        cached = self._segment_cache
+        if cached is None or cached[0] is not ks:
+            held = tuple(p for p in (intersect(seg, self.owned) for seg in ks.segments()) if p)
+            cached = self._segment_cache = (ks, held)
+        pieces = [p for p in (intersect(mine, seg) for seg in cached[1]) if p]
+        return pieces or [mine]
 
     def _basic(self, src: NodeId, payload: tuple[Any, ...], out: list[Output]) -> None:
         """A basic read (4.5.2): straight from the client, answered from the current state
@@ -320,16 +341,22 @@ class StorageCore:
             self.stats.queued_max = len(self.queue)
 
     def _apply(self, batch: list[tuple[Message, RangeSet]], out: list[Output]) -> None:
+        items: list[tuple[Message, RangeSet]] = []
+        for m, mine in batch:
+            if "r" in m.header and not self.incomplete:
+                items.extend((m, piece) for piece in self._pieces(mine))  # see _pieces
+            else:
+                items.append((m, mine))
         try:
-            results = self.engine.apply([(m.payload, r) for m, r in batch])
+            results = self.engine.apply([(m.payload, r) for m, r in items])
         except Exception as e:
             self._stop(f"engine failed: {type(e).__name__}: {e}", out)
             return
-        if len(results) != len(batch):
+        if len(results) != len(items):
             self._stop("engine returned a wrong number of results", out)
             return
         self.stats.applied += len(batch)
-        for (m, mine), res in zip(batch, results, strict=True):
+        for (m, mine), res in zip(items, results, strict=True):
             bad = isinstance(res, BadOperation)
             if bad:
                 self.stats.rejected += 1

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import hmac
 import importlib
+import inspect
 import json
 import logging
 import os
@@ -134,6 +135,15 @@ def engine_options(pairs: list[str]) -> dict[str, Any]:
             v = float(value) if "." in value else int(value)
         out[name] = v
     return out
+
+
+def check_engine(spec: str, pairs: list[str]) -> None:
+    """Before anything starts: the engine exists and takes these options."""
+    cls = load_engine(spec)
+    try:
+        inspect.signature(cls).bind(**engine_options(pairs))
+    except TypeError as e:
+        raise UsageError(f"--engine {spec}: {e} (options: {inspect.signature(cls)})") from None
 
 
 def make_engine(spec: str, pairs: list[str]) -> Any:
@@ -370,6 +380,8 @@ def main_for(kind: str, argv: list[str] | None = None) -> int:
         for required in ("name", "routers"):
             if not getattr(args, required):
                 raise UsageError(f"--{required} is required (a flag or a key of --file)")
+        if kind == "storage":
+            check_engine(args.engine, args.engine_arg)
         kit.setup_logging(args.log_level)
         log.info("event=start %s", kit.effective(args, settings))
         runner = run_storage if kind == "storage" else run_super

@@ -380,7 +380,9 @@ class Table:
         isolation: str = "sequential",
     ) -> Any:
         """Rows as dicts; with ``agg`` (``("count", "*")`` or a list of ``(function,
-        column)``) the aggregates as one dict."""
+        column)``) the aggregates as one dict, such as ``{"count(*)": 12}``."""
         op = self._ops.select(self.name, where, columns, agg, isolation)
         result = await self._client.read(op, isolation)
-        return result if agg is not None else ScanOps.rows(result)
+        if agg is not None:
+            return dict(zip(result["columns"], result["values"], strict=True))
+        return ScanOps.rows(result)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import rubberband.sdk as rbsdk
+from rubberband.client import Rejected
 from tests.integration.test_rubberband import cli, state, status
 
 KEYS = 1_000_000
@@ -182,6 +183,14 @@ def test_an_engine_grows_from_one_to_four_loses_one_and_reads_back_everywhere(
         # every range (replication 3).
         for level in ("sequential", "sequential", "sequential", "snapshot", "basic", "basic"):
             w.check(await w.read_all(level), level)
+        if engine == "scan":
+            # The table surface: a count agrees, and an insert of a key that exists is
+            # rejected at the call (every holder refuses it alike).
+            counted = await w.t.select(agg=("count", "*"))
+            assert len(w.model) <= counted["count(*)"] <= len(w.model) + len(w.unsure)
+            taken = next(iter(w.model))
+            with pytest.raises(Rejected):
+                await w.t.insert([{"k": taken, "v": "twice", "n": taken % 97}])
         await rb.close()
         return w
 

@@ -305,6 +305,15 @@ def test_a_killed_holder_is_repaired_by_the_super_on_its_own(cluster: Path) -> N
         (["--routers", "127.0.0.1:1"], "--name is required"),
         (["--name", "storage:1", "--routers", "127.0.0.1:1", "--metrics", "nowhere"], "HOST:PORT"),
         (["--file", "/nonexistent.toml"], "no such file"),
+        (["--name", "storage:1", "--routers", "127.0.0.1:1", "--engine-arg", "x"], "NAME=VALUE"),
+        (
+            ["--name", "storage:1", "--routers", "127.0.0.1:1", "--engine-arg", "bogus=1"],
+            "unexpected keyword argument 'bogus'",
+        ),
+        (
+            ["--name", "storage:1", "--routers", "127.0.0.1:1", "--engine", "nope:Nope"],
+            "No module named 'nope'",
+        ),
     ],
 )
 def test_storage_daemon_settings_fail_in_one_line(argv: list[str], text: str) -> None:
@@ -316,6 +325,18 @@ def test_storage_daemon_settings_fail_in_one_line(argv: list[str], text: str) ->
     )
     assert out.returncode == 2, out.stderr
     assert text in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_an_engine_that_cannot_start_stops_the_daemon_with_a_clear_error() -> None:
+    out = subprocess.run(
+        [PY, "-m", "rubberband.tools.cli", "storage", "--name", "storage:1", "--routers",
+         "127.0.0.1:1", "--engine", "memcached", "--engine-arg", "address=nowhere"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    expected = "--engine memcached did not start: address is HOST:PORT, not 'nowhere'"
+    assert last == f"rubberband storage: {expected}", last
 
 
 def test_a_toml_file_with_an_unknown_key_is_refused(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from ecast import Message
 from rubberband.client import ClientCore, Rejected
+from rubberband.keys import normalize
 from rubberband.storage import StorageCore
 from rubberband.super import Refused
 from storage_adapters.base import BadOperation
@@ -343,8 +344,38 @@ def test_snapshot_reads_are_refused_where_a_range_is_still_arriving() -> None:
     (out,) = core.deliver_unsafe(msg, m.t, False)
     assert out[2][-1] is False  # not accepted by the endpoint either
     m.settle()
-    (out,) = core.deliver_unsafe(msg, m.t, True)
-    assert out[2][-1] is True and out[2][3] == {153: 153}
+    outs = core.deliver_unsafe(msg, m.t, True)
+    assert outs and all(out[2][-1] is True for out in outs)
+    # One answer per ring segment the read covers: they tile the read's ranges.
+    assert normalize(tuple(r for out in outs for r in out[2][2])) == msg.header["r"]
+    merged: dict[int, int] = {}
+    for out in outs:
+        merged.update(out[2][3])
+    assert merged == {153: 153}
+
+
+def test_answers_are_cut_at_segments_so_aggregates_are_not_counted_twice() -> None:
+    """Each replica answers everything it holds of a read; cut at the ring's segments,
+    two replicas' answers for one segment are the same piece, and the client keeps one."""
+    m = grown(4)
+    m.write(("put", tuple((k, k) for k in range(0, 400, 2))))
+    op = ("scan", None, None)
+    client = ClientCore(KVOps())
+    client.learn(m.config.version, m.config.keyspace.to_state())
+    _, header, gather = client.read(op)
+    for name in sorted(m.storage):
+        core = m.storage[name]
+        msg = Message("client:c", (("u", 0, "client:c"), 1), header, op)
+        for out in core.deliver_unsafe(msg, m.t, True):
+            _, _rid, covered, result, error, position, ok = out[2]
+            pieces_before = len(gather.pieces)
+            gather.add(covered, result, error, position, ok)
+            # A piece is taken whole or not at all: never in part.
+            if len(gather.pieces) > pieces_before:
+                assert gather.pieces[-1][0] == covered
+    assert gather.complete and not gather.refused
+    rows = [row for _, piece in gather.pieces for row in piece]
+    assert len(rows) == 200 and sorted(rows) == [(k, k) for k in range(0, 400, 2)]
 
 
 def test_a_basic_read_with_a_stale_version_learns_the_keyspace() -> None:
