@@ -63,6 +63,7 @@ SITUATIONS = (
     "stale_keyspace_message",
     "leader_takeover",
     "snapshot_rejected_then_accepted",
+    "automatic_repair",
 )
 MUTATIONS = (
     "reads_to_busy",  # the config sends reads to busy receivers as if they were complete
@@ -100,6 +101,12 @@ class RbRunConfig(GroupRunConfig):
     bulk: int = 240
     """Bulky puts the clients make first, together (data for migrations to move)."""
     chunk_bytes: int = 400
+    auto_repair: bool = False
+    """The super repairs broken holders on its own (``SuperCore.repairs``, never forced),
+    as ``rubberband super --auto-repair`` does; the nemesis only provisions standby
+    processes and never repairs (without it, the nemesis replaces them as an operator)."""
+    repair_after: float = 0.3
+    """With ``auto_repair``: how long a holder stays broken before the super acts."""
     engine: str = "storage_adapters.memory:MemoryEngine"
     """The storage engine, by path (any engine answering the key-value operations:
     ``storage_adapters.scan.kv:ScanKVEngine`` runs the same schedules on the scan engine)."""
@@ -179,6 +186,7 @@ class RbProcess:
             self.super = SuperCore(pid)
             self.heard: dict[NodeId, float] = {}
             self.voted: set[NodeId] = set()
+            self.broken_since: dict[NodeId, float] = {}
             self.next_beat = 0.0
         else:
             self.client = ClientCore(load_ops(None))
@@ -314,6 +322,27 @@ class RbProcess:
                 _, more = self.ep.submit(None, vote_header(p), now)
                 fx.extend(more)
                 self.run.note(f"super votes {p} out after {now - last:.2f}s of silence")
+        if self.run.cfg.auto_repair:
+            self._auto_repair(now, fx)
+
+    def _auto_repair(self, now: float, fx: Effects) -> None:
+        """What ``SuperHost._repair`` does on real daemons: the first repair the core
+        proposes, once the holder has been broken for ``repair_after``, never forced;
+        one keyspace message in flight at a time (a second, planned from the same
+        version, would only be stale)."""
+        sup = self.super
+        assert sup is not None
+        todo = sup.repairs()
+        if not todo:
+            self.broken_since.clear()
+            return
+        kind, args = todo[0]
+        first = self.broken_since.setdefault(args[0], now)
+        if now - first < self.run.cfg.repair_after or self.run.keyspace_sent:
+            return
+        self.run.note(f"super repairs on its own: {kind} {' '.join(args)}")
+        self.run.situations["automatic_repair"] += 1
+        fx.extend(self.plan_and_submit((kind, *args), now, again=lambda: None))
 
     def plan_and_submit(
         self, op: tuple[Any, ...], now: float, again: Any = None, force: bool = False
@@ -850,6 +879,11 @@ class RubberbandRun(EcastGroupRun):
             self.situations["source_crash_mid_migration"] += 1
         self.sim.crash(victim)
         self._note(f"crash storage {victim}")
+        if self.cfg.auto_repair:
+            # The super repairs; an operator only keeps a standby process ready for it.
+            if not any(self.sim.nodes[p].alive for p in c.standby()):
+                self.add_storage()
+            return
         self.sim.at(self.sim.now + self.cfg.suspect_after + 0.5, lambda: self._repair(victim))
 
     def _repair(self, victim: NodeId) -> None:
@@ -872,9 +906,9 @@ class RubberbandRun(EcastGroupRun):
 
     def _repair_incomplete(self) -> None:
         """Replace every holder that is suspected, dead or incomplete (after the faults,
-        as an operator would)."""
+        as an operator would; with ``auto_repair`` the super must have done it)."""
         c = self._config()
-        if c is None:
+        if c is None or self.cfg.auto_repair:
             return
         for p in c.keyspace.processes:
             if p not in c.storage() or p in c.incomplete or not self.sim.nodes[p].alive:
@@ -1088,6 +1122,11 @@ def main(argv: list[str] | None = None) -> int:
         help="module:Class of an engine answering the key-value operations "
         "(storage_adapters.scan.kv:ScanKVEngine: the scan engine)",
     )
+    ap.add_argument(
+        "--auto-repair",
+        action="store_true",
+        help="the super repairs broken holders on its own (the nemesis does not)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     faults = tuple(f for f in args.faults.split(",") if f)
@@ -1107,6 +1146,7 @@ def main(argv: list[str] | None = None) -> int:
         mutation=args.mutation,
         scenario=args.scenario,
         engine=args.engine,
+        auto_repair=args.auto_repair,
     )
     if args.scenario:
         cfg.faults = ()

@@ -79,6 +79,28 @@ def test_the_schedules_pass_on_the_scan_engine_too(chunk: int) -> None:
     assert not missing, f"never reached: {missing} (reached: {dict(reached)})"
 
 
+AUTO_SCHEDULES = 40
+
+
+@pytest.mark.parametrize("chunk", range(2))
+def test_the_super_repairs_broken_holders_on_its_own(chunk: int) -> None:
+    """No operator: the nemesis crashes storage processes (sources mid-migration among
+    them) and only keeps a standby process ready; the super replaces or contracts every
+    broken or incomplete holder by itself, never forcing, and every run settles with
+    every checker passing."""
+    reached: Counter[str] = Counter()
+    for seed in range(1 + chunk, AUTO_SCHEDULES + 1, 2):
+        result = run_rubberband(RbRunConfig(seed=seed, ops=OPS, auto_repair=True))
+        assert not result.violations, (
+            f"violations in seed {seed}:\n  "
+            + "\n  ".join(result.violations)
+            + f"\nreplay: {replay(seed)} --auto-repair"
+        )
+        reached.update(k for k, v in result.situations.items() if v)
+    assert reached["automatic_repair"] >= 5, dict(reached)
+    assert reached["source_crash_mid_migration"], dict(reached)
+
+
 def test_heavier_schedules_reject_snapshot_reads_and_then_accept_them() -> None:
     """15 clients: snapshot reads routed during takeovers and migrations are refused
     (no consistent cut), retried whole, and then accepted; nothing else goes wrong."""
