@@ -64,6 +64,7 @@ from rubberband.keys import (
 
 __all__ = [
     "EVERYTHING",
+    "INVALID",
     "MAX_EKEY",
     "MIN_EKEY",
     "NOTHING",
@@ -81,6 +82,7 @@ __all__ = [
     "encode_key",
     "intersect",
     "normalize",
+    "rejection",
     "union",
 ]
 
@@ -89,6 +91,18 @@ Partitioning = Literal["range", "hash"]
 
 class BadOperation(ValueError):
     """A deterministic rejection of one operation; every replica rejects it alike."""
+
+
+INVALID = (BadOperation, BadKey, TypeError, IndexError, KeyError, ValueError)
+"""What reading a malformed operation raises: a rejection of it, never a failure of the
+replica (an engine catches these only around its own reading of the operation)."""
+
+
+def rejection(op: Any, error: Exception) -> BadOperation:
+    """``error``, raised while reading ``op``, as the rejection every replica returns."""
+    if isinstance(error, BadOperation):
+        return error
+    return BadOperation(f"{op!r:.60}: {error}")
 
 
 @dataclass(frozen=True, slots=True)

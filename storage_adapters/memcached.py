@@ -56,7 +56,15 @@ import msgpack
 from pymemcache.client.base import Client as _Memcache
 from sortedcontainers import SortedDict
 
-from storage_adapters.base import BadKey, BadOperation, EKey, Placement, RangeSet, encode_key
+from storage_adapters.base import (
+    INVALID,
+    BadOperation,
+    EKey,
+    Placement,
+    RangeSet,
+    encode_key,
+    rejection,
+)
 from storage_adapters.memory import MAX_KEYS, READS, WRITES, KVOps
 
 __all__ = ["KVOps", "MemcachedEngine", "memcached_key"]
@@ -313,12 +321,9 @@ class MemcachedEngine:
     def _one(self, op: Any, ranges: RangeSet) -> Any:
         try:
             plan = self._prepare(op, ranges)
-        except BadOperation as e:
+        except INVALID as e:
             self.counts["rejected"] += 1
-            return e
-        except (BadKey, TypeError, IndexError, KeyError, ValueError) as e:
-            self.counts["rejected"] += 1
-            return BadOperation(f"{op!r:.60}: {e}")
+            return rejection(op, e)
         # Past validation, every error is the backend's: it propagates (fail-stop).
         return plan()
 

@@ -7,7 +7,6 @@ object.
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 EXPERIMENTS = {
@@ -23,16 +22,7 @@ EXPERIMENTS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rubberband.tools.cli import dispatch
+
     args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] in ("-h", "--help"):
-        print("usage: rubberband bench EXPERIMENT [ARGS] [--json]\n\nexperiments:")
-        for name, (_, what) in EXPERIMENTS.items():
-            print(f"  {name:<12} {what}")
-        return 0 if args else 2
-    entry = EXPERIMENTS.get(args[0])
-    if entry is None:
-        known = ", ".join(EXPERIMENTS)
-        print(f"rubberband bench: unknown experiment {args[0]!r} ({known})", file=sys.stderr)
-        return 2
-    module, _, func = entry[0].partition(":")
-    return int(getattr(importlib.import_module(module), func)(args[1:]) or 0)
+    return dispatch(EXPERIMENTS, args, "rubberband bench", "experiment")

@@ -15,19 +15,24 @@ COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+def dispatch(table: dict[str, tuple[str, str]], args: list[str], prog: str, what: str) -> int:
+    """Run ``args[0]``'s entry of ``table`` (``module:function`` and a line of help)
+    with the rest of ``args``; modules are imported only when their command runs."""
     if not args or args[0] in ("-h", "--help"):
-        print("usage: rubberband COMMAND [ARGS]\n\ncommands:")
-        for name, (_, what) in COMMANDS.items():
-            print(f"  {name:<10} {what}")
+        print(f"usage: {prog} {what.upper()} [ARGS]\n\n{what}s:")
+        for name, (_, help_) in table.items():
+            print(f"  {name:<12} {help_}")
         return 0 if args else 2
-    entry = COMMANDS.get(args[0])
+    entry = table.get(args[0])
     if entry is None:
-        print(f"rubberband: unknown command {args[0]!r} (try rubberband --help)", file=sys.stderr)
+        print(f"{prog}: unknown {what} {args[0]!r} (try {prog} --help)", file=sys.stderr)
         return 2
     module, _, func = entry[0].partition(":")
     return int(getattr(importlib.import_module(module), func)(args[1:]) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return dispatch(COMMANDS, sys.argv[1:] if argv is None else argv, "rubberband", "command")
 
 
 if __name__ == "__main__":

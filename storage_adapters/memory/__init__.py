@@ -32,6 +32,7 @@ from typing import Any
 from sortedcontainers import SortedDict
 
 from storage_adapters.base import (
+    INVALID,
     MAX_EKEY,
     MIN_EKEY,
     BadKey,
@@ -43,6 +44,7 @@ from storage_adapters.base import (
     after,
     encode_key,
     normalize,
+    rejection,
 )
 
 WRITES = frozenset({"put", "append", "delete", "delete_range"})
@@ -184,12 +186,9 @@ class MemoryEngine:
             else:
                 self.counts["reads"] += 1
             return getattr(self, "_" + name)(op, ranges)
-        except BadOperation as e:
+        except INVALID as e:
             self.counts["rejected"] += 1
-            return e
-        except (BadKey, TypeError, IndexError, KeyError, ValueError) as e:
-            self.counts["rejected"] += 1
-            return BadOperation(f"{op!r:.60}: {e}")
+            return rejection(op, e)
 
     def _put(self, op: Any, ranges: RangeSet) -> None:
         for key, value in op[1]:

@@ -18,7 +18,15 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from storage_adapters.base import EVERYTHING, BadOperation, Placement, RangeSet, SendCursor
+from storage_adapters.base import (
+    EVERYTHING,
+    INVALID,
+    BadOperation,
+    Placement,
+    RangeSet,
+    SendCursor,
+    rejection,
+)
 from storage_adapters.memory import READS, WRITES
 from storage_adapters.scan.client import ScanOps
 from storage_adapters.scan.engine import ScanEngine
@@ -78,10 +86,8 @@ class ScanKVEngine:
                 out.append(self._one(op, ranges))
             except _EngineFailed as e:
                 raise e.__cause__ from None  # type: ignore[misc]
-            except BadOperation as e:
-                out.append(e)
-            except (TypeError, ValueError, IndexError) as e:
-                out.append(BadOperation(f"{op!r:.60}: {e}"))
+            except INVALID as e:
+                out.append(rejection(op, e))
         return out
 
     def _one(self, op: Any, ranges: RangeSet) -> Any:

@@ -8,8 +8,6 @@ import asyncio
 import json
 import os
 import random
-import signal
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ import pytest
 
 import rubberband.sdk as rbsdk
 from rubberband.client import Rejected
-from tests.integration.test_rubberband import cli, state, status
+from tests.integration.test_rubberband import cli, kill_and_replace, state, status
 
 KEYS = 1_000_000
 
@@ -153,20 +151,7 @@ def test_an_engine_grows_from_one_to_four_loses_one_and_reads_back_everywhere(
                 )
                 assert out.returncode == 0, out.stdout + out.stderr
                 await asyncio.sleep(1)
-            pid = json.loads((d / "processes.json").read_text())["storage2"]["pid"]
-            os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                ring = (await loop.run_in_executor(None, status, d))["ring"]
-                if any(r["name"] == "storage:2" and r["suspected"] for r in ring):
-                    break
-                await asyncio.sleep(0.2)
-            else:
-                raise AssertionError("storage:2 was never suspected")
-            out = await loop.run_in_executor(
-                None, cli, "admin", "--state-dir", str(d), "replace", "storage:2", "storage:5"
-            )
-            assert out.returncode == 0, out.stdout + out.stderr
+            await kill_and_replace(d, 2, 5)
             await asyncio.sleep(2)
             stop.set()
 

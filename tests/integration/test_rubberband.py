@@ -73,6 +73,33 @@ def status(d: Path) -> dict[str, Any]:
     return dict(json.loads(out.stdout))
 
 
+async def kill_and_replace(d: Path, victim: int, spare: int) -> None:
+    """SIGKILL storage process ``victim``, wait until the supers suspect it, and replace
+    it with standby ``spare`` as an operator would."""
+    loop = asyncio.get_running_loop()
+    pid = json.loads((d / "processes.json").read_text())[f"storage{victim}"]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        ring = (await loop.run_in_executor(None, status, d))["ring"]
+        if any(r["name"] == f"storage:{victim}" and r["suspected"] for r in ring):
+            break
+        await asyncio.sleep(0.2)
+    else:
+        raise AssertionError(f"storage:{victim} was never suspected")
+    out = await loop.run_in_executor(
+        None,
+        cli,
+        "admin",
+        "--state-dir",
+        str(d),
+        "replace",
+        f"storage:{victim}",
+        f"storage:{spare}",
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_cluster_up_status_and_every_read_level(cluster: Path) -> None:
     s = status(cluster)
     assert [r["name"] for r in s["ring"]] == [f"storage:{i}" for i in range(1, 5)]
@@ -180,20 +207,7 @@ def test_appends_survive_an_expand_and_a_killed_storage_process(cluster: Path) -
         phases["expanded"] = time.monotonic()
         await asyncio.sleep(2)
         phases["kill"] = time.monotonic()
-        pid = json.loads((cluster / "processes.json").read_text())["storage2"]["pid"]
-        os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            ring = (await loop.run_in_executor(None, status, cluster))["ring"]
-            if any(r["name"] == "storage:2" and r["suspected"] for r in ring):
-                break
-            await asyncio.sleep(0.2)
-        else:
-            raise AssertionError("storage:2 was never suspected")
-        out = await loop.run_in_executor(
-            None, cli, "admin", "--state-dir", str(cluster), "replace", "storage:2", "storage:7"
-        )
-        assert out.returncode == 0, out.stdout + out.stderr
+        await kill_and_replace(cluster, 2, 7)
         # The clients keep going for 30 s in all, the last of them on the repaired ring.
         await asyncio.sleep(max(3.0, 30.0 - (time.monotonic() - phases["load"])))
         stop.set()

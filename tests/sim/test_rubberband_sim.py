@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -27,8 +28,28 @@ REQUIRED = (
 
 
 def replay(seed: int, **extra: object) -> str:
-    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in extra.items())
+    flags = " ".join(
+        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in extra.items()
+    )
     return f"python -m rubberband.sim --seed {seed} --ops {OPS} {flags}".strip()
+
+
+def run_schedules(seeds: range, **extra: Any) -> tuple[Counter[str], int]:
+    """Run ``seeds`` (``extra`` as config fields and replay flags), failing on the first
+    violation with the command that replays it; the situations reached, and how many
+    schedules did any work."""
+    reached: Counter[str] = Counter()
+    busy = 0
+    for seed in seeds:
+        result = run_rubberband(RbRunConfig(seed=seed, ops=OPS, **extra))
+        assert not result.violations, (
+            f"violations in seed {seed}:\n  "
+            + "\n  ".join(result.violations)
+            + f"\nreplay: {replay(seed, **extra)}"
+        )
+        busy += result.acked > 0
+        reached.update(k for k, v in result.situations.items() if v)
+    return reached, busy
 
 
 CHUNKS = 4
@@ -38,18 +59,8 @@ must reach every required situation on its own (each is reached in dozens of the
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
 def test_randomized_schedules_pass_every_checker_and_reach_every_situation(chunk: int) -> None:
-    reached: Counter[str] = Counter()
-    busy = 0
     seeds = range(1 + chunk, SCHEDULES + 1, CHUNKS)
-    for seed in seeds:
-        result = run_rubberband(RbRunConfig(seed=seed, ops=OPS))
-        assert not result.violations, (
-            f"violations in seed {seed}:\n  "
-            + "\n  ".join(result.violations)
-            + f"\nreplay: {replay(seed)}"
-        )
-        busy += result.acked > 0
-        reached.update(k for k, v in result.situations.items() if v)
+    reached, busy = run_schedules(seeds)
     # Some schedules lose their routers' majority or their leader again and again for
     # most of the fault phase and get nothing done: that must stay the exception.
     assert busy >= 0.9 * len(seeds), f"only {busy} of {len(seeds)} schedules did any work"
@@ -66,15 +77,7 @@ def test_the_schedules_pass_on_the_scan_engine_too(chunk: int) -> None:
     """The same randomized schedules with the scan engine in every storage process
     (its shared scans, send cursors, receives and range deletes, under the key-value
     operations): every checker passes and every situation is reached."""
-    reached: Counter[str] = Counter()
-    for seed in range(1 + chunk, SCAN_SCHEDULES + 1, 2):
-        result = run_rubberband(RbRunConfig(seed=seed, ops=OPS, engine=SCAN_ENGINE))
-        assert not result.violations, (
-            f"violations in seed {seed}:\n  "
-            + "\n  ".join(result.violations)
-            + f"\nreplay: {replay(seed, engine=SCAN_ENGINE)}"
-        )
-        reached.update(k for k, v in result.situations.items() if v)
+    reached, _ = run_schedules(range(1 + chunk, SCAN_SCHEDULES + 1, 2), engine=SCAN_ENGINE)
     missing = [s for s in REQUIRED if not reached[s]]
     assert not missing, f"never reached: {missing} (reached: {dict(reached)})"
 
@@ -88,15 +91,7 @@ def test_the_super_repairs_broken_holders_on_its_own(chunk: int) -> None:
     them) and only keeps a standby process ready; the super replaces or contracts every
     broken or incomplete holder by itself, never forcing, and every run settles with
     every checker passing."""
-    reached: Counter[str] = Counter()
-    for seed in range(1 + chunk, AUTO_SCHEDULES + 1, 2):
-        result = run_rubberband(RbRunConfig(seed=seed, ops=OPS, auto_repair=True))
-        assert not result.violations, (
-            f"violations in seed {seed}:\n  "
-            + "\n  ".join(result.violations)
-            + f"\nreplay: {replay(seed)} --auto-repair"
-        )
-        reached.update(k for k, v in result.situations.items() if v)
+    reached, _ = run_schedules(range(1 + chunk, AUTO_SCHEDULES + 1, 2), auto_repair=True)
     assert reached["automatic_repair"] >= 5, dict(reached)
     assert reached["source_crash_mid_migration"], dict(reached)
 
