@@ -195,7 +195,11 @@ class StateDir:
         return [sys.executable, "-m", module, *args]
 
     def save(self) -> None:
-        data = {
+        # What others recorded in this directory stays: a second StateDir over a
+        # cluster's directory (a tool, a test adding a process) must not make ``down``
+        # forget the cluster's own processes.
+        data = self.recorded(self.path)
+        data |= {
             name: {
                 "pid": d.pid,
                 "argv": d.argv,

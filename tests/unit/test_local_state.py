@@ -1,0 +1,27 @@
+"""A local cluster's state directory: what every tool over it recorded stays recorded."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ecast import local
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def test_a_second_state_dir_over_a_cluster_keeps_the_clusters_records(tmp_path: Path) -> None:
+    """A test or tool that starts one more process in a cluster's directory must not make
+    ``cluster down`` forget the processes the cluster started (they leaked)."""
+    first = local.StateDir(tmp_path)
+    second = local.StateDir(tmp_path)
+    started = [first.start("router1", SLEEP), first.start("storage1", SLEEP)]
+    started.append(second.start("storage5", SLEEP))
+    try:
+        recorded = local.StateDir.recorded(tmp_path)
+        assert set(recorded) == {"router1", "storage1", "storage5"}
+        assert {recorded[d.name]["pid"] for d in started} == {d.pid for d in started}
+    finally:
+        for d in started:
+            d.proc.kill()
+            d.proc.wait()
