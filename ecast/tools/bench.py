@@ -24,7 +24,7 @@ import tempfile
 import time
 from array import array
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ecast.runtime import tune_process
 from ecast.tools.local import LocalCluster
@@ -424,7 +424,17 @@ class Proc:
         return obj
 
 
-def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+class Nemesis(Protocol):
+    """Faults injected while a run goes on (``jepsen_like``): called every quarter second
+    with the seconds since the clients started, the cluster and the leader the clients
+    last heard of; ``heal`` undoes whatever is still in effect before the run ends."""
+
+    def __call__(self, elapsed: float, cluster: LocalCluster, leader: str) -> None: ...
+
+    def heal(self, cluster: LocalCluster) -> None: ...
+
+
+def run_bench(args: argparse.Namespace, nemesis: Nemesis | None = None) -> dict[str, Any]:
     env = {**os.environ, "ECAST_SECRET": SECRET}
     py = sys.executable
     tmp = Path(tempfile.mkdtemp(prefix="ecast-bench-"))
@@ -543,6 +553,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         if args.kill_leader_at is not None and killed is None and elapsed >= args.kill_leader_at:
             killed = leader
             cluster.kill(leader)
+        if nemesis is not None:
+            nemesis(elapsed, cluster, leader)
         warm = elapsed < args.warmup + 1
         if warm or elapsed >= next_rss:
             if not warm:
@@ -554,6 +566,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         if elapsed > args.duration + 90:
             raise SystemExit("clients did not finish")
         time.sleep(0.25)
+    if nemesis is not None:
+        nemesis.heal(cluster)
     Path(stop_file).touch()
     recv_results = []
     for w in workers:
@@ -695,11 +709,9 @@ def _check_history(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "worker":
-        return worker_main(argv[1:])
-    ap = argparse.ArgumentParser(prog="ecast bench", description=__doc__.split("\n")[0])
+def parser(prog: str = "ecast bench") -> argparse.ArgumentParser:
+    """The benchmark's options (fault-injection runs build on them too)."""
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("--routers", type=int, default=3)
     ap.add_argument("--receivers", type=int, default=16)
     ap.add_argument("--receiver-procs", type=int, default=1)
@@ -752,7 +764,14 @@ def main(argv: list[str] | None = None) -> int:
         "(python -m jepsen_like.checkers multicast FILE checks it again)",
     )
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "worker":
+        return worker_main(argv[1:])
+    args = parser().parse_args(argv)
     result = run_bench(args)
     if args.json:
         print(json.dumps(result))
