@@ -11,7 +11,8 @@ storage adapters, the fault-injection suite), which import nothing else of ``eca
   :class:`Core`, :class:`Endpoint` and its upcalls;
 - tools: the deterministic :mod:`simulator <ecast.sim>`, the local process launcher, the
   daemon helpers (:mod:`ecast.tools.daemon_kit`: settings from flags or TOML, metrics,
-  health, ``key=value`` logs), and
+  health, ``key=value`` logs), the benchmark harness (:mod:`bench <ecast.tools.bench>`: a
+  real local cluster with recording clients and receivers, and a hook for a nemesis), and
   the multicast :mod:`history <ecast.history>` library (recorded runs and the checks of
   E-Cast's guarantees on them).
 
@@ -90,6 +91,7 @@ _EXPORTS: dict[str, str] = {
     "local": "ecast.tools.local",
     "daemon_kit": "ecast.tools.daemon_kit",
     "history": "ecast.history",
+    "bench": "ecast.tools.bench",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
@@ -99,7 +101,7 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'ecast' has no attribute {name!r}")
-    if name in ("sim", "local", "daemon_kit", "history"):
+    if name in ("sim", "local", "daemon_kit", "history", "bench"):
         value = importlib.import_module(module)
     else:
         value = getattr(importlib.import_module(module), name)

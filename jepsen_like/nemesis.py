@@ -22,7 +22,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ecast.tools.local import LocalCluster
+from ecast import local
+
+LocalCluster = local.LocalCluster
 
 KINDS = ("kill", "pause")
 

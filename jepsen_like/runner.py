@@ -30,7 +30,7 @@ from jepsen_like.nemesis import KINDS, RouterNemesis
 
 def run(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jepsen_like run", description=__doc__)
-    ap.add_argument("--workload", choices=["multicast"], default="multicast")
+    ap.add_argument("--workload", choices=["multicast", "list-append"], default="multicast")
     ap.add_argument("--nemesis", default="kill,pause", help=f"comma-separated: {', '.join(KINDS)}")
     ap.add_argument("--time", type=float, default=60.0, help="seconds of workload")
     ap.add_argument("--seed", type=int, default=None, help="default: from the clock")
@@ -55,20 +55,22 @@ def run(argv: list[str] | None = None) -> int:
     out = Path(a.dir or f"jepsen-{a.workload}-{seed}")
     out.mkdir(parents=True, exist_ok=True)
     history = out / "history.jsonl"
+    if a.workload == "list-append":
+        return _list_append(a, kinds, seed, out)
 
-    from ecast.tools.bench import parser, run_bench
+    from ecast import bench
 
-    bench = [
+    argv_bench = [
         "--routers", "3", "--receivers", str(a.receivers), "--clients", str(a.clients),
         "--rate", str(a.rate), "--duration", str(a.time), "--warmup", "1",
         "--check", "--history", str(history), "--worker-sched", "normal",
     ]  # fmt: skip
     for m in a.mutation:
-        bench.append(f"--router-arg=--mutation={m}")
+        argv_bench.append(f"--router-arg=--mutation={m}")
     if a.mutation:
         os.environ["ECAST_TEST_MUTATIONS"] = "1"
     started = time.monotonic()
-    result = run_bench(parser().parse_args(bench), nemesis)
+    result = bench.run_bench(bench.parser().parse_args(argv_bench), nemesis)
     report: dict[str, Any] = {
         "seed": seed,
         "workload": a.workload,
@@ -111,3 +113,63 @@ def run(argv: list[str] | None = None) -> int:
 
 def _say(text: str) -> None:
     print(text, flush=True)
+
+
+def _list_append(a: argparse.Namespace, kinds: tuple[str, ...], seed: int, out: Path) -> int:
+    """Rubberband: multi-key appends and reads while storage processes fail."""
+    from jepsen_like.checkers.history import Op
+    from jepsen_like.checkers.list_append import check
+    from jepsen_like.list_append_run import run_list_append
+
+    started = time.monotonic()
+    storage_kinds = tuple(f"{k}-storage" for k in kinds)
+    got = run_list_append(out, storage_kinds, seed, a.time, a.settle, _say)
+    history = got["history"]
+    with open(out / "history.jsonl", "w", encoding="utf-8") as f:
+        for r in history:
+            f.write(json.dumps(r) + "\n")
+    result = check(Op.from_json(r) for r in history)
+    violations = [
+        f"{kind}: {json.dumps(example, default=str)[:2000]}"
+        for kind, examples in result.to_json()["anomalies"].items()
+        for example in examples
+    ]
+    if got["resumed_alive"]:
+        violations.append(
+            f"voted-out storage processes kept running after they resumed: {got['resumed_alive']}"
+        )
+    by_kind: dict[str, int] = {}
+    for fault in got["faults"]:
+        by_kind[fault["kind"]] = by_kind.get(fault["kind"], 0) + 1
+    invokes = [r for r in history if r["type"] == "invoke" and r["process"] != "final"]
+    report: dict[str, Any] = {
+        "seed": seed,
+        "workload": "list-append",
+        "checker": {"name": "list-append"},
+        "nemesis": list(kinds),
+        "time_s": a.time,
+        "wall_s": round(time.monotonic() - started, 1),
+        "submitted": len(invokes),
+        "acknowledged": sum(1 for r in history if r["type"] == "ok" and r["process"] != "final"),
+        "indeterminate": sum(1 for r in history if r["type"] == "info"),
+        "faults": {"by_kind": by_kind, "faults": got["faults"]},
+        "ring_after": got["ring"],
+        "history": str(out / "history.jsonl"),
+        "history_events": len(history),
+        "checks_ran": 1,
+        "checker_stats": result.stats,
+        "violations": violations,
+        "valid": result.valid is True and not got["resumed_alive"],
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    print(
+        f"{report['submitted']} operations, {report['acknowledged']} acknowledged, "
+        f"{report['indeterminate']} indeterminate; faults {by_kind or 'none'}; list-append: "
+        + ("valid" if report["valid"] else f"{len(violations)} violation(s)"),
+        flush=True,
+    )
+    for v in violations[:10]:
+        print(f"  violation: {v[:400]}")
+    if a.json:
+        print(json.dumps(report, default=str))
+    return 0 if report["valid"] else 1
