@@ -32,6 +32,29 @@ def test_a_multicast_run_survives_kills_and_pauses_and_its_history_checks(tmp_pa
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
 
 
+def test_a_list_append_run_survives_failing_storage_processes(tmp_path: Path) -> None:
+    """Storage processes killed and paused under multi-key appends and reads: the super
+    repairs the ring on its own, the checker finds no anomaly, and the stored history
+    checks again."""
+    out = subprocess.run(
+        [sys.executable, "-m", "jepsen_like", "run", "--workload", "list-append", "--nemesis",
+         "kill,pause", "--time", "30", "--seed", "4", "--dir", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["valid"] and not report["violations"]
+    kinds = report["faults"]["by_kind"]
+    assert kinds.get("kill-storage", 0) + kinds.get("pause-storage", 0) >= 2, kinds
+    assert report["acknowledged"] > 1000
+    assert len(report["ring_after"]) == 4  # repaired to full size
+    again = subprocess.run(
+        [sys.executable, "-m", "jepsen_like", "check", str(tmp_path)],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+
+
 def test_an_unknown_fault_is_refused_at_once(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "jepsen_like", "run", "--nemesis", "kill,meteor", "--dir",
