@@ -30,7 +30,7 @@ from jepsen_like.nemesis import KINDS, RouterNemesis
 
 def run(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jepsen_like run", description=__doc__)
-    ap.add_argument("--workload", choices=["multicast", "list-append"], default="multicast")
+    ap.add_argument("--workload", choices=["multicast", "list-append", "bank"], default="multicast")
     ap.add_argument("--nemesis", default="kill,pause", help=f"comma-separated: {', '.join(KINDS)}")
     ap.add_argument("--time", type=float, default=60.0, help="seconds of workload")
     ap.add_argument("--seed", type=int, default=None, help="default: from the clock")
@@ -55,8 +55,8 @@ def run(argv: list[str] | None = None) -> int:
     out = Path(a.dir or f"jepsen-{a.workload}-{seed}")
     out.mkdir(parents=True, exist_ok=True)
     history = out / "history.jsonl"
-    if a.workload == "list-append":
-        return _list_append(a, kinds, seed, out)
+    if a.workload in ("list-append", "bank"):
+        return _rubberband(a, kinds, seed, out)
 
     from ecast import bench
 
@@ -115,20 +115,23 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def _list_append(a: argparse.Namespace, kinds: tuple[str, ...], seed: int, out: Path) -> int:
-    """Rubberband: multi-key appends and reads while storage processes fail."""
+def _rubberband(a: argparse.Namespace, kinds: tuple[str, ...], seed: int, out: Path) -> int:
+    """Rubberband: list-append or bank while storage processes fail."""
     from jepsen_like.checkers.history import Op
-    from jepsen_like.checkers.list_append import check
-    from jepsen_like.list_append_run import run_list_append
+    from jepsen_like.checkers.run import check_all
+    from jepsen_like.rubberband_run import ACCOUNTS, INITIAL_BALANCE, run_rubberband
 
     started = time.monotonic()
     storage_kinds = tuple(f"{k}-storage" for k in kinds)
-    got = run_list_append(out, storage_kinds, seed, a.time, a.settle, _say)
+    got = run_rubberband(out, a.workload, storage_kinds, seed, a.time, a.settle, _say)
     history = got["history"]
     with open(out / "history.jsonl", "w", encoding="utf-8") as f:
         for r in history:
             f.write(json.dumps(r) + "\n")
-    result = check(Op.from_json(r) for r in history)
+    checker: dict[str, Any] = {"name": a.workload}
+    if a.workload == "bank":
+        checker |= {"initial": dict.fromkeys(ACCOUNTS, INITIAL_BALANCE), "allow_negative": True}
+    result = check_all([Op.from_json(r) for r in history], checker)
     violations = [
         f"{kind}: {json.dumps(example, default=str)[:2000]}"
         for kind, examples in result.to_json()["anomalies"].items()
@@ -144,8 +147,8 @@ def _list_append(a: argparse.Namespace, kinds: tuple[str, ...], seed: int, out: 
     invokes = [r for r in history if r["type"] == "invoke" and r["process"] != "final"]
     report: dict[str, Any] = {
         "seed": seed,
-        "workload": "list-append",
-        "checker": {"name": "list-append"},
+        "workload": a.workload,
+        "checker": checker,
         "nemesis": list(kinds),
         "time_s": a.time,
         "wall_s": round(time.monotonic() - started, 1),
@@ -164,7 +167,7 @@ def _list_append(a: argparse.Namespace, kinds: tuple[str, ...], seed: int, out: 
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     print(
         f"{report['submitted']} operations, {report['acknowledged']} acknowledged, "
-        f"{report['indeterminate']} indeterminate; faults {by_kind or 'none'}; list-append: "
+        f"{report['indeterminate']} indeterminate; faults {by_kind or 'none'}; {a.workload}: "
         + ("valid" if report["valid"] else f"{len(violations)} violation(s)"),
         flush=True,
     )

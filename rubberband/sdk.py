@@ -4,6 +4,7 @@
 rb = await rubberband.connect(routers, name="client:app-1", secret=...)
 await rb.put(key, value); await rb.put_many({k1: v1, k2: v2})      # atomic multi-key
 await rb.append(key, value); await rb.append_many({k1: v1})          # list-append, atomic
+await rb.add(key, 5); await rb.add_many({a: -5, b: 5})              # counters, atomic
 await rb.delete(key); await rb.delete_range(lo, hi)
 await rb.get(key, isolation="sequential")     # or "snapshot", "basic"
 await rb.get_many([k1, k2]); await rb.scan(lo, hi, isolation=...)
@@ -223,6 +224,14 @@ class RubberbandClient:
 
     async def append_many(self, items: dict[Any, Any]) -> None:
         await self.write(("append", tuple(items.items())))
+
+    async def add(self, key: Any, delta: int) -> None:
+        """Add ``delta`` to the integer at ``key`` (absent counts as 0)."""
+        await self.write(("add", ((key, delta),)))
+
+    async def add_many(self, deltas: dict[Any, int]) -> None:
+        """Add to several counters in one atomic write (a transfer: deltas summing to 0)."""
+        await self.write(("add", tuple(deltas.items())))
 
     async def delete(self, key: Any) -> None:
         await self.write(("delete", (key,)))

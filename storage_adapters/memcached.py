@@ -65,7 +65,7 @@ from storage_adapters.base import (
     encode_key,
     rejection,
 )
-from storage_adapters.memory import MAX_KEYS, READS, WRITES, KVOps
+from storage_adapters.memory import MAX_KEYS, READS, WRITES, KVOps, deltas
 
 __all__ = ["KVOps", "MemcachedEngine", "memcached_key"]
 
@@ -333,6 +333,14 @@ class MemcachedEngine:
         name = op[0] if type(op) in (tuple, list) and op else None
         if name not in WRITES and name not in READS:
             raise BadOperation(f"not a key-value operation: {op!r:.80}")
+        if name == "add":
+            if len(op) != 2:
+                raise BadOperation("add takes (key, delta) pairs, and no TTL")
+            pairs = deltas(op[1])
+            if len(pairs) > MAX_KEYS:
+                raise BadOperation(f"add names more than {MAX_KEYS} keys")
+            adds = [(self._slot(k), k, d) for k, d in pairs]
+            return lambda: self._add([(s, k, d) for s, k, d in adds if _in(ranges, s[0])])
         if name in ("put", "append"):
             if len(op) != 2:
                 raise BadOperation(f"{name} takes (key, value) pairs, and no TTL")
@@ -383,6 +391,22 @@ class MemcachedEngine:
             self.counts["rejected"] += 1
             return e  # type: ignore[return-value]
         self._store(packed)
+
+    def _add(self, mine: list[tuple[Slot, Any, int]]) -> Any:
+        self.counts["writes"] += 1
+        present = list({s for s, _k, _d in mine if s in self._index})
+        old = {s: msgpack.unpackb(b, raw=False) for s, b in self._fetch(present).items()}
+        new: dict[Slot, int] = {}
+        keys: dict[Slot, Any] = {}
+        for slot, key, delta in mine:
+            cur = new.get(slot, old.get(slot, 0))
+            if type(cur) is not int:
+                self.counts["rejected"] += 1
+                return BadOperation(f"add to {key!r}, which holds a {type(cur).__name__}")
+            new[slot] = cur + delta
+            keys[slot] = key
+        self._store({s: (keys[s], self._pack(keys[s], v)) for s, v in new.items()})
+        return None
 
     def _get(self, mine: list[tuple[Slot, Any]]) -> dict[Any, Any]:
         self.counts["reads"] += 1

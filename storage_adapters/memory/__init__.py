@@ -12,6 +12,7 @@ operation                                meaning
 =======================================  ==============================================
 ``("put", ((key, value), ...))``         set every key, atomically (one message)
 ``("append", ((key, value), ...))``      append ``value`` to each key's list
+``("add", ((key, delta), ...))``         add integer ``delta`` to each key's number
 ``("delete", (key, ...))``               remove the keys
 ``("delete_range", lo, hi)``             remove ``[lo, hi)`` (range partitioning only)
 ``("get", (key, ...))``                  ``{key: value}`` of the keys present
@@ -47,7 +48,7 @@ from storage_adapters.base import (
     rejection,
 )
 
-WRITES = frozenset({"put", "append", "delete", "delete_range"})
+WRITES = frozenset({"put", "append", "add", "delete", "delete_range"})
 READS = frozenset({"get", "scan"})
 MAX_KEYS = 100_000
 """Keys one operation may name."""
@@ -68,7 +69,7 @@ class KVOps:
         name = op[0]
         kind: Any = "write" if name in WRITES else "read"
         try:
-            if name in ("put", "append"):
+            if name in ("put", "append", "add"):
                 pairs = op[1]
                 if len(pairs) > MAX_KEYS or not all(len(p) == 2 for p in pairs):
                     raise BadOperation(f"{name} takes (key, value) pairs")
@@ -113,7 +114,7 @@ class KVOps:
 
     def answered(self, op: Any) -> bool:
         """Whether a holder must answer the write: an append fails on a non-list."""
-        return bool(op) and op[0] == "append"
+        return bool(op) and op[0] in ("append", "add")
 
     def restrict(self, result: Any, ranges: RangeSet, placement: Placement) -> Any:
         """The part of a read's answer inside ``ranges`` (placement space)."""
@@ -209,6 +210,19 @@ class MemoryEngine:
             old = self._data.get(slot)
             self._data[slot] = (key, [*(old[1] if old else ()), value])
 
+    def _add(self, op: Any, ranges: RangeSet) -> None:
+        mine = []
+        for key, delta in deltas(op[1]):
+            slot = self._slot(key)
+            if _in(ranges, slot[0]):
+                old = self._data.get(slot)
+                if old is not None and type(old[1]) is not int:
+                    raise BadOperation(f"add to {key!r}, which holds a {type(old[1]).__name__}")
+                mine.append((slot, key, delta))
+        for slot, key, delta in mine:  # all checked first: the operation is atomic
+            old = self._data.get(slot)
+            self._data[slot] = (key, (old[1] if old else 0) + delta)
+
     def _delete(self, op: Any, ranges: RangeSet) -> None:
         for key in op[1]:
             slot = self._slot(key)
@@ -252,6 +266,17 @@ class MemoryEngine:
     def items(self) -> list[tuple[Any, Any]]:
         """Every (key, value) in placement order: what replicas compare."""
         return list(self._data.values())
+
+
+def deltas(pairs: Any) -> list[tuple[Any, int]]:
+    """An ``add``'s ``(key, delta)`` pairs, checked: integer deltas only (a counter
+    holds an integer; absent, it counts as 0)."""
+    out = []
+    for key, delta in pairs:
+        if type(delta) is not int or not -(2**63) <= delta < 2**63:
+            raise BadOperation(f"add takes 64-bit integer deltas, not {delta!r:.40}")
+        out.append((key, delta))
+    return out
 
 
 def _tuple(value: Any) -> Any:

@@ -27,7 +27,7 @@ from storage_adapters.base import (
     SendCursor,
     rejection,
 )
-from storage_adapters.memory import READS, WRITES
+from storage_adapters.memory import READS, WRITES, deltas
 from storage_adapters.scan.client import ScanOps
 from storage_adapters.scan.engine import ScanEngine
 
@@ -107,6 +107,17 @@ class ScanKVEngine:
                     raise BadOperation(f"append to {k!r}, which holds a {type(cur).__name__}")
                 lists[k] = [*cur, v]
             rows = [{"k": k, "v": json.dumps(v)} for k, v in lists.items()]
+            self._run(_OPS.upsert(TABLE, rows), ranges)
+            return None
+        if name == "add":
+            pairs = [(_key(k), d) for k, d in deltas(op[1])]
+            values = self._values(sorted({k for k, _ in pairs}), ranges)
+            for k, d in pairs:
+                cur = values.get(k, 0)
+                if type(cur) is not int:
+                    raise BadOperation(f"add to {k!r}, which holds a {type(cur).__name__}")
+                values[k] = cur + d
+            rows = [{"k": k, "v": json.dumps(v)} for k, v in values.items()]
             self._run(_OPS.upsert(TABLE, rows), ranges)
             return None
         if name == "delete":

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def test_a_multicast_run_survives_kills_and_pauses_and_its_history_checks(tmp_path: Path) -> None:
     out = subprocess.run(
@@ -32,12 +34,13 @@ def test_a_multicast_run_survives_kills_and_pauses_and_its_history_checks(tmp_pa
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
 
 
-def test_a_list_append_run_survives_failing_storage_processes(tmp_path: Path) -> None:
-    """Storage processes killed and paused under multi-key appends and reads: the super
-    repairs the ring on its own, the checker finds no anomaly, and the stored history
-    checks again."""
+@pytest.mark.parametrize("workload", ["list-append", "bank"])
+def test_a_rubberband_run_survives_failing_storage_processes(workload: str, tmp_path: Path) -> None:
+    """Storage processes killed and paused under multi-key appends and reads (or
+    transfers and reads at every level): the super repairs the ring on its own, the
+    checker finds no anomaly, and the stored history checks again."""
     out = subprocess.run(
-        [sys.executable, "-m", "jepsen_like", "run", "--workload", "list-append", "--nemesis",
+        [sys.executable, "-m", "jepsen_like", "run", "--workload", workload, "--nemesis",
          "kill,pause", "--time", "30", "--seed", "4", "--dir", str(tmp_path), "--json"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -353,3 +353,26 @@ def test_conformance_a_backend_failure_stops_the_storage_process(
     out = core.deliver([(1, Message("client:c", (("c", 0, ""), 1), header, op))])
     assert out and out[-1][0] == "stop", out
     assert core.deliver([(2, Message("client:c", (("c", 0, ""), 2), header, op))]) == []
+
+
+@pytest.mark.parametrize("engine", ["memory", "scan-kv", "memcached"])
+def test_conformance_counters_add_atomically_and_refuse_non_numbers(engine: str) -> None:
+    """The key-value engines' ``add``: absent counts as 0, a transfer (deltas summing to 0)
+    keeps the total, and a key holding something else refuses the whole operation."""
+    make = {
+        "memory": MemoryEngine,
+        "scan-kv": lambda p: ScanKVEngine(p, block_rows=32),
+        "memcached": _memcached,
+    }[engine]
+    d = KVDriver(make)
+    e = d.engine(None)
+    try:
+        run(d, e, ("add", ((1, 10), (2, 10))), ("add", ((1, -3), (2, 3))), ("put", ((3, "x"),)))
+        assert d.content(e) == {1: 7, 2: 13, 3: "x"}
+        (res,) = run(d, e, ("add", ((1, -1), (3, 1))))
+        assert isinstance(res, BadOperation) and "holds a str" in str(res)
+        (res,) = run(d, e, ("add", ((1, 1.5),)))
+        assert isinstance(res, BadOperation) and "integer" in str(res)
+        assert d.content(e) == {1: 7, 2: 13, 3: "x"}  # nothing of either applied
+    finally:
+        e.close()

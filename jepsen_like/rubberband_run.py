@@ -1,4 +1,5 @@
-"""The list-append workload on a real Rubberband cluster, with storage processes failing.
+"""The list-append and bank workloads on a real Rubberband cluster, with storage
+processes failing.
 
 ``rubberband cluster up`` starts 3 routers, a super (automatic repair on) and 4 storage
 processes, plus standby processes.  Clients (light SDK clients in this process) append to
@@ -9,6 +10,11 @@ own (nobody at the admin API), a new standby is provisioned, and a paused proces
 resumes after its replacement must stop.  After the faults every key is read once more,
 and the Elle-style list-append checker judges the history: no cycle, no lost or
 reordered acknowledged append.  Indeterminate and unavailable results count as unknown.
+
+The bank workload moves money between 8 accounts of 100 with atomic two-key ``add``
+writes (deltas summing to zero) and reads every account at all three isolation levels;
+the bank checker requires every sequential and snapshot read to see the initial total
+and every balance to be reachable, and reports torn basic reads apart (allowed).
 """
 
 from __future__ import annotations
@@ -45,9 +51,20 @@ def _status(d: Path) -> dict[str, Any]:
     return dict(json.loads(out.stdout))
 
 
-def run_list_append(
-    d: Path, kinds: tuple[str, ...], seed: int, duration: float, settle: float, say: Any
+ACCOUNTS = [f"a{i}" for i in range(8)]
+INITIAL_BALANCE = 100
+
+
+def run_rubberband(
+    d: Path,
+    workload: str,
+    kinds: tuple[str, ...],
+    seed: int,
+    duration: float,
+    settle: float,
+    say: Any,
 ) -> dict[str, Any]:
+    """``workload`` is ``list-append`` or ``bank``."""
     up = _cli("cluster", "up", "--routers", "3", "--supers", "1", "--storage", "4",
               "--state-dir", str(d / "cluster"))  # fmt: skip
     if up.returncode != 0:
@@ -56,13 +73,19 @@ def run_list_append(
         added = _cli("cluster", "add", "--storage", "2", "--state-dir", str(d / "cluster"))
         if added.returncode != 0:
             raise RuntimeError(f"cluster add failed: {added.stderr[-1500:]}")
-        return asyncio.run(_go(d / "cluster", kinds, seed, duration, settle, say))
+        return asyncio.run(_go(d / "cluster", workload, kinds, seed, duration, settle, say))
     finally:
         _cli("cluster", "down", "--state-dir", str(d / "cluster"))
 
 
 async def _go(
-    d: Path, kinds: tuple[str, ...], seed: int, duration: float, settle: float, say: Any
+    d: Path,
+    workload: str,
+    kinds: tuple[str, ...],
+    seed: int,
+    duration: float,
+    settle: float,
+    say: Any,
 ) -> dict[str, Any]:
     import rubberband.sdk as rbsdk
 
@@ -73,15 +96,44 @@ async def _go(
     rng = random.Random(seed)
     t0 = time.monotonic()
 
-    def record(process: str, kind: str, value: Any) -> None:
-        history.append({"process": process, "type": kind, "f": "txn", "value": value,
-                        "index": len(history), "time": time.monotonic() - t0})  # fmt: skip
+    def record(
+        process: str, kind: str, value: Any, f: str = "txn", level: str | None = None
+    ) -> None:
+        r = {"process": process, "type": kind, "f": f, "value": value,
+             "index": len(history), "time": time.monotonic() - t0}  # fmt: skip
+        if level is not None:
+            r["level"] = level
+        history.append(r)
+
+    async def bank_client(rb: Any, i: int, crng: random.Random) -> None:
+        while not stop.is_set():
+            if crng.random() < 0.6:
+                a, b = crng.sample(ACCOUNTS, 2)
+                value = {"from": a, "to": b, "amount": crng.randint(1, 10)}
+                record(f"c{i}", "invoke", value, "transfer")
+                try:
+                    await rb.add_many({a: -value["amount"], b: value["amount"]})
+                    record(f"c{i}", "ok", value, "transfer")
+                except Exception:
+                    record(f"c{i}", "info", value, "transfer")
+            else:
+                level = crng.choice(["sequential", "sequential", "snapshot", "basic"])
+                record(f"c{i}", "invoke", None, "read", level)
+                try:
+                    got = await rb.get_many(ACCOUNTS, isolation=level)
+                    record(f"c{i}", "ok", got, "read", level)
+                except Exception:
+                    record(f"c{i}", "info", None, "read", level)
 
     async def client(i: int) -> None:
         rb = await rbsdk.connect(
             st["routers"], f"client:j{i}", credentials=st["client_credentials"]
         )
         crng = random.Random(seed * 100 + i)
+        if workload == "bank":
+            await bank_client(rb, i, crng)
+            await rb.close()
+            return
         n = 0
         while not stop.is_set():
             n += 1
@@ -148,6 +200,12 @@ async def _go(
         await asyncio.sleep(max(0.0, duration - (time.monotonic() - t0)))
         stop.set()
 
+    if workload == "bank":
+        rb = await rbsdk.connect(
+            st["routers"], "client:jsetup", credentials=st["client_credentials"]
+        )
+        await rb.put_many(dict.fromkeys(ACCOUNTS, INITIAL_BALANCE))
+        await rb.close()
     workers = [asyncio.ensure_future(client(i)) for i in range(4)]
     await nemesis()
     await asyncio.gather(*workers, return_exceptions=True)
@@ -163,10 +221,14 @@ async def _go(
             break
         await asyncio.sleep(0.5)
     rb = await rbsdk.connect(st["routers"], "client:jfinal", credentials=st["client_credentials"])
-    for k in range(KEYS):
-        record("final", "invoke", [["r", f"k{k}", None]])
-        got = await rb.get(f"k{k}")
-        record("final", "ok", [["r", f"k{k}", list(got or ())]])
+    if workload == "bank":
+        record("final", "invoke", None, "read", "sequential")
+        record("final", "ok", await rb.get_many(ACCOUNTS), "read", "sequential")
+    else:
+        for k in range(KEYS):
+            record("final", "invoke", [["r", f"k{k}", None]])
+            got = await rb.get(f"k{k}")
+            record("final", "ok", [["r", f"k{k}", list(got or ())]])
     await rb.close()
     resumed_alive = []
     for f in faults:
