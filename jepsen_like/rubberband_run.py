@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,16 +56,19 @@ ACCOUNTS = [f"a{i}" for i in range(8)]
 INITIAL_BALANCE = 100
 
 
-def run_rubberband(
-    d: Path,
-    workload: str,
-    kinds: tuple[str, ...],
-    seed: int,
-    duration: float,
-    settle: float,
-    say: Any,
-) -> dict[str, Any]:
-    """``workload`` is ``list-append`` or ``bank``."""
+@dataclass(frozen=True)
+class Plan:
+    workload: str
+    """``list-append`` or ``bank``."""
+    kinds: tuple[str, ...]
+    seed: int
+    duration: float
+    settle: float
+    say: Any
+
+
+def run_rubberband(d: Path, plan: Plan) -> dict[str, Any]:
+    """Bring a cluster up in ``d``, run ``plan`` against it, and take it down."""
     up = _cli("cluster", "up", "--routers", "3", "--supers", "1", "--storage", "4",
               "--state-dir", str(d / "cluster"))  # fmt: skip
     if up.returncode != 0:
@@ -73,21 +77,16 @@ def run_rubberband(
         added = _cli("cluster", "add", "--storage", "2", "--state-dir", str(d / "cluster"))
         if added.returncode != 0:
             raise RuntimeError(f"cluster add failed: {added.stderr[-1500:]}")
-        return asyncio.run(_go(d / "cluster", workload, kinds, seed, duration, settle, say))
+        return asyncio.run(_go(d / "cluster", plan))
     finally:
         _cli("cluster", "down", "--state-dir", str(d / "cluster"))
 
 
-async def _go(
-    d: Path,
-    workload: str,
-    kinds: tuple[str, ...],
-    seed: int,
-    duration: float,
-    settle: float,
-    say: Any,
-) -> dict[str, Any]:
+async def _go(d: Path, plan: Plan) -> dict[str, Any]:
     import rubberband.sdk as rbsdk
+
+    workload, kinds, seed, say = plan.workload, plan.kinds, plan.seed, plan.say
+    duration, settle = plan.duration, plan.settle
 
     st = json.loads((d / "cluster.json").read_text())
     history: list[dict[str, Any]] = []

@@ -119,11 +119,11 @@ def _rubberband(a: argparse.Namespace, kinds: tuple[str, ...], seed: int, out: P
     """Rubberband: list-append or bank while storage processes fail."""
     from jepsen_like.checkers.history import Op
     from jepsen_like.checkers.run import check_all
-    from jepsen_like.rubberband_run import ACCOUNTS, INITIAL_BALANCE, run_rubberband
+    from jepsen_like.rubberband_run import ACCOUNTS, INITIAL_BALANCE, Plan, run_rubberband
 
     started = time.monotonic()
     storage_kinds = tuple(f"{k}-storage" for k in kinds)
-    got = run_rubberband(out, a.workload, storage_kinds, seed, a.time, a.settle, _say)
+    got = run_rubberband(out, Plan(a.workload, storage_kinds, seed, a.time, a.settle, _say))
     history = got["history"]
     with open(out / "history.jsonl", "w", encoding="utf-8") as f:
         for r in history:
