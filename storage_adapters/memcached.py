@@ -106,7 +106,10 @@ def _die_with_parent() -> None:
 
 class _Snapshot:
     """A send cursor: the key set at the call, values read as it goes, except those a
-    later write would change, which the engine saved into it first."""
+    later write would change, which the engine saved into it first.  Values read ahead
+    of the chunk being built are kept in ``saved`` as well: they are the snapshot's
+    values, so a later write need not save them again and the next chunk need not read
+    them again."""
 
     def __init__(self, engine: MemcachedEngine, slots: list[Slot], keys: list[Any]) -> None:
         self._engine = engine
@@ -129,11 +132,9 @@ class _Snapshot:
             j = min(self._i + FETCH, len(self._slots))
             slots = self._slots[self._i : j]
             keys = self._keys[self._i : j]
-            values = self._engine._fetch([s for s in slots if s not in self.saved])
+            self.saved.update(self._engine._fetch([s for s in slots if s not in self.saved]))
             for slot, key in zip(slots, keys, strict=True):
-                value = self.saved.pop(slot, None)
-                if value is None:
-                    value = values[slot]
+                value = self.saved.pop(slot)
                 self._pending.discard(slot)
                 out.append([key, value])
                 size += len(value) + 32
