@@ -356,9 +356,11 @@ class StorageCore:
             self._stop("engine returned a wrong number of results", out)
             return
         self.stats.applied += len(batch)
+        counted = None
         for (m, mine), res in zip(items, results, strict=True):
             bad = isinstance(res, BadOperation)
-            if bad:
+            if bad and counted is not m:  # a read's pieces are one operation
+                counted = m
                 self.stats.rejected += 1
             h = m.header
             # Reads are answered; writes when the client asked ("a": an operation whose
