@@ -68,6 +68,7 @@ _EXPORTS: dict[str, str] = {
     "UnexpectedMessage": "ecast.core.effects",
     "Endpoint": "ecast.core.endpoint",
     "EndpointParams": "ecast.core.endpoint",
+    "ENDPOINT_MUTATIONS": "ecast.core.endpoint",
     "Acked": "ecast.core.endpoint",
     "Terminated": "ecast.core.endpoint",
     "LeaderChanged": "ecast.core.endpoint",

@@ -773,6 +773,7 @@ def connect(
     unavailable_after: float = 10.0,
     tls: ssl.SSLContext | None = None,
     tls_server: ssl.SSLContext | None = None,
+    source: str | None = None,
 ) -> _Connecting:
     """Connect to a router group (any of ``routers``, given as HOST:PORT) and join it.
 
@@ -791,6 +792,8 @@ def connect(
       keep one copy of each (exactly-once ingestion).
     - ``listen``: serve direct connections on this address before connecting, so the
       routers gossip it and peers can reach this process (``join_header`` may carry it).
+    - ``source``: the local address this process's connections leave from (a host with
+      several addresses); None: the kernel's choice.
     - ``lease``: seconds this process may stay silent before it is suspected (the routers
       cap it; None: their default).
     - ``timeout``: for connecting and joining; ``ack_timeout``: default for each wait on
@@ -810,7 +813,11 @@ def connect(
             except (ValueError, OSError) as e:
                 raise AuthenticationError(str(e)) from None
             rt = Runtime(
-                auth, host_id=f"{name}-{os.getpid()}", client_ssl=tls, server_ssl=tls_server
+                auth,
+                host_id=f"{name}-{os.getpid()}",
+                client_ssl=tls,
+                server_ssl=tls_server,
+                source_address=source,
             )
             if not rt.identity.covers(name):
                 raise AuthenticationError(

@@ -6,11 +6,20 @@
 * ``pause``: SIGSTOP a router for longer than the routers' failure timeout, then SIGCONT
   it.  The group suspects it and moves on; a paused router that was expelled must not
   act as a member when it resumes (it stops, or is ignored).
+* ``partition`` (network namespaces, :mod:`jepsen_like.net`): the leader isolated from
+  everyone, a follower isolated, a split of the routers into a minority and a majority
+  with the clients and receivers spread over both sides, or one client or receiver
+  process cut off from every router, for 2 to 4 s (less than the client lease, so
+  application processes are not suspected; isolated routers are).
+* ``slow``: one router's link limited to 1 Mbit/s for 3 to 5 s.
+* ``loss``: one router loses 5 to 25 % of its packets each way for 3 to 5 s.
+* ``reconfigure``: a router joins (the group grows to 4), or one of 4 parts gracefully
+  (SIGTERM), leader or follower.
 
-One fault at a time, and never more than a minority of the routers down or paused, so
-the group keeps a majority: faults beyond the failure model (a lost majority) test
-nothing the product promises.  Every fault is healed before the run ends: paused routers
-are resumed, and the run gives the group time to settle before its clients stop.
+One fault at a time, and never more than a minority of the routers down, paused or cut
+off, so the group keeps a majority: faults beyond the failure model (a lost majority)
+test nothing the product promises.  Every fault is healed before the run ends, and the
+run gives the group time to settle before its clients stop.
 """
 
 from __future__ import annotations
@@ -23,10 +32,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ecast import local
+from jepsen_like.net import Net
 
 LocalCluster = local.LocalCluster
 
-KINDS = ("kill", "pause")
+KINDS = ("kill", "pause", "partition", "slow", "loss", "reconfigure")
+NET_KINDS = frozenset({"partition", "slow", "loss"})
+"""Faults that need network namespaces."""
 
 
 @dataclass
@@ -52,6 +64,8 @@ class RouterNemesis:
         seed: int,
         until: float,
         *,
+        net: Net | None = None,
+        apps: tuple[str, ...] = (),
         first: float = 3.0,
         gap: tuple[float, float] = (2.0, 4.0),
         pause: tuple[float, float] = (3.0, 5.0),
@@ -60,10 +74,15 @@ class RouterNemesis:
         unknown = [k for k in kinds if k not in KINDS]
         if unknown:
             raise ValueError(f"unknown faults {unknown}; known: {', '.join(KINDS)}")
+        if net is None and NET_KINDS & set(kinds):
+            raise ValueError(f"{', '.join(sorted(NET_KINDS & set(kinds)))} need network namespaces")
         self.kinds = kinds
         self.rng = random.Random(seed)
         self.until = until
         """No new fault after this (seconds into the run): the rest is for settling."""
+        self.net = net
+        self.apps = apps
+        """Application processes with namespaces of their own (clients, receivers)."""
         self.gap = gap
         self.pause = pause
         self.next_at = first
@@ -73,19 +92,23 @@ class RouterNemesis:
         """Routers the group keeps: a router gone for good is replaced by a new one."""
         self._fresh = 0
         self.say = say
+        self.wall0: float | None = None
+        """The wall-clock time the run's clock started (its first call), for reports."""
 
     def __call__(self, elapsed: float, cluster: LocalCluster, leader: str) -> None:
+        if self.wall0 is None:
+            self.wall0 = time.time() - elapsed
         f = self.active
         if f is not None:
-            if f.kind == "pause" and elapsed >= f.detail["resume_at"]:
-                self._resume(cluster, f, elapsed)
+            if elapsed >= f.detail["heal_at"]:
+                self._heal(cluster, f, elapsed)
             return
         if not self.kinds or elapsed < self.next_at or elapsed >= self.until:
             return
         live = sorted(r for r, lr in cluster.routers.items() if lr.alive())
         if len(live) < self.size:
-            # A paused router the group expelled stops when it resumes: a new process
-            # under a fresh id takes its place, as for a kill.
+            # A paused or isolated router the group expelled stops when it is back: a
+            # new process under a fresh id takes its place, as for a kill.
             if _settled(cluster, live):
                 fresh = self._join(cluster, live)
                 self.say(f"{elapsed:7.2f}s  {fresh} joins ({self.size - len(live)} gone)")
@@ -95,39 +118,114 @@ class RouterNemesis:
         kind = self.rng.choice(self.kinds)
         target = leader if leader in live and self.rng.random() < 0.5 else self.rng.choice(live)
         role = "leader" if target == leader else "follower"
-        if kind == "kill":
-            cluster.kill(target)
-            fresh = self._join(cluster, [r for r in live if r != target])
-            f = Fault("kill", target, elapsed, elapsed, {"role": role, "replacement": fresh})
-            self.say(f"{elapsed:7.2f}s  kill {role} {target}; {fresh} joins in its place")
-        else:
-            hold = self.rng.uniform(*self.pause)
-            os.kill(cluster.routers[target].proc.pid, signal.SIGSTOP)
-            f = Fault("pause", target, elapsed, None, {"role": role, "resume_at": elapsed + hold})
-            self.active = f
-            self.say(f"{elapsed:7.2f}s  pause {role} {target} for {hold:.1f}s")
+        f = getattr(self, f"_{kind}")(elapsed, cluster, live, target, role)
         self.faults.append(f)
+        if f.end is None:
+            self.active = f
         self.next_at = elapsed + self.rng.uniform(*self.gap)
 
+    # ------------------------------------------------------------------ faults
+    def _kill(self, elapsed: float, cluster: LocalCluster, live: list[str], target: str,
+              role: str) -> Fault:  # fmt: skip
+        cluster.kill(target)
+        fresh = self._join(cluster, [r for r in live if r != target])
+        self.say(f"{elapsed:7.2f}s  kill {role} {target}; {fresh} joins in its place")
+        return Fault("kill", target, elapsed, elapsed, {"role": role, "replacement": fresh})
+
+    def _pause(self, elapsed: float, cluster: LocalCluster, live: list[str], target: str,
+               role: str) -> Fault:  # fmt: skip
+        hold = self.rng.uniform(*self.pause)
+        os.kill(cluster.routers[target].proc.pid, signal.SIGSTOP)
+        self.say(f"{elapsed:7.2f}s  pause {role} {target} for {hold:.1f}s")
+        return Fault("pause", target, elapsed, None, {"role": role, "heal_at": elapsed + hold})
+
+    def _partition(self, elapsed: float, cluster: LocalCluster, live: list[str], target: str,
+                   role: str) -> Fault:  # fmt: skip
+        assert self.net is not None
+        hold = self.rng.uniform(2.0, 4.0)
+        others = [r for r in live if r != target]
+        variants = ["isolated", "split"] + (["app-cut"] if self.apps else [])
+        variant = self.rng.choice(variants)
+        if variant == "isolated":
+            # The leader (or a follower) alone: cut from every router and application.
+            side_a, side_b = [target], [*others, *self.apps]
+            what = f"{role} {target} isolated"
+        elif variant == "split":
+            # A minority side (the target) and a majority side, each with some of the
+            # clients and receivers: those with the minority stall until the heal.
+            apps = list(self.apps)
+            self.rng.shuffle(apps)
+            k = self.rng.randint(0, len(apps))
+            side_a, side_b = [target, *apps[:k]], [*others, *apps[k:]]
+            what = f"split {'+'.join(side_a)} | {'+'.join(side_b)}"
+        else:
+            app = self.rng.choice(self.apps)
+            hold = min(hold, 3.5)  # below the client lease: cut off, not suspected
+            side_a, side_b = [app], list(live)
+            target, role = app, "application"
+            what = f"{app} cut off from the routers"
+        self.net.cut(side_a, side_b)
+        self.say(f"{elapsed:7.2f}s  partition: {what} for {hold:.1f}s")
+        detail = {"role": role, "variant": variant, "sides": [side_a, side_b],
+                  "heal_at": elapsed + hold}  # fmt: skip
+        return Fault("partition", target, elapsed, None, detail)
+
+    def _slow(self, elapsed: float, cluster: LocalCluster, live: list[str], target: str,
+              role: str) -> Fault:  # fmt: skip
+        assert self.net is not None
+        hold = self.rng.uniform(3.0, 5.0)
+        self.net.slow(target, 1000)
+        self.say(f"{elapsed:7.2f}s  slow link: {role} {target} at 1 Mbit/s for {hold:.1f}s")
+        detail = {"role": role, "kbit": 1000, "heal_at": elapsed + hold}
+        return Fault("slow", target, elapsed, None, detail)
+
+    def _loss(self, elapsed: float, cluster: LocalCluster, live: list[str], target: str,
+              role: str) -> Fault:  # fmt: skip
+        assert self.net is not None
+        hold = self.rng.uniform(3.0, 5.0)
+        pct = self.rng.randint(5, 25)
+        self.net.loss(target, pct)
+        self.say(f"{elapsed:7.2f}s  packet loss: {role} {target} {pct}% for {hold:.1f}s")
+        detail = {"role": role, "percent": pct, "heal_at": elapsed + hold}
+        return Fault("loss", target, elapsed, None, detail)
+
+    def _reconfigure(self, elapsed: float, cluster: LocalCluster, live: list[str],
+                     target: str, role: str) -> Fault:  # fmt: skip
+        if self.size == 3:
+            self.size = 4
+            fresh = self._join(cluster, live)
+            self.say(f"{elapsed:7.2f}s  reconfigure: {fresh} joins (4 routers)")
+            return Fault("reconfigure", fresh, elapsed, elapsed, {"change": "join"})
+        self.size = 3
+        cluster.routers[target].daemon.signal(signal.SIGTERM)
+        self.say(f"{elapsed:7.2f}s  reconfigure: {role} {target} parts (3 routers)")
+        return Fault("reconfigure", target, elapsed, elapsed, {"change": "part", "role": role})
+
+    # ------------------------------------------------------------------ healing
     def _join(self, cluster: LocalCluster, live: list[str]) -> str:
         self._fresh += 1
         fresh = f"j{self._fresh}"
+        if self.net is not None:
+            cluster.state.set_places({fresh: self.net.add(fresh)})
         cluster.start(fresh, cluster.routers[live[0]].address)
         return fresh
 
-    def _resume(self, cluster: LocalCluster, f: Fault, elapsed: float) -> None:
-        proc = cluster.routers[f.target].proc
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGCONT)
+    def _heal(self, cluster: LocalCluster, f: Fault, elapsed: float) -> None:
+        if f.kind == "pause":
+            proc = cluster.routers[f.target].proc
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+        elif self.net is not None:
+            self.net.heal()
         f.end = elapsed
         self.active = None
         self.next_at = max(self.next_at, elapsed + self.gap[0])
-        self.say(f"{elapsed:7.2f}s  resume {f.target}")
+        self.say(f"{elapsed:7.2f}s  heal {f.kind} of {f.target}")
 
     def heal(self, cluster: LocalCluster) -> None:
-        if self.active is not None and self.active.kind == "pause":
-            self._resume(cluster, self.active, self.active.detail["resume_at"])
-        # A resumed router that the group expelled learns it and leaves; give it a moment.
+        if self.active is not None:
+            self._heal(cluster, self.active, self.active.detail["heal_at"])
+        # A router the group expelled learns it when it is back, and leaves.
         time.sleep(0.5)
 
     def report(self) -> dict[str, Any]:

@@ -1,15 +1,30 @@
-"""The list-append and bank workloads on a real Rubberband cluster, with storage
-processes failing.
+"""The list-append and bank workloads on a real Rubberband cluster, under faults.
 
-``rubberband cluster up`` starts 3 routers, a super (automatic repair on) and 4 storage
-processes, plus standby processes.  Clients (light SDK clients in this process) append to
-and read small sets of keys: multi-key appends and multi-key sequential reads, each one
-operation of the history.  The nemesis SIGKILLs or SIGSTOPs a storage process on the ring
-once the ring is healthy; the super votes it out and replaces it with a standby on its
-own (nobody at the admin API), a new standby is provisioned, and a paused process that
-resumes after its replacement must stop.  After the faults every key is read once more,
-and the Elle-style list-append checker judges the history: no cycle, no lost or
-reordered acknowledged append.  Indeterminate and unavailable results count as unknown.
+``rubberband cluster up`` starts 3 routers, 2 supers (automatic repair on) and 4 storage
+processes, plus standby processes; with network faults every one of them runs in a
+network namespace of its own (:mod:`jepsen_like.net`).  Clients (light SDK clients in
+this process, each connecting from and serving on an address of its own) append to and
+read small sets of keys: multi-key appends and multi-key sequential reads, each one
+operation of the history.  The nemesis (:class:`RubberbandNemesis`, a thread) injects
+one fault at a time once the ring and the router group are healthy:
+
+* ``kill``: SIGKILL a storage process on the ring (the super votes it out and replaces
+  it with a standby on its own), a router (a new one joins under a fresh id) or a super
+  (a new super starts; the next super by name takes over repairs).
+* ``pause``: SIGSTOP one of them for 6 s, past every failure timeout; a voted-out
+  storage process or super, or an expelled router, must stop when it resumes.
+* ``partition``: the leading router isolated; a storage process cut off from the routers;
+  a client cut off from everyone; or a split of the routers into a minority and a
+  majority with storage processes and clients spread over both sides (2 to 4 s).
+* ``slow`` / ``loss``: one router's or storage process's link at 1 Mbit/s, or losing 5
+  to 25 % of its packets (3 to 5 s).
+* ``reconfigure``: expand, contract, replace or rebalance through a super's admin API,
+  or a router joining or parting.
+
+A new standby is provisioned whenever fewer than two are left.  After the faults every
+fault is healed, the ring settles, and every key is read once more; the Elle-style
+list-append checker judges the history: no cycle, no lost or reordered acknowledged
+append.  Indeterminate and unavailable results count as unknown.
 
 The bank workload moves money between 8 accounts of 100 with atomic two-key ``add``
 writes (deltas summing to zero) and reads every account at all three isolation levels;
@@ -19,6 +34,7 @@ and every balance to be reachable, and reports torn basic reads apart (allowed).
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import json
@@ -27,13 +43,37 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ecast import local
+from jepsen_like.net import Net
+
 KEYS = 12
-STORAGE_KINDS = ("kill-storage", "pause-storage")
+SPREAD = 1_000_000
+"""Integer keys ``0 .. SPREAD`` (the ids ``cluster up`` spreads its processes over):
+the workload's keys lie in every segment, so every reconfiguration moves some."""
+FILLER = 20_000
+"""Keys of 256 bytes loaded first, so that moving a range takes a while (a read routed
+to a replica still being filled has a window to land in)."""
+
+
+def kid(k: int) -> int:
+    """The storage key of the workload's key ``k{k}``."""
+    return 1_234 + k * (SPREAD // KEYS)
+
+
+def filler() -> dict[int, bytes]:
+    taken = {kid(k) for k in range(KEYS)} | set(ACCOUNT_KEY.values())
+    step = SPREAD // FILLER
+    return {k: b"f" * 256 for k in range(step // 2, SPREAD, step) if k not in taken}
+
+
+ROLES = ("storage", "router", "super")
+"""What ``kill`` and ``pause`` hit."""
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -53,6 +93,7 @@ def _status(d: Path) -> dict[str, Any]:
 
 
 ACCOUNTS = [f"a{i}" for i in range(8)]
+ACCOUNT_KEY = {a: 5_678 + i * (SPREAD // len(ACCOUNTS)) for i, a in enumerate(ACCOUNTS)}
 INITIAL_BALANCE = 100
 
 
@@ -65,44 +106,68 @@ class Plan:
     duration: float
     settle: float
     say: Any
+    net: Net | None = None
+    mutation: tuple[str, ...] = field(default=())
+    """Planted router bugs (``RubberbandConfig.MUTATIONS``), tests only."""
 
 
 def run_rubberband(d: Path, plan: Plan) -> dict[str, Any]:
     """Bring a cluster up in ``d``, run ``plan`` against it, and take it down."""
-    up = _cli("cluster", "up", "--routers", "3", "--supers", "1", "--storage", "4",
-              "--state-dir", str(d / "cluster"))  # fmt: skip
+    cdir = d / "cluster"
+    if plan.net is not None:
+        names = ["r1", "r2", "r3", "s1", "s2", *(f"storage{i}" for i in range(1, 7))]
+        local.StateDir(cdir, placement={n: plan.net.add(n) for n in names})
+    if plan.mutation:
+        os.environ[local.MUTATIONS_ENV] = "1"
+    up = _cli("cluster", "up", "--routers", "3", "--supers", "2", "--storage", "4",
+              "--state-dir", str(cdir), *(f"--mutation={m}" for m in plan.mutation))  # fmt: skip
     if up.returncode != 0:
         raise RuntimeError(f"cluster up failed: {up.stdout[-1500:]}{up.stderr[-1500:]}")
     try:
-        added = _cli("cluster", "add", "--storage", "2", "--state-dir", str(d / "cluster"))
+        added = _cli("cluster", "add", "--storage", "2", "--state-dir", str(cdir))
         if added.returncode != 0:
             raise RuntimeError(f"cluster add failed: {added.stderr[-1500:]}")
-        return asyncio.run(_go(d / "cluster", plan))
+        return asyncio.run(_go(cdir, plan))
     finally:
-        _cli("cluster", "down", "--state-dir", str(d / "cluster"))
+        _cli("cluster", "down", "--state-dir", str(cdir))
 
 
 async def _go(d: Path, plan: Plan) -> dict[str, Any]:
     import rubberband.sdk as rbsdk
 
-    workload, kinds, seed, say = plan.workload, plan.kinds, plan.seed, plan.say
-    duration, settle = plan.duration, plan.settle
-
+    workload, seed = plan.workload, plan.seed
     st = json.loads((d / "cluster.json").read_text())
     history: list[dict[str, Any]] = []
-    faults: list[dict[str, Any]] = []
-    stop = asyncio.Event()
-    rng = random.Random(seed)
+    stop = threading.Event()
     t0 = time.monotonic()
+    net = plan.net
+    clients = [f"c{i}" for i in range(4)]
 
     def record(
-        process: str, kind: str, value: Any, f: str = "txn", level: str | None = None
+        process: str,
+        kind: str,
+        value: Any,
+        f: str = "txn",
+        level: str | None = None,
+        error: BaseException | None = None,
     ) -> None:
         r = {"process": process, "type": kind, "f": f, "value": value,
              "index": len(history), "time": time.monotonic() - t0}  # fmt: skip
         if level is not None:
             r["level"] = level
+        if error is not None:
+            r["error"] = f"{type(error).__name__}: {error}"[:300]
         history.append(r)
+
+    def connect(name: str) -> Any:
+        where: dict[str, Any] = {}
+        if net is not None:
+            ip = net.source(name)
+            where = {"listen": f"{ip}:0", "source": ip}
+        routers = json.loads((d / "cluster.json").read_text())["routers"]
+        return rbsdk.connect(
+            routers, f"client:j{name}", credentials=st["client_credentials"], **where
+        )
 
     async def bank_client(rb: Any, i: int, crng: random.Random) -> None:
         while not stop.is_set():
@@ -111,23 +176,23 @@ async def _go(d: Path, plan: Plan) -> dict[str, Any]:
                 value = {"from": a, "to": b, "amount": crng.randint(1, 10)}
                 record(f"c{i}", "invoke", value, "transfer")
                 try:
-                    await rb.add_many({a: -value["amount"], b: value["amount"]})
+                    amount = value["amount"]
+                    await rb.add_many({ACCOUNT_KEY[a]: -amount, ACCOUNT_KEY[b]: amount})
                     record(f"c{i}", "ok", value, "transfer")
-                except Exception:
-                    record(f"c{i}", "info", value, "transfer")
+                except Exception as e:
+                    record(f"c{i}", "info", value, "transfer", error=e)
             else:
                 level = crng.choice(["sequential", "sequential", "snapshot", "basic"])
                 record(f"c{i}", "invoke", None, "read", level)
                 try:
-                    got = await rb.get_many(ACCOUNTS, isolation=level)
-                    record(f"c{i}", "ok", got, "read", level)
-                except Exception:
-                    record(f"c{i}", "info", None, "read", level)
+                    got = await rb.get_many(list(ACCOUNT_KEY.values()), isolation=level)
+                    balances = {a: got.get(ACCOUNT_KEY[a]) for a in ACCOUNTS}
+                    record(f"c{i}", "ok", balances, "read", level)
+                except Exception as e:
+                    record(f"c{i}", "info", None, "read", level, e)
 
     async def client(i: int) -> None:
-        rb = await rbsdk.connect(
-            st["routers"], f"client:j{i}", credentials=st["client_credentials"]
-        )
+        rb = await connect(clients[i])
         crng = random.Random(seed * 100 + i)
         if workload == "bank":
             await bank_client(rb, i, crng)
@@ -141,103 +206,426 @@ async def _go(d: Path, plan: Plan) -> dict[str, Any]:
                 txn = [["append", f"k{k}", i * 1_000_000 + n] for k in keys]
                 record(f"c{i}", "invoke", txn)
                 try:
-                    await rb.append_many({f"k{k}": i * 1_000_000 + n for k in keys})
+                    await rb.append_many({kid(k): i * 1_000_000 + n for k in keys})
                     record(f"c{i}", "ok", txn)
-                except Exception:
-                    record(f"c{i}", "info", txn)
+                except Exception as e:
+                    record(f"c{i}", "info", txn, error=e)
             else:
                 txn = [["r", f"k{k}", None] for k in keys]
                 record(f"c{i}", "invoke", txn)
                 try:
-                    got = await rb.get_many([f"k{k}" for k in keys])
-                    record(f"c{i}", "ok", [["r", f"k{k}", list(got.get(f"k{k}") or ())]
+                    got = await rb.get_many([kid(k) for k in keys])
+                    record(f"c{i}", "ok", [["r", f"k{k}", list(got.get(kid(k)) or ())]
                                            for k in keys])  # fmt: skip
-                except Exception:
-                    record(f"c{i}", "info", txn)
+                except Exception as e:
+                    record(f"c{i}", "info", txn, error=e)
         await rb.close()
 
-    async def nemesis() -> None:
-        loop = asyncio.get_running_loop()
-        await asyncio.sleep(3)
-        spare = 7
-        while time.monotonic() - t0 < duration - settle and kinds:
-            s = await loop.run_in_executor(None, _status, d)
-            ring = s.get("ring", [])
-            healthy = (
-                ring
-                and not s.get("pending")
-                and all(
-                    not r.get("suspected") and not r.get("incomplete") and not r.get("busy")
-                    for r in ring
-                )
-            )
-            if not healthy:
-                await asyncio.sleep(0.5)
-                continue
-            victim = rng.choice([r["name"] for r in ring])
-            kind = rng.choice(kinds)
-            pid = json.loads((d / "processes.json").read_text())[victim.replace(":", "")]["pid"]
-            at = time.monotonic() - t0
-            if kind == "kill-storage":
-                os.kill(pid, signal.SIGKILL)
-                say(f"{at:7.2f}s  kill {victim}")
-            else:
-                os.kill(pid, signal.SIGSTOP)
-                say(f"{at:7.2f}s  pause {victim} for 6s")
-            faults.append({"kind": kind, "target": victim, "start": round(at, 2)})
-            # The super votes it out (3 s) and replaces it; a standby takes the next one.
-            await loop.run_in_executor(
-                None, _cli, "cluster", "add", "--storage", "1", "--state-dir", str(d)
-            )
-            spare += 1
-            if kind == "pause-storage":
-                await asyncio.sleep(6)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
-                say(f"{time.monotonic() - t0:7.2f}s  resume {victim}")
-            await asyncio.sleep(rng.uniform(2, 4))
-        await asyncio.sleep(max(0.0, duration - (time.monotonic() - t0)))
-        stop.set()
-
+    rb = await connect("setup")
+    load = list(filler().items())
+    for i in range(0, len(load), 1000):
+        await rb.put_many(dict(load[i : i + 1000]))
     if workload == "bank":
-        rb = await rbsdk.connect(
-            st["routers"], "client:jsetup", credentials=st["client_credentials"]
-        )
-        await rb.put_many(dict.fromkeys(ACCOUNTS, INITIAL_BALANCE))
-        await rb.close()
-    workers = [asyncio.ensure_future(client(i)) for i in range(4)]
-    await nemesis()
+        await rb.put_many(dict.fromkeys(ACCOUNT_KEY.values(), INITIAL_BALANCE))
+    await rb.close()
+    t0 = time.monotonic()
+    nemesis = RubberbandNemesis(d, plan, clients)
+    workers = [asyncio.ensure_future(client(i)) for i in range(len(clients))]
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.run_in_executor(None, nemesis.run, t0, stop)
+    finally:
+        stop.set()
+        nemesis.heal()
     await asyncio.gather(*workers, return_exceptions=True)
     # Settle: the ring healthy again, then every key read once more.
     deadline = time.monotonic() + 40
     while time.monotonic() < deadline:
-        s = _status(d)
-        if (
-            s.get("ring")
-            and not s.get("pending")
-            and not any(r.get("suspected") or r.get("incomplete") for r in s["ring"])
-        ):
+        if await loop.run_in_executor(None, nemesis.ring_healthy, False):
             break
         await asyncio.sleep(0.5)
-    rb = await rbsdk.connect(st["routers"], "client:jfinal", credentials=st["client_credentials"])
+    rb = await connect("final")
     if workload == "bank":
         record("final", "invoke", None, "read", "sequential")
-        record("final", "ok", await rb.get_many(ACCOUNTS), "read", "sequential")
+        got = await rb.get_many(list(ACCOUNT_KEY.values()))
+        record("final", "ok", {a: got.get(ACCOUNT_KEY[a]) for a in ACCOUNTS}, "read",
+               "sequential")  # fmt: skip
     else:
         for k in range(KEYS):
             record("final", "invoke", [["r", f"k{k}", None]])
-            got = await rb.get(f"k{k}")
+            got = await rb.get(kid(k))
             record("final", "ok", [["r", f"k{k}", list(got or ())]])
     await rb.close()
-    resumed_alive = []
-    for f in faults:
-        if f["kind"] == "pause-storage":
-            pid = json.loads((d / "processes.json").read_text())[f["target"].replace(":", "")]
-            with contextlib.suppress(ProcessLookupError, OSError):
-                os.kill(pid["pid"], 0)
-                if Path(f"/proc/{pid['pid']}").exists():
-                    stat = Path(f"/proc/{pid['pid']}/stat").read_text().rsplit(")", 1)[1]
-                    if stat.split()[0] != "Z":
-                        resumed_alive.append(f["target"])
-    return {"history": history, "faults": faults, "resumed_alive": resumed_alive,
+    return {"history": history, "faults": nemesis.faults,
+            "resumed_alive": nemesis.resumed_alive(),
             "ring": [r["name"] for r in _status(d).get("ring", [])]}  # fmt: skip
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie or a vanished process is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1]
+    except OSError:
+        return False
+    return stat.split()[0] != "Z"
+
+
+class RubberbandNemesis:
+    """One fault at a time from a seeded schedule, on a thread of its own (every step
+    blocks: signals, CLI calls, admin requests)."""
+
+    def __init__(self, d: Path, plan: Plan, clients: list[str]) -> None:
+        self.d = d
+        self.plan = plan
+        self.net = plan.net
+        self.clients = clients
+        self.rng = random.Random(plan.seed)
+        self.faults: list[dict[str, Any]] = []
+        self.paused: list[tuple[str, int]] = []
+        """(name, pid) of every process that was paused: checked after the run."""
+        self.st = json.loads((d / "cluster.json").read_text())
+        self.cluster = local.LocalCluster(d, args=self.st["router_args"])
+        self.routers = 3
+        """Routers the group keeps (4 after a reconfiguration adds one)."""
+        self._fresh = 0
+        self._supers = len(self.st["supers"])
+        self._active: dict[str, Any] | None = None
+        self._t0 = 0.0
+
+    # ------------------------------------------------------------------ state
+    def _recorded(self) -> dict[str, Any]:
+        return local.StateDir.recorded(self.d)
+
+    def _routers(self) -> dict[str, dict[str, Any]]:
+        """Live router processes by name."""
+        return {n: p for n, p in self._recorded().items()
+                if "router" in p.get("argv", ()) and _alive(p["pid"])}  # fmt: skip
+
+    def _health(self, p: dict[str, Any]) -> dict[str, Any] | None:
+        return local.http_json(f"http://{p.get('host', '127.0.0.1')}:{p['health_port']}/health")
+
+    def _router_view(self) -> tuple[bool, str | None]:
+        """(every live router is a member of one view of exactly the live routers,
+        the leader)."""
+        live = self._routers()
+        leader = None
+        for p in live.values():
+            h = self._health(p)
+            if not h or h.get("status") != "ok":
+                return False, None
+            if sorted(h.get("members", ())) != sorted(live):
+                return False, None
+            leader = h.get("leader") or leader
+        return len(live) >= 1, leader
+
+    def ring_healthy(self, routers_too: bool = True) -> bool:
+        s = _status(self.d)
+        ring = s.get("ring", [])
+        ok = (
+            bool(ring)
+            and not s.get("pending")
+            and all(
+                not r.get("suspected") and not r.get("incomplete") and not r.get("busy")
+                for r in ring
+            )
+        )
+        return ok and (not routers_too or self._router_view()[0])
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, t0: float, stop: threading.Event) -> None:
+        self._t0 = t0
+        plan = self.plan
+        time.sleep(3)
+        while time.monotonic() - t0 < plan.duration - plan.settle and plan.kinds:
+            a = self._active
+            if a is not None:
+                if self._elapsed() >= a["heal_at"]:
+                    self._heal(a)
+                time.sleep(0.25)
+                continue
+            if not self._replenish():
+                time.sleep(0.5)
+                continue
+            if not self.ring_healthy():
+                time.sleep(0.5)
+                continue
+            kind = self.rng.choice(plan.kinds)
+            fault = getattr(self, f"_{kind}")()
+            if fault is None:
+                continue
+            fault = {"kind": kind, "start": round(fault.pop("at"), 2), **fault}
+            self.faults.append(fault)
+            if "heal_at" in fault:
+                self._active = fault
+            else:
+                fault.setdefault("end", fault["start"])
+            time.sleep(self.rng.uniform(2, 4))
+        while time.monotonic() - t0 < plan.duration and not stop.is_set():
+            if self._active is not None and self._elapsed() >= self._active["heal_at"]:
+                self._heal(self._active)
+            time.sleep(0.25)
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
+    def _say(self, text: str) -> None:
+        self.plan.say(f"{self._elapsed():7.2f}s  {text}")
+
+    def _replenish(self) -> bool:
+        """Routers back to their number, at least two standby storage processes and
+        the supers back to two; False while that is under way."""
+        live = self._routers()
+        if len(live) < self.routers:
+            if not self._router_view()[0]:
+                return False
+            fresh = self._join_router(sorted(live))
+            self._say(f"{fresh} joins ({self.routers - len(live)} router(s) gone)")
+            return False
+        st = json.loads((self.d / "cluster.json").read_text())
+        if len(st["supers"]) < 2:
+            name = self._start_super()
+            self._say(f"{name} starts (a super is gone)")
+        s = _status(self.d)
+        if len(s.get("standby", ())) < 2:
+            self._add_storage()
+        return True
+
+    def _update_routers(self) -> None:
+        """Record the live routers' addresses: new processes and clients connect there."""
+        live = self._routers()
+        st = json.loads((self.d / "cluster.json").read_text())
+        st["routers"] = [f"{p.get('host', '127.0.0.1')}:{p['ports']['listen']}"
+                         for _, p in sorted(live.items())]  # fmt: skip
+        (self.d / "cluster.json").write_text(json.dumps(st, indent=1))
+        self.st = st
+
+    def _add_storage(self) -> None:
+        st = json.loads((self.d / "cluster.json").read_text())
+        n = max(int(k.split(":")[1]) for k in st["storage"]) + 1
+        if self.net is not None:
+            local.StateDir(self.d, placement={f"storage{n}": self.net.add(f"storage{n}")})
+        _cli("cluster", "add", "--storage", "1", "--state-dir", str(self.d))
+
+    def _join_router(self, live: list[str]) -> str:
+        self._fresh += 1
+        fresh = f"j{self._fresh}"
+        if self.net is not None:
+            self.cluster.state.set_places({fresh: self.net.add(fresh)})
+        join = self._recorded()[live[0]]
+        host = join.get("host", "127.0.0.1")
+        self.cluster.start(fresh, f"{host}:{join['ports']['listen']}")
+        self._update_routers()
+        return fresh
+
+    def _start_super(self) -> str:
+        from rubberband.tools.cluster import start_super
+
+        self._supers += 1
+        n = self._supers
+        if self.net is not None:
+            self.cluster.state.set_places({f"s{n}": self.net.add(f"s{n}")})
+        common = ["--routers", ",".join(self.st["routers"]), "--state-dir", str(self.d)]
+        name, address = start_super(self.cluster.state, n, common, True, 60.0)
+        st = json.loads((self.d / "cluster.json").read_text())
+        st["supers"][name] = address
+        (self.d / "cluster.json").write_text(json.dumps(st, indent=1))
+        return name
+
+    def _forget_super(self, name: str) -> None:
+        """A super that is gone (or will be voted out) is not asked any more."""
+        st = json.loads((self.d / "cluster.json").read_text())
+        st["supers"].pop(name, None)
+        (self.d / "cluster.json").write_text(json.dumps(st, indent=1))
+
+    def _victim(self) -> tuple[str, str, str]:
+        """(role, process name as the cluster knows it, name in processes.json)."""
+        role = self.rng.choice(ROLES)
+        if role == "router":
+            live = sorted(self._routers())
+            leader = self._router_view()[1]
+            r = leader if leader in live and self.rng.random() < 0.5 else self.rng.choice(live)
+            return ("leader" if r == leader else "router"), r, r
+        if role == "super":
+            st = json.loads((self.d / "cluster.json").read_text())
+            name = self.rng.choice(sorted(st["supers"]))
+            return "super", name, name.split(":")[1]
+        ring = [r["name"] for r in _status(self.d).get("ring", [])]
+        name = self.rng.choice(ring)
+        return "storage", name, name.replace(":", "")
+
+    # ------------------------------------------------------------------ faults
+    def _kill(self) -> dict[str, Any] | None:
+        role, name, proc = self._victim()
+        at = self._elapsed()
+        os.kill(self._recorded()[proc]["pid"], signal.SIGKILL)
+        detail: dict[str, Any] = {"target": name, "role": role, "at": at}
+        if role in ("leader", "router"):
+            live = sorted(n for n in self._routers() if n != proc)
+            detail["replacement"] = self._join_router(live)
+        elif role == "super":
+            self._forget_super(name)
+            detail["replacement"] = self._start_super()
+        self._say(f"kill {role} {name}" + (f"; {detail['replacement']} replaces it"
+                                           if "replacement" in detail else ""))  # fmt: skip
+        return detail
+
+    def _pause(self) -> dict[str, Any] | None:
+        role, name, proc = self._victim()
+        at = self._elapsed()
+        pid = self._recorded()[proc]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        self.paused.append((name, pid))
+        if role == "super":
+            self._forget_super(name)
+        self._say(f"pause {role} {name} for 6s")
+        return {"target": name, "role": role, "pid": pid, "at": at, "heal_at": at + 6.0}
+
+    def _partition(self) -> dict[str, Any] | None:
+        if self.net is None:
+            return None
+        routers = sorted(self._routers())
+        leader = self._router_view()[1] or routers[0]
+        s = _status(self.d)
+        ring = [r["name"].replace(":", "") for r in s.get("ring", [])]
+        standby = [n.replace(":", "") for n in s.get("standby", ())]
+        supers = [n.split(":")[1] for n in json.loads((self.d / "cluster.json").read_text())
+                  ["supers"]]  # fmt: skip
+        at = self._elapsed()
+        hold = self.rng.uniform(2.0, 4.0)
+        variant = self.rng.choice(["leader", "storage", "client", "split"])
+        if variant == "leader":
+            side_a = [leader]
+            side_b = [r for r in routers if r != leader] + ring + standby + supers + self.clients
+            what = f"leading router {leader} isolated"
+        elif variant == "storage":
+            side_a, side_b = [self.rng.choice(ring)], routers
+            what = f"{side_a[0]} cut off from the routers"
+        elif variant == "client":
+            side_a = [self.rng.choice(self.clients)]
+            side_b = routers + ring + standby + supers
+            hold = min(hold, 3.5)
+            what = f"client {side_a[0]} cut off"
+        else:
+            minority = self.rng.choice(routers)
+            others = ring + standby + self.clients
+            self.rng.shuffle(others)
+            k = self.rng.randint(0, len(others) // 2)
+            side_a = [minority, *others[:k]]
+            side_b = [r for r in routers if r != minority] + others[k:] + supers
+            what = f"split {'+'.join(side_a)} | the rest"
+        self.net.cut(side_a, side_b)
+        self._say(f"partition: {what} for {hold:.1f}s")
+        return {"target": side_a[0], "variant": variant, "sides": [side_a, side_b],
+                "at": at, "heal_at": at + hold}  # fmt: skip
+
+    def _link_target(self) -> tuple[str, str]:
+        if self.rng.random() < 0.5:
+            return "router", self.rng.choice(sorted(self._routers()))
+        ring = [r["name"].replace(":", "") for r in _status(self.d).get("ring", [])]
+        return "storage", self.rng.choice(ring)
+
+    def _slow(self) -> dict[str, Any] | None:
+        if self.net is None:
+            return None
+        role, target = self._link_target()
+        at, hold = self._elapsed(), self.rng.uniform(3.0, 5.0)
+        self.net.slow(target, 1000)
+        self._say(f"slow link: {role} {target} at 1 Mbit/s for {hold:.1f}s")
+        return {"target": target, "role": role, "kbit": 1000, "at": at, "heal_at": at + hold}
+
+    def _loss(self) -> dict[str, Any] | None:
+        if self.net is None:
+            return None
+        role, target = self._link_target()
+        at, hold, pct = self._elapsed(), self.rng.uniform(3.0, 5.0), self.rng.randint(5, 25)
+        self.net.loss(target, pct)
+        self._say(f"packet loss: {role} {target} {pct}% for {hold:.1f}s")
+        return {"target": target, "role": role, "percent": pct, "at": at, "heal_at": at + hold}
+
+    def _reconfigure(self) -> dict[str, Any] | None:
+        from rubberband.tools.cluster import admin_request
+
+        s = _status(self.d)
+        # Ids are shown as Python literals; this cluster's are integers (cluster up).
+        ring = sorted(
+            ({**r, "id": ast.literal_eval(r["id"])} for r in s.get("ring", [])),
+            key=lambda r: r["id"],
+        )
+        if any(type(r["id"]) is not int for r in ring):
+            return None
+        standby = sorted(s.get("standby", ()))
+        ops = ["expand", "replace", "rebalance", "router"] + (["contract"] if len(ring) > 4 else [])
+        op = self.rng.choice(ops)
+        at = self._elapsed()
+        if op == "router":
+            if self.routers == 3:
+                self.routers = 4
+                fresh = self._join_router(sorted(self._routers()))
+                self._say(f"reconfigure: router {fresh} joins (4 routers)")
+                return {"target": fresh, "op": "router-join", "at": at}
+            self.routers = 3
+            live = sorted(self._routers())
+            victim = self.rng.choice(live)
+            os.kill(self._recorded()[victim]["pid"], signal.SIGTERM)
+            self._say(f"reconfigure: router {victim} parts (3 routers)")
+            return {"target": victim, "op": "router-part", "at": at}
+        ids = [r["id"] for r in ring]
+        if op == "expand" and standby:
+            i = self.rng.randrange(len(ids))
+            lo, hi = ids[i], ids[(i + 1) % len(ids)] if i + 1 < len(ids) else 1_000_000
+            args: list[Any] = [standby[0], self.rng.randint(lo + 1, max(lo + 1, hi - 1))]
+        elif op == "replace" and standby:
+            args = [self.rng.choice(ring)["name"], standby[0]]
+        elif op == "contract":
+            args = [self.rng.choice(ring)["name"]]
+        elif op == "rebalance" and len(ids) > 2:
+            i = self.rng.randrange(1, len(ids) - 1)
+            if ids[i + 1] - ids[i - 1] < 3:
+                return None
+            args = [ring[i]["name"], self.rng.randint(ids[i - 1] + 1, ids[i + 1] - 1)]
+        else:
+            return None
+        self._say(f"reconfigure: {op} {' '.join(map(str, args))}")
+        code, body = admin_request(
+            str(self.d), "/reconfigure", {"op": op, "args": args, "wait": True}, timeout=60
+        )
+        result = "done" if code == 200 else f"refused ({code}): {body.get('error')}"
+        self._say(f"reconfigure: {op} {result}")
+        return {"target": str(args[0]), "op": op, "args": args, "result": result, "at": at,
+                "end": round(self._elapsed(), 2)}  # fmt: skip
+
+    # ------------------------------------------------------------------ healing
+    def _heal(self, fault: dict[str, Any]) -> None:
+        if fault["kind"] == "pause":
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(fault["pid"], signal.SIGCONT)
+        elif self.net is not None:
+            self.net.heal()
+        fault["end"] = round(self._elapsed(), 2)
+        self._active = None
+        self._say(f"heal {fault['kind']} of {fault['target']}")
+
+    def heal(self) -> None:
+        if self._active is not None:
+            self._heal(self._active)
+        # Resumed processes that were voted out or expelled learn it and stop.
+        time.sleep(1.0)
+
+    def resumed_alive(self) -> list[str]:
+        """Paused processes that are not members any more yet still run.  A paused
+        router that the group kept (the view change had not happened) may run on."""
+        members = set()
+        for p in self._routers().values():
+            h = self._health(p)
+            members |= set((h or {}).get("members", ()))
+        s = _status(self.d)
+        in_cluster = {r["name"] for r in s.get("ring", [])} | set(s.get("standby", ()))
+        in_cluster |= set(json.loads((self.d / "cluster.json").read_text())["supers"])
+        out = []
+        for name, pid in self.paused:
+            if not _alive(pid):
+                continue
+            if name in members or name in in_cluster:
+                continue
+            out.append(name)
+        return out

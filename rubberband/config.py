@@ -126,6 +126,18 @@ class RubberbandConfig(Membership):
         "votes",
     )
 
+    MUTATIONS = frozenset({"reads_to_busy"})
+    """Planted bugs (tests only: ``ecast router --mutation NAME`` under
+    ``ECAST_TEST_MUTATIONS=1``); the fault-injection suite must catch each one."""
+
+    @classmethod
+    def plant(cls, name: str) -> None:
+        """Switch a planted bug on in this process, for every config of the class."""
+        if name == "reads_to_busy":  # reads go to receivers still being filled
+            cls.busy = lambda self: _NONE  # type: ignore[method-assign]
+        else:
+            raise ValueError(f"unknown mutation {name!r}; known: {', '.join(cls.MUTATIONS)}")
+
     def __init__(
         self,
         keyspace: Keyspace,

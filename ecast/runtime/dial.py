@@ -109,6 +109,7 @@ class Dialer:
                 port,
                 ssl=rt.client_ssl,
                 server_hostname=server_hostname,
+                local_addr=None if rt.source_address is None else (rt.source_address, 0),
             ),
             timeout,
         )

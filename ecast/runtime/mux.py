@@ -109,7 +109,11 @@ class Runtime:
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
         max_connections: int = MAX_CONNECTIONS,
         max_handshakes: int = MAX_HANDSHAKES,
+        source_address: str | None = None,
     ) -> None:
+        """``source_address``: the local address outgoing connections leave from (a
+        multi-homed host, or a test that cuts one process's links); None: the kernel's
+        choice."""
         if isinstance(auth, bytes | bytearray):
             problem = secret_problem(bytes(auth))
             if problem:
@@ -128,6 +132,7 @@ class Runtime:
         self.max_frame = max_frame
         self.max_connections = max_connections
         self.max_handshakes = max_handshakes
+        self.source_address = source_address
         self.nodes: dict[NodeId, Node] = {}
         self.directory: dict[NodeId, str] = {}
         self.conns: dict[str, Connection] = {}

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ecast.runtime import tune_process
-from ecast.tools.local import LocalCluster
+from ecast.tools.local import MUTATIONS_ENV, LocalCluster, Place
 
 SECRET = "bench-0c6f3e9a41d27b58e2a9c4d1f7b03e6a"
 """The development secret of the benchmark's throw-away local cluster (strong enough to pass
@@ -234,7 +234,7 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
         args.routers.split(","),
         name=args.name,
         secret=SECRET.encode(),
-        params=EndpointParams(max_window=args.max_window),
+        params=EndpointParams(max_window=args.max_window, mutations=frozenset(args.mutation)),
         join_header={"role": "client"},
         queue_size=1 << 20,
         max_queued=1 << 20,
@@ -387,7 +387,10 @@ def worker_main(argv: list[str]) -> int:
     ap.add_argument("--sched", choices=("batch", "normal"), default="normal")
     ap.add_argument("--stop-file", default="/nonexistent")
     ap.add_argument("--out", required=True, help="file for the JSON result")
+    ap.add_argument("--mutation", action="append", default=[], help="plant an endpoint bug")
     args = ap.parse_args(argv)
+    if args.mutation and os.environ.get(MUTATIONS_ENV) != "1":
+        ap.error(f"--mutation plants bugs for tests; set {MUTATIONS_ENV}=1 to allow it")
     tune_process()
     if args.sched == "batch" and hasattr(os, "sched_setscheduler"):
         # Load generators and sinks do throughput work: they should not preempt the
@@ -404,10 +407,13 @@ def worker_main(argv: list[str]) -> int:
 
 # ====================================================================== parent
 class Proc:
-    def __init__(self, role: str, name: str, cmd: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self, role: str, name: str, cmd: list[str], env: dict[str, str], place: Place | None
+    ) -> None:
         self.role = role
         self.name = name
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        full = [*(place.launcher if place else ()), *cmd]
+        self.proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         self.lines: list[dict[str, Any]] = []
 
     def read_line(self, timeout: float) -> dict[str, Any] | None:
@@ -434,7 +440,14 @@ class Nemesis(Protocol):
     def heal(self, cluster: LocalCluster) -> None: ...
 
 
-def run_bench(args: argparse.Namespace, nemesis: Nemesis | None = None) -> dict[str, Any]:
+def run_bench(
+    args: argparse.Namespace,
+    nemesis: Nemesis | None = None,
+    placement: dict[str, Place] | None = None,
+) -> dict[str, Any]:
+    """``placement`` puts routers (``r1``...), receiver processes (``recv0``...) and
+    clients (``c1``...) in places of their own (network namespaces, for jepsen_like)."""
+    placement = placement or {}
     env = {**os.environ, "ECAST_SECRET": SECRET}
     py = sys.executable
     tmp = Path(tempfile.mkdtemp(prefix="ecast-bench-"))
@@ -454,6 +467,7 @@ def run_bench(args: argparse.Namespace, nemesis: Nemesis | None = None) -> dict[
             "warning",
             *extra,
         ],
+        placement=placement,
     )
     cluster.start_group(args.routers)
     routers = cluster.routers
@@ -488,7 +502,7 @@ def run_bench(args: argparse.Namespace, nemesis: Nemesis | None = None) -> dict[
             args.worker_sched,
         ]
         cmd += ["--record", record] if record else []
-        workers.append(Proc("receiver", f"recv{k}", cmd, env))
+        workers.append(Proc("receiver", f"recv{k}", cmd, env, placement.get(f"recv{k}")))
         n += count
     for w in workers:
         if w.read_line(60) is None:
@@ -526,7 +540,8 @@ def run_bench(args: argparse.Namespace, nemesis: Nemesis | None = None) -> dict[
             cmd += ["--unsafe"]
         if record:
             cmd += ["--record", record]
-        clients.append(Proc("client", f"c{c + 1}", cmd, env))
+        cmd += list(args.client_arg)
+        clients.append(Proc("client", f"c{c + 1}", cmd, env, placement.get(f"c{c + 1}")))
     leader = "r1"
     for c in clients:
         first = c.read_line(60)
@@ -743,6 +758,12 @@ def parser(prog: str = "ecast bench") -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="extra flag for every router daemon, e.g. --router-arg=--max-batch=256",
+    )
+    ap.add_argument(
+        "--client-arg",
+        action="append",
+        default=[],
+        help="extra flag for every client process, e.g. --client-arg=--mutation=NAME",
     )
     ap.add_argument(
         "--worker-sched",

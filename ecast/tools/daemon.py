@@ -727,18 +727,23 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"--{name} is required (on the command line or in --file)")
         if args.id.startswith("@"):
             raise UsageError(f"--id {args.id}: ids starting with @ are reserved")
+        if args.mutation and os.environ.get(MUTATIONS_ENV) != "1":
+            raise UsageError(f"--mutation plants bugs for tests; set {MUTATIONS_ENV}=1 to allow it")
+        initial = load_initial_config(args.config, args.config_arg)  # fail before any I/O
         if args.mutation:
-            if os.environ.get(MUTATIONS_ENV) != "1":
-                raise UsageError(
-                    f"--mutation plants bugs for tests; set {MUTATIONS_ENV}=1 to allow it"
-                )
-            unknown = set(args.mutation) - ROUTER_MUTATIONS - UFAB_MUTATIONS
+            # A config may plant bugs of its own: it lists them in ``MUTATIONS`` and
+            # switches one on with ``plant(name)`` (Rubberband's reads to busy replicas).
+            cls = type(initial)
+            own = frozenset(getattr(cls, "MUTATIONS", ()))
+            known = ROUTER_MUTATIONS | UFAB_MUTATIONS | own
+            unknown = set(args.mutation) - known
             if unknown:
                 raise UsageError(
                     f"--mutation {', '.join(sorted(unknown))}: unknown (known: "
-                    f"{', '.join(sorted(ROUTER_MUTATIONS | UFAB_MUTATIONS))})"
+                    f"{', '.join(sorted(known))})"
                 )
-        load_initial_config(args.config, args.config_arg)  # fail here, before any I/O
+            for m in sorted(set(args.mutation) & own):
+                cls.plant(m)
         setup_logging(args.log_level)
         tune_process()
         return asyncio.run(RouterDaemon(args).run())

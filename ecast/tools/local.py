@@ -7,8 +7,12 @@ process (``ca.json``, ``credentials/NAME.cred``, mode 600), or in the developmen
 cluster secret (``secret``, mode 600), one log per process, and ``processes.json`` (pid,
 command line, ports, log of each), so a later command (``status``, ``down``) finds them.
 A *launcher prefix* runs a process inside something, such as
-``["ip", "netns", "exec", "ns1"]`` for a network namespace.  :class:`LocalCluster` is a
-router group on top of it.
+``["ip", "netns", "exec", "ns1"]`` for a network namespace.  A *placement*
+(``dir/placement.json``: process name to ``{"host": ADDRESS, "launcher": [...]}``) says
+where each process runs and on which address it listens, so that every tool working on
+the directory (``rubberband cluster add`` as much as the tool that made it) starts a
+process in the same place; names it does not list run on 127.0.0.1.
+:class:`LocalCluster` is a router group on top of it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,18 @@ from ecast.security.credentials import CertificateAuthority
 
 MUTATIONS_ENV = "ECAST_TEST_MUTATIONS"
 """Set to 1 to let daemons accept ``--mutation`` (planted bugs, for tests only)."""
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a daemon runs: the address it listens on (and its ``/health`` is polled
+    at) and the launcher prefix its command line runs under."""
+
+    host: str = "127.0.0.1"
+    launcher: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "launcher": list(self.launcher)}
 
 
 def free_port() -> int:
@@ -65,6 +81,7 @@ class Daemon:
     health_port: int | None = None
     restart: Callable[[], Daemon] | None = None
     """How to start it again on fresh ports (after losing a port race)."""
+    host: str = "127.0.0.1"
 
     @property
     def pid(self) -> int:
@@ -76,10 +93,10 @@ class Daemon:
     def health(self) -> dict[str, Any] | None:
         if self.health_port is None:
             return None
-        return http_json(f"http://127.0.0.1:{self.health_port}/health")
+        return http_json(f"http://{self.host}:{self.health_port}/health")
 
     def metrics_text(self) -> str:
-        url = f"http://127.0.0.1:{self.health_port}/metrics"
+        url = f"http://{self.host}:{self.health_port}/metrics"
         with urllib.request.urlopen(url, timeout=1) as r:
             return str(r.read().decode())
 
@@ -109,11 +126,16 @@ class StateDir:
         launcher: Sequence[str] = (),
         env: dict[str, str] | None = None,
         credentials: bool | None = None,
+        placement: dict[str, Place] | None = None,
     ) -> None:
         """Credentials by default; the development mode's one secret when ``secret`` is
-        given (or ``credentials=False``: a fresh random secret)."""
+        given (or ``credentials=False``: a fresh random secret).  ``placement`` is
+        recorded in the directory (merged into what it already says)."""
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
+        self.placement_file = self.path / "placement.json"
+        if placement:
+            self.set_places(placement)
         self.credentials = secret is None if credentials is None else credentials
         self.secret_file = self.path / "secret"
         self.secret: str | None = None
@@ -141,6 +163,27 @@ class StateDir:
         self.launcher = list(launcher)
         self.env = dict(env or {})
         self.daemons: dict[str, Daemon] = {}
+
+    def _placement(self) -> dict[str, Place]:
+        if not self.placement_file.exists():
+            return {}
+        return {
+            n: Place(p["host"], tuple(p.get("launcher", ())))
+            for n, p in json.loads(self.placement_file.read_text()).items()
+        }
+
+    def set_places(self, places: dict[str, Place]) -> None:
+        """Record where processes run (merged into what the directory says)."""
+        known = self._placement()
+        known.update(places)
+        self.placement_file.write_text(
+            json.dumps({n: p.to_json() for n, p in known.items()}, indent=1)
+        )
+
+    def place(self, name: str) -> Place:
+        """Where the process ``name`` runs: the directory's placement, else 127.0.0.1
+        under this directory's launcher prefix."""
+        return self._placement().get(name) or Place("127.0.0.1", tuple(self.launcher))
 
     def issue(self, role: str, names: Sequence[str], file: str | None = None) -> Path:
         """A credential for ``role`` under ``names``, issued by this directory's CA, in
@@ -176,16 +219,18 @@ class StateDir:
         env: dict[str, str] | None = None,
         launcher: Sequence[str] | None = None,
     ) -> Daemon:
-        """Start ``argv`` (its output to ``dir/NAME.log``), recorded under ``name``."""
+        """Start ``argv`` (its output to ``dir/NAME.log``), recorded under ``name``, in
+        its place (:meth:`place`; ``launcher`` overrides the place's prefix)."""
         log = self.path / f"{name}.log"
-        full = [*(self.launcher if launcher is None else launcher), *argv]
+        place = self.place(name)
+        full = [*(place.launcher if launcher is None else launcher), *argv]
         environ = {**os.environ, **self.env, **(env or {})}
         # Daemons read their proof from this directory, never from the environment.
         environ.pop("ECAST_SECRET", None)
         environ.pop("ECAST_CREDENTIALS", None)
         with log.open("ab") as out:
             proc = subprocess.Popen(full, stdout=out, stderr=subprocess.STDOUT, env=environ)
-        d = Daemon(name, list(full), proc, log, dict(ports or {}), health_port)
+        d = Daemon(name, list(full), proc, log, dict(ports or {}), health_port, host=place.host)
         self.daemons[name] = d
         self.save()
         return d
@@ -205,6 +250,7 @@ class StateDir:
                 "argv": d.argv,
                 "ports": d.ports,
                 "health_port": d.health_port,
+                "host": d.host,
                 "log": str(d.log),
                 "alive": d.alive(),
             }
@@ -275,7 +321,7 @@ class LocalRouter:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.daemon.host}:{self.port}"
 
     @property
     def proc(self) -> subprocess.Popen[bytes]:
@@ -306,8 +352,9 @@ class LocalCluster:
         launcher: Sequence[str] = (),
         env: dict[str, str] | None = None,
         credentials: bool | None = None,
+        placement: dict[str, Place] | None = None,
     ) -> None:
-        self.state = StateDir(workdir, secret, launcher, env, credentials)
+        self.state = StateDir(workdir, secret, launcher, env, credentials, placement)
         self.workdir = self.state.path
         self.secret = self.state.secret
         self.args = list(args)
@@ -315,15 +362,16 @@ class LocalCluster:
 
     def start(self, rid: str, join: str | None = None, *extra: str) -> LocalRouter:
         port, metrics = free_port(), free_port()
+        host = self.state.place(rid).host
         argv = self.state.python(
             "ecast",
             "router",
             "--id",
             rid,
             "--listen",
-            f"127.0.0.1:{port}",
+            f"{host}:{port}",
             "--metrics",
-            f"127.0.0.1:{metrics}",
+            f"{host}:{metrics}",
             *self.state.auth_args(ROUTER, rid),
             *self.args,
             *extra,

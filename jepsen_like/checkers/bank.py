@@ -124,22 +124,27 @@ def _parse_transfer(call: Call, accounts: set[Hashable]) -> _Transfer:
 
 def _parse_read(
     call: Call, by_name: Mapping[str, Hashable]
-) -> tuple[dict[Hashable, int], list[Any]]:
-    """A read's balances by account, and the names of accounts the workload lacks."""
+) -> tuple[dict[Hashable, int], list[Any], list[Hashable]]:
+    """A read's balances by account, the names of accounts the workload lacks, and the
+    accounts the read found no balance for."""
     value = call.completion.value if call.completion is not None else None
     if not isinstance(value, Mapping):
         raise HistoryError(f"{call.describe()}: a read returns an object of balances: {value!r}")
     balances: dict[Hashable, int] = {}
     unknown: list[Any] = []
+    missing: list[Hashable] = []
     for name, balance in value.items():
         account = by_name.get(str(name))
         if account is None:
             unknown.append(name)
             continue
+        if balance is None:
+            missing.append(account)  # the read found no such key: an anomaly, not bad input
+            continue
         if not isinstance(balance, int) or isinstance(balance, bool):
             raise HistoryError(f"{call.describe()}: balance {balance!r} is not an integer")
         balances[account] = balance
-    return balances, unknown
+    return balances, unknown, missing
 
 
 def _fmt_balances(balances: Mapping[Hashable, int]) -> str:
@@ -204,10 +209,16 @@ def check_calls(calls: Sequence[Call], options: BankOptions) -> CheckResult:
             continue
         level = call.level
         reads[level] += 1
-        balances, unknown = _parse_read(call, by_name)
+        balances, unknown, missing = _parse_read(call, by_name)
         who = f"{call.describe()} ({level})"
         for name in unknown:
             findings.anomaly("garbage-read", f"{who} returned account {name!r}, which is unknown.")
+        for account in missing:
+            findings.anomaly(
+                "missing-account",
+                f"{who} found no balance for account {account}, which exists from the start "
+                "(at any isolation level a read sees some value the account had).",
+            )
         impossible: set[Hashable] = set()
         for account, balance in balances.items():
             if balance < 0 and not options.allow_negative:

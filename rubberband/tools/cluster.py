@@ -80,6 +80,7 @@ def up(args: argparse.Namespace) -> int:
             f"replication={args.replication}",
             "--config-arg",
             f"partitioning={args.partitioning}",
+            *(f"--mutation={m}" for m in args.mutation),
         ],
     )
     state = cluster.state
@@ -93,29 +94,14 @@ def up(args: argparse.Namespace) -> int:
     common = ["--routers", addresses, "--state-dir", str(d)]
     supers: dict[str, str] = {}
     for i in range(1, args.supers + 1):
-        name = f"super:s{i}"
-        port = local.free_port()
-        argv = state.python(
-            "rubberband.tools.cli",
-            "super",
-            "--name",
-            name,
-            "--admin",
-            f"127.0.0.1:{port}",
-            "--admin-token-file",
-            str(token_file),
-            *([] if args.auto_repair else ["--no-auto-repair"]),
-            *common,
-            *state.auth_args("application", name),
-        )
-        state.start(f"s{i}", argv, ports={"admin": port}, health_port=port)
-        state.wait_healthy(f"s{i}", timeout=args.timeout)
-        supers[name] = f"127.0.0.1:{port}"
+        name, address = start_super(state, i, common, args.auto_repair, args.timeout)
+        supers[name] = address
     storage = _start_storage(state, common, args.engine, range(1, args.storage + 1), args.timeout)
     (d / "cluster.json").write_text(
         json.dumps(
             {
                 "routers": addresses.split(","),
+                "router_args": cluster.args,
                 "client_credentials": str(state.issue("application", ["client:*"], "clients")),
                 "admin_token": token,
                 "supers": supers,
@@ -146,6 +132,33 @@ def up(args: argparse.Namespace) -> int:
     return 0
 
 
+def start_super(
+    state: local.StateDir, number: int, common: list[str], auto_repair: bool, timeout: float
+) -> tuple[str, str]:
+    """Super ``super:sNUMBER``, healthy; its name and admin address."""
+    name = f"super:s{number}"
+    port = local.free_port()
+    host = state.place(f"s{number}").host
+    argv = state.python(
+        "rubberband.tools.cli",
+        "super",
+        "--name",
+        name,
+        "--admin",
+        f"{host}:{port}",
+        "--listen",
+        f"{host}:0",
+        "--admin-token-file",
+        str(state.path / "admin_token"),
+        *([] if auto_repair else ["--no-auto-repair"]),
+        *common,
+        *state.auth_args("application", name),
+    )
+    state.start(f"s{number}", argv, ports={"admin": port}, health_port=port)
+    state.wait_healthy(f"s{number}", timeout=timeout)
+    return name, f"{host}:{port}"
+
+
 def _start_storage(
     state: local.StateDir, common: list[str], engine: str, numbers: range, timeout: float
 ) -> dict[str, int]:
@@ -153,6 +166,7 @@ def _start_storage(
     storage: dict[str, int] = {}
     for i in numbers:
         port = local.free_port()
+        host = state.place(f"storage{i}").host
         argv = state.python(
             "rubberband.tools.cli",
             "storage",
@@ -161,7 +175,9 @@ def _start_storage(
             "--engine",
             engine,
             "--metrics",
-            f"127.0.0.1:{port}",
+            f"{host}:{port}",
+            "--listen",
+            f"{host}:0",
             *common,
             *state.auth_args("application", f"storage:{i}"),
         )
@@ -191,7 +207,7 @@ def add(args: argparse.Namespace) -> int:
 
 def status(args: argparse.Namespace) -> int:
     st = _state(args.state_dir)
-    code, body = admin_request(args.state_dir, "/status")
+    code, body = admin_request(args.state_dir, "/status", timeout=5.0)
     recorded = local.StateDir.recorded(args.state_dir)
     out = {
         "routers": st["routers"],
@@ -278,6 +294,12 @@ def cluster_main(argv: list[str] | None = None) -> int:
     u.add_argument("--key-space", type=int, default=1_000_000)
     u.add_argument("--timeout", type=float, default=60.0)
     u.add_argument("--state-dir", required=True)
+    u.add_argument(
+        "--mutation",
+        action="append",
+        default=[],
+        help="plant a bug in the routers (tests only; needs ECAST_TEST_MUTATIONS=1)",
+    )
     s = sub.add_parser("status")
     s.add_argument("--state-dir", required=True)
     s.add_argument("--json", action="store_true")

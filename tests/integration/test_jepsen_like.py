@@ -1,4 +1,6 @@
-"""jepsen_like on real processes: a multicast run while routers are killed and paused."""
+"""jepsen_like on real processes: each workload under every fault the nemesis knows
+(kills, pauses, network partitions, slow links, packet loss, reconfigurations), and
+planted bugs that a short run must catch."""
 
 from __future__ import annotations
 
@@ -9,53 +11,90 @@ from pathlib import Path
 
 import pytest
 
+from jepsen_like import net
 
-def test_a_multicast_run_survives_kills_and_pauses_and_its_history_checks(tmp_path: Path) -> None:
+EVERY = "kill,pause,partition,slow,loss,reconfigure"
+needs_net = pytest.mark.skipif(
+    net.problem() is not None, reason=f"network namespaces: {net.problem()}"
+)
+
+
+def _run(tmp_path: Path, *args: str, timeout: float = 300) -> tuple[int, dict, str]:
     out = subprocess.run(
-        [sys.executable, "-m", "jepsen_like", "run", "--workload", "multicast", "--nemesis",
-         "kill,pause", "--time", "30", "--seed", "3", "--dir", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=240,
+        [sys.executable, "-m", "jepsen_like", "run", "--dir", str(tmp_path), "--json", *args],
+        capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
-    assert lines[0] == "seed 3"
-    report = json.loads(lines[-1])
+    report = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+    return out.returncode, report, out.stdout[-4000:] + out.stderr[-4000:]
+
+
+def _check_again(tmp_path: Path) -> None:
+    again = subprocess.run(
+        [sys.executable, "-m", "jepsen_like", "check", str(tmp_path)],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+
+
+@needs_net
+def test_a_multicast_run_under_every_fault_checks_valid(tmp_path: Path) -> None:
+    code, report, text = _run(
+        tmp_path, "--workload", "multicast", "--nemesis", EVERY, "--time", "50", "--seed", "5"
+    )
+    assert code == 0, text
+    assert report["seed"] == 5 and json.loads((tmp_path / "report.json").read_text())["seed"] == 5
     assert report["valid"] and not report["violations"]
     kinds = report["faults"]["by_kind"]
-    assert kinds.get("kill", 0) >= 1 and kinds.get("pause", 0) >= 1, kinds
-    assert report["acknowledged"] > 0.9 * report["submitted"] > 0
+    assert len(kinds) >= 3 and sum(kinds.values()) >= 6, kinds
+    assert report["acknowledged"] == report["submitted"] > 0
     assert report["checks_ran"] >= 8 and report["history_events"] > report["submitted"]
-    assert json.loads((tmp_path / "report.json").read_text())["seed"] == 3
-    # The stored history checks again on its own.
-    again = subprocess.run(
-        [sys.executable, "-m", "jepsen_like", "check", str(tmp_path)],
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert (tmp_path / "report.png").stat().st_size > 10_000
+    assert report["per_second"] and max(p["ok"] for p in report["per_second"]) > 0
+    _check_again(tmp_path)
 
 
-@pytest.mark.parametrize("workload", ["list-append", "bank"])
-def test_a_rubberband_run_survives_failing_storage_processes(workload: str, tmp_path: Path) -> None:
-    """Storage processes killed and paused under multi-key appends and reads (or
-    transfers and reads at every level): the super repairs the ring on its own, the
-    checker finds no anomaly, and the stored history checks again."""
-    out = subprocess.run(
-        [sys.executable, "-m", "jepsen_like", "run", "--workload", workload, "--nemesis",
-         "kill,pause", "--time", "30", "--seed", "4", "--dir", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+BANK_BUGS = (
+    "known product bugs this run finds (docs/reliability.md): a basic read during a storage "
+    "pause and repair answered accounts as absent, and after a rebalance most operations "
+    "fail at once until the run ends"
+)
+
+
+@needs_net
+@pytest.mark.parametrize(
+    "workload",
+    ["list-append", pytest.param("bank", marks=pytest.mark.xfail(reason=BANK_BUGS, strict=False))],
+)
+def test_a_rubberband_run_under_every_fault_checks_valid(workload: str, tmp_path: Path) -> None:
+    """Storage processes, routers and supers killed and paused, partitions, slow and
+    lossy links, expand/contract/replace/rebalance and router joins and parts, under
+    multi-key appends and reads (or transfers and reads at every level): the cluster
+    repairs itself, the checker finds no anomaly, and the stored history checks again."""
+    code, report, text = _run(
+        tmp_path, "--workload", workload, "--nemesis", EVERY, "--time", "50", "--seed", "4"
+    )
+    assert code == 0, text
     assert report["valid"] and not report["violations"]
     kinds = report["faults"]["by_kind"]
-    assert kinds.get("kill-storage", 0) + kinds.get("pause-storage", 0) >= 2, kinds
+    assert len(kinds) >= 3 and sum(kinds.values()) >= 6, kinds
     assert report["acknowledged"] > 1000
-    assert len(report["ring_after"]) == 4  # repaired to full size
-    again = subprocess.run(
-        [sys.executable, "-m", "jepsen_like", "check", str(tmp_path)],
-        capture_output=True, text=True, timeout=240,
+    assert len(report["ring_after"]) >= 4
+    assert (tmp_path / "report.png").stat().st_size > 10_000
+    _check_again(tmp_path)
+
+
+def test_the_planted_lost_window_is_caught(tmp_path: Path) -> None:
+    """An endpoint that never resends its window when the leader changes: its messages
+    in flight at a leader kill are never acknowledged, and the run says so."""
+    code, report, text = _run(
+        tmp_path, "--workload", "multicast", "--nemesis", "kill", "--time", "30",
+        "--seed", "11", "--mutation", "no_window_resend",
     )  # fmt: skip
-    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert code == 1, text
+    assert not report["valid"]
+    assert any(v.startswith("termination:") for v in report["violations"]), report["violations"]
+    print("failing verdict:", report["violations"][:3])
 
 
 def test_an_unknown_fault_is_refused_at_once(tmp_path: Path) -> None:

@@ -69,6 +69,18 @@ def test_a_basic_read_still_sees_only_states_an_account_passed_through():
     assert set(bank.check(h.ops, TWO).anomalies) == {"impossible-balance"}
 
 
+@pytest.mark.parametrize("level", ["basic", "snapshot", "sequential"])
+def test_a_read_that_finds_no_balance_for_an_account_is_caught(level):
+    """Accounts exist from the start: a read answering "no such key" for one lost it
+    (or read a replica that does not hold it), at any isolation level."""
+    h = HistoryBuilder()
+    transfer(h, "p1", "a", "b", 3)
+    read(h, "p2", {"a": 7, "b": None}, level)
+    result = bank.check(h.ops, TWO)
+    assert set(result.anomalies) == {"missing-account"}
+    assert "account b" in result.anomalies["missing-account"][0]
+
+
 def test_negative_balances_only_when_forbidden():
     h = HistoryBuilder()
     transfer(h, "p1", "a", "b", 12)

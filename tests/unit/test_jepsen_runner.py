@@ -1,0 +1,37 @@
+"""The jepsen_like runner's refusals and its report, without a cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jepsen_like import net, runner
+from jepsen_like.report import per_second, plot
+
+
+def test_network_faults_without_namespaces_exit_2_and_say_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(net, "problem", lambda: "network faults need root (test)")
+    code = runner.run(["--nemesis", "kill,partition", "--dir", str(tmp_path), "--seed", "1"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "cannot inject network faults" in err and "need root (test)" in err
+
+
+def test_per_second_counts_ok_operations_and_their_latency() -> None:
+    ops = [(0.1, 0.2, True), (0.5, 0.9, True), (1.0, 1.5, False), (1.2, None, False),
+           (1.3, 2.3, True)]  # fmt: skip
+    series = per_second(ops)
+    assert [p["ok"] for p in series] == [2.0, 0.0, 1.0]
+    assert series[0]["p99_ms"] == pytest.approx(400.0)
+    assert series[2]["p50_ms"] == pytest.approx(1000.0)
+
+
+def test_the_report_png_shades_fault_windows(tmp_path: Path) -> None:
+    series = per_second((t / 10, t / 10 + 0.01, True) for t in range(300))
+    faults = [{"kind": "partition", "start": 5.0, "end": 9.0},
+              {"kind": "kill", "start": 12.0, "end": 12.0}]  # fmt: skip
+    assert plot(tmp_path / "r.png", "test", series, faults) == ""
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
