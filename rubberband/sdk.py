@@ -204,10 +204,14 @@ class RubberbandClient:
                 tried |= frozenset(targets)
                 with contextlib.suppress(Indeterminate):
                     await self._complete(gather, event, Indeterminate)
-                if gather.complete:
+                if gather.complete and not gather.refused:
                     return self.core.result(gather)
-                if self.core.version != version:
-                    tried = frozenset()  # a new keyspace: every process may hold it now
+                if gather.refused or self.core.version != version:
+                    # Parts answered under two keyspace versions are not one read (a
+                    # range may have moved between them, answered twice or by nobody):
+                    # start again, whole, under the newest keyspace we know.
+                    _, _, gather = self.core.read(op)
+                    tried = frozenset()
             finally:
                 self._reads.pop(rid, None)
         raise Unavailable(f"a basic read of {op_name(op)} found no holder that answered")

@@ -54,18 +54,8 @@ def test_a_multicast_run_under_every_fault_checks_valid(tmp_path: Path) -> None:
     _check_again(tmp_path)
 
 
-BANK_BUGS = (
-    "known product bugs this run finds (docs/reliability.md): a basic read during a storage "
-    "pause and repair answered accounts as absent, and after a rebalance most operations "
-    "fail at once until the run ends"
-)
-
-
 @needs_net
-@pytest.mark.parametrize(
-    "workload",
-    ["list-append", pytest.param("bank", marks=pytest.mark.xfail(reason=BANK_BUGS, strict=False))],
-)
+@pytest.mark.parametrize("workload", ["list-append", "bank"])
 def test_a_rubberband_run_under_every_fault_checks_valid(workload: str, tmp_path: Path) -> None:
     """Storage processes, routers and supers killed and paused, partitions, slow and
     lossy links, expand/contract/replace/rebalance and router joins and parts, under
