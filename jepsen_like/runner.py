@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -46,6 +47,9 @@ def run(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", action="store_true", help="the report as the last line")
     a = ap.parse_args(argv)
+    # SIGTERM (a CI timeout, a user's kill) unwinds like Ctrl-C: the cluster is taken
+    # down and the namespaces removed by the ``finally`` blocks, nothing left running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seed = a.seed if a.seed is not None else int(time.time() * 1000) % 1_000_000
     print(f"seed {seed}", flush=True)
     kinds = tuple(k for k in a.nemesis.split(",") if k)

@@ -446,8 +446,29 @@ def run_bench(
     placement: dict[str, Place] | None = None,
 ) -> dict[str, Any]:
     """``placement`` puts routers (``r1``...), receiver processes (``recv0``...) and
-    clients (``c1``...) in places of their own (network namespaces, for jepsen_like)."""
-    placement = placement or {}
+    clients (``c1``...) in places of their own (network namespaces, for jepsen_like).
+    Whatever happens (an error, SIGTERM turned into an exception), no process it
+    started outlives it."""
+    started: list[Proc] = []
+    clusters: list[LocalCluster] = []
+    try:
+        return _run_bench(args, nemesis, placement or {}, started, clusters)
+    finally:
+        for p in started:
+            if p.proc.poll() is None:
+                p.proc.kill()
+                p.proc.wait()
+        for c in clusters:
+            c.stop_all()
+
+
+def _run_bench(
+    args: argparse.Namespace,
+    nemesis: Nemesis | None,
+    placement: dict[str, Place],
+    started: list[Proc],
+    clusters: list[LocalCluster],
+) -> dict[str, Any]:
     env = {**os.environ, "ECAST_SECRET": SECRET}
     py = sys.executable
     tmp = Path(tempfile.mkdtemp(prefix="ecast-bench-"))
@@ -469,6 +490,7 @@ def run_bench(
         ],
         placement=placement,
     )
+    clusters.append(cluster)
     cluster.start_group(args.routers)
     routers = cluster.routers
     addresses = ",".join(cluster.addresses())
@@ -503,6 +525,7 @@ def run_bench(
         ]
         cmd += ["--record", record] if record else []
         workers.append(Proc("receiver", f"recv{k}", cmd, env, placement.get(f"recv{k}")))
+        started.append(workers[-1])
         n += count
     for w in workers:
         if w.read_line(60) is None:
@@ -542,6 +565,7 @@ def run_bench(
             cmd += ["--record", record]
         cmd += list(args.client_arg)
         clients.append(Proc("client", f"c{c + 1}", cmd, env, placement.get(f"c{c + 1}")))
+        started.append(clients[-1])
     leader = "r1"
     for c in clients:
         first = c.read_line(60)
