@@ -11,8 +11,9 @@ every acknowledged message delivered by each of its destinations).
 
 The run prints its seed first, then each fault as it happens, then one line per
 checker; it writes ``history.jsonl`` and ``report.json`` into ``--dir``, and exits 1 on
-any violation.  ``--mutation`` plants a known bug in the routers (test switch) to show
-that a run catches it.
+any violation.  ``--mutation`` plants a known bug (test switch) in the routers, the
+clients' endpoints, the Rubberband config or the storage processes, to show that a run
+catches it.
 """
 
 from __future__ import annotations
@@ -43,7 +44,11 @@ def run(argv: list[str] | None = None) -> int:
     ap.add_argument("--receivers", type=int, default=8)
     ap.add_argument("--settle", type=float, default=8.0, help="seconds without faults at the end")
     ap.add_argument(
-        "--mutation", action="append", default=[], help="plant a router bug (test switch)"
+        "--mutation",
+        action="append",
+        default=[],
+        help="plant a known bug (test switch): a router, endpoint, Rubberband config or "
+        "storage mutation",
     )
     ap.add_argument("--json", action="store_true", help="the report as the last line")
     a = ap.parse_args(argv)
@@ -259,6 +264,7 @@ def _rubberband(
         "wall_s": round(time.monotonic() - started, 1),
         "submitted": len(invokes),
         "acknowledged": sum(1 for r in history if r["type"] == "ok" and r["process"] != "final"),
+        "failed": sum(1 for r in history if r["type"] == "fail"),
         "indeterminate": sum(1 for r in history if r["type"] == "info"),
         "faults": {"by_kind": by_kind, "faults": got["faults"]},
         "ring_after": got["ring"],

@@ -606,17 +606,9 @@ class RubberbandRun(EcastGroupRun):
                 core._answer(src, rid, op, ranges, core.version, out)
 
             patch(StorageCore, "_basic", basic)
-        elif m == "delete_before_send":
-            # A keyspace message's deletes run before its copies open their cursors.
-            orig_keyspace = StorageCore._keyspace
-
-            def keyspace(core: StorageCore, t: int, msg: Message, out: Any) -> None:
-                h = dict(msg.header)
-                ins = list(h.get("ins", ()))
-                h["ins"] = tuple(sorted(ins, key=lambda i: i[0] != "delete"))
-                orig_keyspace(core, t, msg._replace(header=h), out)
-
-            patch(StorageCore, "_keyspace", keyspace)
+        elif m in StorageCore.MUTATIONS:
+            self._undo.append((StorageCore, "_keyspace", StorageCore._keyspace))
+            StorageCore.plant(m)
         elif m == "no_receive_buffering":
             patch(StorageCore, "_blocked", lambda core, ranges, t: False)
         elif m == "aborted_receive_ready":

@@ -126,6 +126,26 @@ class StorageStats:
 class StorageCore:
     """One storage process: standby until a keyspace message places it on the ring."""
 
+    MUTATIONS = frozenset({"delete_before_send"})
+    """Planted bugs (tests only: ``rubberband storage --mutation NAME`` under
+    ``ECAST_TEST_MUTATIONS=1``, or the simulator's ``--mutation``)."""
+
+    @classmethod
+    def plant(cls, name: str) -> None:
+        """Switch a planted bug on in this process, for every storage core."""
+        if name != "delete_before_send":
+            raise ValueError(f"unknown mutation {name!r}; known: {', '.join(cls.MUTATIONS)}")
+        # A keyspace message's deletes run before its copies open their cursors: a
+        # process that both sends a range and deletes it sends nothing.
+        orig = cls._keyspace
+
+        def keyspace(core: StorageCore, t: int, msg: Message, out: list[Output]) -> None:
+            h = dict(msg.header)
+            h["ins"] = tuple(sorted(h.get("ins", ()), key=lambda i: i[0] != "delete"))
+            orig(core, t, msg._replace(header=h), out)
+
+        cls._keyspace = keyspace  # type: ignore[method-assign]
+
     def __init__(self, me: NodeId, engine: Engine, *, chunk_bytes: int = CHUNK_BYTES) -> None:
         if not me.startswith(STORAGE):
             raise ValueError(f"a storage process is named {STORAGE}..., not {me!r}")

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ecast import local
+from rubberband.storage import StorageCore
 
 CONFIG = "rubberband.config:RubberbandConfig"
 
@@ -80,9 +81,10 @@ def up(args: argparse.Namespace) -> int:
             f"replication={args.replication}",
             "--config-arg",
             f"partitioning={args.partitioning}",
-            *(f"--mutation={m}" for m in args.mutation),
+            *(f"--mutation={m}" for m in args.mutation if m not in StorageCore.MUTATIONS),
         ],
     )
+    storage_args = [f"--mutation={m}" for m in args.mutation if m in StorageCore.MUTATIONS]
     state = cluster.state
     t0 = time.monotonic()
     routers = cluster.start_group(args.routers)
@@ -96,12 +98,15 @@ def up(args: argparse.Namespace) -> int:
     for i in range(1, args.supers + 1):
         name, address = start_super(state, i, common, args.auto_repair, args.timeout)
         supers[name] = address
-    storage = _start_storage(state, common, args.engine, range(1, args.storage + 1), args.timeout)
+    storage = _start_storage(
+        state, [*common, *storage_args], args.engine, range(1, args.storage + 1), args.timeout
+    )
     (d / "cluster.json").write_text(
         json.dumps(
             {
                 "routers": addresses.split(","),
                 "router_args": cluster.args,
+                "storage_args": storage_args,
                 "client_credentials": str(state.issue("application", ["client:*"], "clients")),
                 "admin_token": token,
                 "supers": supers,
@@ -193,7 +198,8 @@ def add(args: argparse.Namespace) -> int:
     st = _state(args.state_dir)
     before = local.StateDir.recorded(d)  # starting processes rewrites the record
     state = local.StateDir(d)
-    common = ["--routers", ",".join(st["routers"]), "--state-dir", str(d)]
+    common = ["--routers", ",".join(st["routers"]), "--state-dir", str(d),
+              *st.get("storage_args", ())]  # fmt: skip
     first = max((int(n.split(":")[1]) for n in st["storage"]), default=0) + 1
     numbers = range(first, first + args.storage)
     started = _start_storage(state, common, st["engine"], numbers, args.timeout)
@@ -298,7 +304,8 @@ def cluster_main(argv: list[str] | None = None) -> int:
         "--mutation",
         action="append",
         default=[],
-        help="plant a bug in the routers (tests only; needs ECAST_TEST_MUTATIONS=1)",
+        help="plant a bug in the routers' config or the storage processes (tests only; needs "
+        "ECAST_TEST_MUTATIONS=1)",
     )
     s = sub.add_parser("status")
     s.add_argument("--state-dir", required=True)

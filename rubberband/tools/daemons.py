@@ -85,6 +85,13 @@ STORAGE_SETTINGS = [
         check=lambda v: None if "=" in v[1:] else f"{v!r} is not NAME=VALUE",
     ),
     Setting("metrics", str, None, "HOST:PORT for /metrics and /health", check=kit.address),
+    Setting(
+        "mutation",
+        str,
+        [],
+        "plant a known bug (tests only; refused unless ECAST_TEST_MUTATIONS=1)",
+        repeat=True,
+    ),
 ]
 SUPER_SETTINGS = [
     *_common("super:"),
@@ -244,6 +251,20 @@ def storage_health(core: StorageCore) -> dict[str, Any]:
     return status
 
 
+def plant_mutations(names: list[str]) -> None:
+    """Planted bugs for the fault-injection suite, refused outside tests."""
+    for m in names:
+        if os.environ.get(ecast.local.MUTATIONS_ENV) != "1":
+            raise UsageError(
+                f"--mutation plants bugs for tests; set {ecast.local.MUTATIONS_ENV}=1 to allow it"
+            )
+        if m not in StorageCore.MUTATIONS:
+            raise UsageError(
+                f"--mutation {m}: unknown (known: {', '.join(sorted(StorageCore.MUTATIONS))})"
+            )
+        StorageCore.plant(m)
+
+
 async def run_storage(args: argparse.Namespace) -> int:
     if args.metrics:
         kit.check_port_free(args.metrics, "--metrics")
@@ -382,6 +403,7 @@ def main_for(kind: str, argv: list[str] | None = None) -> int:
                 raise UsageError(f"--{required} is required (a flag or a key of --file)")
         if kind == "storage":
             check_engine(args.engine, args.engine_arg)
+            plant_mutations(args.mutation)
         kit.setup_logging(args.log_level)
         log.info("event=start %s", kit.effective(args, settings))
         runner = run_storage if kind == "storage" else run_super
