@@ -87,6 +87,19 @@ def test_the_planted_lost_window_is_caught(tmp_path: Path) -> None:
     print("failing verdict:", report["violations"][:3])
 
 
+def test_the_planted_delete_before_send_is_caught(tmp_path: Path) -> None:
+    """Storage processes that run a reconfiguration's deletes before its copies open
+    their cursors: ranges moved by expand, replace or rebalance arrive empty, and the
+    list-append checker finds acknowledged appends missing from later reads."""
+    code, report, text = _run(
+        tmp_path, "--workload", "list-append", "--nemesis", "reconfigure", "--time", "30",
+        "--seed", "9", "--mutation", "delete_before_send",
+    )  # fmt: skip
+    assert code == 1, text
+    assert not report["valid"] and report["violations"]
+    print("failing verdict:", report["violations"][:3])
+
+
 def test_an_unknown_fault_is_refused_at_once(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "jepsen_like", "run", "--nemesis", "kill,meteor", "--dir",
