@@ -53,6 +53,11 @@ from ecast import local
 from jepsen_like.net import Net
 
 KEYS = 12
+"""Keys in use at a time, one per twelfth of the key space."""
+APPENDS_PER_KEY = 100
+"""A key takes this many appends, then a fresh key takes its place (as Elle's
+list-append rotates keys): reads of ever-growing lists would make the history grow
+with the square of the run's length."""
 SPREAD = 1_000_000
 """Integer keys ``0 .. SPREAD`` (the ids ``cluster up`` spreads its processes over):
 the workload's keys lie in every segment, so every reconfiguration moves some."""
@@ -62,14 +67,15 @@ to a replica still being filled has a window to land in)."""
 
 
 def kid(k: int) -> int:
-    """The storage key of the workload's key ``k{k}``."""
-    return 1_234 + k * (SPREAD // KEYS)
+    """The storage key of the workload's key ``k{k}``: key ``k`` lives in slot
+    ``k % KEYS`` of the key space, generation ``k // KEYS`` (odd; filler keys are even)."""
+    return 1_235 + (k % KEYS) * (SPREAD // KEYS // 2 * 2) + (k // KEYS) * 2
 
 
 def filler() -> dict[int, bytes]:
-    taken = {kid(k) for k in range(KEYS)} | set(ACCOUNT_KEY.values())
     step = SPREAD // FILLER
-    return {k: b"f" * 256 for k in range(step // 2, SPREAD, step) if k not in taken}
+    taken = set(ACCOUNT_KEY.values())
+    return {k: b"f" * 256 for k in range(step // 2 * 2, SPREAD, step) if k not in taken}
 
 
 ROLES = ("storage", "router", "super")
@@ -195,6 +201,11 @@ async def _go(d: Path, plan: Plan) -> dict[str, Any]:
                 except Exception as e:
                     record(f"c{i}", "info", None, "read", level, e)
 
+    active = list(range(KEYS))
+    """The keys clients pick from; a key that took its appends gives way to a fresh one."""
+    appends: dict[int, int] = {}
+    next_key = [KEYS]
+
     async def client(i: int) -> None:
         rb = await connect(clients[i])
         crng = random.Random(seed * 100 + i)
@@ -205,10 +216,15 @@ async def _go(d: Path, plan: Plan) -> dict[str, Any]:
         n = 0
         while not stop.is_set():
             n += 1
-            keys = crng.sample(range(KEYS), 2)
+            keys = crng.sample(active, 2)
             if crng.random() < 0.6:
                 txn = [["append", f"k{k}", i * 1_000_000 + n] for k in keys]
                 record(f"c{i}", "invoke", txn)
+                for k in keys:
+                    appends[k] = appends.get(k, 0) + 1
+                    if appends[k] == APPENDS_PER_KEY and k in active:
+                        active[active.index(k)] = next_key[0]
+                        next_key[0] += 1
                 try:
                     await rb.append_many({kid(k): i * 1_000_000 + n for k in keys})
                     record(f"c{i}", "ok", txn)
@@ -255,7 +271,7 @@ async def _go(d: Path, plan: Plan) -> dict[str, Any]:
         record("final", "ok", {a: got.get(ACCOUNT_KEY[a]) for a in ACCOUNTS}, "read",
                "sequential")  # fmt: skip
     else:
-        for k in range(KEYS):
+        for k in range(next_key[0]):
             record("final", "invoke", [["r", f"k{k}", None]])
             got = await rb.get(kid(k))
             record("final", "ok", [["r", f"k{k}", list(got or ())]])
