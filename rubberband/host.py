@@ -217,9 +217,18 @@ class SuperHost(_Host):
         """Heartbeat every storage process and super; vote against the silent ones."""
         await self.joined.wait()
         started = time.monotonic()
+        previous = started
         while self.stopped is None:
             c = self.core.config
             now = time.monotonic()
+            if now - previous > self.suspect_after:
+                # This super itself did not run (paused, or starved of CPU or memory):
+                # the silence it would measure is its own, and answers may be waiting
+                # unread.  Nobody is suspected on that evidence; listen afresh.
+                log.warning("event=beat_stalled seconds=%.1f", now - previous)
+                for p in self.heard:
+                    self.heard[p] = now
+            previous = now
             if c is not None:
                 watched = (c.storage() | c.supers()) - {self.core.me}
                 for p in sorted(watched):
