@@ -143,6 +143,7 @@ def run_rubberband(d: Path, plan: Plan) -> dict[str, Any]:
 
 
 async def _go(d: Path, plan: Plan) -> dict[str, Any]:
+    import ecast
     import rubberband.sdk as rbsdk
 
     workload, seed = plan.workload, plan.seed
@@ -169,77 +170,105 @@ async def _go(d: Path, plan: Plan) -> dict[str, Any]:
             r["error"] = f"{type(error).__name__}: {error}"[:300]
         history.append(r)
 
-    def connect(name: str) -> Any:
+    def connect(name: str, slot: str | None = None) -> Any:
+        """A light client ``client:jNAME``; with network faults it connects from, and
+        serves on, the address of its slot (one per client, kept across reconnects)."""
         where: dict[str, Any] = {}
         if net is not None:
-            ip = net.source(name)
+            ip = net.source(slot or name)
             where = {"listen": f"{ip}:0", "source": ip}
         routers = json.loads((d / "cluster.json").read_text())["routers"]
         return rbsdk.connect(
             routers, f"client:j{name}", credentials=st["client_credentials"], **where
         )
 
-    async def bank_client(rb: Any, i: int, crng: random.Random) -> None:
-        while not stop.is_set():
-            if crng.random() < 0.6:
-                a, b = crng.sample(ACCOUNTS, 2)
-                value = {"from": a, "to": b, "amount": crng.randint(1, 10)}
-                record(f"c{i}", "invoke", value, "transfer")
-                try:
-                    amount = value["amount"]
-                    await rb.add_many({ACCOUNT_KEY[a]: -amount, ACCOUNT_KEY[b]: amount})
-                    record(f"c{i}", "ok", value, "transfer")
-                except Exception as e:
-                    record(f"c{i}", "info", value, "transfer", error=e)
-            else:
-                level = crng.choice(["sequential", "sequential", "snapshot", "basic"])
-                record(f"c{i}", "invoke", None, "read", level)
-                try:
-                    got = await rb.get_many(list(ACCOUNT_KEY.values()), isolation=level)
-                    balances = {a: got.get(ACCOUNT_KEY[a]) for a in ACCOUNTS}
-                    record(f"c{i}", "ok", balances, "read", level)
-                except Exception as e:
-                    record(f"c{i}", "info", None, "read", level, e)
+    async def bank_op(rb: Any, proc: str, i: int, n: int, crng: random.Random) -> Any:
+        """One transfer or read; the exception of an indeterminate one, else None."""
+        if crng.random() < 0.6:
+            a, b = crng.sample(ACCOUNTS, 2)
+            value = {"from": a, "to": b, "amount": crng.randint(1, 10)}
+            record(proc, "invoke", value, "transfer")
+            try:
+                amount = value["amount"]
+                await rb.add_many({ACCOUNT_KEY[a]: -amount, ACCOUNT_KEY[b]: amount})
+                record(proc, "ok", value, "transfer")
+            except Exception as e:
+                record(proc, "info", value, "transfer", error=e)
+                return e
+            return None
+        level = crng.choice(["sequential", "sequential", "snapshot", "basic"])
+        record(proc, "invoke", None, "read", level)
+        try:
+            got = await rb.get_many(list(ACCOUNT_KEY.values()), isolation=level)
+            record(proc, "ok", {a: got.get(ACCOUNT_KEY[a]) for a in ACCOUNTS}, "read", level)
+        except Exception as e:
+            record(proc, "info", None, "read", level, e)
+            return e
+        return None
 
     active = list(range(KEYS))
     """The keys clients pick from; a key that took its appends gives way to a fresh one."""
     appends: dict[int, int] = {}
     next_key = [KEYS]
 
+    async def append_op(rb: Any, proc: str, i: int, n: int, crng: random.Random) -> Any:
+        """One two-key append or read; the exception of an indeterminate one, else None."""
+        keys = crng.sample(active, 2)
+        if crng.random() < 0.6:
+            txn = [["append", f"k{k}", i * 1_000_000 + n] for k in keys]
+            record(proc, "invoke", txn)
+            for k in keys:
+                appends[k] = appends.get(k, 0) + 1
+                if appends[k] == APPENDS_PER_KEY and k in active:
+                    active[active.index(k)] = next_key[0]
+                    next_key[0] += 1
+            try:
+                await rb.append_many({kid(k): i * 1_000_000 + n for k in keys})
+                record(proc, "ok", txn)
+            except Exception as e:
+                record(proc, "info", txn, error=e)
+                return e
+            return None
+        txn = [["r", f"k{k}", None] for k in keys]
+        record(proc, "invoke", txn)
+        try:
+            got = await rb.get_many([kid(k) for k in keys])
+            record(proc, "ok", [["r", f"k{k}", list(got.get(kid(k)) or ())] for k in keys])
+        except Exception as e:
+            record(proc, "info", txn, error=e)
+            return e
+        return None
+
     async def client(i: int) -> None:
-        rb = await connect(clients[i])
+        """Client slot ``i``.  As in Jepsen, a process whose operation ended indeterminate
+        is done (that operation may still take effect after later ones): the slot goes
+        on as a new process, ``c{i}.{gen}``.  A client that was declared faulty (silent
+        past its lease, say across a partition) cannot act again: the slot connects a
+        new one under a fresh name."""
+        op = bank_op if workload == "bank" else append_op
         crng = random.Random(seed * 100 + i)
-        if workload == "bank":
-            await bank_client(rb, i, crng)
-            await rb.close()
-            return
-        n = 0
+        rb = await connect(clients[i])
+        gen = n = 0
         while not stop.is_set():
             n += 1
-            keys = crng.sample(active, 2)
-            if crng.random() < 0.6:
-                txn = [["append", f"k{k}", i * 1_000_000 + n] for k in keys]
-                record(f"c{i}", "invoke", txn)
-                for k in keys:
-                    appends[k] = appends.get(k, 0) + 1
-                    if appends[k] == APPENDS_PER_KEY and k in active:
-                        active[active.index(k)] = next_key[0]
-                        next_key[0] += 1
-                try:
-                    await rb.append_many({kid(k): i * 1_000_000 + n for k in keys})
-                    record(f"c{i}", "ok", txn)
-                except Exception as e:
-                    record(f"c{i}", "info", txn, error=e)
-            else:
-                txn = [["r", f"k{k}", None] for k in keys]
-                record(f"c{i}", "invoke", txn)
-                try:
-                    got = await rb.get_many([kid(k) for k in keys])
-                    record(f"c{i}", "ok", [["r", f"k{k}", list(got.get(kid(k)) or ())]
-                                           for k in keys])  # fmt: skip
-                except Exception as e:
-                    record(f"c{i}", "info", txn, error=e)
-        await rb.close()
+            failure = await op(rb, f"c{i}" if gen == 0 else f"c{i}.{gen}", i, n, crng)
+            if failure is None:
+                continue
+            gen += 1
+            if isinstance(failure, ecast.SuspectedError):
+                with contextlib.suppress(Exception):
+                    await rb.close()
+                while not stop.is_set():
+                    try:
+                        rb = await connect(f"{clients[i]}-{gen}", clients[i])
+                        break
+                    except Exception:
+                        await asyncio.sleep(0.5)
+                else:
+                    return
+            await asyncio.sleep(0.01)  # a failing call must not starve the other clients
+        with contextlib.suppress(Exception):
+            await rb.close()
 
     rb = await connect("setup")
     load = list(filler().items())
