@@ -506,7 +506,10 @@ class RubberbandNemesis:
     def _kill(self) -> dict[str, Any] | None:
         role, name, proc = self._victim()
         at = self._elapsed()
-        os.kill(self._recorded()[proc]["pid"], signal.SIGKILL)
+        try:
+            os.kill(self._recorded()[proc]["pid"], signal.SIGKILL)
+        except ProcessLookupError:
+            return None  # it left on its own (voted out, expelled) since we looked
         detail: dict[str, Any] = {"target": name, "role": role, "at": at}
         if role in ("leader", "router"):
             live = sorted(n for n in self._routers() if n != proc)
@@ -522,7 +525,10 @@ class RubberbandNemesis:
         role, name, proc = self._victim()
         at = self._elapsed()
         pid = self._recorded()[proc]["pid"]
-        os.kill(pid, signal.SIGSTOP)
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return None  # it left on its own (voted out, expelled) since we looked
         self.paused.append((name, pid))
         if role == "super":
             self._forget_super(name)
@@ -621,7 +627,8 @@ class RubberbandNemesis:
             self.routers = 3
             live = sorted(self._routers())
             victim = self.rng.choice(live)
-            os.kill(self._recorded()[victim]["pid"], signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._recorded()[victim]["pid"], signal.SIGTERM)
             self._say(f"reconfigure: router {victim} parts (3 routers)")
             return {"target": victim, "op": "router-part", "at": at}
         ids = [r["id"] for r in ring]
