@@ -78,9 +78,19 @@ FETCH = 512
 Slot = tuple[EKey, EKey]
 
 
+def _same_number(e: Any) -> Any:
+    """``e`` with every integral float as the int it equals: keys that compare equal
+    (``0`` and ``0.0`` are one key of the keyspace) must be one memcached key."""
+    if type(e) is float and e.is_integer() and -(2**63) <= e < 2**64:
+        return int(e)
+    if type(e) is tuple:
+        return tuple(_same_number(x) for x in e)
+    return e
+
+
 def memcached_key(ekey: EKey) -> bytes:
     """The memcached key of a key whose canonical encoding is ``ekey``."""
-    packed = msgpack.packb(ekey, use_bin_type=True)
+    packed = msgpack.packb(_same_number(ekey), use_bin_type=True)
     short = b"k" + base64.urlsafe_b64encode(packed).rstrip(b"=")
     if len(short) <= MAX_KEY_BYTES:
         return short
