@@ -255,7 +255,12 @@ async def _go(d: Path, plan: Plan) -> dict[str, Any]:
             if failure is None:
                 continue
             gen += 1
-            if isinstance(failure, ecast.SuspectedError):
+            if isinstance(failure, ecast.SuspectedError | ecast.Unavailable) or (
+                "unavailable" in str(failure)
+            ):
+                # Declared faulty, or every router it knows is gone (routers are
+                # replaced under fresh names all run long): a new client, from the
+                # routers the cluster has now.
                 with contextlib.suppress(Exception):
                     await rb.close()
                 while not stop.is_set():
