@@ -7,6 +7,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+SPARK  := $(VENV)/.installed-spark
 
 .PHONY: demo sim-demo test lint clean
 
@@ -15,6 +16,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# The Spark data source's tests need PySpark (a large download): the test suite installs
+# it, the demo does not.
+$(SPARK): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,spark]'
+	touch $(SPARK)
 
 demo: $(STAMP)
 	$(PY) -m ecast demo
@@ -26,7 +33,7 @@ sim-demo: $(STAMP)
 # on every core (pytest-xdist).  The tests of real daemons measure timeouts and latencies
 # on the wall clock: they run one at a time afterwards.  pytest exits 5 when it collects
 # no tests; that is not a failure of the suite.
-test: $(STAMP)
+test: $(SPARK)
 	$(PY) -m pytest -n auto tests/unit tests/sim; rc=$$?; \
 	  if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi
 	$(PY) -m pytest tests/integration; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; else exit $$rc; fi

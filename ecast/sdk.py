@@ -318,6 +318,7 @@ class Client:
                     fut.set_exception(
                         SessionClosedError(f"{up.id}: its session was closed; not routed")
                     )
+                self._space.set()
             elif t is SessionsClosed:
                 for key in [k for k in self._closes if k[0] == up.namespace and k[1] <= up.epoch]:
                     fut = self._closes.pop(key)

@@ -126,14 +126,19 @@ class ClientCore:
             raise BadOperation(f"{op_name(op)!r} is a read, not a write")
         return op, write_header(part.ranges)
 
-    def read(self, op: Any) -> tuple[Any, dict[str, Any], Gather]:
+    def read(self, op: Any, within: RangeSet | None = None) -> tuple[Any, dict[str, Any], Gather]:
         """``(payload, header, gather)`` of a sequential or snapshot read; the offset turns
-        per read so that load spreads over the replicas (4.3)."""
+        per read so that load spreads over the replicas (4.3).  ``within`` restricts the
+        read to part of the placement space (one storage range of a parallel export):
+        responders answer only for what the header names."""
         part = self.ops.part_fun(op, self.placement)
         if part.kind != "read":
             raise BadOperation(f"{op_name(op)!r} is a write, not a read")
+        ranges = part.ranges if within is None else intersect(part.ranges, within)
+        if not ranges:
+            raise BadOperation(f"{op_name(op)!r} reads nothing inside the ranges asked for")
         self._offset += 1
-        return op, read_header(part.ranges, self._offset), Gather(op, part.ranges)
+        return op, read_header(ranges, self._offset), Gather(op, ranges)
 
     def basic_targets(
         self, gather: Gather, avoid: frozenset[str] = frozenset()

@@ -140,15 +140,23 @@ class RubberbandClient:
             if fut is not None:
                 self._writes.pop(header["q"], None)
 
-    async def read(self, op: Any, isolation: str = "sequential", attempts: int = 5) -> Any:
+    async def read(
+        self,
+        op: Any,
+        isolation: str = "sequential",
+        attempts: int = 5,
+        within: Any = None,
+    ) -> Any:
+        """Read at ``isolation``; ``within`` (a range set in placement space, such as one
+        of :meth:`segments`) restricts the read to part of what ``op`` reads."""
         if isolation not in ISOLATION_LEVELS:
             raise ValueError(
                 f"isolation is one of {', '.join(ISOLATION_LEVELS)}, not {isolation!r}"
             )
         if isolation == "basic":
-            return await self._basic(op)
+            return await self._basic(op, within)
         for _ in range(attempts):
-            payload, header, gather = self.core.read(op)
+            payload, header, gather = self.core.read(op, within)
             rid = ("q", next(self._rid))
             header["q"] = rid
             event = asyncio.Event()
@@ -185,8 +193,8 @@ class RubberbandClient:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(event.wait(), left)
 
-    async def _basic(self, op: Any) -> Any:
-        _, _, gather = self.core.read(op)
+    async def _basic(self, op: Any, within: Any = None) -> Any:
+        _, _, gather = self.core.read(op, within)
         tried: frozenset[str] = frozenset()
         for _ in range(8):
             rid = ("b", next(self._rid))
@@ -210,11 +218,22 @@ class RubberbandClient:
                     # Parts answered under two keyspace versions are not one read (a
                     # range may have moved between them, answered twice or by nobody):
                     # start again, whole, under the newest keyspace we know.
-                    _, _, gather = self.core.read(op)
+                    _, _, gather = self.core.read(op, within)
                     tried = frozenset()
             finally:
                 self._reads.pop(rid, None)
         raise Unavailable(f"a basic read of {op_name(op)} found no holder that answered")
+
+    def segments(self) -> list[Any]:
+        """The keyspace's primary segments as this client knows it (placement-space range
+        sets that tile the keys once, in ring order): the unit of a parallel export."""
+        ks = self.core.keyspace
+        return [] if ks is None else list(ks.segments())
+
+    @property
+    def placement(self) -> Any:
+        """How keys map to places (the cluster's partitioning, learned at connect)."""
+        return self.core.placement
 
     # ------------------------------------------------------------------ key-value
     async def put(self, key: Any, value: Any) -> None:

@@ -367,9 +367,13 @@ class Endpoint:
                 self.cwnd = max(1, self.cwnd // 2)
                 self._slow_start = False
             elif t is RejectedClosed:
+                freed = False
                 for sid in msg.ids:
                     if sid[0] == self.session and self.window.pop(sid[1], None) is not None:
                         self._deliver(Rejected(sid, "closed"))
+                        freed = True
+                if freed:
+                    self._admit()  # a refused message frees its window slot as an ack does
             elif t is SessionsClosed:
                 self._on_sessions_closed(msg)
             elif t is Welcome:

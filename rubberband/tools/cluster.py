@@ -12,7 +12,8 @@ rubberband cluster down --state-dir DIR
 
 ``up`` starts the routers (E-Cast daemons with Rubberband's config), then the supers,
 then the storage processes in standby, and expands the keyspace until every storage
-process is placed (ids spread evenly over integer keys ``0 .. --key-space``).  Every
+process is placed (ids spread evenly over integer keys ``0 .. --key-space``, or over the
+32-bit hash ring under ``--partitioning hash``).  Every
 process has the state directory on its command line; the directory records them
 (``processes.json``), the certificate authority and credentials, the admin token and
 the supers' admin addresses (``cluster.json``).
@@ -118,7 +119,9 @@ def up(args: argparse.Namespace) -> int:
             indent=1,
         )
     )
-    step = max(1, args.key_space // max(1, args.storage))
+    # Ids are places: keys under range partitioning, 32-bit hashes under hash partitioning.
+    space = 2**32 if args.partitioning == "hash" else args.key_space
+    step = max(1, space // max(1, args.storage))
     for i in range(1, args.storage + 1):
         code, body = admin_request(
             str(d), "/reconfigure", {"op": "expand", "args": [f"storage:{i}", (i - 1) * step]}

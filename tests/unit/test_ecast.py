@@ -305,6 +305,25 @@ def test_sessions_drop_gaps_acknowledge_duplicates_and_close() -> None:
     assert "closed?" not in n.delivered("a")
 
 
+def test_messages_queued_behind_a_refused_window_are_refused_too_not_stalled() -> None:
+    """A replay into a closed session (Spark re-running a committed batch) submits more
+    than one window's worth: each refusal frees a slot as an ack would."""
+    n = sc.net()
+    n.add_app("a")
+    n.settle(0.3)
+    n.inject("a", "r1", CloseSessions("a", 0))
+    n.settle(0.2)
+    ep = n.endpoint("a")
+    for i in range(40):
+        n.submit("a", f"late{i}")
+    assert ep.queued  # more than the window admits at once
+    n.settle(0.3)  # less than one window growth period: refusals alone must admit
+    assert not ep.queued and not ep.window
+    refused = {sid for _s, d, m in sent(n, RejectedClosed) if d == "a" for sid in m.ids}
+    assert len(refused) == 40
+    assert not any(str(x).startswith("late") for x in n.delivered("a"))
+
+
 def test_announcements_reach_processes_before_they_join_and_old_ones_are_ignored() -> None:
     n = sc.net()
     n.add_app("watcher", join=False)

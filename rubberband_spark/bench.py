@@ -1,0 +1,170 @@
+"""``python -m rubberband_spark.bench``: rows per second from a local Spark into a real
+cluster, exactly once, with the E-Cast messages per second that carried them.
+
+Starts a cluster with ``rubberband cluster up`` (or uses ``--state-dir`` of a running
+one), then writes ``--rows`` rows of ``(key long, value long)`` with the batch writer
+(``df.write``) and again with the streaming writer over the same rows stored as Parquet
+files (``readStream ... trigger(availableNow)``), each into a fresh key prefix, and reads
+a sample back to check that every row arrived.  The time counted is the write alone
+(Spark's start-up and the cluster's are not).  The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _cli(*args: str) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "rubberband.tools.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if r.returncode != 0:
+        raise SystemExit(f"rubberband {' '.join(args[:2])} failed: {r.stdout}{r.stderr}")
+
+
+def _messages(trace: Path) -> int:
+    n = 0
+    for f in trace.glob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            n += int(json.loads(line).get("messages", 0))
+    return n
+
+
+async def _count(state: Path, lo: int, hi: int) -> int:
+    import rubberband
+
+    st = json.loads((state / "cluster.json").read_text())
+    rb = await rubberband.connect(
+        st["routers"], f"client:bench-{os.urandom(6).hex()}", credentials=st["client_credentials"]
+    )
+    try:
+        keys = list(range(lo, hi, max(1, (hi - lo) // 2000)))
+        found = await rb.get_many(keys)
+        return len(found) * (hi - lo) // max(1, len(keys))
+    finally:
+        await rb.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rubberband_spark.bench", description=__doc__)
+    ap.add_argument("--rows", type=int, default=2_000_000)
+    ap.add_argument("--routers", type=int, default=3)
+    ap.add_argument("--storage", type=int, default=6)
+    ap.add_argument("--replication", type=int, default=3)
+    ap.add_argument("--engine", default="memory")
+    ap.add_argument("--partitioning", default="hash", choices=["hash", "range"])
+    ap.add_argument("--rows-per-message", type=int, default=4000)
+    ap.add_argument("--buckets", type=int, default=8)
+    ap.add_argument("--partitions", type=int, default=2, help="Spark partitions (tasks)")
+    ap.add_argument("--cores", type=int, default=2, help="local[N]")
+    ap.add_argument("--state-dir", help="a running cluster (default: start one)")
+    args = ap.parse_args(argv)
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    work = Path(tempfile.mkdtemp(prefix="rb-spark-bench-"))
+    state = Path(args.state_dir) if args.state_dir else work / "cluster"
+    started = args.state_dir is None
+    if started:
+        _cli("cluster", "up", "--routers", str(args.routers), "--supers", "1",
+             "--storage", str(args.storage), "--replication", str(args.replication),
+             "--engine", args.engine, "--partitioning", args.partitioning,
+             "--state-dir", str(state))  # fmt: skip
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    import rubberband_spark
+
+    spark = (
+        SparkSession.builder.master(f"local[{args.cores}]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(args.partitions))
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    rubberband_spark.register(spark)
+    results: dict[str, Any] = {
+        "rows": args.rows,
+        "routers": args.routers,
+        "storage": args.storage,
+        "replication": args.replication,
+        "engine": args.engine,
+        "partitioning": args.partitioning,
+        "rows_per_message": args.rows_per_message,
+        "buckets": args.buckets,
+        "spark": f"local[{args.cores}], {args.partitions} partitions",
+    }
+    try:
+        options = {
+            "state_dir": str(state),
+            "rows_per_message": str(args.rows_per_message),
+            "buckets": str(args.buckets),
+        }
+        n = args.rows
+
+        def frame(offset: int) -> Any:
+            return spark.range(offset, offset + n, numPartitions=args.partitions).select(
+                F.col("id").alias("key"), (F.col("id") * 3).alias("value")
+            )
+
+        # batch writer
+        trace = work / "trace-batch"
+        frame(0).count()  # Spark compiles and warms up its workers outside the timing
+        t0 = time.perf_counter()
+        frame(0).write.format("rubberband").options(**options, trace=str(trace)).mode(
+            "append"
+        ).save()
+        dt = time.perf_counter() - t0
+        results["batch"] = _report(n, dt, _messages(trace), asyncio.run(_count(state, 0, n)))
+        print("batch writer:", results["batch"], flush=True)
+
+        # streaming writer over the same rows as Parquet files
+        files = work / "in"
+        frame(n).write.parquet(str(files))
+        trace = work / "trace-stream"
+        stream = spark.readStream.schema("key long, value long").parquet(str(files))
+        t0 = time.perf_counter()
+        q = (
+            stream.writeStream.format("rubberband")
+            .options(**options, trace=str(trace))
+            .option("checkpointLocation", str(work / "ck"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination()
+        dt = time.perf_counter() - t0
+        results["stream"] = _report(n, dt, _messages(trace), asyncio.run(_count(state, n, 2 * n)))
+        print("stream writer:", results["stream"], flush=True)
+    finally:
+        spark.stop()
+        if started:
+            _cli("cluster", "down", "--state-dir", str(state))
+    print(json.dumps(results))
+    return 0
+
+
+def _report(rows: int, seconds: float, messages: int, found: int) -> dict[str, Any]:
+    return {
+        "seconds": round(seconds, 2),
+        "rows_per_s": round(rows / seconds),
+        "messages": messages,
+        "messages_per_s": round(messages / seconds, 1),
+        "rows_found_estimate": found,
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

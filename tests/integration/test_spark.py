@@ -1,0 +1,308 @@
+"""The ``rubberband`` PySpark data source against a real cluster: a local Spark
+(``local[2,2]``: two cores, a failed task is retried once) streams into 3 routers, 1 super
+and 3 storage processes started with ``rubberband cluster up``.
+
+Exactly once is checked with list-appends (key ``id % 101``, value ``id``): a row written
+twice shows as a doubled value, a row lost as a missing one, which upserts would hide."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType
+
+import rubberband.sdk as rbsdk
+import rubberband_spark
+
+PY = sys.executable
+KEYS = 101
+ROWS = 10_000
+"""Rows per partition in the retry test: enough that the failed attempt's writer gets
+whole Arrow batches before its input ends (with fewer, PySpark fails its read of the
+first batch instead, which tests less)."""
+FAIL_AT = 8_000
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PY, "-m", "rubberband.tools.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def up(d: Path, *extra: str) -> Path:
+    r = cli("cluster", "up", "--routers", "3", "--supers", "1", "--storage", "3",
+            "--state-dir", str(d), *extra)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    return d
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = PY
+    s = (
+        SparkSession.builder.master("local[2,2]")
+        .appName("rubberband-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "512")
+        .getOrCreate()
+    )
+    s.sparkContext.setLogLevel("ERROR")
+    rubberband_spark.register(s)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def kv_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    d = tmp_path_factory.mktemp("spark") / "kv"
+    try:
+        yield up(d, "--partitioning", "hash", "--engine", "memory")
+    finally:
+        cli("cluster", "down", "--state-dir", str(d))
+
+
+@pytest.fixture(scope="module")
+def scan_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    d = tmp_path_factory.mktemp("spark") / "scan"
+    try:
+        yield up(d, "--engine", "scan", "--key-space", "100000")
+    finally:
+        cli("cluster", "down", "--state-dir", str(d))
+
+
+def client(d: Path, ops: str | None = None) -> Any:
+    st = json.loads((d / "cluster.json").read_text())
+    return rbsdk.connect(
+        st["routers"],
+        f"client:test-{os.urandom(6).hex()}",
+        ops=ops,
+        credentials=st["client_credentials"],
+    )
+
+
+def lists(d: Path) -> dict[Any, list[Any]]:
+    async def go() -> dict[Any, list[Any]]:
+        rb = await client(d)
+        try:
+            return dict(await rb.scan())
+        finally:
+            await rb.close()
+
+    return asyncio.run(go())
+
+
+def assert_exactly_once(found: dict[Any, list[Any]], prefix: str, ids: range) -> None:
+    """Every id under its key exactly once: nothing missing, nothing doubled."""
+    mine = {k: v for k, v in found.items() if isinstance(k, str) and k.startswith(prefix)}
+    seen = sorted(x for v in mine.values() for x in v)
+    doubled = len(seen) - len(set(seen))
+    missing = sorted(set(ids) - set(seen))
+    assert doubled == 0 and not missing, (
+        f"{doubled} rows doubled, {len(missing)} missing (first {missing[:5]})"
+    )
+    assert len(seen) == len(ids)
+    for k, v in mine.items():
+        assert all(f"{prefix}{x % KEYS}" == k for x in v)
+
+
+def write_files(d: Path, files: int, rows: int) -> None:
+    d.mkdir(parents=True)
+    for f in range(files):
+        with open(d / f"part-{f:03d}.json", "w") as out:
+            for i in range(f * rows, (f + 1) * rows):
+                out.write(json.dumps({"id": i}) + "\n")
+
+
+def traces(d: Path) -> list[dict[str, Any]]:
+    out = []
+    for f in d.glob("*.jsonl") if d.exists() else ():
+        out.extend(json.loads(line) for line in f.read_text().splitlines())
+    return out
+
+
+def appends(df: Any, prefix: str) -> Any:
+    return df.select(
+        F.concat(F.lit(prefix), (F.col("id") % KEYS).cast("string")).alias("key"),
+        F.col("id").alias("value"),
+    )
+
+
+def stream(spark: SparkSession, d: Path, cluster: Path, trace: Path, ck: Path, **kw: Any) -> Any:
+    df = spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).json(str(d))
+    df = kw.pop("transform", lambda x: x)(df)
+    return (
+        appends(df, kw.pop("prefix"))
+        .writeStream.format("rubberband")
+        .option("state_dir", str(cluster))
+        .option("operation", "append")
+        .option("rows_per_message", kw.pop("rows_per_message", 50))
+        .option("trace", str(trace))
+        .option("checkpointLocation", str(ck))
+    )
+
+
+def test_a_retried_task_whose_input_ended_early_lands_every_row_once(
+    spark: SparkSession, kv_cluster: Path, tmp_path: Path
+) -> None:
+    """The first attempt of partition 0 sees its upstream fail after about half its rows
+    (its input just ends, PySpark raises nothing in the writer) and after some of its
+    messages were acknowledged; the retry resubmits in the same session."""
+    src = tmp_path / "in"
+    write_files(src, 1, 2 * ROWS)
+    marker = tmp_path / "failed"
+
+    def flaky(i: int, seen: list[int] = [0]) -> int:  # noqa: B006 (one count per task)
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        seen[0] += 1
+        if tc.attemptNumber() == 0 and tc.partitionId() == 0 and seen[0] == FAIL_AT:
+            time.sleep(3)  # the writer's earlier messages become stable meanwhile
+            marker.write_text("failed")
+            raise RuntimeError("upstream fails on the first attempt")
+        return i
+
+    # Partition 0 holds about ROWS rows; its upstream fails at its FAIL_AT-th.
+    trace = tmp_path / "trace"
+    q = (
+        stream(
+            spark,
+            src,
+            kv_cluster,
+            trace,
+            tmp_path / "ck",
+            prefix="a:",
+            transform=lambda df: df.repartition(2).select(
+                F.udf(flaky, LongType())(F.col("id")).alias("id")
+            ),
+        )
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(240)
+    assert marker.exists(), "the upstream never failed: the test did not test anything"
+    tasks = [t for t in traces(trace) if t["what"] == "task" and t["partition"] == 0]
+    first = [t for t in tasks if t["attempt"] == 0]
+    retry = [t for t in tasks if t["attempt"] == 1]
+    assert first and retry, tasks
+    assert 0 < first[0]["rows"] < retry[0]["rows"], "the first attempt's input ended early"
+    assert first[0]["messages"] > 0
+    assert_exactly_once(lists(kv_cluster), "a:", range(2 * ROWS))
+
+
+def test_a_stopped_query_resumes_from_its_checkpoint_and_a_replay_writes_nothing(
+    spark: SparkSession, kv_cluster: Path, tmp_path: Path
+) -> None:
+    src = tmp_path / "in"
+    write_files(src, 6, 2000)
+    trace = tmp_path / "trace"
+    ck = tmp_path / "ck"
+
+    def slow(i: int) -> int:
+        if i % 200 == 0:
+            time.sleep(0.1)  # batches of 2,000 rows take about 2 s
+        return i
+
+    def query() -> Any:
+        return stream(
+            spark,
+            src,
+            kv_cluster,
+            trace,
+            ck,
+            prefix="b:",
+            transform=lambda df: df.repartition(2).select(
+                F.udf(slow, LongType())(F.col("id")).alias("id")
+            ),
+        )
+
+    q = query().trigger(processingTime="100 milliseconds").start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        tasks = [t for t in traces(trace) if t["what"] == "task" and t["epoch"] >= 1]
+        if tasks:  # batch 1 is being written: a task of it finished, the batch not
+            break
+        time.sleep(0.05)
+    q.stop()
+    committed = {t["epoch"] for t in traces(trace) if t["what"] == "commit"}
+    assert tasks and max(committed, default=-1) < 6, "stopped before the last batch"
+    q = query().trigger(availableNow=True).start()
+    q.awaitTermination(240)
+    assert_exactly_once(lists(kv_cluster), "b:", range(12000))
+
+    # Forget that the last batch was committed: Spark replays it; its sessions were
+    # closed, so every message is refused and the replay succeeds without writing.
+    last = max(int(p.name) for p in (ck / "commits").iterdir() if p.name.isdigit())
+    for f in (str(last), f".{last}.crc"):  # the log entry and its checksum
+        (ck / "commits" / f).unlink(missing_ok=True)
+    shutil.rmtree(trace)
+    q = query().trigger(availableNow=True).start()
+    q.awaitTermination(240)
+    replay = traces(trace)
+    assert replay and all(t["epoch"] == last for t in replay), replay
+    assert all(t["closed"] for t in replay), replay
+    assert [t["messages"] for t in replay if t["what"] == "commit"] == [0]
+    assert_exactly_once(lists(kv_cluster), "b:", range(12000))
+
+
+def test_a_batch_write_reads_back_as_a_sequential_read_returns_it(
+    spark: SparkSession, scan_cluster: Path
+) -> None:
+    async def create() -> None:
+        rb = await client(scan_cluster, "storage_adapters.scan:ScanOps")
+        try:
+            await rb.create_table(
+                "orders",
+                schema=[("id", "int64"), ("customer", "varchar(12)"), ("amount", "float"),
+                        ("day", "date")],
+                key="id",
+            )  # fmt: skip
+        finally:
+            await rb.close()
+
+    asyncio.run(create())
+    n = 20_000
+    df = spark.range(n).select(
+        F.col("id"),
+        F.concat(F.lit("c"), (F.col("id") % 97).cast("string")).alias("customer"),
+        (F.col("id") * 0.25).alias("amount"),
+        F.date_add(F.lit("2026-01-01").cast("date"), (F.col("id") % 365).cast("int")).alias("day"),
+    )
+    options = {"state_dir": str(scan_cluster), "table": "orders", "key": "id"}
+    df.write.format("rubberband").options(**options).mode("append").save()
+
+    async def sequential() -> list[tuple[Any, ...]]:
+        rb = await client(scan_cluster, "storage_adapters.scan:ScanOps")
+        try:
+            rows = await rb.table("orders", key="id").select()
+            return sorted((r["id"], r["customer"], r["amount"], r["day"]) for r in rows)
+        finally:
+            await rb.close()
+
+    expected = asyncio.run(sequential())
+    assert len(expected) == n
+    schema = "id long, customer string, amount double, day date"
+    for isolation, extra in [("sequential", {}), ("snapshot", {}), ("basic", {}),
+                             ("sequential", {"consistent": "true"})]:  # fmt: skip
+        reader = spark.read.format("rubberband").schema(schema).options(**options, **extra)
+        got_df = reader.option("isolation", isolation).load()
+        if not extra:
+            assert got_df.rdd.getNumPartitions() == 3  # one per storage segment
+        got = sorted((r.id, r.customer, r.amount, r.day.isoformat()) for r in got_df.collect())
+        assert got == expected, isolation
