@@ -3,9 +3,9 @@ cluster, exactly once, with the E-Cast messages per second that carried them.
 
 Starts a cluster with ``rubberband cluster up`` (or uses ``--state-dir`` of a running
 one), then writes ``--rows`` rows of ``(key long, value long)`` with the batch writer
-(``df.write``) and again with the streaming writer over the same rows stored as Parquet
-files (``readStream ... trigger(availableNow)``), each into a fresh key prefix, and reads
-a sample back to check that every row arrived.  The time counted is the write alone
+(``df.write``; into a table of the scan engine with ``--engine scan``), and again with
+the streaming writer over as many other rows stored as Parquet files (``readStream ...
+trigger(availableNow)``), and counts what arrived.  The time counted is the write alone
 (Spark's start-up and the cluster's are not).  The last line printed is one JSON object.
 """
 
@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+TABLE = "bench"
 
 
 def _cli(*args: str) -> None:
@@ -42,14 +44,34 @@ def _messages(trace: Path) -> int:
     return n
 
 
-async def _count(state: Path, lo: int, hi: int) -> int:
+async def _client(state: Path, table: bool) -> Any:
     import rubberband
 
     st = json.loads((state / "cluster.json").read_text())
-    rb = await rubberband.connect(
-        st["routers"], f"client:bench-{os.urandom(6).hex()}", credentials=st["client_credentials"]
+    return await rubberband.connect(
+        st["routers"],
+        f"client:bench-{os.urandom(6).hex()}",
+        credentials=st["client_credentials"],
+        ops="storage_adapters.scan:ScanOps" if table else None,
     )
+
+
+async def _create_table(state: Path) -> None:
+    rb = await _client(state, True)
     try:
+        await rb.create_table(TABLE, schema=[("key", "int64"), ("value", "int64")], key="key")
+    finally:
+        await rb.close()
+
+
+async def _count(state: Path, lo: int, hi: int, table: bool) -> int:
+    """Rows found in ``[lo, hi)``: counted on a table, estimated from a sample of keys."""
+    rb = await _client(state, table)
+    try:
+        if table:
+            t = rb.table(TABLE, key="key")
+            found = await t.select(where=[("key", ">=", lo), ("key", "<", hi)], agg=("count", "*"))
+            return int(found["count(*)"])
         keys = list(range(lo, hi, max(1, (hi - lo) // 2000)))
         found = await rb.get_many(keys)
         return len(found) * (hi - lo) // max(1, len(keys))
@@ -81,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         _cli("cluster", "up", "--routers", str(args.routers), "--supers", "1",
              "--storage", str(args.storage), "--replication", str(args.replication),
              "--engine", args.engine, "--partitioning", args.partitioning,
-             "--state-dir", str(state))  # fmt: skip
+             "--key-space", str(2 * args.rows), "--state-dir", str(state))  # fmt: skip
+    table = args.engine == "scan"
+    if table:
+        asyncio.run(_create_table(state))
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
@@ -113,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             "rows_per_message": str(args.rows_per_message),
             "buckets": str(args.buckets),
         }
+        if table:
+            options.update(table=TABLE, key="key")
         n = args.rows
 
         def frame(offset: int) -> Any:
@@ -128,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             "append"
         ).save()
         dt = time.perf_counter() - t0
-        results["batch"] = _report(n, dt, _messages(trace), asyncio.run(_count(state, 0, n)))
+        results["batch"] = _report(n, dt, _messages(trace), asyncio.run(_count(state, 0, n, table)))
         print("batch writer:", results["batch"], flush=True)
 
         # streaming writer over the same rows as Parquet files
@@ -146,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         q.awaitTermination()
         dt = time.perf_counter() - t0
-        results["stream"] = _report(n, dt, _messages(trace), asyncio.run(_count(state, n, 2 * n)))
+        results["stream"] = _report(
+            n, dt, _messages(trace), asyncio.run(_count(state, n, 2 * n, table))
+        )
         print("stream writer:", results["stream"], flush=True)
     finally:
         spark.stop()

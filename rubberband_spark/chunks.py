@@ -102,38 +102,88 @@ class Chunker:
         self._held_places = [[] for _ in range(self.buckets)]
 
     def feed(self, batch: Mapping[str, Sequence[Any]]) -> list[tuple[Any, dict[str, Any]]]:
-        """Take rows (column-wise, input order) and return the messages they complete."""
+        """Take rows (column-wise, input order) and return the messages they complete,
+        in the order the rows completing them came in (whatever the batch boundaries)."""
         if not self.columns:
             self._start(tuple(batch))
         try:
             keys = batch[self.target.key]
-        except KeyError:
-            raise BadRows(f"the input has no key column {self.target.key!r}") from None
-        cols = [(c, batch[c]) for c in self.columns]
-        ekey = self.placement.ekey
+            cols = {c: batch[c] for c in self.columns}
+        except KeyError as e:
+            raise BadRows(f"the input has no column {e.args[0]!r}") from None
+        n = len(keys)
+        if n == 0:
+            return []
+        if None in keys:
+            i = list(keys).index(None)
+            raise BadRows(f"row {self.rows_in + i}: the key {self.target.key!r} is null")
+        hashed = self.placement.partitioning == "hash"
+        places = self._places(keys) if hashed else None
         nb = self.buckets
-        out: list[tuple[Any, dict[str, Any]]] = []
         rpm = self.rows_per_message
-        for i, k in enumerate(keys):
-            if k is None:
-                raise BadRows(f"row {self.rows_in + i}: the key {self.target.key!r} is null")
-            try:
-                place = ekey(k)
-            except BadKey as e:
-                raise BadRows(f"row {self.rows_in + i}: {e}") from None
-            b = (place[1] * nb) >> 32 if nb > 1 else 0
-            held = self._held[b]
-            for c, values in cols:
-                held[c].append(values[i])
-            places = self._held_places[b]
-            places.append(place)
-            if len(places) >= rpm:
-                out.extend(self._build(held, places))
+        fills: list[tuple[int, Columns, list[Any] | None]] = []
+        if nb == 1:
+            per_bucket = [range(n)]
+        else:
+            assert places is not None
+            per_bucket = [[] for _ in range(nb)]
+            for i, p in enumerate(places):
+                per_bucket[(p[1] * nb) >> 32].append(i)
+        for b, rows in enumerate(per_bucket):
+            if not rows:
+                continue
+            whole = type(rows) is range
+            start = 0
+            while len(self._held_places[b]) + len(rows) - start >= rpm:
+                take = rpm - len(self._held_places[b])
+                self._take(b, cols, places, rows, start, start + take, whole)
+                fills.append((rows[start + take - 1], self._held[b], self._held_places[b]))
                 self._held[b] = {c: [] for c in self.columns}
                 self._held_places[b] = []
-        self.rows_in += len(keys)
+                start += take
+            self._take(b, cols, places, rows, start, len(rows), whole)
+        fills.sort(key=lambda f: f[0])  # the row that completed each: one order
+        out: list[tuple[Any, dict[str, Any]]] = []
+        for _, chunk, chunk_places in fills:
+            out.extend(build_messages(self.target, self.columns, chunk, self.placement,
+                                      chunk_places if hashed else None))  # fmt: skip
+        self.rows_in += n
         self.messages_out += len(out)
         return out
+
+    def _places(self, keys: Sequence[Any]) -> list[Any]:
+        ekey = self.placement.ekey
+        try:
+            return [ekey(k) for k in keys]
+        except BadKey as e:
+            raise BadRows(
+                f"a key of rows {self.rows_in}..{self.rows_in + len(keys)}: {e}"
+            ) from None
+
+    def _take(
+        self,
+        b: int,
+        cols: Mapping[str, Sequence[Any]],
+        places: list[Any] | None,
+        rows: Sequence[int],
+        lo: int,
+        hi: int,
+        whole: bool,
+    ) -> None:
+        """Hold rows ``rows[lo:hi]`` of the batch in bucket ``b``."""
+        if hi <= lo:
+            return
+        held = self._held[b]
+        if whole:  # one bucket: the rows are a contiguous slice
+            for c, values in cols.items():
+                held[c].extend(values[lo:hi])
+            self._held_places[b].extend(places[lo:hi] if places is not None else range(hi - lo))
+            return
+        idx = rows[lo:hi]
+        for c, values in cols.items():
+            held[c].extend([values[i] for i in idx])
+        assert places is not None
+        self._held_places[b].extend([places[i] for i in idx])
 
     def _start(self, names: tuple[str, ...]) -> None:
         for c in self.target.columns_needed():
@@ -147,19 +197,20 @@ class Chunker:
         message's part); empty buckets are left out."""
         return [held for held, p in zip(self._held, self._held_places, strict=True) if p]
 
-    def _build(self, rows: Columns, places: list[Any]) -> list[tuple[Any, dict[str, Any]]]:
-        return build_messages(self.target, self.columns, rows, places)
-
 
 def build_messages(
-    target: Target, columns: Sequence[str], rows: Columns, places: list[Any]
+    target: Target,
+    columns: Sequence[str],
+    rows: Columns,
+    placement: Placement,
+    places: list[Any] | None = None,
 ) -> list[tuple[Any, dict[str, Any]]]:
     """The messages of one chunk of rows: one, except ``update`` on a table, which
     sends one message per distinct assignment (the engine's update sets one value set
-    per operation), in order of first appearance."""
-    hull = ((min(places), after(max(places))),)
-    header = write_header(hull)
+    per operation), in order of first appearance.  ``places``: the keys' places, if
+    known (hash partitioning)."""
     keys = rows[target.key]
+    header = write_header((hull(keys, placement, places),))
     if target.table is None:
         if target.operation == "delete":
             return [(("delete", tuple(keys)), header)]
@@ -178,19 +229,37 @@ def build_messages(
         return [(op, header)]
     if target.operation == "delete":
         return [(_where_in(table, key, keys, {"op": "delete"}), header)]
-    groups: dict[tuple[Any, ...], tuple[list[Any], list[Any]]] = {}
+    groups: dict[tuple[Any, ...], list[Any]] = {}
     others = [c for c in columns if c != key]
     for i, k in enumerate(keys):
-        assignment = tuple(rows[c][i] for c in others)
-        ks, ps = groups.setdefault(assignment, ([], []))
-        ks.append(k)
-        ps.append(places[i])
+        groups.setdefault(tuple(rows[c][i] for c in others), []).append(k)
     out = []
-    for assignment, (ks, ps) in groups.items():
+    for assignment, ks in groups.items():
         assign = dict(zip(others, assignment, strict=True))
         op = _where_in(table, key, ks, {"op": "update", "set": assign})
-        out.append((op, write_header(((min(ps), after(max(ps))),))))
+        out.append((op, write_header((hull(ks, placement),))))
     return out
+
+
+ORDERED_ALIKE = (int, str, bytes)
+"""Key types whose order is their encoded order (one type throughout): a chunk's hull
+under range partitioning is then the encoding of its least and greatest key."""
+
+
+def hull(keys: Sequence[Any], placement: Placement, places: list[Any] | None = None) -> Any:
+    """The one range from the least to just past the greatest place of ``keys``."""
+    if places is None:
+        kinds = set(map(type, keys))
+        if placement.partitioning == "range" and len(kinds) == 1 and kinds <= set(ORDERED_ALIKE):
+            try:
+                return (placement.ekey(min(keys)), after(placement.ekey(max(keys))))
+            except BadKey as e:
+                raise BadRows(str(e)) from None
+        try:
+            places = [placement.ekey(k) for k in keys]
+        except BadKey as e:
+            raise BadRows(str(e)) from None
+    return (min(places), after(max(places)))
 
 
 def _where_in(table: str, key: str, keys: list[Any], op: dict[str, Any]) -> dict[str, Any]:
@@ -212,8 +281,7 @@ def remainder_messages(
             keys = rows[target.key]
             for lo in range(0, len(keys), rows_per_message):
                 chunk = {c: rows[c][lo : lo + rows_per_message] for c in columns}
-                places = [placement.ekey(k) for k in chunk[target.key]]
-                out.extend(build_messages(target, columns, chunk, places))
+                out.extend(build_messages(target, columns, chunk, placement))
     return out
 
 
