@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -268,7 +269,7 @@ def test_a_batch_write_reads_back_as_a_sequential_read_returns_it(
         rb = await client(scan_cluster, "storage_adapters.scan:ScanOps")
         try:
             await rb.create_table(
-                "orders",
+                "purchases",
                 schema=[("id", "int64"), ("customer", "varchar(12)"), ("amount", "float"),
                         ("day", "date")],
                 key="id",
@@ -284,13 +285,13 @@ def test_a_batch_write_reads_back_as_a_sequential_read_returns_it(
         (F.col("id") * 0.25).alias("amount"),
         F.date_add(F.lit("2026-01-01").cast("date"), (F.col("id") % 365).cast("int")).alias("day"),
     )
-    options = {"state_dir": str(scan_cluster), "table": "orders", "key": "id"}
+    options = {"state_dir": str(scan_cluster), "table": "purchases", "key": "id"}
     df.write.format("rubberband").options(**options).mode("append").save()
 
     async def sequential() -> list[tuple[Any, ...]]:
         rb = await client(scan_cluster, "storage_adapters.scan:ScanOps")
         try:
-            rows = await rb.table("orders", key="id").select()
+            rows = await rb.table("purchases", key="id").select()
             return sorted((r["id"], r["customer"], r["amount"], r["day"]) for r in rows)
         finally:
             await rb.close()
@@ -306,3 +307,33 @@ def test_a_batch_write_reads_back_as_a_sequential_read_returns_it(
             assert got_df.rdd.getNumPartitions() == 3  # one per storage segment
         got = sorted((r.id, r.customer, r.amount, r.day.isoformat()) for r in got_df.collect())
         assert got == expected, isolation
+
+
+def test_the_example_pipelines_stream_orders_in_and_report_them(
+    scan_cluster: Path, tmp_path: Path
+) -> None:
+    src = tmp_path / "orders"
+    src.mkdir()
+    with open(src / "o.json", "w") as out:
+        for i in range(3000):
+            row = {
+                "order_id": 10**6 + i,
+                "customer": f"c{i % 7}",
+                "amount": 1.5,
+                "day": "2026-11-27",
+            }
+            out.write(json.dumps(row) + "\n")
+    root = Path(__file__).resolve().parents[2] / "examples"
+
+    def run(script: str, *args: str) -> str:
+        p = subprocess.run([PY, str(root / script), "--state-dir", str(scan_cluster), *args],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+        return p.stdout
+
+    out = run("spark_stream_orders.py", "--input", str(src), "--checkpoint", str(tmp_path / "ck"))
+    assert "wrote 3000 orders" in out
+    report = run("spark_orders_report.py", "--top", "7")
+    # c0 has orders 0, 7, 14, ...: 429 of the 3,000, each of 1.5
+    assert "orders: 3000, amount: 4500.00" in report, report
+    assert re.search(r"c0 +429 orders +643\.50", report), report
