@@ -200,13 +200,18 @@ async def _submit_all(rb: Any, items: list[tuple[Any, dict[str, Any]]]) -> list[
     return [await rb.ecast.enqueue(p, h) for p, h in items]
 
 
-async def _acked(futures: list[Any]) -> bool:
-    """Wait for every ack; True if the session was closed (the batch was committed
-    before: nothing of it was or will be written by this attempt)."""
+async def _acked(futures: list[Any], timeout: float) -> bool:
+    """Wait for every ack, each within ``timeout`` of the one before; True if the session
+    was closed (the batch was committed before: nothing of it was or will be written by
+    this attempt).  A timeout fails the task, whose retry resends in the same session."""
     closed = False
-    for f in futures:
+    for n, f in enumerate(futures, 1):
         try:
-            ack = await f
+            ack = await asyncio.wait_for(asyncio.shield(f), timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"message {n} of {len(futures)} was not stable within {timeout:g} s"
+            ) from None
         except ecast.SessionClosedError:
             closed = True
             continue
@@ -247,7 +252,7 @@ def write_partition(
                 },
             )
             raise
-        closed = loop.run(_acked(futures))
+        closed = loop.run(_acked(futures, opts.timeout))
         commit = RubberbandCommit(
             namespace,
             partition,
@@ -298,7 +303,7 @@ def commit_batch(opts: Options, namespace: str | None, epoch: int, messages: Seq
             ((m.columns, m.remainder) for m in done if not m.closed),
         )
         futures = loop.run(_submit_all(rb, items))
-        closed = loop.run(_acked(futures)) or any(m.closed for m in done)
+        closed = loop.run(_acked(futures, opts.timeout)) or any(m.closed for m in done)
         loop.run(rb.ecast.close_sessions(namespace, epoch, timeout=opts.timeout))
         sent = 0 if closed else len(items)
         _trace(

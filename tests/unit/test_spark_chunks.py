@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 
 from rubberband.keys import stable_hash32
 from rubberband_spark.chunks import BadRows, Chunker, Target, remainder_messages
+from storage_adapters.base import MAX_EKEY as MAX
+from storage_adapters.base import MIN_EKEY as MIN
 from storage_adapters.base import Placement
 from storage_adapters.memory import KVOps
 from storage_adapters.scan.client import ScanOps
@@ -130,3 +132,59 @@ def test_bad_rows_are_refused_with_the_reason() -> None:
         Target(key="id", operation="append", table="t")
     with pytest.raises(BadRows, match="rows_per_message"):
         Chunker(TABLE, Placement(), rows_per_message=0)
+
+
+def _apply(engine, messages, placement):  # type: ignore[no-untyped-def]
+    """Apply messages as a replica holding their ranges would (the header's ranges)."""
+    results = engine.apply([(p, h["w"]) for p, h in messages])
+    for r in results:
+        assert not isinstance(r, Exception), r
+    return results
+
+
+@pytest.mark.parametrize("partitioning", ["range", "hash"])
+def test_every_operation_does_what_it_says_on_the_engines(partitioning: str) -> None:
+    from storage_adapters.memory import MemoryEngine
+    from storage_adapters.scan.engine import ScanEngine
+
+    placement = Placement(partitioning)
+    scan = ScanEngine(placement)
+    ops = ScanOps()
+    schema = [("id", "int64"), ("state", "varchar(8)"), ("day", "date")]
+    scan.apply([(ops.create_table("t", schema, "id"), ((MIN, MAX),))])
+    rows = {"id": list(range(100)), "state": ["new"] * 100, "day": ["2026-11-27"] * 100}
+
+    def run(operation: str, data: dict, rpm: int = 16) -> None:
+        c = Chunker(Target(key="id", operation=operation, table="t"), placement, rpm, 4)
+        msgs = c.feed(data)
+        msgs += remainder_messages(c.target, placement, rpm, [(c.columns, c.remainder())])
+        _apply(scan, msgs, placement)
+
+    def table() -> dict:
+        op = ops.select("t")
+        op["key"] = "id"
+        (res,) = scan.apply([(op, ((MIN, MAX),))])
+        return {r["id"]: (r["state"], r["day"]) for r in ScanOps.rows(res)}
+
+    run("insert", rows)
+    assert table() == {i: ("new", "2026-11-27") for i in range(100)}
+    run("update", {"id": [3, 4, 5], "state": ["paid", "paid", "void"]})
+    run("upsert", {"id": [7, 100], "state": ["again", "more"], "day": ["2026-01-01"] * 2})
+    run("delete", {"id": [0, 1, 2]})
+    got = table()
+    assert set(got) == set(range(3, 101))
+    assert got[3] == got[4] == ("paid", "2026-11-27") and got[5][0] == "void"
+    assert got[7] == ("again", "2026-01-01") and got[100] == ("more", "2026-01-01")
+
+    kv = MemoryEngine(placement)
+    for operation, data in [
+        ("upsert", {"k": ["a", "b"], "v": [1, 2]}),
+        ("append", {"k": ["l", "l", "m"], "v": [1, 2, 3]}),
+        ("delete", {"k": ["b"]}),
+    ]:
+        c = Chunker(Target(key="k", operation=operation, value="v"), placement, 2, 4)
+        msgs = c.feed({k: v for k, v in data.items() if operation != "delete" or k == "k"})
+        msgs += remainder_messages(c.target, placement, 2, [(c.columns, c.remainder())])
+        _apply(kv, msgs, placement)
+    (found,) = kv.apply([(("scan", None, None), ((MIN, MAX),))])
+    assert dict(found) == {"a": 1, "l": [1, 2], "m": [3]}
