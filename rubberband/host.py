@@ -29,6 +29,10 @@ PING = "ping"
 PONG = "pong"
 DESCRIBE = "describe"
 CONFIG = "config"
+LEAVE = "leave"
+"""Storage to super: ``(LEAVE, rid, replace_with or None)``: take me off the ring."""
+LEFT = "left"
+"""Super to storage: ``(LEFT, rid, error or None, version or None)``, once it completed."""
 BATCH = 512
 
 
@@ -57,7 +61,13 @@ class _Host:
                 with contextlib.suppress(Exception):
                     self.client.send_direct_nowait(src, (PONG, *payload[1:]))
                 continue
+            if self._intercept(src, payload):
+                continue
             self.inbox.put_nowait(("x", src, payload))
+
+    def _intercept(self, src: NodeId, payload: Any) -> bool:
+        """A direct message the host itself answers, on the loop (True: consumed)."""
+        return False
 
     def _stop(self, reason: str) -> None:
         if self.stopped is None:
@@ -90,6 +100,59 @@ class StorageHost(_Host):
         super().__init__(client)
         self.core = core
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="engine")
+        self._left: dict[int, asyncio.Future[tuple[Any, ...]]] = {}
+        self._rid = 0
+
+    def _intercept(self, src: NodeId, payload: Any) -> bool:
+        if type(payload) is tuple and len(payload) == 4 and payload[0] == LEFT:
+            fut = self._left.pop(payload[1], None)
+            if fut is not None and not fut.done() and src.startswith("super:"):
+                fut.set_result(payload)
+            return True
+        return False
+
+    async def leave(self, replace_with: str | None = None, timeout: float = 300.0) -> str | None:
+        """Take this process off the ring before it parts: a super contracts it (or
+        replaces it with the standby ``replace_with``) and answers once every receiver
+        has its data.  None when that is done (or there was nothing to do: a standby),
+        else why not (a contract below the replication factor, no super, a timeout)."""
+        loop = asyncio.get_running_loop()
+        if not (await self._status())["active"]:
+            return None
+        deadline = time.monotonic() + timeout
+        last = "no super answered"
+        while time.monotonic() < deadline and self.stopped is None:
+            supers = sorted(p for p in self.client.peers() if p.startswith("super:"))
+            for s in supers:
+                self._rid += 1
+                fut: asyncio.Future[tuple[Any, ...]] = loop.create_future()
+                self._left[self._rid] = fut
+                try:
+                    self.client.send_direct_nowait(s, (LEAVE, self._rid, replace_with))
+                    _, _, error, version = await asyncio.wait_for(
+                        fut, max(1.0, deadline - time.monotonic())
+                    )
+                except Exception as e:  # unreachable, or silent until the deadline
+                    last = f"{s}: {type(e).__name__} {e}".strip()
+                    self._left.pop(self._rid, None)
+                    continue
+                if error is not None:
+                    return str(error)
+                log.info("event=left_ring version=%s by=%s", version, s)
+                await self._transfers_done(deadline)
+                return None
+            await asyncio.sleep(1.0)
+        return f"not taken off the ring in {timeout:g} s ({last})"
+
+    async def _transfers_done(self, deadline: float) -> None:
+        """Wait until no copy streams out of this process (the receivers have their data)."""
+        while (await self._status())["transfers_out"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+
+    async def _status(self) -> dict[str, Any]:
+        """The core's status, read on the engine thread (the core is not shared)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self.core.status)
 
     async def run(self) -> str:
         """Until the process must stop; returns why."""
@@ -212,6 +275,41 @@ class SuperHost(_Host):
             reply = (CONFIG, payload[1], c.version, c.keyspace.to_state(), c.partitioning)
             with contextlib.suppress(Exception):
                 self.client.send_direct_nowait(src, reply)
+        elif payload[0] == LEAVE and len(payload) == 3 and type(payload[1]) is int:
+            new = payload[2]
+            if src.startswith("storage:") and (new is None or type(new) is str):
+                self._tasks.append(asyncio.ensure_future(self._leave(src, payload[1], new)))
+
+    async def _leave(self, src: NodeId, rid: int, new: str | None) -> None:
+        """A storage process asked to leave (SIGTERM): contract it, or replace it with
+        ``new``, and answer once that completed.  Only the process itself can ask: the
+        sender is the name its connection proved."""
+        error: str | None = None
+        version: int | None = None
+        try:
+            c = self.core.config
+            if c is None:
+                raise Refused("this super has not joined yet")
+            if src in c.keyspace:
+                op, args = ("replace", (src, new)) if new is not None else ("contract", (src,))
+                log.info("event=leave process=%s op=%s", src, op)
+                result = await self.reconfigure(op, *args, timeout=240.0)
+                version = result.get("version")
+            else:  # already off the ring (a repeated request): wait for what is pending
+                deadline = time.monotonic() + 240.0
+                while (c := self.core.config) is not None and c.pending:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("reconfigurations still pending after 240 s")
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self.changed.wait(), 0.2)
+                version = c.version if c is not None else None
+        except (Refused, TimeoutError) as e:
+            error = str(e)
+            log.warning("event=leave_refused process=%s reason=%s", src, error.replace(" ", "_"))
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+        with contextlib.suppress(Exception):
+            self.client.send_direct_nowait(src, (LEFT, rid, error, version))
 
     async def _beat(self) -> None:
         """Heartbeat every storage process and super; vote against the silent ones."""

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,21 @@ STORAGE_SETTINGS = [
         check=lambda v: None if "=" in v[1:] else f"{v!r} is not NAME=VALUE",
     ),
     Setting("metrics", str, None, "HOST:PORT for /metrics and /health", check=kit.address),
+    Setting(
+        "replace-with",
+        str,
+        None,
+        "on SIGTERM, have this standby take over instead of contracting",
+        check=_name_check("storage:"),
+    ),
+    Setting(
+        "drain-timeout",
+        float,
+        300.0,
+        "on SIGTERM, how long to wait to be taken off the ring",
+        "s",
+        check=kit.positive,
+    ),
     Setting(
         "mutation",
         str,
@@ -193,13 +209,25 @@ async def _connect(args: argparse.Namespace) -> ecast.Client:
     )
 
 
-async def _until_stopped(host: Any, client: ecast.Client, runner: Any) -> int:
-    """Run the host until it stops on its own (exit 1) or a signal asks (exit 0)."""
+async def _until_stopped(
+    host: Any,
+    client: ecast.Client,
+    runner: Any,
+    drain: Callable[[], Awaitable[bool]] | None = None,
+) -> int:
+    """Run the host until it stops on its own (exit 1) or a signal asks (exit 0).
+    ``drain`` runs first on a signal; when it says no, the process stays up."""
     stop = asyncio.Event()
     _stop_on_signals(stop)
     run = asyncio.ensure_future(host.run())
-    waiter = asyncio.ensure_future(stop.wait())
-    await asyncio.wait([run, waiter], return_when=asyncio.FIRST_COMPLETED)
+    while True:
+        waiter = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([run, waiter], return_when=asyncio.FIRST_COMPLETED)
+        if run.done() or drain is None:
+            break
+        if await drain():
+            break
+        stop.clear()
     code = 0
     if run.done():
         log.error("event=stopped reason=%s", str(run.result()).replace(" ", "_"))
@@ -286,9 +314,21 @@ async def run_storage(args: argparse.Namespace) -> int:
             lambda h: h["status"] == "ok",
         )
     try:
-        return await _until_stopped(host, client, runner)
+        return await _until_stopped(host, client, runner, drain=lambda: _drain(host, args))
     finally:
         engine.close()  # a memcached engine stops its server
+
+
+async def _drain(host: StorageHost, args: argparse.Namespace) -> bool:
+    """SIGTERM on a storage process: a standby parts at once; an active one is first
+    taken off the ring (contracted, or replaced by ``--replace-with``) so that no
+    replica goes missing.  False (stay up, logged) when that is refused or fails."""
+    log.info("event=draining replace_with=%s", args.replace_with)
+    why = await host.leave(args.replace_with, args.drain_timeout)
+    if why is None:
+        return True
+    log.error("event=leave_refused reason=%s", why.replace(" ", "_")[:300])
+    return False
 
 
 # ------------------------------------------------------------------ super

@@ -365,3 +365,112 @@ def test_a_toml_file_with_an_unknown_key_is_refused(tmp_path: Path) -> None:
         timeout=60,
     )
     assert out.returncode == 2 and "unknown setting 'routes'" in out.stderr, out.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_contracts_an_active_storage_process_before_it_exits(cluster: Path) -> None:
+    """An active storage process given SIGTERM asks a super to contract it, waits until
+    its data has moved, then parts; appends acknowledged all the while are all there."""
+    acked: dict[int, list[int]] = {}
+    stop = asyncio.Event()
+
+    async def writer(i: int) -> None:
+        rb = await client(cluster, f"client:term-{i}")
+        n = 0
+        try:
+            while not stop.is_set():
+                k = (n * 7 + i) % 40
+                await rb.append(k, (i, n))
+                acked.setdefault(k, []).append((i, n))
+                n += 1
+        finally:
+            await rb.close()
+
+    async def go() -> tuple[float, dict[str, Any]]:
+        tasks = [asyncio.ensure_future(writer(i)) for i in range(2)]
+        await asyncio.sleep(2)
+        pid = json.loads((cluster / "processes.json").read_text())["storage2"]["pid"]
+        version = status(cluster)["version"]
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        while _alive(pid) and time.monotonic() - t0 < 60:
+            await asyncio.sleep(0.1)
+        took = time.monotonic() - t0
+        assert not _alive(pid), "the process did not exit"
+        await asyncio.sleep(1)  # writes go on after it left
+        stop.set()
+        await asyncio.gather(*tasks)
+        st = await asyncio.get_running_loop().run_in_executor(None, status, cluster)
+        assert st["version"] == version + 1  # one contract
+        rb = await client(cluster, "client:term-check")
+        try:
+            found = dict(await rb.scan())
+        finally:
+            await rb.close()
+        return took, {"status": st, "found": found}
+
+    took, out = asyncio.run(go())
+    assert "storage:2" not in [r["name"] for r in out["status"]["ring"]]
+    assert len(out["status"]["ring"]) == 3
+    for k, values in acked.items():
+        assert set(values) <= {tuple(v) for v in out["found"].get(k, [])}, k
+    log = (cluster / "storage2.log").read_text()
+    assert "event=draining" in log and "event=left_ring" in log, log[-2000:]
+    assert took < 30
+
+
+@pytest.mark.parametrize("cluster", [("--storage", "3")], indirect=True)
+def test_sigterm_is_refused_when_a_contract_would_go_below_replication(cluster: Path) -> None:
+    pid = json.loads((cluster / "processes.json").read_text())["storage1"]["pid"]
+    version = status(cluster)["version"]
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    log = cluster / "storage1.log"
+    while "event=leave_refused" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "fewer_than_the_replication_factor" in log.read_text(), log.read_text()[-2000:]
+    time.sleep(1)
+    assert _alive(pid), "a refused drain must leave the process up"
+    st = status(cluster)
+    assert st["version"] == version and len(st["ring"]) == 3
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_sigterm_with_replace_with_hands_the_range_to_a_standby(cluster: Path) -> None:
+    from rubberband.tools.cluster import _start_storage
+
+    added = cli("cluster", "add", "--storage", "1", "--state-dir", str(cluster))  # storage:5
+    assert added.returncode == 0, added.stderr
+    st = state(cluster)
+    common = ["--routers", ",".join(st["routers"]), "--state-dir", str(cluster)]
+    lc = local.StateDir(cluster)
+    _start_storage(lc, [*common, "--replace-with", "storage:5"], "memory", range(9, 10), 30)
+    # the fixture's cluster down stops storage:9 too (it is in processes.json)
+    out = cli("admin", "--state-dir", str(cluster), "expand", "storage:9", "600000")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+    async def put_then_get() -> Any:
+        rb = await client(cluster, "client:replace-check")
+        try:
+            await rb.put_many({k: k for k in range(0, 1_000_000, 997)})
+            pid = json.loads((cluster / "processes.json").read_text())["storage9"]["pid"]
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 60
+            while _alive(pid) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert not _alive(pid)
+            return await rb.get_many(list(range(0, 1_000_000, 997)))
+        finally:
+            await rb.close()
+
+    found = asyncio.run(put_then_get())
+    assert found == {k: k for k in range(0, 1_000_000, 997)}
+    ring = [r["name"] for r in status(cluster)["ring"]]
+    assert "storage:5" in ring and "storage:9" not in ring, ring
