@@ -259,7 +259,9 @@ def down(args: argparse.Namespace) -> int:
     (a storage process or super that outlives the routers waits out its part's timeout),
     then the routers, which get 2 s: routers leaving all at once cannot order their own
     parts once a majority is gone, and a group that goes away entirely has nothing left
-    to hand over (routers keep no disk state).  SIGKILL whatever is left."""
+    to hand over (routers keep no disk state).  SIGKILL whatever is left.  Storage
+    processes get SIGINT, not SIGTERM: the whole cluster goes, so moving their ranges
+    to each other first (SIGTERM's drain) would be work for nothing."""
     import signal
 
     recorded = local.StateDir.recorded(args.state_dir)
@@ -273,7 +275,8 @@ def down(args: argparse.Namespace) -> int:
     ):
         for p in group:
             if _alive(p["pid"]):
-                os.kill(p["pid"], signal.SIGTERM)
+                storage = "storage" in p.get("argv", ())
+                os.kill(p["pid"], signal.SIGINT if storage else signal.SIGTERM)
         deadline = time.monotonic() + grace
         for p in group:
             while _alive(p["pid"]) and time.monotonic() < deadline:

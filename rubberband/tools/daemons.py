@@ -192,11 +192,17 @@ def load_engine(spec: str) -> Any:
         raise UsageError(f"--engine {spec}: {e}") from None
 
 
-def _stop_on_signals(stop: asyncio.Event) -> None:
+def _stop_on_signals(stop: asyncio.Event, received: list[int] | None = None) -> None:
     loop = asyncio.get_running_loop()
+
+    def on(sig: int) -> None:
+        if received is not None:
+            received.append(sig)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on, sig)
 
 
 async def _connect(args: argparse.Namespace) -> ecast.Client:
@@ -216,14 +222,16 @@ async def _until_stopped(
     drain: Callable[[], Awaitable[bool]] | None = None,
 ) -> int:
     """Run the host until it stops on its own (exit 1) or a signal asks (exit 0).
-    ``drain`` runs first on a signal; when it says no, the process stays up."""
+    ``drain`` runs first on SIGTERM (SIGINT stops at once: the whole cluster is going
+    away, or a person pressed Ctrl-C); when it says no, the process stays up."""
     stop = asyncio.Event()
-    _stop_on_signals(stop)
+    received: list[int] = []
+    _stop_on_signals(stop, received)
     run = asyncio.ensure_future(host.run())
     while True:
         waiter = asyncio.ensure_future(stop.wait())
         await asyncio.wait([run, waiter], return_when=asyncio.FIRST_COMPLETED)
-        if run.done() or drain is None:
+        if run.done() or drain is None or received[-1:] != [signal.SIGTERM]:
             break
         if await drain():
             break
