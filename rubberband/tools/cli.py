@@ -10,6 +10,7 @@ COMMANDS = {
     "super": ("rubberband.tools.daemons:super_main", "run a super process"),
     "cluster": ("rubberband.tools.cluster:cluster_main", "a local cluster: up, status, down"),
     "admin": ("rubberband.tools.cluster:admin_main", "expand, contract, replace, rebalance"),
+    "client": ("rubberband.tools.client:main", "ad-hoc reads and writes from a shell"),
     "cost": ("rubberband.tools.cost:main", "microseconds the routers spend routing per message"),
     "bench": ("rubberband.tools.bench:main", "benchmarks: scan-engine, memcached"),
 }

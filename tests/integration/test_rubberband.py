@@ -474,3 +474,49 @@ def test_sigterm_with_replace_with_hands_the_range_to_a_standby(cluster: Path) -
     assert found == {k: k for k in range(0, 1_000_000, 997)}
     ring = [r["name"] for r in status(cluster)["ring"]]
     assert "storage:5" in ring and "storage:9" not in ring, ring
+
+
+def client_cli(d: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return cli("client", "--state-dir", str(d), *args)
+
+
+def test_the_client_command_reads_and_writes_key_values(cluster: Path) -> None:
+    assert client_cli(cluster, "put", "1", '"one"', "2", '{"n": 2}').returncode == 0
+    assert client_cli(cluster, "append", "log", '"x"', "log", "5").returncode == 0
+    for isolation in ("sequential", "snapshot", "basic"):
+        out = client_cli(cluster, "get", "1", "2", "9", "--isolation", isolation, "--json")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["rows"] == [[1, "one"], [2, {"n": 2}]]
+    out = client_cli(cluster, "scan")
+    assert out.returncode == 0 and "log" in out.stdout and "(3 rows)" in out.stdout, out.stdout
+    assert client_cli(cluster, "delete", "1").returncode == 0
+    rows = json.loads(client_cli(cluster, "scan", "--json").stdout)["rows"]
+    assert rows == [[2, {"n": 2}], ["log", ["x", 5]]]
+    refused = client_cli(cluster, "append", "2", "3")
+    assert refused.returncode == 1 and "holds a dict" in refused.stderr
+    usage = client_cli(cluster, "select", "t")
+    assert usage.returncode == 2 and "needs the scan engine" in usage.stderr
+
+
+@pytest.mark.parametrize("cluster", [("--engine", "scan")], indirect=True)
+def test_the_client_command_defines_and_queries_a_table(cluster: Path) -> None:
+    def ok(*args: str) -> str:
+        out = client_cli(cluster, *args)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out.stdout
+
+    ok("create-table", "tickets", "--key", "rloc", "rloc:varchar(6) not null", "dep:varchar(3)",
+       "seats:int32")  # fmt: skip
+    rows = [{"rloc": "AB12CD", "dep": "ZRH", "seats": 2}, {"rloc": "XY98ZZ", "dep": "GVA"}]
+    ok("insert", "tickets", "--key", "rloc", json.dumps(rows))
+    assert "AB12CD  ZRH  2" in ok("select", "tickets", "--where", "dep = ZRH")
+    agg = json.loads(ok("select", "tickets", "--agg", "count:*", "--isolation", "basic", "--json"))
+    assert agg == {"columns": ["count(*)"], "rows": [[2]]}
+    ok("update", "tickets", "--key", "rloc", "--set", "dep=BSL", "--where", "rloc = AB12CD")
+    ok("delete-rows", "tickets", "--where", "dep = GVA")
+    got = json.loads(ok("select", "tickets", "--isolation", "snapshot", "--json"))
+    assert got["rows"] == [["AB12CD", "BSL", 2]]
+    dup = client_cli(cluster, "insert", "tickets", "--key", "rloc", json.dumps(rows[:1]))
+    assert dup.returncode == 1 and "exists" in dup.stderr
+    bad = client_cli(cluster, "select", "tickets", "--where", "dep ~ x")
+    assert bad.returncode == 2 and "COLUMN OP VALUE" in bad.stderr
