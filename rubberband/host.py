@@ -43,6 +43,8 @@ class _Host:
         self.stopped: str | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self.done = asyncio.Event()
+        self.figures: dict[str, int | float] = {}
+        """What heartbeats report to the supers (a storage process: its load and size)."""
 
     async def _read_deliveries(self) -> None:
         try:
@@ -57,9 +59,10 @@ class _Host:
         while True:
             src, payload = await self.client.receive_direct()
             if type(payload) is tuple and payload and payload[0] == PING:
-                # Heartbeats are answered on the loop, never behind the engine's work.
+                # Heartbeats are answered on the loop, never behind the engine's work,
+                # with this process's figures (load and size) when it has any.
                 with contextlib.suppress(Exception):
-                    self.client.send_direct_nowait(src, (PONG, *payload[1:]))
+                    self.client.send_direct_nowait(src, (PONG, *payload[1:2], self.figures))
                 continue
             if self._intercept(src, payload):
                 continue
@@ -196,7 +199,19 @@ class StorageHost(_Host):
                 out += core.direct(item[1], item[2])
         if run:
             out += core.deliver(run)
+        self.figures = self._figures()
         return out
+
+    def _figures(self) -> dict[str, int | float]:
+        """Load and size, on the engine thread: operations applied so far (the supers
+        turn it into a rate), the engine's items and bytes, items waiting for ranges."""
+        f: dict[str, int | float] = {"applied": self.core.stats.applied}
+        with contextlib.suppress(Exception):
+            e = self.core.engine.stats()
+            f["items"] = int(e.get("items", 0))
+            f["bytes"] = int(e.get("bytes", 0))
+        f["queued"] = len(self.core.queue)
+        return f
 
     async def _emit(self, o: tuple[Any, ...]) -> None:
         try:
@@ -232,6 +247,7 @@ class SuperHost(_Host):
         self.repair_after = repair_after
         self.counts = {"votes": 0, "repairs": 0, "repairs_refused": 0, "reconfigurations": 0}
         self.heard: dict[NodeId, float] = {}
+        self.loads: dict[NodeId, dict[str, Any]] = {}
         self.voted: set[NodeId] = set()
         self.changed = asyncio.Event()
         self.joined = asyncio.Event()
@@ -267,7 +283,10 @@ class SuperHost(_Host):
         if type(payload) is not tuple or not payload:
             return
         if payload[0] == PONG:
-            self.heard[src] = time.monotonic()
+            now = time.monotonic()
+            self.heard[src] = now
+            if len(payload) >= 3 and type(payload[2]) is dict and payload[2]:
+                self._load(src, now, payload)
         elif payload[0] == DESCRIBE and len(payload) == 2:
             c = self.core.config
             if c is None:
@@ -311,6 +330,44 @@ class SuperHost(_Host):
         with contextlib.suppress(Exception):
             self.client.send_direct_nowait(src, (LEFT, rid, error, version))
 
+    def _load(self, src: NodeId, now: float, payload: tuple[Any, ...]) -> None:
+        """A storage process's figures from its heartbeat answer: size, and the rate of
+        operations it applied since the last answer; the round trip of the ping."""
+        figures = payload[2]
+        prev = self.loads.get(src)
+        rate = 0.0
+        applied = figures.get("applied")
+        if prev is not None and type(applied) is int and now > prev["at"]:
+            rate = max(0.0, (applied - prev["applied"]) / (now - prev["at"]))
+            rate = 0.5 * rate + 0.5 * prev["ops_per_s"]  # smooth over two beats
+        rtt = None
+        if type(payload[1]) is int:
+            rtt = max(0.0, time.time() * 1000 - payload[1])
+        self.loads[src] = {
+            "at": now,
+            "applied": applied if type(applied) is int else 0,
+            "ops_per_s": round(rate, 1),
+            "items": figures.get("items"),
+            "bytes": figures.get("bytes"),
+            "queued": figures.get("queued"),
+            "rtt_ms": None if rtt is None else round(rtt, 2),
+        }
+
+    def status(self) -> dict[str, Any]:
+        """The core's status with what this host knows besides: each storage process's
+        load and size (from heartbeats) and the leading router."""
+        st = self.core.status()
+        if not st.get("joined"):
+            return st
+        now = time.monotonic()
+        st["load"] = {
+            p: {k: v for k, v in f.items() if k not in ("at", "applied")}
+            | {"age_s": round(now - f["at"], 1)}
+            for p, f in sorted(self.loads.items())
+        }
+        st["leader"] = self.client.leader
+        return st
+
     async def _beat(self) -> None:
         """Heartbeat every storage process and super; vote against the silent ones."""
         await self.joined.wait()
@@ -331,7 +388,7 @@ class SuperHost(_Host):
                 watched = (c.storage() | c.supers()) - {self.core.me}
                 for p in sorted(watched):
                     with contextlib.suppress(Exception):
-                        self.client.send_direct_nowait(p, (PING, int(now * 1000)))
+                        self.client.send_direct_nowait(p, (PING, int(time.time() * 1000)))
                     last = self.heard.setdefault(p, max(now, started))
                     if now - last > self.suspect_after and p not in self.voted:
                         self.voted.add(p)
@@ -342,6 +399,9 @@ class SuperHost(_Host):
                     if p not in watched:
                         del self.heard[p]
                         self.voted.discard(p)
+                for p in list(self.loads):
+                    if p not in watched:
+                        del self.loads[p]
             await asyncio.sleep(self.heartbeat)
 
     async def _vote(self, p: NodeId) -> None:

@@ -182,7 +182,12 @@ class SuperCore:
             "replication": c.f,
             "partitioning": c.partitioning,
             "ring": [
-                {"name": p, "id": repr(decode_key(e)), "suspected": p not in c.storage()}
+                {
+                    "name": p,
+                    "id": repr(decode_key(e)),
+                    "suspected": p not in c.storage(),
+                    "partition": describe(c.keyspace.partition(p)),
+                }
                 for e, p in c.keyspace.ring()
             ],
             "standby": sorted(c.standby()),

@@ -396,7 +396,7 @@ async def run_super(args: argparse.Namespace) -> int:
     async def status(request: web.Request) -> web.Response:
         if not authorized(request):
             return web.json_response({"error": "a valid admin token is required"}, status=401)
-        return web.json_response(core.status())
+        return web.json_response(host.status())
 
     async def reconfigure(request: web.Request) -> web.Response:
         if not authorized(request):
@@ -429,9 +429,15 @@ async def run_super(args: argparse.Namespace) -> int:
             return web.json_response({"error": str(e)}, status=504)
         return web.json_response(result)
 
+    async def console(request: web.Request) -> web.Response:
+        from rubberband.tools.console import PAGE
+
+        return web.Response(text=PAGE, content_type="text/html")
+
     def routes(app: web.Application) -> None:
         app.router.add_get("/status", status)
         app.router.add_post("/reconfigure", reconfigure)
+        app.router.add_get("/console", console)
 
     runner = await kit.serve_http(
         args.admin, lambda: super_metrics(host), health, lambda h: h["status"] == "ok", routes
