@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine (each creates the virtualenv it needs):
-#   make demo   the main job: a real local router group orders a replicated bank, survives a
-#               leader kill and a router join, and checks the replicas agree
+#   make demo   the main job: a local Rubberband cluster on the scan engine works through an
+#               expand, a leader kill, a storage kill and its repair, and a contract, then
+#               checks that nothing acknowledged was lost or reordered and replicas agree
 #   make test   the test suite (ECAST_LONG=1 make test runs thousands of schedules)
 
 PYTHON ?= python3
@@ -9,7 +10,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SPARK  := $(VENV)/.installed-spark
 
-.PHONY: demo sim-demo test lint clean
+.PHONY: demo ecast-demo sim-demo test lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +25,9 @@ $(SPARK): $(STAMP)
 	touch $(SPARK)
 
 demo: $(STAMP)
+	$(PY) -m rubberband.tools.cli demo
+
+ecast-demo: $(STAMP)
 	$(PY) -m ecast demo
 
 sim-demo: $(STAMP)

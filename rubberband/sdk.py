@@ -224,6 +224,26 @@ class RubberbandClient:
                 self._reads.pop(rid, None)
         raise Unavailable(f"a basic read of {op_name(op)} found no holder that answered")
 
+    async def read_replica(self, process: str, op: Any, within: Any) -> Any:
+        """``op`` within ``within`` (placement ranges) answered by ``process`` alone, from
+        its current state (a basic read): audits compare the holders of a range with it
+        once writes have stopped.  Raises :class:`Unavailable` if ``process`` does not
+        hold all of ``within`` under this client's keyspace version."""
+        _, _, gather = self.core.read(op, within)
+        rid = ("b", next(self._rid))
+        event = asyncio.Event()
+        self._reads[rid] = (gather, event)
+        try:
+            self.ecast.send_direct_nowait(
+                process, (BASIC, rid, op, gather.ranges, self.core.version)
+            )
+            await self._complete(gather, event, Indeterminate)
+            if gather.refused or not gather.complete:
+                raise Unavailable(f"{process} does not hold all of the ranges asked for")
+            return self.core.result(gather)
+        finally:
+            self._reads.pop(rid, None)
+
     def segments(self) -> list[Any]:
         """The keyspace's primary segments as this client knows it (placement-space range
         sets that tile the keys once, in ring order): the unit of a parallel export."""

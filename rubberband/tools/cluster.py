@@ -232,6 +232,8 @@ def status(args: argparse.Namespace) -> int:
         "pending": body.get("pending", {}),
         "busy": body.get("busy", []),
         "incomplete": body.get("incomplete", []),
+        "leader": body.get("leader"),
+        "load": body.get("load", {}),
     }
     if args.json:
         print(json.dumps(out))

@@ -43,6 +43,7 @@ ENGINES = {
     "memory": "storage_adapters.memory:MemoryEngine",
     "null": "storage_adapters.null:NullEngine",
     "scan": "storage_adapters.scan.engine:ScanEngine",
+    "scan-kv": "storage_adapters.scan.kv:ScanKVEngine",
     "memcached": "storage_adapters.memcached:MemcachedEngine",
 }
 log = logging.getLogger("rubberband")

@@ -15,7 +15,7 @@ the simulator's faults exercise exactly the code a scan-engine cluster runs.  Ke
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from storage_adapters.base import (
@@ -27,7 +27,7 @@ from storage_adapters.base import (
     SendCursor,
     rejection,
 )
-from storage_adapters.memory import READS, WRITES, deltas
+from storage_adapters.memory import READS, WRITES, KVOps, deltas
 from storage_adapters.scan.client import ScanOps
 from storage_adapters.scan.engine import ScanEngine
 
@@ -46,7 +46,8 @@ class _EngineFailed(Exception):
 
 
 class ScanKVEngine:
-    """A :class:`ScanEngine` answering the key-value engines' operations."""
+    """A :class:`ScanEngine` answering the key-value engines' operations (tuples) beside
+    its own (dicts: tables).  Clients use :class:`ScanKVOps` for both."""
 
     def __init__(self, placement: Placement | None = None, **scan_options: Any) -> None:
         self.scan = ScanEngine(placement, **scan_options)
@@ -81,6 +82,9 @@ class ScanKVEngine:
     def apply(self, batch: Sequence[tuple[Any, RangeSet]]) -> list[Any]:
         out = []
         for op, ranges in batch:
+            if isinstance(op, dict):  # the scan engine's own operations: its tables
+                out.extend(self.scan.apply([(op, ranges)]))
+                continue
             try:
                 self._table()
                 out.append(self._one(op, ranges))
@@ -160,3 +164,41 @@ class ScanKVEngine:
         ks, vs = res["data"]
         pairs = [(k, json.loads(v)) for k, v in zip(ks, vs, strict=True)]
         return sorted(pairs, key=lambda kv: self.placement.ekey(kv[0]))
+
+
+class ScanKVOps:
+    """The client half of :class:`ScanKVEngine`: the key-value engines' operations
+    (tuples) and the scan engine's (dicts), each routed and combined by its own rules,
+    and the scan engine's table calls (``rb.table``, ``rb.create_table``)."""
+
+    def __init__(self, keys: Mapping[str, str] | None = None) -> None:
+        self.tables = ScanOps(keys)
+        self.kv = KVOps()
+
+    def _of(self, op: Any) -> Any:
+        return self.tables if isinstance(op, Mapping) else self.kv
+
+    def part_fun(self, op: Any, placement: Placement) -> Any:
+        return self._of(op).part_fun(op, placement)
+
+    def combine(self, op: Any, answers: Sequence[Any]) -> Any:
+        return self._of(op).combine(op, answers)
+
+    def answered(self, op: Any) -> bool:
+        return bool(self._of(op).answered(op))
+
+    def restrict(self, result: Any, ranges: RangeSet, placement: Placement) -> Any:
+        """Key-value answers are trimmed to ``ranges``; a select's answer (columns and
+        data) already holds only its responder's ranges."""
+        if isinstance(result, Mapping) and "columns" in result:
+            return result
+        return self.kv.restrict(result, ranges, placement)
+
+    def bind(self, client: Any) -> Any:
+        return self.tables.bind(client)
+
+    # the table builders, as ScanOps has them (rb.table(...) calls them)
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.__dict__["tables"], name)

@@ -1,0 +1,450 @@
+"""``rubberband demo``: the main job.  A local Rubberband cluster on the scan engine does
+real work through expand, a leader kill, a storage kill and its repair, and a contract,
+and checks at the end that nothing acknowledged was lost or reordered and that every
+replica agrees.
+
+Steps (about 90 s in all):
+
+1. ``rubberband cluster up``: 3 routers, 1 super, 4 storage processes on the scan engine
+   (``scan-kv``: tables and key-value lists in one engine), hash partitioning,
+   replication 3, and 2 standby processes.
+2. A Ticket table (the dissertation's Appendix A, 22 attributes) is loaded.
+3. Clients run a mixed workload: two-key list-appends and reads (the list-append
+   checker's workload), and on the tickets inserts, status updates by key and queries
+   at all three isolation levels (sequential, snapshot, basic).
+4. Meanwhile: ``expand`` a standby onto the ring; SIGKILL the leading router and start a
+   replacement; SIGKILL a storage process, which the super replaces with a standby on its
+   own; ``contract`` the expanded process again.  Each line of progress shows the step,
+   throughput, latency and keyspace version.
+5. Checks: the list-append checker over the recorded history; every acknowledged ticket
+   insert and the last acknowledged update of each ticket present; every holder of every
+   segment answering the same data (tables and lists).
+6. A PNG of throughput and latency with the fault and reconfiguration windows shaded, a
+   summary, a verdict, and the cluster shut down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+OPS = "storage_adapters.scan.kv:ScanKVOps"
+TICKETS = "tickets"
+ROWS = 20_000
+PROGRESS = "▮"
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rubberband.tools.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+class Demo:
+    def __init__(self, d: Path, seconds: float, png: Path, seed: int) -> None:
+        self.d = d
+        self.seconds = seconds
+        self.png = png
+        self.rng = random.Random(seed)
+        self.t0 = 0.0
+        self.history: list[dict[str, Any]] = []
+        self.latencies: list[tuple[float, float | None, bool]] = []
+        self.windows: list[dict[str, Any]] = []
+        self.step = "starting"
+        self.version: Any = "?"
+        self.stop = asyncio.Event()
+        self.inserted: set[str] = set()
+        self.status_of: dict[str, str] = {}
+        self.unsure: set[str] = set()
+        self.failures: list[str] = []
+
+    # ------------------------------------------------------------------ plumbing
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def st(self) -> dict[str, Any]:
+        return dict(json.loads((self.d / "cluster.json").read_text()))
+
+    async def status(self) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        out = await loop.run_in_executor(
+            None, _cli, "cluster", "status", "--state-dir", str(self.d), "--json"
+        )
+        return dict(json.loads(out.stdout)) if out.returncode == 0 else {}
+
+    async def connect(self, name: str) -> Any:
+        import rubberband
+
+        st = self.st()
+        return await rubberband.connect(
+            st["routers"], f"client:demo-{name}-{os.urandom(3).hex()}", ops=OPS,
+            credentials=st["client_credentials"], answer_timeout=2.0,
+        )  # fmt: skip
+
+    def timed(self, invoked: float, ok: bool) -> None:
+        self.latencies.append((invoked, self.now(), ok))
+
+    # ------------------------------------------------------------------ workload
+    async def appender(self, i: int) -> None:
+        """Two-key list-appends and reads, recorded for the list-append checker.  An
+        operation that ends without an answer makes this process done, as in Jepsen:
+        the slot goes on as a new process."""
+        gen = 0
+        rb = await self.connect(f"a{i}")
+        n = 0
+        try:
+            while not self.stop.is_set():
+                proc = f"c{i}.{gen}"
+                keys = self.rng.sample(range(1, 200), 2)
+                if self.rng.random() < 0.6:
+                    txn: list[list[Any]] = [["append", k, i * 10**7 + n] for k in keys]
+                    call = rb.append_many({k: i * 10**7 + n for k in keys})
+                else:
+                    txn = [["r", k, None] for k in keys]
+                    call = rb.get_many(keys)
+                n += 1
+                t = self.now()
+                self.record(proc, "invoke", txn)
+                try:
+                    got = await call
+                except Exception as e:
+                    self.record(proc, "info", txn, e)
+                    self.timed(t, False)
+                    gen += 1
+                    with contextlib.suppress(Exception):
+                        await rb.close()
+                    await asyncio.sleep(0.05)
+                    rb = await self.connect(f"a{i}")
+                    continue
+                if txn[0][0] == "r":
+                    txn = [["r", k, list(got.get(k) or ())] for k in keys]
+                self.record(proc, "ok", txn)
+                self.timed(t, True)
+        finally:
+            with contextlib.suppress(Exception):
+                await rb.close()
+
+    def record(self, proc: str, kind: str, value: Any, error: BaseException | None = None) -> None:
+        r = {"process": proc, "type": kind, "f": "txn", "value": value,
+             "index": len(self.history), "time": self.now()}  # fmt: skip
+        if error is not None:
+            r["error"] = f"{type(error).__name__}: {error}"[:200]
+        self.history.append(r)
+
+    async def tickets(self) -> None:
+        """Inserts, status updates by key and queries at every isolation level."""
+        rb = await self.connect("tickets")
+        table = rb.table(TICKETS, key="rloc")
+        known = sorted(self.status_of)
+        n = 0
+        try:
+            while not self.stop.is_set():
+                r = self.rng.random()
+                t = self.now()
+                try:
+                    if r < 0.2:
+                        rloc = f"N{n:05d}"
+                        n += 1
+                        row = {"rloc": rloc, "provider": "RB", "bookingStatus": "HK"}
+                        try:
+                            await table.insert([row])
+                        except Exception:
+                            self.unsure.add(rloc)
+                            raise
+                        self.inserted.add(rloc)
+                        self.status_of[rloc] = "HK"
+                    elif r < 0.45:
+                        rloc = self.rng.choice(known)
+                        status = self.rng.choice(["HK", "TK", "UN", "HL", "KL"])
+                        try:
+                            await table.update({"rloc": rloc}, set={"bookingStatus": status})
+                        except Exception:
+                            self.unsure.add(rloc)
+                            raise
+                        self.status_of[rloc] = status
+                    else:
+                        level = ("sequential", "snapshot", "basic")[n % 3]
+                        n += 1
+                        if r < 0.75:
+                            await table.select({"rloc": self.rng.choice(known)}, isolation=level)
+                        else:
+                            city = self.rng.choice(["cityFrom", "cityTo"])
+                            await table.select(
+                                [(city, "prefix", "A")], columns=["rloc"], isolation=level
+                            )
+                    self.timed(t, True)
+                except Exception:
+                    self.timed(t, False)
+                    await asyncio.sleep(0.05)
+                    with contextlib.suppress(Exception):
+                        await rb.close()
+                    rb = await self.connect("tickets")
+                    table = rb.table(TICKETS, key="rloc")
+        finally:
+            with contextlib.suppress(Exception):
+                await rb.close()
+
+    # ------------------------------------------------------------------ the schedule
+    async def admin(self, *args: str) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        out = await loop.run_in_executor(None, _cli, "admin", "--state-dir", str(self.d), *args)
+        if out.returncode != 0:
+            raise RuntimeError(f"admin {' '.join(args)}: {out.stdout} {out.stderr}")
+        return dict(json.loads(out.stdout))
+
+    async def window(self, kind: str, what: str, coro: Any) -> None:
+        start = self.now()
+        self.step = what
+        try:
+            await coro
+        finally:
+            self.windows.append({"kind": kind, "start": start, "end": self.now(), "what": what})
+            self.step = "steady"
+
+    async def wait_until(self, what: str, check: Any, timeout: float = 40.0) -> None:
+        deadline = time.monotonic() + timeout
+        base = self.step
+        while time.monotonic() < deadline:
+            if await check():
+                self.step = base
+                return
+            waited = int(time.monotonic() - (deadline - timeout))
+            self.step = f"{base} (waiting: {what}) {PROGRESS * min(waited, 20)}"
+            await asyncio.sleep(0.5)
+        self.failures.append(f"{what} did not happen in {timeout:g} s")
+
+    async def schedule(self) -> None:
+        s = self.seconds
+        await asyncio.sleep(s * 0.1)
+        await self.window("reconfigure", "expand storage:5 onto the ring",
+                          self.admin("expand", "storage:5", str(2**32 * 7 // 8)))  # fmt: skip
+        await asyncio.sleep(s * 0.12)
+        await self.window("kill", "SIGKILL the leading router", self.kill_leader())
+        await asyncio.sleep(s * 0.12)
+        await self.window("kill", "SIGKILL storage:2; the super replaces it", self.kill_storage())
+        await asyncio.sleep(s * 0.12)
+        await self.window("reconfigure", "contract storage:5",
+                          self.admin("contract", "storage:5"))  # fmt: skip
+        self.step = "steady"
+
+    async def kill_leader(self) -> None:
+        from ecast import local
+
+        st = await self.status()
+        leader = st.get("leader")
+        recorded = local.StateDir.recorded(str(self.d))
+        if leader not in recorded:
+            self.failures.append(f"no leading router to kill (status said {leader!r})")
+            return
+        os.kill(recorded[leader]["pid"], signal.SIGKILL)
+        live = [r for r in recorded if r.startswith("r") and r != leader]
+        cluster = local.LocalCluster(self.d, args=self.st()["router_args"])
+        join = recorded[live[0]]
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(
+            None, cluster.start, "r4", f"{join.get('host', '127.0.0.1')}:{join['ports']['listen']}"
+        )
+        routers = local.StateDir.recorded(str(self.d))
+        st2 = self.st()
+        st2["routers"] = [
+            f"{p.get('host', '127.0.0.1')}:{p['ports']['listen']}"
+            for n, p in sorted(routers.items())
+            if n.startswith("r") and n != leader and "router" in p.get("argv", ())
+        ]
+        (self.d / "cluster.json").write_text(json.dumps(st2, indent=1))
+
+        async def new_leader() -> bool:
+            s2 = await self.status()
+            return bool(s2.get("leader")) and s2.get("leader") != leader
+
+        await self.wait_until("a new leader", new_leader)
+
+    async def kill_storage(self) -> None:
+        from ecast import local
+
+        pid = local.StateDir.recorded(str(self.d))["storage2"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+
+        async def repaired() -> bool:
+            s2 = await self.status()
+            names = [r["name"] for r in s2.get("ring", ())]
+            return "storage:2" not in names and len(names) == 5 and not s2.get("pending")
+
+        await self.wait_until("the super's repair", repaired)
+
+    async def progress(self) -> None:
+        last = 0
+        while not self.stop.is_set():
+            await asyncio.sleep(1.0)
+            st = await self.status()
+            self.version = st.get("version", self.version)
+            t = self.now()
+            recent = [c - i for i, c, ok in self.latencies[last:] if ok and c is not None]
+            failed = sum(1 for _, _, ok in self.latencies[last:] if not ok)
+            last = len(self.latencies)
+            recent.sort()
+            p50 = 1000 * recent[len(recent) // 2] if recent else 0.0
+            p99 = 1000 * recent[min(len(recent) - 1, int(len(recent) * 0.99))] if recent else 0.0
+            line = f"{t:5.1f} s  {len(recent):5d} ops/s  p50 {p50:6.1f} ms  p99 {p99:7.1f} ms"
+            print(f"{line}  {failed:3d} failed  version {self.version}  {self.step}", flush=True)
+
+    # ------------------------------------------------------------------ checks
+    async def verify(self) -> dict[str, Any]:
+        from jepsen_like.checkers.history import Op
+        from jepsen_like.checkers.list_append import check
+
+        result: dict[str, Any] = {}
+        la = check([Op.from_json(r) for r in self.history])
+        result["list_append_valid"] = bool(la.valid)
+        result["list_append_anomalies"] = sorted(la.anomalies)[:5]
+        rb = await self.connect("verify")
+        try:
+            rows = await rb.table(TICKETS, key="rloc").select(
+                columns=["rloc", "bookingStatus"], isolation="sequential"
+            )
+            found = {r["rloc"]: r["bookingStatus"] for r in rows}
+            result["tickets"] = len(found)
+            missing = sorted(r for r in self.inserted if r not in found)
+            wrong = sorted(
+                r for r, s in self.status_of.items()
+                if r not in self.unsure and found.get(r) != s
+            )  # fmt: skip
+            result["tickets_missing"] = missing[:5]
+            result["tickets_wrong_status"] = wrong[:5]
+            result["replicas"] = await self.replicas(rb)
+        finally:
+            await rb.close()
+        return result
+
+    async def replicas(self, rb: Any) -> dict[str, Any]:
+        """Every holder of every segment answers the same lists and the same tickets."""
+        await rb.refresh()
+        ks = rb.core.keyspace
+        table_op = rb.core.ops.select(TICKETS, columns=["rloc", "bookingStatus"])
+        table_op["key"] = "rloc"
+        compared = 0
+        differ: list[str] = []
+        for i, segment in enumerate(ks.segments()):
+            answers = {}
+            for p in ks.holders_of_segment(i):
+                kv = await rb.read_replica(p, ("scan", None, None), segment)
+                tab = await rb.read_replica(p, table_op, segment)
+                answers[p] = (sorted(map(tuple, kv)), sorted(zip(*tab["data"], strict=True)))
+            first = next(iter(answers.values()))
+            compared += len(answers)
+            differ += [f"segment {i}: {p}" for p, a in answers.items() if a != first]
+        return {"answers_compared": compared, "disagree": differ}
+
+    # ------------------------------------------------------------------ run
+    async def run(self) -> int:
+        from jepsen_like.report import per_second, plot
+        from storage_adapters.scan.ticket import SCHEMA, generate
+
+        rb = await self.connect("load")
+        try:
+            await rb.create_table(TICKETS, schema=SCHEMA, key="rloc")
+            data = generate(ROWS, seed=7)
+            cols = list(data.columns)
+            for lo in range(0, ROWS, 2000):
+                await rb.write(rb.core.ops.insert(
+                    TICKETS, columns=cols, data=[data.columns[c][lo:lo + 2000] for c in cols]
+                ) | {"key": "rloc"})  # fmt: skip
+            self.status_of = dict(
+                zip(data.columns["rloc"], data.columns["bookingStatus"], strict=True)
+            )
+        finally:
+            await rb.close()
+        print(f"loaded {ROWS:,} tickets; the workload runs for {self.seconds:g} s", flush=True)
+        self.t0 = time.monotonic()
+        workers = [asyncio.ensure_future(c) for c in (self.appender(0), self.appender(1),
+                                                     self.tickets(), self.progress())]  # fmt: skip
+        try:
+            await asyncio.wait_for(self.schedule(), self.seconds)
+        except TimeoutError:
+            self.failures.append("the schedule did not finish in time")
+        rest = self.seconds - self.now()
+        if rest > 0:
+            await asyncio.sleep(rest)
+        self.stop.set()
+        await asyncio.gather(*workers, return_exceptions=True)
+        print("workload stopped; checking", flush=True)
+        await asyncio.sleep(1.0)  # the last writes become stable everywhere
+        checks = await self.verify()
+        series = per_second(
+            [x for x in self.latencies if x[1] is not None and x[1] <= self.seconds]
+        )
+        why = plot(self.png, "rubberband demo: ok operations and latency", series, self.windows)
+        ok_ops = sum(1 for *_, ok in self.latencies if ok)
+        verdict = (
+            checks["list_append_valid"]
+            and not checks["tickets_missing"]
+            and not checks["tickets_wrong_status"]
+            and not checks["replicas"]["disagree"]
+            and not self.failures
+        )
+        print("\nsummary")
+        print(f"  operations acknowledged: {ok_ops:,} in {self.seconds:g} s "
+              f"({sum(1 for *_, ok in self.latencies if not ok)} failed or unsure)")  # fmt: skip
+        for w in self.windows:
+            print(f"  {w['start']:5.1f}-{w['end']:5.1f} s  {w['what']}")
+        print(f"  list-append history: {len(self.history):,} events, "
+              f"{'valid' if checks['list_append_valid'] else 'INVALID'} "
+              f"{checks['list_append_anomalies'] or ''}")  # fmt: skip
+        print(f"  tickets: {checks['tickets']:,}; acknowledged inserts missing: "
+              f"{checks['tickets_missing'] or 'none'}; statuses wrong: "
+              f"{checks['tickets_wrong_status'] or 'none'}")  # fmt: skip
+        r = checks["replicas"]
+        print(f"  replicas: {r['answers_compared']} answers compared, disagreeing: "
+              f"{r['disagree'] or 'none'}")  # fmt: skip
+        for f in self.failures:
+            print(f"  problem: {f}")
+        print(f"  chart: {self.png}" if not why else f"  chart: not drawn ({why})")
+        print(f"\nVERDICT: {'all checks passed' if verdict else 'FAILED'}")
+        return 0 if verdict else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="rubberband demo", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=60.0, help="how long the workload runs")
+    ap.add_argument("--png", default="rubberband-demo.png", help="the chart's file")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--state-dir", help="keep the cluster's files here (default: a temp dir)")
+    args = ap.parse_args(argv)
+    d = Path(args.state_dir or tempfile.mkdtemp(prefix="rubberband-demo-")) / "cluster"
+    started = time.monotonic()
+    print("starting a cluster: 3 routers, 1 super, 4 storage processes (scan engine, "
+          "replication 3, hash partitioning) and 2 standbys", flush=True)  # fmt: skip
+    up = _cli("cluster", "up", "--routers", "3", "--supers", "1", "--storage", "4",
+              "--engine", "scan-kv", "--partitioning", "hash", "--state-dir", str(d))  # fmt: skip
+    try:
+        if up.returncode != 0:
+            print(up.stdout + up.stderr, file=sys.stderr)
+            return 1
+        print(up.stdout.strip(), flush=True)
+        added = _cli("cluster", "add", "--storage", "2", "--state-dir", str(d))
+        if added.returncode != 0:
+            print(added.stdout + added.stderr, file=sys.stderr)
+            return 1
+        demo = Demo(d, args.seconds, Path(args.png), args.seed)
+        code = asyncio.run(demo.run())
+    finally:
+        down = threading.Thread(target=_cli, args=("cluster", "down", "--state-dir", str(d)))
+        down.start()
+        down.join()
+    print(f"done in {time.monotonic() - started:.0f} s; the cluster is down")
+    return code
