@@ -49,23 +49,34 @@ def admin_request(
 ) -> tuple[int, dict[str, Any]]:
     """Call a super's admin API (the first that answers); ``(status, json)``."""
     st = _state(state_dir)
+    return request(list(st["supers"].values()), st["admin_token"], path, body, timeout)
+
+
+def request(
+    supers: list[str],
+    token: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    timeout: float = 120.0,
+) -> tuple[int, dict[str, Any]]:
+    """Call the admin API of the first of ``supers`` (HOST:PORT) that answers."""
     last: tuple[int, dict[str, Any]] = (503, {"error": "no super answered"})
-    for address in st["supers"].values():
+    for address in supers:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(
             f"http://{address}{path}",
             data=data,
             method="POST" if body is not None else "GET",
-            headers={
-                "Authorization": f"Bearer {st['admin_token']}",
-                "Content-Type": "application/json",
-            },
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
         )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"{}")
+            try:
+                return e.code, json.loads(e.read() or b"{}")
+            except ValueError:
+                return e.code, {"error": f"{address}: HTTP {e.code}"}
         except OSError as e:
             last = (503, {"error": f"{address}: {e}"})
     return last
@@ -329,33 +340,143 @@ def cluster_main(argv: list[str] | None = None) -> int:
 
 
 def admin_main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="rubberband admin")
-    ap.add_argument("--state-dir", required=True)
-    ap.add_argument("--dry-run", action="store_true")
+    ap = argparse.ArgumentParser(
+        prog="rubberband admin",
+        description="Reconfigure a Rubberband cluster through a super's admin API. Exit "
+        "status: 0 done, 2 refused (nothing changed; the reason is printed), 1 failed "
+        "(no super answered, a timeout).",
+    )
+    ap.add_argument("--state-dir", help="a rubberband cluster up directory")
+    ap.add_argument("--super", action="append", default=[], help="HOST:PORT of a super's "
+                    "admin API (repeat for several; the first that answers is used)")  # fmt: skip
+    ap.add_argument("--token-file", help="the admin token (default: the state directory's, "
+                    "or $RUBBERBAND_ADMIN_TOKEN)")  # fmt: skip
+    ap.add_argument("--json", action="store_true", help="the API's JSON answer, for scripts")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     ap.add_argument("--force", action="store_true", help="go on even if data would be lost")
-    ap.add_argument("--no-wait", action="store_true")
-    ap.add_argument("op", choices=["expand", "contract", "replace", "rebalance", "status"])
+    ap.add_argument("--no-wait", action="store_true", help="return once submitted")
+    ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument(
+        "op", choices=["status", "expand", "contract", "replace", "rebalance", "wait"],
+        help="status; expand NAME KEY; contract NAME; replace OLD NEW; rebalance NAME KEY; "
+        "wait VERSION",
+    )  # fmt: skip
     ap.add_argument("args", nargs="*")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
+    supers, token = list(args.super), os.environ.get("RUBBERBAND_ADMIN_TOKEN", "")
+    if args.state_dir:
+        st = _state(args.state_dir)
+        supers = supers or list(st["supers"].values())
+        token = token or st["admin_token"]
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as e:
+            ap.error(f"--token-file: {e.strerror}")
+    if not supers:
+        ap.error("give --state-dir or --super HOST:PORT")
+    if not token:
+        ap.error("no admin token: --token-file, --state-dir or $RUBBERBAND_ADMIN_TOKEN")
+    arity = {"status": 0, "expand": 2, "contract": 1, "replace": 2, "rebalance": 2, "wait": 1}
+    if len(args.args) != arity[args.op]:
+        ap.error(f"{args.op} takes {arity[args.op]} argument(s): {ap._actions[-2].help}")
     if args.op == "status":
-        code, body = admin_request(args.state_dir, "/status")
+        code, body = request(supers, token, "/status", timeout=args.timeout)
+        return _show(code, body, args.json, _status_text)
+    if args.op == "wait":
+        return _wait(supers, token, args)
+    op_args: list[Any] = list(args.args)
+    if args.op in ("expand", "rebalance"):
+        op_args[1] = _key(op_args[1])
+    code, body = request(
+        supers,
+        token,
+        "/reconfigure",
+        {
+            "op": args.op,
+            "args": op_args,
+            "dry_run": args.dry_run,
+            "force": args.force,
+            "wait": not args.no_wait,
+            "timeout": args.timeout,
+        },
+        timeout=args.timeout + 10,
+    )
+    return _show(code, body, args.json, _plan_text)
+
+
+def _show(code: int, body: dict[str, Any], as_json: bool, text: Any) -> int:
+    if as_json:
+        print(json.dumps(body, indent=1))
+    elif code == 200:
+        print(text(body))
     else:
-        op_args: list[Any] = list(args.args)
-        if args.op in ("expand", "rebalance") and len(op_args) == 2:
-            op_args[1] = _key(op_args[1])
-        code, body = admin_request(
-            args.state_dir,
-            "/reconfigure",
-            {
-                "op": args.op,
-                "args": op_args,
-                "dry_run": args.dry_run,
-                "force": args.force,
-                "wait": not args.no_wait,
-            },
-        )
-    print(json.dumps(body, indent=1))
+        print(f"refused: {body.get('error', body)}" if code in (400, 401, 409)
+              else f"failed: {body.get('error', body)}")  # fmt: skip
     return 0 if code == 200 else (2 if code in (400, 401, 409) else 1)
+
+
+def _status_text(st: dict[str, Any]) -> str:
+    if not st.get("joined"):
+        return "the super has not joined yet"
+    lines = [
+        f"version {st['version']}, replication {st['replication']}, {st['partitioning']} "
+        f"partitioning, leading router {st.get('leader') or '-'}, supers "
+        f"{', '.join(st['supers'])}, clients {st['clients']}"
+    ]
+    load = st.get("load", {})
+    rows = [["#", "process", "id", "partition", "state", "ops/s", "items", "queued", "rtt ms"]]
+    for i, r in enumerate(st["ring"]):
+        name = r["name"]
+        state = ("suspected" if r["suspected"] else "busy" if name in st["busy"]
+                 else "incomplete" if name in st["incomplete"] else "active")  # fmt: skip
+        f = load.get(name, {})
+        figures = [str(f.get(k, "")) for k in ("ops_per_s", "items", "queued", "rtt_ms")]
+        rows.append([str(i), name, r["id"], r.get("partition", ""), state, *figures])
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
+              for row in rows]  # fmt: skip
+    lines.append(f"standby: {', '.join(st['standby']) or 'none'}")
+    pending = st.get("pending", {})
+    lines.append("pending: " + (", ".join(f"version {v} waits for {', '.join(w)}"
+                                           for v, w in pending.items()) or "none"))  # fmt: skip
+    return "\n".join(lines)
+
+
+def _plan_text(r: dict[str, Any]) -> str:
+    what = f"{r['op']} {' '.join(map(str, r['args']))}"
+    if not r.get("submitted"):
+        head = f"dry run: {what} from version {r['version_from']} (nothing changed)"
+    else:
+        head = f"{what}: version {r['version_from']} -> {r['version']}"
+    return "\n".join([head, *(f"  {line}" for line in r.get("instructions", []))])
+
+
+def _wait(supers: list[str], token: str, args: argparse.Namespace) -> int:
+    """Until keyspace version ``VERSION`` is reached and no storage process still
+    prepares it; exit 1 with what it waits for on a timeout."""
+    try:
+        version = int(args.args[0])
+    except ValueError:
+        print(f"refused: VERSION is an integer, not {args.args[0]!r}")
+        return 2
+    deadline = time.monotonic() + args.timeout
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        code, body = request(supers, token, "/status", timeout=5.0)
+        if code in (401, 400):
+            return _show(code, body, args.json, str)
+        if code == 200 and body.get("version", -1) >= version:
+            waiting = body.get("pending", {}).get(str(version))
+            if not waiting:
+                print(json.dumps(body) if args.json else f"version {version} is ready")
+                return 0
+        time.sleep(0.2)
+    waiting = body.get("pending", {}).get(str(version))
+    who = ", ".join(waiting or []) or "nothing"
+    print(f"failed: version {version} not ready in {args.timeout:g} s (current version "
+          f"{body.get('version')}; waiting for {who})")  # fmt: skip
+    return 1
 
 
 def _key(text: str) -> Any:

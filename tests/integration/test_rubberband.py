@@ -520,3 +520,103 @@ def test_the_client_command_defines_and_queries_a_table(cluster: Path) -> None:
     assert dup.returncode == 1 and "exists" in dup.stderr
     bad = client_cli(cluster, "select", "tickets", "--where", "dep ~ x")
     assert bad.returncode == 2 and "COLUMN OP VALUE" in bad.stderr
+
+
+def test_the_admin_cli_end_to_end_on_the_scan_engine(tmp_path: Path) -> None:
+    """cluster up, status, expand, contract, replace and rebalance from the command line,
+    each shown by status, the data reading back after each; impossible requests exit
+    non-zero and change nothing; after cluster down nothing that status listed runs."""
+    d = tmp_path / "rb"
+    up = cli("cluster", "up", "--storage", "4", "--engine", "scan", "--state-dir", str(d))
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert cli("cluster", "add", "--storage", "2", "--state-dir", str(d)).returncode == 0
+
+        def admin(*args: str) -> subprocess.CompletedProcess[str]:
+            return cli("admin", "--state-dir", str(d), *args)
+
+        def st() -> dict[str, Any]:
+            out = admin("status", "--json")
+            assert out.returncode == 0, out.stdout + out.stderr
+            return dict(json.loads(out.stdout))
+
+        def ring() -> list[str]:
+            return [r["name"] for r in st()["ring"]]
+
+        def client_cli(*args: str) -> str:
+            out = cli("client", "--state-dir", str(d), *args)
+            assert out.returncode == 0, out.stdout + out.stderr
+            return out.stdout
+
+        client_cli("create-table", "t", "--key", "id", "id:int64", "v:varchar(8)")
+        rows = [{"id": i * 997 % 1_000_000, "v": f"v{i}"} for i in range(300)]
+        client_cli("insert", "t", "--key", "id", json.dumps(rows))
+        expected = sorted((r["id"], r["v"]) for r in rows)
+
+        def data_intact() -> None:
+            for isolation in ("sequential", "snapshot", "basic"):
+                got = json.loads(client_cli("select", "t", "--isolation", isolation, "--json"))
+                assert sorted(map(tuple, got["rows"])) == expected, isolation
+
+        steps = [
+            (("expand", "storage:5", "900000"), ["storage:1", "storage:2", "storage:3",
+                                                 "storage:4", "storage:5"]),
+            (("contract", "storage:1"), ["storage:2", "storage:3", "storage:4", "storage:5"]),
+            (("replace", "storage:2", "storage:6"), ["storage:6", "storage:3", "storage:4",
+                                                      "storage:5"]),
+            (("rebalance", "storage:3", "600000"), ["storage:6", "storage:3", "storage:4",
+                                                     "storage:5"]),
+        ]  # fmt: skip
+        text = admin("status")
+        assert text.returncode == 0 and "storage:1" in text.stdout and "standby:" in text.stdout
+        for request, after in steps:
+            version = st()["version"]
+            plan = admin(*request, "--dry-run")
+            assert plan.returncode == 0 and "nothing changed" in plan.stdout, plan.stdout
+            assert st()["version"] == version
+            done = admin(*request)
+            assert done.returncode == 0, done.stdout
+            assert f"version {version} -> {version + 1}" in done.stdout
+            assert ring() == after
+            if request[0] == "rebalance":
+                assert [r["id"] for r in st()["ring"]][1] == "600000"
+            data_intact()
+
+        version = st()["version"]
+        impossible = [
+            ("expand", "storage:99", "5"),  # unknown process
+            ("expand", "storage:1", "250000"),  # the id is taken (storage:1 is standby now)
+            ("replace", "storage:3", "storage:4"),  # not a standby
+            ("rebalance", "storage:3", "999999"),  # would reorder the ring
+            ("contract", "storage:99"),  # unknown process
+        ]
+        for request in impossible:
+            out = admin(*request)
+            assert out.returncode == 2 and out.stdout.startswith("refused: "), (request, out)
+            assert st()["version"] == version, request
+        out = cli("admin", "--state-dir", str(d), "contract", "storage:3", "storage:4")
+        assert out.returncode == 2 and "takes 1 argument" in out.stderr
+        bad = subprocess.run(
+            [PY, "-m", "rubberband.tools.cli", "admin", "--super", st_super(d), "status"],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "RUBBERBAND_ADMIN_TOKEN": "x" * 32},
+        )  # fmt: skip
+        assert bad.returncode == 2 and "admin token" in bad.stdout
+        for _ in range(2):  # contract to the replication factor, then one more: refused
+            ring_now = ring()
+            if len(ring_now) > 3:
+                assert admin("contract", ring_now[0]).returncode == 0
+        version = st()["version"]
+        out = admin("contract", ring()[0])
+        assert out.returncode == 2 and "replication factor" in out.stdout
+        assert st()["version"] == version
+        data_intact()
+        listed = json.loads(cli("cluster", "status", "--state-dir", str(d), "--json").stdout)
+        pids = [p["pid"] for p in listed["processes"]]
+    finally:
+        cli("cluster", "down", "--state-dir", str(d))
+    assert pids and not [p for p in pids if _alive(p)]
+
+
+def st_super(d: Path) -> str:
+    return str(next(iter(state(d)["supers"].values())))
