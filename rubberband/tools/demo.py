@@ -202,7 +202,8 @@ class Demo:
     # ------------------------------------------------------------------ the schedule
     async def admin(self, *args: str) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
-        out = await loop.run_in_executor(None, _cli, "admin", "--json", "--state-dir", str(self.d), *args)
+        argv = ("admin", "--json", "--state-dir", str(self.d), *args)
+        out = await loop.run_in_executor(None, _cli, *argv)
         if out.returncode != 0:
             raise RuntimeError(f"admin {' '.join(args)}: {out.stdout} {out.stderr}")
         return dict(json.loads(out.stdout))
