@@ -68,6 +68,14 @@ def _common(prefix: str) -> list[Setting]:
         Setting("secret-file", str, None, "the development mode's cluster secret (chmod 600)"),
         Setting("listen", str, "127.0.0.1:0", "direct connections", check=kit.address),
         Setting("state-dir", str, None, "the local cluster's state directory (for tools)"),
+        Setting(
+            "unique-name",
+            bool,
+            False,
+            "append a fresh random suffix to --name at every start (names are unique for "
+            "ever: a restarted unit or pod joins as a new process; its credential must "
+            "cover NAME-*)",
+        ),
         Setting("join-timeout", float, 15.0, "give up joining after", "s", check=kit.positive),
         Setting(
             "log-level", str, "info", "log level", choices=("debug", "info", "warning", "error")
@@ -456,6 +464,8 @@ def main_for(kind: str, argv: list[str] | None = None) -> int:
         for required in ("name", "routers"):
             if not getattr(args, required):
                 raise UsageError(f"--{required} is required (a flag or a key of --file)")
+        if args.unique_name:
+            args.name = f"{args.name}-{os.urandom(4).hex()}"
         if kind == "storage":
             check_engine(args.engine, args.engine_arg)
             plant_mutations(args.mutation)

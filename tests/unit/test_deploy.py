@@ -1,0 +1,117 @@
+"""The deployment files in ``deploy/`` stay true to the code: every flag they use exists,
+the compose file and the manifests parse, no restartable unit bootstraps a router group,
+and every metric the alerts and the dashboard name is one the daemons export."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+PROGRAMS = {
+    ("ecast", "router"): [sys.executable, "-m", "ecast", "router", "--help"],
+    ("rubberband", "storage"): [sys.executable, "-m", "rubberband.tools.cli", "storage", "--help"],
+    ("rubberband", "super"): [sys.executable, "-m", "rubberband.tools.cli", "super", "--help"],
+}
+INVOCATION = re.compile(
+    r"\b(ecast|rubberband)\s+(router|storage|super)\b(.*?)(?=&&|;|\||&\s|$)", re.S
+)
+
+
+@functools.cache
+def flags_of(program: tuple[str, str]) -> frozenset[str]:
+    out = subprocess.run(PROGRAMS[program], capture_output=True, text=True, timeout=60).stdout
+    return frozenset(re.findall(r"(--[a-z][a-z0-9-]*)", out))
+
+
+def commands() -> list[tuple[str, str, bool]]:
+    """``(where, command line, restartable)`` for every daemon command in deploy/."""
+    found: list[tuple[str, str, bool]] = []
+    for unit in sorted((DEPLOY / "systemd").glob("*.service")):
+        text = unit.read_text()
+        restart = re.search(r"^Restart=(\S+)", text, re.M)
+        restartable = restart is not None and restart.group(1) != "no"
+        for line in re.findall(r"^ExecStart=(.*)$", text, re.M):
+            found.append((unit.name, line, restartable))
+    compose = yaml.safe_load((DEPLOY / "docker" / "compose.yaml").read_text())
+    for name, svc in compose["services"].items():
+        restartable = str(svc.get("restart", "no")) != "no"
+        found.append((f"compose {name}", " ".join(svc["command"]), restartable))
+    for doc in yaml.safe_load_all((DEPLOY / "kubernetes" / "rubberband.yaml").read_text()):
+        if doc["kind"] not in ("StatefulSet", "Job", "Deployment"):
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        restartable = doc["kind"] != "Job" or pod.get("restartPolicy") != "Never"
+        for c in pod["containers"]:
+            line = " ".join([*c.get("command", []), *c.get("args", [])])
+            found.append((f"{doc['kind']} {doc['metadata']['name']}", line, restartable))
+    return found
+
+
+def invocations() -> list[tuple[str, tuple[str, str], list[str], bool]]:
+    out = []
+    for where, line, restartable in commands():
+        for tool, role, rest in INVOCATION.findall(line.replace("\\\n", " ")):
+            out.append((where, (tool, role), re.findall(r"(--[a-z][a-z0-9-]*)", rest), restartable))
+    return out
+
+
+def test_every_daemon_in_deploy_is_found() -> None:
+    roles = {(w.split()[0], p[1]) for w, p, _, _ in invocations()}
+    assert {p for _, p in roles} == {"router", "storage", "super"}
+    assert len(invocations()) >= 12
+
+
+def test_every_flag_used_in_deploy_exists() -> None:
+    for where, program, flags, _ in invocations():
+        unknown = sorted(set(flags) - flags_of(program))
+        assert not unknown, f"{where}: {' '.join(program)} has no {unknown}"
+
+
+def test_no_restartable_unit_bootstraps_a_router_group() -> None:
+    bootstraps = []
+    for where, program, flags, restartable in invocations():
+        if program == ("ecast", "router") and "--join" not in flags:
+            assert not restartable, f"{where} bootstraps a group and may restart"
+            bootstraps.append(where)
+        if program == ("ecast", "router") and "--join" in flags:
+            assert "--rejoin" in flags, f"{where}: a restarted router needs --rejoin"
+        if program[0] == "rubberband" and restartable:
+            assert "--unique-name" in flags, f"{where}: a restart needs a fresh name"
+    assert len(bootstraps) == 3  # systemd, compose, Kubernetes: one each
+
+
+def test_the_files_parse() -> None:
+    compose = yaml.safe_load((DEPLOY / "docker" / "compose.yaml").read_text())
+    assert {"bootstrap", "router1", "super1", "storage1"} <= set(compose["services"])
+    kinds = [
+        d["kind"]
+        for d in yaml.safe_load_all((DEPLOY / "kubernetes" / "rubberband.yaml").read_text())
+    ]
+    assert kinds.count("StatefulSet") == 3 and kinds.count("Service") == 3 and "Job" in kinds
+    alerts = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yaml").read_text())
+    assert sum(len(g["rules"]) for g in alerts["groups"]) >= 10
+    dashboard = json.loads((DEPLOY / "grafana" / "rubberband.json").read_text())
+    assert dashboard["panels"]
+    for unit in (DEPLOY / "systemd").glob("*.service"):
+        assert shlex.split(re.search(r"^ExecStart=(.*)$", unit.read_text(), re.M).group(1))
+
+
+def test_every_metric_named_in_alerts_and_dashboard_is_exported() -> None:
+    source = "".join(
+        p.read_text() for d in ("ecast", "rubberband") for p in (ROOT / d).rglob("*.py")
+    )
+    text = (DEPLOY / "prometheus" / "alerts.yaml").read_text()
+    text += (DEPLOY / "grafana" / "rubberband.json").read_text()
+    names = set(re.findall(r"\b((?:ecast|rubberband)_[a-z_]+)\b", text))
+    assert names
+    missing = sorted(n for n in names if f'"{n}"' not in source)
+    assert not missing, missing
