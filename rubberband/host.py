@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ecast import Client, NodeId
+from ecast.tools.daemon_kit import Histogram
 from rubberband.storage import StorageCore
 from rubberband.super import Proposal, Refused, SuperCore
 
@@ -105,6 +106,10 @@ class StorageHost(_Host):
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="engine")
         self._left: dict[int, asyncio.Future[tuple[Any, ...]]] = {}
         self._rid = 0
+        self.step_seconds = Histogram()
+        """How long each batch of deliveries took on the engine thread."""
+        self.queued_since: float | None = None
+        """Since when delivered items have waited for their ranges (None: nothing waits)."""
 
     def _intercept(self, src: NodeId, payload: Any) -> bool:
         if type(payload) is tuple and len(payload) == 4 and payload[0] == LEFT:
@@ -176,6 +181,17 @@ class StorageHost(_Host):
 
     def _step(self, items: list[tuple[Any, ...]], me: NodeId) -> list[tuple[Any, ...]]:
         """On the engine thread: feed the core, safe deliveries in runs."""
+        started = time.perf_counter()
+        try:
+            return self._feed(items, me)
+        finally:
+            self.step_seconds.observe(time.perf_counter() - started)
+            if not self.core.queue:
+                self.queued_since = None
+            elif self.queued_since is None:
+                self.queued_since = time.monotonic()
+
+    def _feed(self, items: list[tuple[Any, ...]], me: NodeId) -> list[tuple[Any, ...]]:
         core = self.core
         out: list[tuple[Any, ...]] = []
         run: list[tuple[int, Any]] = []
@@ -251,6 +267,10 @@ class SuperHost(_Host):
         self.voted: set[NodeId] = set()
         self.changed = asyncio.Event()
         self.joined = asyncio.Event()
+        self.reconfiguration_seconds = Histogram()
+        """Submitted reconfigurations, from planning until every receiver was ready."""
+        self.pending_since: dict[int, float] = {}
+        """When each pending keyspace version was first seen pending."""
 
     async def run(self) -> str:
         self._start(self._read_deliveries(), self._read_direct(), self._work(), self._beat())
@@ -276,6 +296,10 @@ class SuperHost(_Host):
                         self.core.deliver([(d.t, m)])
                 else:
                     self._direct(item[1], item[2])
+            c = self.core.config
+            if c is not None:
+                now = time.monotonic()
+                self.pending_since = {v: self.pending_since.get(v, now) for v in c.pending}
             self.changed.set()
             self.changed = asyncio.Event()
 
@@ -453,7 +477,8 @@ class SuperHost(_Host):
         """Plan, submit, retry while stale, and (with ``wait``) wait until every involved
         storage process is ready.  Raises :class:`Refused`."""
         await asyncio.wait_for(self.joined.wait(), timeout)
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         for _ in range(attempts):
             proposal: Proposal = self.core.plan(op, *args, force=force)
             summary = {
@@ -483,6 +508,7 @@ class SuperHost(_Host):
                         raise TimeoutError(f"version {version} not ready in {timeout:.0f} s")
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(self.changed.wait(), 0.2)
+                self.reconfiguration_seconds.observe(time.monotonic() - started)
             return {**summary, "submitted": True, "version": version}
         raise Refused(f"the configuration kept changing under {attempts} plans; try again")
 

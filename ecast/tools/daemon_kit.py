@@ -17,6 +17,7 @@ Rubberband's daemons use it too (through ``ecast``'s public exports).
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import logging
 import os
@@ -291,8 +292,46 @@ class Metrics:
         if rest:
             self.add(name, sum(v for _k, v in rest), help_, kind, **{label: "other"})
 
+    def histogram(self, name: str, hist: Histogram, help_: str, **labels: Any) -> None:
+        """``name`` (seconds) as a Prometheus histogram: cumulative ``_bucket`` series,
+        ``_sum`` and ``_count``."""
+        if name not in self._seen:
+            self._seen.add(name)
+            self.lines.append(f"# HELP {name} {help_}")
+            self.lines.append(f"# TYPE {name} histogram")
+        lab = "".join(f',{k}="{escape_label(v)}"' for k, v in labels.items())
+        total = 0
+        for bound, n in zip(hist.buckets, hist.counts, strict=True):
+            total += n
+            self.lines.append(f'{name}_bucket{{le="{bound:g}"{lab}}} {total}')
+        self.lines.append(f'{name}_bucket{{le="+Inf"{lab}}} {hist.count}')
+        tail = "{" + lab[1:] + "}" if lab else ""
+        self.lines.append(f"{name}_sum{tail} {hist.sum:.6f}")
+        self.lines.append(f"{name}_count{tail} {hist.count}")
+
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
+
+
+class Histogram:
+    """Durations in seconds, counted in fixed buckets (Prometheus' cumulative form is
+    made when exported): cheap enough to observe once per batch."""
+
+    BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+               2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)  # fmt: skip
+
+    def __init__(self, buckets: Sequence[float] = BUCKETS) -> None:
+        self.buckets = tuple(buckets)
+        self.counts = [0] * len(self.buckets)
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.count += 1
+        self.sum += seconds
+        i = bisect.bisect_left(self.buckets, seconds)
+        if i < len(self.counts):
+            self.counts[i] += 1
 
 
 async def serve_http(

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -265,9 +266,17 @@ def _client_metrics(m: Any, client: ecast.Client) -> None:
 
 
 # ------------------------------------------------------------------ storage
-def storage_metrics(core: StorageCore, client: ecast.Client | None = None) -> str:
+def storage_metrics(
+    core: StorageCore, client: ecast.Client | None = None, host: StorageHost | None = None
+) -> str:
     st = core.status()
     m = kit.Metrics()
+    if host is not None:
+        m.histogram(
+            "rubberband_step_seconds",
+            host.step_seconds,
+            "time to apply one batch of deliveries on the engine thread",
+        )
     m.add("rubberband_keyspace_version", st["version"] or 0, "keyspace version applied here")
     m.add("rubberband_active", 1 if st["active"] else 0, "on the ring (0: standby)")
     m.add("rubberband_ranges", len(st["owned"]), "ranges held", state="owned")
@@ -286,12 +295,27 @@ def storage_metrics(core: StorageCore, client: ecast.Client | None = None) -> st
     return m.text()
 
 
-def storage_health(core: StorageCore) -> dict[str, Any]:
+BEHIND_AFTER = 10.0
+"""Seconds delivered items may wait for their ranges before /health says degraded."""
+
+
+def storage_health(core: StorageCore, host: StorageHost | None = None) -> dict[str, Any]:
+    """``ok``; ``degraded`` (503) when a copy broke off (incomplete: it needs a repair)
+    or items have waited for their ranges for ``BEHIND_AFTER`` s (behind: a migration
+    into it is slow or stuck); ``stopped`` after a fail-stop."""
     status = core.status()
     status["owned"] = len(status["owned"])
     for k in ("receiving", "broken"):
         status[k] = len(status[k])
-    status["status"] = "ok" if core.stopped is None else "stopped"
+    reasons = []
+    if status.get("incomplete"):
+        reasons.append("incomplete: a copy broke off; the supers repair it")
+    since = host.queued_since if host is not None else None
+    if since is not None and time.monotonic() - since > BEHIND_AFTER:
+        reasons.append(f"behind: items have waited {time.monotonic() - since:.0f} s for ranges")
+    status["status"] = "stopped" if core.stopped is not None else "degraded" if reasons else "ok"
+    if reasons:
+        status["reasons"] = reasons
     status["engine"] = core.engine.stats()
     return status
 
@@ -326,8 +350,8 @@ async def run_storage(args: argparse.Namespace) -> int:
     if args.metrics:
         runner = await kit.serve_http(
             args.metrics,
-            lambda: storage_metrics(core, client),
-            lambda: storage_health(core),
+            lambda: storage_metrics(core, client, host),
+            lambda: storage_health(core, host),
             lambda h: h["status"] == "ok",
         )
     try:
@@ -349,8 +373,17 @@ async def _drain(host: StorageHost, args: argparse.Namespace) -> bool:
 
 
 # ------------------------------------------------------------------ super
+STUCK_AFTER = 120.0
+"""Seconds a reconfiguration may stay pending before a super's /health says degraded."""
+
+
 def super_metrics(host: SuperHost) -> str:
     m = kit.Metrics()
+    m.histogram(
+        "rubberband_reconfiguration_seconds",
+        host.reconfiguration_seconds,
+        "reconfigurations from planning until every receiver was ready",
+    )
     c = host.core.config
     if c is not None:
         m.add("rubberband_keyspace_version", c.version, "keyspace version")
@@ -398,8 +431,15 @@ async def run_super(args: argparse.Namespace) -> int:
         return hmac.compare_digest(got.encode(), f"Bearer {token}".encode())
 
     def health() -> dict[str, Any]:
+        """``ok``; ``starting`` until joined; ``degraded`` (503) while a reconfiguration
+        has been pending for more than ``STUCK_AFTER`` s (a receiver is not finishing)."""
         s = core.status()
         s["status"] = "ok" if s.get("joined") and host.stopped is None else "starting"
+        now = time.monotonic()
+        stuck = {v: round(now - t) for v, t in host.pending_since.items() if now - t > STUCK_AFTER}
+        if stuck and s["status"] == "ok":
+            s["status"] = "degraded"
+            s["reasons"] = [f"version {v} pending for {age} s" for v, age in sorted(stuck.items())]
         return s
 
     async def status(request: web.Request) -> web.Response:
