@@ -241,6 +241,11 @@ class RubberbandConfig(Membership):
         return RubberbandConfig(keyspace, self.partitioning, **fields)
 
     # ------------------------------------------------------------------ reading
+    def settings(self) -> dict[str, Any]:
+        """What the bootstrapping router's ``--config-arg`` fixed for the group's life
+        (the routers' /health shows it; changing it needs a new cluster)."""
+        return {"replication": self.f, "partitioning": self.partitioning}
+
     @property
     def f(self) -> int:
         return self.keyspace.f

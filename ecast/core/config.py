@@ -343,6 +343,10 @@ class KeyRingConfig(Membership):
         )
 
     @classmethod
+    def settings(self) -> dict[str, Any]:
+        """What the bootstrapping router's ``--config-arg`` fixed (shown by /health)."""
+        return {"replication": self.f}
+
     def initial(cls, replication: int | str = 3) -> KeyRingConfig:
         return cls(int(replication))
 

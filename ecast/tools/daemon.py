@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
@@ -27,7 +28,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from ecast.core.config import config_class
+from ecast.core.config import config_class, config_path
 from ecast.core.roles import ROUTER
 from ecast.core.router import ROUTER_MUTATIONS, Router, RouterParams
 from ecast.core.ufabcast import MUTATIONS as UFAB_MUTATIONS
@@ -574,6 +575,19 @@ class RouterDaemon:
             await asyncio.sleep(0.05)
 
     # ------------------------------------------------------------------ observability
+    def _config_info(self) -> dict[str, Any]:
+        """The group's config as this router has it (a joiner installed the group's: its
+        own --config flags do not count), with the settings it was bootstrapped with."""
+        r = self.router
+        assert r is not None
+        cfg = r.state.mseq.configs[-1]
+        info: dict[str, Any] = {"class": config_path(cfg)}
+        settings = getattr(cfg, "settings", None)
+        if callable(settings):
+            with contextlib.suppress(Exception):
+                info["settings"] = settings()
+        return info
+
     def health(self) -> dict[str, Any]:
         r = self.router
         if r is None:
@@ -597,6 +611,7 @@ class RouterDaemon:
         if not u.installed:
             out["status"] = "joining"
             return out
+        out["config"] = self._config_info()
         if u.stopped:
             out["status"] = "stopped"
             return out

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -620,3 +621,27 @@ def test_the_admin_cli_end_to_end_on_the_scan_engine(tmp_path: Path) -> None:
 
 def st_super(d: Path) -> str:
     return str(next(iter(state(d)["supers"].values())))
+
+
+def test_a_joining_router_reports_the_groups_config_not_its_own_flags(cluster: Path) -> None:
+    """Only the bootstrapping router's --config-arg counts; /health shows the group's."""
+    import urllib.request
+
+    st = state(cluster)
+    args = [a if a != "replication=3" else "replication=1" for a in st["router_args"]]
+    assert "replication=1" in args
+    lc = local.LocalCluster(cluster, args=args)
+    join = json.loads((cluster / "processes.json").read_text())["r1"]
+    r = lc.start("r9", f"127.0.0.1:{join['ports']['listen']}")
+    port = json.loads((cluster / "processes.json").read_text())["r9"]["ports"]["metrics"]
+    deadline = time.monotonic() + 20
+    health: dict[str, Any] = {}
+    while time.monotonic() < deadline and "config" not in health:
+        with contextlib.suppress(OSError, ValueError):
+            health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health").read())
+        time.sleep(0.2)
+    assert health["config"] == {
+        "class": "rubberband.config:RubberbandConfig",
+        "settings": {"replication": 3, "partitioning": "range"},
+    }
+    del r
