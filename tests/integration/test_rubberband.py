@@ -645,3 +645,33 @@ def test_a_joining_router_reports_the_groups_config_not_its_own_flags(cluster: P
         "settings": {"replication": 3, "partitioning": "range"},
     }
     del r
+
+
+@pytest.mark.parametrize("cluster", [("--supers", "2")], indirect=True)
+def test_a_super_parts_on_sigterm_and_the_other_takes_over_repairs(cluster: Path) -> None:
+    assert cli("cluster", "add", "--storage", "1", "--state-dir", str(cluster)).returncode == 0
+    procs = json.loads((cluster / "processes.json").read_text())
+    s1 = procs["s1"]["pid"]
+    os.kill(s1, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while _alive(s1) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(s1), "the super did not part"
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        st = status(cluster)
+        if st.get("ring") and st.get("version") is not None:
+            break
+        time.sleep(0.2)
+    body = json.loads(cli("admin", "--state-dir", str(cluster), "status", "--json").stdout)
+    assert body["supers"] == ["super:s2"]
+    # The coordinator role is the remaining super's: a killed holder is repaired.
+    os.kill(procs["storage3"]["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    ring: list[str] = []
+    while time.monotonic() < deadline:
+        ring = [r["name"] for r in status(cluster)["ring"]]
+        if "storage:3" not in ring and "storage:5" in ring:
+            break
+        time.sleep(0.3)
+    assert "storage:3" not in ring and "storage:5" in ring, ring
