@@ -19,8 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ecast import Client, NodeId
-from ecast.tools.daemon_kit import Histogram
+from ecast import Client, NodeId, daemon_kit
 from rubberband.storage import StorageCore
 from rubberband.super import Proposal, Refused, SuperCore
 
@@ -106,7 +105,7 @@ class StorageHost(_Host):
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="engine")
         self._left: dict[int, asyncio.Future[tuple[Any, ...]]] = {}
         self._rid = 0
-        self.step_seconds = Histogram()
+        self.step_seconds = daemon_kit.Histogram()
         """How long each batch of deliveries took on the engine thread."""
         self.queued_since: float | None = None
         """Since when delivered items have waited for their ranges (None: nothing waits)."""
@@ -267,7 +266,7 @@ class SuperHost(_Host):
         self.voted: set[NodeId] = set()
         self.changed = asyncio.Event()
         self.joined = asyncio.Event()
-        self.reconfiguration_seconds = Histogram()
+        self.reconfiguration_seconds = daemon_kit.Histogram()
         """Submitted reconfigurations, from planning until every receiver was ready."""
         self.pending_since: dict[int, float] = {}
         """When each pending keyspace version was first seen pending."""

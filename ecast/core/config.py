@@ -342,11 +342,11 @@ class KeyRingConfig(Membership):
             frozenset(names[(i + j) % len(names)] for j in range(k)) for i in range(len(names))
         )
 
-    @classmethod
     def settings(self) -> dict[str, Any]:
         """What the bootstrapping router's ``--config-arg`` fixed (shown by /health)."""
         return {"replication": self.f}
 
+    @classmethod
     def initial(cls, replication: int | str = 3) -> KeyRingConfig:
         return cls(int(replication))
 
