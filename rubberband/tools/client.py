@@ -14,9 +14,9 @@ rubberband client --state-dir D update tickets --set dep=GVA --where 'rloc = AB1
 rubberband client --state-dir D delete-rows tickets --where 'dep = GVA'
 ```
 
-Key-value commands work on the memory and Memcached engines (and on the scan engine's
-key-value table); table commands need the scan engine (the cluster's engine, from
-``cluster.json``, or ``--engine scan`` with ``--routers``).  A table's key column is
+Key-value commands work on the memory and Memcached engines and on ``scan-kv`` (whose
+keys are integers); table commands need the scan engine, ``scan`` or ``scan-kv`` (the
+cluster's engine, from ``cluster.json``, or ``--engine`` with ``--routers``).  A table's key column is
 asked of nobody (the scan engine keeps no catalog a client could read): ``--key`` names
 it where routing needs it (``insert``, ``upsert``, and a ``--where`` on the key).
 Output is a table for people, or JSON with ``--json``.  Exit status: 0 done, 1 refused or
@@ -33,7 +33,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SCAN_OPS = "storage_adapters.scan:ScanOps"
+OPS = {"scan": "storage_adapters.scan:ScanOps", "scan-kv": "storage_adapters.scan.kv:ScanKVOps"}
+"""The client operations of engines other than the key-value default, named by path."""
 KV_COMMANDS = ("get", "put", "append", "delete", "scan")
 TABLE_COMMANDS = ("create-table", "insert", "upsert", "select", "update", "delete-rows")
 OPERATORS = ("=", "!=", "<", "<=", ">", ">=", "in", "prefix")
@@ -104,12 +105,12 @@ async def run(args: argparse.Namespace) -> Any:
 
     routers, auth, engine = _connection(args)
     table_cmd = args.command in TABLE_COMMANDS
-    if table_cmd and engine != "scan":
+    if table_cmd and engine not in ("scan", "scan-kv"):
         raise Usage(f"{args.command} needs the scan engine; this cluster runs {engine!r}")
     rb = await rubberband.connect(
         routers,
         f"client:cli-{os.getpid()}-{os.urandom(3).hex()}",
-        ops=SCAN_OPS if engine == "scan" else None,
+        ops=OPS.get(engine),
         **auth,
     )
     try:
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state-dir", help="a rubberband cluster up directory")
     ap.add_argument("--routers", help="HOST:PORT[,HOST:PORT...]")
     ap.add_argument("--credentials", help="a client credential file (client:*)")
-    ap.add_argument("--engine", choices=["memory", "memcached", "scan", "null"])
+    ap.add_argument("--engine", choices=["memory", "memcached", "scan", "scan-kv", "null"])
     ap.add_argument(
         "--isolation", default="sequential", choices=["sequential", "snapshot", "basic"]
     )
