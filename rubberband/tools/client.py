@@ -16,9 +16,10 @@ rubberband client --state-dir D delete-rows tickets --where 'dep = GVA'
 
 Key-value commands work on the memory and Memcached engines and on ``scan-kv`` (whose
 keys are integers); table commands need the scan engine, ``scan`` or ``scan-kv`` (the
-cluster's engine, from ``cluster.json``, or ``--engine`` with ``--routers``).  A table's key column is
-asked of nobody (the scan engine keeps no catalog a client could read): ``--key`` names
-it where routing needs it (``insert``, ``upsert``, and a ``--where`` on the key).
+cluster's engine, from ``cluster.json``, or ``--engine`` with ``--routers``).  A
+table's key column is asked of nobody (the scan engine keeps no catalog a client could
+read): ``--key`` names it where routing needs it (``insert``, ``upsert``, and a
+``--where`` on the key).
 Output is a table for people, or JSON with ``--json``.  Exit status: 0 done, 1 refused or
 unavailable (the message says why), 2 a usage error.
 """
