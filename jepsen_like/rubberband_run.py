@@ -620,7 +620,9 @@ class RubberbandNemesis:
         if any(type(r["id"]) is not int for r in ring):
             return None
         standby = sorted(s.get("standby", ()))
-        ops = ["expand", "replace", "rebalance", "router"] + (["contract"] if len(ring) > 4 else [])
+        ops = ["expand", "replace", "rebalance", "router"] + (
+            ["contract", "drain"] if len(ring) > 4 else []
+        )
         op = self.rng.choice(ops)
         at = self._elapsed()
         if op == "router":
@@ -636,6 +638,24 @@ class RubberbandNemesis:
                 os.kill(self._recorded()[victim]["pid"], signal.SIGTERM)
             self._say(f"reconfigure: router {victim} parts (3 routers)")
             return {"target": victim, "op": "router-part", "at": at}
+        if op == "drain":
+            # SIGTERM on an active storage process: it asks a super to contract it and
+            # parts once its ranges have their new holders (the operator's way to stop
+            # one); the run checks that nothing acknowledged went with it.
+            victim = self.rng.choice(ring)["name"]
+            key = victim.replace(":", "")
+            pid = self._recorded().get(key, {}).get("pid")
+            if pid is None or not _alive(pid):
+                return None
+            self._say(f"reconfigure: drain {victim} (SIGTERM)")
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 60
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            result = "done" if not _alive(pid) else "still up after 60 s"
+            self._say(f"reconfigure: drain {victim} {result}")
+            return {"target": victim, "op": "drain", "result": result, "at": at,
+                    "end": round(self._elapsed(), 2)}  # fmt: skip
         ids = [r["id"] for r in ring]
         if op == "expand" and standby:
             i = self.rng.randrange(len(ids))
