@@ -34,6 +34,10 @@ LEAVE = "leave"
 LEFT = "left"
 """Super to storage: ``(LEFT, rid, error or None, version or None)``, once it completed."""
 BATCH = 512
+FIGURES_EVERY = 0.25
+"""Seconds between refreshes of a storage process's figures: an engine's ``stats`` may
+sum over its blocks or ask its server (memcached), too dear for every batch; the
+supers' heartbeats read them every 0.5 s."""
 
 
 class _Host:
@@ -109,6 +113,7 @@ class StorageHost(_Host):
         """How long each batch of deliveries took on the engine thread."""
         self.queued_since: float | None = None
         """Since when delivered items have waited for their ranges (None: nothing waits)."""
+        self._figured_at = -FIGURES_EVERY
 
     def _intercept(self, src: NodeId, payload: Any) -> bool:
         if type(payload) is tuple and len(payload) == 4 and payload[0] == LEFT:
@@ -214,7 +219,10 @@ class StorageHost(_Host):
                 out += core.direct(item[1], item[2])
         if run:
             out += core.deliver(run)
-        self.figures = self._figures()
+        now = time.monotonic()
+        if now - self._figured_at >= FIGURES_EVERY:
+            self._figured_at = now
+            self.figures = self._figures()
         return out
 
     def _figures(self) -> dict[str, int | float]:
