@@ -34,7 +34,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,19 +41,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jepsen_like.rubberband_run import _cli
+
 OPS = "storage_adapters.scan.kv:ScanKVOps"
 TICKETS = "tickets"
 ROWS = 20_000
 PROGRESS = "▮"
-
-
-def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rubberband.tools.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 class Demo:
