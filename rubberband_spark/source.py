@@ -170,6 +170,22 @@ def _trace(opts: Options, record: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+@contextlib.contextmanager
+def _client(opts: Options, session: ecast.Session | None = None) -> Iterator[tuple[_Loop, Any]]:
+    """A client on an event loop of its own thread; detached and the loop stopped at the
+    end, whatever happened."""
+    loop = _Loop()
+    rb = None
+    try:
+        rb = loop.run(_connect(opts, session), opts.timeout * 2)
+        yield loop, rb
+    finally:
+        if rb is not None:
+            with contextlib.suppress(Exception):
+                loop.run(rb.close(), 10)
+        loop.close()
+
+
 # ---------------------------------------------------------------------- writing
 @dataclass
 class RubberbandCommit(WriterCommitMessage):  # type: ignore[misc]
@@ -227,10 +243,7 @@ def write_partition(
     returned only when every one is stable; the rest goes to the driver."""
     tc = TaskContext.get()
     partition = tc.partitionId() if tc is not None else 0
-    loop = _Loop()
-    rb = None
-    try:
-        rb = loop.run(_connect(opts, (namespace, epoch, f"p{partition}")), opts.timeout * 2)
+    with _client(opts, (namespace, epoch, f"p{partition}")) as (loop, rb):
         chunker = Chunker(opts.target, rb.placement, opts.rows_per_message, opts.buckets)
         futures: list[Any] = []
         try:
@@ -277,11 +290,6 @@ def write_partition(
             },
         )
         return commit
-    finally:
-        if rb is not None:
-            with contextlib.suppress(Exception):
-                loop.run(rb.close(), 10)
-        loop.close()
 
 
 def commit_batch(opts: Options, namespace: str | None, epoch: int, messages: Sequence[Any]) -> int:
@@ -292,10 +300,7 @@ def commit_batch(opts: Options, namespace: str | None, epoch: int, messages: Seq
     namespace = namespace or (done[0].namespace if done else None)
     if namespace is None:
         return 0
-    loop = _Loop()
-    rb = None
-    try:
-        rb = loop.run(_connect(opts, (namespace, epoch, DRIVER_STREAM)), opts.timeout * 2)
+    with _client(opts, (namespace, epoch, DRIVER_STREAM)) as (loop, rb):
         items = remainder_messages(
             opts.target,
             rb.placement,
@@ -318,11 +323,6 @@ def commit_batch(opts: Options, namespace: str | None, epoch: int, messages: Seq
             },
         )
         return sent
-    finally:
-        if rb is not None:
-            with contextlib.suppress(Exception):
-                loop.run(rb.close(), 10)
-        loop.close()
 
 
 class StreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
@@ -382,45 +382,27 @@ class Reader(DataSourceReader):  # type: ignore[misc]
     def partitions(self) -> list[Segment]:
         if self.opts.consistent:
             return [Segment(None)]
-        loop = _Loop()
-        try:
-
-            async def segments() -> list[Any]:
-                rb = await _connect(self.opts)
-                try:
-                    return list(rb.segments())
-                finally:
-                    await rb.close()
-
-            segs = loop.run(segments(), self.opts.timeout * 2)
-        finally:
-            loop.close()
+        with _client(self.opts) as (_, rb):
+            segs = list(rb.segments())
         return [Segment(s) for s in segs] or [Segment(None)]
 
     def read(self, partition: Segment) -> Iterator[pa.RecordBatch]:
-        loop = _Loop()
-        try:
-            columns = loop.run(self._read(partition.ranges), self.opts.timeout * 4)
-        finally:
-            loop.close()
+        with _client(self.opts) as (loop, rb):
+            columns = loop.run(self._read(rb, partition.ranges), self.opts.timeout * 4)
         yield _record_batch(self.schema, columns)
 
-    async def _read(self, ranges: Any) -> dict[str, list[Any]]:
+    async def _read(self, rb: Any, ranges: Any) -> dict[str, list[Any]]:
         opts = self.opts
-        rb = await _connect(opts)
-        try:
-            names = [f.name for f in self.schema.fields]
-            t = opts.target
-            if t.table is not None:
-                op = rb.core.ops.select(t.table, columns=names, isolation=opts.isolation)
-                op["key"] = t.key
-                result = await rb.read(op, opts.isolation, within=ranges)
-                return dict(zip(result["columns"], result["data"], strict=True))
-            items = await rb.read(("scan", None, None), opts.isolation, within=ranges)
-            value = str(t.value)
-            return {t.key: [k for k, _ in items], value: [v for _, v in items]}
-        finally:
-            await rb.close()
+        names = [f.name for f in self.schema.fields]
+        t = opts.target
+        if t.table is not None:
+            op = rb.core.ops.select(t.table, columns=names, isolation=opts.isolation)
+            op["key"] = t.key
+            result = await rb.read(op, opts.isolation, within=ranges)
+            return dict(zip(result["columns"], result["data"], strict=True))
+        items = await rb.read(("scan", None, None), opts.isolation, within=ranges)
+        value = str(t.value)
+        return {t.key: [k for k, _ in items], value: [v for _, v in items]}
 
 
 def _record_batch(schema: StructType, columns: dict[str, list[Any]]) -> pa.RecordBatch:
