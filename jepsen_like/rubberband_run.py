@@ -315,15 +315,6 @@ async def _go(d: Path, plan: Plan) -> dict[str, Any]:
             "ring": [r["name"] for r in _status(d).get("ring", [])]}  # fmt: skip
 
 
-def _alive(pid: int) -> bool:
-    """Running (a zombie or a vanished process is not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1]
-    except OSError:
-        return False
-    return stat.split()[0] != "Z"
-
-
 class RubberbandNemesis:
     """One fault at a time from a seeded schedule, on a thread of its own (every step
     blocks: signals, CLI calls, admin requests)."""
@@ -353,7 +344,7 @@ class RubberbandNemesis:
     def _routers(self) -> dict[str, dict[str, Any]]:
         """Live router processes by name."""
         return {n: p for n, p in self._recorded().items()
-                if "router" in p.get("argv", ()) and _alive(p["pid"])}  # fmt: skip
+                if "router" in p.get("argv", ()) and local.running(p["pid"])}  # fmt: skip
 
     def _health(self, p: dict[str, Any]) -> dict[str, Any] | None:
         return local.http_json(f"http://{p.get('host', '127.0.0.1')}:{p['health_port']}/health")
@@ -645,14 +636,14 @@ class RubberbandNemesis:
             victim = self.rng.choice(ring)["name"]
             key = victim.replace(":", "")
             pid = self._recorded().get(key, {}).get("pid")
-            if pid is None or not _alive(pid):
+            if pid is None or not local.running(pid):
                 return None
             self._say(f"reconfigure: drain {victim} (SIGTERM)")
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + 60
-            while _alive(pid) and time.monotonic() < deadline:
+            while local.running(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            result = "done" if not _alive(pid) else "still up after 60 s"
+            result = "done" if not local.running(pid) else "still up after 60 s"
             self._say(f"reconfigure: drain {victim} {result}")
             return {"target": victim, "op": "drain", "result": result, "at": at,
                     "end": round(self._elapsed(), 2)}  # fmt: skip
@@ -710,7 +701,7 @@ class RubberbandNemesis:
         in_cluster |= set(json.loads((self.d / "cluster.json").read_text())["supers"])
         out = []
         for name, pid in self.paused:
-            if not _alive(pid):
+            if not local.running(pid):
                 continue
             if name in members or name in in_cluster:
                 continue

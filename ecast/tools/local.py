@@ -49,6 +49,16 @@ class Place:
         return {"host": self.host, "launcher": list(self.launcher)}
 
 
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie or a vanished process does not): for
+    processes this one did not start, whose exit status it cannot wait for."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1]
+    except OSError:
+        return False
+    return stat.split()[0] != "Z"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ecast import local
 from tests.integration.cluster import SECRET, Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,13 +88,5 @@ def test_the_rubberband_demo_passes_its_own_checks(tmp_path: Path) -> None:
         assert step in p.stdout, p.stdout[-3000:]
     assert png.stat().st_size > 10_000
     recorded = json.loads((tmp_path / "cluster" / "processes.json").read_text())
-    alive = [n for n, r in recorded.items() if _running(r["pid"])]
+    alive = [n for n, r in recorded.items() if local.running(r["pid"])]
     assert not alive, f"still running after the demo: {alive}"
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False

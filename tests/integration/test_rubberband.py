@@ -368,14 +368,6 @@ def test_a_toml_file_with_an_unknown_key_is_refused(tmp_path: Path) -> None:
     assert out.returncode == 2 and "unknown setting 'routes'" in out.stderr, out.stderr
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_sigterm_contracts_an_active_storage_process_before_it_exits(cluster: Path) -> None:
     """An active storage process given SIGTERM asks a super to contract it, waits until
     its data has moved, then parts; appends acknowledged all the while are all there."""
@@ -401,10 +393,10 @@ def test_sigterm_contracts_an_active_storage_process_before_it_exits(cluster: Pa
         version = status(cluster)["version"]
         t0 = time.monotonic()
         os.kill(pid, signal.SIGTERM)
-        while _alive(pid) and time.monotonic() - t0 < 60:
+        while local.running(pid) and time.monotonic() - t0 < 60:
             await asyncio.sleep(0.1)
         took = time.monotonic() - t0
-        assert not _alive(pid), "the process did not exit"
+        assert not local.running(pid), "the process did not exit"
         await asyncio.sleep(1)  # writes go on after it left
         stop.set()
         await asyncio.gather(*tasks)
@@ -438,7 +430,7 @@ def test_sigterm_is_refused_when_a_contract_would_go_below_replication(cluster: 
         time.sleep(0.1)
     assert "fewer_than_the_replication_factor" in log.read_text(), log.read_text()[-2000:]
     time.sleep(1)
-    assert _alive(pid), "a refused drain must leave the process up"
+    assert local.running(pid), "a refused drain must leave the process up"
     st = status(cluster)
     assert st["version"] == version and len(st["ring"]) == 3
     os.kill(pid, signal.SIGKILL)
@@ -464,9 +456,9 @@ def test_sigterm_with_replace_with_hands_the_range_to_a_standby(cluster: Path) -
             pid = json.loads((cluster / "processes.json").read_text())["storage9"]["pid"]
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + 60
-            while _alive(pid) and time.monotonic() < deadline:
+            while local.running(pid) and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
-            assert not _alive(pid)
+            assert not local.running(pid)
             return await rb.get_many(list(range(0, 1_000_000, 997)))
         finally:
             await rb.close()
@@ -616,7 +608,7 @@ def test_the_admin_cli_end_to_end_on_the_scan_engine(tmp_path: Path) -> None:
         pids = [p["pid"] for p in listed["processes"]]
     finally:
         cli("cluster", "down", "--state-dir", str(d))
-    assert pids and not [p for p in pids if _alive(p)]
+    assert pids and not [p for p in pids if local.running(p)]
 
 
 def st_super(d: Path) -> str:
@@ -654,9 +646,9 @@ def test_a_super_parts_on_sigterm_and_the_other_takes_over_repairs(cluster: Path
     s1 = procs["s1"]["pid"]
     os.kill(s1, signal.SIGTERM)
     deadline = time.monotonic() + 15
-    while _alive(s1) and time.monotonic() < deadline:
+    while local.running(s1) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(s1), "the super did not part"
+    assert not local.running(s1), "the super did not part"
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         st = status(cluster)
