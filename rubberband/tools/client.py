@@ -34,6 +34,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rubberband.tools.cluster import aligned
+
 OPS = {"scan": "storage_adapters.scan:ScanOps", "scan-kv": "storage_adapters.scan.kv:ScanKVOps"}
 """The client operations of engines other than the key-value default, named by path."""
 KV_COMMANDS = ("get", "put", "append", "delete", "scan")
@@ -76,9 +78,8 @@ def _table_text(columns: list[str], rows: list[list[Any]]) -> str:
         ["" if v is None else json.dumps(v) if not isinstance(v, str) else v for v in r]
         for r in rows
     ]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    cells.insert(1, ["-" * max(len(r[i]) for r in cells) for i in range(len(columns))])
+    lines = aligned(cells)
     return "\n".join(lines) + f"\n({len(rows)} row{'s' if len(rows) != 1 else ''})"
 
 

@@ -433,14 +433,20 @@ def _status_text(st: dict[str, Any]) -> str:
         f = load.get(name, {})
         figures = [str(f.get(k, "")) for k in ("ops_per_s", "items", "queued", "rtt_ms")]
         rows.append([str(i), name, r["id"], r.get("partition", ""), state, *figures])
-    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
-              for row in rows]  # fmt: skip
+    lines += aligned(rows)
     lines.append(f"standby: {', '.join(st['standby']) or 'none'}")
     pending = st.get("pending", {})
     lines.append("pending: " + (", ".join(f"version {v} waits for {', '.join(w)}"
                                            for v, w in pending.items()) or "none"))  # fmt: skip
     return "\n".join(lines)
+
+
+def aligned(rows: list[list[str]]) -> list[str]:
+    """Rows of cells as lines of left-aligned columns two spaces apart (tables for
+    people: ``rubberband admin status``, ``rubberband client``)."""
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    return ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
+            for row in rows]  # fmt: skip
 
 
 def _plan_text(r: dict[str, Any]) -> str:
