@@ -26,6 +26,7 @@ from pyspark.sql.types import LongType
 
 import rubberband.sdk as rbsdk
 import rubberband_spark
+from tests.integration.test_rubberband import cli
 
 PY = sys.executable
 KEYS = 101
@@ -34,12 +35,6 @@ ROWS = 10_000
 whole Arrow batches before its input ends (with fewer, PySpark fails its read of the
 first batch instead, which tests less)."""
 FAIL_AT = 8_000
-
-
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [PY, "-m", "rubberband.tools.cli", *args], capture_output=True, text=True, timeout=timeout
-    )
 
 
 def up(d: Path, *extra: str) -> Path:
