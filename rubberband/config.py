@@ -115,6 +115,7 @@ class RubberbandConfig(Membership):
     __slots__ = (
         "_clients",
         "_read_routing",
+        "_seniority",
         "_storage",
         "_supers",
         "_write_routing",
@@ -151,12 +152,17 @@ class RubberbandConfig(Membership):
         pending: dict[int, Pending] | None = None,
         votes: dict[NodeId, frozenset[NodeId]] | None = None,
         incomplete: frozenset[NodeId] = _NONE,
+        seniority: tuple[NodeId, ...] | None = None,
     ) -> None:
         super().__init__(supers | storage | clients, retired)
         self.keyspace = keyspace
         self.partitioning = partitioning
         self.version = version
         self._supers = supers
+        # Supers in the order their joins were delivered: the same on every replica, so
+        # the oldest live super is the coordinator everywhere without any election.
+        order = sorted(supers) if seniority is None else seniority
+        self._seniority = tuple(p for p in order if p in supers)
         self._storage = storage
         self._clients = clients
         self.pending: dict[int, Pending] = pending or {}
@@ -184,7 +190,7 @@ class RubberbandConfig(Membership):
             self.partitioning,
             self.version,
             [list(x) for x in self.keyspace.ring()],
-            sorted(self._supers),
+            list(self._seniority),
             sorted(self._storage),
             sorted(self._clients),
             sorted(self._retired),
@@ -215,6 +221,7 @@ class RubberbandConfig(Membership):
                 str(partitioning),
                 version=int(version),
                 supers=frozenset(supers),
+                seniority=tuple(supers),
                 storage=frozenset(storage),
                 clients=frozenset(clients),
                 retired=frozenset(retired),
@@ -229,6 +236,7 @@ class RubberbandConfig(Membership):
         fields = {
             "version": self.version,
             "supers": self._supers,
+            "seniority": self._seniority,
             "storage": self._storage,
             "clients": self._clients,
             "retired": self._retired,
@@ -252,6 +260,16 @@ class RubberbandConfig(Membership):
 
     def supers(self) -> frozenset[NodeId]:
         return self._supers
+
+    def seniority(self) -> tuple[NodeId, ...]:
+        """Supers oldest first (by the position of their joins in the history)."""
+        return self._seniority
+
+    def coordinator(self) -> NodeId | None:
+        """The super that repairs broken holders: the oldest member super.  When it parts
+        or is suspected, the next oldest takes over at the same point of the history on
+        every replica (4.2.3)."""
+        return self._seniority[0] if self._seniority else None
 
     def storage(self) -> frozenset[NodeId]:
         """Storage processes that are members (active or standby)."""
@@ -312,7 +330,7 @@ class RubberbandConfig(Membership):
     def _joined(self, p: NodeId, header: dict[str, Any]) -> RubberbandConfig:
         role = role_of(p)
         if role == SUPER:
-            return self._with(supers=self._supers | {p})
+            return self._with(supers=self._supers | {p}, seniority=(*self._seniority, p))
         if role == STORAGE:
             return self._with(storage=self._storage | {p})
         return self._with(clients=self._clients | {p})
@@ -326,6 +344,7 @@ class RubberbandConfig(Membership):
         votes = {p: v - gone for p, v in self.votes.items() if p not in gone and v - gone}
         return self._with(
             supers=self._supers - gone,
+            seniority=tuple(p for p in self._seniority if p not in gone),
             storage=self._storage - gone,
             clients=self._clients - gone,
             retired=self._retired | gone,
@@ -565,7 +584,7 @@ class RubberbandConfig(Membership):
             and other.version == self.version
             and other.keyspace == self.keyspace
             and other.partitioning == self.partitioning
-            and other._supers == self._supers
+            and other._seniority == self._seniority
             and other._storage == self._storage
             and other._clients == self._clients
             and other._retired == self._retired

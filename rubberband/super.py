@@ -138,9 +138,10 @@ class SuperCore:
         process on the ring that was suspected (failed) or is *incomplete* (its copy
         broke off when a source failed) is a replica short for its ranges.
 
-        Only the first live super (by name) repairs, so supers do not race each other
-        (a second proposal computed from the same version would be stale and ignored
-        anyway).  Nothing is planned while a reconfiguration still makes progress (some
+        Only the coordinator (the oldest member super, the same on every replica) repairs,
+        so supers do not race each other (a second proposal computed from the same version
+        would be stale and ignored anyway); when it parts or is suspected, the next
+        oldest takes over.  Nothing is planned while a reconfiguration still makes progress (some
         process it waits for is neither incomplete nor gone: an incomplete one never
         finishes, so waiting for it would wait for ever).  Each broken
         holder is replaced by a standby process (fresh copies from the complete
@@ -148,7 +149,7 @@ class SuperCore:
         ``f`` processes.  A repair that would lose data is refused by :meth:`plan`
         (never forced here): that needs an operator."""
         c = self.config
-        if c is None or not c.supers() or min(c.supers()) != self.me:
+        if c is None or c.coordinator() != self.me:
             return []
         if any(p.waiting - c.incomplete for p in c.pending.values()):
             return []
@@ -194,7 +195,8 @@ class SuperCore:
             "busy": sorted(c.busy()),
             "incomplete": sorted(c.incomplete),
             "pending": {v: sorted(p.waiting) for v, p in sorted(c.pending.items())},
-            "supers": sorted(c.supers()),
+            "supers": list(c.seniority()),
+            "coordinator": c.coordinator(),
             "clients": len(c.clients()),
         }
 

@@ -421,8 +421,9 @@ def _status_text(st: dict[str, Any]) -> str:
         return "the super has not joined yet"
     lines = [
         f"version {st['version']}, replication {st['replication']}, {st['partitioning']} "
-        f"partitioning, leading router {st.get('leader') or '-'}, supers "
-        f"{', '.join(st['supers'])}, clients {st['clients']}"
+        f"partitioning, leading router {st.get('leader') or '-'}, supers (oldest first) "
+        f"{', '.join(st['supers'])}, coordinator {st.get('coordinator') or '-'}, "
+        f"clients {st['clients']}"
     ]
     load = st.get("load", {})
     rows = [["#", "process", "id", "partition", "state", "ops/s", "items", "queued", "rtt ms"]]

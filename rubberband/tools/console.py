@@ -115,7 +115,8 @@ async function refresh() {
   document.getElementById("summary").innerHTML = "";
   const facts = [["version", st.version], ["replication", st.replication],
     ["partitioning", st.partitioning], ["leading router", st.leader],
-    ["supers", st.supers.join(", ")], ["clients", st.clients],
+    ["supers", st.supers.join(", ")], ["coordinator", st.coordinator],
+    ["clients", st.clients],
     ["pending", Object.keys(st.pending).join(", ") || "none"]];
   for (const [k, v] of facts) {
     const s = document.createElement("span"); s.textContent = k + ": " + v;

@@ -404,6 +404,36 @@ def test_the_first_super_replaces_a_failed_holder_with_a_standby() -> None:
     assert _super(c).repairs() == []
 
 
+def test_the_coordinator_is_the_oldest_super_and_passes_to_the_next_oldest() -> None:
+    # Joins in the order z, b, m: seniority is join order, not name order.
+    c = joined("super:z", "super:b", "super:m", "storage:1", "storage:2", "storage:3")
+    assert c.seniority() == ("super:z", "super:b", "super:m")
+    assert c.coordinator() == "super:z"
+    for i in (1, 2, 3):
+        c, _ = expand(c, f"storage:{i}", i * 100, sender="super:z")
+    for v in list(c.pending):
+        for p in sorted(c.pending[v].waiting):
+            c, _ = step(c, p, ready_header(v))
+    c, _ = step(c, "storage:9", {"kind": "join"})
+    c, _ = step(c, "super:z", vote_header("storage:2"))
+    c, _ = step(c, "super:b", vote_header("storage:2"))
+    assert "storage:2" not in c.storage()
+    # Only the coordinator repairs; the others leave it alone.
+    assert [_super(c, n).repairs() != [] for n in c.seniority()] == [True, False, False]
+    # The coordinator parts: the next oldest (b, not the smallest name) takes over, on
+    # a replica rebuilt from the wire state as on one that applied every message.
+    c, _ = step(c, "super:z", {"kind": "part"})
+    wire = msgpack.unpackb(msgpack.packb(c.to_state()), use_list=False)
+    for replica in (c, RubberbandConfig.from_state(wire)):
+        assert replica.seniority() == ("super:b", "super:m")
+        assert replica.coordinator() == "super:b"
+        assert _super(replica, "super:b").repairs() == [("replace", ("storage:2", "storage:9"))]
+        assert _super(replica, "super:m").repairs() == []
+    # A super that joins later is the youngest, whatever its name.
+    c, _ = step(c, "super:a", {"kind": "join"})
+    assert c.seniority() == ("super:b", "super:m", "super:a")
+
+
 def test_an_incomplete_receiver_is_repaired_without_waiting_for_it() -> None:
     c = cluster(4, f=3)
     c, _ = step(c, "storage:8", {"kind": "join"})
