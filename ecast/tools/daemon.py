@@ -688,6 +688,16 @@ class RouterDaemon:
                     leader=u.view.members[0],
                 )
             m.add("ecast_view_members", len(u.view.members) if u.view else 0, "Routers in view")
+            m.histogram(
+                "ecast_commit_seconds",
+                u.proposer.commit_seconds,
+                "This router's route batches, from proposal to their place in the order",
+            )
+            m.histogram(
+                "ecast_stable_seconds",
+                r.stable_seconds,
+                "Route batches, from learned to stable (every destination acknowledged)",
+            )
             if r.guard.errors:
                 log.warning(
                     "event=config_error router=%s last=%r", self.router_id, r.guard.last_error

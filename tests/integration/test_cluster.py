@@ -107,8 +107,19 @@ async def test_metrics_and_health_describe_the_router(cluster: Cluster) -> None:
         "ecast_peer_unacked_messages",
         'ecast_leader_info{leader="r1"} 1',
         'ecast_peer_unacked_messages{peer="c1"}',
+        "# TYPE ecast_commit_seconds histogram",
+        "# TYPE ecast_stable_seconds histogram",
     ):
         assert name in text, name
+    # Twenty acknowledged messages: the router that routed them counted their batches'
+    # ordering and stability latency (at least one batch each; each ack waited for both).
+    counts = {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith(("ecast_commit_seconds_count", "ecast_stable_seconds_count"))
+    }
+    assert counts["ecast_commit_seconds_count"] >= 1, counts
+    assert counts["ecast_stable_seconds_count"] >= 1, counts
     h = cluster.routers["r2"].health()
     assert h is not None and h["leader"] == "r1" and h["status"] == "ok" and not h["leading"]
     await client.client.close()

@@ -607,3 +607,31 @@ def test_unsafe_copies_are_routed_and_tagged_at_least_at_the_stable_floor() -> N
     for p, (_tag, frontier, m) in copies:
         assert frontier >= st.mseq.floor
         assert p in st.mseq.destset(frontier, m)
+
+
+def test_routers_count_commit_and_stable_latency_once_per_batch() -> None:
+    n = sc.net()
+    for p in "abc":
+        n.add_app(p)
+    n.settle(0.3)
+    routers = [n.router(r) for r in ("r1", "r2", "r3")]
+    before = [r.stable_seconds.count for r in routers]
+    n.submit("a", "x")
+    n.deliver("a", "r1")  # the route itself; confirmations held: x stays unstable
+    n.deliver_all(hold={(p, "r1") for p in "abc"})
+    r1 = routers[0]
+    assert r1.unstable() >= 1
+    assert r1.stable_seconds.count == before[0]  # nothing counted while unstable
+    for i in range(6):
+        n.submit("abc"[i % 3], f"m{i}")
+    n.settle(1.0)
+    # Every router learned the same route commands and saw each of them become stable.
+    counts = [r.stable_seconds.count for r in routers]
+    assert counts[0] > before[0] and len(set(counts)) == 1, counts
+    assert all(not r._learned_at for r in routers)
+    # Virtual time: no batch waited longer than the whole run (1.3 s).
+    assert 0 < r1.stable_seconds.sum <= 1.3 * counts[0]
+    commits = [r.ufab.proposer.commit_seconds for r in routers]
+    assert sum(h.count for h in commits) > 0
+    assert all(h.sum <= 1.3 * h.count for h in commits)
+    assert n.violations() == []

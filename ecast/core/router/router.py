@@ -16,6 +16,7 @@ from typing import Any
 
 from ecast.core.config import KIND, ROUTERS, SUSPECT, WHO, Config
 from ecast.core.effects import Effects, NodeId, UnexpectedMessage
+from ecast.core.histogram import Histogram
 from ecast.core.message import Message, MsgId
 from ecast.core.message import fast_new as _tnew
 from ecast.core.mseq import ConfigGuard
@@ -95,6 +96,9 @@ class Router:
         self._learned_at: deque[tuple[int, float]] = deque()
         """``(first t, time)`` of every learned route command, while any of it is
         unstable: the age of the oldest unstable message, for health checks."""
+        self.stable_seconds = Histogram()
+        """Learning a route command to learning every message of it stable (all its
+        destinations acknowledged): the delivery latency operators watch, per batch."""
         self._proposed: dict[MsgId, set[NodeId]] = {}
         """Ids this router proposed and has not learned yet, with who routed them
         (receipt-time dedup: a process re-routing its own message is not proposed twice;
@@ -212,6 +216,17 @@ class Router:
         if not samples or self.state.mseq.unstable() == 0:
             return 0.0
         return max(0.0, now - samples[0][1])
+
+    def _observe_stable(self) -> None:
+        """Count every route command that became wholly stable (one observation each)."""
+        samples = self._learned_at
+        mseq = self.state.mseq
+        floor = mseq.floor
+        while samples:
+            end = samples[1][0] if len(samples) > 1 else mseq.next_t
+            if floor < end:
+                return
+            self.stable_seconds.observe(self._now - samples.popleft()[1])
 
     def waiting_for(self) -> list[NodeId]:
         """Destinations whose confirmations the leader still awaits, longest first."""
@@ -486,6 +501,8 @@ class Router:
 
     def _collect(self) -> None:
         gone = self.state.collect()
+        if self._learned_at:
+            self._observe_stable()
         if gone and self._fx is not None:
             view = self.ufab.view
             for p in gone:

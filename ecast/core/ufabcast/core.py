@@ -215,7 +215,7 @@ class Ufabcast:
         """Broadcast ``payload``; it will be executed by every router in one total order."""
         self._begin(now)
         if not self.stopped:
-            cmd = self.proposer.new(payload)
+            cmd = self.proposer.new(payload, now)
             self.stats["proposed"] += 1
             if self.installed:
                 self._route(cmd)

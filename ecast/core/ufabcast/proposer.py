@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ecast.core.effects import NodeId
+from ecast.core.histogram import Histogram
 from ecast.core.ufabcast.messages import AppCmd, Command, JoinCmd, PartCmd
 
 
@@ -17,7 +18,7 @@ class Proposer:
     what lets the FIFO release drop a second copy when it is chosen twice.
     """
 
-    __slots__ = ("last_progress", "me", "pending", "reconfigs", "seq")
+    __slots__ = ("born", "commit_seconds", "last_progress", "me", "pending", "reconfigs", "seq")
 
     def __init__(self, me: NodeId) -> None:
         self.me = me
@@ -26,21 +27,31 @@ class Proposer:
         self.reconfigs: list[JoinCmd | PartCmd] = []
         """Joins and parts we asked for that have not executed (or become redundant)."""
         self.last_progress = 0.0
+        self.born: dict[int, float] = {}
+        """When each pending command was proposed (a batch of routed messages each)."""
+        self.commit_seconds = Histogram()
+        """Proposal to execution of this router's commands: the ordering latency that
+        Paxos adds, leader changes and re-proposals included (operators' alert on it)."""
 
-    def new(self, payload: Any) -> AppCmd:
+    def new(self, payload: Any, now: float) -> AppCmd:
         self.seq += 1
         cmd = AppCmd(self.me, self.seq, payload)
         self.pending[cmd.seq] = cmd
+        self.born[cmd.seq] = now
         return cmd
 
     def executed(self, seq: int, now: float) -> None:
         if self.pending.pop(seq, None) is not None:
             self.last_progress = now
+            born = self.born.pop(seq, None)
+            if born is not None:
+                self.commit_seconds.observe(now - born)
 
     def executed_below(self, seq: int) -> None:
         """A snapshot says every command of ours below ``seq`` executed."""
         for s in [s for s in self.pending if s < seq]:
             del self.pending[s]
+            self.born.pop(s, None)
 
     def add_reconfig(self, cmd: JoinCmd | PartCmd) -> bool:
         """False if the same join or part is already pending."""
@@ -63,10 +74,13 @@ class Proposer:
     def renumber(self) -> None:
         """Test mutation ``renumber_reproposals``: fresh identities for re-proposals."""
         renumbered: dict[int, AppCmd] = {}
+        born: dict[int, float] = {}
         for c in self.pending.values():
             self.seq += 1
             renumbered[self.seq] = AppCmd(self.me, self.seq, c.payload)
+            born[self.seq] = self.born.get(c.seq, self.last_progress)
         self.pending = renumbered
+        self.born = born
 
     def outstanding(self) -> list[Command]:
         """Everything to send to a new leader, reconfigurations first, in sequence order."""
@@ -74,6 +88,7 @@ class Proposer:
 
     def clear(self) -> None:
         self.pending.clear()
+        self.born.clear()
         self.reconfigs = []
 
 
