@@ -18,7 +18,9 @@ Steps (about 90 s in all):
    replacement; SIGKILL a storage process, which the super replaces with a standby on its
    own; ``contract`` the expanded process again.  Each line of progress shows the step,
    throughput, latency and keyspace version.
-5. Checks: the list-append checker over the recorded history; every acknowledged ticket
+5. Checks: final reads of every list, then the list-append checker over the recorded
+   history (nothing acknowledged lost, no cycle) and the append-order checker (each
+   client's appends in every list in its order, gap-free); every acknowledged ticket
    insert and the last acknowledged update of each ticket present; every holder of every
    segment answering the same data (tables and lists).
 6. A PNG of throughput and latency with the fault and reconfiguration windows shaded, a
@@ -46,6 +48,8 @@ from jepsen_like.rubberband_run import _cli
 OPS = "storage_adapters.scan.kv:ScanKVOps"
 TICKETS = "tickets"
 ROWS = 20_000
+KEYS = 200
+"""The lists of the list-append workload are keys 1 to KEYS - 1."""
 PROGRESS = "▮"
 
 
@@ -104,7 +108,7 @@ class Demo:
         try:
             while not self.stop.is_set():
                 proc = f"c{i}.{gen}"
-                keys = self.rng.sample(range(1, 200), 2)
+                keys = self.rng.sample(range(1, KEYS), 2)
                 if self.rng.random() < 0.6:
                     txn: list[list[Any]] = [["append", k, i * 10**7 + n] for k in keys]
                     call = rb.append_many({k: i * 10**7 + n for k in keys})
@@ -133,8 +137,10 @@ class Demo:
             with contextlib.suppress(Exception):
                 await rb.close()
 
-    def record(self, proc: str, kind: str, value: Any, error: BaseException | None = None) -> None:
-        r = {"process": proc, "type": kind, "f": "txn", "value": value,
+    def record(
+        self, proc: str, kind: str, value: Any, error: BaseException | None = None, f: str = "txn"
+    ) -> None:
+        r = {"process": proc, "type": kind, "f": f, "value": value,
              "index": len(self.history), "time": self.now()}  # fmt: skip
         if error is not None:
             r["error"] = f"{type(error).__name__}: {error}"[:200]
@@ -300,15 +306,36 @@ class Demo:
 
     # ------------------------------------------------------------------ checks
     async def verify(self) -> dict[str, Any]:
+        from jepsen_like.checkers import order
         from jepsen_like.checkers.history import Op
         from jepsen_like.checkers.list_append import check
 
         result: dict[str, Any] = {}
-        la = check([Op.from_json(r) for r in self.history])
-        result["list_append_valid"] = bool(la.valid)
-        result["list_append_anomalies"] = sorted(la.anomalies)[:5]
         rb = await self.connect("verify")
         try:
+            # Final reads of every list (sequential): every acknowledged append must be
+            # in them, and they fix the order the order checker judges.
+            for lo in range(1, KEYS, 50):
+                keys = list(range(lo, min(lo + 50, KEYS)))
+                txn = [["r", k, None] for k in keys]
+                self.record("final", "invoke", txn, f="final-read")
+                try:
+                    got = await rb.get_many(keys)
+                except Exception as e:
+                    self.record("final", "info", txn, e, f="final-read")
+                    self.failures.append(f"a final read failed: {e}")
+                    break
+                txn = [["r", k, list(got.get(k) or ())] for k in keys]
+                self.record("final", "ok", txn, f="final-read")
+            ops = [Op.from_json(r) for r in self.history]
+            la = check(ops)
+            result["list_append_valid"] = la.valid is True
+            result["list_append_anomalies"] = sorted(la.anomalies)[:5]
+            result["final_reads"] = la.stats.get("final_reads", 0)
+            od = order.check(ops)
+            result["order_valid"] = od.valid is True
+            result["order_anomalies"] = sorted(od.anomalies)[:5]
+            result["order_sequences"] = od.stats.get("client_sequences", 0)
             rows = await rb.table(TICKETS, key="rloc").select(
                 columns=["rloc", "bookingStatus"], isolation="sequential"
             )
@@ -387,6 +414,7 @@ class Demo:
         ok_ops = sum(1 for *_, ok in self.latencies if ok)
         verdict = (
             checks["list_append_valid"]
+            and checks["order_valid"]
             and not checks["tickets_missing"]
             and not checks["tickets_wrong_status"]
             and not checks["replicas"]["disagree"]
@@ -399,7 +427,11 @@ class Demo:
             print(f"  {w['start']:5.1f}-{w['end']:5.1f} s  {w['what']}")
         print(f"  list-append history: {len(self.history):,} events, "
               f"{'valid' if checks['list_append_valid'] else 'INVALID'} "
-              f"{checks['list_append_anomalies'] or ''}")  # fmt: skip
+              f"{checks['list_append_anomalies'] or ''}, "
+              f"{checks['final_reads']} final reads")  # fmt: skip
+        print(f"  append order: {checks['order_sequences']:,} client sequences, "
+              f"{'in order, gap-free' if checks['order_valid'] else 'BROKEN'} "
+              f"{checks['order_anomalies'] or ''}")  # fmt: skip
         print(f"  tickets: {checks['tickets']:,}; acknowledged inserts missing: "
               f"{checks['tickets_missing'] or 'none'}; statuses wrong: "
               f"{checks['tickets_wrong_status'] or 'none'}")  # fmt: skip

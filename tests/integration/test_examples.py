@@ -83,7 +83,8 @@ def test_the_rubberband_demo_passes_its_own_checks(tmp_path: Path) -> None:
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-3000:]
     steps = ("expand storage:5", "SIGKILL the leading router", "SIGKILL storage:2",
-             "contract storage:5", "list-append history", "VERDICT: all checks passed")  # fmt: skip
+             "contract storage:5", "list-append history", "4 final reads",
+             "in order, gap-free", "VERDICT: all checks passed")  # fmt: skip
     for step in steps:
         assert step in p.stdout, p.stdout[-3000:]
     assert png.stat().st_size > 10_000
