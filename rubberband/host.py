@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ecast import Client, NodeId, daemon_kit
-from rubberband.storage import StorageCore
+from rubberband.storage import ABORT, CHUNK, PULL, StorageCore
 from rubberband.super import Proposal, Refused, SuperCore
 
 log = logging.getLogger("rubberband")
@@ -34,7 +34,14 @@ LEAVE = "leave"
 LEFT = "left"
 """Super to storage: ``(LEFT, rid, error or None, version or None)``, once it completed."""
 BATCH = 512
+INBOX_HIGH = 4 * BATCH
+"""Deliveries waiting for the engine beyond which the host stops taking more from E-Cast:
+the SDK's queue then fills, it stops reading from the routers, and E-Cast's flow control
+slows the writers down to what the engine applies (an unbounded inbox hid a slow engine
+from flow control: it grew without end, and a keyspace message behind it waited too)."""
 FIGURES_EVERY = 0.25
+WAKE: tuple[Any, ...] = ("wake",)
+"""Put in the inbox when an urgent direct message waits: the worker takes those first."""
 """Seconds between refreshes of a storage process's figures: an engine's ``stats`` may
 sum over its blocks or ask its server (memcached), too dear for every batch; the
 supers' heartbeats read them every 0.5 s."""
@@ -44,6 +51,10 @@ class _Host:
     def __init__(self, client: Client) -> None:
         self.client = client
         self.inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+        self._room = asyncio.Event()
+        self._room.set()
+        self.urgent: list[tuple[Any, ...]] = []
+        """Direct messages that go ahead of the inbox (a ``WAKE`` in it says so)."""
         self.stopped: str | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self.done = asyncio.Event()
@@ -54,6 +65,9 @@ class _Host:
         try:
             async for d in self.client.deliveries():
                 self.inbox.put_nowait(("d", d))
+                if self.inbox.qsize() >= INBOX_HIGH:
+                    self._room.clear()
+                    await self._room.wait()
         except Exception as e:  # the process was suspected, or lost every router
             self._stop(f"E-Cast stopped: {e}")
             return
@@ -70,7 +84,15 @@ class _Host:
                 continue
             if self._intercept(src, payload):
                 continue
-            self.inbox.put_nowait(("x", src, payload))
+            if self._urgent(payload):
+                self.urgent.append(("x", src, payload))
+                self.inbox.put_nowait(WAKE)
+            else:
+                self.inbox.put_nowait(("x", src, payload))
+
+    def _urgent(self, payload: Any) -> bool:
+        """A direct message the core takes ahead of waiting deliveries."""
+        return False
 
     def _intercept(self, src: NodeId, payload: Any) -> bool:
         """A direct message the host itself answers, on the loop (True: consumed)."""
@@ -87,9 +109,19 @@ class _Host:
             self._tasks.append(asyncio.ensure_future(c))
 
     async def _batch(self) -> list[tuple[Any, ...]]:
-        items = [await self.inbox.get()]
+        first = await self.inbox.get()
+        items: list[tuple[Any, ...]] = []
+        if self.urgent:
+            items += self.urgent
+            self.urgent.clear()
+        if first is not WAKE:
+            items.append(first)
         while len(items) < BATCH and not self.inbox.empty():
-            items.append(self.inbox.get_nowait())
+            item = self.inbox.get_nowait()
+            if item is not WAKE:
+                items.append(item)
+        if self.inbox.qsize() < INBOX_HIGH // 2:
+            self._room.set()
         return items
 
     async def close(self) -> None:
@@ -114,6 +146,14 @@ class StorageHost(_Host):
         self.queued_since: float | None = None
         """Since when delivered items have waited for their ranges (None: nothing waits)."""
         self._figured_at = -FIGURES_EVERY
+
+    def _urgent(self, payload: Any) -> bool:
+        """Migration traffic goes ahead of waiting deliveries: a pull answered, or a chunk
+        taken in, only after thousands of writes made every round trip of a copy wait
+        for the whole backlog (seconds on a slow engine).  It may: a source reads a
+        snapshot taken at the keyspace message's position, and a receiver holds back
+        every write to the ranges it receives until the copy is complete."""
+        return type(payload) is tuple and bool(payload) and payload[0] in (PULL, CHUNK, ABORT)
 
     def _intercept(self, src: NodeId, payload: Any) -> bool:
         if type(payload) is tuple and len(payload) == 4 and payload[0] == LEFT:
@@ -177,9 +217,15 @@ class StorageHost(_Host):
     async def _work(self) -> None:
         loop = asyncio.get_running_loop()
         me = self.core.me
+        # An engine that never blocks for long runs on the loop: a thread hop per batch
+        # cost more than its work (the null engine of the protocol benchmarks).
+        inline = getattr(self.core.engine, "blocking", True) is False
         while self.stopped is None:
             items = await self._batch()
-            outs = await loop.run_in_executor(self._pool, self._step, items, me)
+            if inline:
+                outs = self._step(items, me)
+            else:
+                outs = await loop.run_in_executor(self._pool, self._step, items, me)
             for o in outs:
                 await self._emit(o)
 

@@ -42,7 +42,16 @@ from rubberband.config import (
     incomplete_header,
     ready_header,
 )
-from rubberband.keys import NOTHING, RangeSet, difference, intersect, is_range_set, overlaps, union
+from rubberband.keys import (
+    NOTHING,
+    RangeSet,
+    covers,
+    difference,
+    intersect,
+    is_range_set,
+    overlaps,
+    union,
+)
 from rubberband.optimizer import Copy, Delete, instructions_from_wire
 from rubberband.placement import BadKeyspace, Keyspace
 from storage_adapters.base import BadOperation, Engine, Placement, SendCursor
@@ -356,7 +365,17 @@ class StorageCore:
 
     def _enqueue(self, item: _Queued) -> None:
         self.queue.append(item)
-        self._queued_ranges = union(self._queued_ranges, item.ranges)
+        # An item inside a range still being received (a receive begun before it) needs
+        # no entry of its own: whatever overlaps it overlaps that receive too, and waits
+        # for it anyway.  Entering every one made each write to a busy range re-sort a
+        # union of thousands of points, so a receiver under load fell further behind
+        # with every write and its migration never finished.
+        t, ranges = item.t, item.ranges
+        for rec in self.incoming.values():
+            if rec.t < t and covers(rec.ranges, ranges):
+                break
+        else:
+            self._queued_ranges = union(self._queued_ranges, ranges)
         if len(self.queue) > self.stats.queued_max:
             self.stats.queued_max = len(self.queue)
 
@@ -653,6 +672,9 @@ class StorageCore:
             "queued": len(self.queue),
             "transfers_in": len(self.incoming),
             "transfers_out": len(self.outgoing),
+            "chunks_sent": self.stats.chunks_sent,
+            "chunks_received": self.stats.chunks_received,
+            "unfinished": len(self.unfinished),
             "stopped": self.stopped,
         }
 

@@ -152,6 +152,11 @@ class SendCursor(Protocol):
 
 @runtime_checkable
 class Engine(Protocol):
+    """What a storage process runs.  Its calls run on a thread of their own, so a long
+    scan never holds up heartbeats; an engine whose every call is short and never waits
+    for I/O may set ``blocking = False`` to run on the event loop instead, without a
+    thread hop per batch (the null engine does)."""
+
     placement: Placement
 
     def apply(self, batch: Sequence[tuple[Any, RangeSet]]) -> list[Any]:

@@ -13,11 +13,12 @@ from storage_adapters.base import Part, Placement, RangeSet
 
 
 class NullOps:
-    """Operations are ``(kind, ranges)``: ``kind`` "read" or "write", ranges already in
-    placement space; the benchmark builds them."""
+    """Operations are ``(kind, ranges, *rest)``: ``kind`` "read" or "write", ranges already
+    in placement space; the benchmark builds them, and sizes its messages with ``rest``
+    (a payload nobody reads)."""
 
     def part_fun(self, op: Any, placement: Placement) -> Part:
-        kind, ranges = op
+        kind, ranges = op[0], op[1]
         return Part("read" if kind == "read" else "write", ranges)
 
     def combine(self, op: Any, answers: Sequence[Any]) -> Any:
@@ -33,6 +34,9 @@ class _Empty:
 
 
 class NullEngine:
+    blocking = False
+    """Every call returns at once: the storage process runs it on its event loop."""
+
     def __init__(self, placement: Placement | None = None) -> None:
         self.placement = placement or Placement()
         self.applied = 0

@@ -93,6 +93,40 @@ def test_expand_under_load_moves_data_and_keeps_order() -> None:
         )
 
 
+def test_writes_queued_behind_a_receive_keep_the_queue_cheap_and_in_order() -> None:
+    m = grown(5, keys=0)
+    for k in range(0, 500):
+        m.write(("put", ((k, "base"),)))
+    m.reconfigure(("contract", "storage:1"))
+    core = m.storage["storage:3"]  # holds [0, 400) now, receiving [0, 100)
+    assert core.receiving
+    # Many writes inside the range being received: each waits, none adds to the ranges
+    # later items are checked against (they overlap the receive anyway).  Before, every
+    # one re-sorted a union of all of them: quadratic, and under load the receiver never
+    # caught up.
+    for i in range(2000):
+        m.write(("put", ((i % 50, f"w{i}"),)))
+    assert len(core.queue) >= 2000
+    assert core._queued_ranges == ()
+    # A multi-key write reaching outside the receive is entered, and a later write to
+    # its outside key waits behind it (order), though that key is not being received.
+    m.write(("put", ((60, "x"), (350, "y"))))
+    m.write(("put", ((350, "z"),)))  # applied first, it would be overwritten by "y"
+    assert core._queued_ranges != ()
+    assert len(core.queue) >= 2002
+    m.settle()
+    assert not core.queue and not core.receiving
+    for offset in range(3):
+        mid, _, ranges = m.read(("get", (0, 49, 60, 350)), offset)
+        assert m.answer(mid, ("get", (0, 49, 60, 350)), ranges) == {
+            0: "w1950",
+            49: "w1999",
+            60: "x",
+            350: "z",
+        }
+    assert m.replica_violations() == []
+
+
 def test_contract_replace_and_rebalance_keep_every_replica_right() -> None:
     m = grown(5)
     for k in range(0, 500, 4):

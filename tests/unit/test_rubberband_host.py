@@ -1,0 +1,81 @@
+"""The storage host between E-Cast and the core: flow control reaches the engine, and
+migration traffic does not wait behind the backlog."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
+from rubberband.host import BATCH, INBOX_HIGH, WAKE, StorageHost
+from rubberband.storage import CHUNK, PULL, StorageCore
+from storage_adapters.memory import MemoryEngine
+
+
+class FakeClient:
+    """Deliveries and direct messages on demand, as the SDK hands them over."""
+
+    def __init__(self, deliveries: int) -> None:
+        self.n = deliveries
+        self.taken = 0
+        self.direct: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    async def deliveries(self) -> AsyncIterator[Any]:
+        for i in range(self.n):
+            self.taken += 1
+            yield SimpleNamespace(i=i)
+
+    async def receive_direct(self) -> tuple[str, Any]:
+        return await self.direct.get()
+
+    def send_direct_nowait(self, *_: Any) -> None:
+        pass
+
+
+def host(client: FakeClient) -> StorageHost:
+    return StorageHost(client, StorageCore("storage:1", MemoryEngine()))  # type: ignore[arg-type]
+
+
+async def test_the_host_stops_taking_deliveries_while_the_engine_is_behind() -> None:
+    client = FakeClient(5 * INBOX_HIGH)
+    h = host(client)
+    reader = asyncio.ensure_future(h._read_deliveries())
+    await asyncio.sleep(0.05)
+    # It stopped at the mark: the rest stays in the SDK, whose full queue pauses the
+    # routers' connections (E-Cast's flow control then slows the writers).
+    assert h.inbox.qsize() == INBOX_HIGH and client.taken == INBOX_HIGH
+    got = []
+    while len(got) < 5 * INBOX_HIGH:
+        batch = await h._batch()
+        assert len(batch) <= BATCH
+        got += [item[1].i for item in batch]
+        await asyncio.sleep(0)
+        assert h.inbox.qsize() <= INBOX_HIGH
+    assert got == list(range(5 * INBOX_HIGH))  # nothing lost, in order
+    reader.cancel()
+
+
+async def test_migration_messages_go_ahead_of_waiting_deliveries() -> None:
+    client = FakeClient(1000)
+    h = host(client)
+    reader = asyncio.ensure_future(h._read_deliveries())
+    await asyncio.sleep(0.02)
+    direct = asyncio.ensure_future(h._read_direct())
+    client.direct.put_nowait(("client:c", ("basic", 1, ("get", (1,)), (), 0)))
+    client.direct.put_nowait(("storage:2", (PULL, (5, 0), 1)))
+    client.direct.put_nowait(("storage:3", (CHUNK, (5, 1), 0, (), True)))
+    await asyncio.sleep(0.02)
+    first = await h._batch()
+    # The pull and the chunk first, in arrival order; then the deliveries in order; the
+    # client's read keeps its place behind them.
+    assert first[0] == ("x", "storage:2", (PULL, (5, 0), 1))
+    assert first[1] == ("x", "storage:3", (CHUNK, (5, 1), 0, (), True))
+    assert [item[1].i for item in first[2:]] == list(range(BATCH - 2))
+    rest: list[Any] = []
+    while len(rest) < 1000 - (BATCH - 2) + 1:
+        rest += await h._batch()
+    assert rest[-1][0] == "x" and rest[-1][2][0] == "basic"
+    assert WAKE not in first + rest
+    direct.cancel()
+    reader.cancel()
