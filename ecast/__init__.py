@@ -82,6 +82,7 @@ _EXPORTS: dict[str, str] = {
     "Runtime": "ecast.runtime",
     "Node": "ecast.runtime",
     "tune_process": "ecast.runtime",
+    "load_auth": "ecast.runtime",
     "read_secret": "ecast.runtime",
     "sim": "ecast.sim",
     "RouterGroupRun": "ecast.sim.group",

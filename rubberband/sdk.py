@@ -32,6 +32,7 @@ import contextlib
 import importlib
 import itertools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ecast
@@ -56,7 +57,9 @@ class RubberbandClient:
         self.core = core
         self.answer_timeout = answer_timeout
         self._rid = itertools.count(1)
-        self._reads: dict[Any, tuple[Gather, asyncio.Event]] = {}
+        self._reads: dict[Any, tuple[Gather, Any]] = {}
+        """Reads in flight: the gather and what to tell when an answer arrives (an
+        event, or a :class:`_Completion` of :meth:`read_batch`)."""
         self._described: dict[int, asyncio.Future[Any]] = {}
         self._writes: dict[Any, asyncio.Future[Any]] = {}
         self._reader = asyncio.ensure_future(self._read_direct())
@@ -179,6 +182,55 @@ class RubberbandClient:
         raise Unavailable(
             f"a snapshot read of {op_name(op)} found no consistent cut in {attempts} tries"
         )
+
+    async def read_batch(
+        self,
+        ops: list[Any],
+        isolation: str,
+        done: Callable[[Any, Gather | None], None],
+        timeout: float | None = None,
+    ) -> None:
+        """Many reads at once, without waiting for them: the pipelined form of
+        :meth:`read` for loaders and benchmarks, one submission for the whole batch and no
+        task or future per read.  ``done(op, gather)`` runs once per read when its answers
+        are all in: ``gather.refused`` (a snapshot read found no consistent cut, or a
+        basic read's holder no longer holds the range: read it again), ``gather.error``,
+        else ``self.core.result(gather)`` is the answer; ``done(op, None)`` when it is not
+        complete after ``timeout`` (default: ``answer_timeout``).  No retries here: the
+        caller owns them, and counts them."""
+        if isolation not in ISOLATION_LEVELS:
+            raise ValueError(
+                f"isolation is one of {', '.join(ISOLATION_LEVELS)}, not {isolation!r}"
+            )
+        core = self.core
+        items: list[tuple[Any, Any]] = []
+        rids: list[Any] = []
+        for op in ops:
+            payload, header, gather = core.read(op)
+            rid = ("q", next(self._rid))
+            self._reads[rid] = (gather, _Completion(self._reads, rid, op, gather, done))
+            rids.append(rid)
+            if isolation == "basic":
+                version = core.version
+                for target, ranges in core.basic_targets(gather, frozenset()).items():
+                    self.ecast.send_direct_nowait(target, (BASIC, rid, op, ranges, version))
+            else:
+                header["q"] = rid
+                items.append((payload, header))
+
+        def expire() -> None:
+            for rid in rids:
+                entry = self._reads.pop(rid, None)
+                if entry is not None:
+                    done(entry[1].op, None)
+
+        asyncio.get_running_loop().call_later(
+            self.answer_timeout if timeout is None else timeout, expire
+        )
+        if isolation == "sequential":
+            self.ecast.submit_batch(items)
+        elif isolation == "snapshot":
+            await self.ecast.submit_unsafe_batch(items)
 
     async def _complete(self, gather: Gather, event: asyncio.Event, error: type) -> None:
         deadline = time.monotonic() + self.answer_timeout
@@ -327,6 +379,27 @@ class RubberbandClient:
 
 DEFAULT_OPS = "storage_adapters.memory:KVOps"
 """The operations of the key-value engine, named by path: Rubberband imports no engine."""
+
+
+class _Completion:
+    """Stands in for a read's event in :meth:`RubberbandClient.read_batch`: each answer
+    calls ``set``, and the first that completes the read hands it to ``done``."""
+
+    __slots__ = ("done", "gather", "op", "reads", "rid")
+
+    def __init__(
+        self,
+        reads: dict[Any, Any],
+        rid: Any,
+        op: Any,
+        gather: Gather,
+        done: Callable[[Any, Gather | None], None],
+    ) -> None:
+        self.reads, self.rid, self.op, self.gather, self.done = reads, rid, op, gather, done
+
+    def set(self) -> None:
+        if self.gather.complete and self.reads.pop(self.rid, None) is not None:
+            self.done(self.op, self.gather)
 
 
 def load_ops(ops: Any) -> Any:

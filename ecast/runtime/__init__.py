@@ -2,7 +2,7 @@
 
 from ecast.runtime.mux import QUANTUM, Runtime
 from ecast.runtime.node import CONGESTED, TCP_LINK, Node
-from ecast.runtime.process import new_incarnation, read_secret, tune_process
+from ecast.runtime.process import load_auth, new_incarnation, read_secret, tune_process
 
 __all__ = [
     "CONGESTED",
@@ -10,6 +10,7 @@ __all__ = [
     "TCP_LINK",
     "Node",
     "Runtime",
+    "load_auth",
     "new_incarnation",
     "read_secret",
     "tune_process",

@@ -13,7 +13,7 @@ COMMANDS = {
     "client": ("rubberband.tools.client:main", "ad-hoc reads and writes from a shell"),
     "demo": ("jepsen_like.demo:main", "the main job: a cluster at work through faults"),
     "cost": ("rubberband.tools.cost:main", "microseconds the routers spend routing per message"),
-    "bench": ("rubberband.tools.bench:main", "benchmarks: scan-engine, memcached"),
+    "bench": ("rubberband.tools.bench:main", "benchmarks: the dissertation's figures, peers"),
 }
 
 
@@ -23,7 +23,7 @@ def dispatch(table: dict[str, tuple[str, str]], args: list[str], prog: str, what
     if not args or args[0] in ("-h", "--help"):
         print(f"usage: {prog} {what.upper()} [ARGS]\n\n{what}s:")
         for name, (_, help_) in table.items():
-            print(f"  {name:<12} {help_}")
+            print(f"  {name:<17} {help_}")
         return 0 if args else 2
     entry = table.get(args[0])
     if entry is None:

@@ -94,6 +94,7 @@ def up(args: argparse.Namespace) -> int:
             "--config-arg",
             f"partitioning={args.partitioning}",
             *(f"--mutation={m}" for m in args.mutation if m not in StorageCore.MUTATIONS),
+            *args.router_arg,
         ],
     )
     storage_args = [f"--mutation={m}" for m in args.mutation if m in StorageCore.MUTATIONS]
@@ -319,6 +320,12 @@ def cluster_main(argv: list[str] | None = None) -> int:
     u.add_argument("--key-space", type=int, default=1_000_000)
     u.add_argument("--timeout", type=float, default=60.0)
     u.add_argument("--state-dir", required=True)
+    u.add_argument(
+        "--router-arg",
+        action="append",
+        default=[],
+        help="an extra flag for every router, e.g. --router-arg=--no-clumping (repeatable)",
+    )
     u.add_argument(
         "--mutation",
         action="append",

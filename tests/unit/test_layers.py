@@ -20,7 +20,7 @@ import ecast
 
 ROOT = Path(__file__).resolve().parents[2]
 BANNED_IN_CORES = {"asyncio", "socket", "threading", "time", "selectors", "ssl", "subprocess"}
-ABOVE = ("rubberband", "storage_adapters", "jepsen_like")
+ABOVE = ("rubberband", "storage_adapters", "jepsen_like", "rubberband_spark", "rubberband_bench")
 
 
 def imports(path: Path) -> list[tuple[str, list[str], int]]:

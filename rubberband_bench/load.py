@@ -1,0 +1,303 @@
+"""Many Rubberband clients in one OS process: ``python -m rubberband_bench.load``.
+
+Each logical client is a full ``rubberband.connect`` client (its own E-Cast connection,
+session and identity).  Writes keep ``--window`` messages in flight per client through
+the SDK's batch submission (acknowledgements arrive in batches; no future per write);
+reads keep ``--window`` reads in flight per client through
+:meth:`RubberbandClient.read_batch`.  Closed loop by default; ``--rate`` makes it an open
+loop at that many operations per second for the whole process.
+
+The process prints ``{"event": "ready"}`` once every client is connected, then waits for
+one line on stdin: the wall-clock time at which every load process starts measuring
+(after ``--warmup``), so that several of them measure the same window.  Its last line is
+one JSON object: operations completed in the window per client and in all, a latency
+histogram, refusals and retries of snapshot and basic reads, errors, and with
+``--trace`` the completions per 10 ms of wall-clock time (failover and elasticity
+traces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import sys
+import time
+from typing import Any
+
+BUCKET_S = 0.0001
+"""Latency histogram buckets of 0.1 ms, as ``ecast bench`` counts them."""
+TRACE_S = 0.01
+OPS = {
+    "null": "storage_adapters.null:NullOps",
+    "kv": "storage_adapters.memory:KVOps",
+    "scan-kv": "storage_adapters.scan.kv:ScanKVOps",
+}
+
+
+def value_text(size: int) -> str:
+    """A value of ``size`` bytes that every engine stores (text)."""
+    return os.urandom(size // 2 + 1).hex()[:size]
+
+
+class Stats:
+    """What every client of this process counts, together."""
+
+    def __init__(self, warm: float, end: float) -> None:
+        self.warm, self.end = warm, end
+        self.hist: dict[int, int] = {}
+        self.trace: dict[int, int] = {}
+        self.counts = {"refused": 0, "retries": 0, "errors": 0, "timeouts": 0, "undelivered": 0}
+        self.trace_on = False
+
+    def done(self, client: Client, t0: float, now: float, wall: float) -> None:
+        if self.warm <= now <= self.end:
+            client.in_window += 1
+            b = int((now - t0) / BUCKET_S)
+            self.hist[b] = self.hist.get(b, 0) + 1
+        if self.trace_on:
+            k = int(wall / TRACE_S)
+            self.trace[k] = self.trace.get(k, 0) + 1
+
+
+class Client:
+    """One logical client: its connection and what it has in flight."""
+
+    def __init__(self, rb: Any, args: argparse.Namespace, stats: Stats, seed: int) -> None:
+        from rubberband.keys import after
+
+        self.rb = rb
+        self.args = args
+        self.stats = stats
+        self.rng = random.Random(seed)
+        self.after = after
+        self.ekey = rb.placement.ekey
+        # The null engine carries bytes; the key-value engines store values as their
+        # engines do (the scan engine's columns hold text).
+        self.blob: Any = (
+            os.urandom(args.payload) if args.ops == "null" else value_text(args.payload)
+        )
+        self.in_window = 0
+        self.in_flight = 0
+        self.sent_at: dict[int, float] = {}
+        self.read_at: dict[int, float] = {}
+        self.open = True
+        self.want = asyncio.Event()
+        self.retrying: set[asyncio.Future[None]] = set()
+        self.session = rb.ecast.endpoint.session if rb.ecast.endpoint is not None else None
+        rb.ecast.ack_listener = self.on_acks
+
+    def op(self, kind: str) -> Any:
+        k = self.rng.randrange(self.args.key_space)
+        if self.args.ops != "null":  # the key-value engines' own operations
+            return ("put", ((k, self.blob),)) if kind == "write" else ("get", (k,))
+        e = self.ekey(k)
+        ranges = ((e, self.after(e)),)
+        return ("write", ranges, self.blob) if kind == "write" else ("read", ranges)
+
+    # ------------------------------------------------------------------ writes
+    def submit_writes(self, n: int) -> None:
+        core = self.rb.core
+        items = [core.write(self.op("write")) for _ in range(n)]
+        ids = self.rb.ecast.submit_batch(items)
+        now = time.perf_counter()
+        for sid in ids:
+            self.sent_at[sid[1]] = now
+        self.in_flight += len(ids)
+
+    def on_acks(self, batch: list[Any]) -> None:
+        now = time.perf_counter()
+        wall = time.time()
+        stats = self.stats
+        for ack in batch:
+            if ack.id[0] != self.session:
+                continue
+            t0 = self.sent_at.pop(ack.id[1], None)
+            if t0 is None:
+                continue
+            self.in_flight -= 1
+            if not ack.delivered:
+                stats.counts["undelivered"] += 1
+                continue
+            stats.done(self, t0, now, wall)
+        if self.open and not self.args.rate and self.args.mode == "write":
+            room = self.args.window - self.in_flight
+            if room > 0:
+                self.submit_writes(room)
+
+    # ------------------------------------------------------------------ reads
+    def isolation(self) -> str:
+        mode = self.args.mode
+        if mode == "mix":
+            return "snapshot" if self.rng.random() < self.args.snapshot_share else "sequential"
+        return str(mode)
+
+    async def read_loop(self) -> None:
+        """Keep ``--window`` reads in flight: refill whenever some completed."""
+        while self.open:
+            room = self.args.window - self.in_flight
+            if room > 0:
+                by_level: dict[str, list[Any]] = {}
+                for _ in range(room):
+                    by_level.setdefault(self.isolation(), []).append(self.op("read"))
+                for level, ops in by_level.items():
+                    await self.submit_reads(ops, level)
+            self.want.clear()
+            await self.want.wait()
+
+    async def submit_reads(self, ops: list[Any], level: str, t0: float | None = None) -> None:
+        start = time.perf_counter() if t0 is None else t0
+        self.in_flight += len(ops)
+
+        def done(op: Any, gather: Any) -> None:
+            now = time.perf_counter()
+            if gather is None:
+                self.stats.counts["timeouts"] += 1
+            elif gather.refused:
+                self.stats.counts["refused"] += 1
+                if self.open:
+                    self.stats.counts["retries"] += 1
+                    self.in_flight -= 1
+                    self.retrying.add(asyncio.ensure_future(self.submit_reads([op], level, start)))
+                    self.retrying = {t for t in self.retrying if not t.done()}
+                    return
+            elif gather.error is not None:
+                self.stats.counts["errors"] += 1
+            else:
+                self.stats.done(self, start, now, time.time())
+            self.in_flight -= 1
+            self.want.set()
+
+        try:
+            await self.rb.read_batch(ops, level, done, timeout=self.args.answer_timeout)
+        except Exception:
+            self.stats.counts["errors"] += len(ops)
+            self.in_flight -= len(ops)
+            await asyncio.sleep(0.05)
+            self.want.set()
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    import ecast
+    import rubberband
+
+    auth = {"credentials": args.credentials} if args.credentials else {"secret": args.secret}
+    # One runtime for all the clients of this process: one connection to each router.
+    rt = ecast.Runtime(ecast.load_auth(**auth), host_id=f"{args.name}-{os.getpid()}")
+    await rt.serve("127.0.0.1:0")
+
+    async def connect(i: int) -> Any:
+        return await rubberband.connect(
+            args.routers.split(","),
+            f"client:{args.name}-{i}",
+            ops=OPS[args.ops],
+            answer_timeout=args.answer_timeout,
+            connect_timeout=60.0,
+            runtime=rt,
+        )
+
+    rbs = []
+    for lo in range(0, args.clients, 32):  # not all at once: the routers admit them
+        rbs += await asyncio.gather(
+            *(connect(i) for i in range(lo + 1, min(lo + 33, args.clients + 1)))
+        )
+    print(json.dumps({"event": "ready"}), flush=True)
+    line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    start_wall = float(line.strip() or time.time())
+    # perf_counter for latency; the shared start is wall-clock time.
+    start = time.perf_counter() + (start_wall - time.time())
+    stats = Stats(start + args.warmup, start + args.warmup + args.duration)
+    stats.trace_on = args.trace
+    while time.perf_counter() < start:
+        await asyncio.sleep(0.01)
+    clients = [Client(rb, args, stats, seed=hash((args.name, i))) for i, rb in enumerate(rbs)]
+    loops = []
+    if args.mode == "write" and not args.rate:
+        for c in clients:
+            c.submit_writes(args.window)
+    elif args.mode != "write":
+        loops = [asyncio.ensure_future(c.read_loop()) for c in clients]
+    end = stats.end
+    if args.rate:
+        submitted = 0
+        t_start = time.perf_counter()
+        i = 0
+        while (now := time.perf_counter()) < end:
+            due = int((now - t_start) * args.rate) - submitted
+            if due > 0:
+                per = max(1, due // len(clients))
+                tried = 0
+                while due > 0 and tried < len(clients):
+                    c = clients[i % len(clients)]
+                    i += 1
+                    # At most --window in flight per client: an overloaded cluster is
+                    # offered less, not queued without bound (the report shows it).
+                    n = min(per, due, args.window - c.in_flight)
+                    tried = tried + 1 if n <= 0 else 0
+                    if n <= 0:
+                        continue
+                    c.submit_writes(n)
+                    due -= n
+                    submitted += n
+            await asyncio.sleep(0.001)
+    else:
+        while time.perf_counter() < end:
+            await asyncio.sleep(0.05)
+    for c in clients:
+        c.open = False
+        c.want.set()
+    for loop in loops:
+        loop.cancel()
+    out = {
+        "role": "load",
+        "name": args.name,
+        "mode": args.mode,
+        "clients": args.clients,
+        "per_client": [c.in_window for c in clients],
+        "ops_in_window": sum(c.in_window for c in clients),
+        "measure_s": args.duration,
+        "latency_hist": sorted(stats.hist.items()),
+        "trace": sorted(stats.trace.items()),
+        **stats.counts,
+    }
+    for rb in rbs:  # leaving: a client that does not close in time is left to its lease
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(rb.close(), 5.0)
+    with contextlib.suppress(Exception):
+        await rt.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser("python -m rubberband_bench.load", description=__doc__)
+    ap.add_argument("--routers", required=True)
+    ap.add_argument("--credentials")
+    ap.add_argument("--secret")
+    ap.add_argument("--name", default="load1")
+    ap.add_argument("--clients", type=int, default=1)
+    ap.add_argument(
+        "--mode", choices=("write", "sequential", "snapshot", "basic", "mix"), default="write"
+    )
+    ap.add_argument("--ops", choices=sorted(OPS), default="null", help="the engine's operations")
+    ap.add_argument("--snapshot-share", type=float, default=0.5, help="mix: snapshot reads")
+    ap.add_argument("--window", type=int, default=1024, help="in flight per client")
+    ap.add_argument("--payload", type=int, default=256)
+    ap.add_argument("--key-space", type=int, default=1 << 30)
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--warmup", type=float, default=3.0)
+    ap.add_argument("--rate", type=float, default=0.0, help="open loop, ops/s in all")
+    ap.add_argument("--answer-timeout", type=float, default=5.0)
+    ap.add_argument("--trace", action="store_true")
+    args = ap.parse_args(argv)
+    from ecast import tune_process
+
+    tune_process()  # uvloop, and a collector that runs rarely
+    print(json.dumps(asyncio.run(run(args))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

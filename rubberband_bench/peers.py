@@ -1,0 +1,529 @@
+"""``rubberband bench peers``: the same replicated writes against what users would pick
+instead, in the same run.
+
+The workload: writes of ``--payload``-byte values (256) to random keys, replicated on
+three servers, by one pipelined client in a process of its own that keeps
+``--concurrency`` writes in flight (256), for ``--duration`` seconds after a warm-up.
+
+* **Rubberband**: 3 routers, 3 storage processes on the memory engine, replication 3;
+  the client is :mod:`rubberband_bench.load` (key-value ``put``).
+* **etcd** (Debian ``etcd-server``): 3 members on loopback ports, data on disk; the
+  client speaks etcd's JSON gateway (``/v3/kv/put``) over keep-alive HTTP connections.
+  **etcd_tmpfs**: the same with every data directory on a RAM disk (``/dev/shm``), for
+  the comparison without disks: Rubberband keeps its data in memory, etcd and ZooKeeper
+  write it to disk.
+* **ZooKeeper** (Debian ``zookeeper``): 3 servers, data on disk; the client is kazoo's
+  asynchronous ``set`` on 1,000 znodes.
+* **PySyncObj**: 3 nodes with a replicated dict; the client is a read-only node that
+  forwards ``set`` to the leader (PySyncObj has no other client).
+
+Then both Rubberband and etcd are offered etcd's peak rate (open loop), to compare
+latency at the same load.  A system that fails (not installed, crashed, no answer) gets
+its error in its row, never a number.  The last line is one JSON object:
+``{"rubberband": {...}, "etcd": {...}, "etcd_tmpfs": {...}, "zookeeper": {...},
+"pysyncobj": {...}, "concurrency": C, ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ecast import local
+
+BUCKET_S = 0.0001
+
+# ------------------------------------------------------------------ client side
+
+
+class Meter:
+    """Completions in the measured window and their latency histogram (thread-safe)."""
+
+    def __init__(self, warm: float, end: float) -> None:
+        self.warm, self.end = warm, end
+        self.hist: dict[int, int] = {}
+        self.done = 0
+        self.errors = 0
+        self.first_error: str | None = None
+        self.lock = threading.Lock()
+
+    def ok(self, t0: float) -> None:
+        now = time.perf_counter()
+        if self.warm <= now <= self.end:
+            with self.lock:
+                self.done += 1
+                b = int((now - t0) / BUCKET_S)
+                self.hist[b] = self.hist.get(b, 0) + 1
+
+    def fail(self, what: object) -> None:
+        with self.lock:
+            self.errors += 1
+            if self.first_error is None:
+                self.first_error = str(what)[:300]
+
+    def begin(self, warmup: float, duration: float) -> None:
+        """Start the clock now (after the client's own set-up)."""
+        now = time.perf_counter()
+        self.warm, self.end = now + warmup, now + warmup + duration
+
+    def result(self, seconds: float) -> dict[str, Any]:
+        from rubberband_bench.harness import percentile
+
+        if not self.done and self.first_error is None:
+            self.first_error = "no write completed in the measured window"
+        return {
+            "throughput_per_s": round(self.done / seconds, 1),
+            "p50_ms": round(percentile(self.hist, 0.5) * 1000, 2),
+            "p99_ms": round(percentile(self.hist, 0.99) * 1000, 2),
+            "errors": self.errors,
+            "error": self.first_error,
+        }
+
+
+class Pacer:
+    """Closed loop (``rate`` 0): another write as each completes.  Open loop: writes
+    start at ``rate`` per second, at most ``concurrency`` in flight."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.start = time.perf_counter()
+        self.issued = 0
+
+    def due(self) -> float:
+        """Seconds until the next write may start."""
+        if not self.rate:
+            return 0.0
+        return max(0.0, self.start + self.issued / self.rate - time.perf_counter())
+
+
+async def etcd_client(args: argparse.Namespace, meter: Meter) -> None:
+    import aiohttp
+
+    url = f"http://{args.targets.split(',')[0]}/v3/kv/put"
+    value = base64.b64encode(os.urandom(args.payload)).decode()
+    pacer = Pacer(args.rate)
+    meter.begin(args.warmup, args.duration)
+    conn = aiohttp.TCPConnector(limit=args.concurrency)
+    async with aiohttp.ClientSession(connector=conn) as s:
+
+        async def worker() -> None:
+            rng = random.Random()
+            while time.perf_counter() < meter.end:
+                wait = pacer.due()
+                pacer.issued += 1
+                if wait:
+                    await asyncio.sleep(wait)
+                key = base64.b64encode(f"k{rng.randrange(1_000_000)}".encode()).decode()
+                t0 = time.perf_counter()
+                try:
+                    async with s.post(url, json={"key": key, "value": value}) as r:
+                        await r.read()
+                        if r.status != 200:
+                            meter.fail(f"HTTP {r.status}")
+                            continue
+                except Exception as e:
+                    meter.fail(f"{type(e).__name__}: {e}")
+                    await asyncio.sleep(0.01)
+                    continue
+                meter.ok(t0)
+
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+
+
+def zookeeper_client(args: argparse.Namespace, meter: Meter) -> None:
+    from kazoo.client import KazooClient
+
+    zk = KazooClient(hosts=args.targets, timeout=15.0)
+    zk.start(timeout=30)
+    try:
+        zk.ensure_path("/bench")
+        paths = [f"/bench/k{i}" for i in range(min(1000, 8 * args.concurrency))]
+        for p in paths:
+            if not zk.exists(p):
+                zk.create(p, b"")
+        value = os.urandom(args.payload)
+        slots = threading.Semaphore(args.concurrency)
+        rng = random.Random()
+        pacer = Pacer(args.rate)
+        meter.begin(args.warmup, args.duration)
+
+        def done(t0: float) -> Any:
+            def cb(result: Any) -> None:
+                try:
+                    result.get()
+                    meter.ok(t0)
+                except Exception as e:
+                    meter.fail(f"{type(e).__name__}: {e}")
+                slots.release()
+
+            return cb
+
+        while time.perf_counter() < meter.end:
+            slots.acquire()
+            wait = pacer.due()
+            pacer.issued += 1
+            if wait:
+                time.sleep(wait)
+            t0 = time.perf_counter()
+            zk.set_async(rng.choice(paths), value).rawlink(done(t0))
+    finally:
+        with contextlib.suppress(Exception):
+            zk.stop()
+            zk.close()
+
+
+def pysyncobj_client(args: argparse.Namespace, meter: Meter) -> None:
+    from pysyncobj import SyncObj, SyncObjConf
+    from pysyncobj.batteries import ReplDict
+
+    d = ReplDict()
+    node = SyncObj(None, args.targets.split(","), consumers=[d], conf=SyncObjConf())
+    deadline = time.time() + 30
+    while node._getLeader() is None and time.time() < deadline:
+        time.sleep(0.1)
+    value = os.urandom(args.payload)
+    slots = threading.Semaphore(args.concurrency)
+    rng = random.Random()
+    pacer = Pacer(args.rate)
+    meter.begin(args.warmup, args.duration)
+
+    def done(t0: float) -> Any:
+        def cb(result: Any, error: Any) -> None:
+            if error:  # FAIL_REASON.SUCCESS is 0
+                meter.fail(f"PySyncObj error {error}")
+            else:
+                meter.ok(t0)
+            slots.release()
+
+        return cb
+
+    try:
+        while time.perf_counter() < meter.end:
+            if not slots.acquire(timeout=5.0):
+                meter.fail("no answer for 5 s with every write in flight")
+                break
+            wait = pacer.due()
+            pacer.issued += 1
+            if wait:
+                time.sleep(wait)
+            d.set(f"k{rng.randrange(1_000_000)}", value, callback=done(time.perf_counter()))
+    finally:
+        with contextlib.suppress(Exception):
+            node.destroy()
+
+
+def client_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser("python -m rubberband_bench.peers client")
+    ap.add_argument("system", choices=("etcd", "zookeeper", "pysyncobj"))
+    ap.add_argument("--targets", required=True)
+    ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument("--payload", type=int, default=256)
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--warmup", type=float, default=3.0)
+    ap.add_argument("--rate", type=float, default=0.0)
+    args = ap.parse_args(argv)
+    start = time.perf_counter()
+    meter = Meter(start + args.warmup, start + args.warmup + args.duration)
+    try:
+        if args.system == "etcd":
+            asyncio.run(etcd_client(args, meter))
+        elif args.system == "zookeeper":
+            zookeeper_client(args, meter)
+        else:
+            pysyncobj_client(args, meter)
+    except Exception as e:
+        meter.fail(f"{type(e).__name__}: {e}")
+    print(json.dumps(meter.result(args.duration)), flush=True)
+    return 0
+
+
+def pysyncobj_node(argv: list[str]) -> int:
+    """One PySyncObj node with a replicated dict, until SIGTERM."""
+    from pysyncobj import SyncObj, SyncObjConf
+    from pysyncobj.batteries import ReplDict
+
+    me, others = argv[0], argv[1].split(",")
+    node = SyncObj(me, others, consumers=[ReplDict()], conf=SyncObjConf())
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop.wait()
+    node.destroy()
+    return 0
+
+
+# ------------------------------------------------------------------ servers
+
+
+class Servers:
+    """Processes of one peer system, stopped on exit."""
+
+    def __init__(self, d: Path) -> None:
+        self.d = d
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        log = open(self.d / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        self.procs.append(
+            subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        )
+
+    def crashed(self) -> str | None:
+        for p in self.procs:
+            if p.poll() is not None:
+                return f"{' '.join(p.args[:3])}... exited with {p.returncode}"  # type: ignore[index]
+        return None
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+@contextlib.contextmanager
+def etcd(d: Path) -> Iterator[str]:
+    binary = shutil.which("etcd")
+    if binary is None:
+        raise RuntimeError("etcd is not installed (apt-get install etcd-server)")
+    s = Servers(d)
+    client = [local.free_port() for _ in range(3)]
+    peer = [local.free_port() for _ in range(3)]
+    cluster = ",".join(f"e{i}=http://127.0.0.1:{peer[i]}" for i in range(3))
+    try:
+        for i in range(3):
+            s.start(f"etcd{i}", [
+                binary, "--name", f"e{i}", "--data-dir", str(d / f"e{i}"),
+                "--listen-client-urls", f"http://127.0.0.1:{client[i]}",
+                "--advertise-client-urls", f"http://127.0.0.1:{client[i]}",
+                "--listen-peer-urls", f"http://127.0.0.1:{peer[i]}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer[i]}",
+                "--initial-cluster", cluster, "--initial-cluster-state", "new",
+                "--initial-cluster-token", f"bench-{os.getpid()}", "--logger", "zap",
+                "--log-level", "error",
+            ], env={**os.environ, "ETCD_UNSUPPORTED_ARCH": "amd64"})  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            h = local.http_json(f"http://127.0.0.1:{client[0]}/health")
+            if h and str(h.get("health")) == "true":
+                break
+            if s.crashed():
+                raise RuntimeError(f"etcd did not start: {s.crashed()}")
+            time.sleep(0.2)
+        else:
+            raise RuntimeError("etcd was not healthy within 60 s")
+        yield ",".join(f"127.0.0.1:{p}" for p in client)
+    finally:
+        s.stop()
+
+
+@contextlib.contextmanager
+def zookeeper(d: Path) -> Iterator[str]:
+    jar = Path("/usr/share/java/zookeeper.jar")
+    java = shutil.which("java")
+    if not jar.exists() or java is None:
+        raise RuntimeError("ZooKeeper is not installed (apt-get install zookeeper)")
+    s = Servers(d)
+    client = [local.free_port() for _ in range(3)]
+    quorum = [(local.free_port(), local.free_port()) for _ in range(3)]
+    try:
+        for i in range(3):
+            data = d / f"zk{i}"
+            data.mkdir(parents=True, exist_ok=True)
+            (data / "myid").write_text(f"{i + 1}\n")
+            cfg = d / f"zk{i}.cfg"
+            lines = ["tickTime=2000", "initLimit=10", "syncLimit=5", f"dataDir={data}",
+                     f"clientPort={client[i]}", "clientPortAddress=127.0.0.1",
+                     "admin.enableServer=false", "4lw.commands.whitelist=*",
+                     *(f"server.{j + 1}=127.0.0.1:{a}:{b}"
+                       for j, (a, b) in enumerate(quorum))]  # fmt: skip
+            cfg.write_text("\n".join(lines) + "\n")
+            s.start(f"zookeeper{i}", [
+                java, "-Xmx512m", "-cp", f"/etc/zookeeper/conf:{jar}",
+                f"-Dzookeeper.log.dir={d}", "-Dzookeeper.root.logger=WARN,CONSOLE",
+                "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg),
+            ])  # fmt: skip
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if all("Mode:" in _four_letters(p, b"srvr") for p in client):
+                break
+            if s.crashed():
+                raise RuntimeError(f"ZooKeeper did not start: {s.crashed()}")
+            time.sleep(0.5)
+        else:
+            raise RuntimeError("ZooKeeper had no quorum within 90 s")
+        yield ",".join(f"127.0.0.1:{p}" for p in client)
+    finally:
+        s.stop()
+
+
+def _four_letters(port: int, word: bytes) -> str:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as c:
+            c.sendall(word)
+            return c.recv(4096).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@contextlib.contextmanager
+def pysyncobj(d: Path) -> Iterator[str]:
+    try:
+        import pysyncobj as _  # noqa: F401
+    except ImportError:
+        raise RuntimeError("PySyncObj is not installed (pip install pysyncobj)") from None
+    s = Servers(d)
+    nodes = [f"127.0.0.1:{local.free_port()}" for _ in range(3)]
+    try:
+        for i, me in enumerate(nodes):
+            s.start(f"pysyncobj{i}", [sys.executable, "-m", "rubberband_bench.peers", "node",
+                                      me, ",".join(n for n in nodes if n != me)])  # fmt: skip
+        time.sleep(2.0)
+        if s.crashed():
+            raise RuntimeError(f"PySyncObj did not start: {s.crashed()}")
+        yield ",".join(nodes)
+        if s.crashed():
+            raise RuntimeError(f"a PySyncObj node crashed: {s.crashed()}")
+    finally:
+        s.stop()
+
+
+def run_client(system: str, targets: str, args: argparse.Namespace, rate: float = 0) -> dict:
+    cmd = [sys.executable, "-m", "rubberband_bench.peers", "client", system, "--targets",
+           targets, "--concurrency", str(args.concurrency), "--payload", str(args.payload),
+           "--duration", str(args.duration), "--warmup", str(args.warmup),
+           "--rate", str(rate)]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True,
+                         timeout=args.duration + args.warmup + 120)  # fmt: skip
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        return {"error": f"the client failed: {out.stderr.strip()[-300:]}"}
+    return dict(json.loads(lines[-1]))
+
+
+def rubberband_run(args: argparse.Namespace, rate: float = 0) -> dict[str, Any]:
+    from rubberband_bench.harness import Bench, state_dir
+
+    with Bench(state_dir(args.state_dir), storage=3, replication=3, engine="memory") as b:
+        r = b.run_load(1, 1, ops="kv", window=args.concurrency, payload=args.payload,
+                       duration=args.duration, warmup=args.warmup, rate=rate)  # fmt: skip
+    return {k: r[k] for k in ("throughput_per_s", "p50_ms", "p99_ms")} | {
+        "errors": r["errors"] + r["timeouts"] + r["undelivered"],
+        "error": None,
+    }
+
+
+SYSTEMS = ("rubberband", "etcd", "etcd_tmpfs", "zookeeper", "pysyncobj")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["client"]:
+        return client_main(argv[1:])
+    if argv[:1] == ["node"]:
+        return pysyncobj_node(argv[1:])
+    from rubberband_bench.experiments import finish
+    from rubberband_bench.harness import machine, state_dir
+
+    ap = argparse.ArgumentParser("rubberband bench peers", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument("--payload", type=int, default=256)
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--warmup", type=float, default=3.0)
+    ap.add_argument("--state-dir", default=None)
+    ap.add_argument("--png", default=None)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    results: dict[str, dict[str, Any]] = {}
+    for system in args.systems.split(","):
+        if system not in SYSTEMS:
+            raise SystemExit(f"unknown system {system!r}; known: {', '.join(SYSTEMS)}")
+        try:
+            if system == "rubberband":
+                results[system] = rubberband_run(args)
+            else:
+                base = Path("/dev/shm") if system == "etcd_tmpfs" else None
+                d = state_dir(str(base) if base else args.state_dir)
+                start = {"etcd": etcd, "etcd_tmpfs": etcd, "zookeeper": zookeeper,
+                         "pysyncobj": pysyncobj}[system]  # fmt: skip
+                try:
+                    with start(d) as targets:
+                        results[system] = run_client(system.split("_")[0], targets, args)
+                finally:
+                    shutil.rmtree(d, ignore_errors=True)
+        except Exception as e:
+            results[system] = {"error": f"{type(e).__name__}: {e}"}
+        r = results[system]
+        print(f"{system}: {r.get('throughput_per_s', '-')}/s {r.get('error') or ''}", flush=True)
+    peak = results.get("etcd", {}).get("throughput_per_s")
+    if peak and "rubberband" in results:
+        # Latency at the same load: etcd's peak rate offered to both (open loop).
+        results["rubberband_at_etcd_peak"] = rubberband_run(args, rate=peak)
+        d = state_dir(args.state_dir)
+        try:
+            with etcd(d) as targets:
+                results["etcd_at_etcd_peak"] = run_client("etcd", targets, args, rate=peak)
+        except Exception as e:
+            results["etcd_at_etcd_peak"] = {"error": f"{type(e).__name__}: {e}"}
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    rows = [{"system": k, **v} for k, v in results.items()]
+    for row in rows:
+        if row.get("throughput_per_s") and results.get("rubberband", {}).get("throughput_per_s"):
+            row["rubberband_ratio"] = round(
+                results["rubberband"]["throughput_per_s"] / row["throughput_per_s"], 2
+            )
+
+    def draw(fig: Any, rs: list[dict[str, Any]]) -> None:
+        closed = [r for r in rs if "at_etcd_peak" not in r["system"] and r.get("throughput_per_s")]
+        ax = fig.add_subplot(1, 2, 1)
+        ax.bar([r["system"] for r in closed], [r["throughput_per_s"] for r in closed])
+        ax.set_ylabel(f"writes/s at concurrency {args.concurrency}")
+        ax.tick_params(axis="x", rotation=30)
+        ax2 = fig.add_subplot(1, 2, 2)
+        ax2.bar([r["system"] for r in closed], [r["p99_ms"] for r in closed], color="#d62728")
+        ax2.set_ylabel("p99 latency (ms)")
+        ax2.tick_params(axis="x", rotation=30)
+
+    finish("peers", args, rows,
+           [("system", "system"), ("writes/s", "throughput_per_s"), ("p50 ms", "p50_ms"),
+            ("p99 ms", "p99_ms"), ("errors", "errors"), ("Rubberband x", "rubberband_ratio"),
+            ("error", "error")], draw if args.png else None)  # fmt: skip
+    if args.json:
+        disks = (
+            "etcd and ZooKeeper write to disk (etcd_tmpfs: to a RAM disk); Rubberband "
+            "keeps data in memory"
+        )
+        print(json.dumps({**results, "concurrency": args.concurrency, "payload": args.payload,
+                          "machine": machine(), "disks": disks}))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""Every ``rubberband bench`` experiment at a tiny size: it runs against a real cluster,
+its JSON has the shape ``docs/benchmarks.md`` reads, and it leaves no process behind.
+
+The sizes are the smallest that still exercise each experiment's logic (two points of a
+sweep, a kill and a replacement, an expand and a contract); the figures themselves are
+the benchmarks' business, not the tests'."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ecast import local
+from tests.integration.test_rubberband import cli
+
+TINY = ["--duration", "0.8", "--warmup", "0.3", "--no-baseline", "--json"]
+
+
+def bench(tmp_path: Path, *args: str, timeout: float = 240) -> dict[str, Any]:
+    png = tmp_path / "figure.png"
+    p = cli("bench", *args, "--state-dir", str(tmp_path / "clusters"), "--png", str(png),
+            timeout=timeout)  # fmt: skip
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    leftover = []
+    for d in (tmp_path / "clusters").iterdir():
+        for name, r in local.StateDir.recorded(d).items():
+            if local.running(r["pid"]):
+                leftover.append(name)
+    assert not leftover, f"still running: {leftover}"
+    if out.get("experiment") != "cost":
+        assert png.stat().st_size > 5_000, "no figure drawn"
+    return dict(out)
+
+
+def writes_ok(row: dict[str, Any]) -> None:
+    assert row["throughput_per_s"] > 500, row
+    assert 0 < row["p50_ms"] <= row["p99_ms"], row
+    assert row["errors"] == row["timeouts"] == row["undelivered"] == 0, row
+    assert row["cpu_us_per_op"]["routers"] > 0 and row["cpu_us_per_op"]["storage"] > 0, row
+
+
+def test_write_vs_storage_with_its_ecast_baseline(tmp_path: Path) -> None:
+    out = bench(tmp_path, "write-vs-storage", "--storage", "1,3", "--replication", "3",
+                *[a for a in TINY if a != "--no-baseline"])  # fmt: skip
+    rows = out["rows"]
+    assert [(r["storage"], r["replication"]) for r in rows] == [(3, 3)]  # 1 < 3: skipped
+    for r in rows:
+        writes_ok(r)
+        assert r["ecast"]["throughput_per_s"] > 0
+        assert r["ratio"] == pytest.approx(r["throughput_per_s"] / r["ecast"]["throughput_per_s"],
+                                           abs=0.001)  # fmt: skip
+        assert "3 logical processes" in r["placement"]["storage"]
+    assert out["machine"]["cpus"] >= 1
+
+
+def test_write_vs_clients_reports_fairness(tmp_path: Path) -> None:
+    out = bench(tmp_path, "write-vs-clients", "--storage", "3", "--clients", "1,6", *TINY)
+    one, six = out["rows"]
+    assert (one["clients"], six["clients"]) == (1, 6)
+    for r in (one, six):
+        writes_ok(r)
+    assert 0 < six["fairness"] <= 1 and one["fairness"] == 1.0
+
+
+def test_write_vs_routers_and_payload(tmp_path: Path) -> None:
+    out = bench(tmp_path, "write-vs-routers", "--storage", "3", "--routers", "1", *TINY)
+    assert [r["routers"] for r in out["rows"]] == [1]
+    for r in out["rows"]:
+        writes_ok(r)
+    out = bench(tmp_path, "write-vs-payload", "--storage", "3", "--payloads", "16,4096", *TINY)
+    small, large = out["rows"]
+    assert (small["payload"], large["payload"]) == (16, 4096)
+    assert large["mb_per_s"] > small["mb_per_s"]
+
+
+def test_read_isolation_counts_reads_refusals_and_retries(tmp_path: Path) -> None:
+    out = bench(tmp_path, "read-isolation", "--storage", "3", "--clients", "2",
+                "--shares", "0,1", *TINY)  # fmt: skip
+    reads = {r["reads"]: r for r in out["rows"]}
+    assert set(reads) == {"0% snapshot", "100% snapshot", "basic", "(writes, same clients)"}
+    for r in reads.values():
+        assert r["throughput_per_s"] > 200 and r["errors"] == 0, r
+        assert r["retries"] <= r["refused"] and 0 <= r["refusal_rate"] < 1
+
+
+def test_latency_vs_load_with_clumping_on_and_off(tmp_path: Path) -> None:
+    out = bench(tmp_path, "latency-vs-load", "--storage", "3", "--fractions", "0.3", *TINY)
+    settings = [r["setting"] for r in out["rows"]]
+    assert settings == ["clumping + delayed acks"] * 2 + ["neither"] * 2
+    offered = [r for r in out["rows"] if r["rate"]]
+    for r in offered:  # an open loop at 30 % of the peak is served at about its rate
+        assert r["throughput_per_s"] == pytest.approx(r["rate"], rel=0.25), r
+
+
+def test_router_failover_kills_and_replaces_the_leader_then_a_follower(tmp_path: Path) -> None:
+    out = bench(tmp_path, "router-failover", "--storage", "3", "--kill-at", "1.5,4",
+                "--duration", "7", "--warmup", "0.5", "--no-baseline", "--json")  # fmt: skip
+    leader, follower = out["rows"]
+    assert "(leader)" in leader["event"] and "(follower)" in follower["event"]
+    assert 0 < leader["write_gap_s"] < 5, leader
+    assert follower["write_gap_s"] < 5, follower
+    assert out["trace"]["writes"] and out["trace"]["snapshot_reads"]
+
+
+def test_elasticity_moves_data_and_keeps_writing(tmp_path: Path) -> None:
+    out = bench(tmp_path, "elasticity", "--start", "3", "--steps", "1", "--keys", "3000",
+                "--step-gap", "1", "--warmup", "0.3", "--no-baseline", "--json")  # fmt: skip
+    expand, contract = out["rows"]
+    assert expand["step"].startswith("expand") and contract["step"].startswith("contract")
+    assert expand["items_moved"] > 0 and contract["items_moved"] > 0
+    assert expand["bytes_moved"] > 0
+    assert out["steady_per_s"] > 0 and expand["lowest_per_s"] is not None
+
+
+def test_cost_per_role_and_per_destset(tmp_path: Path) -> None:
+    out = bench(tmp_path, "cost", "--storage", "3", *TINY)
+    ops = {r["operation"]: r for r in out["rows"]}
+    assert set(ops) == {"write", "sequential", "snapshot", "basic"}
+    for r in ops.values():
+        assert r["total"] > 0 and r["clients"] > 0
+    assert ops["write"]["routers"] > 0
+    assert out["destset_us"]["write 1 key"] > 0
+
+
+@pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd-server is not installed")
+def test_peers_measure_every_system_or_say_why_not(tmp_path: Path) -> None:
+    # etcd_tmpfs is etcd with its data in /dev/shm: the same code, left to the benchmark.
+    p = cli("bench", "peers", "--duration", "1", "--warmup", "0.5", "--concurrency", "8",
+            "--systems", "rubberband,etcd,zookeeper,pysyncobj",
+            "--state-dir", str(tmp_path), "--json", timeout=400)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["concurrency"] == 8
+    for system in ("rubberband", "etcd", "zookeeper", "pysyncobj"):
+        r = out[system]
+        assert r.get("throughput_per_s", 0) > 0 or r.get("error"), (system, r)
+    assert out["rubberband"]["throughput_per_s"] > 0
+    assert out["etcd"]["throughput_per_s"] > 0
+    assert out["rubberband_at_etcd_peak"]["p99_ms"] > 0
