@@ -13,7 +13,7 @@ three servers, by one pipelined client in a process of its own that keeps
   the comparison without disks: Rubberband keeps its data in memory, etcd and ZooKeeper
   write it to disk.
 * **ZooKeeper** (Debian ``zookeeper``): 3 servers, data on disk; the client is kazoo's
-  asynchronous ``set`` on 1,000 znodes.
+  asynchronous ``set`` on 1,000 znodes (8 per write in flight at low concurrency).
 * **PySyncObj**: 3 nodes with a replicated dict; the client is a read-only node that
   forwards ``set`` to the leader (PySyncObj has no other client).
 
