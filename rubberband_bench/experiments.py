@@ -29,6 +29,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from ecast import local
@@ -72,12 +73,17 @@ def load_options(args: argparse.Namespace, **more: Any) -> dict[str, Any]:
 
 
 def baseline(args: argparse.Namespace, **kw: Any) -> dict[str, Any] | None:
+    """``ecast bench`` at the same size and placement: as many receivers as storage
+    processes, in as many OS processes as the storage processes' packs."""
     if args.no_baseline:
         return None
+    storage = kw.get("storage", 16)
+    procs = Bench(Path("."), storage=storage).pack_count()
+    extra = [*(kw.get("extra") or ()), "--receiver-procs", str(procs)]
     return ecast_baseline(
-        kw.get("routers", 3), kw.get("storage", 16), kw.get("replication", 3),
+        kw.get("routers", 3), storage, kw.get("replication", 3),
         kw.get("payload", args.payload), args.duration, args.warmup,
-        clients=kw.get("clients", 1), extra=kw.get("extra"),
+        clients=kw.get("clients", 1), extra=extra,
     )  # fmt: skip
 
 
