@@ -604,6 +604,11 @@ class Client:
         """Send directly and wait while the peer lags: more than ``high_water`` messages
         not yet acknowledged by its link, or its connection's buffer over its mark."""
         self.send_direct_nowait(peer, payload)
+        await self.send_direct_drained(peer, high_water)
+
+    async def send_direct_drained(self, peer: NodeId, high_water: int = 1024) -> None:
+        """Wait while ``peer`` lags by more than ``high_water`` direct messages (or its
+        connection is congested): the backpressure of many ``send_direct_nowait``."""
         node = self._open_node()
         await asyncio.sleep(0)  # let the runtime write it: the peer's lag shows only then
         while node.lag(peer) > high_water and self._alive():

@@ -505,7 +505,8 @@ def elasticity(argv: list[str] | None = None) -> int:
                  key_space=args.keys, expand=args.start) as b:  # fmt: skip
         ops = "kv" if args.engine == "memory" else "scan-kv"
         _preload(b, args.keys, args.payload, ops)
-        duration = args.duration or (2 * args.steps + 2) * args.step_gap + 10
+        # Long enough for slow migrations; the run is stopped once the steps are done.
+        duration = args.duration or 2 * args.steps * (args.step_gap + 120) + 30
         load = b.start_load(1, 4, ops=ops, duration=duration, warmup=args.warmup, trace=True,
                             key_space=args.keys, payload=args.payload, window=256,
                             rate=args.rate)  # fmt: skip
@@ -536,7 +537,9 @@ def elasticity(argv: list[str] | None = None) -> int:
                           "end_s": round(t1 - start, 2), "migration_s": round(t1 - t0, 2),
                           "items_moved": moved,
                           "bytes_moved": round(moved * per_item)})  # fmt: skip
-        result = Bench.collect(load, duration + 60)[0]
+        time.sleep(args.step_gap)  # the steady state after the last step, in the trace
+        Bench.stop(load)
+        result = Bench.collect(load, 120)[0]
         placement = b.placement()
     series = _per(result["trace"], start, 1.0)
     steady = [n for t, n in series if t < steps[0]["start_s"] - 1] if steps else []

@@ -138,6 +138,10 @@ class Client:
     async def read_loop(self) -> None:
         """Keep ``--window`` reads in flight: refill whenever some completed."""
         while self.open:
+            # Cleared before submitting: reads that complete while a submission waits
+            # for the connection set it again (cleared after, their signal was lost and
+            # the client stopped reading).
+            self.want.clear()
             room = self.args.window - self.in_flight
             if room > 0:
                 by_level: dict[str, list[Any]] = {}
@@ -145,7 +149,6 @@ class Client:
                     by_level.setdefault(self.isolation(), []).append(self.op("read"))
                 for level, ops in by_level.items():
                     await self.submit_reads(ops, level)
-            self.want.clear()
             await self.want.wait()
 
     async def submit_reads(self, ops: list[Any], level: str, t0: float | None = None) -> None:
@@ -220,12 +223,29 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             c.submit_writes(args.window)
     elif args.mode != "write":
         loops = [asyncio.ensure_future(c.read_loop()) for c in clients]
-    end = stats.end
+    stopped = asyncio.Event()
+
+    async def watch_stdin() -> None:
+        """A line ``stop`` ends the run early (a trace that lasts as long as its steps)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            if not line or line.strip() == "stop":
+                if line:
+                    stopped.set()
+                return
+
+    watcher = asyncio.ensure_future(watch_stdin())
+
+    def going() -> bool:
+        return time.perf_counter() < stats.end and not stopped.is_set()
+
     if args.rate:
         submitted = 0
         t_start = time.perf_counter()
         i = 0
-        while (now := time.perf_counter()) < end:
+        while going():
+            now = time.perf_counter()
             due = int((now - t_start) * args.rate) - submitted
             if due > 0:
                 per = max(1, due // len(clients))
@@ -244,8 +264,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     submitted += n
             await asyncio.sleep(0.001)
     else:
-        while time.perf_counter() < end:
+        while going():
             await asyncio.sleep(0.05)
+    if stopped.is_set():
+        stats.end = time.perf_counter()
+        args.duration = max(1e-9, stats.end - stats.warm)
+    watcher.cancel()
     for c in clients:
         c.open = False
         c.want.set()
@@ -291,11 +315,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=0.0, help="open loop, ops/s in all")
     ap.add_argument("--answer-timeout", type=float, default=5.0)
     ap.add_argument("--trace", action="store_true")
+    ap.add_argument("--out", default="", help="write the result here, print its path")
     args = ap.parse_args(argv)
     from ecast import tune_process
 
     tune_process()  # uvloop, and a collector that runs rarely
-    print(json.dumps(asyncio.run(run(args))), flush=True)
+    result = json.dumps(asyncio.run(run(args)))
+    if args.out:  # a trace can be larger than a pipe holds while the parent is busy
+        with open(args.out, "w") as f:
+            f.write(result)
+        print(json.dumps({"result": args.out}), flush=True)
+    else:
+        print(result, flush=True)
     return 0
 
 
