@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -394,15 +395,21 @@ def _leader(b: Bench) -> str | None:
     return None
 
 
-def _gaps(trace: list[tuple[int, int]], after: float, bucket: float = 0.01) -> float:
-    """The longest stretch without completions from ``after`` (wall-clock seconds) on."""
-    times = [k * bucket for k, _ in trace if k * bucket >= after - 5]
-    longest, prev = 0.0, None
-    for t in times:
-        if prev is not None and t >= after:
-            longest = max(longest, t - max(prev, after))
-        prev = t
-    return round(longest, 3)
+def _gaps(trace: list[Any], after: float, until: float, bucket: float = 0.01) -> float:
+    """The longest stretch without completions between ``after`` and ``until`` (wall-clock
+    seconds), the edges included."""
+    times = [k * bucket for k, _ in trace if after <= k * bucket < until]
+    edges = [after, *times, until]
+    return round(max(b - a for a, b in itertools.pairwise(edges)), 3)
+
+
+def _resumed(trace: list[Any], after: float, bucket: float = 0.01) -> float | None:
+    """Seconds from ``after`` to the first completion at least 50 ms after it (what
+    was in flight when the router died may still complete at once)."""
+    for k, _ in trace:
+        if k * bucket >= after + 0.05:
+            return round(k * bucket - after, 3)
+    return None
 
 
 def router_failover(argv: list[str] | None = None) -> int:
@@ -415,44 +422,57 @@ def router_failover(argv: list[str] | None = None) -> int:
         default=_floats("6,16"),
         help="seconds into the measured window: the leader, then a follower",
     )
+    ap.add_argument("--replace-after", type=float, default=4.0,
+                    help="seconds from a kill to the start of its replacement")  # fmt: skip
+    ap.add_argument("--rate", type=float, default=20_000.0,
+                    help="writes/s offered: a saturated cluster sheds snapshot reads")  # fmt: skip
     ap.set_defaults(duration=25.0)
     args = ap.parse_args(argv)
     events: list[dict[str, Any]] = []
+    kills = [(w, "kill", i) for i, w in enumerate(args.kill_at)]
+    plan = sorted(kills + [(w + args.replace_after, "join", i) for w, _, i in kills])
     with cluster(args, storage=args.storage, replication=args.replication) as b:
         routers = local.LocalCluster(b.d, args=b.st()["router_args"])
-        writes = b.start_load(1, 1, **load_options(args, trace=True))
+        writes = b.start_load(1, 4, **load_options(args, trace=True, rate=args.rate))
         # A read sent through a router that dies is lost: it times out after a second
         # (not the SDK's default ten) and is read again through the new leader.
         reads = b.start_load(1, 1, mode="snapshot", window=16, duration=args.duration,
                              warmup=args.warmup, trace=True, answer_timeout=1.0)  # fmt: skip
         at = b.go(writes + reads)
         fresh = 0
-        for i, when in enumerate(args.kill_at):
+        for when, kind, i in plan:
             time.sleep(max(0.0, at + args.warmup + when - time.time()))
-            leader = _leader(b)
             recorded = local.StateDir.recorded(b.d)
             live = [n for n, p in recorded.items()
                     if "router" in p.get("argv", ()) and local.running(p["pid"])]  # fmt: skip
-            victim = leader if i == 0 else next((n for n in live if n != leader), None)
-            if victim is None or victim not in recorded:
-                continue
-            killed_at = time.time()
-            os.kill(recorded[victim]["pid"], signal.SIGKILL)
-            role = "leader" if i == 0 else "follower"
-            events.append({"what": f"SIGKILL {victim} ({role})", "wall": killed_at,
-                           "at": round(killed_at - at - args.warmup, 3)})  # fmt: skip
-            fresh += 1
-            join = next(recorded[n] for n in live if n != victim)
-            routers.start(f"j{fresh}", f"{join.get('host', '127.0.0.1')}:{join['ports']['listen']}")
+            t = time.time()
+            if kind == "kill":
+                leader = _leader(b)
+                victim = leader if i == 0 else next((n for n in live if n != leader), None)
+                if victim is None or victim not in recorded:
+                    continue
+                os.kill(recorded[victim]["pid"], signal.SIGKILL)
+                what = f"SIGKILL {victim} ({'leader' if i == 0 else 'follower'})"
+            else:
+                fresh += 1
+                join = recorded[live[0]]
+                routers.start(f"j{fresh}", f"{join.get('host', '127.0.0.1')}:"
+                                           f"{join['ports']['listen']}")  # fmt: skip
+                what = f"j{fresh} joins"
+            events.append({"what": what, "wall": t, "at": round(t - at - args.warmup, 3)})
         w = Bench.collect(writes, args.duration + 60)[0]
         r = Bench.collect(reads, args.duration + 60)[0]
         placement = b.placement()
     start = at + args.warmup
+    end = start + args.duration
     rows = []
-    for e in events:
+    for e, nxt in zip(events, [*events[1:], None], strict=True):
+        until = nxt["wall"] if nxt else end
         rows.append({"event": e["what"], "at_s": e["at"],
-                     "write_gap_s": _gaps(w["trace"], e["wall"]),
-                     "snapshot_gap_s": _gaps(r["trace"], e["wall"])})  # fmt: skip
+                     "writes_resumed_s": _resumed(w["trace"], e["wall"]),
+                     "write_gap_s": _gaps(w["trace"], e["wall"], until),
+                     "snapshot_resumed_s": _resumed(r["trace"], e["wall"]),
+                     "snapshot_gap_s": _gaps(r["trace"], e["wall"], until)})  # fmt: skip
     trace = {"writes": _per(w["trace"], start, 0.1), "snapshot_reads": _per(r["trace"], start, 0.1)}
 
     def draw(fig: Any, rs: list[dict[str, Any]]) -> None:
@@ -460,7 +480,7 @@ def router_failover(argv: list[str] | None = None) -> int:
         for name, series in trace.items():
             ax.plot([t for t, _ in series], [n for _, n in series], lw=1, label=f"{name}/s")
         for e in events:
-            ax.axvline(e["at"], color="red", alpha=0.6)
+            ax.axvline(e["at"], color="red" if "SIGKILL" in e["what"] else "green", alpha=0.6)
             ax.text(e["at"], ax.get_ylim()[1] * 0.95, e["what"], fontsize=7, rotation=90)
         ax.set_xlabel("seconds")
         ax.set_ylabel("completed per second (0.1 s bins)")
@@ -468,8 +488,10 @@ def router_failover(argv: list[str] | None = None) -> int:
         ax.legend(fontsize=8)
 
     return finish("router-failover", args, rows,
-                  [("event", "event"), ("at s", "at_s"), ("writes gap s", "write_gap_s"),
-                   ("snapshot reads gap s", "snapshot_gap_s")], draw,
+                  [("event", "event"), ("at s", "at_s"),
+                   ("writes resumed s", "writes_resumed_s"), ("writes gap s", "write_gap_s"),
+                   ("snapshots resumed s", "snapshot_resumed_s"),
+                   ("snapshots gap s", "snapshot_gap_s")], draw,
                   trace=trace, placement=placement)  # fmt: skip
 
 

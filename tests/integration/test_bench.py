@@ -98,12 +98,16 @@ def test_latency_vs_load_with_clumping_on_and_off(tmp_path: Path) -> None:
 
 
 def test_router_failover_kills_and_replaces_the_leader_then_a_follower(tmp_path: Path) -> None:
-    out = bench(tmp_path, "router-failover", "--storage", "3", "--kill-at", "1.5,4",
-                "--duration", "7", "--warmup", "0.5", "--no-baseline", "--json")  # fmt: skip
-    leader, follower = out["rows"]
-    assert "(leader)" in leader["event"] and "(follower)" in follower["event"]
-    assert 0 < leader["write_gap_s"] < 5, leader
-    assert follower["write_gap_s"] < 5, follower
+    out = bench(tmp_path, "router-failover", "--storage", "3", "--kill-at", "1.5,5",
+                "--replace-after", "1.5", "--rate", "3000", "--duration", "8",
+                "--warmup", "0.5", "--no-baseline", "--json")  # fmt: skip
+    kill, join, kill2, join2 = out["rows"]
+    assert "(leader)" in kill["event"] and "(follower)" in kill2["event"]
+    assert join["event"] == "j1 joins" and join2["event"] == "j2 joins"
+    # Writes stop until the failure timeout (1 s) passes, then resume; snapshot reads too.
+    assert 0.5 < kill["writes_resumed_s"] < 5, kill
+    assert kill["snapshot_resumed_s"] is not None and kill["snapshot_resumed_s"] < 5, kill
+    assert kill2["write_gap_s"] < 5, kill2
     assert out["trace"]["writes"] and out["trace"]["snapshot_reads"]
 
 
