@@ -42,7 +42,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from typing import Any
 
 from ecast import local
 from jepsen_like.net import Net
+from rubberband.tools.cli import run as _cli
 
 KEYS = 12
 """Keys in use at a time, one per twelfth of the key space."""
@@ -80,15 +80,6 @@ def filler() -> dict[int, bytes]:
 
 ROLES = ("storage", "router", "super")
 """What ``kill`` and ``pause`` hit."""
-
-
-def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rubberband.tools.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def _status(d: Path) -> dict[str, Any]:

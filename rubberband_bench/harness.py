@@ -24,17 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from ecast import local
+from rubberband.tools.cli import run as _cli
 
 BUCKET_S = 0.0001
-
-
-def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rubberband.tools.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @dataclass
@@ -75,6 +67,7 @@ class Bench:
             "--partitioning", self.partitioning, "--engine", self.engine,
             "--key-space", str(self.key_space), "--no-auto-repair",
             "--state-dir", str(self.d), *(f"--router-arg={a}" for a in self.router_args),
+            timeout=300,
         )  # fmt: skip
         if out.returncode != 0:
             raise RuntimeError(f"cluster up failed: {out.stderr[-2000:]}")

@@ -15,23 +15,19 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from rubberband.tools.cli import run
+
 TABLE = "bench"
 
 
 def _cli(*args: str) -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "rubberband.tools.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = run(*args, timeout=300)
     if r.returncode != 0:
         raise SystemExit(f"rubberband {' '.join(args[:2])} failed: {r.stdout}{r.stderr}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import subprocess
 import sys
 
 COMMANDS = {
@@ -31,6 +32,17 @@ def dispatch(table: dict[str, tuple[str, str]], args: list[str], prog: str, what
         return 2
     module, _, func = entry[0].partition(":")
     return int(getattr(importlib.import_module(module), func)(args[1:]) or 0)
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``rubberband ARGS`` in a child process of this interpreter, its output captured:
+    how tools, the demo, the benchmarks and the tests drive the command as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "rubberband.tools.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,14 +23,9 @@ from ecast import local
 from jepsen_like.checkers.history import Op
 from jepsen_like.checkers.list_append import check
 from rubberband.client import Rejected
+from rubberband.tools.cli import run as cli
 
 PY = sys.executable
-
-
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [PY, "-m", "rubberband.tools.cli", *args], capture_output=True, text=True, timeout=timeout
-    )
 
 
 @pytest.fixture
