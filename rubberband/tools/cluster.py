@@ -235,7 +235,7 @@ def status(args: argparse.Namespace) -> int:
         "client_credentials": st["client_credentials"],
         "super": next(iter(st["supers"].values()), None),
         "processes": [
-            {"name": n, "pid": p["pid"], "alive": _alive(p["pid"])}
+            {"name": n, "pid": p["pid"], "alive": local.running(p["pid"])}
             for n, p in sorted(recorded.items())
         ],
         "ring": body.get("ring", []),
@@ -260,14 +260,6 @@ def status(args: argparse.Namespace) -> int:
     return 0 if code == 200 else 1
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
-
-
 def down(args: argparse.Namespace) -> int:
     """Stop the application processes first, so they part while the routers still run
     (a storage process or super that outlives the routers waits out its part's timeout),
@@ -288,14 +280,14 @@ def down(args: argparse.Namespace) -> int:
         ([p for p in recorded.values() if is_router(p)], 2.0),
     ):
         for p in group:
-            if _alive(p["pid"]):
+            if local.running(p["pid"]):
                 storage = "storage" in p.get("argv", ())
                 os.kill(p["pid"], signal.SIGINT if storage else signal.SIGTERM)
         deadline = time.monotonic() + grace
         for p in group:
-            while _alive(p["pid"]) and time.monotonic() < deadline:
+            while local.running(p["pid"]) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if _alive(p["pid"]):
+            if local.running(p["pid"]):
                 os.kill(p["pid"], signal.SIGKILL)
     print(f"stopped {len(recorded)} processes")
     return 0
