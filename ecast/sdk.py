@@ -38,6 +38,7 @@ from ecast.core.endpoint import (
     EndpointParams,
     LeaderChanged,
     Rejected,
+    Shed,
     Terminated,
 )
 from ecast.core.message import MsgId, Session
@@ -200,6 +201,10 @@ class Client:
         failed), or ``closed``."""
         self.ack_listener: Callable[[list[Ack]], None] | None = None
         """Receives, in batches, the acks of messages sent with ``submit_batch``."""
+        self.shed_listener: Callable[[tuple[MsgId, ...]], None] | None = None
+        """Receives the ids of unsafe messages the routers did not forward to every
+        destination (the router no longer leads, or a destination lagged too far
+        behind): what waits for their answers can stop waiting."""
 
     # ------------------------------------------------------------------ setup
     async def _start(
@@ -327,6 +332,9 @@ class Client:
             elif t is LeaderChanged:
                 self.view = up.view
                 self.leader = up.succession[0] if up.succession else None
+            elif t is Shed:
+                if self.shed_listener is not None:
+                    self.shed_listener(up.ids)
             elif t is Terminated:
                 self._on_terminated(up.reason)
         if batch and self.ack_listener is not None:
@@ -502,23 +510,27 @@ class Client:
         ids: list[MsgId] = self._feed(lambda core, now: core.submit_many(items, now))
         return ids
 
-    async def submit_unsafe(self, payload: Any, header: dict[str, Any] | None = None) -> None:
+    async def submit_unsafe(
+        self, payload: Any, header: dict[str, Any] | None = None
+    ) -> MsgId | None:
         """Forward without agreement: no ack, accepted by receivers only if it fits.
 
         Unsafe messages bypass the congestion window; this waits instead while the
-        connection to the routers is backed up."""
-        message_size(payload, header, self.max_message)
-        node = self._open_node()
-        await self.runtime.writable()
-        node.feed(lambda core, now: core.submit_unsafe(payload, header, now))
+        connection to the routers is backed up.  Returns the message's id (None if this
+        client has ended): ``shed_listener`` names it if a router did not forward it to
+        every destination."""
+        ids = await self.submit_unsafe_batch([(payload, header)])
+        return ids[0] if ids else None
 
-    async def submit_unsafe_batch(self, items: list[tuple[Any, Any]]) -> None:
-        """Many unsafe ``(payload, header)`` messages at once (see ``submit_unsafe``)."""
+    async def submit_unsafe_batch(self, items: list[tuple[Any, Any]]) -> list[MsgId]:
+        """Many unsafe ``(payload, header)`` messages at once (see ``submit_unsafe``);
+        their ids, in order."""
         for payload, header in items:
             message_size(payload, header, self.max_message)
-        node = self._open_node()
+        self._open_node()
         await self.runtime.writable()
-        node.feed(lambda core, now: core.submit_unsafe_many(items, now))
+        ids: list[MsgId] = self._feed(lambda core, now: core.submit_unsafe_numbered(items, now))
+        return ids
 
     async def suspect(self, processes: list[NodeId], *, timeout: float | None = -1.0) -> Ack:
         """Ask the group to declare ``processes`` faulty; return once that is ordered and

@@ -62,6 +62,10 @@ class RubberbandClient:
         event, or a :class:`_Completion` of :meth:`read_batch`)."""
         self._described: dict[int, asyncio.Future[Any]] = {}
         self._writes: dict[Any, asyncio.Future[Any]] = {}
+        self._unsafe: dict[Any, Any] = {}
+        """Snapshot reads in flight by their E-Cast message id: a router's notice that
+        it shed one (``ecast.Client.shed_listener``) refuses the read at once."""
+        client.shed_listener = self._on_shed
         self._reader = asyncio.ensure_future(self._read_direct())
 
     # ------------------------------------------------------------------ plumbing
@@ -89,6 +93,17 @@ class RubberbandClient:
                 fut = self._described.pop(p[1], None)
                 if fut is not None and not fut.done():
                     fut.set_result(p)
+
+    def _on_shed(self, ids: tuple[Any, ...]) -> None:
+        """Some snapshot reads reached not every responder (a router no longer leading, or
+        a responder too far behind, 3.5.7): they will not complete, so they are refused
+        now, to be retried, rather than left to time out."""
+        unsafe, reads = self._unsafe, self._reads
+        for mid in ids:
+            entry = reads.get(unsafe.pop(mid, None))
+            if entry is not None:
+                entry[0].refused = True
+                entry[1].set()
 
     async def refresh(self, timeout: float = 10.0) -> None:
         """Learn the keyspace from a super (any one the routers told us of)."""
@@ -151,7 +166,12 @@ class RubberbandClient:
         within: Any = None,
     ) -> Any:
         """Read at ``isolation``; ``within`` (a range set in placement space, such as one
-        of :meth:`segments`) restricts the read to part of what ``op`` reads."""
+        of :meth:`segments`) restricts the read to part of what ``op`` reads.
+
+        A snapshot read is tried up to ``attempts`` times (a responder refuses one that
+        does not fit its delivery stream; the leading router sheds one for a responder
+        far behind and says so), then made a sequential read: also a consistent cut,
+        and ordered besides."""
         if isolation not in ISOLATION_LEVELS:
             raise ValueError(
                 f"isolation is one of {', '.join(ISOLATION_LEVELS)}, not {isolation!r}"
@@ -171,17 +191,22 @@ class RubberbandClient:
                         raise Unavailable(f"some range of {op_name(op)} has no holder left")
                     await self._complete(gather, event, Indeterminate)
                     return self.core.result(gather)
-                await self.ecast.submit_unsafe(payload, header)
-                with contextlib.suppress(Indeterminate):
-                    await self._complete(gather, event, Indeterminate)
+                mid = await self.ecast.submit_unsafe(payload, header)
+                self._unsafe[mid] = rid
+                try:
+                    with contextlib.suppress(Indeterminate):
+                        await self._complete(gather, event, Indeterminate)
+                finally:
+                    self._unsafe.pop(mid, None)
                 if gather.complete and not gather.refused:
                     return self.core.result(gather)
             finally:
                 self._reads.pop(rid, None)
             await asyncio.sleep(0.01)
-        raise Unavailable(
-            f"a snapshot read of {op_name(op)} found no consistent cut in {attempts} tries"
-        )
+        # Every try was refused or shed: the responders are busy with writes (or
+        # reconfiguring).  A sequential read is a consistent cut too, and ordered: the
+        # stronger answer, at the cost of a place in the total order.
+        return await self.read(op, "sequential", within=within)
 
     async def read_batch(
         self,
@@ -208,7 +233,7 @@ class RubberbandClient:
         for op in ops:
             payload, header, gather = core.read(op)
             rid = ("q", next(self._rid))
-            self._reads[rid] = (gather, _Completion(self._reads, rid, op, gather, done))
+            self._reads[rid] = (gather, _Completion(self, rid, op, gather, done))
             rids.append(rid)
             if isolation == "basic":
                 version = core.version
@@ -222,6 +247,7 @@ class RubberbandClient:
             for rid in rids:
                 entry = self._reads.pop(rid, None)
                 if entry is not None:
+                    self._unsafe.pop(entry[1].mid, None)
                     done(entry[1].op, None)
 
         asyncio.get_running_loop().call_later(
@@ -230,7 +256,13 @@ class RubberbandClient:
         if isolation == "sequential":
             self.ecast.submit_batch(items)
         elif isolation == "snapshot":
-            await self.ecast.submit_unsafe_batch(items)
+            mids = await self.ecast.submit_unsafe_batch(items)
+            unsafe, reads = self._unsafe, self._reads
+            for mid, rid in zip(mids, rids, strict=False):
+                entry = reads.get(rid)
+                if entry is not None:  # not answered while the submission waited
+                    entry[1].mid = mid
+                    unsafe[mid] = rid
 
     async def _complete(self, gather: Gather, event: asyncio.Event, error: type) -> None:
         deadline = time.monotonic() + self.answer_timeout
@@ -385,20 +417,24 @@ class _Completion:
     """Stands in for a read's event in :meth:`RubberbandClient.read_batch`: each answer
     calls ``set``, and the first that completes the read hands it to ``done``."""
 
-    __slots__ = ("done", "gather", "op", "reads", "rid")
+    __slots__ = ("client", "done", "gather", "mid", "op", "rid")
 
     def __init__(
         self,
-        reads: dict[Any, Any],
+        client: RubberbandClient,
         rid: Any,
         op: Any,
         gather: Gather,
         done: Callable[[Any, Gather | None], None],
     ) -> None:
-        self.reads, self.rid, self.op, self.gather, self.done = reads, rid, op, gather, done
+        self.client, self.rid, self.op, self.gather, self.done = client, rid, op, gather, done
+        self.mid: Any = None
+        """The E-Cast id of a snapshot read's message (a shed notice names it)."""
 
     def set(self) -> None:
-        if self.gather.complete and self.reads.pop(self.rid, None) is not None:
+        if self.gather.complete and self.client._reads.pop(self.rid, None) is not None:
+            if self.mid is not None:
+                self.client._unsafe.pop(self.mid, None)
             self.done(self.op, self.gather)
 
 

@@ -50,6 +50,7 @@ from ecast.core.proto import (
     SessionsClosed,
     Stable,
     Suspected,
+    UnsafeShed,
     Welcome,
 )
 from ecast.core.roles import RoleOf, acts_as_router, everyone_is_a_router
@@ -147,6 +148,13 @@ class LeaderChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class Shed:
+    """Unsafe messages of ours that will not reach every destination (``UnsafeShed``)."""
+
+    ids: tuple[MsgId, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Terminated:
     reason: str
     """``closed`` (own part delivered) or ``suspected`` (declared faulty)."""
@@ -236,7 +244,13 @@ class Endpoint:
         self._join_id: MsgId | None = None
         self._heard_target = 0.0
         """When our router last sent us anything (it answers keep-alives)."""
-        self.stats = {"delivered": 0, "duplicates": 0, "unsafe_accepted": 0, "unsafe_rejected": 0}
+        self.stats = {
+            "delivered": 0,
+            "duplicates": 0,
+            "unsafe_accepted": 0,
+            "unsafe_rejected": 0,
+            "unsafe_shed": 0,
+        }
 
     # ================================================================== application API
     def submit(self, payload: Any, header: Any = None, now: float = 0.0) -> tuple[MsgId, Effects]:
@@ -289,16 +303,24 @@ class Endpoint:
 
     def submit_unsafe_many(self, items: list[tuple[Any, Any]], now: float = 0.0) -> Effects:
         """Many unsafe ``(payload, header)`` messages in one step (one RouteUnsafe)."""
+        return self.submit_unsafe_numbered(items, now)[1]
+
+    def submit_unsafe_numbered(
+        self, items: list[tuple[Any, Any]], now: float = 0.0
+    ) -> tuple[list[MsgId], Effects]:
+        """``submit_unsafe_many``, and the ids given: a ``Shed`` upcall names them."""
         self._begin(now)
+        ids: list[MsgId] = []
         if self.terminated is None:
             session = self.unsafe_session
             n = self.next_unsafe
+            ids = [(session, n + i) for i in range(len(items))]
             self._unsafe.extend(
-                _tnew(Submission, ((session, n + i), header, payload))
-                for i, (payload, header) in enumerate(items)
+                _tnew(Submission, (sid, header, payload))
+                for sid, (payload, header) in zip(ids, items, strict=True)
             )
             self.next_unsafe = n + len(items)
-        return self._end()
+        return ids, self._end()
 
     def close_sessions(self, namespace: str, epoch: int, now: float) -> Effects:
         """Close every session of ``namespace`` up to ``epoch`` (in total order); the
@@ -376,6 +398,11 @@ class Endpoint:
                     self._admit()  # a refused message frees its window slot as an ack does
             elif t is SessionsClosed:
                 self._on_sessions_closed(msg)
+            elif t is UnsafeShed:
+                ours = tuple(i for i in msg.ids if i[0] == self.unsafe_session)
+                if ours:
+                    self.stats["unsafe_shed"] += len(ours)
+                    self._deliver(Shed(ours))
             elif t is Welcome:
                 self.lease = msg.lease
                 self.max_message = msg.max_message

@@ -91,6 +91,16 @@ class DeliverUnsafe:
 
 
 @dataclass(frozen=True, slots=True)
+class UnsafeShed:
+    """These unsafe messages of the receiver's did not reach every destination: the
+    router that took them does not lead, or a destination lagged too far behind and its
+    copy was dropped (3.5.7: unsafe messages are best effort).  Not all of them will be
+    answered, so the sender need not wait for them; it may send them again."""
+
+    ids: tuple[MsgId, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Stable:
     """Stable acknowledgements: ``(id, t, delivered)``.
 
@@ -174,6 +184,7 @@ ROUTER_TO_ENDPOINT = (
     Congestion,
     Suspected,
     Welcome,
+    UnsafeShed,
 )
 
 # ------------------------------------------------------------------ replicated commands

@@ -160,6 +160,15 @@ SETTINGS: tuple[Setting, ...] = (
         check=positive,
     ),
     Setting(
+        "unsafe-lag-limit",
+        int,
+        4096,
+        "unsafe copies to a destination this many messages behind are shed, and their"
+        " senders told (0: shed whenever anything to it is outstanding)",
+        "messages",
+        check=lambda v: None if v >= 0 else "must be 0 or more",
+    ),
+    Setting(
         "ack-cache",
         int,
         1024,
@@ -371,6 +380,7 @@ class RouterDaemon:
             ufab=ufab,
             delayed_acks=a.delayed_acks,
             congestion_threshold=a.congestion_threshold,
+            unsafe_lag_limit=a.unsafe_lag_limit,
             ack_cache=max(a.ack_cache, a.congestion_threshold),
             client_lease=a.client_lease,
             max_client_lease=max(a.max_client_lease, a.client_lease),

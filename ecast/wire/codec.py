@@ -84,6 +84,8 @@ _CLASSES: tuple[type, ...] = (
     _proto.Detach,
     _proto.Welcome,
     _proto.KeepAlive,
+    # protocol v10
+    _proto.UnsafeShed,
 )
 _CODE: dict[type, int] = {cls: i + 1 for i, cls in enumerate(_CLASSES)}
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 from ecast import history
 from ecast.core.config import KeyRingConfig
 from ecast.core.effects import UnexpectedMessage
-from ecast.core.endpoint import Acked, Endpoint, EndpointClosed, EndpointParams, LeaderChanged
+from ecast.core.endpoint import (
+    Acked,
+    Endpoint,
+    EndpointClosed,
+    EndpointParams,
+    LeaderChanged,
+    Shed,
+)
 from ecast.core.message import Submission
 from ecast.core.proto import (
     CloseSessions,
@@ -20,6 +27,7 @@ from ecast.core.proto import (
     Stable,
     StableCmd,
     Suspected,
+    UnsafeShed,
 )
 from ecast.core.router import Router
 from ecast.core.ufabcast.messages import Accept
@@ -173,6 +181,8 @@ def test_unsafe_message_is_accepted_only_where_the_tag_matches() -> None:
     n.submit_unsafe("a", "via r2 again")
     n.settle(0.2)
     assert n.router("r2").stats["unsafe_dropped"] >= 1
+    # r2 does not lead: it says so at once, naming what it did not forward.
+    assert n.endpoint("a").stats["unsafe_shed"] >= 1
     assert n.violations() == []
 
 
@@ -190,15 +200,23 @@ def test_unsafe_copies_to_a_destination_whose_link_lags_are_dropped() -> None:
     before = len(unsafe_of(n, "b"))
     r1 = n.router("r1")
     r1.link_lag = lambda d: r1.p.unsafe_lag_limit + 1 if d == "b" else 0
+    a = n.endpoint("a")
     n.submit_unsafe("a", "shed")
+    shed_id = (a.unsafe_session, a.next_unsafe - 1)
     n.settle(0.2)
     assert len(unsafe_of(n, "b")) == before
     assert r1.stats["unsafe_dropped"] >= 1
+    # The sender is told which message was shed (it need not wait for an answer).
+    assert a.stats["unsafe_shed"] == 1
     r1.link_lag = lambda d: 0  # caught up: unsafe copies flow again
     n.submit_unsafe("a", "flows")
     n.settle(0.2)
     assert len(unsafe_of(n, "b")) == before + 1
+    assert a.stats["unsafe_shed"] == 1
     assert n.violations() == []
+    # The endpoint hands the notice up for its own unsafe messages only.
+    fx = a.on_message("r1", UnsafeShed((shed_id, (("x", 0, "~u"), 1))), n.now)
+    assert [up for up in fx.deliver if isinstance(up, Shed)] == [Shed((shed_id,))]
 
 
 def test_endpoint_window_starts_at_one_doubles_and_halves_on_congestion() -> None:

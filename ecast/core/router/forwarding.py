@@ -18,7 +18,7 @@ from ecast.core.config import JOIN, KIND, ROUTERS
 from ecast.core.effects import NodeId
 from ecast.core.message import Message, MsgId, Submission
 from ecast.core.message import fast_new as _tnew
-from ecast.core.proto import Congestion, Leader, SessionsClosed, Suspected
+from ecast.core.proto import Congestion, Leader, SessionsClosed, Suspected, UnsafeShed
 from ecast.core.router.outbox import Ack, AppOutbox
 from ecast.core.router.params import RouterParams
 from ecast.core.router.state import RouterState
@@ -253,8 +253,10 @@ class Forwarding:
         suspects = st.suspects
         limit = self.p.unsafe_lag_limit
         lagging: dict[NodeId, bool] = {}
+        shed: list[MsgId] = []
         for sub in subs:
             m = _tnew(Message, (src, sub.id, sub.header, sub.payload))
+            dropped = False
             for d in self.ordered(destset(config, m)):
                 if d in suspects:
                     continue
@@ -266,9 +268,16 @@ class Forwarding:
                     )
                 if lags:
                     self.stats["unsafe_dropped"] += 1
+                    dropped = True
                     continue
                 self.outbox.deliver_unsafe(d, self.last_sent.get(d), frontier, m)
                 self.stats["unsafe_sent"] += 1
+            if dropped:
+                shed.append(sub.id)
+        if shed:
+            # The sender learns at once, not by a timeout: a Rubberband snapshot read
+            # retries at once, or reads in order instead.
+            self.outbox.send(src, UnsafeShed(tuple(shed)))
 
     # ================================================================== confirmations
     def on_confirm(self, src: NodeId, upto: int) -> None:

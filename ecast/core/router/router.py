@@ -33,6 +33,7 @@ from ecast.core.proto import (
     RouteUnsafe,
     StableCmd,
     Suspected,
+    UnsafeShed,
     Welcome,
 )
 from ecast.core.roles import RoleOf, acts_as_router, everyone_is_a_router
@@ -417,6 +418,7 @@ class Router:
                 lead = self.lead
                 if lead is None:  # we sent nobody anything: no copy could ever be accepted
                     self.counts["unsafe_dropped"] += len(msg.subs)
+                    self.outbox.send(src, UnsafeShed(tuple(s.id for s in msg.subs)))
                 else:
                     lead.forward_unsafe(src, msg.subs, self.link_lag)
             elif t is Hello:
