@@ -604,9 +604,10 @@ def _preload(b: Bench, keys: int, payload: int, ops: str) -> None:
         rb = await rubberband.connect(st["routers"], "client:preload", ops=OPS[ops],
                                       credentials=st["client_credentials"])  # fmt: skip
         try:
-            blob = value_text(payload)
+            blob = value_text(payload)  # with the key in front: a value of its own per key
             for lo in range(0, keys, 500):
-                await asyncio.gather(*(rb.put_many({k: blob for k in range(i, min(i + 50, keys))})
+                await asyncio.gather(*(rb.put_many({k: f"{k:08x}{blob[8:]}"
+                                                    for k in range(i, min(i + 50, keys))})
                                        for i in range(lo, min(lo + 500, keys), 50)))  # fmt: skip
         finally:
             await rb.close()

@@ -235,6 +235,7 @@ class Endpoint:
         self._next_growth = 0.0
         self._last_progress = 0.0
         self._last_sent = 0.0
+        self._last_probe = 0.0
         self._now = 0.0
         self._fx: Effects | None = None
         self._routes: list[Submission] = []
@@ -518,8 +519,15 @@ class Endpoint:
         self._deliver(msg)  # the upcall is the reply itself
 
     def _on_leader(self, msg: Leader) -> None:
-        if msg.view <= self.view:
+        if msg.view < self.view:
             return  # an older announcement
+        if msg.view == self.view:
+            # Nothing new, unless we drifted from the leader of this view (we took it for
+            # gone, and the router we moved to says it leads still): back to it.
+            lead = msg.succession[0] if msg.succession else None
+            if lead is not None and self.succession[:1] == (lead,) and lead != self.target:
+                self._switch(lead)
+            return
         self.view = msg.view
         self.succession = msg.succession
         self.known_routers.update(msg.succession)
@@ -560,17 +568,24 @@ class Endpoint:
             if self._unsafe:
                 self._send(self.target, RouteUnsafe(tuple(self._unsafe)))
                 self._unsafe = []
+            ka = self._keepalive
+            # A keep-alive when we sent nothing for a while (our lease), or when our router
+            # said nothing for a while although we send: unsafe messages get no answer, so
+            # a process that sends only those would take a live router for gone.
+            quiet = not fx.send and now - self._last_sent >= ka
+            probe = now - self._heard_target >= ka and now - self._last_probe >= ka
             if fx.send:
                 self._last_sent = now
-            elif now - self._last_sent >= self._keepalive:
+            if quiet or probe:
                 self._send(self.target, KeepAlive())  # our lease, kept alive
                 leader = self.succession[0] if self.succession else self.target
                 if leader != self.target:
                     self._send(leader, KeepAlive())  # the leader keeps the lease book
-                self._last_sent = now
+                self._last_sent = self._last_probe = now
             wake = min(
                 self._next_growth,
-                self._last_sent + self._keepalive,
+                self._last_sent + ka,
+                max(self._heard_target, self._last_probe) + ka,
                 self._heard_target + self.p.progress_timeout + self._keepalive + 1e-6,
             )
             if self.waiting():

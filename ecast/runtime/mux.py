@@ -686,6 +686,17 @@ class Runtime:
         conn = self.routes.get(peer)
         return conn is not None and conn in self._congested
 
+    def buffered(self, peer: NodeId) -> int:
+        """Bytes written to the connection that reaches ``peer`` and not yet sent."""
+        conn = self.routes.get(peer)
+        t = conn.transport if conn is not None else None
+        if t is None:
+            return 0
+        try:
+            return int(t.get_write_buffer_size())
+        except Exception:  # a transport being torn down
+            return 0
+
     def writing_paused(self, conn: Connection, paused: bool) -> None:
         if paused:
             self._congested.add(conn)

@@ -27,6 +27,8 @@ log = logging.getLogger("ecast.runtime")
 TCP_LINK = LinkParams(resend_timeout=float("inf"), ack_delay=0.1)
 """Over TCP nothing is lost inside a connection: resend only after a reconnect."""
 CONGESTED = 1 << 30
+UNSAFE_BUFFER = 4 << 20
+"""Unsent bytes to a process past which unsafe copies to it are shed (``unsafe_lag``)."""
 """What ``Node.lag`` adds for a peer whose connection is congested."""
 UPKEEP = 0.25
 """A node with nothing to wake for still ticks this often, for connection upkeep."""
@@ -215,6 +217,19 @@ class Node:
         traffic (``Router.link_lag``) read this."""
         n = self.link.unacked_messages(peer)
         return n + CONGESTED if self.runtime.congested(peer) else n
+
+    def unsafe_lag(self, peer: NodeId) -> int:
+        """How far ``peer`` lags for best-effort traffic (``Router.link_lag``): link
+        messages it has not acknowledged, or "very far" once the connection to its
+        process holds more than ``UNSAFE_BUFFER`` unsent bytes.
+
+        Not :meth:`lag`'s congestion mark (asyncio's 64 KiB): a process that hosts many
+        destinations (16 storage processes share one connection in the benchmarks) passes
+        that mark in every burst of reads, and the leader shed every snapshot read to all
+        of them while they idled.  The byte bound still stops a flood of unsafe copies
+        from growing the buffers of a slow receiver without bound."""
+        n = self.link.unacked_messages(peer)
+        return n + CONGESTED if self.runtime.buffered(peer) > UNSAFE_BUFFER else n
 
     def send_direct(self, peer: NodeId, payload: Any) -> None:
         """Send ``payload`` to another application process over an authenticated link."""

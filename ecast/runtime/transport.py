@@ -320,8 +320,9 @@ class Connection(asyncio.Protocol):
         self.local.writing_paused(self, False)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.state == "open":
-            self.local.writing_paused(self, False)
+        # Whatever its state (a connection closed while its buffer was full is "closing"
+        # by now): left among the congested, it would block ``writable()`` for good.
+        self.local.writing_paused(self, False)
         if self._timer is not None:
             self._timer.cancel()
         was = self.state

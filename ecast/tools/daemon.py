@@ -464,7 +464,7 @@ class RouterDaemon:
             self.router = Router(rid, config, self._params(), routers=[rid], role_of=rt.role_of)
             log.info("event=bootstrap router=%s listen=%s", rid, listen)
         self.node = rt.add_node(rid, self.router, advertise=True)
-        self.router.link_lag = self.node.lag
+        self.router.link_lag = self.node.unsafe_lag
         self.node.start()
 
     async def _drop_router(self) -> None:
@@ -660,6 +660,11 @@ class RouterDaemon:
                 ("stable", "ecast_stable_total", "Messages learned stable"),
                 ("congestion_notices", "ecast_congestion_notices_total", "Congestion notices"),
                 ("unsafe_sent", "ecast_unsafe_sent_total", "Unsafe copies forwarded"),
+                (
+                    "unsafe_dropped",
+                    "ecast_unsafe_shed_total",
+                    "Unsafe copies shed (a lagging destination, or not leading)",
+                ),
                 ("leases_expired", "ecast_leases_expired_total", "Leases that ran out"),
                 (
                     "suspects_issued",

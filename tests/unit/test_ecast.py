@@ -195,6 +195,41 @@ def test_unsafe_messages_are_accepted_after_a_takeover_with_no_safe_traffic() ->
     assert not n.violations()
 
 
+def test_a_process_that_only_sends_unsafe_messages_keeps_its_router() -> None:
+    """Unsafe messages get no answer: a light client that sends nothing else (and is no
+    destination) must probe its router with keep-alives rather than take it for gone (it
+    moved to a follower, which shed every snapshot read it was sent)."""
+    n = sc.unsafe_then_safe()
+    c = n.add_app("c", join=False)
+    n.settle(0.3)
+    assert c.target == "r1"
+    for i in range(40):  # 8 s, past the progress timeout and a keep-alive period
+        n.submit_unsafe("c", f"u{i}")
+        n.settle(0.2)
+    assert c.target == "r1" and c.stats["unsafe_shed"] == 0
+    assert "c" not in n.router("r2").apps, "c left its router for a follower"
+    assert unsafe_of(n, "b")[-1].accepted
+    assert n.violations() == []
+
+
+def test_a_process_that_drifted_to_a_follower_is_sent_back_to_the_leader() -> None:
+    """A follower sheds an unsafe message (it cannot forward one) and says who leads, in
+    the view the process already knows: the process goes back to that leader, and its
+    next unsafe message is accepted."""
+    n = sc.unsafe_then_safe()
+    a = n.endpoint("a")
+    before = len(unsafe_of(n, "b"))
+    a.target = "r2"
+    n.submit_unsafe("a", "via a follower")
+    n.settle(0.2)
+    assert a.stats["unsafe_shed"] == 1 and a.target == "r1"
+    n.submit_unsafe("a", "via the leader")
+    n.settle(0.2)
+    got = unsafe_of(n, "b")[before:]
+    assert [(e.payload, e.accepted) for e in got] == [("via the leader", True)]
+    assert n.violations() == []
+
+
 def test_unsafe_copies_to_a_destination_whose_link_lags_are_dropped() -> None:
     n = sc.unsafe_then_safe()
     before = len(unsafe_of(n, "b"))

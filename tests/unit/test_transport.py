@@ -96,6 +96,33 @@ def test_a_peer_behind_a_congested_connection_counts_as_far_behind() -> None:
     assert node.lag("e1") == 0
 
 
+def test_unsafe_copies_count_a_peer_far_behind_only_past_megabytes_unsent() -> None:
+    """The leader sheds unsafe copies by ``unsafe_lag``: asyncio's congestion mark (64 KiB)
+    is passed in every burst to a process hosting many destinations, so it must not
+    count; megabytes unsent still do."""
+    from ecast.core.endpoint import Endpoint
+    from ecast.runtime import CONGESTED, Runtime
+    from ecast.runtime.node import UNSAFE_BUFFER
+
+    class Buffer:
+        size = 0
+
+        def get_write_buffer_size(self) -> int:
+            return self.size
+
+    rt = Runtime(b"unit-test-3b9d5e7f1a2c4e6a8b0d2f4a6c8e0a2c")
+    node = rt.add_node("r1", Endpoint("r1", ["x"]))
+    conn = Connection(rt, dialer=True)
+    buf = Buffer()
+    conn.transport = buf  # type: ignore[assignment]
+    rt.routes["e1"] = conn
+    buf.size = 256 * 1024
+    rt.writing_paused(conn, True)  # past asyncio's mark
+    assert node.lag("e1") >= CONGESTED and node.unsafe_lag("e1") == 0
+    buf.size = UNSAFE_BUFFER + 1
+    assert node.unsafe_lag("e1") >= CONGESTED and node.unsafe_lag("e2") == 0
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     st.lists(st.binary(min_size=1, max_size=200), min_size=2, max_size=6),

@@ -395,6 +395,7 @@ class Router:
             self.counts["expelled_refused"] += 1
             self.outbox.send(src, Suspected())
             return
+        told = False
         if self.state.gone(src):
             # It left: still answered (a late confirmation, its part resent for a lost
             # acknowledgement), but it holds no lease and gets no announcements.
@@ -404,9 +405,8 @@ class Router:
         else:
             self.heard[src] = self._now
             self.apps[src] = None
-            view = self.ufab.view
-            if self.lead is None and view is not None and self.ufab.installed:
-                self.outbox.send(src, Leader(view.number, view.members))
+            self._tell_leader(src)
+            told = True
         for msg in msgs:
             t = type(msg)
             if t is Confirm:
@@ -419,9 +419,15 @@ class Router:
                 if lead is None:  # we sent nobody anything: no copy could ever be accepted
                     self.counts["unsafe_dropped"] += len(msg.subs)
                     self.outbox.send(src, UnsafeShed(tuple(s.id for s in msg.subs)))
+                    if not told:  # unsafe messages go to the leader: say who it is
+                        self._tell_leader(src)
+                        told = True
                 else:
                     lead.forward_unsafe(src, msg.subs, self.link_lag)
             elif t is Hello:
+                if not told and src in self.apps:
+                    self._tell_leader(src)
+                    told = True
                 self._grant_lease(src, msg.lease)
             elif t is KeepAlive:
                 # Hearing from it renewed its lease (``heard``, above); the answer tells an
@@ -432,6 +438,14 @@ class Router:
                 return
             elif t is CloseSessions:
                 self._closes.append(CloseSessionsCmd(src, msg.namespace, msg.epoch))
+
+    def _tell_leader(self, src: NodeId) -> None:
+        """Tell an application process who leads, if not us: whenever it greets us (it
+        may have moved here from a router it thought gone) or sends us what only a
+        leader can forward (unsafe messages)."""
+        view = self.ufab.view
+        if self.lead is None and view is not None and self.ufab.installed:
+            self.outbox.send(src, Leader(view.number, view.members))
 
     def _grant_lease(self, src: NodeId, asked: Any) -> None:
         """Answer a ``Hello``: always, since a greeting may come from a new process that
