@@ -282,7 +282,14 @@ class Client:
             ep = self.endpoint
             if ep is None:
                 continue
-            reachable = any(r in self.runtime.routes for r in ep.succession)
+            routes = self.runtime.routes
+            down = frozenset(r for r in ep.succession if r not in routes)
+            node = self.node
+            if down != ep.unreachable and ep.terminated is None and node is not None:
+                # Our router's connection is gone: the endpoint moves on now, not after
+                # its progress timeout.
+                node.feed(lambda core, now, down=down: core.routers_unreachable(down, now))
+            reachable = len(down) < len(ep.succession)
             now = loop.time()
             if reachable:
                 self._unreachable_since = None

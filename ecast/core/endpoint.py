@@ -26,6 +26,7 @@ and an idle endpoint sends a ``KeepAlive`` every third of its lease.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -218,6 +219,8 @@ class Endpoint:
         self.t_max = -1
         self.view = -1
         self.succession: tuple[NodeId, ...] = tuple(routers)
+        self.unreachable: frozenset[NodeId] = frozenset()
+        """Routers the runtime has no connection to (``routers_unreachable``)."""
         self.target = routers[0]
         self.joined_at: int | None = None
         self.terminated: str | None = None
@@ -341,6 +344,19 @@ class Endpoint:
         if extra:
             self.succession = self.succession + extra
         self.known_routers.update(routers)
+
+    def routers_unreachable(self, routers: Iterable[NodeId], now: float) -> Effects:
+        """The runtime has no connection to ``routers`` (it lost them and cannot dial
+        them again).  If ours is one, move to the next now: waiting for the progress
+        timeout cost every client of a killed leader two seconds without progress, since
+        the new leader does not know light clients that never spoke to it."""
+        self._begin(now)
+        self.unreachable = frozenset(routers)
+        if self.terminated is None and self.target in self.unreachable:
+            nxt = self._next_router()
+            if nxt != self.target:
+                self._switch(nxt)
+        return self._end()
 
     def waiting(self) -> bool:
         """Whether anything we sent still waits for the routers (progress is owed)."""
@@ -525,7 +541,12 @@ class Endpoint:
             # Nothing new, unless we drifted from the leader of this view (we took it for
             # gone, and the router we moved to says it leads still): back to it.
             lead = msg.succession[0] if msg.succession else None
-            if lead is not None and self.succession[:1] == (lead,) and lead != self.target:
+            if (
+                lead is not None
+                and self.succession[:1] == (lead,)
+                and lead != self.target
+                and lead not in self.unreachable  # we left it because it is gone
+            ):
                 self._switch(lead)
             return
         self.view = msg.view
@@ -656,10 +677,14 @@ class Endpoint:
             routes.append(sub)
 
     def _next_router(self) -> NodeId:
+        """The router after ours in succession order, skipping any we cannot reach."""
         order = self.succession or (self.target,)
-        if self.target in order:
-            return order[(order.index(self.target) + 1) % len(order)]
-        return order[0]
+        start = order.index(self.target) + 1 if self.target in order else 0
+        for i in range(len(order)):
+            r = order[(start + i) % len(order)]
+            if r not in self.unreachable:
+                return r
+        return order[start % len(order)]
 
     def _switch(self, router: NodeId) -> None:
         """Talk to ``router`` from now on; it gets the whole window again (3.4.3), control

@@ -254,6 +254,31 @@ def test_unsafe_copies_to_a_destination_whose_link_lags_are_dropped() -> None:
     assert [up for up in fx.deliver if isinstance(up, Shed)] == [Shed((shed_id,))]
 
 
+def test_an_endpoint_whose_router_is_unreachable_moves_on_at_once() -> None:
+    """The runtime lost the connection to our router (it was killed): the endpoint resends
+    its window to the next router now, not after its progress timeout; that follower
+    still names the old leader, which it must not go back to while it is unreachable."""
+    ep = Endpoint("e", ["r1", "r2", "r3"], EndpointParams())
+    ep.on_message("r1", Leader(1, ("r1", "r2", "r3")), 0.0)
+    ep.submit("x", None, 0.1)
+    fx = ep.routers_unreachable({"r1"}, 0.2)
+    assert ep.target == "r2"
+    sent = [(d, type(m).__name__) for d, m in fx.send]
+    assert ("r2", "Hello") in sent and ("r2", "Route") in sent, sent
+    ep.on_message("r2", Leader(1, ("r1", "r2", "r3")), 0.3)  # r2 has not taken over yet
+    assert ep.target == "r2"
+    ep.on_message("r2", Leader(2, ("r2", "r3")), 1.2)  # now it has
+    assert ep.target == "r2" and ep.succession == ("r2", "r3")
+    # r2 is lost too: r3 next, never back to r2 while it cannot be reached.
+    ep.routers_unreachable({"r2"}, 1.5)
+    assert ep.target == "r3"
+    ep.on_message("r3", Leader(2, ("r2", "r3")), 1.6)
+    assert ep.target == "r3"
+    ep.routers_unreachable(set(), 2.0)  # r2 is back, and r3 says it leads: go to it
+    ep.on_message("r3", Leader(2, ("r2", "r3")), 2.1)
+    assert ep.target == "r2"
+
+
 def test_endpoint_window_starts_at_one_doubles_and_halves_on_congestion() -> None:
     ep = Endpoint("e", ["r1"], EndpointParams())
     for i in range(40):
