@@ -72,10 +72,11 @@ def kid(k: int) -> int:
     return 1_235 + (k % KEYS) * (SPREAD // KEYS // 2 * 2) + (k // KEYS) * 2
 
 
-def filler() -> dict[int, bytes]:
+def filler() -> dict[int, str]:
     step = SPREAD // FILLER
     taken = set(ACCOUNT_KEY.values())
-    return {k: b"f" * 256 for k in range(step // 2 * 2, SPREAD, step) if k not in taken}
+    # Text, which every engine stores (the scan engine keeps values as JSON text).
+    return {k: "f" * 256 for k in range(step // 2 * 2, SPREAD, step) if k not in taken}
 
 
 ROLES = ("storage", "router", "super")
@@ -110,6 +111,8 @@ class Plan:
     net: Net | None = None
     mutation: tuple[str, ...] = field(default=())
     """Planted router bugs (``RubberbandConfig.MUTATIONS``), tests only."""
+    engine: str = "memory"
+    """The storage processes' engine (``cluster up --engine``)."""
 
 
 def run_rubberband(d: Path, plan: Plan) -> dict[str, Any]:
@@ -121,7 +124,8 @@ def run_rubberband(d: Path, plan: Plan) -> dict[str, Any]:
     if plan.mutation:
         os.environ[local.MUTATIONS_ENV] = "1"
     up = _cli("cluster", "up", "--routers", "3", "--supers", "2", "--storage", "4",
-              "--state-dir", str(cdir), *(f"--mutation={m}" for m in plan.mutation))  # fmt: skip
+              "--engine", plan.engine, "--state-dir", str(cdir),
+              *(f"--mutation={m}" for m in plan.mutation))  # fmt: skip
     if up.returncode != 0:
         raise RuntimeError(f"cluster up failed: {up.stdout[-1500:]}{up.stderr[-1500:]}")
     try:

@@ -50,6 +50,13 @@ def run(argv: list[str] | None = None) -> int:
         help="plant a known bug (test switch): a router, endpoint, Rubberband config or "
         "storage mutation",
     )
+    ap.add_argument(
+        "--engine",
+        choices=["memory", "scan-kv", "memcached"],
+        default="memory",
+        help="the storage engine of the Rubberband workloads (bank keeps integers, which"
+        " every engine stores; list-append keeps lists)",
+    )
     ap.add_argument("--json", action="store_true", help="the report as the last line")
     a = ap.parse_args(argv)
     # SIGTERM (a CI timeout, a user's kill) unwinds like Ctrl-C: the cluster is taken
@@ -231,7 +238,8 @@ def _rubberband(
     from jepsen_like.rubberband_run import ACCOUNTS, INITIAL_BALANCE, Plan, run_rubberband
 
     started = time.monotonic()
-    plan = Plan(a.workload, kinds, seed, a.time, a.settle, _say, network, tuple(a.mutation))
+    plan = Plan(a.workload, kinds, seed, a.time, a.settle, _say, network, tuple(a.mutation),
+                engine=a.engine)  # fmt: skip
     got = run_rubberband(out, plan)
     history = got["history"]
     with open(out / "history.jsonl", "w", encoding="utf-8") as f:
@@ -258,6 +266,7 @@ def _rubberband(
     report: dict[str, Any] = {
         "seed": seed,
         "workload": a.workload,
+        "engine": a.engine,
         "checker": checker,
         "nemesis": list(kinds),
         "time_s": a.time,

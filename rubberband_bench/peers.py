@@ -289,6 +289,16 @@ class Servers:
                 return f"{' '.join(p.args[:3])}... exited with {p.returncode}"  # type: ignore[index]
         return None
 
+    def wait_until(self, ready: Any, timeout: float, what: str, poll: float = 0.2) -> None:
+        """Poll ``ready()`` until it holds; raise if a server exits or time runs out."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if self.crashed():
+                raise RuntimeError(f"{what} did not start: {self.crashed()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} was not ready within {timeout:g} s")
+            time.sleep(poll)
+
     def stop(self) -> None:
         for p in self.procs:
             if p.poll() is None:
@@ -325,16 +335,12 @@ def etcd(d: Path) -> Iterator[str]:
                 "--initial-cluster-token", f"bench-{os.getpid()}", "--logger", "zap",
                 "--log-level", "error",
             ], env={**os.environ, "ETCD_UNSUPPORTED_ARCH": "amd64"})  # fmt: skip
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def healthy() -> bool:
             h = local.http_json(f"http://127.0.0.1:{client[0]}/health")
-            if h and str(h.get("health")) == "true":
-                break
-            if s.crashed():
-                raise RuntimeError(f"etcd did not start: {s.crashed()}")
-            time.sleep(0.2)
-        else:
-            raise RuntimeError("etcd was not healthy within 60 s")
+            return bool(h) and str(h.get("health")) == "true"  # type: ignore[union-attr]
+
+        s.wait_until(healthy, 60, "etcd")
         yield ",".join(f"127.0.0.1:{p}" for p in client)
     finally:
         s.stop()
@@ -366,15 +372,8 @@ def zookeeper(d: Path) -> Iterator[str]:
                 f"-Dzookeeper.log.dir={d}", "-Dzookeeper.root.logger=WARN,CONSOLE",
                 "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg),
             ])  # fmt: skip
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if all("Mode:" in _four_letters(p, b"srvr") for p in client):
-                break
-            if s.crashed():
-                raise RuntimeError(f"ZooKeeper did not start: {s.crashed()}")
-            time.sleep(0.5)
-        else:
-            raise RuntimeError("ZooKeeper had no quorum within 90 s")
+        s.wait_until(lambda: all("Mode:" in _four_letters(p, b"srvr") for p in client), 90,
+                     "ZooKeeper (a quorum)", poll=0.5)  # fmt: skip
         yield ",".join(f"127.0.0.1:{p}" for p in client)
     finally:
         s.stop()

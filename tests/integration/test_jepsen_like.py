@@ -55,16 +55,22 @@ def test_a_multicast_run_under_every_fault_checks_valid(tmp_path: Path) -> None:
 
 
 @needs_net
-@pytest.mark.parametrize("workload", ["list-append", "bank"])
-def test_a_rubberband_run_under_every_fault_checks_valid(workload: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("workload", "engine"), [("list-append", "scan-kv"), ("bank", "memory")])
+def test_a_rubberband_run_under_every_fault_checks_valid(
+    workload: str, engine: str, tmp_path: Path
+) -> None:
     """Storage processes, routers and supers killed and paused, partitions, slow and
     lossy links, expand/contract/replace/rebalance and router joins and parts, under
     multi-key appends and reads (or transfers and reads at every level): the cluster
-    repairs itself, the checker finds no anomaly, and the stored history checks again."""
+    repairs itself, the checker finds no anomaly, and the stored history checks again.
+    The appends run on the scan engine (its batched Clock Scan cycles and its migration
+    cursors under faults), the transfers on the memory engine."""
     code, report, text = _run(
-        tmp_path, "--workload", workload, "--nemesis", EVERY, "--time", "50", "--seed", "4"
-    )
+        tmp_path, "--workload", workload, "--engine", engine, "--nemesis", EVERY,
+        "--time", "50", "--seed", "4",
+    )  # fmt: skip
     assert code == 0, text
+    assert report["engine"] == engine
     assert report["valid"] and not report["violations"]
     kinds = report["faults"]["by_kind"]
     assert len(kinds) >= 3 and sum(kinds.values()) >= 6, kinds
