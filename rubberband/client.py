@@ -75,6 +75,11 @@ class Gather:
         if error is not None:
             self.error = error
             return
+        if not self.covered and covered == self.ranges:  # one answer for all of it
+            self.pieces.append((covered, result))
+            self.covered = covered
+            self.position = position
+            return
         fresh = difference(intersect(covered, self.ranges), self.covered)
         if not fresh:
             return
@@ -87,7 +92,12 @@ class Gather:
 
     @property
     def complete(self) -> bool:
-        return self.error is not None or self.refused or covers(self.covered, self.ranges)
+        return (
+            self.error is not None
+            or self.refused
+            or self.covered == self.ranges
+            or covers(self.covered, self.ranges)
+        )
 
     def missing(self) -> RangeSet:
         return difference(self.ranges, self.covered)
