@@ -144,6 +144,40 @@ async def etcd_client(args: argparse.Namespace, meter: Meter) -> None:
         await asyncio.gather(*(worker() for _ in range(args.concurrency)))
 
 
+def _keep_in_flight(
+    args: argparse.Namespace, meter: Meter, issue: Any, patience: float | None = None
+) -> None:
+    """Keep ``--concurrency`` writes in flight (at ``--rate`` if set) until the meter's
+    end, for the clients whose libraries answer by callback.  ``issue(rng, value,
+    finish)`` starts one write and calls ``finish()`` when it is acknowledged, or
+    ``finish(error)``; ``patience``: give up once no slot frees for this long."""
+    value = os.urandom(args.payload)
+    slots = threading.Semaphore(args.concurrency)
+    rng = random.Random()
+    pacer = Pacer(args.rate)
+    meter.begin(args.warmup, args.duration)
+
+    def finisher(t0: float) -> Any:
+        def finish(error: str | None = None) -> None:
+            if error is None:
+                meter.ok(t0)
+            else:
+                meter.fail(error)
+            slots.release()
+
+        return finish
+
+    while time.perf_counter() < meter.end:
+        if not slots.acquire(timeout=patience):
+            meter.fail(f"no answer for {patience:g} s with every write in flight")
+            break
+        wait = pacer.due()
+        pacer.issued += 1
+        if wait:
+            time.sleep(wait)
+        issue(rng, value, finisher(time.perf_counter()))
+
+
 def zookeeper_client(args: argparse.Namespace, meter: Meter) -> None:
     from kazoo.client import KazooClient
 
@@ -155,31 +189,19 @@ def zookeeper_client(args: argparse.Namespace, meter: Meter) -> None:
         for p in paths:
             if not zk.exists(p):
                 zk.create(p, b"")
-        value = os.urandom(args.payload)
-        slots = threading.Semaphore(args.concurrency)
-        rng = random.Random()
-        pacer = Pacer(args.rate)
-        meter.begin(args.warmup, args.duration)
 
-        def done(t0: float) -> Any:
+        def issue(rng: random.Random, value: bytes, finish: Any) -> None:
             def cb(result: Any) -> None:
                 try:
                     result.get()
-                    meter.ok(t0)
                 except Exception as e:
-                    meter.fail(f"{type(e).__name__}: {e}")
-                slots.release()
+                    finish(f"{type(e).__name__}: {e}")
+                else:
+                    finish()
 
-            return cb
+            zk.set_async(rng.choice(paths), value).rawlink(cb)
 
-        while time.perf_counter() < meter.end:
-            slots.acquire()
-            wait = pacer.due()
-            pacer.issued += 1
-            if wait:
-                time.sleep(wait)
-            t0 = time.perf_counter()
-            zk.set_async(rng.choice(paths), value).rawlink(done(t0))
+        _keep_in_flight(args, meter, issue)
     finally:
         with contextlib.suppress(Exception):
             zk.stop()
@@ -195,32 +217,15 @@ def pysyncobj_client(args: argparse.Namespace, meter: Meter) -> None:
     deadline = time.time() + 30
     while node._getLeader() is None and time.time() < deadline:
         time.sleep(0.1)
-    value = os.urandom(args.payload)
-    slots = threading.Semaphore(args.concurrency)
-    rng = random.Random()
-    pacer = Pacer(args.rate)
-    meter.begin(args.warmup, args.duration)
 
-    def done(t0: float) -> Any:
+    def issue(rng: random.Random, value: bytes, finish: Any) -> None:
         def cb(result: Any, error: Any) -> None:
-            if error:  # FAIL_REASON.SUCCESS is 0
-                meter.fail(f"PySyncObj error {error}")
-            else:
-                meter.ok(t0)
-            slots.release()
+            finish(f"PySyncObj error {error}" if error else None)  # FAIL_REASON.SUCCESS is 0
 
-        return cb
+        d.set(f"k{rng.randrange(1_000_000)}", value, callback=cb)
 
     try:
-        while time.perf_counter() < meter.end:
-            if not slots.acquire(timeout=5.0):
-                meter.fail("no answer for 5 s with every write in flight")
-                break
-            wait = pacer.due()
-            pacer.issued += 1
-            if wait:
-                time.sleep(wait)
-            d.set(f"k{rng.randrange(1_000_000)}", value, callback=done(time.perf_counter()))
+        _keep_in_flight(args, meter, issue, patience=5.0)
     finally:
         with contextlib.suppress(Exception):
             node.destroy()

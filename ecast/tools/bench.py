@@ -602,8 +602,11 @@ def _run_bench(
                 rss_series.setdefault(role, []).append((elapsed, _rss_mb(pid), warm))
         if len(results) == len(clients):
             break
-        if elapsed > args.duration + 90:
-            raise SystemExit("clients did not finish")
+        # Clients drain their windows, part, and (with --record) write a history that
+        # grows with the run: a 600 s run's is a few million events.
+        if elapsed > args.duration + 90 + (args.duration / 2 if record else 0):
+            unfinished = [c.name for c in clients if c.name not in results]
+            raise SystemExit(f"clients did not finish: {', '.join(unfinished)}")
         time.sleep(0.25)
     if nemesis is not None:
         nemesis.heal(cluster)
