@@ -182,6 +182,9 @@ class Client:
         self._welcomed = asyncio.Event()
         self._closed = asyncio.Event()
         self.terminated: str | None = None
+        self.suspected_at: int | None = None
+        """Declared faulty: the position of the suspect message in the sequence, when a
+        router still knew it.  The shipped configs route none of its messages after it."""
         self.error: Exception | None = None
         """Why the client stopped, once it did for any reason but ``close``."""
         self.leader: NodeId | None = None
@@ -343,7 +346,7 @@ class Client:
                 if self.shed_listener is not None:
                     self.shed_listener(up.ids)
             elif t is Terminated:
-                self._on_terminated(up.reason)
+                self._on_terminated(up.reason, up.at)
         if batch and self.ack_listener is not None:
             self.ack_listener(batch)
         ep = self.endpoint
@@ -376,14 +379,16 @@ class Client:
             if type(who) in (list, tuple):
                 self._members.difference_update(p for p in who if type(p) is str)
 
-    def _on_terminated(self, reason: str) -> None:
+    def _on_terminated(self, reason: str, at: int | None = None) -> None:
         self.terminated = reason
+        self.suspected_at = at
         self._closed.set()
         self._queue.put_nowait(None)
         if reason == "suspected":
+            where = f" at t={at}" if at is not None else ""
             self.error = SuspectedError(
-                f"{self.name} was declared faulty (silent past its lease, or suspected by a "
-                "peer); it stops for good, a new process takes a new name"
+                f"{self.name} was declared faulty{where} (silent past its lease, or suspected"
+                " by a peer); it stops for good, a new process takes a new name"
             )
         if reason not in ("closed", "detached"):
             self.state = "closed"

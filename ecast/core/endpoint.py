@@ -159,6 +159,8 @@ class Shed:
 class Terminated:
     reason: str
     """``closed`` (own part delivered) or ``suspected`` (declared faulty)."""
+    at: int | None = None
+    """Suspected: the position of the suspect message, if the router still knew it."""
 
 
 class Endpoint:
@@ -224,6 +226,8 @@ class Endpoint:
         self.target = routers[0]
         self.joined_at: int | None = None
         self.terminated: str | None = None
+        self.suspected_at: int | None = None
+        """Where the history declared this process faulty, when a router told it."""
         self.closing = False
         self.lingering = False
         """Closed for the application, but still confirming until our part is stable: a
@@ -427,7 +431,7 @@ class Endpoint:
                 self._deliver(msg)  # the upcall is the greeting itself
             elif t is Suspected:
                 if steering:
-                    self._terminate("suspected")
+                    self._terminate("suspected", msg.t)
                 else:
                     self.ignored_unknown_router += 1
         return self._end()
@@ -712,6 +716,7 @@ class Endpoint:
         out.extend(data[i:])
         return out
 
-    def _terminate(self, reason: str) -> None:
+    def _terminate(self, reason: str, at: int | None = None) -> None:
         self.terminated = reason
-        self._deliver(Terminated(reason))
+        self.suspected_at = at
+        self._deliver(Terminated(reason, at))

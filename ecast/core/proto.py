@@ -153,6 +153,11 @@ class Congestion:
 class Suspected:
     """The history declared you faulty: stop (process-controlled crash, 3.3.4)."""
 
+    t: int | None = None
+    """Where: the position of the first suspect naming you, while the router remembers
+    it (None: forgotten, or suspected before this router joined).  A suspected process
+    learns from it which of its messages may have been delivered (those before ``t``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Directory:

@@ -99,6 +99,10 @@ class Terminate(NamedTuple):
 
     reason: str
     time: float | None = None
+    t: int | None = None
+    """Suspected: where the routers said the suspect message lies (``Suspected.t``).
+    Under a config whose suspects reach only the suspects themselves, no process may
+    deliver that message: this is how the history's reference learns what it was."""
 
 
 class Learned(NamedTuple):

@@ -13,7 +13,7 @@ kind, the kind's fields and an optional ``time`` in seconds::
     {"process": "s2", "event": "ack", "id": [["s2", 0, ""], 5], "t": 7,
      "delivered": true, "time": 1.4}
     {"process": "d1", "event": "crash", "time": 2.0}
-    {"process": "d1", "event": "terminate", "reason": "suspected", "time": 2.5}
+    {"process": "d1", "event": "terminate", "reason": "suspected", "time": 2.5, "t": 9}
     {"process": "r1", "event": "learned", "t": 7,
      "message": {"sender": "s2", "id": [["s2", 0, ""], 5], "header": {"key": 4}}}
 
@@ -108,6 +108,8 @@ def to_record(process: str, event: Any) -> dict[str, Any]:
     elif kind is Terminate:
         rec["event"] = "terminate"
         rec["reason"] = event.reason
+        if event.t is not None:
+            rec["t"] = event.t
     elif kind is Learned:
         m = event.message
         msg: dict[str, Any] = {"sender": m.sender, "id": _jid(m.id), "header": m.header}
@@ -202,7 +204,7 @@ class _Decoder:
             "submit_unsafe": lambda r: SubmitUnsafe(self.id(r["id"]), r.get("time")),
             "deliver_unsafe": self._unsafe,
             "crash": lambda r: Crash(r.get("time")),
-            "terminate": lambda r: Terminate(_str(r["reason"], "reason"), r.get("time")),
+            "terminate": self._terminate,
             "learned": self._learned,
         }
 
@@ -260,6 +262,12 @@ class _Decoder:
         if t is not None and type(t) is not int:
             raise HistoryError(f"an ack's t is an integer or null, not {t!r}")
         return Ack(self.id(r["id"]), t, bool(r["delivered"]), r.get("time"))
+
+    def _terminate(self, r: dict[str, Any]) -> Terminate:
+        t = r.get("t")
+        if t is not None and type(t) is not int:
+            raise HistoryError(f"a termination's t is an integer or absent, not {t!r}")
+        return Terminate(_str(r["reason"], "reason"), r.get("time"), t)
 
     def _unsafe(self, r: dict[str, Any]) -> DeliverUnsafe:
         tag = r["tag"]

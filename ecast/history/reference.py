@@ -13,6 +13,14 @@ has the routers' defined outcome.  A message whose sender and header are unknown
 unknown ``t``, or one only acknowledged) is replayed as changing no config, and has no
 known destination set: checks that need one skip it, and a violation they find after
 such a message says so.
+
+One kind of unknown message is pinned down all the same: a suspect.  Under a config
+that delivers a suspect only to the processes it names (``KeyRingConfig``), nobody may
+deliver it, since its destinations are declared faulty; but each of them, told by a router
+that it was suspected, records where (``Terminate.t``).  An unknown ``t`` that
+suspected processes name is replayed as the routers' suspect of exactly those processes
+(:data:`INFERRED`); a known message there that does not suspect them is a disagreement
+between the routers and the sequence processes saw.
 """
 
 from __future__ import annotations
@@ -20,13 +28,15 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
-from ecast.core.config import SUSPECT, Config, kind_of, suspected_in
+from ecast.core.config import KIND, ROUTERS, SUSPECT, WHO, Config, kind_of, suspected_in
 from ecast.core.effects import NodeId
 from ecast.core.message import Message, MsgId
 from ecast.core.mseq import ConfigGuard
 from ecast.history.events import Ack, Deliver, History, Submit, Terminate
 
 MAX_PROBLEMS = 5
+INFERRED = "~inferred"
+"""The stream of the session that a suspect rebuilt from ``Terminate.t`` is given."""
 
 
 @dataclass(slots=True)
@@ -56,6 +66,8 @@ class Reference:
     disagree on a t, a message at two t."""
     first_unreplayed: int | None
     """The first t replayed without its message (None: every message was known)."""
+    inferred: dict[int, Message]
+    """t -> the suspect replayed there, rebuilt from what suspected processes were told."""
     config_errors: int
 
     def config_at(self, t: int) -> Config | None:
@@ -111,6 +123,7 @@ def build_reference(history: History, config: Config | None = None) -> Reference
         problems=problems,
         first_unreplayed=None,
         config_errors=0,
+        inferred={} if from_routers else _told_suspected(history, ids, messages, problems),
     )
     if config is not None:
         _replay(ref, config)
@@ -201,8 +214,11 @@ def _replay(ref: Reference, config: Config) -> None:
     starts, configs = [0], [config]
     messages = ref.messages
     first_unreplayed = None
+    inferred = ref.inferred
     for t in range(ref.top + 1):
         m = messages.get(t)
+        if m is None:
+            m = inferred.get(t)
         if m is None:
             if first_unreplayed is None:
                 first_unreplayed = t
@@ -222,11 +238,46 @@ def _replay(ref: Reference, config: Config) -> None:
     ref.config_errors = guard.errors
 
 
+def _told_suspected(
+    history: History,
+    ids: dict[int, MsgId],
+    messages: dict[int, Message],
+    problems: list[tuple[str, str]],
+) -> dict[int, Message]:
+    """The suspects that processes were told of (``Terminate.t``) where no process saw
+    the message: each rebuilt as the routers' suspect of the processes told that t."""
+    told: dict[int, list[NodeId]] = {}
+    for p, events in history.processes.items():
+        for e in events:
+            if type(e) is Terminate and e.reason == "suspected" and e.t is not None:
+                told.setdefault(e.t, []).append(p)
+    out: dict[int, Message] = {}
+    for t, who in sorted(told.items()):
+        m = messages.get(t)
+        if m is not None:
+            agrees = kind_of(m) == SUSPECT and set(who) <= set(suspected_in(m))
+            if not agrees and len(problems) < MAX_PROBLEMS:
+                problems.append(
+                    (
+                        "prefix-agreement",
+                        f"{', '.join(sorted(who))} told suspected at t={t}, but t={t} is "
+                        f"{m.id}, which does not suspect them",
+                    )
+                )
+            continue
+        if t in ids:
+            continue  # acknowledged only: its id is known, its sender not; leave it unknown
+        header = {KIND: SUSPECT, WHO: sorted(who), "lease": True}
+        out[t] = Message(ROUTERS, ((ROUTERS, 0, INFERRED), t), header, None)
+    return out
+
+
 def _suspects_without_config(ref: Reference) -> None:
     """Everyone a suspect message names counts as suspected: without the config it is not
     known whose suspicions count, and counting more only excuses more."""
-    for t in sorted(ref.messages):
-        m = ref.messages[t]
+    known = ref.inferred | ref.messages
+    for t in sorted(known):
+        m = known[t]
         if kind_of(m) == SUSPECT:
             for p in suspected_in(m):
                 ref.suspected.setdefault(p, t)

@@ -261,7 +261,7 @@ class AppHost:
             elif t is Acked:
                 events.append(_tnew(Ack, (up.id, up.t, up.delivered, now)))
             elif t is Terminated:
-                events.append(Terminate(up.reason, now))
+                events.append(Terminate(up.reason, now, up.at))
         return fx
 
 

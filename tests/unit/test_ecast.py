@@ -121,8 +121,11 @@ def test_suspected_process_is_told_and_stops_and_gets_nothing_more() -> None:
     n.settle(0.3)
     n.suspect("mon", ["b"])  # b is alive: a false suspicion
     n.settle(0.3)
-    assert any(d == "b" for _s, d, _m in sent(n, Suspected))
-    assert n.endpoint("b").terminated == "suspected"
+    told = [m for _s, d, m in sent(n, Suspected) if d == "b"]
+    assert told and n.endpoint("b").terminated == "suspected"
+    # It is told where: the position of mon's suspect (which mon's ack names too).
+    (at,) = [t for mid, t, _d, _a in acks_of(n, "mon") if mid == (("@mon", mid[0][1], ""), 2)]
+    assert {m.t for m in told} == {at} and n.endpoint("b").suspected_at == at
     got = len(n.delivered("b"))
     n.submit("a", "after")
     n.settle(0.3)

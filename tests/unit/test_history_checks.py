@@ -25,6 +25,7 @@ from ecast.history import (
     History,
     Submit,
     SubmitUnsafe,
+    Terminate,
     check_history,
 )
 from tests import history_gen as g
@@ -339,3 +340,44 @@ def test_explanations_are_capped_per_check() -> None:
         events.reverse()  # every process delivers in reverse: one finding each
     got = found(h, liveness=False, only=("total-order",))["total-order"]
     assert len(got) == 3 and all("after t=" in x for x in got)
+
+
+def _all_receivers_suspected_at_once() -> tuple[list[Message], History]:
+    """Every receiver silent past its lease, suspected by one routers' suspect at t=6
+    that nobody delivers (the key-ring config sends it to its suspects only), then two
+    new receivers join and take the data."""
+    ms = [
+        g.join("a", role="receiver"),
+        g.join("b", role="receiver"),
+        g.join("s", role="client"),
+        *(g.data("s", i, {"key": i}) for i in range(1, 4)),
+        g.lease_suspect("r1", ["a", "b"]),
+        g.join("a2", role="receiver"),
+        g.join("b2", role="receiver"),
+        *(g.data("s", i, {"key": i}) for i in range(4, 12)),
+    ]
+    return ms, g.run(ms, RING, crashed={"a": 6, "b": 6})
+
+
+def test_a_suspect_nobody_delivered_is_rebuilt_from_where_its_suspects_were_told() -> None:
+    _ms, h = _all_receivers_suspected_at_once()
+    # Without knowing what t=6 was, the replay keeps a and b on the ring: the new
+    # receivers' deliveries look misrouted (with the caveat that says why).
+    blind = found(h, RING, liveness=False)
+    findings = [v for vs in blind.values() for v in vs]
+    assert findings and all("assuming the unknown message at t=6" in v for v in findings)
+    # Told by a router where they were suspected, a and b record it: t=6 is replayed
+    # as their suspect, and the same run passes every check.
+    for p in ("a", "b"):
+        h.add(p, Terminate("suspected", 6.5, 6))
+    assert found(h, RING, liveness=False) == {}
+    assert found(h, RING, liveness=True) == {}
+
+
+def test_told_suspected_where_a_known_message_suspects_nobody_is_a_disagreement() -> None:
+    ms, h = _all_receivers_suspected_at_once()
+    for p in ("a", "b"):
+        h.add(p, Terminate("suspected", 6.5, 5))  # t=5 is s's data message
+    assert found(h, RING, liveness=False)["prefix-agreement"][0] == (
+        f"a, b told suspected at t=5, but t=5 is {ms[5].id}, which does not suspect them"
+    )

@@ -48,6 +48,7 @@ def every_kind() -> History:
     h.add("s2", Ack(MID, None, False))
     h.add("d1", Crash(2.0))
     h.add("d2", Terminate("suspected", 2.5))
+    h.add("d3", Terminate("suspected", 2.6, 8))
     h.add("r1", Learned(7, Message("s2", MID, {"key": 4}, "m5"), 1.2))
     return h
 
@@ -74,7 +75,7 @@ def test_every_event_kind_round_trips(tmp_path: Path) -> None:
     path = tmp_path / "h.jsonl"
     write_history(h, path)
     lines = path.read_text().splitlines()
-    assert len(lines) == len(h) == 12
+    assert len(lines) == len(h) == 13
     kinds = [json.loads(line)["event"] for line in lines]
     assert set(kinds) == {
         "submit",
@@ -157,6 +158,7 @@ def test_a_run_written_streamed_and_read_back_checks_the_same(tmp_path: Path) ->
         ('{"process": "a", "event": "submit", "id": [["a", "0", ""], 1]}', "line 3: a session"),
         ('{"process": "a", "event": "deliver", "t": "7", "id": [["a", 0, ""], 1]}', "t is an"),
         ('{"process": 5, "event": "crash"}', "line 3: process 5 is not a string"),
+        ('{"process": "a", "event": "terminate", "reason": "suspected", "t": 1.5}', "t is an"),
     ],
 )
 def test_a_malformed_line_is_named_by_its_number(line: str, error: str) -> None:

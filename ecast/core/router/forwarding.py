@@ -394,9 +394,9 @@ class Forwarding:
     def learned_closed(self, sender: NodeId, sid: MsgId) -> None:
         self.outbox.reject_closed(sender, sid)
 
-    def learned_suspect(self, p: NodeId) -> None:
+    def learned_suspect(self, p: NodeId, t: int) -> None:
         self.drop_destination(p)
-        self.outbox.send(p, Suspected())
+        self.outbox.send(p, Suspected(t))
 
     def learned_stable(self, run: list[tuple[int, MsgId, bool, NodeId]]) -> None:
         acked = self.acked

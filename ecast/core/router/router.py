@@ -393,7 +393,7 @@ class Router:
         if src in self.state.expelled:
             # Suspected before: it must stop, never resume (the config ignores it too).
             self.counts["expelled_refused"] += 1
-            self.outbox.send(src, Suspected())
+            self.outbox.send(src, Suspected(self.state.expelled.get(src)))
             return
         told = False
         if self.state.gone(src):

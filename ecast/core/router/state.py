@@ -30,7 +30,7 @@ class LearnListener(Protocol):
 
     def learned_closed(self, sender: NodeId, sid: MsgId) -> None: ...
 
-    def learned_suspect(self, p: NodeId) -> None: ...
+    def learned_suspect(self, p: NodeId, t: int) -> None: ...
 
     def learned_stable(self, run: list[tuple[int, MsgId, bool, NodeId]]) -> None:
         """``(t, id, delivered, sender)`` of messages that became stable, in ``t`` order."""
@@ -75,9 +75,10 @@ class RouterState:
         """Process -> t of its own part, once that part is stable.  It delivered every
         message before its part (delivery is in t order), so nobody waits for it; kept,
         like suspects, while unstable messages before it remain."""
-        self.expelled: OrderedDict[NodeId, None] = OrderedDict()
-        """Processes ever suspected, the latest ``expelled_memory`` of them: long after
-        their suspect is collected, one that comes back is told, and never resumes."""
+        self.expelled: OrderedDict[NodeId, int | None] = OrderedDict()
+        """Processes ever suspected, the latest ``expelled_memory`` of them, with the t of
+        their first suspect: long after that suspect is collected, one that comes back
+        is told where it was declared faulty, and never resumes."""
         self.left: OrderedDict[NodeId, None] = OrderedDict()
         """Processes whose own part was stable, the latest ``expelled_memory`` of them.
         A departed id never comes back (the configs refuse it), so long after its
@@ -130,17 +131,17 @@ class RouterState:
             return
         for t, who in found:
             for p in sorted(who):
-                self._expel(p)
+                self._expel(p, t)
                 if p not in self.suspects:
                     self.suspects[p] = t
                     if listener is not None:
-                        listener.learned_suspect(p)
+                        listener.learned_suspect(p, t)
 
-    def _expel(self, p: NodeId) -> None:
-        self._remember(self.expelled, p)
+    def _expel(self, p: NodeId, t: int) -> None:
+        self._remember(self.expelled, p, self.expelled.get(p, t))
 
-    def _remember(self, names: OrderedDict[NodeId, None], p: NodeId) -> None:
-        names[p] = None
+    def _remember(self, names: OrderedDict[NodeId, Any], p: NodeId, value: Any = None) -> None:
+        names[p] = value
         names.move_to_end(p)
         while len(names) > self.expelled_memory:
             names.popitem(last=False)
@@ -254,7 +255,7 @@ class RouterState:
             "by_id": list(self.by_id.items()),
             "suspects": list(self.suspects.items()),
             "departed": list(self.departed.items()),
-            "expelled": list(self.expelled),
+            "expelled": list(self.expelled.items()),
             "left": list(self.left),
         }
 
@@ -275,7 +276,7 @@ class RouterState:
         st.by_id = {(tuple(sid[0]), sid[1]): t for sid, t in snap["by_id"]}
         st.suspects = dict(snap["suspects"])
         st.departed = dict(snap["departed"])
-        st.expelled = OrderedDict.fromkeys(snap.get("expelled", ()))
+        st.expelled = OrderedDict((p, t) for p, t in snap.get("expelled", ()))
         st.left = OrderedDict.fromkeys(snap.get("left", ()))
         st.expelled_memory = expelled_memory
         st.observer = None
