@@ -11,6 +11,11 @@
   with the clients and receivers spread over both sides, or one client or receiver
   process cut off from every router, for 2 to 4 s (less than the client lease, so
   application processes are not suspected; isolated routers are).
+* ``pause-app``: SIGSTOP a client or the receivers' process past the client lease (6 to
+  8 s against the default 5 s), then SIGCONT it.  The routers expire its lease and the
+  group suspects it; when it resumes it must learn that it was declared faulty and never
+  act under that name again (the workers go on as new processes under fresh names, and
+  the checkers hold the suspected ones to the guarantees of faulty processes).
 * ``slow``: one router's link limited to 1 Mbit/s for 3 to 5 s.
 * ``loss``: one router loses 5 to 25 % of its packets each way for 3 to 5 s.
 * ``reconfigure``: a router joins (the group grows to 4), or one of 4 parts gracefully
@@ -24,6 +29,7 @@ run gives the group time to settle before its clients stop.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -36,7 +42,7 @@ from jepsen_like.net import Net
 
 LocalCluster = local.LocalCluster
 
-KINDS = ("kill", "pause", "partition", "slow", "loss", "reconfigure")
+KINDS = ("kill", "pause", "pause-app", "partition", "slow", "loss", "reconfigure")
 NET_KINDS = frozenset({"partition", "slow", "loss"})
 """Faults that need network namespaces."""
 
@@ -83,6 +89,8 @@ class RouterNemesis:
         self.net = net
         self.apps = apps
         """Application processes with namespaces of their own (clients, receivers)."""
+        self.app_pids: dict[str, int] = {}
+        """Application processes by name, for ``pause-app`` (see :meth:`attach`)."""
         self.gap = gap
         self.pause = pause
         self.next_at = first
@@ -116,9 +124,11 @@ class RouterNemesis:
         if not _settled(cluster, live):
             return  # the last fault's view change is not over: wait for it
         kind = self.rng.choice(self.kinds)
+        if kind == "pause-app" and not self.app_pids:
+            return  # no application process to pause yet
         target = leader if leader in live and self.rng.random() < 0.5 else self.rng.choice(live)
         role = "leader" if target == leader else "follower"
-        f = getattr(self, f"_{kind}")(elapsed, cluster, live, target, role)
+        f = getattr(self, f"_{kind.replace('-', '_')}")(elapsed, cluster, live, target, role)
         self.faults.append(f)
         if f.end is None:
             self.active = f
@@ -138,6 +148,15 @@ class RouterNemesis:
         os.kill(cluster.routers[target].proc.pid, signal.SIGSTOP)
         self.say(f"{elapsed:7.2f}s  pause {role} {target} for {hold:.1f}s")
         return Fault("pause", target, elapsed, None, {"role": role, "heal_at": elapsed + hold})
+
+    def _pause_app(self, elapsed: float, cluster: LocalCluster, live: list[str], target: str,
+                   role: str) -> Fault:  # fmt: skip
+        app = self.rng.choice(sorted(self.app_pids))
+        hold = self.rng.uniform(6.0, 8.0)  # past the routers' default 5 s client lease
+        os.kill(self.app_pids[app], signal.SIGSTOP)
+        self.say(f"{elapsed:7.2f}s  pause application {app} for {hold:.1f}s (past its lease)")
+        detail = {"role": "application", "heal_at": elapsed + hold}
+        return Fault("pause-app", app, elapsed, None, detail)
 
     def _partition(self, elapsed: float, cluster: LocalCluster, live: list[str], target: str,
                    role: str) -> Fault:  # fmt: skip
@@ -210,8 +229,15 @@ class RouterNemesis:
         cluster.start(fresh, cluster.routers[live[0]].address)
         return fresh
 
+    def attach(self, apps: dict[str, int]) -> None:
+        """The run's application processes (name to pid), once they have started."""
+        self.app_pids = dict(apps)
+
     def _heal(self, cluster: LocalCluster, f: Fault, elapsed: float) -> None:
-        if f.kind == "pause":
+        if f.kind == "pause-app":
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.app_pids[f.target], signal.SIGCONT)
+        elif f.kind == "pause":
             proc = cluster.routers[f.target].proc
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGCONT)

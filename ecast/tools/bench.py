@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -129,12 +130,11 @@ class Recorder:
 
 # ====================================================================== workers
 async def _receivers(args: argparse.Namespace) -> dict[str, Any]:
-    from ecast.core.endpoint import Acked, Delivery, Endpoint
-    from ecast.history import Ack, Deliver, Submit
+    from ecast.core.endpoint import Acked, Delivery, Endpoint, Terminated
+    from ecast.history import Ack, Deliver, Submit, Terminate
     from ecast.runtime import Runtime
 
     rt = Runtime(SECRET.encode())
-    routers = args.routers.split(",")
     counts = {}
     records: dict[str, Recorder] = {}
     order_ok = True
@@ -145,19 +145,16 @@ async def _receivers(args: argparse.Namespace) -> dict[str, Any]:
     rejected = [0]
     accepted = [0]
 
-    for i in range(args.count):
-        name = f"d{args.first + i}"
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def join_as(name: str, base: str, gen: int) -> None:
+        """Receiver ``name`` joins; declared faulty (a split kept it away past its lease),
+        it never acts again under that name, and ``base.gen+1`` joins in its place."""
         counts[name] = 0
         rec = records[name] = Recorder(name)
         last = [-1]
 
-        def on_deliver(
-            node: Any,
-            ups: list[Any],
-            name: str = name,
-            rec: Recorder = rec,
-            last: list[int] = last,
-        ) -> None:
+        def on_deliver(node: Any, ups: list[Any]) -> None:
             nonlocal order_ok
             n = 0
             for u in ups:
@@ -178,22 +175,35 @@ async def _receivers(args: argparse.Namespace) -> dict[str, Any]:
                     rejected[0] += not u.accepted
                 elif type(u) is Acked and args.record:
                     rec.event(Ack(u.id, u.t, u.delivered, time.time()))
+                elif type(u) is Terminated:
+                    if args.record:
+                        rec.event(Terminate(u.reason, time.time(), u.at))
+                    if u.reason == "suspected" and not stopping:
+                        task = asyncio.get_running_loop().create_task(
+                            join_as(f"{base}.{gen + 1}", base, gen + 1)
+                        )
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
             counts[name] += n
             total[0] += n
 
-        ids = []
-        for addr in routers:
-            try:
-                ids.append(await rt.connect_node(addr))
-            except OSError:
-                continue
+        while True:
+            ids = []
+            for addr in _routers_now(args):
+                try:
+                    ids.append(await rt.connect_node(addr))
+                except OSError:
+                    continue
+            if ids or stopping:
+                break
+            await asyncio.sleep(0.5)
         ep = Endpoint(name, ids)
         node = rt.add_node(
             name, ep, on_deliver=on_deliver, keep_connected=lambda ep=ep: list(ep.succession)
         )
         node.start()
 
-        def join(core: Any, now: float, rec: Recorder = rec) -> Any:
+        def join(core: Any, now: float) -> Any:
             sid, fx = core.join(now, role="receiver")
             if args.record:
                 rec.event(Submit(sid, time.time()))
@@ -201,6 +211,10 @@ async def _receivers(args: argparse.Namespace) -> dict[str, Any]:
 
         node.feed(join)
         nodes.append(node)
+
+    stopping = False
+    for i in range(args.count):
+        await join_as(f"d{args.first + i}", f"d{args.first + i}", 0)
     print(json.dumps({"event": "ready"}), flush=True)
     deadline = start + args.duration + 60
     while time.monotonic() < deadline:
@@ -208,6 +222,7 @@ async def _receivers(args: argparse.Namespace) -> dict[str, Any]:
         series.append((time.time(), total[0]))
         if os.path.exists(args.stop_file):
             break
+    stopping = True
     out = {
         "role": "receivers",
         "delivered": total[0],
@@ -225,32 +240,55 @@ async def _receivers(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _routers_now(args: argparse.Namespace) -> list[str]:
+    """The routers to connect to now: the parent rewrites ``--routers-file`` whenever a
+    fault replaces routers (under fresh names and ports), else the ones at the start."""
+    if args.routers_file:
+        with contextlib.suppress(OSError):
+            now = Path(args.routers_file).read_text().strip()
+            if now:
+                return now.split(",")
+    return list(args.routers.split(","))
+
+
+class _Incarnation:
+    """One client process identity.  A client declared faulty (silent past its lease
+    across a split, say) never acts again under its name (3.5.3): the worker goes on as a
+    new process, ``NAME.GEN``, with its own session and history file."""
+
+    def __init__(self, client: Any, name: str) -> None:
+        self.client = client
+        self.name = name
+        self.ep = client.endpoint
+        self.session = self.ep.session
+        self.rec = Recorder(name)
+        self.sent_at: dict[int, float] = {}
+        self.drainer: asyncio.Task[None] | None = None
+
+
 async def _client(args: argparse.Namespace) -> dict[str, Any]:
     import ecast
     from ecast.core.endpoint import EndpointParams
     from ecast.history import Ack, Deliver, Submit, Terminate
 
-    client = await ecast.connect(
-        args.routers.split(","),
-        name=args.name,
-        secret=SECRET.encode(),
-        params=EndpointParams(max_window=args.max_window, mutations=frozenset(args.mutation)),
-        join_header={"role": "client"},
-        queue_size=1 << 20,
-        max_queued=1 << 20,
-    )
-    print(json.dumps({"event": "ready", "leader": client.leader}), flush=True)
+    async def connect(name: str) -> Any:
+        return await ecast.connect(
+            _routers_now(args),
+            name=name,
+            secret=SECRET.encode(),
+            params=EndpointParams(max_window=args.max_window, mutations=frozenset(args.mutation)),
+            join_header={"role": "client"},
+            queue_size=1 << 20,
+            max_queued=1 << 20,
+        )
+
+    inc = _Incarnation(await connect(args.name), args.name)
+    print(json.dumps({"event": "ready", "leader": inc.client.leader}), flush=True)
     payload = os.urandom(args.payload)
-    ep = client.endpoint
-    assert ep is not None
     hist: dict[int, int] = {}
-    rec = Recorder(args.name)
-    if args.record and ep._join_id is not None:
-        rec.event(Submit(ep._join_id))  # connect submitted it
-    session = ep.session
-    sent_at: dict[int, float] = {}
-    state = {"submitted": 0, "leader": client.leader, "open": True}
-    counts = {"acked": 0, "acked_in_window": 0, "submitted_in_window": 0}
+    done: list[_Incarnation] = []
+    state = {"submitted": 0, "leader": inc.client.leader, "open": True}
+    counts = {"acked": 0, "acked_in_window": 0, "submitted_in_window": 0, "indeterminate": 0}
     gap = {"last": 0.0, "longest": 0.0}
     # Not loop.time(): uvloop's clock has millisecond resolution and is read once per
     # loop turn, which rounds every latency to whole milliseconds.
@@ -263,53 +301,93 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
     def submit(n: int) -> None:
         i = state["submitted"]
         items = [(payload, {"key": i + k}) for k in range(n)]
-        ids = client.submit_batch(items)
+        ids = inc.client.submit_batch(items)
         now = clock()
         for sid in ids:
-            sent_at[sid[1]] = now
+            inc.sent_at[sid[1]] = now
         if args.record:
             when = time.time()
             for sid in ids:
-                rec.event(Submit(sid, when))
+                inc.rec.event(Submit(sid, when))
         state["submitted"] = i + n
 
-    def on_acks(batch: list[Any]) -> None:
-        now = clock()
-        in_window = warm <= now <= end
-        mine = 0  # not the SDK's own membership messages (its join)
-        when = time.time()
-        for ack in batch:
-            if args.record:
-                rec.event(Ack(ack.id, ack.t, ack.delivered, when))
-            if ack.id[0] != session:
-                continue  # its own join or part (the control session)
-            t0 = sent_at.pop(ack.id[1], None)
-            if t0 is None:
-                continue
-            mine += 1
+    def begin(me: _Incarnation) -> None:
+        if args.record and me.ep._join_id is not None:
+            me.rec.event(Submit(me.ep._join_id))  # connect submitted it
+
+        def on_acks(batch: list[Any]) -> None:
+            now = clock()
+            in_window = warm <= now <= end
+            mine = 0  # not the SDK's own membership messages (its join)
+            when = time.time()
+            for ack in batch:
+                if args.record:
+                    me.rec.event(Ack(ack.id, ack.t, ack.delivered, when))
+                if ack.id[0] != me.session:
+                    continue  # its own join or part (the control session)
+                t0 = me.sent_at.pop(ack.id[1], None)
+                if t0 is None:
+                    continue
+                mine += 1
+                if in_window:
+                    b = int((now - t0) / BUCKET_S)
+                    hist[b] = hist.get(b, 0) + 1
+            counts["acked"] += mine
             if in_window:
-                b = int((now - t0) / BUCKET_S)
-                hist[b] = hist.get(b, 0) + 1
-        counts["acked"] += mine
-        if in_window:
-            counts["acked_in_window"] += mine
-        if gap["last"]:
-            gap["longest"] = max(gap["longest"], now - gap["last"])
-        gap["last"] = now
-        if state["open"] and not args.rate and not args.unsafe:  # closed loop: refill
-            room = args.window - len(ep.window) - len(ep.queued)
-            if room > 0:
-                submit(room)
+                counts["acked_in_window"] += mine
+            if gap["last"]:
+                gap["longest"] = max(gap["longest"], now - gap["last"])
+            gap["last"] = now
+            if (
+                state["open"]
+                and not args.rate
+                and not args.unsafe
+                and me is inc
+                and me.client.terminated is None
+            ):  # closed loop: refill
+                room = args.window - len(me.ep.window) - len(me.ep.queued)
+                if room > 0:
+                    submit(room)
 
-    client.ack_listener = on_acks
+        me.client.ack_listener = on_acks
 
-    async def drain() -> None:
-        async for d in client.deliveries():
-            if args.record and not d.unsafe:
-                m = d.message
-                rec.event(Deliver(d.t, m.id, time.time(), m.sender, m.header))
+        async def drain() -> None:
+            async for d in me.client.deliveries():
+                if args.record and not d.unsafe:
+                    m = d.message
+                    me.rec.event(Deliver(d.t, m.id, time.time(), m.sender, m.header))
 
-    drainer = asyncio.create_task(drain())
+        me.drainer = asyncio.create_task(drain())
+
+    async def replace() -> bool:
+        """The current incarnation was declared faulty: its messages not acknowledged are
+        indeterminate (delivered or not, as the m-seq says); a new one takes over."""
+        nonlocal inc
+        old = inc
+        counts["indeterminate"] += len(old.sent_at)
+        old.sent_at.clear()
+        done.append(old)
+        print(
+            json.dumps({"event": "suspected", "name": old.name, "reason": old.client.terminated}),
+            flush=True,
+        )
+        while clock() < end:
+            name = f"{args.name}.{len(done)}"
+            try:
+                inc = _Incarnation(await connect(name), name)
+            except Exception:
+                await asyncio.sleep(0.5)
+                continue
+            begin(inc)
+            if not args.rate and not args.unsafe:
+                submit(args.window)
+            return True
+        return False
+
+    def faulty() -> bool:
+        return inc.client.terminated not in (None, "closed", "detached")
+
+    begin(inc)
     if args.unsafe:
         # Open loop at --rate, else as fast as the connection to the routers drains.
         batch = 256
@@ -318,7 +396,7 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
             n = min(due, 4 * batch)
             if n > 0:
                 i = state["submitted"]
-                await client.submit_unsafe_batch([(payload, {"key": i + k}) for k in range(n)])
+                await inc.client.submit_unsafe_batch([(payload, {"key": i + k}) for k in range(n)])
                 state["submitted"] = i + n
                 if warm <= now:
                     counts["submitted_in_window"] += n
@@ -327,45 +405,59 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
         if not args.rate:
             submit(args.window)
         while clock() < end:
-            if args.rate:
-                due = int((clock() - start) * args.rate) - state["submitted"]
-                if due > 0:
-                    submit(due)
-                await asyncio.sleep(0.001)
-            else:
-                await asyncio.sleep(0.05)
-            if client.leader != state["leader"]:
-                state["leader"] = client.leader
-                print(json.dumps({"event": "leader", "leader": client.leader}), flush=True)
+            try:
+                if args.rate:
+                    due = int((clock() - start) * args.rate) - state["submitted"]
+                    if due > 0:
+                        submit(due)
+                    await asyncio.sleep(0.001)
+                else:
+                    await asyncio.sleep(0.05)
+            except ecast.ClosedError:
+                if not faulty():
+                    raise
+            if faulty() and not await replace():
+                break
+            if inc.client.leader != state["leader"]:
+                state["leader"] = inc.client.leader
+                print(json.dumps({"event": "leader", "leader": inc.client.leader}), flush=True)
     state["open"] = False
     # Let the last acknowledgements arrive.
     for _ in range(200):
-        if not ep.window and not ep.queued:
+        if faulty() or (not inc.ep.window and not inc.ep.queued):
             break
         await asyncio.sleep(0.05)
+    if faulty():
+        counts["indeterminate"] += len(inc.sent_at)
+        inc.sent_at.clear()
     out = {
         "role": "client",
         "name": args.name,
         "submitted": state["submitted"],
         "submitted_in_window": counts["submitted_in_window"],
         "acked": counts["acked"],
+        "indeterminate": counts["indeterminate"],
+        "incarnations": len(done) + 1,
         "acked_in_window": counts["acked_in_window"],
         "measure_s": max(1e-9, end - warm),
         "window_wall": (warm + wall, end + wall),
         "latency_hist": sorted(hist.items()),
         "longest_gap_s": gap["longest"],
-        "leader": client.leader,
+        "leader": inc.client.leader,
     }
+    ep = inc.ep
     if args.record and ep.terminated is None and not ep.closing:
         # The part close submits, recorded before anything of it can be delivered.
-        rec.event(Submit((ep.control_session, ep.next_control), time.time()))
-    await client.close(timeout=2)
-    drainer.cancel()
-    if args.record:
-        if ep.terminated is not None:
-            rec.event(Terminate(ep.terminated, time.time()))
-        Path(args.record).mkdir(parents=True, exist_ok=True)
-        rec.write(Path(args.record) / f"history-{args.name}.jsonl")
+        inc.rec.event(Submit((ep.control_session, ep.next_control), time.time()))
+    await inc.client.close(timeout=2)
+    for me in (*done, inc):
+        if me.drainer is not None:
+            me.drainer.cancel()
+        if args.record:
+            if me.ep.terminated is not None:
+                me.rec.event(Terminate(me.ep.terminated, time.time(), me.ep.suspected_at))
+            Path(args.record).mkdir(parents=True, exist_ok=True)
+            me.rec.write(Path(args.record) / f"history-{me.name}.jsonl")
     return out
 
 
@@ -373,6 +465,7 @@ def worker_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="ecast bench worker")
     ap.add_argument("role", choices=["receivers", "client"])
     ap.add_argument("--routers", required=True)
+    ap.add_argument("--routers-file", default="", help="the routers now, kept by the parent")
     ap.add_argument("--count", type=int, default=1)
     ap.add_argument("--first", type=int, default=1)
     ap.add_argument("--name", default="c1")
@@ -407,14 +500,36 @@ def worker_main(argv: list[str]) -> int:
 
 # ====================================================================== parent
 class Proc:
+    """A worker process: its JSON lines come over a pipe, its standard error goes to
+    ``NAME.stderr`` in the run's directory (a pipe nobody reads would block a worker
+    that logs much, and would lose why one ended)."""
+
     def __init__(
-        self, role: str, name: str, cmd: list[str], env: dict[str, str], place: Place | None
+        self,
+        role: str,
+        name: str,
+        cmd: list[str],
+        env: dict[str, str],
+        place: Place | None,
+        logs: Path,
     ) -> None:
         self.role = role
         self.name = name
         full = [*(place.launcher if place else ()), *cmd]
-        self.proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        self.stderr_path = logs / f"{name}.stderr"
+        with open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=err, env=env)
         self.lines: list[dict[str, Any]] = []
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        """The end of what the worker wrote to standard error, and how it ended."""
+        try:
+            text = self.stderr_path.read_bytes()[-limit:].decode(errors="replace")
+        except OSError:
+            text = ""
+        code = self.proc.poll()
+        status = "still running" if code is None else f"exit status {code}"
+        return f"{self.name} ({status}): {text.strip() or '(no standard error)'}"
 
     def read_line(self, timeout: float) -> dict[str, Any] | None:
         import select
@@ -438,6 +553,9 @@ class Nemesis(Protocol):
     def __call__(self, elapsed: float, cluster: LocalCluster, leader: str) -> None: ...
 
     def heal(self, cluster: LocalCluster) -> None: ...
+
+    def attach(self, apps: dict[str, int]) -> None:
+        """The application processes (clients, receivers) by name, with their pids."""
 
 
 def run_bench(
@@ -494,6 +612,8 @@ def _run_bench(
     cluster.start_group(args.routers)
     routers = cluster.routers
     addresses = ",".join(cluster.addresses())
+    routers_file = tmp / "routers"
+    routers_file.write_text(addresses)
     record = str(tmp / "record") if args.kill_leader_at is not None or args.check else ""
     workers: list[Proc] = []
     per = max(1, -(-args.receivers // args.receiver_procs))
@@ -516,6 +636,8 @@ def _run_bench(
             str(n + 1),
             "--duration",
             str(args.duration),
+            "--routers-file",
+            str(routers_file),
             "--stop-file",
             stop_file,
             "--out",
@@ -524,12 +646,12 @@ def _run_bench(
             args.worker_sched,
         ]
         cmd += ["--record", record] if record else []
-        workers.append(Proc("receiver", f"recv{k}", cmd, env, placement.get(f"recv{k}")))
+        workers.append(Proc("receiver", f"recv{k}", cmd, env, placement.get(f"recv{k}"), tmp))
         started.append(workers[-1])
         n += count
     for w in workers:
         if w.read_line(60) is None:
-            raise SystemExit(f"receivers did not start: {w.proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            raise SystemExit(f"receivers did not start: {w.stderr_tail()}")
     clients = []
     for c in range(args.clients):
         cmd = [
@@ -540,6 +662,8 @@ def _run_bench(
             "client",
             "--routers",
             addresses,
+            "--routers-file",
+            str(routers_file),
             "--name",
             f"c{c + 1}",
             "--duration",
@@ -564,14 +688,16 @@ def _run_bench(
         if record:
             cmd += ["--record", record]
         cmd += list(args.client_arg)
-        clients.append(Proc("client", f"c{c + 1}", cmd, env, placement.get(f"c{c + 1}")))
+        clients.append(Proc("client", f"c{c + 1}", cmd, env, placement.get(f"c{c + 1}"), tmp))
         started.append(clients[-1])
     leader = "r1"
     for c in clients:
         first = c.read_line(60)
         if first is None:
-            raise SystemExit(f"client did not start: {c.proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            raise SystemExit(f"client did not start: {c.stderr_tail()}")
         leader = first.get("leader") or leader
+    if nemesis is not None:
+        nemesis.attach({p.name: p.proc.pid for p in (*workers, *clients)})
     t0 = time.monotonic()
     rss_series: dict[str, list[tuple[float, float, bool]]] = {}
     """Per role: (seconds, MB, in the warm-up); every 0.25 s in the warm-up, then every 1 s."""
@@ -594,6 +720,12 @@ def _run_bench(
             cluster.kill(leader)
         if nemesis is not None:
             nemesis(elapsed, cluster, leader)
+            now = ",".join(cluster.addresses())
+            if now != addresses:
+                # Routers replaced under fresh names: workers that reconnect read these.
+                addresses = now
+                (tmp / "routers.new").write_text(now)
+                (tmp / "routers.new").replace(routers_file)
         warm = elapsed < args.warmup + 1
         if warm or elapsed >= next_rss:
             if not warm:
@@ -605,8 +737,8 @@ def _run_bench(
         # Clients drain their windows, part, and (with --record) write a history that
         # grows with the run: a 600 s run's is a few million events.
         if elapsed > args.duration + 90 + (args.duration / 2 if record else 0):
-            unfinished = [c.name for c in clients if c.name not in results]
-            raise SystemExit(f"clients did not finish: {', '.join(unfinished)}")
+            unfinished = [c.stderr_tail() for c in clients if c.name not in results]
+            raise SystemExit(f"clients did not finish: {'; '.join(unfinished)}")
         time.sleep(0.25)
     if nemesis is not None:
         nemesis.heal(cluster)
@@ -697,6 +829,10 @@ def _summarize(
         "worker_sched": args.worker_sched,
         "submitted": sum(c["submitted"] for c in clients.values()),
         "acked": sum(c["acked"] for c in clients.values()),
+        # Unacknowledged messages of a client declared faulty (then replaced under a
+        # fresh name): delivered or not, as the m-seq says; never counted as lost.
+        "indeterminate": sum(c.get("indeterminate", 0) for c in clients.values()),
+        "client_incarnations": sum(c.get("incarnations", 1) for c in clients.values()),
         "order_ok": all(r["order_ok"] for r in receivers),
     }
     if args.unsafe:

@@ -54,6 +54,24 @@ def test_a_multicast_run_under_every_fault_checks_valid(tmp_path: Path) -> None:
     _check_again(tmp_path)
 
 
+def test_applications_paused_past_their_lease_go_on_under_fresh_names(tmp_path: Path) -> None:
+    """A client or the receivers' process stopped past the routers' client lease: the
+    group suspects it, it learns so when it resumes and goes on as a new process, and
+    the checkers (told where each was suspected, though nobody delivered those suspects)
+    find the run valid.  Its unacknowledged messages count as indeterminate, not lost."""
+    code, report, text = _run(
+        tmp_path, "--workload", "multicast", "--nemesis", "pause-app", "--time", "32",
+        "--seed", "5",
+    )  # fmt: skip
+    assert code == 0, text
+    assert report["valid"] and not report["violations"]
+    assert report["faults"]["by_kind"]["pause-app"] >= 2
+    assert report["client_incarnations"] > 2  # c1 was suspected and replaced
+    assert report["acknowledged"] + report["indeterminate"] == report["submitted"]
+    assert report["acknowledged"] > report["submitted"] // 2
+    _check_again(tmp_path)
+
+
 @needs_net
 @pytest.mark.parametrize(("workload", "engine"), [("list-append", "scan-kv"), ("bank", "memory")])
 def test_a_rubberband_run_under_every_fault_checks_valid(
@@ -113,3 +131,9 @@ def test_an_unknown_fault_is_refused_at_once(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 2 and "meteor" in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "jepsen_like", "run", "--workload", "bank", "--nemesis",
+         "pause-app", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and "pause-app is a multicast fault" in out.stderr
