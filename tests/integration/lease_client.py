@@ -18,7 +18,8 @@ async def main(args: argparse.Namespace) -> int:
         async for _ in client.deliveries():
             pass
     except ecast.SuspectedError as e:
-        print(json.dumps({"event": "suspected", "error": str(e)}), flush=True)
+        event = {"event": "suspected", "error": str(e), "at": client.suspected_at}
+        print(json.dumps(event), flush=True)
         return 3
     return 0
 

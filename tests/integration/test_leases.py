@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import ecast
+from ecast.core.config import ROUTERS
 from ecast.tools.local import LocalCluster
 from tests.integration.cluster import SECRET, Recorder, check_guarantees
 
@@ -134,6 +135,10 @@ async def test_a_client_paused_past_its_lease_learns_it_was_suspected(
     assert victim.returncode == 3, out
     event = json.loads(out.strip().splitlines()[-1])
     assert event["event"] == "suspected" and "declared faulty" in event["error"]
+    # Told where: the t at which the survivors delivered the routers' lease suspect.
+    suspects = {t for t, sender, _i, _p in recs[0].delivered if sender == ROUTERS}
+    assert event["at"] in suspects, (event, suspects)
+    assert f"declared faulty at t={event['at']} " in event["error"]
     assert check_guarantees(recs, recs) == []
     for r in recs:
         await r.client.close()
