@@ -371,6 +371,8 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
             json.dumps({"event": "suspected", "name": old.name, "reason": old.client.terminated}),
             flush=True,
         )
+        with contextlib.suppress(Exception):
+            await old.client.close(timeout=1)  # no part: it only lets its connections go
         while clock() < end:
             name = f"{args.name}.{len(done)}"
             try:
@@ -450,7 +452,7 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
         # The part close submits, recorded before anything of it can be delivered.
         inc.rec.event(Submit((ep.control_session, ep.next_control), time.time()))
     await inc.client.close(timeout=2)
-    for me in (*done, inc):
+    for me in dict.fromkeys((*done, inc)):  # inc is in done if no replacement connected
         if me.drainer is not None:
             me.drainer.cancel()
         if args.record:
