@@ -123,19 +123,20 @@ def build_reference(history: History, config: Config | None = None) -> Reference
         problems=problems,
         first_unreplayed=None,
         config_errors=0,
-        inferred={} if from_routers else _told_suspected(history, ids, messages, problems),
+        inferred={},
     )
+    # Processes told they were suspected, and where if a router said (``Terminate.t``).
+    told = {} if from_routers else _told_suspected(history)
+    if told:
+        ref.inferred = _rebuilt_suspects(told, ids, messages, problems)
     if config is not None:
         _replay(ref, config)
     else:
         _suspects_without_config(ref)
-    if not from_routers:
-        # A process told it was suspected was suspected, whether or not the suspect
-        # message is among what the history shows.
-        for p, events in history.processes.items():
-            for e in events:
-                if type(e) is Terminate and e.reason == "suspected":
-                    ref.suspected.setdefault(p, None)
+    # A process told it was suspected was suspected, whether or not the suspect message
+    # is among what the history shows.
+    for p in told:
+        ref.suspected.setdefault(p, None)
     return ref
 
 
@@ -238,21 +239,31 @@ def _replay(ref: Reference, config: Config) -> None:
     ref.config_errors = guard.errors
 
 
-def _told_suspected(
-    history: History,
+def _told_suspected(history: History) -> dict[NodeId, int | None]:
+    """Process -> where a router said it was suspected (None: not said), for every
+    process that recorded being told."""
+    told: dict[NodeId, int | None] = {}
+    for p, events in history.processes.items():
+        for e in events:
+            if type(e) is Terminate and e.reason == "suspected":
+                told[p] = e.t
+    return told
+
+
+def _rebuilt_suspects(
+    told: dict[NodeId, int | None],
     ids: dict[int, MsgId],
     messages: dict[int, Message],
     problems: list[tuple[str, str]],
 ) -> dict[int, Message]:
-    """The suspects that processes were told of (``Terminate.t``) where no process saw
-    the message: each rebuilt as the routers' suspect of the processes told that t."""
-    told: dict[int, list[NodeId]] = {}
-    for p, events in history.processes.items():
-        for e in events:
-            if type(e) is Terminate and e.reason == "suspected" and e.t is not None:
-                told.setdefault(e.t, []).append(p)
+    """The suspects that processes were told of where no process saw the message: each
+    rebuilt as the routers' suspect of the processes told that t."""
+    at: dict[int, list[NodeId]] = {}
+    for p, t in told.items():
+        if t is not None:
+            at.setdefault(t, []).append(p)
     out: dict[int, Message] = {}
-    for t, who in sorted(told.items()):
+    for t, who in sorted(at.items()):
         m = messages.get(t)
         if m is not None:
             agrees = kind_of(m) == SUSPECT and set(who) <= set(suspected_in(m))
