@@ -359,13 +359,17 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
 
         me.drainer = asyncio.create_task(drain())
 
+    def give_up(me: _Incarnation) -> None:
+        """``me`` was declared faulty: its messages not acknowledged are indeterminate
+        (delivered or not, as the m-seq says), never counted as lost."""
+        counts["indeterminate"] += len(me.sent_at)
+        me.sent_at.clear()
+
     async def replace() -> bool:
-        """The current incarnation was declared faulty: its messages not acknowledged are
-        indeterminate (delivered or not, as the m-seq says); a new one takes over."""
+        """The current incarnation was declared faulty: a new one takes over."""
         nonlocal inc
         old = inc
-        counts["indeterminate"] += len(old.sent_at)
-        old.sent_at.clear()
+        give_up(old)
         done.append(old)
         print(
             json.dumps({"event": "suspected", "name": old.name, "reason": old.client.terminated}),
@@ -430,8 +434,9 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
             break
         await asyncio.sleep(0.05)
     if faulty():
-        counts["indeterminate"] += len(inc.sent_at)
-        inc.sent_at.clear()
+        give_up(inc)
+    # ``inc`` is in ``done`` too when no replacement could connect before the end.
+    incarnations = list(dict.fromkeys((*done, inc)))
     out = {
         "role": "client",
         "name": args.name,
@@ -439,7 +444,7 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
         "submitted_in_window": counts["submitted_in_window"],
         "acked": counts["acked"],
         "indeterminate": counts["indeterminate"],
-        "incarnations": len(done) + 1,
+        "incarnations": len(incarnations),
         "acked_in_window": counts["acked_in_window"],
         "measure_s": max(1e-9, end - warm),
         "window_wall": (warm + wall, end + wall),
@@ -452,7 +457,7 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
         # The part close submits, recorded before anything of it can be delivered.
         inc.rec.event(Submit((ep.control_session, ep.next_control), time.time()))
     await inc.client.close(timeout=2)
-    for me in dict.fromkeys((*done, inc)):  # inc is in done if no replacement connected
+    for me in incarnations:
         if me.drainer is not None:
             me.drainer.cancel()
         if args.record:
