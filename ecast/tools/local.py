@@ -424,6 +424,11 @@ class LocalCluster:
         first = self.routers["r1"]
         for i in range(2, n + 1):
             self.start(f"r{i}", first.address)
+        # Each joiner first on its own: one that lost the race for a probed port is
+        # started again only while it is the one waited for, and waiting on a full view
+        # at r1 would wait out the timeout for it.
+        for i in range(2, n + 1):
+            self.wait_healthy(f"r{i}")
         for i in range(1, n + 1):
             self.wait_healthy(f"r{i}", members=n)
         return [self.routers[f"r{i}"] for i in range(1, n + 1)]
