@@ -305,7 +305,8 @@ async def _go(d: Path, plan: Plan) -> dict[str, Any]:
             got = await rb.get(kid(k))
             record("final", "ok", [["r", f"k{k}", list(got or ())]])
     await rb.close()
-    return {"history": history, "faults": nemesis.faults,
+    await loop.run_in_executor(None, nemesis.sample_held)
+    return {"history": history, "faults": nemesis.faults, "reads_held": nemesis.reads_held,
             "resumed_alive": nemesis.resumed_alive(),
             "ring": [r["name"] for r in _status(d).get("ring", [])]}  # fmt: skip
 
@@ -331,6 +332,9 @@ class RubberbandNemesis:
         self._supers = len(self.st["supers"])
         self._active: dict[str, Any] | None = None
         self._t0 = 0.0
+        self.reads_held: dict[str, int] = {}
+        """Per storage process, the reads it held for a copy (its ``reads_held``; a
+        process keeps counting until it stops, so the largest sample is its count)."""
 
     # ------------------------------------------------------------------ state
     def _recorded(self) -> dict[str, Any]:
@@ -357,6 +361,16 @@ class RubberbandNemesis:
                 return False, None
             leader = h.get("leader") or leader
         return len(live) >= 1, leader
+
+    def sample_held(self) -> None:
+        """Read every live storage process's count of reads held for a copy."""
+        for name, p in self._recorded().items():
+            if "storage" not in p.get("argv", ()) or not local.running(p["pid"]):
+                continue
+            h = self._health(p)
+            n = (h or {}).get("reads_held")
+            if type(n) is int:
+                self.reads_held[name] = max(n, self.reads_held.get(name, 0))
 
     def ring_healthy(self, routers_too: bool = True) -> bool:
         s = _status(self.d)
@@ -386,6 +400,7 @@ class RubberbandNemesis:
             if not self._replenish():
                 time.sleep(0.5)
                 continue
+            self.sample_held()
             if not self.ring_healthy():
                 time.sleep(0.5)
                 continue

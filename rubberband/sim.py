@@ -1006,6 +1006,12 @@ class RubberbandRun(EcastGroupRun):
                     f"sequential reads during the expand completed within 50 ms "
                     f"(target {self.cfg.availability:.0%})"
                 )
+            if avail["reads_held"]:
+                violations.append(
+                    f"availability: {avail['reads_held']} sequential read(s) waited for a "
+                    "copy at a replica still receiving its ranges, though another replica "
+                    "of every range was complete (4.4.1)"
+                )
         result = check(Op.from_json(r) for r in self.history)
         if result.valid is not True:
             for name, examples in sorted(result.anomalies.items()):
@@ -1079,6 +1085,9 @@ class RubberbandRun(EcastGroupRun):
         ]
         fast = sum(1 for lat in during if lat <= 0.05)
         return {
+            "reads_held": sum(
+                p.storage.stats.reads_held for p in self.procs.values() if p.storage is not None
+            ),
             "reads_during_reconfiguration": len(during),
             "within_50ms": fast,
             "share": round(fast / len(during), 4) if during else None,

@@ -127,6 +127,11 @@ class StorageStats:
     applied: int = 0
     rejected: int = 0
     queued_max: int = 0
+    reads_held: int = 0
+    """Sequential reads that had to wait for a copy into this process.  The config sends
+    reads to a receiver still being filled only when no other holder of the range is
+    left (4.4.1), so outside double faults this stays at zero; the fault-injection suite
+    checks that it does."""
     chunks_sent: int = 0
     chunks_received: int = 0
     transfers: dict[str, int] = field(default_factory=lambda: {"in": 0, "out": 0, "aborted": 0})
@@ -220,6 +225,8 @@ class StorageCore:
                 if mine is None:
                     continue
                 if self._blocked(mine, t):
+                    if "r" in h:
+                        self.stats.reads_held += 1
                     self._enqueue(_Queued(mine, msg=msg, t=t))
                 else:
                     batch.append((msg, mine))
@@ -670,6 +677,7 @@ class StorageCore:
             "broken": self.broken,
             "incomplete": self.incomplete,
             "queued": len(self.queue),
+            "reads_held": self.stats.reads_held,
             "transfers_in": len(self.incoming),
             "transfers_out": len(self.outgoing),
             "chunks_sent": self.stats.chunks_sent,

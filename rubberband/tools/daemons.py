@@ -284,6 +284,11 @@ def storage_metrics(
     m.add("rubberband_ranges", len(st["broken"]), "ranges held", state="broken")
     m.add("rubberband_incomplete", 1 if st["incomplete"] else 0, "a copy broke off: needs repair")
     m.add("rubberband_queued", st["queued"], "delivered items waiting for their ranges")
+    m.add(
+        "rubberband_reads_held_total",
+        st["reads_held"],
+        "sequential reads that waited for a copy into this process",
+    )
     m.add("rubberband_transfers", st["transfers_in"], "migrations running", direction="in")
     m.add("rubberband_transfers", st["transfers_out"], "migrations running", direction="out")
     m.add("rubberband_stopped", 0 if st["stopped"] is None else 1, "stopped (fail-stop)")

@@ -124,6 +124,22 @@ def test_the_planted_delete_before_send_is_caught(tmp_path: Path) -> None:
     print("failing verdict:", report["violations"][:3])
 
 
+def test_the_planted_reads_to_busy_is_caught(tmp_path: Path) -> None:
+    """A config that sends sequential reads to replicas still receiving their ranges, as
+    if they were complete: those reads wait for the copies, though another replica of
+    every range could have answered at once (4.4.1), and the run fails on availability.
+    The same run without the bug holds no read (docs/reliability.md)."""
+    code, report, text = _run(
+        tmp_path, "--workload", "list-append", "--nemesis", "reconfigure", "--time", "20",
+        "--seed", "9", "--mutation", "reads_to_busy",
+    )  # fmt: skip
+    assert code == 1, text
+    assert not report["valid"]
+    assert report["reads_held"]["checked"] and sum(report["reads_held"]["by_process"].values())
+    assert [v for v in report["violations"] if v.startswith("availability:")], report
+    print("failing verdict:", report["violations"][:3])
+
+
 def test_an_unknown_fault_is_refused_at_once(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "jepsen_like", "run", "--nemesis", "kill,meteor", "--dir",

@@ -118,7 +118,8 @@ def test_every_planted_bug_is_caught(mutation: str) -> None:
 def test_reads_stay_fast_during_an_expand_and_reads_to_busy_receivers_are_caught() -> None:
     """An expand from 4 to 6 processes (f=3) under load: at least 99 % of the sequential
     reads started while it runs complete within 50 ms of virtual time; sending reads to
-    the busy receivers (a planted bug) breaks that."""
+    the busy receivers (a planted bug) breaks that, and the receivers count the reads they
+    held."""
     for seed in range(1, 6):
         cfg = RbRunConfig(seed=seed, ops=3000, scenario="expand", faults=())
         result = run_rubberband(cfg)
