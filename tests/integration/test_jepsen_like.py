@@ -111,6 +111,22 @@ def test_the_planted_lost_window_is_caught(tmp_path: Path) -> None:
     print("failing verdict:", report["violations"][:3])
 
 
+@needs_net
+def test_the_planted_skip_learn_dedup_is_caught(tmp_path: Path) -> None:
+    """Routers that append what they learn out of turn instead of dropping it: a router
+    link slowed to 1 Mbit/s stalls a client past its progress timeout, the client sends
+    its window again through another router while the first copies are still on their
+    way to being learned, both copies are ordered, and receivers deliver a message twice."""
+    code, report, text = _run(
+        tmp_path, "--workload", "multicast", "--nemesis", "slow", "--time", "20",
+        "--seed", "11", "--mutation", "skip_learn_dedup",
+    )  # fmt: skip
+    assert code == 1, text
+    assert not report["valid"]
+    assert [v for v in report["violations"] if v.startswith("no-duplicates:")], report
+    print("failing verdict:", report["violations"][:3])
+
+
 def test_the_planted_delete_before_send_is_caught(tmp_path: Path) -> None:
     """Storage processes that run a reconfiguration's deletes before its copies open
     their cursors: ranges moved by expand, replace or rebalance arrive empty, and the
