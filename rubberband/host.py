@@ -42,6 +42,8 @@ from flow control: it grew without end, and a keyspace message behind it waited 
 FIGURES_EVERY = 0.25
 PEER_LAG = 16_384
 """Direct messages a peer may leave unacknowledged before this process waits for it."""
+DELIVERIES = "d"
+"""Inbox item ``(DELIVERIES, [Delivery, ...])``: a batch from the SDK, in ``t`` order."""
 WAKE: tuple[Any, ...] = ("wake",)
 """Put in the inbox when an urgent direct message waits: the worker takes those first."""
 """Seconds between refreshes of a storage process's figures: an engine's ``stats`` may
@@ -57,6 +59,8 @@ class _Host:
         self._room.set()
         self.urgent: list[tuple[Any, ...]] = []
         """Direct messages that go ahead of the inbox (a ``WAKE`` in it says so)."""
+        self._waiting = 0
+        """Deliveries in the inbox (flow control counts these, not inbox items)."""
         self.stopped: str | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self.done = asyncio.Event()
@@ -64,10 +68,15 @@ class _Host:
         """What heartbeats report to the supers (a storage process: its load and size)."""
 
     async def _read_deliveries(self) -> None:
+        """Deliveries go into the inbox a batch at a time, as the SDK hands them over."""
         try:
-            async for d in self.client.deliveries():
-                self.inbox.put_nowait(("d", d))
-                if self.inbox.qsize() >= INBOX_HIGH:
+            while True:
+                batch = await self.client.delivery_batch(BATCH)
+                if not batch:
+                    break
+                self.inbox.put_nowait((DELIVERIES, batch))
+                self._waiting += len(batch)
+                if self._waiting >= INBOX_HIGH:
                     self._room.clear()
                     await self._room.wait()
         except Exception as e:  # the process was suspected, or lost every router
@@ -111,18 +120,26 @@ class _Host:
             self._tasks.append(asyncio.ensure_future(c))
 
     async def _batch(self) -> list[tuple[Any, ...]]:
+        """Inbox items for one step of the core: ``(DELIVERIES, [Delivery, ...])`` and
+        ``("x", src, payload)``, about ``BATCH`` deliveries at most."""
         first = await self.inbox.get()
         items: list[tuple[Any, ...]] = []
         if self.urgent:
             items += self.urgent
             self.urgent.clear()
+        taken = 0
         if first is not WAKE:
             items.append(first)
-        while len(items) < BATCH and not self.inbox.empty():
+            if first[0] == DELIVERIES:
+                taken += len(first[1])
+        while taken < BATCH and not self.inbox.empty():
             item = self.inbox.get_nowait()
             if item is not WAKE:
                 items.append(item)
-        if self.inbox.qsize() < INBOX_HIGH // 2:
+                if item[0] == DELIVERIES:
+                    taken += len(item[1])
+        self._waiting -= taken
+        if self._waiting < INBOX_HIGH // 2:
             self._room.set()
         return items
 
@@ -247,18 +264,18 @@ class StorageHost(_Host):
         out: list[tuple[Any, ...]] = []
         run: list[tuple[int, Any]] = []
         for item in items:
-            if item[0] == "d":
-                d = item[1]
-                m = d.message
-                if d.unsafe:
-                    if run:
-                        out += core.deliver(run)
-                        run = []
-                    out += core.deliver_unsafe(m, d.frontier, d.accepted)
-                elif m.kind == "join" and m.sender == me:
-                    out += core.joined(m.payload)
-                else:
-                    run.append((d.t, m))
+            if item[0] == DELIVERIES:
+                for d in item[1]:
+                    m = d.message
+                    if d.unsafe:
+                        if run:
+                            out += core.deliver(run)
+                            run = []
+                        out += core.deliver_unsafe(m, d.frontier, d.accepted)
+                    elif m.sender == me and m.kind == "join":
+                        out += core.joined(m.payload)
+                    else:
+                        run.append((d.t, m))
             else:
                 if run:
                     out += core.deliver(run)
@@ -351,18 +368,18 @@ class SuperHost(_Host):
         me = self.core.me
         while self.stopped is None:
             for item in await self._batch():
-                if item[0] == "d":
-                    d = item[1]
+                if item[0] != DELIVERIES:
+                    self._direct(item[1], item[2])
+                    continue
+                for d in item[1]:
                     m = d.message
                     if d.unsafe:
                         continue
-                    if m.kind == "join" and m.sender == me:
+                    if m.sender == me and m.kind == "join":
                         self.core.joined(m.payload)
                         self.joined.set()
                     else:
                         self.core.deliver([(d.t, m)])
-                else:
-                    self._direct(item[1], item[2])
             c = self.core.config
             if c is not None:
                 now = time.monotonic()

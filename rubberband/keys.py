@@ -297,6 +297,28 @@ def is_range_set(value: Any, limit: int = 4096) -> bool:
     """Whether a value off the wire is a normalized range set of at most ``limit`` ranges."""
     if type(value) is not tuple or len(value) > limit:
         return False
+    if len(value) == 1:
+        # A single key, ``[k, after(k))``: most writes and reads, checked at every
+        # storage process that applies them.  ``hi`` is ``lo`` with a 0 appended, so
+        # ``lo < hi`` holds and ``hi`` is a bound once ``lo`` is a key; anything else
+        # takes the general loop below.
+        r = value[0]
+        if type(r) is tuple and len(r) == 2:
+            lo, hi = r
+            if (
+                type(lo) is tuple
+                and type(hi) is tuple
+                and len(lo) == 2
+                and len(hi) == 3
+                and hi[2] == 0
+                and type(hi[2]) is int
+                and hi[0] == lo[0]
+                and type(hi[0]) is int
+                and hi[1] == lo[1]
+                and type(hi[1]) is type(lo[1])
+                and is_ekey(lo)
+            ):
+                return True
     prev = None
     for r in value:
         if type(r) is not tuple or len(r) != 2:

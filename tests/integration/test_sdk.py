@@ -75,6 +75,35 @@ async def test_membership_deliveries_have_a_kind_and_members_are_known(
         assert "m-bob" not in alice.members()
 
 
+async def test_deliveries_come_in_batches_in_order_and_end_with_the_client(
+    group: LocalCluster,
+) -> None:
+    """``delivery_batch`` hands over what waits, in ``t`` order, at most as many as
+    asked; once the client is closed, what was still waiting (here its own part), then
+    ``[]``, every time."""
+    async with connect(group, "batch-bob") as bob:
+        async with connect(group, "batch-alice") as alice:
+            await asyncio.wait_for(
+                asyncio.gather(*(alice.submit(b"%d" % i) for i in range(300))), 30
+            )
+        got: list[ecast.Delivery] = []
+        mine: list[object] = []
+        while len(mine) < 300:
+            batch = await asyncio.wait_for(bob.delivery_batch(100), 10)
+            assert 1 <= len(batch) <= 100
+            got += batch
+            mine = [d.message.payload for d in got
+                    if d.kind is None and d.message.sender == "batch-alice"]  # fmt: skip
+        ts = [d.t for d in got]
+        assert ts == sorted(ts) and len(set(ts)) == len(ts)
+        assert mine == [b"%d" % i for i in range(300)]
+    rest = await asyncio.wait_for(bob.delivery_batch(), 10)
+    assert [d.kind for d in rest] in ([], ["part"])
+    if rest:
+        rest = await asyncio.wait_for(bob.delivery_batch(), 10)
+    assert rest == [] and await bob.delivery_batch() == []
+
+
 # ------------------------------------------------------------------ bad input
 @pytest.mark.parametrize(
     ("payload", "header", "error", "text"),

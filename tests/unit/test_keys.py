@@ -161,3 +161,64 @@ def test_describe_marks_the_bound_after_min_and_none_alike():
 def test_equal_keys_hash_alike(a, b):
     if K.encode_key(a) == K.encode_key(b):
         assert K.stable_hash32(a) == K.stable_hash32(b)
+
+
+_scalars = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True),
+    st.booleans(),
+    st.text(max_size=3),
+    st.binary(max_size=3),
+    st.none(),
+)
+_tuples = st.tuples(st.sampled_from([-1, 0, 1, 2, 3, 4, 9, True, 2.0]), _scalars)
+
+
+def _lookalike(lo: tuple, pick: int, z: object) -> tuple:
+    """``lo`` and a bound one past it whose parts are equal to ``lo``'s but perhaps of
+    another type (``1 == True == 1.0``): only the exact one is ``after(lo)``."""
+    rank, v = lo
+    ranks = [rank, float(rank), bool(rank)] if type(rank) in (int, bool) else [rank]
+    vs = [v]
+    if type(v) in (int, bool) and abs(v) < 2**53:
+        vs += [float(v), bool(v)]
+    return (lo, (ranks[pick % len(ranks)], vs[(pick // 3) % len(vs)], z))
+
+
+_keys = st.one_of(st.integers(-5, 5), st.booleans(), st.text(max_size=2))
+_lookalikes = st.builds(
+    _lookalike,
+    st.one_of(st.builds(K.encode_key, _keys), _tuples),
+    st.integers(0, 8),
+    st.sampled_from([0, 0.0, False]),
+)
+_ranges = st.one_of(
+    st.builds(K.point, st.one_of(st.integers(-(2**60), 2**60), st.text(max_size=3))),
+    _lookalikes,
+    st.tuples(_tuples, st.builds(lambda t, z: (*t, z), _tuples, st.sampled_from([0, 0.0, False]))),
+    st.tuples(_tuples, _tuples),
+)
+
+
+def _general(value: tuple) -> bool:
+    """The rule ``is_range_set`` states, without its one-key shortcut."""
+    prev = None
+    for lo, hi in value:
+        if not (K.is_bound(lo) and K.is_bound(hi)) or not lo < hi:
+            return False
+        if prev is not None and not prev < lo:
+            return False
+        prev = hi
+    return True
+
+
+@given(_ranges)
+@settings(max_examples=300)
+def test_the_one_key_shortcut_agrees_with_the_rule(r):
+    assert K.is_range_set((r,)) == _general((r,))
+
+
+@given(_lookalikes)
+@settings(max_examples=300)
+def test_the_one_key_shortcut_tells_a_key_from_its_lookalikes(r):
+    assert K.is_range_set((r,)) == _general((r,))

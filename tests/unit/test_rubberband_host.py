@@ -4,11 +4,10 @@ migration traffic does not wait behind the backlog."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
-from rubberband.host import BATCH, INBOX_HIGH, WAKE, StorageHost
+from rubberband.host import BATCH, DELIVERIES, INBOX_HIGH, WAKE, StorageHost
 from rubberband.storage import CHUNK, PULL, StorageCore
 from storage_adapters.memory import MemoryEngine
 
@@ -21,10 +20,11 @@ class FakeClient:
         self.taken = 0
         self.direct: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 
-    async def deliveries(self) -> AsyncIterator[Any]:
-        for i in range(self.n):
-            self.taken += 1
-            yield SimpleNamespace(i=i)
+    async def delivery_batch(self, max_items: int = 512) -> list[Any]:
+        await asyncio.sleep(0)
+        first = self.taken
+        self.taken = min(self.n, first + max_items)
+        return [SimpleNamespace(i=i) for i in range(first, self.taken)]
 
     async def receive_direct(self) -> tuple[str, Any]:
         return await self.direct.get()
@@ -44,14 +44,15 @@ async def test_the_host_stops_taking_deliveries_while_the_engine_is_behind() -> 
     await asyncio.sleep(0.05)
     # It stopped at the mark: the rest stays in the SDK, whose full queue pauses the
     # routers' connections (E-Cast's flow control then slows the writers).
-    assert h.inbox.qsize() == INBOX_HIGH and client.taken == INBOX_HIGH
+    assert h._waiting == INBOX_HIGH and client.taken == INBOX_HIGH
     got = []
     while len(got) < 5 * INBOX_HIGH:
         batch = await h._batch()
-        assert len(batch) <= BATCH
-        got += [item[1].i for item in batch]
+        ids = [d.i for item in batch for d in item[1]]
+        assert all(item[0] == DELIVERIES for item in batch) and len(ids) <= BATCH
+        got += ids
         await asyncio.sleep(0)
-        assert h.inbox.qsize() <= INBOX_HIGH
+        assert h._waiting <= INBOX_HIGH
     assert got == list(range(5 * INBOX_HIGH))  # nothing lost, in order
     reader.cancel()
 
@@ -71,10 +72,11 @@ async def test_migration_messages_go_ahead_of_waiting_deliveries() -> None:
     # client's read keeps its place behind them.
     assert first[0] == ("x", "storage:2", (PULL, (5, 0), 1))
     assert first[1] == ("x", "storage:3", (CHUNK, (5, 1), 0, (), True))
-    assert [item[1].i for item in first[2:]] == list(range(BATCH - 2))
+    assert [d.i for item in first[2:] for d in item[1]] == list(range(BATCH))
     rest: list[Any] = []
-    while len(rest) < 1000 - (BATCH - 2) + 1:
+    while not rest or rest[-1][0] != "x":
         rest += await h._batch()
+    assert [d.i for item in rest[:-1] for d in item[1]] == list(range(BATCH, 1000))
     assert rest[-1][0] == "x" and rest[-1][2][0] == "basic"
     assert WAKE not in first + rest
     direct.cancel()
