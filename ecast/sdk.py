@@ -593,14 +593,24 @@ class Client:
         """Deliveries in ``t`` order, exactly once.  Membership messages (join, part,
         suspect) come too, with ``d.kind`` set, unless ``include_membership`` is False;
         unsafe ones say whether they were accepted (``d.accepted``)."""
+        queue = self._queue
         while True:
-            batch = await self.delivery_batch(64)
-            if not batch:
+            # One at a time off the deque (not a batch held here): a caller that breaks
+            # out of the loop leaves every later delivery for its next loop.
+            while not queue:
+                self._queued.clear()
+                await self._queued.wait()
+            d = queue[0]
+            if d is None:
+                if self.error is not None:
+                    raise self.error
                 return
-            for d in batch:
-                if not include_membership and d.message.kind is not None:
-                    continue
-                yield d
+            queue.popleft()
+            if self._paused and len(queue) <= self._queue_size // 2:
+                self._pause_routers(False)
+            if not include_membership and d.message.kind is not None:
+                continue
+            yield d
 
     async def delivery_batch(self, max_items: int = 512) -> list[Delivery]:
         """The deliveries waiting now, in ``t`` order, at most ``max_items`` (waits for at

@@ -104,6 +104,25 @@ async def test_deliveries_come_in_batches_in_order_and_end_with_the_client(
     assert rest == [] and await bob.delivery_batch() == []
 
 
+async def test_leaving_the_delivery_loop_loses_nothing(group: LocalCluster) -> None:
+    """``break`` out of ``deliveries()`` and iterate again: the next loop starts with the
+    delivery after the last one taken."""
+    async with connect(group, "loop-bob") as bob:
+        async with connect(group, "loop-alice") as alice:
+            await asyncio.wait_for(
+                asyncio.gather(*(alice.submit(b"%d" % i) for i in range(10))), 30
+            )
+
+        async def next_from_alice() -> object:
+            async for d in bob.deliveries(include_membership=False):
+                if d.message.sender == "loop-alice":
+                    return d.message.payload  # leaves the loop
+            return None
+
+        got = [await asyncio.wait_for(next_from_alice(), 10) for _ in range(10)]
+        assert got == [b"%d" % i for i in range(10)]
+
+
 # ------------------------------------------------------------------ bad input
 @pytest.mark.parametrize(
     ("payload", "header", "error", "text"),
