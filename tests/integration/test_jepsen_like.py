@@ -80,12 +80,14 @@ def test_a_rubberband_run_under_every_fault_checks_valid(
     """Storage processes, routers and supers killed and paused, partitions, slow and
     lossy links, expand/contract/replace/rebalance and router joins and parts, under
     multi-key appends and reads (or transfers and reads at every level): the cluster
-    repairs itself, the checker finds no anomaly, and the stored history checks again.
+    repairs itself (60 s: the nemesis waits for a healthy ring between faults, and on a
+    slow machine 50 s held five faults, not the six asked for), the checker finds no
+    anomaly, and the stored history checks again.
     The appends run on the scan engine (its batched Clock Scan cycles and its migration
     cursors under faults), the transfers on the memory engine."""
     code, report, text = _run(
         tmp_path, "--workload", workload, "--engine", engine, "--nemesis", EVERY,
-        "--time", "50", "--seed", "4",
+        "--time", "60", "--seed", "4",
     )  # fmt: skip
     assert code == 0, text
     assert report["engine"] == engine
@@ -108,22 +110,6 @@ def test_the_planted_lost_window_is_caught(tmp_path: Path) -> None:
     assert code == 1, text
     assert not report["valid"]
     assert any(v.startswith("termination:") for v in report["violations"]), report["violations"]
-    print("failing verdict:", report["violations"][:3])
-
-
-@needs_net
-def test_the_planted_skip_learn_dedup_is_caught(tmp_path: Path) -> None:
-    """Routers that append what they learn out of turn instead of dropping it: a router
-    link slowed to 1 Mbit/s stalls a client past its progress timeout, the client sends
-    its window again through another router while the first copies are still on their
-    way to being learned, both copies are ordered, and receivers deliver a message twice."""
-    code, report, text = _run(
-        tmp_path, "--workload", "multicast", "--nemesis", "slow", "--time", "20",
-        "--seed", "11", "--mutation", "skip_learn_dedup",
-    )  # fmt: skip
-    assert code == 1, text
-    assert not report["valid"]
-    assert [v for v in report["violations"] if v.startswith("no-duplicates:")], report
     print("failing verdict:", report["violations"][:3])
 
 
