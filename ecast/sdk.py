@@ -597,17 +597,14 @@ class Client:
         while True:
             # One at a time off the deque (not a batch held here): a caller that breaks
             # out of the loop leaves every later delivery for its next loop.
-            while not queue:
-                self._queued.clear()
-                await self._queued.wait()
+            await self._wait_queued()
             d = queue[0]
             if d is None:
                 if self.error is not None:
                     raise self.error
                 return
             queue.popleft()
-            if self._paused and len(queue) <= self._queue_size // 2:
-                self._pause_routers(False)
+            self._taken()
             if not include_membership and d.message.kind is not None:
                 continue
             yield d
@@ -618,20 +615,27 @@ class Client:
         for ever after; raises the error that ended it, if one did.  The form for
         processes that apply deliveries in batches: one call, not one per delivery."""
         queue = self._queue
-        while not queue:
-            self._queued.clear()
-            await self._queued.wait()
+        await self._wait_queued()
         out: list[Delivery] = []
         while queue and len(out) < max_items:
             d = queue[0]
             if d is None:  # the end stays, for every later call
                 break
             out.append(queue.popleft())
-        if self._paused and len(queue) <= self._queue_size // 2:
-            self._pause_routers(False)
+        self._taken()
         if not out and self.error is not None:
             raise self.error
         return out
+
+    async def _wait_queued(self) -> None:
+        while not self._queue:
+            self._queued.clear()
+            await self._queued.wait()
+
+    def _taken(self) -> None:
+        """Deliveries left the queue: read from the routers again once half of it is free."""
+        if self._paused and len(self._queue) <= self._queue_size // 2:
+            self._pause_routers(False)
 
     def _end_deliveries(self) -> None:
         self._queue.append(None)

@@ -121,7 +121,8 @@ class _Host:
 
     async def _batch(self) -> list[tuple[Any, ...]]:
         """Inbox items for one step of the core: ``(DELIVERIES, [Delivery, ...])`` and
-        ``("x", src, payload)``, about ``BATCH`` deliveries at most."""
+        ``("x", src, payload)``: about ``BATCH`` deliveries, and at most ``BATCH`` items
+        besides the urgent ones (a migration's pulls and chunks come one item each)."""
         first = await self.inbox.get()
         items: list[tuple[Any, ...]] = []
         if self.urgent:
@@ -132,7 +133,7 @@ class _Host:
             items.append(first)
             if first[0] == DELIVERIES:
                 taken += len(first[1])
-        while taken < BATCH and not self.inbox.empty():
+        while taken < BATCH and len(items) < BATCH and not self.inbox.empty():
             item = self.inbox.get_nowait()
             if item is not WAKE:
                 items.append(item)
