@@ -29,6 +29,15 @@ def _run(tmp_path: Path, *args: str, timeout: float = 300) -> tuple[int, dict, s
     return out.returncode, report, out.stdout[-4000:] + out.stderr[-4000:]
 
 
+def _caught(tmp_path: Path, *args: str) -> dict:
+    """A run with a planted bug: it must fail; shows the failing verdict."""
+    code, report, text = _run(tmp_path, *args)
+    assert code == 1, text
+    assert not report["valid"] and report["violations"], report
+    print("failing verdict:", report["violations"][:3])
+    return report
+
+
 def _check_again(tmp_path: Path) -> None:
     again = subprocess.run(
         [sys.executable, "-m", "jepsen_like", "check", str(tmp_path)],
@@ -103,27 +112,21 @@ def test_a_rubberband_run_under_every_fault_checks_valid(
 def test_the_planted_lost_window_is_caught(tmp_path: Path) -> None:
     """An endpoint that never resends its window when the leader changes: its messages
     in flight at a leader kill are never acknowledged, and the run says so."""
-    code, report, text = _run(
+    report = _caught(
         tmp_path, "--workload", "multicast", "--nemesis", "kill", "--time", "30",
         "--seed", "11", "--mutation", "no_window_resend",
     )  # fmt: skip
-    assert code == 1, text
-    assert not report["valid"]
     assert any(v.startswith("termination:") for v in report["violations"]), report["violations"]
-    print("failing verdict:", report["violations"][:3])
 
 
 def test_the_planted_delete_before_send_is_caught(tmp_path: Path) -> None:
     """Storage processes that run a reconfiguration's deletes before its copies open
     their cursors: ranges moved by expand, replace or rebalance arrive empty, and the
     list-append checker finds acknowledged appends missing from later reads."""
-    code, report, text = _run(
+    _caught(
         tmp_path, "--workload", "list-append", "--nemesis", "reconfigure", "--time", "30",
         "--seed", "9", "--mutation", "delete_before_send",
     )  # fmt: skip
-    assert code == 1, text
-    assert not report["valid"] and report["violations"]
-    print("failing verdict:", report["violations"][:3])
 
 
 def test_the_planted_reads_to_busy_is_caught(tmp_path: Path) -> None:
@@ -131,15 +134,12 @@ def test_the_planted_reads_to_busy_is_caught(tmp_path: Path) -> None:
     if they were complete: those reads wait for the copies, though another replica of
     every range could have answered at once (4.4.1), and the run fails on availability.
     The same run without the bug holds no read (docs/reliability.md)."""
-    code, report, text = _run(
+    report = _caught(
         tmp_path, "--workload", "list-append", "--nemesis", "reconfigure", "--time", "20",
         "--seed", "9", "--mutation", "reads_to_busy",
     )  # fmt: skip
-    assert code == 1, text
-    assert not report["valid"]
     assert report["reads_held"]["checked"] and sum(report["reads_held"]["by_process"].values())
     assert [v for v in report["violations"] if v.startswith("availability:")], report
-    print("failing verdict:", report["violations"][:3])
 
 
 def test_an_unknown_fault_is_refused_at_once(tmp_path: Path) -> None:
