@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -59,8 +60,33 @@ def running(pid: int) -> bool:
     return stat.split()[0] != "Z"
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port nothing is bound to, drawn from below the kernel's ephemeral range.
+
+    The caller hands the number to a daemon that binds it later.  A port from the
+    ephemeral range (what binding port 0 returns) can be given in between to any socket
+    that binds port 0 or dials out: a storage process's own listener once took the
+    metrics port chosen for it that way.  Below the range only another caller of this
+    function can pick the same port, at random among thousands.
+    """
+    high = _ephemeral_low()
+    low = max(1024, high - 22768)
+    for _ in range(200):
+        port = low + secrets.randbelow(high - low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # everything below the range is taken: the old way
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
