@@ -16,6 +16,12 @@
   group suspects it; when it resumes it must learn that it was declared faulty and never
   act under that name again (the workers go on as new processes under fresh names, and
   the checkers hold the suspected ones to the guarantees of faulty processes).
+* ``stall``: one router sends nothing for 0.5 to 0.9 s while it goes on receiving (its
+  outgoing packets dropped): shorter than the routers' failure timeout, so it is not
+  expelled, but a stalled leader goes on proposing what clients send it while nobody
+  hears of it.  Clients whose progress timeout is shorter than the stall resend through
+  another router, which proposes the same messages again: the race that routers'
+  deduplication at learning time resolves.
 * ``slow``: one router's link limited to 1 Mbit/s for 3 to 5 s.
 * ``loss``: one router loses 5 to 25 % of its packets each way for 3 to 5 s.
 * ``reconfigure``: a router joins (the group grows to 4), or one of 4 parts gracefully
@@ -42,8 +48,8 @@ from jepsen_like.net import Net
 
 LocalCluster = local.LocalCluster
 
-KINDS = ("kill", "pause", "pause-app", "partition", "slow", "loss", "reconfigure")
-NET_KINDS = frozenset({"partition", "slow", "loss"})
+KINDS = ("kill", "pause", "pause-app", "partition", "stall", "slow", "loss", "reconfigure")
+NET_KINDS = frozenset({"partition", "stall", "slow", "loss"})
 """Faults that need network namespaces."""
 
 
@@ -188,6 +194,14 @@ class RouterNemesis:
         detail = {"role": role, "variant": variant, "sides": [side_a, side_b],
                   "heal_at": elapsed + hold}  # fmt: skip
         return Fault("partition", target, elapsed, None, detail)
+
+    def _stall(self, elapsed: float, cluster: LocalCluster, live: list[str], target: str,
+               role: str) -> Fault:  # fmt: skip
+        assert self.net is not None
+        hold = self.rng.uniform(0.5, 0.9)
+        self.net.stall(target)
+        self.say(f"{elapsed:7.2f}s  stall: {role} {target} sends nothing for {hold:.2f}s")
+        return Fault("stall", target, elapsed, None, {"role": role, "heal_at": elapsed + hold})
 
     def _slow(self, elapsed: float, cluster: LocalCluster, live: list[str], target: str,
               role: str) -> Fault:  # fmt: skip

@@ -18,6 +18,10 @@ touched):
   switch that stops forwarding; nothing is refused politely.
 * **loss**: nftables drops a share of the packets a namespace receives and sends
   (``numgen random``).
+* **stall**: nftables drops every packet a namespace sends, for less than a second,
+  while it goes on receiving (a grey failure: a full send queue, a stuck NIC).  The
+  process hears everyone and goes on working; nobody hears from it, and TCP resends
+  what was lost once the stall is over.
 * **slow**: a token bucket (``tc tbf``) on both ends of a namespace's veth pair limits its
   rate; queued packets wait, so latency grows as well.
 
@@ -44,6 +48,7 @@ table inet jl {
   chain cut_out { type filter hook output priority 0; policy accept; ip daddr @cut drop; }
   chain loss_in { type filter hook input priority 1; policy accept; }
   chain loss_out { type filter hook output priority 1; policy accept; }
+  chain stall_out { type filter hook output priority 2; policy accept; }
 }
 """
 
@@ -103,7 +108,7 @@ class Net:
         self._next = 2
         self._cut: set[str] = set()
         self._shaped: dict[str, str] = {}
-        """What is in effect on each namespace besides cuts: ``loss`` or ``slow``."""
+        """What is in effect on each namespace besides cuts: ``loss``, ``stall`` or ``slow``."""
         self._clean(self.tag)
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
@@ -190,6 +195,13 @@ class Net:
         self._nft(h, rules)
         self._shaped[name] = "loss"
 
+    def stall(self, name: str) -> None:
+        """Drop every packet ``name`` sends to the run's processes; it still receives."""
+        rule = (f"add rule inet jl stall_out ip daddr {self.prefix}.0/24 "
+                f"ip daddr != {self.gateway} drop\n")  # fmt: skip
+        self._nft(self.hosts[name], rule)
+        self._shaped[name] = "stall"
+
     def slow(self, name: str, kbit: int) -> None:
         """Limit ``name``'s link to ``kbit`` kbit/s each way (packets queue up to 1 s)."""
         h = self.hosts[name]
@@ -199,7 +211,7 @@ class Net:
         self._shaped[name] = "slow"
 
     def heal(self) -> None:
-        """Undo every cut, loss and slow link."""
+        """Undo every cut, loss, stall and slow link."""
         for name in sorted(self._cut):
             h = self.hosts.get(name)
             if h is not None:
@@ -209,6 +221,8 @@ class Net:
             h = self.hosts[name]
             if what == "loss":
                 self._nft(h, "flush chain inet jl loss_in\nflush chain inet jl loss_out\n")
+            elif what == "stall":
+                self._nft(h, "flush chain inet jl stall_out\n")
             else:
                 _run("ip", "netns", "exec", h.ns, "tc", "qdisc", "del", "dev", "eth0", "root",
                      check=False)  # fmt: skip

@@ -16,8 +16,9 @@ one fault at a time once the ring and the router group are healthy:
 * ``partition``: the leading router isolated; a storage process cut off from the routers;
   a client cut off from everyone; or a split of the routers into a minority and a
   majority with storage processes and clients spread over both sides (2 to 4 s).
-* ``slow`` / ``loss``: one router's or storage process's link at 1 Mbit/s, or losing 5
-  to 25 % of its packets (3 to 5 s).
+* ``stall`` / ``slow`` / ``loss``: one router or storage process sending nothing for 0.5
+  to 0.9 s (while it still receives), its link at 1 Mbit/s, or losing 5 to 25 % of its
+  packets (3 to 5 s).
 * ``reconfigure``: expand, contract, replace or rebalance through a super's admin API,
   or a router joining or parting.
 
@@ -332,6 +333,8 @@ class RubberbandNemesis:
         self._fresh = 0
         self._supers = len(self.st["supers"])
         self._active: dict[str, Any] | None = None
+        self._next_at = 0.0
+        """When the next fault may start (seconds into the run)."""
         self._t0 = 0.0
         self.reads_held: dict[str, int] = {}
         """Per storage process, the reads it held for a copy (its ``reads_held``; a
@@ -396,7 +399,9 @@ class RubberbandNemesis:
             if a is not None:
                 if self._elapsed() >= a["heal_at"]:
                     self._heal(a)
-                time.sleep(0.25)
+                    time.sleep(max(0.0, self._next_at - self._elapsed()))
+                else:
+                    time.sleep(0.05)
                 continue
             if not self._replenish():
                 time.sleep(0.5)
@@ -411,11 +416,14 @@ class RubberbandNemesis:
                 continue
             fault = {"kind": kind, "start": round(fault.pop("at"), 2), **fault}
             self.faults.append(fault)
+            # The next fault comes 2 to 4 s after this one starts, and not before it is
+            # healed (on time, above).
+            self._next_at = self._elapsed() + self.rng.uniform(2, 4)
             if "heal_at" in fault:
                 self._active = fault
             else:
                 fault.setdefault("end", fault["start"])
-            time.sleep(self.rng.uniform(2, 4))
+                time.sleep(max(0.0, self._next_at - self._elapsed()))
         while time.monotonic() - t0 < plan.duration and not stop.is_set():
             if self._active is not None and self._elapsed() >= self._active["heal_at"]:
                 self._heal(self._active)
@@ -591,6 +599,15 @@ class RubberbandNemesis:
             return "router", self.rng.choice(sorted(self._routers()))
         ring = [r["name"].replace(":", "") for r in _status(self.d).get("ring", [])]
         return "storage", self.rng.choice(ring)
+
+    def _stall(self) -> dict[str, Any] | None:
+        if self.net is None:
+            return None
+        role, target = self._link_target()
+        at, hold = self._elapsed(), self.rng.uniform(0.5, 0.9)
+        self.net.stall(target)
+        self._say(f"stall: {role} {target} sends nothing for {hold:.2f}s")
+        return {"target": target, "role": role, "at": at, "heal_at": at + hold}
 
     def _slow(self) -> dict[str, Any] | None:
         if self.net is None:

@@ -57,6 +57,14 @@ def run(argv: list[str] | None = None) -> int:
         help="the storage engine of the Rubberband workloads (bank keeps integers, which"
         " every engine stores; list-append keeps lists)",
     )
+    ap.add_argument(
+        "--progress-timeout",
+        type=float,
+        default=None,
+        help="the multicast clients' progress timeout (default 2 s): how long a client "
+        "waits for progress before it resends its window through another router.  A short "
+        "one makes every stall a resend race, the race a router must deduplicate",
+    )
     ap.add_argument("--json", action="store_true", help="the report as the last line")
     a = ap.parse_args(argv)
     # SIGTERM (a CI timeout, a user's kill) unwinds like Ctrl-C: the cluster is taken
@@ -124,6 +132,8 @@ def _multicast(
     for m in a.mutation:
         who = "client" if m in ecast.ENDPOINT_MUTATIONS else "router"
         argv_bench.append(f"--{who}-arg=--mutation={m}")
+    if a.progress_timeout is not None:
+        argv_bench.append(f"--client-arg=--progress-timeout={a.progress_timeout}")
     if a.mutation:
         os.environ["ECAST_TEST_MUTATIONS"] = "1"
     started = time.monotonic()

@@ -276,7 +276,15 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
             _routers_now(args),
             name=name,
             secret=SECRET.encode(),
-            params=EndpointParams(max_window=args.max_window, mutations=frozenset(args.mutation)),
+            params=EndpointParams(
+                max_window=args.max_window,
+                mutations=frozenset(args.mutation),
+                **(
+                    {}
+                    if args.progress_timeout is None
+                    else {"progress_timeout": args.progress_timeout}
+                ),
+            ),
             join_header={"role": "client"},
             queue_size=1 << 20,
             max_queued=1 << 20,
@@ -488,6 +496,12 @@ def worker_main(argv: list[str]) -> int:
     ap.add_argument("--stop-file", default="/nonexistent")
     ap.add_argument("--out", required=True, help="file for the JSON result")
     ap.add_argument("--mutation", action="append", default=[], help="plant an endpoint bug")
+    ap.add_argument(
+        "--progress-timeout",
+        type=float,
+        default=None,
+        help="seconds without progress before the client resends its window elsewhere",
+    )
     args = ap.parse_args(argv)
     if args.mutation and os.environ.get(MUTATIONS_ENV) != "1":
         ap.error(f"--mutation plants bugs for tests; set {MUTATIONS_ENV}=1 to allow it")

@@ -1,5 +1,5 @@
 """jepsen_like on real processes: each workload under every fault the nemesis knows
-(kills, pauses, network partitions, slow links, packet loss, reconfigurations), and
+(kills, pauses, network partitions, stalls, slow links, packet loss, reconfigurations), and
 planted bugs that a short run must catch."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from jepsen_like import net
 
-EVERY = "kill,pause,partition,slow,loss,reconfigure"
+EVERY = "kill,pause,partition,stall,slow,loss,reconfigure"
 needs_net = pytest.mark.skipif(
     net.problem() is not None, reason=f"network namespaces: {net.problem()}"
 )
@@ -117,6 +117,21 @@ def test_the_planted_lost_window_is_caught(tmp_path: Path) -> None:
         "--seed", "11", "--mutation", "no_window_resend",
     )  # fmt: skip
     assert any(v.startswith("termination:") for v in report["violations"]), report["violations"]
+
+
+@needs_net
+def test_the_planted_skip_learn_dedup_is_caught(tmp_path: Path) -> None:
+    """Routers that append what they learn without dropping second copies.  The leader
+    stalls (sends nothing, still receives) for longer than the clients' 0.3 s progress
+    timeout: clients resend their windows through another router, which proposes again
+    what the stalled leader proposed before anyone heard of it; both copies are chosen,
+    and every destination delivers the second one too.  The same run without the bug is
+    valid (docs/reliability.md)."""
+    report = _caught(
+        tmp_path, "--workload", "multicast", "--nemesis", "stall", "--time", "20",
+        "--seed", "1", "--progress-timeout", "0.3", "--mutation", "skip_learn_dedup",
+    )  # fmt: skip
+    assert any(v.startswith("no-duplicates:") for v in report["violations"]), report
 
 
 def test_the_planted_delete_before_send_is_caught(tmp_path: Path) -> None:
