@@ -389,6 +389,7 @@ class RbProcess:
         if final:
             key = run.next_final_key()
             if key is None:
+                self.next_op_at = now + 0.01  # look again soon, not at every step
                 return
             self._start(_Op("read", key, level="sequential", final=True), now, fx)
             return
@@ -403,6 +404,9 @@ class RbProcess:
             self._start(_Op("put", k, "x" * 120), now, fx)
             return
         if not run.may_issue():
+            # Nothing to issue until the final reads begin: look again soon (waking at
+            # once would step this client through every tenth of a millisecond).
+            self.next_op_at = now + 0.01
             return
         if rng.random() < 0.15:
             a, b = sorted((rng.randrange(KEYS), rng.randrange(KEYS)))
