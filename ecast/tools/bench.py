@@ -216,7 +216,10 @@ async def _receivers(args: argparse.Namespace) -> dict[str, Any]:
     for i in range(args.count):
         await join_as(f"d{args.first + i}", f"d{args.first + i}", 0)
     print(json.dumps({"event": "ready"}), flush=True)
-    deadline = start + args.duration + 60
+    # The parent stops us (the stop file) once its clients are done, which may take
+    # until its own limit (duration + 90 s, + duration/2 when recording); this is only
+    # the guard against a parent that went away.
+    deadline = start + args.duration * 1.5 + 180
     while time.monotonic() < deadline:
         await asyncio.sleep(0.25)
         series.append((time.time(), total[0]))
@@ -765,13 +768,26 @@ def _run_bench(
         nemesis.heal(cluster)
     Path(stop_file).touch()
     recv_results = []
+    # A recording receivers process writes its history when it stops: millions of
+    # events after a long run, which take a while.  A history cut short would be judged
+    # as if the missing deliveries never happened, so a run whose receivers do not
+    # report fails instead of checking what is there.
+    wait = 30.0 + (args.duration / 2 if record else 0.0)
     for w in workers:
-        while True:
-            line = w.read_line(30)
+        deadline = time.monotonic() + wait
+        line = None
+        while time.monotonic() < deadline:
+            line = w.read_line(max(0.1, deadline - time.monotonic()))
             if line is None or line.get("role") == "receivers":
                 break
-        if line:
+        if line is not None and line.get("role") == "receivers":
             recv_results.append(json.loads(Path(line["result"]).read_text()))
+        elif record:
+            cluster.stop_all()
+            raise SystemExit(
+                f"receivers {w.name} did not report within {wait:.0f} s of the stop, so"
+                f" their history is incomplete: {w.stderr_tail()}"
+            )
     cluster.stop_all()
     rss = {role: _rss_summary(series) for role, series in rss_series.items()}
     return _summarize(args, results, recv_results, rss, killed, record, routers)
