@@ -622,10 +622,16 @@ def _run_bench(
         tmp,
         SECRET,
         [
-            "--config",
-            "ecast.core.config:KeyRingConfig",
-            "--config-arg",
-            f"replication={args.replication}",
+            *(
+                ["--config", "ecast.core.config:BroadcastConfig"]
+                if args.config == "broadcast"
+                else [
+                    "--config",
+                    "ecast.core.config:KeyRingConfig",
+                    "--config-arg",
+                    f"replication={args.replication}",
+                ]
+            ),
             "--log-level",
             "warning",
             *extra,
@@ -854,7 +860,8 @@ def _summarize(
         "rss_mb": {k: {s: round(v, 1) for s, v in d.items()} for k, d in sorted(rss.items())},
         "routers": args.routers,
         "receivers": args.receivers,
-        "replication": args.replication,
+        "config": args.config,
+        "replication": args.replication if args.config == "key-ring" else None,
         "payload_bytes": args.payload,
         "clients": args.clients,
         "duration_s": args.duration,
@@ -899,10 +906,10 @@ def _check_history(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     Safety only, and times not compared across processes: the run stops its receivers
     without waiting for quiescence, and a receiver notes a delivery after its endpoint
     confirmed it.  Acknowledgement safety then says every acknowledged message was
-    delivered by each of its destinations on the ring (the key-ring config replayed over
-    the m-seq the deliveries and acknowledgements imply).
+    delivered by each of its destinations (the run's config replayed over the m-seq the
+    deliveries and acknowledgements imply).
     """
-    from ecast.core.config import KeyRingConfig
+    from ecast.core.config import BroadcastConfig, Config, KeyRingConfig
     from ecast.history import check_history, read_history
 
     target = Path(args.history) if args.history else path / "history.jsonl"
@@ -912,7 +919,11 @@ def _check_history(path: Path, args: argparse.Namespace) -> dict[str, Any]:
                 while chunk := f.read(1 << 20):
                     out.write(chunk)
     history = read_history(target)
-    config = KeyRingConfig.initial(replication=args.replication)
+    config: Config = (
+        BroadcastConfig.initial()
+        if args.config == "broadcast"
+        else KeyRingConfig.initial(replication=args.replication)
+    )
     verdict = check_history(history, config, liveness=False, time_tolerance=None)
     return {
         "history": str(target),
@@ -931,6 +942,13 @@ def parser(prog: str = "ecast bench") -> argparse.ArgumentParser:
     ap.add_argument("--receivers", type=int, default=16)
     ap.add_argument("--receiver-procs", type=int, default=1)
     ap.add_argument("--replication", type=int, default=3)
+    ap.add_argument(
+        "--config",
+        choices=("key-ring", "broadcast"),
+        default="key-ring",
+        help="key-ring: each message to --replication receivers by its key; broadcast:"
+        " every message to every joined process, clients included",
+    )
     ap.add_argument("--payload", type=int, default=256, help="bytes")
     ap.add_argument("--clients", type=int, default=1)
     ap.add_argument("--duration", type=float, default=20, help="seconds")
@@ -992,7 +1010,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "worker":
         return worker_main(argv[1:])
-    args = parser().parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.unsafe and args.config == "broadcast":
+        ap.error("--unsafe measures acceptance against the key ring's replication")
     result = run_bench(args)
     if args.json:
         print(json.dumps(result))

@@ -63,6 +63,25 @@ def test_a_multicast_run_under_every_fault_checks_valid(tmp_path: Path) -> None:
     _check_again(tmp_path)
 
 
+@needs_net
+def test_a_broadcast_multicast_run_under_faults_checks_valid(tmp_path: Path) -> None:
+    """The broadcast config: every message to every joined process, the clients too, so
+    every process's deliveries are checked against every other's (total order, no gaps,
+    agreement), under leader kills, partitions and stalls; the stored history checks
+    again with the config the report names."""
+    code, report, text = _run(
+        tmp_path, "--workload", "multicast", "--config", "broadcast", "--nemesis",
+        "kill,partition,stall", "--time", "20", "--seed", "3", "--receivers", "3",
+        "--rate", "1000",
+    )  # fmt: skip
+    assert code == 0, text
+    assert report["checker"]["config"] == "ecast:BroadcastConfig"
+    assert report["valid"] and not report["violations"]
+    assert sum(report["faults"]["by_kind"].values()) >= 3, report["faults"]
+    assert report["acknowledged"] == report["submitted"] > 0
+    _check_again(tmp_path)
+
+
 def test_applications_paused_past_their_lease_go_on_under_fresh_names(tmp_path: Path) -> None:
     """A client or the receivers' process stopped past the routers' client lease: the
     group suspects it, it learns so when it resumes and goes on as a new process, and
@@ -104,6 +123,9 @@ def test_a_rubberband_run_under_every_fault_checks_valid(
     kinds = report["faults"]["by_kind"]
     assert len(kinds) >= 3 and sum(kinds.values()) >= 6, kinds
     assert report["acknowledged"] > 1000
+    if workload == "list-append":  # every key read again after the heal, none lost
+        assert report["checker_stats"]["final_reads"] > 0
+        assert report["checker_stats"]["acked_appends_never_read"] == 0
     assert len(report["ring_after"]) >= 4
     assert (tmp_path / "report.png").stat().st_size > 10_000
     _check_again(tmp_path)
