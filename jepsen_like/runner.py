@@ -145,7 +145,8 @@ def _multicast(
     if a.mutation:
         os.environ["ECAST_TEST_MUTATIONS"] = "1"
     started = time.monotonic()
-    result = bench.run_bench(bench.parser().parse_args(argv_bench), nemesis, placement)
+    bench_args = bench.parser().parse_args(argv_bench)
+    result = bench.run_bench(bench_args, nemesis, placement)
     violations = list(result.get("violations", []))
     submitted, acked = result.get("submitted") or 0, result.get("acked") or 0
     unknown = result.get("indeterminate") or 0
@@ -159,18 +160,12 @@ def _multicast(
             "acknowledged after every fault was healed"
         )
     series = _multicast_series(history, nemesis.wall0)
+    config_path, config_args = bench.config_spec(bench_args)
     report: dict[str, Any] = {
         "seed": seed,
         "workload": a.workload,
-        "checker": (
-            {"name": "multicast", "config": "ecast:BroadcastConfig"}
-            if a.config == "broadcast"
-            else {
-                "name": "multicast",
-                "config": "ecast:KeyRingConfig",
-                "config_args": {"replication": 3},
-            }
-        ),
+        "checker": {"name": "multicast", "config": config_path}
+        | ({"config_args": config_args} if config_args else {}),
         "nemesis": list(kinds),
         "mutation": a.mutation,
         "time_s": a.time,

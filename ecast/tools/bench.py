@@ -618,20 +618,14 @@ def _run_bench(
     extra = [] if args.clumping else ["--no-clumping"]
     extra += [] if args.delayed_acks else ["--no-delayed-acks"]
     extra += list(args.router_arg)
+    config_path, config_args = config_spec(args)
     cluster = LocalCluster(
         tmp,
         SECRET,
         [
-            *(
-                ["--config", "ecast.core.config:BroadcastConfig"]
-                if args.config == "broadcast"
-                else [
-                    "--config",
-                    "ecast.core.config:KeyRingConfig",
-                    "--config-arg",
-                    f"replication={args.replication}",
-                ]
-            ),
+            "--config",
+            config_path,
+            *(a for k, v in config_args.items() for a in ("--config-arg", f"{k}={v}")),
             "--log-level",
             "warning",
             *extra,
@@ -789,7 +783,6 @@ def _run_bench(
         if line is not None and line.get("role") == "receivers":
             recv_results.append(json.loads(Path(line["result"]).read_text()))
         elif record:
-            cluster.stop_all()
             raise SystemExit(
                 f"receivers {w.name} did not report within {wait:.0f} s of the stop, so"
                 f" their history is incomplete: {w.stderr_tail()}"
@@ -909,7 +902,7 @@ def _check_history(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     delivered by each of its destinations (the run's config replayed over the m-seq the
     deliveries and acknowledgements imply).
     """
-    from ecast.core.config import BroadcastConfig, Config, KeyRingConfig
+    from ecast.core.config import load_config
     from ecast.history import check_history, read_history
 
     target = Path(args.history) if args.history else path / "history.jsonl"
@@ -919,11 +912,8 @@ def _check_history(path: Path, args: argparse.Namespace) -> dict[str, Any]:
                 while chunk := f.read(1 << 20):
                     out.write(chunk)
     history = read_history(target)
-    config: Config = (
-        BroadcastConfig.initial()
-        if args.config == "broadcast"
-        else KeyRingConfig.initial(replication=args.replication)
-    )
+    config_path, config_args = config_spec(args)
+    config = load_config(config_path, **config_args)
     verdict = check_history(history, config, liveness=False, time_tolerance=None)
     return {
         "history": str(target),
@@ -933,6 +923,15 @@ def _check_history(path: Path, args: argparse.Namespace) -> dict[str, Any]:
         "violations": verdict.messages(),
         "checkers_passed": verdict.ok,
     }
+
+
+def config_spec(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The routers' config for ``--config``: its class and ``initial`` arguments, as the
+    routers are started with it, the history is checked against it and jepsen_like's
+    report names it."""
+    if args.config == "broadcast":
+        return "ecast:BroadcastConfig", {}
+    return "ecast:KeyRingConfig", {"replication": args.replication}
 
 
 def parser(prog: str = "ecast bench") -> argparse.ArgumentParser:
