@@ -20,6 +20,19 @@ simple = st.one_of(
     st.binary(max_size=40),
 )
 nested = st.recursive(simple, lambda inner: st.lists(inner, max_size=3), max_leaves=6)
+shaped = st.recursive(
+    simple,
+    lambda inner: (
+        st.lists(inner, max_size=20)
+        | st.lists(inner, max_size=20).map(tuple)
+        | st.dictionaries(
+            st.text(max_size=5) | st.integers(-(2**63), 2**64 - 1), inner, max_size=20
+        )
+    ),
+    max_leaves=40,
+)
+"""Payloads as applications send them: tuples, lists and dicts of scalars, some longer
+and deeper than the SDK's shape walk follows (it hands those to a trial encoding)."""
 
 
 @given(
@@ -34,6 +47,36 @@ def test_the_size_is_never_below_the_packed_message(payload: bytes, header: Any)
     if header is not None:
         packed += len(msgpack.packb(header, use_bin_type=True))
     assert size >= packed
+
+
+@given(payload=shaped, header=st.none() | st.dictionaries(st.text(max_size=10), shaped))
+def test_the_size_of_any_shaped_message_is_never_below_the_packed_message(
+    payload: Any, header: Any
+) -> None:
+    if header is not None:
+        header.pop("kind", None)
+    packed = len(msgpack.packb(payload, use_bin_type=True))
+    if header is not None:
+        packed += len(msgpack.packb(header, use_bin_type=True))
+    assert message_size(payload, header, 1 << 30) >= packed
+    # Only what is really too large is refused: the walk's bound may overcount.
+    assert message_size(payload, header, packed) == packed
+    with pytest.raises(MessageTooLarge, match=f"a message of {packed} bytes"):
+        message_size(payload, header, packed - 1)
+
+
+@pytest.mark.parametrize(
+    ("payload", "text"),
+    [
+        (("put", 1, {2, 3}), "payload cannot be encoded"),
+        ([[[[[[[[[object()]]]]]]]]], "payload cannot be encoded"),
+        ({"k": 2**64}, "payload cannot be encoded"),
+        ("\ud800", "payload cannot be encoded"),
+    ],
+)
+def test_bad_payloads_raise_typed_errors(payload: Any, text: str) -> None:
+    with pytest.raises(InvalidMessage, match=text):
+        message_size(payload, None, 1 << 20)
 
 
 @pytest.mark.parametrize(
