@@ -3,10 +3,11 @@
 Each process of a run (router, storage process, super, load-generating worker) runs in
 its own network namespace (``ip netns``) with one interface, a veth pair joined to a
 bridge in the runner's namespace, and an address of its own in ``10.231.T.0/24`` (``T``
-picked per run).  It listens on that address, so routers gossip it and everyone else
-reaches it across the bridge, as across a real switch.  Light clients that live in the
-runner's process get an address of their own on the bridge instead (``source``): they
-connect from it and serve on it, so one client can be cut off alone.
+a tag that the run holds a lock on, so that runs side by side never share one).  It
+listens on that address, so routers gossip it and everyone else reaches it across the
+bridge, as across a real switch.  Light clients that live in the runner's process get an
+address of their own on the bridge instead (``source``): they connect from it and serve
+on it, so one client can be cut off alone.
 
 Faults are rules inside the namespaces, never in the runner's (the runner keeps
 watching ``/health`` through every fault, and nothing on the machine outside the run is
@@ -33,6 +34,7 @@ stock kernel.  Creating namespaces needs root; :func:`problem` says why a run ca
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -85,6 +87,33 @@ def _run(*argv: str, stdin: str | None = None, check: bool = True) -> str:
     return r.stdout
 
 
+_LOCKS = "/run/lock" if os.path.isdir("/run/lock") else "/tmp"
+
+
+def _claim(tag: int | None) -> tuple[int, int]:
+    """A tag (1-250) and the descriptor of the lock that holds it for this run.
+
+    Runs side by side (the test suite runs two at once) must not share a tag: a run
+    starts by removing whatever a run of its tag left behind, processes included.  The
+    lock is ``flock`` on a file per tag, so it is released when its holder dies, however
+    it dies; what a dead holder left behind is then cleaned by the next holder."""
+    first = tag if tag is not None else os.getpid() % 250 + 1
+    for i in range(1 if tag is not None else 250):
+        t = (first - 1 + i) % 250 + 1
+        fd = os.open(f"{_LOCKS}/jepsen_like-net-{t}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return t, fd
+    raise RuntimeError(
+        f"network tag {first} is held by another run"
+        if tag is not None
+        else "every network tag (1-250) is held by a run: too many runs at once"
+    )
+
+
 @dataclass(frozen=True)
 class Host:
     name: str
@@ -97,7 +126,7 @@ class Net:
     """The namespaces, addresses and fault rules of one run."""
 
     def __init__(self, tag: int | None = None) -> None:
-        self.tag = tag if tag is not None else os.getpid() % 250 + 1
+        self.tag, self._lock = _claim(tag)
         self.prefix = f"10.231.{self.tag}"
         self.gateway = f"{self.prefix}.1"
         """The runner's own address on the bridge: never cut, lossy or slow."""
@@ -234,3 +263,6 @@ class Net:
         self._clean(self.tag)
         self.hosts.clear()
         self.sources.clear()
+        if self._lock >= 0:
+            os.close(self._lock)  # the tag is free for the next run
+            self._lock = -1

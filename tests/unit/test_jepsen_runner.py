@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -35,3 +36,21 @@ def test_the_report_png_shades_fault_windows(tmp_path: Path) -> None:
               {"kind": "kill", "start": 12.0, "end": 12.0}]  # fmt: skip
     assert plot(tmp_path / "r.png", "test", series, faults) == ""
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_runs_side_by_side_never_share_a_network_tag() -> None:
+    """A run starts by removing what a run of its tag left behind, processes included: a
+    second run on the same tag would kill the first.  Tags are held by a lock that dies
+    with its holder."""
+    first, fd1 = net._claim(None)
+    second, fd2 = net._claim(None)
+    try:
+        assert first != second
+        with pytest.raises(RuntimeError, match=f"network tag {first} is held by another run"):
+            net._claim(first)
+    finally:
+        os.close(fd1)
+        os.close(fd2)
+    again, fd = net._claim(first)  # released with its descriptor
+    os.close(fd)
+    assert again == first
