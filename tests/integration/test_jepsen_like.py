@@ -32,7 +32,7 @@ def _run(tmp_path: Path, *args: str, timeout: float = 300) -> tuple[int, dict, s
 def _caught(tmp_path: Path, *args: str) -> dict:
     """A run with a planted bug: it must fail; shows the failing verdict."""
     code, report, text = _run(tmp_path, *args)
-    assert code == 1, text
+    assert code == 1 and report, text  # failed with a verdict, not for another reason
     assert not report["valid"] and report["violations"], report
     print("failing verdict:", report["violations"][:3])
     return report
