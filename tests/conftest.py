@@ -1,6 +1,19 @@
 from __future__ import annotations
 
+import os
+
+from hypothesis import settings
+
 from tests import report
+
+# ``./run test`` runs the unit and simulation tests at the lowest priority beside the real
+# daemons' tests, on the cycles those leave idle: a property's example can then wait
+# seconds for a core, so the per-example deadline (wall clock) would measure the
+# neighbours, not the example.  Everything that asserts a wall-clock bound is marked
+# ``exclusive`` and runs alone afterwards.
+settings.register_profile("shared-cores", deadline=None)
+if os.environ.get("ECAST_SHARED_CORES"):
+    settings.load_profile("shared-cores")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]

@@ -17,6 +17,9 @@ import pytest
 from ecast import local
 from tests.integration.test_rubberband import cli
 
+# Benchmarks saturate both cores and bound a failover gap: they run alone.
+pytestmark = pytest.mark.exclusive
+
 TINY = ["--duration", "0.8", "--warmup", "0.3", "--no-baseline", "--json"]
 
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ecast import local
 from tests.integration.cluster import SECRET, Cluster
 
@@ -75,6 +77,7 @@ def test_the_benchmark_command_runs_a_cluster_and_reports_every_figure() -> None
     assert all({"warm", "end", "slope_mb_per_min"} <= set(v) for v in result["rss_mb"].values())
 
 
+@pytest.mark.exclusive  # its schedule (expand, kills, repair, contract) must fit in 30 s
 def test_the_rubberband_demo_passes_its_own_checks(tmp_path: Path) -> None:
     """The README's main command (``make demo`` runs ``rubberband demo``), shortened."""
     png = tmp_path / "demo.png"

@@ -385,6 +385,7 @@ def test_an_unauthenticated_hello_changes_nothing(
     assert "a handshake frame of 4194304 bytes" in log_of(router)
 
 
+@pytest.mark.exclusive  # the loop's lag is measured: nothing else may share the cores
 def test_an_unauthenticated_hello_cannot_stall_the_loop(
     cluster: LocalCluster, router: RouterProc
 ) -> None:

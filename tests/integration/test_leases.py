@@ -18,6 +18,9 @@ from ecast.core.config import ROUTERS
 from ecast.tools.local import LocalCluster
 from tests.integration.cluster import SECRET, Recorder, check_guarantees
 
+# Acknowledgements must resume within the lease plus 1 s: measured with the machine to itself.
+pytestmark = pytest.mark.exclusive
+
 LEASE = 5.0  # the routers' default
 
 

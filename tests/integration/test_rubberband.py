@@ -130,6 +130,7 @@ def test_cluster_up_status_and_every_read_level(cluster: Path) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.exclusive  # sheds need writes always in flight, and 10 reads get 8 s
 @pytest.mark.parametrize("cluster", [["--router-arg=--unsafe-lag-limit=0"]], indirect=True)
 def test_snapshot_reads_the_leader_sheds_are_retried_at_once_then_read_in_order(
     cluster: Path,

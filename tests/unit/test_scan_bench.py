@@ -9,6 +9,7 @@ import pytest
 from storage_adapters.scan.bench import main
 
 
+@pytest.mark.exclusive  # 0.2 s per cell: a starved run applies no update in it
 def test_the_benchmark_prints_one_json_object_with_every_engine_and_rate(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -247,6 +247,7 @@ def hello(**override: Any) -> bytes:
     return msgpack.packb(list(fields.values()), use_bin_type=True)
 
 
+@pytest.mark.exclusive  # a wall-clock bound: a starved process would miss it
 @pytest.mark.parametrize(
     "override",
     [

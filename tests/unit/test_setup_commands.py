@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -37,6 +39,7 @@ def bin_dir(tmp: Path, *tools: str) -> Path:
     return d
 
 
+@pytest.mark.exclusive  # how fast it fails is part of the check
 def test_without_the_venv_module_it_says_which_package(tmp_path: Path) -> None:
     fake = tmp_path / "fake" / "ensurepip"
     fake.mkdir(parents=True)
