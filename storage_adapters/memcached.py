@@ -48,6 +48,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -101,10 +102,25 @@ def _in(ranges: RangeSet, place: EKey) -> bool:
     return any(lo <= place < hi for lo, hi in ranges)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+_DIR_PREFIX = "rb-memcached-"
+
+
+def _remove_stale_dirs() -> None:
+    """Remove the socket directories of storage processes that died without closing
+    their engine (SIGKILL): each directory's name carries its process id."""
+    tmp = tempfile.gettempdir()
+    for name in os.listdir(tmp):
+        if not name.startswith(_DIR_PREFIX):
+            continue
+        pid = name[len(_DIR_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+        except OSError:
+            pass  # alive, another user's
 
 
 def _die_with_parent() -> None:
@@ -172,20 +188,26 @@ class MemcachedEngine:
         threads: int = 2,
         timeout: float = 10.0,
     ) -> None:
-        """Start a private memcached on a free 127.0.0.1 port (or use ``address``, a
-        server of one's own), and flush it: a new storage process holds no data."""
+        """Start a private memcached on a Unix socket of its own (or use ``address``, a
+        server of one's own: ``HOST:PORT`` or a socket path), and flush it: a new storage
+        process holds no data."""
         self.placement = placement or Placement()
         self._server: subprocess.Popen[bytes] | None = None
+        self._dir: str | None = None
+        server: tuple[str, int] | str
         if address is None:
-            host, port = "127.0.0.1", self._start(binary, memory_mb, item_limit_mb, threads)
+            server = self._start(binary, memory_mb, item_limit_mb, threads)
+            self.address = server
+        elif str(address).startswith("/"):
+            server = self.address = str(address)
         else:
             host, _, p = str(address).rpartition(":")
             if not host or not p.isdigit():
-                raise ValueError(f"address is HOST:PORT, not {address!r}")
-            port = int(p)
-        self.address = f"{host}:{port}"
+                raise ValueError(f"address is HOST:PORT or a socket path, not {address!r}")
+            server = (host, int(p))
+            self.address = f"{host}:{p}"
         self._mc = _Memcache(
-            (host, port), connect_timeout=timeout, timeout=timeout, no_delay=True,
+            server, connect_timeout=timeout, timeout=timeout, no_delay=True,
             default_noreply=False,
         )  # fmt: skip
         self._mc.flush_all(noreply=False)
@@ -196,44 +218,48 @@ class MemcachedEngine:
         self._cursors: set[_Snapshot] = set()
         self.counts = {"writes": 0, "reads": 0, "rejected": 0, "saved_for_send": 0}
 
-    def _start(self, binary: str, memory_mb: int, item_limit_mb: int, threads: int) -> int:
+    def _start(self, binary: str, memory_mb: int, item_limit_mb: int, threads: int) -> str:
+        """The path of the private server's socket.  A Unix socket in a directory of its
+        own, not a TCP port: a port picked as free can be taken by any other process
+        before memcached binds it (and then a readiness check could reach that process
+        instead), and a local socket is faster too."""
         exe = shutil.which(binary)
         if exe is None:
             raise RuntimeError(
                 f"no {binary!r} on PATH: install memcached (apt-get install memcached) "
                 "or give the engine address=HOST:PORT"
             )
-        for _ in range(5):  # a free port may be taken between the check and the bind
-            port = _free_port()
-            cmd = [exe, "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-M"]
-            cmd += ["-m", str(int(memory_mb)), "-I", f"{int(item_limit_mb)}m", "-t", str(threads)]
-            if os.geteuid() == 0:
-                cmd += ["-u", "root"]
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                preexec_fn=_die_with_parent,
-            )
-            deadline = time.monotonic() + 5.0
-            while time.monotonic() < deadline and proc.poll() is None:
-                with (
-                    contextlib.suppress(OSError),
-                    socket.create_connection(("127.0.0.1", port), timeout=0.2),
-                ):
-                    self._server = proc
-                    return port
-                time.sleep(0.02)
+        _remove_stale_dirs()
+        self._dir = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")
+        path = os.path.join(self._dir, "memcached.sock")
+        cmd = [exe, "-s", path, "-a", "0600", "-M"]
+        cmd += ["-m", str(int(memory_mb)), "-I", f"{int(item_limit_mb)}m", "-t", str(threads)]
+        if os.geteuid() == 0:
+            cmd += ["-u", "root"]
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent,
+        )
+        self._server = proc
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and proc.poll() is None:
+            with socket.socket(socket.AF_UNIX) as probe, contextlib.suppress(OSError):
+                probe.settimeout(0.2)
+                probe.connect(path)
+                return path
+            time.sleep(0.02)
+        if proc.poll() is None:
+            proc.kill()
             err = b""
-            if proc.poll() is None:
-                proc.kill()
-            else:
-                err = proc.stderr.read() if proc.stderr else b""
-            proc.wait()
-            if b"Address already in use" not in err and b"bind" not in err:
-                raise RuntimeError(f"memcached did not start: {err.decode(errors='replace')}")
-        raise RuntimeError("memcached did not start: no free port after 5 attempts")
+        else:
+            err = proc.stderr.read() if proc.stderr else b""
+        proc.wait()
+        self._server = None
+        shutil.rmtree(self._dir, ignore_errors=True)
+        raise RuntimeError(f"memcached did not start: {err.decode(errors='replace').strip()}")
 
     # ------------------------------------------------------------------ helpers
     def _slot(self, key: Any) -> Slot:
@@ -473,6 +499,9 @@ class MemcachedEngine:
                 self._server.kill()
                 self._server.wait()
             self._server = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
     def items(self) -> list[tuple[Any, Any]]:
         """Every (key, value) in placement order: what replicas compare."""

@@ -91,7 +91,7 @@ STORAGE_SETTINGS = [
         "engine-arg",
         str,
         [],
-        "an engine option NAME=VALUE (memcached: memory_mb=1024, address=HOST:PORT)",
+        "an engine option NAME=VALUE (memcached: memory_mb=1024, address=HOST:PORT or a path)",
         repeat=True,
         check=lambda v: None if "=" in v[1:] else f"{v!r} is not NAME=VALUE",
     ),

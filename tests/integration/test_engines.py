@@ -212,6 +212,7 @@ def _memcached_parents() -> dict[int, int]:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        if cmd and cmd[0].endswith(b"memcached") and b"-M" in cmd and b"-U" in cmd:
+        private = any(b"/rb-memcached-" in arg for arg in cmd)  # its socket's directory
+        if cmd and cmd[0].endswith(b"memcached") and b"-M" in cmd and private:
             out[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
     return out

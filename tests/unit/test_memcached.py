@@ -4,13 +4,20 @@ its figures, and its benchmark's JSON (the shared rules are in the conformance s
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from ecast import local
 from storage_adapters.base import EVERYTHING, BadOperation, encode_key
 from storage_adapters.memcached import MAX_KEY_BYTES, MemcachedEngine, memcached_key
 
@@ -78,8 +85,48 @@ def test_an_engine_can_use_a_server_of_ones_own_and_flushes_it() -> None:
             owner.apply([(("get", ("left",)), EVERYTHING)])
     finally:
         owner.close()
+    assert not os.path.exists(owner.address)  # the private server's socket went with it
     with pytest.raises(ValueError, match="HOST:PORT"):
         MemcachedEngine(address="nowhere")
+
+
+def test_a_new_engine_removes_the_socket_directory_of_a_killed_one(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a process id that no longer runs: a SIGKILLed storage process's
+    stale = Path(tempfile.gettempdir()) / f"rb-memcached-{gone.pid}-x"
+    stale.mkdir()
+    (stale / "memcached.sock").touch()
+    e = MemcachedEngine(memory_mb=16)
+    try:
+        assert not stale.exists()
+        assert Path(e.address).parent.name.startswith(f"rb-memcached-{os.getpid()}-")
+    finally:
+        e.close()
+
+
+def test_an_engine_reaches_a_server_by_host_and_port() -> None:
+    """The private server listens on a Unix socket; an operator's may be on TCP."""
+    port = local.free_port()
+    cmd = [shutil.which("memcached") or "memcached", "-l", "127.0.0.1", "-p", str(port)]
+    cmd += ["-U", "0", "-m", "16"] + (["-u", "root"] if os.geteuid() == 0 else [])
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "memcached did not start"
+                time.sleep(0.05)
+        e = MemcachedEngine(address=f"127.0.0.1:{port}")
+        assert e.address == f"127.0.0.1:{port}" and e._server is None
+        e.apply([(("put", (("k", "v"),)), EVERYTHING)])
+        assert e.apply([(("get", ("k",)), EVERYTHING)]) == [{"k": "v"}]
+        e.close()
+    finally:
+        server.kill()
+        server.wait()
 
 
 def test_the_memcached_benchmark_prints_json_last() -> None:
