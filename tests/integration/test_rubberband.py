@@ -390,7 +390,9 @@ def test_an_engine_that_cannot_start_stops_the_daemon_with_a_clear_error() -> No
     )  # fmt: skip
     assert out.returncode == 2, out.stderr
     last = out.stderr.strip().splitlines()[-1]
-    expected = "--engine memcached did not start: address is HOST:PORT, not 'nowhere'"
+    expected = (
+        "--engine memcached did not start: address is HOST:PORT or a socket path, not 'nowhere'"
+    )
     assert last == f"rubberband storage: {expected}", last
 
 
