@@ -90,7 +90,7 @@ def test_an_engine_can_use_a_server_of_ones_own_and_flushes_it() -> None:
         MemcachedEngine(address="nowhere")
 
 
-def test_a_new_engine_removes_the_socket_directory_of_a_killed_one(tmp_path: Path) -> None:
+def test_a_new_engine_removes_the_socket_directory_of_a_killed_one() -> None:
     gone = subprocess.Popen(["true"])
     gone.wait()  # a process id that no longer runs: a SIGKILLed storage process's
     stale = Path(tempfile.gettempdir()) / f"rb-memcached-{gone.pid}-x"
@@ -120,10 +120,12 @@ def test_an_engine_reaches_a_server_by_host_and_port() -> None:
                 assert time.monotonic() < deadline, "memcached did not start"
                 time.sleep(0.05)
         e = MemcachedEngine(address=f"127.0.0.1:{port}")
-        assert e.address == f"127.0.0.1:{port}" and e._server is None
-        e.apply([(("put", (("k", "v"),)), EVERYTHING)])
-        assert e.apply([(("get", ("k",)), EVERYTHING)]) == [{"k": "v"}]
-        e.close()
+        try:
+            assert e.address == f"127.0.0.1:{port}" and e._server is None
+            e.apply([(("put", (("k", "v"),)), EVERYTHING)])
+            assert e.apply([(("get", ("k",)), EVERYTHING)]) == [{"k": "v"}]
+        finally:
+            e.close()
     finally:
         server.kill()
         server.wait()
