@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -74,12 +75,17 @@ def free_port() -> int:
     ephemeral range (what binding port 0 returns) can be given in between to any socket
     that binds port 0 or dials out: a storage process's own listener once took the
     metrics port chosen for it that way.  Below the range only another caller of this
-    function can pick the same port, at random among thousands.
+    function can pick the same port, and every pick is claimed for a while (a file per
+    port, created exclusively) so that other processes skip it: a cluster picks all its
+    ports before its daemons bind them, over seconds, and two clusters started side by
+    side drew the same metrics port.
     """
     high = _ephemeral_low()
     low = max(1024, high - 22768)
     for _ in range(200):
         port = low + secrets.randbelow(high - low)
+        if not _claim(port):
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
@@ -89,6 +95,30 @@ def free_port() -> int:
     with socket.socket() as s:  # everything below the range is taken: the old way
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+_CLAIMS = Path(tempfile.gettempdir()) / "ecast-port-claims"
+CLAIM_S = 120.0
+"""How long a port handed out by :func:`free_port` is not handed out again, to any
+process: long enough for the daemon it was meant for to bind it."""
+
+
+def _claim(port: int) -> bool:
+    path = _CLAIMS / str(port)
+    try:
+        _CLAIMS.mkdir(exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        return True
+    except FileExistsError:
+        try:
+            if time.time() - path.stat().st_mtime < CLAIM_S:
+                return False
+            os.utime(path)  # an old claim: the port is for whoever needs it now
+            return True
+        except OSError:
+            return False
+    except OSError:
+        return True  # no shared claims here (read-only /tmp): the bind check still holds
 
 
 def http_json(url: str, timeout: float = 1.0) -> dict[str, Any] | None:
