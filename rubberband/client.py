@@ -26,7 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rubberband.config import read_header, write_header
+import msgpack
+
+from rubberband.config import bundle_header, read_header, write_header
 from rubberband.keys import NOTHING, RangeSet, covers, difference, intersect, union
 from rubberband.placement import BadKeyspace, Keyspace
 from storage_adapters.base import BadOperation, Placement
@@ -149,6 +151,47 @@ class ClientCore:
             raise BadOperation(f"{op_name(op)!r} reads nothing inside the ranges asked for")
         self._offset += 1
         return op, read_header(ranges, self._offset), Gather(op, ranges)
+
+    def bundles(self, gathers: list[Gather], limit: int) -> list[list[int]]:
+        """Which reads of a batch share a message (:data:`rubberband.config.BUNDLE`):
+        indices grouped by the ring segment of a one-range read, at most ``limit`` to a
+        group, a group of one for anything else.  One segment's reads go to one
+        responder, so a bundle costs the routers one cover and its responder one
+        message; reads of many segments in one bundle would reach every responder of
+        every segment.  Grouped by the client's copy of the keyspace: a stale copy only
+        makes the groups less tight, since each responder answers what it holds."""
+        ks = self.keyspace
+        if ks is None or not len(ks) or limit <= 1:
+            return [[i] for i in range(len(gathers))]
+        out: list[list[int]] = []
+        groups: dict[int, list[int]] = {}
+        segment_of = ks.segment_of
+        for i, g in enumerate(gathers):
+            if len(g.ranges) != 1:
+                out.append([i])
+                continue
+            seg = segment_of(g.ranges[0][0])
+            group = groups.get(seg)
+            if group is None:
+                group = groups[seg] = []
+            group.append(i)
+            if len(group) >= limit:
+                out.append(group)
+                groups[seg] = []
+        out.extend(group for group in groups.values() if group)
+        return out
+
+    def bundle(self, reads: list[tuple[Any, Gather]]) -> tuple[bytes, dict[str, Any]]:
+        """``(payload, header)`` of one message carrying ``reads`` (``(op, gather)``
+        pairs from :meth:`read`): each read keeps its own ranges inside the payload's
+        bytes, the header names the range that holds them all, and the offset turns per
+        message as it does per read.  Raises ``TypeError`` for an op msgpack cannot
+        encode, as a read alone does at its submission."""
+        self._offset += 1
+        lo = min(g.ranges[0][0] for _, g in reads)
+        hi = max(g.ranges[-1][1] for _, g in reads)
+        payload = msgpack.packb(tuple((op, g.ranges) for op, g in reads), use_bin_type=True)
+        return payload, bundle_header(((lo, hi),), self._offset, len(reads))
 
     def basic_targets(
         self, gather: Gather, avoid: frozenset[str] = frozenset()

@@ -248,6 +248,28 @@ def intersect(a: RangeSet, b: RangeSet) -> RangeSet:
     return tuple(out)
 
 
+def clip(rng: Range, rs: RangeSet) -> RangeSet:
+    """``intersect((rng,), rs)`` by bisection: what ``rs`` holds of one range, without
+    walking all of ``rs`` (a storage process clips each read of a bundle to what it
+    holds, and a bundle's union has a range per read)."""
+    lo, hi = rng
+    if not lo < hi:
+        return ()
+    i = bisect_right(rs, (lo,))
+    if i:
+        i -= 1  # the range starting before lo may reach past it
+    out: list[Range] = []
+    n = len(rs)
+    while i < n:
+        a, b = rs[i]
+        if a >= hi:
+            break
+        if b > lo:
+            out.append((a if a > lo else lo, b if b < hi else hi))
+        i += 1
+    return tuple(out)
+
+
 def difference(a: RangeSet, b: RangeSet) -> RangeSet:
     """``a`` minus ``b`` (both normalized)."""
     out: list[Range] = []

@@ -46,7 +46,11 @@ from rubberband.client import (
     op_name,
 )
 from rubberband.host import CONFIG, DESCRIBE
-from rubberband.storage import BASIC, RESULT, STALE
+from rubberband.storage import BASIC, RESULT, RESULTS, STALE
+
+BUNDLE_LIMIT = 32
+"""Reads of one ring segment that :meth:`RubberbandClient.read_batch` sends as one
+message by default (:data:`rubberband.config.BUNDLE`)."""
 
 
 class RubberbandClient:
@@ -62,6 +66,8 @@ class RubberbandClient:
         event, or a :class:`_Completion` of :meth:`read_batch`)."""
         self._described: dict[int, asyncio.Future[Any]] = {}
         self._writes: dict[Any, asyncio.Future[Any]] = {}
+        self._bundles: dict[Any, _Bundle] = {}
+        """Read bundles in flight by their request id: the reads they carry."""
         self._unsafe: dict[Any, Any] = {}
         """Snapshot reads in flight by their E-Cast message id: a router's notice that
         it shed one (``ecast.Client.shed_listener``) refuses the read at once."""
@@ -84,6 +90,31 @@ class RubberbandClient:
                 if entry is not None:
                     entry[0].add(p[2], p[3], p[4], p[5], p[6])
                     entry[1].set()
+                else:  # a refusal or error of a whole bundle
+                    bundle = self._bundles.get(p[1])
+                    if bundle is not None:
+                        for rid in bundle.rids:
+                            entry = self._reads.get(rid)
+                            if entry is not None:
+                                entry[0].add(p[2], p[3], p[4], p[5], p[6])
+                                entry[1].set()
+                        self._settle(p[1], bundle)
+            elif p[0] == RESULTS and len(p) == 5:
+                bundle = self._bundles.get(p[1])
+                if bundle is None or type(p[4]) is not tuple:
+                    continue
+                rids, reads, position, ok = bundle.rids, self._reads, p[2], p[3]
+                for answer in p[4]:
+                    if type(answer) is not tuple or len(answer) != 4:
+                        continue
+                    i = answer[0]
+                    if type(i) is not int or not 0 <= i < len(rids):
+                        continue
+                    entry = reads.get(rids[i])
+                    if entry is not None:
+                        entry[0].add(answer[1], answer[2], answer[3], position, ok)
+                        entry[1].set()
+                self._settle(p[1], bundle)
             elif p[0] == STALE and len(p) == 4:
                 self.core.learn(p[2], p[3])
                 entry = self._reads.get(p[1])
@@ -100,10 +131,23 @@ class RubberbandClient:
         now, to be retried, rather than left to time out."""
         unsafe, reads = self._unsafe, self._reads
         for mid in ids:
-            entry = reads.get(unsafe.pop(mid, None))
-            if entry is not None:
-                entry[0].refused = True
-                entry[1].set()
+            rid = unsafe.pop(mid, None)
+            bundle = self._bundles.get(rid)
+            for r in (rid,) if bundle is None else bundle.rids:
+                entry = reads.get(r)
+                if entry is not None:
+                    entry[0].refused = True
+                    entry[1].set()
+            if bundle is not None:
+                self._settle(rid, bundle)
+
+    def _settle(self, brid: Any, bundle: _Bundle) -> None:
+        """Forget a bundle once none of its reads is waiting."""
+        reads = self._reads
+        if not any(rid in reads for rid in bundle.rids):
+            self._bundles.pop(brid, None)
+            if bundle.mid is not None:
+                self._unsafe.pop(bundle.mid, None)
 
     async def refresh(self, timeout: float = 10.0) -> None:
         """Learn the keyspace from a super (any one the routers told us of)."""
@@ -214,7 +258,8 @@ class RubberbandClient:
         isolation: str,
         done: Callable[[Any, Gather | None], None],
         timeout: float | None = None,
-    ) -> None:
+        bundle: int = BUNDLE_LIMIT,
+    ) -> int:
         """Many reads at once, without waiting for them: the pipelined form of
         :meth:`read` for loaders and benchmarks, one submission for the whole batch and no
         task or future per read.  ``done(op, gather)`` runs once per read when its answers
@@ -222,33 +267,63 @@ class RubberbandClient:
         basic read's holder no longer holds the range: read it again), ``gather.error``,
         else ``self.core.result(gather)`` is the answer; ``done(op, None)`` when it is not
         complete after ``timeout`` (default: ``answer_timeout``).  No retries here: the
-        caller owns them, and counts them."""
+        caller owns them, and counts them.  Returns the number of messages sent.
+
+        Sequential and snapshot reads of one ring segment travel up to ``bundle`` to a
+        message (:data:`rubberband.config.BUNDLE`; 1 sends each alone): each still
+        completes, is refused or times out on its own, and a bundle is refused or shed
+        as a whole."""
         if isolation not in ISOLATION_LEVELS:
             raise ValueError(
                 f"isolation is one of {', '.join(ISOLATION_LEVELS)}, not {isolation!r}"
             )
         core = self.core
-        items: list[tuple[Any, Any]] = []
+        reads = self._reads
         rids: list[Any] = []
+        gathers: list[Gather] = []
+        headers: list[dict[str, Any]] = []
+        basic = 0
         for op in ops:
             payload, header, gather = core.read(op)
             rid = ("q", next(self._rid))
-            self._reads[rid] = (gather, _Completion(self, rid, op, gather, done))
+            reads[rid] = (gather, _Completion(self, rid, op, gather, done))
             rids.append(rid)
+            gathers.append(gather)
+            headers.append(header)
             if isolation == "basic":
                 version = core.version
                 for target, ranges in core.basic_targets(gather, frozenset()).items():
                     self.ecast.send_direct_nowait(target, (BASIC, rid, op, ranges, version))
-            else:
-                header["q"] = rid
+                    basic += 1
+        items: list[tuple[Any, Any]] = []
+        sent: list[Any] = []
+        """The request id of each item: a read's, or a bundle's."""
+        if isolation != "basic":
+            for group in core.bundles(gathers, bundle):
+                if len(group) == 1:
+                    i = group[0]
+                    header = headers[i]
+                    header["q"] = rids[i]
+                    items.append((ops[i], header))
+                    sent.append(rids[i])
+                    continue
+                payload, header = core.bundle([(ops[i], gathers[i]) for i in group])
+                brid = ("b", next(self._rid))
+                header["q"] = brid
+                self._bundles[brid] = _Bundle(tuple(rids[i] for i in group))
                 items.append((payload, header))
+                sent.append(brid)
 
         def expire() -> None:
             for rid in rids:
-                entry = self._reads.pop(rid, None)
+                entry = reads.pop(rid, None)
                 if entry is not None:
                     self._unsafe.pop(entry[1].mid, None)
                     done(entry[1].op, None)
+            for rid in sent:
+                bundle = self._bundles.pop(rid, None)
+                if bundle is not None and bundle.mid is not None:
+                    self._unsafe.pop(bundle.mid, None)
 
         asyncio.get_running_loop().call_later(
             self.answer_timeout if timeout is None else timeout, expire
@@ -257,12 +332,17 @@ class RubberbandClient:
             self.ecast.submit_batch(items)
         elif isolation == "snapshot":
             mids = await self.ecast.submit_unsafe_batch(items)
-            unsafe, reads = self._unsafe, self._reads
-            for mid, rid in zip(mids, rids, strict=False):
-                entry = reads.get(rid)
-                if entry is not None:  # not answered while the submission waited
-                    entry[1].mid = mid
-                    unsafe[mid] = rid
+            unsafe, bundles = self._unsafe, self._bundles
+            for mid, rid in zip(mids, sent, strict=False):
+                held = bundles.get(rid) if rid[0] == "b" else reads.get(rid)
+                if held is None:  # answered while the submission waited
+                    continue
+                if rid[0] == "b":
+                    held.mid = mid  # type: ignore[union-attr]
+                else:
+                    held[1].mid = mid  # type: ignore[index]
+                unsafe[mid] = rid
+        return len(items) + basic
 
     async def _complete(self, gather: Gather, event: asyncio.Event, error: type) -> None:
         deadline = time.monotonic() + self.answer_timeout
@@ -411,6 +491,17 @@ class RubberbandClient:
 
 DEFAULT_OPS = "storage_adapters.memory:KVOps"
 """The operations of the key-value engine, named by path: Rubberband imports no engine."""
+
+
+class _Bundle:
+    """A read bundle in flight: its reads' request ids, in the order of its payload, and
+    its E-Cast message id once submitted unsafe (a shed notice names it)."""
+
+    __slots__ = ("mid", "rids")
+
+    def __init__(self, rids: tuple[Any, ...]) -> None:
+        self.rids = rids
+        self.mid: Any = None
 
 
 class _Completion:

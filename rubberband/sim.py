@@ -51,7 +51,7 @@ from rubberband.client import ClientCore, Gather
 from rubberband.config import RubberbandConfig, vote_header
 from rubberband.keys import NOTHING, describe, difference, encode_key, intersect
 from rubberband.sdk import load_ops
-from rubberband.storage import BASIC, RESULT, STALE, StorageCore
+from rubberband.storage import BASIC, RESULT, RESULTS, STALE, StorageCore
 from rubberband.super import Refused, SuperCore
 
 SUPER = "super:s1"
@@ -72,6 +72,7 @@ MUTATIONS = (
     "no_receive_buffering",  # writes to a range being received are applied at once
     "aborted_receive_ready",  # a receive whose source died says ready, not incomplete
     "no_duplicate_filter",  # the client keeps every answer, ranges answered twice too
+    "bundle_unclipped",  # a bundle's read is answered for all its ranges, held or not
 )
 KEYS = 16
 """List-append keys, integers spread over the ids the ring uses (0 to 10,000)."""
@@ -110,6 +111,10 @@ class RbRunConfig(GroupRunConfig):
     engine: str = "storage_adapters.memory:MemoryEngine"
     """The storage engine, by path (any engine answering the key-value operations:
     ``storage_adapters.scan.kv:ScanKVEngine`` runs the same schedules on the scan engine)."""
+    bundle: bool = False
+    """Sequential and snapshot reads travel as bundles (``read_batch``'s messages): each
+    with a second read of a random key in the same message, whose answer the client
+    takes apart from its own (the checkers see only the read asked for)."""
     mutation: str | None = None
     router: RouterParams = field(default_factory=RouterParams)
     endpoint: EndpointParams = field(default_factory=EndpointParams)
@@ -166,6 +171,8 @@ class _Op:
     final: bool = False
     hi: int = 0
     """A scan's exclusive upper bound."""
+    index: int = 0
+    """The read's place in its bundle (``RbRunConfig.bundle``)."""
 
 
 class RbProcess:
@@ -447,6 +454,11 @@ class RbProcess:
             gather.__class__ = _NoFilterGather
         op.gather = gather
         op.tries += 1
+        if self.run.cfg.bundle and op.level != "basic":
+            other = ("get", (key_of(self.run.rng.randrange(KEYS)),))
+            pair = [(query, gather), (other, c.read(other)[2])]
+            op.index = int(self.run.rng.random() < 0.5)  # where in the bundle ours is
+            payload, header = c.bundle(pair if op.index == 0 else pair[::-1])
         op.rid = ("q", self.pid, self.run.next_rid())
         header["q"] = op.rid
         if op.level == "sequential":
@@ -496,9 +508,14 @@ class RbProcess:
             if op.level == "basic":
                 self._send_read(op, now, fx)
             return
-        if p[0] != RESULT or len(p) != 7 or p[1] != op.rid:
+        if p[0] == RESULTS and len(p) == 5 and p[1] == op.rid:  # a bundle's answers
+            for i, covered, result, error in p[4]:
+                if i == op.index:
+                    op.gather.add(covered, result, error, p[2], p[3])
+        elif p[0] != RESULT or len(p) != 7 or p[1] != op.rid:
             return
-        op.gather.add(p[2], p[3], p[4], p[5], p[6])
+        else:
+            op.gather.add(p[2], p[3], p[4], p[5], p[6])
         if not op.gather.complete:
             return
         if op.level == "sequential" and op.sid in self.pending_acks:
@@ -613,6 +630,17 @@ class RubberbandRun(EcastGroupRun):
         elif m in StorageCore.MUTATIONS:
             self._undo.append((StorageCore, "_keyspace", StorageCore._keyspace))
             StorageCore.plant(m)
+        elif m == "bundle_unclipped":
+            # Each read of a bundle is answered from every piece this process holds of
+            # the bundle, as if the piece held all of the read (a missing clip).
+            def unclipped(core: StorageCore, msg: Any, mine: Any) -> Any:
+                import msgpack
+
+                subs = msgpack.unpackb(msg.payload, use_list=False)
+                pieces = core._pieces(mine)
+                return [(i, s[0], p, s[1]) for i, s in enumerate(subs) for p in pieces]
+
+            patch(StorageCore, "_bundle_items", unclipped)
         elif m == "no_receive_buffering":
             patch(StorageCore, "_blocked", lambda core, ranges, t: False)
         elif m == "aborted_receive_ready":
@@ -1132,6 +1160,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the super repairs broken holders on its own (the nemesis does not)",
     )
+    ap.add_argument(
+        "--bundle", action="store_true", help="reads travel in bundles of two (read_batch's)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     faults = tuple(f for f in args.faults.split(",") if f)
@@ -1152,6 +1183,7 @@ def main(argv: list[str] | None = None) -> int:
         scenario=args.scenario,
         engine=args.engine,
         auto_repair=args.auto_repair,
+        bundle=args.bundle,
     )
     if args.scenario:
         cfg.faults = ()

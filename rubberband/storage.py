@@ -34,8 +34,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
+
 from ecast import KIND, SUSPECT, Message, NodeId
 from rubberband.config import (
+    BUNDLE,
     KEYSPACE,
     STORAGE,
     SUPER,
@@ -45,6 +48,7 @@ from rubberband.config import (
 from rubberband.keys import (
     NOTHING,
     RangeSet,
+    clip,
     covers,
     difference,
     intersect,
@@ -73,6 +77,12 @@ what this process holds), ``error`` the message of a :class:`BadOperation` (else
 ``position`` and ``ok`` depend on the read: a sequential read has None and True; a
 snapshot read the router's frontier and whether this process could answer as of it; a
 basic read this process's keyspace version and whether the client's version matched."""
+RESULTS = "resn"
+"""storage -> client: ``("resn", id, position, ok, answers)``: the answers to a bundle of
+reads (one message carrying many, see :data:`BUNDLE`); each answer is ``(index, covered,
+result, error)`` for one read of the bundle and one piece of what this process holds of
+it (:data:`rubberband.config.BUNDLE`).  ``position`` and ``ok`` as in :data:`RESULT`; a
+refusal or a malformed bundle is one :data:`RESULT` for all of its reads."""
 BASIC = "basic"
 """client -> storage: ``("basic", request_id, op, ranges, version)``: a basic read."""
 STALE = "stale"
@@ -258,8 +268,68 @@ class StorageCore:
             rid = h.get("q", msg.id)
             out.append(("direct", msg.sender, (RESULT, rid, mine, None, None, frontier, False)))
             return out
-        self._answer(msg.sender, h.get("q", msg.id), msg.payload, mine, frontier, out)
+        if BUNDLE in h:
+            self._answer_bundle(msg, mine, frontier, out)
+        else:
+            self._answer(msg.sender, h.get("q", msg.id), msg.payload, mine, frontier, out)
         return out
+
+    def _answer_bundle(
+        self, msg: Message, mine: RangeSet, position: Any, out: list[Output]
+    ) -> None:
+        rid = msg.header.get("q", msg.id)
+        subs = self._bundle_items(msg, mine)
+        if subs is None:
+            error = "a read bundle is a tuple of (op, ranges) pairs, as many as its count"
+            out.append(("direct", msg.sender, (RESULT, rid, mine, None, error, position, True)))
+            return
+        try:
+            results = self.engine.apply([(op, piece) for _, op, piece, _ in subs])
+        except Exception as e:
+            self._stop(f"engine failed: {type(e).__name__}: {e}", out)
+            return
+        answers = tuple(
+            (i, c, None, str(res)) if isinstance(res, BadOperation) else (i, c, res, None)
+            for (i, _, _, c), res in zip(subs, results, strict=True)
+        )
+        out.append(("direct", msg.sender, (RESULTS, rid, position, True, answers)))
+
+    def _bundle_items(
+        self, msg: Message, mine: RangeSet
+    ) -> list[tuple[int, Any, RangeSet, RangeSet]] | None:
+        """A bundle's reads cut at the ring's segments (as :meth:`_pieces` cuts one read):
+        ``(index, op, piece, covered)`` for each read and each piece of what this process
+        holds of the bundle that the read's ranges meet, ``covered`` being what the read
+        has of the piece; None for a malformed bundle.
+
+        The engine runs each read on the whole ``piece``: a part of the header's union,
+        which :meth:`_mine` checked, never the read's own ranges, which nobody checked.
+        An engine answers an operation for the part of a range set the operation
+        touches, so the answer is the read's answer for ``covered``; a client that lies
+        about a read's ranges misleads only itself."""
+        blob, n = msg.payload, msg.header.get(BUNDLE)
+        if type(blob) is not bytes or type(n) is not int:
+            return None
+        try:
+            subs = msgpack.unpackb(blob, use_list=False, raw=False, strict_map_key=False)
+        except Exception:  # whatever the bytes are, they are not a bundle
+            return None
+        if type(subs) is not tuple or len(subs) != n:
+            return None
+        pieces = self._pieces(mine)
+        items: list[tuple[int, Any, RangeSet, RangeSet]] = []
+        try:
+            for i, sub in enumerate(subs):
+                if type(sub) is not tuple or len(sub) != 2 or type(sub[1]) is not tuple:
+                    return None
+                op, ranges = sub
+                for piece in pieces:
+                    part = clip(ranges[0], piece) if len(ranges) == 1 else intersect(ranges, piece)
+                    if part:
+                        items.append((i, op, piece, part))
+        except (TypeError, ValueError, IndexError):  # ranges that are not range sets
+            return None
+        return items
 
     def _answer(
         self, to: NodeId, rid: Any, op: Any, mine: RangeSet, position: Any, out: list[Output]
@@ -387,14 +457,31 @@ class StorageCore:
             self.stats.queued_max = len(self.queue)
 
     def _apply(self, batch: list[tuple[Message, RangeSet]], out: list[Output]) -> None:
-        items: list[tuple[Message, RangeSet]] = []
+        items: list[tuple[Message, Any, RangeSet, RangeSet, int]] = []
+        """``(message, op, ranges, covered, index)``: the engine runs ``op`` on
+        ``ranges``, the answer covers ``covered``; index -1 for a message's own op, else
+        the read's index in a bundle (see :meth:`_bundle_items`)."""
+        bundles: dict[int, tuple[Message, list[Any]]] = {}
         for m, mine in batch:
-            if "r" in m.header and not self.incomplete:
-                items.extend((m, piece) for piece in self._pieces(mine))  # see _pieces
+            h = m.header
+            if "r" not in h:
+                items.append((m, m.payload, mine, mine, -1))
+            elif BUNDLE in h:
+                rid = h.get("q", m.id)
+                subs = None if self.incomplete else self._bundle_items(m, mine)
+                if subs is None:  # nothing answered from a copy with gaps, or malformed
+                    error = None if self.incomplete else "a malformed read bundle"
+                    answer = (RESULT, rid, NOTHING, None, error, None, True)
+                    out.append(("direct", m.sender, answer))
+                    continue
+                bundles[id(m)] = (m, [])
+                items.extend((m, op, piece, c, i) for i, op, piece, c in subs)
+            elif not self.incomplete:
+                items.extend((m, m.payload, p, p, -1) for p in self._pieces(mine))
             else:
-                items.append((m, mine))
+                items.append((m, m.payload, mine, mine, -1))
         try:
-            results = self.engine.apply([(m.payload, r) for m, r in items])
+            results = self.engine.apply([(op, r) for _, op, r, _, _ in items])
         except Exception as e:
             self._stop(f"engine failed: {type(e).__name__}: {e}", out)
             return
@@ -402,12 +489,16 @@ class StorageCore:
             self._stop("engine returned a wrong number of results", out)
             return
         self.stats.applied += len(batch)
-        counted = None
-        for (m, mine), res in zip(items, results, strict=True):
+        counted: Any = None
+        for (m, _, _, mine, i), res in zip(items, results, strict=True):
             bad = isinstance(res, BadOperation)
-            if bad and counted is not m:  # a read's pieces are one operation
-                counted = m
+            if bad and counted != (id(m), i):  # a read's pieces are one operation
+                counted = (id(m), i)
                 self.stats.rejected += 1
+            if i >= 0:
+                answer = (i, mine, None, str(res)) if bad else (i, mine, res, None)
+                bundles[id(m)][1].append(answer)
+                continue
             h = m.header
             # Reads are answered; writes when the client asked ("a": an operation whose
             # validity depends on the data, such as an append) or when rejected.
@@ -417,6 +508,9 @@ class StorageCore:
                     mine = NOTHING  # never answer from a copy with gaps
                 payload = (RESULT, rid, mine, None if bad else res, str(res) if bad else None)
                 out.append(("direct", m.sender, (*payload, None, True)))
+        for m, answers in bundles.values():
+            rid = m.header.get("q", m.id)
+            out.append(("direct", m.sender, (RESULTS, rid, None, True, tuple(answers))))
 
     # ================================================================== reconfiguration
     def _keyspace(self, t: int, msg: Message, out: list[Output]) -> None:

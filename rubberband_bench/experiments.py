@@ -288,15 +288,23 @@ def read_isolation(argv: list[str] | None = None) -> int:
     ap.add_argument("--replication", type=int, default=3)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--window", type=int, default=256, help="reads in flight per client")
+    ap.add_argument("--bundle", type=int, default=32,
+                    help="reads of one segment per message (read_batch's bundle)")  # fmt: skip
+    ap.add_argument("--no-alone", action="store_true",
+                    help="skip the rows that send each read alone (bundle 1)")  # fmt: skip
     args = ap.parse_args(argv)
     rows = []
     with cluster(args, storage=args.storage, replication=args.replication) as b:
         opts = load_options(args, window=args.window)
-        for share in args.shares:
+        cells = [(share, args.bundle) for share in args.shares]
+        if not args.no_alone and args.bundle > 1:
+            cells += [(share, 1) for share in (min(args.shares), max(args.shares))]
+        for share, bundle in cells:
             r = b.run_load(min(2, args.clients), args.clients, mode="mix", snapshot_share=share,
-                           **opts)  # fmt: skip
-            rows.append({"reads": f"{share:.0%} snapshot", "share": share, **r})
-            print(f"{share:.0%} snapshot: {r['throughput_per_s']:,.0f} reads/s", flush=True)
+                           bundle=bundle, **opts)  # fmt: skip
+            name = f"{share:.0%} snapshot" + (", each read alone" if bundle == 1 else "")
+            rows.append({"reads": name, "share": share, "bundle": bundle, **r})
+            print(f"{name}: {r['throughput_per_s']:,.0f} reads/s", flush=True)
         r = b.run_load(min(2, args.clients), args.clients, mode="basic", **opts)
         rows.append({"reads": "basic", "share": None, **r})
         r = b.run_load(min(2, args.clients), args.clients, mode="write", **opts)
@@ -313,9 +321,11 @@ def read_isolation(argv: list[str] | None = None) -> int:
 
     def draw(fig: Any, rs: list[dict[str, Any]]) -> None:
         ax = fig.add_subplot(1, 1, 1)
-        mix = [r for r in rs if r["share"] is not None]
-        ax.plot([100 * r["share"] for r in mix], [r["throughput_per_s"] for r in mix],
-                marker="o", label="sequential/snapshot mix")  # fmt: skip
+        for alone, label in ((False, "sequential/snapshot mix"), (True, "each read alone")):
+            mix = [r for r in rs if r["share"] is not None and (r["bundle"] == 1) == alone]
+            if mix:
+                ax.plot([100 * r["share"] for r in mix], [r["throughput_per_s"] for r in mix],
+                        marker="o", ls="--" if alone else "-", label=label)  # fmt: skip
         for r, style in zip([r for r in rs if r["share"] is None], (":", "-."), strict=False):
             ax.axhline(r["throughput_per_s"], ls=style, color="gray", label=r["reads"])
         ax.set_xlabel("snapshot reads (%)")
@@ -327,7 +337,8 @@ def read_isolation(argv: list[str] | None = None) -> int:
     return finish("read-isolation", args, rows,
                   [("reads", "reads"), ("reads/s", "throughput_per_s"), ("p50 ms", "p50_ms"),
                    ("p99 ms", "p99_ms"), ("refused", "refused"), ("retries", "retries"),
-                   ("refusal rate", "refusal_rate"), ("timeouts", "timeouts")],
+                   ("refusal rate", "refusal_rate"), ("timeouts", "timeouts"),
+                   ("reads/message", "reads_per_message")],
                   draw, ecast=base, ecast_unsafe=unsafe, placement=placement)  # fmt: skip
 
 

@@ -255,6 +255,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     trace: dict[int, int] = {}
     per_client: list[int] = []
     counts = {"refused": 0, "retries": 0, "errors": 0, "timeouts": 0, "undelivered": 0}
+    counts |= {"reads_sent": 0, "read_messages": 0}
     measure = max(r["measure_s"] for r in results)
     for r in results:
         for b, n in r["latency_hist"]:
@@ -273,6 +274,8 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         "fairness": round(min(per_client) / max(per_client), 3) if max(per_client) else 0.0,
         **counts,
     }
+    if counts["read_messages"]:
+        out["reads_per_message"] = round(counts["reads_sent"] / counts["read_messages"], 2)
     if trace:
         out["trace"] = sorted(trace.items())
     return out

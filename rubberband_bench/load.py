@@ -51,6 +51,9 @@ class Stats:
         self.hist: dict[int, int] = {}
         self.trace: dict[int, int] = {}
         self.counts = {"refused": 0, "retries": 0, "errors": 0, "timeouts": 0, "undelivered": 0}
+        self.counts |= {"reads_sent": 0, "read_messages": 0}
+        """Reads sent and the messages that carried them (bundles, 4.5.2), over the
+        whole run."""
         self.trace_on = False
 
     def done(self, client: Client, t0: float, now: float, wall: float) -> None:
@@ -68,6 +71,7 @@ class Client:
 
     def __init__(self, rb: Any, args: argparse.Namespace, stats: Stats, seed: int) -> None:
         from rubberband.keys import after
+        from rubberband.sdk import BUNDLE_LIMIT
 
         self.rb = rb
         self.args = args
@@ -80,6 +84,7 @@ class Client:
         self.blob: Any = (
             os.urandom(args.payload) if args.ops == "null" else value_text(args.payload)
         )
+        self.bundle = BUNDLE_LIMIT if args.bundle is None else args.bundle
         self.in_window = 0
         self.written = 0
         self.in_flight = 0
@@ -193,7 +198,11 @@ class Client:
             self.want.set()
 
         try:
-            await self.rb.read_batch(ops, level, done, timeout=self.args.answer_timeout)
+            sent = await self.rb.read_batch(
+                ops, level, done, timeout=self.args.answer_timeout, bundle=self.bundle
+            )
+            self.stats.counts["read_messages"] += sent
+            self.stats.counts["reads_sent"] += len(ops)
         except Exception:
             self.stats.counts["errors"] += len(ops)
             self.in_flight -= len(ops)
@@ -332,6 +341,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--rate", type=float, default=0.0, help="open loop, ops/s in all")
     ap.add_argument("--answer-timeout", type=float, default=5.0)
+    ap.add_argument(
+        "--bundle",
+        type=int,
+        default=None,
+        help="sequential and snapshot reads of one segment sent as one message, at most "
+        "this many (default: the SDK's, 32; 1: each alone)",
+    )
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--out", default="", help="write the result here, print its path")
     args = ap.parse_args(argv)

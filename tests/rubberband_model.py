@@ -33,6 +33,8 @@ class Model:
         self.links: dict[tuple[str, str], deque[Any]] = defaultdict(deque)
         self.later: list[tuple[str, Any]] = []
         self.results: dict[Any, list[tuple[Any, Any, Any]]] = defaultdict(list)
+        self.replies: dict[Any, list[tuple[Any, ...]]] = defaultdict(list)
+        """Every direct message to a client, whole, by request id."""
         self.stopped: dict[str, str] = {}
         self.chunk_bytes = chunk_bytes
         self.ops = KVOps()
@@ -76,6 +78,7 @@ class Model:
                     self.links[(me, dst)].append(payload)
                 else:
                     self.results[payload[1]].append((me, payload[2], payload[3], payload[4]))
+                    self.replies[payload[1]].append(payload)
             elif o[0] == "submit":
                 self.later.append((me, o[1]))
             else:

@@ -85,10 +85,17 @@ def test_read_isolation_counts_reads_refusals_and_retries(tmp_path: Path) -> Non
     out = bench(tmp_path, "read-isolation", "--storage", "3", "--clients", "2",
                 "--shares", "0,1", *TINY)  # fmt: skip
     reads = {r["reads"]: r for r in out["rows"]}
-    assert set(reads) == {"0% snapshot", "100% snapshot", "basic", "(writes, same clients)"}
+    alone = ("0% snapshot, each read alone", "100% snapshot, each read alone")
+    assert set(reads) == {
+        "0% snapshot", "100% snapshot", *alone, "basic", "(writes, same clients)"
+    }  # fmt: skip
     for r in reads.values():
         assert r["throughput_per_s"] > 200 and r["errors"] == 0, r
         assert r["retries"] <= r["refused"] and 0 <= r["refusal_rate"] < 1
+    # Reads of one segment share messages (bundles), unless sent alone.
+    assert reads["0% snapshot"]["reads_per_message"] > 1.2
+    assert reads["100% snapshot"]["reads_per_message"] > 1.2
+    assert all(reads[name]["reads_per_message"] == 1 for name in alone)
 
 
 def test_latency_vs_load_with_clumping_on_and_off(tmp_path: Path) -> None:

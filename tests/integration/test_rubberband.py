@@ -96,6 +96,25 @@ async def kill_and_replace(d: Path, victim: int, spare: int) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+async def read_pipelined(
+    rb: rbsdk.RubberbandClient, keys: list[int], level: str, bundle: int
+) -> dict[int, Any]:
+    """``get`` of each key through ``read_batch``: each read's answer (or its gather, if
+    refused, failed or timed out)."""
+    got: dict[int, Any] = {}
+    finished = asyncio.Event()
+
+    def done(op: Any, gather: Any) -> None:
+        ok = gather is not None and not gather.refused and not gather.error
+        got[op[1][0]] = rb.core.result(gather) if ok else gather
+        if len(got) == len(keys):
+            finished.set()
+
+    await rb.read_batch([("get", (k,)) for k in keys], level, done, bundle=bundle)
+    await asyncio.wait_for(finished.wait(), 20)
+    return got
+
+
 def test_cluster_up_status_and_every_read_level(cluster: Path) -> None:
     s = status(cluster)
     assert [r["name"] for r in s["ring"]] == [f"storage:{i}" for i in range(1, 5)]
@@ -112,6 +131,11 @@ def test_cluster_up_status_and_every_read_level(cluster: Path) -> None:
             rows = await rb.scan(0, 1_000_000, isolation=level)
             assert [k for k, _ in rows] == [i * 1000 for i in range(300)]
             assert tuple(await rb.get("list", isolation=level)) == (1, 2)
+        keys = [i * 500 for i in range(600)]
+        want = {k: ({k: k // 1000} if k % 1000 == 0 else {}) for k in keys}
+        for level in ("sequential", "snapshot"):  # pipelined, in bundles and alone
+            for bundle in (32, 1):
+                assert await read_pipelined(rb, keys, level, bundle) == want, (level, bundle)
         await rb.delete_range(0, 150_000)
         assert len(await rb.scan(0, 1_000_000)) == 150
         with pytest.raises(Rejected, match="append to"):

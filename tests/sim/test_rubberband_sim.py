@@ -107,7 +107,30 @@ def test_heavier_schedules_reject_snapshot_reads_and_then_accept_them() -> None:
     assert reached >= 2
 
 
-@pytest.mark.parametrize("mutation", [m for m in MUTATIONS if m != "reads_to_busy"])
+BUNDLE_SCHEDULES = 40
+
+
+@pytest.mark.parametrize("chunk", range(2))
+def test_reads_in_bundles_pass_every_checker(chunk: int) -> None:
+    """Sequential and snapshot reads travel as ``read_batch`` sends them, each bundled
+    with a read of another key: through the same faults, refusals and migrations, each
+    read gets its own answer and every checker passes."""
+    reached, busy = run_schedules(range(1 + chunk, BUNDLE_SCHEDULES + 1, 2), bundle=True)
+    assert busy >= 0.9 * BUNDLE_SCHEDULES / 2
+    assert reached["leader_takeover"] and reached["expand_under_load"], dict(reached)
+
+
+def test_a_bundle_read_answered_beyond_what_its_responder_holds_is_caught() -> None:
+    for seed in range(1, 31):
+        cfg = RbRunConfig(seed=seed, ops=600, bundle=True, mutation="bundle_unclipped")
+        if RubberbandRun(cfg).run().violations:
+            return
+    pytest.fail("bundle reads answered for ranges their responder does not hold went unnoticed")
+
+
+@pytest.mark.parametrize(
+    "mutation", [m for m in MUTATIONS if m not in ("reads_to_busy", "bundle_unclipped")]
+)
 def test_every_planted_bug_is_caught(mutation: str) -> None:
     for seed in range(1, 31):
         if RubberbandRun(RbRunConfig(seed=seed, ops=600, mutation=mutation)).run().violations:

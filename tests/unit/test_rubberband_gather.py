@@ -3,8 +3,13 @@ taken once, refused by a refusal or by parts from two positions (snapshot reads)
 
 from __future__ import annotations
 
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
 from rubberband.client import Gather
-from rubberband.keys import key_range, normalize
+from rubberband.keys import clip, intersect, key_range, normalize
 
 WHOLE = normalize([key_range(0, 100)])
 LOW = normalize([key_range(0, 50)])
@@ -39,3 +44,16 @@ def test_parts_from_two_positions_or_a_refusal_refuse_the_read() -> None:
     g = Gather("op", WHOLE)
     g.add(LOW, None, "bad op", None, True)
     assert g.complete and g.error == "bad op"
+
+
+_bounds = st.integers(0, 60).map(lambda i: (2, i))
+
+
+@given(
+    st.lists(st.tuples(_bounds, _bounds), max_size=12),
+    st.tuples(_bounds, _bounds),
+)
+def test_clip_is_intersect_of_one_range(ranges: list[Any], rng: Any) -> None:
+    rs = normalize(ranges)
+    want = intersect(normalize([rng]), rs) if rng[0] < rng[1] else ()
+    assert clip(rng, rs) == want

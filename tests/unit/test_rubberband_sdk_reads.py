@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgpack
+
 from rubberband.client import ClientCore
 from rubberband.sdk import RubberbandClient
 from storage_adapters.memory import KVOps
@@ -79,3 +81,101 @@ def test_a_basic_read_across_a_keyspace_change_returns_every_key() -> None:
 
     got = asyncio.run(go())
     assert got == {k: f"v{k}" for k in keys}
+
+
+class _BundleWire:
+    """Stands in for the E-Cast client of ``read_batch``: unsafe messages go to the
+    model's storage cores at once (unless ``silent``), their answers to the inbox."""
+
+    def __init__(self, m: Model, silent: bool = False) -> None:
+        self.m = m
+        self.silent = silent
+        self.inbox: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self.sent: list[tuple[Any, Any]] = []
+        self.shed_listener: Any = None
+
+    async def submit_unsafe_batch(self, items: list[tuple[Any, Any]]) -> list[Any]:
+        from ecast import Message
+
+        mids = []
+        for payload, header in items:
+            mid = (("u", 0, "client:c"), len(self.sent))
+            self.sent.append((payload, header))
+            mids.append(mid)
+            if self.silent:
+                continue
+            msg = Message("client:c", mid, header, payload)
+            for d in sorted(self.m.config.destset(msg)):
+                for o in self.m.storage[d].deliver_unsafe(msg, self.m.t, True):
+                    self.inbox.put_nowait((d, o[2]))
+        return mids
+
+    async def receive_direct(self) -> tuple[str, Any]:
+        return await self.inbox.get()
+
+    async def detach(self) -> None:
+        return None
+
+
+def _batch_of_reads(silent: bool, shed: bool = False) -> tuple[dict[int, Any], Any, Any]:
+    m = Model(f=3)
+    for i in range(4):
+        m.join_storage(f"storage:{i}")
+        m.reconfigure(("expand", f"storage:{i}", i * 100))
+        m.settle()
+    for k in range(0, 400, 2):
+        m.write(("put", ((k, f"v{k}"),)))
+    m.settle()
+    got: dict[int, Any] = {}
+
+    async def go() -> tuple[Any, Any]:
+        core = ClientCore(KVOps())
+        core.learn(m.config.version, m.config.keyspace.to_state())
+        wire = _BundleWire(m, silent)
+        rb = RubberbandClient(wire, core, answer_timeout=0.3)  # type: ignore[arg-type]
+        all_done = asyncio.Event()
+
+        def done(op: Any, gather: Any) -> None:
+            key = op[1][0]
+            assert key not in got, f"read {key} completed twice"
+            got[key] = (
+                "timeout"
+                if gather is None
+                else "refused"
+                if gather.refused
+                else rb.core.result(gather)
+            )
+            if len(got) == 200:
+                all_done.set()
+
+        await rb.read_batch([("get", (k,)) for k in range(200)], "snapshot", done, bundle=16)
+        if shed:
+            rb._on_shed(tuple(rb._unsafe))
+        await asyncio.wait_for(all_done.wait(), 2.0)
+        try:
+            return wire.sent, (dict(rb._bundles), dict(rb._unsafe), dict(rb._reads))
+        finally:
+            await rb.close()
+
+    sent, left = asyncio.run(go())
+    return got, sent, left
+
+
+def test_read_batch_bundles_reads_and_completes_each_alone() -> None:
+    got, sent, left = _batch_of_reads(silent=False)
+    assert got == {k: ({k: f"v{k}"} if k % 2 == 0 else {}) for k in range(200)}
+    # 200 reads over two segments, 16 to a message.
+    assert len(sent) == 14 and all(h.get("n") == len(msgpack.unpackb(p)) for p, h in sent)
+    assert left == ({}, {}, {})  # nothing kept once every read completed
+
+
+def test_a_shed_bundle_refuses_each_of_its_reads_at_once() -> None:
+    got, _, left = _batch_of_reads(silent=True, shed=True)
+    assert got == {k: "refused" for k in range(200)}
+    assert left == ({}, {}, {})
+
+
+def test_reads_of_a_bundle_nobody_answers_time_out_each() -> None:
+    got, _, left = _batch_of_reads(silent=True)
+    assert got == {k: "timeout" for k in range(200)}
+    assert left == ({}, {}, {})

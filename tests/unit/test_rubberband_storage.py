@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -437,3 +438,116 @@ def test_a_rejected_operation_raises_at_the_client() -> None:
     g.add(g.ranges, None, "append to 1, which holds a str", None, True)
     with pytest.raises(Rejected, match="append to 1"):
         client.result(g)
+
+
+# ------------------------------------------------------------------ read bundles
+def bundled_reads(m: Model, level: str, ops: list[Any], limit: int = 8) -> list[Any]:
+    """Reads sent as the SDK's ``read_batch`` sends them: grouped by segment into bundles
+    (a group of one travels alone), answers fanned out to each read's gather."""
+    client = ClientCore(KVOps())
+    client.learn(m.config.version, m.config.keyspace.to_state())
+    reads = [client.read(op) for op in ops]
+    gathers = [g for _, _, g in reads]
+    groups = client.bundles(gathers, limit)
+    assert sorted(i for g in groups for i in g) == list(range(len(ops)))
+    for group in groups:
+        if len(group) == 1:
+            payload, header = reads[group[0]][0], reads[group[0]][1]
+        else:
+            payload, header = client.bundle([(ops[i], gathers[i]) for i in group])
+        header["q"] = rid = ("b", tuple(group))
+        if level == "sequential":
+            m.send("client:c", header, payload)
+            m.settle()
+            replies = m.replies[rid]
+        else:
+            msg = Message("client:c", (("u", 0, "client:c"), next(m.seq)), header, payload)
+            replies = [
+                o[2]
+                for d in sorted(m.config.destset(msg))
+                for o in m.storage[d].deliver_unsafe(msg, m.t, True)
+            ]
+        assert replies, f"no answer to {rid}"
+        for reply in replies:
+            if reply[0] == "res":  # a read alone, or a whole bundle refused
+                for i in group:
+                    gathers[i].add(*reply[2:])
+                continue
+            assert reply[0] == "resn" and len(group) > 1
+            _, _, position, ok, answers = reply
+            for i, covered, result, error in answers:
+                gathers[group[i]].add(covered, result, error, position, ok)
+    assert all(g.complete and not g.refused for g in gathers)
+    return [client.result(g) for g in gathers]
+
+
+@pytest.mark.parametrize("level", ["sequential", "snapshot"])
+def test_a_read_bundle_answers_each_of_its_reads_alone(level: str) -> None:
+    """Reads of one segment share a message and a responder's one answer, and each still
+    gets exactly its own keys: present, missing, or spread over a segment boundary."""
+    m = grown(5, f=3)
+    for k in range(0, 500, 3):
+        m.write(("put", ((k, -k),)))
+    m.settle()
+    ops: list[Any] = [("get", (k,)) for k in range(0, 500, 7)]
+    ops += [("get", (99, 100, 102)), ("scan", 90, 130), ("get", (1,))]
+    client = ClientCore(KVOps())
+    client.learn(m.config.version, m.config.keyspace.to_state())
+    groups = client.bundles([client.read(op)[2] for op in ops], 8)
+    assert max(len(g) for g in groups) == 8  # the limit holds, and is reached
+    assert len(groups) < len(ops) / 3
+    got = bundled_reads(m, level, ops)
+    for op, answer in zip(ops, got, strict=True):
+        if op[0] == "get":
+            assert answer == {k: -k for k in op[1] if k % 3 == 0}, op
+        else:
+            assert answer == [(k, -k) for k in range(90, 130) if k % 3 == 0]
+
+
+def test_bundles_group_one_range_reads_by_segment_only() -> None:
+    m = grown(4)
+    client = ClientCore(KVOps())
+    assert client.bundles([], 8) == []
+    _, _, lone = client.read(("get", (5,)))
+    assert client.bundles([lone, lone], 8) == [[0], [1]]  # no keyspace known yet
+    client.learn(m.config.version, m.config.keyspace.to_state())
+    gathers = [client.read(("get", (k,)))[2] for k in (5, 150, 6, 7, 151, 350)]
+    gathers.append(client.read(("get", (8, 9)))[2])  # two ranges: alone
+    assert sorted(map(sorted, client.bundles(gathers, 8))) == [[0, 2, 3], [1, 4], [5], [6]]
+    assert sorted(map(sorted, client.bundles(gathers, 2))) == [[0, 2], [1, 4], [3], [5], [6]]
+    assert client.bundles(gathers, 1) == [[i] for i in range(7)]
+
+
+def test_a_malformed_or_refused_bundle_is_one_answer_for_all_its_reads() -> None:
+    m = grown(4)
+    m.write(("put", ((5, "five"),)))
+    client = ClientCore(KVOps())
+    client.learn(m.config.version, m.config.keyspace.to_state())
+    g5, g6 = client.read(("get", (5,)))[2], client.read(("get", (6,)))[2]
+    payload, header = client.bundle([(("get", (5,)), g5), (("get", (6,)), g6)])
+    header["q"] = "b1"
+    core = m.storage[sorted(m.config.destset(Message("client:c", 1, header, payload)))[0]]
+    msg = Message("client:c", (("u", 0, "client:c"), 1), header, payload)
+    (out,) = core.deliver_unsafe(msg, m.t, False)  # not accepted: refused as a whole
+    assert out[2][0] == "res" and out[2][1] == "b1" and out[2][-1] is False
+    (out,) = core.deliver_unsafe(msg, m.t, True)
+    assert out[2][0] == "resn" and out[2][3] is True
+    assert sorted((i, res) for i, _, res, _ in out[2][4]) == [(0, {5: "five"}), (1, {})]
+    subs = msgpack.unpackb(payload, use_list=False)
+    assert len(subs) == 2 and msg.header["r"] == ((subs[0][1][0][0], subs[1][1][0][1]),)
+    for bad in (
+        msgpack.packb(subs[:1]),  # fewer reads than the count
+        msgpack.packb(((("get", (5,)), "not ranges"), subs[1])),
+        msgpack.packb(((("get", (5,)), ((5, 7),)), subs[1])),  # ints are not keys
+        msgpack.packb((("get", (5,)), subs[1])),  # not an (op, ranges) pair
+        subs,  # not bytes
+        b"\xc1",  # not msgpack
+        b"\x91" * 100_000,  # nested deeper than any decoder's stack
+    ):
+        for out in [
+            *core.deliver_unsafe(msg._replace(payload=bad), m.t, True),
+            *core.deliver([(m.t + 1, msg._replace(payload=bad))]),
+        ]:
+            assert out[2][0] == "res" and out[2][1] == "b1"
+            assert "bundle" in out[2][4]
+    assert core.stopped is None
