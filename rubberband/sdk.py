@@ -51,6 +51,9 @@ from rubberband.storage import BASIC, RESULT, RESULTS, STALE
 BUNDLE_LIMIT = 32
 """Reads of one ring segment that :meth:`RubberbandClient.read_batch` sends as one
 message by default (:data:`rubberband.config.BUNDLE`)."""
+BUNDLE_BYTES = 64 * 1024
+"""A bundle's payload at most (reads with large operations go fewer to a message), far
+below any router's message limit."""
 
 
 class RubberbandClient:
@@ -299,7 +302,9 @@ class RubberbandClient:
         sent: list[Any] = []
         """The request id of each item: a read's, or a bundle's."""
         if isolation != "basic":
-            for group in core.bundles(gathers, bundle):
+            groups = core.bundles(gathers, bundle)
+            while groups:
+                group = groups.pop()
                 if len(group) == 1:
                     i = group[0]
                     header = headers[i]
@@ -308,6 +313,10 @@ class RubberbandClient:
                     sent.append(rids[i])
                     continue
                 payload, header = core.bundle([(ops[i], gathers[i]) for i in group])
+                if len(payload) > BUNDLE_BYTES:  # large reads: fewer to a message
+                    half = len(group) // 2
+                    groups += (group[:half], group[half:])
+                    continue
                 brid = ("b", next(self._rid))
                 header["q"] = brid
                 self._bundles[brid] = _Bundle(tuple(rids[i] for i in group))

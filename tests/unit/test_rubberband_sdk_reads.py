@@ -179,3 +179,41 @@ def test_reads_of_a_bundle_nobody_answers_time_out_each() -> None:
     got, _, left = _batch_of_reads(silent=True)
     assert got == {k: "timeout" for k in range(200)}
     assert left == ({}, {}, {})
+
+
+def test_reads_with_large_operations_go_fewer_to_a_bundle() -> None:
+    m = Model(f=3)
+    for i in range(3):
+        m.join_storage(f"storage:{i}")
+        m.reconfigure(("expand", f"storage:{i}", i * 100))
+        m.settle()
+    keys = [f"{i:03}" + "k" * 5000 for i in range(40)]  # one segment, 5 KB each
+    for k in keys[::2]:
+        m.write(("put", ((k, len(k)),)))
+    m.settle()
+    got: dict[str, Any] = {}
+
+    async def go() -> list[tuple[Any, Any]]:
+        core = ClientCore(KVOps())
+        core.learn(m.config.version, m.config.keyspace.to_state())
+        wire = _BundleWire(m)
+        rb = RubberbandClient(wire, core, answer_timeout=0.3)  # type: ignore[arg-type]
+        finished = asyncio.Event()
+
+        def done(op: Any, gather: Any) -> None:
+            got[op[1][0]] = rb.core.result(gather)
+            if len(got) == len(keys):
+                finished.set()
+
+        sent = await rb.read_batch([("get", (k,)) for k in keys], "snapshot", done)
+        await asyncio.wait_for(finished.wait(), 2.0)
+        await rb.close()
+        assert sent == len(wire.sent)
+        return wire.sent
+
+    sent = asyncio.run(go())
+    assert got == {k: ({k: len(k)} if i % 2 == 0 else {}) for i, k in enumerate(keys)}
+    assert all(len(p) <= 64 * 1024 for p, h in sent if "n" in h)
+    # About 15 KB a read (the key in the op and twice in its range): split into
+    # bundles of four, not sent one by one.
+    assert sum("n" in h for _, h in sent) == len(sent) <= len(keys) // 3
