@@ -85,6 +85,9 @@ class Client:
             os.urandom(args.payload) if args.ops == "null" else value_text(args.payload)
         )
         self.bundle = BUNDLE_LIMIT if args.bundle is None else args.bundle
+        self.refill_at = max(1, args.window // 8 if args.refill_at is None else args.refill_at)
+        """Free places in the window that make the read loop send more: a few at a time
+        would make every message carry a read or two, whatever ``--bundle`` allows."""
         self.in_window = 0
         self.written = 0
         self.in_flight = 0
@@ -148,7 +151,8 @@ class Client:
         return str(mode)
 
     async def read_loop(self) -> None:
-        """Keep ``--window`` reads in flight: refill whenever some completed."""
+        """Keep up to ``--window`` reads in flight: refill once ``--refill-at`` places are
+        free (or none is in flight)."""
         while self.open:
             # Cleared before submitting: reads that complete while a submission waits
             # for the connection set it again (cleared after, their signal was lost and
@@ -158,7 +162,7 @@ class Client:
             for level, items in redo.items():  # first, as one batch per level
                 await self.submit_reads([op for op, _ in items], level, [t for _, t in items])
             room = self.args.window - self.in_flight
-            if room > 0:
+            if room >= self.refill_at or (room > 0 and not self.in_flight):
                 by_level: dict[str, list[Any]] = {}
                 for _ in range(room):
                     by_level.setdefault(self.isolation(), []).append(self.op("read"))
@@ -341,6 +345,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--rate", type=float, default=0.0, help="open loop, ops/s in all")
     ap.add_argument("--answer-timeout", type=float, default=5.0)
+    ap.add_argument(
+        "--refill-at",
+        type=int,
+        default=None,
+        help="reads: send more once this many places of the window are free "
+        "(default: an eighth of the window)",
+    )
     ap.add_argument(
         "--bundle",
         type=int,
