@@ -23,13 +23,14 @@ request, and a range answered twice is taken once (replicas agree at one positio
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgpack
 
 from rubberband.config import bundle_header, read_header, write_header
-from rubberband.keys import NOTHING, RangeSet, covers, difference, intersect, union
+from rubberband.keys import NOTHING, RangeSet, covers, difference, intersect, normalize, union
 from rubberband.placement import BadKeyspace, Keyspace
 from storage_adapters.base import BadOperation, Placement
 
@@ -152,17 +153,25 @@ class ClientCore:
         self._offset += 1
         return op, read_header(ranges, self._offset), Gather(op, ranges)
 
-    def bundles(self, gathers: list[Gather], limit: int) -> list[list[int]]:
-        """Which reads of a batch share a message (:data:`rubberband.config.BUNDLE`):
-        indices grouped by the ring segment of a one-range read, at most ``limit`` to a
-        group, a group of one for anything else.  One segment's reads go to one
+    def bundles(self, gathers: list[Gather], limit: int) -> tuple[list[list[int]], int]:
+        """Which reads of a batch share a message (:data:`rubberband.config.BUNDLE`), and
+        the offset their headers carry: indices grouped by the holder the routers' cover
+        picks for them at that offset, at most ``limit`` to a group, a group of one for a
+        read of several ranges.
+
+        At offset ``r`` the cover reads segment ``s`` from the holder at ring position
+        ``s + (r - s) mod m`` (``m`` holders per segment, :class:`Routing`): one holder
+        for ``m`` consecutive segments.  Reads grouped by that holder reach one
         responder, so a bundle costs the routers one cover and its responder one
-        message; reads of many segments in one bundle would reach every responder of
-        every segment.  Grouped by the client's copy of the keyspace: a stale copy only
-        makes the groups less tight, since each responder answers what it holds."""
+        message; the offset turns with every batch, so every holder takes its turn.
+        Grouped by the client's copy of the keyspace: a stale copy (or a holder the
+        routers avoid) only spreads a bundle over more responders, each answering what
+        it holds."""
         ks = self.keyspace
         if ks is None or not len(ks) or limit <= 1:
-            return [[i] for i in range(len(gathers))]
+            return [[i] for i in range(len(gathers))], 0
+        self._offset += 1
+        r, n, m = self._offset, len(ks), ks.group_size
         out: list[list[int]] = []
         groups: dict[int, list[int]] = {}
         segment_of = ks.segment_of
@@ -170,28 +179,43 @@ class ClientCore:
             if len(g.ranges) != 1:
                 out.append([i])
                 continue
-            seg = segment_of(g.ranges[0][0])
-            group = groups.get(seg)
+            s = segment_of(g.ranges[0][0])
+            holder = (s + (r - s) % m) % n
+            group = groups.get(holder)
             if group is None:
-                group = groups[seg] = []
+                group = groups[holder] = []
             group.append(i)
             if len(group) >= limit:
                 out.append(group)
-                groups[seg] = []
+                groups[holder] = []
         out.extend(group for group in groups.values() if group)
-        return out
+        return out, r
 
-    def bundle(self, reads: list[tuple[Any, Gather]]) -> tuple[bytes, dict[str, Any]]:
+    def bundle(self, reads: list[tuple[Any, Gather]], offset: int) -> tuple[bytes, dict[str, Any]]:
         """``(payload, header)`` of one message carrying ``reads`` (``(op, gather)``
-        pairs from :meth:`read`): each read keeps its own ranges inside the payload's
-        bytes, the header names the range that holds them all, and the offset turns per
-        message as it does per read.  Raises ``TypeError`` for an op msgpack cannot
-        encode, as a read alone does at its submission."""
-        self._offset += 1
-        lo = min(g.ranges[0][0] for _, g in reads)
-        hi = max(g.ranges[-1][1] for _, g in reads)
+        pairs from :meth:`read`) at ``offset`` (from :meth:`bundles`): each read keeps
+        its own ranges inside the payload's bytes; the header names, for each piece of
+        the ring between two ids that the reads touch, the range from their lowest to
+        their highest bound there (a few ranges, never the whole ring for reads on both
+        sides of its wrap).  Raises ``TypeError`` for an op msgpack cannot encode, as a
+        read alone does at its submission."""
+        ks = self.keyspace
+        ids = ks.ids if ks is not None else ()
+        hulls: dict[int, list[Any]] = {}
+        for _, g in reads:
+            lo, hi = g.ranges[0][0], g.ranges[-1][1]
+            k = bisect_right(ids, lo)
+            h = hulls.get(k)
+            if h is None:
+                hulls[k] = [lo, hi]
+            else:
+                if lo < h[0]:
+                    h[0] = lo
+                if hi > h[1]:
+                    h[1] = hi
+        ranges = normalize((lo, hi) for lo, hi in hulls.values())
         payload = msgpack.packb(tuple((op, g.ranges) for op, g in reads), use_bin_type=True)
-        return payload, bundle_header(((lo, hi),), self._offset, len(reads))
+        return payload, bundle_header(ranges, offset, len(reads))
 
     def basic_targets(
         self, gather: Gather, avoid: frozenset[str] = frozenset()

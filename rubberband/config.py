@@ -21,7 +21,7 @@ header                                                      message
 ==========================================================  ===========================
 ``{"w": ranges}``                                           write (ROWA: every holder)
 ``{"r": ranges, "o": offset}``                              sequential read (a cover)
-``{"r": (hull,), "o": offset, "n": count}``                 a bundle of ``count`` reads
+``{"r": hulls, "o": offset, "n": count}``                   a bundle of ``count`` reads
 ``{"kind": "join"}``                                        join; storage joins standby
 ``{"kind": "part"}``                                        part
 ``{"kind": "suspect", "who": [p]}``                         a super's vote, one name
@@ -636,11 +636,12 @@ BUNDLE = "n"
 """Header key of a read bundle: one message carrying ``count`` independent reads.  Its
 payload is the msgpack bytes of a tuple of ``(op, ranges)`` pairs, opaque to the
 routers, which would otherwise decode and re-encode every read of it (parsing payloads
-cost the dissertation's routers 10-20 % of their throughput, 5.6.3); its ``"r"`` is the
-one range from the lowest to the highest bound of the reads, so that routing it costs
-what routing one read costs.  Each responder answers every read of it with one direct
+cost the dissertation's routers 10-20 % of their throughput, 5.6.3); its ``"r"`` holds,
+for each stretch of the ring between two ids that the reads touch, one range from their
+lowest to their highest bound there, so that routing it costs what routing one read of
+a few ranges costs.  Each responder answers every read of it with one direct
 message (:data:`rubberband.storage.RESULTS`).  A client with many reads in flight sends
-those of one ring segment this way, so that each role's cost per message (routing,
+those one storage process answers this way, so that each role's cost per message (routing,
 forwarding, tagging, decoding, the answer) is shared by the reads: the dissertation's
 clumping (3.5.9) applied by the client to reads.  A bundle is one consistent cut for all
 its reads, as a single read is for its own ranges."""

@@ -49,7 +49,7 @@ from rubberband.host import CONFIG, DESCRIBE
 from rubberband.storage import BASIC, RESULT, RESULTS, STALE
 
 BUNDLE_LIMIT = 32
-"""Reads of one ring segment that :meth:`RubberbandClient.read_batch` sends as one
+"""Reads for one responder that :meth:`RubberbandClient.read_batch` sends as one
 message by default (:data:`rubberband.config.BUNDLE`)."""
 BUNDLE_BYTES = 64 * 1024
 """A bundle's payload at most (reads with large operations go fewer to a message), far
@@ -272,7 +272,7 @@ class RubberbandClient:
         complete after ``timeout`` (default: ``answer_timeout``).  No retries here: the
         caller owns them, and counts them.  Returns the number of messages sent.
 
-        Sequential and snapshot reads of one ring segment travel up to ``bundle`` to a
+        Sequential and snapshot reads for one responder travel up to ``bundle`` to a
         message (:data:`rubberband.config.BUNDLE`; 1 sends each alone): each still
         completes, is refused or times out on its own, and a bundle is refused or shed
         as a whole."""
@@ -302,7 +302,7 @@ class RubberbandClient:
         sent: list[Any] = []
         """The request id of each item: a read's, or a bundle's."""
         if isolation != "basic":
-            groups = core.bundles(gathers, bundle)
+            groups, offset = core.bundles(gathers, bundle)
             while groups:
                 group = groups.pop()
                 if len(group) == 1:
@@ -312,7 +312,7 @@ class RubberbandClient:
                     items.append((ops[i], header))
                     sent.append(rids[i])
                     continue
-                payload, header = core.bundle([(ops[i], gathers[i]) for i in group])
+                payload, header = core.bundle([(ops[i], gathers[i]) for i in group], offset)
                 if len(payload) > BUNDLE_BYTES:  # large reads: fewer to a message
                     half = len(group) // 2
                     groups += (group[:half], group[half:])

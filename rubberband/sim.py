@@ -458,7 +458,8 @@ class RbProcess:
             other = ("get", (key_of(self.run.rng.randrange(KEYS)),))
             pair = [(query, gather), (other, c.read(other)[2])]
             op.index = int(self.run.rng.random() < 0.5)  # where in the bundle ours is
-            payload, header = c.bundle(pair if op.index == 0 else pair[::-1])
+            c._offset += 1
+            payload, header = c.bundle(pair if op.index == 0 else pair[::-1], c._offset)
         op.rid = ("q", self.pid, self.run.next_rid())
         header["q"] = op.rid
         if op.level == "sequential":

@@ -323,8 +323,9 @@ class StorageCore:
                 if type(sub) is not tuple or len(sub) != 2 or type(sub[1]) is not tuple:
                     return None
                 op, ranges = sub
-                for piece in pieces:
-                    part = clip(ranges[0], piece) if len(ranges) == 1 else intersect(ranges, piece)
+                one = ranges[0] if len(ranges) == 1 else None
+                for piece in pieces:  # at most f: the segments this process holds
+                    part = clip(one, piece) if one is not None else intersect(ranges, piece)
                     if part:
                         items.append((i, op, piece, part))
         except (TypeError, ValueError, IndexError):  # ranges that are not range sets

@@ -289,7 +289,7 @@ def read_isolation(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--window", type=int, default=256, help="reads in flight per client")
     ap.add_argument("--bundle", type=int, default=32,
-                    help="reads of one segment per message (read_batch's bundle)")  # fmt: skip
+                    help="reads for one responder per message (read_batch's bundle)")  # fmt: skip
     ap.add_argument("--no-alone", action="store_true",
                     help="skip the rows that send each read alone (bundle 1)")  # fmt: skip
     args = ap.parse_args(argv)

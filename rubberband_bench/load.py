@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         "--bundle",
         type=int,
         default=None,
-        help="sequential and snapshot reads of one segment sent as one message, at most "
+        help="sequential and snapshot reads for one responder sent as one message, at most "
         "this many (default: the SDK's, 32; 1: each alone)",
     )
     ap.add_argument("--trace", action="store_true")

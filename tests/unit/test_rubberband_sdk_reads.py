@@ -164,8 +164,10 @@ def _batch_of_reads(silent: bool, shed: bool = False) -> tuple[dict[int, Any], A
 def test_read_batch_bundles_reads_and_completes_each_alone() -> None:
     got, sent, left = _batch_of_reads(silent=False)
     assert got == {k: ({k: f"v{k}"} if k % 2 == 0 else {}) for k in range(200)}
-    # 200 reads over two segments, 16 to a message.
-    assert len(sent) == 14 and all(h.get("n") == len(msgpack.unpackb(p)) for p, h in sent)
+    # 200 reads over two segments, 16 to a message (one holder may answer both).
+    counts = [len(msgpack.unpackb(p)) for p, _ in sent]
+    assert all(h.get("n") == n for (_, h), n in zip(sent, counts, strict=True))
+    assert sum(counts) == 200 and max(counts) == 16 and len(sent) <= 14
     assert left == ({}, {}, {})  # nothing kept once every read completed
 
 

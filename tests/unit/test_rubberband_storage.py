@@ -448,13 +448,13 @@ def bundled_reads(m: Model, level: str, ops: list[Any], limit: int = 8) -> list[
     client.learn(m.config.version, m.config.keyspace.to_state())
     reads = [client.read(op) for op in ops]
     gathers = [g for _, _, g in reads]
-    groups = client.bundles(gathers, limit)
+    groups, offset = client.bundles(gathers, limit)
     assert sorted(i for g in groups for i in g) == list(range(len(ops)))
     for group in groups:
         if len(group) == 1:
             payload, header = reads[group[0]][0], reads[group[0]][1]
         else:
-            payload, header = client.bundle([(ops[i], gathers[i]) for i in group])
+            payload, header = client.bundle([(ops[i], gathers[i]) for i in group], offset)
         header["q"] = rid = ("b", tuple(group))
         if level == "sequential":
             m.send("client:c", header, payload)
@@ -493,7 +493,7 @@ def test_a_read_bundle_answers_each_of_its_reads_alone(level: str) -> None:
     ops += [("get", (99, 100, 102)), ("scan", 90, 130), ("get", (1,))]
     client = ClientCore(KVOps())
     client.learn(m.config.version, m.config.keyspace.to_state())
-    groups = client.bundles([client.read(op)[2] for op in ops], 8)
+    groups, _ = client.bundles([client.read(op)[2] for op in ops], 8)
     assert max(len(g) for g in groups) == 8  # the limit holds, and is reached
     assert len(groups) < len(ops) / 3
     got = bundled_reads(m, level, ops)
@@ -504,18 +504,37 @@ def test_a_read_bundle_answers_each_of_its_reads_alone(level: str) -> None:
             assert answer == [(k, -k) for k in range(90, 130) if k % 3 == 0]
 
 
-def test_bundles_group_one_range_reads_by_segment_only() -> None:
-    m = grown(4)
+def test_a_bundle_reaches_one_responder_and_every_holder_takes_turns() -> None:
+    """Reads grouped by the holder the routers' cover picks at the bundle's offset: the
+    cover of each bundle is one process, even for reads on both sides of the ring's
+    wrap, and as the offset turns from batch to batch every process answers some."""
+    m = grown(7, f=3)
     client = ClientCore(KVOps())
-    assert client.bundles([], 8) == []
+    assert client.bundles([], 8) == ([], 0)
     _, _, lone = client.read(("get", (5,)))
-    assert client.bundles([lone, lone], 8) == [[0], [1]]  # no keyspace known yet
+    assert client.bundles([lone, lone], 8)[0] == [[0], [1]]  # no keyspace known yet
     client.learn(m.config.version, m.config.keyspace.to_state())
-    gathers = [client.read(("get", (k,)))[2] for k in (5, 150, 6, 7, 151, 350)]
-    gathers.append(client.read(("get", (8, 9)))[2])  # two ranges: alone
-    assert sorted(map(sorted, client.bundles(gathers, 8))) == [[0, 2, 3], [1, 4], [5], [6]]
-    assert sorted(map(sorted, client.bundles(gathers, 2))) == [[0, 2], [1, 4], [3], [5], [6]]
-    assert client.bundles(gathers, 1) == [[i] for i in range(7)]
+    keys = [5, 99, 100, 150, 250, 310, 399, 450, 590, 601, 650, 699, -3, 10**9]
+    responders: set[str] = set()
+    for _ in range(6):
+        gathers = [client.read(("get", (k,)))[2] for k in keys]
+        gathers.append(client.read(("get", (8, 309)))[2])  # two ranges: alone
+        groups, offset = client.bundles(gathers, 8)
+        assert [len(keys)] in groups and sorted(i for g in groups for i in g) == list(
+            range(len(gathers))
+        )
+        assert len(groups) <= 4  # 7 segments, 3 holders each
+        for group in groups:
+            if len(group) == 1:
+                continue
+            payload, header = client.bundle(
+                [(("get", (keys[i],)), gathers[i]) for i in group], offset
+            )
+            cover = m.config.destset(Message("client:c", 1, header, payload))
+            assert len(cover) == 1, (group, header["r"], cover)
+            responders |= cover
+    assert responders == set(m.storage)
+    assert client.bundles(gathers, 1)[0] == [[i] for i in range(len(gathers))]
 
 
 def test_a_malformed_or_refused_bundle_is_one_answer_for_all_its_reads() -> None:
@@ -524,7 +543,7 @@ def test_a_malformed_or_refused_bundle_is_one_answer_for_all_its_reads() -> None
     client = ClientCore(KVOps())
     client.learn(m.config.version, m.config.keyspace.to_state())
     g5, g6 = client.read(("get", (5,)))[2], client.read(("get", (6,)))[2]
-    payload, header = client.bundle([(("get", (5,)), g5), (("get", (6,)), g6)])
+    payload, header = client.bundle([(("get", (5,)), g5), (("get", (6,)), g6)], 1)
     header["q"] = "b1"
     core = m.storage[sorted(m.config.destset(Message("client:c", 1, header, payload)))[0]]
     msg = Message("client:c", (("u", 0, "client:c"), 1), header, payload)
