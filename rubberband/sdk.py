@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import importlib
 import itertools
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,8 @@ from rubberband.client import (
 )
 from rubberband.host import CONFIG, DESCRIBE
 from rubberband.storage import BASIC, RESULT, RESULTS, STALE
+
+log = logging.getLogger("rubberband.sdk")
 
 BUNDLE_LIMIT = 32
 """Reads for one responder that :meth:`RubberbandClient.read_batch` sends as one
@@ -80,53 +83,65 @@ class RubberbandClient:
     # ------------------------------------------------------------------ plumbing
     async def _read_direct(self) -> None:
         while True:
-            _, p = await self.ecast.receive_direct()
-            if type(p) is not tuple or not p:
-                continue
-            if p[0] == RESULT and len(p) == 7:
-                wfut = self._writes.get(p[1])
-                if wfut is not None:
-                    if not wfut.done():
-                        wfut.set_result(p[4])
-                    continue
-                entry = self._reads.get(p[1])
-                if entry is not None:
-                    entry[0].add(p[2], p[3], p[4], p[5], p[6])
-                    entry[1].set()
-                else:  # a refusal or error of a whole bundle
-                    bundle = self._bundles.get(p[1])
-                    if bundle is not None:
-                        for rid in bundle.rids:
-                            entry = self._reads.get(rid)
-                            if entry is not None:
-                                entry[0].add(p[2], p[3], p[4], p[5], p[6])
-                                entry[1].set()
-                        self._settle(p[1], bundle)
-            elif p[0] == RESULTS and len(p) == 5:
+            src, p = await self.ecast.receive_direct()
+            try:
+                self._on_direct(p)
+            except Exception:
+                # A malformed answer (from any storage process) or a ``done`` callback
+                # that raised must not end the one task that completes every read.
+                log.exception("event=bad_answer from=%s", src)
+
+    def _on_direct(self, p: Any) -> None:
+        if type(p) is not tuple or not p:
+            return
+        if p[0] == RESULT and len(p) == 7:
+            wfut = self._writes.get(p[1])
+            if wfut is not None:
+                if not wfut.done():
+                    wfut.set_result(p[4])
+                return
+            entry = self._reads.get(p[1])
+            if entry is not None:
+                entry[0].add(p[2], p[3], p[4], p[5], p[6])
+                entry[1].set()
+            else:  # a refusal or error of a whole bundle
                 bundle = self._bundles.get(p[1])
-                if bundle is None or type(p[4]) is not tuple:
+                if bundle is not None:
+                    for rid in bundle.rids:
+                        entry = self._reads.get(rid)
+                        if entry is not None:
+                            entry[0].add(p[2], p[3], p[4], p[5], p[6])
+                            entry[1].set()
+                    self._settle(p[1], bundle)
+        elif p[0] == RESULTS and len(p) == 5:
+            bundle = self._bundles.get(p[1])
+            if bundle is None or type(p[4]) is not tuple:
+                return
+            rids, reads, position, ok = bundle.rids, self._reads, p[2], p[3]
+            for answer in p[4]:
+                if type(answer) is not tuple or len(answer) != 4:
                     continue
-                rids, reads, position, ok = bundle.rids, self._reads, p[2], p[3]
-                for answer in p[4]:
-                    if type(answer) is not tuple or len(answer) != 4:
-                        continue
-                    i = answer[0]
-                    if type(i) is not int or not 0 <= i < len(rids):
-                        continue
-                    entry = reads.get(rids[i])
-                    if entry is not None:
-                        entry[0].add(answer[1], answer[2], answer[3], position, ok)
-                        entry[1].set()
-                self._settle(p[1], bundle)
-            elif p[0] == STALE and len(p) == 4:
-                self.core.learn(p[2], p[3])
-                entry = self._reads.get(p[1])
+                i = answer[0]
+                if type(i) is not int or not 0 <= i < len(rids):
+                    continue
+                entry = reads.get(rids[i])
                 if entry is not None:
+                    try:
+                        entry[0].add(answer[1], answer[2], answer[3], position, ok)
+                    except (TypeError, ValueError, IndexError):  # not a range set
+                        log.warning("event=bad_answer read=%s covered=%.60r", i, answer[1])
+                        continue
                     entry[1].set()
-            elif p[0] == CONFIG and len(p) == 5:
-                fut = self._described.pop(p[1], None)
-                if fut is not None and not fut.done():
-                    fut.set_result(p)
+            self._settle(p[1], bundle)
+        elif p[0] == STALE and len(p) == 4:
+            self.core.learn(p[2], p[3])
+            entry = self._reads.get(p[1])
+            if entry is not None:
+                entry[1].set()
+        elif p[0] == CONFIG and len(p) == 5:
+            fut = self._described.pop(p[1], None)
+            if fut is not None and not fut.done():
+                fut.set_result(p)
 
     def _on_shed(self, ids: tuple[Any, ...]) -> None:
         """Some snapshot reads reached not every responder (a router no longer leading, or
@@ -328,7 +343,10 @@ class RubberbandClient:
                 entry = reads.pop(rid, None)
                 if entry is not None:
                     self._unsafe.pop(entry[1].mid, None)
-                    done(entry[1].op, None)
+                    try:
+                        done(entry[1].op, None)
+                    except Exception:  # the caller's: the other reads still time out
+                        log.exception("event=done_failed read=%.60r", entry[1].op)
             for rid in sent:
                 bundle = self._bundles.pop(rid, None)
                 if bundle is not None and bundle.mid is not None:
@@ -535,7 +553,10 @@ class _Completion:
         if self.gather.complete and self.client._reads.pop(self.rid, None) is not None:
             if self.mid is not None:
                 self.client._unsafe.pop(self.mid, None)
-            self.done(self.op, self.gather)
+            try:
+                self.done(self.op, self.gather)
+            except Exception:  # the caller's: the other reads of the answer go on
+                log.exception("event=done_failed read=%.60r", self.op)
 
 
 def load_ops(ops: Any) -> Any:

@@ -87,9 +87,11 @@ class _BundleWire:
     """Stands in for the E-Cast client of ``read_batch``: unsafe messages go to the
     model's storage cores at once (unless ``silent``), their answers to the inbox."""
 
-    def __init__(self, m: Model, silent: bool = False) -> None:
+    def __init__(self, m: Model, silent: bool = False, hostile: bool = False) -> None:
         self.m = m
         self.silent = silent
+        self.hostile = hostile
+        """Before the real answers to a bundle, a malformed one from a storage process."""
         self.inbox: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.sent: list[tuple[Any, Any]] = []
         self.shed_listener: Any = None
@@ -105,6 +107,9 @@ class _BundleWire:
             if self.silent:
                 continue
             msg = Message("client:c", mid, header, payload)
+            if self.hostile:
+                bad = ("resn", header["q"], 1, True, ((0, "not ranges", {}, None),))
+                self.inbox.put_nowait(("storage:0", bad))
             for d in sorted(self.m.config.destset(msg)):
                 for o in self.m.storage[d].deliver_unsafe(msg, self.m.t, True):
                     self.inbox.put_nowait((d, o[2]))
@@ -219,3 +224,37 @@ def test_reads_with_large_operations_go_fewer_to_a_bundle() -> None:
     # About 15 KB a read (the key in the op and twice in its range): split into
     # bundles of four, not sent one by one.
     assert sum("n" in h for _, h in sent) == len(sent) <= len(keys) // 3
+
+
+def test_a_malformed_answer_or_a_raising_callback_does_not_stop_the_reader() -> None:
+    """One task completes every read: an answer it cannot use (from any storage process)
+    and a ``done`` that raises are logged, and every other read still completes."""
+    m = Model(f=3)
+    for i in range(3):
+        m.join_storage(f"storage:{i}")
+        m.reconfigure(("expand", f"storage:{i}", i * 100))
+        m.settle()
+    m.write(("put", ((5, "five"),)))
+    m.settle()
+    got: list[Any] = []
+
+    async def go() -> None:
+        core = ClientCore(KVOps())
+        core.learn(m.config.version, m.config.keyspace.to_state())
+        wire = _BundleWire(m, hostile=True)
+        rb = RubberbandClient(wire, core, answer_timeout=1.0)  # type: ignore[arg-type]
+        finished = asyncio.Event()
+
+        def done(op: Any, gather: Any) -> None:
+            got.append(rb.core.result(gather) if gather is not None else None)
+            if len(got) == 20:
+                finished.set()
+            if len(got) == 1:
+                raise RuntimeError("the caller's own bug")
+
+        await rb.read_batch([("get", (5 + k,)) for k in range(20)], "snapshot", done)
+        await asyncio.wait_for(finished.wait(), 2.0)
+        await rb.close()
+
+    asyncio.run(go())
+    assert len(got) == 20 and None not in got and {5: "five"} in got
