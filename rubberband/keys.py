@@ -250,8 +250,8 @@ def intersect(a: RangeSet, b: RangeSet) -> RangeSet:
 
 def clip(rng: Range, rs: RangeSet) -> RangeSet:
     """``intersect((rng,), rs)`` by bisection: what ``rs`` holds of one range, without
-    walking all of ``rs`` (a storage process clips each read of a bundle to what it
-    holds, and a bundle's union has a range per read)."""
+    walking all of ``rs`` (a storage process clips each read of a bundle, up to 32, to
+    each piece it holds of the bundle, which may itself be many ranges)."""
     lo, hi = rng
     if not lo < hi:
         return ()
