@@ -144,14 +144,24 @@ class ClientCore:
         per read so that load spreads over the replicas (4.3).  ``within`` restricts the
         read to part of the placement space (one storage range of a parallel export):
         responders answer only for what the header names."""
+        gather = self.gather(op, within)
+        return op, self.header(gather), gather
+
+    def gather(self, op: Any, within: RangeSet | None = None) -> Gather:
+        """What a read of ``op`` will gather (:meth:`read` without its message, for a
+        read that may travel in a bundle); raises :class:`BadOperation` for a bad op."""
         part = self.ops.part_fun(op, self.placement)
         if part.kind != "read":
             raise BadOperation(f"{op_name(op)!r} is a write, not a read")
         ranges = part.ranges if within is None else intersect(part.ranges, within)
         if not ranges:
             raise BadOperation(f"{op_name(op)!r} reads nothing inside the ranges asked for")
+        return Gather(op, ranges)
+
+    def header(self, gather: Gather) -> dict[str, Any]:
+        """The header of a read sent alone, at the next offset."""
         self._offset += 1
-        return op, read_header(ranges, self._offset), Gather(op, ranges)
+        return read_header(gather.ranges, self._offset)
 
     def bundles(self, gathers: list[Gather], limit: int) -> tuple[list[list[int]], int]:
         """Which reads of a batch share a message (:data:`rubberband.config.BUNDLE`), and
@@ -191,14 +201,20 @@ class ClientCore:
         out.extend(group for group in groups.values() if group)
         return out, r
 
-    def bundle(self, reads: list[tuple[Any, Gather]], offset: int) -> tuple[bytes, dict[str, Any]]:
+    def bundle(
+        self, reads: list[tuple[Any, Gather]], offset: int | None = None
+    ) -> tuple[bytes, dict[str, Any]]:
         """``(payload, header)`` of one message carrying ``reads`` (``(op, gather)``
-        pairs from :meth:`read`) at ``offset`` (from :meth:`bundles`): each read keeps
+        pairs from :meth:`gather`) at ``offset`` (from :meth:`bundles`; None: the next
+        one): each read keeps
         its own ranges inside the payload's bytes; the header names, for each piece of
         the ring between two ids that the reads touch, the range from their lowest to
         their highest bound there (a few ranges, never the whole ring for reads on both
         sides of its wrap).  Raises ``TypeError`` for an op msgpack cannot encode, as a
         read alone does at its submission."""
+        if offset is None:
+            self._offset += 1
+            offset = self._offset
         ks = self.keyspace
         ids = ks.ids if ks is not None else ()
         hulls: dict[int, list[Any]] = {}

@@ -299,15 +299,13 @@ class RubberbandClient:
         reads = self._reads
         rids: list[Any] = []
         gathers: list[Gather] = []
-        headers: list[dict[str, Any]] = []
         basic = 0
         for op in ops:
-            payload, header, gather = core.read(op)
+            gather = core.gather(op)
             rid = ("q", next(self._rid))
             reads[rid] = (gather, _Completion(self, rid, op, gather, done))
             rids.append(rid)
             gathers.append(gather)
-            headers.append(header)
             if isolation == "basic":
                 version = core.version
                 for target, ranges in core.basic_targets(gather, frozenset()).items():
@@ -322,7 +320,7 @@ class RubberbandClient:
                 group = groups.pop()
                 if len(group) == 1:
                     i = group[0]
-                    header = headers[i]
+                    header = core.header(gathers[i])
                     header["q"] = rids[i]
                     items.append((ops[i], header))
                     sent.append(rids[i])

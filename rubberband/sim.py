@@ -456,10 +456,9 @@ class RbProcess:
         op.tries += 1
         if self.run.cfg.bundle and op.level != "basic":
             other = ("get", (key_of(self.run.rng.randrange(KEYS)),))
-            pair = [(query, gather), (other, c.read(other)[2])]
+            pair = [(query, gather), (other, c.gather(other))]
             op.index = int(self.run.rng.random() < 0.5)  # where in the bundle ours is
-            c._offset += 1
-            payload, header = c.bundle(pair if op.index == 0 else pair[::-1], c._offset)
+            payload, header = c.bundle(pair if op.index == 0 else pair[::-1])
         op.rid = ("q", self.pid, self.run.next_rid())
         header["q"] = op.rid
         if op.level == "sequential":

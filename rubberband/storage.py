@@ -83,6 +83,8 @@ reads (one message carrying many, see :data:`BUNDLE`); each answer is ``(index, 
 result, error)`` for one read of the bundle and one piece of what this process holds of
 it (:data:`rubberband.config.BUNDLE`).  ``position`` and ``ok`` as in :data:`RESULT`; a
 refusal or a malformed bundle is one :data:`RESULT` for all of its reads."""
+MALFORMED_BUNDLE = "a read bundle is a tuple of (op, ranges) pairs, as many as its count"
+"""The error every read of a malformed bundle gets."""
 BASIC = "basic"
 """client -> storage: ``("basic", request_id, op, ranges, version)``: a basic read."""
 STALE = "stale"
@@ -280,7 +282,7 @@ class StorageCore:
         rid = msg.header.get("q", msg.id)
         subs = self._bundle_items(msg, mine)
         if subs is None:
-            error = "a read bundle is a tuple of (op, ranges) pairs, as many as its count"
+            error = MALFORMED_BUNDLE
             out.append(("direct", msg.sender, (RESULT, rid, mine, None, error, position, True)))
             return
         try:
@@ -471,7 +473,7 @@ class StorageCore:
                 rid = h.get("q", m.id)
                 subs = None if self.incomplete else self._bundle_items(m, mine)
                 if subs is None:  # nothing answered from a copy with gaps, or malformed
-                    error = None if self.incomplete else "a malformed read bundle"
+                    error = None if self.incomplete else MALFORMED_BUNDLE
                     answer = (RESULT, rid, NOTHING, None, error, None, True)
                     out.append(("direct", m.sender, answer))
                     continue

@@ -25,6 +25,7 @@ from typing import Any
 
 from ecast import local
 from rubberband.tools.cli import run as _cli
+from rubberband_bench.load import COUNTS
 
 BUCKET_S = 0.0001
 
@@ -254,8 +255,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     hist: dict[int, int] = {}
     trace: dict[int, int] = {}
     per_client: list[int] = []
-    counts = {"refused": 0, "retries": 0, "errors": 0, "timeouts": 0, "undelivered": 0}
-    counts |= {"reads_sent": 0, "read_messages": 0}
+    counts = dict.fromkeys(COUNTS, 0)
     measure = max(r["measure_s"] for r in results)
     for r in results:
         for b, n in r["latency_hist"]:

@@ -43,6 +43,11 @@ def value_text(size: int) -> str:
     return os.urandom(size // 2 + 1).hex()[:size]
 
 
+COUNTS = ("refused", "retries", "errors", "timeouts", "undelivered", "reads_sent", "read_messages")
+"""What a load process counts and reports; ``reads_sent`` and ``read_messages`` are the
+reads sent and the messages that carried them (bundles), over the whole run."""
+
+
 class Stats:
     """What every client of this process counts, together."""
 
@@ -50,10 +55,7 @@ class Stats:
         self.warm, self.end = warm, end
         self.hist: dict[int, int] = {}
         self.trace: dict[int, int] = {}
-        self.counts = {"refused": 0, "retries": 0, "errors": 0, "timeouts": 0, "undelivered": 0}
-        self.counts |= {"reads_sent": 0, "read_messages": 0}
-        """Reads sent and the messages that carried them (bundles, 4.5.2), over the
-        whole run."""
+        self.counts = dict.fromkeys(COUNTS, 0)
         self.trace_on = False
 
     def done(self, client: Client, t0: float, now: float, wall: float) -> None:
