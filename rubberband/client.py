@@ -29,8 +29,17 @@ from typing import Any, Literal
 
 import msgpack
 
-from rubberband.config import bundle_header, read_header, write_header
-from rubberband.keys import NOTHING, RangeSet, covers, difference, intersect, normalize, union
+from rubberband.config import bundle_header, read_header, write_bundle_header, write_header
+from rubberband.keys import (
+    MAX_EKEY,
+    NOTHING,
+    RangeSet,
+    covers,
+    difference,
+    intersect,
+    normalize,
+    union,
+)
 from rubberband.placement import BadKeyspace, Keyspace
 from storage_adapters.base import BadOperation, Placement
 
@@ -138,6 +147,86 @@ class ClientCore:
         if part.kind != "write":
             raise BadOperation(f"{op_name(op)!r} is a read, not a write")
         return op, write_header(part.ranges)
+
+    def writes(
+        self, ops: list[Any], limit: int, max_bytes: int
+    ) -> list[tuple[tuple[int, ...], Any, dict[str, Any]]]:
+        """The messages that carry a batch of writes, in the order to submit them:
+        ``(indices, payload, header)``, ``indices`` being the positions in ``ops`` of the
+        writes a message carries.  Raises :class:`BadOperation` for a bad op, before
+        anything is built.
+
+        Writes of one key's segment that touch one range each travel up to ``limit`` to
+        a message (:func:`rubberband.config.write_bundle_header`), its payload at most
+        ``max_bytes`` unless it carries one write: one message to that segment's holders
+        for all of them, where each alone cost every role a message.  The writes of a
+        batch are independent: writes to different segments may be ordered in any order
+        among themselves, while two writes that touch a common key stay in batch order
+        (same segment, same message or an earlier one), and every write of a batch is
+        ordered after the writes of earlier batches.  A write of several ranges, of a
+        range across segments, or one the client waits to hear about
+        (``ops.answered``) travels alone, after every bundle begun before it.  Grouped by
+        the client's copy of the keyspace: with a stale copy a bundle may reach more
+        holders than one segment's, and each applies what it holds."""
+        part_fun, placement = self.ops.part_fun, self.placement
+        parts: list[RangeSet] = []
+        for op in ops:
+            part = part_fun(op, placement)
+            if part.kind != "write":
+                raise BadOperation(f"{op_name(op)!r} is a read, not a write")
+            parts.append(part.ranges)
+        ks = self.keyspace
+        if ks is None or not len(ks) or limit <= 1:
+            return [((i,), ops[i], write_header(r)) for i, r in enumerate(parts)]
+        answered = getattr(self.ops, "answered", None)
+        ids = ks.ids
+        uppers = (*ids, MAX_EKEY)
+        out: list[tuple[tuple[int, ...], Any, dict[str, Any]]] = []
+        groups: dict[int, list[int]] = {}
+        """Indices waiting to travel, by piece of the ring (``bisect_right(ids, key)``:
+        the two ends of the wrapping segment are two pieces, each with its own bundle)."""
+        for i, ranges in enumerate(parts):
+            k = -1
+            if len(ranges) == 1 and (answered is None or not answered(ops[i])):
+                lo, hi = ranges[0]
+                k = bisect_right(ids, lo)
+                if hi > uppers[k]:
+                    k = -1
+            if k < 0:  # travels alone, behind everything begun before it
+                for group in groups.values():
+                    if group:
+                        out.extend(self._write_bundles(ops, parts, group, max_bytes))
+                groups.clear()
+                out.append(((i,), ops[i], write_header(ranges)))
+                continue
+            group = groups.get(k)
+            if group is None:
+                group = groups[k] = []
+            group.append(i)
+            if len(group) >= limit:
+                out.extend(self._write_bundles(ops, parts, group, max_bytes))
+                groups[k] = []
+        for group in groups.values():
+            if group:
+                out.extend(self._write_bundles(ops, parts, group, max_bytes))
+        return out
+
+    def _write_bundles(
+        self, ops: list[Any], parts: list[RangeSet], group: list[int], max_bytes: int
+    ) -> list[tuple[tuple[int, ...], Any, dict[str, Any]]]:
+        """One piece's writes as messages (halves in order where too large)."""
+        if len(group) == 1:
+            i = group[0]
+            return [((i,), ops[i], write_header(parts[i]))]
+        payload = msgpack.packb(tuple((ops[i], parts[i]) for i in group), use_bin_type=True)
+        if len(payload) > max_bytes:
+            half = len(group) // 2
+            return self._write_bundles(ops, parts, group[:half], max_bytes) + (
+                self._write_bundles(ops, parts, group[half:], max_bytes)
+            )
+        lo = min(parts[i][0][0] for i in group)
+        hi = max(parts[i][0][1] for i in group)
+        return [(tuple(group), payload, write_bundle_header(((lo, hi),), len(group)))]
 
     def read(self, op: Any, within: RangeSet | None = None) -> tuple[Any, dict[str, Any], Gather]:
         """``(payload, header, gather)`` of a sequential or snapshot read; the offset turns

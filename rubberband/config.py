@@ -651,6 +651,15 @@ def bundle_header(ranges: RangeSet, offset: int, count: int) -> dict[str, Any]:
     return {"r": ranges, "o": offset, BUNDLE: count}
 
 
+def write_bundle_header(ranges: RangeSet, count: int) -> dict[str, Any]:
+    """A write bundle: ``count`` writes in one message, the payload as a read bundle's.
+    Its ``"w"`` is one range inside one segment, from the writes' lowest bound to their
+    highest (the client bundles only writes of one segment), so the routers route it as
+    one write to that segment's holders, and each holder applies every write of it at
+    the message's one position, in the order of the payload."""
+    return {"w": ranges, BUNDLE: count}
+
+
 def keyspace_header(version: int, op: tuple[Any, ...], instructions: Any) -> dict[str, Any]:
     """``op`` as in the module docstring, ``instructions`` a plan's ``to_wire()``."""
     return {KIND: KEYSPACE, "v": version, "op": tuple(op), "ins": tuple(instructions)}

@@ -220,6 +220,76 @@ class RubberbandClient:
             if fut is not None:
                 self._writes.pop(header["q"], None)
 
+    async def write_batch(
+        self, ops: list[Any], timeout: float | None = None, bundle: int = BUNDLE_LIMIT
+    ) -> list[Exception | None]:
+        """Many writes at once: one outcome per op, in order, None for a write that is
+        stable, else the exception :meth:`write` would have raised for it.  Raises at
+        once, sending nothing, for a bad op.
+
+        Writes of one segment travel up to ``bundle`` to a message (1 sends each alone;
+        see :meth:`ClientCore.writes`): the writes of a batch are independent, so writes
+        to different segments may take effect in either order, while writes that touch a
+        common key keep their order in the batch, and the whole batch is ordered after
+        every write of an earlier call from this client."""
+        ops = list(ops)
+        messages = self.core.writes(ops, bundle, BUNDLE_BYTES)
+        answered = getattr(self.core.ops, "answered", None)
+        outcomes: list[Exception | None] = [None] * len(ops)
+        sent: list[tuple[tuple[int, ...], asyncio.Future[Any], Any]] = []
+        wait = timeout if timeout else -1.0
+        try:
+            for indices, payload, header in messages:
+                rid: Any = None
+                if len(indices) == 1 and answered is not None and answered(ops[indices[0]]):
+                    rid = header["q"] = ("w", next(self._rid))
+                    header["a"] = 1
+                    self._writes[rid] = asyncio.get_running_loop().create_future()
+                try:
+                    ack = await self.ecast.enqueue(payload, header, timeout=wait)
+                except Exception as e:  # no room in time, or the client ended: not sent
+                    for i in indices:
+                        outcomes[i] = e
+                    if rid is not None:
+                        self._writes.pop(rid, None)
+                    continue
+                sent.append((indices, ack, rid))
+            for indices, ack, rid in sent:
+                error = await self._written(ops[indices[0]], ack, rid, wait)
+                for i in indices:
+                    outcomes[i] = error
+        finally:
+            for _, _, rid in sent:
+                if rid is not None:
+                    self._writes.pop(rid, None)
+        return outcomes
+
+    async def _written(
+        self, op: Any, ack: asyncio.Future[Any], rid: Any, timeout: float
+    ) -> Exception | None:
+        """The outcome of one message of :meth:`write_batch`."""
+        wait = self.ecast.ack_timeout if timeout < 0 else timeout
+        try:
+            done = await asyncio.wait_for(asyncio.shield(ack), wait)
+        except TimeoutError:
+            return TimeoutError(
+                f"the acknowledgement did not come within {wait:g} s; the write is still "
+                "in flight and may yet take effect"
+            )
+        except Exception as e:
+            return e
+        if not done.delivered:
+            return Unavailable(f"no holder is left for some key of {op_name(op)}")
+        if rid is None:
+            return None
+        try:
+            error = await asyncio.wait_for(self._writes[rid], self.answer_timeout)
+        except TimeoutError:
+            return Indeterminate(
+                f"{op_name(op)} is stable but no holder answered in {self.answer_timeout:g} s"
+            )
+        return None if error is None else Rejected(error)
+
     async def read(
         self,
         op: Any,

@@ -82,9 +82,11 @@ RESULTS = "resn"
 reads (one message carrying many, see :data:`BUNDLE`); each answer is ``(index, covered,
 result, error)`` for one read of the bundle and one piece of what this process holds of
 it (:data:`rubberband.config.BUNDLE`).  ``position`` and ``ok`` as in :data:`RESULT`; a
-refusal or a malformed bundle is one :data:`RESULT` for all of its reads."""
-MALFORMED_BUNDLE = "a read bundle is a tuple of (op, ranges) pairs, as many as its count"
-"""The error every read of a malformed bundle gets."""
+refusal or a malformed bundle is one :data:`RESULT` for all of its reads.  A bundle of
+writes is answered only for the writes the engine rejected, with the same message."""
+MALFORMED_BUNDLE = "a bundle is a tuple of (op, ranges) pairs, as many as its count"
+"""The error every read of a malformed bundle gets (and a write bundle's sender: no
+write of it is applied)."""
 BASIC = "basic"
 """client -> storage: ``("basic", request_id, op, ranges, version)``: a basic read."""
 STALE = "stale"
@@ -465,10 +467,23 @@ class StorageCore:
         ``ranges``, the answer covers ``covered``; index -1 for a message's own op, else
         the read's index in a bundle (see :meth:`_bundle_items`)."""
         bundles: dict[int, tuple[Message, list[Any]]] = {}
+        writes: set[int] = set()
+        """Bundles of writes (by ``id``), answered only for rejected writes."""
         for m, mine in batch:
             h = m.header
             if "r" not in h:
-                items.append((m, m.payload, mine, mine, -1))
+                if BUNDLE not in h:
+                    items.append((m, m.payload, mine, mine, -1))
+                    continue
+                subs = self._write_items(m, mine)
+                if subs is None:
+                    rid = h.get("q", m.id)
+                    answer = (RESULT, rid, NOTHING, None, MALFORMED_BUNDLE, None, True)
+                    out.append(("direct", m.sender, answer))
+                    continue
+                bundles[id(m)] = (m, [])
+                writes.add(id(m))
+                items.extend((m, op, part, part, i) for i, op, part in subs)
             elif BUNDLE in h:
                 rid = h.get("q", m.id)
                 subs = None if self.incomplete else self._bundle_items(m, mine)
@@ -499,8 +514,11 @@ class StorageCore:
                 counted = (id(m), i)
                 self.stats.rejected += 1
             if i >= 0:
-                answer = (i, mine, None, str(res)) if bad else (i, mine, res, None)
-                bundles[id(m)][1].append(answer)
+                if id(m) not in writes:
+                    answer = (i, mine, None, str(res)) if bad else (i, mine, res, None)
+                    bundles[id(m)][1].append(answer)
+                elif bad:
+                    bundles[id(m)][1].append((i, mine, None, str(res)))
                 continue
             h = m.header
             # Reads are answered; writes when the client asked ("a": an operation whose
@@ -512,8 +530,40 @@ class StorageCore:
                 payload = (RESULT, rid, mine, None if bad else res, str(res) if bad else None)
                 out.append(("direct", m.sender, (*payload, None, True)))
         for m, answers in bundles.values():
-            rid = m.header.get("q", m.id)
-            out.append(("direct", m.sender, (RESULTS, rid, None, True, tuple(answers))))
+            if answers or id(m) not in writes:
+                rid = m.header.get("q", m.id)
+                out.append(("direct", m.sender, (RESULTS, rid, None, True, tuple(answers))))
+
+    def _write_items(self, msg: Message, mine: RangeSet) -> list[tuple[int, Any, RangeSet]] | None:
+        """A write bundle's writes that touch what this process holds of it: ``(index,
+        op, part)``, the engine applying ``op`` to ``part`` only, in payload order; None
+        for a malformed bundle.
+
+        ``part`` is the write's own ranges (which nobody checked) clipped to ``mine``
+        (the header's range, which :meth:`_mine` checked, and what this process holds
+        of it): an engine applies a write to the part of a range set it is given, so a
+        write whose ranges do not name one of its keys changes that key nowhere, on no
+        replica.  The whole bundle is checked before anything is applied, the same way
+        on every replica (what a process holds plays no part in it): a malformed write
+        anywhere in it, and no replica applies any."""
+        blob, n = msg.payload, msg.header.get(BUNDLE)
+        if type(blob) is not bytes or type(n) is not int:
+            return None
+        try:
+            subs = msgpack.unpackb(blob, use_list=False, raw=False, strict_map_key=False)
+        except Exception:  # whatever the bytes are, they are not a bundle
+            return None
+        if type(subs) is not tuple or len(subs) != n:
+            return None
+        for sub in subs:
+            if type(sub) is not tuple or len(sub) != 2 or not is_range_set(sub[1]):
+                return None
+        items: list[tuple[int, Any, RangeSet]] = []
+        for i, (op, ranges) in enumerate(subs):
+            part = clip(ranges[0], mine) if len(ranges) == 1 else intersect(ranges, mine)
+            if part:
+                items.append((i, op, part))
+        return items
 
     # ================================================================== reconfiguration
     def _keyspace(self, t: int, msg: Message, out: list[Output]) -> None:

@@ -56,6 +56,9 @@ def parser(name: str, doc: str) -> argparse.ArgumentParser:
     ap.add_argument("--png", default=None, help="draw the figure here")
     ap.add_argument("--json", action="store_true", help="end with one JSON object")
     ap.add_argument("--no-baseline", action="store_true", help="skip ecast bench")
+    ap.add_argument("--write-bundle", type=int, default=1,
+                    help="writes of one segment per message (write_batch's bundles; "
+                    "1: each alone)")  # fmt: skip
     return ap
 
 
@@ -70,7 +73,8 @@ def cluster(args: argparse.Namespace, **settings: Any) -> Iterator[Bench]:
 
 
 def load_options(args: argparse.Namespace, **more: Any) -> dict[str, Any]:
-    return {"duration": args.duration, "warmup": args.warmup, "payload": args.payload, **more}
+    return {"duration": args.duration, "warmup": args.warmup, "payload": args.payload,
+            "write_bundle": args.write_bundle, **more}  # fmt: skip
 
 
 def baseline(args: argparse.Namespace, **kw: Any) -> dict[str, Any] | None:

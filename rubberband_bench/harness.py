@@ -276,6 +276,8 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
     if counts["read_messages"]:
         out["reads_per_message"] = round(counts["reads_sent"] / counts["read_messages"], 2)
+    if counts["write_messages"]:
+        out["writes_per_message"] = round(counts["writes_sent"] / counts["write_messages"], 2)
     if trace:
         out["trace"] = sorted(trace.items())
     return out

@@ -43,9 +43,20 @@ def value_text(size: int) -> str:
     return os.urandom(size // 2 + 1).hex()[:size]
 
 
-COUNTS = ("refused", "retries", "errors", "timeouts", "undelivered", "reads_sent", "read_messages")
+COUNTS = (
+    "refused",
+    "retries",
+    "errors",
+    "timeouts",
+    "undelivered",
+    "reads_sent",
+    "read_messages",
+    "writes_sent",
+    "write_messages",
+)
 """What a load process counts and reports; ``reads_sent`` and ``read_messages`` are the
-reads sent and the messages that carried them (bundles), over the whole run."""
+reads sent and the messages that carried them (bundles), over the whole run, and the
+same for writes."""
 
 
 class Stats:
@@ -58,14 +69,15 @@ class Stats:
         self.counts = dict.fromkeys(COUNTS, 0)
         self.trace_on = False
 
-    def done(self, client: Client, t0: float, now: float, wall: float) -> None:
+    def done(self, client: Client, t0: float, now: float, wall: float, n: int = 1) -> None:
+        """``n`` operations completed together (a bundle's writes)."""
         if self.warm <= now <= self.end:
-            client.in_window += 1
+            client.in_window += n
             b = int((now - t0) / BUCKET_S)
-            self.hist[b] = self.hist.get(b, 0) + 1
+            self.hist[b] = self.hist.get(b, 0) + n
         if self.trace_on:
             k = int(wall / TRACE_S)
-            self.trace[k] = self.trace.get(k, 0) + 1
+            self.trace[k] = self.trace.get(k, 0) + n
 
 
 class Client:
@@ -73,7 +85,7 @@ class Client:
 
     def __init__(self, rb: Any, args: argparse.Namespace, stats: Stats, seed: int) -> None:
         from rubberband.keys import after
-        from rubberband.sdk import BUNDLE_LIMIT
+        from rubberband.sdk import BUNDLE_BYTES, BUNDLE_LIMIT
 
         self.rb = rb
         self.args = args
@@ -90,10 +102,14 @@ class Client:
         self.refill_at = max(1, args.window // 8 if args.refill_at is None else args.refill_at)
         """Free places in the window that make the read loop send more: a few at a time
         would make every message carry a read or two, whatever ``--bundle`` allows."""
+        self.write_bundle = args.write_bundle
+        self.bundle_bytes = BUNDLE_BYTES
         self.in_window = 0
         self.written = 0
         self.in_flight = 0
         self.sent_at: dict[int, float] = {}
+        self.carries: dict[int, int] = {}
+        """Writes a message carries, where more than one (a bundle)."""
         self.read_at: dict[int, float] = {}
         self.open = True
         self.want = asyncio.Event()
@@ -118,12 +134,21 @@ class Client:
     # ------------------------------------------------------------------ writes
     def submit_writes(self, n: int) -> None:
         core = self.rb.core
-        items = [core.write(self.op("write")) for _ in range(n)]
-        ids = self.rb.ecast.submit_batch(items)
+        ops = [self.op("write") for _ in range(n)]
+        if self.write_bundle > 1:  # as RubberbandClient.write_batch sends them
+            messages = core.writes(ops, self.write_bundle, self.bundle_bytes)
+            ids = self.rb.ecast.submit_batch([(p, h) for _, p, h in messages])
+            for sid, (indices, _, _) in zip(ids, messages, strict=True):
+                if len(indices) > 1:
+                    self.carries[sid[1]] = len(indices)
+        else:
+            ids = self.rb.ecast.submit_batch([core.write(op) for op in ops])
         now = time.perf_counter()
         for sid in ids:
             self.sent_at[sid[1]] = now
-        self.in_flight += len(ids)
+        self.in_flight += n
+        self.stats.counts["writes_sent"] += n
+        self.stats.counts["write_messages"] += len(ids)
 
     def on_acks(self, batch: list[Any]) -> None:
         now = time.perf_counter()
@@ -135,14 +160,18 @@ class Client:
             t0 = self.sent_at.pop(ack.id[1], None)
             if t0 is None:
                 continue
-            self.in_flight -= 1
+            n = self.carries.pop(ack.id[1], 1)
+            self.in_flight -= n
             if not ack.delivered:
-                stats.counts["undelivered"] += 1
+                stats.counts["undelivered"] += n
                 continue
-            stats.done(self, t0, now, wall)
+            stats.done(self, t0, now, wall, n)
         if self.open and not self.args.rate and self.args.mode == "write":
             room = self.args.window - self.in_flight
-            if room > 0:
+            # Writes alone go as soon as there is room; bundles wait for a refill's worth
+            # (a few writes at a time would make every bundle one or two writes).
+            need = self.refill_at if self.write_bundle > 1 else 1
+            if room >= need or (room > 0 and not self.in_flight):
                 self.submit_writes(room)
 
     # ------------------------------------------------------------------ reads
@@ -351,8 +380,15 @@ def main(argv: list[str] | None = None) -> int:
         "--refill-at",
         type=int,
         default=None,
-        help="reads: send more once this many places of the window are free "
-        "(default: an eighth of the window)",
+        help="reads and write bundles: send more once this many places of the window are "
+        "free (default: an eighth of the window)",
+    )
+    ap.add_argument(
+        "--write-bundle",
+        type=int,
+        default=1,
+        help="writes of one segment sent as one message, at most this many (write_batch's "
+        "bundles; default 1: each alone)",
     )
     ap.add_argument(
         "--bundle",

@@ -120,6 +120,24 @@ class Model:
     def write(self, op: Any, client: str = "client:c") -> None:
         part = self.ops.part_fun(op, self.placement)
         self.submit(client, {"w": part.ranges}, op)
+        self.expect(op)
+
+    def write_batch(
+        self, ops: list[Any], core: Any, limit: int = 8, max_bytes: int = 1 << 16
+    ) -> list[tuple[tuple[int, ...], frozenset[str]]]:
+        """Writes sent as the SDK's ``write_batch`` sends them, with ``core``'s copy of
+        the keyspace (a :class:`ClientCore`, maybe stale); the reference takes them in
+        batch order, which replicas must agree with.  Each message's indices and
+        destinations."""
+        sent = []
+        for indices, payload, header in core.writes(ops, limit, max_bytes):
+            sent.append((indices, self.submit("client:c", header, payload)))
+        for op in ops:
+            self.expect(op)
+        return sent
+
+    def expect(self, op: Any) -> None:
+        """The reference takes ``op`` as every replica should."""
         if op[0] == "put":
             for k, v in op[1]:
                 self.reference[k] = v
@@ -131,6 +149,10 @@ class Model:
         elif op[0] == "delete":
             for k in op[1]:
                 self.reference.pop(k, None)
+        elif op[0] == "delete_range":
+            ((lo, hi),) = self.ops.part_fun(op, self.placement).ranges
+            for k in [k for k in self.reference if lo <= self.placement.ekey(k) < hi]:
+                del self.reference[k]
 
     def read(self, op: Any, offset: int = 0, client: str = "client:c") -> Any:
         part = self.ops.part_fun(op, self.placement)

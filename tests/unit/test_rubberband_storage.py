@@ -237,13 +237,23 @@ def test_random_reconfigurations_under_writes_keep_replicas_equal(data: st.DataO
     f = data.draw(st.integers(1, 3))
     m = grown(data.draw(st.integers(1, 4)), f=f, seed=seed)
     spare = iter(range(20, 40))
+    client = kv_client(m)  # bundles writes with a copy of the keyspace, often stale
     for _ in range(data.draw(st.integers(1, 8))):
         action = data.draw(
-            st.sampled_from(["write", "write", "expand", "contract", "replace", "step"])
+            st.sampled_from(["write", "write", "batch", "expand", "contract", "replace", "step"])
         )
         ks = m.config.keyspace
         try:
-            if action == "write":
+            if action == "batch":
+                if data.draw(st.booleans()):
+                    client.learn(m.config.version, ks.to_state())
+                keys = data.draw(st.lists(st.integers(0, 600), min_size=1, max_size=30))
+                ops = [
+                    ("delete", (k,)) if k % 5 == 0 else ("put", ((k, f"{k}@{j}"),))
+                    for j, k in enumerate(keys)
+                ]
+                m.write_batch(ops, client, limit=data.draw(st.integers(1, 8)))
+            elif action == "write":
                 k = data.draw(st.integers(0, 600))
                 if data.draw(st.booleans()):
                     m.write(("append", ((k, data.draw(st.integers(0, 9))),)))
@@ -570,3 +580,100 @@ def test_a_malformed_or_refused_bundle_is_one_answer_for_all_its_reads() -> None
             assert out[2][0] == "res" and out[2][1] == "b1"
             assert "bundle" in out[2][4]
     assert core.stopped is None
+
+
+# ------------------------------------------------------------------ write bundles
+def kv_client(m: Model) -> ClientCore:
+    client = ClientCore(KVOps())
+    client.learn(m.config.version, m.config.keyspace.to_state())
+    return client
+
+
+def test_a_write_bundle_reaches_one_segments_holders_and_keeps_each_keys_order() -> None:
+    """Writes of one segment share a message to its holders; writes to one key keep
+    their batch order (replicas agree with the reference, which takes the batch in
+    order); appends (answered) and writes across segments travel alone, behind the
+    bundles begun before them."""
+    m = grown(5, f=3)
+    client = kv_client(m)
+    ops: list[Any] = []
+    for j in range(120):
+        k = (j * 37) % 500
+        ops.append(("put", ((k, f"a{j}"),)))
+        if j % 10 == 0:
+            ops.append(("put", ((k, f"b{j}"),)))  # the same key again: must win
+        if j % 17 == 0:
+            ops.append(("delete", (k,)))
+    ops += [("append", ((7, "x"),)), ("put", ((7, "after the append"),))]
+    ops += [("put", ((98, 1), (101, 2))), ("delete_range", 150, 260), ("put", ((151, "late"),))]
+    sent = m.write_batch(ops, client, limit=8)
+    m.settle()
+    assert sorted(i for indices, _ in sent for i in indices) == list(range(len(ops)))
+    assert max(len(indices) for indices, _ in sent) == 8
+    assert len(sent) < len(ops) / 3
+    for indices, dests in sent:
+        if len(indices) > 1:  # one segment: its three holders
+            assert len(dests) == 3 and all(ops[i][0] in ("put", "delete") for i in indices)
+    order = [i for indices, _ in sent for i in indices]
+    for lone in (len(ops) - 5, len(ops) - 3, len(ops) - 2):  # barriers: all before first
+        assert set(order[: order.index(lone)]) == set(range(lone))
+    assert m.reference[151] == "late" and 200 not in m.reference
+    assert m.replica_violations() == []
+    assert not m.stopped
+    assert client.writes(ops[:5], 1, 1 << 16) == [
+        ((i,), op, {"w": m.ops.part_fun(op, m.placement).ranges}) for i, op in enumerate(ops[:5])
+    ]
+
+
+def test_large_write_bundles_split_in_order_and_a_stale_keyspace_still_lands() -> None:
+    m = grown(4, f=2)
+    client = kv_client(m)
+    ops = [("put", ((k % 7, "v" * 300 + str(k)),)) for k in range(40)]  # one segment
+    sent = m.write_batch(ops, client, limit=32, max_bytes=2000)
+    assert all(len(indices) <= 6 for indices, _ in sent)
+    assert [i for indices, _ in sent for i in indices] == list(range(40))
+    # The ring changes under the client: its bundles are cut at the old ids, so each
+    # reaches whoever holds its range now, and each holder applies what it holds.
+    m.join_storage("storage:9")
+    m.reconfigure(("expand", "storage:9", 150))
+    m.settle()
+    ops = [("put", ((k, -k),)) for k in range(0, 400, 3)]
+    m.write_batch(ops, client, limit=16)
+    m.settle()
+    assert m.replica_violations() == []
+
+
+def test_a_malformed_write_bundle_is_applied_nowhere_and_lies_change_nothing() -> None:
+    m = grown(4)
+    client = kv_client(m)
+    m.write(("put", ((5, "five"), (6, "six"))))
+    ((_, payload, header),) = client.writes([("put", ((5, 50),)), ("put", ((6, 60),))], 8, 1 << 16)
+    subs = msgpack.unpackb(payload, use_list=False)
+    header["q"] = "wb"
+    for bad in (
+        msgpack.packb(subs[:1]),  # fewer writes than the count
+        msgpack.packb((subs[0], (("put", ((6, 60),)), "not ranges"))),
+        msgpack.packb((subs[0], (("put", ((6, 60),)), ((5, 7),)))),  # ints are not keys
+        msgpack.packb((subs[0], ("put", ((6, 60),)))),  # not an (op, ranges) pair
+        subs,  # not bytes
+        b"\xc1",  # not msgpack
+        b"\x91" * 100_000,  # nested deeper than any decoder's stack
+    ):
+        m.replies.clear()
+        dests = m.submit("client:c", header, bad)
+        assert len(dests) == 3 and len(m.replies["wb"]) == 3
+        assert all(r[0] == "res" and "bundle" in r[4] for r in m.replies["wb"])
+    assert m.replica_violations() == []  # nothing of any of them applied
+    # A write whose ranges leave out its key changes that key on no replica.
+    lie = msgpack.packb(((("put", ((5, "lie"),)), subs[1][1]), subs[1]))
+    m.submit("client:c", header, lie)
+    m.reference[6] = 60
+    assert m.replica_violations() == []
+    # An engine's rejection is answered, write by write; the others are applied.
+    rejected = msgpack.packb(((("append", ((5, "x"),)), subs[0][1]), subs[1]))
+    m.replies.clear()
+    m.submit("client:c", header, rejected)
+    assert all(r[0] == "resn" and [a[0] for a in r[4]] == [0] for r in m.replies["wb"])
+    assert len(m.replies["wb"]) == 3 and "append to 5" in m.replies["wb"][0][4][0][3]
+    assert m.replica_violations() == []
+    assert not m.stopped
