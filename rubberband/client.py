@@ -24,6 +24,7 @@ request, and a range answered twice is taken once (replicas agree at one positio
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -149,7 +150,11 @@ class ClientCore:
         return op, write_header(part.ranges)
 
     def writes(
-        self, ops: list[Any], limit: int, max_bytes: int
+        self,
+        ops: list[Any],
+        limit: int,
+        max_bytes: int,
+        alone: Callable[[Any], bool] | None = None,
     ) -> list[tuple[tuple[int, ...], Any, dict[str, Any]]]:
         """The messages that carry a batch of writes, in the order to submit them:
         ``(indices, payload, header)``, ``indices`` being the positions in ``ops`` of the
@@ -164,8 +169,9 @@ class ClientCore:
         among themselves, while two writes that touch a common key stay in batch order
         (same segment, same message or an earlier one), and every write of a batch is
         ordered after the writes of earlier batches.  A write of several ranges, of a
-        range across segments, or one the client waits to hear about
-        (``ops.answered``) travels alone, after every bundle begun before it.  Grouped by
+        range across segments, or one for which ``alone`` is true (default: those the
+        client waits to hear about, ``ops.answered``) travels alone, after every bundle
+        begun before it.  Grouped by
         the client's copy of the keyspace: with a stale copy a bundle may reach more
         holders than one segment's, and each applies what it holds."""
         part_fun, placement = self.ops.part_fun, self.placement
@@ -178,7 +184,7 @@ class ClientCore:
         ks = self.keyspace
         if ks is None or not len(ks) or limit <= 1:
             return [((i,), ops[i], write_header(r)) for i, r in enumerate(parts)]
-        answered = getattr(self.ops, "answered", None)
+        answered = alone if alone is not None else getattr(self.ops, "answered", None)
         ids = ks.ids
         uppers = (*ids, MAX_EKEY)
         out: list[tuple[tuple[int, ...], Any, dict[str, Any]]] = []

@@ -73,6 +73,7 @@ MUTATIONS = (
     "aborted_receive_ready",  # a receive whose source died says ready, not incomplete
     "no_duplicate_filter",  # the client keeps every answer, ranges answered twice too
     "bundle_unclipped",  # a bundle's read is answered for all its ranges, held or not
+    "bundle_last_write_dropped",  # a write bundle's last write is applied nowhere
 )
 KEYS = 16
 """List-append keys, integers spread over the ids the ring uses (0 to 10,000)."""
@@ -114,7 +115,9 @@ class RbRunConfig(GroupRunConfig):
     bundle: bool = False
     """Sequential and snapshot reads travel as bundles (``read_batch``'s messages): each
     with a second read of a random key in the same message, whose answer the client
-    takes apart from its own (the checkers see only the read asked for)."""
+    takes apart from its own (the checkers see only the read asked for).  Appends
+    travel as write bundles (``write_batch``'s messages) with a put to the next key,
+    which is no list-append key, before or after them."""
     mutation: str | None = None
     router: RouterParams = field(default_factory=RouterParams)
     endpoint: EndpointParams = field(default_factory=EndpointParams)
@@ -437,7 +440,15 @@ class RbProcess:
         self.op = op
         self.run.record(self.pid, "invoke", op)
         if op.kind in ("append", "put"):
-            payload, header = c.write((op.kind, ((op.key, op.value),)))
+            write = (op.kind, ((op.key, op.value),))
+            payload, header = c.write(write)
+            if self.run.cfg.bundle and op.kind == "append":
+                pair = [write, ("put", ((op.key + 1, "x"),))]
+                if self.run.rng.random() < 0.5:
+                    pair.reverse()
+                messages = c.writes(pair, 2, 1 << 16, alone=lambda _: False)
+                if len(messages) == 1:  # the two keys are in one piece of the ring
+                    _, payload, header = messages[0]
             sid, more = self.ep.submit(payload, header, now)
             op.sid = sid
             self.pending_acks[sid] = op
@@ -641,6 +652,16 @@ class RubberbandRun(EcastGroupRun):
                 return [(i, s[0], p, s[1]) for i, s in enumerate(subs) for p in pieces]
 
             patch(StorageCore, "_bundle_items", unclipped)
+        elif m == "bundle_last_write_dropped":
+            # An off-by-one: the last write of each bundle is checked and never applied.
+            write_items = StorageCore._write_items
+
+            def dropped(core: StorageCore, msg: Any, mine: Any) -> Any:
+                items = write_items(core, msg, mine)
+                last = msg.header.get("n", 0) - 1
+                return None if items is None else [t for t in items if t[0] != last]
+
+            patch(StorageCore, "_write_items", dropped)
         elif m == "no_receive_buffering":
             patch(StorageCore, "_blocked", lambda core, ranges, t: False)
         elif m == "aborted_receive_ready":
@@ -1161,7 +1182,9 @@ def main(argv: list[str] | None = None) -> int:
         help="the super repairs broken holders on its own (the nemesis does not)",
     )
     ap.add_argument(
-        "--bundle", action="store_true", help="reads travel in bundles of two (read_batch's)"
+        "--bundle",
+        action="store_true",
+        help="reads and appends travel in bundles of two (read_batch's, write_batch's)",
     )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)

@@ -111,10 +111,11 @@ BUNDLE_SCHEDULES = 40
 
 
 @pytest.mark.parametrize("chunk", range(2))
-def test_reads_in_bundles_pass_every_checker(chunk: int) -> None:
+def test_reads_and_writes_in_bundles_pass_every_checker(chunk: int) -> None:
     """Sequential and snapshot reads travel as ``read_batch`` sends them, each bundled
-    with a read of another key: through the same faults, refusals and migrations, each
-    read gets its own answer and every checker passes."""
+    with a read of another key, and appends as ``write_batch`` sends them, with a put to
+    another key: through the same faults, refusals and migrations, each read gets its own
+    answer, each append lands once, and every checker passes."""
     reached, busy = run_schedules(range(1 + chunk, BUNDLE_SCHEDULES + 1, 2), bundle=True)
     assert busy >= 0.9 * BUNDLE_SCHEDULES / 2
     assert reached["leader_takeover"] and reached["expand_under_load"], dict(reached)
@@ -128,8 +129,20 @@ def test_a_bundle_read_answered_beyond_what_its_responder_holds_is_caught() -> N
     pytest.fail("bundle reads answered for ranges their responder does not hold went unnoticed")
 
 
+def test_a_write_bundle_that_drops_a_write_is_caught() -> None:
+    for seed in range(1, 31):
+        cfg = RbRunConfig(seed=seed, ops=600, bundle=True, mutation="bundle_last_write_dropped")
+        if RubberbandRun(cfg).run().violations:
+            return
+    pytest.fail("a write bundle's last write applied nowhere went unnoticed")
+
+
+BUNDLED = ("bundle_unclipped", "bundle_last_write_dropped")
+"""Planted bugs of bundles, caught in the bundled schedules above."""
+
+
 @pytest.mark.parametrize(
-    "mutation", [m for m in MUTATIONS if m not in ("reads_to_busy", "bundle_unclipped")]
+    "mutation", [m for m in MUTATIONS if m != "reads_to_busy" and m not in BUNDLED]
 )
 def test_every_planted_bug_is_caught(mutation: str) -> None:
     for seed in range(1, 31):
