@@ -150,7 +150,8 @@ def _plot(path: str, draw: Callable[[Any, list[dict[str, Any]]], None], rows: li
     return ""
 
 
-WRITE_COLUMNS = [("writes/s", "throughput_per_s"), ("p50 ms", "p50_ms"), ("p99 ms", "p99_ms"),
+WRITE_COLUMNS = [("writes/s", "throughput_per_s"), ("writes/msg", "writes_per_message"),
+                 ("p50 ms", "p50_ms"), ("p99 ms", "p99_ms"),
                  ("ecast/s", "ecast.throughput_per_s"), ("ratio", "ratio")]  # fmt: skip
 
 

@@ -75,10 +75,16 @@ def test_write_vs_routers_and_payload(tmp_path: Path) -> None:
     assert [r["routers"] for r in out["rows"]] == [1]
     for r in out["rows"]:
         writes_ok(r)
-    out = bench(tmp_path, "write-vs-payload", "--storage", "3", "--payloads", "16,4096", *TINY)
+    (routed,) = out["rows"]
+    out = bench(tmp_path, "write-vs-payload", "--storage", "3", "--payloads", "16,4096",
+                "--write-bundle", "8", *TINY)  # fmt: skip
     small, large = out["rows"]
     assert (small["payload"], large["payload"]) == (16, 4096)
     assert large["mb_per_s"] > small["mb_per_s"]
+    for r in (small, large):  # writes of one segment share messages (bundles)
+        writes_ok(r)
+        assert 1.2 < r["writes_per_message"] <= 8, r
+    assert routed["writes_per_message"] == 1  # each write alone by default
 
 
 def test_read_isolation_counts_reads_refusals_and_retries(tmp_path: Path) -> None:

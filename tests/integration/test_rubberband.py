@@ -125,6 +125,13 @@ def test_cluster_up_status_and_every_read_level(cluster: Path) -> None:
         await rb.put_many({i * 1000: i for i in range(300)})
         await rb.append("list", 1)
         await rb.append("list", 2)
+        # Write bundles: one outcome per write, the last write of a key wins.
+        batch: list[Any] = [("put", ((10**6 + i, i),)) for i in range(600)]
+        batch += [("append", (("blist", 1),)), ("put", ((10**6, "last"),))]
+        assert await rb.write_batch(batch) == [None] * len(batch)
+        got = await rb.get_many([10**6 + i for i in range(600)] + ["blist"])
+        assert tuple(got.pop("blist")) == (1,)
+        assert got == {10**6: "last", **{10**6 + i: i for i in range(1, 600)}}
         for level in ("sequential", "snapshot", "basic"):
             assert await rb.get(5000, isolation=level) == 5
             assert await rb.get_many([0, 299_000, 12], isolation=level) == {0: 0, 299_000: 299}
