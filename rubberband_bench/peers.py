@@ -6,7 +6,9 @@ three servers, by one pipelined client in a process of its own that keeps
 ``--concurrency`` writes in flight (256), for ``--duration`` seconds after a warm-up.
 
 * **Rubberband**: 3 routers, 3 storage processes on the memory engine, replication 3;
-  the client is :mod:`rubberband_bench.load` (key-value ``put``).
+  the client is :mod:`rubberband_bench.load` (key-value ``put``), sending its writes as
+  ``write_batch`` does (the writes of one segment together, ``--write-bundle``), and
+  each in a message of its own in the row ``rubberband_alone``.
 * **etcd** (Debian ``etcd-server``): 3 members on loopback ports, data on disk; the
   client speaks etcd's JSON gateway (``/v3/kv/put``) over keep-alive HTTP connections.
   **etcd_tmpfs**: the same with every data directory on a RAM disk (``/dev/shm``), for
@@ -430,19 +432,23 @@ def run_client(system: str, targets: str, args: argparse.Namespace, rate: float 
     return dict(json.loads(lines[-1]))
 
 
-def rubberband_run(args: argparse.Namespace, rate: float = 0) -> dict[str, Any]:
+def rubberband_run(args: argparse.Namespace, rate: float = 0, bundle: int = 0) -> dict[str, Any]:
+    """``bundle``: writes per message at most (0: ``--write-bundle``)."""
     from rubberband_bench.harness import Bench, state_dir
 
+    bundle = bundle or args.write_bundle
     with Bench(state_dir(args.state_dir), storage=3, replication=3, engine="memory") as b:
         r = b.run_load(1, 1, ops="kv", window=args.concurrency, payload=args.payload,
-                       duration=args.duration, warmup=args.warmup, rate=rate)  # fmt: skip
+                       duration=args.duration, warmup=args.warmup, rate=rate,
+                       write_bundle=bundle)  # fmt: skip
     return {k: r[k] for k in ("throughput_per_s", "p50_ms", "p99_ms")} | {
         "errors": r["errors"] + r["timeouts"] + r["undelivered"],
+        "writes_per_message": r.get("writes_per_message"),
         "error": None,
     }
 
 
-SYSTEMS = ("rubberband", "etcd", "etcd_tmpfs", "zookeeper", "pysyncobj")
+SYSTEMS = ("rubberband", "rubberband_alone", "etcd", "etcd_tmpfs", "zookeeper", "pysyncobj")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -460,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--payload", type=int, default=256)
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=3.0)
+    ap.add_argument("--write-bundle", type=int, default=32,
+                    help="Rubberband: writes of one segment per message at most")  # fmt: skip
     ap.add_argument("--state-dir", default=None)
     ap.add_argument("--png", default=None)
     ap.add_argument("--json", action="store_true")
@@ -471,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if system == "rubberband":
                 results[system] = rubberband_run(args)
+            elif system == "rubberband_alone":
+                results[system] = rubberband_run(args, bundle=1)
             else:
                 base = Path("/dev/shm") if system == "etcd_tmpfs" else None
                 d = state_dir(str(base) if base else args.state_dir)
@@ -516,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
         ax2.tick_params(axis="x", rotation=30)
 
     finish("peers", args, rows,
-           [("system", "system"), ("writes/s", "throughput_per_s"), ("p50 ms", "p50_ms"),
+           [("system", "system"), ("writes/s", "throughput_per_s"),
+            ("writes/msg", "writes_per_message"), ("p50 ms", "p50_ms"),
             ("p99 ms", "p99_ms"), ("errors", "errors"), ("Rubberband x", "rubberband_ratio"),
             ("error", "error")], draw if args.png else None)  # fmt: skip
     if args.json:

@@ -151,7 +151,7 @@ def test_cost_per_role_and_per_destset(tmp_path: Path) -> None:
 def test_peers_measure_every_system_or_say_why_not(tmp_path: Path) -> None:
     # etcd_tmpfs is etcd with its data in /dev/shm: the same code, left to the benchmark.
     p = cli("bench", "peers", "--duration", "1", "--warmup", "0.5", "--concurrency", "8",
-            "--systems", "rubberband,etcd,zookeeper,pysyncobj",
+            "--systems", "rubberband,rubberband_alone,etcd,zookeeper,pysyncobj",
             "--state-dir", str(tmp_path), "--json", timeout=400)  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
@@ -160,5 +160,7 @@ def test_peers_measure_every_system_or_say_why_not(tmp_path: Path) -> None:
         r = out[system]
         assert r.get("throughput_per_s", 0) > 0 or r.get("error"), (system, r)
     assert out["rubberband"]["throughput_per_s"] > 0
+    assert out["rubberband"]["writes_per_message"] >= 1  # bundles: as write_batch sends them
+    assert out["rubberband_alone"]["writes_per_message"] == 1
     assert out["etcd"]["throughput_per_s"] > 0
     assert out["rubberband_at_etcd_peak"]["p99_ms"] > 0
