@@ -381,3 +381,48 @@ def test_conformance_counters_add_atomically_and_refuse_non_numbers(engine: str)
         assert d.content(e) == {1: 7, 2: 13, 3: "x"}  # nothing of either applied
     finally:
         e.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["put", "put", "delete", "delete_range", "scan", "items"]),
+            st.integers(-30, 30),
+            st.integers(0, 12),
+        ),
+        max_size=60,
+    )
+)
+def test_the_memory_engines_order_follows_every_write(steps: list[Any]) -> None:
+    """The memory engine sorts keys written since the last ordered read only when one
+    comes (a scan, a range delete, ``items``): any interleaving of puts, deletes (of
+    keys new, old and deleted before) and ordered reads sees exactly the reference."""
+    e = MemoryEngine()
+    ops = KVOps()
+    model: dict[int, int] = {}
+
+    def ranges(op: Any) -> Any:
+        return ops.part_fun(op, e.placement).ranges
+
+    for kind, k, width in steps:
+        if kind == "put":
+            op: Any = ("put", ((k, k * 10 + width),))
+            model[k] = k * 10 + width
+        elif kind == "delete":
+            op = ("delete", (k,))
+            model.pop(k, None)
+        elif kind == "delete_range":
+            op = ("delete_range", k, k + width + 1)
+            model = {j: v for j, v in model.items() if not k <= j < k + width + 1}
+        elif kind == "scan":
+            op = ("scan", k, k + width + 1)
+            (rows,) = e.apply([(op, ranges(op))])
+            assert rows == sorted((j, v) for j, v in model.items() if k <= j < k + width + 1)
+            continue
+        else:
+            assert e.items() == sorted(model.items())
+            continue
+        assert e.apply([(op, ranges(op))]) == [None]
+    assert e.items() == sorted(model.items())
+    assert e.stats()["items"] == len(model)
