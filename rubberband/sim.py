@@ -575,6 +575,8 @@ class RbProcess:
 class _NoFilterGather(Gather):
     """Planted bug: every answer counts, ranges answered twice included."""
 
+    __slots__ = ()
+
     def add(self, covered: Any, result: Any, error: Any, position: Any, ok: bool) -> None:
         if not ok or error is not None:
             super().add(covered, result, error, position, ok)

@@ -30,6 +30,7 @@ or contract).  An engine error other than a :class:`BadOperation` stops the proc
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -321,15 +322,32 @@ class StorageCore:
         if type(subs) is not tuple or len(subs) != n:
             return None
         pieces = self._pieces(mine)
+        # Each range of every piece, by its lower bound: a read of one range inside one
+        # of them (most reads) finds its piece by one bisection instead of a clip per
+        # piece; any other read is clipped to every piece.
+        spans = sorted((lo, hi, piece) for piece in pieces for lo, hi in piece)
+        los = [lo for lo, _, _ in spans]
         items: list[tuple[int, Any, RangeSet, RangeSet]] = []
         try:
             for i, sub in enumerate(subs):
                 if type(sub) is not tuple or len(sub) != 2 or type(sub[1]) is not tuple:
                     return None
                 op, ranges = sub
-                one = ranges[0] if len(ranges) == 1 else None
-                for piece in pieces:  # at most f: the segments this process holds
-                    part = clip(one, piece) if one is not None else intersect(ranges, piece)
+                if len(ranges) == 1:
+                    one = ranges[0]
+                    if type(one) is not tuple or len(one) != 2:
+                        return None
+                    k = bisect_right(los, one[0]) - 1
+                    if k >= 0 and one[1] <= spans[k][1] and one[0] < one[1]:
+                        items.append((i, op, spans[k][2], ranges))
+                        continue
+                    for piece in pieces:  # at most f: the segments this process holds
+                        part = clip(one, piece)
+                        if part:
+                            items.append((i, op, piece, part))
+                    continue
+                for piece in pieces:
+                    part = intersect(ranges, piece)
                     if part:
                         items.append((i, op, piece, part))
         except (TypeError, ValueError, IndexError):  # ranges that are not range sets
