@@ -5,8 +5,10 @@ processes, plus standby processes; with network faults every one of them runs in
 network namespace of its own (:mod:`jepsen_like.net`).  Clients (light SDK clients in
 this process, each connecting from and serving on an address of its own) append to and
 read small sets of keys: multi-key appends and multi-key sequential reads, each one
-operation of the history.  The nemesis (:class:`RubberbandNemesis`, a thread) injects
-one fault at a time once the ring and the router group are healthy:
+operation of the history, and one-key sequential and snapshot reads sent together by
+``read_batch`` (read bundles), each its own operation.  The nemesis
+(:class:`RubberbandNemesis`, a thread) injects one fault at a time once the ring and
+the router group are healthy:
 
 * ``kill``: SIGKILL a storage process on the ring (the super votes it out and replaces
   it with a standby on its own), a router (a new one joins under a fresh id) or a super
@@ -226,6 +228,8 @@ async def _go(d: Path, plan: Plan) -> dict[str, Any]:
                 record(proc, "info", txn, error=e)
                 return e
             return None
+        if crng.random() < 0.5:
+            return await bundled_reads(rb, proc, keys, crng.choice(["sequential", "snapshot"]))
         txn = [["r", f"k{k}", None] for k in keys]
         record(proc, "invoke", txn)
         try:
@@ -235,6 +239,47 @@ async def _go(d: Path, plan: Plan) -> dict[str, Any]:
             record(proc, "info", txn, error=e)
             return e
         return None
+
+    async def bundled_reads(rb: Any, proc: str, keys: list[int], level: str) -> Any:
+        """One-key reads of ``keys`` through ``read_batch`` (reads of one responder in one
+        message, :data:`rubberband.config.BUNDLE`), each its own operation of the
+        history, by a process of its own (``c1/0``, ``c1/1``: a process runs one
+        operation at a time): the checker holds each to its level, as it holds a read
+        alone.  A refused snapshot read did not happen (``fail``); one that timed out is
+        unknown."""
+        txns = {kid(k): [["r", f"k{k}", None]] for k in keys}
+        procs = {key: f"{proc}/{j}" for j, key in enumerate(txns)}
+        for key, txn in txns.items():
+            record(procs[key], "invoke", txn, level=level)
+        left = set(txns)
+        finished = asyncio.Event()
+        failure: list[Exception] = []
+
+        def done(op: Any, gather: Any) -> None:
+            key = op[1][0]
+            left.discard(key)
+            txn = txns[key]
+            if gather is None or (gather.error is not None and not gather.refused):
+                error = TimeoutError("no answer") if gather is None else RuntimeError(gather.error)
+                record(procs[key], "info", txn, level=level, error=error)
+                failure.append(error)
+            elif gather.refused:
+                record(procs[key], "fail", txn, level=level)
+            else:
+                got = rb.core.result(gather)
+                value = [["r", txn[0][1], list(got.get(key) or ())]]
+                record(procs[key], "ok", value, level=level)
+            if not left:
+                finished.set()
+
+        try:
+            await rb.read_batch([("get", (key,)) for key in txns], level, done)
+        except Exception as e:
+            for key in list(left):
+                record(procs[key], "info", txns[key], level=level, error=e)
+            return e
+        await finished.wait()  # every read completes or times out (answer_timeout)
+        return failure[0] if failure else None
 
     async def client(i: int) -> None:
         """Client slot ``i``.  As in Jepsen, a process whose operation ended indeterminate
