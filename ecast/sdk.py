@@ -61,7 +61,7 @@ from ecast.errors import (
 )
 from ecast.runtime import Node, Runtime, new_incarnation
 from ecast.runtime.process import load_auth
-from ecast.wire.codec import MAX_FRAME
+from ecast.wire.codec import MAX_FRAME, Packed
 
 __all__ = ["Ack", "Client", "connect"]
 
@@ -96,21 +96,27 @@ def check_name(name: Any) -> str:
 _packers = threading.local()
 
 
-def _packed_size(value: Any, what: str) -> int:
-    """A trial encoding, per message when the payload is not bytes (a Rubberband
-    operation is a tuple): with one packer per thread, not a new one per call as
-    ``packb`` makes, it costs a third as much."""
+def _packed(value: Any, what: str) -> bytes:
+    """A value packed as the wire packs it, with one packer per thread (``packb`` makes
+    a new one per call and costs three times as much); raises at the call for what
+    cannot be encoded."""
     try:
         packer = _packers.packer
     except AttributeError:
         packer = _packers.packer = msgpack.Packer(use_bin_type=True)
     try:
-        return len(packer.pack(value))
+        return packer.pack(value)  # type: ignore[no-any-return]
     except (TypeError, ValueError, OverflowError) as e:
         raise InvalidMessage(
             f"{what} cannot be encoded ({e}): use None, bool, int, float, str, bytes, "
             "and lists, tuples and dicts of them"
         ) from None
+
+
+def _packed_size(value: Any, what: str) -> int:
+    """A trial encoding, per message when the payload is not bytes (a Rubberband
+    operation is a tuple)."""
+    return len(_packed(value, what))
 
 
 def _header_size(header: dict[Any, Any]) -> int:
@@ -678,7 +684,17 @@ class Client:
     def send_direct_nowait(self, peer: NodeId, payload: Any) -> None:
         """Send to another application process directly (authenticated, FIFO, not ordered
         with E-Cast messages), without waiting for the peer to keep up."""
-        message_size(payload, None, self.runtime.max_frame - 64 * 1024)
+        limit = self.runtime.max_frame - 64 * 1024
+        if type(payload) is bytes:
+            message_size(payload, None, limit)
+        else:
+            # The size check packs the payload; the wire takes those bytes as they are.
+            data = _packed(payload, "payload")
+            if len(data) > limit:
+                raise MessageTooLarge(
+                    f"a direct message of {len(data)} bytes exceeds the limit of {limit} bytes"
+                )
+            payload = Packed(data)
         self._open_node().send_direct(peer, payload)
 
     async def send_direct(self, peer: NodeId, payload: Any, *, high_water: int = 1024) -> None:

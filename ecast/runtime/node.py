@@ -18,6 +18,7 @@ from ecast.core.effects import Core, Effects, NodeId, UnexpectedMessage, carry_o
 from ecast.core.link import Frame, LinkLayer, LinkParams
 from ecast.core.proto import Direct, Directory
 from ecast.runtime.process import new_incarnation
+from ecast.wire.codec import Packed
 
 if TYPE_CHECKING:
     from ecast.runtime.mux import Runtime
@@ -165,14 +166,20 @@ class Node:
         """Take out what the runtime consumes itself (directories, direct payloads when
         the host takes them)."""
         on_direct = self.on_direct
-        if not any(type(m) is Directory or (type(m) is Direct and on_direct) for m in msgs):
+        if not any(type(m) is Directory or type(m) is Direct for m in msgs):
             return msgs
         rest = []
         for m in msgs:
             if type(m) is Directory:
                 self.runtime.directory_from(src, m.entries)
-            elif type(m) is Direct and on_direct is not None:
-                on_direct(src, m.payload)
+            elif type(m) is Direct:
+                payload = m.payload
+                if type(payload) is Packed:  # from a colocated node: never encoded
+                    payload = payload.unpacked()
+                if on_direct is not None:
+                    on_direct(src, payload)
+                else:
+                    rest.append(m if payload is m.payload else Direct(payload))
             else:
                 rest.append(m)
         return rest

@@ -438,6 +438,23 @@ _TOUCH = bytes(PACKER_BUFFER - 8)
 resident from the start rather than faulted in, one step of RSS at a time, later."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Packed:
+    """A ``Direct`` payload already packed (plain msgpack values, ``use_bin_type``): the
+    sender's size check packs every direct payload anyway, and the encoder splices these
+    bytes in instead of packing the payload a second time.  On the wire the ``Direct``
+    is exactly what it would have been; a node hands a colocated peer's ``Packed``
+    payload over unpacked (:meth:`unpacked`)."""
+
+    data: bytes
+
+    def unpacked(self) -> Any:
+        return unpack(self.data)
+
+
+_DIRECT = _CODE[_proto.Direct]
+
+
 class Encoder:
     """Packs messages; objects seen earlier in the same flush are not packed again."""
 
@@ -470,6 +487,12 @@ class Encoder:
             # resolves references; one inside another object (a Direct's payload)
             # stays inline.
             return self._deliver_refs(obj)
+        if cls is _proto.Direct and type(obj.payload) is Packed:
+            # A one-field message is an array of one: 0x91, then the field.
+            ext = _ext_new(msgpack.ExtType, (_DIRECT, b"\x91" + obj.payload.data))
+            self._cache[key] = ext
+            self._keep.append(obj)
+            return ext
         code = _CODE.get(cls)
         if code is None:
             raise TypeError(f"cannot encode {cls.__name__}")

@@ -258,6 +258,31 @@ async def test_a_process_that_listens_is_reachable_by_name(group: LocalCluster) 
         await client.send_direct("storage-a", {"read": [1, 2]})
         sender, payload = await server.receive_direct(timeout=10)
         assert sender == "client-b" and payload == {"read": (1, 2)}
+        with pytest.raises(ecast.InvalidMessage, match="cannot be encoded"):
+            client.send_direct_nowait("storage-a", {"set": {1, 2}})
+        with pytest.raises(ecast.MessageTooLarge):
+            client.send_direct_nowait("storage-a", ["x" * (20 * 1024 * 1024)])
+
+
+async def test_colocated_processes_get_direct_payloads_as_the_wire_gives_them(
+    group: LocalCluster,
+) -> None:
+    """Two processes on one runtime exchange direct messages without the wire: the
+    payload the sender packed once arrives decoded exactly as it would from afar."""
+    rt = ecast.Runtime(ecast.load_auth(secret=SECRET), host_id="colocated")
+    await rt.serve("127.0.0.1:0")
+    try:
+        async with (
+            connect(group, "co-a", runtime=rt) as a,
+            connect(group, "co-b", runtime=rt) as b,
+        ):
+            value = {"rows": [[1, "x"], [2, b"y"]], "n": 2.5, "none": None}
+            await a.send_direct("co-b", value)
+            sender, payload = await b.receive_direct(timeout=10)
+            assert sender == "co-a"
+            assert payload == {"rows": ((1, "x"), (2, b"y")), "n": 2.5, "none": None}
+    finally:
+        await rt.close()
 
 
 async def test_a_new_process_under_a_name_gets_the_direct_messages_sent_to_it(

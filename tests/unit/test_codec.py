@@ -29,6 +29,7 @@ from ecast.wire.codec import (
     TABLE,
     DecodeError,
     Encoder,
+    Packed,
     pack,
     unpack,
 )
@@ -252,3 +253,34 @@ def test_every_message_class_has_a_decoder() -> None:
 
     for cls, code in _CODE.items():
         assert callable(_decoder(code)), cls.__name__
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers(-(2**63), 2**64 - 1)
+        | st.floats(allow_nan=False)
+        | st.text(max_size=20)
+        | st.binary(max_size=20),
+        lambda inner: (
+            st.lists(inner, max_size=4).map(tuple)
+            | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+        ),
+        max_leaves=20,
+    )
+)
+def test_a_packed_direct_payload_goes_on_the_wire_as_the_payload_itself(value: object) -> None:
+    """The SDK packs a direct payload once, for its size check, and the encoder splices
+    those bytes in: the packet is byte for byte the one the payload would have made,
+    and decodes to the payload."""
+    data = msgpack.Packer(use_bin_type=True).pack(value)
+    plain = Encoder().pack_packet([frame_item("a", "b", Frame(1, 2, 3, 0, (Direct(value),)))])
+    packed = Encoder().pack_packet(
+        [frame_item("a", "b", Frame(1, 2, 3, 0, (Direct(Packed(data)),)))]
+    )
+    assert packed == plain
+    ((_, _, frame),) = decode_packet(array_header(len(packed)) + b"".join(packed))
+    assert frame.msgs == (Direct(Packed(data).unpacked()),)
+    assert unpack(pack(Direct(Packed(data)))) == unpack(pack(Direct(value)))
