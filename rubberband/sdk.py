@@ -8,6 +8,7 @@ await rb.add(key, 5); await rb.add_many({a: -5, b: 5})              # counters, 
 await rb.delete(key); await rb.delete_range(lo, hi)
 await rb.get(key, isolation="sequential")     # or "snapshot", "basic"
 await rb.get_many([k1, k2]); await rb.scan(lo, hi, isolation=...)
+await rb.write_batch([("put", ((k, v),)) for k, v in items])   # bulk: one outcome each
 await rb.close()
 ```
 
