@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sortedcontainers import SortedList
+from sortedcontainers import SortedDict
 
 from storage_adapters.base import (
     INVALID,
@@ -156,23 +156,11 @@ class _Cursor:
 
 
 class MemoryEngine:
-    """Ordered key-value data in memory, keyed by (placement, encoded key).
-
-    The items live in a dict; their order is kept apart, and only when something asks for
-    it (a scan, a range delete, a migration's cursor, :meth:`items`): keys written since
-    are sorted into it then, in one merge.  A sorted map paid for the order at every
-    write, which a profile of storage processes under random puts put at over a third of
-    their time, where a dict and a set cost a fraction of a microsecond."""
+    """Ordered key-value data in memory, keyed by (placement, encoded key)."""
 
     def __init__(self, placement: Placement | None = None) -> None:
         self.placement = placement or Placement()
-        self._data: dict[tuple[EKey, EKey], tuple[Any, Any]] = {}
-        self._order = SortedList()
-        """Slots in order: every slot of ``_data`` not in ``_fresh``, and those in ``_gone``."""
-        self._fresh: set[tuple[EKey, EKey]] = set()
-        """Slots in ``_data`` not yet in ``_order``."""
-        self._gone: set[tuple[EKey, EKey]] = set()
-        """Slots in ``_order`` no longer in ``_data``."""
+        self._data: SortedDict = SortedDict()
         self.counts = {"writes": 0, "reads": 0, "rejected": 0}
 
     # ------------------------------------------------------------------ helpers
@@ -180,43 +168,11 @@ class MemoryEngine:
         e = encode_key(key)
         return (self.placement.ekey(key), e)
 
-    def _set(self, slot: tuple[EKey, EKey], item: tuple[Any, Any]) -> None:
-        data = self._data
-        new = slot not in data
-        data[slot] = item
-        if new:
-            if slot in self._gone:
-                self._gone.discard(slot)
-            else:
-                self._fresh.add(slot)
-
-    def _pop(self, slot: tuple[EKey, EKey]) -> None:
-        if self._data.pop(slot, None) is not None:
-            if slot in self._fresh:
-                self._fresh.discard(slot)
-            else:
-                self._gone.add(slot)
-
-    def _sorted(self) -> SortedList:
-        order = self._order
-        if self._gone:
-            if len(self._gone) * 8 > len(order):
-                order = self._order = SortedList(s for s in order if s not in self._gone)
-            else:
-                for slot in self._gone:
-                    order.remove(slot)
-            self._gone.clear()
-        if self._fresh:
-            order.update(self._fresh)
-            self._fresh.clear()
-        return order
-
     def _range_items(self, ranges: RangeSet) -> list[tuple[Any, Any]]:
         out = []
         data = self._data
-        order = self._sorted()
         for lo, hi in ranges:
-            for slot in order.irange((lo,), (hi,), inclusive=(True, False)):
+            for slot in data.irange((lo,), (hi,), inclusive=(True, False)):
                 out.append((slot, data[slot]))
         return out
 
@@ -242,7 +198,7 @@ class MemoryEngine:
         for key, value in op[1]:
             slot = self._slot(key)
             if _in(ranges, slot[0]):
-                self._set(slot, (key, value))
+                self._data[slot] = (key, value)
 
     def _append(self, op: Any, ranges: RangeSet) -> None:
         mine = []
@@ -255,7 +211,7 @@ class MemoryEngine:
                 mine.append((slot, key, value))
         for slot, key, value in mine:  # all checked first: the operation is atomic
             old = self._data.get(slot)
-            self._set(slot, (key, [*(old[1] if old else ()), value]))
+            self._data[slot] = (key, [*(old[1] if old else ()), value])
 
     def _add(self, op: Any, ranges: RangeSet) -> None:
         mine = []
@@ -268,16 +224,17 @@ class MemoryEngine:
                 mine.append((slot, key, delta))
         for slot, key, delta in mine:  # all checked first: the operation is atomic
             old = self._data.get(slot)
-            self._set(slot, (key, (old[1] if old else 0) + delta))
+            self._data[slot] = (key, (old[1] if old else 0) + delta)
 
     def _delete(self, op: Any, ranges: RangeSet) -> None:
         for key in op[1]:
             slot = self._slot(key)
             if _in(ranges, slot[0]):
-                self._pop(slot)
+                self._data.pop(slot, None)
 
     def _delete_range(self, op: Any, ranges: RangeSet) -> None:
-        self.delete(ranges)
+        for slot, _ in self._range_items(ranges):
+            del self._data[slot]
 
     def _get(self, op: Any, ranges: RangeSet) -> dict[Any, Any]:
         out = {}
@@ -297,25 +254,21 @@ class MemoryEngine:
 
     def receive(self, chunk: Any) -> None:
         for slot, item in chunk:
-            self._set(_tuple(slot), tuple(item))
+            self._data[_tuple(slot)] = tuple(item)
 
     def delete(self, ranges: RangeSet) -> None:
         for slot, _ in self._range_items(ranges):
-            self._pop(slot)
+            del self._data[slot]
 
     def stats(self) -> dict[str, int | float]:
         return {"items": len(self._data), "bytes": 0, **self.counts}
 
     def close(self) -> None:
         self._data.clear()
-        self._order.clear()
-        self._fresh.clear()
-        self._gone.clear()
 
     def items(self) -> list[tuple[Any, Any]]:
         """Every (key, value) in placement order: what replicas compare."""
-        data = self._data
-        return [data[slot] for slot in self._sorted()]
+        return list(self._data.values())
 
 
 def deltas(pairs: Any) -> list[tuple[Any, int]]:

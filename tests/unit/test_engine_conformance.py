@@ -392,12 +392,11 @@ def test_conformance_counters_add_atomically_and_refuse_non_numbers(engine: str)
             st.integers(0, 12),
         ),
         max_size=60,
-    )
+    ),
 )
 def test_the_memory_engines_order_follows_every_write(steps: list[Any]) -> None:
-    """The memory engine sorts keys written since the last ordered read only when one
-    comes (a scan, a range delete, ``items``): any interleaving of puts, deletes (of
-    keys new, old and deleted before) and ordered reads sees exactly the reference."""
+    """Any interleaving of puts, deletes (of keys new, old and deleted before), range
+    deletes and ordered reads (scans, ``items``) sees exactly the reference."""
     e = MemoryEngine()
     ops = KVOps()
     model: dict[int, int] = {}
@@ -426,3 +425,17 @@ def test_the_memory_engines_order_follows_every_write(steps: list[Any]) -> None:
         assert e.apply([(op, ranges(op))]) == [None]
     assert e.items() == sorted(model.items())
     assert e.stats()["items"] == len(model)
+
+
+def test_a_key_deleted_and_written_again_is_read_once() -> None:
+    e = MemoryEngine()
+    ops = KVOps()
+    for _ in range(3):
+        for op in (("put", ((1, "a"), (2, "b"))), ("scan", 0, 9), ("delete", (1,)),
+                   ("put", ((1, "c"),)), ("scan", 0, 9), ("delete", (2,)), ("scan", 0, 9),
+                   ("put", ((2, "d"),))):  # fmt: skip
+            e.apply([(op, ops.part_fun(op, e.placement).ranges)])
+        assert e.items() == [(1, "c"), (2, "d")]
+        assert e.apply([(("scan", 0, 9), ops.part_fun(("scan", 0, 9), e.placement).ranges)]) == [
+            [(1, "c"), (2, "d")]
+        ]
