@@ -312,14 +312,8 @@ class StorageCore:
         An engine answers an operation for the part of a range set the operation
         touches, so the answer is the read's answer for ``covered``; a client that lies
         about a read's ranges misleads only itself."""
-        blob, n = msg.payload, msg.header.get(BUNDLE)
-        if type(blob) is not bytes or type(n) is not int:
-            return None
-        try:
-            subs = msgpack.unpackb(blob, use_list=False, raw=False, strict_map_key=False)
-        except Exception:  # whatever the bytes are, they are not a bundle
-            return None
-        if type(subs) is not tuple or len(subs) != n:
+        subs = _unbundle(msg)
+        if subs is None:
             return None
         pieces = self._pieces(mine)
         # Each range of every piece, by its lower bound: a read of one range inside one
@@ -564,14 +558,8 @@ class StorageCore:
         replica.  The whole bundle is checked before anything is applied, the same way
         on every replica (what a process holds plays no part in it): a malformed write
         anywhere in it, and no replica applies any."""
-        blob, n = msg.payload, msg.header.get(BUNDLE)
-        if type(blob) is not bytes or type(n) is not int:
-            return None
-        try:
-            subs = msgpack.unpackb(blob, use_list=False, raw=False, strict_map_key=False)
-        except Exception:  # whatever the bytes are, they are not a bundle
-            return None
-        if type(subs) is not tuple or len(subs) != n:
+        subs = _unbundle(msg)
+        if subs is None:
             return None
         for sub in subs:
             if type(sub) is not tuple or len(sub) != 2 or not is_range_set(sub[1]):
@@ -850,6 +838,19 @@ class StorageCore:
             "unfinished": len(self.unfinished),
             "stopped": self.stopped,
         }
+
+
+def _unbundle(msg: Message) -> tuple[Any, ...] | None:
+    """A bundle's payload unpacked: a tuple of as many items as its header counts, else
+    None (whatever the bytes are, they are not a bundle)."""
+    blob, n = msg.payload, msg.header.get(BUNDLE)
+    if type(blob) is not bytes or type(n) is not int:
+        return None
+    try:
+        subs = msgpack.unpackb(blob, use_list=False, raw=False, strict_map_key=False)
+    except Exception:
+        return None
+    return subs if type(subs) is tuple and len(subs) == n else None
 
 
 def _tid(value: Any) -> TransferId | None:
