@@ -232,7 +232,9 @@ class RubberbandClient:
         see :meth:`ClientCore.writes`): the writes of a batch are independent, so writes
         to different segments may take effect in either order, while writes that touch a
         common key keep their order in the batch, and the whole batch is ordered after
-        every write of an earlier call from this client."""
+        every write of an earlier call from this client.  ``timeout`` (default: the
+        E-Cast client's ``ack_timeout``) bounds the wait for window room per message and
+        the wait for all the acknowledgements together."""
         ops = list(ops)
         messages = self.core.writes(ops, bundle, BUNDLE_BYTES)
         answered = getattr(self.core.ops, "answered", None)
@@ -255,8 +257,11 @@ class RubberbandClient:
                         self._writes.pop(rid, None)
                     continue
                 sent.append((indices, ack, rid))
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + (self.ecast.ack_timeout if wait < 0 else wait)
             for indices, ack, rid in sent:
-                error = await self._written(ops[indices[0]], ack, rid, wait)
+                left = max(0.0, deadline - loop.time())
+                error = await self._written(ops[indices[0]], ack, rid, left)
                 for i in indices:
                     outcomes[i] = error
         finally:
@@ -268,14 +273,14 @@ class RubberbandClient:
     async def _written(
         self, op: Any, ack: asyncio.Future[Any], rid: Any, timeout: float
     ) -> Exception | None:
-        """The outcome of one message of :meth:`write_batch`."""
-        wait = self.ecast.ack_timeout if timeout < 0 else timeout
+        """The outcome of one message of :meth:`write_batch`, its acknowledgement waited
+        for at most ``timeout`` seconds more."""
         try:
-            done = await asyncio.wait_for(asyncio.shield(ack), wait)
+            done = await asyncio.wait_for(asyncio.shield(ack), timeout)
         except TimeoutError:
             return TimeoutError(
-                f"the acknowledgement did not come within {wait:g} s; the write is still "
-                "in flight and may yet take effect"
+                "the acknowledgement did not come within the batch's timeout; the write is "
+                "still in flight and may yet take effect"
             )
         except Exception as e:
             return e

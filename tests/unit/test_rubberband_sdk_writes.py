@@ -4,6 +4,7 @@ outcome per write, bundles by segment, each key's writes in batch order."""
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -132,3 +133,16 @@ def test_a_bad_op_raises_before_anything_is_sent() -> None:
     outcomes = _run(m, wire, [("put", ((k, k),)) for k in range(30)], bundle=1)
     assert outcomes == [None] * 30 and len(wire.sent) == 30
     assert all("n" not in h for _, h in wire.sent)
+
+
+@pytest.mark.exclusive  # a wall-clock bound: a starved process would miss it
+def test_a_batch_nobody_acknowledges_times_out_once_not_per_message() -> None:
+    m = _grown()
+    wire = _WriteWire(m)
+    wire.lost.update(range(100))
+    ops = [("put", ((k, k),)) for k in range(0, 500, 5)]  # five segments: many messages
+    t0 = time.monotonic()
+    outcomes = _run(m, wire, ops, bundle=4, timeout=0.3)
+    assert len(wire.sent) >= 20
+    assert all(isinstance(o, TimeoutError) for o in outcomes)
+    assert time.monotonic() - t0 < 1.5  # one timeout for all, not 0.3 s per message
