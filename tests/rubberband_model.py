@@ -112,6 +112,15 @@ class Model:
     def join_storage(self, name: str) -> None:
         self.submit(name, {"kind": "join"})
 
+    def ring_of(self, n: int) -> Model:
+        """``n`` storage processes joined and expanded at ids 0, 100, 200, ..., one after
+        another, settled: a ring to test against."""
+        for i in range(n):
+            self.join_storage(f"storage:{i}")
+            self.reconfigure(("expand", f"storage:{i}", i * 100))
+            self.settle()
+        return self
+
     def reconfigure(self, op: tuple[Any, ...], force: bool = True) -> frozenset[str]:
         """Planned by the super's replica, as an administrator's request is."""
         proposal = self.super.plan(*op, force=force)

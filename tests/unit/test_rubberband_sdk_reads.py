@@ -59,11 +59,7 @@ def test_a_basic_read_across_a_keyspace_change_returns_every_key() -> None:
     """Parts answered under two keyspace versions are not one read: the SDK starts the
     read again under the newer keyspace instead of returning the parts it has (it used
     to return a read missing the keys whose answers had not arrived yet)."""
-    m = Model(f=3)
-    for i in range(4):
-        m.join_storage(f"storage:{i}")
-        m.reconfigure(("expand", f"storage:{i}", i * 100))
-        m.settle()
+    m = Model(f=3).ring_of(4)
     keys = [10, 110, 210, 310, 360]
     for k in keys:
         m.write(("put", ((k, f"v{k}"),)))
@@ -123,11 +119,7 @@ class _BundleWire:
 
 
 def _batch_of_reads(silent: bool, shed: bool = False) -> tuple[dict[int, Any], Any, Any]:
-    m = Model(f=3)
-    for i in range(4):
-        m.join_storage(f"storage:{i}")
-        m.reconfigure(("expand", f"storage:{i}", i * 100))
-        m.settle()
+    m = Model(f=3).ring_of(4)
     for k in range(0, 400, 2):
         m.write(("put", ((k, f"v{k}"),)))
     m.settle()
@@ -189,11 +181,7 @@ def test_reads_of_a_bundle_nobody_answers_time_out_each() -> None:
 
 
 def test_reads_with_large_operations_go_fewer_to_a_bundle() -> None:
-    m = Model(f=3)
-    for i in range(3):
-        m.join_storage(f"storage:{i}")
-        m.reconfigure(("expand", f"storage:{i}", i * 100))
-        m.settle()
+    m = Model(f=3).ring_of(3)
     keys = [f"{i:03}" + "k" * 5000 for i in range(40)]  # one segment, 5 KB each
     for k in keys[::2]:
         m.write(("put", ((k, len(k)),)))
@@ -229,11 +217,7 @@ def test_reads_with_large_operations_go_fewer_to_a_bundle() -> None:
 def test_a_malformed_answer_or_a_raising_callback_does_not_stop_the_reader() -> None:
     """One task completes every read: an answer it cannot use (from any storage process)
     and a ``done`` that raises are logged, and every other read still completes."""
-    m = Model(f=3)
-    for i in range(3):
-        m.join_storage(f"storage:{i}")
-        m.reconfigure(("expand", f"storage:{i}", i * 100))
-        m.settle()
+    m = Model(f=3).ring_of(3)
     m.write(("put", ((5, "five"),)))
     m.settle()
     got: list[Any] = []

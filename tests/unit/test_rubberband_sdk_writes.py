@@ -58,11 +58,7 @@ class _WriteWire:
 
 
 def _grown() -> Model:
-    m = Model(f=3)
-    for i in range(5):
-        m.join_storage(f"storage:{i}")
-        m.reconfigure(("expand", f"storage:{i}", i * 100))
-        m.settle()
+    m = Model(f=3).ring_of(5)
     m.write(("put", ((7, "not a list"),)))
     return m
 
