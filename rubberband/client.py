@@ -153,10 +153,13 @@ class ClientCore:
     # ------------------------------------------------------------------ messages
     def write(self, op: Any) -> tuple[Any, dict[str, Any]]:
         """``(payload, header)`` of a write; raises :class:`BadOperation` for a bad op."""
+        return op, write_header(self._write_ranges(op))
+
+    def _write_ranges(self, op: Any) -> RangeSet:
         part = self.ops.part_fun(op, self.placement)
         if part.kind != "write":
             raise BadOperation(f"{op_name(op)!r} is a read, not a write")
-        return op, write_header(part.ranges)
+        return part.ranges
 
     def writes(
         self,
@@ -180,16 +183,10 @@ class ClientCore:
         ordered after the writes of earlier batches.  A write of several ranges, of a
         range across segments, or one for which ``alone`` is true (default: those the
         client waits to hear about, ``ops.answered``) travels alone, after every bundle
-        begun before it.  Grouped by
-        the client's copy of the keyspace: with a stale copy a bundle may reach more
-        holders than one segment's, and each applies what it holds."""
-        part_fun, placement = self.ops.part_fun, self.placement
-        parts: list[RangeSet] = []
-        for op in ops:
-            part = part_fun(op, placement)
-            if part.kind != "write":
-                raise BadOperation(f"{op_name(op)!r} is a read, not a write")
-            parts.append(part.ranges)
+        begun before it.  Grouped by the client's copy of the keyspace: with a stale copy
+        a bundle may reach more holders than one segment's, and each applies what it
+        holds."""
+        parts = [self._write_ranges(op) for op in ops]
         ks = self.keyspace
         if ks is None or not len(ks) or limit <= 1:
             return [((i,), ops[i], write_header(r)) for i, r in enumerate(parts)]
@@ -200,6 +197,13 @@ class ClientCore:
         groups: dict[int, list[int]] = {}
         """Indices waiting to travel, by piece of the ring (``bisect_right(ids, key)``:
         the two ends of the wrapping segment are two pieces, each with its own bundle)."""
+
+        def flush() -> None:
+            for group in groups.values():
+                if group:
+                    out.extend(self._write_bundles(ops, parts, group, max_bytes))
+            groups.clear()
+
         for i, ranges in enumerate(parts):
             k = -1
             if len(ranges) == 1 and (answered is None or not answered(ops[i])):
@@ -208,10 +212,7 @@ class ClientCore:
                 if hi > uppers[k]:
                     k = -1
             if k < 0:  # travels alone, behind everything begun before it
-                for group in groups.values():
-                    if group:
-                        out.extend(self._write_bundles(ops, parts, group, max_bytes))
-                groups.clear()
+                flush()
                 out.append(((i,), ops[i], write_header(ranges)))
                 continue
             group = groups.get(k)
@@ -221,9 +222,7 @@ class ClientCore:
             if len(group) >= limit:
                 out.extend(self._write_bundles(ops, parts, group, max_bytes))
                 groups[k] = []
-        for group in groups.values():
-            if group:
-                out.extend(self._write_bundles(ops, parts, group, max_bytes))
+        flush()
         return out
 
     def _write_bundles(

@@ -121,24 +121,20 @@ def test_reads_and_writes_in_bundles_pass_every_checker(chunk: int) -> None:
     assert reached["leader_takeover"] and reached["expand_under_load"], dict(reached)
 
 
-def test_a_bundle_read_answered_beyond_what_its_responder_holds_is_caught() -> None:
+BUNDLED = {
+    "bundle_unclipped": "bundle reads answered for ranges their responder does not hold",
+    "bundle_last_write_dropped": "a write bundle's last write applied nowhere",
+}
+"""Planted bugs of bundles, caught in bundled schedules."""
+
+
+@pytest.mark.parametrize("mutation", sorted(BUNDLED))
+def test_a_planted_bug_of_bundles_is_caught(mutation: str) -> None:
     for seed in range(1, 31):
-        cfg = RbRunConfig(seed=seed, ops=600, bundle=True, mutation="bundle_unclipped")
+        cfg = RbRunConfig(seed=seed, ops=600, bundle=True, mutation=mutation)
         if RubberbandRun(cfg).run().violations:
             return
-    pytest.fail("bundle reads answered for ranges their responder does not hold went unnoticed")
-
-
-def test_a_write_bundle_that_drops_a_write_is_caught() -> None:
-    for seed in range(1, 31):
-        cfg = RbRunConfig(seed=seed, ops=600, bundle=True, mutation="bundle_last_write_dropped")
-        if RubberbandRun(cfg).run().violations:
-            return
-    pytest.fail("a write bundle's last write applied nowhere went unnoticed")
-
-
-BUNDLED = ("bundle_unclipped", "bundle_last_write_dropped")
-"""Planted bugs of bundles, caught in the bundled schedules above."""
+    pytest.fail(f"{BUNDLED[mutation]} went unnoticed")
 
 
 @pytest.mark.parametrize(
