@@ -77,7 +77,9 @@ def suspected_in(msg: Message) -> frozenset[NodeId]:
 class Config(Protocol):
     """What routers call.  A class also provides ``initial(**kwargs)`` (the first config,
     from the bootstrapping router's ``--config-arg`` values) and ``from_state(state)``
-    (the inverse of ``to_state``); both are classmethods."""
+    (the inverse of ``to_state``); both are classmethods.  A class attribute
+    ``data_inert = True`` promises that data messages change nothing and suspect nobody,
+    so routers skip ``apply`` and ``suspects`` for them (:class:`Membership` declares it)."""
 
     def apply(self, msg: Message) -> Config: ...
 
@@ -143,6 +145,12 @@ class Membership:
     """
 
     __slots__ = ("_members", "_retired")
+    data_inert: ClassVar[bool] = True
+    """Whether a data message (a header that is not a dict naming ``KIND``) leaves this
+    config unchanged and suspects nobody, as this base's ``apply`` and ``suspects``
+    guarantee: routers then call neither for it (two calls per message on every
+    router).  A subclass whose ``apply`` or ``suspects`` reacts to data messages must
+    set it False; a config that does not declare it is called for every message."""
     accepts_lease_suspects: ClassVar[bool] = True
     """Whether suspects the routers issue for expired leases count (E-Cast's lease-based
     failure detection); an application with its own failure detector may say no."""

@@ -23,7 +23,7 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from typing import Any
 
-from ecast.core.config import EMPTY, Config, config_path, restore_config
+from ecast.core.config import EMPTY, KIND, Config, config_path, restore_config
 from ecast.core.effects import NodeId
 from ecast.core.message import Message
 
@@ -99,9 +99,14 @@ class MSeq:
         configs = self.configs
         starts = self.starts
         config = configs[-1]
+        inert = getattr(config, "data_inert", False) is True
         for msg in msgs:
             entries[t] = msg
             t += 1
+            if inert:
+                h = msg[2]
+                if type(h) is not dict or h.get(KIND) is None:
+                    continue  # a data message: no new config, no suspects (Config.data_inert)
             if suspects is not None:
                 try:
                     who = config.suspects(msg)
@@ -119,6 +124,7 @@ class MSeq:
                 starts.append(t)
                 configs.append(after)
                 config = after
+                inert = getattr(config, "data_inert", False) is True
         self.next_t = t
         return first
 
@@ -152,15 +158,17 @@ class MSeq:
         floor = self.floor
         stable = self.stable
         get = self.entries.get
-        out = []
+        add = stable.add
+        out: list[tuple[int, bool, Message]] = []
+        append = out.append
         for t, delivered in entries:
             if t < floor or t in stable:
                 continue
             msg = get(t)
             if msg is None:
                 continue
-            stable.add(t)
-            out.append((t, delivered, msg))
+            add(t)
+            append((t, delivered, msg))
         return out
 
     def is_stable(self, t: int) -> bool:
@@ -172,9 +180,11 @@ class MSeq:
         stable = self.stable
         entries = self.entries
         start = floor
+        discard = stable.discard
+        drop = entries.pop
         while floor in stable:
-            stable.discard(floor)
-            entries.pop(floor, None)
+            discard(floor)
+            drop(floor, None)
             floor += 1
         self.floor = floor
         starts = self.starts

@@ -100,10 +100,12 @@ class Router:
         self.stable_seconds = Histogram()
         """Learning a route command to learning every message of it stable (all its
         destinations acknowledged): the delivery latency operators watch, per batch."""
-        self._proposed: dict[MsgId, set[NodeId]] = {}
+        self._proposed: dict[MsgId, NodeId | set[NodeId]] = {}
         """Ids this router proposed and has not learned yet, with who routed them
         (receipt-time dedup: a process re-routing its own message is not proposed twice;
-        another process routing the same id is, and learns the ack as a duplicate)."""
+        another process routing the same id is, and learns the ack as a duplicate).  One
+        router, the common case, is kept as its name: a set per message cost the leader
+        an allocation for every message it proposed."""
         self._routes: list[Message] = []
         self._closes: list[CloseSessionsCmd] = []
         self.notices = StableNotices()
@@ -487,11 +489,14 @@ class Router:
                 continue
             routed = proposed.get(sid)
             if routed is None:
-                proposed[sid] = {src}
-            elif src in routed:
+                proposed[sid] = src
+            elif routed == src if type(routed) is str else src in routed:
                 continue
+            elif type(routed) is str:
+                # Another process routes it: it learns the ack as a duplicate.
+                proposed[sid] = {routed, src}
             else:
-                routed.add(src)  # another process routes it: it learns the ack as a duplicate
+                routed.add(src)
             self._routes.append(_tnew(Message, (src, sid, sub.header, sub.payload)))
 
     # ================================================================== learning

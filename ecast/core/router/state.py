@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ecast.core.config import Config
+from ecast.core.config import KIND, PART, Config
 from ecast.core.effects import NodeId
 from ecast.core.message import Message, MsgId, Session
 from ecast.core.mseq import ConfigGuard, MSeq
@@ -162,39 +162,44 @@ class RouterState:
         self, entries: tuple[tuple[int, bool], ...], ack_cache: int, listener: LearnListener | None
     ) -> None:
         mseq = self.mseq
-        by_id = self.by_id
-        acks = self.acks
         newly = mseq.mark_stable_many(entries)
-        # The listener hears of them in runs, one call each (a call per message cost more);
-        # a departure ends a run, so it hears everything in the same order.
-        run: list[tuple[int, MsgId, bool, NodeId]] = []
+        if not newly:
+            return
+        by_id_pop = self.by_id.pop
+        acks = self.acks
+        # The listener (the leader) hears of them in runs, one call each (a call per
+        # message cost more); a departure ends a run, so it hears everything in the same
+        # order.  Followers build no run: this loop runs for every message on every router.
+        run: list[tuple[int, MsgId, bool, NodeId]] | None = [] if listener is not None else None
+        last: Session | None = None
+        cache: dict[int, tuple[int, bool]] = {}
         for t, delivered, msg in newly:
             sender, sid, header, _p = msg
-            by_id.pop(sid, None)
+            by_id_pop(sid, None)
             sess, seq = sid
-            cache = acks.get(sess)
-            if cache is None:
-                cache = acks[sess] = {}
+            if sess != last:  # a batch holds runs of one session's messages
+                last = sess
+                got = acks.get(sess)
+                if got is None:
+                    got = acks[sess] = {}
+                cache = got
             cache[seq] = (t, delivered)
             # Keep the last ack_cache entries.  Sessions become stable in order, so
             # dropping seq - ack_cache is enough, in O(1): deleting "the first" key of a
             # dict instead re-scans every slot deleted before it on each call.
             cache.pop(seq - ack_cache, None)
-            if (
-                type(header) is dict
-                and header.get("kind") == "part"
-                and sender in mseq.destset(t, msg)
-            ):
+            if type(header) is dict and header.get(KIND) == PART and sender in mseq.destset(t, msg):
                 self.departed.setdefault(sender, t)
                 self._remember(self.left, sender)
-                if listener is not None:
+                if run is not None:
                     if run:
-                        listener.learned_stable(run)
+                        listener.learned_stable(run)  # type: ignore[union-attr]
                         run = []
-                    listener.learned_departure(sender)
-            run.append((t, sid, delivered, sender))
-        if listener is not None and run:
-            listener.learned_stable(run)
+                    listener.learned_departure(sender)  # type: ignore[union-attr]
+            if run is not None:
+                run.append((t, sid, delivered, sender))
+        if run:
+            listener.learned_stable(run)  # type: ignore[union-attr]
         self.stats["stable"] += len(newly)
 
     def learn_close(
