@@ -137,12 +137,7 @@ class Bench:
     ) -> list[subprocess.Popen[str]]:
         """Load processes, connected and waiting for :meth:`go`."""
         st = self.st()
-        flags = []
-        for k, v in options.items():
-            if v is True:
-                flags.append(f"--{k.replace('_', '-')}")
-            elif v not in (False, None):
-                flags += [f"--{k.replace('_', '-')}", str(v)]
+        flags = load_flags(options)
         out = []
         per = math.ceil(clients / procs)
         for j in range(procs):
@@ -248,6 +243,20 @@ def _role(process: str) -> str:
     if process.startswith("s") and process[1:].isdigit():
         return "super"
     return "routers"
+
+
+def load_flags(options: dict[str, Any]) -> list[str]:
+    """The load process's flags for ``options``: ``True`` is a bare flag, ``False`` and
+    ``None`` leave the flag out (the load's default), anything else is its value.  Tested
+    by identity: a share or rate of 0 is a value (``0.0 in (False, None)`` is true, and
+    a 0 % snapshot share once fell back to the load's default of half)."""
+    flags = []
+    for k, v in options.items():
+        if v is True:
+            flags.append(f"--{k.replace('_', '-')}")
+        elif v is not False and v is not None:
+            flags += [f"--{k.replace('_', '-')}", str(v)]
+    return flags
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -50,13 +50,14 @@ COUNTS = (
     "timeouts",
     "undelivered",
     "reads_sent",
+    "snapshot_reads_sent",
     "read_messages",
     "writes_sent",
     "write_messages",
 )
 """What a load process counts and reports; ``reads_sent`` and ``read_messages`` are the
 reads sent and the messages that carried them (bundles), over the whole run, and the
-same for writes."""
+same for writes; ``snapshot_reads_sent`` the snapshot reads among them (a mix's share)."""
 
 
 class Stats:
@@ -238,6 +239,8 @@ class Client:
             )
             self.stats.counts["read_messages"] += sent
             self.stats.counts["reads_sent"] += len(ops)
+            if level == "snapshot":
+                self.stats.counts["snapshot_reads_sent"] += len(ops)
         except Exception:
             self.stats.counts["errors"] += len(ops)
             self.in_flight -= len(ops)

@@ -98,6 +98,11 @@ def test_read_isolation_counts_reads_refusals_and_retries(tmp_path: Path) -> Non
     for r in reads.values():
         assert r["throughput_per_s"] > 200 and r["errors"] == 0, r
         assert r["retries"] <= r["refused"] and 0 <= r["refusal_rate"] < 1
+    # Each row reads at its share: none of the 0 % row's reads is a snapshot read.
+    for name in ("0% snapshot", "0% snapshot, each read alone"):
+        assert reads[name]["snapshot_reads_sent"] == 0 < reads[name]["reads_sent"], reads[name]
+    for name in ("100% snapshot", "100% snapshot, each read alone"):
+        assert reads[name]["snapshot_reads_sent"] == reads[name]["reads_sent"] > 0, reads[name]
     # Reads of one segment share messages (bundles), unless sent alone.
     assert reads["0% snapshot"]["reads_per_message"] > 1.2
     assert reads["100% snapshot"]["reads_per_message"] > 1.2

@@ -48,3 +48,12 @@ def test_the_cost_benchmark_charges_every_role_and_its_workload_is_deterministic
     assert all(per[r]["encode"] > 0 for r in ("leader", "followers", "client"))
     total = sum(parts["total"] for parts in per.values())
     assert math.isclose(first["total_us_per_message"], total, abs_tol=0.05)
+
+
+def test_a_load_option_of_zero_is_passed_and_only_false_or_none_leave_a_flag_out() -> None:
+    from rubberband_bench.harness import load_flags
+
+    flags = load_flags(
+        {"snapshot_share": 0.0, "rate": 0, "unsafe": True, "bundle": None, "check": False}
+    )
+    assert flags == ["--snapshot-share", "0.0", "--rate", "0", "--unsafe"]
