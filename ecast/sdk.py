@@ -23,7 +23,6 @@ import ssl
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,19 +67,12 @@ __all__ = ["Ack", "Client", "connect"]
 MAX_NAME = 255
 DEFAULT_MAX_MESSAGE = MAX_FRAME - 64 * 1024
 """Until the routers' ``Welcome`` says otherwise (it comes with the first answer)."""
-_SIMPLE = frozenset({int, str, bytes, float, bool, type(None)})
-"""Header values packed without a trial encoding (the common case, per message)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Ack:
-    """A stable acknowledgement: every unsuspected destination delivered the message."""
-
-    id: MsgId
-    t: int | None
-    """Timestamp in the m-seq (None for a duplicate of a message collected long ago)."""
-    delivered: bool
-    """False if nobody was a destination (an ignored message, 4.4.1)."""
+Ack = Acked
+"""A stable acknowledgement (``id``, ``t``, ``delivered``; see :class:`Acked`): the
+endpoint's own named tuple, handed over as it is.  The SDK used to copy each one into a
+frozen dataclass, whose constructor cost a bulk loader several per cent of its CPU."""
 
 
 def check_name(name: Any) -> str:
@@ -96,56 +88,48 @@ def check_name(name: Any) -> str:
 _packers = threading.local()
 
 
-def _packed(value: Any, what: str) -> bytes:
-    """A value packed as the wire packs it, with one packer per thread (``packb`` makes
-    a new one per call and costs three times as much); raises at the call for what
-    cannot be encoded."""
+def _pack_fn() -> Callable[[Any], bytes]:
+    """This thread's packer (``packb`` makes a new one per call and costs three times as
+    much; a Packer is not safe to share between threads)."""
     try:
-        packer = _packers.packer
+        return _packers.pack  # type: ignore[no-any-return]
     except AttributeError:
-        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+        pack = _packers.pack = msgpack.Packer(use_bin_type=True).pack
+        return pack  # type: ignore[no-any-return]
+
+
+def _cannot_encode(what: str, e: Exception) -> InvalidMessage:
+    return InvalidMessage(
+        f"{what} cannot be encoded ({e}): use None, bool, int, float, str, bytes, "
+        "and lists, tuples and dicts of them"
+    )
+
+
+def _packed(value: Any, what: str) -> bytes:
+    """A value packed as the wire packs it; raises at the call for what cannot be
+    encoded."""
     try:
-        return packer.pack(value)  # type: ignore[no-any-return]
+        return _pack_fn()(value)
     except (TypeError, ValueError, OverflowError) as e:
-        raise InvalidMessage(
-            f"{what} cannot be encoded ({e}): use None, bool, int, float, str, bytes, "
-            "and lists, tuples and dicts of them"
-        ) from None
-
-
-def _packed_size(value: Any, what: str) -> int:
-    """A trial encoding, per message when the payload is not bytes (a Rubberband
-    operation is a tuple)."""
-    return len(_packed(value, what))
-
-
-def _header_size(header: dict[Any, Any]) -> int:
-    """A header's packed size, from above: for the common case (up to eight str keys with
-    simple values) computed (a fixmap byte; per entry at most 5 bytes of key header and
-    10 of value header or scalar, plus the UTF-8 bytes), else by a trial encoding.  A
-    plain loop: this runs per message, and generators cost more than the check itself."""
-    if len(header) <= 8:
-        size = 1
-        for k, v in header.items():
-            tv = type(v)
-            if type(k) is not str or tv not in _SIMPLE:
-                break
-            size += (len(k) if k.isascii() else len(k.encode())) + 10
-            if tv is str:
-                size += len(v) if v.isascii() else len(v.encode())
-            elif tv is bytes:
-                size += len(v)
-            elif tv is int and not -(2**63) <= v < 2**64:
-                break
-        else:
-            return size
-    return _packed_size(header, "header")
+        raise _cannot_encode(what, e) from None
 
 
 def message_size(payload: Any, header: Any, limit: int, reserved: bool = True) -> int:
-    """The packed size of a message, from above (exact when near ``limit``); raises at the
-    call for anything the routers refuse."""
-    size = len(payload) + 5 if type(payload) is bytes else _packed_size(payload, "payload")
+    """The packed size of a message (payload and header as the wire packs them); raises
+    at the call for anything the routers refuse.
+
+    The header is packed, not estimated: msgpack packs a small dict in C in less time
+    than a Python loop takes to bound its size (this runs per message), and packing is
+    also the check that it can be encoded at all.  A bytes payload is only measured."""
+    pack = _pack_fn()
+    if type(payload) is bytes:
+        n = len(payload)
+        size = n + (2 if n < 256 else 3 if n < 65536 else 5)  # bin 8, 16 or 32
+    else:
+        try:
+            size = len(pack(payload))
+        except (TypeError, ValueError, OverflowError) as e:
+            raise _cannot_encode("payload", e) from None
     if header is not None:
         if type(header) is not dict:
             raise InvalidMessage(f"a header is a dict (or None), not {type(header).__name__}")
@@ -155,11 +139,10 @@ def message_size(payload: Any, header: Any, limit: int, reserved: bool = True) -
                 f"header {KIND!r} values join, part and suspect are reserved for membership "
                 "messages: the client sends them itself (connect, close, suspect)"
             )
-        size += _header_size(header)
-    if size > limit:  # the size is a bound from above: refuse only what really is too large
-        size = _packed_size(payload, "payload")
-        if header is not None:
-            size += _packed_size(header, "header")
+        try:
+            size += len(pack(header))
+        except (TypeError, ValueError, OverflowError) as e:
+            raise _cannot_encode("header", e) from None
     if size > limit:
         raise MessageTooLarge(
             f"a message of {size} bytes exceeds the routers' limit of {limit} bytes "
@@ -347,12 +330,11 @@ class Client:
                 self._on_delivery(up)
             elif t is Acked:
                 fut = self._acks.pop(up.id, None)
-                ack = Ack(up.id, up.t, up.delivered)
                 if fut is not None:
                     if not fut.done():
-                        fut.set_result(ack)
+                        fut.set_result(up)
                 elif self.endpoint is not None and up.id[0] == self.endpoint.session:
-                    batch.append(ack)
+                    batch.append(up)
                 self._space.set()
             elif t is Rejected:
                 fut = self._acks.pop(up.id, None)

@@ -129,11 +129,14 @@ class Delivery(NamedTuple):
 
 
 class Acked(NamedTuple):
-    """A submission became stable: every unsuspected destination delivered it."""
+    """A submission became stable: every unsuspected destination delivered it (the SDK
+    hands it to applications as ``ecast.Ack``)."""
 
     id: MsgId
     t: int | None
+    """Timestamp in the m-seq (None for a duplicate of a message collected long ago)."""
     delivered: bool
+    """False if nobody was a destination (an ignored message, 4.4.1)."""
 
 
 @dataclass(frozen=True, slots=True)

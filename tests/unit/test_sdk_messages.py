@@ -31,22 +31,22 @@ shaped = st.recursive(
     ),
     max_leaves=40,
 )
-"""Payloads as applications send them: tuples, lists and dicts of scalars, some longer
-and deeper than the SDK's shape walk follows (it hands those to a trial encoding)."""
+"""Payloads as applications send them: tuples, lists and dicts of scalars, short and
+long, flat and deep."""
 
 
 @given(
     payload=st.binary(max_size=300),
     header=st.none() | st.dictionaries(st.text(max_size=10), nested, max_size=10),
 )
-def test_the_size_is_never_below_the_packed_message(payload: bytes, header: Any) -> None:
+def test_the_size_is_the_packed_message(payload: bytes, header: Any) -> None:
     if header is not None:
         header.pop("kind", None)
     size = message_size(payload, header, 1 << 30)
     packed = len(msgpack.packb(payload, use_bin_type=True))
     if header is not None:
         packed += len(msgpack.packb(header, use_bin_type=True))
-    assert size >= packed
+    assert size == packed
 
 
 @given(payload=shaped, header=st.none() | st.dictionaries(st.text(max_size=10), shaped))
@@ -59,7 +59,7 @@ def test_the_size_of_any_shaped_message_is_never_below_the_packed_message(
     if header is not None:
         packed += len(msgpack.packb(header, use_bin_type=True))
     assert message_size(payload, header, 1 << 30) >= packed
-    # Only what is really too large is refused: the walk's bound may overcount.
+    # Only what is really too large is refused.
     assert message_size(payload, header, packed) == packed
     with pytest.raises(MessageTooLarge, match=f"a message of {packed} bytes"):
         message_size(payload, header, packed - 1)
@@ -114,3 +114,9 @@ def test_the_size_of_wide_headers_is_never_undercounted(header: Any) -> None:
 def test_an_unhashable_kind_is_an_ordinary_header_value() -> None:
     # Not a membership kind, so allowed; it used to escape as TypeError from a set lookup.
     assert message_size(b"x", {"kind": [1]}, 100) >= len(msgpack.packb({"kind": [1]}))
+
+
+@pytest.mark.parametrize("n", [0, 255, 256, 65_535, 65_536, 70_000])
+def test_a_bytes_payload_is_measured_with_its_bin_header(n: int) -> None:
+    payload = bytes(n)
+    assert message_size(payload, None, 1 << 30) == len(msgpack.packb(payload, use_bin_type=True))
