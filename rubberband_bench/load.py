@@ -184,7 +184,15 @@ class Client:
 
     async def read_loop(self) -> None:
         """Keep up to ``--window`` reads in flight: refill once ``--refill-at`` places are
-        free (or none is in flight)."""
+        free (or none is in flight).
+
+        Each read draws its level; a level's reads are sent once ``--refill-at`` of them
+        are drawn (or nothing is in flight), as a client that batches its reads by level
+        would.  Sending every refill at once split it in two for a mix, so each level's
+        bundles carried half as many reads (spread over the same responders), and a
+        half-and-half mix ran slower than either level alone."""
+        held: dict[str, list[Any]] = {}
+        """Reads drawn and not sent yet, by level (they count against the window)."""
         while self.open:
             # Cleared before submitting: reads that complete while a submission waits
             # for the connection set it again (cleared after, their signal was lost and
@@ -193,13 +201,13 @@ class Client:
             redo, self.redo = self.redo, {}
             for level, items in redo.items():  # first, as one batch per level
                 await self.submit_reads([op for op, _ in items], level, [t for _, t in items])
-            room = self.args.window - self.in_flight
+            room = self.args.window - self.in_flight - sum(map(len, held.values()))
             if room >= self.refill_at or (room > 0 and not self.in_flight):
-                by_level: dict[str, list[Any]] = {}
                 for _ in range(room):
-                    by_level.setdefault(self.isolation(), []).append(self.op("read"))
-                for level, ops in by_level.items():
-                    await self.submit_reads(ops, level)
+                    held.setdefault(self.isolation(), []).append(self.op("read"))
+            for level in list(held):
+                if len(held[level]) >= self.refill_at or not self.in_flight:
+                    await self.submit_reads(held.pop(level), level)
             await self.want.wait()
 
     async def submit_reads(
