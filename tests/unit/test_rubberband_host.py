@@ -81,3 +81,25 @@ async def test_migration_messages_go_ahead_of_waiting_deliveries() -> None:
     assert WAKE not in first + rest
     direct.cancel()
     reader.cancel()
+
+
+async def test_the_inbox_is_a_fifo_whose_waiting_worker_wakes_and_loses_nothing() -> None:
+    from rubberband.host import _Inbox
+
+    inbox = _Inbox()
+    inbox.put_nowait(("a",))
+    inbox.put_nowait(("b",))
+    assert await inbox.get() == ("a",) and inbox.get_nowait() == ("b",) and inbox.empty()
+    # A worker waits for the next item, and wakes when it comes.
+    waiting = asyncio.ensure_future(inbox.get())
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    inbox.put_nowait(("c",))
+    assert await asyncio.wait_for(waiting, 1) == ("c",)
+    # A worker cancelled while it waits takes nothing with it: the next one gets the item.
+    cancelled = asyncio.ensure_future(inbox.get())
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    await asyncio.sleep(0)
+    inbox.put_nowait(("d",))
+    assert cancelled.cancelled() and await asyncio.wait_for(inbox.get(), 1) == ("d",)
