@@ -258,9 +258,10 @@ class RubberbandClient:
                     continue
                 sent.append((indices, ack, rid))
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + (self.ecast.ack_timeout if wait < 0 else wait)
+            limit = self.ecast.ack_timeout if wait < 0 else wait
+            deadline = None if limit is None else loop.time() + limit  # None: for ever
             for indices, ack, rid in sent:
-                left = max(0.0, deadline - loop.time())
+                left = None if deadline is None else max(0.0, deadline - loop.time())
                 error = await self._written(ops[indices[0]], ack, rid, left)
                 for i in indices:
                     outcomes[i] = error
@@ -271,10 +272,10 @@ class RubberbandClient:
         return outcomes
 
     async def _written(
-        self, op: Any, ack: asyncio.Future[Any], rid: Any, timeout: float
+        self, op: Any, ack: asyncio.Future[Any], rid: Any, timeout: float | None
     ) -> Exception | None:
         """The outcome of one message of :meth:`write_batch`, its acknowledgement waited
-        for at most ``timeout`` seconds more."""
+        for at most ``timeout`` seconds more (None: as long as it takes)."""
         try:
             done = await asyncio.wait_for(asyncio.shield(ack), timeout)
         except TimeoutError:

@@ -142,3 +142,13 @@ def test_a_batch_nobody_acknowledges_times_out_once_not_per_message() -> None:
     assert len(wire.sent) >= 20
     assert all(isinstance(o, TimeoutError) for o in outcomes)
     assert time.monotonic() - t0 < 1.5  # one timeout for all, not 0.3 s per message
+
+
+def test_a_client_without_an_ack_timeout_waits_for_every_acknowledgement() -> None:
+    # ``ack_timeout=None`` (wait for ever) is the E-Cast client's own setting; the batch's
+    # single deadline must not turn it into arithmetic on None.
+    m = _grown()
+    wire = _WriteWire(m)
+    wire.ack_timeout = None  # type: ignore[assignment]
+    outcomes = _run(m, wire, [("put", ((k, k),)) for k in range(0, 500, 5)], bundle=4)
+    assert outcomes == [None] * 100 and len(wire.sent) >= 20
