@@ -62,7 +62,9 @@ def problem() -> str | None:
     for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("nft", "nftables")):
         if shutil.which(tool) is None:
             return f"network faults need {tool!r} (apt-get install {package})"
-    probe = "jlprobe"
+    # A name of this process's own: the test suite's workers probe at the same time, and
+    # with one shared name the second's "File exists" skipped its network-fault tests.
+    probe = f"jlprobe{os.getpid()}"
     r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if r.returncode != 0:
         return f"cannot create a network namespace: {r.stderr.strip()}"

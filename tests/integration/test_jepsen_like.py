@@ -14,8 +14,9 @@ import pytest
 from jepsen_like import net
 
 EVERY = "kill,pause,partition,stall,slow,loss,reconfigure"
+_NET_PROBLEM = net.problem()
 needs_net = pytest.mark.skipif(
-    net.problem() is not None, reason=f"network namespaces: {net.problem()}"
+    _NET_PROBLEM is not None, reason=f"network namespaces: {_NET_PROBLEM}"
 )
 
 
