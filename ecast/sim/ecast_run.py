@@ -564,6 +564,7 @@ class EcastRun(EcastGroupRun):
             if not settled:
                 violations.append("termination: the run did not quiesce within the settle time")
             violations.extend(self._memory_violations())
+            violations.extend(self.lingering_retirees())
         violations.extend(self.app.check(self, quorum and settled))
         for p in self._false_suspects:
             if p in ref.suspected and self.apps[p].ep.terminated == "suspected":

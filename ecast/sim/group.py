@@ -197,6 +197,25 @@ class RouterGroupRun:
             if self.sim.nodes[r].alive and not c.stopped and r not in parted
         ]
 
+    def lingering_retirees(self) -> list[str]:
+        """Routers still retiring although an up member of the latest view hears them
+        (it is in their audience) and would release them: after the settle time there
+        must be none.  A jepsen_like run found one that waited for ever on confirmations
+        from members that had left in the meantime."""
+        number, members = self.latest_view()
+        up = {m for m in members if self.sim.nodes[m].alive and not self.cores[m].stopped}
+        out = []
+        for r, c in self.cores.items():
+            if not self.sim.nodes[r].alive or c.retirement is None or c.view is None:
+                continue
+            hears = up & set(c.retirement.audience(c.view.members, r))
+            if hears:
+                out.append(
+                    f"retirement: {r} still retires (left for view {c.view.number}) though"
+                    f" {sorted(hears)} of view {number} could release it"
+                )
+        return out[:5]
+
     def quorum_up(self) -> bool:
         """A majority of the latest view is alive and not parted (liveness's premise)."""
         _n, members = self.latest_view()

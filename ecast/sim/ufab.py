@@ -228,6 +228,7 @@ class UfabRun(RouterGroupRun):
             if not settled and not term:
                 term = ["termination: the run did not quiesce within the settle time"]
             violations.extend(term)
+            violations.extend(self.lingering_retirees())
         executed = max((len(rec.log) for rec in self.records.values()), default=0)
         return UfabRunResult(
             seed=self.cfg.seed,

@@ -263,6 +263,29 @@ def test_parted_router_stops_and_may_rejoin_only_under_a_fresh_id() -> None:
     assert net.core("a").view is not None and "c2" in net.core("a").view.members
 
 
+def test_a_retiring_router_finishes_when_the_view_it_left_for_has_moved_on() -> None:
+    """c parts from {a, b, c}; before its confirmations arrive, b parts from {a, b} and its
+    process exits.  A majority of {a, b}, the view c left for, can never confirm c's part
+    now; a's later view is proof enough that {a, b} executed c's stop sign (it was decided
+    by a majority of {a, b}), so c may go.  Found by a jepsen_like run where a lingering
+    retiree kept the group from settling for good."""
+    net = ManualNet(["a", "b", "c"], params())
+    net.leave("c")
+    net.deliver("c", "a")  # c's part reaches the leader; what c says later is held
+    held = {("c", "a"), ("c", "b")}
+    net.settle(0.5, hold=held)
+    c = net.core("c")
+    assert c.retiring and c.view is not None and c.view.members == ("a", "b")
+    net.leave("b")
+    net.settle(0.5, hold=held)
+    assert net.core("b").finished
+    net.crash("b")
+    assert net.core("a").view is not None and net.core("a").view.members == ("a",)
+    net.settle(0.5)
+    assert c.finished and not c.retiring
+    assert net.violations() == []
+
+
 def test_routers_that_part_each_other_lose_exactly_one() -> None:
     net = scenarios.mutual_parts()
     members = net.core("c").view.members  # type: ignore[union-attr]

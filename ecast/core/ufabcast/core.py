@@ -574,7 +574,7 @@ class Ufabcast:
         elif t is Parted:
             view = self.view
             assert view is not None and self.retirement is not None
-            if self.retirement.confirm(src, view.members, view.majority):
+            if self.retirement.confirm(src, msg.view, view):
                 self._stop("parted")
         elif t is Heartbeat:
             self.wm.report(src, msg.executed)
@@ -919,7 +919,7 @@ class Ufabcast:
             return
         self._hint_sent[src] = self._now
         if src in self.retired:
-            self._send(src, Parted())
+            self._send(src, Parted(self.view.number if self.view is not None else 0))
         elif self.view is not None:
             self._send(src, Heartbeat(self.view.number, self.next_exec - 1))
 

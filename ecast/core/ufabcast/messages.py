@@ -178,6 +178,11 @@ class Snapshot:
 class Parted:
     """Tells a router that it was parted (it executes nothing more and stops)."""
 
+    view: int
+    """The sender's view.  A retiring router whose new view has since been replaced
+    needs no more confirmations: that later view was decided by a majority of the one it
+    left for, so they all executed its stop sign (see :mod:`.retirement`)."""
+
 
 UFAB_MESSAGES = (
     Forward,

@@ -11,6 +11,7 @@ was parted) that it executed the stop sign (docs/decisions.md).
 from __future__ import annotations
 
 from ecast.core.effects import NodeId
+from ecast.core.ufabcast.messages import View
 
 
 class Retirement:
@@ -20,11 +21,18 @@ class Retirement:
         self.old_members = old_members
         self.confirmed: set[NodeId] = set()
 
-    def confirm(self, src: NodeId, members: tuple[NodeId, ...], majority: int) -> bool:
-        """``src`` told us we were parted; True once a majority of the new view did."""
-        if src in members:
+    def confirm(self, src: NodeId, their_view: int, view: View) -> bool:
+        """``src``, in view ``their_view``, told us we were parted; True once a majority
+        of ``view`` (the one we left for) did, or once anyone tells it from a later view.
+
+        A later view was decided in ``view`` by a majority of its members, all of whom had
+        executed our stop sign to be there.  Without that rule a retiree waits for ever
+        when members of ``view`` leave before they confirm: their majority is gone."""
+        if their_view > view.number:
+            return True
+        if src in view.members:
             self.confirmed.add(src)
-        return len(self.confirmed) >= majority
+        return len(self.confirmed) >= view.majority
 
     def audience(self, members: tuple[NodeId, ...], me: NodeId) -> list[NodeId]:
         """Whom the retiring router keeps telling its final position."""
