@@ -106,6 +106,8 @@ class RouterNemesis:
         """Routers the group keeps: a router gone for good is replaced by a new one."""
         self._fresh = 0
         self.say = say
+        self._unsettled_since: float | None = None
+        self._said_after = 0.0
         self.wall0: float | None = None
         """The wall-clock time the run's clock started (its first call), for reports."""
 
@@ -123,11 +125,11 @@ class RouterNemesis:
         if len(live) < self.size:
             # A paused or isolated router the group expelled stops when it is back: a
             # new process under a fresh id takes its place, as for a kill.
-            if _settled(cluster, live):
+            if self._settled(elapsed, cluster, live):
                 fresh = self._join(cluster, live)
                 self.say(f"{elapsed:7.2f}s  {fresh} joins ({self.size - len(live)} gone)")
             return
-        if not _settled(cluster, live):
+        if not self._settled(elapsed, cluster, live):
             return  # the last fault's view change is not over: wait for it
         kind = self.rng.choice(self.kinds)
         if kind == "pause-app" and not self.app_pids:
@@ -139,6 +141,21 @@ class RouterNemesis:
         if f.end is None:
             self.active = f
         self.next_at = elapsed + self.rng.uniform(*self.gap)
+
+    def _settled(self, elapsed: float, cluster: LocalCluster, live: list[str]) -> bool:
+        """Whether the next fault may come; says every 5 s why it may not, so a run that
+        stops injecting shows what it waits for."""
+        why = _unsettled(cluster, live)
+        if why is None:
+            self._unsettled_since = None
+            return True
+        if self._unsettled_since is None:
+            self._unsettled_since, self._said_after = elapsed, 0.0
+        waited = elapsed - self._unsettled_since
+        if waited >= self._said_after + 5.0:
+            self._said_after = waited
+            self.say(f"{elapsed:7.2f}s  waiting {waited:.0f}s to settle: {why}")
+        return False
 
     # ------------------------------------------------------------------ faults
     def _kill(self, elapsed: float, cluster: LocalCluster, live: list[str], target: str,
@@ -275,10 +292,15 @@ class RouterNemesis:
         return {"by_kind": by_kind, "faults": [f.to_json() for f in self.faults]}
 
 
-def _settled(cluster: LocalCluster, live: list[str]) -> bool:
-    """Every live router is a member of one view of exactly the live routers."""
+def _unsettled(cluster: LocalCluster, live: list[str]) -> str | None:
+    """Why the group is not settled, or None when every live router is a member of one
+    view of exactly the live routers and says it is healthy."""
     for r in live:
         h = cluster.routers[r].health()
-        if not h or h.get("status") != "ok" or sorted(h.get("members", ())) != live:
-            return False
-    return True
+        if not h:
+            return f"{r} does not answer /health"
+        if h.get("status") != "ok":
+            return f"{r} says {h.get('status')}: {h.get('reason', '')}".rstrip(": ")
+        if sorted(h.get("members", ())) != live:
+            return f"{r} has members {h.get('members')}, the live routers are {live}"
+    return None
