@@ -203,7 +203,7 @@ class RouterGroupRun:
         must be none.  A jepsen_like run found one that waited for ever on confirmations
         from members that had left in the meantime."""
         number, members = self.latest_view()
-        up = {m for m in members if self.sim.nodes[m].alive and not self.cores[m].stopped}
+        up = set(self._up(members))
         out = []
         for r, c in self.cores.items():
             if not self.sim.nodes[r].alive or c.retirement is None or c.view is None:
@@ -216,11 +216,14 @@ class RouterGroupRun:
                 )
         return out[:5]
 
+    def _up(self, members: tuple[NodeId, ...]) -> list[NodeId]:
+        """The ones of ``members`` that are alive and not stopped."""
+        return [m for m in members if self.sim.nodes[m].alive and not self.cores[m].stopped]
+
     def quorum_up(self) -> bool:
         """A majority of the latest view is alive and not parted (liveness's premise)."""
         _n, members = self.latest_view()
-        up = [m for m in members if self.sim.nodes[m].alive and not self.cores[m].stopped]
-        return len(up) >= len(members) // 2 + 1
+        return len(self._up(members)) >= len(members) // 2 + 1
 
     def group_quiescent(self, correct: list[NodeId]) -> bool:
         """One position, one view, nothing pending, no crashed or parted member left."""
