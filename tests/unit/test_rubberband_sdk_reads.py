@@ -242,3 +242,53 @@ def test_a_malformed_answer_or_a_raising_callback_does_not_stop_the_reader() -> 
 
     asyncio.run(go())
     assert len(got) == 20 and None not in got and {5: "five"} in got
+
+
+def test_a_bundled_read_answered_in_pieces_completes_once_and_whole() -> None:
+    """Answers to a bundle's reads come from one responder (whole) or, with a stale
+    keyspace, from several (each a piece): a read completes when its pieces cover it, is
+    told once however many replicas answer it, and pieces from different frontiers
+    refuse it.  The answers here are crafted, so each case is certain to occur."""
+    m = Model(f=3).ring_of(4)
+
+    async def go() -> tuple[dict[int, Any], dict[int, int], Any]:
+        core = ClientCore(KVOps())
+        core.learn(m.config.version, m.config.keyspace.to_state())
+        wire = _BundleWire(m, silent=True)
+        rb = RubberbandClient(wire, core, answer_timeout=5.0)  # type: ignore[arg-type]
+        got: dict[int, Any] = {}
+        told: dict[int, int] = {}
+        ops: list[Any] = [("scan", 10, 30), ("get", (12,)), ("get", (14,)), ("scan", 40, 50)]
+
+        def done(op: Any, gather: Any) -> None:
+            i = ops.index(op)
+            told[i] = told.get(i, 0) + 1
+            got[i] = "refused" if gather.refused else rb.core.result(gather)
+
+        await rb.read_batch(ops, "snapshot", done, bundle=8)
+        ((payload, header),) = wire.sent
+        reads = msgpack.unpackb(payload, use_list=False)
+        assert [op[0] for op, _ in reads] == ["scan", "get", "get", "scan"]
+        r1, r2 = reads[1][1], reads[2][1]
+        k = (2, 20)
+        first = ((0, (((2, 10), k),), [(10, "a")], None), (1, r1, {12: "x"}, None))
+        rb._on_direct(("resn", header["q"], 7, True, first))
+        assert got == {1: {12: "x"}}  # the scan has half of what it reads
+        second = (
+            (0, ((k, (2, 30)),), [(20, "b")], None),
+            (1, r1, {12: "replica"}, None),  # read 1 is complete: not told again
+            (2, r2, {}, None),
+            (3, (((2, 40), (2, 45)),), [], None),
+        )
+        rb._on_direct(("resn", header["q"], 7, True, second))
+        assert got == {0: [(10, "a"), (20, "b")], 1: {12: "x"}, 2: {}}
+        # The rest of read 3 from another frontier: not one consistent cut.
+        rb._on_direct(("resn", header["q"], 8, True, ((3, (((2, 45), (2, 50)),), [], None),)))
+        left = (dict(rb._bundles), dict(rb._unsafe), dict(rb._reads))
+        await rb.close()
+        return got, told, left
+
+    got, told, left = asyncio.run(go())
+    assert got[3] == "refused"
+    assert told == {0: 1, 1: 1, 2: 1, 3: 1}
+    assert left == ({}, {}, {})
