@@ -86,8 +86,11 @@ class Gather:
         return f"Gather({self.op!r:.60}, covered={self.covered!r:.60}, refused={self.refused})"
 
     def add(
-        self, covered: RangeSet, result: Any, error: str | None, position: Any, ok: bool
+        self, covered: RangeSet | None, result: Any, error: str | None, position: Any, ok: bool
     ) -> None:
+        """One answer: ``covered`` is what it answers for (None: all of the read)."""
+        if covered is None:
+            covered = self.ranges
         if not ok:
             self.refused = True
             return

@@ -132,7 +132,7 @@ class RubberbandClient:
         self, brid: Any, bundle: _Bundle, position: Any, ok: Any, answers: tuple[Any, ...]
     ) -> None:
         """One responder's answers to the reads of a bundle: ``(index, covered, result,
-        error)`` each.  Most answers cover their read whole from the first responder; they
+        error)`` each, ``covered`` None for the whole read.  Most answers cover their read whole from the first responder; they
         complete it here without the general gathering (this loop runs once per read, and
         was a third of a client's time at saturation)."""
         gathers = bundle.gathers
@@ -146,7 +146,12 @@ class RubberbandClient:
             g = gathers[i]
             if g is None:  # completed already (by another replica's answer)
                 continue
-            if ok is True and answer[3] is None and not g.covered and answer[1] == g.ranges:
+            if (
+                ok is True
+                and answer[3] is None
+                and not g.covered
+                and (answer[1] is None or answer[1] == g.ranges)
+            ):
                 g.pieces.append((g.ranges, answer[2]))
                 g.covered = g.ranges
                 g.position = position

@@ -82,7 +82,7 @@ RESULTS = "resn"
 """storage -> client: ``("resn", id, position, ok, answers)``: the answers to a bundle of
 reads (one message carrying many, see :data:`BUNDLE`); each answer is ``(index, covered,
 result, error)`` for one read of the bundle and one piece of what this process holds of
-it (:data:`rubberband.config.BUNDLE`).  ``position`` and ``ok`` as in :data:`RESULT`; a
+it (:data:`rubberband.config.BUNDLE`), ``covered`` None for all of the read's ranges.  ``position`` and ``ok`` as in :data:`RESULT`; a
 refusal or a malformed bundle is one :data:`RESULT` for all of its reads.  A bundle of
 writes is answered only for the writes the engine rejected, with the same message."""
 MALFORMED_BUNDLE = "a bundle is a tuple of (op, ranges) pairs, as many as its count"
@@ -305,7 +305,9 @@ class StorageCore:
         """A bundle's reads cut at the ring's segments (as :meth:`_pieces` cuts one read):
         ``(index, op, piece, covered)`` for each read and each piece of what this process
         holds of the bundle that the read's ranges meet, ``covered`` being what the read
-        has of the piece; None for a malformed bundle.
+        has of the piece, None where that is the whole read (most reads: the answer then
+        need not repeat the read's ranges back to its client); None for a malformed
+        bundle.
 
         The engine runs each read on the whole ``piece``: a part of the header's union,
         which :meth:`_mine` checked, never the read's own ranges, which nobody checked.
@@ -333,7 +335,7 @@ class StorageCore:
                         return None
                     k = bisect_right(los, one[0]) - 1
                     if k >= 0 and one[1] <= spans[k][1] and one[0] < one[1]:
-                        items.append((i, op, spans[k][2], ranges))
+                        items.append((i, op, spans[k][2], None))  # the read, whole
                         continue
                     for piece in pieces:  # at most f: the segments this process holds
                         part = clip(one, piece)

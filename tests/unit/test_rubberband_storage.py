@@ -562,6 +562,8 @@ def test_a_malformed_or_refused_bundle_is_one_answer_for_all_its_reads() -> None
     (out,) = core.deliver_unsafe(msg, m.t, True)
     assert out[2][0] == "resn" and out[2][3] is True
     assert sorted((i, res) for i, _, res, _ in out[2][4]) == [(0, {5: "five"}), (1, {})]
+    # Each answer is for its whole read, which "covered" None says without the ranges.
+    assert [covered for _, covered, _, _ in out[2][4]] == [None, None]
     subs = msgpack.unpackb(payload, use_list=False)
     assert len(subs) == 2 and msg.header["r"] == ((subs[0][1][0][0], subs[1][1][0][1]),)
     for bad in (
@@ -677,3 +679,23 @@ def test_a_malformed_write_bundle_is_applied_nowhere_and_lies_change_nothing() -
     assert len(m.replies["wb"]) == 3 and "append to 5" in m.replies["wb"][0][4][0][3]
     assert m.replica_violations() == []
     assert not m.stopped
+
+
+def test_an_answer_for_part_of_a_bundled_read_names_the_part() -> None:
+    """A responder answers what it holds of each read: all of it (``covered`` None) or
+    the part it holds, named, so the client gathers the rest elsewhere."""
+    m = grown(4)
+    client = ClientCore(KVOps())
+    client.learn(m.config.version, m.config.keyspace.to_state())
+    ops: list[Any] = [("get", (5,)), ("scan", 50, 450)]  # the scan spans all 4 segments
+    gathers = [client.read(op)[2] for op in ops]
+    payload, header = client.bundle(list(zip(ops, gathers, strict=True)), 1)
+    header["q"] = "b2"
+    msg = Message("client:c", (("u", 0, "client:c"), 1), header, payload)
+    name = sorted(m.config.destset(msg))[0]
+    (out,) = m.storage[name].deliver_unsafe(msg, m.t, True)
+    covered = {i: c for i, c, _, _ in out[2][4]}
+    assert covered[0] is None
+    parts = [c for i, c, _, _ in out[2][4] if i == 1]
+    assert parts and all(c is not None and c != gathers[1].ranges for c in parts)
+
