@@ -132,9 +132,10 @@ class RubberbandClient:
         self, brid: Any, bundle: _Bundle, position: Any, ok: Any, answers: tuple[Any, ...]
     ) -> None:
         """One responder's answers to the reads of a bundle: ``(index, covered, result,
-        error)`` each, ``covered`` None for the whole read.  Most answers cover their read whole from the first responder; they
-        complete it here without the general gathering (this loop runs once per read, and
-        was a third of a client's time at saturation)."""
+        error)`` each, ``covered`` None for the whole read.  Most answers cover their read
+        whole from the first responder; they complete it here without the general
+        gathering (this loop runs once per read, and was a third of a client's time at
+        saturation)."""
         gathers = bundle.gathers
         n = len(gathers)
         for answer in answers:

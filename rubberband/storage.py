@@ -82,9 +82,10 @@ RESULTS = "resn"
 """storage -> client: ``("resn", id, position, ok, answers)``: the answers to a bundle of
 reads (one message carrying many, see :data:`BUNDLE`); each answer is ``(index, covered,
 result, error)`` for one read of the bundle and one piece of what this process holds of
-it (:data:`rubberband.config.BUNDLE`), ``covered`` None for all of the read's ranges.  ``position`` and ``ok`` as in :data:`RESULT`; a
-refusal or a malformed bundle is one :data:`RESULT` for all of its reads.  A bundle of
-writes is answered only for the writes the engine rejected, with the same message."""
+it (:data:`rubberband.config.BUNDLE`), ``covered`` None for all of the read's ranges.
+``position`` and ``ok`` as in :data:`RESULT`; a refusal or a malformed bundle is one
+:data:`RESULT` for all of its reads.  A bundle of writes is answered only for the writes
+the engine rejected, with the same message."""
 MALFORMED_BUNDLE = "a bundle is a tuple of (op, ranges) pairs, as many as its count"
 """The error every read of a malformed bundle gets (and a write bundle's sender: no
 write of it is applied)."""

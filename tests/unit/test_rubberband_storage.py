@@ -698,4 +698,3 @@ def test_an_answer_for_part_of_a_bundled_read_names_the_part() -> None:
     assert covered[0] is None
     parts = [c for i, c, _, _ in out[2][4] if i == 1]
     assert parts and all(c is not None and c != gathers[1].ranges for c in parts)
-
