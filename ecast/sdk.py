@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import ssl
 import threading
@@ -63,6 +64,8 @@ from ecast.runtime.process import load_auth
 from ecast.wire.codec import MAX_FRAME, Packed
 
 __all__ = ["Ack", "Client", "connect"]
+
+log = logging.getLogger("ecast.sdk")
 
 MAX_NAME = 255
 DEFAULT_MAX_MESSAGE = MAX_FRAME - 64 * 1024
@@ -218,6 +221,12 @@ class Client:
         """Receives the ids of unsafe messages the routers did not forward to every
         destination (the router no longer leads, or a destination lagged too far
         behind): what waits for their answers can stop waiting."""
+        self.direct_listener: Callable[[NodeId, Any], None] | None = None
+        """Receives ``(sender, payload)`` of each direct message as it arrives, instead
+        of :meth:`receive_direct`: no queue and no task switch per message, for a
+        process that handles each at once (a client taking many answers a second).  It
+        runs inside the runtime's receive path, so it must not block; an exception it
+        raises is logged and the message dropped."""
 
     # ------------------------------------------------------------------ setup
     async def _start(
@@ -658,6 +667,13 @@ class Client:
 
     # ------------------------------------------------------------------ direct channel
     def _on_direct(self, src: NodeId, payload: Any) -> None:
+        listener = self.direct_listener
+        if listener is not None:
+            try:
+                listener(src, payload)
+            except Exception:
+                log.exception("event=direct_listener_failed from=%s", src)
+            return
         self._direct.put_nowait((src, payload))
         if self._direct.qsize() >= self._direct_size and src not in self._direct_paused:
             self._direct_paused[src] = None

@@ -79,18 +79,24 @@ class RubberbandClient:
         """Snapshot reads in flight by their E-Cast message id: a router's notice that
         it shed one (``ecast.Client.shed_listener``) refuses the read at once."""
         client.shed_listener = self._on_shed
+        client.direct_listener = self._on_answer
         self._reader = asyncio.ensure_future(self._read_direct())
+        """Answers that arrive through :meth:`ecast.Client.receive_direct` instead (an
+        E-Cast client without the listener, as in tests)."""
 
     # ------------------------------------------------------------------ plumbing
     async def _read_direct(self) -> None:
         while True:
             src, p = await self.ecast.receive_direct()
-            try:
-                self._on_direct(p)
-            except Exception:
-                # A malformed answer (from any storage process) or a ``done`` callback
-                # that raised must not end the one task that completes every read.
-                log.exception("event=bad_answer from=%s", src)
+            self._on_answer(src, p)
+
+    def _on_answer(self, src: str, p: Any) -> None:
+        try:
+            self._on_direct(p)
+        except Exception:
+            # A malformed answer (from any storage process) or a ``done`` callback that
+            # raised must not stop the answers that follow.
+            log.exception("event=bad_answer from=%s", src)
 
     def _on_direct(self, p: Any) -> None:
         if type(p) is not tuple or not p:

@@ -285,6 +285,40 @@ async def test_colocated_processes_get_direct_payloads_as_the_wire_gives_them(
         await rt.close()
 
 
+async def test_a_direct_listener_takes_each_message_as_it_arrives(group: LocalCluster) -> None:
+    """With ``direct_listener`` set, direct messages go to it in order and never to the
+    receive queue; a listener that raises loses that message only."""
+    rt = ecast.Runtime(ecast.load_auth(secret=SECRET), host_id="listened")
+    await rt.serve("127.0.0.1:0")
+    try:
+        async with (
+            connect(group, "li-a", runtime=rt) as a,
+            connect(group, "li-b", runtime=rt) as b,
+        ):
+            got: list[tuple[str, object]] = []
+            arrived = asyncio.Event()
+
+            def listener(sender: str, payload: object) -> None:
+                if payload == {"n": 3}:
+                    raise RuntimeError("the application's own bug")
+                got.append((sender, payload))
+                if len(got) == 9:
+                    arrived.set()
+
+            b.direct_listener = listener
+            for n in range(10):
+                a.send_direct_nowait("li-b", {"n": n})
+            await asyncio.wait_for(arrived.wait(), 10)
+            assert got == [("li-a", {"n": n}) for n in range(10) if n != 3]
+            with pytest.raises(TimeoutError):
+                await b.receive_direct(timeout=0.2)  # nothing went to the queue
+            b.direct_listener = None
+            await a.send_direct("li-b", {"n": 10})
+            assert await b.receive_direct(timeout=10) == ("li-a", {"n": 10})
+    finally:
+        await rt.close()
+
+
 async def test_a_new_process_under_a_name_gets_the_direct_messages_sent_to_it(
     group: LocalCluster,
 ) -> None:
