@@ -581,7 +581,8 @@ class _NoFilterGather(Gather):
         if not ok or error is not None:
             super().add(covered, result, error, position, ok)
             return
-        self.pieces.append((intersect(covered, self.ranges), result))
+        whole = self.ranges if covered is None else intersect(covered, self.ranges)
+        self.pieces.append((whole, result))
         super().add(covered, result, error, position, ok)
 
 
