@@ -226,7 +226,9 @@ class Client:
         of :meth:`receive_direct`: no queue and no task switch per message, for a
         process that handles each at once (a client taking many answers a second).  It
         runs inside the runtime's receive path, so it must not block; an exception it
-        raises is logged and the message dropped."""
+        raises is logged and the message dropped.  Set it before direct messages arrive:
+        reading from a peer that the full queue paused resumes only as
+        :meth:`receive_direct` drains the queue."""
 
     # ------------------------------------------------------------------ setup
     async def _start(

@@ -420,36 +420,49 @@ class RubberbandClient:
             return rid
 
         basic = 0
-        if isolation == "basic":
-            version = core.version
-            for i, gather in enumerate(gathers):
-                rid = alone(i)
-                for target, ranges in core.basic_targets(gather, frozenset()).items():
-                    self.ecast.send_direct_nowait(target, (BASIC, rid, ops[i], ranges, version))
-                    basic += 1
-        else:
-            groups, offset = core.bundles(gathers, bundle)
-            while groups:
-                group = groups.pop()
-                if len(group) == 1:
-                    i = group[0]
-                    header = core.header(gathers[i])
-                    header["q"] = alone(i)
-                    items.append((ops[i], header))
-                    sent.append(header["q"])
-                    continue
-                payload, header = core.bundle([(ops[i], gathers[i]) for i in group], offset)
-                if len(payload) > BUNDLE_BYTES:  # large reads: fewer to a message
-                    half = len(group) // 2
-                    groups += (group[:half], group[half:])
-                    continue
-                brid = ("b", next(self._rid))
-                header["q"] = brid
-                self._bundles[brid] = _Bundle(
-                    [ops[i] for i in group], [gathers[i] for i in group], done
-                )
-                items.append((payload, header))
-                sent.append(brid)
+
+        def forget() -> None:
+            """The batch raised: none of its reads is told anything (answers to basic
+            reads already sent find nothing to complete)."""
+            for rid in rids:
+                reads.pop(rid, None)
+            for rid in sent:
+                self._bundles.pop(rid, None)
+
+        try:
+            if isolation == "basic":
+                version = core.version
+                for i, gather in enumerate(gathers):
+                    rid = alone(i)
+                    for target, ranges in core.basic_targets(gather, frozenset()).items():
+                        self.ecast.send_direct_nowait(target, (BASIC, rid, ops[i], ranges, version))
+                        basic += 1
+            else:
+                groups, offset = core.bundles(gathers, bundle)
+                while groups:
+                    group = groups.pop()
+                    if len(group) == 1:
+                        i = group[0]
+                        header = core.header(gathers[i])
+                        header["q"] = alone(i)
+                        items.append((ops[i], header))
+                        sent.append(header["q"])
+                        continue
+                    payload, header = core.bundle([(ops[i], gathers[i]) for i in group], offset)
+                    if len(payload) > BUNDLE_BYTES:  # large reads: fewer to a message
+                        half = len(group) // 2
+                        groups += (group[:half], group[half:])
+                        continue
+                    brid = ("b", next(self._rid))
+                    header["q"] = brid
+                    self._bundles[brid] = _Bundle(
+                        [ops[i] for i in group], [gathers[i] for i in group], done
+                    )
+                    items.append((payload, header))
+                    sent.append(brid)
+        except BaseException:
+            forget()
+            raise
 
         def expire() -> None:
             for rid in rids:
@@ -467,13 +480,19 @@ class RubberbandClient:
                             held.gathers[i] = None
                             _tell(done, held.ops[i], None)
 
-        asyncio.get_running_loop().call_later(
+        timer = asyncio.get_running_loop().call_later(
             self.answer_timeout if timeout is None else timeout, expire
         )
-        if isolation == "sequential":
-            self.ecast.submit_batch(items)
-        elif isolation == "snapshot":
-            mids = await self.ecast.submit_unsafe_batch(items)
+        try:
+            if isolation == "sequential":
+                self.ecast.submit_batch(items)
+            elif isolation == "snapshot":
+                mids = await self.ecast.submit_unsafe_batch(items)
+        except BaseException:  # not sent (no room, the client ended): raised, not told
+            timer.cancel()
+            forget()
+            raise
+        if isolation == "snapshot":
             unsafe, bundles = self._unsafe, self._bundles
             for mid, rid in zip(mids, sent, strict=False):
                 held = bundles.get(rid) if rid[0] == "b" else reads.get(rid)

@@ -302,7 +302,7 @@ class StorageCore:
 
     def _bundle_items(
         self, msg: Message, mine: RangeSet
-    ) -> list[tuple[int, Any, RangeSet, RangeSet]] | None:
+    ) -> list[tuple[int, Any, RangeSet, RangeSet | None]] | None:
         """A bundle's reads cut at the ring's segments (as :meth:`_pieces` cuts one read):
         ``(index, op, piece, covered)`` for each read and each piece of what this process
         holds of the bundle that the read's ranges meet, ``covered`` being what the read
@@ -324,7 +324,7 @@ class StorageCore:
         # piece; any other read is clipped to every piece.
         spans = sorted((lo, hi, piece) for piece in pieces for lo, hi in piece)
         los = [lo for lo, _, _ in spans]
-        items: list[tuple[int, Any, RangeSet, RangeSet]] = []
+        items: list[tuple[int, Any, RangeSet, RangeSet | None]] = []
         try:
             for i, sub in enumerate(subs):
                 if type(sub) is not tuple or len(sub) != 2 or type(sub[1]) is not tuple:
@@ -477,10 +477,11 @@ class StorageCore:
             self.stats.queued_max = len(self.queue)
 
     def _apply(self, batch: list[tuple[Message, RangeSet]], out: list[Output]) -> None:
-        items: list[tuple[Message, Any, RangeSet, RangeSet, int]] = []
+        items: list[tuple[Message, Any, RangeSet, RangeSet | None, int]] = []
         """``(message, op, ranges, covered, index)``: the engine runs ``op`` on
-        ``ranges``, the answer covers ``covered``; index -1 for a message's own op, else
-        the read's index in a bundle (see :meth:`_bundle_items`)."""
+        ``ranges``, the answer covers ``covered`` (None: all of a bundled read); index -1
+        for a message's own op, else the read's index in a bundle (see
+        :meth:`_bundle_items`)."""
         bundles: dict[int, tuple[Message, list[Any]]] = {}
         writes: set[int] = set()
         """Bundles of writes (by ``id``), answered only for rejected writes."""

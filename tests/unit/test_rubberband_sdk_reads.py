@@ -7,7 +7,9 @@ import asyncio
 from typing import Any
 
 import msgpack
+import pytest
 
+import ecast
 from rubberband.client import ClientCore
 from rubberband.sdk import RubberbandClient
 from storage_adapters.memory import KVOps
@@ -292,3 +294,49 @@ def test_a_bundled_read_answered_in_pieces_completes_once_and_whole() -> None:
     assert got[3] == "refused"
     assert told == {0: 1, 1: 1, 2: 1, 3: 1}
     assert left == ({}, {}, {})
+
+
+def test_a_batch_that_raises_leaves_nothing_behind_and_tells_no_read() -> None:
+    """``read_batch`` raises for the whole batch (an op the wire cannot carry, a
+    client with no room or ended): the caller owns every read of it, so none is told
+    later (not even as timed out) and nothing of it stays in the client's tables."""
+    m = Model(f=3).ring_of(4)
+
+    async def go() -> tuple[list[Any], list[Any]]:
+        core = ClientCore(KVOps())
+        core.learn(m.config.version, m.config.keyspace.to_state())
+        wire = _BundleWire(m, silent=True)
+        rb = RubberbandClient(wire, core, answer_timeout=0.2)  # type: ignore[arg-type]
+        told: list[Any] = []
+        left: list[Any] = []
+        ops = [("get", (k,)) for k in range(0, 400, 5)]
+        real_bundle = core.bundle
+        calls = 0
+
+        def bundle(*args: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 2:
+                raise TypeError("cannot encode")
+            return real_bundle(*args)
+
+        core.bundle = bundle  # type: ignore[method-assign]
+        with pytest.raises(TypeError):
+            await rb.read_batch(ops, "snapshot", lambda op, g: told.append(op), bundle=8)
+        left.append((dict(rb._bundles), dict(rb._reads)))
+        core.bundle = real_bundle  # type: ignore[method-assign]
+
+        async def refused(items: Any) -> Any:
+            raise ecast.ClosedError("the client was closed")
+
+        wire.submit_unsafe_batch = refused  # type: ignore[method-assign]
+        with pytest.raises(ecast.ClosedError):
+            await rb.read_batch(ops, "snapshot", lambda op, g: told.append(op), bundle=8)
+        left.append((dict(rb._bundles), dict(rb._reads), dict(rb._unsafe)))
+        await asyncio.sleep(0.4)  # past the answer timeout
+        await rb.close()
+        return told, left
+
+    told, left = asyncio.run(go())
+    assert told == []
+    assert left == [({}, {}), ({}, {}, {})]
