@@ -242,7 +242,15 @@ def union(a: RangeSet, b: RangeSet) -> RangeSet:
 
 
 def intersect(a: RangeSet, b: RangeSet) -> RangeSet:
-    """Both normalized; a linear merge."""
+    """Both normalized; a linear merge.  One range of ``a`` inside one of ``b`` (a
+    storage process intersecting a one-key operation with what it owns, for every
+    delivery) is found by bisection and answered with ``a`` itself."""
+    if len(a) == 1 and b:
+        lo, hi = a[0]
+        i = bisect_right(b, (lo,))  # b[i - 1] starts below lo, b[i] at lo or above
+        for j in (i - 1, i):
+            if 0 <= j < len(b) and b[j][0] <= lo and hi <= b[j][1]:
+                return a
     out: list[Range] = []
     i = j = 0
     while i < len(a) and j < len(b):

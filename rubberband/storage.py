@@ -449,8 +449,13 @@ class StorageCore:
     def _blocked(self, ranges: RangeSet, t: int) -> bool:
         """Whether an item at position ``t`` must wait: it overlaps a receive begun by an
         earlier keyspace message, or an item already waiting (which is earlier)."""
-        if overlaps(ranges, self._queued_ranges):
+        # Checked for every delivery: most find nothing queued and nothing being received,
+        # and return before building a generator (a tenth of a storage process's time
+        # under writes went here).
+        if self._queued_ranges and overlaps(ranges, self._queued_ranges):
             return True
+        if not self.incoming:
+            return False
         return any(rec.t < t and overlaps(ranges, rec.ranges) for rec in self.incoming.values())
 
     @property
