@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ecast import local
-from rubberband_bench.harness import Bench, ecast_baseline, machine, state_dir
+from rubberband_bench.harness import Bench, check_idle, ecast_baseline, machine, state_dir
 
 # ------------------------------------------------------------------ common
 
@@ -64,6 +64,7 @@ def parser(name: str, doc: str) -> argparse.ArgumentParser:
 
 @contextlib.contextmanager
 def cluster(args: argparse.Namespace, **settings: Any) -> Iterator[Bench]:
+    check_idle()
     b = Bench(state_dir(args.state_dir), **settings)
     try:
         b.up()

@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["node"]:
         return pysyncobj_node(argv[1:])
     from rubberband_bench.experiments import finish
-    from rubberband_bench.harness import machine, state_dir
+    from rubberband_bench.harness import check_idle, machine, state_dir
 
     ap = argparse.ArgumentParser("rubberband bench peers", description=__doc__.split("\n\n")[0])
     ap.add_argument("--systems", default=",".join(SYSTEMS))
@@ -472,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--png", default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    check_idle()
     results: dict[str, dict[str, Any]] = {}
     for system in args.systems.split(","):
         if system not in SYSTEMS:

@@ -57,3 +57,34 @@ def test_a_load_option_of_zero_is_passed_and_only_false_or_none_leave_a_flag_out
         {"snapshot_share": 0.0, "rate": 0, "unsafe": True, "bundle": None, "check": False}
     )
     assert flags == ["--snapshot-share", "0.0", "--rate", "0", "--unsafe"]
+
+
+def test_a_busy_machine_is_measured_and_told_before_a_benchmark(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second job halves a two-core benchmark's figures without any error: the
+    harness measures how busy the machine is before it starts, warns above a quarter,
+    and records the share with the machine."""
+    import os
+    import subprocess
+    import sys
+
+    from rubberband_bench import harness
+
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        busy = harness.cpu_busy(0.5)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert busy is not None and 0.4 / (os.cpu_count() or 1) <= busy <= 1.0
+
+    monkeypatch.setattr(harness, "_busy", [])
+    monkeypatch.setattr(harness, "cpu_busy", lambda seconds=0.5: 0.6)
+    assert harness.check_idle() == 0.6
+    assert "60% busy before this benchmark started" in capsys.readouterr().err
+    assert harness.machine()["busy_before"] == 0.6
+    monkeypatch.setattr(harness, "_busy", [])
+    monkeypatch.setattr(harness, "cpu_busy", lambda seconds=0.5: 0.1)
+    assert harness.check_idle() == 0.1
+    assert capsys.readouterr().err == ""
