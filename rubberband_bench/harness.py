@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ecast
 from ecast import local
 from rubberband.tools.cli import run as _cli
 from rubberband_bench.load import COUNTS
@@ -348,36 +349,14 @@ def machine() -> dict[str, Any]:
     return out
 
 
-BUSY_WARNING = 0.25
-"""A machine busier than this before a benchmark starts gets a warning."""
+cpu_busy = ecast.bench.cpu_busy
 _busy: list[float] = []
 """The share measured by :func:`check_idle`, once per process."""
 
 
-def cpu_busy(seconds: float = 0.5) -> float | None:
-    """The share of all CPUs' time spent busy over the next ``seconds`` (``/proc/stat``:
-    everything but idle and I/O wait); None where there is no ``/proc/stat``."""
-
-    def times() -> tuple[int, int] | None:
-        try:
-            with open("/proc/stat") as f:
-                fields = [int(x) for x in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        # user nice system idle iowait irq softirq steal (guest time is inside user)
-        return sum(fields[:8]), fields[3] + fields[4]
-
-    a = times()
-    time.sleep(seconds)
-    b = times()
-    if a is None or b is None or b[0] <= a[0]:
-        return None
-    return round(1 - (b[1] - a[1]) / (b[0] - a[0]), 3)
-
-
 def check_idle() -> float | None:
     """Measure, once per run, how busy the machine is before the benchmark starts, and
-    say so on stderr when it is busier than :data:`BUSY_WARNING`.  On two cores a
+    say so on stderr when it is busier than ``ecast.bench.BUSY_WARNING``.  On two cores a
     second job (another benchmark, a test suite) halves every figure without any error
     showing; the JSON's ``machine`` carries the share as ``busy_before``."""
     if _busy:
@@ -386,11 +365,5 @@ def check_idle() -> float | None:
     if busy is None:
         return None
     _busy.append(busy)
-    if busy > BUSY_WARNING:
-        print(
-            f"warning: the machine was {busy:.0%} busy before this benchmark started "
-            "(another job?): its figures will be low",
-            file=sys.stderr,
-            flush=True,
-        )
+    ecast.bench.warn_if_busy(busy)
     return busy

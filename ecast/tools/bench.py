@@ -1019,6 +1019,43 @@ def parser(prog: str = "ecast bench") -> argparse.ArgumentParser:
     return ap
 
 
+BUSY_WARNING = 0.25
+"""A machine busier than this before a benchmark starts gets a warning."""
+
+
+def cpu_busy(seconds: float = 0.5) -> float | None:
+    """The share of all CPUs' time spent busy over the next ``seconds`` (``/proc/stat``:
+    everything but idle and I/O wait); None where there is no ``/proc/stat``."""
+
+    def times() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        # user nice system idle iowait irq softirq steal (guest time is inside user)
+        return sum(fields[:8]), fields[3] + fields[4]
+
+    a = times()
+    time.sleep(seconds)
+    b = times()
+    if a is None or b is None or b[0] <= a[0]:
+        return None
+    return round(1 - (b[1] - a[1]) / (b[0] - a[0]), 3)
+
+
+def warn_if_busy(busy: float | None) -> None:
+    """On two cores a second job (another benchmark, a test suite) halves every figure
+    without any error showing: say so when the machine was busy before the start."""
+    if busy is not None and busy > BUSY_WARNING:
+        print(
+            f"warning: the machine was {busy:.0%} busy before this benchmark started "
+            "(another job?): its figures will be low",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "worker":
@@ -1027,7 +1064,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.unsafe and args.config == "broadcast":
         ap.error("--unsafe measures acceptance against the key ring's replication")
+    busy = cpu_busy()
+    warn_if_busy(busy)
     result = run_bench(args)
+    result["busy_before"] = busy
     if args.json:
         print(json.dumps(result))
     else:

@@ -68,6 +68,7 @@ def test_the_benchmark_command_runs_a_cluster_and_reports_every_figure() -> None
                 "receivers", "replication", "payload_bytes", "clients"):  # fmt: skip
         assert key in result, key
     assert result["throughput_per_s"] > 0 and result["order_ok"]
+    assert 0.0 <= result["busy_before"] <= 1.0  # how busy the machine was at the start
     # Closed loop, drained at the end: every message the client submitted was acknowledged
     # (and only those: the SDK's own join is not counted), at all 3 of its destinations.
     assert result["acked"] == result["submitted"] > 0
