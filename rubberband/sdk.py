@@ -419,8 +419,6 @@ class RubberbandClient:
             rids.append(rid)
             return rid
 
-        basic = 0
-
         def forget() -> None:
             """The batch raised: none of its reads is told anything (answers to basic
             reads already sent find nothing to complete)."""
@@ -429,6 +427,7 @@ class RubberbandClient:
             for rid in sent:
                 self._bundles.pop(rid, None)
 
+        basic = 0
         try:
             if isolation == "basic":
                 version = core.version
@@ -477,8 +476,7 @@ class RubberbandClient:
                         self._unsafe.pop(held.mid, None)
                     for i, g in enumerate(held.gathers):
                         if g is not None:
-                            held.gathers[i] = None
-                            _tell(done, held.ops[i], None)
+                            held.finish(i, timed_out=True)
 
         timer = asyncio.get_running_loop().call_later(
             self.answer_timeout if timeout is None else timeout, expire
@@ -679,12 +677,13 @@ class _Bundle:
         self.left = len(gathers)
         self.mid: Any = None
 
-    def finish(self, i: int) -> None:
-        """Read ``i`` is complete (answered, refused or failed): tell the caller once."""
+    def finish(self, i: int, timed_out: bool = False) -> None:
+        """Read ``i`` is complete (answered, refused or failed) or ``timed_out``: tell
+        the caller once."""
         g = self.gathers[i]
         self.gathers[i] = None
         self.left -= 1
-        _tell(self.done, self.ops[i], g)
+        _tell(self.done, self.ops[i], None if timed_out else g)
 
 
 class _Completion:
