@@ -4,9 +4,10 @@ rely on, and every way a caller can get it wrong failing at the call."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -264,59 +265,60 @@ async def test_a_process_that_listens_is_reachable_by_name(group: LocalCluster) 
             client.send_direct_nowait("storage-a", ["x" * (20 * 1024 * 1024)])
 
 
+@contextlib.asynccontextmanager
+async def colocated(
+    group: LocalCluster, first: str, second: str
+) -> AsyncIterator[tuple[ecast.Client, ecast.Client]]:
+    """Two connected processes sharing one runtime (their direct messages skip the wire)."""
+    rt = ecast.Runtime(ecast.load_auth(secret=SECRET), host_id=f"{first}+{second}")
+    await rt.serve("127.0.0.1:0")
+    try:
+        async with (
+            connect(group, first, runtime=rt) as a,
+            connect(group, second, runtime=rt) as b,
+        ):
+            yield a, b
+    finally:
+        await rt.close()
+
+
 async def test_colocated_processes_get_direct_payloads_as_the_wire_gives_them(
     group: LocalCluster,
 ) -> None:
     """Two processes on one runtime exchange direct messages without the wire: the
     payload the sender packed once arrives decoded exactly as it would from afar."""
-    rt = ecast.Runtime(ecast.load_auth(secret=SECRET), host_id="colocated")
-    await rt.serve("127.0.0.1:0")
-    try:
-        async with (
-            connect(group, "co-a", runtime=rt) as a,
-            connect(group, "co-b", runtime=rt) as b,
-        ):
-            value = {"rows": [[1, "x"], [2, b"y"]], "n": 2.5, "none": None}
-            await a.send_direct("co-b", value)
-            sender, payload = await b.receive_direct(timeout=10)
-            assert sender == "co-a"
-            assert payload == {"rows": ((1, "x"), (2, b"y")), "n": 2.5, "none": None}
-    finally:
-        await rt.close()
+    async with colocated(group, "co-a", "co-b") as (a, b):
+        value = {"rows": [[1, "x"], [2, b"y"]], "n": 2.5, "none": None}
+        await a.send_direct("co-b", value)
+        sender, payload = await b.receive_direct(timeout=10)
+        assert sender == "co-a"
+        assert payload == {"rows": ((1, "x"), (2, b"y")), "n": 2.5, "none": None}
 
 
 async def test_a_direct_listener_takes_each_message_as_it_arrives(group: LocalCluster) -> None:
     """With ``direct_listener`` set, direct messages go to it in order and never to the
     receive queue; a listener that raises loses that message only."""
-    rt = ecast.Runtime(ecast.load_auth(secret=SECRET), host_id="listened")
-    await rt.serve("127.0.0.1:0")
-    try:
-        async with (
-            connect(group, "li-a", runtime=rt) as a,
-            connect(group, "li-b", runtime=rt) as b,
-        ):
-            got: list[tuple[str, object]] = []
-            arrived = asyncio.Event()
+    async with colocated(group, "li-a", "li-b") as (a, b):
+        got: list[tuple[str, object]] = []
+        arrived = asyncio.Event()
 
-            def listener(sender: str, payload: object) -> None:
-                if payload == {"n": 3}:
-                    raise RuntimeError("the application's own bug")
-                got.append((sender, payload))
-                if len(got) == 9:
-                    arrived.set()
+        def listener(sender: str, payload: object) -> None:
+            if payload == {"n": 3}:
+                raise RuntimeError("the application's own bug")
+            got.append((sender, payload))
+            if len(got) == 9:
+                arrived.set()
 
-            b.direct_listener = listener
-            for n in range(10):
-                a.send_direct_nowait("li-b", {"n": n})
-            await asyncio.wait_for(arrived.wait(), 10)
-            assert got == [("li-a", {"n": n}) for n in range(10) if n != 3]
-            with pytest.raises(TimeoutError):
-                await b.receive_direct(timeout=0.2)  # nothing went to the queue
-            b.direct_listener = None
-            await a.send_direct("li-b", {"n": 10})
-            assert await b.receive_direct(timeout=10) == ("li-a", {"n": 10})
-    finally:
-        await rt.close()
+        b.direct_listener = listener
+        for n in range(10):
+            a.send_direct_nowait("li-b", {"n": n})
+        await asyncio.wait_for(arrived.wait(), 10)
+        assert got == [("li-a", {"n": n}) for n in range(10) if n != 3]
+        with pytest.raises(TimeoutError):
+            await b.receive_direct(timeout=0.2)  # nothing went to the queue
+        b.direct_listener = None
+        await a.send_direct("li-b", {"n": 10})
+        assert await b.receive_direct(timeout=10) == ("li-a", {"n": 10})
 
 
 async def test_a_new_process_under_a_name_gets_the_direct_messages_sent_to_it(

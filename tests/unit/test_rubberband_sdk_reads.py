@@ -16,6 +16,14 @@ from storage_adapters.memory import KVOps
 from tests.rubberband_model import Model
 
 
+def _client(m: Model, wire: Any, answer_timeout: float) -> RubberbandClient:
+    """A client over ``wire`` (a stand-in for the E-Cast client) that knows the model's
+    keyspace."""
+    core = ClientCore(KVOps())
+    core.learn(m.config.version, m.config.keyspace.to_state())
+    return RubberbandClient(wire, core, answer_timeout=answer_timeout)
+
+
 class _Wire:
     """Stands in for the E-Cast client: basic reads go straight to the model's storage
     cores; the first target asked in each round answers at once, the others 20 ms later.
@@ -68,10 +76,8 @@ def test_a_basic_read_across_a_keyspace_change_returns_every_key() -> None:
     m.settle()
 
     async def go() -> dict[Any, Any]:
-        core = ClientCore(KVOps())
-        core.learn(m.config.version, m.config.keyspace.to_state())
         wire = _Wire(m)
-        rb = RubberbandClient(wire, core, answer_timeout=0.3)  # type: ignore[arg-type]
+        rb = _client(m, wire, 0.3)
         try:
             return dict(await rb.get_many(keys, isolation="basic"))
         finally:
@@ -128,10 +134,8 @@ def _batch_of_reads(silent: bool, shed: bool = False) -> tuple[dict[int, Any], A
     got: dict[int, Any] = {}
 
     async def go() -> tuple[Any, Any]:
-        core = ClientCore(KVOps())
-        core.learn(m.config.version, m.config.keyspace.to_state())
         wire = _BundleWire(m, silent)
-        rb = RubberbandClient(wire, core, answer_timeout=0.3)  # type: ignore[arg-type]
+        rb = _client(m, wire, 0.3)
         all_done = asyncio.Event()
 
         def done(op: Any, gather: Any) -> None:
@@ -191,10 +195,8 @@ def test_reads_with_large_operations_go_fewer_to_a_bundle() -> None:
     got: dict[str, Any] = {}
 
     async def go() -> list[tuple[Any, Any]]:
-        core = ClientCore(KVOps())
-        core.learn(m.config.version, m.config.keyspace.to_state())
         wire = _BundleWire(m)
-        rb = RubberbandClient(wire, core, answer_timeout=0.3)  # type: ignore[arg-type]
+        rb = _client(m, wire, 0.3)
         finished = asyncio.Event()
 
         def done(op: Any, gather: Any) -> None:
@@ -225,10 +227,8 @@ def test_a_malformed_answer_or_a_raising_callback_does_not_stop_the_reader() -> 
     got: list[Any] = []
 
     async def go() -> None:
-        core = ClientCore(KVOps())
-        core.learn(m.config.version, m.config.keyspace.to_state())
         wire = _BundleWire(m, hostile=True)
-        rb = RubberbandClient(wire, core, answer_timeout=1.0)  # type: ignore[arg-type]
+        rb = _client(m, wire, 1.0)
         finished = asyncio.Event()
 
         def done(op: Any, gather: Any) -> None:
@@ -254,10 +254,8 @@ def test_a_bundled_read_answered_in_pieces_completes_once_and_whole() -> None:
     m = Model(f=3).ring_of(4)
 
     async def go() -> tuple[dict[int, Any], dict[int, int], Any]:
-        core = ClientCore(KVOps())
-        core.learn(m.config.version, m.config.keyspace.to_state())
         wire = _BundleWire(m, silent=True)
-        rb = RubberbandClient(wire, core, answer_timeout=5.0)  # type: ignore[arg-type]
+        rb = _client(m, wire, 5.0)
         got: dict[int, Any] = {}
         told: dict[int, int] = {}
         ops: list[Any] = [("scan", 10, 30), ("get", (12,)), ("get", (14,)), ("scan", 40, 50)]
@@ -303,13 +301,12 @@ def test_a_batch_that_raises_leaves_nothing_behind_and_tells_no_read() -> None:
     m = Model(f=3).ring_of(4)
 
     async def go() -> tuple[list[Any], list[Any]]:
-        core = ClientCore(KVOps())
-        core.learn(m.config.version, m.config.keyspace.to_state())
         wire = _BundleWire(m, silent=True)
-        rb = RubberbandClient(wire, core, answer_timeout=0.2)  # type: ignore[arg-type]
+        rb = _client(m, wire, 0.2)
         told: list[Any] = []
         left: list[Any] = []
         ops = [("get", (k,)) for k in range(0, 400, 5)]
+        core = rb.core
         real_bundle = core.bundle
         calls = 0
 
