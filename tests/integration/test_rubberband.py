@@ -26,6 +26,7 @@ from rubberband.client import Rejected
 from rubberband.tools.cli import run as cli
 
 PY = sys.executable
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -738,3 +739,22 @@ def test_a_super_parts_on_sigterm_and_the_other_takes_over_repairs(cluster: Path
             break
         time.sleep(0.3)
     assert "storage:3" not in ring and "storage:5" in ring, ring
+
+
+@pytest.mark.exclusive  # its schedule (expand, kills, repair, contract) must fit in 30 s
+def test_the_rubberband_demo_passes_its_own_checks(tmp_path: Path) -> None:
+    """The README's main command (``make demo`` runs ``rubberband demo``), shortened."""
+    png = tmp_path / "demo.png"
+    cmd = [sys.executable, "-m", "rubberband.tools.cli", "demo", "--seconds", "30",
+           "--png", str(png), "--state-dir", str(tmp_path)]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-3000:]
+    steps = ("expand storage:5", "SIGKILL the leading router", "SIGKILL storage:2",
+             "contract storage:5", "list-append history", "4 final reads",
+             "in order, gap-free", "VERDICT: all checks passed")  # fmt: skip
+    for step in steps:
+        assert step in p.stdout, p.stdout[-3000:]
+    assert png.stat().st_size > 10_000
+    recorded = json.loads((tmp_path / "cluster" / "processes.json").read_text())
+    alive = [n for n, r in recorded.items() if local.running(r["pid"])]
+    assert not alive, f"still running after the demo: {alive}"

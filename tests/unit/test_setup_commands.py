@@ -84,7 +84,28 @@ def test_the_tests_name_every_missing_program_in_one_command(tmp_path: Path) -> 
         "openssl iproute2 nftables" in out
     ), out
 
+    # E-Cast's own tests need none of them but openssl.
+    code, out, took = run(["test", "ecast"], env)
+    assert code == 1 and took < 10, out
+    assert "sudo apt-get install -y openssl\n" in out, out
+
 
 def test_a_wrong_command_prints_the_usage() -> None:
     code, out, _ = run(["deploy"], dict(os.environ))
-    assert code == 2 and "usage: ./run demo | ./run test" in out
+    assert code == 2 and "usage: ./run demo | ./run test [ecast]" in out
+    code, out, _ = run(["test", "rubberband"], dict(os.environ))
+    assert code == 2 and "usage: ./run test [ecast]" in out
+
+
+def test_ecast_s_own_tests_are_those_that_import_nothing_above_it(tmp_path: Path) -> None:
+    from tests.conftest import ecast_only
+
+    tests = ROOT / "tests"
+    assert ecast_only(tests / "unit" / "test_ufabcast.py")
+    assert ecast_only(tests / "integration" / "test_sdk.py")
+    assert not ecast_only(tests / "unit" / "test_rubberband_config.py")
+    # Through a helper of ``tests`` too (the model imports rubberband), and only then.
+    (tmp_path / "test_x.py").write_text("import ecast\nfrom tests.rubberband_model import Model\n")
+    assert not ecast_only(tmp_path / "test_x.py")
+    (tmp_path / "test_y.py").write_text("import ecast.sim\nfrom tests import report\n")
+    assert ecast_only(tmp_path / "test_y.py")
