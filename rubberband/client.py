@@ -24,7 +24,7 @@ request, and a range answered twice is taken once (replicas agree at one positio
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import msgpack
@@ -283,48 +283,59 @@ class ClientCore:
         Grouped by the client's copy of the keyspace: a stale copy (or a holder the
         routers avoid) only spreads a bundle over more responders, each answering what
         it holds."""
+        groups, offset = self._groups(gathers, limit)
+        return [group for group, _ in groups], offset
+
+    def _groups(
+        self, gathers: list[Gather], limit: int
+    ) -> tuple[list[tuple[list[int], dict[int, list[Any]] | None]], int]:
+        """:meth:`bundles`, each group with its hulls (as :meth:`_hulls` makes them, None
+        for a read of several ranges), found in the same pass: :meth:`reads` then needs
+        no second search of the ring per read."""
         ks = self.keyspace
         if ks is None or not len(ks) or limit <= 1:
-            return [[i] for i in range(len(gathers))], 0
+            return [([i], None) for i in range(len(gathers))], 0
         self._offset += 1
-        r, n, m = self._offset, len(ks), ks.group_size
-        out: list[list[int]] = []
-        groups: dict[int, list[int]] = {}
-        segment_of = ks.segment_of
+        r, ids, m = self._offset, ks.ids, ks.group_size
+        n = len(ids)
+        out: list[tuple[list[int], dict[int, list[Any]] | None]] = []
+        groups: dict[int, tuple[list[int], dict[int, list[Any]]]] = {}
         for i, g in enumerate(gathers):
-            if len(g.ranges) != 1:
-                out.append([i])
+            ranges = g.ranges
+            if len(ranges) != 1:
+                out.append(([i], None))
                 continue
-            s = segment_of(g.ranges[0][0])
+            lo, hi = ranges[0]
+            k = bisect_right(ids, lo)
+            s = (k - 1) % n
             holder = (s + (r - s) % m) % n
-            group = groups.get(holder)
-            if group is None:
-                group = groups[holder] = []
+            entry = groups.get(holder)
+            if entry is None:
+                entry = groups[holder] = ([], {})
+            group, hulls = entry
             group.append(i)
+            h = hulls.get(k)
+            if h is None:
+                hulls[k] = [lo, hi]
+            else:
+                if lo < h[0]:
+                    h[0] = lo
+                if hi > h[1]:
+                    h[1] = hi
             if len(group) >= limit:
-                out.append(group)
-                groups[holder] = []
-        out.extend(group for group in groups.values() if group)
+                out.append(entry)
+                del groups[holder]
+        out.extend(groups.values())
         return out, r
 
-    def bundle(
-        self, reads: list[tuple[Any, Gather]], offset: int | None = None
-    ) -> tuple[bytes, dict[str, Any]]:
-        """``(payload, header)`` of one message carrying ``reads`` (``(op, gather)``
-        pairs from :meth:`gather`) at ``offset`` (from :meth:`bundles`; None: the next
-        one): each read keeps
-        its own ranges inside the payload's bytes; the header names, for each piece of
-        the ring between two ids that the reads touch, the range from their lowest to
-        their highest bound there (a few ranges, never the whole ring for reads on both
-        sides of its wrap).  Raises ``TypeError`` for an op msgpack cannot encode, as a
-        read alone does at its submission."""
-        if offset is None:
-            self._offset += 1
-            offset = self._offset
+    def _hulls(self, gathers: Iterable[Gather]) -> dict[int, list[Any]]:
+        """For each piece of the ring between two ids that ``gathers`` touch (``k`` of
+        ``bisect_right(ids, key)``), ``[lo, hi]`` from their lowest to their highest
+        bound there."""
         ks = self.keyspace
         ids = ks.ids if ks is not None else ()
         hulls: dict[int, list[Any]] = {}
-        for _, g in reads:
+        for g in gathers:
             lo, hi = g.ranges[0][0], g.ranges[-1][1]
             k = bisect_right(ids, lo)
             h = hulls.get(k)
@@ -335,9 +346,65 @@ class ClientCore:
                     h[0] = lo
                 if hi > h[1]:
                     h[1] = hi
-        ranges = normalize((lo, hi) for lo, hi in hulls.values())
+        return hulls
+
+    def bundle(
+        self, reads: list[tuple[Any, Gather]], offset: int | None = None
+    ) -> tuple[bytes, dict[str, Any]]:
+        """``(payload, header)`` of one message carrying ``reads`` (``(op, gather)``
+        pairs from :meth:`gather`) at ``offset`` (from :meth:`bundles`; None: the next
+        one): each read keeps its own ranges inside the payload's bytes; the header
+        names, for each piece of the ring between two ids that the reads touch, the
+        range from their lowest to their highest bound there (a few ranges, never the
+        whole ring for reads on both sides of its wrap).  Raises ``TypeError`` for an op
+        msgpack cannot encode, as a read alone does at its submission."""
+        if offset is None:
+            self._offset += 1
+            offset = self._offset
+        ranges = normalize((lo, hi) for lo, hi in self._hulls(g for _, g in reads).values())
         payload = self._packer.pack(tuple((op, g.ranges) for op, g in reads))
         return payload, bundle_header(ranges, offset, len(reads))
+
+    def reads(
+        self, ops: list[Any], gathers: list[Gather], limit: int, max_bytes: int
+    ) -> list[tuple[tuple[int, ...], Any, dict[str, Any]]]:
+        """The messages that carry a batch of sequential or snapshot reads (``gathers``
+        from :meth:`gather`, one per op): ``(indices, payload, header)``, as
+        :meth:`writes` gives them.  Grouped as :meth:`bundles` groups them; a message
+        of one read carries it alone (its op and :meth:`header`); a bundle's payload is
+        at most ``max_bytes`` unless it carries one read (halves otherwise).  The
+        batch's form of :meth:`bundles` and :meth:`bundle`, in one pass over the reads:
+        this runs for every read a client sends."""
+        groups, offset = self._groups(gathers, limit)
+        out: list[tuple[tuple[int, ...], Any, dict[str, Any]]] = []
+        for group, hulls in groups:
+            self._read_bundles(ops, gathers, group, hulls, offset, max_bytes, out)
+        return out
+
+    def _read_bundles(
+        self,
+        ops: list[Any],
+        gathers: list[Gather],
+        group: list[int],
+        hulls: dict[int, list[Any]] | None,
+        offset: int,
+        max_bytes: int,
+        out: list[tuple[tuple[int, ...], Any, dict[str, Any]]],
+    ) -> None:
+        if len(group) == 1:
+            i = group[0]
+            out.append(((i,), ops[i], self.header(gathers[i])))
+            return
+        payload = self._packer.pack([(ops[i], gathers[i].ranges) for i in group])
+        if len(payload) > max_bytes:  # large reads: fewer to a message
+            half = len(group) // 2
+            for part in (group[:half], group[half:]):
+                self._read_bundles(ops, gathers, part, None, offset, max_bytes, out)
+            return
+        if hulls is None:
+            hulls = self._hulls(gathers[i] for i in group)
+        ranges = normalize((lo, hi) for lo, hi in hulls.values())
+        out.append((tuple(group), payload, bundle_header(ranges, offset, len(group))))
 
     def basic_targets(
         self, gather: Gather, avoid: frozenset[str] = frozenset()

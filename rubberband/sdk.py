@@ -437,28 +437,16 @@ class RubberbandClient:
                         self.ecast.send_direct_nowait(target, (BASIC, rid, ops[i], ranges, version))
                         basic += 1
             else:
-                groups, offset = core.bundles(gathers, bundle)
-                while groups:
-                    group = groups.pop()
+                for group, payload, header in core.reads(ops, gathers, bundle, BUNDLE_BYTES):
                     if len(group) == 1:
-                        i = group[0]
-                        header = core.header(gathers[i])
-                        header["q"] = alone(i)
-                        items.append((ops[i], header))
-                        sent.append(header["q"])
-                        continue
-                    payload, header = core.bundle([(ops[i], gathers[i]) for i in group], offset)
-                    if len(payload) > BUNDLE_BYTES:  # large reads: fewer to a message
-                        half = len(group) // 2
-                        groups += (group[:half], group[half:])
-                        continue
-                    brid = ("b", next(self._rid))
-                    header["q"] = brid
-                    self._bundles[brid] = _Bundle(
-                        [ops[i] for i in group], [gathers[i] for i in group], done
-                    )
+                        header["q"] = alone(group[0])
+                    else:
+                        header["q"] = ("b", next(self._rid))
+                        self._bundles[header["q"]] = _Bundle(
+                            [ops[i] for i in group], [gathers[i] for i in group], done
+                        )
                     items.append((payload, header))
-                    sent.append(brid)
+                    sent.append(header["q"])
         except BaseException:
             forget()
             raise

@@ -307,21 +307,25 @@ def test_a_batch_that_raises_leaves_nothing_behind_and_tells_no_read() -> None:
         left: list[Any] = []
         ops = [("get", (k,)) for k in range(0, 400, 5)]
         core = rb.core
-        real_bundle = core.bundle
-        calls = 0
+        real_packer = core._packer
 
-        def bundle(*args: Any) -> Any:
-            nonlocal calls
-            calls += 1
-            if calls == 2:
-                raise TypeError("cannot encode")
-            return real_bundle(*args)
+        class SecondFails:
+            """The second bundle's payload cannot be encoded."""
 
-        core.bundle = bundle  # type: ignore[method-assign]
+            calls = 0
+
+            def pack(self, obj: Any) -> bytes:
+                self.calls += 1
+                if self.calls == 2:
+                    raise TypeError("cannot encode")
+                return real_packer.pack(obj)
+
+        core._packer = SecondFails()  # type: ignore[assignment]
         with pytest.raises(TypeError):
             await rb.read_batch(ops, "snapshot", lambda op, g: told.append(op), bundle=8)
+        assert core._packer.calls == 2  # type: ignore[attr-defined]
         left.append((dict(rb._bundles), dict(rb._reads)))
-        core.bundle = real_bundle  # type: ignore[method-assign]
+        core._packer = real_packer
 
         async def refused(items: Any) -> Any:
             raise ecast.ClosedError("the client was closed")

@@ -547,6 +547,41 @@ def test_a_bundle_reaches_one_responder_and_every_holder_takes_turns() -> None:
     assert client.bundles(gathers, 1)[0] == [[i] for i in range(len(gathers))]
 
 
+def test_a_batch_of_reads_travels_as_its_groups_would_one_by_one() -> None:
+    """``reads`` (the SDK's one pass over a batch) sends what ``bundles`` and ``bundle``
+    would: the same groups, the same payloads and headers, a group of one alone with its
+    own header, and a bundle over ``max_bytes`` in halves, each with its own hulls."""
+    m = grown(7, f=3)
+    client = ClientCore(KVOps())
+    client.learn(m.config.version, m.config.keyspace.to_state())
+    keys = [5, 99, 100, 150, 250, 310, 399, 450, 590, 601, 650, 699, -3, 10**9, 7, 11]
+    ops: list[Any] = [("get", (k,)) for k in keys] + [("get", (8, 309))]
+    gathers = [client.gather(op) for op in ops]
+    offset = client._offset
+    groups, _ = client.bundles(gathers, 4)
+    client._offset = offset  # the same offsets again, for the batch form
+    messages = client.reads(ops, gathers, 4, 1 << 20)
+    assert [list(idx) for idx, _, _ in messages] == groups
+    client._offset = offset + 1
+    for (_, payload, header), group in zip(messages, groups, strict=True):
+        if len(group) == 1:
+            assert payload == ops[group[0]] and header == client.header(gathers[group[0]])
+            continue
+        assert (payload, header) == client.bundle([(ops[i], gathers[i]) for i in group], offset + 1)
+        assert len(m.config.destset(Message("client:c", 1, header, payload))) == 1
+    # A limit of 1, or no keyspace: every read alone.
+    assert [idx for idx, _, _ in client.reads(ops, gathers, 1, 1 << 20)] == [
+        (i,) for i in range(len(ops))
+    ]
+    # Too large: halves, each its own message with the hulls of its own reads.
+    big = client.reads(ops, gathers, 16, 120)
+    assert sorted(i for idx, _, _ in big for i in idx) == list(range(len(ops)))
+    for idx, payload, header in big:
+        assert len(idx) == 1 or len(payload) <= 120
+        if len(idx) > 1:
+            assert header["r"] == client.bundle([(ops[i], gathers[i]) for i in idx], 1)[1]["r"]
+
+
 def test_a_malformed_or_refused_bundle_is_one_answer_for_all_its_reads() -> None:
     m = grown(4)
     m.write(("put", ((5, "five"),)))
