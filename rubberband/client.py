@@ -264,6 +264,16 @@ class ClientCore:
             raise BadOperation(f"{op_name(op)!r} reads nothing inside the ranges asked for")
         return Gather(op, ranges)
 
+    def gathers(self, ops: list[Any]) -> list[Gather]:
+        """:meth:`gather` of every op of a batch, in one loop (it runs for every read a
+        client sends); raises :class:`BadOperation` for the first bad op."""
+        part_fun, placement = self.ops.part_fun, self.placement
+        out: list[Gather] = []
+        for op in ops:
+            kind, ranges = part_fun(op, placement)
+            out.append(Gather(op, ranges) if kind == "read" and ranges else self.gather(op))
+        return out
+
     def header(self, gather: Gather) -> dict[str, Any]:
         """The header of a read sent alone, at the next offset."""
         self._offset += 1

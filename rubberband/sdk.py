@@ -406,7 +406,7 @@ class RubberbandClient:
             )
         core = self.core
         reads = self._reads
-        gathers = [core.gather(op) for op in ops]  # raises for a bad op, before sending
+        gathers = core.gathers(ops)  # raises for a bad op, before sending
         rids: list[Any] = []
         """Request ids of the reads that travel alone (each in ``self._reads``)."""
         items: list[tuple[Any, Any]] = []
