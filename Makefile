@@ -4,7 +4,7 @@
 #               expand, a leader kill, a storage kill and its repair, and a contract, then
 #               checks that nothing acknowledged was lost or reordered and replicas agree
 #   make test   the test suite (ECAST_LONG=1 make test runs thousands of schedules)
-#   make test-ecast   E-Cast's own tests only (about 2.5 minutes)
+#   make test-ecast   E-Cast's own tests only (about 3 minutes)
 
 PYTHON ?= python3
 VENV   ?= .venv

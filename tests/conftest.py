@@ -28,27 +28,79 @@ UPPER_LAYERS = frozenset(
 the helper modules of ``tests`` it imports, belongs to E-Cast's own suite."""
 
 
-@functools.cache
-def ecast_only(path: Path) -> bool:
-    """Whether the module at ``path`` imports nothing above E-Cast, following its imports
-    of ``tests.*`` helpers (read from the source: importing would run it)."""
+def _package(path: Path, root: Path) -> list[str]:
+    """The package a module at ``path`` belongs to, as dotted parts from ``root``."""
+    try:
+        rel = path.relative_to(root)
+    except ValueError:  # outside the project: its relative imports reach no helper
+        return []
+    return list(rel.parts[:-1])
+
+
+def _files(name: str, root: Path) -> list[Path]:
+    """The source files importing ``name`` runs: every package on the way (its
+    ``__init__``) and the module itself."""
+    parts = name.split(".")
+    out = []
+    for n in range(1, len(parts) + 1):
+        base = root.joinpath(*parts[:n])
+        out += [p for p in (base / "__init__.py", base.with_suffix(".py")) if p.is_file()]
+    return out
+
+
+def _reaches_above(path: Path, root: Path, seen: set[Path]) -> bool:
+    if path in seen:  # an import cycle, or a module already looked at on this walk
+        return False
+    seen.add(path)
     tree = ast.parse(path.read_text(), str(path))
+    package = _package(path, root)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's own package
+                up = package[: len(package) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Constant) and type(node.value) is str:
+            # A module run in a subprocess (``-m rubberband.tools.cli``) is reached too.
+            value = node.value
+            parts = value.split(".")
+            if len(parts) > 1 and parts[0] in UPPER_LAYERS and all(p.isidentifier() for p in parts):
+                return True
+            continue
         else:
             continue
         for name in names:
-            if name.split(".")[0] in UPPER_LAYERS:
-                return False
-            if name.split(".")[0] == "tests":
-                helper = ROOT.joinpath(*name.split("."))
-                for candidate in (helper.with_suffix(".py"), helper / "__init__.py"):
-                    if candidate.is_file() and not ecast_only(candidate):
-                        return False
-    return True
+            top = name.split(".")[0]
+            if top in UPPER_LAYERS:
+                return True
+            if top == "tests" and any(_reaches_above(f, root, seen) for f in _files(name, root)):
+                return True
+    return False
+
+
+@functools.cache
+def ecast_only(path: Path, root: Path = ROOT) -> bool:
+    """Whether the module at ``path`` reaches nothing above E-Cast: imports none of it,
+    directly or through the ``tests`` helpers it imports (relative imports and the
+    packages on the way included), and names no module of it for a subprocess.  Read
+    from the source: importing would run it."""
+    return not _reaches_above(path.resolve(), root.resolve(), set())
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    # ``./run test ecast`` sets ECAST_TESTS_ONLY: the other test modules are not even
+    # imported, so E-Cast's suite runs without the upper layers' dependencies (Spark).
+    if (
+        os.environ.get("ECAST_TESTS_ONLY")
+        and collection_path.suffix == ".py"
+        and collection_path.name.startswith("test_")
+        and not ecast_only(collection_path)
+    ):
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

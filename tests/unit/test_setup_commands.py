@@ -93,8 +93,9 @@ def test_the_tests_name_every_missing_program_in_one_command(tmp_path: Path) -> 
 def test_a_wrong_command_prints_the_usage() -> None:
     code, out, _ = run(["deploy"], dict(os.environ))
     assert code == 2 and "usage: ./run demo | ./run test [ecast]" in out
-    code, out, _ = run(["test", "rubberband"], dict(os.environ))
-    assert code == 2 and "usage: ./run test [ecast]" in out
+    for args in (["test", "rubberband"], ["test", "ecast", "more"]):
+        code, out, _ = run(args, dict(os.environ))
+        assert code == 2 and "usage: ./run test [ecast]" in out, args
 
 
 def test_ecast_s_own_tests_are_those_that_import_nothing_above_it(tmp_path: Path) -> None:
@@ -104,8 +105,34 @@ def test_ecast_s_own_tests_are_those_that_import_nothing_above_it(tmp_path: Path
     assert ecast_only(tests / "unit" / "test_ufabcast.py")
     assert ecast_only(tests / "integration" / "test_sdk.py")
     assert not ecast_only(tests / "unit" / "test_rubberband_config.py")
-    # Through a helper of ``tests`` too (the model imports rubberband), and only then.
-    (tmp_path / "test_x.py").write_text("import ecast\nfrom tests.rubberband_model import Model\n")
-    assert not ecast_only(tmp_path / "test_x.py")
-    (tmp_path / "test_y.py").write_text("import ecast.sim\nfrom tests import report\n")
-    assert ecast_only(tmp_path / "test_y.py")
+    # Runs ``rubberband.tools.cli`` in subprocesses: it reaches Rubberband.
+    assert not ecast_only(tests / "unit" / "test_deploy.py")
+
+    # A project of its own: through helpers of ``tests`` (absolute, relative, the packages
+    # on the way), around an import cycle, and only then.
+    def module(rel: str, text: str) -> Path:
+        path = tmp_path.joinpath(rel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return path
+
+    module("tests/__init__.py", "")
+    module("tests/h/__init__.py", "")
+    module("tests/h/model.py", "import ecast\nfrom rubberband.sdk import connect\n")
+    module("tests/h/plain.py", "import ecast\n")
+    module("tests/a.py", "from tests import b\nimport ecast\n")
+    module("tests/b.py", "import tests.a\n")
+    module("tests/up/__init__.py", "import storage_adapters.memory\n")
+    module("tests/up/leaf.py", "x = 1\n")
+    cases = {
+        "tests/unit/test_1.py": ("import ecast\nfrom tests.h.model import Model\n", False),
+        "tests/unit/test_2.py": ("from ..h import model\n", False),
+        "tests/h/test_3.py": ("from .model import Model\n", False),
+        "tests/h/test_4.py": ("from . import plain\nfrom tests import report\n", True),
+        "tests/unit/test_5.py": ("import tests.a\n", True),  # a cycle, and nothing above
+        "tests/unit/test_6.py": ("import tests.up.leaf\n", False),  # the package's init
+        "tests/unit/test_7.py": ('CMD = ["-m", "jepsen_like.runner"]\n', False),
+        "tests/unit/test_8.py": ('TEXT = "see rubberband. Or storage_adapters."\n', True),
+    }
+    for rel, (text, expected) in cases.items():
+        assert ecast_only(module(rel, text), tmp_path) is expected, rel
