@@ -324,14 +324,7 @@ class ClientCore:
                 entry = groups[holder] = ([], {})
             group, hulls = entry
             group.append(i)
-            h = hulls.get(k)
-            if h is None:
-                hulls[k] = [lo, hi]
-            else:
-                if lo < h[0]:
-                    h[0] = lo
-                if hi > h[1]:
-                    h[1] = hi
+            _widen(hulls, k, lo, hi)
             if len(group) >= limit:
                 out.append(entry)
                 del groups[holder]
@@ -347,15 +340,7 @@ class ClientCore:
         hulls: dict[int, list[Any]] = {}
         for g in gathers:
             lo, hi = g.ranges[0][0], g.ranges[-1][1]
-            k = bisect_right(ids, lo)
-            h = hulls.get(k)
-            if h is None:
-                hulls[k] = [lo, hi]
-            else:
-                if lo < h[0]:
-                    h[0] = lo
-                if hi > h[1]:
-                    h[1] = hi
+            _widen(hulls, bisect_right(ids, lo), lo, hi)
         return hulls
 
     def bundle(
@@ -442,6 +427,18 @@ class ClientCore:
         once, so an engine's ``restrict`` (if any) trims an answer to ``ranges``."""
         restrict = getattr(self.ops, "restrict", None)
         return result if restrict is None else restrict(result, ranges, self.placement)
+
+
+def _widen(hulls: dict[int, list[Any]], k: int, lo: Any, hi: Any) -> None:
+    """Widen the hull of ring piece ``k`` to take in ``[lo, hi)``."""
+    h = hulls.get(k)
+    if h is None:
+        hulls[k] = [lo, hi]
+        return
+    if lo < h[0]:
+        h[0] = lo
+    if hi > h[1]:
+        h[1] = hi
 
 
 def op_name(op: Any) -> str:
