@@ -4,6 +4,7 @@ migration traffic does not wait behind the backlog."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -33,6 +34,16 @@ class FakeClient:
         pass
 
 
+async def until(condition: Callable[[], bool], timeout: float = 10) -> None:
+    """Waits for a condition rather than a fixed time: under a full test run the loop may
+    get far fewer turns in a few milliseconds than on an idle machine."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "the condition never held"
+        await asyncio.sleep(0.002)
+
+
 def host(client: FakeClient) -> StorageHost:
     return StorageHost(client, StorageCore("storage:1", MemoryEngine()))  # type: ignore[arg-type]
 
@@ -41,7 +52,11 @@ async def test_the_host_stops_taking_deliveries_while_the_engine_is_behind() -> 
     client = FakeClient(5 * INBOX_HIGH)
     h = host(client)
     reader = asyncio.ensure_future(h._read_deliveries())
-    await asyncio.sleep(0.05)
+    # Until the reader reaches the mark, then long enough for one that did not stop to
+    # take more.
+    await until(lambda: h._waiting >= INBOX_HIGH)
+    for _ in range(50):
+        await asyncio.sleep(0)
     # It stopped at the mark: the rest stays in the SDK, whose full queue pauses the
     # routers' connections (E-Cast's flow control then slows the writers).
     assert h._waiting == INBOX_HIGH and client.taken == INBOX_HIGH
@@ -61,12 +76,13 @@ async def test_migration_messages_go_ahead_of_waiting_deliveries() -> None:
     client = FakeClient(1000)
     h = host(client)
     reader = asyncio.ensure_future(h._read_deliveries())
-    await asyncio.sleep(0.02)
+    await until(lambda: client.taken == 1000)
     direct = asyncio.ensure_future(h._read_direct())
     client.direct.put_nowait(("client:c", ("basic", 1, ("get", (1,)), (), 0)))
     client.direct.put_nowait(("storage:2", (PULL, (5, 0), 1)))
     client.direct.put_nowait(("storage:3", (CHUNK, (5, 1), 0, (), True)))
-    await asyncio.sleep(0.02)
+    await until(client.direct.empty)
+    await asyncio.sleep(0)
     first = await h._batch()
     # The pull and the chunk first, in arrival order; then the deliveries in order; the
     # client's read keeps its place behind them.
