@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ecast.errors import InvalidMessage, MessageTooLarge
-from ecast.sdk import message_size
+from ecast.sdk import check_batch, message_size
 
 simple = st.one_of(
     st.none(),
@@ -120,3 +120,57 @@ def test_an_unhashable_kind_is_an_ordinary_header_value() -> None:
 def test_a_bytes_payload_is_measured_with_its_bin_header(n: int) -> None:
     payload = bytes(n)
     assert message_size(payload, None, 1 << 30) == len(msgpack.packb(payload, use_bin_type=True))
+
+
+def _outcome(check: Any) -> tuple[type, str] | None:
+    try:
+        check()
+    except (InvalidMessage, MessageTooLarge) as e:
+        return type(e), str(e)
+    return None
+
+
+bad_or_good_header = (
+    st.none()
+    | st.dictionaries(st.text(max_size=5), shaped, max_size=4)
+    | (
+        st.sampled_from(
+            [
+                {"kind": "join"},
+                {"kind": "part"},
+                {"kind": [1]},
+                {"k": {1, 2}},
+                {"k": 2**64},
+                [("k", 1)],
+                {"k": "x" * 3000},
+            ]
+        )
+    )
+)
+
+
+@given(
+    items=st.lists(
+        st.tuples(st.binary(max_size=300) | shaped | st.just({1, 2}), bad_or_good_header),
+        max_size=12,
+    ),
+    limit=st.sampled_from([64, 512, 2048, 1 << 20]),
+)
+def test_a_batch_is_refused_as_its_first_refused_message_would_be(
+    items: list[tuple[Any, Any]], limit: int
+) -> None:
+    # ``check_batch`` packs a batch in one call; it must refuse exactly the batches with
+    # a message that ``message_size`` refuses, with that first message's error.
+    def one_by_one() -> None:
+        for payload, header in items:
+            message_size(payload, header, limit)
+
+    assert _outcome(lambda: check_batch(items, limit)) == _outcome(one_by_one)
+
+
+def test_a_batch_that_fits_only_message_by_message_is_accepted() -> None:
+    # 40 messages of 300 bytes each fit a limit of 1,000; all together they do not.
+    items = [(b"x" * 250, {"key": f"k{i}"}) for i in range(40)]
+    check_batch(items, 1000)
+    with pytest.raises(MessageTooLarge, match="exceeds the routers' limit"):
+        check_batch([*items, (b"x" * 990, {"key": "big"})], 1000)
