@@ -1,0 +1,45 @@
+"""The null engine's operations: a point read carries its key once and is answered whole,
+as a read of the same ranges is."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from ecast import Message
+from rubberband.client import ClientCore
+from rubberband.keys import after
+from rubberband.storage import RESULTS
+from storage_adapters.null import NullEngine, NullOps
+from tests.rubberband_model import Model
+
+
+def test_point_reads_travel_lighter_and_every_one_is_answered_whole() -> None:
+    m = Model(f=3).ring_of(4)
+    for core in m.storage.values():  # nothing is migrated from here on
+        core.engine = NullEngine(m.placement)
+    client = ClientCore(NullOps())
+    client.learn(m.config.version, m.config.keyspace.to_state())
+    keys = [m.placement.ekey(k) for k in range(0, 400, 7)]
+    points: list[Any] = [("point", e) for e in keys]
+    ranged: list[Any] = [("read", ((e, after(e)),)) for e in keys]
+    gp, gr = client.gathers(points), client.gathers(ranged)
+    assert [g.ranges for g in gp] == [g.ranges for g in gr]
+    by_points = client.reads(points, gp, 64, 1 << 16)
+    by_ranges = client.reads(ranged, gr, 64, 1 << 16)
+    size = sum(len(p) for _, p, _ in by_points)
+    assert size < 0.8 * sum(len(p) for _, p, _ in by_ranges)
+
+    answered: dict[int, int] = {}
+    seq = itertools.count()
+    for indices, payload, header in by_points:
+        header["q"] = ("b", indices)
+        msg = Message("client:c", (("u", 0, "client:c"), next(seq)), header, payload)
+        for d in sorted(m.config.destset(msg)):
+            for out in m.storage[d].deliver_unsafe(msg, m.t, True):
+                kind, rid, _position, ok, answers = out[2]
+                assert (kind, rid, ok) == (RESULTS, ("b", indices), True)
+                for i, covered, _result, error in answers:
+                    assert covered is None and error is None  # the whole read, no error
+                    answered[indices[i]] = answered.get(indices[i], 0) + 1
+    assert answered == dict.fromkeys(range(len(keys)), 1)
