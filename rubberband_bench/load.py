@@ -143,8 +143,9 @@ class Client:
             self.written += 1
             return ("put", ((k, f"{self.written:08x}{self.blob[8:]}"),))
         e = self.ekey(k)
-        ranges = ((e, self.after(e)),)
-        return ("write", ranges, self.blob) if kind == "write" else ("read", ranges)
+        if kind != "write":
+            return ("point", e)  # the null engine's read of one key (``NullOps``)
+        return ("write", ((e, self.after(e)),), self.blob)
 
     def read_ops(self, n: int) -> list[Any]:
         """``n`` reads of one key each, in one loop: the null engine's reads are made a
@@ -200,11 +201,15 @@ class Client:
                 self.submit_writes(room)
 
     # ------------------------------------------------------------------ reads
-    def isolation(self) -> str:
+    def levels(self, n: int) -> dict[str, int]:
+        """How many of ``n`` new reads go at each level: in a mix, each read draws its
+        level (snapshot with ``--snapshot-share``); the reads themselves are all alike."""
         mode = self.args.mode
-        if mode == "mix":
-            return "snapshot" if self.rng.random() < self.args.snapshot_share else "sequential"
-        return str(mode)
+        if mode != "mix":
+            return {str(mode): n}
+        rnd, share = self.rng.random, self.args.snapshot_share
+        snapshot = sum(1 for _ in range(n) if rnd() < share)
+        return {"snapshot": snapshot, "sequential": n - snapshot}
 
     async def read_loop(self) -> None:
         """Keep up to ``--window`` reads in flight: refill once ``--refill-at`` places are
@@ -227,11 +232,9 @@ class Client:
                 await self.submit_reads([op for op, _ in items], level, [t for _, t in items])
             room = self.args.window - self.in_flight - sum(map(len, held.values()))
             if room >= self.refill_at or (room > 0 and not self.in_flight):
-                if self.args.mode == "mix":
-                    for _ in range(room):
-                        held.setdefault(self.isolation(), []).append(self.op("read"))
-                else:
-                    held.setdefault(self.args.mode, []).extend(self.read_ops(room))
+                for level, n in self.levels(room).items():
+                    if n:
+                        held.setdefault(level, []).extend(self.read_ops(n))
             for level in list(held):
                 if len(held[level]) >= self.refill_at or not self.in_flight:
                     await self.submit_reads(held.pop(level), level)
