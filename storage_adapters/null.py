@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rubberband.keys import after
-from storage_adapters.base import Part, Placement, RangeSet
+from storage_adapters.base import Part, Placement, RangeSet, after
 
 
 class NullOps:
