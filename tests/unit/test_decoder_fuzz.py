@@ -57,7 +57,7 @@ def test_legitimate_nesting_still_decodes() -> None:
 
 
 def test_the_nesting_limit_does_not_leak_between_values() -> None:
-    """A refused value leaves the depth counter where the next decode starts afresh."""
+    """A refused value leaves nothing behind: the next decode starts at the outermost level."""
     with pytest.raises(DecodeError):
         unpack(nested(MAX_NESTING + 5))
     value: object = None
