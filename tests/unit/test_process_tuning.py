@@ -1,0 +1,51 @@
+"""``tune_process``'s heap settings (``ecast.runtime.process.keep_heap``): packet-sized
+buffers freed after a flush stay in the heap for the next flush instead of going back to
+the kernel, to be faulted in again page by page."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import ctypes, sys
+from ecast.runtime.process import keep_heap
+if sys.argv[1] == "keep":
+    keep_heap()
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+        "uordblks", "fordblks", "keepcost")]
+mallinfo2 = ctypes.CDLL(None).mallinfo2
+mallinfo2.restype = Info
+packets = [bytes(400_000) for _ in range(10)]  # a burst of large packets, then freed
+del packets
+print(mallinfo2().keepcost)
+"""
+
+
+def kept_after_burst(mode: str) -> int:
+    """Bytes free at the top of the heap after 4 MB of packet buffers were freed."""
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True
+    )
+    return int(out.stdout)
+
+
+def has_mallinfo2() -> bool:
+    try:
+        return hasattr(ctypes.CDLL(None), "mallinfo2")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not has_mallinfo2(), reason="glibc 2.33 or later")
+def test_a_burst_of_freed_packets_stays_in_the_heap() -> None:
+    default, kept = kept_after_burst("default"), kept_after_burst("keep")
+    # glibc's defaults return the top of the heap once it passes twice the largest
+    # buffer freed so far (here under 1 MB stays); kept, the whole burst stays.
+    assert default < 1_000_000, f"glibc's default trimming changed ({default} B kept)"
+    assert kept >= 3_500_000, kept
