@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ecast.core.config import JOIN, KIND, ROUTERS
+from ecast.core.config import JOIN, KIND, PART, ROUTERS
 from ecast.core.effects import NodeId
 from ecast.core.message import Message, MsgId, Submission
 from ecast.core.message import fast_new as _tnew
@@ -38,13 +38,6 @@ class StableNotices:
         self.since: float | None = None
         self.waited = False
         """Some entry is acknowledged only once its notice is learned."""
-
-    def add(self, t: int, delivered: bool, now: float, waited: bool) -> None:
-        self.entries.append((t, delivered))
-        if self.since is None:
-            self.since = now
-        if waited:
-            self.waited = True
 
     def take(self) -> tuple[tuple[int, bool], ...]:
         out = tuple(self.entries)
@@ -285,6 +278,7 @@ class Forwarding:
         if not q:
             return
         remaining = self.remaining
+        done = []
         while q and q[0] <= upto:
             t = q.popleft()
             r = remaining.get(t)
@@ -292,9 +286,11 @@ class Forwarding:
                 continue
             if r < 4:  # this was the last destination
                 del remaining[t]
-                self.stable_candidate(t, True)
+                done.append(t)
             else:
                 remaining[t] = (r - 2) | 1
+        if done:
+            self.stable_candidates(done, True)
 
     def drop_destination(self, p: NodeId) -> None:
         """Stop waiting for ``p``'s confirmations: it is suspected or it departed."""
@@ -315,7 +311,11 @@ class Forwarding:
                 remaining[t] = r - 2
 
     def stable_candidate(self, t: int, delivered: bool) -> None:
-        """Every unsuspected destination has ``t``: it is stable now.
+        """Every unsuspected destination has ``t``: it is stable now."""
+        self.stable_candidates((t,), delivered)
+
+    def stable_candidates(self, ts: list[int] | tuple[int, ...], delivered: bool) -> None:
+        """Every unsuspected destination has each of ``ts``: they are stable now.
 
         The acknowledgement goes out at once; the stable notice is replicated afterwards,
         for garbage collection and so a new leader does not forward ``t`` again.  Safe:
@@ -323,20 +323,44 @@ class Forwarding:
         before the notice is chosen merely acknowledges again (endpoints ignore acks of
         messages no longer in their window).  This takes a consensus round off every
         message's path from submit to acknowledgement.
+
+        One call per confirmation, not per message: this runs for every message the
+        leader forwards, so ``StableNotices.add`` and ``AppOutbox.ack`` are written out.
         """
-        msg = self.state.mseq.entries.get(t)
-        waited = msg is None or not self.p.early_acks
-        if not waited:
-            header = msg.header  # type: ignore[union-attr]
-            # This acknowledgement lets a leaving process stop confirming, which is only
-            # safe once every router knows its part is stable (``RouterState.departed``).
-            waited = type(header) is dict and header.get("kind") == "part"
-        self.notices.add(t, delivered, self._now, waited)
-        if waited:
+        if not ts:
             return
-        assert msg is not None
-        self.ack(t, (msg.id, t, delivered), msg.sender)
-        self.acked.add(t)
+        entries = self.state.mseq.entries
+        early = self.p.early_acks
+        notices = self.notices
+        note = notices.entries.append
+        if notices.since is None:
+            notices.since = self._now
+        acks = self.outbox.acks
+        acked = self.acked
+        for t in ts:
+            note((t, delivered))
+            msg = entries.get(t)
+            if msg is None or not early:
+                notices.waited = True
+                continue
+            header = msg[2]
+            if type(header) is dict and header.get(KIND) == PART:
+                # This acknowledgement lets a leaving process stop confirming, which is
+                # only safe once every router knows its part is stable
+                # (``RouterState.departed``): it waits for the notice to be learned.
+                notices.waited = True
+                continue
+            sender = msg[0]
+            ack = (msg[1], t, delivered)
+            if sender != ROUTERS:  # the routers' own messages need no acknowledgement
+                box = acks.get(sender)
+                if box is None:
+                    acks[sender] = [ack]
+                else:
+                    box.append(ack)
+            if self.routed_by:
+                self.ack_other_routers(t, ack, sender)
+            acked.add(t)
 
     def ack(self, t: int, ack: Ack, sender: NodeId) -> None:
         """Acknowledge ``t`` to its sender and to every other process that routed it."""
