@@ -249,33 +249,46 @@ class Client:
         first = {} if starts is None else {id(op): t for op, t in zip(ops, starts, strict=True)}
         self.in_flight += len(ops)
 
-        def done(op: Any, gather: Any) -> None:
+        def done(told: list[tuple[Any, Any]]) -> None:
+            """Reads finished together (``read_batch(grouped=True)``): one clock reading,
+            and new reads, which share their start, counted in one step."""
             now = time.perf_counter()
-            start = first.get(id(op), now0)
-            if gather is None:
-                self.stats.counts["timeouts"] += 1
-            elif gather.refused:
-                self.stats.counts["refused"] += 1
-                if self.open:
-                    # Read again with the next refill, batched with the other refusals
-                    # (a task per refused read cost more than the reads under load).
-                    self.stats.counts["retries"] += 1
-                    self.in_flight -= 1
-                    self.redo.setdefault(level, []).append((op, start))
-                    self.want.set()
-                    return
-            elif gather.error is not None:
-                self.stats.counts["errors"] += 1
-            else:
-                self.stats.done(self, start, now)
-            self.in_flight -= 1
+            stats, counts = self.stats, self.stats.counts
+            ok = 0
+            for op, gather in told:
+                if gather is None:
+                    counts["timeouts"] += 1
+                elif gather.refused:
+                    counts["refused"] += 1
+                    if self.open:
+                        # Read again with the next refill, batched with the other
+                        # refusals (a task per refused read cost more than the reads).
+                        counts["retries"] += 1
+                        self.in_flight -= 1
+                        self.redo.setdefault(level, []).append((op, first.get(id(op), now0)))
+                        self.want.set()
+                        continue
+                elif gather.error is not None:
+                    counts["errors"] += 1
+                elif first:
+                    stats.done(self, first.get(id(op), now0), now)
+                else:
+                    ok += 1
+                self.in_flight -= 1
+            if ok:
+                stats.done(self, now0, now, n=ok)
             # Wake the read loop only when it would send (see ``read_loop``).
             if not self.in_flight or self.args.window - self.in_flight >= self.refill_at:
                 self.want.set()
 
         try:
             sent = await self.rb.read_batch(
-                ops, level, done, timeout=self.args.answer_timeout, bundle=self.bundle
+                ops,
+                level,
+                done,
+                timeout=self.args.answer_timeout,
+                bundle=self.bundle,
+                grouped=True,
             )
             self.stats.counts["read_messages"] += sent
             self.stats.counts["reads_sent"] += len(ops)

@@ -126,12 +126,17 @@ class _BundleWire:
         return None
 
 
-def _batch_of_reads(silent: bool, shed: bool = False) -> tuple[dict[int, Any], Any, Any]:
+def _batch_of_reads(
+    silent: bool, shed: bool = False, grouped: bool = False
+) -> tuple[dict[int, Any], Any, Any]:
+    """200 bundled snapshot reads; what each was told.  ``grouped``: told in groups
+    (``read_batch(grouped=True)``), whose sizes go to ``_groups_told``."""
     m = Model(f=3).ring_of(4)
     for k in range(0, 400, 2):
         m.write(("put", ((k, f"v{k}"),)))
     m.settle()
     got: dict[int, Any] = {}
+    _groups_told.clear()
 
     async def go() -> tuple[Any, Any]:
         wire = _BundleWire(m, silent)
@@ -151,7 +156,17 @@ def _batch_of_reads(silent: bool, shed: bool = False) -> tuple[dict[int, Any], A
             if len(got) == 200:
                 all_done.set()
 
-        await rb.read_batch([("get", (k,)) for k in range(200)], "snapshot", done, bundle=16)
+        def done_group(told: list[tuple[Any, Any]]) -> None:
+            assert told, "an empty group"
+            _groups_told.append(len(told))
+            for op, gather in told:
+                done(op, gather)
+
+        ops = [("get", (k,)) for k in range(200)]
+        if grouped:
+            await rb.read_batch(ops, "snapshot", done_group, bundle=16, grouped=True)
+        else:
+            await rb.read_batch(ops, "snapshot", done, bundle=16)
         if shed:
             rb._on_shed(tuple(rb._unsafe))
         await asyncio.wait_for(all_done.wait(), 2.0)
@@ -164,26 +179,39 @@ def _batch_of_reads(silent: bool, shed: bool = False) -> tuple[dict[int, Any], A
     return got, sent, left
 
 
-def test_read_batch_bundles_reads_and_completes_each_alone() -> None:
-    got, sent, left = _batch_of_reads(silent=False)
+_groups_told: list[int] = []
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_read_batch_bundles_reads_and_completes_each_alone(grouped: bool) -> None:
+    got, sent, left = _batch_of_reads(silent=False, grouped=grouped)
     assert got == {k: ({k: f"v{k}"} if k % 2 == 0 else {}) for k in range(200)}
     # 200 reads over two segments, 16 to a message (one holder may answer both).
     counts = [len(msgpack.unpackb(p)) for p, _ in sent]
     assert all(h.get("n") == n for (_, h), n in zip(sent, counts, strict=True))
     assert sum(counts) == 200 and max(counts) == 16 and len(sent) <= 14
     assert left == ({}, {}, {})  # nothing kept once every read completed
+    if grouped:  # told by answer: never more groups than answers, most of them whole
+        assert sum(_groups_told) == 200 and max(_groups_told) == 16
+        assert len(_groups_told) <= 3 * len(sent), _groups_told
 
 
-def test_a_shed_bundle_refuses_each_of_its_reads_at_once() -> None:
-    got, _, left = _batch_of_reads(silent=True, shed=True)
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_shed_bundle_refuses_each_of_its_reads_at_once(grouped: bool) -> None:
+    got, sent, left = _batch_of_reads(silent=True, shed=True, grouped=grouped)
     assert got == {k: "refused" for k in range(200)}
     assert left == ({}, {}, {})
+    if grouped:  # a bundle's reads in one call
+        assert sorted(_groups_told) == sorted(h["n"] for _, h in sent)
 
 
-def test_reads_of_a_bundle_nobody_answers_time_out_each() -> None:
-    got, _, left = _batch_of_reads(silent=True)
+@pytest.mark.parametrize("grouped", [False, True])
+def test_reads_of_a_bundle_nobody_answers_time_out_each(grouped: bool) -> None:
+    got, sent, left = _batch_of_reads(silent=True, grouped=grouped)
     assert got == {k: "timeout" for k in range(200)}
     assert left == ({}, {}, {})
+    if grouped:
+        assert sorted(_groups_told) == sorted(h["n"] for _, h in sent)
 
 
 def test_reads_with_large_operations_go_fewer_to_a_bundle() -> None:
