@@ -118,11 +118,13 @@ class RubberbandClient:
                 return
             bundle = self._bundles.get(p[1])  # a refusal or error of a whole bundle
             if bundle is not None:
+                complete = []
                 for i, g in enumerate(bundle.gathers):
                     if g is not None:
                         g.add(p[2], p[3], p[4], p[5], p[6])
                         if g.complete:
-                            bundle.finish(i)
+                            complete.append(i)
+                bundle.finish_all(complete)
                 self._settle(p[1], bundle)
         elif p[0] == STALE and len(p) == 4:
             self.core.learn(p[2], p[3])
@@ -709,26 +711,27 @@ class _Bundle:
         return self.ops[i], None if timed_out else g
 
     def finish_open(self, timed_out: bool = False, refused: bool = False) -> None:
-        """Every read still open is done: timed out, or ``refused`` (shed); a grouped
-        caller hears of them in one call."""
+        """Every read still open is done: timed out, or ``refused`` (shed)."""
         open_ = [i for i, g in enumerate(self.gathers) if g is not None]
         if refused:
             for i in open_:
                 self.gathers[i].refused = True  # type: ignore[union-attr]
+        self.finish_all(open_, timed_out)
+
+    def finish_all(self, indices: list[int] | tuple[int, ...], timed_out: bool = False) -> None:
+        """:meth:`take` each read of ``indices`` and tell the caller, once each; a
+        grouped caller hears of them in one call."""
         if self.grouped:
-            if open_:
-                _tell_group(self.done, [self.take(i, timed_out) for i in open_])
+            if indices:
+                _tell_group(self.done, [self.take(i, timed_out) for i in indices])
             return
-        for i in open_:
-            self.finish(i, timed_out)
+        for i in indices:
+            op, g = self.take(i, timed_out)
+            _tell(self.done, op, g)
 
     def finish(self, i: int, timed_out: bool = False) -> None:
-        """:meth:`take` read ``i`` and tell the caller, once."""
-        op, g = self.take(i, timed_out)
-        if self.grouped:
-            _tell_group(self.done, [(op, g)])
-        else:
-            _tell(self.done, op, g)
+        """:meth:`finish_all` of read ``i`` alone."""
+        self.finish_all((i,), timed_out)
 
 
 class _Completion:

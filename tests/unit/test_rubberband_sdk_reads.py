@@ -369,3 +369,43 @@ def test_a_batch_that_raises_leaves_nothing_behind_and_tells_no_read() -> None:
     told, left = asyncio.run(go())
     assert told == []
     assert left == [({}, {}), ({}, {}, {})]
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_bundle_refused_whole_is_told_as_one_group(grouped: bool) -> None:
+    """A storage process's refusal of a whole bundle (one ``RESULT`` naming the bundle)
+    finishes every read of it: one call for a grouped caller, one per read otherwise."""
+    from rubberband.storage import RESULT
+
+    m = Model(f=3).ring_of(4)
+    calls: list[list[Any]] = []
+
+    async def go() -> tuple[Any, Any]:
+        wire = _BundleWire(m, silent=True)
+        rb = _client(m, wire, 5.0)
+
+        def done_one(op: Any, gather: Any) -> None:
+            calls.append([(op, gather)])
+
+        ops = [("get", (k,)) for k in range(16)]
+        if grouped:
+            await rb.read_batch(ops, "snapshot", calls.append, bundle=16, grouped=True)
+        else:
+            await rb.read_batch(ops, "snapshot", done_one, bundle=16)
+        bundles = [h["q"] for _, h in wire.sent if "n" in h]
+        for rid in bundles:
+            rb._on_direct((RESULT, rid, None, None, None, 1, False))
+        try:
+            return bundles, (dict(rb._bundles), dict(rb._unsafe))
+        finally:
+            await rb.close()
+
+    bundles, left = asyncio.run(go())
+    told = [pair for call in calls for pair in call]
+    assert bundles and left == ({}, {})
+    assert sorted(op[1][0] for op, _ in told) == list(range(16))
+    assert len(told) == 16 and all(g is not None and g.refused for _, g in told)
+    if grouped:
+        assert len(calls) == len(bundles)
+    else:
+        assert len(calls) == 16
