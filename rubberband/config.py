@@ -640,7 +640,8 @@ cost the dissertation's routers 10-20 % of their throughput, 5.6.3); its ``"r"``
 for each stretch of the ring between two ids that the reads touch, one range from their
 lowest to their highest bound there, so that routing it costs what routing one read of
 a few ranges costs.  Each responder answers every read of it with one direct
-message (:data:`rubberband.storage.RESULTS`).  A client with many reads in flight sends
+message (:data:`rubberband.storage.WHOLE`, or :data:`rubberband.storage.RESULTS` where
+some read is answered in part or rejected).  A client with many reads in flight sends
 those one storage process answers this way, so that each role's cost per message (routing,
 forwarding, tagging, decoding, the answer) is shared by the reads: the dissertation's
 clumping (3.5.9) applied by the client to reads.  A bundle is one consistent cut for all

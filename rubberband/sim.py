@@ -51,7 +51,7 @@ from rubberband.client import ClientCore, Gather
 from rubberband.config import RubberbandConfig, vote_header
 from rubberband.keys import NOTHING, describe, difference, encode_key, intersect
 from rubberband.sdk import load_ops
-from rubberband.storage import BASIC, RESULT, RESULTS, STALE, StorageCore
+from rubberband.storage import BASIC, RESULT, RESULTS, STALE, WHOLE, StorageCore
 from rubberband.super import Refused, SuperCore
 
 SUPER = "super:s1"
@@ -519,7 +519,10 @@ class RbProcess:
             if op.level == "basic":
                 self._send_read(op, now, fx)
             return
-        if p[0] == RESULTS and len(p) == 5 and p[1] == op.rid:  # a bundle's answers
+        if p[0] == WHOLE and len(p) == 4 and p[1] == op.rid:  # a bundle answered whole
+            if 0 <= op.index < len(p[3]):
+                op.gather.add(None, p[3][op.index], None, p[2], True)
+        elif p[0] == RESULTS and len(p) == 5 and p[1] == op.rid:  # a bundle's answers
             for i, covered, result, error in p[4]:
                 if i == op.index:
                     op.gather.add(covered, result, error, p[2], p[3])
@@ -652,7 +655,7 @@ class RubberbandRun(EcastGroupRun):
 
                 subs = msgpack.unpackb(msg.payload, use_list=False)
                 pieces = core._pieces(mine)
-                return [(i, s[0], p, s[1]) for i, s in enumerate(subs) for p in pieces]
+                return [(i, s[0], p, s[1]) for i, s in enumerate(subs) for p in pieces], False
 
             patch(StorageCore, "_bundle_items", unclipped)
         elif m == "bundle_last_write_dropped":

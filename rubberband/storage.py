@@ -86,6 +86,12 @@ it (:data:`rubberband.config.BUNDLE`), ``covered`` None for all of the read's ra
 ``position`` and ``ok`` as in :data:`RESULT`; a refusal or a malformed bundle is one
 :data:`RESULT` for all of its reads.  A bundle of writes is answered only for the writes
 the engine rejected, with the same message."""
+WHOLE = "resw"
+"""storage -> client: ``("resw", id, position, results)``: the answers to a bundle of
+reads that this process answers every one of whole and without error (most bundles),
+``results[i]`` for read ``i``, ``ok`` True.  :data:`RESULTS` says the same with an index,
+a ``covered`` and an error beside every result: four objects a read that its responder
+built and packed and its client unpacked and checked, for nothing in the common case."""
 MALFORMED_BUNDLE = "a bundle is a tuple of (op, ranges) pairs, as many as its count"
 """The error every read of a malformed bundle gets (and a write bundle's sender: no
 write of it is applied)."""
@@ -284,7 +290,7 @@ class StorageCore:
         self, msg: Message, mine: RangeSet, position: Any, out: list[Output]
     ) -> None:
         rid = msg.header.get("q", msg.id)
-        subs = self._bundle_items(msg, mine)
+        subs, whole = self._bundle_items(msg, mine)
         if subs is None:
             error = MALFORMED_BUNDLE
             out.append(("direct", msg.sender, (RESULT, rid, mine, None, error, position, True)))
@@ -294,6 +300,10 @@ class StorageCore:
         except Exception as e:
             self._stop(f"engine failed: {type(e).__name__}: {e}", out)
             return
+        bad = any(isinstance(r, BadOperation) for r in results)
+        if whole and not bad and len(results) == len(subs):
+            out.append(("direct", msg.sender, (WHOLE, rid, position, tuple(results))))
+            return
         answers = tuple(
             (i, c, None, str(res)) if isinstance(res, BadOperation) else (i, c, res, None)
             for (i, _, _, c), res in zip(subs, results, strict=True)
@@ -302,13 +312,14 @@ class StorageCore:
 
     def _bundle_items(
         self, msg: Message, mine: RangeSet
-    ) -> list[tuple[int, Any, RangeSet, RangeSet | None]] | None:
+    ) -> tuple[list[tuple[int, Any, RangeSet, RangeSet | None]] | None, bool]:
         """A bundle's reads cut at the ring's segments (as :meth:`_pieces` cuts one read):
         ``(index, op, piece, covered)`` for each read and each piece of what this process
         holds of the bundle that the read's ranges meet, ``covered`` being what the read
         has of the piece, None where that is the whole read (most reads: the answer then
         need not repeat the read's ranges back to its client); None for a malformed
-        bundle.
+        bundle.  And whether every read is one item, whole, in payload order (the
+        bundle can then be answered with :data:`WHOLE`).
 
         The engine runs each read on the whole ``piece``: a part of the header's union,
         which :meth:`_mine` checked, never the read's own ranges, which nobody checked.
@@ -317,7 +328,7 @@ class StorageCore:
         about a read's ranges misleads only itself."""
         subs = _unbundle(msg)
         if subs is None:
-            return None
+            return None, False
         pieces = self._pieces(mine)
         # Each range of every piece, by its lower bound: a read of one range inside one
         # of them (most reads) finds its piece by one bisection instead of a clip per
@@ -325,18 +336,20 @@ class StorageCore:
         spans = sorted((lo, hi, piece) for piece in pieces for lo, hi in piece)
         los = [lo for lo, _, _ in spans]
         items: list[tuple[int, Any, RangeSet, RangeSet | None]] = []
+        whole = 0
         try:
             for i, sub in enumerate(subs):
                 if type(sub) is not tuple or len(sub) != 2 or type(sub[1]) is not tuple:
-                    return None
+                    return None, False
                 op, ranges = sub
                 if len(ranges) == 1:
                     one = ranges[0]
                     if type(one) is not tuple or len(one) != 2:
-                        return None
+                        return None, False
                     k = bisect_right(los, one[0]) - 1
                     if k >= 0 and one[1] <= spans[k][1] and one[0] < one[1]:
                         items.append((i, op, spans[k][2], None))  # the read, whole
+                        whole += 1
                         continue
                     for piece in pieces:  # at most f: the segments this process holds
                         part = clip(one, piece)
@@ -348,8 +361,8 @@ class StorageCore:
                     if part:
                         items.append((i, op, piece, part))
         except (TypeError, ValueError, IndexError):  # ranges that are not range sets
-            return None
-        return items
+            return None, False
+        return items, whole == len(subs) == len(items)
 
     def _answer(
         self, to: NodeId, rid: Any, op: Any, mine: RangeSet, position: Any, out: list[Output]
@@ -487,7 +500,10 @@ class StorageCore:
         ``ranges``, the answer covers ``covered`` (None: all of a bundled read); index -1
         for a message's own op, else the read's index in a bundle (see
         :meth:`_bundle_items`)."""
-        bundles: dict[int, tuple[Message, list[Any]]] = {}
+        bundles: dict[int, list[Any]] = {}
+        """``[message, answers, whole]`` of each bundle (by ``id``): a whole read bundle
+        (:meth:`_bundle_items`) collects its results alone, for :data:`WHOLE`, until an
+        engine rejects one of its reads."""
         writes: set[int] = set()
         """Bundles of writes (by ``id``), answered only for rejected writes."""
         for m, mine in batch:
@@ -502,18 +518,18 @@ class StorageCore:
                     answer = (RESULT, rid, NOTHING, None, MALFORMED_BUNDLE, None, True)
                     out.append(("direct", m.sender, answer))
                     continue
-                bundles[id(m)] = (m, [])
+                bundles[id(m)] = [m, [], False]
                 writes.add(id(m))
                 items.extend((m, op, part, part, i) for i, op, part in subs)
             elif BUNDLE in h:
                 rid = h.get("q", m.id)
-                subs = None if self.incomplete else self._bundle_items(m, mine)
+                subs, whole = (None, False) if self.incomplete else self._bundle_items(m, mine)
                 if subs is None:  # nothing answered from a copy with gaps, or malformed
                     error = None if self.incomplete else MALFORMED_BUNDLE
                     answer = (RESULT, rid, NOTHING, None, error, None, True)
                     out.append(("direct", m.sender, answer))
                     continue
-                bundles[id(m)] = (m, [])
+                bundles[id(m)] = [m, [], whole]
                 items.extend((m, op, piece, c, i) for i, op, piece, c in subs)
             elif not self.incomplete:
                 items.extend((m, m.payload, p, p, -1) for p in self._pieces(mine))
@@ -535,11 +551,17 @@ class StorageCore:
                 counted = (id(m), i)
                 self.stats.rejected += 1
             if i >= 0:
-                if id(m) not in writes:
+                entry = bundles[id(m)]
+                if entry[2] and not bad:  # a whole bundle: read i's result is the i-th
+                    entry[1].append(res)
+                elif id(m) not in writes:
+                    if entry[2]:  # its first rejection: it is answered read by read
+                        entry[1] = [(j, None, r, None) for j, r in enumerate(entry[1])]
+                        entry[2] = False
                     answer = (i, mine, None, str(res)) if bad else (i, mine, res, None)
-                    bundles[id(m)][1].append(answer)
+                    entry[1].append(answer)
                 elif bad:
-                    bundles[id(m)][1].append((i, mine, None, str(res)))
+                    entry[1].append((i, mine, None, str(res)))
                 continue
             h = m.header
             # Reads are answered; writes when the client asked ("a": an operation whose
@@ -550,8 +572,11 @@ class StorageCore:
                     mine = NOTHING  # never answer from a copy with gaps
                 payload = (RESULT, rid, mine, None if bad else res, str(res) if bad else None)
                 out.append(("direct", m.sender, (*payload, None, True)))
-        for m, answers in bundles.values():
-            if answers or id(m) not in writes:
+        for m, answers, whole in bundles.values():
+            if whole:
+                rid = m.header.get("q", m.id)
+                out.append(("direct", m.sender, (WHOLE, rid, None, tuple(answers))))
+            elif answers or id(m) not in writes:
                 rid = m.header.get("q", m.id)
                 out.append(("direct", m.sender, (RESULTS, rid, None, True, tuple(answers))))
 

@@ -15,7 +15,7 @@ from typing import Any
 from ecast import Message
 from rubberband.config import RubberbandConfig, vote_header
 from rubberband.keys import encode_key
-from rubberband.storage import StorageCore
+from rubberband.storage import RESULT, StorageCore
 from rubberband.super import SuperCore
 from storage_adapters.base import Placement
 from storage_adapters.memory import KVOps, MemoryEngine
@@ -77,7 +77,8 @@ class Model:
                 if dst.startswith("storage:"):
                     self.links[(me, dst)].append(payload)
                 else:
-                    self.results[payload[1]].append((me, payload[2], payload[3], payload[4]))
+                    if payload[0] == RESULT:  # a read's (or a write's) one answer
+                        self.results[payload[1]].append((me, *payload[2:5]))
                     self.replies[payload[1]].append(payload)
             elif o[0] == "submit":
                 self.later.append((me, o[1]))

@@ -1,5 +1,5 @@
 """The null engine's operations: a point read carries its key once and is answered whole,
-as a read of the same ranges is."""
+as a read of the same ranges is, in one :data:`rubberband.storage.WHOLE` answer."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from ecast import Message
 from rubberband.client import ClientCore
 from rubberband.keys import after
-from rubberband.storage import RESULTS
+from rubberband.storage import WHOLE
 from storage_adapters.null import NullEngine, NullOps
 from tests.rubberband_model import Model
 
@@ -37,9 +37,10 @@ def test_point_reads_travel_lighter_and_every_one_is_answered_whole() -> None:
         msg = Message("client:c", (("u", 0, "client:c"), next(seq)), header, payload)
         for d in sorted(m.config.destset(msg)):
             for out in m.storage[d].deliver_unsafe(msg, m.t, True):
-                kind, rid, _position, ok, answers = out[2]
-                assert (kind, rid, ok) == (RESULTS, ("b", indices), True)
-                for i, covered, _result, error in answers:
-                    assert covered is None and error is None  # the whole read, no error
+                # Every read answered whole and without error: the results alone.
+                kind, rid, _position, results = out[2]
+                assert (kind, rid) == (WHOLE, ("b", indices))
+                assert len(results) == len(indices)
+                for i in range(len(results)):
                     answered[indices[i]] = answered.get(indices[i], 0) + 1
     assert answered == dict.fromkeys(range(len(keys)), 1)

@@ -114,6 +114,10 @@ class _BundleWire:
             if self.hostile:
                 bad = ("resn", header["q"], 1, True, ((0, "not ranges", {}, None),))
                 self.inbox.put_nowait(("storage:0", bad))
+                # Whole answers with a result too many, or not a tuple of results.
+                n = header.get("n", 1)
+                self.inbox.put_nowait(("storage:0", ("resw", header["q"], 1, (None,) * (n + 1))))
+                self.inbox.put_nowait(("storage:0", ("resw", header["q"], 1, "not results")))
             for d in sorted(self.m.config.destset(msg)):
                 for o in self.m.storage[d].deliver_unsafe(msg, self.m.t, True):
                     self.inbox.put_nowait((d, o[2]))

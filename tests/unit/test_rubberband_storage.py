@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import msgpack
@@ -451,9 +452,12 @@ def test_a_rejected_operation_raises_at_the_client() -> None:
 
 
 # ------------------------------------------------------------------ read bundles
-def bundled_reads(m: Model, level: str, ops: list[Any], limit: int = 8) -> list[Any]:
+def bundled_reads(
+    m: Model, level: str, ops: list[Any], limit: int = 8, kinds: Counter[str] | None = None
+) -> list[Any]:
     """Reads sent as the SDK's ``read_batch`` sends them: grouped by segment into bundles
-    (a group of one travels alone), answers fanned out to each read's gather."""
+    (a group of one travels alone), answers fanned out to each read's gather; ``kinds``
+    counts the answers by their tag."""
     client = ClientCore(KVOps())
     client.learn(m.config.version, m.config.keyspace.to_state())
     reads = [client.read(op) for op in ops]
@@ -479,6 +483,14 @@ def bundled_reads(m: Model, level: str, ops: list[Any], limit: int = 8) -> list[
             ]
         assert replies, f"no answer to {rid}"
         for reply in replies:
+            if kinds is not None:
+                kinds[reply[0]] += 1
+            if reply[0] == "resw":  # every read of the bundle whole: the results alone
+                _, _, position, results = reply
+                assert len(results) == len(group) > 1
+                for i, result in enumerate(results):
+                    gathers[group[i]].add(None, result, None, position, True)
+                continue
             if reply[0] == "res":  # a read alone, or a whole bundle refused
                 for i in group:
                     gathers[i].add(*reply[2:])
@@ -506,7 +518,11 @@ def test_a_read_bundle_answers_each_of_its_reads_alone(level: str) -> None:
     groups, _ = client.bundles([client.read(op)[2] for op in ops], 8)
     assert max(len(g) for g in groups) == 8  # the limit holds, and is reached
     assert len(groups) < len(ops) / 3
-    got = bundled_reads(m, level, ops)
+    kinds: Counter[str] = Counter()
+    got = bundled_reads(m, level, ops, kinds=kinds)
+    # Bundles whose every read one responder answers whole take the short form; those
+    # with a read across a segment boundary are answered read by read.
+    assert kinds["resw"] > 0 and kinds["resn"] > 0, kinds
     for op, answer in zip(ops, got, strict=True):
         if op[0] == "get":
             assert answer == {k: -k for k in op[1] if k % 3 == 0}, op
@@ -595,10 +611,8 @@ def test_a_malformed_or_refused_bundle_is_one_answer_for_all_its_reads() -> None
     (out,) = core.deliver_unsafe(msg, m.t, False)  # not accepted: refused as a whole
     assert out[2][0] == "res" and out[2][1] == "b1" and out[2][-1] is False
     (out,) = core.deliver_unsafe(msg, m.t, True)
-    assert out[2][0] == "resn" and out[2][3] is True
-    assert sorted((i, res) for i, _, res, _ in out[2][4]) == [(0, {5: "five"}), (1, {})]
-    # Each answer is for its whole read, which "covered" None says without the ranges.
-    assert [covered for _, covered, _, _ in out[2][4]] == [None, None]
+    # Both reads answered whole and without error: their results alone, in read order.
+    assert out[2][0] == "resw" and out[2][1] == "b1" and out[2][3] == ({5: "five"}, {})
     subs = msgpack.unpackb(payload, use_list=False)
     assert len(subs) == 2 and msg.header["r"] == ((subs[0][1][0][0], subs[1][1][0][1]),)
     for bad in (
@@ -617,6 +631,51 @@ def test_a_malformed_or_refused_bundle_is_one_answer_for_all_its_reads() -> None
             assert out[2][0] == "res" and out[2][1] == "b1"
             assert "bundle" in out[2][4]
     assert core.stopped is None
+
+
+@pytest.mark.parametrize("level", ["sequential", "snapshot"])
+def test_a_bundle_with_a_rejected_read_is_answered_read_by_read(level: str) -> None:
+    """An engine that rejects one read of a bundle: that read gets its error, the others
+    their results, in the answer with a row per read (the short form of a bundle
+    answered whole has no room for an error)."""
+    m = grown(4)
+    m.write(("put", ((5, "five"), (6, "six"))))
+    for core in m.storage.values():
+        apply = core.engine.apply
+
+        def rejecting(batch: Any, apply: Any = apply) -> list[Any]:
+            results = apply(batch)
+            return [
+                BadOperation("not 6 today") if op == ("get", (6,)) else res
+                for (op, _), res in zip(batch, results, strict=True)
+            ]
+
+        core.engine.apply = rejecting  # type: ignore[method-assign]
+    client = ClientCore(KVOps())
+    client.learn(m.config.version, m.config.keyspace.to_state())
+    ops: list[Any] = [("get", (5,)), ("get", (6,)), ("get", (7,))]
+    gathers = [client.read(op)[2] for op in ops]
+    payload, header = client.bundle(list(zip(ops, gathers, strict=True)), 1)
+    header["q"] = "b1"
+    if level == "sequential":
+        m.send("client:c", header, payload)
+        m.settle()
+        replies = m.replies["b1"]
+    else:
+        msg = Message("client:c", (("u", 0, "client:c"), 1), header, payload)
+        replies = [
+            o[2]
+            for d in sorted(m.config.destset(msg))
+            for o in m.storage[d].deliver_unsafe(msg, m.t, True)
+        ]
+    assert replies and all(r[0] == "resn" for r in replies), replies
+    for _, _, position, ok, answers in replies:
+        assert sorted(a[0] for a in answers) == [0, 1, 2]
+        for i, covered, result, error in answers:
+            gathers[i].add(covered, result, error, position, ok)
+    assert client.result(gathers[0]) == {5: "five"} and client.result(gathers[2]) == {}
+    with pytest.raises(Rejected, match="not 6 today"):
+        client.result(gathers[1])
 
 
 # ------------------------------------------------------------------ write bundles
