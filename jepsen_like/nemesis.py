@@ -9,8 +9,10 @@
 * ``partition`` (network namespaces, :mod:`jepsen_like.net`): the leader isolated from
   everyone, a follower isolated, a split of the routers into a minority and a majority
   with the clients and receivers spread over both sides, or one client or receiver
-  process cut off from every router, for 2 to 4 s (less than the client lease, so
-  application processes are not suspected; isolated routers are).
+  process cut off from every router, for 2 to 4 s; at most 3.5 s for an application cut
+  off alone and 3 s for one on a split's minority side (which must find the majority's
+  new leader after the heal): less than the client lease, so application processes are
+  not suspected; isolated routers are.
 * ``pause-app``: SIGSTOP a client or the receivers' process past the client lease (6 to
   8 s against the default 5 s), then SIGCONT it.  The routers expire its lease and the
   group suspects it; when it resumes it must learn that it was declared faulty and never
@@ -199,6 +201,12 @@ class RouterNemesis:
             self.rng.shuffle(apps)
             k = self.rng.randint(0, len(apps))
             side_a, side_b = [target, *apps[:k]], [*others, *apps[k:]]
+            if k:
+                # Applications cut off from the majority, which may be electing a new
+                # leader they must then find: well below the client lease, so they are
+                # not suspected (a 3.9 s split left a client under a loaded machine 1.1 s
+                # to reach the new leader, and its lease ran out).
+                hold = min(hold, 3.0)
             what = f"split {'+'.join(side_a)} | {'+'.join(side_b)}"
         else:
             app = self.rng.choice(self.apps)
