@@ -300,8 +300,8 @@ class StorageCore:
         except Exception as e:
             self._stop(f"engine failed: {type(e).__name__}: {e}", out)
             return
-        bad = any(isinstance(r, BadOperation) for r in results)
-        if whole and not bad and len(results) == len(subs):
+        whole = whole and len(results) == len(subs)
+        if whole and not any(isinstance(r, BadOperation) for r in results):
             out.append(("direct", msg.sender, (WHOLE, rid, position, tuple(results))))
             return
         answers = tuple(

@@ -208,6 +208,9 @@ class Client:
         if mode != "mix":
             return {str(mode): n}
         rnd, share = self.rng.random, self.args.snapshot_share
+        if share >= 1.0 or share <= 0.0:  # what every draw would give (random() < 1)
+            snapshot = n if share >= 1.0 else 0
+            return {"snapshot": snapshot, "sequential": n - snapshot}
         snapshot = sum(1 for _ in range(n) if rnd() < share)
         return {"snapshot": snapshot, "sequential": n - snapshot}
 
