@@ -35,7 +35,6 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable
-from itertools import repeat
 from typing import Any
 
 import ecast
@@ -106,7 +105,7 @@ class RubberbandClient:
             bundle, results = self._bundles.get(p[1]), p[3]
             n = len(results) if type(results) is tuple else -1
             if bundle is not None and n == len(bundle.gathers):
-                rows = zip(range(n), repeat(None), results, repeat(None))
+                rows = zip(range(n), itertools.repeat(None), results, itertools.repeat(None))
                 self._on_results(p[1], bundle, p[2], True, rows)
         elif p[0] == RESULTS and len(p) == 5:
             bundle = self._bundles.get(p[1])

@@ -573,11 +573,10 @@ class StorageCore:
                 payload = (RESULT, rid, mine, None if bad else res, str(res) if bad else None)
                 out.append(("direct", m.sender, (*payload, None, True)))
         for m, answers, whole in bundles.values():
+            rid = m.header.get("q", m.id)
             if whole:
-                rid = m.header.get("q", m.id)
                 out.append(("direct", m.sender, (WHOLE, rid, None, tuple(answers))))
             elif answers or id(m) not in writes:
-                rid = m.header.get("q", m.id)
                 out.append(("direct", m.sender, (RESULTS, rid, None, True, tuple(answers))))
 
     def _write_items(self, msg: Message, mine: RangeSet) -> list[tuple[int, Any, RangeSet]] | None:

@@ -208,10 +208,10 @@ class Client:
         if mode != "mix":
             return {str(mode): n}
         rnd, share = self.rng.random, self.args.snapshot_share
-        if share >= 1.0 or share <= 0.0:  # what every draw would give (random() < 1)
+        if 0.0 < share < 1.0:
+            snapshot = sum(1 for _ in range(n) if rnd() < share)
+        else:  # all or none: what every draw would give (random() < 1), without drawing
             snapshot = n if share >= 1.0 else 0
-            return {"snapshot": snapshot, "sequential": n - snapshot}
-        snapshot = sum(1 for _ in range(n) if rnd() < share)
         return {"snapshot": snapshot, "sequential": n - snapshot}
 
     async def read_loop(self) -> None:
