@@ -44,6 +44,7 @@ _EXPORTS: dict[str, str] = {
     "AuthenticationError": "ecast.errors",
     "NotARouterError": "ecast.errors",
     "SessionClosedError": "ecast.errors",
+    "ForbiddenError": "ecast.errors",
     "PartFailedError": "ecast.errors",
     # Config toolkit
     "Config": "ecast.core.config",
@@ -74,6 +75,7 @@ _EXPORTS: dict[str, str] = {
     "LeaderChanged": "ecast.core.endpoint",
     "Rejected": "ecast.core.endpoint",
     "SessionsClosed": "ecast.core.proto",
+    "CloseForbidden": "ecast.core.proto",
     "Direct": "ecast.core.proto",
     "Router": "ecast.core.router",
     "RouterParams": "ecast.core.router",
@@ -84,6 +86,7 @@ _EXPORTS: dict[str, str] = {
     "tune_process": "ecast.runtime",
     "load_auth": "ecast.runtime",
     "read_secret": "ecast.runtime",
+    "private_file_problem": "ecast.security.secret",
     "sim": "ecast.sim",
     "RouterGroupRun": "ecast.sim.group",
     "EcastGroupRun": "ecast.sim.group",

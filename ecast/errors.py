@@ -54,6 +54,13 @@ class SessionClosedError(Error):
     routed."""
 
 
+class ForbiddenError(Error, PermissionError):
+    """This process's credential does not cover the namespace of the session it submits
+    in (or closes), or the namespace is reserved (``@...``): nothing was routed or closed.
+    Unlike :class:`SessionClosedError` this says nothing about the session: whoever owns
+    it goes on.  Not worth retrying with the same credential."""
+
+
 class PartFailedError(ClosedError):
     """``close()`` could not get this process's part delivered in time: the group may
     still count it as a member until its lease runs out."""

@@ -44,11 +44,12 @@ from ecast.core.endpoint import (
     Terminated,
 )
 from ecast.core.message import MsgId, Session
-from ecast.core.proto import SessionsClosed
+from ecast.core.proto import CloseForbidden, SessionsClosed
 from ecast.errors import (
     AuthenticationError,
     Backpressure,
     ClosedError,
+    ForbiddenError,
     InvalidMessage,
     InvalidName,
     MessageTooLarge,
@@ -395,15 +396,22 @@ class Client:
             elif t is Rejected:
                 fut = self._acks.pop(up.id, None)
                 if fut is not None and not fut.done():
-                    fut.set_exception(
-                        SessionClosedError(f"{up.id}: its session was closed; not routed")
-                    )
+                    fut.set_exception(_rejection(up))
                 self._space.set()
             elif t is SessionsClosed:
                 for key in [k for k in self._closes if k[0] == up.namespace and k[1] <= up.epoch]:
                     fut = self._closes.pop(key)
                     if not fut.done():
                         fut.set_result(up)
+            elif t is CloseForbidden:
+                fut = self._closes.pop((up.namespace, up.epoch), None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(
+                        ForbiddenError(
+                            f"closing sessions of {up.namespace!r}: this process's credential "
+                            "does not cover that namespace (or it is reserved); nothing closed"
+                        )
+                    )
             elif t is LeaderChanged:
                 self.view = up.view
                 self.leader = up.succession[0] if up.succession else None
@@ -620,9 +628,13 @@ class Client:
     ) -> SessionsClosed:
         """Close every session of ``namespace`` with an epoch up to ``epoch``, in the total
         order; later messages of those sessions are refused (:class:`SessionClosedError`).
-        Re-sent to each new leader until the routers answer."""
-        if type(namespace) is not str or type(epoch) is not int or epoch < 0:
+        Re-sent to each new leader until the routers answer.  Only a process whose
+        credential covers ``namespace`` may close it (:class:`ForbiddenError`)."""
+        if type(namespace) is not str or not namespace or type(epoch) is not int or epoch < 0:
             raise InvalidMessage("close_sessions(namespace: str, epoch: int >= 0)")
+        problem = _session_problem(self.runtime, (namespace, epoch, ""))
+        if problem:
+            raise ForbiddenError(problem)
         key = (namespace, epoch)
         fut = self._closes.get(key)
         if fut is None:
@@ -858,6 +870,36 @@ class Client:
         await self._shutdown()
 
 
+def _session_problem(rt: Runtime, session: Any) -> str | None:
+    if (
+        type(session) is not tuple
+        or len(session) != 3
+        or type(session[0]) is not str
+        or not session[0]
+        or type(session[1]) is not int
+        or type(session[2]) is not str
+    ):
+        return "session is (namespace: str, epoch: int, stream: str)"
+    namespace = session[0]
+    if namespace[:1] == "@":
+        return f"namespace {namespace!r:.80}: names starting with @ belong to the routers"
+    if not rt.identity.covers(namespace):
+        return (
+            f"session namespace {namespace!r:.80} is not covered by this process's "
+            f"{rt.identity.describe()}: a session's namespace is a name, and only a "
+            "credential that covers it may submit in it"
+        )
+    return None
+
+
+def _rejection(up: Rejected) -> Exception:
+    if up.reason == "forbidden":
+        return ForbiddenError(
+            f"{up.id}: this process's credential does not cover the session's namespace; not routed"
+        )
+    return SessionClosedError(f"{up.id}: its session was closed; not routed")
+
+
 def _retrieved(fut: asyncio.Future[Any]) -> None:
     """An acknowledgement nobody awaits may fail (the client closed): that is no error."""
     if not fut.cancelled():
@@ -934,7 +976,9 @@ def connect(
       non-members) and leaves with ``detach()``.
     - ``session``: the data session ``(namespace, epoch, stream)``; a process that takes
       over another's session resubmits with the same sequence numbers and the routers
-      keep one copy of each (exactly-once ingestion).
+      keep one copy of each (exactly-once ingestion).  Its namespace is a name that the
+      credential must cover (:class:`ForbiddenError` otherwise), so only processes that
+      could take the name itself can take over its sessions.
     - ``listen``: serve direct connections on this address before connecting, so the
       routers gossip it and peers can reach this process (``join_header`` may carry it).
     - ``source``: the local address this process's connections leave from (a host with
@@ -978,6 +1022,10 @@ def connect(
             from dataclasses import replace
 
             p = replace(p, lease=float(lease))
+        if session is not None:
+            problem = _session_problem(rt, session)
+            if problem:
+                raise ForbiddenError(problem)
         client = Client(
             name,
             rt,

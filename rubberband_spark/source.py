@@ -40,6 +40,10 @@ from rubberband_spark.chunks import BadRows, Chunker, Columns, Target, plain, re
 
 T = TypeVar("T")
 SCAN_OPS = "storage_adapters.scan:ScanOps"
+NAMES = "client:spark-"
+"""Every task's name starts with it, and so does every default session namespace: the
+credential a job runs under (``client:spark-*``, or the cluster's ``client:*``) covers
+both, and only such a credential may submit in, or close, the job's sessions."""
 QUERY_ID = "sql.streaming.queryId"
 BATCH_ID = "streaming.sql.batchId"
 DRIVER_STREAM = "driver"
@@ -52,7 +56,9 @@ class Options:
 
     routers: tuple[str, ...]
     target: Target
-    secret: str | None = None
+    secret_file: str | None = None
+    """The development secret's file, read by each task where it runs (the secret itself
+    never travels in the pickled options)."""
     credentials: str | None = None
     rows_per_message: int = 1000
     buckets: int = 8
@@ -77,17 +83,21 @@ class Options:
             credentials = credentials or st.get("client_credentials")
         if not routers:
             raise BadRows("option 'routers' (HOST:PORT,...) or 'state_dir' is required")
-        secret = None
-        if o.get("secret_file"):
-            secret = Path(o["secret_file"]).read_text().strip()
+        secret_file = o.get("secret_file") or None
+        if secret_file:
+            problem = ecast.private_file_problem(secret_file)
+            if problem:
+                raise BadRows(f"option 'secret_file': {problem}")
         elif not credentials:
-            secret = os.environ.get("ECAST_SECRET") or None
             credentials = os.environ.get("ECAST_CREDENTIALS") or None
-            if secret is None and credentials is None:
+            if credentials is None and not os.environ.get("ECAST_SECRET"):
                 raise BadRows(
                     "no way to authenticate: give 'credentials', 'secret_file', "
-                    "'state_dir', or set ECAST_SECRET"
+                    "'state_dir', or set ECAST_SECRET (in every executor's environment)"
                 )
+        namespace = o.get("namespace") or None
+        if namespace is not None and (namespace.startswith("@") or not namespace.isprintable()):
+            raise BadRows(f"option 'namespace' {namespace!r:.80}: a printable name, not @...")
         table = o.get("table")
         key = o.get("key") or ("key" if table is None else "")
         if not key:
@@ -104,13 +114,13 @@ class Options:
         return cls(
             routers=routers,
             target=target,
-            secret=secret,
+            secret_file=secret_file,
             credentials=credentials,
             rows_per_message=_int(o, "rows_per_message", 1000),
             buckets=_int(o, "buckets", 8),
             isolation=isolation,
             consistent=o.get("consistent", "false").lower() in ("1", "true", "yes"),
-            namespace=o.get("namespace"),
+            namespace=namespace,
             listen=o.get("listen", "127.0.0.1:0"),
             timeout=float(o.get("timeout", "60")),
             trace=o.get("trace") or None,
@@ -146,12 +156,17 @@ class _Loop:
 async def _connect(opts: Options, session: ecast.Session | None = None) -> Any:
     """A light client under a name never used before (names are unique for ever, and
     Spark's task attempt ids restart in every session)."""
-    auth: dict[str, Any] = (
-        {"credentials": opts.credentials} if opts.credentials else {"secret": opts.secret}
-    )
+    auth: dict[str, Any] = {}
+    if opts.credentials:
+        auth["credentials"] = opts.credentials
+    elif opts.secret_file:
+        problem = ecast.private_file_problem(opts.secret_file)
+        if problem:
+            raise BadRows(f"option 'secret_file': {problem}")
+        auth["secret"] = Path(opts.secret_file).read_bytes().strip()
     return await rubberband.connect(
         list(opts.routers),
-        f"client:spark-{uuid.uuid4().hex[:20]}",
+        f"{NAMES}{uuid.uuid4().hex[:20]}",
         ops=SCAN_OPS if opts.target.table is not None else None,
         listen=opts.listen,
         session=session,
@@ -326,7 +341,8 @@ def commit_batch(opts: Options, namespace: str | None, epoch: int, messages: Seq
 
 
 class StreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
-    """Micro-batches exactly once: session ``("spark:" + query id, batch id, p<n>)``."""
+    """Micro-batches exactly once: session ``("client:spark-q-" + query id, batch id,
+    p<n>)``."""
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts
@@ -337,7 +353,7 @@ class StreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
         batch = tc.getLocalProperty(BATCH_ID) if tc is not None else None
         if batch is None or (query is None and self.opts.namespace is None):
             raise BadRows("no streaming batch id or query id in the task's context")
-        namespace = self.opts.namespace or f"spark:{query}"
+        namespace = self.opts.namespace or f"{NAMES}q-{query}"
         return write_partition(self.opts, namespace, int(batch), iterator)
 
     def commit(self, messages: list[Any], batchId: int) -> None:
@@ -349,11 +365,12 @@ class StreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
 
 
 class BatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
-    """A batch write exactly once: session ``("spark-job:" + a fresh id, 0, p<n>)``."""
+    """A batch write exactly once: session ``("client:spark-job-" + a fresh id, 0,
+    p<n>)``."""
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts
-        self.namespace = opts.namespace or f"spark-job:{uuid.uuid4().hex}"
+        self.namespace = opts.namespace or f"{NAMES}job-{uuid.uuid4().hex}"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> RubberbandCommit:
         return write_partition(self.opts, self.namespace, 0, iterator)

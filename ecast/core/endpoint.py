@@ -5,8 +5,8 @@ An endpoint submits messages in a session, keeps unstable ones in a send window 
 by a congestion window, delivers in ``t`` order exactly once, confirms every delivery it
 receives (duplicates included, or stability would stall), and follows the router
 succession order.  Upcalls, in order: :class:`Delivery`, :class:`Acked`, :class:`Rejected`,
-:class:`LeaderChanged`, ``SessionsClosed`` and ``Welcome`` (the router's messages
-themselves), :class:`Terminated`.
+:class:`LeaderChanged`, ``SessionsClosed``, ``CloseForbidden`` and ``Welcome`` (the
+router's messages themselves), :class:`Terminated`.
 
 Two sessions per process:
 
@@ -36,12 +36,14 @@ from ecast.core.message import Message, MsgId, Session, Submission
 from ecast.core.message import fast_new as _tnew
 from ecast.core.proto import (
     ROUTER_TO_ENDPOINT,
+    CloseForbidden,
     CloseSessions,
     Confirm,
     Congestion,
     Deliver,
     DeliverUnsafe,
     Detach,
+    Forbidden,
     Hello,
     KeepAlive,
     Leader,
@@ -143,6 +145,8 @@ class Acked(NamedTuple):
 class Rejected:
     id: MsgId
     reason: str
+    """``closed`` (its session was closed) or ``forbidden`` (this process's credential
+    does not cover the session's namespace)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,15 +417,13 @@ class Endpoint:
                 self.cwnd = max(1, self.cwnd // 2)
                 self._slow_start = False
             elif t is RejectedClosed:
-                freed = False
-                for sid in msg.ids:
-                    if sid[0] == self.session and self.window.pop(sid[1], None) is not None:
-                        self._deliver(Rejected(sid, "closed"))
-                        freed = True
-                if freed:
-                    self._admit()  # a refused message frees its window slot as an ack does
+                self._on_rejected(msg.ids, "closed")
+            elif t is Forbidden:
+                self._on_rejected(msg.ids, "forbidden")
             elif t is SessionsClosed:
                 self._on_sessions_closed(msg)
+            elif t is CloseForbidden:
+                self._on_close_forbidden(msg)
             elif t is UnsafeShed:
                 ours = tuple(i for i in msg.ids if i[0] == self.unsafe_session)
                 if ours:
@@ -533,6 +535,20 @@ class Endpoint:
                     self._acked_round = 0
                     self.cwnd = min(self.p.max_window, self.cwnd * 2)
             self._admit()
+
+    def _on_rejected(self, ids: tuple[MsgId, ...], reason: str) -> None:
+        freed = False
+        for sid in ids:
+            if sid[0] == self.session and self.window.pop(sid[1], None) is not None:
+                self._deliver(Rejected(sid, reason))
+                freed = True
+        if freed:
+            self._admit()  # a refused message frees its window slot as an ack does
+
+    def _on_close_forbidden(self, msg: CloseForbidden) -> None:
+        if self.closing_sessions.pop((msg.namespace, msg.epoch), 0) is not None:
+            return  # not asked (any more)
+        self._deliver(msg)  # the upcall is the refusal itself
 
     def _on_sessions_closed(self, msg: SessionsClosed) -> None:
         done = [k for k in self.closing_sessions if k[0] == msg.namespace and k[1] <= msg.epoch]

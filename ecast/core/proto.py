@@ -127,6 +127,25 @@ class SessionsClosed:
 
 
 @dataclass(frozen=True, slots=True)
+class Forbidden:
+    """These submissions name sessions whose namespace the sender's credential does not
+    cover (or a reserved ``@`` namespace not its own); they were not and will not be
+    routed.  Unlike ``RejectedClosed`` this says nothing about the session itself: its
+    owner's messages go on."""
+
+    ids: tuple[MsgId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CloseForbidden:
+    """A ``CloseSessions`` the sender may not make: ``namespace`` is reserved or not
+    covered by its credential.  Nothing was closed."""
+
+    namespace: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
 class Leader:
     """The succession order of router view ``view``; its first router leads (3.5.2)."""
 
@@ -190,6 +209,8 @@ ROUTER_TO_ENDPOINT = (
     Suspected,
     Welcome,
     UnsafeShed,
+    Forbidden,
+    CloseForbidden,
 )
 
 # ------------------------------------------------------------------ replicated commands

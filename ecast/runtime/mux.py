@@ -45,7 +45,7 @@ from ecast.core.link import Frame
 from ecast.core.proto import Directory
 from ecast.core.roles import ROUTER, acts_as_router
 from ecast.runtime.dial import Dialer
-from ecast.runtime.handshake import MAX_HOST, Auth, SecretAuth
+from ecast.runtime.handshake import MAX_HOST, Auth, Identity, SecretAuth
 from ecast.runtime.node import CONGESTED, TCP_LINK, DeliverFn, Node
 from ecast.runtime.process import new_incarnation, read_secret, tune_process
 from ecast.runtime.transport import HANDSHAKE_TIMEOUT, Connection, PeerInfo, split_address
@@ -139,9 +139,9 @@ class Runtime:
         """Open connections by their peer's key (``PeerInfo.key``: host id and credential)."""
         self.routes: dict[NodeId, Connection] = {}
         """The connection each remote node is reached through."""
-        self.roles: dict[NodeId, str] = {}
-        """The role of the credential each remote node was last announced under; kept
-        while its frames may still be on their way to a core, dropped when it is gone."""
+        self.identities: dict[NodeId, Identity] = {}
+        """The credential each remote node was last announced under; kept while its
+        frames may still be on their way to a core, dropped when it is gone."""
         self._announced_at: dict[NodeId, str] = {}
         """Where nodes listen, as their own process said in its handshake (gossip never
         overrides it)."""
@@ -279,7 +279,7 @@ class Runtime:
 
     def directory_from(self, src: NodeId, entries: tuple[tuple[NodeId, str], ...]) -> None:
         """A peer node gossiped where nodes listen; only routers may."""
-        if not acts_as_router(self.roles.get(src)) or len(entries) > MAX_GOSSIP:
+        if not acts_as_router(self.role_of(src)) or len(entries) > MAX_GOSSIP:
             self.stats["directories_ignored"] += 1
             return
         if self.learn_addresses(entries):
@@ -477,7 +477,7 @@ class Runtime:
                     self.directory.pop(node, None)
                     listen = self._announced_at.pop(node, None)
                     self._fall_back_to_gossip(node, listen)
-                    self.roles.pop(node, None)
+                    self.identities.pop(node, None)
                 conn.ready = {pair for pair in conn.ready if pair[1] != node}
                 # What is sent to the name from now on is for its next incarnation.
                 for local in self.nodes.values():
@@ -502,8 +502,8 @@ class Runtime:
                 raise ProtocolViolation(
                     f"node {node!r:.60} is not covered by the peer's {identity.describe()}"
                 )
-            role = self.roles.get(node)
-            if role == ROUTER and identity.role != ROUTER:
+            known_as = self.identities.get(node)
+            if known_as is not None and known_as.role == ROUTER and identity.role != ROUTER:
                 self.stats["connections_refused"] += 1
                 raise ProtocolViolation(
                     f"node {node!r:.60} runs under a router credential, not the peer's "
@@ -528,7 +528,7 @@ class Runtime:
             conn.nodes[node] = inc
             conn.ready = {pair for pair in conn.ready if pair[1] != node}
             self.routes[node] = conn
-            self.roles[node] = identity.role
+            self.identities[node] = identity
             if listen:
                 self._announced_at[node] = listen
                 self._gossiped.pop(node, None)  # older than this announcement
@@ -595,7 +595,16 @@ class Runtime:
         has this process's), or None for a node never announced."""
         if node in self.nodes:
             return self.identity.role
-        return self.roles.get(node)
+        identity = self.identities.get(node)
+        return identity.role if identity is not None else None
+
+    def speaks_for(self, node: NodeId, name: str) -> bool | None:
+        """Whether the credential ``node`` runs under covers ``name`` (``SpeaksFor`` of
+        ``ecast.core.roles``), or None for a node not announced (any more)."""
+        if node in self.nodes:
+            return self.identity.covers(name)
+        identity = self.identities.get(node)
+        return identity.covers(name) if identity is not None else None
 
     def connection_open(self, conn: Connection) -> None:
         peer = conn.peer

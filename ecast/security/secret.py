@@ -9,6 +9,7 @@ knows), which is why a weak secret is refused rather than merely discouraged.
 from __future__ import annotations
 
 import math
+import os
 import secrets
 import string
 
@@ -51,4 +52,16 @@ def secret_problem(secret: bytes) -> str | None:
             f"{estimated_bits(secret):.0f} bits; {MIN_BITS} needed): make one with "
             "`ecast credentials secret`"
         )
+    return None
+
+
+def private_file_problem(path: str | os.PathLike[str]) -> str | None:
+    """What is wrong with a file that holds a secret (a cluster secret, an admin token, a
+    private key): it must exist and be readable by its owner alone (``chmod 600``)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return f"{path}: {e.strerror}"
+    if mode & 0o077:
+        return f"{path} can be read by other users (mode {mode & 0o777:o}); run chmod 600 {path}"
     return None

@@ -427,6 +427,7 @@ class EcastRun(EcastGroupRun):
         pid = f"h{self._next_app}"
         routers = [r for r in self.live()] or self.founders
         ep = Endpoint(pid, routers, self.cfg.endpoint, session=host.ep.session)
+        self.credentials[pid] = (host.ep.session[0],)  # as Spark's tasks share one
         new = AppHost(pid, ep, self.history.log(pid), "handover", None, self.app)
         self.apps[pid] = new
         self.sim.add(pid, new)

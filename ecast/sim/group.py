@@ -448,6 +448,8 @@ class EcastGroupRun(RouterGroupRun):
     def __init__(self, cfg: GroupRunConfig, situations: tuple[str, ...]) -> None:
         super().__init__(cfg, situations)
         self.routers: dict[NodeId, Router] = {}
+        self.credentials: dict[NodeId, tuple[str, ...]] = {}
+        """Names each application process may use besides its own (``speaks_for``)."""
 
     def add_router(
         self,
@@ -461,7 +463,15 @@ class EcastGroupRun(RouterGroupRun):
         """Create a router, add it (or ``host(router)``, a wrapper that records what it
         learns) to the simulator, wire its link lag as the TCP runtime does; return its
         ufabcast core (what ``_make_router`` returns)."""
-        router = Router(rid, config, params, routers=founders, seeds=seeds, role_of=self.role_of)
+        router = Router(
+            rid,
+            config,
+            params,
+            routers=founders,
+            seeds=seeds,
+            role_of=self.role_of,
+            speaks_for=self.speaks_for,
+        )
         self.routers[rid] = router
         node = self.sim.add(rid, router if host is None else host(router))
         router.link_lag = node.link.unacked_messages
@@ -469,6 +479,12 @@ class EcastGroupRun(RouterGroupRun):
 
     def role_of(self, peer: NodeId) -> str:
         return ROUTER if peer in self.routers else APPLICATION
+
+    def speaks_for(self, peer: NodeId, name: str) -> bool:
+        """As per-process credentials would say: each process's covers its own name, and
+        the names it was given besides (``credentials``: a process that takes over
+        another's session holds a credential covering it, as Spark's tasks share one)."""
+        return name == peer or name in self.credentials.get(peer, ())
 
     def leader(self) -> NodeId | None:
         latest = self.latest_view()[0]

@@ -231,6 +231,8 @@ class EcastNet(ScriptedNet):
         self.endpoint_params = endpoint_params or EndpointParams()
         self.founders = list(routers)
         self.history = History()
+        self.credentials: dict[NodeId, tuple[str, ...]] = {}
+        """Names each application process may use besides its own (``speaks_for``)."""
         for r in routers:
             self.add_router(r, routers=routers)
 
@@ -241,7 +243,13 @@ class EcastNet(ScriptedNet):
         seeds: list[NodeId] | None = None,
     ) -> Router:
         router = Router(
-            rid, self.config, self.router_params, routers=routers, seeds=seeds, role_of=self.role_of
+            rid,
+            self.config,
+            self.router_params,
+            routers=routers,
+            seeds=seeds,
+            role_of=self.role_of,
+            speaks_for=self.speaks_for,
         )
         self.add(rid, RouterHost(router, self.history.router(rid), lambda: self.now))
         return router
@@ -249,6 +257,11 @@ class EcastNet(ScriptedNet):
     def role_of(self, peer: NodeId) -> str:
         """As the runtime's credentials would say: routers are routers, the rest apps."""
         return ROUTER if peer in self.history.routers else APPLICATION
+
+    def speaks_for(self, peer: NodeId, name: str) -> bool:
+        """As per-process credentials would say: each covers its process's own name, and
+        the names in ``credentials`` besides."""
+        return name == peer or name in self.credentials.get(peer, ())
 
     def add_app(self, pid: NodeId, role: str = "member", join: bool = True) -> Endpoint:
         ep = Endpoint(pid, self.founders, self.endpoint_params, role_of=self.role_of)

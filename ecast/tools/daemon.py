@@ -456,12 +456,13 @@ class RouterDaemon:
         rt = self.runtime
         assert rt is not None
         rid = self.router_id
+        checks = {"role_of": rt.role_of, "speaks_for": rt.speaks_for}
         if seeds:
             seed = await self._reach(rt, seeds)
-            self.router = Router(rid, config, self._params(), seeds=[seed], role_of=rt.role_of)
+            self.router = Router(rid, config, self._params(), seeds=[seed], **checks)
             log.info("event=joining router=%s seed=%s", rid, seed)
         else:
-            self.router = Router(rid, config, self._params(), routers=[rid], role_of=rt.role_of)
+            self.router = Router(rid, config, self._params(), routers=[rid], **checks)
             log.info("event=bootstrap router=%s listen=%s", rid, listen)
         self.node = rt.add_node(rid, self.router, advertise=True)
         self.router.link_lag = self.node.unsafe_lag
@@ -672,6 +673,12 @@ class RouterDaemon:
                     "Suspects this router submitted",
                 ),
                 ("config_errors", "ecast_config_errors_total", "Exceptions the config raised"),
+                (
+                    "forbidden_sessions",
+                    "ecast_forbidden_sessions_total",
+                    "Submissions and closes refused: the sender's credential does not cover "
+                    "the session's namespace",
+                ),
             ):
                 m.add(name, stats[key], help_, "counter")
             m.add("ecast_unstable_messages", r.unstable(), "Learned messages not yet stable")

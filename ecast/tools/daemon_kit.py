@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import socket
 import sys
 import time
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ecast.core.histogram import Histogram
+from ecast.security.secret import private_file_problem
 
 log = logging.getLogger("ecast.daemon")
 
@@ -217,15 +217,8 @@ def check_port_free(addr: str, what: str) -> None:
             ) from None
 
 
-def secret_file_problem(path: str) -> str | None:
-    """A secret file that other users can read is refused (``chmod 600`` it)."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as e:
-        return f"{path}: {e.strerror}"
-    if mode & 0o077:
-        return f"{path} can be read by other users (mode {mode & 0o777:o}); run chmod 600 {path}"
-    return None
+secret_file_problem = private_file_problem
+"""A secret file that other users can read is refused (``chmod 600`` it)."""
 
 
 # ------------------------------------------------------------------ logs

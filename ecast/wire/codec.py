@@ -86,6 +86,9 @@ _CLASSES: tuple[type, ...] = (
     _proto.KeepAlive,
     # protocol v10
     _proto.UnsafeShed,
+    # protocol v13
+    _proto.Forbidden,
+    _proto.CloseForbidden,
 )
 _CODE: dict[type, int] = {cls: i + 1 for i, cls in enumerate(_CLASSES)}
 

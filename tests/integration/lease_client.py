@@ -12,7 +12,8 @@ import ecast
 
 
 async def main(args: argparse.Namespace) -> int:
-    client = await ecast.connect(args.routers.split(","), name=args.name, secret=args.secret)
+    auth = {"credentials": args.credentials} if args.credentials else {"secret": args.secret}
+    client = await ecast.connect(args.routers.split(","), name=args.name, lease=args.lease, **auth)
     print(json.dumps({"event": "joined", "name": args.name}), flush=True)
     try:
         async for _ in client.deliveries():
@@ -28,5 +29,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--routers", required=True)
     ap.add_argument("--name", required=True)
-    ap.add_argument("--secret", required=True)
+    ap.add_argument("--secret")
+    ap.add_argument("--credentials")
+    ap.add_argument("--lease", type=float)
     sys.exit(asyncio.run(main(ap.parse_args())))

@@ -23,6 +23,7 @@ import msgpack
 import pytest
 
 import ecast
+import ecast.sdk
 from ecast.core.message import Message
 from ecast.core.proto import Confirm, Deliver, Direct, Directory, Leader, Suspected
 from ecast.core.ufabcast.messages import (
@@ -613,6 +614,83 @@ async def test_an_application_cannot_deliver_to_redirect_or_stop_another(
     assert b"forged" not in got
     await alice.close()
     await asyncio.to_thread(still_serving, cluster, router)
+
+
+# ------------------------------------------------------------------ sessions
+async def test_a_client_can_neither_use_nor_close_another_clients_sessions(
+    cluster: LocalCluster, router: RouterProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Probe: mallory, with her own exact credential, connected with ``session=`` carol's
+    session; carol's next five messages were acknowledged, but those positions held
+    mallory's messages and carol's payloads reached nobody.  ``close_sessions`` of
+    alice's namespace made alice's next submit fail."""
+    alice = await ecast.connect([router.address], name="alice", **cluster.client_auth("alice"))
+    carol = await ecast.connect([router.address], name="carol", **cluster.client_auth("carol"))
+    # Mallory's SDK skips its own check, as an attacker's would: the routers must refuse.
+    monkeypatch.setattr(ecast.sdk, "_session_problem", lambda rt, session: None)
+    mallory = await ecast.connect(
+        [router.address],
+        name="mallory",
+        session=carol.endpoint.session,
+        **cluster.client_auth("mallory"),
+    )
+    for i in range(5):
+        with pytest.raises(ecast.ForbiddenError):
+            await mallory.submit(f"evil {i}".encode(), timeout=10)
+    acks = [await carol.submit(f"carol {i}".encode(), timeout=10) for i in range(5)]
+    assert all(a.delivered for a in acks)
+    for ns in ("alice", "carol", "super:s1", "@super:s1", "@routers", "@alice"):
+        with pytest.raises(ecast.ForbiddenError):
+            await mallory.close_sessions(ns, 2**62, timeout=10)
+    ack = await alice.submit(b"alice goes on", timeout=10)
+    assert ack.delivered
+    got: list[Any] = []
+    async for d in alice.deliveries(include_membership=False):
+        got.append(d.message.payload)
+        if d.message.payload == b"alice goes on":
+            break
+    assert got == [*(f"carol {i}".encode() for i in range(5)), b"alice goes on"]
+    assert metric(router, "ecast_forbidden_sessions_total") == 11
+    # Without the attacker's patch, the SDK says so before sending anything.
+    monkeypatch.undo()
+    with pytest.raises(ecast.ForbiddenError, match="not covered"):
+        await alice.close_sessions("carol", 1)
+    for c in (alice, carol, mallory):
+        await c.close()
+    await asyncio.to_thread(still_serving, cluster, router)
+
+
+async def test_a_client_cannot_close_the_routers_session_and_stop_lease_suspicion(
+    cluster: LocalCluster, router: RouterProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Probe: ``close_sessions("@routers", 0)`` closed the session the leader suspects
+    silent processes in; a killed member was never suspected again and the next message
+    stayed unstable for more than 25 s."""
+    monkeypatch.setattr(ecast.sdk, "_session_problem", lambda rt, session: None)
+    mallory = await ecast.connect(
+        [router.address], name="mallory", **cluster.client_auth("mallory")
+    )
+    with pytest.raises(ecast.ForbiddenError):
+        await mallory.close_sessions("@routers", 0, timeout=10)
+    auth = cluster.client_auth("victim")
+    victim = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.lease_client", "--routers", router.address,
+         "--name", "victim", "--lease", "1", "--credentials", auth["credentials"]],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert victim.stdout is not None
+        assert '"joined"' in await asyncio.to_thread(victim.stdout.readline)
+        victim.kill()
+        victim.wait(5)
+        killed = time.monotonic()
+        ack = await mallory.submit(b"after the kill", timeout=15)  # stable once suspected
+        assert ack.delivered
+        assert time.monotonic() - killed < 10
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+    await mallory.close()
 
 
 # ------------------------------------------------------------------ hostile packets

@@ -15,11 +15,13 @@ from ecast.core.endpoint import (
 )
 from ecast.core.message import Submission
 from ecast.core.proto import (
+    CloseForbidden,
     CloseSessions,
     Confirm,
     Congestion,
     Deliver,
     DeliverUnsafe,
+    Forbidden,
     Hello,
     Leader,
     RejectedClosed,
@@ -82,6 +84,7 @@ def test_route_of_a_learned_unstable_message_is_not_proposed_again() -> None:
     n = sc.net()
     n.add_app("a")
     n.add_app("b")
+    n.credentials["b"] = ("a",)  # b's credential covers a's session, as Spark tasks share one
     n.settle(0.3)
     n.submit("a", "x")
     n.deliver("a", "r1")  # the route itself
@@ -386,6 +389,44 @@ def test_sessions_drop_gaps_acknowledge_duplicates_and_close() -> None:
     assert "closed?" not in n.delivered("a")
 
 
+def test_sessions_are_used_and_closed_only_under_a_credential_covering_their_namespace() -> None:
+    """Probe: sessions were keyed by namespace, epoch and stream alone; mallory's messages
+    took carol's next numbers (acknowledged to carol, carol's payloads delivered to
+    nobody), and mallory closed alice's sessions, the routers' own and a super's."""
+    n = sc.net()
+    for p in ("alice", "carol", "mallory"):
+        n.add_app(p)
+    n.settle(0.3)
+    carol = n.endpoint("carol").session
+    n.submit("carol", "c1")
+    n.settle(0.3)
+    n.inject("mallory", "r1", Route(tuple(Submission((carol, s), None, "evil") for s in (2, 3))))
+    n.settle(0.3)
+    refused = [sid for _s, _d, m in sent(n, Forbidden, dst="mallory") for sid in m.ids]
+    assert refused == [(carol, 2), (carol, 3)]
+    for c in ("c2", "c3"):
+        n.submit("carol", c)
+    reserved = ("@routers", "@carol", "@mallory", "@super:s1")
+    for ns in ("alice", "carol", "super:s1", *reserved):
+        n.inject("mallory", "r1", CloseSessions(ns, 2**62))
+    n.settle(0.5)
+    told = sorted(m.namespace for _s, _d, m in sent(n, CloseForbidden, dst="mallory"))
+    assert told == sorted(("alice", "carol", "super:s1", *reserved))
+    assert all(not n.router(r).state.closed for r in ("r1", "r2", "r3"))
+    assert [x for x in n.delivered("alice") if x] == ["c1", "c2", "c3"]
+    assert {a.id[1] for a in acks_of(n, "carol") if a.id[0] == carol} == {1, 2, 3}
+    assert sum(n.router(r).stats["forbidden_sessions"] for r in ("r1", "r2", "r3")) == 9
+    assert n.violations() == []
+    # Under a credential that covers the namespace, a session is taken over as before,
+    # and closed (injected by hand: the checkers would call it never submitted).
+    n.credentials["mallory"] = ("carol",)
+    n.inject("mallory", "r1", Route((Submission((carol, 4), None, "handed over"),)))
+    n.inject("mallory", "r1", CloseSessions("carol", carol[1]))
+    n.settle(0.5)
+    assert "handed over" in n.delivered("alice")
+    assert all(n.router(r).state.closed == {"carol": carol[1]} for r in ("r1", "r2", "r3"))
+
+
 def test_messages_queued_behind_a_refused_window_are_refused_too_not_stalled() -> None:
     """A replay into a closed session (Spark re-running a committed batch) submits more
     than one window's worth: each refusal frees a slot as an ack would."""
@@ -629,6 +670,7 @@ def test_a_second_submitter_of_an_in_flight_message_is_acked_without_a_timeout()
     n.add_app("b", join=False)
     b = n.endpoint("b")
     b.session = a.session  # b takes over a's session (a retried task)
+    n.credentials["b"] = ("a",)  # under a credential that covers it
     n.submit("a", "x")
     n.deliver("a", "r1")  # r1 proposes x; it is not learned yet...
     n.call("b", lambda h, now: h.record_submission(*h.ep.submit("x", None, now), now))

@@ -13,13 +13,13 @@ from typing import Any
 
 from ecast.core.effects import NodeId
 from ecast.core.message import Message, MsgId
-from ecast.core.proto import Deliver, DeliverUnsafe, RejectedClosed, Stable
+from ecast.core.proto import Deliver, DeliverUnsafe, Forbidden, RejectedClosed, Stable
 
 Ack = tuple[MsgId, int | None, bool]
 
 
 class AppOutbox:
-    __slots__ = ("acks", "boxes", "closed", "runs", "unsafe_runs")
+    __slots__ = ("acks", "boxes", "closed", "forbidden", "runs", "unsafe_runs")
 
     def __init__(self) -> None:
         self.boxes: dict[NodeId, list[Any]] = {}
@@ -30,6 +30,7 @@ class AppOutbox:
         self.unsafe_runs: dict[NodeId, _UnsafeRun] = {}
         self.acks: dict[NodeId, list[Ack]] = {}
         self.closed: dict[NodeId, list[MsgId]] = {}
+        self.forbidden: dict[NodeId, list[MsgId]] = {}
 
     def deliver(self, p: NodeId, t: int, msg: Message) -> None:
         run = self.runs.get(p)
@@ -73,6 +74,9 @@ class AppOutbox:
     def reject_closed(self, p: NodeId, sid: MsgId) -> None:
         self.closed.setdefault(p, []).append(sid)
 
+    def reject_forbidden(self, p: NodeId, sid: MsgId) -> None:
+        self.forbidden.setdefault(p, []).append(sid)
+
     def flush(self, send: Any) -> int:
         """Hand every message to ``send(p, msg)``; return how many closed rejections."""
         for p, acks in self.acks.items():
@@ -81,6 +85,8 @@ class AppOutbox:
         for p, ids in self.closed.items():
             rejected += len(ids)
             self.send(p, RejectedClosed(tuple(ids)))
+        for p, ids in self.forbidden.items():
+            self.send(p, Forbidden(tuple(ids)))
         for p, box in self.boxes.items():
             for item in box:
                 t = type(item)
@@ -95,6 +101,7 @@ class AppOutbox:
         self.unsafe_runs = {}
         self.acks = {}
         self.closed = {}
+        self.forbidden = {}
         return rejected
 
 

@@ -17,10 +17,11 @@ from typing import Any
 from ecast.core.config import KIND, ROUTERS, SUSPECT, WHO, Config
 from ecast.core.effects import Effects, NodeId, UnexpectedMessage
 from ecast.core.histogram import Histogram
-from ecast.core.message import Message, MsgId
+from ecast.core.message import Message, MsgId, Submission
 from ecast.core.message import fast_new as _tnew
 from ecast.core.mseq import ConfigGuard
 from ecast.core.proto import (
+    CloseForbidden,
     CloseSessions,
     CloseSessionsCmd,
     Confirm,
@@ -36,7 +37,15 @@ from ecast.core.proto import (
     UnsafeShed,
     Welcome,
 )
-from ecast.core.roles import RoleOf, acts_as_router, everyone_is_a_router
+from ecast.core.roles import (
+    RoleOf,
+    SpeaksFor,
+    acts_as_router,
+    everyone_is_a_router,
+    may_close_sessions,
+    may_use_session,
+    speaks_for_anyone,
+)
 from ecast.core.router.forwarding import Forwarding, StableNotices
 from ecast.core.router.outbox import AppOutbox
 from ecast.core.router.params import RouterParams
@@ -62,7 +71,10 @@ class Router:
 
     ``role_of(peer)`` says what the peer's credential is (``ecast.core.roles``): ufabcast
     messages are taken only from routers (the runtime proves the credentials; without a
-    ``role_of`` every peer counts as one, for hosts that prove nothing).
+    ``role_of`` every peer counts as one, for hosts that prove nothing).  ``speaks_for``
+    says which names it covers: an application process submits in a session, or closes
+    sessions, only under a namespace its credential covers (``may_use_session``); the
+    router that receives the submission decides, and the others trust its proposal.
     """
 
     def __init__(
@@ -74,9 +86,11 @@ class Router:
         routers: list[NodeId] | tuple[NodeId, ...] | None = None,
         seeds: list[NodeId] | tuple[NodeId, ...] | None = None,
         role_of: RoleOf | None = None,
+        speaks_for: SpeaksFor | None = None,
     ) -> None:
         self.me = me
         self.role_of: RoleOf = role_of or everyone_is_a_router
+        self.speaks_for: SpeaksFor = speaks_for or speaks_for_anyone
         self.p = params or RouterParams()
         self._mut = self.p.mutations
         self.config_class = type(config)
@@ -128,6 +142,7 @@ class Router:
             "suspects_issued": 0,
             "expelled_refused": 0,
             "refused_not_router": 0,
+            "forbidden_sessions": 0,
         }
 
     @property
@@ -425,7 +440,9 @@ class Router:
                         self._tell_leader(src)
                         told = True
                 else:
-                    lead.forward_unsafe(src, msg.subs, self.link_lag)
+                    subs = self._permitted(src, msg.subs)
+                    if subs:
+                        lead.forward_unsafe(src, subs, self.link_lag)
             elif t is Hello:
                 if not told and src in self.apps:
                     self._tell_leader(src)
@@ -439,7 +456,12 @@ class Router:
                 self._forget_app(src)
                 return
             elif t is CloseSessions:
-                self._closes.append(CloseSessionsCmd(src, msg.namespace, msg.epoch))
+                allowed = may_close_sessions(self.speaks_for, src, msg.namespace)
+                if allowed:
+                    self._closes.append(CloseSessionsCmd(src, msg.namespace, msg.epoch))
+                elif allowed is not None:
+                    self.counts["forbidden_sessions"] += 1
+                    self.outbox.send(src, CloseForbidden(msg.namespace, msg.epoch))
 
     def _tell_leader(self, src: NodeId) -> None:
         """Tell an application process who leads, if not us: whenever it greets us (it
@@ -466,12 +488,37 @@ class Router:
         self.heard.pop(p, None)
         self.leases.pop(p, None)
 
+    def _permitted(self, src: NodeId, subs: tuple[Submission, ...]) -> tuple[Submission, ...]:
+        """The submissions ``src`` may make: those in sessions of namespaces it may use.
+        The others are answered ``Forbidden`` (or dropped unanswered while the peer is
+        unknown: its connection went, and its process resends after reconnecting).  One
+        check per run of submissions in the same namespace, the usual whole batch."""
+        speaks_for = self.speaks_for
+        ns: str | None = None
+        ok: bool | None = True
+        kept: list[Submission] | None = None
+        for i, sub in enumerate(subs):
+            sess = sub.id[0]
+            if sess[0] != ns:
+                ns = sess[0]
+                ok = may_use_session(speaks_for, src, ns)
+            if ok:
+                if kept is not None:
+                    kept.append(sub)
+                continue
+            if kept is None:
+                kept = list(subs[:i])
+            if ok is not None:
+                self.counts["forbidden_sessions"] += 1
+                self.outbox.reject_forbidden(src, sub.id)
+        return subs if kept is None else tuple(kept)
+
     def _on_route(self, src: NodeId, msg: Route) -> None:
         st = self.state
         lead = self.lead
         closed = st.closed
         proposed = self._proposed
-        for sub in msg.subs:
+        for sub in self._permitted(src, msg.subs):
             sid = sub.id
             sess, seq = sid
             if closed and closed.get(sess[0], -1) >= sess[1]:
