@@ -125,6 +125,41 @@ class Gather:
         return difference(self.ranges, self.covered)
 
 
+class Holders:
+    """Who may answer for what: the ranges each storage process holds under the client's
+    recent keyspaces.  A client takes an answer only from a process that one of them
+    says holds what the answer covers (a read ordered before a reconfiguration the
+    client already knows of is answered by the holders of its own time, so the last few
+    keyspaces count, not only the newest).  The partitions are kept per process, so the
+    check is one or two comparisons per answer."""
+
+    __slots__ = ("_parts", "keep", "keyspaces")
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self.keyspaces: list[Keyspace] = []
+        """The newest last."""
+        self._parts: dict[str, list[RangeSet]] = {}
+
+    def learn(self, keyspace: Keyspace) -> None:
+        self.keyspaces.append(keyspace)
+        del self.keyspaces[: -self.keep]
+        self._parts.clear()
+
+    def parts(self, process: str) -> list[RangeSet]:
+        """What ``process`` held under each recent keyspace (empty where nothing)."""
+        parts = self._parts.get(process)
+        if parts is None:
+            if len(self._parts) > 4096:
+                self._parts.clear()
+            parts = [p for ks in self.keyspaces if (p := ks.partition(process))]
+            self._parts[process] = parts
+        return parts
+
+    def holds(self, process: str, ranges: RangeSet) -> bool:
+        return any(covers(part, ranges) for part in self.parts(process))
+
+
 class ClientCore:
     """An engine's operations, the client's copy of the keyspace, and read gathering."""
 
@@ -132,6 +167,9 @@ class ClientCore:
         self.ops = ops
         self.placement = placement or Placement()
         self.keyspace: Keyspace | None = None
+        self.holders = Holders()
+        """Whom answers are taken from (only holders: an answer from any other process,
+        a client's above all, is not an answer)."""
         self.version = -1
         self._offset = 0
         self._packer = msgpack.Packer(use_bin_type=True)
@@ -140,7 +178,9 @@ class ClientCore:
 
     # ------------------------------------------------------------------ configuration
     def learn(self, version: int, keyspace_state: Any, partitioning: str | None = None) -> bool:
-        """A newer keyspace (from a super, or a storage process that found ours stale)."""
+        """A newer keyspace, from a super: only supers (and the total order, which they
+        follow) say what the keyspace is; a storage process that finds ours stale only
+        says so."""
         if type(version) is not int or version <= self.version:
             return False
         try:
@@ -148,6 +188,7 @@ class ClientCore:
         except (BadKeyspace, TypeError, ValueError):
             return False
         self.keyspace = ks
+        self.holders.learn(ks)
         self.version = version
         if partitioning is not None and partitioning != self.placement.partitioning:
             self.placement = Placement(partitioning)  # type: ignore[arg-type]

@@ -47,7 +47,9 @@ from rubberband.client import (
     Unavailable,
     op_name,
 )
+from rubberband.config import STORAGE
 from rubberband.host import CONFIG, DESCRIBE
+from rubberband.keys import overlaps
 from rubberband.storage import BASIC, RESULT, RESULTS, STALE, WHOLE
 
 log = logging.getLogger("rubberband.sdk")
@@ -55,6 +57,8 @@ log = logging.getLogger("rubberband.sdk")
 BUNDLE_LIMIT = 32
 """Reads for one responder that :meth:`RubberbandClient.read_batch` sends as one
 message by default (:data:`rubberband.config.BUNDLE`)."""
+MAX_ASIDE = 4096
+"""Answers set aside at most while the client learns the newest keyspace."""
 BUNDLE_BYTES = 64 * 1024
 """A bundle's payload at most (reads with large operations go fewer to a message), far
 below any router's message limit."""
@@ -71,8 +75,19 @@ class RubberbandClient:
         self._reads: dict[Any, tuple[Gather, Any]] = {}
         """Reads in flight: the gather and what to tell when an answer arrives (an
         event, or a :class:`_Completion` of :meth:`read_batch`)."""
-        self._described: dict[int, asyncio.Future[Any]] = {}
-        self._writes: dict[Any, asyncio.Future[Any]] = {}
+        self._described: dict[int, tuple[str, asyncio.Future[Any]]] = {}
+        """Keyspace requests in flight: the super asked, and what waits for its answer."""
+        self._asked: dict[Any, frozenset[str]] = {}
+        """Basic reads in flight: the storage processes asked (only they answer)."""
+        self._set_aside: list[tuple[str, Any]] = []
+        self._after_refresh: list[Callable[[], None]] = []
+        self._refreshing: asyncio.Future[None] | None = None
+        self.refused_answers = 0
+        """Answers not taken: from no storage process, from one that holds nothing of
+        what it answers for, or to a request that went elsewhere."""
+        self._writes: dict[Any, tuple[asyncio.Future[Any], Any]] = {}
+        """Writes waiting for a holder's answer: the future and the write's ranges (only
+        a holder of some of them answers)."""
         self._bundles: dict[Any, _Bundle] = {}
         """Read bundles in flight by their request id: the reads they carry."""
         self._unsafe: dict[Any, Any] = {}
@@ -92,55 +107,134 @@ class RubberbandClient:
 
     def _on_answer(self, src: str, p: Any) -> None:
         try:
-            self._on_direct(p)
+            self._on_direct(src, p)
         except Exception:
             # A malformed answer (from any storage process) or a ``done`` callback that
             # raised must not stop the answers that follow.
             log.exception("event=bad_answer from=%s", src)
 
-    def _on_direct(self, p: Any) -> None:
+    def _on_direct(self, src: str, p: Any, recheck: bool = True) -> None:
+        """An answer, taken only from whom it may come from: a keyspace description from
+        the super asked for it; read and write answers from storage processes that hold
+        what they answer for (:class:`rubberband.client.Holders`), basic reads' from the
+        processes asked.  An answer from a storage process that no keyspace we know says
+        holds it is set aside until we learned the newest keyspace from a super, then
+        checked again (``recheck`` False: the second time)."""
         if type(p) is not tuple or not p:
             return
-        if p[0] == WHOLE and len(p) == 4:
+        tag = p[0]
+        if tag == CONFIG:
+            asked = self._described.get(p[1]) if len(p) == 5 else None
+            if asked is not None and asked[0] == src:
+                del self._described[p[1]]
+                if not asked[1].done():
+                    asked[1].set_result(p)
+            else:
+                self.refused_answers += 1
+            return
+        if src[:8] != STORAGE:
+            self.refused_answers += 1
+            return
+        held = self.core.holders.holds
+        if tag == WHOLE and len(p) == 4:
             bundle, results = self._bundles.get(p[1]), p[3]
             n = len(results) if type(results) is tuple else -1
             if bundle is not None and n == len(bundle.gathers):
+                if not _holds_bundle(held, src, bundle.gathers):
+                    self._aside(src, p, recheck)
+                    return
                 rows = zip(range(n), itertools.repeat(None), results, itertools.repeat(None))
                 self._on_results(p[1], bundle, p[2], True, rows)
-        elif p[0] == RESULTS and len(p) == 5:
+        elif tag == RESULTS and len(p) == 5:
             bundle = self._bundles.get(p[1])
             if bundle is not None and type(p[4]) is tuple:
+                if not _holds_rows(held, src, bundle.gathers, p[4]):
+                    self._aside(src, p, recheck)
+                    return
                 self._on_results(p[1], bundle, p[2], p[3], p[4])
-        elif p[0] == RESULT and len(p) == 7:
-            wfut = self._writes.get(p[1])
-            if wfut is not None:
-                if not wfut.done():
-                    wfut.set_result(p[4])
-                return
+        elif tag == RESULT and len(p) == 7:
+            self._on_result(src, p, recheck)
+        elif tag == STALE and len(p) == 4:
             entry = self._reads.get(p[1])
-            if entry is not None:
-                entry[0].add(p[2], p[3], p[4], p[5], p[6])
-                entry[1].set()
+            if entry is not None and src in self._asked.get(p[1], ()):
+                # Our keyspace is older than the responder's: learn the new one from a
+                # super (never from the responder), then the read goes on.
+                self._refresh_soon(entry[1].set)
+
+    def _on_result(self, src: str, p: Any, recheck: bool) -> None:
+        """One answer to a write, a read sent alone, or a whole bundle (its refusal)."""
+        held = self.core.holders.holds
+        rid = p[1]
+        written = self._writes.get(rid)
+        if written is not None:
+            fut, ranges = written
+            if not any(overlaps(part, ranges) for part in self.core.holders.parts(src)):
+                self._aside(src, p, recheck)
+            elif not fut.done():
+                fut.set_result(p[4])
+            return
+        entry = self._reads.get(rid)
+        if entry is not None:
+            gather = entry[0]
+            asked = self._asked.get(rid)
+            if asked is not None:  # a basic read: only the processes asked answer it
+                if src not in asked:
+                    self.refused_answers += 1
+                    return
+            elif not held(src, gather.ranges if p[2] is None else p[2]):
+                self._aside(src, p, recheck)
                 return
-            bundle = self._bundles.get(p[1])  # a refusal or error of a whole bundle
-            if bundle is not None:
-                complete = []
-                for i, g in enumerate(bundle.gathers):
-                    if g is not None:
-                        g.add(p[2], p[3], p[4], p[5], p[6])
-                        if g.complete:
-                            complete.append(i)
-                bundle.finish_all(complete)
-                self._settle(p[1], bundle)
-        elif p[0] == STALE and len(p) == 4:
-            self.core.learn(p[2], p[3])
-            entry = self._reads.get(p[1])
-            if entry is not None:
-                entry[1].set()
-        elif p[0] == CONFIG and len(p) == 5:
-            fut = self._described.pop(p[1], None)
-            if fut is not None and not fut.done():
-                fut.set_result(p)
+            gather.add(p[2], p[3], p[4], p[5], p[6])
+            entry[1].set()
+            return
+        bundle = self._bundles.get(rid)  # a refusal or error of a whole bundle
+        if bundle is not None:
+            if not _holds_bundle(held, src, bundle.gathers):
+                self._aside(src, p, recheck)
+                return
+            complete = []
+            for i, g in enumerate(bundle.gathers):
+                if g is not None:
+                    g.add(p[2], p[3], p[4], p[5], p[6])
+                    if g.complete:
+                        complete.append(i)
+            bundle.finish_all(complete)
+            self._settle(rid, bundle)
+
+    def _aside(self, src: str, p: Any, recheck: bool) -> None:
+        """An answer from a storage process that no keyspace we know says holds what it
+        answers for: either our keyspace is behind (the routers' config made it a
+        responder under a newer one), or it is no answer.  Learn the newest keyspace
+        from a super, then take it if that says it holds it."""
+        if not recheck or len(self._set_aside) >= MAX_ASIDE:
+            self.refused_answers += 1
+            return
+        self._set_aside.append((src, p))
+        self._refresh_soon(None)
+
+    def _refresh_soon(self, then: Callable[[], None] | None) -> None:
+        """Learn the keyspace from a super, once for every caller meanwhile; then check
+        the answers set aside again, and call ``then``."""
+        if then is not None:
+            self._after_refresh.append(then)
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self._refresh_and_recheck())
+
+    async def _refresh_and_recheck(self) -> None:
+        with contextlib.suppress(Unavailable):
+            await self.refresh(min(5.0, self.answer_timeout))
+        aside, self._set_aside = self._set_aside, []
+        after, self._after_refresh = self._after_refresh, []
+        for src, p in aside:
+            self._on_answer_again(src, p)
+        for fn in after:
+            fn()
+
+    def _on_answer_again(self, src: str, p: Any) -> None:
+        try:
+            self._on_direct(src, p, recheck=False)
+        except Exception:
+            log.exception("event=bad_answer from=%s", src)
 
     def _on_results(
         self, brid: Any, bundle: _Bundle, position: Any, ok: Any, answers: Iterable[Any]
@@ -230,7 +324,7 @@ class RubberbandClient:
             for s in supers:
                 rid = next(self._rid)
                 fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-                self._described[rid] = fut
+                self._described[rid] = (s, fut)
                 with contextlib.suppress(Exception):
                     self.ecast.send_direct_nowait(s, (DESCRIBE, rid))
                 try:
@@ -256,7 +350,7 @@ class RubberbandClient:
             header["q"] = rid
             header["a"] = 1
             fut = asyncio.get_running_loop().create_future()
-            self._writes[rid] = fut
+            self._writes[rid] = (fut, header["w"])
         try:
             ack = await self.ecast.submit(payload, header, timeout=timeout if timeout else -1.0)
             if not ack.delivered:
@@ -301,7 +395,8 @@ class RubberbandClient:
                 if len(indices) == 1 and answered is not None and answered(ops[indices[0]]):
                     rid = header["q"] = ("w", next(self._rid))
                     header["a"] = 1
-                    self._writes[rid] = asyncio.get_running_loop().create_future()
+                    fut = asyncio.get_running_loop().create_future()
+                    self._writes[rid] = (fut, header["w"])
                 try:
                     ack = await self.ecast.enqueue(payload, header, timeout=wait)
                 except Exception as e:  # no room in time, or the client ended: not sent
@@ -344,7 +439,7 @@ class RubberbandClient:
         if rid is None:
             return None
         try:
-            error = await asyncio.wait_for(self._writes[rid], self.answer_timeout)
+            error = await asyncio.wait_for(self._writes[rid][0], self.answer_timeout)
         except TimeoutError:
             return Indeterminate(
                 f"{op_name(op)} is stable but no holder answered in {self.answer_timeout:g} s"
@@ -458,6 +553,7 @@ class RubberbandClient:
             reads already sent find nothing to complete)."""
             for rid in rids:
                 reads.pop(rid, None)
+                self._asked.pop(rid, None)
             for rid in sent:
                 self._bundles.pop(rid, None)
 
@@ -467,7 +563,9 @@ class RubberbandClient:
                 version = core.version
                 for i, gather in enumerate(gathers):
                     rid = alone(i)
-                    for target, ranges in core.basic_targets(gather, frozenset()).items():
+                    targets = core.basic_targets(gather, frozenset())
+                    self._asked[rid] = frozenset(targets)
+                    for target, ranges in targets.items():
                         self.ecast.send_direct_nowait(target, (BASIC, rid, ops[i], ranges, version))
                         basic += 1
             else:
@@ -487,6 +585,7 @@ class RubberbandClient:
 
         def expire() -> None:
             for rid in rids:
+                self._asked.pop(rid, None)
                 entry = reads.pop(rid, None)
                 if entry is not None:
                     self._unsafe.pop(entry[1].mid, None)
@@ -550,6 +649,7 @@ class RubberbandClient:
                 except Unavailable:
                     await self.refresh()  # our keyspace may be older than the cluster's
                     targets = self.core.basic_targets(gather, tried)
+                self._asked[rid] = frozenset(targets)
                 for target, ranges in targets.items():
                     self.ecast.send_direct_nowait(target, (BASIC, rid, op, ranges, version))
                 tried |= frozenset(targets)
@@ -565,6 +665,7 @@ class RubberbandClient:
                     tried = frozenset()
             finally:
                 self._reads.pop(rid, None)
+                self._asked.pop(rid, None)
         raise Unavailable(f"a basic read of {op_name(op)} found no holder that answered")
 
     async def read_replica(self, process: str, op: Any, within: Any) -> Any:
@@ -576,6 +677,7 @@ class RubberbandClient:
         rid = ("b", next(self._rid))
         event = asyncio.Event()
         self._reads[rid] = (gather, event)
+        self._asked[rid] = frozenset((process,))
         try:
             self.ecast.send_direct_nowait(
                 process, (BASIC, rid, op, gather.ranges, self.core.version)
@@ -586,6 +688,7 @@ class RubberbandClient:
             return self.core.result(gather)
         finally:
             self._reads.pop(rid, None)
+            self._asked.pop(rid, None)
 
     def segments(self) -> list[Any]:
         """The keyspace's primary segments as this client knows it (placement-space range
@@ -761,9 +864,39 @@ class _Completion:
 
     def set(self) -> None:
         if self.gather.complete and self.client._reads.pop(self.rid, None) is not None:
+            self.client._asked.pop(self.rid, None)
             if self.mid is not None:
                 self.client._unsafe.pop(self.mid, None)
             _tell(self.done, self.op, self.gather)
+
+
+def _holds_bundle(held: Callable[[str, Any], bool], src: str, gathers: list[Any]) -> bool:
+    """Whether ``src`` holds every open read of a bundle: its hull first (one check for
+    the usual bundle, whose reads lie in one holder's segments), read by read if not."""
+    lo = hi = None
+    for g in gathers:
+        if g is not None:
+            ranges = g.ranges
+            if lo is None or ranges[0][0] < lo:
+                lo = ranges[0][0]
+            if hi is None or ranges[-1][1] > hi:
+                hi = ranges[-1][1]
+    if lo is None or held(src, ((lo, hi),)):
+        return True
+    return all(g is None or held(src, g.ranges) for g in gathers)
+
+
+def _holds_rows(
+    held: Callable[[str, Any], bool], src: str, gathers: list[Any], rows: tuple[Any, ...]
+) -> bool:
+    """Whether ``src`` holds what each row of a bundle's answer says it covers."""
+    n = len(gathers)
+    for row in rows:
+        if type(row) is tuple and len(row) == 4 and type(row[0]) is int and 0 <= row[0] < n:
+            g = gathers[row[0]]
+            if g is not None and not held(src, g.ranges if row[1] is None else row[1]):
+                return False
+    return True
 
 
 def load_ops(ops: Any) -> Any:
