@@ -56,6 +56,13 @@ class LinkParams:
     """Send a bare acknowledgement if no data frame carried one within this delay."""
     reorder_window: int = 4096
     """Frames further ahead than this are dropped on receipt (they will be resent)."""
+    reorder_bytes: int = 8 * 1024 * 1024
+    """Bytes of frames held ahead of a gap, per channel, at most (as the host measured
+    them on the wire; frames beyond are dropped, and resent once the gap is filled).  A
+    gap on a TCP connection lasts until the peer resends after a reconnect, so a small
+    buffer costs a resend at worst; a large one is memory a hostile peer fills."""
+    reorder_total_bytes: int = 64 * 1024 * 1024
+    """The same over every channel of the process."""
     dropped_memory: int = 65536
     """How many dropped peers (``LinkLayer.drop``) are remembered, to talk to one that
     comes back by datagram rather than through a channel that no longer lines up."""
@@ -70,7 +77,9 @@ class _Channel:
     next_out: int = 1
     unacked: deque[tuple[int, tuple[Any, ...], float]] = field(default_factory=deque)
     next_in: int = 1
-    reorder: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+    reorder: dict[int, tuple[tuple[Any, ...], int]] = field(default_factory=dict)
+    """Frames ahead of a gap: sequence number -> (messages, bytes)."""
+    reorder_bytes: int = 0
     ack_due_at: float | None = None
     ack_sent: int = 0
     unacked_msgs: int = 0
@@ -96,7 +105,14 @@ class LinkLayer:
         self._forgotten: set[NodeId] = set()
         self._dropped: OrderedDict[NodeId, int] = OrderedDict()
         """Dropped peer -> the incarnation whose channel went (bounded, oldest first)."""
-        self.stats = {"frames_sent": 0, "frames_resent": 0, "frames_dropped_stale": 0}
+        self.reorder_bytes = 0
+        """Bytes held ahead of gaps over every channel."""
+        self.stats = {
+            "frames_sent": 0,
+            "frames_resent": 0,
+            "frames_dropped_stale": 0,
+            "frames_dropped_reorder": 0,
+        }
 
     # -- sending -------------------------------------------------------------------------
     def send(self, peer: NodeId, msg: Any) -> None:
@@ -130,8 +146,10 @@ class LinkLayer:
         return out
 
     # -- receiving -----------------------------------------------------------------------
-    def on_frame(self, src: NodeId, frame: Frame, now: float) -> list[Any]:
-        """Accept a frame from ``src``; return the messages that became deliverable in order."""
+    def on_frame(self, src: NodeId, frame: Frame, now: float, size: int = 0) -> list[Any]:
+        """Accept a frame from ``src``; return the messages that became deliverable in
+        order.  ``size``: its bytes on the wire, as the host knows them (what a frame held
+        ahead of a gap is charged)."""
         if frame.seq == DATAGRAM or src in self._forgotten:
             return list(frame.msgs)  # best effort, no channel state
         dropped = self._dropped.get(src)
@@ -157,6 +175,7 @@ class LinkLayer:
         if frame.src_inc > ch.peer_inc:
             if ch.peer_inc != 0:
                 # The peer restarted: it is a new process.  Forget both directions.
+                self.reorder_bytes -= ch.reorder_bytes
                 ch = _Channel(ended=ch.ended)
                 self._chans[src] = ch
             ch.peer_inc = frame.src_inc
@@ -169,13 +188,27 @@ class LinkLayer:
             ch.next_in += 1
             reorder = ch.reorder
             while reorder:
-                msgs = reorder.pop(ch.next_in, None)
-                if msgs is None:
+                held = reorder.pop(ch.next_in, None)
+                if held is None:
                     break
-                delivered.extend(msgs)
+                delivered.extend(held[0])
+                ch.reorder_bytes -= held[1]
+                self.reorder_bytes -= held[1]
                 ch.next_in += 1
         elif ch.next_in < frame.seq <= ch.next_in + self.params.reorder_window:
-            ch.reorder[frame.seq] = frame.msgs  # ahead of a gap: wait for the resend
+            # Ahead of a gap: wait for the resend, within the byte bounds.
+            p = self.params
+            if frame.seq in ch.reorder:
+                pass
+            elif (
+                ch.reorder_bytes + size > p.reorder_bytes
+                or self.reorder_bytes + size > p.reorder_total_bytes
+            ):
+                self.stats["frames_dropped_reorder"] += 1
+            else:
+                ch.reorder[frame.seq] = (frame.msgs, size)
+                ch.reorder_bytes += size
+                self.reorder_bytes += size
         # Duplicates and gaps both need the sender to hear our position soon.
         if ch.ack_due_at is None:
             ch.ack_due_at = now + self.params.ack_delay
@@ -254,6 +287,7 @@ class LinkLayer:
         ch = self._chans.get(peer)
         if ch is None or ch.peer_inc > peer_inc:
             return  # never talked to (or forgotten, or dropped), or already a newer one
+        self.reorder_bytes -= ch.reorder_bytes
         self._chans[peer] = _Channel(ended=max(peer_inc, ch.ended))
 
     def on_connected(
@@ -276,6 +310,7 @@ class LinkLayer:
         if peer_inc <= ch.ended:
             return []  # a stopped incarnation
         if ch.peer_inc not in (0, peer_inc):
+            self.reorder_bytes -= ch.reorder_bytes
             ch = _Channel(ended=ch.ended)
             self._chans[peer] = ch
         ch.peer_inc = peer_inc
@@ -301,7 +336,9 @@ class LinkLayer:
         a parted router that it was parted, but owe it no ordering or resend.  Ids are never
         reused (a restarted process comes back under a fresh id), so this is permanent.
         """
-        self._chans.pop(peer, None)
+        ch = self._chans.pop(peer, None)
+        if ch is not None:
+            self.reorder_bytes -= ch.reorder_bytes
         self._forgotten.add(peer)  # what is queued still leaves, as a datagram
 
     def drop(self, peer: NodeId) -> None:
@@ -318,11 +355,23 @@ class LinkLayer:
         queues the acknowledgement of its part, the last thing it owes it.
         """
         ch = self._chans.pop(peer, None)
+        if ch is not None:
+            self.reorder_bytes -= ch.reorder_bytes
         dropped = self._dropped
         dropped[peer] = ch.peer_inc if ch is not None else 0
         dropped.move_to_end(peer)
         while len(dropped) > self.params.dropped_memory:
             dropped.popitem(last=False)
+
+    def release_reordered(self, peer: NodeId) -> None:
+        """Let go of the frames from ``peer`` held ahead of a gap: the connection they came
+        on is gone, and the peer resends everything we did not acknowledge once it is
+        connected again (our acknowledgement never covered them)."""
+        ch = self._chans.get(peer)
+        if ch is not None and ch.reorder:
+            self.reorder_bytes -= ch.reorder_bytes
+            ch.reorder = {}
+            ch.reorder_bytes = 0
 
     def unacked(self, peer: NodeId) -> int:
         ch = self._chans.get(peer)

@@ -83,10 +83,20 @@ MAX_CONNECTIONS = 4096
 MAX_HANDSHAKES = 128
 """Connections at most that have not proven themselves yet (each may hold a handshake
 frame for up to the handshake timeout)."""
+MAX_HANDSHAKES_PER_SOURCE = 16
+"""Connections from one address at most that have not proven themselves yet: one
+address cannot hold the handshake slots that everyone else needs."""
 MAX_DIRECTORY = 65_536
 """Addresses a process keeps at most (the oldest learned by gossip go first)."""
 MAX_GOSSIP = 8192
 """Entries one directory message may carry; a larger one is ignored."""
+MAX_NODES_PER_CONNECTION = 1024
+"""Nodes one connection may announce at most (a benchmark process runs tens; more is a
+flood, and the connection is refused)."""
+MAX_NODES_PER_CREDENTIAL = 4096
+"""Nodes announced at most under one credential, over all its connections (a wildcard
+client credential shared by many processes runs one node per connection; a holder that
+announces thousands of names only fills the directory that everyone is gossiped)."""
 MAX_INCARNATIONS = 65_536
 """Peer processes whose latest incarnation a process remembers (the oldest are forgotten)."""
 
@@ -110,6 +120,8 @@ class Runtime:
         max_connections: int = MAX_CONNECTIONS,
         max_handshakes: int = MAX_HANDSHAKES,
         source_address: str | None = None,
+        max_nodes_per_credential: int = MAX_NODES_PER_CREDENTIAL,
+        max_handshakes_per_source: int = MAX_HANDSHAKES_PER_SOURCE,
     ) -> None:
         """``source_address``: the local address outgoing connections leave from (a
         multi-homed host, or a test that cuts one process's links); None: the kernel's
@@ -132,6 +144,8 @@ class Runtime:
         self.max_frame = max_frame
         self.max_connections = max_connections
         self.max_handshakes = max_handshakes
+        self.max_nodes_per_credential = max_nodes_per_credential
+        self.max_handshakes_per_source = max_handshakes_per_source
         self.source_address = source_address
         self.nodes: dict[NodeId, Node] = {}
         self.directory: dict[NodeId, str] = {}
@@ -150,7 +164,10 @@ class Runtime:
         per such node): where to look once that announcement is void (its connection
         closed, or the node stopped), since the routers may have told of a newer
         incarnation meanwhile and say nothing again until their directory changes."""
-        self._handshaking: set[Connection] = set()
+        self._handshaking: dict[Connection, None] = {}
+        """Accepted connections in their handshake, oldest first."""
+        self._handshakes_from: dict[str, int] = {}
+        """How many of them each source address holds."""
         self.encoder = Encoder()
         self.dialer = Dialer(self)
         self.stats = {
@@ -161,6 +178,8 @@ class Runtime:
             "connections_refused": 0,
             "connections_opened": 0,
             "directories_ignored": 0,
+            "names_refused": 0,
+            "handshakes_evicted": 0,
         }
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
@@ -168,8 +187,9 @@ class Runtime:
         self._dirty: dict[Node, None] = {}
         self._outbox: dict[Connection, list[Any]] = {}
         self._flush_scheduled = False
-        self._frames_in: dict[Node, list[tuple[NodeId, Frame]]] = {}
-        """Frames received this loop turn, per node, in arrival order."""
+        self._frames_in: dict[Node, list[tuple[NodeId, Frame, int]]] = {}
+        """Frames received this loop turn, per node, in arrival order, each with its
+        share of its packet's bytes."""
         self._feed_scheduled = False
         self._bytes_in = 0
         self._congested: set[Connection] = set()
@@ -326,7 +346,7 @@ class Runtime:
         for peer, frame in frames:
             local = nodes.get(peer)
             if local is not None:
-                self.loop.call_soon(local.on_frames, ((src, frame),))
+                self.loop.call_soon(local.on_frames, ((src, frame, 0),))
                 continue
             conn = routes.get(peer)
             if conn is None or (src, peer) not in conn.ready:
@@ -411,6 +431,8 @@ class Runtime:
         # one turn (the sixteen endpoints of a receiver process, both followers' votes,
         # a client's routes) in one step, and its step costs are paid once per turn.
         pending = self._frames_in
+        # What a frame held ahead of a gap is charged: its share of the packet.
+        share = len(body) // len(items) if items else 0
         try:
             for item in items:
                 if conn.state != "open":
@@ -423,12 +445,12 @@ class Runtime:
                     if node is not None:
                         box = pending.get(node)
                         if box is None:
-                            pending[node] = [(src, frame)]
+                            pending[node] = [(src, frame, share)]
                             if not self._feed_scheduled:
                                 self._feed_scheduled = True
                                 self.loop.call_soon(self._feed_frames)
                         else:
-                            box.append((src, frame))
+                            box.append((src, frame, share))
                 else:
                     if pending:
                         self._feed_frames()
@@ -494,6 +516,29 @@ class Runtime:
         peer = conn.peer
         assert peer is not None
         identity = peer.identity
+        new = {node for node, _ in entries if node not in conn.nodes}
+        if len(conn.nodes) + len(new) > MAX_NODES_PER_CONNECTION:
+            self.stats["names_refused"] += len(new)
+            raise ProtocolViolation(
+                f"{len(conn.nodes) + len(new)} nodes on one connection (at most "
+                f"{MAX_NODES_PER_CONNECTION})"
+            )
+        if new and identity.serial:
+            # Per credential, over its connections (the development mode's one identity
+            # is every process's: there, each connection's own cap is the bound).
+            mine = sum(
+                len(c.nodes)
+                for c in self.conns.values()
+                if c is not conn
+                and c.peer is not None
+                and c.peer.identity.serial == identity.serial
+            )
+            if mine + len(conn.nodes) + len(new) > self.max_nodes_per_credential:
+                self.stats["names_refused"] += len(new)
+                raise ProtocolViolation(
+                    f"{identity.describe()} announces more than "
+                    f"{self.max_nodes_per_credential} nodes"
+                )
         for node, inc in entries:
             if node in self.nodes:
                 raise ProtocolViolation(f"peer claims node {node!r:.60}, which runs here")
@@ -555,23 +600,53 @@ class Runtime:
             conn.ready.add((local, remote))
             self.route(node, node.link.on_connected(remote, inc, count, now))
             if node.advertise:
-                node.link.send(remote, Directory(tuple(sorted(self.directory.items()))))
+                for chunk in self._directory_messages():
+                    node.link.send(remote, chunk)
                 self.schedule(node)
             node.rearm()
 
     # Connection callbacks (the owner interface of ``ecast.runtime.transport``).
     def admit(self, conn: Connection) -> str | None:
-        if len(self._handshaking) >= self.max_handshakes:
+        """Caps on connections that have not proven themselves: per source address, and
+        in all.  When all the slots are taken, the oldest handshake of the source that
+        holds the most goes, unless the newcomer's source is that one: a flood from a
+        few addresses delays the others by at most a handshake, never locks them out."""
+        source = _source_of(conn)
+        from_source = self._handshakes_from.get(source, 0)
+        if from_source >= self.max_handshakes_per_source:
             self.stats["connections_refused"] += 1
-            return f"{len(self._handshaking)} connections already in their handshake"
+            return f"{from_source} connections from {source} already in their handshake"
         if len(self.conns) + len(self._handshaking) >= self.max_connections:
             self.stats["connections_refused"] += 1
             return f"{self.max_connections} connections already"
-        self._handshaking.add(conn)
+        if len(self._handshaking) >= self.max_handshakes:
+            heavy = max(self._handshakes_from, key=self._handshakes_from.__getitem__)
+            if self._handshakes_from[heavy] <= from_source + 1:
+                self.stats["connections_refused"] += 1
+                return f"{len(self._handshaking)} connections already in their handshake"
+            victim = next(c for c in self._handshaking if c.source == heavy)
+            self.stats["handshakes_evicted"] += 1
+            victim.close(f"handshake slot taken back from {heavy}, which held the most")
+            self.handshake_over(victim)
+        conn.source = source
+        self._handshaking[conn] = None
+        self._handshakes_from[source] = from_source + 1
         return None
 
+    def pre_auth_timeout(self) -> float:
+        """The handshake timeout, and under pressure (half the slots taken) at most one
+        second: a process proves itself in milliseconds, a squatter waits out the timer."""
+        if len(self._handshaking) * 2 >= self.max_handshakes:
+            return min(self.handshake_timeout, 1.0)
+        return self.handshake_timeout
+
     def handshake_over(self, conn: Connection) -> None:
-        self._handshaking.discard(conn)
+        if self._handshaking.pop(conn, 0) is None:
+            n = self._handshakes_from.get(conn.source, 0) - 1
+            if n > 0:
+                self._handshakes_from[conn.source] = n
+            else:
+                self._handshakes_from.pop(conn.source, None)
 
     def check_peer(self, peer: PeerInfo) -> str | None:
         """A proven peer: refuse our own host id and earlier incarnations of the process.
@@ -655,12 +730,28 @@ class Runtime:
         if conn.peer is not None and self.conns.get(conn.peer.key) is conn:
             del self.conns[conn.peer.key]
         listen = conn.peer.listen if conn.peer is not None else None
+        # A process that gossips (a router) tells of application processes it can
+        # reach: one that left is told of again when it connects again.  Routers stay
+        # (they are dialed back from here), as does anything in the development mode.
+        for node in conn.nodes:
+            if self.routes.get(node) is conn:
+                for local in self.nodes.values():
+                    local.link.release_reordered(node)
+        gossips = (
+            conn.peer is not None
+            and not acts_as_router(conn.peer.identity.role)
+            and any(n.advertise for n in self.nodes.values())
+        )
         for node in conn.nodes:
             if self.routes.get(node) is conn:
                 del self.routes[node]
                 if listen is not None and self._announced_at.get(node) == listen:
                     del self._announced_at[node]  # gossip may tell us where it went
-                    self._fall_back_to_gossip(node, listen)
+                    if gossips and self.directory.get(node) == listen:
+                        del self.directory[node]
+                        self._gossiped.pop(node, None)
+                    else:
+                        self._fall_back_to_gossip(node, listen)
         conn.ready = set()
         self.dialer.lost(conn, "forgotten")
 
@@ -741,13 +832,25 @@ class Runtime:
                 conn.set_reading(paused)
 
     # ------------------------------------------------------------------ dialing
+    def _directory_messages(self) -> list[Directory]:
+        """The directory as gossip: messages of at most ``MAX_GOSSIP`` entries each (a
+        receiver ignores a larger one, and would then learn nothing at all)."""
+        entries = sorted(self.directory.items())
+        return [
+            Directory(tuple(entries[i : i + MAX_GOSSIP]))
+            for i in range(0, len(entries), MAX_GOSSIP)
+        ]
+
     def _gossip(self) -> None:
-        entries = Directory(tuple(sorted(self.directory.items())))
+        messages = None
         for conn in self.conns.values():
             for local, remote in conn.ready:
                 node = self.nodes.get(local)
                 if node is not None and node.advertise:
-                    node.link.send(remote, entries)
+                    if messages is None:
+                        messages = self._directory_messages()
+                    for m in messages:
+                        node.link.send(remote, m)
                     self.schedule(node)
 
     def want(self, peer: NodeId) -> None:
@@ -763,6 +866,18 @@ class Runtime:
         if not conn.nodes:
             raise ConnectionError(f"no node runs at {address}")
         return sorted(conn.nodes)[0]
+
+
+def _source_of(conn: Connection) -> str:
+    """The address a connection comes from, without its port."""
+    t = conn.transport
+    try:
+        peer = t.get_extra_info("peername") if t is not None else None
+    except Exception:
+        peer = None
+    if isinstance(peer, tuple) and peer:
+        return str(peer[0])
+    return "?"
 
 
 def _host(conn: Connection) -> str:

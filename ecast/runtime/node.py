@@ -142,17 +142,19 @@ class Node:
 
     # ------------------------------------------------------------------ receiving
     def on_frames(
-        self, frames: list[tuple[NodeId, Frame]] | tuple[tuple[NodeId, Frame], ...]
+        self,
+        frames: list[tuple[NodeId, Frame, int]] | tuple[tuple[NodeId, Frame, int], ...],
     ) -> None:
-        """Frames for this node, in arrival order: through the link layer, to the core."""
+        """Frames for this node, in arrival order, each with its bytes on the wire (0 for
+        a colocated node's): through the link layer, to the core."""
         if self.stopped:
             return
         self.stats["frames_in"] += len(frames)
         now = self.loop.time()
         link = self.link
         batch: list[tuple[NodeId, list[Any]]] = []
-        for src, frame in frames:
-            msgs = link.on_frame(src, frame, now)
+        for src, frame, size in frames:
+            msgs = link.on_frame(src, frame, now, size)
             if msgs:
                 msgs = self._side_channel(src, msgs)
                 if msgs:

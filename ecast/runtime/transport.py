@@ -138,6 +138,9 @@ class Endpoint(Protocol):
     def admit(self, conn: Connection) -> str | None:
         """None if a new connection may start its handshake, else why not (caps)."""
 
+    def pre_auth_timeout(self) -> float:
+        """How long the connection just admitted may take to prove itself."""
+
     def handshake_over(self, conn: Connection) -> None:
         """``conn`` is open or closed: it no longer counts against the handshake cap."""
 
@@ -189,6 +192,9 @@ class Connection(asyncio.Protocol):
         self.ready: set[tuple[NodeId, NodeId]] = set()
         self.announced = False
         """Set once a node list from the peer arrived (``Runtime.connect`` waits for it)."""
+        self._deadline = 0.0
+        self.source = ""
+        """The peer's address (host only), for the per-source handshake cap."""
         self._turn_bytes = 0
         self._turn_pending = False
         self._budget_paused = False
@@ -208,7 +214,8 @@ class Connection(asyncio.Protocol):
                 self.transport.abort()
                 return
         loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(me.handshake_timeout, self._handshake_timeout)
+        self._deadline = me.pre_auth_timeout() if not self.dialer else me.handshake_timeout
+        self._timer = loop.call_later(self._deadline, self._handshake_timeout)
         hs = Handshake(self.dialer, me.auth, me.host_id, me.incarnation, me.listen, me.check_peer)
         self._handshake = hs
         if self.dialer:
@@ -406,7 +413,7 @@ class Connection(asyncio.Protocol):
 
     def _handshake_timeout(self) -> None:
         if self.state == "handshake":
-            self._refuse(f"no handshake within {self.local.handshake_timeout:g}s")
+            self._refuse(f"no handshake within {self._deadline:g}s")
 
     def _handshake_step(self, body: bytes) -> None:
         hs = self._handshake

@@ -116,6 +116,22 @@ SETTINGS: tuple[Setting, ...] = (
         "connections",
         check=positive,
     ),
+    Setting(
+        "max-handshakes-per-source",
+        int,
+        16,
+        "connections at most from one address that have not proven themselves yet",
+        "connections",
+        check=positive,
+    ),
+    Setting(
+        "max-names-per-credential",
+        int,
+        4096,
+        "nodes announced at most under one credential, over all its connections",
+        "nodes",
+        check=positive,
+    ),
     Setting("heartbeat", float, 0.25, "router heartbeat period", "s", check=positive),
     Setting(
         "failure-timeout",
@@ -401,6 +417,8 @@ class RouterDaemon:
             handshake_timeout=a.handshake_timeout,
             max_connections=a.max_connections,
             max_handshakes=a.max_handshakes,
+            max_nodes_per_credential=a.max_names_per_credential,
+            max_handshakes_per_source=a.max_handshakes_per_source,
         )
         self.runtime = rt
         if a.metrics:
@@ -730,6 +748,13 @@ class RouterDaemon:
             for node in rt.nodes.values():
                 for key, value in node.stats.items():
                     m.add(f"ecast_link_{key}_total", value, f"Link counter {key}", "counter")
+                for key, value in node.link.stats.items():
+                    m.add(f"ecast_link_{key}_total", value, f"Link counter {key}", "counter")
+                m.add(
+                    "ecast_link_reorder_bytes",
+                    node.link.reorder_bytes,
+                    "Bytes of frames held ahead of a gap, over every channel",
+                )
                 # Every peer the link holds buffers for, connected or not: a peer whose
                 # connection dropped is the one whose queue grows.
                 peers = sorted(set(node.link.peers()) | set(rt.routes))

@@ -24,8 +24,8 @@ import pytest
 
 import ecast
 import ecast.sdk
-from ecast.core.message import Message
-from ecast.core.proto import Confirm, Deliver, Direct, Directory, Leader, Suspected
+from ecast.core.message import Message, Submission
+from ecast.core.proto import Confirm, Deliver, Direct, Directory, Leader, Route, Suspected
 from ecast.core.ufabcast.messages import (
     Accept,
     AppCmd,
@@ -159,12 +159,17 @@ class RawPeer:
     handshake failed, else packets go out tagged as a runtime would tag them."""
 
     def __init__(
-        self, r: RouterProc | int, auth: Auth, host: str = "intruder", inc: int = 1
+        self,
+        r: RouterProc | int,
+        auth: Auth,
+        host: str = "intruder",
+        inc: int = 1,
+        listen: str | None = None,
     ) -> None:
         port = r if isinstance(r, int) else r.port
         self.sock = socket.create_connection(("127.0.0.1", port))
         self.refusal: str | None = None
-        hs = Handshake(True, auth, host, inc, None, lambda peer: None)
+        hs = Handshake(True, auth, host, inc, listen, lambda peer: None)
         out = [hs.start()]
         try:
             while not hs.done:
@@ -417,6 +422,57 @@ def test_connections_beyond_the_caps_are_closed_at_once(cluster: LocalCluster) -
     still_serving(cluster, r)
 
 
+async def test_one_address_holding_handshakes_open_locks_nobody_out(
+    cluster: LocalCluster,
+) -> None:
+    """Probe: one source address holding 140 handshakes open, reopened as they time out,
+    locked out every legitimate client (0 of 10 connected)."""
+    r = cluster.start("r1", None)  # the defaults: 128 handshakes, 16 per address, 5 s
+    cluster.wait_healthy("r1")
+    stop = threading.Event()
+
+    def open_(s: socket.socket) -> bool:
+        s.setblocking(False)
+        try:
+            return s.recv(1, socket.MSG_PEEK) != b""
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+
+    def squat() -> None:
+        held: list[socket.socket] = []
+        while not stop.is_set():
+            for s in [s for s in held if not open_(s)]:
+                s.close()
+                held.remove(s)
+            while len(held) < 140 and not stop.is_set():
+                with contextlib.suppress(OSError):
+                    held.append(
+                        socket.create_connection(
+                            ("127.0.0.1", r.port), source_address=("127.0.0.5", 0)
+                        )
+                    )
+            time.sleep(0.05)
+        for s in held:
+            s.close()
+
+    squatter = threading.Thread(target=squat, daemon=True)
+    squatter.start()
+    await asyncio.sleep(1.0)
+    try:
+        for i in range(10):
+            name = f"legit{i}"
+            c = await ecast.connect([r.address], name=name, timeout=5, **cluster.client_auth(name))
+            ack = await c.submit(b"in", timeout=10)
+            assert ack.delivered
+            await c.close()
+    finally:
+        stop.set()
+        squatter.join(10)
+    assert metric(r, "ecast_transport_connections_refused_total") > 0
+
+
 def test_a_huge_or_malformed_host_id_is_refused_before_anything_is_kept(
     cluster: LocalCluster, router: RouterProc
 ) -> None:
@@ -570,6 +626,51 @@ async def test_a_clients_directory_is_ignored(cluster: LocalCluster, router: Rou
     await c.close()
 
 
+async def test_a_flood_of_names_neither_hides_others_nor_outlives_its_sender(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    """Probe: a wildcard client credential announced 20,000 names in one packet; the router
+    gossiped 20,003 entries, more than a process takes in one directory, so a new client
+    learned no address at all (and still after the attacker left)."""
+    svc = await ecast.connect(
+        [router.address], name="svc", listen="127.0.0.1:0", **cluster.client_auth("svc")
+    )
+    flood = credential(cluster, "application", "flood-*")
+    one = RawPeer(router, flood, host="flood-one")
+    one.announce(*((f"flood-one-{i}", 1) for i in range(2000)))  # within the frame limit
+    assert one.closed()  # more than a connection may announce
+    peers = []
+    for c in range(3):  # three credentials, 4,096 names each at most
+        cred = credential(cluster, "application", f"flood{c}-*")
+        for k in range(5):
+            peer = RawPeer(router, cred, host=f"flood{c}-{k}", listen=f"127.0.0.{c + 2}:{k + 9}")
+            peer.announce(*((f"flood{c}-{k}-{i}", 1) for i in range(1000)))
+            peers.append(peer)
+    await asyncio.sleep(1.0)
+    assert sum(not p.closed(0.2) for p in peers) == 12  # the fifth of each was refused
+    assert metric(router, "ecast_transport_names_refused_total") == 2000 + 3 * 1000
+    reader = await ecast.connect(
+        [router.address], name="reader", listen="127.0.0.1:0", **cluster.client_auth("reader")
+    )
+    deadline = time.monotonic() + 5
+    while "svc" not in reader.runtime.directory and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert reader.runtime.directory.get("svc") == svc.runtime.listen
+    assert len(reader.runtime.directory) > 12_000  # in several messages
+    for p in peers:
+        p.sock.close()
+    await asyncio.sleep(1.0)
+    late = await ecast.connect([router.address], name="late", **cluster.client_auth("late"))
+    deadline = time.monotonic() + 5
+    while "svc" not in late.runtime.directory and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert late.runtime.directory.get("svc") == svc.runtime.listen
+    assert not any(n.startswith("flood") for n in late.runtime.directory)
+    for c in (svc, reader, late):
+        await c.close()
+    await asyncio.to_thread(still_serving, cluster, router)
+
+
 def _send_to_endpoint(port: int, auth: Auth, node: str, dst: str, msg: Any, inc: int = 1) -> bool:
     """Announce incarnation ``inc`` of ``node`` to the process on ``port``, send it ``msg``;
     whether the process closed the connection."""
@@ -691,6 +792,30 @@ async def test_a_client_cannot_close_the_routers_session_and_stop_lease_suspicio
         if victim.poll() is None:
             victim.kill()
     await mallory.close()
+
+
+def test_frames_after_a_gap_are_held_within_a_byte_bound_and_freed(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    """Probe: 300 frames of 1 MiB sent after a gap took a router from 52 to 356 MB, still
+    356 MB 17 s after the attacker disconnected.  (This router takes frames of 64 KiB:
+    2,000 of 60 KB make the same attack, 120 MB.)"""
+    peer = RawPeer(router, credential(cluster, "application", "gap"), host="gap-host")
+    peer.announce(("gap", 1))
+    time.sleep(0.2)
+    before = rss_kb(router.proc.pid)
+    blob = os.urandom(60_000)
+    sub = Submission((("gap", 1, ""), 1), None, blob)
+    for seq in range(2, 2002):  # frame 1 never comes
+        peer.frame("gap", "r1", Route((sub,)), seq=seq)
+    time.sleep(1.0)
+    assert not peer.closed(0.1)
+    grown = rss_kb(router.proc.pid) - before
+    assert grown < 24 * 1024, f"the router grew by {grown} KiB"
+    assert metric(router, "ecast_link_frames_dropped_reorder_total") >= 1800
+    peer.sock.close()
+    time.sleep(0.5)
+    still_serving(cluster, router)
 
 
 # ------------------------------------------------------------------ hostile packets

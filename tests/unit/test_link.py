@@ -239,3 +239,33 @@ def test_after_a_peer_stopped_what_is_sent_to_its_name_goes_to_its_next_incarnat
     assert a.known_incarnation("b") == 2 and a.ended_incarnation("b") == 1
     a.peer_stopped("nobody", 3)
     assert "nobody" not in a.peers()
+
+
+def test_frames_ahead_of_a_gap_are_held_within_byte_bounds_and_released() -> None:
+    """Probe: 300 frames of 1 MiB after a gap took a router from 52 to 356 MB, kept after
+    the sender disconnected.  Frames beyond the bounds are dropped (the sender resends
+    what was not acknowledged), and a gone connection's frames are let go."""
+    p = LinkParams(resend_timeout=0.1, reorder_bytes=3000, reorder_total_bytes=5000)
+    a, c, b = LinkLayer("a", 1, p), LinkLayer("c", 1, p), LinkLayer("b", 1, p)
+    frames = []
+    for i in range(6):
+        a.send("b", f"a{i}")
+        frames.append(a.flush(0.0)[0][1])
+    for f in frames[1:]:  # the first is lost: five wait, 1,000 bytes each
+        assert b.on_frame("a", f, 0.0, 1000) == []
+    assert b.reorder_bytes == 3000 and b.stats["frames_dropped_reorder"] == 2
+    c.send("b", "c0")
+    c.flush(0.0)
+    c.send("b", "c1")
+    late = c.flush(0.0)[0][1]
+    for size in (2500, 600):  # over the total bound, then within it
+        assert b.on_frame("c", late, 0.0, size) == []
+    assert b.reorder_bytes == 3600 and b.stats["frames_dropped_reorder"] == 3
+    # The resends fill the gap: everything arrives once, in order.
+    got = [m for _, f in a.on_tick(0.1) for m in b.on_frame("a", f, 0.1, 1000)]
+    assert got == [f"a{i}" for i in range(6)]
+    assert b.reorder_bytes == 600
+    b.release_reordered("c")  # c's connection went: it resends all it was not acked for
+    assert b.reorder_bytes == 0
+    got = [m for _, f in c.on_tick(0.1) for m in b.on_frame("c", f, 0.1, 600)]
+    assert got == ["c0", "c1"]

@@ -430,14 +430,42 @@ def test_a_closed_connection_forgets_its_nodes_with_or_without_a_listen_address(
     rt._loop.close()
 
 
-def test_handshake_and_connection_caps() -> None:
+class _Accepted:
+    """An accepted connection as ``Runtime.admit`` sees it: its peer address."""
+
+    def __init__(self, address: str) -> None:
+        self.transport = self
+        self.address = address
+        self.source = ""
+        self.closed: str | None = None
+
+    def get_extra_info(self, name: str) -> Any:
+        return (self.address, 40000) if name == "peername" else None
+
+    def close(self, reason: str) -> None:
+        self.closed = reason
+
+
+def test_handshake_caps_per_source_and_in_all() -> None:
+    """Probe: one source address holding 140 handshakes open, reopened as they timed
+    out, locked out every legitimate client."""
     rt = runtime()
-    rt.max_handshakes = 2
-    conns = [object() for _ in range(3)]
-    assert rt.admit(conns[0]) is None and rt.admit(conns[1]) is None
-    assert "handshake" in (rt.admit(conns[2]) or "")
-    rt.handshake_over(conns[0])
-    assert rt.admit(conns[2]) is None
+    rt.max_handshakes, rt.max_handshakes_per_source = 4, 3
+    flood = [_Accepted("10.0.0.1") for _ in range(4)]
+    assert all(rt.admit(c) is None for c in flood[:3])  # type: ignore[arg-type]
+    assert "from 10.0.0.1" in (rt.admit(flood[3]) or "")  # type: ignore[arg-type]
+    assert rt.pre_auth_timeout() == 1.0  # under pressure: at most a second to prove oneself
+    b, c, d = _Accepted("10.0.0.2"), _Accepted("10.0.0.3"), _Accepted("10.0.0.3")
+    assert rt.admit(b) is None  # type: ignore[arg-type]  # the last free slot
+    assert rt.admit(c) is None  # type: ignore[arg-type]  # the heaviest source's oldest goes
+    assert flood[0].closed is not None and "10.0.0.1" in flood[0].closed
+    assert flood[1].closed is None and rt.stats["handshakes_evicted"] == 1
+    assert "handshake" in (rt.admit(d) or "")  # type: ignore[arg-type]  # 2 against 2: no
+    rt.handshake_over(flood[1])  # type: ignore[arg-type]
+    assert rt.admit(d) is None  # type: ignore[arg-type]
+    for conn in (flood[2], b, c, d):
+        rt.handshake_over(conn)  # type: ignore[arg-type]
+    assert rt.pre_auth_timeout() == rt.handshake_timeout and not rt._handshakes_from
     rt._loop.close()
 
 
