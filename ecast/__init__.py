@@ -87,6 +87,8 @@ _EXPORTS: dict[str, str] = {
     "load_auth": "ecast.runtime",
     "read_secret": "ecast.runtime",
     "private_file_problem": "ecast.security.secret",
+    "write_private": "ecast.security.secret",
+    "private_dir": "ecast.security.secret",
     "sim": "ecast.sim",
     "RouterGroupRun": "ecast.sim.group",
     "EcastGroupRun": "ecast.sim.group",

@@ -106,6 +106,13 @@ CHUNK = "chunk"
 ABORT = "abort"
 """source -> receiver: ``("abort", tid)``: the source's own copy is incomplete (its
 receive of those ranges was aborted), so the receiver's copy would be too."""
+REFUSE = "refuse"
+"""receiver -> source: ``("refuse", tid)``: a chunk was malformed or held keys outside
+the copy's ranges; the receiver gave the transfer up (its ranges are broken, and a
+super repairs it from another replica), so the source stops sending."""
+MAX_EARLY_PULLS = 64
+"""Pulls one storage process may have waiting for the keyspace message that makes us
+its source (one per copy of a reconfiguration; a reconfiguration has a few)."""
 
 
 class EngineFailed(RuntimeError):
@@ -156,6 +163,7 @@ class StorageStats:
     checks that it does."""
     chunks_sent: int = 0
     chunks_received: int = 0
+    chunks_refused: int = 0
     transfers: dict[str, int] = field(default_factory=lambda: {"in": 0, "out": 0, "aborted": 0})
 
 
@@ -205,6 +213,11 @@ class StorageCore:
         self.incoming: dict[TransferId, _Incoming] = {}
         self.outgoing: dict[TransferId, _Outgoing] = {}
         self.early_pulls: dict[TransferId, tuple[NodeId, int]] = {}
+        """Pulls for copies whose keyspace message we have not delivered yet."""
+        self.delivered = -1
+        """The position of the last message delivered to us."""
+        self.last_refusal: str | None = None
+        """Why the last chunk refused was refused (``status``)."""
         self.queue: list[_Queued] = []
         self._queued_ranges: RangeSet = NOTHING
         self.unfinished: dict[int, int] = {}
@@ -237,7 +250,8 @@ class StorageCore:
         """Deliveries in ``t`` order (E-Cast guarantees it); data runs in engine batches."""
         out: list[Output] = []
         batch: list[tuple[Message, RangeSet]] = []
-        for t, msg in items:
+        t = self.delivered
+        for t, msg in items:  # the last position is kept below
             if self.stopped is not None:
                 break
             h = msg.header
@@ -262,6 +276,9 @@ class StorageCore:
                 self._suspected(h.get("who"), out)
         if batch and self.stopped is None:
             self._apply(batch, out)
+        self.delivered = t
+        if self.early_pulls:
+            self._expire_early_pulls()
         return out
 
     def deliver_unsafe(self, msg: Message, frontier: int | None, accepted: bool) -> list[Output]:
@@ -431,11 +448,19 @@ class StorageCore:
                 return out
             send = self.outgoing.get(tid)
             if send is None or send.dst != src:
-                if len(self.early_pulls) < 4096:
-                    self.early_pulls[tid] = (src, n)  # the keyspace message is on its way
+                self._early_pull(src, tid, n)
                 return out
             send.asked = n
             self._serve(tid, send, out)
+        elif tag == REFUSE and len(payload) == 2:
+            tid = _tid(payload[1])
+            send = self.outgoing.get(tid) if tid is not None else None
+            if send is not None and send.dst == src:
+                if send.cursor is not None:
+                    send.cursor.close()
+                del self.outgoing[tid]  # type: ignore[arg-type]
+                self.stats.transfers["aborted"] += 1
+                self._maybe_ready(send.version, out)
         elif tag == ABORT and len(payload) == 2:
             tid = _tid(payload[1])
             rec = self.incoming.get(tid) if tid is not None else None
@@ -449,6 +474,33 @@ class StorageCore:
                 return out
             self._received(tid, rec, payload[3], bool(payload[4]), out)  # type: ignore[arg-type]
         return out
+
+    def _early_pull(self, src: NodeId, tid: TransferId, n: int) -> None:
+        """A pull that came before the keyspace message that makes us its source (the
+        receiver delivered it first).  Kept only from a storage process, only for a
+        position we have not delivered yet, and at most ``MAX_EARLY_PULLS`` per process:
+        junk from anyone else can neither fill the table nor push a real pull out.
+        Those whose position we delivered go then, unless their send waits in our queue
+        (behind a receive of ours)."""
+        if not src.startswith(STORAGE) or (
+            tid[0] <= self.delivered and tid not in self._queued_sends()
+        ):
+            return
+        pulls = self.early_pulls
+        if tid not in pulls and sum(1 for s, _ in pulls.values() if s == src) >= MAX_EARLY_PULLS:
+            return
+        pulls[tid] = (src, n)
+
+    def _expire_early_pulls(self) -> None:
+        queued = self._queued_sends()
+        self.early_pulls = {
+            tid: pull
+            for tid, pull in self.early_pulls.items()
+            if tid[0] > self.delivered or tid in queued
+        }
+
+    def _queued_sends(self) -> set[TransferId]:
+        return {q.action[1] for q in self.queue if q.action[:1] == ("send",)}
 
     # ================================================================== data
     def _mine(self, h: Any) -> RangeSet | None:
@@ -755,7 +807,18 @@ class StorageCore:
     ) -> None:
         if data:
             try:
-                self.engine.receive(data)
+                self.engine.receive(data, rec.ranges)
+            except BadOperation as e:
+                # Not the engine failing: the source sent what is no part of the copy.
+                # Give the transfer up as for a source that failed: the ranges are
+                # broken here, a super repairs us from another replica, and the
+                # reconfiguration completes without our ready.
+                self.stats.chunks_refused += 1
+                self.last_refusal = f"a chunk from {rec.src} of transfer {tid}: {e}"
+                out.append(("direct", rec.src, (REFUSE, tid)))
+                self._abort_incoming(tid, rec, out)
+                self._drain(out)
+                return
             except Exception as e:
                 self._stop(f"engine failed to receive: {e}", out)
                 return
@@ -868,6 +931,9 @@ class StorageCore:
             "transfers_out": len(self.outgoing),
             "chunks_sent": self.stats.chunks_sent,
             "chunks_received": self.stats.chunks_received,
+            "chunks_refused": self.stats.chunks_refused,
+            "early_pulls": len(self.early_pulls),
+            "last_refusal": self.last_refusal,
             "unfinished": len(self.unfinished),
             "stopped": self.stopped,
         }

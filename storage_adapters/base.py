@@ -169,7 +169,13 @@ class Engine(Protocol):
 
     def open_send(self, ranges: RangeSet) -> SendCursor: ...
 
-    def receive(self, chunk: Any) -> None: ...
+    def receive(self, chunk: Any, ranges: RangeSet) -> None:
+        """Store a chunk of a copy of ``ranges`` (placement space) that another engine's
+        send cursor made.  Checked whole before anything is stored: a malformed chunk,
+        or one with an item outside ``ranges``, raises :class:`BadOperation` and changes
+        nothing (the storage process refuses the transfer, never stops for it); any other
+        exception is the engine failing."""
+        ...
 
     def delete(self, ranges: RangeSet) -> None: ...
 

@@ -464,13 +464,19 @@ class MemcachedEngine:
         self._cursors.add(cur)
         return cur
 
-    def receive(self, chunk: Any) -> None:
+    def receive(self, chunk: Any, ranges: RangeSet) -> None:
         items: dict[Slot, tuple[Any, bytes]] = {}
-        for entry in chunk:
-            key, value = entry
-            if type(value) is not bytes:
-                raise ValueError(f"a received value is {type(value).__name__}, not bytes")
-            items[self._slot(key)] = (key, value)
+        try:
+            for entry in chunk:
+                key, value = entry
+                if type(value) is not bytes:
+                    raise ValueError(f"a received value is {type(value).__name__}, not bytes")
+                slot = self._slot(key)
+                if not _in(ranges, slot[0]):
+                    raise ValueError(f"key {key!r:.40} is outside the copy")
+                items[slot] = (key, value)
+        except (TypeError, ValueError) as e:
+            raise BadOperation(f"a refused chunk: {e}") from None
         self._store(items)
 
     def delete(self, ranges: RangeSet) -> None:

@@ -76,7 +76,7 @@ def migration(megabytes: int, chunk_kb: int, value_bytes: int) -> dict[str, floa
         while (chunk := cursor.next_chunk(chunk_kb * 1024)) is not None:
             wire = msgpack.packb(chunk, use_bin_type=True)
             sent += len(wire)
-            dst.receive(msgpack.unpackb(wire, raw=False))
+            dst.receive(msgpack.unpackb(wire, raw=False), moving)
             chunks += 1
         cursor.close()
         took = time.perf_counter() - t0

@@ -60,7 +60,7 @@ class NullEngine:
     def open_send(self, ranges: RangeSet) -> _Empty:
         return _Empty()
 
-    def receive(self, chunk: Any) -> None:
+    def receive(self, chunk: Any, ranges: RangeSet) -> None:
         pass
 
     def delete(self, ranges: RangeSet) -> None:

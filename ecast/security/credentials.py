@@ -30,7 +30,6 @@ import contextlib
 import json
 import os
 import secrets
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ecast.core.roles import APPLICATION, ROUTER
+from ecast.security.secret import shared_with_others
 
 ROLES = (ROUTER, APPLICATION)
 MAX_NAME = 200
@@ -70,6 +70,12 @@ def check_pattern(pattern: Any) -> str:
         raise CredentialError(f"{pattern!r}: names starting with @ are reserved for the routers")
     if "*" in pattern[:-1]:
         raise CredentialError(f"{pattern!r}: '*' may only end a pattern (a prefix)")
+    if pattern == "*":
+        raise CredentialError(
+            "'*' alone covers every name: its holder could take any process's name (a "
+            "super's, a storage process's, a router's not yet announced) and every "
+            "session; give a prefix such as 'client:*'"
+        )
     return pattern
 
 
@@ -330,7 +336,7 @@ def read_revoked(path: Path | str) -> frozenset[str]:
 
 
 def readable_by_others(path: Path) -> bool:
-    return bool(path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO))
+    return shared_with_others(path.stat())
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -8,6 +8,7 @@ knows), which is why a weak secret is refused rather than merely discouraged.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import secrets
@@ -55,13 +56,48 @@ def secret_problem(secret: bytes) -> str | None:
     return None
 
 
+def shared_with_others(st: os.stat_result) -> bool:
+    """Whether a file's mode lets others than its owner read or change it.  One case
+    passes besides mode 600: a file owned by root that only a group of this process
+    may read (mode 640 or 440), which is how Kubernetes mounts a secret for a pod whose
+    ``fsGroup`` is the process's group (PostgreSQL accepts its key files so too)."""
+    mode = st.st_mode
+    if not mode & 0o077:
+        return False
+    return bool(
+        mode & 0o037  # group write or execute, or anything for others
+        or st.st_uid != 0
+        or st.st_gid not in (os.getgid(), *os.getgroups())
+    )
+
+
 def private_file_problem(path: str | os.PathLike[str]) -> str | None:
     """What is wrong with a file that holds a secret (a cluster secret, an admin token, a
     private key): it must exist and be readable by its owner alone (``chmod 600``)."""
     try:
-        mode = os.stat(path).st_mode
+        st = os.stat(path)
     except OSError as e:
         return f"{path}: {e.strerror}"
-    if mode & 0o077:
-        return f"{path} can be read by other users (mode {mode & 0o777:o}); run chmod 600 {path}"
+    if shared_with_others(st):
+        mode = st.st_mode & 0o777
+        return f"{path} can be read by other users (mode {mode:o}); run chmod 600 {path}"
     return None
+
+
+def write_private(path: str | os.PathLike[str], text: str) -> None:
+    """Write a file readable by its owner alone from the start (never, even for a moment,
+    by anyone else), replacing any earlier one in one step."""
+    final = os.fspath(path)
+    tmp = final + ".tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, final)
+
+
+def private_dir(path: str | os.PathLike[str]) -> None:
+    """Make a directory (and its parents) and keep it to its owner (mode 700)."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)

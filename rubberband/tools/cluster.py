@@ -31,6 +31,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import ecast
 from ecast import local
 from rubberband.storage import StorageCore
 
@@ -84,6 +85,7 @@ def request(
 
 def up(args: argparse.Namespace) -> int:
     d = Path(args.state_dir)
+    ecast.private_dir(d)  # cluster.json holds the admin token and the client credential
     cluster = local.LocalCluster(
         d,
         args=[
@@ -104,8 +106,7 @@ def up(args: argparse.Namespace) -> int:
     addresses = ",".join(r.address for r in routers)
     token = os.urandom(24).hex()
     token_file = d / "admin_token"
-    token_file.write_text(token + "\n")
-    token_file.chmod(0o600)
+    ecast.write_private(token_file, token + "\n")
     common = ["--routers", addresses, "--state-dir", str(d)]
     supers: dict[str, str] = {}
     for i in range(1, args.supers + 1):
@@ -114,7 +115,8 @@ def up(args: argparse.Namespace) -> int:
     storage = _start_storage(
         state, [*common, *storage_args], args.engine, range(1, args.storage + 1), args.timeout
     )
-    (d / "cluster.json").write_text(
+    ecast.write_private(
+        d / "cluster.json",
         json.dumps(
             {
                 "routers": addresses.split(","),
@@ -129,7 +131,7 @@ def up(args: argparse.Namespace) -> int:
                 "engine": args.engine,
             },
             indent=1,
-        )
+        ),
     )
     # Ids are places: keys under range partitioning, 32-bit hashes under hash partitioning.
     space = 2**32 if args.partitioning == "hash" else args.key_space
@@ -219,7 +221,7 @@ def add(args: argparse.Namespace) -> int:
     numbers = range(first, first + args.storage)
     started = _start_storage(state, common, st["engine"], numbers, args.timeout)
     st["storage"].update(started)
-    (d / "cluster.json").write_text(json.dumps(st, indent=1))
+    ecast.write_private(d / "cluster.json", json.dumps(st, indent=1))
     now = local.StateDir.recorded(d)
     (d / "processes.json").write_text(json.dumps({**before, **now}, indent=1))
     print(" ".join(started))

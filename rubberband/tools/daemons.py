@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import signal
+import string
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -325,6 +326,31 @@ def storage_health(core: StorageCore, host: StorageHost | None = None) -> dict[s
     return status
 
 
+ADMIN_TOKEN_CHARS = frozenset(string.ascii_letters + string.digits + "-_.~+/=")
+
+
+def read_admin_token(path: str) -> str:
+    """The admin token from its file: readable by its owner alone, 16 to 512 characters
+    of a bearer token's alphabet (RFC 6750), nothing else in the file but one final
+    newline.  A token with a space in it or around it is refused, not trimmed: two
+    files that differ in a space must not both open the admin API."""
+    problem = ecast.private_file_problem(path)
+    if problem:
+        raise UsageError(f"--admin-token-file: {problem}")
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--admin-token-file: {e}") from None
+    token = text[:-1] if text.endswith("\n") else text
+    if not 16 <= len(token) <= 512 or not set(token) <= ADMIN_TOKEN_CHARS:
+        raise UsageError(
+            "--admin-token-file: the token is 16 to 512 characters of A-Z a-z 0-9 - _ . ~ + / =, "
+            "with nothing else in the file but a final newline (make one with: "
+            "python -c 'import secrets; print(secrets.token_hex(24))' > FILE; chmod 600 FILE)"
+        )
+    return token
+
+
 def plant_mutations(names: list[str]) -> None:
     """Planted bugs for the fault-injection suite, refused outside tests."""
     for m in names:
@@ -407,17 +433,17 @@ def super_metrics(host: SuperHost) -> str:
     return m.text()
 
 
-async def run_super(args: argparse.Namespace) -> int:
+def check_super_settings(args: argparse.Namespace) -> str:
+    """The admin address is given and the token file fit for use: the token."""
     if not args.admin:
         raise UsageError("--admin HOST:PORT is required (the admin API, /metrics, /health)")
-    token = ""
-    if args.admin_token_file:
-        try:
-            token = Path(args.admin_token_file).read_text().strip()
-        except OSError as e:
-            raise UsageError(f"--admin-token-file: {e.strerror}") from None
-    if len(token) < 16:
-        raise UsageError("the admin token must have at least 16 characters (--admin-token-file)")
+    if not args.admin_token_file:
+        raise UsageError("--admin-token-file is required (the admin API's bearer token)")
+    return read_admin_token(args.admin_token_file)
+
+
+async def run_super(args: argparse.Namespace) -> int:
+    token = check_super_settings(args)
     kit.check_port_free(args.admin, "--admin")
     client = await _connect(args)
     core = SuperCore(args.name)
@@ -437,9 +463,15 @@ async def run_super(args: argparse.Namespace) -> int:
 
     def health() -> dict[str, Any]:
         """``ok``; ``starting`` until joined; ``degraded`` (503) while a reconfiguration
-        has been pending for more than ``STUCK_AFTER`` s (a receiver is not finishing)."""
-        s = core.status()
-        s["status"] = "ok" if s.get("joined") and host.stopped is None else "starting"
+        has been pending for more than ``STUCK_AFTER`` s (a receiver is not finishing).
+        Answered to anyone, so it says how the super is and nothing of the cluster's
+        layout: the ring, processes and coordinator are ``/status``'s, with the token."""
+        full = core.status()
+        s: dict[str, Any] = {
+            "status": "ok" if full.get("joined") and host.stopped is None else "starting",
+            "joined": bool(full.get("joined")),
+            "version": full.get("version"),
+        }
         now = time.monotonic()
         stuck = {v: round(now - t) for v, t in host.pending_since.items() if now - t > STUCK_AFTER}
         if stuck and s["status"] == "ok":
@@ -484,9 +516,9 @@ async def run_super(args: argparse.Namespace) -> int:
         return web.json_response(result)
 
     async def console(request: web.Request) -> web.Response:
-        from rubberband.tools.console import PAGE
+        from rubberband.tools.console import HEADERS, PAGE
 
-        return web.Response(text=PAGE, content_type="text/html")
+        return web.Response(text=PAGE, content_type="text/html", headers=HEADERS)
 
     def routes(app: web.Application) -> None:
         app.router.add_get("/status", status)
@@ -514,6 +546,8 @@ def main_for(kind: str, argv: list[str] | None = None) -> int:
         if kind == "storage":
             check_engine(args.engine, args.engine_arg)
             plant_mutations(args.mutation)
+        else:
+            check_super_settings(args)
         kit.setup_logging(args.log_level)
         log.info("event=start %s", kit.effective(args, settings))
         runner = run_storage if kind == "storage" else run_super

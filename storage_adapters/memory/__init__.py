@@ -252,9 +252,19 @@ class MemoryEngine:
     def open_send(self, ranges: RangeSet) -> _Cursor:
         return _Cursor([(slot, item) for slot, item in self._range_items(ranges)])
 
-    def receive(self, chunk: Any) -> None:
-        for slot, item in chunk:
-            self._data[_tuple(slot)] = tuple(item)
+    def receive(self, chunk: Any, ranges: RangeSet) -> None:
+        items = {}
+        try:
+            for _slot, item in chunk:
+                key, value = item
+                slot = self._slot(key)  # ours, not the sender's word
+                items[slot] = (key, value)
+        except (TypeError, ValueError) as e:
+            raise BadOperation(f"a malformed chunk ({e})") from None
+        for slot in items:
+            if not _in(ranges, slot[0]):
+                raise BadOperation(f"a chunk holds key {items[slot][0]!r:.40} outside the copy")
+        self._data.update(items)
 
     def delete(self, ranges: RangeSet) -> None:
         for slot, _ in self._range_items(ranges):

@@ -97,8 +97,11 @@ class ScanEngine:
         self._cursors += 1
         return cursor
 
-    def receive(self, chunk: Any) -> None:
-        self._receive(chunk)
+    def receive(self, chunk: Any, ranges: RangeSet) -> None:
+        try:
+            self._receive(chunk, ranges)
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+            raise BadOperation(f"a refused chunk: {e}") from None
         if self._durability is not None:
             self._durability.log_receive(chunk, self)
 
@@ -203,9 +206,10 @@ class ScanEngine:
         return True
 
     # ---------------------------------------------------------------- migration
-    def _receive(self, chunk: Any) -> None:
-        """Check the whole chunk first (a malformed one stops the engine unchanged), then
-        create the table if needed and upsert the rows."""
+    def _receive(self, chunk: Any, ranges: RangeSet | None = None) -> None:
+        """Check the whole chunk first (a malformed one, or one with a row outside
+        ``ranges``, changes nothing), then create the table if needed and upsert the
+        rows.  Replayed from the log, ``ranges`` is None: the chunk was checked then."""
         got = Decoded(chunk)
         table = self.tables.get(got.table)
         if table is not None and table.schema != got.schema:
@@ -218,6 +222,13 @@ class ScanEngine:
             keys = got.cols[key.name].tolist()
         if len(set(keys)) != len(keys) or any(k is None for k in keys):
             raise ValueError(f"a chunk of {got.table!r} repeats a key or has a NULL key")
+        places = None
+        if ranges is not None:
+            ekey = self.placement.ekey
+            places = [ekey(k) for k in keys]
+            for k, place in zip(keys, places, strict=True):
+                if not any(lo <= place < hi for lo, hi in ranges):
+                    raise ValueError(f"a chunk of {got.table!r} holds {k!r:.40}, outside the copy")
         if table is None:
             self._create(got.table, got.schema)
             table = self.tables[got.table]
@@ -238,11 +249,14 @@ class ScanEngine:
         }
         hashes = None
         if table.hashed:
-            hashes = got.hashes
-            if hashes is None:
-                hashes = np.fromiter(
-                    (self.placement.ekey(k)[1] for k in keys), np.int64, count=len(keys)
-                )
+            if places is not None:  # ours, not the sender's word
+                hashes = np.fromiter((p[1] for p in places), np.int64, count=len(keys))
+            else:
+                hashes = got.hashes
+                if hashes is None:
+                    hashes = np.fromiter(
+                        (self.placement.ekey(k)[1] for k in keys), np.int64, count=len(keys)
+                    )
         # A re-sent chunk replaces what an earlier copy left: receiving is an upsert.
         self._drop_keys(table, keys)
         table.append(cols, nulls, hashes)

@@ -292,8 +292,8 @@ class ScanKVEngine:
     def open_send(self, ranges: RangeSet) -> SendCursor:
         return self.scan.open_send(ranges)
 
-    def receive(self, chunk: Any) -> None:
-        self.scan.receive(chunk)
+    def receive(self, chunk: Any, ranges: RangeSet) -> None:
+        self.scan.receive(chunk, ranges)
 
     def delete(self, ranges: RangeSet) -> None:
         self.scan.delete(ranges)

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +77,75 @@ def test_a_client_takes_answers_only_from_holders_and_the_keyspace_only_from_a_s
         await alice.close()
 
     asyncio.run(go())
+
+
+def super_with_token(tmp_path: Path, content: str, mode: int) -> Any:
+    token = tmp_path / "token"
+    token.write_text(content)
+    token.chmod(mode)
+    return subprocess.run(
+        [sys.executable, "-m", "rubberband.tools.cli", "super", "--name", "super:x",
+         "--routers", "127.0.0.1:1", "--admin", "127.0.0.1:0", "--admin-token-file", str(token)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("content", "mode", "text"),
+    [
+        ("a" * 32 + "\n", 0o644, "can be read by other users"),
+        ("a" * 32 + " \n", 0o600, "nothing else in the file"),
+        (" " + "a" * 32, 0o600, "nothing else in the file"),
+        ("short\n", 0o600, "16 to 512 characters"),
+    ],
+)
+def test_the_super_refuses_a_token_file_others_can_read_or_with_spaces(
+    tmp_path: Path, content: str, mode: int, text: str
+) -> None:
+    """Probe: a super accepted a 0644 token file, and a token with a trailing space."""
+    out = super_with_token(tmp_path, content, mode)
+    assert out.returncode == 2, out.stderr
+    assert text in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_cluster_files_are_the_owners_and_health_says_nothing_of_the_layout(
+    cluster: Path,
+) -> None:
+    """Probe: ``cluster up`` wrote cluster.json (the admin token inside) at 0644 in a 0755
+    directory; the super's unauthenticated /health returned the ring, partitions, supers
+    and coordinator."""
+    assert cluster.stat().st_mode & 0o777 == 0o700
+    for f in ("cluster.json", "admin_token"):
+        assert (cluster / f).stat().st_mode & 0o777 == 0o600, f
+    st = state(cluster)
+    (address,) = st["supers"].values()
+    with urllib.request.urlopen(f"http://{address}/health", timeout=5) as r:
+        health = json.loads(r.read())
+    assert health["status"] == "ok" and health["joined"] is True
+    text = json.dumps(health)
+    assert not {"ring", "supers", "coordinator", "standby"} & set(health)
+    assert "storage:" not in text and "super:" not in text
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"http://{address}/status", timeout=5)
+    assert e.value.code == 401
+    with urllib.request.urlopen(f"http://{address}/console", timeout=5) as r:
+        headers = r.headers
+    assert headers["X-Frame-Options"] == "DENY"
+    csp = headers["Content-Security-Policy"]
+    assert "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
+
+
+def test_no_credential_covers_every_name(tmp_path: Path) -> None:
+    """Probe: ``credentials issue --role application --name '*'`` succeeded silently."""
+    ca = tmp_path / "ca.json"
+    init = subprocess.run([sys.executable, "-m", "ecast", "credentials", "init", "--ca", str(ca)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert init.returncode == 0, init.stderr
+    for role in ("application", "router"):
+        out = subprocess.run(
+            [sys.executable, "-m", "ecast", "credentials", "issue", "--ca", str(ca), "--role",
+             role, "--name", "*", "--out", str(tmp_path / "x.cred")],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode != 0 and "covers every name" in out.stderr, out.stderr
+        assert not (tmp_path / "x.cred").exists()

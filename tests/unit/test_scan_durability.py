@@ -67,7 +67,7 @@ def test_recovery_replays_the_log_after_the_snapshot(tmp_path: Path) -> None:
     )
     cursor = other.open_send(EVERYTHING)
     while (chunk := cursor.next_chunk(1 << 16)) is not None:
-        e.receive(chunk)
+        e.receive(chunk, EVERYTHING)
     e.delete(((encode_key(20), encode_key(30)),))
     e.apply([(OPS.drop_table("nothing"), EVERYTHING)])
     expected = content(e)

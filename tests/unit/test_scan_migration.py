@@ -38,12 +38,14 @@ def content(e: ScanEngine, table: str = "t") -> list[tuple]:
     return sorted(zip(*got["data"], strict=True), key=repr)
 
 
-def drain(cursor: Any, into: ScanEngine, max_bytes: int, wire: bool = True) -> int:
+def drain(
+    cursor: Any, into: ScanEngine, max_bytes: int, wire: bool = True, ranges: Any = EVERYTHING
+) -> int:
     chunks = 0
     while (chunk := cursor.next_chunk(max_bytes)) is not None:
         if wire:  # what a chunk becomes after a trip through msgpack
             chunk = msgpack.unpackb(msgpack.packb(chunk, use_bin_type=True), raw=False)
-        into.receive(chunk)
+        into.receive(chunk, ranges)
         chunks += 1
     cursor.close()
     return chunks
@@ -71,7 +73,7 @@ def test_a_cursor_sends_the_rows_as_of_its_opening_whatever_is_written_after() -
     scribble(e, 0)
     first = cursor.next_chunk(2000)  # part of it now, the rest after more writes
     receiver = ScanEngine()
-    receiver.receive(first)
+    receiver.receive(first, EVERYTHING)
     scribble(e, 1)
     e.apply([(OPS.drop_table("t"), EVERYTHING)])
     drain(cursor, receiver, 2000)
@@ -119,7 +121,7 @@ def test_send_receive_delete_round_trips_exactly_the_ranges_rows(
         ranges = ((a, b),) if a < b else ()
         inside = [r for r in everything_before if a <= placement.ekey(r[0]) < b]
     receiver = ScanEngine(placement)
-    chunks = drain(sender.open_send(ranges), receiver, max_bytes)
+    chunks = drain(sender.open_send(ranges), receiver, max_bytes, ranges=ranges)
     assert chunks >= 1  # at least the schema travels
     assert receiver.tables["t"].schema == sender.tables["t"].schema
     assert content(receiver) == inside
@@ -141,7 +143,7 @@ def test_receiving_a_chunk_again_replaces_rather_than_duplicates() -> None:
         chunks.append(c)
     receiver = ScanEngine()
     for c in chunks + chunks[:2]:
-        receiver.receive(c)
+        receiver.receive(c, EVERYTHING)
     assert content(receiver) == content(e)
     assert receiver.stats()["items"] == 50
 
@@ -157,7 +159,7 @@ def test_empty_tables_travel_as_schemas_and_mismatches_stop_the_receiver() -> No
     with pytest.raises(ValueError, match="another schema"):
         drain(e.open_send(EVERYTHING), other, 100)
     with pytest.raises(ValueError, match="not a scan-engine chunk"):
-        other.receive({"v": 99})
+        other.receive({"v": 99}, EVERYTHING)
 
 
 def test_a_cursor_keeps_decoding_strings_after_the_dictionary_is_rebuilt() -> None:
