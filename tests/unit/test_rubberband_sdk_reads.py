@@ -37,6 +37,8 @@ class _Wire:
         self._last_rid: Any = None
 
     def send_direct_nowait(self, target: str, payload: Any) -> None:
+        if _describe(self.m, self.inbox, target, payload):
+            return
         rid = payload[1]
         if rid != self._last_rid:
             self.rounds.append([])
@@ -59,10 +61,29 @@ class _Wire:
         return await self.inbox.get()
 
     def peers(self) -> list[str]:
-        return []
+        return ["super:s"]
 
     async def detach(self) -> None:
         return None
+
+
+def _describe(m: Model, inbox: Any, target: str, payload: Any) -> bool:
+    """A super's answer to a keyspace question (the client learns the keyspace only from
+    a super: a storage process that finds its copy stale only says so)."""
+    if target != "super:s":
+        return False
+    from rubberband.host import CONFIG
+
+    c = m.config
+    inbox.put_nowait(("super:s", (CONFIG, payload[1], c.version, c.keyspace.to_state(), "range")))
+    return True
+
+
+def _holder(m: Model, key: int) -> str:
+    """A storage process that holds ``key``."""
+    place = m.placement.ekey(key)
+    ks = m.config.keyspace
+    return next(p for _, p in ks.ring() if any(lo <= place < hi for lo, hi in ks.partition(p)))
 
 
 def test_a_basic_read_across_a_keyspace_change_returns_every_key() -> None:
@@ -128,6 +149,45 @@ class _BundleWire:
 
     async def detach(self) -> None:
         return None
+
+    def peers(self) -> list[str]:
+        return ["super:s"]
+
+    def send_direct_nowait(self, target: str, payload: Any) -> None:
+        assert _describe(self.m, self.inbox, target, payload)
+
+
+def test_answers_are_taken_only_from_holders_a_newer_keyspace_learned_first() -> None:
+    """An answer from a process that is no storage process is no answer; one from a
+    storage process that the client's keyspace does not name as a holder waits until the
+    client has asked a super for the newest keyspace, and counts if that names it."""
+    from rubberband.storage import RESULT
+
+    m = Model(f=3).ring_of(4)
+
+    async def go() -> tuple[list[Any], int]:
+        wire = _BundleWire(m, silent=True)
+        rb = _client(m, wire, 5.0)
+        m.join_storage("storage:4")
+        m.reconfigure(("expand", "storage:4", 350))  # the client does not know yet
+        m.settle()
+        got: list[Any] = []
+        await rb.read_batch([("get", (360,))], "snapshot", lambda op, g: got.append(g), bundle=1)
+        ((_, header),) = wire.sent
+        rid = header["q"]
+        rb._on_direct("client:x", (RESULT, rid, None, {360: "forged"}, None, 1, True))
+        rb._on_direct("storage:4", (RESULT, rid, None, {360: "real"}, None, 1, True))
+        assert got == []  # set aside: the client's keyspace names other holders
+        for _ in range(100):
+            if got:
+                break
+            await asyncio.sleep(0.01)
+        refused = rb.refused_answers
+        await rb.close()
+        return [rb.core.result(g) for g in got], refused
+
+    got, refused = asyncio.run(go())
+    assert got == [{360: "real"}] and refused == 1
 
 
 def _batch_of_reads(
@@ -304,7 +364,8 @@ def test_a_bundled_read_answered_in_pieces_completes_once_and_whole() -> None:
         r1, r2 = reads[1][1], reads[2][1]
         k = (2, 20)
         first = ((0, (((2, 10), k),), [(10, "a")], None), (1, r1, {12: "x"}, None))
-        rb._on_direct(("resn", header["q"], 7, True, first))
+        src = _holder(m, 10)  # of keys 10 to 50 (segment 0, f = 3)
+        rb._on_direct(src, ("resn", header["q"], 7, True, first))
         assert got == {1: {12: "x"}}  # the scan has half of what it reads
         second = (
             (0, ((k, (2, 30)),), [(20, "b")], None),
@@ -312,10 +373,10 @@ def test_a_bundled_read_answered_in_pieces_completes_once_and_whole() -> None:
             (2, r2, {}, None),
             (3, (((2, 40), (2, 45)),), [], None),
         )
-        rb._on_direct(("resn", header["q"], 7, True, second))
+        rb._on_direct(src, ("resn", header["q"], 7, True, second))
         assert got == {0: [(10, "a"), (20, "b")], 1: {12: "x"}, 2: {}}
         # The rest of read 3 from another frontier: not one consistent cut.
-        rb._on_direct(("resn", header["q"], 8, True, ((3, (((2, 45), (2, 50)),), [], None),)))
+        rb._on_direct(src, ("resn", header["q"], 8, True, ((3, (((2, 45), (2, 50)),), [], None),)))
         left = (dict(rb._bundles), dict(rb._unsafe), dict(rb._reads))
         await rb.close()
         return got, told, left
@@ -398,7 +459,7 @@ def test_a_bundle_refused_whole_is_told_as_one_group(grouped: bool) -> None:
             await rb.read_batch(ops, "snapshot", done_one, bundle=16)
         bundles = [h["q"] for _, h in wire.sent if "n" in h]
         for rid in bundles:
-            rb._on_direct((RESULT, rid, None, None, None, 1, False))
+            rb._on_direct(_holder(m, 0), (RESULT, rid, None, None, None, 1, False))
         try:
             return bundles, (dict(rb._bundles), dict(rb._unsafe))
         finally:
