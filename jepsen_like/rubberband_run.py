@@ -46,6 +46,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,8 @@ class Plan:
     """Planted router bugs (``RubberbandConfig.MUTATIONS``), tests only."""
     engine: str = "memory"
     """The storage processes' engine (``cluster up --engine``)."""
+    final_read_budget: float = 120.0
+    """Seconds the final reads have in all; what is not read by then is reported unread."""
 
 
 def run_rubberband(d: Path, plan: Plan) -> dict[str, Any]:
@@ -333,36 +336,101 @@ async def _go(d: Path, plan: Plan) -> dict[str, Any]:
     finally:
         stop.set()
         nemesis.heal()
-    await asyncio.gather(*workers, return_exceptions=True)
+    # Every operation ends within its own timeouts (the SDK's); a client still busy
+    # after WORKERS_GRACE is cancelled, its operation unknown (never waited for).
+    _, busy = await asyncio.wait(workers, timeout=WORKERS_GRACE)
+    for w in busy:
+        w.cancel()
+    phases = {"workload_s": round(time.monotonic() - t0, 1)}
     # Settle: the ring healthy again, then every key read once more.
-    deadline = time.monotonic() + 40
+    mark = time.monotonic()
+    deadline = mark + 40
     while time.monotonic() < deadline:
         if await loop.run_in_executor(None, nemesis.ring_healthy, False):
             break
         await asyncio.sleep(0.5)
-    rb = await connect("final")
-    if workload == "bank":
-        record("final", "invoke", None, "read", "sequential")
-        got = await rb.get_many(list(ACCOUNT_KEY.values()))
-        record("final", "ok", {a: got.get(ACCOUNT_KEY[a]) for a in ACCOUNTS}, "read",
-               "sequential")  # fmt: skip
-    else:
-        # Final reads (``final-read``): the checker requires every acknowledged append
-        # in them (lost appends), on top of judging them as reads.  One failed read
-        # stays unknown, never a pass.
-        for k in range(next_key[0]):
-            record("final", "invoke", [["r", f"k{k}", None]], "final-read")
-            try:
-                got = await rb.get(kid(k))
-            except Exception as e:
-                record("final", "info", [["r", f"k{k}", None]], "final-read", error=e)
-                continue
-            record("final", "ok", [["r", f"k{k}", list(got or ())]], "final-read")
-    await rb.close()
+    phases["settle_s"] = round(time.monotonic() - mark, 1)
+    mark = time.monotonic()
+    keys = [ACCOUNT_KEY[a] for a in ACCOUNTS] if workload == "bank" else list(range(next_key[0]))
+    unread = await final_reads(connect, record, workload, keys, plan.final_read_budget)
+    phases["final_reads_s"] = round(time.monotonic() - mark, 1)
     await loop.run_in_executor(None, nemesis.sample_held)
     return {"history": history, "faults": nemesis.faults, "reads_held": nemesis.reads_held,
-            "resumed_alive": nemesis.resumed_alive(),
+            "resumed_alive": nemesis.resumed_alive(), "phases": phases, "unread": unread,
             "ring": [r["name"] for r in _status(d).get("ring", [])]}  # fmt: skip
+
+
+WORKERS_GRACE = 90.0
+"""Seconds the clients have, once the workload ends, to finish the operation each has
+in flight (an SDK call ends within its timeouts, 40 s at most by default)."""
+
+
+async def final_reads(
+    connect: Callable[[str], Any],
+    record: Callable[..., None],
+    workload: str,
+    keys: list[int],
+    budget: float,
+) -> int:
+    """Read every key once more after the faults, within ``budget`` seconds in all: the
+    reads go pipelined (``read_batch``, sequential), those refused or timed out are tried
+    again while the budget lasts, and what is still unread at the end is recorded
+    unknown (``info``) with the reason; returns how many.  Under list-append each key is
+    one ``final-read`` (the checker requires every acknowledged append in it); under
+    bank, one read of every account."""
+    deadline = time.monotonic() + budget
+    if workload == "bank":
+        record("final", "invoke", None, "read", "sequential")
+    else:
+        for k in keys:  # a process per read: they are in flight together
+            record(f"final/{k}", "invoke", [["r", f"k{k}", None]], "final-read")
+    got: dict[int, Any] = {}
+    last_error: BaseException | None = None
+    rb = None
+    try:
+        rb = await asyncio.wait_for(connect("final"), max(1.0, deadline - time.monotonic()))
+        ops = [("get", (k if workload == "bank" else kid(k),)) for k in keys]
+        wanted = {op[1][0]: k for op, k in zip(ops, keys, strict=True)}
+        while len(got) < len(keys) and time.monotonic() < deadline:
+            left = [op for op in ops if wanted[op[1][0]] not in got]
+            finished = asyncio.Event()
+            pending = {op[1][0] for op in left}
+
+            def done(op: Any, gather: Any, pending: set[Any] = pending,
+                     finished: asyncio.Event = finished) -> None:  # fmt: skip
+                key = op[1][0]
+                pending.discard(key)
+                if gather is not None and not gather.refused and gather.error is None:
+                    got[wanted[key]] = rb.core.result(gather).get(key)
+                if not pending:
+                    finished.set()
+
+            timeout = max(1.0, min(rb.answer_timeout, deadline - time.monotonic()))
+            await rb.read_batch(left, "sequential", done, timeout=timeout)
+            await asyncio.wait_for(finished.wait(), timeout + 5.0)
+    except (Exception, TimeoutError) as e:  # unread keys say why, below
+        last_error = e
+    finally:
+        if rb is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(rb.close(), 10)
+    why = RuntimeError(
+        f"unread when the final-read budget of {budget:g} s ran out"
+        + (f" (last error: {type(last_error).__name__}: {last_error})" if last_error else "")
+    )
+    if workload == "bank":
+        if len(got) == len(keys):
+            balances = {a: got.get(ACCOUNT_KEY[a]) for a in ACCOUNTS}
+            record("final", "ok", balances, "read", "sequential")
+            return 0
+        record("final", "info", None, "read", "sequential", why)
+        return 1
+    for k in keys:
+        if k in got:
+            record(f"final/{k}", "ok", [["r", f"k{k}", list(got[k] or ())]], "final-read")
+        else:
+            record(f"final/{k}", "info", [["r", f"k{k}", None]], "final-read", error=why)
+    return len(keys) - len(got)
 
 
 class RubberbandNemesis:
@@ -417,6 +485,24 @@ class RubberbandNemesis:
                 return False, None
             leader = h.get("leader") or leader
         return len(live) >= 1, leader
+
+    def _members(self) -> list[str]:
+        """The members of the router view as its leader says now (empty if no leader
+        answers): what a router fault may take one of."""
+        leader = self._router_view()[1]
+        p = self._recorded().get(leader) if leader else None
+        h = self._health(p) if p is not None else None
+        return list(h.get("members", ())) if h and h.get("leader") == leader else []
+
+    def _may_take_a_router(self) -> bool:
+        """Whether the router view can lose one member and keep a majority: at least
+        three members, every one of them running.  A view is checked as it is when the
+        fault starts, not as it was when the loop last saw a healthy ring: a paused
+        router voted out as it resumed left a view of two, and killing one of those two
+        lost the group's quorum for good (the run never ended)."""
+        members = self._members()
+        live = self._routers()
+        return len(members) >= 3 and all(m in live for m in members)
 
     def sample_held(self) -> None:
         """Read every live storage process's count of reads held for a copy."""
@@ -556,8 +642,10 @@ class RubberbandNemesis:
     def _victim(self) -> tuple[str, str, str]:
         """(role, process name as the cluster knows it, name in processes.json)."""
         role = self.rng.choice(ROLES)
+        if role == "router" and not self._may_take_a_router():
+            role = self.rng.choice([r for r in ROLES if r != "router"])
         if role == "router":
-            live = sorted(self._routers())
+            live = sorted(self._members())
             leader = self._router_view()[1]
             r = leader if leader in live and self.rng.random() < 0.5 else self.rng.choice(live)
             return ("leader" if r == leader else "router"), r, r

@@ -73,6 +73,13 @@ def run(argv: list[str] | None = None) -> int:
         "waits for progress before it resends its window through another router.  A short "
         "one makes every stall a resend race, the race a router must deduplicate",
     )
+    ap.add_argument(
+        "--final-read-budget",
+        type=float,
+        default=120.0,
+        help="seconds the Rubberband workloads' final reads have in all (what is not read"
+        " by then is reported unread, a violation)",
+    )
     ap.add_argument("--json", action="store_true", help="the report as the last line")
     a = ap.parse_args(argv)
     # SIGTERM (a CI timeout, a user's kill) unwinds like Ctrl-C: the cluster is taken
@@ -220,7 +227,7 @@ def _rubberband_series(history: list[dict[str, Any]]) -> list[dict[str, float]]:
     pending: dict[str, float] = {}
     ops: list[tuple[float, float | None, bool]] = []
     for r in history:
-        if r["process"] == "final":
+        if _final(r):
             continue
         if r["type"] == "invoke":
             pending[r["process"]] = r["time"]
@@ -253,6 +260,12 @@ def _multicast_series(history: Path, wall0: float | None) -> list[dict[str, floa
     return per_second((i - base, c - base if c else None, ok) for i, c, ok in ops if i >= base)
 
 
+def _final(r: dict[str, Any]) -> bool:
+    """An operation of the final reads (process ``final``, or ``final/KEY``)."""
+    p = r["process"]
+    return p == "final" or p.startswith("final/")
+
+
 def _say(text: str) -> None:
     print(text, flush=True)
 
@@ -273,7 +286,7 @@ def _rubberband(
 
     started = time.monotonic()
     plan = Plan(a.workload, kinds, seed, a.time, a.settle, _say, network, tuple(a.mutation),
-                engine=a.engine)  # fmt: skip
+                engine=a.engine, final_read_budget=a.final_read_budget)  # fmt: skip
     got = run_rubberband(out, plan)
     history = got["history"]
     with open(out / "history.jsonl", "w", encoding="utf-8") as f:
@@ -282,7 +295,9 @@ def _rubberband(
     checker: dict[str, Any] = {"name": a.workload}
     if a.workload == "bank":
         checker |= {"initial": dict.fromkeys(ACCOUNTS, INITIAL_BALANCE), "allow_negative": True}
+    checking = time.monotonic()
     result = check_all([Op.from_json(r) for r in history], checker)
+    phases = {**got["phases"], "checking_s": round(time.monotonic() - checking, 1)}
     violations = [
         f"{kind}: {json.dumps(example, default=str)[:2000]}"
         for kind, examples in result.to_json()["anomalies"].items()
@@ -293,13 +308,14 @@ def _rubberband(
             f"voted-out or expelled processes kept running after they resumed: "
             f"{got['resumed_alive']}"
         )
-    unread = [r for r in history if r["process"] == "final" and r["type"] == "info"]
+    unread = [r for r in history if _final(r) and r["type"] == "info"]
     if unread:
         # After every fault was healed the ring serves every key: a final read that
         # fails leaves that key's acknowledged appends unverified, which is no pass.
+        first = unread[0]["value"][0][1] if unread[0]["value"] else "the accounts"
         violations.append(
             f"availability: {len(unread)} final read(s) failed after every fault was healed"
-            f" (first: {unread[0]['value'][0][1]}: {unread[0].get('error')})"
+            f" (first: {first}: {unread[0].get('error')})"
         )
     held = {k: v for k, v in sorted(got["reads_held"].items()) if v}
     held_checked = not set(kinds) & STORAGE_OUTAGES
@@ -312,7 +328,7 @@ def _rubberband(
     by_kind: dict[str, int] = {}
     for fault in got["faults"]:
         by_kind[fault["kind"]] = by_kind.get(fault["kind"], 0) + 1
-    invokes = [r for r in history if r["type"] == "invoke" and r["process"] != "final"]
+    invokes = [r for r in history if r["type"] == "invoke" and not _final(r)]
     report: dict[str, Any] = {
         "seed": seed,
         "workload": a.workload,
@@ -321,8 +337,9 @@ def _rubberband(
         "nemesis": list(kinds),
         "time_s": a.time,
         "wall_s": round(time.monotonic() - started, 1),
+        "phases": phases,
         "submitted": len(invokes),
-        "acknowledged": sum(1 for r in history if r["type"] == "ok" and r["process"] != "final"),
+        "acknowledged": sum(1 for r in history if r["type"] == "ok" and not _final(r)),
         "failed": sum(1 for r in history if r["type"] == "fail"),
         "indeterminate": sum(1 for r in history if r["type"] == "info"),
         "faults": {"by_kind": by_kind, "faults": got["faults"]},
@@ -339,7 +356,8 @@ def _rubberband(
     _finish(out, report)
     print(
         f"{report['submitted']} operations, {report['acknowledged']} acknowledged, "
-        f"{report['indeterminate']} indeterminate; faults {by_kind or 'none'}; {a.workload}: "
+        f"{report['indeterminate']} indeterminate; faults {by_kind or 'none'}; "
+        f"{', '.join(f'{k[:-2]} {v:g} s' for k, v in phases.items())}; {a.workload}: "
         + ("valid" if report["valid"] else f"{len(violations)} violation(s)"),
         flush=True,
     )

@@ -170,15 +170,30 @@ class StorageStats:
 class StorageCore:
     """One storage process: standby until a keyspace message places it on the ring."""
 
-    MUTATIONS = frozenset({"delete_before_send"})
+    MUTATIONS = frozenset({"delete_before_send", "mute_answers"})
     """Planted bugs (tests only: ``rubberband storage --mutation NAME`` under
     ``ECAST_TEST_MUTATIONS=1``, or the simulator's ``--mutation``)."""
 
     @classmethod
     def plant(cls, name: str) -> None:
         """Switch a planted bug on in this process, for every storage core."""
-        if name != "delete_before_send":
+        if name not in cls.MUTATIONS:
             raise ValueError(f"unknown mutation {name!r}; known: {', '.join(cls.MUTATIONS)}")
+        if name == "mute_answers":
+            # No client ever hears from a storage process: every read and every answered
+            # write waits out its timeout (what must still end a run).
+            for method in ("deliver", "deliver_unsafe", "direct"):
+                orig = getattr(cls, method)
+
+                def muted(core: StorageCore, *args: Any, _orig: Any = orig) -> list[Output]:
+                    return [
+                        o
+                        for o in _orig(core, *args)
+                        if not (o[0] == "direct" and str(o[1]).startswith("client:"))
+                    ]
+
+                setattr(cls, method, muted)
+            return
         # A keyspace message's deletes run before its copies open their cursors: a
         # process that both sends a range and deletes it sends nothing.
         orig = cls._keyspace

@@ -180,6 +180,21 @@ def test_the_planted_reads_to_busy_is_caught(tmp_path: Path) -> None:
     assert [v for v in report["violations"] if v.startswith("availability:")], report
 
 
+def test_a_run_whose_answers_never_come_still_ends_with_a_verdict(tmp_path: Path) -> None:
+    """Storage processes that never answer a client (a planted bug): every read and every
+    answered write waits out its timeout, the final reads their budget, and the run still
+    ends, with a verdict that names the unread keys and the time of every phase."""
+    report = _caught(
+        tmp_path, "--workload", "list-append", "--nemesis", "", "--time", "8", "--seed", "3",
+        "--mutation", "mute_answers", "--final-read-budget", "12",
+    )  # fmt: skip
+    phases = report["phases"]
+    assert set(phases) == {"workload_s", "settle_s", "final_reads_s", "checking_s"}
+    assert 12 <= phases["final_reads_s"] <= 12 + 25, phases  # the budget, and one timeout
+    assert any("final-read budget of 12 s ran out" in v for v in report["violations"]), report
+    assert report["wall_s"] < 150, report["wall_s"]
+
+
 def test_an_unknown_fault_is_refused_at_once(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "jepsen_like", "run", "--nemesis", "kill,meteor", "--dir",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,3 +84,43 @@ def test_partitions_never_cut_an_application_off_for_its_lease() -> None:
         seen[variant] = max(seen.get(variant, 0.0), hold)
     # Every variant drawn, and routers alone are still cut off for up to 4 s.
     assert set(seen) == {"isolated", "split", "app-cut"} and seen["isolated"] > 3.5
+
+
+def _nemesis_with_view(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, live: list[str], members: list[str]
+) -> Any:
+    """A nemesis whose routers are ``live`` (running) and whose leader's view holds
+    ``members`` (the leader is the first), without processes: its probes are stubbed."""
+    import json
+    import random
+
+    from jepsen_like import rubberband_run as rr
+
+    (tmp_path / "cluster.json").write_text(json.dumps({"supers": {"super:s1": "x:1"}}))
+    monkeypatch.setattr(rr, "_status", lambda d: {"ring": [{"name": "storage:1"}]})
+    nem = rr.RubberbandNemesis.__new__(rr.RubberbandNemesis)
+    nem.d = tmp_path
+    nem.rng = random.Random(0)
+    procs = {n: {"health_port": i, "pid": i} for i, n in enumerate(live, 1)}
+    nem._routers = lambda: procs  # type: ignore[method-assign]
+    nem._recorded = lambda: procs  # type: ignore[method-assign]
+    nem._router_view = lambda: (sorted(live) == sorted(members), members[0])  # type: ignore[method-assign]
+    nem._health = lambda p: {"leader": members[0], "members": members}  # type: ignore[method-assign]
+    return nem
+
+
+def test_no_router_fault_takes_a_view_of_two_below_its_majority(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 300-second run that never ended: a paused leader (j14) was voted out as it
+    resumed, leaving the view j15, j17; while j14 still ran, the nemesis counted three
+    routers and killed j17, and the group lost its quorum for good (every final read then
+    waited out its timeout, key after key).  A router is faulted only while the view
+    can lose one member and keep a majority."""
+    nem = _nemesis_with_view(tmp_path, monkeypatch, ["j14", "j15", "j17"], ["j15", "j17"])
+    roles = {nem._victim()[0] for _ in range(300)}
+    assert roles == {"storage", "super"}
+    nem = _nemesis_with_view(tmp_path, monkeypatch, ["j15", "j17", "j18"], ["j15", "j17", "j18"])
+    victims = [nem._victim() for _ in range(300)]
+    assert {r for r, _, _ in victims} == {"storage", "super", "router", "leader"}
+    assert {n for r, n, _ in victims if r in ("router", "leader")} <= {"j15", "j17", "j18"}
