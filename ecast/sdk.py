@@ -595,23 +595,38 @@ class Client:
         return ids
 
     async def submit_unsafe(
-        self, payload: Any, header: dict[str, Any] | None = None
+        self,
+        payload: Any,
+        header: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = -1.0,
     ) -> MsgId | None:
         """Forward without agreement: no ack, accepted by receivers only if it fits.
 
         Unsafe messages bypass the congestion window; this waits instead while the
-        connection to the routers is backed up.  Returns the message's id (None if this
-        client has ended): ``shed_listener`` names it if a router did not forward it to
-        every destination."""
-        ids = await self.submit_unsafe_batch([(payload, header)])
+        connection to the routers is backed up, at most ``timeout`` (default: the
+        client's ``ack_timeout``; then :class:`TimeoutError`, nothing sent).  Returns the
+        message's id (None if this client has ended): ``shed_listener`` names it if a
+        router did not forward it to every destination."""
+        ids = await self.submit_unsafe_batch([(payload, header)], timeout=timeout)
         return ids[0] if ids else None
 
-    async def submit_unsafe_batch(self, items: list[tuple[Any, Any]]) -> list[MsgId]:
+    async def submit_unsafe_batch(
+        self, items: list[tuple[Any, Any]], *, timeout: float | None = -1.0
+    ) -> list[MsgId]:
         """Many unsafe ``(payload, header)`` messages at once (see ``submit_unsafe``);
         their ids, in order."""
         check_batch(items, self.max_message)
         self._open_node()
-        await self.runtime.writable()
+        if timeout is not None and timeout < 0:
+            timeout = self.ack_timeout
+        try:
+            await asyncio.wait_for(self.runtime.writable(), timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"a connection stayed backed up for {timeout:g} s (state: {self.state}); "
+                "nothing was sent"
+            ) from None
         ids: list[MsgId] = self._feed(lambda core, now: core.submit_unsafe_numbered(items, now))
         return ids
 
@@ -751,18 +766,37 @@ class Client:
             payload = Packed(data)
         self._open_node().send_direct(peer, payload)
 
-    async def send_direct(self, peer: NodeId, payload: Any, *, high_water: int = 1024) -> None:
+    async def send_direct(
+        self,
+        peer: NodeId,
+        payload: Any,
+        *,
+        high_water: int = 1024,
+        timeout: float | None = -1.0,
+    ) -> None:
         """Send directly and wait while the peer lags: more than ``high_water`` messages
         not yet acknowledged by its link, or its connection's buffer over its mark."""
         self.send_direct_nowait(peer, payload)
-        await self.send_direct_drained(peer, high_water)
+        await self.send_direct_drained(peer, high_water, timeout=timeout)
 
-    async def send_direct_drained(self, peer: NodeId, high_water: int = 1024) -> None:
+    async def send_direct_drained(
+        self, peer: NodeId, high_water: int = 1024, *, timeout: float | None = -1.0
+    ) -> None:
         """Wait while ``peer`` lags by more than ``high_water`` direct messages (or its
-        connection is congested): the backpressure of many ``send_direct_nowait``."""
+        connection is congested): the backpressure of many ``send_direct_nowait``.  At
+        most ``timeout`` (default: the client's ``ack_timeout``), then
+        :class:`TimeoutError`: a peer that does not read cannot hold its sender for
+        ever."""
         node = self._open_node()
+        if timeout is not None and timeout < 0:
+            timeout = self.ack_timeout
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         await asyncio.sleep(0)  # let the runtime write it: the peer's lag shows only then
         while node.lag(peer) > high_water and self._alive():
+            if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+                raise TimeoutError(
+                    f"{peer} lagged by more than {high_water} direct messages for {timeout:g} s"
+                )
             await asyncio.sleep(0.005)
 
     async def receive_direct(self, *, timeout: float | None = None) -> tuple[NodeId, Any]:
