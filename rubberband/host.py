@@ -21,10 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ecast import Client, NodeId, daemon_kit
-from rubberband.storage import ABORT, CHUNK, PULL, StorageCore
+from rubberband.storage import ABORT, CHUNK, PULL, REFUSE, StorageCore
 from rubberband.super import Proposal, Refused, SuperCore
 
 log = logging.getLogger("rubberband")
+_MIGRATION = (PULL, CHUNK, ABORT, REFUSE)
 
 PING = "ping"
 PONG = "pong"
@@ -212,7 +213,7 @@ class StorageHost(_Host):
         for the whole backlog (seconds on a slow engine).  It may: a source reads a
         snapshot taken at the keyspace message's position, and a receiver holds back
         every write to the ranges it receives until the copy is complete."""
-        return type(payload) is tuple and bool(payload) and payload[0] in (PULL, CHUNK, ABORT)
+        return type(payload) is tuple and bool(payload) and payload[0] in _MIGRATION
 
     def _intercept(self, src: NodeId, payload: Any) -> bool:
         if type(payload) is tuple and len(payload) == 4 and payload[0] == LEFT:
