@@ -20,14 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rubberband.config import RubberbandConfig, keyspace_header
+from ecast import Direct, Effects, NodeId
+from rubberband.config import STORAGE, RubberbandConfig
+from rubberband.errors import Refused
 from rubberband.keys import EKey, decode_key, describe, difference, encode_key
 from rubberband.optimizer import Plan, optimize
 from rubberband.placement import BadReconfiguration, Keyspace
-
-
-class Refused(ValueError):
-    """A reconfiguration request that must not run; the message says why."""
+from rubberband.proto import Describe, Described, H, Leave, Ping, Pong, keyspace_header
+from rubberband.supervision import Reconfigurations, Watch
 
 
 @dataclass(frozen=True)
@@ -40,17 +40,106 @@ class Proposal:
     after: Keyspace
 
     def describe(self) -> list[str]:
-        return [f"op {self.header['op'][0]} at version {self.header['v']}", *self.plan.describe()]
+        h = self.header
+        return [f"op {h[H.OP][0]} at version {h[H.VERSION]}", *self.plan.describe()]
 
 
 class SuperCore:
-    """A super's replica of the configuration."""
+    """A super: its replica of the configuration, the plans it makes, and what it does
+    over time (:mod:`rubberband.supervision`: heartbeats and votes, reconfigurations
+    followed to the end, repairs)."""
 
-    def __init__(self, me: str) -> None:
+    def __init__(
+        self,
+        me: str,
+        *,
+        heartbeat: float = 0.5,
+        suspect_after: float = 3.0,
+        auto_repair: bool = True,
+        repair_after: float = 2.0,
+    ) -> None:
         if not me.startswith("super:"):
             raise ValueError(f"a super process is named super:..., not {me!r}")
         self.me = me
         self.config: RubberbandConfig | None = None
+        self.watch = Watch(self, heartbeat, suspect_after)
+        self.reconfigurations = Reconfigurations(self, auto_repair, repair_after)
+
+    # ------------------------------------------------------------------ inputs
+    def on_deliveries(self, deliveries: Any, now: float) -> Effects:
+        """E-Cast's deliveries: our own join hands us the configuration, every other
+        message moves the replica on (unsafe ones are reads, never for a super)."""
+        fx = Effects()
+        me = self.me
+        for d in deliveries:
+            if d.unsafe:
+                continue
+            m = d.message
+            if m.sender == me and m.kind == "join":
+                self.joined(m.payload)
+            else:
+                self.deliver([(d.t, m)])
+        self.reconfigurations.progress(now, fx)
+        self._wake(now, fx)
+        return fx
+
+    def on_direct(self, src: NodeId, msg: Any, now: float) -> Effects:
+        fx = Effects()
+        t = type(msg)
+        if t is Pong:
+            self.watch.heard_from(src, now, msg.sent_ms, msg.figures)
+        elif t is Ping:
+            fx.send.append((src, Direct(Pong(msg.sent_ms, {}))))
+        elif t is Describe:
+            c = self.config
+            if c is not None:
+                answer = Described(msg.request, c.version, c.keyspace.to_state(), c.partitioning)
+                fx.send.append((src, Direct(answer)))
+        elif t is Leave and src.startswith(STORAGE):
+            self.reconfigurations.leave(src, msg.request, msg.replace_with, now, fx)
+        return fx
+
+    def on_acked(self, token: Any, delivered: bool, now: float) -> Effects:
+        """A submission of ours was acknowledged (``token``: what :class:`Submit` said)."""
+        fx = Effects()
+        if type(token) is tuple and token[:1] == ("reconfigure",):
+            self.reconfigurations.on_acked(token[1], delivered, now, fx)
+        return fx
+
+    def on_tick(self, now: float) -> Effects:
+        fx = Effects()
+        if self.config is not None:
+            self.watch.beat(now, fx)
+            self.reconfigurations.repair(now, fx)
+        self.reconfigurations.progress(now, fx)
+        self._wake(now, fx)
+        return fx
+
+    def reconfigure(
+        self,
+        request: Any,
+        op: str,
+        *args: Any,
+        now: float,
+        force: bool = False,
+        dry_run: bool = False,
+        wait: bool = True,
+        timeout: float = 60.0,
+    ) -> Effects:
+        """Start a reconfiguration (the admin API's): planned, submitted, planned again
+        while stale, followed until every receiver is ready (``wait``); a
+        :class:`~rubberband.supervision.Reconfigured` upcall names ``request`` at the end."""
+        fx = Effects()
+        self.reconfigurations.start(
+            request, op, tuple(args), now=now, force=force, dry_run=dry_run, wait=wait,
+            timeout=timeout, fx=fx,
+        )  # fmt: skip
+        self._wake(now, fx)
+        return fx
+
+    def _wake(self, now: float, fx: Effects) -> None:
+        fx.wake(self.watch.next_beat if self.config is not None else now + self.watch.heartbeat)
+        fx.wake(self.reconfigurations.next_deadline())
 
     def joined(self, state: Any) -> None:
         """Our own join was delivered with the config's state (``joiner_state``)."""

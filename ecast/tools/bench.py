@@ -27,8 +27,9 @@ from array import array
 from pathlib import Path
 from typing import Any, Protocol
 
+from ecast.core import mutations as planted_bugs
 from ecast.runtime import tune_process
-from ecast.tools.local import MUTATIONS_ENV, LocalCluster, Place
+from ecast.tools.local import LocalCluster, Place
 
 SECRET = "bench-0c6f3e9a41d27b58e2a9c4d1f7b03e6a"
 """The development secret of the benchmark's throw-away local cluster (strong enough to pass
@@ -281,7 +282,6 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
             secret=SECRET.encode(),
             params=EndpointParams(
                 max_window=args.max_window,
-                mutations=frozenset(args.mutation),
                 **(
                     {}
                     if args.progress_timeout is None
@@ -520,8 +520,11 @@ def worker_main(argv: list[str]) -> int:
         help="seconds without progress before the client resends its window elsewhere",
     )
     args = ap.parse_args(argv)
-    if args.mutation and os.environ.get(MUTATIONS_ENV) != "1":
-        ap.error(f"--mutation plants bugs for tests; set {MUTATIONS_ENV}=1 to allow it")
+    try:
+        planted_bugs.check(args.mutation)
+        planted_bugs.plant(args.mutation)
+    except (ValueError, PermissionError) as e:
+        ap.error(f"--mutation: {e}")
     tune_process()
     if args.sched == "batch" and hasattr(os, "sched_setscheduler"):
         # Load generators and sinks do throughput work: they should not preempt the

@@ -37,9 +37,11 @@ from aiohttp import web
 
 import ecast
 from ecast import daemon_kit as kit
+from ecast.core import mutations
+from rubberband.errors import Refused
 from rubberband.host import StorageHost, SuperHost
 from rubberband.storage import StorageCore
-from rubberband.super import Refused, SuperCore
+from rubberband.super import SuperCore
 
 ENGINES = {
     "memory": "storage_adapters.memory:MemoryEngine",
@@ -352,17 +354,17 @@ def read_admin_token(path: str) -> str:
 
 
 def plant_mutations(names: list[str]) -> None:
-    """Planted bugs for the fault-injection suite, refused outside tests."""
-    for m in names:
-        if os.environ.get(ecast.local.MUTATIONS_ENV) != "1":
-            raise UsageError(
-                f"--mutation plants bugs for tests; set {ecast.local.MUTATIONS_ENV}=1 to allow it"
-            )
-        if m not in StorageCore.MUTATIONS:
-            raise UsageError(
-                f"--mutation {m}: unknown (known: {', '.join(sorted(StorageCore.MUTATIONS))})"
-            )
-        StorageCore.plant(m)
+    """Planted bugs for the fault-injection suite, refused outside tests: the storage
+    core's (and its client-facing answers')."""
+    if not names:
+        return
+    if not mutations.allowed():
+        raise UsageError(f"--mutation plants bugs for tests; set {mutations.ENV}=1 to allow it")
+    known = mutations.known("storage")
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise UsageError(f"--mutation {', '.join(unknown)}: unknown (known: {', '.join(known)})")
+    mutations.plant(names)
 
 
 async def run_storage(args: argparse.Namespace) -> int:
@@ -446,14 +448,16 @@ async def run_super(args: argparse.Namespace) -> int:
     token = check_super_settings(args)
     kit.check_port_free(args.admin, "--admin")
     client = await _connect(args)
-    core = SuperCore(args.name)
-    host = SuperHost(
-        client,
-        core,
+    core = SuperCore(
+        args.name,
         heartbeat=args.heartbeat,
         suspect_after=args.suspect_after,
         auto_repair=args.auto_repair,
         repair_after=args.repair_after,
+    )
+    host = SuperHost(
+        client,
+        core,
     )
     log.info("event=joined name=%s", args.name)
 

@@ -12,10 +12,9 @@ from ecast.core.ufabcast.messages import (
     View,
     ViewChanged,
 )
-from ecast.core.ufabcast.params import MUTATIONS, UfabParams
+from ecast.core.ufabcast.params import UfabParams
 
 __all__ = [
-    "MUTATIONS",
     "NOOP",
     "AppCmd",
     "Executed",

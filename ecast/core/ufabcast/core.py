@@ -45,6 +45,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+from ecast.core import mutations
 from ecast.core.effects import Effects, NodeId
 from ecast.core.ufabcast.catchup import CatchUp
 from ecast.core.ufabcast.detector import FailureDetector
@@ -77,7 +78,14 @@ from ecast.core.ufabcast.messages import (
     View,
     ViewChanged,
 )
-from ecast.core.ufabcast.params import UfabParams
+from ecast.core.ufabcast.params import (
+    EXECUTE_PARTED,
+    KEEP_VOID_INSTANCES,
+    NO_FIFO_DEDUP,
+    RENUMBER_REPROPOSALS,
+    SKIP_PHASE1,
+    UfabParams,
+)
 from ecast.core.ufabcast.paxos import LOWEST, Acceptor, Tenure
 from ecast.core.ufabcast.proposer import ClumpQueue, Proposer
 from ecast.core.ufabcast.retirement import Retirement
@@ -109,7 +117,6 @@ class Ufabcast:
             raise ValueError("give exactly one of members (founder) or seeds (joiner)")
         self.me = me
         self.p = params or UfabParams()
-        self._mut = self.p.mutations
         self._rng = random.Random(zlib.crc32(me.encode()) ^ self.p.seed)
         self.stopped = False
         """No longer a participant: executes, proposes and accepts nothing."""
@@ -477,7 +484,7 @@ class Ufabcast:
             del self.acc[old]
         for old in [v for v in self.decided if v < view.number]:
             self.stats["void_discarded"] += len(self.decided[old])
-            if "keep_void_instances" in self._mut:
+            if mutations.on(KEEP_VOID_INSTANCES):
                 carried = self.decided.setdefault(view.number, {})
                 for i, val in self.decided[old].items():
                     if i >= view.start:
@@ -650,7 +657,7 @@ class Ufabcast:
         members = list(view.members)
         joined: list[NodeId] = []
         parted: list[NodeId] = []
-        execute_parted = "execute_parted" in self._mut
+        execute_parted = mutations.on(EXECUTE_PARTED)
         for cmd in value:
             proposer = cmd.proposer
             if proposer not in members and not (execute_parted and proposer in self.retired):
@@ -678,7 +685,7 @@ class Ufabcast:
     def _fifo(self, cmd: AppCmd, inst: int) -> None:
         if cmd.seq < self.fifo.released_below(cmd.proposer):
             self.stats["duplicates_dropped"] += 1
-        for c in self.fifo.admit(cmd, "no_fifo_dedup" in self._mut) or ():
+        for c in self.fifo.admit(cmd, mutations.on(NO_FIFO_DEDUP)) or ():
             self._release(c, inst)
 
     def _release(self, cmd: AppCmd, inst: int) -> None:
@@ -712,7 +719,7 @@ class Ufabcast:
         self.stats["resends"] += 1
         me = self.me
         self._fwd_out = [c for c in self._fwd_out if c.proposer != me]
-        if "renumber_reproposals" in self._mut:
+        if mutations.on(RENUMBER_REPROPOSALS):
             self.proposer.renumber()
         self._fwd_out.extend(self.proposer.outstanding())
 
@@ -723,7 +730,7 @@ class Ufabcast:
         self._resend_due = True
 
     def _enqueue(self, cmd: Command) -> None:
-        if cmd.proposer in self.retired and "execute_parted" not in self._mut:
+        if cmd.proposer in self.retired and not mutations.on(EXECUTE_PARTED):
             return  # it would be ignored when executed; do not spend an instance on it
         if type(cmd) is AppCmd:
             if cmd.seq < self.fifo.released_below(cmd.proposer):
@@ -834,7 +841,7 @@ class Ufabcast:
         acc.promised = ballot
         start = self.next_exec
         self.stats["phase1"] += 1
-        if "skip_phase1" in self._mut:
+        if mutations.on(SKIP_PHASE1):
             self.lead = Tenure(view.number, ballot, start, preparing=False)
             return
         lead = Tenure(view.number, ballot, start, preparing=True)

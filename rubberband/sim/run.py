@@ -1,0 +1,725 @@
+"""A Rubberband cluster in E-Cast's deterministic simulator, under faults, checked.
+
+Every process runs a shipped core under the simulator's driver
+(:class:`~rubberband.sim.process.RbNode`): routers E-Cast's router with Rubberband's
+config, storage processes the storage core over an engine, the super the super core
+(heartbeats, votes, repairs and reconfigurations as in a daemon), clients the client
+core under a list-append workload at all three isolation levels.  Frames go through the
+real wire codec by default.  The network is E-Cast's simulated one (delays, loss,
+reordering across connections, partitions, crashes), seeded, so a run replays exactly.
+
+The nemesis crashes routers and storage processes (the super votes a silent one out; the
+run replaces it from standby as an operator would, or the super repairs it on its own
+with ``auto_repair``), partitions the routers, kills the leader, and reconfigures:
+expand, contract, replace, rebalance, sometimes two at once so that one is planned from
+a stale version.  After the fault phase everything heals, the run waits for quiescence,
+reads every key once more, and checks:
+
+* the list-append checker (Elle-style cycles, lost appends) over every client operation,
+  sequential reads held to sequential consistency, snapshot reads to consistent cuts,
+  basic reads key by key;
+* every live, complete holder of a range holds the same data;
+* the super's replica equals the routers' configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ecast import (
+    Acked,
+    Delivery,
+    EcastGroupRun,
+    EndpointParams,
+    GroupRunConfig,
+    NodeId,
+    RouterParams,
+)
+from ecast.core import mutations
+from jepsen_like.checkers.history import Op as HistoryOp
+from jepsen_like.checkers.list_append import check
+from rubberband.client import ClientCore
+from rubberband.config import RubberbandConfig
+from rubberband.keys import NOTHING, describe, difference, encode_key
+from rubberband.optimizer import Copy, instructions_from_wire
+from rubberband.outputs import Submit
+from rubberband.proto import KEYSPACE, Answer, BasicRead, H
+from rubberband.sdk import load_ops
+from rubberband.sim.process import RbNode
+from rubberband.sim.workload import KEYS, Client, Op, key_of
+from rubberband.storage import StorageCore
+from rubberband.super import SuperCore
+from rubberband.supervision import Reconfigured
+
+SUPER = "super:s1"
+RB_FAULTS = ("crash", "partition", "leader", "expand", "contract", "replace", "rebalance")
+SITUATIONS = (
+    "expand_under_load",
+    "source_crash_mid_migration",
+    "stale_keyspace_message",
+    "leader_takeover",
+    "snapshot_rejected_then_accepted",
+    "automatic_repair",
+)
+
+
+@dataclass
+class RbRunConfig(GroupRunConfig):
+    storage: int = 6
+    replication: int = 3
+    clients: int | None = None
+    """Closed-loop clients (None: one per 200 operations, at least 4)."""
+    ops: int = 600
+    think: float | None = None
+    """Pause between a client's operations (None: spread ``ops`` over the fault phase)."""
+    heartbeat: float = 0.1
+    suspect_after: float = 0.6
+    answer_timeout: float = 1.0
+    retry_after: float = 0.2
+    """How long a client's read waits for a responder before it tries another."""
+    scenario: str | None = None
+    """``expand``: no faults; the keyspace grows from ``storage - 2`` to ``storage``
+    processes under load at 3 s, and sequential reads started while it does must meet
+    ``availability`` (the share completing within 50 ms of virtual time)."""
+    availability: float = 0.99
+    bulk: int = 240
+    """Bulky puts the clients make first, together (data for migrations to move)."""
+    chunk_bytes: int = 400
+    auto_repair: bool = False
+    """The super repairs broken holders on its own (``SuperCore.repairs``, never forced),
+    as ``rubberband super --auto-repair`` does; the nemesis only provisions standby
+    processes and never repairs (without it, the nemesis replaces them as an operator)."""
+    repair_after: float = 0.3
+    """With ``auto_repair``: how long a holder stays broken before the super acts."""
+    engine: str = "storage_adapters.memory:MemoryEngine"
+    """The storage engine, by path (any engine answering the key-value operations:
+    ``storage_adapters.scan.kv:ScanKVEngine`` runs the same schedules on the scan engine)."""
+    bundle: bool = False
+    """Sequential and snapshot reads travel as bundles (``read_batch``'s messages): each
+    with a second read of a random key in the same message.  Appends travel as write
+    bundles (``write_batch``'s messages) with a put to the next key."""
+    codec: bool = True
+    """Every frame through the real wire codec (``False``: faster, lists stay lists)."""
+    mutation: str | None = None
+    router: RouterParams = field(default_factory=RouterParams)
+    endpoint: EndpointParams = field(default_factory=EndpointParams)
+    faults: tuple[str, ...] = RB_FAULTS
+
+
+@dataclass(kw_only=True)
+class RbRunResult:
+    seed: int
+    ops: int
+    acked: int
+    failed: int
+    indeterminate: int
+    reconfigurations: int
+    faults: list[tuple[float, str]]
+    violations: list[str]
+    situations: dict[str, int]
+    availability: dict[str, Any]
+    virtual_s: float
+    wall_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "ops": self.ops,
+            "acked": self.acked,
+            "failed": self.failed,
+            "indeterminate": self.indeterminate,
+            "reconfigurations": self.reconfigurations,
+            "faults": len(self.faults),
+            "violations": self.violations,
+            "situations": self.situations,
+            "availability": self.availability,
+            "virtual_s": round(self.virtual_s, 3),
+            "wall_s": round(self.wall_s, 2),
+        }
+
+
+class RubberbandRun(EcastGroupRun):
+    leader_crash_situation = "leader_takeover"
+
+    def __init__(self, cfg: RbRunConfig) -> None:
+        cfg.net = replace(cfg.net, codec=cfg.codec)
+        super().__init__(cfg, SITUATIONS)
+        self.cfg = cfg
+        self.initial = RubberbandConfig.initial(replication=cfg.replication)
+        self.procs: dict[NodeId, RbNode] = {}
+        self.workloads: dict[NodeId, Client] = {}
+        self.history: list[dict[str, Any]] = []
+        self.read_latencies: list[tuple[float, float]] = []
+        self.reconfig_windows: list[tuple[float, float]] = []
+        self._open_windows: dict[int, float] = {}
+        self.keyspace_sent: set[Any] = set()
+        """Keyspace messages submitted and not acknowledged yet."""
+        self.stopped: dict[NodeId, str] = {}
+        self.anomalies: list[str] = []
+        self._next_quiet_check = 0.0
+        self.planned: list[tuple[int, list[tuple[NodeId, NodeId]]]] = []
+        """Copies of submitted plans not yet finished: what a crash would break."""
+        self.terminated: dict[NodeId, str] = {}
+        self.final_phase = False
+        self._final_keys: list[int] = []
+        self._issued = 0
+        self._storage_n = 0
+        self._requests: dict[int, Any] = {}
+        """Reconfiguration requests of the run in flight -> what to do if one fails."""
+        self._next_request = 0
+        self.reconfigurations = 0
+        for extra in ("join_during_view_change", "isolated_leader", "mutual_parts"):
+            self.situations.setdefault(extra, 0)  # the router nemesis counts these too
+        self.clients = cfg.clients or max(4, cfg.ops // 200)
+        self.think = cfg.think or max(0.001, 0.8 * cfg.fault_time * self.clients / max(1, cfg.ops))
+
+    # ------------------------------------------------------------------ processes
+    def _make_router(
+        self, rid: NodeId, founders: list[NodeId] | None, seeds: list[NodeId] | None
+    ) -> Any:
+        params = replace(self.cfg.router, ufab=self.ufab_params())
+        return self.add_router(rid, founders, seeds, self.initial, params)
+
+    def add_process(self, pid: NodeId, join: bool = True) -> RbNode:
+        cfg = self.cfg
+        routers = self.live() or list(self.routers)
+        role = pid.split(":")[0]
+        core: Any
+        if role == "storage":
+            core = StorageCore(pid, load_ops(cfg.engine), chunk_bytes=cfg.chunk_bytes)
+        elif role == "super":
+            core = SuperCore(
+                pid,
+                heartbeat=cfg.heartbeat,
+                suspect_after=cfg.suspect_after,
+                auto_repair=cfg.auto_repair,
+                repair_after=cfg.repair_after,
+            )
+        else:
+            core = ClientCore(
+                load_ops(None),
+                answer_timeout=cfg.answer_timeout,
+                retry_after=cfg.retry_after,
+                write_timeout=2 * cfg.answer_timeout,
+            )
+            core.supers = [SUPER]
+        node = self.procs[pid] = RbNode(self, pid, routers, core)
+        if role == "client":
+            self.workloads[pid] = Client(self, node)
+        elif role == "super":
+            node.on_upcall = self._super_upcall
+        self.sim.add(pid, node)
+        self.sim.call(pid, lambda h, now: h.start(now, join))
+        return node
+
+    def add_storage(self) -> NodeId:
+        self._storage_n += 1
+        pid = f"storage:{self._storage_n}"
+        self.add_process(pid)
+        return pid
+
+    def _replenish(self) -> None:
+        super()._replenish()
+        live = self.live()
+        for proc in self.procs.values():
+            if live and not set(proc.ep.succession) & set(live):
+                proc.ep.add_routers(live)
+
+    # ------------------------------------------------------------------ hooks
+    def note(self, what: str) -> None:
+        self._note(what)
+
+    def may_issue(self) -> bool:
+        if self._issued >= self.cfg.ops or self.sim.now >= self.cfg.fault_time:
+            return False
+        self._issued += 1
+        return True
+
+    def record(self, pid: NodeId, outcome: str, op: Op) -> None:
+        if op.kind == "put":
+            return  # bulk data, outside the list-append history
+        if op.kind == "append":
+            value: Any = [["append", op.key, op.value]]
+        elif op.kind == "scan":
+            keys = [key_of(i) for i in range(KEYS) if op.key <= key_of(i) < op.hi]
+            got = op.value if outcome == "ok" and isinstance(op.value, dict) else None
+            value = [["r", k, got.get(k, []) if got is not None else None] for k in keys]
+        else:
+            value = [["r", op.key, op.value if outcome == "ok" else None]]
+        rec: dict[str, Any] = {
+            "process": pid,
+            "type": outcome,
+            "f": "final-read" if op.final else "txn",
+            "value": value,
+            "index": len(self.history),
+            "time": round(self.sim.now, 6),
+        }
+        if op.kind in ("read", "scan"):
+            rec["level"] = op.level
+        self.history.append(rec)
+
+    def next_final_key(self) -> int | None:
+        return self._final_keys.pop() if self._final_keys else None
+
+    def on_submit(self, node: RbNode, s: Submit | None, sid: Any) -> None:
+        h = s.header if s is not None else None
+        if type(h) is dict and h.get("kind") == KEYSPACE:
+            self.keyspace_sent.add(sid)
+            edges = [
+                (i.src, i.dst)
+                for i in instructions_from_wire(h.get(H.INSTRUCTIONS, ()))
+                if isinstance(i, Copy)
+            ]
+            self.planned.append((h[H.VERSION] + 1, edges))
+
+    def on_ack(self, node: RbNode, up: Acked, token: Any) -> None:
+        if up.id in self.keyspace_sent:
+            self.keyspace_sent.discard(up.id)
+            if not up.delivered:
+                self.situations["stale_keyspace_message"] += 1
+                self._note("a keyspace message was stale: the super plans again")
+
+    def observe_direct(self, node: RbNode, src: NodeId, payload: Any, fx: Any) -> None:
+        """Basic reads are configuration-consistent: an answer covers only ranges this
+        process holds in full at the moment it answers."""
+        s = node.storage
+        if s is None or type(payload) is not BasicRead:
+            return
+        whole = NOTHING if s.incomplete else difference(s.owned, s.receiving)
+        for _, d in fx.send:
+            a = d.payload
+            if type(a) is Answer and a.error is None and a.ok and a.covered:
+                extra = difference(a.covered, whole)
+                if extra:
+                    self.anomalies.append(
+                        f"{node.pid} answered a basic read for ranges it does not hold: "
+                        f"{describe(extra)}"
+                    )
+
+    def on_super_deliveries(self, node: RbNode, deliveries: list[Delivery]) -> None:
+        """Reconfiguration windows: from a keyspace message's delivery until every
+        involved storage process said ready."""
+        c = self._config()
+        now = self.sim.now
+        if c is None:
+            return
+        for d in deliveries:
+            h = d.message.header
+            if type(h) is dict and h.get("kind") == KEYSPACE and h.get(H.VERSION) == c.version - 1:
+                self.reconfigurations += 1
+                self._open_windows[c.version] = now
+        for v in [v for v in self._open_windows if v not in c.pending]:
+            self.reconfig_windows.append((self._open_windows.pop(v), now))
+
+    def _super_upcall(self, node: RbNode, item: Any, now: float) -> None:
+        if type(item) is not Reconfigured:
+            return
+        request = item.request
+        if type(request) is tuple and request[:1] == ("repair",):
+            if item.error is None:
+                self.situations["automatic_repair"] += 1
+                self._note(f"super repaired on its own: {item.result}")
+            return
+        again = self._requests.pop(request, None)
+        if item.error is not None:
+            self._note(f"reconfiguration refused: {item.error}")
+            if again is not None:
+                self.sim.at(self.sim.now + 0.05, again)
+
+    def _super(self) -> RbNode | None:
+        p = self.procs.get(SUPER)
+        return p if p is not None and self.sim.nodes[SUPER].alive else None
+
+    def _config(self) -> RubberbandConfig | None:
+        s = self._super()
+        return s.super.config if s is not None and s.super is not None else None
+
+    def _admin(self, op: tuple[Any, ...], again: Any = None, force: bool = False) -> None:
+        if self._super() is None:
+            return
+        self._next_request += 1
+        rid = self._next_request
+        if again is not None:
+            self._requests[rid] = again
+
+        def go(core: Any, now: float) -> Any:
+            return core.reconfigure(rid, *op, now=now, force=force, wait=False, timeout=5.0)
+
+        self.sim.call(SUPER, lambda h, now: h.call(go, now))
+        if (
+            "crash" in self.cfg.faults
+            and self.sim.now < self.cfg.fault_time
+            and self.rng.random() < 0.3
+        ):
+            self.sim.at(self.sim.now + self.rng.uniform(0.01, 0.08), self._crash_storage)
+
+    # ------------------------------------------------------------------ nemesis
+    def _ring_healthy(self, c: RubberbandConfig) -> bool:
+        """Every holder alive, a member and complete: the nemesis reconfigures and
+        crashes only then.  Reconfiguring around a holder that died unnoticed, or that is
+        incomplete, hands its ranges on with fewer complete copies than f; compounding
+        that is the correlated failure of f holders that no replication survives."""
+        return all(
+            self.sim.nodes[p].alive and p in c.storage() and p not in c.incomplete
+            for p in c.keyspace.processes
+        )
+
+    def _busy_clients(self) -> bool:
+        return any(w.busy for w in self.workloads.values())
+
+    def _fault_expand(self) -> None:
+        c = self._config()
+        if c is None or self.sim.now >= self.cfg.fault_time or not self._ring_healthy(c):
+            return
+        standby = sorted(p for p in c.standby() if self.sim.nodes[p].alive)
+        if not standby:
+            self.add_storage()
+            self.sim.at(self.sim.now + 0.1, self._fault_expand)
+            return
+        at = self.rng.randrange(0, 10_000)
+        if self._busy_clients():
+            self.situations["expand_under_load"] += 1
+        self._note(f"expand {standby[0]} at {at}")
+        self._admin(("expand", standby[0], at))
+        if self.rng.random() < 0.4 and len(standby) > 1:
+            # A second one at once: planned from the same version, so one is stale.
+            at2 = self.rng.randrange(0, 10_000)
+            self._note(f"expand {standby[1]} at {at2} right behind")
+            self._admin(("expand", standby[1], at2))
+
+    def _fault_contract(self) -> None:
+        c = self._config()
+        if c is None or len(c.keyspace) <= c.f + 1 or not self._ring_healthy(c):
+            return
+        victim = c.keyspace.processes[self.rng.randrange(len(c.keyspace))]
+        self._note(f"contract {victim}")
+        self._admin(("contract", victim))
+
+    def _fault_replace(self) -> None:
+        c = self._config()
+        if c is None or not len(c.keyspace) or self.sim.now >= self.cfg.fault_time:
+            return
+        if not self._ring_healthy(c):
+            return
+        standby = sorted(p for p in c.standby() if self.sim.nodes[p].alive)
+        if not standby:
+            self.add_storage()
+            self.sim.at(self.sim.now + 0.1, self._fault_replace)
+            return
+        victim = c.keyspace.processes[self.rng.randrange(len(c.keyspace))]
+        self._note(f"replace {victim} with {standby[0]}")
+        self._admin(("replace", victim, standby[0]))
+
+    def _fault_rebalance(self) -> None:
+        c = self._config()
+        if c is None or len(c.keyspace) < 2 or not self._ring_healthy(c):
+            return
+        i = self.rng.randrange(len(c.keyspace))
+        ids = c.keyspace.ids
+        lo = ids[i - 1][1] if i > 0 and len(ids[i - 1]) == 2 else -1000
+        hi = ids[i + 1][1] if i + 1 < len(ids) and len(ids[i + 1]) == 2 else 20_000
+        if type(lo) is not int or type(hi) is not int or hi - lo < 3:
+            return
+        at = self.rng.randrange(lo + 1, hi)
+        self._note(f"rebalance {c.keyspace.processes[i]} to {at}")
+        self._admin(("rebalance", c.keyspace.processes[i], at))
+
+    def _fault_crash(self) -> None:
+        if self.rng.random() < 0.5:
+            super()._fault_crash()
+        else:
+            self._crash_storage()
+
+    def _crash_storage(self) -> None:
+        """Crash a storage process, a source of a migration if there is one; never the
+        last holders of a range."""
+        c = self._config()
+        if c is None or self.sim.now < 1.5:
+            return  # not while the initial keyspace is being built
+        alive = [p for p in c.keyspace.processes if p in c.storage() and self.sim.nodes[p].alive]
+        if len(alive) <= c.f:
+            return
+        if any(
+            not self.sim.nodes[p].alive or p not in c.storage() or p in c.incomplete
+            for p in c.keyspace.processes
+        ):
+            return  # one failure at a time: the last one is not repaired yet
+        # A holder that is dead, suspected, incomplete or still receiving does not hold
+        # all its data, and a crash also breaks whoever receives from the victim (and
+        # from them, in turn: the flood of 4.4.2).  f such holders of one range and the
+        # range is gone, the one loss Rubberband does not promise to survive: never.
+        weak = {p for p in c.keyspace.processes if self._storage(p).incoming}
+        weak |= {p for p in c.keyspace.processes if self._storage(p).incomplete}
+        ks = c.keyspace
+        self.planned = [(v, e) for v, e in self.planned if v > c.version or v in c.pending]
+
+        def safe(victim: NodeId) -> bool:
+            hit = set(weak)
+            todo = [victim]
+            while todo:
+                p = todo.pop()
+                if p in hit and p != victim:
+                    continue
+                hit.add(p)
+                core = self._storage(p)
+                todo += [o.dst for o in core.outgoing.values()]
+                todo += [q.action[2] for q in core.queue if q.action and q.action[0] == "send"]
+                todo += [dst for _, edges in self.planned for src, dst in edges if src == p]
+            return all(
+                sum(1 for h in ks.holders_of_segment(i) if h in hit) < c.f for i in range(len(ks))
+            )
+
+        alive = [p for p in alive if safe(p)]
+        if not alive:
+            return
+        sending = [p for p in alive if self._storage(p).outgoing]
+        pool = sending if sending and self.rng.random() < 0.7 else alive
+        victim = pool[self.rng.randrange(len(pool))]
+        if self._storage(victim).outgoing:
+            self.situations["source_crash_mid_migration"] += 1
+        self.sim.crash(victim)
+        self._note(f"crash storage {victim}")
+        if self.cfg.auto_repair:
+            # The super repairs; an operator only keeps a standby process ready for it.
+            if not any(self.sim.nodes[p].alive for p in c.standby()):
+                self.add_storage()
+            return
+        self.sim.at(self.sim.now + self.cfg.suspect_after + 0.5, lambda: self._repair(victim))
+
+    def _storage(self, pid: NodeId) -> StorageCore:
+        core = self.procs[pid].storage
+        assert core is not None
+        return core
+
+    def _repair(self, victim: NodeId) -> None:
+        """As an operator: replace a suspected or incomplete process from standby."""
+        c = self._config()
+        if c is None or victim not in c.keyspace:
+            return
+        if victim in c.storage() and victim not in c.incomplete:
+            self.sim.at(self.sim.now + 0.3, lambda: self._repair(victim))
+            return
+        standby = sorted(p for p in c.standby() if self.sim.nodes[p].alive)
+        if not standby:
+            self.add_storage()
+            self.sim.at(self.sim.now + 0.2, lambda: self._repair(victim))
+            return
+        self._note(f"replace suspected {victim} with {standby[0]}")
+        # A repair goes on even if data is lost (the operator's choice; the checkers then
+        # say what was lost).
+        self._admin(("replace", victim, standby[0]), lambda: self._repair(victim), force=True)
+
+    def _repair_incomplete(self) -> None:
+        """Replace every holder that is suspected, dead or incomplete (after the faults,
+        as an operator would; with ``auto_repair`` the super must have done it)."""
+        c = self._config()
+        if c is None or self.cfg.auto_repair:
+            return
+        for p in c.keyspace.processes:
+            if p not in c.storage() or p in c.incomplete or not self.sim.nodes[p].alive:
+                self._repair(p)
+
+    # ------------------------------------------------------------------ run
+    def _quiet_now_and_then(self) -> bool:
+        """``quiet`` at most every 10 ms of virtual time: the simulator asks after every
+        event, and the check walks every process."""
+        now = self.sim.now
+        if now < self._next_quiet_check:
+            return False
+        self._next_quiet_check = now + 0.01
+        return self.quiet()
+
+    def quiet(self) -> bool:
+        correct = self.correct_routers()
+        if not correct or not self.group_quiescent(correct):
+            return False
+        if any(self.routers[r].unstable() for r in correct):
+            return False
+        for pid, proc in self.procs.items():
+            if not self.sim.nodes[pid].alive or proc.ep.terminated is not None:
+                continue
+            ep = proc.ep
+            if ep.window or ep.queued or ep.control:
+                return False
+            s = proc.storage
+            busy = s is not None and (s.incoming or s.outgoing or s.queue)
+            if busy and not s.stopped and not s.incomplete:  # type: ignore[union-attr]
+                return False
+        if self._busy_clients():
+            return False
+        c = self._config()
+        sup = self._super()
+        if c is None or c.pending or self.keyspace_sent:
+            return False
+        if sup is not None and sup.super is not None and sup.super.reconfigurations.requests:
+            return False
+        # Every holder is a live, complete member: nothing is left for an operator (the
+        # run's repairs) to replace.
+        return all(
+            p in c.storage() and p not in c.incomplete and self.sim.nodes[p].alive
+            for p in c.keyspace.processes
+        )
+
+    def run(self) -> RbRunResult:
+        with mutations.planted({self.cfg.mutation} if self.cfg.mutation else ()):
+            return self._run()
+
+    def _run(self) -> RbRunResult:
+        cfg = self.cfg
+        started = time.perf_counter()
+        self.founders = self.start_founders()
+        self.add_process(SUPER)
+        for _ in range(cfg.storage):
+            self.add_storage()
+        for i in range(cfg.replication):
+            self.sim.at(
+                0.2 + 0.05 * i,
+                lambda i=i: self._admin(("expand", f"storage:{i + 1}", i * 2500)),
+            )
+        placed = cfg.storage - 2 if cfg.scenario == "expand" else cfg.storage
+        for i in range(cfg.replication, placed):
+            self.sim.at(
+                0.5 + 0.1 * i,
+                lambda i=i: self._admin(("expand", f"storage:{i + 1}", i * 1000 + 500)),
+            )
+        for i in range(self.clients):
+            self.add_process(f"client:c{i + 1}", join=False)
+        if cfg.scenario == "expand":
+            for n, i in enumerate(range(placed, cfg.storage)):
+                self.sim.at(
+                    3.0 + 0.3 * n,
+                    lambda i=i: self._admin(("expand", f"storage:{i + 1}", i * 1000 + 250)),
+                )
+        self.schedule_background()
+        self.sim.run(cfg.fault_time)
+        self.heal_everything()
+        self._repair_incomplete()
+        self.sim.run(cfg.fault_time + cfg.settle_time / 2, stop=self._quiet_now_and_then)
+        self._repair_incomplete()
+        self.sim.run(cfg.fault_time + cfg.settle_time, stop=self._quiet_now_and_then)
+        settled = self.quiet()
+        self.final_phase = True
+        self._final_keys = [key_of(i) for i in range(KEYS)]
+        self.sim.run(
+            self.sim.now + 5.0, stop=lambda: not self._final_keys and not self._busy_clients()
+        )
+        return self._verdict(settled, time.perf_counter() - started)
+
+    def _verdict(self, settled: bool, wall: float) -> RbRunResult:
+        violations: list[str] = []
+        if not settled:
+            violations.append("liveness: the cluster did not become quiet after healing")
+        for pid, why in sorted(self.stopped.items()):
+            violations.append(f"stopped: {pid}: {why}")
+        violations += self.anomalies[:5]
+        avail = self._availability()
+        if self.cfg.scenario == "expand":
+            share = avail["share"]
+            if not avail["reads_during_reconfiguration"]:
+                violations.append("availability: no sequential read ran during the expand")
+            elif share < self.cfg.availability:
+                violations.append(
+                    f"availability: {share:.1%} of {avail['reads_during_reconfiguration']} "
+                    f"sequential reads during the expand completed within 50 ms "
+                    f"(target {self.cfg.availability:.0%})"
+                )
+            if avail["reads_held"]:
+                violations.append(
+                    f"availability: {avail['reads_held']} sequential read(s) waited for a "
+                    "copy at a replica still receiving its ranges, though another replica "
+                    "of every range was complete (4.4.1)"
+                )
+        result = check(HistoryOp.from_json(r) for r in self.history)
+        if result.valid is not True:
+            for name, examples in sorted(result.anomalies.items()):
+                violations.append(f"list-append {name}: {examples[0][:300]}")
+        violations += self._replica_violations()
+        c = self._config()
+        correct = self.correct_routers()
+        if c is not None and correct:
+            mseq = self.routers[correct[0]].state.mseq
+            if mseq.config_for(mseq.next_t) != c:
+                violations.append("the super's replica differs from the routers' configuration")
+        outcomes = {"ok": 0, "fail": 0, "info": 0}
+        for r in self.history:
+            if r["type"] in outcomes and r["f"] == "txn":
+                outcomes[r["type"]] += 1
+        refused = sum(
+            n.client.counts.get("snapshot_refused", 0) for n in self.procs.values() if n.client
+        )
+        self.situations["snapshot_rejected_then_accepted"] += refused
+        return RbRunResult(
+            seed=self.cfg.seed,
+            ops=sum(1 for r in self.history if r["type"] == "invoke" and r["f"] == "txn"),
+            acked=outcomes["ok"],
+            failed=outcomes["fail"],
+            indeterminate=outcomes["info"],
+            reconfigurations=self.reconfigurations,
+            faults=self.faults,
+            violations=violations,
+            situations=dict(self.situations),
+            availability=avail,
+            virtual_s=self.sim.now,
+            wall_s=wall,
+        )
+
+    def _replica_violations(self) -> list[str]:
+        c = self._config()
+        if c is None:
+            return []
+        out = []
+        ks = c.keyspace
+        for s, segment in enumerate(ks.segments()):
+            holders = [
+                p
+                for p in ks.holders_of_segment(s)
+                if self.sim.nodes[p].alive
+                and p in c.storage()
+                and p not in c.incomplete
+                and not self._storage(p).incomplete
+            ]
+            views = {}
+            for p in holders:
+                engine = self._storage(p).engine
+                items = {
+                    k: tuple(v) if isinstance(v, list | tuple) else v
+                    for k, v in engine.items()  # type: ignore[attr-defined]
+                    if _in_segment(k, segment)
+                }
+                views[p] = items
+            distinct = {
+                json.dumps(sorted(v.items(), key=repr), default=str) for v in views.values()
+            }
+            if len(distinct) > 1:
+                out.append(f"replicas of segment {s} ({', '.join(holders)}) differ")
+        return out
+
+    def _availability(self) -> dict[str, Any]:
+        """Sequential reads that started during a reconfiguration, and how many completed
+        within 50 ms (virtual time)."""
+        during = [
+            lat
+            for start, lat in self.read_latencies
+            if any(a <= start <= b for a, b in self.reconfig_windows)
+        ]
+        fast = sum(1 for lat in during if lat <= 0.05)
+        return {
+            "reads_held": sum(
+                p.storage.stats.reads_held for p in self.procs.values() if p.storage is not None
+            ),
+            "reads_during_reconfiguration": len(during),
+            "within_50ms": fast,
+            "share": round(fast / len(during), 4) if during else None,
+        }
+
+
+def _in_segment(key: Any, segment: Any) -> bool:
+    e = encode_key(key)
+    return any(lo <= e < hi for lo, hi in segment)
+
+
+def run_rubberband(cfg: RbRunConfig) -> RbRunResult:
+    return RubberbandRun(cfg).run()
