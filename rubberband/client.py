@@ -18,11 +18,12 @@ What the core decides, so that every driver decides alike:
 * **Failover.**  A read is idempotent: one whose answers do not all come (a responder
   failed after the read reached it, a snapshot read lost with a leading router) is sent
   again, whole, as a new try, ``retry_after`` after it should have been answered: a
-  sequential read once it is stable (every responder has it), a snapshot or basic read
-  after it was sent; a basic read's next try avoids the processes that did not answer.
-  Answers to an earlier try are not taken (parts from two positions are not one read).
-  Only when every try failed within ``answer_timeout`` does the read fail
-  (``Indeterminate``); a range no holder is left for fails at once (``Unavailable``).
+  sequential read once it is stable (every responder has it; at once if no responder
+  delivered it, each having failed first), a snapshot or basic read after it was sent;
+  a basic read's next try avoids the processes that did not answer.  Answers to an
+  earlier try are not taken (parts from two positions are not one read).  Only when
+  every try failed within ``answer_timeout`` does the read fail: ``Unavailable`` if the
+  last try reached no responder (no holder may be left), else ``Indeterminate``.
 * **Snapshot reads refused** (a responder not at the router's frontier) are tried again,
   up to ``attempts`` times, then read sequentially: also a consistent cut, and ordered.
 * **Timeouts are timers**: every request has a deadline, and the core asks to be woken
@@ -37,8 +38,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from ecast import Direct, Effects, NodeId
@@ -46,7 +48,7 @@ from ecast.core import mutations
 from rubberband.config import STORAGE
 from rubberband.errors import Indeterminate, Rejected, RubberbandError, Unavailable
 from rubberband.gather import Gather, Holders, op_name
-from rubberband.keys import overlaps
+from rubberband.keys import is_range_set, overlaps
 from rubberband.messages import ISOLATION_LEVELS, Isolation, Messages
 from rubberband.outputs import Submit
 from rubberband.proto import (
@@ -59,6 +61,7 @@ from rubberband.proto import (
     Stale,
     Whole,
 )
+from rubberband.read_batches import Bundle, tell
 
 __all__ = [
     "ISOLATION_LEVELS",
@@ -81,10 +84,15 @@ default (``rubberband.proto.bundle_header``)."""
 BUNDLE_BYTES = 64 * 1024
 """A bundle's payload at most (reads with large operations go fewer to a message), far
 below any router's message limit."""
+UNDELIVERED_RETRY = 0.1
+"""Seconds before a read no responder delivered is tried again."""
 MAX_ASIDE = 4096
 """Answers set aside at most while the client learns the newest keyspace."""
 NO_FAILOVER = mutations.declare(
     "no_failover", "client", "a read waits for its first try's answers until it times out"
+)
+FIRST_ANSWER_COMPLETES = mutations.declare(
+    "first_answer_completes", "client", "a read completes with its first answer, covered or not"
 )
 TRUST_ANY_ANSWER = mutations.declare(
     "trust_any_answer", "client", "answers taken from any storage process, holder or not"
@@ -121,7 +129,7 @@ class _Read:
     """A read sent alone: its tries, each a request id of its own."""
 
     __slots__ = (
-        "acked", "attempts", "deadline", "gather", "id", "level", "op", "refused_once",
+        "acked", "attempts", "deadline", "gather", "id", "level", "lost", "op", "refused_once",
         "retry_at", "tried", "try_id", "version", "within",
     )  # fmt: skip
 
@@ -137,7 +145,9 @@ class _Read:
         self.gather: Gather | None = None
         self.try_id = -1
         self.acked: bool | None = None
-        """A sequential try: None until stable, then whether any holder delivered it."""
+        """A sequential try: None until stable, then True."""
+        self.lost = False
+        """The last try was stable but delivered by no responder (each failed)."""
         self.retry_at = 0.0
         self.refused_once = False
         self.tried: frozenset[str] = frozenset()
@@ -160,58 +170,6 @@ class _Write:
 
 _NOTHING: Any = object()
 _READ, _WRITE, _BATCH = 0, 1, 2
-
-
-class _Bundle:
-    """A read bundle of a batch in flight: its reads and their gathers, in the order of
-    its payload (a finished read's gather becomes None), and its E-Cast message id once
-    submitted unsafe (a shed notice names it).  Its reads need no request id of their
-    own: an answer names the bundle and an index."""
-
-    __slots__ = ("deadline", "done", "gathers", "grouped", "left", "ops")
-
-    def __init__(
-        self,
-        ops: list[Any],
-        gathers: list[Gather],
-        done: Callable[..., None],
-        grouped: bool,
-        deadline: float,
-    ) -> None:
-        self.ops = ops
-        self.gathers: list[Gather | None] = gathers  # type: ignore[assignment]
-        self.done = done
-        self.grouped = grouped
-        """``done`` takes a list of ``(op, gather)`` (``read_batch(grouped=True)``)."""
-        self.left = len(gathers)
-        self.deadline = deadline
-
-    def take(self, i: int, timed_out: bool = False) -> tuple[Any, Gather | None]:
-        """Read ``i`` is complete (answered, refused or failed) or ``timed_out``: it
-        leaves the bundle; what to tell the caller about it."""
-        g = self.gathers[i]
-        self.gathers[i] = None
-        self.left -= 1
-        return self.ops[i], None if timed_out else g
-
-    def finish_open(self, timed_out: bool = False, refused: bool = False) -> None:
-        """Every read still open is done: timed out, or ``refused`` (shed)."""
-        open_ = [i for i, g in enumerate(self.gathers) if g is not None]
-        if refused:
-            for i in open_:
-                self.gathers[i].refused = True  # type: ignore[union-attr]
-        self.finish_all(open_, timed_out)
-
-    def finish_all(self, indices: list[int] | tuple[int, ...], timed_out: bool = False) -> None:
-        """:meth:`take` each read of ``indices`` and tell the caller, once each; a
-        grouped caller hears of them in one call."""
-        if self.grouped:
-            if indices:
-                _tell_group(self.done, [self.take(i, timed_out) for i in indices])
-            return
-        for i in indices:
-            op, g = self.take(i, timed_out)
-            _tell(self.done, op, g)
 
 
 class ClientCore(Messages):
@@ -239,7 +197,7 @@ class ClientCore(Messages):
         self._single: dict[int, _Read] = {}
         """Reads sent alone, by their current try's request id."""
         self.writes: dict[int, _Write] = {}
-        self._bundles: dict[int, _Bundle] = {}
+        self._bundles: dict[int, Bundle] = {}
         """Read bundles in flight, by request id."""
         self.batch_reads: dict[int, tuple[Gather, Any, Callable[..., None]]] = {}
         """Reads of a batch that travel alone: ``(gather, op, done)`` by request id."""
@@ -447,7 +405,7 @@ class ClientCore(Messages):
         g = r.gather
         if g is None:
             return
-        if g.complete:
+        if g.complete or (g.pieces and mutations.on(FIRST_ANSWER_COMPLETES)):
             if r.level == "sequential" and r.acked is None:
                 return  # complete once the read is also stable (ordered for sure)
             if g.refused:
@@ -478,6 +436,11 @@ class ClientCore(Messages):
             return
         if now >= r.deadline:
             missing = len(g.missing())
+            if r.lost:
+                self._finish(r, error=Unavailable(
+                    f"{op_name(r.op)}: no holder is left for {missing} range(s)"
+                ))  # fmt: skip
+                return
             self._finish(r, error=Indeterminate(
                 f"{op_name(r.op)}: no answer for {missing} range(s) in {self.answer_timeout:g} s "
                 "(every replica asked failed, or none is left)"
@@ -538,11 +501,11 @@ class ClientCore(Messages):
                 i = group[0]
                 self.batch_reads[rid] = (gathers[i], ops[i], each)
             else:
-                self._bundles[rid] = _Bundle(
+                self._bundles[rid] = Bundle(
                     [ops[i] for i in group], [gathers[i] for i in group], done, grouped, deadline
                 )
             heapq.heappush(heap, (deadline, _BATCH, rid))
-            deliver.append(Submit(header, payload, rid if unsafe else None, unsafe))
+            deliver.append(Submit(header, payload, rid, unsafe))
             sent += 1
         return sent, self._end(now)
 
@@ -551,14 +514,13 @@ class ClientCore(Messages):
         responder too far behind, 3.5.7): refused now, to be read again, rather than
         left to time out."""
         self._begin()
-        b = self._bundles.get(token)
+        b = self._bundles.pop(token, None)
         if b is not None:
             b.finish_open(refused=True)
-            self._settle(token, b)
         elif token in self.batch_reads:
             gather, op, each = self.batch_reads.pop(token)
             gather.refused = True
-            _tell(each, op, gather)
+            tell(each, op, gather)
         else:
             r = self._single.get(token)
             if r is not None and r.gather is not None and r.try_id == token:
@@ -566,7 +528,7 @@ class ClientCore(Messages):
                 self._check_read(r, now)
         return self._end(now)
 
-    def _settle(self, rid: int, b: _Bundle) -> None:
+    def _settle(self, rid: int, b: Bundle) -> None:
         """Forget a bundle once none of its reads is waiting."""
         if not b.left:
             self._bundles.pop(rid, None)
@@ -589,18 +551,25 @@ class ClientCore(Messages):
             return self._end(now)
         r = self._single.get(token)
         if r is not None and r.try_id == token:
-            if not delivered:
-                self._finish(
-                    r, error=Unavailable(f"some range of {op_name(r.op)} has no holder left")
-                )
-            else:
-                r.acked = True
+            r.acked = True
+            if delivered:
+                r.lost = False
                 self._retry_at(r, now + self.retry_after)  # every responder has it now
                 self._check_read(r, now)
+            elif mutations.on(NO_FAILOVER):
+                self._finish(r, error=Unavailable(f"{op_name(r.op)}: its responder failed"))
+            else:
+                # Every responder of this try failed before delivering it (suspected
+                # since): the routers route the next try to other replicas.  Soon, not
+                # at once: the suspicion may still be on its way to the order.
+                r.lost = True
+                self._retry_at(r, now + UNDELIVERED_RETRY)
         return self._end(now)
 
     def on_rejected(self, token: Any, error: Exception, now: float) -> Effects:
-        """E-Cast refused a submission of ours (its session closed, or forbidden)."""
+        """E-Cast refused a submission of ours (no room, its session closed, forbidden):
+        the request it carried fails with ``error``; each read of a batch's message is
+        told, its gather's ``error`` saying why."""
         self._begin()
         w = self.writes.get(token)
         if w is not None:
@@ -608,6 +577,15 @@ class ClientCore(Messages):
         r = self._single.get(token)
         if r is not None and r.try_id == token:
             self._finish(r, error=error)
+        why = f"not sent: {type(error).__name__}: {error}"
+        b = self._bundles.pop(token, None)
+        if b is not None:
+            b.fail(why)
+        batch = self.batch_reads.pop(token, None)
+        if batch is not None:
+            self.asked.pop(token, None)
+            batch[0].error = why
+            tell(batch[2], batch[1], batch[0])
         return self._end(now)
 
     def _write_done(self, w: _Write, error: Exception | None) -> None:
@@ -634,21 +612,28 @@ class ClientCore(Messages):
         if t is Whole:
             b = self._bundles.get(msg.request)
             results = msg.results
-            if b is not None and len(results) == len(b.gathers):
-                if not _holds_bundle(held, src, b.gathers):
+            if b is not None and type(results) is tuple and len(results) == len(b.gathers):
+                if not b.held_by(held, src):
                     self._set_aside(src, msg, recheck)
                     return
                 n = len(results)
-                rows = zip(range(n), itertools.repeat(None), results, itertools.repeat(None))
-                self._on_rows(msg.request, b, msg.position, True, rows)
+                b.rows(msg.position, True, zip(range(n), repeat(None), results, repeat(None)))
+                self._settle(msg.request, b)
         elif t is Answers:
             b = self._bundles.get(msg.request)
             if b is not None:
-                if not _holds_rows(held, src, b.gathers, msg.rows):
+                if not b.well_formed(msg.rows):
+                    self.refused_answers += 1
+                    return
+                if not b.rows_held_by(held, src, msg.rows):
                     self._set_aside(src, msg, recheck)
                     return
-                self._on_rows(msg.request, b, msg.position, msg.ok, msg.rows)
+                b.rows(msg.position, msg.ok, msg.rows)
+                self._settle(msg.request, b)
         elif t is Answer:
+            if msg.covered is not None and not is_range_set(msg.covered):
+                self.refused_answers += 1
+                return
             self._on_answer(src, msg, recheck, held)
         elif t is Stale:
             r = self._single.get(msg.request)
@@ -704,11 +689,11 @@ class ClientCore(Messages):
             if gather.complete:
                 del self.batch_reads[rid]
                 self.asked.pop(rid, None)
-                _tell(each, op, gather)
+                tell(each, op, gather)
             return
         b = self._bundles.get(rid)  # a refusal or error of a whole bundle
         if b is not None:
-            if not _holds_bundle(held, src, b.gathers):
+            if not b.held_by(held, src):
                 self._set_aside(src, a, recheck)
                 return
             complete = []
@@ -719,55 +704,6 @@ class ClientCore(Messages):
                         complete.append(i)
             b.finish_all(complete)
             self._settle(rid, b)
-
-    def _on_rows(self, rid: int, b: _Bundle, position: Any, ok: Any, rows: Iterable[Any]) -> None:
-        """One responder's answers to the reads of a bundle: ``(index, covered, result,
-        error)`` each, ``covered`` None for the whole read.  Most answers cover their
-        read whole from the first responder; they complete it here without the general
-        gathering (this loop runs once per read, and was a third of a client's time at
-        saturation)."""
-        gathers = b.gathers
-        ops, done = b.ops, b.done
-        told: list[tuple[Any, Gather | None]] | None = [] if b.grouped else None
-        n = len(gathers)
-        for row in rows:
-            if type(row) is not tuple or len(row) != 4:
-                continue
-            i = row[0]
-            if type(i) is not int or not 0 <= i < n:
-                continue
-            g = gathers[i]
-            if g is None:  # completed already (by another replica's answer)
-                continue
-            if (
-                ok is True
-                and row[3] is None
-                and not g.covered
-                and (row[1] is None or row[1] == g.ranges)
-            ):
-                g.pieces.append((g.ranges, row[2]))
-                g.covered = g.ranges
-                g.position = position
-                # ``b.take(i)`` and ``_tell`` written out: this runs once per read.
-                gathers[i] = None
-                b.left -= 1
-                if told is not None:
-                    told.append((ops[i], g))
-                    continue
-                _tell(done, ops[i], g)
-                continue
-            try:
-                g.add(row[1], row[2], row[3], position, ok)
-            except (TypeError, ValueError, IndexError):  # not a range set
-                continue
-            if g.complete:
-                if told is not None:
-                    told.append(b.take(i))
-                else:
-                    b.finish_all((i,))
-        if told:
-            _tell_group(done, told)
-        self._settle(rid, b)
 
     def _set_aside(self, src: NodeId, msg: Any, recheck: bool) -> None:
         """An answer from a storage process that no keyspace we know says holds what it
@@ -812,7 +748,7 @@ class ClientCore(Messages):
                 batch = self.batch_reads.pop(rid, None)
                 if batch is not None:
                     self.asked.pop(rid, None)
-                    _tell(batch[2], batch[1], None)
+                    tell(batch[2], batch[1], None)
         return self._end(now)
 
     # ================================================================== plumbing
@@ -835,7 +771,7 @@ class ClientCore(Messages):
         return at
 
     def in_flight(self) -> int:
-        return len(self.reads) + len(self.writes) + len(self._bundles) + len(self.batch_reads)
+        return len(self._single) + len(self.writes) + len(self._bundles) + len(self.batch_reads)
 
 
 def _write_error(w: _Write) -> Exception | None:
@@ -845,57 +781,4 @@ def _write_error(w: _Write) -> Exception | None:
 
 
 def _anyone(src: NodeId, ranges: Any) -> bool:
-    return True
-
-
-def _tell(done: Callable[[Any, Gather | None], None], op: Any, gather: Gather | None) -> None:
-    """Hand a finished read to the caller of :meth:`ClientCore.read_batch`."""
-    try:
-        done(op, gather)
-    except Exception:  # the caller's: the other reads of the answer go on
-        import logging
-
-        logging.getLogger("rubberband.client").exception("event=done_failed read=%.60r", op)
-
-
-def _tell_group(
-    done: Callable[[list[tuple[Any, Gather | None]]], None], told: list[tuple[Any, Gather | None]]
-) -> None:
-    """Hand reads finished together to a ``grouped`` caller of ``read_batch``."""
-    try:
-        done(told)
-    except Exception:  # the caller's: the bundle's bookkeeping goes on
-        import logging
-
-        logging.getLogger("rubberband.client").exception(
-            "event=done_failed reads=%d first=%.60r", len(told), told[0][0]
-        )
-
-
-def _holds_bundle(held: Callable[[str, Any], bool], src: str, gathers: list[Any]) -> bool:
-    """Whether ``src`` holds every open read of a bundle: its hull first (one check for
-    the usual bundle, whose reads lie in one holder's segments), read by read if not."""
-    lo = hi = None
-    for g in gathers:
-        if g is not None:
-            ranges = g.ranges
-            if lo is None or ranges[0][0] < lo:
-                lo = ranges[0][0]
-            if hi is None or ranges[-1][1] > hi:
-                hi = ranges[-1][1]
-    if lo is None or held(src, ((lo, hi),)):
-        return True
-    return all(g is None or held(src, g.ranges) for g in gathers)
-
-
-def _holds_rows(
-    held: Callable[[str, Any], bool], src: str, gathers: list[Any], rows: tuple[Any, ...]
-) -> bool:
-    """Whether ``src`` holds what each row of a bundle's answer says it covers."""
-    n = len(gathers)
-    for row in rows:
-        if type(row) is tuple and len(row) == 4 and type(row[0]) is int and 0 <= row[0] < n:
-            g = gathers[row[0]]
-            if g is not None and not held(src, g.ranges if row[1] is None else row[1]):
-                return False
     return True

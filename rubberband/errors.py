@@ -13,10 +13,10 @@ class Unavailable(RubberbandError):
     storage process could be reached."""
 
 
-class Indeterminate(RubberbandError):
-    """A sequential read whose responders did not all answer: a responder failed after
-    the read was ordered.  It is not re-sent behind the client's own later writes; the
-    caller decides whether to read again."""
+class Indeterminate(RubberbandError, TimeoutError):
+    """A request whose outcome is unknown when its time ran out: a write not
+    acknowledged (or not answered) in time may yet take effect; a read tried on every
+    replica it could reach without a complete answer.  A ``TimeoutError`` too."""
 
 
 class Rejected(RubberbandError):

@@ -23,10 +23,10 @@ from typing import Any
 from ecast import Client, Effects, NodeId, daemon_kit
 from rubberband.driver import carry_out
 from rubberband.outputs import Submit
-from rubberband.proto import Abort, Chunk, Leave, Left, Ping, Pong, Pull, Refuse
+from rubberband.proto import Left, Ping
 from rubberband.storage import StorageCore
 from rubberband.super import SuperCore
-from rubberband.supervision import Reconfigured, Stalled, Voted
+from rubberband.supervision import LeaveDone, Leaving, Reconfigured, Stalled, Voted, pong
 
 log = logging.getLogger("rubberband")
 
@@ -42,8 +42,10 @@ sum over its blocks or ask its server (memcached), too dear for every batch; the
 supers' heartbeats read them every 0.5 s."""
 PEER_LAG = 16_384
 """Direct messages a peer may leave unacknowledged before this process waits for it."""
-DELIVERIES = "d"
+DELIVERIES = 0
 """Inbox item ``(DELIVERIES, [Delivery, ...])``: a batch from the SDK, in ``t`` order."""
+DIRECT = 1
+"""Inbox item ``(DIRECT, src, message)``: a direct message for the core."""
 WAKE: tuple[Any, ...] = ("wake",)
 """Put in the inbox when an urgent direct message waits: the worker takes those first."""
 
@@ -129,16 +131,15 @@ class _Host:
             if type(payload) is Ping:
                 # Heartbeats are answered on the loop, never behind the engine's work,
                 # with this process's figures (load and size) when it has any.
-                with contextlib.suppress(Exception):
-                    self.client.send_direct_nowait(src, Pong(payload.sent_ms, self.figures))
+                carry_out(pong(src, payload, self.figures), self)
                 continue
             if self._intercept(src, payload):
                 continue
             if self._urgent(payload):
-                self.urgent.append(("x", src, payload))
+                self.urgent.append((DIRECT, src, payload))
                 self.inbox.put_nowait(WAKE)
             else:
-                self.inbox.put_nowait(("x", src, payload))
+                self.inbox.put_nowait((DIRECT, src, payload))
 
     def _urgent(self, payload: Any) -> bool:
         """A direct message the core takes ahead of waiting deliveries."""
@@ -160,7 +161,7 @@ class _Host:
 
     async def _batch(self) -> list[tuple[Any, ...]]:
         """Inbox items for one step of the core: ``(DELIVERIES, [Delivery, ...])`` and
-        ``("x", src, payload)``: about ``BATCH`` deliveries, and at most ``BATCH`` items
+        ``(DIRECT, src, payload)``: about ``BATCH`` deliveries, and at most ``BATCH`` items
         besides the urgent ones (a migration's pulls and chunks come one item each)."""
         first = await self.inbox.get()
         items: list[tuple[Any, ...]] = []
@@ -225,8 +226,8 @@ class StorageHost(_Host):
         super().__init__(client)
         self.core = core
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="engine")
-        self._left: dict[int, asyncio.Future[Left]] = {}
-        self._rid = 0
+        self._leaving: Leaving | None = None
+        self._left: asyncio.Future[LeaveDone] | None = None
         self.step_seconds = daemon_kit.Histogram()
         """How long each batch of deliveries took on the engine thread."""
         self.queued_since: float | None = None
@@ -234,54 +235,48 @@ class StorageHost(_Host):
         self._figured_at = -FIGURES_EVERY
 
     def _urgent(self, payload: Any) -> bool:
-        """Migration traffic goes ahead of waiting deliveries: a pull answered, or a chunk
-        taken in, only after thousands of writes made every round trip of a copy wait
-        for the whole backlog (seconds on a slow engine).  It may: a source reads a
-        snapshot taken at the keyspace message's position, and a receiver holds back
-        every write to the ranges it receives until the copy is complete."""
-        return type(payload) in _MIGRATION
+        return type(payload) in self.core.URGENT
 
     def _intercept(self, src: NodeId, payload: Any) -> bool:
         if type(payload) is Left:
-            fut = self._left.pop(payload.request, None)
-            if fut is not None and not fut.done() and src.startswith("super:"):
-                fut.set_result(payload)
+            if self._leaving is not None:
+                carry_out(self._leaving.on_left(src, payload), self)
             return True
         return False
 
     async def leave(self, replace_with: str | None = None, timeout: float = 300.0) -> str | None:
-        """Take this process off the ring before it parts: a super contracts it (or
-        replaces it with the standby ``replace_with``) and answers once every receiver
-        has its data.  None when that is done (or there was nothing to do: a standby),
-        else why not (a contract below the replication factor, no super, a timeout)."""
-        loop = asyncio.get_running_loop()
+        """Take this process off the ring before it parts (:class:`Leaving`): None when
+        that is done, or there was nothing to do (a standby); else why not."""
         if not (await self._status())["active"]:
             return None
-        deadline = time.monotonic() + timeout
-        last = "no super answered"
-        while time.monotonic() < deadline and self.stopped is None:
-            supers = sorted(p for p in self.client.peers() if p.startswith("super:"))
-            for s in supers:
-                self._rid += 1
-                fut: asyncio.Future[Left] = loop.create_future()
-                self._left[self._rid] = fut
-                try:
-                    self.client.send_direct_nowait(s, Leave(self._rid, replace_with))
-                    left = await asyncio.wait_for(fut, max(1.0, deadline - time.monotonic()))
-                except Exception as e:  # unreachable, or silent until the deadline
-                    last = f"{s}: {type(e).__name__} {e}".strip()
-                    self._left.pop(self._rid, None)
-                    continue
-                if left.error is not None:
-                    return str(left.error)
-                log.info("event=left_ring version=%s by=%s", left.version, s)
-                await self._transfers_done(deadline)
-                return None
-            await asyncio.sleep(1.0)
-        return f"not taken off the ring in {timeout:g} s ({last})"
+        loop = asyncio.get_running_loop()
+        self._leaving = leaving = Leaving(replace_with, loop.time(), timeout)
+        self._left = loop.create_future()
+        try:
+            while not self._left.done() and self.stopped is None:
+                carry_out(leaving.on_tick(self._supers(), loop.time()), self)
+                await asyncio.wait([self._left], timeout=0.5)
+        finally:
+            self._leaving = None
+        if not self._left.done():
+            return f"stopped before leaving: {self.stopped}"
+        done = self._left.result()
+        if done.error is not None:
+            return done.error
+        log.info("event=left_ring version=%s", done.version)
+        await self._transfers_done(leaving.deadline - loop.time())
+        return None
 
-    async def _transfers_done(self, deadline: float) -> None:
+    def upcall(self, item: Any) -> None:
+        if type(item) is LeaveDone and self._left is not None and not self._left.done():
+            self._left.set_result(item)
+
+    def _supers(self) -> list[str]:
+        return sorted(p for p in self.client.peers() if p.startswith("super:"))
+
+    async def _transfers_done(self, within: float) -> None:
         """Wait until no copy streams out of this process (the receivers have their data)."""
+        deadline = time.monotonic() + within
         while (await self._status())["transfers_out"] and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
 
@@ -334,19 +329,8 @@ class StorageHost(_Host):
         now = time.monotonic()
         if now - self._figured_at >= FIGURES_EVERY:
             self._figured_at = now
-            self.figures = self._figures()
+            self.figures = core.figures()
         return fx
-
-    def _figures(self) -> dict[str, int | float]:
-        """Load and size, on the engine thread: operations applied so far (the supers
-        turn it into a rate), the engine's items and bytes, items waiting for ranges."""
-        f: dict[str, int | float] = {"applied": self.core.stats.applied}
-        with contextlib.suppress(Exception):
-            e = self.core.engine.stats()
-            f["items"] = int(e.get("items", 0))
-            f["bytes"] = int(e.get("bytes", 0))
-        f["queued"] = len(self.core.queue)
-        return f
 
     async def _emit_all(self, fx: Effects) -> None:
         """A batch's effects, carried out on the loop.  Direct messages go out at once:
@@ -360,9 +344,6 @@ class StorageHost(_Host):
         for peer in sent:
             with contextlib.suppress(Exception):
                 await self.client.send_direct_drained(peer, PEER_LAG)
-
-
-_MIGRATION = (Pull, Chunk, Abort, Refuse)
 
 
 class SuperHost(_Host):
@@ -465,16 +446,9 @@ class SuperHost(_Host):
     def status(self) -> dict[str, Any]:
         """The core's status with what this host knows besides: each storage process's
         load and size (from heartbeats) and the leading router."""
-        st = self.core.status()
-        if not st.get("joined"):
-            return st
-        now = self._now()
-        st["load"] = {
-            p: {k: v for k, v in f.items() if k not in ("at", "applied")}
-            | {"age_s": round(now - f["at"], 1)}
-            for p, f in sorted(self.core.watch.loads.items())
-        }
-        st["leader"] = self.client.leader
+        st = self.core.status(self._now())
+        if st.get("joined"):
+            st["leader"] = self.client.leader
         return st
 
     async def reconfigure(

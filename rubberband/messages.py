@@ -29,12 +29,12 @@ from typing import Any, Literal
 
 import msgpack
 
+from rubberband.engine import BadOperation, Placement
 from rubberband.errors import Rejected, Unavailable
 from rubberband.gather import Gather, Holders, op_name
 from rubberband.keys import MAX_EKEY, RangeSet, intersect, normalize
 from rubberband.placement import BadKeyspace, Keyspace
 from rubberband.proto import bundle_header, read_header, write_bundle_header, write_header
-from storage_adapters.base import BadOperation, Placement
 
 Isolation = Literal["sequential", "snapshot", "basic"]
 ISOLATION_LEVELS = ("sequential", "snapshot", "basic")

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 from ecast import NodeId
 from ecast.core import mutations
 from rubberband.config import STORAGE
+from rubberband.engine import BadOperation, SendCursor
 from rubberband.keys import NOTHING, RangeSet, difference, intersect, overlaps, union
 from rubberband.proto import Abort, Chunk, Pull, Refuse, TransferId, incomplete_header
-from storage_adapters.base import BadOperation, SendCursor
 
 if TYPE_CHECKING:
     from rubberband.storage import StorageCore

@@ -35,6 +35,7 @@ from ecast import KIND, SUSPECT, Delivery, Direct, Effects, Message, NodeId
 from ecast.core import mutations
 from rubberband.bundles import Segments, read_items, unbundle, write_items
 from rubberband.config import STORAGE, SUPER
+from rubberband.engine import BadOperation, Engine, Placement
 from rubberband.keys import (
     NOTHING,
     RangeSet,
@@ -63,7 +64,6 @@ from rubberband.proto import (
     Whole,
     ready_header,
 )
-from storage_adapters.base import BadOperation, Engine, Placement
 
 CHUNK_BYTES = 256 * 1024
 _NOW = 1 << 62
@@ -114,6 +114,13 @@ class StorageStats:
 
 class StorageCore:
     """One storage process: standby until a keyspace message places it on the ring."""
+
+    URGENT: tuple[type, ...] = (Pull, Chunk, Abort, Refuse)
+    """Direct messages to take ahead of deliveries waiting for the engine: a pull
+    answered, or a chunk taken in, only after thousands of writes made every round trip
+    of a copy wait for the whole backlog (seconds on a slow engine).  They may: a source
+    reads a snapshot taken at the keyspace message's position, and a receiver holds back
+    every write to the ranges it receives until the copy is complete."""
 
     def __init__(self, me: NodeId, engine: Engine, *, chunk_bytes: int = CHUNK_BYTES) -> None:
         if not me.startswith(STORAGE):
@@ -558,6 +565,21 @@ class StorageCore:
     @property
     def early_pulls(self) -> dict[Any, Any]:
         return self.migration.early_pulls
+
+    def figures(self) -> dict[str, int | float]:
+        """What this process's heartbeat answers report to the supers (4.2.3): operations
+        applied so far (the supers turn it into a rate), the engine's items and bytes,
+        items waiting for their ranges.  On the engine's thread: ``stats`` may sum over
+        blocks or ask a server."""
+        f: dict[str, int | float] = {"applied": self.stats.applied}
+        try:
+            e = self.engine.stats()
+            f["items"] = int(e.get("items", 0))
+            f["bytes"] = int(e.get("bytes", 0))
+        except Exception:  # an engine's figures are informative: a failure is no answer
+            pass
+        f["queued"] = len(self.queue)
+        return f
 
     def status(self) -> dict[str, Any]:
         return {

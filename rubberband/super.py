@@ -262,10 +262,22 @@ class SuperCore:
             raise Refused(f"{name} is already on the ring")
 
     # ------------------------------------------------------------------ status
-    def status(self) -> dict[str, Any]:
+    def status(self, now: float | None = None) -> dict[str, Any]:
+        """For the admin API; with ``now``, each storage process's load and size (from
+        its heartbeat answers) and their age."""
         c = self.config
         if c is None:
             return {"joined": False}
+        out = self._status(c)
+        if now is not None:
+            out["load"] = {
+                p: {k: v for k, v in f.items() if k not in ("at", "applied")}
+                | {"age_s": round(now - f["at"], 1)}
+                for p, f in sorted(self.watch.loads.items())
+            }
+        return out
+
+    def _status(self, c: RubberbandConfig) -> dict[str, Any]:
         return {
             "joined": True,
             "version": c.version,

@@ -25,7 +25,7 @@ from ecast import Direct, Effects, NodeId
 from ecast.core import mutations
 from rubberband.errors import Refused
 from rubberband.outputs import Submit
-from rubberband.proto import H, Left, Ping, vote_header
+from rubberband.proto import H, Leave, Left, Ping, Pong, vote_header
 
 if TYPE_CHECKING:
     from rubberband.super import SuperCore
@@ -344,3 +344,73 @@ class Reconfigurations:
         if not self.requests:
             return None
         return min(r.deadline for r in self.requests.values())
+
+
+# ---------------------------------------------------------------------- the storage side
+def pong(src: NodeId, ping: Ping, figures: dict[str, Any]) -> Effects:
+    """A heartbeat answered with this process's ``figures`` (its load and size)."""
+    return Effects(send=[(src, Direct(Pong(ping.sent_ms, figures)))])
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveDone:
+    """Upcall: the leave ended: this process is off the ring (``error`` None; ``version``
+    the keyspace that took it off, None when it held nothing), or why not."""
+
+    error: str | None
+    version: int | None = None
+
+
+class Leaving:
+    """A storage process asking to be taken off the ring before it stops (on SIGTERM): a
+    super contracts it, or replaces it with the standby ``replace_with``, and answers
+    once every receiver has its data.  Supers are asked one at a time, in name order,
+    each given ``patience`` seconds to answer; the whole leave ends by ``deadline``."""
+
+    def __init__(
+        self, replace_with: str | None, now: float, timeout: float, patience: float = 30.0
+    ) -> None:
+        self.replace_with = replace_with
+        self.deadline = now + timeout
+        self.patience = patience
+        self.request = 0
+        self.asked: NodeId | None = None
+        self.asked_at = 0.0
+        self.tried: set[NodeId] = set()
+        self.last = "no super answered"
+        self.done = False
+
+    def on_tick(self, supers: list[NodeId], now: float) -> Effects:
+        """Ask a super (again, another one) when none was asked or the last one was
+        silent for ``patience``; give up at the deadline."""
+        fx = Effects()
+        if self.done:
+            return fx
+        if now >= self.deadline:
+            self.done = True
+            fx.deliver.append(LeaveDone(f"not taken off the ring in time ({self.last})"))
+            return fx
+        if self.asked is None or now - self.asked_at >= self.patience:
+            if self.asked is not None:
+                self.last = f"{self.asked}: no answer in {self.patience:g} s"
+            fresh = [s for s in sorted(supers) if s not in self.tried] or sorted(supers)
+            if fresh:
+                self.tried = set() if len(self.tried) >= len(supers) else self.tried
+                self.request += 1
+                self.asked, self.asked_at = fresh[0], now
+                self.tried.add(fresh[0])
+                fx.send.append((fresh[0], Direct(Leave(self.request, self.replace_with))))
+            else:
+                self.asked, self.asked_at = None, now
+        fx.wake(min(self.deadline, now + min(self.patience, 1.0)))
+        return fx
+
+    def on_left(self, src: NodeId, msg: Left) -> Effects:
+        """A super's answer: taken only from the super asked, to the request asked."""
+        fx = Effects()
+        if self.done or src != self.asked or msg.request != self.request:
+            return fx
+        self.done = True
+        error = None if msg.error is None else str(msg.error)
+        fx.deliver.append(LeaveDone(error, msg.version))
+        return fx

@@ -14,12 +14,12 @@ from typing import Any
 
 from ecast import Message
 from rubberband.config import RubberbandConfig
+from rubberband.engine import Placement
 from rubberband.keys import encode_key
 from rubberband.outputs import Stop, Submit
 from rubberband.proto import Answer, H, vote_header
 from rubberband.storage import StorageCore
 from rubberband.super import SuperCore
-from storage_adapters.base import Placement
 from storage_adapters.memory import KVOps, MemoryEngine
 
 SUPER = "super:s"
@@ -37,6 +37,8 @@ class Model:
         self.results: dict[Any, list[tuple[Any, Any, Any]]] = defaultdict(list)
         self.replies: dict[Any, list[tuple[Any, ...]]] = defaultdict(list)
         """Every direct message to a client, whole, by request id."""
+        self.to_clients: list[tuple[str, str, Any]] = []
+        """Every direct message to a client: ``(source, client, message)``, in order."""
         self.stopped: dict[str, str] = {}
         self.chunk_bytes = chunk_bytes
         self.ops = KVOps()
@@ -80,6 +82,7 @@ class Model:
             if dst.startswith("storage:"):
                 self.links[(me, dst)].append(payload)
                 continue
+            self.to_clients.append((me, dst, payload))
             if type(payload) is Answer:  # a read's (or a write's) one answer
                 a = payload
                 self.results[a.request].append((me, a.covered, a.result, a.error))

@@ -1016,7 +1016,7 @@ def parser(prog: str = "ecast bench") -> argparse.ArgumentParser:
         "--history",
         default="",
         help="with --check: keep the history here as JSON lines "
-        "(python -m jepsen_like.checkers multicast FILE checks it again)",
+        "(the checkers' command line checks it again, workload multicast)",
     )
     ap.add_argument("--json", action="store_true")
     return ap

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ecast.core import mutations
 from rubberband.sim.run import (
     RB_FAULTS,
+    SCENARIOS,
     SITUATIONS,
     SUPER,
     RbRunConfig,
@@ -22,6 +23,7 @@ MUTATIONS = tuple(
 __all__ = [
     "MUTATIONS",
     "RB_FAULTS",
+    "SCENARIOS",
     "SITUATIONS",
     "SUPER",
     "RbRunConfig",

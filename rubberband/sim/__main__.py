@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from rubberband.sim import MUTATIONS, RB_FAULTS, RbRunConfig, run_rubberband
+from rubberband.sim import MUTATIONS, RB_FAULTS, SCENARIOS, RbRunConfig, run_rubberband
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--faults", default=",".join(RB_FAULTS))
     ap.add_argument("--fault-time", type=float, default=8.0)
     ap.add_argument("--mutation", choices=MUTATIONS)
-    ap.add_argument("--scenario", choices=["expand"], help="a fixed schedule instead of faults")
+    ap.add_argument("--scenario", choices=sorted(SCENARIOS), help="a fixed schedule, no faults")
+    ap.add_argument("--supers", type=int, default=1)
     ap.add_argument(
         "--engine",
         default="storage_adapters.memory:MemoryEngine",
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         fault_time=args.fault_time,
         mutation=args.mutation,
         scenario=args.scenario,
+        supers=args.supers,
         engine=args.engine,
         auto_repair=args.auto_repair,
         bundle=args.bundle,

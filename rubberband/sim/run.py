@@ -39,15 +39,13 @@ from ecast import (
     RouterParams,
 )
 from ecast.core import mutations
-from jepsen_like.checkers.history import Op as HistoryOp
-from jepsen_like.checkers.list_append import check
+from rubberband.checkers.history import Op as HistoryOp
+from rubberband.checkers.list_append import check
 from rubberband.client import ClientCore
 from rubberband.config import RubberbandConfig
-from rubberband.keys import NOTHING, describe, difference, encode_key
-from rubberband.optimizer import Copy, instructions_from_wire
 from rubberband.outputs import Submit
-from rubberband.proto import KEYSPACE, Answer, BasicRead, H
 from rubberband.sdk import load_ops
+from rubberband.sim.checks import basic_read_overreach, in_segment, keyspace_version, planned_copies
 from rubberband.sim.process import RbNode
 from rubberband.sim.workload import KEYS, Client, Op, key_of
 from rubberband.storage import StorageCore
@@ -55,6 +53,18 @@ from rubberband.super import SuperCore
 from rubberband.supervision import Reconfigured
 
 SUPER = "super:s1"
+SCENARIOS = {
+    "expand": "the keyspace grows from storage - 2 to storage processes under load at 3 s",
+    "replica_crash": "a storage process on the ring crashes at 3 s, mid-read",
+    "leader_crash": "the leading router crashes at 3 s, during snapshot reads",
+    "crash_mid_migration": "an expand under load at 3 s; its source crashes mid-copy",
+    "super_crash_mid_repair": "a holder crashes at 3 s; the super repairing it crashes too",
+}
+"""Fixed schedules instead of random faults, each with its expectations: the checkers
+pass and the cluster settles, as always; and for all but ``expand``, every operation
+completes (none fails or is left unknown): failover, takeover and repair are invisible
+to the clients but for latency.  ``tests/integration/test_rubberband_scenarios.py``
+runs the same schedules against real daemons, with the same expectations."""
 RB_FAULTS = ("crash", "partition", "leader", "expand", "contract", "replace", "rebalance")
 SITUATIONS = (
     "expand_under_load",
@@ -81,9 +91,11 @@ class RbRunConfig(GroupRunConfig):
     retry_after: float = 0.2
     """How long a client's read waits for a responder before it tries another."""
     scenario: str | None = None
-    """``expand``: no faults; the keyspace grows from ``storage - 2`` to ``storage``
-    processes under load at 3 s, and sequential reads started while it does must meet
-    ``availability`` (the share completing within 50 ms of virtual time)."""
+    """One of :data:`SCENARIOS` (run with ``faults=()``).  ``expand``: sequential reads
+    started while it runs must meet ``availability`` (the share completing within 50 ms
+    of virtual time)."""
+    supers: int = 1
+    """Super processes (``super:s1``, ``super:s2``, ...); the senior one coordinates."""
     availability: float = 0.99
     bulk: int = 240
     """Bulky puts the clients make first, together (data for migrations to move)."""
@@ -173,6 +185,9 @@ class RubberbandRun(EcastGroupRun):
         self.reconfigurations = 0
         for extra in ("join_during_view_change", "isolated_leader", "mutual_parts"):
             self.situations.setdefault(extra, 0)  # the router nemesis counts these too
+        self.super_names = [f"super:s{i + 1}" for i in range(max(1, cfg.supers))]
+        self.final_failures: list[str] = []
+        """Final reads (every key once more, after healing) that did not succeed."""
         self.clients = cfg.clients or max(4, cfg.ops // 200)
         self.think = cfg.think or max(0.001, 0.8 * cfg.fault_time * self.clients / max(1, cfg.ops))
 
@@ -205,7 +220,7 @@ class RubberbandRun(EcastGroupRun):
                 retry_after=cfg.retry_after,
                 write_timeout=2 * cfg.answer_timeout,
             )
-            core.supers = [SUPER]
+            core.supers = list(self.super_names)
         node = self.procs[pid] = RbNode(self, pid, routers, core)
         if role == "client":
             self.workloads[pid] = Client(self, node)
@@ -241,6 +256,8 @@ class RubberbandRun(EcastGroupRun):
     def record(self, pid: NodeId, outcome: str, op: Op) -> None:
         if op.kind == "put":
             return  # bulk data, outside the list-append history
+        if op.final and outcome not in ("invoke", "ok"):
+            self.final_failures.append(f"{op.key} ({outcome})")
         if op.kind == "append":
             value: Any = [["append", op.key, op.value]]
         elif op.kind == "scan":
@@ -265,15 +282,10 @@ class RubberbandRun(EcastGroupRun):
         return self._final_keys.pop() if self._final_keys else None
 
     def on_submit(self, node: RbNode, s: Submit | None, sid: Any) -> None:
-        h = s.header if s is not None else None
-        if type(h) is dict and h.get("kind") == KEYSPACE:
+        planned = planned_copies(s.header) if s is not None else None
+        if planned is not None:
             self.keyspace_sent.add(sid)
-            edges = [
-                (i.src, i.dst)
-                for i in instructions_from_wire(h.get(H.INSTRUCTIONS, ()))
-                if isinstance(i, Copy)
-            ]
-            self.planned.append((h[H.VERSION] + 1, edges))
+            self.planned.append(planned)
 
     def on_ack(self, node: RbNode, up: Acked, token: Any) -> None:
         if up.id in self.keyspace_sent:
@@ -286,18 +298,12 @@ class RubberbandRun(EcastGroupRun):
         """Basic reads are configuration-consistent: an answer covers only ranges this
         process holds in full at the moment it answers."""
         s = node.storage
-        if s is None or type(payload) is not BasicRead:
+        if s is None:
             return
-        whole = NOTHING if s.incomplete else difference(s.owned, s.receiving)
-        for _, d in fx.send:
-            a = d.payload
-            if type(a) is Answer and a.error is None and a.ok and a.covered:
-                extra = difference(a.covered, whole)
-                if extra:
-                    self.anomalies.append(
-                        f"{node.pid} answered a basic read for ranges it does not hold: "
-                        f"{describe(extra)}"
-                    )
+        for extra in basic_read_overreach(s, payload, fx):
+            self.anomalies.append(
+                f"{node.pid} answered a basic read for ranges it does not hold: {extra}"
+            )
 
     def on_super_deliveries(self, node: RbNode, deliveries: list[Delivery]) -> None:
         """Reconfiguration windows: from a keyspace message's delivery until every
@@ -307,8 +313,7 @@ class RubberbandRun(EcastGroupRun):
         if c is None:
             return
         for d in deliveries:
-            h = d.message.header
-            if type(h) is dict and h.get("kind") == KEYSPACE and h.get(H.VERSION) == c.version - 1:
+            if keyspace_version(d.message.header) == c.version - 1:
                 self.reconfigurations += 1
                 self._open_windows[c.version] = now
         for v in [v for v in self._open_windows if v not in c.pending]:
@@ -330,8 +335,21 @@ class RubberbandRun(EcastGroupRun):
                 self.sim.at(self.sim.now + 0.05, again)
 
     def _super(self) -> RbNode | None:
-        p = self.procs.get(SUPER)
-        return p if p is not None and self.sim.nodes[SUPER].alive else None
+        """The super that coordinates: the senior live one."""
+        for name in self.super_names:
+            p = self.procs.get(name)
+            if p is not None and self.sim.nodes[name].alive and p.super is not None:
+                c = p.super.config
+                if c is not None and c.coordinator() == name:
+                    return p
+        return next(
+            (
+                self.procs[n]
+                for n in self.super_names
+                if n in self.procs and self.sim.nodes[n].alive
+            ),
+            None,
+        )
 
     def _config(self) -> RubberbandConfig | None:
         s = self._super()
@@ -348,7 +366,9 @@ class RubberbandRun(EcastGroupRun):
         def go(core: Any, now: float) -> Any:
             return core.reconfigure(rid, *op, now=now, force=force, wait=False, timeout=5.0)
 
-        self.sim.call(SUPER, lambda h, now: h.call(go, now))
+        sup = self._super()
+        assert sup is not None
+        self.sim.call(sup.pid, lambda h, now: h.call(go, now))
         if (
             "crash" in self.cfg.faults
             and self.sim.now < self.cfg.fault_time
@@ -489,6 +509,76 @@ class RubberbandRun(EcastGroupRun):
             return
         self.sim.at(self.sim.now + self.cfg.suspect_after + 0.5, lambda: self._repair(victim))
 
+    # ------------------------------------------------------------------ scenarios
+    def _scenario_replica_crash(self) -> None:
+        """Crash the ring member that the most reads in flight wait for."""
+        c = self._config()
+        if c is None:
+            return
+        ring = [p for p in c.keyspace.processes if self.sim.nodes[p].alive]
+        victim = max(ring, key=lambda p: (self._reads_waiting_for(p), p))
+        self.situations["replica_crash_mid_read"] = self._reads_waiting_for(victim)
+        self._crash(victim)
+
+    def _reads_waiting_for(self, p: NodeId) -> int:
+        """Reads in flight whose answers a process owes (by the holders it would answer
+        for): how many a crash of it leaves waiting."""
+        owned = self._storage(p).owned
+        return sum(
+            1
+            for w in self.workloads.values()
+            if w.op is not None and w.op.kind in ("read", "scan") and in_segment(w.op.key, owned)
+        )
+
+    def _scenario_leader_crash(self) -> None:
+        self._fault_leader()
+
+    def _scenario_crash_mid_migration(self) -> None:
+        """Wait (a little) for a copy under way, then crash its source."""
+        c = self._config()
+        sending = [
+            p
+            for p in (c.keyspace.processes if c is not None else ())
+            if self.sim.nodes[p].alive and self._storage(p).outgoing
+        ]
+        if not sending:
+            if self.sim.now < 6.0:
+                self.sim.at(self.sim.now + 0.005, self._scenario_crash_mid_migration)
+            return
+        self.situations["source_crash_mid_migration"] += 1
+        self._crash(sending[0])
+
+    def _scenario_super_crash_mid_repair(self) -> None:
+        """Crash a holder; once the coordinating super has a repair in flight, crash it."""
+        c = self._config()
+        if c is None:
+            return
+        victim = c.keyspace.processes[self.rng.randrange(len(c.keyspace))]
+        self._crash(victim)
+
+        def mid_repair() -> None:
+            sup = self._super()
+            if sup is None or sup.super is None:
+                return
+            if sup.super.reconfigurations.requests or (sup.super.config or c).pending:
+                self.situations["super_crash_mid_repair"] += 1
+                self.sim.crash(sup.pid)
+                self._note(f"crash super {sup.pid} mid-repair")
+            elif self.sim.now < 7.0:
+                self.sim.at(self.sim.now + 0.002, mid_repair)
+
+        mid_repair()
+
+    def _crash(self, victim: NodeId) -> None:
+        self.sim.crash(victim)
+        self._note(f"crash storage {victim}")
+        c = self._config()
+        if self.cfg.auto_repair:
+            if c is not None and not any(self.sim.nodes[p].alive for p in c.standby()):
+                self.add_storage()
+            return
+        self.sim.at(self.sim.now + self.cfg.suspect_after + 0.5, lambda: self._repair(victim))
+
     def _storage(self, pid: NodeId) -> StorageCore:
         core = self.procs[pid].storage
         assert core is not None
@@ -571,7 +661,8 @@ class RubberbandRun(EcastGroupRun):
         cfg = self.cfg
         started = time.perf_counter()
         self.founders = self.start_founders()
-        self.add_process(SUPER)
+        for name in self.super_names:
+            self.add_process(name)
         for _ in range(cfg.storage):
             self.add_storage()
         for i in range(cfg.replication):
@@ -579,7 +670,8 @@ class RubberbandRun(EcastGroupRun):
                 0.2 + 0.05 * i,
                 lambda i=i: self._admin(("expand", f"storage:{i + 1}", i * 2500)),
             )
-        placed = cfg.storage - 2 if cfg.scenario == "expand" else cfg.storage
+        growing = cfg.scenario in ("expand", "crash_mid_migration")
+        placed = cfg.storage - 2 if growing else cfg.storage
         for i in range(cfg.replication, placed):
             self.sim.at(
                 0.5 + 0.1 * i,
@@ -587,12 +679,16 @@ class RubberbandRun(EcastGroupRun):
             )
         for i in range(self.clients):
             self.add_process(f"client:c{i + 1}", join=False)
-        if cfg.scenario == "expand":
+        if cfg.scenario in ("expand", "crash_mid_migration"):
             for n, i in enumerate(range(placed, cfg.storage)):
                 self.sim.at(
                     3.0 + 0.3 * n,
                     lambda i=i: self._admin(("expand", f"storage:{i + 1}", i * 1000 + 250)),
                 )
+        if cfg.scenario is not None:
+            if cfg.scenario not in SCENARIOS:
+                raise ValueError(f"unknown scenario {cfg.scenario!r}")
+            self.sim.at(3.0, getattr(self, f"_scenario_{cfg.scenario}", lambda: None))
         self.schedule_background()
         self.sim.run(cfg.fault_time)
         self.heal_everything()
@@ -632,6 +728,11 @@ class RubberbandRun(EcastGroupRun):
                     "copy at a replica still receiving its ranges, though another replica "
                     "of every range was complete (4.4.1)"
                 )
+        if self.final_failures:
+            violations.append(
+                f"availability: {len(self.final_failures)} final read(s) failed after "
+                f"healing: {', '.join(self.final_failures[:3])}"
+            )
         result = check(HistoryOp.from_json(r) for r in self.history)
         if result.valid is not True:
             for name, examples in sorted(result.anomalies.items()):
@@ -651,6 +752,12 @@ class RubberbandRun(EcastGroupRun):
             n.client.counts.get("snapshot_refused", 0) for n in self.procs.values() if n.client
         )
         self.situations["snapshot_rejected_then_accepted"] += refused
+        scenario = self.cfg.scenario
+        if scenario not in (None, "expand") and (outcomes["fail"] or outcomes["info"]):
+            violations.append(
+                f"availability: in scenario {scenario}, {outcomes['fail']} operation(s) "
+                f"failed and {outcomes['info']} were left unknown; every one must complete"
+            )
         return RbRunResult(
             seed=self.cfg.seed,
             ops=sum(1 for r in self.history if r["type"] == "invoke" and r["f"] == "txn"),
@@ -687,7 +794,7 @@ class RubberbandRun(EcastGroupRun):
                 items = {
                     k: tuple(v) if isinstance(v, list | tuple) else v
                     for k, v in engine.items()  # type: ignore[attr-defined]
-                    if _in_segment(k, segment)
+                    if in_segment(k, segment)
                 }
                 views[p] = items
             distinct = {
@@ -714,11 +821,6 @@ class RubberbandRun(EcastGroupRun):
             "within_50ms": fast,
             "share": round(fast / len(during), 4) if during else None,
         }
-
-
-def _in_segment(key: Any, segment: Any) -> bool:
-    e = encode_key(key)
-    return any(lo <= e < hi for lo, hi in segment)
 
 
 def run_rubberband(cfg: RbRunConfig) -> RbRunResult:

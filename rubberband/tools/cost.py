@@ -22,7 +22,8 @@ from typing import Any
 import msgpack
 
 from ecast import KeyRingConfig, Message
-from rubberband.config import RubberbandConfig, keyspace_header, read_header, write_header
+from rubberband.config import RubberbandConfig
+from rubberband.proto import keyspace_header, read_header, write_header
 from rubberband.keys import encode_key, key_range, normalize, point
 from rubberband.optimizer import optimize
 

@@ -123,7 +123,9 @@ def test_a_stale_keyspace_message_is_ignored() -> None:
 )
 def test_impossible_keyspace_messages_change_nothing(op: Any) -> None:
     c = cluster(3)
-    after, dests = step(c, "super:a", {"kind": "keyspace", H.VERSION: c.version, H.OP: op, H.INSTRUCTIONS: ()})
+    after, dests = step(
+        c, "super:a", {"kind": "keyspace", H.VERSION: c.version, H.OP: op, H.INSTRUCTIONS: ()}
+    )
     assert after == c and dests == frozenset()
 
 
@@ -132,7 +134,9 @@ def test_malformed_instructions_are_refused() -> None:
     c, _ = expand(c, "storage:0", 0)
     op = ("expand", "storage:1", encode_key(50))
     for ins in (("copy",), (("copy", "storage:9", "storage:1", ((encode_key(0), (9,)),)),), 5):
-        after, dests = step(c, "super:a", {"kind": "keyspace", H.VERSION: 1, H.OP: op, H.INSTRUCTIONS: ins})
+        after, dests = step(
+            c, "super:a", {"kind": "keyspace", H.VERSION: 1, H.OP: op, H.INSTRUCTIONS: ins}
+        )
         assert after == c and dests == frozenset(), ins
 
 

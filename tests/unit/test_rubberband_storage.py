@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 from ecast import Message
 from rubberband.client import ClientCore, Rejected
+from rubberband.engine import BadOperation
 from rubberband.keys import normalize
 from rubberband.outputs import Stop
 from rubberband.proto import Abort, Answer, Answers, BasicRead, Chunk, H, Pull, Refuse, Stale, Whole
 from rubberband.storage import StorageCore
 from rubberband.super import Refused
-from storage_adapters.base import BadOperation
 from storage_adapters.memory import KVOps, MemoryEngine
 from tests.rubberband_model import Model
 
@@ -622,7 +622,8 @@ def test_a_batch_of_reads_travels_as_its_groups_would_one_by_one() -> None:
         assert len(idx) == 1 or len(payload) <= 120
         if len(idx) > 1:
             assert (
-                header[H.READS] == bundle_of(client, [(ops[i], gathers[i]) for i in idx], 1)[1][H.READS]
+                header[H.READS]
+                == bundle_of(client, [(ops[i], gathers[i]) for i in idx], 1)[1][H.READS]
             )
 
 
@@ -855,7 +856,9 @@ def test_a_chunk_outside_the_copy_or_malformed_is_refused_and_nothing_wedges(
     m.settle()
     assert "storage:9" not in m.stopped
     assert core.stats.chunks_refused == 1
-    assert ("outside" if tamper == "outside" else "malformed") in (core.migration.last_refusal or "")
+    assert ("outside" if tamper == "outside" else "malformed") in (
+        core.migration.last_refusal or ""
+    )
     assert outside not in dict(core.engine.items())
     assert not m.storage[rec.src].outgoing  # the source was told to stop
     # Incomplete, as when a source fails mid-transfer: the reconfiguration waits only for

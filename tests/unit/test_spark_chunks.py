@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rubberband.engine import MAX_EKEY as MAX
+from rubberband.engine import MIN_EKEY as MIN
+from rubberband.engine import Placement
 from rubberband.keys import stable_hash32
-from rubberband_spark.chunks import BadRows, Chunker, Target, remainder_messages
-from storage_adapters.base import MAX_EKEY as MAX
-from storage_adapters.base import MIN_EKEY as MIN
-from storage_adapters.base import Placement
+from rubberband.spark.chunks import BadRows, Chunker, Target, remainder_messages
 from storage_adapters.memory import KVOps
 from storage_adapters.scan.client import ScanOps
 

@@ -1,4 +1,4 @@
-"""Many Rubberband clients in one OS process: ``python -m rubberband_bench.load``.
+"""Many Rubberband clients in one OS process: ``python -m rubberband.bench.load``.
 
 Each logical client is a full ``rubberband.connect`` client (its own E-Cast connection,
 session and identity).  Writes keep ``--window`` messages in flight per client through
@@ -92,7 +92,7 @@ class Client:
 
     def __init__(self, rb: Any, args: argparse.Namespace, stats: Stats, seed: int) -> None:
         from rubberband.keys import after
-        from rubberband.sdk import BUNDLE_BYTES, BUNDLE_LIMIT
+        from rubberband.client import BUNDLE_BYTES, BUNDLE_LIMIT
 
         self.rb = rb
         self.args = args
@@ -162,13 +162,13 @@ class Client:
         core = self.rb.core
         ops = [self.op("write") for _ in range(n)]
         if self.write_bundle > 1:  # as RubberbandClient.write_batch sends them
-            messages = core.writes(ops, self.write_bundle, self.bundle_bytes)
+            messages = core.writes_of(ops, self.write_bundle, self.bundle_bytes)
             ids = self.rb.ecast.submit_batch([(p, h) for _, p, h in messages])
             for sid, (indices, _, _) in zip(ids, messages, strict=True):
                 if len(indices) > 1:
                     self.carries[sid[1]] = len(indices)
         else:
-            ids = self.rb.ecast.submit_batch([core.write(op) for op in ops])
+            ids = self.rb.ecast.submit_batch([core.write_message(op) for op in ops])
         now = time.perf_counter()
         for sid in ids:
             self.sent_at[sid[1]] = now
@@ -417,7 +417,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser("python -m rubberband_bench.load", description=__doc__)
+    ap = argparse.ArgumentParser("python -m rubberband.bench.load", description=__doc__)
     ap.add_argument("--routers", required=True)
     ap.add_argument("--credentials")
     ap.add_argument("--secret")

@@ -1,6 +1,6 @@
 """The experiments of ``rubberband bench``, after the dissertation's figures.
 
-Each one starts real local clusters (:class:`~rubberband_bench.harness.Bench`), prints a
+Each one starts real local clusters (:class:`~rubberband.bench.harness.Bench`), prints a
 table, draws a PNG shaped like its figure (``--png``), and with ``--json`` ends with one
 JSON object: its rows, the baseline of the same run, the machine and the placement.
 Every size is a flag, so a test runs each experiment at a tiny size in seconds.
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ecast import local
-from rubberband_bench.harness import Bench, check_idle, ecast_baseline, machine, state_dir
+from rubberband.bench.harness import Bench, check_idle, ecast_baseline, machine, state_dir
 
 # ------------------------------------------------------------------ common
 
@@ -620,7 +620,7 @@ def _preload(b: Bench, keys: int, payload: int, ops: str) -> None:
     import asyncio
 
     import rubberband
-    from rubberband_bench.load import OPS, value_text
+    from rubberband.bench.load import OPS, value_text
 
     st = b.st()
 

@@ -1,4 +1,4 @@
-"""``python -m rubberband_spark.bench``: rows per second from a local Spark into a real
+"""``python -m rubberband.bench.spark``: rows per second from a local Spark into a real
 cluster, exactly once, with the E-Cast messages per second that carried them.
 
 Starts a cluster with ``rubberband cluster up`` (or uses ``--state-dir`` of a running
@@ -76,7 +76,7 @@ async def _count(state: Path, lo: int, hi: int, table: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rubberband_spark.bench", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m rubberband.bench.spark", description=__doc__)
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--routers", type=int, default=3)
     ap.add_argument("--storage", type=int, default=6)
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    import rubberband_spark
+    import rubberband.spark
 
     spark = (
         SparkSession.builder.master(f"local[{args.cores}]")
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    rubberband_spark.register(spark)
+    rubberband.spark.register(spark)
     results: dict[str, Any] = {
         "rows": args.rows,
         "routers": args.routers,

@@ -35,8 +35,8 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jepsen_like.checkers.history import Call, HistoryError, Op, gc_paused, pair_calls
-from jepsen_like.checkers.result import DEFAULT_MAX_EXAMPLES, CheckResult, Findings
+from rubberband.checkers.history import Call, HistoryError, Op, gc_paused, pair_calls
+from rubberband.checkers.result import DEFAULT_MAX_EXAMPLES, CheckResult, Findings
 
 
 @dataclass(frozen=True, slots=True)
