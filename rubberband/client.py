@@ -26,6 +26,8 @@ What the core decides, so that every driver decides alike:
   last try reached no responder (no holder may be left), else ``Indeterminate``.
 * **Snapshot reads refused** (a responder not at the router's frontier) are tried again,
   up to ``attempts`` times, then read sequentially: also a consistent cut, and ordered.
+  One left unanswered twice is read sequentially too: an unsafe message is never
+  acknowledged, so a router that died under it goes unnoticed on that path.
 * **Timeouts are timers**: every request has a deadline, and the core asks to be woken
   at the earliest one.
 
@@ -40,7 +42,6 @@ import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any
 
 from ecast import Direct, Effects, NodeId
@@ -61,7 +62,7 @@ from rubberband.proto import (
     Stale,
     Whole,
 )
-from rubberband.read_batches import Bundle, tell
+from rubberband.read_batches import BUNDLE_BYTES, BUNDLE_LIMIT, BatchReads, Bundle, anyone
 
 __all__ = [
     "ISOLATION_LEVELS",
@@ -78,12 +79,8 @@ __all__ = [
     "op_name",
 ]
 
-BUNDLE_LIMIT = 32
-"""Reads for one responder that :meth:`ClientCore.read_batch` sends as one message by
-default (``rubberband.proto.bundle_header``)."""
-BUNDLE_BYTES = 64 * 1024
-"""A bundle's payload at most (reads with large operations go fewer to a message), far
-below any router's message limit."""
+SILENT_SNAPSHOT_TRIES = 2
+"""Snapshot tries left unanswered after which a read goes the sequential way."""
 UNDELIVERED_RETRY = 0.1
 """Seconds before a read no responder delivered is tried again."""
 MAX_ASIDE = 4096
@@ -130,7 +127,7 @@ class _Read:
 
     __slots__ = (
         "acked", "attempts", "deadline", "gather", "id", "level", "lost", "op", "refused_once",
-        "retry_at", "tried", "try_id", "version", "within",
+        "retry_at", "silent", "tried", "try_id", "version", "within",
     )  # fmt: skip
 
     def __init__(
@@ -150,6 +147,8 @@ class _Read:
         """The last try was stable but delivered by no responder (each failed)."""
         self.retry_at = 0.0
         self.refused_once = False
+        self.silent = 0
+        """Snapshot tries that got no answer at all."""
         self.tried: frozenset[str] = frozenset()
         """A basic read: the processes asked since the keyspace last changed."""
         self.version = -1
@@ -169,10 +168,10 @@ class _Write:
 
 
 _NOTHING: Any = object()
-_READ, _WRITE, _BATCH = 0, 1, 2
+_READ, _WRITE = 0, 1  # timer kinds (a batch's: read_batches.BATCH_TIMER)
 
 
-class ClientCore(Messages):
+class ClientCore(BatchReads, Messages):
     """A Rubberband client's protocol: its keyspace, its requests, their answers."""
 
     def __init__(
@@ -206,7 +205,7 @@ class ClientCore(Messages):
         self._timers: list[tuple[float, int, int]] = []
         """``(time, kind, request id)``, a heap: when a read alone is due a retry or its
         deadline (``_READ``), a write its deadline (``_WRITE``), a batch's bundle or read
-        its deadline (``_BATCH``).  Entries are not removed when a request ends early:
+        its deadline (``BATCH_TIMER``).  Entries are not removed when a request ends early:
         one found stale when due is dropped."""
         self._aside: list[tuple[NodeId, Any]] = []
         self._describing: dict[int, NodeId] = {}
@@ -241,7 +240,8 @@ class ClientCore(Messages):
             return
         self.counts["refreshes"] += 1
         rid = next(self._ids)
-        s = self.supers[rid % len(self.supers)]
+        # Another super each time (one may be gone), in turn.
+        s = self.supers[self.counts["refreshes"] % len(self.supers)]
         self._describing[rid] = s
         if len(self._describing) > 64:
             del self._describing[next(iter(self._describing))]
@@ -449,91 +449,28 @@ class ClientCore(Messages):
         due = r.retry_at if r.level != "sequential" or r.acked else None
         failover = r.level != "replica" and not mutations.on(NO_FAILOVER)
         if due is not None and now >= due and failover:
+            if r.level == "snapshot":
+                r.silent += 1
+                if r.silent >= SILENT_SNAPSHOT_TRIES:
+                    # Unanswered, not refused: the router it went to may be gone, and
+                    # nothing tells a client so of a message that is never acknowledged.
+                    # A sequential read is acknowledged (E-Cast fails over for it).
+                    r.level = "sequential"
             self._try(r, now)
 
-    # ================================================================== read batches
-    def read_batch(
-        self,
-        ops: list[Any],
-        level: str,
-        done: Callable[..., None],
-        now: float,
-        *,
-        timeout: float | None = None,
-        bundle: int = BUNDLE_LIMIT,
-        grouped: bool = False,
-    ) -> tuple[int, Effects]:
-        """Many reads at once, without retries: ``done(op, gather)`` once per read when
-        its answers are all in (``gather.refused``: read it again; ``gather.error``;
-        else ``self.result(gather)``), ``done(op, None)`` when it is not complete after
-        ``timeout``; ``grouped``: ``done(told)`` once per group of reads finished
-        together, ``told`` a list of ``(op, gather)``.  Sequential and snapshot reads
-        for one responder travel up to ``bundle`` to a message.  Raises for a bad op
-        before anything is sent.  Returns the number of messages."""
-        if level not in ISOLATION_LEVELS:
-            raise ValueError(f"isolation is one of {', '.join(ISOLATION_LEVELS)}, not {level!r}")
-        gathers = self.gathers(ops)  # raises for a bad op, before sending
-        fx = self._begin()
-        deadline = now + self._timeout(timeout)
-        each: Callable[[Any, Gather | None], None] = (
-            (lambda op, gather: done([(op, gather)])) if grouped else done
-        )
-        heap = self._timers
-        sent = 0
-        if level == "basic":
-            version = self.version
-            for i, gather in enumerate(gathers):
-                rid = next(self._ids)
-                targets = self.basic_targets(gather, frozenset())
-                self.batch_reads[rid] = (gather, ops[i], each)
-                self.asked[rid] = frozenset(targets)
-                heapq.heappush(heap, (deadline, _BATCH, rid))
-                for target, ranges in targets.items():
-                    fx.send.append((target, Direct(BasicRead(rid, ops[i], ranges, version))))
-                    sent += 1
-            return sent, self._end(now)
-        unsafe = level == "snapshot"
-        deliver = fx.deliver
-        for group, payload, header in self.read_messages(ops, gathers, bundle, BUNDLE_BYTES):
-            rid = next(self._ids)
-            header[H.REQUEST] = rid
-            if len(group) == 1:
-                i = group[0]
-                self.batch_reads[rid] = (gathers[i], ops[i], each)
-            else:
-                self._bundles[rid] = Bundle(
-                    [ops[i] for i in group], [gathers[i] for i in group], done, grouped, deadline
-                )
-            heapq.heappush(heap, (deadline, _BATCH, rid))
-            deliver.append(Submit(header, payload, rid, unsafe))
-            sent += 1
-        return sent, self._end(now)
-
+    # ================================================================== sheds, acknowledgements
     def on_shed(self, token: Any, now: float) -> Effects:
         """A snapshot read reached not every responder (a router no longer leading, or a
         responder too far behind, 3.5.7): refused now, to be read again, rather than
         left to time out."""
         self._begin()
-        b = self._bundles.pop(token, None)
-        if b is not None:
-            b.finish_open(refused=True)
-        elif token in self.batch_reads:
-            gather, op, each = self.batch_reads.pop(token)
-            gather.refused = True
-            tell(each, op, gather)
-        else:
+        if not self._batch_shed(token):
             r = self._single.get(token)
             if r is not None and r.gather is not None and r.try_id == token:
                 r.gather.refused = True
                 self._check_read(r, now)
         return self._end(now)
 
-    def _settle(self, rid: int, b: Bundle) -> None:
-        """Forget a bundle once none of its reads is waiting."""
-        if not b.left:
-            self._bundles.pop(rid, None)
-
-    # ================================================================== acknowledgements
     def on_acked(self, token: Any, delivered: bool, now: float) -> Effects:
         """A submission of ours is stable: ``delivered`` says whether any holder took it
         (False: some range of it has no holder left)."""
@@ -577,15 +514,7 @@ class ClientCore(Messages):
         r = self._single.get(token)
         if r is not None and r.try_id == token:
             self._finish(r, error=error)
-        why = f"not sent: {type(error).__name__}: {error}"
-        b = self._bundles.pop(token, None)
-        if b is not None:
-            b.fail(why)
-        batch = self.batch_reads.pop(token, None)
-        if batch is not None:
-            self.asked.pop(token, None)
-            batch[0].error = why
-            tell(batch[2], batch[1], batch[0])
+        self._batch_rejected(token, f"not sent: {type(error).__name__}: {error}")
         return self._end(now)
 
     def _write_done(self, w: _Write, error: Exception | None) -> None:
@@ -608,28 +537,9 @@ class ClientCore(Messages):
         if src[:8] != STORAGE:
             self.refused_answers += 1
             return
-        held = self.holders.holds if not mutations.on(TRUST_ANY_ANSWER) else _anyone
-        if t is Whole:
-            b = self._bundles.get(msg.request)
-            results = msg.results
-            if b is not None and type(results) is tuple and len(results) == len(b.gathers):
-                if not b.held_by(held, src):
-                    self._set_aside(src, msg, recheck)
-                    return
-                n = len(results)
-                b.rows(msg.position, True, zip(range(n), repeat(None), results, repeat(None)))
-                self._settle(msg.request, b)
-        elif t is Answers:
-            b = self._bundles.get(msg.request)
-            if b is not None:
-                if not b.well_formed(msg.rows):
-                    self.refused_answers += 1
-                    return
-                if not b.rows_held_by(held, src, msg.rows):
-                    self._set_aside(src, msg, recheck)
-                    return
-                b.rows(msg.position, msg.ok, msg.rows)
-                self._settle(msg.request, b)
+        held = self.holders.holds if not mutations.on(TRUST_ANY_ANSWER) else anyone
+        if t is Whole or t is Answers:
+            self._bundle_answer(src, msg, recheck, held)
         elif t is Answer:
             if msg.covered is not None and not is_range_set(msg.covered):
                 self.refused_answers += 1
@@ -650,7 +560,7 @@ class ClientCore(Messages):
         if w is not None:
             if (
                 not any(overlaps(p, w.ranges) for p in self.holders.parts(src))
-                and held is not _anyone
+                and held is not anyone
             ):
                 self._set_aside(src, a, recheck)
             elif w.answer is _NOTHING:
@@ -674,36 +584,7 @@ class ClientCore(Messages):
             g.add(a.covered, a.result, a.error, a.position, a.ok)
             self._check_read(r, self._now)
             return
-        batch = self.batch_reads.get(rid)
-        if batch is not None:
-            gather, op, each = batch
-            asked = self.asked.get(rid)
-            if asked is not None:
-                if src not in asked:
-                    self.refused_answers += 1
-                    return
-            elif not held(src, gather.ranges if a.covered is None else a.covered):
-                self._set_aside(src, a, recheck)
-                return
-            gather.add(a.covered, a.result, a.error, a.position, a.ok)
-            if gather.complete:
-                del self.batch_reads[rid]
-                self.asked.pop(rid, None)
-                tell(each, op, gather)
-            return
-        b = self._bundles.get(rid)  # a refusal or error of a whole bundle
-        if b is not None:
-            if not b.held_by(held, src):
-                self._set_aside(src, a, recheck)
-                return
-            complete = []
-            for i, g in enumerate(b.gathers):
-                if g is not None:
-                    g.add(a.covered, a.result, a.error, a.position, a.ok)
-                    if g.complete:
-                        complete.append(i)
-            b.finish_all(complete)
-            self._settle(rid, b)
+        self._batch_answer(src, a, recheck, held)
 
     def _set_aside(self, src: NodeId, msg: Any, recheck: bool) -> None:
         """An answer from a storage process that no keyspace we know says holds what it
@@ -741,14 +622,7 @@ class ClientCore(Messages):
                     what = "not stable" if not w.stable else "stable but no holder answered"
                     self._write_done(w, Indeterminate(f"{op_name(w.op)} is {what} in time"))
             else:
-                b = self._bundles.pop(rid, None)
-                if b is not None:
-                    b.finish_open(timed_out=True)
-                    continue
-                batch = self.batch_reads.pop(rid, None)
-                if batch is not None:
-                    self.asked.pop(rid, None)
-                    tell(batch[2], batch[1], None)
+                self._batch_expired(rid)
         return self._end(now)
 
     # ================================================================== plumbing
@@ -778,7 +652,3 @@ def _write_error(w: _Write) -> Exception | None:
     if not w.answered or w.answer is _NOTHING or w.answer is None:
         return None
     return Rejected(w.answer)
-
-
-def _anyone(src: NodeId, ranges: Any) -> bool:
-    return True

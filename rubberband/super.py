@@ -236,22 +236,34 @@ class SuperCore:
         holder is replaced by a standby process (fresh copies from the complete
         replicas), or, with no standby left, contracted while the ring keeps at least
         ``f`` processes.  A repair that would lose data is refused by :meth:`plan`
-        (never forced here): that needs an operator."""
+        (never forced here): another broken holder's may go first, or an operator must
+        decide."""
         c = self.config
         if c is None or c.coordinator() != self.me:
             return []
         if any(p.waiting - c.incomplete for p in c.pending.values()):
             return []
         ring = c.keyspace.processes
-        broken = [p for p in ring if p not in c.storage() or p in c.incomplete]
-        if not broken:
-            return []
-        victim = sorted(broken)[0]  # one at a time: each repair changes the version
+        # Incomplete holders first (they hold nothing a repair could need), then failed
+        # ones; the first whose repair can be planned without losing data, one at a time
+        # (each repair changes the version).  A failed source of an unfinished copy
+        # cannot be contracted while its receiver is incomplete: the receiver would be
+        # left with ranges and no data, so the receiver goes first.
+        broken = sorted(p for p in ring if p in c.incomplete)
+        broken += sorted(p for p in ring if p not in c.storage() and p not in c.incomplete)
         spares = sorted(c.standby() - c.incomplete)
-        if spares:
-            return [("replace", (victim, spares[0]))]
-        if len(ring) - 1 >= c.f:
-            return [("contract", (victim,))]
+        for victim in broken:
+            if spares:
+                repair: tuple[str, tuple[Any, ...]] = ("replace", (victim, spares[0]))
+            elif len(ring) - 1 >= c.f:
+                repair = ("contract", (victim,))
+            else:
+                continue
+            try:
+                self.plan(repair[0], *repair[1])
+            except Refused:
+                continue
+            return [repair]
         return []
 
     @staticmethod

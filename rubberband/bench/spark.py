@@ -104,7 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     if table:
         asyncio.run(_create_table(state))
     from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
 
     import rubberband.spark
 
@@ -136,49 +135,55 @@ def main(argv: list[str] | None = None) -> int:
         }
         if table:
             options.update(table=TABLE, key="key")
-        n = args.rows
-
-        def frame(offset: int) -> Any:
-            return spark.range(offset, offset + n, numPartitions=args.partitions).select(
-                F.col("id").alias("key"), (F.col("id") * 3).alias("value")
-            )
-
-        # batch writer
-        trace = work / "trace-batch"
-        frame(0).count()  # Spark compiles and warms up its workers outside the timing
-        t0 = time.perf_counter()
-        frame(0).write.format("rubberband").options(**options, trace=str(trace)).mode(
-            "append"
-        ).save()
-        dt = time.perf_counter() - t0
-        results["batch"] = _report(n, dt, _messages(trace), asyncio.run(_count(state, 0, n, table)))
-        print("batch writer:", results["batch"], flush=True)
-
-        # streaming writer over the same rows as Parquet files
-        files = work / "in"
-        frame(n).write.parquet(str(files))
-        trace = work / "trace-stream"
-        stream = spark.readStream.schema("key long, value long").parquet(str(files))
-        t0 = time.perf_counter()
-        q = (
-            stream.writeStream.format("rubberband")
-            .options(**options, trace=str(trace))
-            .option("checkpointLocation", str(work / "ck"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        q.awaitTermination()
-        dt = time.perf_counter() - t0
-        results["stream"] = _report(
-            n, dt, _messages(trace), asyncio.run(_count(state, n, 2 * n, table))
-        )
-        print("stream writer:", results["stream"], flush=True)
+        results.update(_writers(spark, args, options, work, state, table))
     finally:
         spark.stop()
         if started:
             _cli("cluster", "down", "--state-dir", str(state))
     print(json.dumps(results))
     return 0
+
+
+def _writers(
+    spark: Any, args: argparse.Namespace, options: dict[str, str], work: Path, state: Path,
+    table: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """The batch writer, then the streaming writer over the same number of rows as
+    Parquet files: rows per second and messages each."""
+    from pyspark.sql import functions as F
+
+    n = args.rows
+    out: dict[str, Any] = {}
+
+    def frame(offset: int) -> Any:
+        return spark.range(offset, offset + n, numPartitions=args.partitions).select(
+            F.col("id").alias("key"), (F.col("id") * 3).alias("value")
+        )
+
+    trace = work / "trace-batch"
+    frame(0).count()  # Spark compiles and warms up its workers outside the timing
+    t0 = time.perf_counter()
+    frame(0).write.format("rubberband").options(**options, trace=str(trace)).mode("append").save()
+    dt = time.perf_counter() - t0
+    out["batch"] = _report(n, dt, _messages(trace), asyncio.run(_count(state, 0, n, table)))
+    print("batch writer:", out["batch"], flush=True)
+    files = work / "in"
+    frame(n).write.parquet(str(files))
+    trace = work / "trace-stream"
+    stream = spark.readStream.schema("key long, value long").parquet(str(files))
+    t0 = time.perf_counter()
+    q = (
+        stream.writeStream.format("rubberband")
+        .options(**options, trace=str(trace))
+        .option("checkpointLocation", str(work / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    dt = time.perf_counter() - t0
+    out["stream"] = _report(n, dt, _messages(trace), asyncio.run(_count(state, n, 2 * n, table)))
+    print("stream writer:", out["stream"], flush=True)
+    return out
 
 
 def _report(rows: int, seconds: float, messages: int, found: int) -> dict[str, Any]:

@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mutation", choices=MUTATIONS)
     ap.add_argument("--scenario", choices=sorted(SCENARIOS), help="a fixed schedule, no faults")
     ap.add_argument("--supers", type=int, default=1)
+    ap.add_argument("--answer-timeout", type=float, default=1.0, help="seconds a read may take")
     ap.add_argument(
         "--engine",
         default="storage_adapters.memory:MemoryEngine",
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         mutation=args.mutation,
         scenario=args.scenario,
         supers=args.supers,
+        answer_timeout=args.answer_timeout,
         engine=args.engine,
         auto_repair=args.auto_repair,
         bundle=args.bundle,

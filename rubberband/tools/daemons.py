@@ -455,22 +455,35 @@ async def run_super(args: argparse.Namespace) -> int:
         auto_repair=args.auto_repair,
         repair_after=args.repair_after,
     )
-    host = SuperHost(
-        client,
-        core,
-    )
+    host = SuperHost(client, core)
     log.info("event=joined name=%s", args.name)
+    api = AdminApi(host, token)
+    runner = await kit.serve_http(
+        args.admin, lambda: super_metrics(host), api.health, lambda h: h["status"] == "ok",
+        api.routes,
+    )  # fmt: skip
+    return await _until_stopped(host, client, runner)
 
-    def authorized(request: web.Request) -> bool:
+
+class AdminApi:
+    """A super's admin API: ``/status`` and ``/reconfigure`` for the token's holder, the
+    console page, and ``/health`` for anyone."""
+
+    def __init__(self, host: SuperHost, token: str) -> None:
+        self.host = host
+        self.token = token
+
+    def authorized(self, request: web.Request) -> bool:
         got = request.headers.get("Authorization", "")
-        return hmac.compare_digest(got.encode(), f"Bearer {token}".encode())
+        return hmac.compare_digest(got.encode(), f"Bearer {self.token}".encode())
 
-    def health() -> dict[str, Any]:
+    def health(self) -> dict[str, Any]:
         """``ok``; ``starting`` until joined; ``degraded`` (503) while a reconfiguration
         has been pending for more than ``STUCK_AFTER`` s (a receiver is not finishing).
         Answered to anyone, so it says how the super is and nothing of the cluster's
         layout: the ring, processes and coordinator are ``/status``'s, with the token."""
-        full = core.status()
+        host = self.host
+        full = host.core.status()
         s: dict[str, Any] = {
             "status": "ok" if full.get("joined") and host.stopped is None else "starting",
             "joined": bool(full.get("joined")),
@@ -483,13 +496,13 @@ async def run_super(args: argparse.Namespace) -> int:
             s["reasons"] = [f"version {v} pending for {age} s" for v, age in sorted(stuck.items())]
         return s
 
-    async def status(request: web.Request) -> web.Response:
-        if not authorized(request):
+    async def status(self, request: web.Request) -> web.Response:
+        if not self.authorized(request):
             return web.json_response({"error": "a valid admin token is required"}, status=401)
-        return web.json_response(host.status())
+        return web.json_response(self.host.status())
 
-    async def reconfigure(request: web.Request) -> web.Response:
-        if not authorized(request):
+    async def reconfigure(self, request: web.Request) -> web.Response:
+        if not self.authorized(request):
             return web.json_response({"error": "a valid admin token is required"}, status=401)
         try:
             body = await request.json()
@@ -503,7 +516,7 @@ async def run_super(args: argparse.Namespace) -> int:
         if not isinstance(op_args, list) or len(op_args) > 3:
             return web.json_response({"error": "args is a list of at most 3 values"}, status=400)
         try:
-            result = await host.reconfigure(
+            result = await self.host.reconfigure(
                 body["op"],
                 *op_args,
                 force=bool(body.get("force", False)),
@@ -519,20 +532,15 @@ async def run_super(args: argparse.Namespace) -> int:
             return web.json_response({"error": str(e)}, status=504)
         return web.json_response(result)
 
-    async def console(request: web.Request) -> web.Response:
+    async def console(self, request: web.Request) -> web.Response:
         from rubberband.tools.console import HEADERS, PAGE
 
         return web.Response(text=PAGE, content_type="text/html", headers=HEADERS)
 
-    def routes(app: web.Application) -> None:
-        app.router.add_get("/status", status)
-        app.router.add_post("/reconfigure", reconfigure)
-        app.router.add_get("/console", console)
-
-    runner = await kit.serve_http(
-        args.admin, lambda: super_metrics(host), health, lambda h: h["status"] == "ok", routes
-    )
-    return await _until_stopped(host, client, runner)
+    def routes(self, app: web.Application) -> None:
+        app.router.add_get("/status", self.status)
+        app.router.add_post("/reconfigure", self.reconfigure)
+        app.router.add_get("/console", self.console)
 
 
 def main_for(kind: str, argv: list[str] | None = None) -> int:

@@ -146,6 +146,7 @@ DRIVERS = (
     "rubberband/sim/run.py",
     "rubberband/sim/workload.py",
     "rubberband/sim/__main__.py",
+    "rubberband/sim/nemesis.py",
 )
 """The simulator's checks (``rubberband/sim/checks.py``) read the protocol to judge it,
 as the checkers do; they drive nothing."""
@@ -240,3 +241,24 @@ def test_the_rule_itself_catches_a_violation(tmp_path: Path) -> None:
         assert len(violations("ecast/core", rule)) == 2
     finally:
         f.unlink()
+
+
+def test_rubberband_keeps_its_files_functions_and_classes_small() -> None:
+    """At most 800 lines a file, 80 a function, 500 a class, in ``rubberband/`` (a
+    decision paragraph in docs/decisions.md would have to say why one is bigger: none
+    is)."""
+    found = []
+    for f in files("rubberband"):
+        source = f.read_text()
+        where = f.relative_to(ROOT)
+        if source.count("\n") > 800:
+            found.append(f"{where}: {source.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(source, str(f))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                continue
+            size = (node.end_lineno or node.lineno) - node.lineno + 1
+            if not isinstance(node, ast.ClassDef) and size > 80:
+                found.append(f"{where}:{node.lineno}: function {node.name}, {size} lines")
+            elif isinstance(node, ast.ClassDef) and size > 500:
+                found.append(f"{where}:{node.lineno}: class {node.name}, {size} lines")
+    assert found == []

@@ -9,6 +9,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from ecast.core import mutations
 from rubberband.client import ReadDone, WriteDone
 from rubberband.errors import Indeterminate, Unavailable
 from rubberband.proto import Answer, Answers, H, Whole
@@ -64,11 +65,17 @@ def test_a_basic_read_across_a_keyspace_change_returns_every_key() -> None:
     assert rig.core.version == m.config.version and rig.core.counts["retries"] >= 1
 
 
-def test_answers_are_taken_only_from_holders_a_newer_keyspace_learned_first() -> None:
-    """An answer from a process that is no storage process is no answer; one from a
-    storage process that the client's keyspace does not name as a holder waits until the
-    client has asked a super for the newest keyspace, and counts if that names it."""
+def _forged_then_real() -> tuple[list[Any], int]:
+    """A read whose holder the client does not know yet (an expand it missed): a forged
+    answer from a storage process that holds none of it, then the real one from the new
+    holder."""
     m = Model(f=3).ring_of(4)
+    liar = next(
+        p
+        for p in m.config.keyspace.processes
+        if p != _holder(m, 360)
+        and not any(lo <= m.placement.ekey(360) < hi for lo, hi in m.config.keyspace.partition(p))
+    )
     rig = Rig(m)
     rig.silent = True
     m.join_storage("storage:4")
@@ -81,12 +88,30 @@ def test_answers_are_taken_only_from_holders_a_newer_keyspace_learned_first() ->
     rig.run(fx)
     (sub,) = rig.submitted
     rid = sub.header[H.REQUEST]
-    rig.run(rig.core.on_direct("client:x", Answer(rid, None, {360: "forged"}, None, 1, True), 0))
+    rig.run(rig.core.on_direct("client:x", Answer(rid, None, {360: "client"}, None, 1, True), 0))
+    rig.run(rig.core.on_direct(liar, Answer(rid, None, {360: "forged"}, None, 1, True), 0))
     rig.run(rig.core.on_direct("storage:4", Answer(rid, None, {360: "real"}, None, 1, True), 0))
-    assert got == []  # set aside: the client's keyspace names other holders
+    early = list(got)
     rig.pump()  # the super's answer: storage:4 holds 360 now
-    assert [rig.core.result(g) for g in got] == [{360: "real"}]
-    assert rig.core.refused_answers == 1
+    return [rig.core.result(g) for g in early] + [rig.core.result(g) for g in got[len(early) :]], (
+        rig.core.refused_answers
+    )
+
+
+def test_answers_are_taken_only_from_holders_a_newer_keyspace_learned_first() -> None:
+    """An answer from a process that is no storage process is no answer; one from a
+    storage process that the client's keyspace does not name as a holder waits until the
+    client has asked a super for the newest keyspace, and counts if that names it."""
+    got, refused = _forged_then_real()
+    assert got == [{360: "real"}] and refused == 2
+
+
+def test_the_planted_bug_that_trusts_any_answer_is_caught() -> None:
+    """``trust_any_answer`` (no simulated process lies, so the simulator cannot catch
+    it): the forged answer completes the read."""
+    with mutations.planted({"trust_any_answer"}):
+        got, _ = _forged_then_real()
+    assert got[0] == {360: "forged"}
 
 
 def test_an_answer_from_a_process_not_asked_is_no_answer_to_a_basic_read() -> None:
