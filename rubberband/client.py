@@ -283,11 +283,18 @@ class ClientCore(BatchReads, Messages):
         return rid, self._end(now)
 
     def write_batch(
-        self, ops: list[Any], now: float, bundle: int = BUNDLE_LIMIT, timeout: float | None = None
+        self,
+        ops: list[Any],
+        now: float,
+        bundle: int = BUNDLE_LIMIT,
+        timeout: float | None = None,
+        alone: Callable[[Any], bool] | None = None,
     ) -> tuple[list[tuple[tuple[int, ...], int]], Effects]:
         """Many writes at once: ``(indices, request)`` for each message that carries
-        some (see :meth:`Messages.writes`), each told by its own :class:`WriteDone`."""
-        messages = self.writes_of(ops, bundle, BUNDLE_BYTES)  # raises before anything
+        some (see :meth:`Messages.writes_of`; ``alone`` as there: which writes travel
+        alone, by default those whose holder must answer), each told by its own
+        :class:`WriteDone`."""
+        messages = self.writes_of(ops, bundle, BUNDLE_BYTES, alone)  # raises before anything
         fx = self._begin()
         out = []
         deadline = now + self._write_timeout(timeout)

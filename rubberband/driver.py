@@ -4,8 +4,9 @@ out the same way by the asyncio daemons (:mod:`rubberband.host`), the SDK
 
 A core's effects are direct messages (``send``: ``Direct`` values to other application
 processes), a wake-up time, and in ``deliver``, in the order they arose: E-Cast messages
-to submit (:class:`~rubberband.outputs.Submit`), a stop
-(:class:`~rubberband.outputs.Stop`), and upcalls for the host or the application (a
+to submit (:class:`~rubberband.outputs.Submit`), votes
+(:class:`~rubberband.outputs.Suspect`), a stop (:class:`~rubberband.outputs.Stop`), and
+upcalls for the host or the application (a
 read's completion, a reconfiguration's end).  Only the :class:`IO` differs between
 drivers: a socket or a simulated link, an asyncio timer or the simulator's clock.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ecast import Effects, NodeId
-from rubberband.outputs import Stop, Submit
+from rubberband.outputs import Stop, Submit, Suspect
 
 
 class IO(Protocol):
@@ -26,6 +27,9 @@ class IO(Protocol):
 
     def submit(self, submissions: list[Submit]) -> None:
         """E-Cast messages to submit, in order (a token comes back with each ack)."""
+
+    def suspect(self, who: tuple[NodeId, ...]) -> None:
+        """Ask the group to declare ``who`` faulty (E-Cast's control path)."""
 
     def upcall(self, item: Any) -> None:
         """A completion or notice for the host or the application."""
@@ -56,6 +60,8 @@ def carry_out(fx: Effects, io: IO) -> None:
                 batch = []
             if t is Stop:
                 io.stop(item.reason)
+            elif t is Suspect:
+                io.suspect(item.who)
             else:
                 io.upcall(item)
         if batch:

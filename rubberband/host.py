@@ -202,6 +202,18 @@ class _Host:
             if s.token is not None:
                 self._tokens[mid] = s.token
 
+    def suspect(self, who: tuple[NodeId, ...]) -> None:
+        """A vote, on E-Cast's control path; its outcome is the config's business."""
+
+        async def vote() -> None:
+            try:
+                await self.client.suspect(list(who))
+            except Exception as e:
+                log.warning("event=output_failed what=suspect error=%s", str(e).replace(" ", "_"))
+
+        self._tasks.append(asyncio.ensure_future(vote()))
+        self._tasks = [t for t in self._tasks if not t.done()]
+
     def upcall(self, item: Any) -> None:
         pass
 

@@ -27,6 +27,15 @@ class Submit:
 
 
 @dataclass(frozen=True, slots=True)
+class Suspect:
+    """Ask the group to declare ``who`` faulty (a super's vote, 4.2.3).  A membership
+    message, which E-Cast sends on its own control path (never behind this process's
+    data), so not a :class:`Submit`."""
+
+    who: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     """The process must stop (fail-stop: an engine failed, the keyspace cannot be
     followed)."""

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from ecast import Direct, Effects, NodeId
 from ecast.core import mutations
 from rubberband.errors import Refused
-from rubberband.outputs import Submit
-from rubberband.proto import H, Leave, Left, Ping, Pong, vote_header
+from rubberband.outputs import Submit, Suspect
+from rubberband.proto import H, Leave, Left, Ping, Pong
 
 if TYPE_CHECKING:
     from rubberband.super import SuperCore
@@ -99,7 +99,7 @@ class Watch:
                     continue
                 self.voted.add(p)
                 self.votes += 1
-                fx.deliver.append(Submit(vote_header(p)))
+                fx.deliver.append(Suspect((p,)))
                 fx.deliver.append(Voted(p, now - last))
         for p in [p for p in self.heard if p not in watched]:
             del self.heard[p]

@@ -82,6 +82,9 @@ class Rig:
                     self.acks.append((s.token, bool(dests - m.dead)))
         self._collect()
 
+    def suspect(self, who: tuple[str, ...]) -> None:
+        raise AssertionError("a client core never votes")
+
     def upcall(self, item: Any) -> None:
         self.upcalls.append(item)
 

@@ -86,6 +86,10 @@ class RbNode:
                 self.tokens[sid] = s.token
             self.run.on_submit(self, s, sid)
 
+    def suspect(self, who: tuple[NodeId, ...]) -> None:
+        _, more = self.ep.suspect(list(who), self._now)
+        self._fx.extend(more)
+
     def upcall(self, item: Any) -> None:
         if self.on_upcall is not None:
             self.on_upcall(self, item, self._now)

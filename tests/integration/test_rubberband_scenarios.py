@@ -178,7 +178,8 @@ def test_leader_crash(cluster: Path) -> None:
     async def fault() -> None:
         leader = (await _off(_status, cluster)).get("leader")
         procs = json.loads((cluster / "processes.json").read_text())
-        name = next(n for n, p in procs.items() if n.startswith("r") and p.get("id") == leader)
+        argv = {n: p.get("argv", ()) for n, p in procs.items()}
+        name = next(n for n, a in argv.items() if "router" in a and leader in a)
         os.kill(procs[name]["pid"], signal.SIGKILL)
 
     w = Workload(cluster, snapshot=True)
@@ -222,7 +223,8 @@ def test_super_crash_mid_repair(cluster: Path) -> None:
             if s.get("pending") or any(r["suspected"] for r in s.get("ring", ())):
                 break
             await asyncio.sleep(0.05)
-        coordinator = s["coordinator"].removeprefix("super:")
+        admin = await _off(cli, "admin", "--state-dir", str(cluster), "status", "--json")
+        coordinator = json.loads(admin.stdout)["coordinator"].removeprefix("super:")
         os.kill(_pid(cluster, coordinator), signal.SIGKILL)
 
     w = Workload(cluster)

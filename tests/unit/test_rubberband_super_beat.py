@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ecast import Effects
-from rubberband.outputs import Submit
+from rubberband.outputs import Suspect
 from rubberband.proto import Ping, Pong
 from rubberband.super import SuperCore
 from rubberband.supervision import Stalled, Voted
@@ -53,12 +53,12 @@ def test_a_super_that_stalled_votes_against_nobody() -> None:
 def test_a_silent_storage_process_is_still_voted_against() -> None:
     core = _core()
     out = _run(core, 0.8, {"storage:2"})
-    votes = [x for x in out if type(x) is Submit]
-    assert len(votes) == 1 and votes[0].header["who"] == ["storage:2"]
+    votes = [x for x in out if type(x) is Suspect]
+    assert votes == [Suspect(("storage:2",))]
     assert [x.process for x in out if type(x) is Voted] == ["storage:2"]
     assert core.watch.voted == {"storage:2"}
     # Once is enough: later beats do not vote again.
-    assert not [x for x in _run(core, 1.5, {"storage:2"}, start=0.81) if type(x) is Submit]
+    assert not [x for x in _run(core, 1.5, {"storage:2"}, start=0.81) if type(x) is Suspect]
 
 
 def test_a_storage_process_answering_late_but_within_the_bound_is_not_voted_against() -> None:
