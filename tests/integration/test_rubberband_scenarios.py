@@ -141,8 +141,11 @@ def _settled(d: Path, timeout: float = 40.0) -> dict[str, Any]:
     while time.monotonic() < deadline:
         s = _status(d)
         ring = s.get("ring") or []
-        if ring and not s.get("pending") and not s.get("incomplete") and not any(
-            r["suspected"] for r in ring
+        if (
+            ring
+            and not s.get("pending")
+            and not s.get("incomplete")
+            and not any(r["suspected"] for r in ring)
         ):
             return s
         time.sleep(0.3)
