@@ -117,10 +117,20 @@ def run(argv: list[str] | None = None) -> int:
             network.destroy()
 
 
+def mutation_args(names: list[str]) -> list[str]:
+    """``ecast bench`` flags that plant each named bug where it lives: an endpoint's in the
+    clients, the rest in the routers (which refuse one they do not know)."""
+    import ecast
+    from ecast.core import mutations
+
+    ecast.Endpoint, ecast.Router  # noqa: B018  (the cores declare their mutations on import)
+    endpoint = mutations.known("endpoint")
+    return [f"--{'client' if m in endpoint else 'router'}-arg=--mutation={m}" for m in names]
+
+
 def _multicast(
     a: argparse.Namespace, kinds: tuple[str, ...], seed: int, out: Path, network: Net | None
 ) -> int:
-    import ecast
     from ecast import bench
 
     history = out / "history.jsonl"
@@ -144,9 +154,7 @@ def _multicast(
         "--check", "--history", str(history), "--worker-sched", "normal",
         "--receiver-procs", str(procs), "--config", a.config,
     ]  # fmt: skip
-    for m in a.mutation:
-        who = "client" if m in ecast.ENDPOINT_MUTATIONS else "router"
-        argv_bench.append(f"--{who}-arg=--mutation={m}")
+    argv_bench += mutation_args(a.mutation)
     if a.progress_timeout is not None:
         argv_bench.append(f"--client-arg=--progress-timeout={a.progress_timeout}")
     if a.mutation:

@@ -32,10 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import ecast
+import rubberband.storage  # noqa: F401  (importing the core declares its mutations)
 from ecast import local
 from ecast.core import mutations
 
 STORAGE_MUTATIONS = mutations.known("storage")
+"""Planted bugs that go to the storage processes (the rest go to the routers)."""
 
 CONFIG = "rubberband.config:RubberbandConfig"
 

@@ -1,6 +1,7 @@
-"""``rubberband demo`` (``./run demo``): the main job.  It lives with the fault-injection
-suite, whose checkers it runs, and not in ``rubberband`` (which knows no engine: the demo
-loads the scan engine's Ticket table).  A local Rubberband cluster on the scan engine does
+"""``rubberband demo`` (``./run demo``): the main job.  It runs Rubberband's own checkers
+(``rubberband.checkers``) and names the scan engine's Ticket table by module path, as the
+daemons name their engine, so Rubberband still imports no engine.  A local Rubberband
+cluster on the scan engine does
 real work through expand, a leader kill, a storage kill and its repair, and a contract,
 and checks at the end that nothing acknowledged was lost or reordered and that every
 replica agrees.
