@@ -120,10 +120,8 @@ def run(argv: list[str] | None = None) -> int:
 def mutation_args(names: list[str]) -> list[str]:
     """``ecast bench`` flags that plant each named bug where it lives: an endpoint's in the
     clients, the rest in the routers (which refuse one they do not know)."""
-    import ecast
     from ecast.core import mutations
 
-    ecast.Endpoint, ecast.Router  # noqa: B018  (the cores declare their mutations on import)
     endpoint = mutations.known("endpoint")
     return [f"--{'client' if m in endpoint else 'router'}-arg=--mutation={m}" for m in names]
 

@@ -18,6 +18,7 @@ tests, the simulators and the daemons' flags are its only users.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
@@ -37,6 +38,17 @@ class Mutation(NamedTuple):
 _REGISTRY: dict[str, Mutation] = {}
 _active: frozenset[str] = frozenset()
 
+ECAST_DECLARERS = ("ecast.core.endpoint", "ecast.core.router.params", "ecast.core.ufabcast.params")
+"""E-Cast's modules that declare mutations.  A layer's mutations are declared when its
+cores are imported; :func:`known` and :func:`check` import these first, so that a tool
+that plants an E-Cast bug before it has loaded the core (a bench worker parsing its
+flags) still knows it.  The layers above import their own cores before asking."""
+
+
+def _load() -> None:
+    for module in ECAST_DECLARERS:
+        importlib.import_module(module)
+
 
 def declare(name: str, layer: str, what: str) -> str:
     """Make a mutation known (once per name); returns the name, for a module constant."""
@@ -49,6 +61,7 @@ def declare(name: str, layer: str, what: str) -> str:
 
 def known(layer: str | None = None) -> dict[str, Mutation]:
     """The declared mutations (of one ``layer``), by name."""
+    _load()
     return {n: m for n, m in sorted(_REGISTRY.items()) if layer is None or m.layer == layer}
 
 
@@ -59,6 +72,7 @@ def allowed() -> bool:
 def check(names: Iterable[str]) -> frozenset[str]:
     """``names`` as a set, every one declared (else :class:`ValueError` naming them)."""
     names = frozenset(names)
+    _load()
     unknown = sorted(names - _REGISTRY.keys())
     if unknown:
         raise ValueError(

@@ -29,3 +29,12 @@ def test_the_multicast_runs_send_endpoint_mutations_to_the_clients() -> None:
     assert out == (
         "['--client-arg=--mutation=no_window_resend', '--router-arg=--mutation=skip_learn_dedup']"
     ), out
+
+
+def test_e_cast_s_mutations_are_known_before_any_core_is_loaded() -> None:
+    """``ecast bench worker --mutation`` checks the name while parsing its flags."""
+    out = fresh(
+        "from ecast.core import mutations;"
+        "print(sorted(mutations.check(['no_window_resend', 'skip_phase1', 'ignore_suspects'])))"
+    )
+    assert out == "['ignore_suspects', 'no_window_resend', 'skip_phase1']", out
