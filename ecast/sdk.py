@@ -62,7 +62,7 @@ from ecast.errors import (
 )
 from ecast.runtime import Node, Runtime, new_incarnation
 from ecast.runtime.process import load_auth
-from ecast.wire.codec import MAX_FRAME, Packed
+from ecast.wire.codec import MAX_FRAME, Packed, plain_default
 
 __all__ = ["Ack", "Client", "connect"]
 
@@ -98,7 +98,7 @@ def _pack_fn() -> Callable[[Any], bytes]:
     try:
         return _packers.pack  # type: ignore[no-any-return]
     except AttributeError:
-        pack = _packers.pack = msgpack.Packer(use_bin_type=True).pack
+        pack = _packers.pack = msgpack.Packer(default=plain_default, use_bin_type=True).pack
         return pack  # type: ignore[no-any-return]
 
 
@@ -193,7 +193,7 @@ def check_batch(items: list[tuple[Any, Any]], limit: int) -> None:
             pass
         else:
             if len(data) > _KEEP_BUFFER:
-                _packers.pack = msgpack.Packer(use_bin_type=True).pack
+                _packers.pack = msgpack.Packer(default=plain_default, use_bin_type=True).pack
             if total + len(data) <= limit:
                 return
     for payload, header in items:
@@ -263,6 +263,9 @@ class Client:
         failed), or ``closed``."""
         self.ack_listener: Callable[[list[Ack]], None] | None = None
         """Receives, in batches, the acks of messages sent with ``submit_batch``."""
+        self.reject_listener: Callable[[MsgId, Exception], None] | None = None
+        """Receives the id and the error of each message sent with ``submit_batch`` that
+        the routers refused (its session closed, or forbidden)."""
         self.shed_listener: Callable[[tuple[MsgId, ...]], None] | None = None
         """Receives the ids of unsafe messages the routers did not forward to every
         destination (the router no longer leads, or a destination lagged too far
@@ -395,8 +398,11 @@ class Client:
                 self._space.set()
             elif t is Rejected:
                 fut = self._acks.pop(up.id, None)
-                if fut is not None and not fut.done():
-                    fut.set_exception(_rejection(up))
+                if fut is not None:
+                    if not fut.done():
+                        fut.set_exception(_rejection(up))
+                elif self.reject_listener is not None:
+                    self.reject_listener(up.id, _rejection(up))
                 self._space.set()
             elif t is SessionsClosed:
                 for key in [k for k in self._closes if k[0] == up.namespace and k[1] <= up.epoch]:
@@ -571,6 +577,34 @@ class Client:
             self._space.clear()
             await self._space.wait()
         return fut
+
+    async def room(self, timeout: float | None = -1.0) -> None:
+        """Wait until the send window has room for another message (E-Cast's flow control
+        pushing back), at most ``timeout`` (default: the client's ``ack_timeout``)."""
+        if timeout is not None and timeout < 0:
+            timeout = self.ack_timeout
+        ep = self.endpoint
+
+        async def wait() -> None:
+            while ep is not None and ep.queued and self._alive():
+                self._space.clear()
+                await self._space.wait()
+
+        try:
+            await asyncio.wait_for(wait(), timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"no room in the send window within {timeout:g} s (state: {self.state}): "
+                "earlier messages are not becoming stable"
+            ) from None
+
+    def submit_unsafe_nowait(self, items: list[tuple[Any, Any]]) -> list[MsgId]:
+        """:meth:`submit_unsafe_batch` without waiting for a backed-up connection (the
+        caller paces itself)."""
+        check_batch(items, self.max_message)
+        self._open_node()
+        ids: list[MsgId] = self._feed(lambda core, now: core.submit_unsafe_numbered(items, now))
+        return ids
 
     async def submit(
         self, payload: Any, header: dict[str, Any] | None = None, *, timeout: float | None = -1.0

@@ -28,11 +28,11 @@ def main() -> int:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    import rubberband_spark
+    import rubberband.spark
 
     spark = SparkSession.builder.master("local[2]").appName("orders-report").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    rubberband_spark.register(spark)
+    rubberband.spark.register(spark)
     orders = (
         spark.read.format("rubberband")
         .schema("order_id long, customer string, amount double, day date")

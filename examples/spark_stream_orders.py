@@ -62,11 +62,11 @@ def main() -> int:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    import rubberband_spark
+    import rubberband.spark
 
     spark = SparkSession.builder.master("local[2]").appName("orders-stream").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    rubberband_spark.register(spark)
+    rubberband.spark.register(spark)
     if args.rate:
         orders = (
             spark.readStream.format("rate").option("rowsPerSecond", args.rate).load()

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(args) != 2:
             print("usage: python -m jepsen_like check DIR", file=sys.stderr)
             return 2
-        from jepsen_like.checkers.__main__ import main as check
+        from rubberband.checkers.__main__ import main as check
 
         d = Path(args[1])
         report = json.loads((d / "report.json").read_text())

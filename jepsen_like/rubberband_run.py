@@ -145,18 +145,30 @@ def run_rubberband(d: Path, plan: Plan) -> dict[str, Any]:
 
 
 async def _go(d: Path, plan: Plan) -> dict[str, Any]:
-    import ecast
-    import rubberband.sdk as rbsdk
+    return await Workload(d, plan).run()
 
-    workload, seed = plan.workload, plan.seed
-    st = json.loads((d / "cluster.json").read_text())
-    history: list[dict[str, Any]] = []
-    stop = threading.Event()
-    t0 = time.monotonic()
-    net = plan.net
-    clients = [f"c{i}" for i in range(4)]
+
+class Workload:
+    """The clients of a run: four client slots doing the workload's operations, each
+    recorded in the history, while the nemesis faults the cluster; then the settle and
+    the final reads."""
+
+    def __init__(self, d: Path, plan: Plan) -> None:
+        self.d = d
+        self.plan = plan
+        self.st = json.loads((d / "cluster.json").read_text())
+        self.history: list[dict[str, Any]] = []
+        self.stop = threading.Event()
+        self.t0 = time.monotonic()
+        self.clients = [f"c{i}" for i in range(4)]
+        self.active = list(range(KEYS))
+        """The keys clients pick from; a key that took its appends gives way to a fresh
+        one."""
+        self.appends: dict[int, int] = {}
+        self.next_key = KEYS
 
     def record(
+        self,
         process: str,
         kind: str,
         value: Any,
@@ -165,27 +177,30 @@ async def _go(d: Path, plan: Plan) -> dict[str, Any]:
         error: BaseException | None = None,
     ) -> None:
         r = {"process": process, "type": kind, "f": f, "value": value,
-             "index": len(history), "time": time.monotonic() - t0}  # fmt: skip
+             "index": len(self.history), "time": time.monotonic() - self.t0}  # fmt: skip
         if level is not None:
             r["level"] = level
         if error is not None:
             r["error"] = f"{type(error).__name__}: {error}"[:300]
-        history.append(r)
+        self.history.append(r)
 
-    def connect(name: str, slot: str | None = None) -> Any:
+    def connect(self, name: str, slot: str | None = None) -> Any:
         """A light client ``client:jNAME``; with network faults it connects from, and
         serves on, the address of its slot (one per client, kept across reconnects)."""
-        where: dict[str, Any] = {}
-        if net is not None:
-            ip = net.source(slot or name)
-            where = {"listen": f"{ip}:0", "source": ip}
-        routers = json.loads((d / "cluster.json").read_text())["routers"]
-        return rbsdk.connect(
-            routers, f"client:j{name}", credentials=st["client_credentials"], **where
-        )
+        import rubberband.sdk as rbsdk
 
-    async def bank_op(rb: Any, proc: str, i: int, n: int, crng: random.Random) -> Any:
+        where: dict[str, Any] = {}
+        if self.plan.net is not None:
+            ip = self.plan.net.source(slot or name)
+            where = {"listen": f"{ip}:0", "source": ip}
+        routers = json.loads((self.d / "cluster.json").read_text())["routers"]
+        creds = self.st["client_credentials"]
+        return rbsdk.connect(routers, f"client:j{name}", credentials=creds, **where)
+
+    # ------------------------------------------------------------------ operations
+    async def bank_op(self, rb: Any, proc: str, i: int, n: int, crng: random.Random) -> Any:
         """One transfer or read; the exception of an indeterminate one, else None."""
+        record = self.record
         if crng.random() < 0.6:
             a, b = crng.sample(ACCOUNTS, 2)
             value = {"from": a, "to": b, "amount": crng.randint(1, 10)}
@@ -208,22 +223,14 @@ async def _go(d: Path, plan: Plan) -> dict[str, Any]:
             return e
         return None
 
-    active = list(range(KEYS))
-    """The keys clients pick from; a key that took its appends gives way to a fresh one."""
-    appends: dict[int, int] = {}
-    next_key = [KEYS]
-
-    async def append_op(rb: Any, proc: str, i: int, n: int, crng: random.Random) -> Any:
+    async def append_op(self, rb: Any, proc: str, i: int, n: int, crng: random.Random) -> Any:
         """One two-key append or read; the exception of an indeterminate one, else None."""
-        keys = crng.sample(active, 2)
+        record = self.record
+        keys = crng.sample(self.active, 2)
         if crng.random() < 0.6:
             txn = [["append", f"k{k}", i * 1_000_000 + n] for k in keys]
             record(proc, "invoke", txn)
-            for k in keys:
-                appends[k] = appends.get(k, 0) + 1
-                if appends[k] == APPENDS_PER_KEY and k in active:
-                    active[active.index(k)] = next_key[0]
-                    next_key[0] += 1
+            self._count_appends(keys)
             try:
                 await rb.append_many({kid(k): i * 1_000_000 + n for k in keys})
                 record(proc, "ok", txn)
@@ -232,7 +239,8 @@ async def _go(d: Path, plan: Plan) -> dict[str, Any]:
                 return e
             return None
         if crng.random() < 0.5:
-            return await bundled_reads(rb, proc, keys, crng.choice(["sequential", "snapshot"]))
+            level = crng.choice(["sequential", "snapshot"])
+            return await self.bundled_reads(rb, proc, keys, level)
         txn = [["r", f"k{k}", None] for k in keys]
         record(proc, "invoke", txn)
         try:
@@ -243,13 +251,20 @@ async def _go(d: Path, plan: Plan) -> dict[str, Any]:
             return e
         return None
 
-    async def bundled_reads(rb: Any, proc: str, keys: list[int], level: str) -> Any:
+    def _count_appends(self, keys: list[int]) -> None:
+        for k in keys:
+            self.appends[k] = self.appends.get(k, 0) + 1
+            if self.appends[k] == APPENDS_PER_KEY and k in self.active:
+                self.active[self.active.index(k)] = self.next_key
+                self.next_key += 1
+
+    async def bundled_reads(self, rb: Any, proc: str, keys: list[int], level: str) -> Any:
         """One-key reads of ``keys`` through ``read_batch`` (reads of one responder in one
-        message, :data:`rubberband.config.BUNDLE`), each its own operation of the
-        history, by a process of its own (``c1/0``, ``c1/1``: a process runs one
-        operation at a time): the checker holds each to its level, as it holds a read
-        alone.  A refused snapshot read did not happen (``fail``); one that timed out is
-        unknown."""
+        message), each its own operation of the history, by a process of its own
+        (``c1/0``, ``c1/1``: a process runs one operation at a time): the checker holds
+        each to its level, as it holds a read alone.  A refused snapshot read did not
+        happen (``fail``); one that timed out or was never sent is unknown."""
+        record = self.record
         txns = {kid(k): [["r", f"k{k}", None]] for k in keys}
         procs = {key: f"{proc}/{j}" for j, key in enumerate(txns)}
         for key, txn in txns.items():
@@ -270,8 +285,7 @@ async def _go(d: Path, plan: Plan) -> dict[str, Any]:
                 record(procs[key], "fail", txn, level=level)
             else:
                 got = rb.core.result(gather)
-                value = [["r", txn[0][1], list(got.get(key) or ())]]
-                record(procs[key], "ok", value, level=level)
+                record(procs[key], "ok", [["r", txn[0][1], list(got.get(key) or ())]], level=level)
             if not left:
                 finished.set()
 
@@ -284,80 +298,99 @@ async def _go(d: Path, plan: Plan) -> dict[str, Any]:
         await finished.wait()  # every read completes or times out (answer_timeout)
         return failure[0] if failure else None
 
-    async def client(i: int) -> None:
+    # ------------------------------------------------------------------ clients
+    async def client(self, i: int) -> None:
         """Client slot ``i``.  As in Jepsen, a process whose operation ended indeterminate
         is done (that operation may still take effect after later ones): the slot goes
         on as a new process, ``c{i}.{gen}``.  A client that was declared faulty (silent
         past its lease, say across a partition) cannot act again: the slot connects a
         new one under a fresh name."""
-        op = bank_op if workload == "bank" else append_op
-        crng = random.Random(seed * 100 + i)
-        rb = await connect(clients[i])
+        op = self.bank_op if self.plan.workload == "bank" else self.append_op
+        crng = random.Random(self.plan.seed * 100 + i)
+        rb = await self.connect(self.clients[i])
         gen = n = 0
-        while not stop.is_set():
+        while not self.stop.is_set():
             n += 1
             failure = await op(rb, f"c{i}" if gen == 0 else f"c{i}.{gen}", i, n, crng)
             if failure is None:
                 continue
             gen += 1
-            if isinstance(failure, ecast.SuspectedError | ecast.Unavailable) or (
-                "unavailable" in str(failure)
-            ):
+            if _unreachable(failure):
                 # Declared faulty, or every router it knows is gone (routers are
                 # replaced under fresh names all run long): a new client, from the
                 # routers the cluster has now.
                 with contextlib.suppress(Exception):
                     await rb.close()
-                while not stop.is_set():
-                    try:
-                        rb = await connect(f"{clients[i]}-{gen}", clients[i])
-                        break
-                    except Exception:
-                        await asyncio.sleep(0.5)
-                else:
+                rb = await self._reconnect(i, gen)
+                if rb is None:
                     return
             await asyncio.sleep(0.01)  # a failing call must not starve the other clients
         with contextlib.suppress(Exception):
             await rb.close()
 
-    rb = await connect("setup")
-    load = list(filler().items())
-    for i in range(0, len(load), 1000):
-        await rb.put_many(dict(load[i : i + 1000]))
-    if workload == "bank":
-        await rb.put_many(dict.fromkeys(ACCOUNT_KEY.values(), INITIAL_BALANCE))
-    await rb.close()
-    t0 = time.monotonic()
-    nemesis = RubberbandNemesis(d, plan, clients)
-    workers = [asyncio.ensure_future(client(i)) for i in range(len(clients))]
-    loop = asyncio.get_running_loop()
-    try:
-        await loop.run_in_executor(None, nemesis.run, t0, stop)
-    finally:
-        stop.set()
-        nemesis.heal()
-    # Every operation ends within its own timeouts (the SDK's); a client still busy
-    # after WORKERS_GRACE is cancelled, its operation unknown (never waited for).
-    _, busy = await asyncio.wait(workers, timeout=WORKERS_GRACE)
-    for w in busy:
-        w.cancel()
-    phases = {"workload_s": round(time.monotonic() - t0, 1)}
-    # Settle: the ring healthy again, then every key read once more.
-    mark = time.monotonic()
-    deadline = mark + 40
-    while time.monotonic() < deadline:
-        if await loop.run_in_executor(None, nemesis.ring_healthy, False):
-            break
-        await asyncio.sleep(0.5)
-    phases["settle_s"] = round(time.monotonic() - mark, 1)
-    mark = time.monotonic()
-    keys = [ACCOUNT_KEY[a] for a in ACCOUNTS] if workload == "bank" else list(range(next_key[0]))
-    unread = await final_reads(connect, record, workload, keys, plan.final_read_budget)
-    phases["final_reads_s"] = round(time.monotonic() - mark, 1)
-    await loop.run_in_executor(None, nemesis.sample_held)
-    return {"history": history, "faults": nemesis.faults, "reads_held": nemesis.reads_held,
-            "resumed_alive": nemesis.resumed_alive(), "phases": phases, "unread": unread,
-            "ring": [r["name"] for r in _status(d).get("ring", [])]}  # fmt: skip
+    async def _reconnect(self, i: int, gen: int) -> Any:
+        while not self.stop.is_set():
+            try:
+                return await self.connect(f"{self.clients[i]}-{gen}", self.clients[i])
+            except Exception:
+                await asyncio.sleep(0.5)
+        return None
+
+    async def load_data(self) -> None:
+        rb = await self.connect("setup")
+        load = list(filler().items())
+        for i in range(0, len(load), 1000):
+            await rb.put_many(dict(load[i : i + 1000]))
+        if self.plan.workload == "bank":
+            await rb.put_many(dict.fromkeys(ACCOUNT_KEY.values(), INITIAL_BALANCE))
+        await rb.close()
+
+    async def run(self) -> dict[str, Any]:
+        await self.load_data()
+        self.t0 = time.monotonic()
+        nemesis = RubberbandNemesis(self.d, self.plan, self.clients)
+        workers = [asyncio.ensure_future(self.client(i)) for i in range(len(self.clients))]
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, nemesis.run, self.t0, self.stop)
+        finally:
+            self.stop.set()
+            nemesis.heal()
+        # Every operation ends within its own timeouts (the SDK's); a client still busy
+        # after WORKERS_GRACE is cancelled, its operation unknown (never waited for).
+        _, busy = await asyncio.wait(workers, timeout=WORKERS_GRACE)
+        for w in busy:
+            w.cancel()
+        phases = {"workload_s": round(time.monotonic() - self.t0, 1)}
+        # Settle: the ring healthy again, then every key read once more.
+        mark = time.monotonic()
+        deadline = mark + 40
+        while time.monotonic() < deadline:
+            if await loop.run_in_executor(None, nemesis.ring_healthy, False):
+                break
+            await asyncio.sleep(0.5)
+        phases["settle_s"] = round(time.monotonic() - mark, 1)
+        mark = time.monotonic()
+        bank = self.plan.workload == "bank"
+        keys = [ACCOUNT_KEY[a] for a in ACCOUNTS] if bank else list(range(self.next_key))
+        unread = await final_reads(
+            self.connect, self.record, self.plan.workload, keys, self.plan.final_read_budget
+        )
+        phases["final_reads_s"] = round(time.monotonic() - mark, 1)
+        await loop.run_in_executor(None, nemesis.sample_held)
+        return {"history": self.history, "faults": nemesis.faults,
+                "reads_held": nemesis.reads_held, "resumed_alive": nemesis.resumed_alive(),
+                "phases": phases, "unread": unread,
+                "ring": [r["name"] for r in _status(self.d).get("ring", [])]}  # fmt: skip
+
+
+def _unreachable(failure: Exception) -> bool:
+    """A client that cannot go on: declared faulty, or every router it knows gone."""
+    import ecast
+
+    return isinstance(failure, ecast.SuspectedError | ecast.Unavailable) or (
+        "unavailable" in str(failure)
+    )
 
 
 WORKERS_GRACE = 90.0

@@ -117,10 +117,18 @@ def run(argv: list[str] | None = None) -> int:
             network.destroy()
 
 
+def mutation_args(names: list[str]) -> list[str]:
+    """``ecast bench`` flags that plant each named bug where it lives: an endpoint's in the
+    clients, the rest in the routers (which refuse one they do not know)."""
+    from ecast.core import mutations
+
+    endpoint = mutations.known("endpoint")
+    return [f"--{'client' if m in endpoint else 'router'}-arg=--mutation={m}" for m in names]
+
+
 def _multicast(
     a: argparse.Namespace, kinds: tuple[str, ...], seed: int, out: Path, network: Net | None
 ) -> int:
-    import ecast
     from ecast import bench
 
     history = out / "history.jsonl"
@@ -144,9 +152,7 @@ def _multicast(
         "--check", "--history", str(history), "--worker-sched", "normal",
         "--receiver-procs", str(procs), "--config", a.config,
     ]  # fmt: skip
-    for m in a.mutation:
-        who = "client" if m in ecast.ENDPOINT_MUTATIONS else "router"
-        argv_bench.append(f"--{who}-arg=--mutation={m}")
+    argv_bench += mutation_args(a.mutation)
     if a.progress_timeout is not None:
         argv_bench.append(f"--client-arg=--progress-timeout={a.progress_timeout}")
     if a.mutation:
@@ -211,7 +217,7 @@ def _multicast(
 
 def _finish(out: Path, report: dict[str, Any]) -> None:
     """``report.json`` and ``report.png`` (throughput and latency, faults shaded)."""
-    from jepsen_like.report import plot
+    from rubberband.tools.report import plot
 
     verdict = "valid" if report["valid"] else f"{len(report['violations'])} violation(s)"
     title = (f"{report['workload']}, seed {report['seed']}, faults "
@@ -222,7 +228,7 @@ def _finish(out: Path, report: dict[str, Any]) -> None:
 
 
 def _rubberband_series(history: list[dict[str, Any]]) -> list[dict[str, float]]:
-    from jepsen_like.report import per_second
+    from rubberband.tools.report import per_second
 
     pending: dict[str, float] = {}
     ops: list[tuple[float, float | None, bool]] = []
@@ -238,7 +244,7 @@ def _rubberband_series(history: list[dict[str, Any]]) -> list[dict[str, float]]:
 
 def _multicast_series(history: Path, wall0: float | None) -> list[dict[str, float]]:
     """Submissions and their acknowledgements in the run's history, per second."""
-    from jepsen_like.report import per_second
+    from rubberband.tools.report import per_second
 
     submitted: dict[str, float] = {}
     ops: list[tuple[float, float | None, bool]] = []
@@ -280,9 +286,9 @@ def _rubberband(
     a: argparse.Namespace, kinds: tuple[str, ...], seed: int, out: Path, network: Net | None
 ) -> int:
     """Rubberband: list-append or bank while storage processes fail."""
-    from jepsen_like.checkers.history import Op
-    from jepsen_like.checkers.run import check_all
     from jepsen_like.rubberband_run import ACCOUNTS, INITIAL_BALANCE, Plan, run_rubberband
+    from rubberband.checkers.history import Op
+    from rubberband.checkers.run import check_all
 
     started = time.monotonic()
     plan = Plan(a.workload, kinds, seed, a.time, a.settle, _say, network, tuple(a.mutation),

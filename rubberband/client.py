@@ -1,498 +1,661 @@
-"""The client core: operations into messages, answers into results (4.5).
+"""The client core: requests in flight, and the answers routed to them (4.5).
 
-Sans-IO.  The client computes what an operation touches with the engine's ``part_fun``
-(routers never parse payloads) and turns the storage processes' answers back into one
-result.  Three read isolation levels (4.5.2):
+Sans-IO.  The SDK (:mod:`rubberband.sdk`) and the simulator drive the same core: a
+request (a read at one of three isolation levels, a write, a batch of either) returns
+the messages that carry it in :class:`~ecast.Effects` (``Submit`` for E-Cast messages,
+direct messages for basic reads and keyspace questions), and its completion comes back
+as an upcall (:class:`ReadDone`, :class:`WriteDone`) from whichever input completed it:
+an answer (:meth:`on_direct`), an acknowledgement (:meth:`on_acked`), a router's notice
+that it shed a snapshot read (:meth:`on_shed`), or the time (:meth:`on_tick`).
 
-* **sequential**: the read is an ordinary E-Cast message, ordered with every write; the
-  responders (a cover of its ranges) answer when they deliver it.  Sequentially
-  consistent: a read sees every write ordered before it, including the client's own.
-* **snapshot**: the read travels as an unsafe message, outside the total order, and each
-  responder answers at once if it had delivered exactly what the router had sent it when
-  it routed the read; every part then reflects the same prefix of the history (the
-  router's frontier), a consistent cut.  A part refused, or parts at different frontiers,
-  and the whole read is tried again.
-* **basic**: the client sends the read straight to storage processes chosen from its copy
-  of the keyspace; each answers from its current state the ranges it holds in full, if
-  the client's keyspace version is its own.  No ordering at all, but never an answer from
-  a process that does not hold the data (configuration-consistent).
+What the core decides, so that every driver decides alike:
 
-Every answer says which ranges it covers; a read completes when the answers cover the
-request, and a range answered twice is taken once (replicas agree at one position).
+* **Whom it believes.**  Answers only from storage processes that one of the client's
+  recent keyspaces says hold what they answer for (:class:`~rubberband.gather.Holders`);
+  basic reads' only from the processes asked; the keyspace only from the super asked.
+  An answer from a storage process no keyspace it knows names is set aside until the
+  client has asked a super for the newest keyspace, then checked again.
+* **Failover.**  A read is idempotent: one whose answers do not all come (a responder
+  failed after the read reached it, a snapshot read lost with a leading router) is sent
+  again, whole, as a new try, ``retry_after`` after it should have been answered: a
+  sequential read once it is stable (every responder has it; at once if no responder
+  delivered it, each having failed first), a snapshot or basic read after it was sent;
+  a basic read's next try avoids the processes that did not answer.  Answers to an
+  earlier try are not taken (parts from two positions are not one read).  Only when
+  every try failed within ``answer_timeout`` does the read fail: ``Unavailable`` if the
+  last try reached no responder (no holder may be left), else ``Indeterminate``.
+* **Snapshot reads refused** (a responder not at the router's frontier) are tried again,
+  up to ``attempts`` times, then read sequentially: also a consistent cut, and ordered.
+  One left unanswered twice is read sequentially too: an unsafe message is never
+  acknowledged, so a router that died under it goes unnoticed on that path.
+* **Timeouts are timers**: every request has a deadline, and the core asks to be woken
+  at the earliest one.
+
+Read batches (:meth:`read_batch`) are the pipelined form for loaders and benchmarks:
+their reads travel in bundles and are told to the caller's ``done`` as they complete,
+without retries (the caller owns them and counts them).
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Callable, Iterable
-from typing import Any, Literal
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-import msgpack
-
-from rubberband.config import bundle_header, read_header, write_bundle_header, write_header
-from rubberband.keys import (
-    MAX_EKEY,
-    NOTHING,
-    RangeSet,
-    covers,
-    difference,
-    intersect,
-    normalize,
-    union,
+from ecast import Direct, Effects, NodeId
+from ecast.core import mutations
+from rubberband.config import STORAGE
+from rubberband.errors import Indeterminate, Rejected, RubberbandError, Unavailable
+from rubberband.gather import Gather, Holders, op_name
+from rubberband.keys import is_range_set, overlaps
+from rubberband.messages import ISOLATION_LEVELS, Isolation, Messages
+from rubberband.outputs import Submit
+from rubberband.proto import (
+    Answer,
+    Answers,
+    BasicRead,
+    Describe,
+    Described,
+    H,
+    Stale,
+    Whole,
 )
-from rubberband.placement import BadKeyspace, Keyspace
-from storage_adapters.base import BadOperation, Placement
+from rubberband.read_batches import BUNDLE_BYTES, BUNDLE_LIMIT, BatchReads, Bundle, anyone
 
-Isolation = Literal["sequential", "snapshot", "basic"]
-ISOLATION_LEVELS = ("sequential", "snapshot", "basic")
+__all__ = [
+    "ISOLATION_LEVELS",
+    "ClientCore",
+    "Gather",
+    "Holders",
+    "Indeterminate",
+    "Isolation",
+    "ReadDone",
+    "Rejected",
+    "RubberbandError",
+    "Unavailable",
+    "WriteDone",
+    "op_name",
+]
+
+SILENT_SNAPSHOT_TRIES = 2
+"""Snapshot tries left unanswered after which a read goes the sequential way."""
+UNDELIVERED_RETRY = 0.1
+"""Seconds before a read no responder delivered is tried again."""
+MAX_ASIDE = 4096
+"""Answers set aside at most while the client learns the newest keyspace."""
+NO_FAILOVER = mutations.declare(
+    "no_failover", "client", "a read waits for its first try's answers until it times out"
+)
+FIRST_ANSWER_COMPLETES = mutations.declare(
+    "first_answer_completes", "client", "a read completes with its first answer, covered or not"
+)
+TRUST_ANY_ANSWER = mutations.declare(
+    "trust_any_answer", "client", "answers taken from any storage process, holder or not"
+)
 
 
-class RubberbandError(Exception):
-    """Base class of what a Rubberband call raises."""
+@dataclass(frozen=True, slots=True)
+class ReadDone:
+    """Upcall: read ``request`` ended with ``result``, or ``error``."""
+
+    request: int
+    result: Any
+    error: Exception | None = None
 
 
-class Unavailable(RubberbandError):
-    """Some range of the request has no holder left (every replica suspected), or no
-    storage process could be reached."""
+@dataclass(frozen=True, slots=True)
+class WriteDone:
+    """Upcall: write message ``request`` is stable (and answered, if it asked), or
+    ``error`` says why not."""
+
+    request: int
+    error: Exception | None = None
 
 
-class Indeterminate(RubberbandError):
-    """A sequential read whose responders did not all answer: a responder failed after
-    the read was ordered.  It is not re-sent behind the client's own later writes; the
-    caller decides whether to read again."""
+@dataclass(frozen=True, slots=True)
+class Refreshed:
+    """Upcall: the client learned the keyspace from a super (``ok``), or no super
+    answered before the deadline."""
+
+    ok: bool
 
 
-class Rejected(RubberbandError):
-    """Every replica refused the operation as invalid (:class:`BadOperation`)."""
+class _Read:
+    """A read sent alone: its tries, each a request id of its own."""
+
+    __slots__ = (
+        "acked", "attempts", "deadline", "gather", "id", "level", "lost", "op", "refused_once",
+        "retry_at", "silent", "tried", "try_id", "version", "within",
+    )  # fmt: skip
+
+    def __init__(
+        self, rid: int, op: Any, level: str, within: Any, deadline: float, attempts: int
+    ) -> None:
+        self.id = rid
+        self.op = op
+        self.level = level
+        self.within = within
+        self.deadline = deadline
+        self.attempts = attempts
+        self.gather: Gather | None = None
+        self.try_id = -1
+        self.acked: bool | None = None
+        """A sequential try: None until stable, then True."""
+        self.lost = False
+        """The last try was stable but delivered by no responder (each failed)."""
+        self.retry_at = 0.0
+        self.refused_once = False
+        self.silent = 0
+        """Snapshot tries that got no answer at all."""
+        self.tried: frozenset[str] = frozenset()
+        """A basic read: the processes asked since the keyspace last changed."""
+        self.version = -1
 
 
-class Gather:
-    """The answers of one read, combined by range.  A plain class with slots: a client
-    makes one per read (a dataclass's generated constructor cost 5 % of a client at
-    saturation)."""
+class _Write:
+    __slots__ = ("answer", "answered", "deadline", "id", "op", "ranges", "stable")
 
-    __slots__ = ("covered", "error", "op", "pieces", "position", "ranges", "refused")
-
-    def __init__(self, op: Any, ranges: RangeSet) -> None:
+    def __init__(self, rid: int, op: Any, ranges: Any, answered: bool, deadline: float) -> None:
+        self.id = rid
         self.op = op
         self.ranges = ranges
-        self.covered: RangeSet = NOTHING
-        self.pieces: list[tuple[RangeSet, Any]] = []
-        self.error: str | None = None
-        self.position: Any = None
-        self.refused = False
+        self.answered = answered
+        self.deadline = deadline
+        self.stable = False
+        self.answer: Any = _NOTHING
 
-    def __repr__(self) -> str:
-        return f"Gather({self.op!r:.60}, covered={self.covered!r:.60}, refused={self.refused})"
 
-    def add(
-        self, covered: RangeSet | None, result: Any, error: str | None, position: Any, ok: bool
+_NOTHING: Any = object()
+_READ, _WRITE = 0, 1  # timer kinds (a batch's: read_batches.BATCH_TIMER)
+
+
+class ClientCore(BatchReads, Messages):
+    """A Rubberband client's protocol: its keyspace, its requests, their answers."""
+
+    def __init__(
+        self,
+        ops: Any,
+        placement: Any = None,
+        *,
+        answer_timeout: float = 10.0,
+        retry_after: float = 1.0,
+        write_timeout: float = 30.0,
     ) -> None:
-        """One answer: ``covered`` is what it answers for (None: all of the read)."""
-        if covered is None:
-            covered = self.ranges
-        if not ok:
-            self.refused = True
+        super().__init__(ops, placement)
+        self.answer_timeout = answer_timeout
+        """How long a read may take in all (its tries included), and an answered write
+        may wait for its answer once stable."""
+        self.retry_after = retry_after
+        self.write_timeout = write_timeout
+        """How long a write may take to become stable (E-Cast's ack timeout)."""
+        self.supers: list[NodeId] = []
+        """Supers to ask for the keyspace (the driver keeps this current)."""
+        self._ids = itertools.count(1)
+        self._single: dict[int, _Read] = {}
+        """Reads sent alone, by their current try's request id."""
+        self.writes: dict[int, _Write] = {}
+        self._bundles: dict[int, Bundle] = {}
+        """Read bundles in flight, by request id."""
+        self.batch_reads: dict[int, tuple[Gather, Any, Callable[..., None]]] = {}
+        """Reads of a batch that travel alone: ``(gather, op, done)`` by request id."""
+        self.asked: dict[int, frozenset[str]] = {}
+        """Basic reads in flight: the storage processes asked (only they answer)."""
+        self._timers: list[tuple[float, int, int]] = []
+        """``(time, kind, request id)``, a heap: when a read alone is due a retry or its
+        deadline (``_READ``), a write its deadline (``_WRITE``), a batch's bundle or read
+        its deadline (``BATCH_TIMER``).  Entries are not removed when a request ends early:
+        one found stale when due is dropped."""
+        self._aside: list[tuple[NodeId, Any]] = []
+        self._describing: dict[int, NodeId] = {}
+        self._refresh_until: float | None = None
+        self._refresh_next = 0.0
+        self._waiting_keyspace: list[int] = []
+        """Reads whose next try waits for a keyspace from a super."""
+        self.refused_answers = 0
+        """Answers not taken: from no storage process, from one that holds nothing of
+        what it answers for, or to a request that went elsewhere."""
+        self.counts = {"retries": 0, "refreshes": 0, "snapshot_refused": 0}
+        self._fx = Effects()
+
+    # ================================================================== keyspace
+    def refresh(self, now: float, timeout: float | None = None) -> Effects:
+        """Ask a super for the keyspace (again every 0.5 s, another super each time,
+        until one answers or ``timeout``): a :class:`Refreshed` upcall says how it went."""
+        self._begin()
+        self._start_refresh(now, timeout)
+        return self._end(now)
+
+    def _start_refresh(self, now: float, timeout: float | None = None) -> None:
+        until = now + (self.answer_timeout if timeout is None else timeout)
+        if self._refresh_until is None or until > self._refresh_until:
+            self._refresh_until = until
+        if self._refresh_next <= now:
+            self._ask_a_super(now)
+
+    def _ask_a_super(self, now: float) -> None:
+        self._refresh_next = now + 0.5
+        if not self.supers:
             return
-        if error is not None:
-            self.error = error
+        self.counts["refreshes"] += 1
+        rid = next(self._ids)
+        # Another super each time (one may be gone), in turn.
+        s = self.supers[self.counts["refreshes"] % len(self.supers)]
+        self._describing[rid] = s
+        if len(self._describing) > 64:
+            del self._describing[next(iter(self._describing))]
+        self._fx.send.append((s, Direct(Describe(rid))))
+
+    def _described(self, src: NodeId, msg: Described) -> None:
+        if self._describing.pop(msg.request, None) != src:
+            self.refused_answers += 1
             return
-        if not self.covered and covered == self.ranges:  # one answer for all of it
-            self.pieces.append((covered, result))
-            self.covered = covered
-            self.position = position
-            return
-        fresh = difference(intersect(covered, self.ranges), self.covered)
-        if not fresh:
-            return
-        self.pieces.append((fresh, result))
-        self.covered = union(self.covered, fresh)
-        if self.position is None:
-            self.position = position
-        elif position != self.position:
-            self.refused = True  # a snapshot read's parts from different frontiers
+        self.learn(msg.version, msg.keyspace, msg.partitioning)
+        self._describing.clear()
+        self._refresh_until = None
+        self._fx.deliver.append(Refreshed(True))
+        aside, self._aside = self._aside, []
+        for s, m in aside:
+            self._answer(s, m, recheck=False)
+        waiting, self._waiting_keyspace = self._waiting_keyspace, []
+        for rid in waiting:
+            r = self._single.get(rid)
+            if r is not None:
+                self._try(r, self._now)
 
-    @property
-    def complete(self) -> bool:
-        return (
-            self.error is not None
-            or self.refused
-            or self.covered == self.ranges
-            or covers(self.covered, self.ranges)
-        )
+    # ================================================================== writes
+    def write(self, op: Any, now: float, timeout: float | None = None) -> tuple[int, Effects]:
+        """A write; :class:`WriteDone` once it is stable and, for an operation whose
+        validity depends on the data (``ops.answered(op)``, such as an append), once a
+        holder answered (a rejection is then ``Rejected``)."""
+        payload, header = self.write_message(op)  # raises BadOperation, before anything
+        fx = self._begin()
+        rid = next(self._ids)
+        answered = self._answered(op)
+        w = _Write(rid, op, header[H.WRITES], answered, now + self._write_timeout(timeout))
+        if answered:
+            header[H.REQUEST] = rid
+            header[H.ANSWER] = 1
+        self.writes[rid] = w
+        heapq.heappush(self._timers, (w.deadline, _WRITE, rid))
+        fx.deliver.append(Submit(header, payload, rid))
+        return rid, self._end(now)
 
-    def missing(self) -> RangeSet:
-        return difference(self.ranges, self.covered)
-
-
-class Holders:
-    """Who may answer for what: the ranges each storage process holds under the client's
-    recent keyspaces.  A client takes an answer only from a process that one of them
-    says holds what the answer covers (a read ordered before a reconfiguration the
-    client already knows of is answered by the holders of its own time, so the last few
-    keyspaces count, not only the newest).  The partitions are kept per process, so the
-    check is one or two comparisons per answer."""
-
-    __slots__ = ("_parts", "keep", "keyspaces")
-
-    def __init__(self, keep: int = 4) -> None:
-        self.keep = keep
-        self.keyspaces: list[Keyspace] = []
-        """The newest last."""
-        self._parts: dict[str, list[RangeSet]] = {}
-
-    def learn(self, keyspace: Keyspace) -> None:
-        self.keyspaces.append(keyspace)
-        del self.keyspaces[: -self.keep]
-        self._parts.clear()
-
-    def parts(self, process: str) -> list[RangeSet]:
-        """What ``process`` held under each recent keyspace (empty where nothing)."""
-        parts = self._parts.get(process)
-        if parts is None:
-            if len(self._parts) > 4096:
-                self._parts.clear()
-            parts = [p for ks in self.keyspaces if (p := ks.partition(process))]
-            self._parts[process] = parts
-        return parts
-
-    def holds(self, process: str, ranges: RangeSet) -> bool:
-        return any(covers(part, ranges) for part in self.parts(process))
-
-
-class ClientCore:
-    """An engine's operations, the client's copy of the keyspace, and read gathering."""
-
-    def __init__(self, ops: Any, placement: Placement | None = None) -> None:
-        self.ops = ops
-        self.placement = placement or Placement()
-        self.keyspace: Keyspace | None = None
-        self.holders = Holders()
-        """Whom answers are taken from (only holders: an answer from any other process,
-        a client's above all, is not an answer)."""
-        self.version = -1
-        self._offset = 0
-        self._packer = msgpack.Packer(use_bin_type=True)
-        """Bundles' payloads: one Packer reused (``packb`` makes one per call, at three
-        times the cost); a client core is used from one thread."""
-
-    # ------------------------------------------------------------------ configuration
-    def learn(self, version: int, keyspace_state: Any, partitioning: str | None = None) -> bool:
-        """A newer keyspace, from a super: only supers (and the total order, which they
-        follow) say what the keyspace is; a storage process that finds ours stale only
-        says so."""
-        if type(version) is not int or version <= self.version:
-            return False
-        try:
-            ks = Keyspace.from_state(_tuples(keyspace_state))
-        except (BadKeyspace, TypeError, ValueError):
-            return False
-        self.keyspace = ks
-        self.holders.learn(ks)
-        self.version = version
-        if partitioning is not None and partitioning != self.placement.partitioning:
-            self.placement = Placement(partitioning)  # type: ignore[arg-type]
-        return True
-
-    # ------------------------------------------------------------------ messages
-    def write(self, op: Any) -> tuple[Any, dict[str, Any]]:
-        """``(payload, header)`` of a write; raises :class:`BadOperation` for a bad op."""
-        return op, write_header(self._write_ranges(op))
-
-    def _write_ranges(self, op: Any) -> RangeSet:
-        part = self.ops.part_fun(op, self.placement)
-        if part.kind != "write":
-            raise BadOperation(f"{op_name(op)!r} is a read, not a write")
-        return part.ranges
-
-    def writes(
+    def write_batch(
         self,
         ops: list[Any],
-        limit: int,
-        max_bytes: int,
+        now: float,
+        bundle: int = BUNDLE_LIMIT,
+        timeout: float | None = None,
         alone: Callable[[Any], bool] | None = None,
-    ) -> list[tuple[tuple[int, ...], Any, dict[str, Any]]]:
-        """The messages that carry a batch of writes, in the order to submit them:
-        ``(indices, payload, header)``, ``indices`` being the positions in ``ops`` of the
-        writes a message carries.  Raises :class:`BadOperation` for a bad op, before
-        anything is built.
+    ) -> tuple[list[tuple[tuple[int, ...], int]], Effects]:
+        """Many writes at once: ``(indices, request)`` for each message that carries
+        some (see :meth:`Messages.writes_of`; ``alone`` as there: which writes travel
+        alone, by default those whose holder must answer), each told by its own
+        :class:`WriteDone`."""
+        messages = self.writes_of(ops, bundle, BUNDLE_BYTES, alone)  # raises before anything
+        fx = self._begin()
+        out = []
+        deadline = now + self._write_timeout(timeout)
+        for indices, payload, header in messages:
+            rid = next(self._ids)
+            answered = len(indices) == 1 and self._answered(ops[indices[0]])
+            if answered:
+                header[H.REQUEST] = rid
+                header[H.ANSWER] = 1
+            self.writes[rid] = _Write(rid, ops[indices[0]], header[H.WRITES], answered, deadline)
+            heapq.heappush(self._timers, (deadline, _WRITE, rid))
+            fx.deliver.append(Submit(header, payload, rid))
+            out.append((indices, rid))
+        return out, self._end(now)
 
-        Writes of one key's segment that touch one range each travel up to ``limit`` to
-        a message (:func:`rubberband.config.write_bundle_header`), its payload at most
-        ``max_bytes`` unless it carries one write: one message to that segment's holders
-        for all of them, where each alone cost every role a message.  The writes of a
-        batch are independent: writes to different segments may be ordered in any order
-        among themselves, while two writes that touch a common key stay in batch order
-        (same segment, same message or an earlier one), and every write of a batch is
-        ordered after the writes of earlier batches.  A write of several ranges, of a
-        range across segments, or one for which ``alone`` is true (default: those the
-        client waits to hear about, ``ops.answered``) travels alone, after every bundle
-        begun before it.  Grouped by the client's copy of the keyspace: with a stale copy
-        a bundle may reach more holders than one segment's, and each applies what it
-        holds."""
-        parts = [self._write_ranges(op) for op in ops]
-        ks = self.keyspace
-        if ks is None or not len(ks) or limit <= 1:
-            return [((i,), ops[i], write_header(r)) for i, r in enumerate(parts)]
-        answered = alone if alone is not None else getattr(self.ops, "answered", None)
-        ids = ks.ids
-        uppers = (*ids, MAX_EKEY)
-        out: list[tuple[tuple[int, ...], Any, dict[str, Any]]] = []
-        groups: dict[int, list[int]] = {}
-        """Indices waiting to travel, by piece of the ring (``bisect_right(ids, key)``:
-        the two ends of the wrapping segment are two pieces, each with its own bundle)."""
+    def _answered(self, op: Any) -> bool:
+        answered = getattr(self.ops, "answered", None)
+        return answered is not None and bool(answered(op))
 
-        def flush() -> None:
-            for group in groups.values():
-                if group:
-                    out.extend(self._write_bundles(ops, parts, group, max_bytes))
-            groups.clear()
+    def _timeout(self, timeout: float | None) -> float:
+        return self.answer_timeout if timeout is None else timeout
 
-        for i, ranges in enumerate(parts):
-            k = -1
-            if len(ranges) == 1 and (answered is None or not answered(ops[i])):
-                lo, hi = ranges[0]
-                k = bisect_right(ids, lo)
-                if hi > uppers[k]:
-                    k = -1
-            if k < 0:  # travels alone, behind everything begun before it
-                flush()
-                out.append(((i,), ops[i], write_header(ranges)))
-                continue
-            group = groups.get(k)
-            if group is None:
-                group = groups[k] = []
-            group.append(i)
-            if len(group) >= limit:
-                out.extend(self._write_bundles(ops, parts, group, max_bytes))
-                groups[k] = []
-        flush()
-        return out
+    def _write_timeout(self, timeout: float | None) -> float:
+        return self.write_timeout + self.answer_timeout if timeout is None else timeout
 
-    def _write_bundles(
-        self, ops: list[Any], parts: list[RangeSet], group: list[int], max_bytes: int
-    ) -> list[tuple[tuple[int, ...], Any, dict[str, Any]]]:
-        """One piece's writes as messages (halves in order where too large)."""
-        if len(group) == 1:
-            i = group[0]
-            return [((i,), ops[i], write_header(parts[i]))]
-        payload = self._packer.pack(tuple((ops[i], parts[i]) for i in group))
-        if len(payload) > max_bytes:
-            half = len(group) // 2
-            return self._write_bundles(ops, parts, group[:half], max_bytes) + (
-                self._write_bundles(ops, parts, group[half:], max_bytes)
-            )
-        lo = min(parts[i][0][0] for i in group)
-        hi = max(parts[i][0][1] for i in group)
-        return [(tuple(group), payload, write_bundle_header(((lo, hi),), len(group)))]
-
-    def read(self, op: Any, within: RangeSet | None = None) -> tuple[Any, dict[str, Any], Gather]:
-        """``(payload, header, gather)`` of a sequential or snapshot read; the offset turns
-        per read so that load spreads over the replicas (4.3).  ``within`` restricts the
-        read to part of the placement space (one storage range of a parallel export):
-        responders answer only for what the header names."""
-        gather = self.gather(op, within)
-        return op, self.header(gather), gather
-
-    def gather(self, op: Any, within: RangeSet | None = None) -> Gather:
-        """What a read of ``op`` will gather (:meth:`read` without its message, for a
-        read that may travel in a bundle); raises :class:`BadOperation` for a bad op."""
-        part = self.ops.part_fun(op, self.placement)
-        if part.kind != "read":
-            raise BadOperation(f"{op_name(op)!r} is a write, not a read")
-        ranges = part.ranges if within is None else intersect(part.ranges, within)
-        if not ranges:
-            raise BadOperation(f"{op_name(op)!r} reads nothing inside the ranges asked for")
-        return Gather(op, ranges)
-
-    def gathers(self, ops: list[Any]) -> list[Gather]:
-        """:meth:`gather` of every op of a batch, in one loop (it runs for every read a
-        client sends); raises :class:`BadOperation` for the first bad op."""
-        part_fun, placement = self.ops.part_fun, self.placement
-        out: list[Gather] = []
-        for op in ops:
-            kind, ranges = part_fun(op, placement)
-            out.append(Gather(op, ranges) if kind == "read" and ranges else self.gather(op))
-        return out
-
-    def header(self, gather: Gather) -> dict[str, Any]:
-        """The header of a read sent alone, at the next offset."""
-        self._offset += 1
-        return read_header(gather.ranges, self._offset)
-
-    def bundles(self, gathers: list[Gather], limit: int) -> tuple[list[list[int]], int]:
-        """Which reads of a batch share a message (:data:`rubberband.config.BUNDLE`), and
-        the offset their headers carry: indices grouped by the holder the routers' cover
-        picks for them at that offset, at most ``limit`` to a group, a group of one for a
-        read of several ranges.
-
-        At offset ``r`` the cover reads segment ``s`` from the holder at ring position
-        ``s + (r - s) mod m`` (``m`` holders per segment, :class:`Routing`): one holder
-        for ``m`` consecutive segments.  Reads grouped by that holder reach one
-        responder, so a bundle costs the routers one cover and its responder one
-        message; the offset turns with every batch, so every holder takes its turn.
-        Grouped by the client's copy of the keyspace: a stale copy (or a holder the
-        routers avoid) only spreads a bundle over more responders, each answering what
-        it holds."""
-        groups, offset = self._groups(gathers, limit)
-        return [group for group, _ in groups], offset
-
-    def _groups(
-        self, gathers: list[Gather], limit: int
-    ) -> tuple[list[tuple[list[int], dict[int, list[Any]] | None]], int]:
-        """:meth:`bundles`, each group with its hulls (as :meth:`_hulls` makes them, None
-        for a read of several ranges), found in the same pass: :meth:`reads` then needs
-        no second search of the ring per read."""
-        ks = self.keyspace
-        if ks is None or not len(ks) or limit <= 1:
-            return [([i], None) for i in range(len(gathers))], 0
-        self._offset += 1
-        r, ids, m = self._offset, ks.ids, ks.group_size
-        n = len(ids)
-        out: list[tuple[list[int], dict[int, list[Any]] | None]] = []
-        groups: dict[int, tuple[list[int], dict[int, list[Any]]]] = {}
-        for i, g in enumerate(gathers):
-            ranges = g.ranges
-            if len(ranges) != 1:
-                out.append(([i], None))
-                continue
-            lo, hi = ranges[0]
-            k = bisect_right(ids, lo)
-            s = (k - 1) % n
-            holder = (s + (r - s) % m) % n
-            entry = groups.get(holder)
-            if entry is None:
-                entry = groups[holder] = ([], {})
-            group, hulls = entry
-            group.append(i)
-            _widen(hulls, k, lo, hi)
-            if len(group) >= limit:
-                out.append(entry)
-                del groups[holder]
-        out.extend(groups.values())
-        return out, r
-
-    def _hulls(self, gathers: Iterable[Gather]) -> dict[int, list[Any]]:
-        """For each piece of the ring between two ids that ``gathers`` touch (``k`` of
-        ``bisect_right(ids, key)``), ``[lo, hi]`` from their lowest to their highest
-        bound there."""
-        ks = self.keyspace
-        ids = ks.ids if ks is not None else ()
-        hulls: dict[int, list[Any]] = {}
-        for g in gathers:
-            lo, hi = g.ranges[0][0], g.ranges[-1][1]
-            _widen(hulls, bisect_right(ids, lo), lo, hi)
-        return hulls
-
-    def bundle(
-        self, reads: list[tuple[Any, Gather]], offset: int | None = None
-    ) -> tuple[bytes, dict[str, Any]]:
-        """``(payload, header)`` of one message carrying ``reads`` (``(op, gather)``
-        pairs from :meth:`gather`) at ``offset`` (from :meth:`bundles`; None: the next
-        one): each read keeps its own ranges inside the payload's bytes; the header
-        names, for each piece of the ring between two ids that the reads touch, the
-        range from their lowest to their highest bound there (a few ranges, never the
-        whole ring for reads on both sides of its wrap).  Raises ``TypeError`` for an op
-        msgpack cannot encode, as a read alone does at its submission."""
-        if offset is None:
-            self._offset += 1
-            offset = self._offset
-        ranges = normalize((lo, hi) for lo, hi in self._hulls(g for _, g in reads).values())
-        payload = self._packer.pack(tuple((op, g.ranges) for op, g in reads))
-        return payload, bundle_header(ranges, offset, len(reads))
-
-    def reads(
-        self, ops: list[Any], gathers: list[Gather], limit: int, max_bytes: int
-    ) -> list[tuple[tuple[int, ...], Any, dict[str, Any]]]:
-        """The messages that carry a batch of sequential or snapshot reads (``gathers``
-        from :meth:`gather`, one per op): ``(indices, payload, header)``, as
-        :meth:`writes` gives them.  Grouped as :meth:`bundles` groups them; a message
-        of one read carries it alone (its op and :meth:`header`); a bundle's payload is
-        at most ``max_bytes`` unless it carries one read (halves otherwise).  The
-        batch's form of :meth:`bundles` and :meth:`bundle`, in one pass over the reads:
-        this runs for every read a client sends."""
-        groups, offset = self._groups(gathers, limit)
-        out: list[tuple[tuple[int, ...], Any, dict[str, Any]]] = []
-        for group, hulls in groups:
-            self._read_bundles(ops, gathers, group, hulls, offset, max_bytes, out)
-        return out
-
-    def _read_bundles(
+    # ================================================================== reads alone
+    def read(
         self,
-        ops: list[Any],
-        gathers: list[Gather],
-        group: list[int],
-        hulls: dict[int, list[Any]] | None,
-        offset: int,
-        max_bytes: int,
-        out: list[tuple[tuple[int, ...], Any, dict[str, Any]]],
-    ) -> None:
-        if len(group) == 1:
-            i = group[0]
-            out.append(((i,), ops[i], self.header(gathers[i])))
-            return
-        payload = self._packer.pack([(ops[i], gathers[i].ranges) for i in group])
-        if len(payload) > max_bytes:  # large reads: fewer to a message
-            half = len(group) // 2
-            for part in (group[:half], group[half:]):
-                self._read_bundles(ops, gathers, part, None, offset, max_bytes, out)
-            return
-        if hulls is None:
-            hulls = self._hulls(gathers[i] for i in group)
-        ranges = normalize((lo, hi) for lo, hi in hulls.values())
-        out.append((tuple(group), payload, bundle_header(ranges, offset, len(group))))
+        op: Any,
+        level: str,
+        now: float,
+        *,
+        within: Any = None,
+        attempts: int = 5,
+        timeout: float | None = None,
+    ) -> tuple[int, Effects]:
+        """A read at ``level``; ``within`` restricts it to part of the placement space.
+        Its :class:`ReadDone` carries the result, or the error once every try failed."""
+        if level not in ISOLATION_LEVELS:
+            raise ValueError(f"isolation is one of {', '.join(ISOLATION_LEVELS)}, not {level!r}")
+        self.gather(op, within)  # raises BadOperation, before anything
+        self._begin()
+        rid = next(self._ids)
+        r = _Read(rid, op, level, within, now + self._timeout(timeout), attempts)
+        self._try(r, now)
+        return rid, self._end(now)
 
-    def basic_targets(
-        self, gather: Gather, avoid: frozenset[str] = frozenset()
-    ) -> dict[str, RangeSet]:
-        """Storage processes to ask for what ``gather`` still misses (a cover from the
-        client's keyspace, rotated per read, avoiding processes that failed it)."""
-        ks = self.keyspace
-        if ks is None or not len(ks):
-            raise Unavailable("the client knows no storage process yet")
-        self._offset += 1
-        from rubberband.placement import Unavailable as NoHolder
+    def read_replica(
+        self, process: NodeId, op: Any, within: Any, now: float
+    ) -> tuple[int, Effects]:
+        """``op`` within ``within`` answered by ``process`` alone, from its current state
+        (a basic read, no failover): audits compare the holders of a range with it."""
+        fx = self._begin()
+        rid = next(self._ids)
+        r = _Read(rid, op, "replica", within, now + self.answer_timeout, 1)
+        gather = r.gather = self.gather(op, within)
+        r.try_id = rid
+        self._single[rid] = r
+        heapq.heappush(self._timers, (r.deadline, _READ, rid))
+        self.asked[rid] = frozenset((process,))
+        msg = BasicRead(rid, op, gather.ranges, self.version)
+        fx.send.append((process, Direct(msg)))
+        return rid, self._end(now)
 
+    def _try(self, r: _Read, now: float) -> None:
+        """Send read ``r`` (again): a new try under a new request id."""
+        old = r.try_id
+        if old >= 0:
+            self._single.pop(old, None)
+            self.asked.pop(old, None)
+            self.counts["retries"] += 1
+        tid = r.try_id = next(self._ids)
+        self._single[tid] = r
+        heapq.heappush(self._timers, (r.deadline, _READ, tid))
+        fx = self._fx
+        if r.level != "basic":
+            r.gather = gather = self.gather(r.op, r.within)
+            header = self.header(gather)
+            header[H.REQUEST] = tid
+            r.acked = None
+            if r.level == "snapshot":
+                self._retry_at(r, now + self.retry_after)
+            fx.deliver.append(Submit(header, r.op, tid, unsafe=r.level == "snapshot"))
+            return
+        if r.gather is None or r.version != self.version:
+            r.gather = self.gather(r.op, r.within)
+            r.version = self.version
+            r.tried = frozenset()
         try:
-            return ks.read_cover(gather.missing(), self._offset, exclude=avoid)
-        except NoHolder as e:
-            raise Unavailable(str(e)) from None
+            targets = self.basic_targets(r.gather, r.tried)
+        except Unavailable:
+            # Our keyspace may be older than the cluster's: ask a super, try again then.
+            self._waiting_keyspace.append(tid)
+            self._retry_at(r, now + 0.5)
+            self._start_refresh(now)
+            return
+        self.asked[tid] = frozenset(targets)
+        r.tried |= frozenset(targets)
+        self._retry_at(r, now + self.retry_after)
+        for target, ranges in targets.items():
+            fx.send.append((target, Direct(BasicRead(tid, r.op, ranges, self.version))))
 
-    def result(self, gather: Gather) -> Any:
-        if gather.error is not None:
-            raise Rejected(gather.error)
-        return self.ops.combine(gather.op, [self._restrict(r, res) for r, res in gather.pieces])
+    def _retry_at(self, r: _Read, at: float) -> None:
+        r.retry_at = at
+        heapq.heappush(self._timers, (at, _READ, r.try_id))
 
-    def _restrict(self, ranges: RangeSet, result: Any) -> Any:
-        """Engines answer for the ranges they were given; the client keeps each range
-        once, so an engine's ``restrict`` (if any) trims an answer to ``ranges``."""
-        restrict = getattr(self.ops, "restrict", None)
-        return result if restrict is None else restrict(result, ranges, self.placement)
+    def _finish(self, r: _Read, result: Any = None, error: Exception | None = None) -> None:
+        self._single.pop(r.try_id, None)
+        self.asked.pop(r.try_id, None)
+        r.try_id = -2
+        self._fx.deliver.append(ReadDone(r.id, result, error))
+
+    def _check_read(self, r: _Read, now: float) -> None:
+        """After an answer, an ack or a tick: complete, refuse or retry read ``r``."""
+        g = r.gather
+        if g is None:
+            return
+        if g.complete or (g.pieces and mutations.on(FIRST_ANSWER_COMPLETES)):
+            if r.level == "sequential" and r.acked is None:
+                return  # complete once the read is also stable (ordered for sure)
+            if g.refused:
+                if r.level == "snapshot" and r.attempts > 1:
+                    r.attempts -= 1
+                    r.refused_once = True
+                    self.counts["snapshot_refused"] += 1
+                    self._try(r, now)
+                elif r.level == "snapshot":
+                    # Every try was refused or shed: the responders are busy with writes
+                    # (or reconfiguring).  A sequential read is a consistent cut too, and
+                    # ordered: the stronger answer, at the cost of a place in the order.
+                    r.level = "sequential"
+                    self._try(r, now)
+                elif r.level in ("basic", "replica"):
+                    if r.level == "replica":
+                        self._finish(r, error=Unavailable("the process does not hold all of it"))
+                    else:
+                        r.gather = None  # another keyspace version: start again, whole
+                        self._try(r, now)
+                else:
+                    self._finish(r, error=Indeterminate(f"{op_name(r.op)}: refused"))
+                return
+            try:
+                self._finish(r, self.result(g))
+            except Exception as e:
+                self._finish(r, error=e)
+            return
+        if now >= r.deadline:
+            missing = len(g.missing())
+            if r.lost:
+                self._finish(r, error=Unavailable(
+                    f"{op_name(r.op)}: no holder is left for {missing} range(s)"
+                ))  # fmt: skip
+                return
+            self._finish(r, error=Indeterminate(
+                f"{op_name(r.op)}: no answer for {missing} range(s) in {self.answer_timeout:g} s "
+                "(every replica asked failed, or none is left)"
+            ))  # fmt: skip
+            return
+        due = r.retry_at if r.level != "sequential" or r.acked else None
+        failover = r.level != "replica" and not mutations.on(NO_FAILOVER)
+        if due is not None and now >= due and failover:
+            if r.level == "snapshot":
+                r.silent += 1
+                if r.silent >= SILENT_SNAPSHOT_TRIES:
+                    # Unanswered, not refused: the router it went to may be gone, and
+                    # nothing tells a client so of a message that is never acknowledged.
+                    # A sequential read is acknowledged (E-Cast fails over for it).
+                    r.level = "sequential"
+            self._try(r, now)
+
+    # ================================================================== sheds, acknowledgements
+    def on_shed(self, token: Any, now: float) -> Effects:
+        """A snapshot read reached not every responder (a router no longer leading, or a
+        responder too far behind, 3.5.7): refused now, to be read again, rather than
+        left to time out."""
+        self._begin()
+        if not self._batch_shed(token):
+            r = self._single.get(token)
+            if r is not None and r.gather is not None and r.try_id == token:
+                r.gather.refused = True
+                self._check_read(r, now)
+        return self._end(now)
+
+    def on_acked(self, token: Any, delivered: bool, now: float) -> Effects:
+        """A submission of ours is stable: ``delivered`` says whether any holder took it
+        (False: some range of it has no holder left)."""
+        self._begin()
+        w = self.writes.get(token)
+        if w is not None:
+            if not delivered:
+                self._write_done(
+                    w, Unavailable(f"no holder is left for some key of {op_name(w.op)}")
+                )
+            else:
+                w.stable = True
+                if not w.answered or w.answer is not _NOTHING:
+                    self._write_done(w, _write_error(w))
+            return self._end(now)
+        r = self._single.get(token)
+        if r is not None and r.try_id == token:
+            r.acked = True
+            if delivered:
+                r.lost = False
+                self._retry_at(r, now + self.retry_after)  # every responder has it now
+                self._check_read(r, now)
+            elif mutations.on(NO_FAILOVER):
+                self._finish(r, error=Unavailable(f"{op_name(r.op)}: its responder failed"))
+            else:
+                # Every responder of this try failed before delivering it (suspected
+                # since): the routers route the next try to other replicas.  Soon, not
+                # at once: the suspicion may still be on its way to the order.
+                r.lost = True
+                self._retry_at(r, now + UNDELIVERED_RETRY)
+        return self._end(now)
+
+    def on_rejected(self, token: Any, error: Exception, now: float) -> Effects:
+        """E-Cast refused a submission of ours (no room, its session closed, forbidden):
+        the request it carried fails with ``error``; each read of a batch's message is
+        told, its gather's ``error`` saying why."""
+        self._begin()
+        w = self.writes.get(token)
+        if w is not None:
+            self._write_done(w, error)
+        r = self._single.get(token)
+        if r is not None and r.try_id == token:
+            self._finish(r, error=error)
+        self._batch_rejected(token, f"not sent: {type(error).__name__}: {error}")
+        return self._end(now)
+
+    def _write_done(self, w: _Write, error: Exception | None) -> None:
+        self.writes.pop(w.id, None)
+        self._fx.deliver.append(WriteDone(w.id, error))
+
+    # ================================================================== answers
+    def on_direct(self, src: NodeId, msg: Any, now: float) -> Effects:
+        self._begin()
+        self._now = now
+        self._answer(src, msg)
+        return self._end(now)
+
+    def _answer(self, src: NodeId, msg: Any, recheck: bool = True) -> None:
+        """An answer, taken only from whom it may come from (see the module docstring)."""
+        t = type(msg)
+        if t is Described:
+            self._described(src, msg)
+            return
+        if src[:8] != STORAGE:
+            self.refused_answers += 1
+            return
+        held = self.holders.holds if not mutations.on(TRUST_ANY_ANSWER) else anyone
+        if t is Whole or t is Answers:
+            self._bundle_answer(src, msg, recheck, held)
+        elif t is Answer:
+            if msg.covered is not None and not is_range_set(msg.covered):
+                self.refused_answers += 1
+                return
+            self._on_answer(src, msg, recheck, held)
+        elif t is Stale:
+            r = self._single.get(msg.request)
+            if r is not None and src in self.asked.get(msg.request, ()):
+                # Our keyspace is older than the responder's: learn the new one from a
+                # super (never from the responder), then the read goes on.
+                if r.try_id == msg.request:
+                    self._waiting_keyspace.append(msg.request)
+                self._start_refresh(self._now)
+
+    def _on_answer(self, src: NodeId, a: Answer, recheck: bool, held: Any) -> None:
+        rid = a.request
+        w = self.writes.get(rid)
+        if w is not None:
+            if (
+                not any(overlaps(p, w.ranges) for p in self.holders.parts(src))
+                and held is not anyone
+            ):
+                self._set_aside(src, a, recheck)
+            elif w.answer is _NOTHING:
+                w.answer = a.error
+                if w.stable:
+                    self._write_done(w, _write_error(w))
+            return
+        r = self._single.get(rid)
+        if r is not None:
+            g = r.gather
+            if g is None or r.try_id != rid:
+                return
+            asked = self.asked.get(rid)
+            if asked is not None:  # a basic read: only the processes asked answer it
+                if src not in asked:
+                    self.refused_answers += 1
+                    return
+            elif not held(src, g.ranges if a.covered is None else a.covered):
+                self._set_aside(src, a, recheck)
+                return
+            g.add(a.covered, a.result, a.error, a.position, a.ok)
+            self._check_read(r, self._now)
+            return
+        self._batch_answer(src, a, recheck, held)
+
+    def _set_aside(self, src: NodeId, msg: Any, recheck: bool) -> None:
+        """An answer from a storage process that no keyspace we know says holds what it
+        answers for: either our keyspace is behind (the routers' config made it a
+        responder under a newer one), or it is no answer.  Learn the newest keyspace
+        from a super, then take it if that says it holds it."""
+        if not recheck or len(self._aside) >= MAX_ASIDE:
+            self.refused_answers += 1
+            return
+        self._aside.append((src, msg))
+        self._start_refresh(self._now, self.retry_after * 5)
+
+    # ================================================================== time
+    def on_tick(self, now: float) -> Effects:
+        self._begin()
+        self._now = now
+        if self._refresh_until is not None:
+            if now >= self._refresh_until:
+                self._refresh_until = None
+                aside, self._aside = self._aside, []
+                self.refused_answers += len(aside)
+                self._fx.deliver.append(Refreshed(False))
+            elif now >= self._refresh_next:
+                self._ask_a_super(now)
+        heap = self._timers
+        while heap and heap[0][0] <= now:
+            _, kind, rid = heapq.heappop(heap)
+            if kind == _READ:
+                r = self._single.get(rid)
+                if r is not None and r.try_id == rid:
+                    self._check_read(r, now)
+            elif kind == _WRITE:
+                w = self.writes.get(rid)
+                if w is not None and now >= w.deadline:
+                    what = "not stable" if not w.stable else "stable but no holder answered"
+                    self._write_done(w, Indeterminate(f"{op_name(w.op)} is {what} in time"))
+            else:
+                self._batch_expired(rid)
+        return self._end(now)
+
+    # ================================================================== plumbing
+    def _begin(self) -> Effects:
+        fx = self._fx = Effects()
+        return fx
+
+    _now = 0.0
+
+    def _end(self, now: float) -> Effects:
+        fx = self._fx
+        fx.wake(self._next_wake(now))
+        return fx
+
+    def _next_wake(self, now: float) -> float | None:
+        at = self._timers[0][0] if self._timers else None
+        if self._refresh_until is not None:
+            nxt = min(self._refresh_next, self._refresh_until)
+            at = nxt if at is None else min(at, nxt)
+        return at
+
+    def in_flight(self) -> int:
+        return len(self._single) + len(self.writes) + len(self._bundles) + len(self.batch_reads)
 
 
-def _widen(hulls: dict[int, list[Any]], k: int, lo: Any, hi: Any) -> None:
-    """Widen the hull of ring piece ``k`` to take in ``[lo, hi)``."""
-    h = hulls.get(k)
-    if h is None:
-        hulls[k] = [lo, hi]
-        return
-    if lo < h[0]:
-        h[0] = lo
-    if hi > h[1]:
-        h[1] = hi
-
-
-def op_name(op: Any) -> str:
-    """An operation's name for messages: the first item of a tuple (the key-value
-    engines) or the ``op`` field of a dict (the scan engine)."""
-    if isinstance(op, dict):
-        return str(op.get("op"))
-    if isinstance(op, (tuple, list)) and op:
-        return str(op[0])
-    return type(op).__name__
-
-
-def _tuples(value: Any) -> Any:
-    if type(value) in (list, tuple):
-        return tuple(_tuples(v) for v in value)
-    return value
+def _write_error(w: _Write) -> Exception | None:
+    if not w.answered or w.answer is _NOTHING or w.answer is None:
+        return None
+    return Rejected(w.answer)

@@ -19,20 +19,22 @@ payloads, which cost the dissertation 10-20 % of throughput, 5.6.3):
 ==========================================================  ===========================
 header                                                      message
 ==========================================================  ===========================
-``{"w": ranges}``                                           write (ROWA: every holder)
-``{"r": ranges, "o": offset}``                              sequential read (a cover)
-``{"r": hulls, "o": offset, "n": count}``                   a bundle of ``count`` reads
+``{"writes": ranges}``                                      write (ROWA: every holder)
+``{"reads": ranges, "offset": o}``                          sequential read (a cover)
+``{"reads": hulls, "offset": o, "count": n}``               a bundle of ``n`` reads
 ``{"kind": "join"}``                                        join; storage joins standby
 ``{"kind": "part"}``                                        part
 ``{"kind": "suspect", "who": [p]}``                         a super's vote, one name
-``{"kind": "keyspace", "v": v, "op": op, "ins": list}``     keyspace message (4.4.1)
-``{"kind": "ready", "v": v}``                               a storage process finished v
-``{"kind": "incomplete", "v": v, "ranges": ranges}``        a receive that cannot finish
+``{"kind": "keyspace", "version": v, "op": op,``            keyspace message (4.4.1)
+``"instructions": list}``
+``{"kind": "ready", "version": v}``                         a storage process finished v
+``{"kind": "incomplete", "version": v, "ranges": ranges}``  a receive that cannot finish
 ==========================================================  ===========================
 
+The keys are :class:`rubberband.proto.H`'s, and the builders of every header are there.
 ``ranges`` is a normalized range set of encoded keys (:mod:`rubberband.keys`), ``op`` one
 of ``["expand", name, id]``, ``["contract", name]``, ``["replace", old, new]``,
-``["rebalance", name, id]``, ``ins`` the optimizer's instructions in wire form
+``["rebalance", name, id]``, ``instructions`` the optimizer's instructions in wire form
 (:mod:`rubberband.optimizer`).
 
 **Routing.**  A write goes to every unsuspected holder overlapping its ranges.  A read
@@ -59,17 +61,19 @@ from __future__ import annotations
 from typing import Any
 
 from ecast import EMPTY, JOIN, KIND, PART, ROUTERS, SUSPECT, Membership, Message, NodeId
+from ecast.core import mutations
 from rubberband.keys import EKey, RangeSet, is_ekey, is_range_set
 from rubberband.optimizer import BadInstruction, Copy, instructions_from_wire
 from rubberband.placement import BadKeyspace, Keyspace, Routing, Unavailable
+from rubberband.proto import INCOMPLETE, KEYSPACE, READY, H
 
 SUPER = "super:"
 STORAGE = "storage:"
 CLIENT = "client:"
 ROLES = (SUPER, STORAGE, CLIENT)
-KEYSPACE = "keyspace"
-READY = "ready"
-INCOMPLETE = "incomplete"
+READS_TO_BUSY = mutations.declare(
+    "reads_to_busy", "config", "reads go to receivers still being filled, as if complete"
+)
 OPS = ("expand", "contract", "replace", "rebalance")
 MAX_RANGES = 4096
 """Ranges one header may name; more is refused (empty destination set)."""
@@ -127,18 +131,6 @@ class RubberbandConfig(Membership):
         "version",
         "votes",
     )
-
-    MUTATIONS = frozenset({"reads_to_busy"})
-    """Planted bugs (tests only: ``ecast router --mutation NAME`` under
-    ``ECAST_TEST_MUTATIONS=1``); the fault-injection suite must catch each one."""
-
-    @classmethod
-    def plant(cls, name: str) -> None:
-        """Switch a planted bug on in this process, for every config of the class."""
-        if name == "reads_to_busy":  # reads go to receivers still being filled
-            cls.busy = lambda self: _NONE  # type: ignore[method-assign]
-        else:
-            raise ValueError(f"unknown mutation {name!r}; known: {', '.join(cls.MUTATIONS)}")
 
     def __init__(
         self,
@@ -291,6 +283,8 @@ class RubberbandConfig(Membership):
     def busy(self) -> frozenset[NodeId]:
         """Receivers of unfinished reconfigurations: reads avoid them."""
         out: frozenset[NodeId] = _NONE
+        if mutations.on(READS_TO_BUSY):
+            return out
         for p in self.pending.values():
             out |= p.receivers
         return out
@@ -419,7 +413,7 @@ class RubberbandConfig(Membership):
         return after._left(gone) if gone else after
 
     def _apply_ready(self, sender: NodeId, h: dict[str, Any]) -> RubberbandConfig:
-        v = h.get("v")
+        v = h.get(H.VERSION)
         p = self.pending.get(v) if type(v) is int else None
         if p is None or sender not in p.waiting:
             return self
@@ -475,13 +469,13 @@ class RubberbandConfig(Membership):
     ) -> tuple[Keyspace, frozenset[NodeId], frozenset[NodeId]] | None:
         """The new keyspace, the storage processes involved and the receivers, or None
         for a stale, malformed or impossible keyspace message (ignored everywhere)."""
-        if h.get("v") != self.version or type(h.get("v")) is not int:
+        if h.get(H.VERSION) != self.version or type(h.get(H.VERSION)) is not int:
             return None
-        op = h.get("op")
+        op = h.get(H.OP)
         if type(op) is not tuple or not op or op[0] not in OPS:
             return None
         try:
-            instructions = instructions_from_wire(h.get("ins", ()))
+            instructions = instructions_from_wire(h.get(H.INSTRUCTIONS, ()))
         except BadInstruction:
             return None
         ks = self.keyspace
@@ -539,13 +533,13 @@ class RubberbandConfig(Membership):
         if kind is None:
             if not sender.startswith(CLIENT) or sender in self._retired:
                 return EMPTY
-            w = h.get("w")
+            w = h.get(H.WRITES)
             if w is not None:
                 if type(w) is not tuple or len(w) > MAX_RANGES or not is_range_set(w):
                     return EMPTY
                 return self.write_routing().write_set(w)
-            r = h.get("r")
-            o = h.get("o", 0)
+            r = h.get(H.READS)
+            o = h.get(H.OFFSET, 0)
             if type(r) is not tuple or len(r) > MAX_RANGES or type(o) is not int:
                 return EMPTY
             if not is_range_set(r):
@@ -622,57 +616,5 @@ def _tuple(value: Any) -> EKey:
 
 
 # ------------------------------------------------------------------ header builders
-# Clients, storage processes and supers build headers only through these, so the table in
-# the module docstring is the whole protocol between them and the routers.
-def write_header(ranges: RangeSet) -> dict[str, Any]:
-    return {"w": ranges}
-
-
-def read_header(ranges: RangeSet, offset: int) -> dict[str, Any]:
-    return {"r": ranges, "o": offset}
-
-
-BUNDLE = "n"
-"""Header key of a read bundle: one message carrying ``count`` independent reads.  Its
-payload is the msgpack bytes of a tuple of ``(op, ranges)`` pairs, opaque to the
-routers, which would otherwise decode and re-encode every read of it (parsing payloads
-cost the dissertation's routers 10-20 % of their throughput, 5.6.3); its ``"r"`` holds,
-for each stretch of the ring between two ids that the reads touch, one range from their
-lowest to their highest bound there, so that routing it costs what routing one read of
-a few ranges costs.  Each responder answers every read of it with one direct
-message (:data:`rubberband.storage.WHOLE`, or :data:`rubberband.storage.RESULTS` where
-some read is answered in part or rejected).  A client with many reads in flight sends
-those one storage process answers this way, so that each role's cost per message (routing,
-forwarding, tagging, decoding, the answer) is shared by the reads: the dissertation's
-clumping (3.5.9) applied by the client to reads.  A bundle is one consistent cut for all
-its reads, as a single read is for its own ranges."""
-
-
-def bundle_header(ranges: RangeSet, offset: int, count: int) -> dict[str, Any]:
-    return {"r": ranges, "o": offset, BUNDLE: count}
-
-
-def write_bundle_header(ranges: RangeSet, count: int) -> dict[str, Any]:
-    """A write bundle: ``count`` writes in one message, the payload as a read bundle's.
-    Its ``"w"`` is one range inside one segment, from the writes' lowest bound to their
-    highest (the client bundles only writes of one segment), so the routers route it as
-    one write to that segment's holders, and each holder applies every write of it at
-    the message's one position, in the order of the payload."""
-    return {"w": ranges, BUNDLE: count}
-
-
-def keyspace_header(version: int, op: tuple[Any, ...], instructions: Any) -> dict[str, Any]:
-    """``op`` as in the module docstring, ``instructions`` a plan's ``to_wire()``."""
-    return {KIND: KEYSPACE, "v": version, "op": tuple(op), "ins": tuple(instructions)}
-
-
-def ready_header(version: int) -> dict[str, Any]:
-    return {KIND: READY, "v": version}
-
-
-def incomplete_header(version: int, ranges: RangeSet) -> dict[str, Any]:
-    return {KIND: INCOMPLETE, "v": version, "ranges": ranges}
-
-
-def vote_header(who: NodeId) -> dict[str, Any]:
-    return {KIND: SUSPECT, "who": [who]}
+# Clients, storage processes and supers build headers only through ``rubberband.proto``,
+# so the table in the module docstring is the whole protocol between them and the routers.

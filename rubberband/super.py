@@ -20,14 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rubberband.config import RubberbandConfig, keyspace_header
+from ecast import Direct, Effects, NodeId
+from rubberband.config import STORAGE, RubberbandConfig
+from rubberband.errors import Refused
 from rubberband.keys import EKey, decode_key, describe, difference, encode_key
 from rubberband.optimizer import Plan, optimize
 from rubberband.placement import BadReconfiguration, Keyspace
-
-
-class Refused(ValueError):
-    """A reconfiguration request that must not run; the message says why."""
+from rubberband.proto import Describe, Described, H, Leave, Ping, Pong, keyspace_header
+from rubberband.supervision import Reconfigurations, Watch
 
 
 @dataclass(frozen=True)
@@ -40,17 +40,106 @@ class Proposal:
     after: Keyspace
 
     def describe(self) -> list[str]:
-        return [f"op {self.header['op'][0]} at version {self.header['v']}", *self.plan.describe()]
+        h = self.header
+        return [f"op {h[H.OP][0]} at version {h[H.VERSION]}", *self.plan.describe()]
 
 
 class SuperCore:
-    """A super's replica of the configuration."""
+    """A super: its replica of the configuration, the plans it makes, and what it does
+    over time (:mod:`rubberband.supervision`: heartbeats and votes, reconfigurations
+    followed to the end, repairs)."""
 
-    def __init__(self, me: str) -> None:
+    def __init__(
+        self,
+        me: str,
+        *,
+        heartbeat: float = 0.5,
+        suspect_after: float = 3.0,
+        auto_repair: bool = True,
+        repair_after: float = 2.0,
+    ) -> None:
         if not me.startswith("super:"):
             raise ValueError(f"a super process is named super:..., not {me!r}")
         self.me = me
         self.config: RubberbandConfig | None = None
+        self.watch = Watch(self, heartbeat, suspect_after)
+        self.reconfigurations = Reconfigurations(self, auto_repair, repair_after)
+
+    # ------------------------------------------------------------------ inputs
+    def on_deliveries(self, deliveries: Any, now: float) -> Effects:
+        """E-Cast's deliveries: our own join hands us the configuration, every other
+        message moves the replica on (unsafe ones are reads, never for a super)."""
+        fx = Effects()
+        me = self.me
+        for d in deliveries:
+            if d.unsafe:
+                continue
+            m = d.message
+            if m.sender == me and m.kind == "join":
+                self.joined(m.payload)
+            else:
+                self.deliver([(d.t, m)])
+        self.reconfigurations.progress(now, fx)
+        self._wake(now, fx)
+        return fx
+
+    def on_direct(self, src: NodeId, msg: Any, now: float) -> Effects:
+        fx = Effects()
+        t = type(msg)
+        if t is Pong:
+            self.watch.heard_from(src, now, msg.sent_ms, msg.figures)
+        elif t is Ping:
+            fx.send.append((src, Direct(Pong(msg.sent_ms, {}))))
+        elif t is Describe:
+            c = self.config
+            if c is not None:
+                answer = Described(msg.request, c.version, c.keyspace.to_state(), c.partitioning)
+                fx.send.append((src, Direct(answer)))
+        elif t is Leave and src.startswith(STORAGE):
+            self.reconfigurations.leave(src, msg.request, msg.replace_with, now, fx)
+        return fx
+
+    def on_acked(self, token: Any, delivered: bool, now: float) -> Effects:
+        """A submission of ours was acknowledged (``token``: what :class:`Submit` said)."""
+        fx = Effects()
+        if type(token) is tuple and token[:1] == ("reconfigure",):
+            self.reconfigurations.on_acked(token[1], delivered, now, fx)
+        return fx
+
+    def on_tick(self, now: float) -> Effects:
+        fx = Effects()
+        if self.config is not None:
+            self.watch.beat(now, fx)
+            self.reconfigurations.repair(now, fx)
+        self.reconfigurations.progress(now, fx)
+        self._wake(now, fx)
+        return fx
+
+    def reconfigure(
+        self,
+        request: Any,
+        op: str,
+        *args: Any,
+        now: float,
+        force: bool = False,
+        dry_run: bool = False,
+        wait: bool = True,
+        timeout: float = 60.0,
+    ) -> Effects:
+        """Start a reconfiguration (the admin API's): planned, submitted, planned again
+        while stale, followed until every receiver is ready (``wait``); a
+        :class:`~rubberband.supervision.Reconfigured` upcall names ``request`` at the end."""
+        fx = Effects()
+        self.reconfigurations.start(
+            request, op, tuple(args), now=now, force=force, dry_run=dry_run, wait=wait,
+            timeout=timeout, fx=fx,
+        )  # fmt: skip
+        self._wake(now, fx)
+        return fx
+
+    def _wake(self, now: float, fx: Effects) -> None:
+        fx.wake(self.watch.next_beat if self.config is not None else now + self.watch.heartbeat)
+        fx.wake(self.reconfigurations.next_deadline())
 
     def joined(self, state: Any) -> None:
         """Our own join was delivered with the config's state (``joiner_state``)."""
@@ -147,22 +236,34 @@ class SuperCore:
         holder is replaced by a standby process (fresh copies from the complete
         replicas), or, with no standby left, contracted while the ring keeps at least
         ``f`` processes.  A repair that would lose data is refused by :meth:`plan`
-        (never forced here): that needs an operator."""
+        (never forced here): another broken holder's may go first, or an operator must
+        decide."""
         c = self.config
         if c is None or c.coordinator() != self.me:
             return []
         if any(p.waiting - c.incomplete for p in c.pending.values()):
             return []
         ring = c.keyspace.processes
-        broken = [p for p in ring if p not in c.storage() or p in c.incomplete]
-        if not broken:
-            return []
-        victim = sorted(broken)[0]  # one at a time: each repair changes the version
+        # Incomplete holders first (they hold nothing a repair could need), then failed
+        # ones; the first whose repair can be planned without losing data, one at a time
+        # (each repair changes the version).  A failed source of an unfinished copy
+        # cannot be contracted while its receiver is incomplete: the receiver would be
+        # left with ranges and no data, so the receiver goes first.
+        broken = sorted(p for p in ring if p in c.incomplete)
+        broken += sorted(p for p in ring if p not in c.storage() and p not in c.incomplete)
         spares = sorted(c.standby() - c.incomplete)
-        if spares:
-            return [("replace", (victim, spares[0]))]
-        if len(ring) - 1 >= c.f:
-            return [("contract", (victim,))]
+        for victim in broken:
+            if spares:
+                repair: tuple[str, tuple[Any, ...]] = ("replace", (victim, spares[0]))
+            elif len(ring) - 1 >= c.f:
+                repair = ("contract", (victim,))
+            else:
+                continue
+            try:
+                self.plan(repair[0], *repair[1])
+            except Refused:
+                continue
+            return [repair]
         return []
 
     @staticmethod
@@ -173,10 +274,22 @@ class SuperCore:
             raise Refused(f"{name} is already on the ring")
 
     # ------------------------------------------------------------------ status
-    def status(self) -> dict[str, Any]:
+    def status(self, now: float | None = None) -> dict[str, Any]:
+        """For the admin API; with ``now``, each storage process's load and size (from
+        its heartbeat answers) and their age."""
         c = self.config
         if c is None:
             return {"joined": False}
+        out = self._status(c)
+        if now is not None:
+            out["load"] = {
+                p: {k: v for k, v in f.items() if k not in ("at", "applied")}
+                | {"age_s": round(now - f["at"], 1)}
+                for p, f in sorted(self.watch.loads.items())
+            }
+        return out
+
+    def _status(self, c: RubberbandConfig) -> dict[str, Any]:
         return {
             "joined": True,
             "version": c.version,

@@ -1,23 +1,8 @@
-"""Spark jobs as Rubberband clients: the ``rubberband`` PySpark data source.
-
-``pip install '.[spark]'``, then::
-
-    import rubberband_spark
-    rubberband_spark.register(spark)
-    df.writeStream.format("rubberband").option("state_dir", DIR).option("table", "t")...
-
-:mod:`rubberband_spark.chunks` (rows into deterministic messages) needs no Spark;
-:mod:`rubberband_spark.source` is the data source itself.  ``docs/spark.md`` has the
-options, the exactly-once guarantee and its limits.
-"""
+"""The Spark data source under its first name: ``import rubberband_spark;
+rubberband_spark.register(spark)`` keeps working.  It lives in :mod:`rubberband.spark`."""
 
 from __future__ import annotations
 
-from typing import Any
+from rubberband.spark import register
 
-
-def register(spark: Any) -> None:
-    """Make ``format("rubberband")`` known to ``spark`` (a SparkSession)."""
-    from rubberband_spark.source import register as _register
-
-    _register(spark)
+__all__ = ["register"]

@@ -1,2 +1,2 @@
 """Storage engines for Rubberband: each implements the small protocol of
-:mod:`storage_adapters.base` and imports nothing else of the project."""
+:mod:`rubberband.engine` and imports nothing else of the project."""

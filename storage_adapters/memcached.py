@@ -57,7 +57,7 @@ import msgpack
 from pymemcache.client.base import Client as _Memcache
 from sortedcontainers import SortedDict
 
-from storage_adapters.base import (
+from rubberband.engine import (
     INVALID,
     BadOperation,
     EKey,

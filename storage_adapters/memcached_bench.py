@@ -31,7 +31,7 @@ from typing import Any
 
 import msgpack
 
-from storage_adapters.base import EVERYTHING, encode_key
+from rubberband.engine import EVERYTHING, encode_key
 from storage_adapters.memcached import MemcachedEngine
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from storage_adapters.base import Part, Placement, RangeSet, after
+from rubberband.engine import Part, Placement, RangeSet, after
 
 _new = tuple.__new__
 

@@ -13,7 +13,7 @@ import random
 from dataclasses import replace
 from typing import Any
 
-from jepsen_like.checkers.history import Op
+from rubberband.checkers.history import Op
 
 
 def invoke_value(mops: list[list[Any]]) -> list[list[Any]]:

@@ -16,6 +16,9 @@ from tests import report
 # neighbours, not the example.  Everything that asserts a wall-clock bound is marked
 # ``exclusive`` and runs alone afterwards.
 settings.register_profile("shared-cores", deadline=None)
+# Tests plant known bugs (``ecast.core.mutations``) to show they are caught; the daemons
+# they start inherit the permission.
+os.environ.setdefault("ECAST_TEST_MUTATIONS", "1")
 if os.environ.get("ECAST_SHARED_CORES"):
     settings.load_profile("shared-cores")
 

@@ -1,7 +1,7 @@
 """Scripted E-Cast scenarios: each stages one trap, for unit tests and planted bugs.
 
-Every function takes the router and endpoint mutations to plant and returns the
-:class:`EcastNet` it ran; ``net.violations()`` runs the simulator's checkers.
+Every function returns the :class:`EcastNet` it ran; ``net.violations()`` runs the
+simulator's checkers.  A mutation test runs one inside ``mutations.planted(...)``.
 """
 
 from __future__ import annotations
@@ -15,30 +15,25 @@ from ecast.core.router import RouterParams
 from ecast.core.ufabcast import UfabParams
 from ecast.sim.manual import EcastNet
 
-NONE: frozenset[str] = frozenset()
-
 
 def net(
     routers: int = 3,
-    router_mutations: frozenset[str] = NONE,
-    endpoint_mutations: frozenset[str] = NONE,
     config: Config | None = None,
     endpoint: dict[str, object] | None = None,
     **router_kw: object,
 ) -> EcastNet:
     rp = RouterParams(
         ufab=UfabParams(clump_trigger=1, clump_delay=0.0),
-        mutations=router_mutations,
         **router_kw,  # type: ignore[arg-type]
     )
-    ep = EndpointParams(mutations=endpoint_mutations, **(endpoint or {}))  # type: ignore[arg-type]
+    ep = EndpointParams(**(endpoint or {}))  # type: ignore[arg-type]
     return EcastNet([f"r{i + 1}" for i in range(routers)], config, rp, ep)
 
 
-def resent_before_learned(rm: frozenset[str] = NONE, em: frozenset[str] = NONE) -> EcastNet:
+def resent_before_learned() -> EcastNet:
     """a's message reaches r1, which proposes it; before it is learned a times out and
     sends its window to r2, which proposes it too.  Learned twice, appended once."""
-    n = net(router_mutations=rm, endpoint_mutations=em)
+    n = net()
     n.add_app("a")
     n.settle(0.3)
     n.submit("a", "x")
@@ -50,12 +45,10 @@ def resent_before_learned(rm: frozenset[str] = NONE, em: frozenset[str] = NONE) 
     return n
 
 
-def join_and_message_learned_together(
-    rm: frozenset[str] = NONE, em: frozenset[str] = NONE
-) -> EcastNet:
+def join_and_message_learned_together() -> EcastNet:
     """a's message m and b's join are learned in one instance, m first: m's prefix does
     not contain b, so b must not deliver m."""
-    n = net(router_mutations=rm, endpoint_mutations=em)
+    n = net()
     n.add_app("a")
     n.settle(0.3)
     n.add_app("b", join=False)
@@ -67,9 +60,9 @@ def join_and_message_learned_together(
     return n
 
 
-def suspected_destination(rm: frozenset[str] = NONE, em: frozenset[str] = NONE) -> EcastNet:
+def suspected_destination() -> EcastNet:
     """d crashes; a's message cannot be confirmed by d until the monitor suspects d."""
-    n = net(router_mutations=rm, endpoint_mutations=em)
+    n = net()
     for p in ("a", "d", "mon"):
         n.add_app(p)
     n.settle(0.3)
@@ -81,10 +74,10 @@ def suspected_destination(rm: frozenset[str] = NONE, em: frozenset[str] = NONE) 
     return n
 
 
-def router_joins_then_traffic(rm: frozenset[str] = NONE, em: frozenset[str] = NONE) -> EcastNet:
+def router_joins_then_traffic() -> EcastNet:
     """Router r4 joins after a's session has history; then a sends more.  r4 must know
     a's session position from its snapshot, or it decides differently from the others."""
-    n = net(router_mutations=rm, endpoint_mutations=em)
+    n = net()
     n.add_app("a")
     n.submit("a", "x1")
     n.settle(0.3)
@@ -96,10 +89,10 @@ def router_joins_then_traffic(rm: frozenset[str] = NONE, em: frozenset[str] = NO
     return n
 
 
-def leader_crash_before_proposing(rm: frozenset[str] = NONE, em: frozenset[str] = NONE) -> EcastNet:
+def leader_crash_before_proposing() -> EcastNet:
     """a's route dies with the leader r1; r2 takes over and announces itself; a must send
     its whole window to r2."""
-    n = net(router_mutations=rm, endpoint_mutations=em)
+    n = net()
     n.add_app("a")
     n.settle(0.3)
     n.submit("a", "x")
@@ -108,14 +101,12 @@ def leader_crash_before_proposing(rm: frozenset[str] = NONE, em: frozenset[str] 
     return n
 
 
-def leader_change_after_last_message(
-    rm: frozenset[str] = NONE, em: frozenset[str] = NONE
-) -> EcastNet:
+def leader_change_after_last_message() -> EcastNet:
     """x is delivered and confirmed to r1, which crashes before proposing it stable.  The
     new leader sends x again; nothing new follows, so only confirming a duplicate lets x
     become stable.  Adaptive acknowledgements are off: with them an idle r1 proposes the
     stable notice at once, and the window this scenario needs never opens."""
-    n = net(router_mutations=rm, endpoint_mutations=em, adaptive_acks=False)
+    n = net(adaptive_acks=False)
     n.add_app("a")
     n.add_app("b")
     n.settle(0.3)
@@ -130,9 +121,9 @@ def leader_change_after_last_message(
     return n
 
 
-def unsafe_then_safe(rm: frozenset[str] = NONE, em: frozenset[str] = NONE) -> EcastNet:
+def unsafe_then_safe() -> EcastNet:
     """b accepts an unsafe message from a, then a sends a safe one."""
-    n = net(router_mutations=rm, endpoint_mutations=em)
+    n = net()
     n.add_app("a")
     n.add_app("b")
     n.settle(0.3)
@@ -143,11 +134,11 @@ def unsafe_then_safe(rm: frozenset[str] = NONE, em: frozenset[str] = NONE) -> Ec
     return n
 
 
-def unsafe_after_takeover(rm: frozenset[str] = NONE, em: frozenset[str] = NONE) -> EcastNet:
+def unsafe_after_takeover() -> EcastNet:
     """b has delivered everything and it is all stable when the leader r1 crashes; r2
     takes over and nothing safe follows.  An unsafe message from a must still be accepted
     by b: r2 has no tag of its own for b."""
-    n = net(router_mutations=rm, endpoint_mutations=em)
+    n = net()
     n.add_app("a")
     n.add_app("b")
     n.settle(0.3)
@@ -161,12 +152,10 @@ def unsafe_after_takeover(rm: frozenset[str] = NONE, em: frozenset[str] = NONE) 
     return n
 
 
-def leaver_crashes_before_confirming_its_part(
-    rm: frozenset[str] = NONE, em: frozenset[str] = NONE
-) -> EcastNet:
+def leaver_crashes_before_confirming_its_part() -> EcastNet:
     """b's part is ordered, then b crashes before it confirms it: b is no member any more,
     yet everyone waits for its confirmation until the monitor suspects it."""
-    n = net(router_mutations=rm, endpoint_mutations=em)
+    n = net()
     for p in ("a", "b", "mon"):
         n.add_app(p)
     n.settle(0.3)
@@ -180,10 +169,10 @@ def leaver_crashes_before_confirming_its_part(
     return n
 
 
-def silent_crash_caught_by_lease(rm: frozenset[str] = NONE, em: frozenset[str] = NONE) -> EcastNet:
+def silent_crash_caught_by_lease() -> EcastNet:
     """d crashes and nobody suspects it: a's message waits for d's confirmation until d's
     lease runs out and the leader suspects d itself."""
-    n = net(router_mutations=rm, endpoint_mutations=em)
+    n = net()
     for p in ("a", "d"):
         n.add_app(p)
     n.settle(0.3)
@@ -194,15 +183,11 @@ def silent_crash_caught_by_lease(rm: frozenset[str] = NONE, em: frozenset[str] =
     return n
 
 
-def busy_survivor_suspects_a_dead_peer(
-    rm: frozenset[str] = NONE, em: frozenset[str] = NONE
-) -> EcastNet:
+def busy_survivor_suspects_a_dead_peer() -> EcastNet:
     """d dies; a keeps submitting until its window is full of messages that can only
     become stable once d is suspected, then a suspects d.  The suspect must not wait
     behind that window (leases are long here, so they do not rescue anyone)."""
     n = net(
-        router_mutations=rm,
-        endpoint_mutations=em,
         endpoint={"initial_window": 2, "max_window": 2, "slow_start": False},
         client_lease=60.0,
     )
@@ -220,13 +205,11 @@ def busy_survivor_suspects_a_dead_peer(
     return n
 
 
-def leaver_confirmed_then_leader_crash(
-    rm: frozenset[str] = NONE, em: frozenset[str] = NONE
-) -> EcastNet:
+def leaver_confirmed_then_leader_crash() -> EcastNet:
     """b closes; its part is delivered and confirmed to r1, which crashes before the stable
     notice is agreed.  b must keep confirming until the new leader's re-sent part is
     stable, or the new leader waits for b forever."""
-    n = net(router_mutations=rm, endpoint_mutations=em)
+    n = net()
     n.add_app("a")
     n.add_app("b")
     n.settle(0.3)
@@ -245,14 +228,12 @@ def leaver_confirmed_then_leader_crash(
     return n
 
 
-def leaver_acknowledged_late_by_a_later_leader(
-    rm: frozenset[str] = NONE, em: frozenset[str] = NONE
-) -> EcastNet:
+def leaver_acknowledged_late_by_a_later_leader() -> EcastNet:
     """b closes; its part becomes stable and is collected, but r1's acknowledgement never
     reaches b.  b resends its part to r2, which answers from the acknowledgement cache; then
     r1 crashes and r2 leads.  b left for good: no router may keep a lease for it, or the
     new leader suspects a process that is long gone, after the group went quiet."""
-    n = net(router_mutations=rm, endpoint_mutations=em)
+    n = net()
     n.add_app("a")
     n.add_app("b")
     n.settle(0.3)

@@ -5,7 +5,7 @@
 Builds the history of a correct key-ring run (16 receivers, replication 3, 4 clients:
 each data message is one submission, three deliveries and one acknowledgement, so
 200,000 messages make a million events), writes it as JSON lines, then times reading the
-file and running every check with the config, as ``python -m jepsen_like.checkers`` does.
+file and running every check with the config, as ``python -m rubberband.checkers`` does.
 """
 
 from __future__ import annotations

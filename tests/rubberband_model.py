@@ -13,11 +13,13 @@ from collections import defaultdict, deque
 from typing import Any
 
 from ecast import Message
-from rubberband.config import RubberbandConfig, vote_header
+from rubberband.config import RubberbandConfig
+from rubberband.engine import Placement
 from rubberband.keys import encode_key
-from rubberband.storage import RESULT, StorageCore
+from rubberband.outputs import Stop, Submit
+from rubberband.proto import Answer, H, vote_header
+from rubberband.storage import StorageCore
 from rubberband.super import SuperCore
-from storage_adapters.base import Placement
 from storage_adapters.memory import KVOps, MemoryEngine
 
 SUPER = "super:s"
@@ -35,6 +37,8 @@ class Model:
         self.results: dict[Any, list[tuple[Any, Any, Any]]] = defaultdict(list)
         self.replies: dict[Any, list[tuple[Any, ...]]] = defaultdict(list)
         """Every direct message to a client, whole, by request id."""
+        self.to_clients: list[tuple[str, str, Any]] = []
+        """Every direct message to a client: ``(source, client, message)``, in order."""
         self.stopped: dict[str, str] = {}
         self.chunk_bytes = chunk_bytes
         self.ops = KVOps()
@@ -70,20 +74,24 @@ class Model:
                 self._outputs(d, core.deliver([(t, m)]))
         return m.id, dests
 
-    def _outputs(self, me: str, outs: list[tuple[Any, ...]]) -> None:
-        for o in outs:
-            if o[0] == "direct":
-                dst, payload = o[1], o[2]
-                if dst.startswith("storage:"):
-                    self.links[(me, dst)].append(payload)
-                else:
-                    if payload[0] == RESULT:  # a read's (or a write's) one answer
-                        self.results[payload[1]].append((me, *payload[2:5]))
-                    self.replies[payload[1]].append(payload)
-            elif o[0] == "submit":
-                self.later.append((me, o[1]))
-            else:
-                self.stopped[me] = o[1]
+    def _outputs(self, me: str, fx: Any) -> None:
+        """A storage core's effects: direct messages travel (to a client: recorded),
+        submissions enter the order at a random later step, a stop is recorded."""
+        for dst, direct in fx.send:
+            payload = direct.payload
+            if dst.startswith("storage:"):
+                self.links[(me, dst)].append(payload)
+                continue
+            self.to_clients.append((me, dst, payload))
+            if type(payload) is Answer:  # a read's (or a write's) one answer
+                a = payload
+                self.results[a.request].append((me, a.covered, a.result, a.error))
+            self.replies[payload.request].append(payload)
+        for item in fx.deliver:
+            if type(item) is Submit:
+                self.later.append((me, item.header))
+            elif type(item) is Stop:
+                self.stopped[me] = item.reason
 
     def step(self) -> bool:
         """Deliver one direct message or one deferred submission; False when idle."""
@@ -96,7 +104,7 @@ class Model:
             src, dst = links[i]
             payload = self.links[(src, dst)].popleft()
             if dst not in self.dead and src not in self.dead:
-                self._outputs(dst, self.storage[dst].direct(src, payload))
+                self._outputs(dst, self.storage[dst].on_direct(src, payload))
         else:
             sender, header = self.later.pop(i - len(links))
             if sender not in self.dead:
@@ -129,7 +137,7 @@ class Model:
 
     def write(self, op: Any, client: str = "client:c") -> None:
         part = self.ops.part_fun(op, self.placement)
-        self.submit(client, {"w": part.ranges}, op)
+        self.submit(client, {H.WRITES: part.ranges}, op)
         self.expect(op)
 
     def write_batch(
@@ -140,7 +148,7 @@ class Model:
         batch order, which replicas must agree with.  Each message's indices and
         destinations."""
         sent = []
-        for indices, payload, header in core.writes(ops, limit, max_bytes):
+        for indices, payload, header in core.writes_of(ops, limit, max_bytes):
             sent.append((indices, self.submit("client:c", header, payload)))
         for op in ops:
             self.expect(op)
@@ -166,7 +174,7 @@ class Model:
 
     def read(self, op: Any, offset: int = 0, client: str = "client:c") -> Any:
         part = self.ops.part_fun(op, self.placement)
-        m_id, dests = self.send(client, {"r": part.ranges, "o": offset}, op)
+        m_id, dests = self.send(client, {H.READS: part.ranges, H.OFFSET: offset}, op)
         return m_id, dests, part.ranges
 
     def answer(self, m_id: Any, op: Any, ranges: Any) -> Any:

@@ -2,7 +2,7 @@
 
 Every scenario returns the :class:`ManualNet` it ran, so a unit test can assert on the
 exact outcome and a mutation test can run the same script with a planted bug and show
-that the generic checkers flag it.
+that the generic checkers flag it (inside ``mutations.planted(...)``).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ IMMEDIATE = {"clump_trigger": 1, "clump_delay": 0.0}
 """Propose every command in its own instance, at once: scripts stay easy to follow."""
 
 
-def params(mutations: frozenset[str] = frozenset(), **kw: object) -> UfabParams:
-    return UfabParams(mutations=mutations, **{**IMMEDIATE, **kw})  # type: ignore[arg-type]
+def params(**kw: object) -> UfabParams:
+    return UfabParams(**{**IMMEDIATE, **kw})  # type: ignore[arg-type]
 
 
-def void_after_stop_sign(mutations: frozenset[str] = frozenset()) -> ManualNet:
+def void_after_stop_sign() -> ManualNet:
     """A stop sign (join of j) is chosen together with the instance after it.
 
     In a 4-router group (majority 3, learning by Commit), leader a puts join(j) in
@@ -27,7 +27,7 @@ def void_after_stop_sign(mutations: frozenset[str] = frozenset()) -> ManualNet:
     at instance 1, where a (the leader of view 1) puts its own z first and b's
     re-proposed x second.  Every router, the joiner included, executes z before x.
     """
-    net = ManualNet(["a", "b", "c", "d"], params(mutations))
+    net = ManualNet(["a", "b", "c", "d"], params())
     net.join("j", ["a"])
     net.deliver("j", "a")  # JoinRequest: a proposes join(j) in instance 0
     net.propose("b", "x")
@@ -42,7 +42,7 @@ def void_after_stop_sign(mutations: frozenset[str] = frozenset()) -> ManualNet:
     return net
 
 
-def reproposal_after_leader_crash(mutations: frozenset[str] = frozenset()) -> ManualNet:
+def reproposal_after_leader_crash() -> ManualNet:
     """Leader a crashes after c and d accepted b's x; nobody has learned it yet.
 
     b takes over (next in succession order).  Its phase 1 finds x in the promises and
@@ -50,7 +50,7 @@ def reproposal_after_leader_crash(mutations: frozenset[str] = frozenset()) -> Ma
     instance 1.  One command, chosen twice under its one identity (b, 1): the FIFO layer
     releases it once.
     """
-    net = ManualNet(["a", "b", "c", "d"], params(mutations))
+    net = ManualNet(["a", "b", "c", "d"], params())
     net.propose("b", "x")
     net.deliver("b", "a")  # a proposes x in instance 0
     net.deliver("a", "c")
@@ -60,9 +60,9 @@ def reproposal_after_leader_crash(mutations: frozenset[str] = frozenset()) -> Ma
     return net
 
 
-def parted_router_late_command(mutations: frozenset[str] = frozenset()) -> ManualNet:
+def parted_router_late_command() -> ManualNet:
     """c leaves; a command c sent before its part reaches the leader only afterwards."""
-    net = ManualNet(["a", "b", "c"], params(mutations))
+    net = ManualNet(["a", "b", "c"], params())
     net.propose("c", "y1")
     net.settle(0.1)
     net.leave("c")
@@ -73,9 +73,9 @@ def parted_router_late_command(mutations: frozenset[str] = frozenset()) -> Manua
     return net
 
 
-def parted_router_held_back(mutations: frozenset[str] = frozenset()) -> ManualNet:
+def parted_router_held_back() -> ManualNet:
     """c's #3 is executed but held back (its #2 never arrives); then c leaves."""
-    net = ManualNet(["a", "b", "c"], params(mutations))
+    net = ManualNet(["a", "b", "c"], params())
     net.propose("c", "y1")
     net.settle(0.1)
     net.propose("c", "y2")
@@ -88,14 +88,14 @@ def parted_router_held_back(mutations: frozenset[str] = frozenset()) -> ManualNe
     return net
 
 
-def chosen_then_leader_crash(mutations: frozenset[str] = frozenset()) -> ManualNet:
+def chosen_then_leader_crash() -> ManualNet:
     """Leader a gets x chosen (a, b, c accepted), executes it, and crashes.
 
     Its Commit never left, so b, c and d know nothing yet.  b takes over; phase 1 finds
     x among the promises and proposes it again, so every router executes what the
     crashed leader executed (uniform agreement).
     """
-    net = ManualNet(["a", "b", "c", "d"], params(mutations))
+    net = ManualNet(["a", "b", "c", "d"], params())
     net.propose("a", "x")
     for acceptor in ("b", "c"):
         net.deliver("a", acceptor)

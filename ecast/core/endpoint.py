@@ -30,10 +30,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ecast.core import mutations
 from ecast.core.config import JOIN, KIND, PART, SUSPECT, WHO
 from ecast.core.effects import Effects, NodeId, UnexpectedMessage
 from ecast.core.message import Message, MsgId, Session, Submission
 from ecast.core.message import fast_new as _tnew
+from ecast.core.mutations import declare
 from ecast.core.proto import (
     ROUTER_TO_ENDPOINT,
     CloseForbidden,
@@ -58,12 +60,13 @@ from ecast.core.proto import (
 )
 from ecast.core.roles import RoleOf, acts_as_router, everyone_is_a_router
 
-ENDPOINT_MUTATIONS = frozenset(
-    {
-        "no_window_resend",  # keep the window to itself when the leader changes
-        "no_duplicate_confirm",  # confirm only deliveries that were new
-        "unsafe_advances_t_max",  # let an accepted unsafe message move t_max
-    }
+_E = "endpoint"
+NO_WINDOW_RESEND = declare(
+    "no_window_resend", _E, "keep the window to itself when the leader changes"
+)
+NO_DUPLICATE_CONFIRM = declare("no_duplicate_confirm", _E, "confirm only deliveries that were new")
+UNSAFE_ADVANCES_T_MAX = declare(
+    "unsafe_advances_t_max", _E, "let an accepted unsafe message move t_max"
 )
 
 
@@ -99,16 +102,12 @@ class EndpointParams:
     """The lease this process asks the routers for, in seconds (0: the routers' default;
     they cap it at their maximum).  Silent for longer than its lease, a process is
     suspected (``ecast router --client-lease``)."""
-    mutations: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not 1 <= self.initial_window <= self.max_window:
             raise ValueError("need 1 <= initial_window <= max_window")
         if self.max_route < 1:
             raise ValueError("max_route must be positive")
-        unknown = set(self.mutations) - ENDPOINT_MUTATIONS
-        if unknown:
-            raise ValueError(f"unknown endpoint mutations: {sorted(unknown)}")
 
 
 class Delivery(NamedTuple):
@@ -199,7 +198,6 @@ class Endpoint:
         self.ignored_unknown_router = 0
         """``Leader`` and ``Suspected`` messages from routers this endpoint does not know."""
         self.p = params or EndpointParams()
-        self._mut = self.p.mutations
         self.session: Session = session or (me, incarnation, "")
         """Per process by default, like the control session: a new process under an old
         name must not have its first messages taken for the old one's (acknowledged as
@@ -491,7 +489,7 @@ class Endpoint:
         stats["delivered"] += fresh
         stats["duplicates"] += dups
         self._last_progress = self._now
-        if fresh or "no_duplicate_confirm" not in self._mut:
+        if fresh or not mutations.on(NO_DUPLICATE_CONFIRM):
             prev = self._confirms.get(src, -1)
             if top > prev:
                 self._confirms[src] = top
@@ -506,7 +504,7 @@ class Endpoint:
             accepted = tag == self.t_max if tag is not None else self.t_max < frontier
             self.stats["unsafe_accepted" if accepted else "unsafe_rejected"] += 1
             self._deliver(Delivery(tag if tag is not None else -1, m, True, accepted, frontier))
-            if accepted and "unsafe_advances_t_max" in self._mut:
+            if accepted and mutations.on(UNSAFE_ADVANCES_T_MAX):
                 self.t_max = max(self.t_max, frontier)
 
     def _on_stable(self, msg: Stable) -> None:
@@ -718,7 +716,7 @@ class Endpoint:
         self._send(router, Hello(self.p.lease))
         for ns, epoch in self.closing_sessions:
             self._send(router, CloseSessions(ns, epoch))
-        if "no_window_resend" in self._mut:
+        if mutations.on(NO_WINDOW_RESEND):
             return
         self._routes = self._unstable_in_order()
 

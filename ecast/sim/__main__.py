@@ -15,9 +15,10 @@ import json
 import sys
 from typing import Any
 
-from ecast.core.endpoint import ENDPOINT_MUTATIONS, EndpointParams
-from ecast.core.router import ROUTER_MUTATIONS, RouterParams
-from ecast.core.ufabcast import MUTATIONS, UfabParams
+from ecast.core import mutations as planted_bugs
+from ecast.core.endpoint import EndpointParams
+from ecast.core.router import RouterParams
+from ecast.core.ufabcast import UfabParams
 from ecast.sim.ecast_run import ECAST_FAULTS, EcastRunConfig, run_ecast
 from ecast.sim.engine import NetParams
 from ecast.sim.ufab import FAULT_KINDS, UfabRunConfig, run_ufabcast
@@ -38,7 +39,6 @@ def ufab_config(
         max_active=max_active,
         clump_trigger=3 if clumping else 1,
         clump_delay=0.010 if clumping else 0.0,
-        mutations=mutations,
     )
     return UfabRunConfig(
         seed=seed,
@@ -47,6 +47,7 @@ def ufab_config(
         faults=faults,
         fault_time=fault_time,
         ufab=params,
+        mutations=planted_bugs.check(mutations),
     )
 
 
@@ -62,8 +63,7 @@ def ecast_config(
     delayed_acks: bool = True,
     all_leaders: bool = False,
     fault_time: float = 8.0,
-    router_mutations: frozenset[str] = frozenset(),
-    endpoint_mutations: frozenset[str] = frozenset(),
+    mutations: frozenset[str] = frozenset(),
     codec: bool = False,
 ) -> EcastRunConfig:
     return EcastRunConfig(
@@ -77,10 +77,9 @@ def ecast_config(
         faults=faults,
         fault_time=fault_time,
         ufab=UfabParams(clump_trigger=3 if clumping else 1, clump_delay=0.010 if clumping else 0.0),
-        router=RouterParams(
-            delayed_acks=delayed_acks, all_leaders=all_leaders, mutations=router_mutations
-        ),
-        endpoint=EndpointParams(mutations=endpoint_mutations),
+        router=RouterParams(delayed_acks=delayed_acks, all_leaders=all_leaders),
+        endpoint=EndpointParams(),
+        mutations=planted_bugs.check(mutations),
     )
 
 
@@ -142,10 +141,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown faults {sorted(unknown)}; choose from {','.join(kinds)}")
     mutations = frozenset(args.mutations)
+    layers = {"ecast": ("router", "endpoint"), "ufabcast": ("ufabcast",)}[args.layer]
+    mine = {n for layer in layers for n in planted_bugs.known(layer)}
+    if mutations - mine:
+        ap.error(f"unknown mutations {sorted(mutations - mine)}; known: {', '.join(sorted(mine))}")
+    if mutations:
+        import os
+
+        os.environ.setdefault(planted_bugs.ENV, "1")  # this command exists to plant bugs
     if args.layer == "ecast":
-        bad = mutations - ROUTER_MUTATIONS - ENDPOINT_MUTATIONS
-        if bad:
-            ap.error(f"unknown mutations {sorted(bad)}")
         cfg: Any = ecast_config(
             seed=args.seed,
             routers=args.routers,
@@ -158,14 +162,11 @@ def main(argv: list[str] | None = None) -> int:
             delayed_acks=args.delayed_acks,
             all_leaders=args.all_leaders,
             fault_time=args.fault_time,
-            router_mutations=mutations & ROUTER_MUTATIONS,
-            endpoint_mutations=mutations & ENDPOINT_MUTATIONS,
+            mutations=mutations,
             codec=args.codec,
         )
         runner: Any = run_ecast
     else:
-        if mutations - MUTATIONS:
-            ap.error(f"unknown mutations {sorted(mutations - MUTATIONS)}")
         cfg = ufab_config(
             seed=args.seed,
             routers=args.routers,

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ecast.core import mutations
 from ecast.core.config import ROUTERS, BroadcastConfig, Config, KeyRingConfig
 from ecast.core.effects import Effects, NodeId
 from ecast.core.endpoint import Acked, Delivery, Endpoint, EndpointParams, Terminated
@@ -635,4 +636,5 @@ class EcastRun(EcastGroupRun):
 
 
 def run_ecast(cfg: EcastRunConfig) -> EcastRunResult:
-    return EcastRun(cfg).run()
+    with mutations.planted(cfg.mutations):
+        return EcastRun(cfg).run()

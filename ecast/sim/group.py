@@ -78,6 +78,8 @@ class GroupRunConfig:
     ufab: UfabParams = field(default_factory=UfabParams)
     net: NetParams = field(default_factory=NetParams)
     progress: Callable[[str], None] | None = None
+    mutations: frozenset[str] = frozenset()
+    """Bugs planted for the run (``ecast.core.mutations``), in every core of it."""
 
 
 class RouterGroupRun:

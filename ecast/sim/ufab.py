@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ecast.core import mutations
 from ecast.core.effects import Effects, NodeId
 from ecast.core.ufabcast import (
     Executed,
@@ -248,4 +249,5 @@ class UfabRun(RouterGroupRun):
 
 
 def run_ufabcast(cfg: UfabRunConfig) -> UfabRunResult:
-    return UfabRun(cfg).run()
+    with mutations.planted(cfg.mutations):
+        return UfabRun(cfg).run()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -27,8 +28,9 @@ from array import array
 from pathlib import Path
 from typing import Any, Protocol
 
+from ecast.core import mutations as planted_bugs
 from ecast.runtime import tune_process
-from ecast.tools.local import MUTATIONS_ENV, LocalCluster, Place
+from ecast.tools.local import LocalCluster, Place
 
 SECRET = "bench-0c6f3e9a41d27b58e2a9c4d1f7b03e6a"
 """The development secret of the benchmark's throw-away local cluster (strong enough to pass
@@ -270,227 +272,257 @@ class _Incarnation:
 
 
 async def _client(args: argparse.Namespace) -> dict[str, Any]:
-    import ecast
-    from ecast.core.endpoint import EndpointParams
-    from ecast.history import Ack, Deliver, Submit, Terminate
+    return await _BenchClient(args).run()
 
-    async def connect(name: str) -> Any:
+
+class _BenchClient:
+    """The benchmark's client process: submits in a closed loop (``--window`` in
+    flight), an open loop (``--rate``) or unsafe, counts acknowledgements into a latency
+    histogram, and goes on as a new incarnation when the group declares it faulty."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.payload = os.urandom(args.payload)
+        self.hist: dict[int, int] = {}
+        self.done: list[_Incarnation] = []
+        self.submitted = 0
+        self.open = True
+        self.counts = {"acked": 0, "acked_in_window": 0, "submitted_in_window": 0,
+                       "indeterminate": 0}  # fmt: skip
+        self.last_ack = 0.0
+        self.longest_gap = 0.0
+        # Not loop.time(): uvloop's clock has millisecond resolution and is read once per
+        # loop turn, which rounds every latency to whole milliseconds.
+        self.clock = time.perf_counter
+        self.start = self.clock()
+        self.end = self.start + args.duration
+        self.warm = self.start + args.warmup
+        self.wall = time.time() - self.start  # our clock -> wall clock, shared with receivers
+        self.inc: _Incarnation
+
+    async def connect(self, name: str) -> Any:
+        import ecast
+        from ecast.core.endpoint import EndpointParams
+
+        args = self.args
+        timeouts = {} if args.progress_timeout is None else {
+            "progress_timeout": args.progress_timeout
+        }  # fmt: skip
         return await ecast.connect(
             _routers_now(args),
             name=name,
             secret=SECRET.encode(),
-            params=EndpointParams(
-                max_window=args.max_window,
-                mutations=frozenset(args.mutation),
-                **(
-                    {}
-                    if args.progress_timeout is None
-                    else {"progress_timeout": args.progress_timeout}
-                ),
-            ),
+            params=EndpointParams(max_window=args.max_window, **timeouts),
             join_header={"role": "client"},
             queue_size=1 << 20,
             max_queued=1 << 20,
         )
 
-    inc = _Incarnation(await connect(args.name), args.name)
-    print(json.dumps({"event": "ready", "leader": inc.client.leader}), flush=True)
-    payload = os.urandom(args.payload)
-    hist: dict[int, int] = {}
-    done: list[_Incarnation] = []
-    state = {"submitted": 0, "leader": inc.client.leader, "open": True}
-    counts = {"acked": 0, "acked_in_window": 0, "submitted_in_window": 0, "indeterminate": 0}
-    gap = {"last": 0.0, "longest": 0.0}
-    # Not loop.time(): uvloop's clock has millisecond resolution and is read once per
-    # loop turn, which rounds every latency to whole milliseconds.
-    clock = time.perf_counter
-    start = clock()
-    end = start + args.duration
-    warm = start + args.warmup
-    wall = time.time() - start  # our clock -> wall clock, shared with the receivers
+    async def run(self) -> dict[str, Any]:
+        self.inc = _Incarnation(await self.connect(self.args.name), self.args.name)
+        self.leader = self.inc.client.leader
+        print(json.dumps({"event": "ready", "leader": self.leader}), flush=True)
+        self.begin(self.inc)
+        if self.args.unsafe:
+            await self.unsafe_loop()
+        else:
+            await self.safe_loop()
+        self.open = False
+        # Let the last acknowledgements arrive.
+        for _ in range(200):
+            if self.faulty() or (not self.inc.ep.window and not self.inc.ep.queued):
+                break
+            await asyncio.sleep(0.05)
+        if self.faulty():
+            self.give_up(self.inc)
+        return await self.finish()
 
-    def submit(n: int) -> None:
-        i = state["submitted"]
-        items = [(payload, {"key": i + k}) for k in range(n)]
-        ids = inc.client.submit_batch(items)
-        now = clock()
+    # ------------------------------------------------------------------ submitting
+    def submit(self, n: int) -> None:
+        from ecast.history import Submit
+
+        i = self.submitted
+        inc = self.inc
+        ids = inc.client.submit_batch([(self.payload, {"key": i + k}) for k in range(n)])
+        now = self.clock()
         for sid in ids:
             inc.sent_at[sid[1]] = now
-        if args.record:
+        if self.args.record:
             when = time.time()
             for sid in ids:
                 inc.rec.event(Submit(sid, when))
-        state["submitted"] = i + n
+        self.submitted = i + n
 
-    def begin(me: _Incarnation) -> None:
-        if args.record and me.ep._join_id is not None:
-            me.rec.event(Submit(me.ep._join_id))  # connect submitted it
-
-        def on_acks(batch: list[Any]) -> None:
-            now = clock()
-            in_window = warm <= now <= end
-            mine = 0  # not the SDK's own membership messages (its join)
-            if args.record:
-                when = time.time()
-                for ack in batch:
-                    me.rec.event(Ack(ack.id, ack.t, ack.delivered, when))
-            # The benchmark's own loop runs per message in the client it measures: locals
-            # only.
-            session = me.session
-            pop = me.sent_at.pop
-            for ack in batch:
-                sid = ack.id
-                if sid[0] != session:
-                    continue  # its own join or part (the control session)
-                t0 = pop(sid[1], None)
-                if t0 is None:
-                    continue
-                mine += 1
-                if in_window:
-                    b = int((now - t0) / BUCKET_S)
-                    hist[b] = hist.get(b, 0) + 1
-            counts["acked"] += mine
-            if in_window:
-                counts["acked_in_window"] += mine
-            if gap["last"]:
-                gap["longest"] = max(gap["longest"], now - gap["last"])
-            gap["last"] = now
-            if (
-                state["open"]
-                and not args.rate
-                and not args.unsafe
-                and me is inc
-                and me.client.terminated is None
-            ):  # closed loop: refill
-                room = args.window - len(me.ep.window) - len(me.ep.queued)
-                if room > 0:
-                    submit(room)
-
-        me.client.ack_listener = on_acks
-
-        async def drain() -> None:
-            async for d in me.client.deliveries():
-                if args.record and not d.unsafe:
-                    m = d.message
-                    me.rec.event(Deliver(d.t, m.id, time.time(), m.sender, m.header))
-
-        me.drainer = asyncio.create_task(drain())
-
-    def give_up(me: _Incarnation) -> None:
-        """``me`` was declared faulty: its messages not acknowledged are indeterminate
-        (delivered or not, as the m-seq says), never counted as lost."""
-        counts["indeterminate"] += len(me.sent_at)
-        me.sent_at.clear()
-
-    async def replace() -> bool:
-        """The current incarnation was declared faulty: a new one takes over."""
-        nonlocal inc
-        old = inc
-        give_up(old)
-        done.append(old)
-        print(
-            json.dumps({"event": "suspected", "name": old.name, "reason": old.client.terminated}),
-            flush=True,
-        )
-        with contextlib.suppress(Exception):
-            await old.client.close(timeout=1)  # no part: it only lets its connections go
-        while clock() < end:
-            name = f"{args.name}.{len(done)}"
-            try:
-                inc = _Incarnation(await connect(name), name)
-            except Exception:
-                await asyncio.sleep(0.5)
-                continue
-            begin(inc)
-            if not args.rate and not args.unsafe:
-                submit(args.window)
-            return True
-        return False
-
-    def faulty() -> bool:
-        return inc.client.terminated not in (None, "closed", "detached")
-
-    begin(inc)
-    if args.unsafe:
-        # Open loop at --rate, else as fast as the connection to the routers drains.
-        batch = 256
-        while (now := clock()) < end:
-            due = int((now - start) * args.rate) - state["submitted"] if args.rate else batch
+    async def unsafe_loop(self) -> None:
+        """Open loop at --rate, else as fast as the connection to the routers drains."""
+        args, batch = self.args, 256
+        while (now := self.clock()) < self.end:
+            due = int((now - self.start) * args.rate) - self.submitted if args.rate else batch
             n = min(due, 4 * batch)
             if n > 0:
-                i = state["submitted"]
-                await inc.client.submit_unsafe_batch([(payload, {"key": i + k}) for k in range(n)])
-                state["submitted"] = i + n
-                if warm <= now:
-                    counts["submitted_in_window"] += n
+                i = self.submitted
+                items = [(self.payload, {"key": i + k}) for k in range(n)]
+                await self.inc.client.submit_unsafe_batch(items)
+                self.submitted = i + n
+                if self.warm <= now:
+                    self.counts["submitted_in_window"] += n
             await asyncio.sleep(0.001 if args.rate else 0)
-    else:
+
+    async def safe_loop(self) -> None:
+        import ecast
+
+        args = self.args
         if not args.rate:
-            submit(args.window)
-        while clock() < end:
+            self.submit(args.window)
+        while self.clock() < self.end:
             try:
                 if args.rate:
-                    due = int((clock() - start) * args.rate) - state["submitted"]
+                    due = int((self.clock() - self.start) * args.rate) - self.submitted
                     if due > 0:
-                        submit(due)
+                        self.submit(due)
                     await asyncio.sleep(0.001)
                 else:
                     await asyncio.sleep(0.05)
             except ecast.ClosedError:
-                if not faulty():
+                if not self.faulty():
                     raise
-            if faulty() and not await replace():
+            if self.faulty() and not await self.replace():
                 break
-            if inc.client.leader != state["leader"]:
-                state["leader"] = inc.client.leader
-                print(json.dumps({"event": "leader", "leader": inc.client.leader}), flush=True)
-    state["open"] = False
-    # Let the last acknowledgements arrive.
-    for _ in range(200):
-        if faulty() or (not inc.ep.window and not inc.ep.queued):
-            break
-        await asyncio.sleep(0.05)
-    if faulty():
-        give_up(inc)
-    # ``inc`` is in ``done`` too when no replacement could connect before the end.
-    incarnations = list(dict.fromkeys((*done, inc)))
-    out = {
-        "role": "client",
-        "name": args.name,
-        "submitted": state["submitted"],
-        "submitted_in_window": counts["submitted_in_window"],
-        "acked": counts["acked"],
-        "indeterminate": counts["indeterminate"],
-        "incarnations": len(incarnations),
-        "acked_in_window": counts["acked_in_window"],
-        "measure_s": max(1e-9, end - warm),
-        "window_wall": (warm + wall, end + wall),
-        "latency_hist": sorted(hist.items()),
-        "longest_gap_s": gap["longest"],
-        "leader": inc.client.leader,
-    }
-    ep = inc.ep
-    if args.record and ep.terminated is None and not ep.closing:
-        # The part close submits, recorded before anything of it can be delivered.
-        inc.rec.event(Submit((ep.control_session, ep.next_control), time.time()))
-    try:
-        # The window drained above (or never will: a planted bug); the part gets the
-        # rest, and a loaded machine can take seconds to order and deliver it.
-        await inc.client.close(timeout=10)
-    except ecast.PartFailedError as e:
-        # Reported, not raised: the run's result and history still have to be written
-        # (the group suspects this client once its lease runs out).
-        out["part_failed"] = str(e)
-        print(f"{args.name}: {e}", file=sys.stderr, flush=True)
-    for me in incarnations:
-        if me.drainer is not None:
-            me.drainer.cancel()
+            if self.inc.client.leader != self.leader:
+                self.leader = self.inc.client.leader
+                print(json.dumps({"event": "leader", "leader": self.leader}), flush=True)
+
+    # ------------------------------------------------------------------ incarnations
+    def begin(self, me: _Incarnation) -> None:
+        from ecast.history import Submit
+
+        if self.args.record and me.ep._join_id is not None:
+            me.rec.event(Submit(me.ep._join_id))  # connect submitted it
+        me.client.ack_listener = functools.partial(self.on_acks, me)
+        me.drainer = asyncio.create_task(self.drain(me))
+
+    def on_acks(self, me: _Incarnation, batch: list[Any]) -> None:
+        args = self.args
+        now = self.clock()
+        in_window = self.warm <= now <= self.end
+        mine = 0  # not the SDK's own membership messages (its join)
         if args.record:
-            if me.ep.terminated is not None:
-                me.rec.event(Terminate(me.ep.terminated, time.time(), me.ep.suspected_at))
-            Path(args.record).mkdir(parents=True, exist_ok=True)
-            me.rec.write(Path(args.record) / f"history-{me.name}.jsonl")
-    return out
+            from ecast.history import Ack
+
+            when = time.time()
+            for ack in batch:
+                me.rec.event(Ack(ack.id, ack.t, ack.delivered, when))
+        # The benchmark's own loop runs per message in the client it measures: locals only.
+        session = me.session
+        pop = me.sent_at.pop
+        hist = self.hist
+        for ack in batch:
+            sid = ack.id
+            if sid[0] != session:
+                continue  # its own join or part (the control session)
+            t0 = pop(sid[1], None)
+            if t0 is None:
+                continue
+            mine += 1
+            if in_window:
+                b = int((now - t0) / BUCKET_S)
+                hist[b] = hist.get(b, 0) + 1
+        self.counts["acked"] += mine
+        if in_window:
+            self.counts["acked_in_window"] += mine
+        if self.last_ack:
+            self.longest_gap = max(self.longest_gap, now - self.last_ack)
+        self.last_ack = now
+        refill = self.open and not args.rate and not args.unsafe and me is self.inc
+        if refill and me.client.terminated is None:  # closed loop: refill
+            room = args.window - len(me.ep.window) - len(me.ep.queued)
+            if room > 0:
+                self.submit(room)
+
+    async def drain(self, me: _Incarnation) -> None:
+        from ecast.history import Deliver
+
+        async for d in me.client.deliveries():
+            if self.args.record and not d.unsafe:
+                m = d.message
+                me.rec.event(Deliver(d.t, m.id, time.time(), m.sender, m.header))
+
+    def give_up(self, me: _Incarnation) -> None:
+        """``me`` was declared faulty: its messages not acknowledged are indeterminate
+        (delivered or not, as the m-seq says), never counted as lost."""
+        self.counts["indeterminate"] += len(me.sent_at)
+        me.sent_at.clear()
+
+    async def replace(self) -> bool:
+        """The current incarnation was declared faulty: a new one takes over."""
+        old = self.inc
+        self.give_up(old)
+        self.done.append(old)
+        event = {"event": "suspected", "name": old.name, "reason": old.client.terminated}
+        print(json.dumps(event), flush=True)
+        with contextlib.suppress(Exception):
+            await old.client.close(timeout=1)  # no part: it only lets its connections go
+        while self.clock() < self.end:
+            name = f"{self.args.name}.{len(self.done)}"
+            try:
+                self.inc = _Incarnation(await self.connect(name), name)
+            except Exception:
+                await asyncio.sleep(0.5)
+                continue
+            self.begin(self.inc)
+            if not self.args.rate and not self.args.unsafe:
+                self.submit(self.args.window)
+            return True
+        return False
+
+    def faulty(self) -> bool:
+        return self.inc.client.terminated not in (None, "closed", "detached")
+
+    # ------------------------------------------------------------------ the end
+    async def finish(self) -> dict[str, Any]:
+        import ecast
+        from ecast.history import Submit, Terminate
+
+        args, inc, counts = self.args, self.inc, self.counts
+        # ``inc`` is in ``done`` too when no replacement could connect before the end.
+        incarnations = list(dict.fromkeys((*self.done, inc)))
+        out = {
+            "role": "client",
+            "name": args.name,
+            "submitted": self.submitted,
+            "submitted_in_window": counts["submitted_in_window"],
+            "acked": counts["acked"],
+            "indeterminate": counts["indeterminate"],
+            "incarnations": len(incarnations),
+            "acked_in_window": counts["acked_in_window"],
+            "measure_s": max(1e-9, self.end - self.warm),
+            "window_wall": (self.warm + self.wall, self.end + self.wall),
+            "latency_hist": sorted(self.hist.items()),
+            "longest_gap_s": self.longest_gap,
+            "leader": inc.client.leader,
+        }
+        ep = inc.ep
+        if args.record and ep.terminated is None and not ep.closing:
+            # The part close submits, recorded before anything of it can be delivered.
+            inc.rec.event(Submit((ep.control_session, ep.next_control), time.time()))
+        try:
+            # The window drained above (or never will: a planted bug); the part gets the
+            # rest, and a loaded machine can take seconds to order and deliver it.
+            await inc.client.close(timeout=10)
+        except ecast.PartFailedError as e:
+            # Reported, not raised: the run's result and history still have to be
+            # written (the group suspects this client once its lease runs out).
+            out["part_failed"] = str(e)
+            print(f"{args.name}: {e}", file=sys.stderr, flush=True)
+        for me in incarnations:
+            if me.drainer is not None:
+                me.drainer.cancel()
+            if args.record:
+                if me.ep.terminated is not None:
+                    me.rec.event(Terminate(me.ep.terminated, time.time(), me.ep.suspected_at))
+                Path(args.record).mkdir(parents=True, exist_ok=True)
+                me.rec.write(Path(args.record) / f"history-{me.name}.jsonl")
+        return out
 
 
 def worker_main(argv: list[str]) -> int:
@@ -520,8 +552,11 @@ def worker_main(argv: list[str]) -> int:
         help="seconds without progress before the client resends its window elsewhere",
     )
     args = ap.parse_args(argv)
-    if args.mutation and os.environ.get(MUTATIONS_ENV) != "1":
-        ap.error(f"--mutation plants bugs for tests; set {MUTATIONS_ENV}=1 to allow it")
+    try:
+        planted_bugs.check(args.mutation)
+        planted_bugs.plant(args.mutation)
+    except (ValueError, PermissionError) as e:
+        ap.error(f"--mutation: {e}")
     tune_process()
     if args.sched == "batch" and hasattr(os, "sched_setscheduler"):
         # Load generators and sinks do throughput work: they should not preempt the
@@ -1013,7 +1048,7 @@ def parser(prog: str = "ecast bench") -> argparse.ArgumentParser:
         "--history",
         default="",
         help="with --check: keep the history here as JSON lines "
-        "(python -m jepsen_like.checkers multicast FILE checks it again)",
+        "(the checkers' command line checks it again, workload multicast)",
     )
     ap.add_argument("--json", action="store_true")
     return ap

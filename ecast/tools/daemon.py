@@ -25,13 +25,12 @@ import signal
 import ssl
 import sys
 import time
-from dataclasses import replace
 from typing import Any
 
+from ecast.core import mutations as planted_bugs
 from ecast.core.config import config_class, config_path
 from ecast.core.roles import ROUTER
-from ecast.core.router import ROUTER_MUTATIONS, Router, RouterParams
-from ecast.core.ufabcast import MUTATIONS as UFAB_MUTATIONS
+from ecast.core.router import Router, RouterParams
 from ecast.core.ufabcast import UfabParams
 from ecast.runtime import Node, Runtime, read_secret, tune_process
 from ecast.runtime.handshake import Auth
@@ -52,7 +51,6 @@ from ecast.tools.daemon_kit import (
     serve_http,
     setup_logging,
 )
-from ecast.tools.local import MUTATIONS_ENV
 
 log = logging.getLogger("ecast.daemon")
 
@@ -389,10 +387,7 @@ class RouterDaemon:
             max_batch=a.max_batch,
             pipeline_depth=a.pipeline_depth,
         )
-        mutations = frozenset(a.mutation)
-        ufab = replace(ufab, mutations=mutations & UFAB_MUTATIONS)
         return RouterParams(
-            mutations=mutations & ROUTER_MUTATIONS,
             ufab=ufab,
             delayed_acks=a.delayed_acks,
             congestion_threshold=a.congestion_threshold,
@@ -789,6 +784,21 @@ class RouterDaemon:
         )
 
 
+def plant_router_mutations(names: list[str]) -> None:
+    """``--mutation``: bugs a router consults (ufabcast's, the router's, its config's)."""
+    if not names:
+        return
+    if not planted_bugs.allowed():
+        raise UsageError(f"--mutation plants bugs for tests; set {planted_bugs.ENV}=1 to allow it")
+    mine = {n for layer in ("ufabcast", "router", "config") for n in planted_bugs.known(layer)}
+    unknown = set(names) - mine
+    if unknown:
+        raise UsageError(
+            f"--mutation {', '.join(sorted(unknown))}: unknown (known: {', '.join(sorted(mine))})"
+        )
+    planted_bugs.plant(names)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser("ecast router", __doc__.split("\n")[0], SETTINGS)
 
@@ -799,23 +809,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"--{name} is required (on the command line or in --file)")
         if args.id.startswith("@"):
             raise UsageError(f"--id {args.id}: ids starting with @ are reserved")
-        if args.mutation and os.environ.get(MUTATIONS_ENV) != "1":
-            raise UsageError(f"--mutation plants bugs for tests; set {MUTATIONS_ENV}=1 to allow it")
-        initial = load_initial_config(args.config, args.config_arg)  # fail before any I/O
-        if args.mutation:
-            # A config may plant bugs of its own: it lists them in ``MUTATIONS`` and
-            # switches one on with ``plant(name)`` (Rubberband's reads to busy replicas).
-            cls = type(initial)
-            own = frozenset(getattr(cls, "MUTATIONS", ()))
-            known = ROUTER_MUTATIONS | UFAB_MUTATIONS | own
-            unknown = set(args.mutation) - known
-            if unknown:
-                raise UsageError(
-                    f"--mutation {', '.join(sorted(unknown))}: unknown (known: "
-                    f"{', '.join(sorted(known))})"
-                )
-            for m in sorted(set(args.mutation) & own):
-                cls.plant(m)
+        load_initial_config(args.config, args.config_arg)  # fail before any I/O (and
+        # import the config's module, which declares the bugs it may plant)
+        plant_router_mutations(args.mutation)
         setup_logging(args.log_level)
         tune_process()
         return asyncio.run(RouterDaemon(args).run())

@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ecast.core import mutations
 from ecast.core.roles import APPLICATION, ROUTER
 from ecast.security.credentials import CertificateAuthority
 
-MUTATIONS_ENV = "ECAST_TEST_MUTATIONS"
+MUTATIONS_ENV = mutations.ENV
 """Set to 1 to let daemons accept ``--mutation`` (planted bugs, for tests only)."""
 
 

@@ -120,6 +120,25 @@ def register(cls: type, code: int) -> None:
 
 _BY_CODE: dict[int, type] = {code: cls for cls, code in _CODE.items()}
 
+register_message = register
+"""The name layers above E-Cast know ``register`` by (``ecast.register_message``)."""
+
+
+def plain_default(obj: Any) -> Any:
+    """``default`` for a plain ``msgpack.Packer`` that packs registered messages as the
+    wire does (an extension value per message, its fields nested), without an
+    :class:`Encoder`'s per-flush cache: what a direct payload is packed with once, at the
+    sender's size check, so it travels as those bytes (:class:`Packed`)."""
+    cls = type(obj)
+    code = _CODE.get(cls)
+    if code is None or cls in _SPECIAL:
+        raise TypeError(f"cannot encode {cls.__name__}")
+    return msgpack.ExtType(code, _plain_pack([getattr(obj, n) for n in _FIELDS[cls]]))
+
+
+def _plain_pack(value: Any) -> bytes:
+    return msgpack.packb(value, default=plain_default, use_bin_type=True)  # type: ignore[no-any-return]
+
 
 # ------------------------------------------------------------------ validation
 # Each class gets a decoder generated from its annotations: one function with the type

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-_E = "rubberband_bench.experiments:"
+_E = "rubberband.bench.experiments:"
 EXPERIMENTS = {
     "write-vs-storage": (_E + "write_vs_storage", "write throughput, 1-64 storage (Fig. 4.9)"),
     "write-vs-clients": (_E + "write_vs_clients", "write throughput and fairness (4.12)"),
@@ -20,7 +20,8 @@ EXPERIMENTS = {
     "router-failover": (_E + "router_failover", "trace through leader and follower kills (4.18)"),
     "elasticity": (_E + "elasticity", "trace through stepwise expand and contract (4.17)"),
     "cost": (_E + "cost", "CPU microseconds per operation per role, and per destset"),
-    "peers": ("rubberband_bench.peers:main", "the same writes against etcd, ZooKeeper, PySyncObj"),
+    "peers": ("rubberband.bench.peers:main", "the same writes against etcd, ZooKeeper, PySyncObj"),
+    "spark": ("rubberband.bench.spark:main", "Spark rows per second into a fresh cluster"),
     "scan-engine": (
         "storage_adapters.scan.bench:main",
         "the scan engine against SQLite and DuckDB on a Ticket-like table (2.10)",

@@ -32,8 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import ecast
+import rubberband.storage  # noqa: F401  (importing the core declares its mutations)
 from ecast import local
-from rubberband.storage import StorageCore
+from ecast.core import mutations
+
+STORAGE_MUTATIONS = mutations.known("storage")
+"""Planted bugs that go to the storage processes (the rest go to the routers)."""
 
 CONFIG = "rubberband.config:RubberbandConfig"
 
@@ -95,11 +99,11 @@ def up(args: argparse.Namespace) -> int:
             f"replication={args.replication}",
             "--config-arg",
             f"partitioning={args.partitioning}",
-            *(f"--mutation={m}" for m in args.mutation if m not in StorageCore.MUTATIONS),
+            *(f"--mutation={m}" for m in args.mutation if m not in STORAGE_MUTATIONS),
             *args.router_arg,
         ],
     )
-    storage_args = [f"--mutation={m}" for m in args.mutation if m in StorageCore.MUTATIONS]
+    storage_args = [f"--mutation={m}" for m in args.mutation if m in STORAGE_MUTATIONS]
     state = cluster.state
     t0 = time.monotonic()
     routers = cluster.start_group(args.routers)

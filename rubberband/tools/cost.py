@@ -22,9 +22,10 @@ from typing import Any
 import msgpack
 
 from ecast import KeyRingConfig, Message
-from rubberband.config import RubberbandConfig, keyspace_header, read_header, write_header
+from rubberband.config import RubberbandConfig
 from rubberband.keys import encode_key, key_range, normalize, point
 from rubberband.optimizer import optimize
+from rubberband.proto import keyspace_header, read_header, write_header
 
 BUDGET_US = {"write 1 key": 3.0, "read 4 ranges": 15.0}
 

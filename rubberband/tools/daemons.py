@@ -37,9 +37,11 @@ from aiohttp import web
 
 import ecast
 from ecast import daemon_kit as kit
+from ecast.core import mutations
+from rubberband.errors import Refused
 from rubberband.host import StorageHost, SuperHost
 from rubberband.storage import StorageCore
-from rubberband.super import Refused, SuperCore
+from rubberband.super import SuperCore
 
 ENGINES = {
     "memory": "storage_adapters.memory:MemoryEngine",
@@ -352,17 +354,17 @@ def read_admin_token(path: str) -> str:
 
 
 def plant_mutations(names: list[str]) -> None:
-    """Planted bugs for the fault-injection suite, refused outside tests."""
-    for m in names:
-        if os.environ.get(ecast.local.MUTATIONS_ENV) != "1":
-            raise UsageError(
-                f"--mutation plants bugs for tests; set {ecast.local.MUTATIONS_ENV}=1 to allow it"
-            )
-        if m not in StorageCore.MUTATIONS:
-            raise UsageError(
-                f"--mutation {m}: unknown (known: {', '.join(sorted(StorageCore.MUTATIONS))})"
-            )
-        StorageCore.plant(m)
+    """Planted bugs for the fault-injection suite, refused outside tests: the storage
+    core's (and its client-facing answers')."""
+    if not names:
+        return
+    if not mutations.allowed():
+        raise UsageError(f"--mutation plants bugs for tests; set {mutations.ENV}=1 to allow it")
+    known = mutations.known("storage")
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise UsageError(f"--mutation {', '.join(unknown)}: unknown (known: {', '.join(known)})")
+    mutations.plant(names)
 
 
 async def run_storage(args: argparse.Namespace) -> int:
@@ -446,27 +448,42 @@ async def run_super(args: argparse.Namespace) -> int:
     token = check_super_settings(args)
     kit.check_port_free(args.admin, "--admin")
     client = await _connect(args)
-    core = SuperCore(args.name)
-    host = SuperHost(
-        client,
-        core,
+    core = SuperCore(
+        args.name,
         heartbeat=args.heartbeat,
         suspect_after=args.suspect_after,
         auto_repair=args.auto_repair,
         repair_after=args.repair_after,
     )
+    host = SuperHost(client, core)
     log.info("event=joined name=%s", args.name)
+    api = AdminApi(host, token)
+    runner = await kit.serve_http(
+        args.admin, lambda: super_metrics(host), api.health, lambda h: h["status"] == "ok",
+        api.routes,
+    )  # fmt: skip
+    return await _until_stopped(host, client, runner)
 
-    def authorized(request: web.Request) -> bool:
+
+class AdminApi:
+    """A super's admin API: ``/status`` and ``/reconfigure`` for the token's holder, the
+    console page, and ``/health`` for anyone."""
+
+    def __init__(self, host: SuperHost, token: str) -> None:
+        self.host = host
+        self.token = token
+
+    def authorized(self, request: web.Request) -> bool:
         got = request.headers.get("Authorization", "")
-        return hmac.compare_digest(got.encode(), f"Bearer {token}".encode())
+        return hmac.compare_digest(got.encode(), f"Bearer {self.token}".encode())
 
-    def health() -> dict[str, Any]:
+    def health(self) -> dict[str, Any]:
         """``ok``; ``starting`` until joined; ``degraded`` (503) while a reconfiguration
         has been pending for more than ``STUCK_AFTER`` s (a receiver is not finishing).
         Answered to anyone, so it says how the super is and nothing of the cluster's
         layout: the ring, processes and coordinator are ``/status``'s, with the token."""
-        full = core.status()
+        host = self.host
+        full = host.core.status()
         s: dict[str, Any] = {
             "status": "ok" if full.get("joined") and host.stopped is None else "starting",
             "joined": bool(full.get("joined")),
@@ -479,13 +496,13 @@ async def run_super(args: argparse.Namespace) -> int:
             s["reasons"] = [f"version {v} pending for {age} s" for v, age in sorted(stuck.items())]
         return s
 
-    async def status(request: web.Request) -> web.Response:
-        if not authorized(request):
+    async def status(self, request: web.Request) -> web.Response:
+        if not self.authorized(request):
             return web.json_response({"error": "a valid admin token is required"}, status=401)
-        return web.json_response(host.status())
+        return web.json_response(self.host.status())
 
-    async def reconfigure(request: web.Request) -> web.Response:
-        if not authorized(request):
+    async def reconfigure(self, request: web.Request) -> web.Response:
+        if not self.authorized(request):
             return web.json_response({"error": "a valid admin token is required"}, status=401)
         try:
             body = await request.json()
@@ -499,7 +516,7 @@ async def run_super(args: argparse.Namespace) -> int:
         if not isinstance(op_args, list) or len(op_args) > 3:
             return web.json_response({"error": "args is a list of at most 3 values"}, status=400)
         try:
-            result = await host.reconfigure(
+            result = await self.host.reconfigure(
                 body["op"],
                 *op_args,
                 force=bool(body.get("force", False)),
@@ -515,20 +532,15 @@ async def run_super(args: argparse.Namespace) -> int:
             return web.json_response({"error": str(e)}, status=504)
         return web.json_response(result)
 
-    async def console(request: web.Request) -> web.Response:
+    async def console(self, request: web.Request) -> web.Response:
         from rubberband.tools.console import HEADERS, PAGE
 
         return web.Response(text=PAGE, content_type="text/html", headers=HEADERS)
 
-    def routes(app: web.Application) -> None:
-        app.router.add_get("/status", status)
-        app.router.add_post("/reconfigure", reconfigure)
-        app.router.add_get("/console", console)
-
-    runner = await kit.serve_http(
-        args.admin, lambda: super_metrics(host), health, lambda h: h["status"] == "ok", routes
-    )
-    return await _until_stopped(host, client, runner)
+    def routes(self, app: web.Application) -> None:
+        app.router.add_get("/status", self.status)
+        app.router.add_post("/reconfigure", self.reconfigure)
+        app.router.add_get("/console", self.console)
 
 
 def main_for(kind: str, argv: list[str] | None = None) -> int:

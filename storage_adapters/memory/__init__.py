@@ -32,7 +32,7 @@ from typing import Any
 
 from sortedcontainers import SortedDict
 
-from storage_adapters.base import (
+from rubberband.engine import (
     INVALID,
     MAX_EKEY,
     MIN_EKEY,

@@ -1,7 +1,7 @@
 """A Crescando-style scan engine (dissertation chapters 2 and 5): main-memory tables with
 no index on the data, answered by shared Clock Scans with predicate indexes.
 
-:class:`ScanEngine` is the storage engine (:mod:`storage_adapters.base` protocol);
+:class:`ScanEngine` is the storage engine (:mod:`rubberband.engine` protocol);
 :class:`ScanOps` is its pure client half: builders, ``part_fun`` and ``combine``.
 """
 

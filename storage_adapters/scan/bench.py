@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from storage_adapters.base import EVERYTHING
+from rubberband.engine import EVERYTHING
 from storage_adapters.scan import ScanEngine, ScanOps
 from storage_adapters.scan.ticket import (
     COLUMNS,

@@ -23,7 +23,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from storage_adapters.base import (
+from rubberband.engine import (
     EVERYTHING,
     MAX_EKEY,
     MIN_EKEY,

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from storage_adapters.base import BadOperation, Placement, RangeSet
+from rubberband.engine import BadOperation, Placement, RangeSet
 from storage_adapters.scan.ops import Rows, Select, Write
 from storage_adapters.scan.plan import Probe, Stats, domain_of, make_plan
 from storage_adapters.scan.predicates import (

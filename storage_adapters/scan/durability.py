@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from storage_adapters.base import EVERYTHING, BadOperation
+from rubberband.engine import EVERYTHING, BadOperation
 from storage_adapters.scan.migrate import SendCursor
 from storage_adapters.scan.ops import DDL, WRITES
 

@@ -1,5 +1,5 @@
 """The scan engine: Crescando's table engine (dissertation chapter 2) behind the protocol of
-:mod:`storage_adapters.base`.
+:mod:`rubberband.engine`.
 
 Every operation is answered by scanning, with no index on the data, so a query costs
 about the same whatever its predicate and however many writes run beside it.  A call to
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from storage_adapters.base import BadOperation, Placement, RangeSet
+from rubberband.engine import BadOperation, Placement, RangeSet
 from storage_adapters.scan import clock
 from storage_adapters.scan.durability import Durability
 from storage_adapters.scan.migrate import Decoded, SendCursor

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from storage_adapters.base import (
+from rubberband.engine import (
     EVERYTHING,
     INVALID,
     BadOperation,

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from storage_adapters.base import RangeSet
+from rubberband.engine import RangeSet
 from storage_adapters.scan.clock import restriction
 from storage_adapters.scan.predicates import (
     Constraint,

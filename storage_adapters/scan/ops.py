@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from storage_adapters.base import BadOperation
+from rubberband.engine import BadOperation
 from storage_adapters.scan.predicates import Atom, parse_where
 from storage_adapters.scan.schema import Schema, column_values, stored_scalar
 

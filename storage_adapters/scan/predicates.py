@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from storage_adapters.base import BadOperation, RangeSet
+from rubberband.engine import BadOperation, RangeSet
 from storage_adapters.scan.dictionary import StringDictionary, prefix_successor
 from storage_adapters.scan.schema import Column, check_utf8, scalar
 

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from storage_adapters.base import BadOperation
+from rubberband.engine import BadOperation
 
 Kind = Literal["bool", "int", "float", "date", "str"]
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from storage_adapters.base import Placement
+from rubberband.engine import Placement
 from storage_adapters.scan.dictionary import StringDictionary
 from storage_adapters.scan.schema import Column, Schema
 

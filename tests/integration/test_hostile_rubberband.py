@@ -18,7 +18,7 @@ import pytest
 import rubberband.sdk as rbsdk
 from ecast import local
 from rubberband.placement import Keyspace
-from rubberband.storage import RESULT, STALE, WHOLE
+from rubberband.proto import Answer, Described, Stale, Whole
 from rubberband.tools.cli import run as cli
 
 
@@ -50,9 +50,11 @@ async def connect(d: Path, name: str, exact: bool = False) -> rbsdk.RubberbandCl
 def test_a_client_takes_answers_only_from_holders_and_the_keyspace_only_from_a_super(
     cluster: Path,
 ) -> None:
-    """Probe: one ``STALE`` from another client, carrying a keyspace at version 10^9 that
-    named the attacker as the only holder, took effect: alice's basic reads then returned
-    the attacker's data 5 times out of 5."""
+    """Probe: one stale-keyspace notice from another client, carrying a keyspace at
+    version 10^9 that named the attacker as the only holder, took effect: alice's basic
+    reads then returned the attacker's data 5 times out of 5.  Now a keyspace comes only
+    from the super asked, answers only from holders, and a message of the old untyped
+    wire is no message."""
 
     async def go() -> None:
         alice = await connect(cluster, "client:alice")
@@ -63,10 +65,11 @@ def test_a_client_takes_answers_only_from_holders_and_the_keyspace_only_from_a_s
         forged = Keyspace(1, ((ks.ring()[0][0], "client:mallory"),)).to_state()
         send = mallory.ecast.send_direct_nowait
         for i in range(1, 300):
-            send("client:alice", (STALE, ("b", i), 10**9, forged))
-            for rid in (("b", i), ("q", i)):
-                send("client:alice", (RESULT, rid, None, "evil", None, 10**9, True))
-            send("client:alice", (WHOLE, ("b", i), 10**9, ("evil",) * 32))
+            send("client:alice", Stale(i, 10**9))
+            send("client:alice", Described(i, 10**9, forged, "range"))
+            send("client:alice", Answer(i, None, "evil", None, 10**9, True))
+            send("client:alice", Whole(i, 10**9, ("evil",) * 32))
+            send("client:alice", ("result", i, None, "evil", None, 10**9, True))
         await asyncio.sleep(1.0)
         for level in ("basic", "sequential", "snapshot"):
             for k in range(5):

@@ -20,8 +20,8 @@ import pytest
 
 import rubberband.sdk as rbsdk
 from ecast import local
-from jepsen_like.checkers.history import Op
-from jepsen_like.checkers.list_append import check
+from rubberband.checkers.history import Op
+from rubberband.checkers.list_append import check
 from rubberband.client import Rejected
 from rubberband.tools.cli import run as cli
 

@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType
 
 import rubberband.sdk as rbsdk
-import rubberband_spark
+import rubberband.spark
 from tests.integration.test_rubberband import cli
 
 PY = sys.executable
@@ -57,7 +57,7 @@ def spark() -> Iterator[SparkSession]:
         .getOrCreate()
     )
     s.sparkContext.setLogLevel("ERROR")
-    rubberband_spark.register(s)
+    rubberband.spark.register(s)
     try:
         yield s
     finally:

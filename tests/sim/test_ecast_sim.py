@@ -15,13 +15,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ecast.core.endpoint import ENDPOINT_MUTATIONS
-from ecast.core.router import ROUTER_MUTATIONS
+from ecast.core import mutations
 from ecast.history import LIVENESS, SAFETY, Ack, Submit
 from ecast.sim.__main__ import ecast_config, replay_command
 from ecast.sim.ecast_run import ECAST_SITUATIONS, EcastRun, run_ecast
 from tests import ecast_scenarios as sc
 from tests import report
+
+PLANTABLE = set(mutations.known("router")) | set(mutations.known("endpoint"))
 
 LONG = os.environ.get("ECAST_LONG") == "1"
 SCHEDULES = 3000 if LONG else 200
@@ -97,22 +98,19 @@ SCRIPTED = {
 }
 
 
-@pytest.mark.parametrize("mutation", sorted(ROUTER_MUTATIONS | ENDPOINT_MUTATIONS))
+@pytest.mark.parametrize("mutation", sorted(PLANTABLE))
 def test_planted_ecast_bug_is_caught(mutation: str) -> None:
-    assert set(SCRIPTED) == ROUTER_MUTATIONS | ENDPOINT_MUTATIONS
+    assert set(SCRIPTED) == PLANTABLE
     scenario = SCRIPTED[mutation]
     assert scenario().violations() == [], "the scenario must pass without the bug"
     planted = frozenset({mutation})
-    if mutation in ROUTER_MUTATIONS:
-        found = scenario(rm=planted).violations()
-    else:
-        found = scenario(em=planted).violations()
+    with mutations.planted(planted):
+        found = scenario().violations()
     assert found, f"{scenario.__name__} did not catch {mutation}"
     how = [f"scripted {scenario.__name__} ({found[0].split(':')[0]})"]
     # Evidence from the randomized simulator too, where its schedules reach the trap.
-    key = "router_mutations" if mutation in ROUTER_MUTATIONS else "endpoint_mutations"
     for seed in range(12):
-        result = run_ecast(ecast_config(seed=seed, **{key: planted}))
+        result = run_ecast(ecast_config(seed=seed, mutations=planted))
         if result.violations:
             how.append(f"random seed {seed} ({result.violations[0].split(':')[0]})")
             break

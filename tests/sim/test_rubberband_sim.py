@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rubberband.sim import MUTATIONS, RbRunConfig, RubberbandRun, run_rubberband
+from rubberband.sim import MUTATIONS, SCENARIOS, RbRunConfig, RubberbandRun, run_rubberband
 
 SCHEDULES = 200
 OPS = 300
@@ -98,13 +98,14 @@ def test_the_super_repairs_broken_holders_on_its_own(chunk: int) -> None:
 
 def test_heavier_schedules_reject_snapshot_reads_and_then_accept_them() -> None:
     """15 clients: snapshot reads routed during takeovers and migrations are refused
-    (no consistent cut), retried whole, and then accepted; nothing else goes wrong."""
+    (no consistent cut), retried whole, and then accepted; nothing else goes wrong.  Rare
+    (two seeds of the first 24 reach it): these are two of them."""
     reached = 0
-    for seed in (9, 13, 19, 20):
+    for seed in (8, 23):
         result = run_rubberband(RbRunConfig(seed=seed, ops=3000))
         assert not result.violations, (seed, result.violations[:3])
         reached += result.situations["snapshot_rejected_then_accepted"] > 0
-    assert reached >= 2
+    assert reached == 2
 
 
 BUNDLE_SCHEDULES = 40
@@ -140,14 +141,74 @@ def test_a_planted_bug_of_bundles_is_caught(mutation: str) -> None:
     pytest.fail(f"{(BUNDLED | BUNDLED_TOO)[mutation]} went unnoticed")
 
 
-@pytest.mark.parametrize(
-    "mutation", [m for m in MUTATIONS if m != "reads_to_busy" and m not in BUNDLED]
-)
+SCENARIO = {"faults": (), "auto_repair": True, "answer_timeout": 3.0}
+"""How the fault scenarios run: no random faults, the super repairing on its own, and an
+answer timeout that the suspicion of a crashed process (0.6 s) fits in, as the
+daemons' defaults (3 s to suspect, 10 s to answer) do."""
+CAUGHT_BY: dict[str, tuple[dict[str, Any], str]] = {
+    "first_answer_completes": ({}, "answer routing and coverage"),
+    "no_duplicate_filter": ({}, "answer routing: a range answered twice"),
+    "no_failover": ({"scenario": "replica_crash", **SCENARIO}, "read failover"),
+    "mute_answers": ({"scenario": "replica_crash", **SCENARIO}, "storage answers"),
+    "no_votes": ({}, "heartbeats and votes"),
+    "no_repair": ({"auto_repair": True}, "repair timing"),
+    "delete_before_send": ({}, "migration: a source deletes before it sends"),
+    "no_receive_buffering": ({}, "migration: writes applied before the copy"),
+    "aborted_receive_ready": ({}, "migration: an aborted receive says ready"),
+    "skip_version_check": ({}, "basic reads routed by a stale keyspace"),
+}
+"""Each planted bug of Rubberband's cores, and the short runs that must catch it."""
+ELSEWHERE = {
+    "reads_to_busy": "the expand scenario's availability (below)",
+    "trust_any_answer": "tests/unit/test_rubberband_client.py (no simulated process lies)",
+    **{m: "bundled schedules (above)" for m in BUNDLED},
+}
+
+
+def test_every_planted_bug_has_a_test_that_catches_it() -> None:
+    assert set(MUTATIONS) == set(CAUGHT_BY) | set(ELSEWHERE)
+
+
+@pytest.mark.parametrize("mutation", sorted(CAUGHT_BY))
 def test_every_planted_bug_is_caught(mutation: str) -> None:
+    extra, what = CAUGHT_BY[mutation]
     for seed in range(1, 31):
-        if RubberbandRun(RbRunConfig(seed=seed, ops=600, mutation=mutation)).run().violations:
+        cfg = RbRunConfig(seed=seed, ops=600, mutation=mutation, **extra)
+        if RubberbandRun(cfg).run().violations:
             return
-    pytest.fail(f"planted bug {mutation} was not caught in 30 schedules")
+    pytest.fail(f"planted bug {mutation} ({what}) was not caught in 30 schedules")
+
+
+STAGED = {
+    "replica_crash": "read_retries",  # reads the crash left waiting went elsewhere
+    "leader_crash": "leader_takeover",  # with work in flight
+    "crash_mid_migration": "source_crash_mid_migration",
+    "super_crash_mid_repair": "super_crash_mid_repair",
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(set(SCENARIOS) - {"expand"}))
+def test_the_fault_scenarios_meet_their_expectations(scenario: str) -> None:
+    """A replica killed mid-read, the leader killed during snapshot reads, a source killed
+    mid-migration, a super killed mid-repair: every operation completes, every checker
+    passes, the cluster settles (``tests/integration/test_rubberband_scenarios.py`` runs
+    them against real daemons with the same expectations)."""
+    supers = 2 if scenario == "super_crash_mid_repair" else 1
+    reached = 0
+    for seed in range(1, 5):
+        cfg = RbRunConfig(seed=seed, ops=600, scenario=scenario, supers=supers, **SCENARIO)
+        result = run_rubberband(cfg)
+        again = replay(seed, scenario=scenario, supers=supers, auto_repair=True, answer_timeout=3.0)
+        assert not result.violations, (seed, result.violations[:3], again)
+        assert result.acked > 200 and not result.failed and not result.indeterminate
+        reached += bool(result.situations.get(STAGED[scenario]))
+    assert reached >= 3, f"{scenario}: the fault rarely struck at the moment it stages"
+
+
+def test_schedules_without_the_codec_pass_too() -> None:
+    """The codec may be turned off for speed (lists stay lists): both ways pass."""
+    reached, busy = run_schedules(range(1, 21), codec=False)
+    assert busy >= 18 and reached["leader_takeover"], dict(reached)
 
 
 def test_reads_stay_fast_during_an_expand_and_reads_to_busy_receivers_are_caught() -> None:

@@ -15,11 +15,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ecast.core.ufabcast import MUTATIONS
+from ecast.core import mutations
 from ecast.sim.__main__ import replay_command, ufab_config
 from ecast.sim.ufab import SITUATIONS, run_ufabcast
 from ecast.sim.ufab_checks import SAFETY_CHECKS
 from tests import report, scenarios
+
+MUTATIONS = set(mutations.known("ufabcast"))
 
 LONG = os.environ.get("ECAST_LONG") == "1"
 SCHEDULES = 3000 if LONG else 200
@@ -99,7 +101,8 @@ def test_planted_bug_is_caught(mutation: str) -> None:
     how = []
     for scenario in SCRIPTED[mutation]:
         assert scenario().violations() == [], "the scenario must pass without the bug"
-        found = scenario(frozenset({mutation})).violations()
+        with mutations.planted({mutation}):
+            found = scenario().violations()
         assert found, f"{scenario.__name__} did not catch {mutation}"
         how.append(f"scripted {scenario.__name__} ({found[0].split(':')[0]})")
     # The randomized simulator finds it too, within a fixed set of seeds.

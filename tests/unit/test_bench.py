@@ -51,7 +51,7 @@ def test_the_cost_benchmark_charges_every_role_and_its_workload_is_deterministic
 
 
 def test_a_load_option_of_zero_is_passed_and_only_false_or_none_leave_a_flag_out() -> None:
-    from rubberband_bench.harness import load_flags
+    from rubberband.bench.harness import load_flags
 
     flags = load_flags(
         {"snapshot_share": 0.0, "rate": 0, "unsafe": True, "bundle": None, "check": False}
@@ -69,7 +69,7 @@ def test_a_busy_machine_is_measured_and_told_before_a_benchmark(
     import subprocess
     import sys
 
-    from rubberband_bench import harness
+    from rubberband.bench import harness
 
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:

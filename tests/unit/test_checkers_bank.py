@@ -9,9 +9,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from jepsen_like.checkers import bank
-from jepsen_like.checkers.bank import BankOptions
-from jepsen_like.checkers.history import HistoryError
+from rubberband.checkers import bank
+from rubberband.checkers.bank import BankOptions
+from rubberband.checkers.history import HistoryError
 from tests.checker_histories import HistoryBuilder, bank_history
 
 TWO = BankOptions.uniform(["a", "b"], 10)

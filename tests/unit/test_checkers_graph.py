@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jepsen_like.checkers.graph import (
+from rubberband.checkers.graph import (
     ALL_KINDS,
     PROCESS,
     RW,

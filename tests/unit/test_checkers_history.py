@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jepsen_like.checkers.history import (
+from rubberband.checkers.history import (
     HistoryError,
     Op,
     pair_calls,

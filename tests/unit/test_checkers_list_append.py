@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from jepsen_like.checkers import list_append
-from jepsen_like.checkers.history import HistoryError
-from jepsen_like.checkers.list_append import ListAppendOptions
+from rubberband.checkers import list_append
+from rubberband.checkers.history import HistoryError
+from rubberband.checkers.list_append import ListAppendOptions
 from tests.checker_histories import HistoryBuilder, invoke_value
 
 

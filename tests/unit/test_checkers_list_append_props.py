@@ -14,8 +14,8 @@ import random
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from jepsen_like.checkers import list_append
-from jepsen_like.checkers.list_append import MODELS, ListAppendOptions
+from rubberband.checkers import list_append
+from rubberband.checkers.list_append import MODELS, ListAppendOptions
 from tests.checker_histories import drop_acked_element, list_append_history, swap_elements
 
 seeds = st.integers(0, 2**32 - 1)
@@ -69,9 +69,9 @@ def test_swapping_two_elements_of_a_read_is_caught(seed, shape):
 @given(seed=seeds, shape=shapes)
 def test_reduced_real_time_edges_keep_every_real_time_order(seed, shape):
     """The frontier leaves out implied edges; what it keeps must still imply them all."""
-    from jepsen_like.checkers.graph import REALTIME
-    from jepsen_like.checkers.history import pair_calls
-    from jepsen_like.checkers.list_append import _Checker
+    from rubberband.checkers.graph import REALTIME
+    from rubberband.checkers.history import pair_calls
+    from rubberband.checkers.list_append import _Checker
 
     ops = list_append_history(seed, **shape)
     checker = _Checker(pair_calls(ops), ListAppendOptions.for_model("strict-serializable"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jepsen_like.checkers import order
+from rubberband.checkers import order
 from tests.checker_histories import HistoryBuilder
 
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from jepsen_like.checkers import check_all
-from jepsen_like.checkers.history import write_history
+from rubberband.checkers import check_all
+from rubberband.checkers.history import write_history
 from tests.checker_histories import bank_history, list_append_history
 
 # A wall-clock budget: measured with the machine to itself, after the shared-core part.

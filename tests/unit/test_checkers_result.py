@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from jepsen_like.checkers import BankOptions, CheckResult, ListAppendOptions, check_all
-from jepsen_like.checkers.history import write_history
-from jepsen_like.checkers.result import Findings
-from jepsen_like.checkers.run import workload_options
+from rubberband.checkers import BankOptions, CheckResult, ListAppendOptions, check_all
+from rubberband.checkers.history import write_history
+from rubberband.checkers.result import Findings
+from rubberband.checkers.run import workload_options
 from tests.checker_histories import HistoryBuilder
 
 
@@ -77,7 +77,7 @@ def test_workload_descriptions():
 
 
 def test_the_command_line_reports_and_sets_the_exit_status(tmp_path, capsys):
-    from jepsen_like.checkers.__main__ import main
+    from rubberband.checkers.__main__ import main
 
     h = HistoryBuilder()
     h.txn("p1", [["append", "x", 1]])

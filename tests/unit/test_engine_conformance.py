@@ -1,6 +1,6 @@
 """One conformance suite for every storage engine (``-k conformance``).
 
-What Rubberband requires of an engine (:mod:`storage_adapters.base`), checked the same
+What Rubberband requires of an engine (:mod:`rubberband.engine`), checked the same
 way on the in-memory key-value engine, the scan engine (with its own table operations,
 and with the key-value operations of :mod:`storage_adapters.scan.kv`) and the Memcached
 engine (a real ``memcached`` per engine): operations apply in the order given and answer as a
@@ -22,9 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ecast import Message
-from rubberband.storage import StorageCore
-from storage_adapters.base import (
+from ecast import Effects, Message
+from rubberband.engine import (
     EVERYTHING,
     MAX_EKEY,
     MIN_EKEY,
@@ -34,6 +33,9 @@ from storage_adapters.base import (
     encode_key,
     intersect,
 )
+from rubberband.outputs import Stop
+from rubberband.proto import write_header
+from rubberband.storage import StorageCore
 from storage_adapters.memory import KVOps, MemoryEngine
 from storage_adapters.scan import ScanEngine, ScanOps
 from storage_adapters.scan.kv import ScanKVEngine
@@ -354,13 +356,14 @@ def test_conformance_a_backend_failure_stops_the_storage_process(
     core = StorageCore("storage:1", e)
     ring = [[encode_key(0), "storage:1"]]  # alone on the ring: it holds everything
     state = [1, e.placement.partitioning, 0, ring, [], [], [], [], [], [], []]
-    assert core.joined({"rubberband": state}) == []
+    assert core.joined({"rubberband": state}) == Effects()
     assert core.owned
     op = d.put([(2, "two")])
-    header = {"w": d.ops.part_fun(op, e.placement).ranges}
+    header = write_header(d.ops.part_fun(op, e.placement).ranges)
     out = core.deliver([(1, Message("client:c", (("c", 0, ""), 1), header, op))])
-    assert out and out[-1][0] == "stop", out
-    assert core.deliver([(2, Message("client:c", (("c", 0, ""), 2), header, op))]) == []
+    assert out.deliver and type(out.deliver[-1]) is Stop, out
+    assert "no room" in out.deliver[-1].reason or d.name == "memcached", out
+    assert core.deliver([(2, Message("client:c", (("c", 0, ""), 2), header, op))]) == Effects()
 
 
 @pytest.mark.parametrize("engine", ["memory", "scan-kv", "memcached"])

@@ -13,8 +13,8 @@ import pytest
 from ecast.core.config import KeyRingConfig
 from ecast.history import Ack, Deliver, Submit, read_history, write_history
 from ecast.tools.bench import Recorder
-from jepsen_like.checkers import MulticastOptions, check_all
-from jepsen_like.checkers.__main__ import main
+from rubberband.checkers import MulticastOptions, check_all
+from rubberband.checkers.__main__ import main
 from tests import history_gen as g
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,7 +121,7 @@ def test_the_bench_recorder_writes_a_history_the_cli_checks(tmp_path: Path, plan
         (tmp_path / "history-c1.jsonl").read_text() + (tmp_path / "history-d1.jsonl").read_text()
     )
     spec = {"name": "multicast", "config": "ecast:KeyRingConfig", "config_args": {"replication": 1}}
-    cmd = [sys.executable, "-m", "jepsen_like.checkers", str(joined), json.dumps(spec)]
+    cmd = [sys.executable, "-m", "rubberband.checkers", str(joined), json.dumps(spec)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert p.returncode == (1 if plant else 0), p.stdout + p.stderr
     if plant:

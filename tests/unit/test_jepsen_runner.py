@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from jepsen_like import net, runner
-from jepsen_like.report import per_second, plot
+from rubberband.tools.report import per_second, plot
 
 
 def test_network_faults_without_namespaces_exit_2_and_say_why(

@@ -18,7 +18,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ecast import local
-from storage_adapters.base import EVERYTHING, BadOperation, encode_key
+from rubberband.engine import EVERYTHING, BadOperation, encode_key
 from storage_adapters.memcached import MAX_KEY_BYTES, MemcachedEngine, memcached_key
 
 keys = st.recursive(

@@ -1,5 +1,5 @@
 """The null engine's operations: a point read carries its key once and is answered whole,
-as a read of the same ranges is, in one :data:`rubberband.storage.WHOLE` answer."""
+as a read of the same ranges is, in one :class:`rubberband.proto.Whole` answer."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from ecast import Message
 from rubberband.client import ClientCore
 from rubberband.keys import after
-from rubberband.storage import WHOLE
+from rubberband.proto import H, Whole
 from storage_adapters.null import NullEngine, NullOps
 from tests.rubberband_model import Model
 
@@ -25,22 +25,22 @@ def test_point_reads_travel_lighter_and_every_one_is_answered_whole() -> None:
     ranged: list[Any] = [("read", ((e, after(e)),)) for e in keys]
     gp, gr = client.gathers(points), client.gathers(ranged)
     assert [g.ranges for g in gp] == [g.ranges for g in gr]
-    by_points = client.reads(points, gp, 64, 1 << 16)
-    by_ranges = client.reads(ranged, gr, 64, 1 << 16)
+    by_points = client.read_messages(points, gp, 64, 1 << 16)
+    by_ranges = client.read_messages(ranged, gr, 64, 1 << 16)
     size = sum(len(p) for _, p, _ in by_points)
     assert size < 0.8 * sum(len(p) for _, p, _ in by_ranges)
 
     answered: dict[int, int] = {}
     seq = itertools.count()
     for indices, payload, header in by_points:
-        header["q"] = ("b", indices)
+        header[H.REQUEST] = ("b", indices)
         msg = Message("client:c", (("u", 0, "client:c"), next(seq)), header, payload)
         for d in sorted(m.config.destset(msg)):
-            for out in m.storage[d].deliver_unsafe(msg, m.t, True):
+            for _, out in m.storage[d].deliver_unsafe(msg, m.t, True).send:
                 # Every read answered whole and without error: the results alone.
-                kind, rid, _position, results = out[2]
-                assert (kind, rid) == (WHOLE, ("b", indices))
-                assert len(results) == len(indices)
-                for i in range(len(results)):
+                whole = out.payload
+                assert type(whole) is Whole and whole.request == ("b", indices)
+                assert len(whole.results) == len(indices)
+                for i in range(len(whole.results)):
                     answered[indices[i]] = answered.get(indices[i], 0) + 1
     assert answered == dict.fromkeys(range(len(keys)), 1)

@@ -11,8 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ecast import ROUTERS, Message
-from rubberband.config import (
-    RubberbandConfig,
+from rubberband.config import RubberbandConfig
+from rubberband.keys import encode_key, key_range, overlaps, point
+from rubberband.optimizer import optimize
+from rubberband.proto import (
+    H,
     incomplete_header,
     keyspace_header,
     read_header,
@@ -20,8 +23,6 @@ from rubberband.config import (
     vote_header,
     write_header,
 )
-from rubberband.keys import encode_key, key_range, overlaps, point
-from rubberband.optimizer import optimize
 
 _seq = itertools.count(1)
 
@@ -122,7 +123,9 @@ def test_a_stale_keyspace_message_is_ignored() -> None:
 )
 def test_impossible_keyspace_messages_change_nothing(op: Any) -> None:
     c = cluster(3)
-    after, dests = step(c, "super:a", {"kind": "keyspace", "v": c.version, "op": op, "ins": ()})
+    after, dests = step(
+        c, "super:a", {"kind": "keyspace", H.VERSION: c.version, H.OP: op, H.INSTRUCTIONS: ()}
+    )
     assert after == c and dests == frozenset()
 
 
@@ -131,7 +134,9 @@ def test_malformed_instructions_are_refused() -> None:
     c, _ = expand(c, "storage:0", 0)
     op = ("expand", "storage:1", encode_key(50))
     for ins in (("copy",), (("copy", "storage:9", "storage:1", ((encode_key(0), (9,)),)),), 5):
-        after, dests = step(c, "super:a", {"kind": "keyspace", "v": 1, "op": op, "ins": ins})
+        after, dests = step(
+            c, "super:a", {"kind": "keyspace", H.VERSION: 1, H.OP: op, H.INSTRUCTIONS: ins}
+        )
         assert after == c and dests == frozenset(), ins
 
 
@@ -161,12 +166,12 @@ def test_writes_go_to_every_holder_reads_to_a_cover() -> None:
 def test_malformed_data_headers_route_nowhere() -> None:
     c = cluster(4)
     for h in (
-        {"w": ((encode_key(5), encode_key(1)),)},  # lo > hi
-        {"w": [[encode_key(1), encode_key(5)]]},  # lists, not tuples
-        {"w": ((encode_key(1), encode_key(5)), (encode_key(3), encode_key(9)))},  # overlap
-        {"r": ((encode_key(1), encode_key(5)),), "o": "x"},
-        {"r": 5},
-        {"w": (("a", "b"),)},
+        {H.WRITES: ((encode_key(5), encode_key(1)),)},  # lo > hi
+        {H.WRITES: [[encode_key(1), encode_key(5)]]},  # lists, not tuples
+        {H.WRITES: ((encode_key(1), encode_key(5)), (encode_key(3), encode_key(9)))},  # overlap
+        {H.READS: ((encode_key(1), encode_key(5)),), H.OFFSET: "x"},
+        {H.READS: 5},
+        {H.WRITES: (("a", "b"),)},
         "not a dict",
         None,
         {},
@@ -359,8 +364,8 @@ def test_any_history_keeps_the_invariants(data: st.DataObject) -> None:
         assert not (dests & c.retired())
         assert dests <= c.members() | c.suspects(m) | {m.sender}
         h = m.header
-        if "w" in h and dests:
-            holders = {p for p in c.active() if overlaps(c.keyspace.partition(p), h["w"])}
+        if H.WRITES in h and dests:
+            holders = {p for p in c.active() if overlaps(c.keyspace.partition(p), h[H.WRITES])}
             assert dests == holders - c.excluded()
         if "r" in h and dests:
             cover = c.read_cover(h["r"], h["o"])

@@ -8,8 +8,9 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from rubberband.host import BATCH, DELIVERIES, INBOX_HIGH, WAKE, StorageHost
-from rubberband.storage import CHUNK, PULL, StorageCore
+from rubberband.host import BATCH, DELIVERIES, DIRECT, INBOX_HIGH, WAKE, StorageHost
+from rubberband.proto import BasicRead, Chunk, Pull
+from rubberband.storage import StorageCore
 from storage_adapters.memory import MemoryEngine
 
 
@@ -78,22 +79,22 @@ async def test_migration_messages_go_ahead_of_waiting_deliveries() -> None:
     reader = asyncio.ensure_future(h._read_deliveries())
     await until(lambda: client.taken == 1000)
     direct = asyncio.ensure_future(h._read_direct())
-    client.direct.put_nowait(("client:c", ("basic", 1, ("get", (1,)), (), 0)))
-    client.direct.put_nowait(("storage:2", (PULL, (5, 0), 1)))
-    client.direct.put_nowait(("storage:3", (CHUNK, (5, 1), 0, (), True)))
+    client.direct.put_nowait(("client:c", BasicRead(1, ("get", (1,)), (), 0)))
+    client.direct.put_nowait(("storage:2", Pull((5, 0), 1)))
+    client.direct.put_nowait(("storage:3", Chunk((5, 1), 0, (), True)))
     await until(client.direct.empty)
     await asyncio.sleep(0)
     first = await h._batch()
     # The pull and the chunk first, in arrival order; then the deliveries in order; the
     # client's read keeps its place behind them.
-    assert first[0] == ("x", "storage:2", (PULL, (5, 0), 1))
-    assert first[1] == ("x", "storage:3", (CHUNK, (5, 1), 0, (), True))
+    assert first[0] == (DIRECT, "storage:2", Pull((5, 0), 1))
+    assert first[1] == (DIRECT, "storage:3", Chunk((5, 1), 0, (), True))
     assert [d.i for item in first[2:] for d in item[1]] == list(range(BATCH))
     rest: list[Any] = []
-    while not rest or rest[-1][0] != "x":
+    while not rest or rest[-1][0] != DIRECT:
         rest += await h._batch()
     assert [d.i for item in rest[:-1] for d in item[1]] == list(range(BATCH, 1000))
-    assert rest[-1][0] == "x" and rest[-1][2][0] == "basic"
+    assert rest[-1][0] == DIRECT and type(rest[-1][2]) is BasicRead
     assert WAKE not in first + rest
     direct.cancel()
     reader.cancel()

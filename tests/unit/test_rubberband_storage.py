@@ -12,12 +12,27 @@ from hypothesis import strategies as st
 
 from ecast import Message
 from rubberband.client import ClientCore, Rejected
+from rubberband.engine import BadOperation
 from rubberband.keys import normalize
+from rubberband.outputs import Stop
+from rubberband.proto import Abort, Answer, Answers, BasicRead, Chunk, H, Pull, Refuse, Stale, Whole
 from rubberband.storage import StorageCore
 from rubberband.super import Refused
-from storage_adapters.base import BadOperation
 from storage_adapters.memory import KVOps, MemoryEngine
 from tests.rubberband_model import Model
+
+
+def answers(fx: Any) -> list[Any]:
+    """The direct messages a core's effects send, in order."""
+    return [d.payload for _, d in fx.send]
+
+
+def bundles_of(client: ClientCore, gathers: list[Any], limit: int) -> Any:
+    return client.bundles(gathers, limit)
+
+
+def bundle_of(client: ClientCore, reads: list[Any], offset: int | None = None) -> Any:
+    return client.bundle(reads, offset)
 
 
 def grown(n: int, f: int = 3, seed: int = 0, keys: int = 0) -> Model:
@@ -59,7 +74,7 @@ def test_a_bad_operation_is_rejected_alike_by_every_replica() -> None:
     m.write(("put", ((7, "not a list"),)))
     mid, dests = m.send(
         "client:c",
-        {"w": m.ops.part_fun(("append", ((7, 1),)), m.placement).ranges},
+        {H.WRITES: m.ops.part_fun(("append", ((7, 1),)), m.placement).ranges},
         ("append", ((7, 1),)),
     )
     errors = [r for r in m.results[mid]]
@@ -184,11 +199,13 @@ def test_a_failing_engine_stops_the_process() -> None:
 
     core = StorageCore("storage:1", Broken())
     state = {"rubberband": [3, "range", 0, [], [], [], [], [], [], [], []]}
-    assert core.joined(state) == []
-    msg = Message("client:c", (("c", 0, ""), 1), {"w": (((2, 1), (2, 1, 0)),)}, ("put", ((1, 1),)))
-    out = core.deliver([(1, msg)])
-    assert out and out[-1][0] == "stop" and "disk on fire" in out[-1][1]
-    assert core.deliver([(2, msg)]) == []  # stopped for good
+    assert not core.joined(state).deliver
+    header = {H.WRITES: (((2, 1), (2, 1, 0)),)}
+    msg = Message("client:c", (("c", 0, ""), 1), header, ("put", ((1, 1),)))
+    out = core.deliver([(1, msg)]).deliver
+    assert out and type(out[-1]) is Stop and "disk on fire" in out[-1].reason
+    fx = core.deliver([(2, msg)])
+    assert not fx.deliver and not fx.send  # stopped for good
 
 
 def test_a_joining_process_takes_the_clusters_partitioning() -> None:
@@ -196,7 +213,7 @@ def test_a_joining_process_takes_the_clusters_partitioning() -> None:
     only where the key's hash falls, and a get finds it there."""
     engine = MemoryEngine()
     core = StorageCore("storage:1", engine)
-    assert core.joined({"rubberband": [1, "hash", 0, [], [], [], [], [], [], [], []]}) == []
+    assert not core.joined({"rubberband": [1, "hash", 0, [], [], [], [], [], [], [], []]}).deliver
     assert engine.placement.partitioning == "hash"
     place = engine.placement.ekey("k")
     mine = ((place, (*place, 0)),)
@@ -205,8 +222,8 @@ def test_a_joining_process_takes_the_clusters_partitioning() -> None:
     assert engine.apply([(("get", ("k", "j")), mine)]) == [{"k": 1}]
     assert engine.apply([(("get", ("k",)), elsewhere)]) == [{}]
     bad = StorageCore("storage:2", MemoryEngine())
-    out = bad.joined({"rubberband": [1, "sideways", 0, [], [], [], [], [], [], [], []]})
-    assert out and out[-1][0] == "stop"
+    out = bad.joined({"rubberband": [1, "sideways", 0, [], [], [], [], [], [], [], []]}).deliver
+    assert out and type(out[-1]) is Stop
 
 
 def test_bad_operation_is_returned_not_raised() -> None:
@@ -226,8 +243,14 @@ def test_hostile_direct_messages_are_ignored() -> None:
         ("chunk", (1, 2), 0, [], True),
         ("?",),
         5,
+        Pull((1, 2), 0),  # a transfer nobody started
+        Chunk((1, 2), 0, (), True),
+        Abort((9, 9)),
+        Refuse((9, 9)),
+        BasicRead(1, ("get", (1,)), "not ranges", 0),
     ):
-        assert core.direct("storage:1", payload) == []
+        fx = core.on_direct("storage:1", payload)
+        assert not fx.send and not fx.deliver
     assert core.stopped is None
 
 
@@ -337,7 +360,7 @@ def read_all(m: Model, level: str, op: Any) -> Any:
     """One read at ``level`` through the client core, as the SDK does it."""
     client = ClientCore(KVOps())
     client.learn(m.config.version, m.config.keyspace.to_state())
-    payload, header, g = client.read(op)
+    payload, header, g = client.read_message(op)
     if level == "sequential":
         mid, _ = m.send("client:c", header, payload)
         m.settle()
@@ -346,21 +369,21 @@ def read_all(m: Model, level: str, op: Any) -> Any:
     elif level == "snapshot":
         msg = Message("client:c", (("u", 0, "client:c"), next(m.seq)), header, payload)
         for d in sorted(m.config.destset(msg)):
-            for o in m.storage[d].deliver_unsafe(msg, m.t, True):
-                g.add(*o[2][2:])
+            for a in answers(m.storage[d].deliver_unsafe(msg, m.t, True)):
+                g.add(a.covered, a.result, a.error, a.position, a.ok)
     else:
         tried: frozenset[str] = frozenset()
         while not g.complete:
             for target, ranges in client.basic_targets(g, tried).items():
                 tried |= {target}
-                outs = m.storage[target].direct(
-                    "client:c", ("basic", 1, op, ranges, client.version)
+                fx = m.storage[target].on_direct(
+                    "client:c", BasicRead(1, op, ranges, client.version)
                 )
-                for o in outs:
-                    if o[2][0] == "stale":
-                        client.learn(o[2][2], o[2][3])
+                for a in answers(fx):
+                    if type(a) is Stale:  # ask a super, as the client core does
+                        client.learn(m.config.version, m.config.keyspace.to_state())
                     else:
-                        g.add(*o[2][2:])
+                        g.add(a.covered, a.result, a.error, a.position, a.ok)
     assert g.complete
     return client.result(g)
 
@@ -384,19 +407,19 @@ def test_snapshot_reads_are_refused_where_a_range_is_still_arriving() -> None:
     m.reconfigure(("expand", "storage:9", 150))
     core = m.storage["storage:9"]
     op = ("get", (153,))
-    msg = Message("client:c", (("u", 0, "client:c"), 1), {"r": core.receiving, "o": 0}, op)
-    (out,) = core.deliver_unsafe(msg, m.t, True)
-    assert out[2][-1] is False  # refused: the client retries the whole read
-    (out,) = core.deliver_unsafe(msg, m.t, False)
-    assert out[2][-1] is False  # not accepted by the endpoint either
+    msg = Message("client:c", (("u", 0, "client:c"), 1), {H.READS: core.receiving, H.OFFSET: 0}, op)
+    (out,) = answers(core.deliver_unsafe(msg, m.t, True))
+    assert out.ok is False  # refused: the client retries the whole read
+    (out,) = answers(core.deliver_unsafe(msg, m.t, False))
+    assert out.ok is False  # not accepted by the endpoint either
     m.settle()
-    outs = core.deliver_unsafe(msg, m.t, True)
-    assert outs and all(out[2][-1] is True for out in outs)
+    outs = answers(core.deliver_unsafe(msg, m.t, True))
+    assert outs and all(out.ok is True for out in outs)
     # One answer per ring segment the read covers: they tile the read's ranges.
-    assert normalize(tuple(r for out in outs for r in out[2][2])) == msg.header["r"]
+    assert normalize(tuple(r for out in outs for r in out.covered)) == msg.header[H.READS]
     merged: dict[int, int] = {}
     for out in outs:
-        merged.update(out[2][3])
+        merged.update(out.result)
     assert merged == {153: 153}
 
 
@@ -408,32 +431,34 @@ def test_answers_are_cut_at_segments_so_aggregates_are_not_counted_twice() -> No
     op = ("scan", None, None)
     client = ClientCore(KVOps())
     client.learn(m.config.version, m.config.keyspace.to_state())
-    _, header, gather = client.read(op)
+    _, header, gather = client.read_message(op)
     for name in sorted(m.storage):
         core = m.storage[name]
         msg = Message("client:c", (("u", 0, "client:c"), 1), header, op)
-        for out in core.deliver_unsafe(msg, m.t, True):
-            _, _rid, covered, result, error, position, ok = out[2]
+        for a in answers(core.deliver_unsafe(msg, m.t, True)):
             pieces_before = len(gather.pieces)
-            gather.add(covered, result, error, position, ok)
+            gather.add(a.covered, a.result, a.error, a.position, a.ok)
             # A piece is taken whole or not at all: never in part.
             if len(gather.pieces) > pieces_before:
-                assert gather.pieces[-1][0] == covered
+                assert gather.pieces[-1][0] == a.covered
     assert gather.complete and not gather.refused
     rows = [row for _, piece in gather.pieces for row in piece]
     assert len(rows) == 200 and sorted(rows) == [(k, k) for k in range(0, 400, 2)]
 
 
-def test_a_basic_read_with_a_stale_version_learns_the_keyspace() -> None:
+def test_a_basic_read_with_a_stale_version_says_so_and_nothing_more() -> None:
+    """A storage process tells a client whose keyspace version is not its own that it is
+    stale, and no keyspace: the client learns that from a super only."""
     m = grown(4)
     m.write(("put", ((5, "five"),)))
     client = ClientCore(KVOps())
     client.learn(1, m.config.keyspace.to_state())  # an old version number
-    _, _, g = client.read(("get", (5,)))
+    _, _, g = client.read_message(("get", (5,)))
     target = next(iter(client.basic_targets(g)))
-    (out,) = m.storage[target].direct("client:c", ("basic", 7, ("get", (5,)), g.ranges, 1))
-    assert out[2][0] == "stale" and out[2][2] == m.config.version
-    assert client.learn(out[2][2], out[2][3]) and client.version == m.config.version
+    (out,) = answers(
+        m.storage[target].on_direct("client:c", BasicRead(7, ("get", (5,)), g.ranges, 1))
+    )
+    assert out == Stale(7, m.config.version)
     assert read_all(m, "basic", ("get", (5,))) == {5: "five"}
 
 
@@ -442,10 +467,10 @@ def test_a_rejected_operation_raises_at_the_client() -> None:
     m.write(("put", ((1, "x"),)))
     client = ClientCore(KVOps())
     with pytest.raises(BadOperation):
-        client.write(("explode",))
+        client.write_message(("explode",))
     with pytest.raises(BadOperation, match="is a read"):
-        client.write(("get", (1,)))
-    _, _, g = client.read(("get", (1,)))
+        client.write_message(("get", (1,)))
+    _, _, g = client.read_message(("get", (1,)))
     g.add(g.ranges, None, "append to 1, which holds a str", None, True)
     with pytest.raises(Rejected, match="append to 1"):
         client.result(g)
@@ -460,16 +485,16 @@ def bundled_reads(
     counts the answers by their tag."""
     client = ClientCore(KVOps())
     client.learn(m.config.version, m.config.keyspace.to_state())
-    reads = [client.read(op) for op in ops]
+    reads = [client.read_message(op) for op in ops]
     gathers = [g for _, _, g in reads]
-    groups, offset = client.bundles(gathers, limit)
+    groups, offset = bundles_of(client, gathers, limit)
     assert sorted(i for g in groups for i in g) == list(range(len(ops)))
     for group in groups:
         if len(group) == 1:
             payload, header = reads[group[0]][0], reads[group[0]][1]
         else:
-            payload, header = client.bundle([(ops[i], gathers[i]) for i in group], offset)
-        header["q"] = rid = ("b", tuple(group))
+            payload, header = bundle_of(client, [(ops[i], gathers[i]) for i in group], offset)
+        header[H.REQUEST] = rid = ("b", tuple(group))
         if level == "sequential":
             m.send("client:c", header, payload)
             m.settle()
@@ -477,28 +502,27 @@ def bundled_reads(
         else:
             msg = Message("client:c", (("u", 0, "client:c"), next(m.seq)), header, payload)
             replies = [
-                o[2]
+                a
                 for d in sorted(m.config.destset(msg))
-                for o in m.storage[d].deliver_unsafe(msg, m.t, True)
+                for a in answers(m.storage[d].deliver_unsafe(msg, m.t, True))
             ]
         assert replies, f"no answer to {rid}"
         for reply in replies:
             if kinds is not None:
-                kinds[reply[0]] += 1
-            if reply[0] == "resw":  # every read of the bundle whole: the results alone
-                _, _, position, results = reply
-                assert len(results) == len(group) > 1
-                for i, result in enumerate(results):
-                    gathers[group[i]].add(None, result, None, position, True)
+                kinds[type(reply).__name__] += 1
+            if type(reply) is Whole:  # every read of the bundle whole: the results alone
+                assert len(reply.results) == len(group) > 1
+                for i, result in enumerate(reply.results):
+                    gathers[group[i]].add(None, result, None, reply.position, True)
                 continue
-            if reply[0] == "res":  # a read alone, or a whole bundle refused
+            if type(reply) is Answer:  # a read alone, or a whole bundle refused
                 for i in group:
-                    gathers[i].add(*reply[2:])
+                    a = reply
+                    gathers[i].add(a.covered, a.result, a.error, a.position, a.ok)
                 continue
-            assert reply[0] == "resn" and len(group) > 1
-            _, _, position, ok, answers = reply
-            for i, covered, result, error in answers:
-                gathers[group[i]].add(covered, result, error, position, ok)
+            assert type(reply) is Answers and len(group) > 1
+            for i, covered, result, error in reply.rows:
+                gathers[group[i]].add(covered, result, error, reply.position, reply.ok)
     assert all(g.complete and not g.refused for g in gathers)
     return [client.result(g) for g in gathers]
 
@@ -515,14 +539,14 @@ def test_a_read_bundle_answers_each_of_its_reads_alone(level: str) -> None:
     ops += [("get", (99, 100, 102)), ("scan", 90, 130), ("get", (1,))]
     client = ClientCore(KVOps())
     client.learn(m.config.version, m.config.keyspace.to_state())
-    groups, _ = client.bundles([client.read(op)[2] for op in ops], 8)
+    groups, _ = bundles_of(client, [client.read_message(op)[2] for op in ops], 8)
     assert max(len(g) for g in groups) == 8  # the limit holds, and is reached
     assert len(groups) < len(ops) / 3
     kinds: Counter[str] = Counter()
     got = bundled_reads(m, level, ops, kinds=kinds)
     # Bundles whose every read one responder answers whole take the short form; those
     # with a read across a segment boundary are answered read by read.
-    assert kinds["resw"] > 0 and kinds["resn"] > 0, kinds
+    assert kinds["Whole"] > 0 and kinds["Answers"] > 0, kinds
     for op, answer in zip(ops, got, strict=True):
         if op[0] == "get":
             assert answer == {k: -k for k in op[1] if k % 3 == 0}, op
@@ -536,16 +560,16 @@ def test_a_bundle_reaches_one_responder_and_every_holder_takes_turns() -> None:
     wrap, and as the offset turns from batch to batch every process answers some."""
     m = grown(7, f=3)
     client = ClientCore(KVOps())
-    assert client.bundles([], 8) == ([], 0)
-    _, _, lone = client.read(("get", (5,)))
-    assert client.bundles([lone, lone], 8)[0] == [[0], [1]]  # no keyspace known yet
+    assert bundles_of(client, [], 8) == ([], 0)
+    _, _, lone = client.read_message(("get", (5,)))
+    assert bundles_of(client, [lone, lone], 8)[0] == [[0], [1]]  # no keyspace known yet
     client.learn(m.config.version, m.config.keyspace.to_state())
     keys = [5, 99, 100, 150, 250, 310, 399, 450, 590, 601, 650, 699, -3, 10**9]
     responders: set[str] = set()
     for _ in range(6):
-        gathers = [client.read(("get", (k,)))[2] for k in keys]
-        gathers.append(client.read(("get", (8, 309)))[2])  # two ranges: alone
-        groups, offset = client.bundles(gathers, 8)
+        gathers = [client.read_message(("get", (k,)))[2] for k in keys]
+        gathers.append(client.read_message(("get", (8, 309)))[2])  # two ranges: alone
+        groups, offset = bundles_of(client, gathers, 8)
         assert [len(keys)] in groups and sorted(i for g in groups for i in g) == list(
             range(len(gathers))
         )
@@ -553,14 +577,14 @@ def test_a_bundle_reaches_one_responder_and_every_holder_takes_turns() -> None:
         for group in groups:
             if len(group) == 1:
                 continue
-            payload, header = client.bundle(
-                [(("get", (keys[i],)), gathers[i]) for i in group], offset
+            payload, header = bundle_of(
+                client, [(("get", (keys[i],)), gathers[i]) for i in group], offset
             )
             cover = m.config.destset(Message("client:c", 1, header, payload))
-            assert len(cover) == 1, (group, header["r"], cover)
+            assert len(cover) == 1, (group, header[H.READS], cover)
             responders |= cover
     assert responders == set(m.storage)
-    assert client.bundles(gathers, 1)[0] == [[i] for i in range(len(gathers))]
+    assert bundles_of(client, gathers, 1)[0] == [[i] for i in range(len(gathers))]
 
 
 def test_a_batch_of_reads_travels_as_its_groups_would_one_by_one() -> None:
@@ -574,28 +598,33 @@ def test_a_batch_of_reads_travels_as_its_groups_would_one_by_one() -> None:
     ops: list[Any] = [("get", (k,)) for k in keys] + [("get", (8, 309))]
     gathers = [client.gather(op) for op in ops]
     offset = client._offset
-    groups, _ = client.bundles(gathers, 4)
+    groups, _ = bundles_of(client, gathers, 4)
     client._offset = offset  # the same offsets again, for the batch form
-    messages = client.reads(ops, gathers, 4, 1 << 20)
+    messages = client.read_messages(ops, gathers, 4, 1 << 20)
     assert [list(idx) for idx, _, _ in messages] == groups
     client._offset = offset + 1
     for (_, payload, header), group in zip(messages, groups, strict=True):
         if len(group) == 1:
             assert payload == ops[group[0]] and header == client.header(gathers[group[0]])
             continue
-        assert (payload, header) == client.bundle([(ops[i], gathers[i]) for i in group], offset + 1)
+        assert (payload, header) == bundle_of(
+            client, [(ops[i], gathers[i]) for i in group], offset + 1
+        )
         assert len(m.config.destset(Message("client:c", 1, header, payload))) == 1
     # A limit of 1, or no keyspace: every read alone.
-    assert [idx for idx, _, _ in client.reads(ops, gathers, 1, 1 << 20)] == [
+    assert [idx for idx, _, _ in client.read_messages(ops, gathers, 1, 1 << 20)] == [
         (i,) for i in range(len(ops))
     ]
     # Too large: halves, each its own message with the hulls of its own reads.
-    big = client.reads(ops, gathers, 16, 120)
+    big = client.read_messages(ops, gathers, 16, 120)
     assert sorted(i for idx, _, _ in big for i in idx) == list(range(len(ops)))
     for idx, payload, header in big:
         assert len(idx) == 1 or len(payload) <= 120
         if len(idx) > 1:
-            assert header["r"] == client.bundle([(ops[i], gathers[i]) for i in idx], 1)[1]["r"]
+            assert (
+                header[H.READS]
+                == bundle_of(client, [(ops[i], gathers[i]) for i in idx], 1)[1][H.READS]
+            )
 
 
 def test_a_malformed_or_refused_bundle_is_one_answer_for_all_its_reads() -> None:
@@ -603,18 +632,18 @@ def test_a_malformed_or_refused_bundle_is_one_answer_for_all_its_reads() -> None
     m.write(("put", ((5, "five"),)))
     client = ClientCore(KVOps())
     client.learn(m.config.version, m.config.keyspace.to_state())
-    g5, g6 = client.read(("get", (5,)))[2], client.read(("get", (6,)))[2]
-    payload, header = client.bundle([(("get", (5,)), g5), (("get", (6,)), g6)], 1)
-    header["q"] = "b1"
+    g5, g6 = client.read_message(("get", (5,)))[2], client.read_message(("get", (6,)))[2]
+    payload, header = bundle_of(client, [(("get", (5,)), g5), (("get", (6,)), g6)], 1)
+    header[H.REQUEST] = "b1"
     core = m.storage[sorted(m.config.destset(Message("client:c", 1, header, payload)))[0]]
     msg = Message("client:c", (("u", 0, "client:c"), 1), header, payload)
-    (out,) = core.deliver_unsafe(msg, m.t, False)  # not accepted: refused as a whole
-    assert out[2][0] == "res" and out[2][1] == "b1" and out[2][-1] is False
-    (out,) = core.deliver_unsafe(msg, m.t, True)
+    (out,) = answers(core.deliver_unsafe(msg, m.t, False))  # not accepted: refused whole
+    assert type(out) is Answer and out.request == "b1" and out.ok is False
+    (out,) = answers(core.deliver_unsafe(msg, m.t, True))
     # Both reads answered whole and without error: their results alone, in read order.
-    assert out[2][0] == "resw" and out[2][1] == "b1" and out[2][3] == ({5: "five"}, {})
+    assert out == Whole("b1", m.t, ({5: "five"}, {}))
     subs = msgpack.unpackb(payload, use_list=False)
-    assert len(subs) == 2 and msg.header["r"] == ((subs[0][1][0][0], subs[1][1][0][1]),)
+    assert len(subs) == 2 and msg.header[H.READS] == ((subs[0][1][0][0], subs[1][1][0][1]),)
     for bad in (
         msgpack.packb(subs[:1]),  # fewer reads than the count
         msgpack.packb(((("get", (5,)), "not ranges"), subs[1])),
@@ -625,11 +654,11 @@ def test_a_malformed_or_refused_bundle_is_one_answer_for_all_its_reads() -> None
         b"\x91" * 100_000,  # nested deeper than any decoder's stack
     ):
         for out in [
-            *core.deliver_unsafe(msg._replace(payload=bad), m.t, True),
-            *core.deliver([(m.t + 1, msg._replace(payload=bad))]),
+            *answers(core.deliver_unsafe(msg._replace(payload=bad), m.t, True)),
+            *answers(core.deliver([(m.t + 1, msg._replace(payload=bad))])),
         ]:
-            assert out[2][0] == "res" and out[2][1] == "b1"
-            assert "bundle" in out[2][4]
+            assert type(out) is Answer and out.request == "b1"
+            assert "bundle" in (out.error or "")
     assert core.stopped is None
 
 
@@ -654,9 +683,9 @@ def test_a_bundle_with_a_rejected_read_is_answered_read_by_read(level: str) -> N
     client = ClientCore(KVOps())
     client.learn(m.config.version, m.config.keyspace.to_state())
     ops: list[Any] = [("get", (5,)), ("get", (6,)), ("get", (7,))]
-    gathers = [client.read(op)[2] for op in ops]
-    payload, header = client.bundle(list(zip(ops, gathers, strict=True)), 1)
-    header["q"] = "b1"
+    gathers = [client.read_message(op)[2] for op in ops]
+    payload, header = bundle_of(client, list(zip(ops, gathers, strict=True)), 1)
+    header[H.REQUEST] = "b1"
     if level == "sequential":
         m.send("client:c", header, payload)
         m.settle()
@@ -664,15 +693,15 @@ def test_a_bundle_with_a_rejected_read_is_answered_read_by_read(level: str) -> N
     else:
         msg = Message("client:c", (("u", 0, "client:c"), 1), header, payload)
         replies = [
-            o[2]
+            a
             for d in sorted(m.config.destset(msg))
-            for o in m.storage[d].deliver_unsafe(msg, m.t, True)
+            for a in answers(m.storage[d].deliver_unsafe(msg, m.t, True))
         ]
-    assert replies and all(r[0] == "resn" for r in replies), replies
-    for _, _, position, ok, answers in replies:
-        assert sorted(a[0] for a in answers) == [0, 1, 2]
-        for i, covered, result, error in answers:
-            gathers[i].add(covered, result, error, position, ok)
+    assert replies and all(type(r) is Answers for r in replies), replies
+    for r in replies:
+        assert sorted(row[0] for row in r.rows) == [0, 1, 2]
+        for i, covered, result, error in r.rows:
+            gathers[i].add(covered, result, error, r.position, r.ok)
     assert client.result(gathers[0]) == {5: "five"} and client.result(gathers[2]) == {}
     with pytest.raises(Rejected, match="not 6 today"):
         client.result(gathers[1])
@@ -716,8 +745,9 @@ def test_a_write_bundle_reaches_one_segments_holders_and_keeps_each_keys_order()
     assert m.reference[151] == "late" and 200 not in m.reference
     assert m.replica_violations() == []
     assert not m.stopped
-    assert client.writes(ops[:5], 1, 1 << 16) == [
-        ((i,), op, {"w": m.ops.part_fun(op, m.placement).ranges}) for i, op in enumerate(ops[:5])
+    assert client.writes_of(ops[:5], 1, 1 << 16) == [
+        ((i,), op, {H.WRITES: m.ops.part_fun(op, m.placement).ranges})
+        for i, op in enumerate(ops[:5])
     ]
 
 
@@ -743,9 +773,11 @@ def test_a_malformed_write_bundle_is_applied_nowhere_and_lies_change_nothing() -
     m = grown(4)
     client = kv_client(m)
     m.write(("put", ((5, "five"), (6, "six"))))
-    ((_, payload, header),) = client.writes([("put", ((5, 50),)), ("put", ((6, 60),))], 8, 1 << 16)
+    ((_, payload, header),) = client.writes_of(
+        [("put", ((5, 50),)), ("put", ((6, 60),))], 8, 1 << 16
+    )
     subs = msgpack.unpackb(payload, use_list=False)
-    header["q"] = "wb"
+    header[H.REQUEST] = "wb"
     for bad in (
         msgpack.packb(subs[:1]),  # fewer writes than the count
         msgpack.packb((subs[0], (("put", ((6, 60),)), "not ranges"))),
@@ -758,7 +790,7 @@ def test_a_malformed_write_bundle_is_applied_nowhere_and_lies_change_nothing() -
         m.replies.clear()
         dests = m.submit("client:c", header, bad)
         assert len(dests) == 3 and len(m.replies["wb"]) == 3
-        assert all(r[0] == "res" and "bundle" in r[4] for r in m.replies["wb"])
+        assert all(type(r) is Answer and "bundle" in r.error for r in m.replies["wb"])
     assert m.replica_violations() == []  # nothing of any of them applied
     # A write whose ranges leave out its key changes that key on no replica.
     lie = msgpack.packb(((("put", ((5, "lie"),)), subs[1][1]), subs[1]))
@@ -769,8 +801,8 @@ def test_a_malformed_write_bundle_is_applied_nowhere_and_lies_change_nothing() -
     rejected = msgpack.packb(((("append", ((5, "x"),)), subs[0][1]), subs[1]))
     m.replies.clear()
     m.submit("client:c", header, rejected)
-    assert all(r[0] == "resn" and [a[0] for a in r[4]] == [0] for r in m.replies["wb"])
-    assert len(m.replies["wb"]) == 3 and "append to 5" in m.replies["wb"][0][4][0][3]
+    assert all(type(r) is Answers and [a[0] for a in r.rows] == [0] for r in m.replies["wb"])
+    assert len(m.replies["wb"]) == 3 and "append to 5" in m.replies["wb"][0].rows[0][3]
     assert m.replica_violations() == []
     assert not m.stopped
 
@@ -782,15 +814,15 @@ def test_an_answer_for_part_of_a_bundled_read_names_the_part() -> None:
     client = ClientCore(KVOps())
     client.learn(m.config.version, m.config.keyspace.to_state())
     ops: list[Any] = [("get", (5,)), ("scan", 50, 450)]  # the scan spans all 4 segments
-    gathers = [client.read(op)[2] for op in ops]
-    payload, header = client.bundle(list(zip(ops, gathers, strict=True)), 1)
-    header["q"] = "b2"
+    gathers = [client.read_message(op)[2] for op in ops]
+    payload, header = bundle_of(client, list(zip(ops, gathers, strict=True)), 1)
+    header[H.REQUEST] = "b2"
     msg = Message("client:c", (("u", 0, "client:c"), 1), header, payload)
     name = sorted(m.config.destset(msg))[0]
-    (out,) = m.storage[name].deliver_unsafe(msg, m.t, True)
-    covered = {i: c for i, c, _, _ in out[2][4]}
+    (out,) = answers(m.storage[name].deliver_unsafe(msg, m.t, True))
+    covered = {i: c for i, c, _, _ in out.rows}
     assert covered[0] is None
-    parts = [c for i, c, _, _ in out[2][4] if i == 1]
+    parts = [c for i, c, _, _ in out.rows if i == 1]
     assert parts and all(c is not None and c != gathers[1].ranges for c in parts)
 
 
@@ -811,20 +843,22 @@ def test_a_chunk_outside_the_copy_or_malformed_is_refused_and_nothing_wedges(
     outside = next(
         k for k in range(400) if not any(lo <= m.placement.ekey(k) < hi for lo, hi in rec.ranges)
     )
-    while not any(p[0] == "chunk" for p in m.links[(rec.src, "storage:9")]):
+    while not any(type(p) is Chunk for p in m.links[(rec.src, "storage:9")]):
         assert m.step()
     link = m.links[(rec.src, "storage:9")]
-    i = next(i for i, p in enumerate(link) if p[0] == "chunk")
-    tag, ctid, n, data, last = link[i]
+    i = next(i for i, p in enumerate(link) if type(p) is Chunk)
+    chunk = link[i]
     if tamper == "outside":
         evil = (((0, 0), (outside, "evil")),)  # the sender's slot is not believed either
-        link[i] = (tag, ctid, n, tuple(data) + evil, last)
+        link[i] = Chunk(chunk.transfer, chunk.chunk, tuple(chunk.data) + evil, chunk.last)
     else:
-        link[i] = (tag, ctid, n, ((1, 2, 3),), last)
+        link[i] = Chunk(chunk.transfer, chunk.chunk, ((1, 2, 3),), chunk.last)
     m.settle()
     assert "storage:9" not in m.stopped
     assert core.stats.chunks_refused == 1
-    assert ("outside" if tamper == "outside" else "malformed") in (core.last_refusal or "")
+    assert ("outside" if tamper == "outside" else "malformed") in (
+        core.migration.last_refusal or ""
+    )
     assert outside not in dict(core.engine.items())
     assert not m.storage[rec.src].outgoing  # the source was told to stop
     # Incomplete, as when a source fails mid-transfer: the reconfiguration waits only for
@@ -844,13 +878,13 @@ def test_pulls_before_the_keyspace_message_are_kept_only_from_storage_and_bounde
     core = m.storage["storage:0"]
     now = core.delivered
     for i in range(5000):
-        core.direct("client:mallory", ("pull", (now + 1 + i, 0), 0))
+        core.on_direct("client:mallory", Pull((now + 1 + i, 0), 0))
     assert core.early_pulls == {}
     for i in range(200):
-        core.direct("storage:1", ("pull", (now + 1 + i, 0), 0))  # a storage process: bounded
-        core.direct("storage:1", ("pull", (now - i, 0), 0))  # delivered, no copy: junk
+        core.on_direct("storage:1", Pull((now + 1 + i, 0), 0))  # a storage process: bounded
+        core.on_direct("storage:1", Pull((now - i, 0), 0))  # delivered, no copy: junk
     assert len(core.early_pulls) == 64
-    core.direct("storage:2", ("pull", (now + 5, 1), 0))  # a real one still finds room
+    core.on_direct("storage:2", Pull((now + 5, 1), 0))  # a real one still finds room
     assert core.early_pulls[(now + 5, 1)] == ("storage:2", 0)
     m.write(("put", ((1, "x"),)))  # positions go by: what they passed goes
     assert all(tid[0] > core.delivered for tid in core.early_pulls)

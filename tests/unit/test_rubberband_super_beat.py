@@ -1,76 +1,77 @@
-"""A super's failure detector does not blame others for its own stall."""
+"""A super's failure detector (4.2.3) does not blame others for its own stall, and still
+votes out a process that stays silent: the core, driven with virtual time."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from types import SimpleNamespace
 from typing import Any
 
-from rubberband.host import PING, PONG, SuperHost
+from ecast import Effects
+from rubberband.outputs import Suspect
+from rubberband.proto import Ping, Pong
 from rubberband.super import SuperCore
+from rubberband.supervision import Stalled, Voted
+from tests.unit.test_rubberband_config import joined
+
+STORAGE = ("storage:1", "storage:2")
 
 
-class _Peers:
-    """Every storage process answers a ping at once (the next loop turn)."""
-
-    def __init__(self) -> None:
-        self.host: SuperHost | None = None
-        self.suspected: list[str] = []
-
-    def send_direct_nowait(self, p: str, payload: Any) -> None:
-        if payload[0] == PING and self.host is not None:
-            asyncio.get_running_loop().call_soon(self.host._direct, p, (PONG, payload[1]))
-
-    async def suspect(self, who: list[str], timeout: Any = None) -> None:
-        self.suspected += who
+def _core() -> SuperCore:
+    # super:s0 coordinates (repairs are its business), super:s1 is the one watched here.
+    config = joined("super:s0", "super:s1", *STORAGE)
+    assert config.coordinator() == "super:s0"
+    core = SuperCore("super:s1", heartbeat=0.05, suspect_after=0.3)
+    core.config = config
+    return core
 
 
-def _host(peers: _Peers) -> SuperHost:
-    core = SuperCore("super:s1")
-    core.config = SimpleNamespace(  # type: ignore[assignment]
-        storage=lambda: frozenset({"storage:1", "storage:2"}),
-        supers=lambda: frozenset({"super:s1"}),
-    )
-    host = SuperHost(peers, core, heartbeat=0.05, suspect_after=0.3)  # type: ignore[arg-type]
-    peers.host = host
-    host.joined.set()
-    return host
+def _run(core: SuperCore, until: float, silent: set[str], start: float = 0.0) -> list[Any]:
+    """Tick every 10 ms from ``start`` to ``until``; every pinged process answers at once
+    unless it is ``silent``.  Returns the upcalls and submissions."""
+    out: list[Any] = []
+    now = start
+    while now <= until:
+        fx: Effects = core.on_tick(now)
+        out += fx.deliver
+        for dst, msg in fx.send:
+            assert type(msg.payload) is Ping
+            if dst not in silent:
+                out += core.on_direct(dst, Pong(msg.payload.sent_ms, {}), now).deliver
+        now = round(now + 0.01, 6)
+    return out
 
 
 def test_a_super_that_stalled_votes_against_nobody() -> None:
-    async def go() -> _Peers:
-        peers = _Peers()
-        host = _host(peers)
-        beat = asyncio.ensure_future(host._beat())
-        await asyncio.sleep(0.2)
-        time.sleep(1.0)  # the super's own loop stalls, everyone else answers on time
-        await asyncio.sleep(0.3)
-        host.stopped = "done"
-        await beat
-        return peers
-
-    peers = asyncio.run(go())
-    assert peers.suspected == []
+    core = _core()
+    assert _run(core, 0.2, set()) == []
+    # The super's own loop stalls for a second while everyone else would answer on
+    # time: its next beat finds nothing it may blame anyone for.
+    out = _run(core, 1.6, set(), start=1.2)
+    assert [type(x) for x in out] == [Stalled]
+    assert core.watch.voted == set() and core.watch.votes == 0
 
 
 def test_a_silent_storage_process_is_still_voted_against() -> None:
-    async def go() -> tuple[_Peers, SuperHost]:
-        peers = _Peers()
-        host = _host(peers)
-        orig = peers.send_direct_nowait
+    core = _core()
+    out = _run(core, 0.8, {"storage:2"})
+    votes = [x for x in out if type(x) is Suspect]
+    assert votes == [Suspect(("storage:2",))]
+    assert [x.process for x in out if type(x) is Voted] == ["storage:2"]
+    assert core.watch.voted == {"storage:2"}
+    # Once is enough: later beats do not vote again.
+    assert not [x for x in _run(core, 1.5, {"storage:2"}, start=0.81) if type(x) is Suspect]
 
-        def mute(p: str, payload: Any) -> None:
-            if p != "storage:2":  # storage:2 never answers
-                orig(p, payload)
 
-        peers.send_direct_nowait = mute  # type: ignore[method-assign]
-        beat = asyncio.ensure_future(host._beat())
-        await asyncio.sleep(0.8)
-        host.stopped = "done"
-        await beat
-        await asyncio.sleep(0)
-        return peers, host
-
-    _peers, host = asyncio.run(go())
-    assert host.voted == {"storage:2"}
+def test_a_storage_process_answering_late_but_within_the_bound_is_not_voted_against() -> None:
+    core = _core()
+    out: list[Any] = []
+    now = 0.0
+    pending: list[tuple[float, str, Ping]] = []
+    while now <= 2.0:
+        fx = core.on_tick(now)
+        out += fx.deliver
+        pending += [(now + 0.2, d, m.payload) for d, m in fx.send]  # 200 ms round trips
+        for due, d, ping in [p for p in pending if p[0] <= now]:
+            out += core.on_direct(d, Pong(ping.sent_ms, {}), now).deliver
+            pending.remove((due, d, ping))
+        now = round(now + 0.01, 6)
+    assert out == [] and core.watch.voted == set()

@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage_adapters.base import EVERYTHING, BadOperation, Placement
+from rubberband.engine import EVERYTHING, BadOperation, Placement
 from storage_adapters.scan import ScanEngine, ScanOps
 from tests.unit.test_scan_sqlite import batches, engine_answer
 

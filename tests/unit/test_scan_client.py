@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage_adapters.base import (
+from rubberband.engine import (
     EVERYTHING,
     MAX_EKEY,
     MIN_EKEY,

@@ -6,7 +6,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
-from storage_adapters.base import EVERYTHING, BadOperation, encode_key
+from rubberband.engine import EVERYTHING, BadOperation, encode_key
 from storage_adapters.scan import ScanEngine, ScanOps
 
 OPS = ScanOps()

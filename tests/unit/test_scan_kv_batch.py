@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from storage_adapters.base import BadOperation, Placement, RangeSet, intersect
+from rubberband.engine import BadOperation, Placement, RangeSet, intersect
 from storage_adapters.memory import KVOps, MemoryEngine
 from storage_adapters.scan.kv import ScanKVEngine
 from tests.unit.test_engine_conformance import key_range

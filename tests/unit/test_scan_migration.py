@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage_adapters.base import EVERYTHING, Placement, encode_key
+from rubberband.engine import EVERYTHING, Placement, encode_key
 from storage_adapters.scan import ScanEngine, ScanOps
 
 OPS = ScanOps()

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage_adapters.base import EVERYTHING, BadOperation, Engine, Placement
+from rubberband.engine import EVERYTHING, BadOperation, Engine, Placement
 from storage_adapters.scan import ScanEngine, ScanOps
 
 OPS = ScanOps()
@@ -366,7 +366,7 @@ def test_basic_reads_see_the_batch_after_its_writes_and_strict_reads_in_order() 
 
 def test_operations_touch_only_their_ranges() -> None:
     e = engine(ROWS)
-    from storage_adapters.base import encode_key
+    from rubberband.engine import encode_key
 
     mid = ((encode_key(2), encode_key(4)),)  # ids 2 and 3
     got = e.apply(

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from storage_adapters.base import EVERYTHING
+from rubberband.engine import EVERYTHING
 from storage_adapters.scan import ScanEngine, ScanOps
 from storage_adapters.scan import scan as scan_module
 from storage_adapters.scan.clock import probe_of

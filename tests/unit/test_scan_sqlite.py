@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage_adapters.base import EVERYTHING, BadOperation, Placement
+from rubberband.engine import EVERYTHING, BadOperation, Placement
 from storage_adapters.scan import ScanEngine, ScanOps
 from storage_adapters.scan import plan as plan_module
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rubberband_spark.chunks import BadRows
-from rubberband_spark.source import NAMES, Options
+from rubberband.spark.chunks import BadRows
+from rubberband.spark.source import NAMES, Options
 
 
 def test_a_secret_file_others_can_read_is_refused_and_the_secret_never_travels(

@@ -431,8 +431,8 @@ def test_the_log_is_collected_a_round_trip_after_everyone_executed_it_not_a_hear
     a, b, c = (net.core(r) for r in "abc")
     # The leader heard every follower's position in its votes and collected what all
     # executed; each Commit carried that watermark to the followers, one instance behind.
-    assert a.watermark == 3 and not a.log
-    assert b.watermark == c.watermark == 2 and sorted(b.log) == sorted(c.log) == [3]
+    assert a.watermark == 3 and not a.log.entries
+    assert b.watermark == c.watermark == 2 and sorted(b.log.entries) == sorted(c.log.entries) == [3]
     commits = [m.collected for s, d, m in net.sent if s == "a" and type(m) is Commit]
     assert commits == sorted(commits) and commits[-1] == 2
     assert net.violations() == []

@@ -1,7 +1,7 @@
 """The E-Cast router (Algorithm 11 with 3.5): learning, forwarding, stability."""
 
-from ecast.core.router.params import ROUTER_MUTATIONS, RouterParams
+from ecast.core.router.params import RouterParams
 from ecast.core.router.router import Router
 from ecast.core.router.state import RouterState
 
-__all__ = ["ROUTER_MUTATIONS", "Router", "RouterParams", "RouterState"]
+__all__ = ["Router", "RouterParams", "RouterState"]

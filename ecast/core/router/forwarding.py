@@ -14,13 +14,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ecast.core import mutations
 from ecast.core.config import JOIN, KIND, PART, ROUTERS
 from ecast.core.effects import NodeId
 from ecast.core.message import Message, MsgId, Submission
 from ecast.core.message import fast_new as _tnew
 from ecast.core.proto import Congestion, Leader, SessionsClosed, Suspected, UnsafeShed
 from ecast.core.router.outbox import Ack, AppOutbox
-from ecast.core.router.params import RouterParams
+from ecast.core.router.params import IGNORE_SUSPECTS, RouterParams
 from ecast.core.router.state import RouterState
 
 
@@ -82,7 +83,7 @@ class Forwarding:
         self.outbox = outbox
         self.notices = notices
         self.stats = stats
-        self._drop_suspects = "ignore_suspects" not in params.mutations
+        self._drop_suspects = not mutations.on(IGNORE_SUSPECTS)
         self._dest_order: dict[frozenset[NodeId], tuple[NodeId, ...]] = {}
         self._now = 0.0
         self.frontier = state.mseq.floor

@@ -4,18 +4,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ecast.core.mutations import declare
 from ecast.core.ufabcast import UfabParams
 
-ROUTER_MUTATIONS = frozenset(
-    {
-        "skip_learn_dedup",  # append duplicates and gaps instead of dropping them
-        "route_latest_config",  # route with the latest config, not the message's prefix
-        "ignore_suspects",  # keep waiting for confirmations from suspected destinations
-        "join_without_sessions",  # a joining router gets no session table
-        "no_lease_expiry",  # the leader never suspects a process whose lease ran out
-    }
+_R = "router"
+SKIP_LEARN_DEDUP = declare(
+    "skip_learn_dedup", _R, "append duplicates and gaps instead of dropping them"
 )
-"""Test-only switches that plant known bugs; the test suite must catch every one."""
+ROUTE_LATEST_CONFIG = declare(
+    "route_latest_config", _R, "route with the latest config, not the message's prefix"
+)
+IGNORE_SUSPECTS = declare(
+    "ignore_suspects", _R, "keep waiting for confirmations from suspected destinations"
+)
+JOIN_WITHOUT_SESSIONS = declare(
+    "join_without_sessions", _R, "a joining router gets no session table"
+)
+NO_LEASE_EXPIRY = declare(
+    "no_lease_expiry", _R, "the leader never suspects a process whose lease ran out"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +64,7 @@ class RouterParams:
     comes back that it was suspected (it never resumes silently)."""
     all_leaders: bool = False
     """Every router forwards and proposes stability (a test mode: safety must hold)."""
-    mutations: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not 0 < self.client_lease <= self.max_client_lease:
             raise ValueError("need 0 < client_lease <= max_client_lease")
-        unknown = set(self.mutations) - ROUTER_MUTATIONS
-        if unknown:
-            raise ValueError(f"unknown router mutations: {sorted(unknown)}")

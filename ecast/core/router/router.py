@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ecast.core import mutations
 from ecast.core.config import KIND, ROUTERS, SUSPECT, WHO, Config
 from ecast.core.effects import Effects, NodeId, UnexpectedMessage
 from ecast.core.histogram import Histogram
@@ -48,7 +49,13 @@ from ecast.core.roles import (
 )
 from ecast.core.router.forwarding import Forwarding, StableNotices
 from ecast.core.router.outbox import AppOutbox
-from ecast.core.router.params import RouterParams
+from ecast.core.router.params import (
+    JOIN_WITHOUT_SESSIONS,
+    NO_LEASE_EXPIRY,
+    ROUTE_LATEST_CONFIG,
+    SKIP_LEARN_DEDUP,
+    RouterParams,
+)
 from ecast.core.router.state import RouterState
 from ecast.core.ufabcast import (
     Executed,
@@ -92,7 +99,6 @@ class Router:
         self.role_of: RoleOf = role_of or everyone_is_a_router
         self.speaks_for: SpeaksFor = speaks_for or speaks_for_anyone
         self.p = params or RouterParams()
-        self._mut = self.p.mutations
         self.config_class = type(config)
         """The only config class a peer's snapshot may name."""
         self.guard = ConfigGuard()
@@ -208,7 +214,7 @@ class Router:
                 # The oldest router keeps the lease book (under ``all_leaders`` the others
                 # lead too, but processes talk to it).
                 primary = view is not None and view.members[0] == self.me
-                if primary and "no_lease_expiry" not in self._mut:
+                if primary and not mutations.on(NO_LEASE_EXPIRY):
                     self._expire_leases()
         return self._end()
 
@@ -298,7 +304,7 @@ class Router:
             elif t is ViewChanged:
                 pass  # leadership is re-evaluated at the end of every step
             elif t is SnapshotNeeded:
-                snap = self.state.snapshot("join_without_sessions" not in self._mut)
+                snap = self.state.snapshot(not mutations.on(JOIN_WITHOUT_SESSIONS))
                 self._absorb(self.ufab.provide_snapshot(up.joiner, up.tag, snap, self._now))
             elif t is Installed:
                 observer, stats = self.observer, self.state.stats
@@ -324,7 +330,7 @@ class Router:
             lead = self.lead
             if lead is not None:
                 self._announce(lead)
-                lead.forward("route_latest_config" in self._mut)
+                lead.forward(mutations.on(ROUTE_LATEST_CONFIG))
             self._propose()
             self.counts["closed_rejects"] += self.outbox.flush(self._send)
             notices = self.notices
@@ -560,7 +566,7 @@ class Router:
                     proposed = self._proposed
                     for m in cmd.msgs:
                         proposed.pop(m[1], None)
-                st.learn_routes(cmd.msgs, lead, "skip_learn_dedup" not in self._mut)
+                st.learn_routes(cmd.msgs, lead, not mutations.on(SKIP_LEARN_DEDUP))
             elif t is StableCmd:
                 st.learn_stable(cmd.entries, self.p.ack_cache, lead)
             elif t is CloseSessionsCmd:
@@ -610,4 +616,4 @@ class Router:
         if cmds:
             self._absorb(self.ufab.propose(tuple(cmds), self._now))
             if self.lead is not None:
-                self.lead.forward("route_latest_config" in self._mut)  # a founder of one
+                self.lead.forward(mutations.on(ROUTE_LATEST_CONFIG))  # a founder of one

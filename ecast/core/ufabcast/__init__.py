@@ -1,6 +1,7 @@
 """Uniform FIFO atomic broadcast among routers: reconfigurable wait-free Multi-Paxos (3.5.4)."""
 
-from ecast.core.ufabcast.core import NOOP, Ufabcast
+from ecast.core.ufabcast.core import Ufabcast
+from ecast.core.ufabcast.leader import NOOP
 from ecast.core.ufabcast.messages import (
     AppCmd,
     Executed,
@@ -12,10 +13,9 @@ from ecast.core.ufabcast.messages import (
     View,
     ViewChanged,
 )
-from ecast.core.ufabcast.params import MUTATIONS, UfabParams
+from ecast.core.ufabcast.params import UfabParams
 
 __all__ = [
-    "MUTATIONS",
     "NOOP",
     "AppCmd",
     "Executed",

@@ -45,11 +45,14 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+from ecast.core import mutations
 from ecast.core.effects import Effects, NodeId
 from ecast.core.ufabcast.catchup import CatchUp
 from ecast.core.ufabcast.detector import FailureDetector
 from ecast.core.ufabcast.fifo import FifoRelease
 from ecast.core.ufabcast.gc import Watermark, prune
+from ecast.core.ufabcast.leader import Leadership
+from ecast.core.ufabcast.log import Log
 from ecast.core.ufabcast.messages import (
     Accept,
     Accepted,
@@ -62,7 +65,6 @@ from ecast.core.ufabcast.messages import (
     Executed,
     Forward,
     Heartbeat,
-    Installed,
     JoinCmd,
     JoinRequest,
     Nack,
@@ -71,19 +73,17 @@ from ecast.core.ufabcast.messages import (
     Prepare,
     Promise,
     Snapshot,
-    SnapshotNeeded,
     Stopped,
-    Value,
     View,
-    ViewChanged,
 )
-from ecast.core.ufabcast.params import UfabParams
-from ecast.core.ufabcast.paxos import LOWEST, Acceptor, Tenure
+from ecast.core.ufabcast.params import NO_FIFO_DEDUP, RENUMBER_REPROPOSALS, UfabParams
+from ecast.core.ufabcast.paxos import Acceptor, Tenure
+from ecast.core.ufabcast.progress import first_voters
 from ecast.core.ufabcast.proposer import ClumpQueue, Proposer
 from ecast.core.ufabcast.retirement import Retirement
+from ecast.core.ufabcast.views import Views
 
 _INF = float("inf")
-NOOP: Value = ()
 
 
 class Ufabcast:
@@ -109,7 +109,6 @@ class Ufabcast:
             raise ValueError("give exactly one of members (founder) or seeds (joiner)")
         self.me = me
         self.p = params or UfabParams()
-        self._mut = self.p.mutations
         self._rng = random.Random(zlib.crc32(me.encode()) ^ self.p.seed)
         self.stopped = False
         """No longer a participant: executes, proposes and accepts nothing."""
@@ -121,23 +120,13 @@ class Ufabcast:
         self.installed = False
         self.installed_view: View | None = None
         """For a joiner: the view its first snapshot put it in."""
-        self.next_exec = 0
-        self.log: dict[int, tuple[int, Value]] = {}
-        self.log_floor = -1
-        """Our executed log starts above this (a snapshot replaced what lies below)."""
+        self.log = Log()
         self.wm = Watermark()
         self.fifo = FifoRelease()
-        self.retired: set[NodeId] = set()
         # -- Paxos, per view
         self.acc: dict[int, Acceptor] = {}
-        self.decided: dict[int, dict[int, Value]] = {}
-        self._commit_seen: dict[int, tuple[Ballot, int]] = {}
-        self.lead: Tenure | None = None
-        self.hint_ballot: Ballot = LOWEST
-        self.max_round = 0
-        self.backoff = self.p.backoff_initial
-        self.backoff_until = 0.0
-        self.queue = ClumpQueue()
+        self.leader = Leadership(self)
+        self.views = Views(self)
         self.proposer = Proposer(me)
         # -- failure detection, heartbeats, catch-up
         self.detector = FailureDetector()
@@ -148,8 +137,6 @@ class Ufabcast:
         self.seeds = tuple(seeds or ())
         self._join_attempt = 0
         self._join_at = 0.0
-        self._snap_parts: dict[tuple[NodeId, int], tuple[Any, ...]] = {}
-        self._snapshot_sent: dict[NodeId, float] = {}
         self._catchup_asked: dict[NodeId, None] = {}
         """Routers we asked to catch us up since our last snapshot: the only ones whose
         ``Snapshot`` an installed router takes (the answer to a request its log could not
@@ -160,14 +147,10 @@ class Ufabcast:
         self._fwd_out: list[Command] = []
         self._acks_out: dict[tuple[NodeId, int, Ballot], int] = {}
         self._nacks_out: dict[NodeId, tuple[int, Ballot]] = {}
-        self._commit_dirty = False
         self._gc_due = False
         """A follower reported progress in an ``Accepted``: collect before returning."""
         self._votes_due = _INF
         """When held votes must go out (``UfabParams.vote_delay``); infinite if none."""
-        self._commit_due: float | None = None
-        """When a withheld ``Commit`` must go out alone (``UfabParams.commit_delay``)."""
-        self._accept_sent = False
         self._resend_due = False
         self._last_believed: NodeId | None = None
         self.stats: dict[str, int] = {
@@ -208,7 +191,7 @@ class Ufabcast:
             if me not in members:
                 raise ValueError("a founder must be one of the members")
             self.installed = True
-            self._install_view(View(0, tuple(members), 0), fresh=True)
+            self.views.install(View(0, tuple(members), 0), fresh=True)
 
     # ================================================================== public inputs
     def propose(self, payload: Any, now: float) -> Effects:
@@ -272,7 +255,7 @@ class Ufabcast:
     def provide_snapshot(self, joiner: NodeId, tag: int, app_state: Any, now: float) -> Effects:
         """Answer a ``SnapshotNeeded`` upcall with the layer above's state at ``tag``."""
         self._begin(now)
-        part = self._snap_parts.pop((joiner, tag), None)
+        part = self.views.snap_parts.pop((joiner, tag), None)
         if part is not None and (self.retiring or not self.stopped):
             view, fifo_next, held, retired = part
             self._send(joiner, Snapshot(tag, view, fifo_next, held, retired, app_state))
@@ -305,46 +288,63 @@ class Ufabcast:
 
     @property
     def executed(self) -> int:
-        return self.next_exec - 1
+        return self.log.next_exec - 1
+
+    @property
+    def next_exec(self) -> int:
+        return self.log.next_exec
+
+    @property
+    def retired(self) -> set[NodeId]:
+        """Routers that parted (their commands are ignored from then on)."""
+        return self.views.retired
+
+    @property
+    def lead(self) -> Tenure | None:
+        return self.leader.lead
+
+    @property
+    def queue(self) -> ClumpQueue:
+        return self.leader.queue
 
     def is_leader(self) -> bool:
         """True while this router holds an active ballot in its current view."""
-        return self._active_lead() is not None
+        return self.leader.active() is not None
 
     def idle(self) -> bool:
         """Nothing queued and nothing proposed that is not known chosen."""
-        return not self.queue and not self._fwd_out and self.in_flight() == 0
+        return not self.leader.queue and not self._fwd_out and self.in_flight() == 0
 
     def in_flight(self) -> int:
         """Instances this router proposed as leader that are not known chosen yet."""
-        lead = self._active_lead()
+        lead = self.leader.active()
         return 0 if lead is None else lead.next_inst - 1 - lead.committed
 
     def believed_leader(self) -> NodeId | None:
-        return self._believed_leader() if self.installed and not self.stopped else None
+        return self.leader.believed() if self.installed and not self.stopped else None
 
     def gc_violations(self) -> list[str]:
         """State held for instances at or below the collected watermark (should be none)."""
         w = self.wm.value
         bad: list[str] = []
-        if any(i <= w for i in self.log):
+        if any(i <= w for i in self.log.entries):
             bad.append("log")
         for v, acc in self.acc.items():
             if any(i <= w for i in acc.accepted) or any(i <= w for i in acc.seen):
                 bad.append(f"acceptor[{v}]")
-        for v, d in self.decided.items():
+        for v, d in self.log.decided.items():
             if any(i <= w for i in d):
                 bad.append(f"decided[{v}]")
         return bad
 
     def memory(self) -> dict[str, int]:
         return {
-            "log": len(self.log),
+            "log": len(self.log.entries),
             "accepted": sum(len(a.accepted) + len(a.seen) for a in self.acc.values()),
-            "decided": sum(len(d) for d in self.decided.values()),
+            "decided": sum(len(d) for d in self.log.decided.values()),
             "held": self.fifo.held_count(),
             "pending": len(self.proposer.pending) + len(self.proposer.reconfigs),
-            "queue": len(self.queue),
+            "queue": len(self.leader.queue),
             "views": len(self.acc),
         }
 
@@ -352,30 +352,31 @@ class Ufabcast:
     def _begin(self, now: float) -> None:
         self._now = now
         self._fx = Effects()
-        self._accept_sent = False
+        self.leader.accept_sent = False
 
     def _end(self) -> Effects:
         fx = self._fx
         assert fx is not None
+        leader = self.leader
         if not self.stopped and self.installed:
-            self._maybe_lead()
-            believed = self._believed_leader()
+            leader.maybe_lead()
+            believed = leader.believed()
             if believed != self._last_believed:
                 self._last_believed = believed
                 self._on_leader_change()
             if self._resend_due:
                 self._resend_pending()
-            self._flush_queue()
+            leader.flush()
             if self._gc_due:
                 self._gc_due = False
                 self._collect_garbage()
             if self._fwd_out:
                 cmds, self._fwd_out = self._fwd_out, []
-                target = self._believed_leader()
+                target = leader.believed()
                 if target == self.me:
                     for c in cmds:
-                        self._enqueue(c)
-                    self._flush_queue()
+                        leader.enqueue(c)
+                    leader.flush()
                 else:
                     self._send(target, Forward(tuple(cmds), 1))
         if self._acks_out:
@@ -384,8 +385,8 @@ class Ufabcast:
             for dst, (view, promised) in self._nacks_out.items():
                 self._send(dst, Nack(view, promised))
             self._nacks_out = {}
-        if self._commit_dirty:
-            self._send_commit()
+        if leader.commit_dirty:
+            leader.send_commit()
         if self.retiring:
             fx.wake(max(self.next_hb, self._now))
         elif not self.stopped:
@@ -402,7 +403,7 @@ class Ufabcast:
             if self._now < self._votes_due and not self._prompt_voter(leader, view):
                 held[key] = upto
                 continue
-            self._send(leader, Accepted(view, ballot, upto, self.next_exec - 1))
+            self._send(leader, Accepted(view, ballot, upto, self.log.next_exec - 1))
         self._acks_out = held
         if not held:
             self._votes_due = _INF
@@ -419,28 +420,7 @@ class Ufabcast:
             or not self.installed
         ):
             return True
-        need = view.majority - (1 if leader in view.members else 0)
-        voters = [m for m in view.members if m != leader]
-        return self.me in voters[:need]
-
-    def _send_commit(self) -> None:
-        """Send the pending ``Commit`` now if an ``Accept`` carries it, or it is due."""
-        lead = self.lead
-        if lead is None or self.view is None or self.stopped:
-            self._commit_dirty = False
-            self._commit_due = None
-            return
-        if not self._accept_sent and self.p.commit_delay > 0:
-            if self._commit_due is None:
-                self._commit_due = self._now + self.p.commit_delay
-            if self._now < self._commit_due:
-                return
-        self._commit_dirty = False
-        self._commit_due = None
-        msg = Commit(lead.view, lead.ballot, lead.first_inst, lead.committed, self.wm.value)
-        for m in self.view.members:
-            if m != self.me:
-                self._send(m, msg)
+        return self.me in first_voters(view.members, leader, view.majority)
 
     def _send(self, dst: NodeId, msg: Any) -> None:
         assert self._fx is not None
@@ -454,119 +434,15 @@ class Ufabcast:
         now = self._now
         if not self.installed:
             return max(self._join_at, now)
-        wake = self.next_hb
-        if self._commit_due is not None:
-            wake = min(wake, self._commit_due)
+        wake = self.leader.next_wake(self.next_hb, now)
         if self._acks_out:
             wake = min(wake, self._votes_due)
-        since = self.queue.since
-        if since is not None and self.queue and self._active_lead() is not None:
-            wake = min(wake, since + self.p.clump_delay)
-        if self.lead is None and self._believed_leader() == self.me and self.backoff_until > now:
-            wake = min(wake, self.backoff_until)
         deadline = self.detector.next_deadline(self.p.failure_timeout)
         if deadline is not None:
             wake = min(wake, deadline)
         return max(wake, now)
 
-    # ================================================================== views
-    def _install_view(self, view: View, fresh: bool) -> None:
-        """Make ``view`` current: drop closed views' Paxos state, set up leadership."""
-        self.view = view
-        for old in [v for v in self.acc if v < view.number]:
-            del self.acc[old]
-        for old in [v for v in self.decided if v < view.number]:
-            self.stats["void_discarded"] += len(self.decided[old])
-            if "keep_void_instances" in self._mut:
-                carried = self.decided.setdefault(view.number, {})
-                for i, val in self.decided[old].items():
-                    if i >= view.start:
-                        carried.setdefault(i, val)
-            del self.decided[old]
-        for old in [v for v in self._commit_seen if v < view.number]:
-            del self._commit_seen[old]
-        now = self._now
-        self.detector.watch(view.members, self.me, now if self._fx is not None else None)
-        # Leadership starts afresh in every view.
-        self.lead = None
-        self.queue.new_tenure()
-        self.backoff = self.p.backoff_initial
-        self.backoff_until = 0.0
-        self.hint_ballot = (0, view.members[0])
-        acc = self._acc(view.number)
-        if acc.promised > self.hint_ballot:
-            self.hint_ballot = acc.promised
-        self.max_round = self.hint_ballot[0]
-        if view.members[0] == self.me and acc.promised <= (0, self.me):
-            acc.promised = (0, self.me)
-            self.lead = Tenure(view.number, (0, self.me), view.start, preparing=False)
-        self._last_believed = self._believed_leader()
-        if fresh:
-            self.next_hb = now
-
-    def _enter_view(self, view: View, joined: list[NodeId], parted: list[NodeId], tag: int) -> None:
-        self.stats["view_changes"] += 1
-        leftover = self.queue.take()
-        old = self.view
-        assert old is not None
-        if self._commit_dirty and self.lead is not None:
-            # The old view's last Commit must go out before its leadership is gone.
-            lead = self.lead
-            final = Commit(lead.view, lead.ballot, lead.first_inst, lead.committed, self.wm.value)
-            for m in old.members:
-                if m != self.me:
-                    self._send(m, final)
-            self._commit_dirty = False
-            self._commit_due = None
-        self._install_view(view, fresh=False)
-        for j in joined:
-            self.wm.reported[j] = tag
-            self._snap_parts[(j, tag)] = self._core_snapshot()
-            self._deliver(SnapshotNeeded(j, tag))
-        for r in parted:
-            self.wm.reported.pop(r, None)
-            self._hint_sent.pop(r, None)
-            if r != self.me:
-                assert self._fx is not None
-                self._fx.forget.append(r)
-        self._deliver(ViewChanged(view, tuple(joined), tuple(parted)))
-        if self.me in parted:
-            self._retire(old.members)
-            return
-        self.proposer.reconfigs = [c for c in self.proposer.reconfigs if not self._redundant(c)]
-        # Commands that were waiting here, and our own commands that sat in now-void
-        # instances, go to the leader of the new view.
-        self._fwd_out.extend(leftover)
-        self._resend_due = True
-
-    def _core_snapshot(self) -> tuple[Any, ...]:
-        assert self.view is not None
-        next_seq, held = self.fifo.snapshot()
-        return (self.view, next_seq, held, tuple(sorted(self.retired)))
-
-    def _retire(self, old_members: tuple[NodeId, ...]) -> None:
-        """We executed our own part: stop taking part, but do not vanish yet.
-
-        The members that stay may still need us: our last acknowledgements and commits,
-        and our executed log, may be the only record of how the old view ended (in a
-        2-member view, the leaving member's vote was half the majority).  So we stop at
-        once for the layer above, but keep answering catch-up and snapshot requests and
-        keep announcing our final position to old and new members until a majority of
-        the new view confirms (by telling us we are parted) that it executed the stop sign.
-        """
-        self.stopped = True
-        self.retirement = Retirement(old_members)
-        self.stop_reason = "parted"
-        self._deliver(Stopped("parted"))
-        self.lead = None
-        self.queue.reset()
-        self.proposer.clear()
-        self._fwd_out = []
-        self._resend_due = False
-        self.acc.clear()
-        self.decided.clear()
-        self.next_hb = self._now
-
+    # ================================================================== retiring
     def _retiring_message(self, src: NodeId, msg: Any) -> None:
         t = type(msg)
         if t is CatchUpRequest:
@@ -586,7 +462,7 @@ class Ufabcast:
         assert view is not None
         self.next_hb = self._now + self.p.heartbeat_interval
         assert self.retirement is not None
-        msg = Heartbeat(view.number, self.next_exec - 1)
+        msg = Heartbeat(view.number, self.log.next_exec - 1)
         for m in self.retirement.audience(view.members, self.me):
             self._send(m, msg)
 
@@ -607,95 +483,46 @@ class Ufabcast:
         peers.discard(self.me)
         self._fx.forget.extend(sorted(peers))
         self.acc.clear()
-        self.decided.clear()
-        self.log.clear()
-        self.queue.reset()
+        self.log = Log()
+        self.leader.reset()
         self.proposer.clear()
-        self.lead = None
         self._fwd_out = []
-        self._snap_parts.clear()
+        self.views.snap_parts.clear()
         self._resend_due = False
 
-    def _redundant(self, cmd: JoinCmd | PartCmd) -> bool:
-        assert self.view is not None
-        members = self.view.members
-        if isinstance(cmd, JoinCmd):
-            return cmd.router in members or cmd.router in self.retired
-        return cmd.router not in members or len(members) == 1
-
     # ================================================================== execution
-    def _decide(self, view: int, inst: int, value: Value) -> None:
-        if self.view is not None and view == self.view.number and inst < self.next_exec:
-            return
-        # Paxos makes the chosen value unique, so keeping the first one changes nothing in
-        # a correct run; it matters only for the keep_void_instances mutation.
-        self.decided.setdefault(view, {}).setdefault(inst, value)
-
     def _try_execute(self) -> None:
+        log = self.log
         while not self.stopped and self.installed:
             assert self.view is not None
-            d = self.decided.get(self.view.number)
-            if not d:
-                return
-            value = d.pop(self.next_exec, None)
+            value = log.next_chosen(self.view.number)
             if value is None:
                 return
-            self._execute(self.next_exec, value)
-
-    def _execute(self, inst: int, value: Value) -> None:
-        view = self.view
-        assert view is not None
-        self.log[inst] = (view.number, value)
-        self.next_exec = inst + 1
-        members = list(view.members)
-        joined: list[NodeId] = []
-        parted: list[NodeId] = []
-        execute_parted = "execute_parted" in self._mut
-        for cmd in value:
-            proposer = cmd.proposer
-            if proposer not in members and not (execute_parted and proposer in self.retired):
-                # Commands of a router executed after its own part are ignored (3.5.5).
-                self.stats["ignored_parted"] += 1
-                continue
-            if type(cmd) is AppCmd:
-                self._fifo(cmd, inst)
-            elif type(cmd) is JoinCmd:
-                r = cmd.router
-                if r not in members and r not in self.retired:
-                    members.append(r)
-                    joined.append(r)
-            elif type(cmd) is PartCmd:
-                r = cmd.router
-                if r in members and len(members) > 1:
-                    members.remove(r)
-                    self.retired.add(r)
-                    parted.append(r)
-                    if not execute_parted:
-                        self.fifo.forget(r)
-        if joined or parted:
-            self._enter_view(View(view.number + 1, tuple(members), inst + 1), joined, parted, inst)
+            inst = log.next_exec
+            log.executed_at(inst, self.view.number, value)
+            self.views.apply(inst, value)
 
     def _fifo(self, cmd: AppCmd, inst: int) -> None:
         if cmd.seq < self.fifo.released_below(cmd.proposer):
             self.stats["duplicates_dropped"] += 1
-        for c in self.fifo.admit(cmd, "no_fifo_dedup" in self._mut) or ():
+        for c in self.fifo.admit(cmd, mutations.on(NO_FIFO_DEDUP)) or ():
             self._release(c, inst)
 
     def _release(self, cmd: AppCmd, inst: int) -> None:
         self._deliver(Executed(cmd.proposer, cmd.seq, cmd.payload, inst))
-        self.queue.executed(cmd.proposer, cmd.seq)
+        self.leader.queue.executed(cmd.proposer, cmd.seq)
         if cmd.proposer == self.me:
             self.proposer.executed(cmd.seq, self._now)
 
     # ================================================================== proposing
     def _route(self, cmd: Command) -> None:
-        if self._active_lead() is not None:
-            self._enqueue(cmd)
+        if self.leader.active() is not None:
+            self.leader.enqueue(cmd)
         else:
             self._fwd_out.append(cmd)
 
     def _submit_reconfig(self, cmd: JoinCmd | PartCmd) -> None:
-        if self._redundant(cmd):
+        if self.views.redundant(cmd):
             return
         if self.proposer.add_reconfig(cmd):
             self._route(cmd)
@@ -712,181 +539,15 @@ class Ufabcast:
         self.stats["resends"] += 1
         me = self.me
         self._fwd_out = [c for c in self._fwd_out if c.proposer != me]
-        if "renumber_reproposals" in self._mut:
+        if mutations.on(RENUMBER_REPROPOSALS):
             self.proposer.renumber()
         self._fwd_out.extend(self.proposer.outstanding())
 
     def _on_leader_change(self) -> None:
         """The router we send commands to changed: hand over what we hold, re-send ours."""
-        if self._active_lead() is None and self.queue:
-            self._fwd_out.extend(self.queue.take())
+        if self.leader.active() is None and self.leader.queue:
+            self._fwd_out.extend(self.leader.queue.take())
         self._resend_due = True
-
-    def _enqueue(self, cmd: Command) -> None:
-        if cmd.proposer in self.retired and "execute_parted" not in self._mut:
-            return  # it would be ignored when executed; do not spend an instance on it
-        if type(cmd) is AppCmd:
-            if cmd.seq < self.fifo.released_below(cmd.proposer):
-                return  # already executed here
-            key: tuple[Any, Any] = (cmd.proposer, cmd.seq)
-        else:
-            if self._redundant(cmd):  # type: ignore[arg-type]
-                return
-            key = (type(cmd).__name__, cmd.router)  # type: ignore[union-attr]
-        self.queue.add(cmd, key, self._now)  # once per tenure
-
-    def _flush_queue(self) -> None:
-        lead = self._active_lead()
-        if lead is None or not self.queue:
-            return
-        q = self.queue.cmds
-        since = self.queue.since
-        urgent = any(type(c) is not AppCmd for c in q)
-        due = (
-            urgent
-            or len(q) >= self.p.clump_trigger
-            or lead.next_inst - 1 - lead.committed < self.p.pipeline_depth
-            or (since is not None and self._now >= since + self.p.clump_delay)
-        )
-        if not due:
-            return
-        limit = self.wm.value + self.p.max_active
-        while q:
-            if lead.next_inst > limit:
-                self.stats["limit_blocked"] += 1
-                reconfigs = [c for c in q if type(c) is not AppCmd]
-                if reconfigs:  # a part is always proposed at once (3.5.6)
-                    self._propose_value(tuple(reconfigs))
-                    q = [c for c in q if type(c) is AppCmd]
-                break
-            batch = q[: self.p.max_batch]
-            q = q[self.p.max_batch :]
-            self._propose_value(tuple(batch))
-        self.queue.keep(q, self._now)
-
-    def _propose_value(self, value: Value) -> None:
-        lead = self.lead
-        view = self.view
-        assert lead is not None and view is not None
-        inst = lead.next_inst
-        lead.next_inst = inst + 1
-        self.stats["instances"] += 1
-        acc = self._acc(view.number)
-        acc.accepted[inst] = (lead.ballot, value)
-        lead.acked[self.me] = inst
-        msg = Accept(view.number, lead.ballot, inst, value)
-        self._accept_sent = True
-        for m in view.members:
-            if m != self.me:
-                self._send(m, msg)
-        if view.majority == 1:
-            self._update_commit()
-
-    # ================================================================== leadership
-    def _active_lead(self) -> Tenure | None:
-        lead = self.lead
-        if lead is None or lead.preparing or self.view is None or lead.view != self.view.number:
-            return None
-        return lead
-
-    def _believed_leader(self) -> NodeId:
-        view = self.view
-        assert view is not None
-        hint = self.hint_ballot[1]
-        if hint in view.members and hint not in self.detector.suspected:
-            return hint
-        for m in view.members:
-            if m == self.me or m not in self.detector.suspected:
-                return m
-        return self.me
-
-    def _saw_ballot(self, view: int, ballot: Ballot) -> None:
-        if self.view is None or view != self.view.number:
-            return
-        if ballot[0] > self.max_round:
-            self.max_round = ballot[0]
-        if ballot > self.hint_ballot:
-            self.hint_ballot = ballot
-            lead = self.lead
-            if lead is not None and lead.ballot < ballot:
-                self._step_down()
-
-    def _step_down(self) -> None:
-        self.stats["stepdowns"] += 1
-        self.lead = None
-        self.queue.new_tenure()
-        delay = self.backoff * (0.5 + self._rng.random())
-        self.backoff_until = self._now + delay
-        self.backoff = min(self.backoff * 2, self.p.backoff_max)
-
-    def _maybe_lead(self) -> None:
-        """Run phase 1 if we believe we should lead and nobody else is doing it."""
-        if self.lead is not None or self.view is None or not self.installed:
-            return
-        if self._believed_leader() != self.me or self._now < self.backoff_until:
-            return
-        view = self.view
-        acc = self._acc(view.number)
-        rnd = max(self.max_round, acc.promised[0]) + 1
-        ballot = (rnd, self.me)
-        self.max_round = rnd
-        self.hint_ballot = ballot
-        acc.promised = ballot
-        start = self.next_exec
-        self.stats["phase1"] += 1
-        if "skip_phase1" in self._mut:
-            self.lead = Tenure(view.number, ballot, start, preparing=False)
-            return
-        lead = Tenure(view.number, ballot, start, preparing=True)
-        self.lead = lead
-        lead.promises[self.me] = acc.accepted_from(start)
-        msg = Prepare(view.number, ballot, start)
-        for m in view.members:
-            if m != self.me:
-                self._send(m, msg)
-        if len(lead.promises) >= view.majority:
-            self._finish_phase1()
-
-    def _finish_phase1(self) -> None:
-        lead = self.lead
-        assert lead is not None
-        merged: dict[int, tuple[Ballot, Value]] = {}
-        for entries in lead.promises.values():
-            for inst, ballot, value in entries:
-                have = merged.get(inst)
-                if have is None or ballot > have[0]:
-                    merged[inst] = (ballot, value)
-        lead.preparing = False
-        lead.promises = {}
-        self.stats["phase1_won"] += 1
-        self.backoff = self.p.backoff_initial
-        # Instances every member executed while we prepared need no second round.
-        start = max(lead.first_inst, self.wm.value + 1)
-        lead.first_inst = lead.next_inst = start
-        lead.committed = start - 1
-        hi = max(merged, default=start - 1)
-        # Re-propose the highest accepted value of every open instance; holes get no-ops.
-        for inst in range(start, hi + 1):
-            have = merged.get(inst)
-            self._propose_value(have[1] if have is not None else NOOP)
-
-    def _update_commit(self) -> None:
-        lead = self.lead
-        view = self.view
-        assert lead is not None and view is not None
-        floor = lead.first_inst - 1
-        acks = sorted((lead.acked.get(m, floor) for m in view.members), reverse=True)
-        chosen = acks[view.majority - 1]
-        if chosen <= lead.committed:
-            return
-        acc = self._acc(view.number)
-        for inst in range(lead.committed + 1, chosen + 1):
-            entry = acc.accepted.get(inst)
-            if entry is not None:
-                self._decide(view.number, inst, entry[1])
-        lead.committed = chosen
-        self._commit_dirty = True
-        self._try_execute()
 
     # ================================================================== message handlers
     def _acc(self, view: int) -> Acceptor:
@@ -918,22 +579,23 @@ class Ufabcast:
         if last is not None and self._now - last < self.p.heartbeat_interval:
             return
         self._hint_sent[src] = self._now
-        if src in self.retired:
+        if src in self.views.retired:
             self._send(src, Parted(self.view.number if self.view is not None else 0))
         elif self.view is not None:
-            self._send(src, Heartbeat(self.view.number, self.next_exec - 1))
+            self._send(src, Heartbeat(self.view.number, self.log.next_exec - 1))
 
     def _on_forward(self, src: NodeId, msg: Forward) -> None:
         if not self.installed:
             return
-        if self._active_lead() is not None:
+        leader = self.leader
+        if leader.active() is not None:
             for c in msg.cmds:
-                self._enqueue(c)
+                leader.enqueue(c)
             return
-        target = self._believed_leader()
+        target = leader.believed()
         if target == self.me:
             for c in msg.cmds:
-                self._enqueue(c)  # we are about to lead; keep them for then
+                leader.enqueue(c)  # we are about to lead; keep them for then
         elif msg.ttl > 0 and target != src:
             self.stats["relayed"] += 1
             self._send(target, Forward(msg.cmds, msg.ttl - 1))
@@ -944,21 +606,14 @@ class Ufabcast:
         acc = self._acc(msg.view)
         if msg.ballot >= acc.promised:
             acc.promised = msg.ballot
-            self._saw_ballot(msg.view, msg.ballot)
+            self.leader.saw_ballot(msg.view, msg.ballot)
             entries = acc.accepted_from(msg.start)
             self._send(src, Promise(msg.view, msg.ballot, msg.start, entries))
         else:
             self._nacks_out[src] = (msg.view, acc.promised)
 
     def _on_promise(self, src: NodeId, msg: Promise) -> None:
-        lead = self.lead
-        if lead is None or not lead.preparing or msg.ballot != lead.ballot:
-            return
-        if self.view is None or msg.view != self.view.number or src not in self.view.members:
-            return
-        lead.promises[src] = msg.accepted
-        if len(lead.promises) >= self.view.majority:
-            self._finish_phase1()
+        self.leader.promised(src, msg.view, msg.ballot, msg.accepted)
 
     def _on_accept(self, src: NodeId, msg: Accept) -> None:
         if self._closed(src, msg.view) or self._outsider(src, msg.view):
@@ -969,7 +624,7 @@ class Ufabcast:
         if msg.ballot >= acc.promised:
             if msg.ballot > acc.promised:
                 acc.promised = msg.ballot
-                self._saw_ballot(msg.view, msg.ballot)
+                self.leader.saw_ballot(msg.view, msg.ballot)
             acc.accepted[msg.instance] = (msg.ballot, msg.value)
             key = (msg.ballot[1], msg.view, msg.ballot)
             if self._acks_out.get(key, -1) < msg.instance:
@@ -987,7 +642,7 @@ class Ufabcast:
                 # here saves a message delay, and it is what lets the survivor of a
                 # 2-member view finish the view when the other member parts itself and
                 # takes its Commit messages with it.
-                self._decide(msg.view, msg.instance, msg.value)
+                self.log.decide(msg.view, msg.instance, msg.value, view.number)
                 self._try_execute()
         else:
             seen = acc.seen.get(msg.instance)
@@ -1001,54 +656,33 @@ class Ufabcast:
         view = self.view
         if view is not None and src in view.members and self.wm.report(src, msg.executed):
             self._gc_due = True
-        lead = self._active_lead()
-        if lead is None or msg.view != lead.view or msg.ballot != lead.ballot:
-            return
-        if msg.upto > lead.acked.get(src, -1):
-            lead.acked[src] = msg.upto
-            self._update_commit()
+        self.leader.voted(src, msg.view, msg.ballot, msg.upto)
 
     def _on_nack(self, src: NodeId, msg: Nack) -> None:
         if self._outsider(src, msg.view):
             return
-        lead = self.lead
+        leader = self.leader
+        lead = leader.lead
         if lead is not None and msg.view == lead.view and msg.promised > lead.ballot:
-            self._saw_ballot(msg.view, msg.promised)
-            if self.lead is lead:  # a ballot from an earlier view number cannot preempt
-                self._step_down()
+            leader.saw_ballot(msg.view, msg.promised)
+            if leader.lead is lead:  # a ballot from an earlier view number cannot preempt
+                leader.step_down()
 
     def _on_commit(self, src: NodeId, msg: Commit) -> None:
         if self._closed(src, msg.view) or self._outsider(src, msg.view):
             return
-        view = msg.view
-        current = self.view is not None and view == self.view.number
-        lo = msg.lo
-        seen = self._commit_seen.get(view)
-        if seen is not None and seen[0] == msg.ballot:
-            lo = max(lo, seen[1] + 1)
-        if current and self.installed:
-            lo = max(lo, self.next_exec)
-        if lo <= msg.hi:
-            acc = self.acc.get(view)
-            d = self.decided.setdefault(view, {})
-            for inst in range(lo, msg.hi + 1):
-                if inst in d:
-                    continue
-                value = acc.value_for(inst, msg.ballot) if acc is not None else None
-                if value is None:
-                    self.catchup.missing_from = src
-                    continue
-                d[inst] = value
-        if seen is None or seen[0] != msg.ballot or seen[1] < msg.hi:
-            self._commit_seen[view] = (msg.ballot, msg.hi)
+        current = self.view is not None and msg.view == self.view.number
+        floor = self.log.next_exec if current and self.installed else 0
+        if self.log.learn_commit(msg, self.acc.get(msg.view), floor):
+            self.catchup.missing_from = src
         self._try_execute()
         if current and self.installed and msg.collected > self.wm.value:
             # Every member executed up to ``collected``, this one included (its own report
             # is part of the minimum), so nothing up to there can be asked of it again.
-            self._collect_to(min(msg.collected, self.next_exec - 1))
+            self._collect_to(min(msg.collected, self.log.next_exec - 1))
 
     def _on_heartbeat(self, src: NodeId, msg: Heartbeat) -> None:
-        if src in self.retired:
+        if src in self.views.retired:
             self._hint_peer(src)
             return
         self.wm.report(src, msg.executed)
@@ -1056,7 +690,7 @@ class Ufabcast:
             self._hint_peer(src)
 
     def _on_catchup_request(self, src: NodeId, msg: CatchUpRequest) -> None:
-        if src in self.retired:
+        if src in self.views.retired:
             self._hint_peer(src)
             return
         if not self.installed:
@@ -1066,28 +700,18 @@ class Ufabcast:
             # for the group's members; a joiner asks with a JoinRequest.
             self.stats["ignored_non_member"] += 1
             return
-        if msg.start <= max(self.wm.value, self.log_floor):
+        if not self.log.reaches(msg.start, self.wm.value):
             # Our log no longer reaches back that far (every member we knew had executed
             # it, but the requester missed it, e.g. because the routers that still held it
             # were parted).  Transfer state instead, as for a joiner.
-            last = self._snapshot_sent.get(src)
+            sent = self.views.snapshot_sent
+            last = sent.get(src)
             if last is not None and self._now - last < 4 * self.p.heartbeat_interval:
                 return
-            self._snapshot_sent[src] = self._now
-            tag = self.next_exec - 1
-            self._snap_parts[(src, tag)] = self._core_snapshot()
-            self._deliver(SnapshotNeeded(src, tag))
+            sent[src] = self._now
+            self.views.owe_snapshot(src, self.log.next_exec - 1)
             return
-        entries = []
-        inst = msg.start
-        end = min(self.next_exec, inst + self.p.catchup_batch)
-        log = self.log
-        while inst < end:
-            e = log.get(inst)
-            if e is None:
-                break
-            entries.append((inst, e[0], e[1]))
-            inst += 1
+        entries = self.log.serve(msg.start, self.p.catchup_batch)
         if entries:
             self._send(src, CatchUpReply(tuple(entries)))
 
@@ -1096,23 +720,18 @@ class Ufabcast:
         if (
             not self.installed
             or view is None
-            or (src not in view.members and src not in self.retired)
+            or (src not in view.members and src not in self.views.retired)
         ):
             self.stats["ignored_non_member"] += 1
             return
         self.stats["catchups"] += 1
-        for inst, view, value in msg.entries:
-            if self.installed:
-                assert self.view is not None
-                if view < self.view.number or (view == self.view.number and inst < self.next_exec):
-                    continue
-            self.decided.setdefault(view, {})[inst] = value
-        before = self.next_exec
+        self.log.learn_entries(msg.entries, view.number)
+        before = self.log.next_exec
         self._try_execute()
         if (
             self.installed
             and len(msg.entries) >= self.p.catchup_batch
-            and self.next_exec > before
+            and self.log.next_exec > before
             and not self.stopped
         ):
             self._ask_catch_up(src)
@@ -1120,70 +739,17 @@ class Ufabcast:
     def _on_join_request(self, src: NodeId, msg: JoinRequest) -> None:
         if not self.installed or self.view is None:
             return
-        if src in self.retired:
+        if src in self.views.retired:
             self._hint_peer(src)
         elif src in self.view.members:
             # Already joined (an earlier snapshot may have been lost): send a fresh one.
-            tag = self.next_exec - 1
-            self._snap_parts[(src, tag)] = self._core_snapshot()
-            self._deliver(SnapshotNeeded(src, tag))
+            self.views.owe_snapshot(src, self.log.next_exec - 1)
         else:
             self._submit_reconfig(JoinCmd(self.me, src))
 
     def _on_snapshot(self, src: NodeId, msg: Snapshot) -> None:
-        """Install state at ``msg.tag``: a joiner's first state, or a laggard's jump ahead.
-
-        Several routers send one; whichever arrives first wins and later ones at or below
-        our position are ignored.  Acceptor state is kept as it is: an acceptor must never
-        forget what it accepted (a leader's phase 1 may still need it), and GC collects
-        it once every member has executed past it.
-        """
-        if not self._snapshot_wanted(src, msg):
-            return
-        if self.installed and msg.tag < self.next_exec:
-            return
-        if self.view is not None and msg.view.number < self.view.number:
-            return
-        self._catchup_asked.clear()
-        if not self.installed:
-            self.installed_view = msg.view
-        self.installed = True
-        self.next_exec = msg.tag + 1
-        self.log_floor = msg.tag
-        prune(self.log, msg.tag, -1)
-        self.fifo.restore(msg.fifo_next, msg.held)
-        self.retired = set(msg.retired)
-        for v in list(self.decided):
-            d = self.decided[v]
-            for inst in [i for i in d if i <= msg.tag]:
-                del d[inst]
-        mine_done = self.fifo.released_below(self.me)
-        self.proposer.executed_below(mine_done)
-        leftover = self.queue.take()
-        self._fwd_out.extend(leftover)
-        self._install_view(msg.view, fresh=True)
-        self.proposer.reconfigs = [c for c in self.proposer.reconfigs if not self._redundant(c)]
-        self._deliver(Installed(msg.tag, msg.view, msg.app_state))
-        for m in msg.view.members:
-            self.wm.reported.setdefault(m, -2)
-        self.wm.reported.pop(self.me, None)
-        self._try_execute()
-        self._resend_due = True
-
-    def _snapshot_wanted(self, src: NodeId, msg: Snapshot) -> bool:
-        """A snapshot replaces everything this router knows: only one it asked for counts."""
-        if not self.installed:
-            wanted = (
-                self._join_attempt > 0
-                and src != self.me
-                and src in msg.view.members
-                and self.me in msg.view.members
-            )
-        else:
-            wanted = src in self._catchup_asked
-        if not wanted:
-            self.stats["ignored_non_member"] += 1
-        return wanted
+        if self.views.wanted(src, msg):
+            self.views.install_snapshot(msg)
 
     def _on_parted(self, src: NodeId, msg: Parted) -> None:
         self._stop("parted")
@@ -1211,7 +777,7 @@ class Ufabcast:
         view = self.view
         assert view is not None
         self.next_hb = self._now + self.p.heartbeat_interval
-        msg = Heartbeat(view.number, self.next_exec - 1)
+        msg = Heartbeat(view.number, self.log.next_exec - 1)
         for m in view.members:
             if m != self.me:
                 self._send(m, msg)
@@ -1220,7 +786,7 @@ class Ufabcast:
         """Forget instances every member has executed (3.5.5)."""
         view = self.view
         assert view is not None
-        w = self.wm.candidate(view.members, self.me, self.next_exec - 1)
+        w = self.wm.candidate(view.members, self.me, self.log.next_exec - 1)
         if w is not None:
             self._collect_to(w)
 
@@ -1230,13 +796,11 @@ class Ufabcast:
         old = self.wm.value
         if w <= old:
             return
-        prune(self.log, w, old)
+        self.log.collect(w, old)
         acc = self.acc.get(view.number)
         if acc is not None:
             prune(acc.accepted, w, old)
             prune(acc.seen, w, old)
-        for d in self.decided.values():
-            prune(d, w, old)
         self.wm.value = w
 
     def _stall_resend(self) -> None:
@@ -1245,11 +809,11 @@ class Ufabcast:
 
     def _maybe_catch_up(self) -> None:
         best = self.catchup.whom_to_ask(
-            self._now, self.next_exec - 1, self.wm.reported, self.me, self.p.heartbeat_interval
+            self._now, self.log.next_exec - 1, self.wm.reported, self.me, self.p.heartbeat_interval
         )
         if best is not None:
             self._ask_catch_up(best)
 
     def _ask_catch_up(self, peer: NodeId) -> None:
         self._catchup_asked[peer] = None
-        self._send(peer, CatchUpRequest(self.next_exec))
+        self._send(peer, CatchUpRequest(self.log.next_exec))

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-MUTATIONS = frozenset(
-    {
-        "keep_void_instances",  # execute old-view instances chosen after a stop sign
-        "renumber_reproposals",  # give a re-proposed command a fresh sequence number
-        "no_fifo_dedup",  # release a command again when it was chosen twice
-        "execute_parted",  # execute commands of a router chosen after its own part
-        "skip_phase1",  # a new leader proposes without phase 1 (holes not filled)
-    }
+from ecast.core.mutations import declare
+
+_U = "ufabcast"
+KEEP_VOID_INSTANCES = declare(
+    "keep_void_instances", _U, "execute old-view instances chosen after a stop sign"
 )
-"""Test-only switches that plant known bugs; the test suite must catch every one."""
+RENUMBER_REPROPOSALS = declare(
+    "renumber_reproposals", _U, "give a re-proposed command a fresh sequence number"
+)
+NO_FIFO_DEDUP = declare("no_fifo_dedup", _U, "release a command again when it was chosen twice")
+EXECUTE_PARTED = declare(
+    "execute_parted", _U, "execute commands of a router chosen after its own part"
+)
+SKIP_PHASE1 = declare("skip_phase1", _U, "a new leader proposes without phase 1 (holes unfilled)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,12 +63,8 @@ class UfabParams:
     """A joiner without a snapshot asks again (the next seed) this often."""
     seed: int = 0
     """Seeds the jitter of backoff delays, so runs replay exactly."""
-    mutations: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
-        unknown = set(self.mutations) - MUTATIONS
-        if unknown:
-            raise ValueError(f"unknown mutations: {sorted(unknown)}")
         if self.failure_timeout <= self.heartbeat_interval:
             raise ValueError("failure_timeout must exceed heartbeat_interval")
         if self.clump_trigger < 1 or self.max_batch < 1 or self.max_active < 1:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ecast.core.effects import NodeId
 from ecast.core.ufabcast.messages import Ballot, Value
+from ecast.core.ufabcast.progress import Progress
 
 LOWEST: Ballot = (0, "")
 
@@ -42,12 +43,12 @@ class Tenure:
     """This router's hold on a ballot in one view, while it leads or tries to (phase 1)."""
 
     __slots__ = (
-        "acked",
         "ballot",
         "committed",
         "first_inst",
         "next_inst",
         "preparing",
+        "progress",
         "promises",
         "view",
     )
@@ -60,7 +61,7 @@ class Tenure:
         self.first_inst = start
         self.next_inst = start
         self.committed = start - 1
-        self.acked: dict[NodeId, int] = {}
+        self.progress = Progress()
 
     def in_flight(self) -> int:
         return self.next_inst - 1 - self.committed

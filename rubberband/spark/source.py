@@ -36,7 +36,7 @@ from pyspark.sql.types import DateType, StringType, StructType
 
 import ecast
 import rubberband
-from rubberband_spark.chunks import BadRows, Chunker, Columns, Target, plain, remainder_messages
+from rubberband.spark.chunks import BadRows, Chunker, Columns, Target, plain, remainder_messages
 
 T = TypeVar("T")
 SCAN_OPS = "storage_adapters.scan:ScanOps"

@@ -1,4 +1,4 @@
-"""``python -m rubberband_spark.bench``: rows per second from a local Spark into a real
+"""``python -m rubberband.bench.spark``: rows per second from a local Spark into a real
 cluster, exactly once, with the E-Cast messages per second that carried them.
 
 Starts a cluster with ``rubberband cluster up`` (or uses ``--state-dir`` of a running
@@ -76,7 +76,7 @@ async def _count(state: Path, lo: int, hi: int, table: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rubberband_spark.bench", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m rubberband.bench.spark", description=__doc__)
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--routers", type=int, default=3)
     ap.add_argument("--storage", type=int, default=6)
@@ -104,9 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     if table:
         asyncio.run(_create_table(state))
     from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
 
-    import rubberband_spark
+    import rubberband.spark
 
     spark = (
         SparkSession.builder.master(f"local[{args.cores}]")
@@ -116,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    rubberband_spark.register(spark)
+    rubberband.spark.register(spark)
     results: dict[str, Any] = {
         "rows": args.rows,
         "routers": args.routers,
@@ -136,49 +135,55 @@ def main(argv: list[str] | None = None) -> int:
         }
         if table:
             options.update(table=TABLE, key="key")
-        n = args.rows
-
-        def frame(offset: int) -> Any:
-            return spark.range(offset, offset + n, numPartitions=args.partitions).select(
-                F.col("id").alias("key"), (F.col("id") * 3).alias("value")
-            )
-
-        # batch writer
-        trace = work / "trace-batch"
-        frame(0).count()  # Spark compiles and warms up its workers outside the timing
-        t0 = time.perf_counter()
-        frame(0).write.format("rubberband").options(**options, trace=str(trace)).mode(
-            "append"
-        ).save()
-        dt = time.perf_counter() - t0
-        results["batch"] = _report(n, dt, _messages(trace), asyncio.run(_count(state, 0, n, table)))
-        print("batch writer:", results["batch"], flush=True)
-
-        # streaming writer over the same rows as Parquet files
-        files = work / "in"
-        frame(n).write.parquet(str(files))
-        trace = work / "trace-stream"
-        stream = spark.readStream.schema("key long, value long").parquet(str(files))
-        t0 = time.perf_counter()
-        q = (
-            stream.writeStream.format("rubberband")
-            .options(**options, trace=str(trace))
-            .option("checkpointLocation", str(work / "ck"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        q.awaitTermination()
-        dt = time.perf_counter() - t0
-        results["stream"] = _report(
-            n, dt, _messages(trace), asyncio.run(_count(state, n, 2 * n, table))
-        )
-        print("stream writer:", results["stream"], flush=True)
+        results.update(_writers(spark, args, options, work, state, table))
     finally:
         spark.stop()
         if started:
             _cli("cluster", "down", "--state-dir", str(state))
     print(json.dumps(results))
     return 0
+
+
+def _writers(
+    spark: Any, args: argparse.Namespace, options: dict[str, str], work: Path, state: Path,
+    table: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """The batch writer, then the streaming writer over the same number of rows as
+    Parquet files: rows per second and messages each."""
+    from pyspark.sql import functions as F
+
+    n = args.rows
+    out: dict[str, Any] = {}
+
+    def frame(offset: int) -> Any:
+        return spark.range(offset, offset + n, numPartitions=args.partitions).select(
+            F.col("id").alias("key"), (F.col("id") * 3).alias("value")
+        )
+
+    trace = work / "trace-batch"
+    frame(0).count()  # Spark compiles and warms up its workers outside the timing
+    t0 = time.perf_counter()
+    frame(0).write.format("rubberband").options(**options, trace=str(trace)).mode("append").save()
+    dt = time.perf_counter() - t0
+    out["batch"] = _report(n, dt, _messages(trace), asyncio.run(_count(state, 0, n, table)))
+    print("batch writer:", out["batch"], flush=True)
+    files = work / "in"
+    frame(n).write.parquet(str(files))
+    trace = work / "trace-stream"
+    stream = spark.readStream.schema("key long, value long").parquet(str(files))
+    t0 = time.perf_counter()
+    q = (
+        stream.writeStream.format("rubberband")
+        .options(**options, trace=str(trace))
+        .option("checkpointLocation", str(work / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    dt = time.perf_counter() - t0
+    out["stream"] = _report(n, dt, _messages(trace), asyncio.run(_count(state, n, 2 * n, table)))
+    print("stream writer:", out["stream"], flush=True)
+    return out
 
 
 def _report(rows: int, seconds: float, messages: int, found: int) -> dict[str, Any]:

@@ -12,7 +12,7 @@ same call works on a live run and on a file found later::
 The options objects of the checkers (``ListAppendOptions``, ``BankOptions``,
 ``MulticastOptions``) are accepted as well, and a name alone (``"list-append"``,
 ``"multicast"``) means its defaults.  A multicast history is E-Cast's own format
-(:mod:`jepsen_like.checkers.multicast`), not operations.
+(:mod:`rubberband.checkers.multicast`), not operations.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from jepsen_like.checkers import bank, list_append, multicast
-from jepsen_like.checkers.bank import BankOptions
-from jepsen_like.checkers.history import read_history
-from jepsen_like.checkers.list_append import ListAppendOptions
-from jepsen_like.checkers.multicast import MulticastOptions
-from jepsen_like.checkers.result import DEFAULT_MAX_EXAMPLES, CheckResult
+from rubberband.checkers import bank, list_append, multicast
+from rubberband.checkers.bank import BankOptions
+from rubberband.checkers.history import read_history
+from rubberband.checkers.list_append import ListAppendOptions
+from rubberband.checkers.multicast import MulticastOptions
+from rubberband.checkers.result import DEFAULT_MAX_EXAMPLES, CheckResult
 
 Workload = str | Mapping[str, Any] | ListAppendOptions | BankOptions | MulticastOptions
 Options = ListAppendOptions | BankOptions | MulticastOptions

@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from typing import Any
 
-from jepsen_like.checkers.history import Call, Op, gc_paused, pair_calls
-from jepsen_like.checkers.result import CheckResult, Findings
+from rubberband.checkers.history import Call, Op, gc_paused, pair_calls
+from rubberband.checkers.result import CheckResult, Findings
 
 
 def _mops(call: Call) -> list[tuple[str, Hashable, Any]]:

@@ -2,8 +2,8 @@
 
 :class:`Bench` brings up routers and a super with ``rubberband cluster up`` (separate OS
 processes), then storage processes packed into a few OS processes
-(:mod:`rubberband_bench.pack`), places them on the ring evenly, runs load processes
-(:mod:`rubberband_bench.load`) that measure one common window, and takes everything down
+(:mod:`rubberband.bench.pack`), places them on the ring evenly, runs load processes
+(:mod:`rubberband.bench.load`) that measure one common window, and takes everything down
 again.  :func:`ecast_baseline` runs ``ecast bench`` at the same size, the yardstick every
 write experiment reports its ratio against: this machine varies by 10-15 % from run to
 run, so only figures of the same run compare.
@@ -25,8 +25,8 @@ from typing import Any
 
 import ecast
 from ecast import local
+from rubberband.bench.load import COUNTS
 from rubberband.tools.cli import run as _cli
-from rubberband_bench.load import COUNTS
 
 BUCKET_S = 0.0001
 
@@ -91,7 +91,7 @@ class Bench:
                 else ["--secret", state.secret]
             )
             argv = state.python(
-                "rubberband_bench.pack", "--routers", ",".join(st["routers"]),
+                "rubberband.bench.pack", "--routers", ",".join(st["routers"]),
                 "--names", ",".join(names), "--engine", self.engine,
                 "--metrics", f"127.0.0.1:{port}", *auth,
             )  # fmt: skip
@@ -146,7 +146,7 @@ class Bench:
             if n <= 0:
                 break
             self.loads += 1
-            cmd = [sys.executable, "-m", "rubberband_bench.load", "--routers",
+            cmd = [sys.executable, "-m", "rubberband.bench.load", "--routers",
                    ",".join(st["routers"]), "--credentials", st["client_credentials"],
                    "--name", f"load{self.loads}", "--clients", str(n),
                    "--out", str(self.d / f"load{self.loads}.json"), *flags]  # fmt: skip

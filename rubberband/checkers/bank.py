@@ -35,8 +35,8 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jepsen_like.checkers.history import Call, HistoryError, Op, gc_paused, pair_calls
-from jepsen_like.checkers.result import DEFAULT_MAX_EXAMPLES, CheckResult, Findings
+from rubberband.checkers.history import Call, HistoryError, Op, gc_paused, pair_calls
+from rubberband.checkers.result import DEFAULT_MAX_EXAMPLES, CheckResult, Findings
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,63 +153,102 @@ def _fmt_balances(balances: Mapping[Hashable, int]) -> str:
 
 def check_calls(calls: Sequence[Call], options: BankOptions) -> CheckResult:
     """Check paired calls of a bank workload; see the module docstring for what is proved."""
-    started = time.perf_counter()
-    findings = Findings(options.max_examples)
-    accounts = set(options.accounts)
-    by_name = {str(account): account for account in options.accounts}
-    transfers: dict[int, _Transfer] = {}  # position in calls -> transfer that may have happened
-    outcomes = {"ok": 0, "info": 0, "fail": 0}
-    for position, call in enumerate(calls):
-        if call.f == options.transfer_f:
-            transfer = _parse_transfer(call, accounts)
-            outcomes[call.outcome] += 1
-            if call.outcome != "fail":
-                transfers[position] = transfer
+    return _BankCheck(calls, options).run()
 
-    deltas_by_account: dict[Hashable, list[int]] = {account: [] for account in accounts}
-    low_all = dict.fromkeys(accounts, 0)
-    high_all = dict.fromkeys(accounts, 0)
-    low_own: dict[str, dict[Hashable, int]] = {}
-    high_own: dict[str, dict[Hashable, int]] = {}
-    for transfer in transfers.values():
-        process = transfer.call.process
-        for account, delta in transfer.deltas.items():
-            deltas_by_account[account].append(delta)
-            bounds_all, bounds_own = (low_all, low_own) if delta < 0 else (high_all, high_own)
-            bounds_all[account] += delta
-            own = bounds_own.setdefault(process, {})
-            own[account] = own.get(account, 0) + delta
-    reachable = {
-        account: _Reachable(options.initial[account], deltas)
-        for account, deltas in deltas_by_account.items()
-    }
 
-    # Per process, as its calls are met in order: the sum of its ok transfers so far, and
-    # the bounds its earlier info transfers (which may or may not have applied) add.
-    mandatory: dict[str, dict[Hashable, int]] = {}
-    earlier_info: dict[str, tuple[dict[Hashable, int], dict[Hashable, int]]] = {}
-    earlier_ok: dict[str, list[_Transfer]] = {}
-    reads = {"sequential": 0, "snapshot": 0, "basic": 0}
-    for position, call in enumerate(calls):
+class _BankCheck:
+    """One check of a bank history: the transfers that may have happened and the bounds
+    they put on every account, then each read judged against them."""
+
+    def __init__(self, calls: Sequence[Call], options: BankOptions) -> None:
+        self.started = time.perf_counter()
+        self.calls = calls
+        self.options = options
+        self.findings = Findings(options.max_examples)
+        self.accounts = set(options.accounts)
+        self.by_name = {str(account): account for account in options.accounts}
+        self.transfers: dict[int, _Transfer] = {}
+        """Position in calls -> a transfer that may have happened (ok or info)."""
+        self.outcomes = {"ok": 0, "info": 0, "fail": 0}
+        for position, call in enumerate(calls):
+            if call.f == options.transfer_f:
+                transfer = _parse_transfer(call, self.accounts)
+                self.outcomes[call.outcome] += 1
+                if call.outcome != "fail":
+                    self.transfers[position] = transfer
+        self._bounds()
+
+    def _bounds(self) -> None:
+        """Every account's reachable balances, and how far all transfers (and each
+        process's own) can move it down or up."""
+        self.deltas: dict[Hashable, list[int]] = {account: [] for account in self.accounts}
+        self.low_all = dict.fromkeys(self.accounts, 0)
+        self.high_all = dict.fromkeys(self.accounts, 0)
+        self.low_own: dict[str, dict[Hashable, int]] = {}
+        self.high_own: dict[str, dict[Hashable, int]] = {}
+        for transfer in self.transfers.values():
+            process = transfer.call.process
+            for account, delta in transfer.deltas.items():
+                self.deltas[account].append(delta)
+                if delta < 0:
+                    bounds_all, bounds_own = self.low_all, self.low_own
+                else:
+                    bounds_all, bounds_own = self.high_all, self.high_own
+                bounds_all[account] += delta
+                own = bounds_own.setdefault(process, {})
+                own[account] = own.get(account, 0) + delta
+        self.reachable = {
+            account: _Reachable(self.options.initial[account], deltas)
+            for account, deltas in self.deltas.items()
+        }
+
+    def run(self) -> CheckResult:
+        # Per process, as its calls are met in order: the sum of its ok transfers so far,
+        # and the bounds its earlier info transfers (which may or may not have applied) add.
+        self.mandatory: dict[str, dict[Hashable, int]] = {}
+        self.earlier_info: dict[str, tuple[dict[Hashable, int], dict[Hashable, int]]] = {}
+        self.earlier_ok: dict[str, list[_Transfer]] = {}
+        reads = {"sequential": 0, "snapshot": 0, "basic": 0}
+        for position, call in enumerate(self.calls):
+            transfer = self.transfers.get(position)
+            if transfer is not None:
+                self._transfer_met(call, transfer)
+            elif call.f == self.options.read_f and call.outcome == "ok":
+                reads[call.level] += 1
+                self._read(call)
+        options, outcomes = self.options, self.outcomes
+        stats: dict[str, Any] = {
+            "accounts": len(self.accounts),
+            "total": options.total,
+            "transfers_ok": outcomes["ok"],
+            "transfers_info": outcomes["info"],
+            "transfers_fail": outcomes["fail"],
+            "reads_sequential": reads["sequential"],
+            "reads_snapshot": reads["snapshot"],
+            "reads_basic": reads["basic"],
+            "seconds": round(time.perf_counter() - self.started, 3),
+        }
+        return self.findings.result("bank", stats, checked_anything=sum(reads.values()) > 0)
+
+    def _transfer_met(self, call: Call, transfer: _Transfer) -> None:
         process = call.process
-        transfer = transfers.get(position)
-        if transfer is not None:
-            if call.outcome == "ok":
-                own = mandatory.setdefault(process, {})
-                for account, delta in transfer.deltas.items():
-                    own[account] = own.get(account, 0) + delta
-                earlier_ok.setdefault(process, []).append(transfer)
-            else:
-                low, high = earlier_info.setdefault(process, ({}, {}))
-                for account, delta in transfer.deltas.items():
-                    side = low if delta < 0 else high
-                    side[account] = side.get(account, 0) + delta
-            continue
-        if call.f != options.read_f or call.outcome != "ok":
-            continue
+        if call.outcome == "ok":
+            own = self.mandatory.setdefault(process, {})
+            for account, delta in transfer.deltas.items():
+                own[account] = own.get(account, 0) + delta
+            self.earlier_ok.setdefault(process, []).append(transfer)
+        else:
+            low, high = self.earlier_info.setdefault(process, ({}, {}))
+            for account, delta in transfer.deltas.items():
+                side = low if delta < 0 else high
+                side[account] = side.get(account, 0) + delta
+
+    def _read(self, call: Call) -> None:
+        """One ok read: every balance reachable, the total kept (but by a basic read),
+        and a sequential read's own earlier transfers seen."""
+        options, findings = self.options, self.findings
         level = call.level
-        reads[level] += 1
-        balances, unknown, missing = _parse_read(call, by_name)
+        balances, unknown, missing = _parse_read(call, self.by_name)
         who = f"{call.describe()} ({level})"
         for name in unknown:
             findings.anomaly("garbage-read", f"{who} returned account {name!r}, which is unknown.")
@@ -227,15 +266,15 @@ def check_calls(calls: Sequence[Call], options: BankOptions) -> CheckResult:
                     f"{who} saw account {account} at {balance}; the workload forbids negative "
                     "balances.",
                 )
-            if balance not in reachable[account]:
+            if balance not in self.reachable[account]:
                 impossible.add(account)
                 findings.anomaly(
                     "impossible-balance",
                     f"{who} saw account {account} at {balance}, which no subset of the "
-                    f"{len(deltas_by_account[account])} transfers that may have happened "
+                    f"{len(self.deltas[account])} transfers that may have happened "
                     f"(ok or info) gives from its initial {options.initial[account]}.",
                 )
-        if len(balances) == len(accounts) and not unknown:
+        if len(balances) == len(self.accounts) and not unknown:
             total = sum(balances.values())
             if total != options.total:
                 text = (
@@ -249,21 +288,30 @@ def check_calls(calls: Sequence[Call], options: BankOptions) -> CheckResult:
                     )
                 else:
                     findings.anomaly("wrong-total", text + ", so this is not a consistent cut.")
-        if level != "sequential":
-            continue
-        own = mandatory.get(process, {})
-        info_low, info_high = earlier_info.get(process, ({}, {}))
-        own_low, own_high = low_own.get(process, {}), high_own.get(process, {})
+        if level == "sequential":
+            self._own_transfers_seen(call, who, balances, impossible)
+
+    def _own_transfers_seen(
+        self, call: Call, who: str, balances: dict[Hashable, int], impossible: set[Hashable]
+    ) -> None:
+        """Read your writes: a sequential read lies between the balances its process's
+        own ok transfers (applied) and its later ones (not applied) allow."""
+        process = call.process
+        own = self.mandatory.get(process, {})
+        info_low, info_high = self.earlier_info.get(process, ({}, {}))
+        own_low, own_high = self.low_own.get(process, {}), self.high_own.get(process, {})
         for account, balance in balances.items():
             if account in impossible:
                 continue
-            base = options.initial[account] + own.get(account, 0)
-            low = base + low_all[account] - own_low.get(account, 0) + info_low.get(account, 0)
-            high = base + high_all[account] - own_high.get(account, 0) + info_high.get(account, 0)
+            base = self.options.initial[account] + own.get(account, 0)
+            low = base + self.low_all[account] - own_low.get(account, 0) + info_low.get(account, 0)
+            high = (
+                base + self.high_all[account] - own_high.get(account, 0) + info_high.get(account, 0)
+            )
             if low <= balance <= high:
                 continue
-            mine = [t for t in earlier_ok.get(process, []) if account in t.deltas]
-            findings.anomaly(
+            mine = [t for t in self.earlier_ok.get(process, []) if account in t.deltas]
+            self.findings.anomaly(
                 "read-your-writes",
                 f"{who} saw account {account} at {balance}; with the process's own earlier "
                 f"ok transfers on it applied ({len(mine)}, net {own.get(account, 0):+d}"
@@ -271,19 +319,6 @@ def check_calls(calls: Sequence[Call], options: BankOptions) -> CheckResult:
                 f" and its later ones not, the balance lies between {low} and {high}, "
                 "whatever other processes' transfers applied.",
             )
-
-    stats: dict[str, Any] = {
-        "accounts": len(accounts),
-        "total": options.total,
-        "transfers_ok": outcomes["ok"],
-        "transfers_info": outcomes["info"],
-        "transfers_fail": outcomes["fail"],
-        "reads_sequential": reads["sequential"],
-        "reads_snapshot": reads["snapshot"],
-        "reads_basic": reads["basic"],
-        "seconds": round(time.perf_counter() - started, 3),
-    }
-    return findings.result("bank", stats, checked_anything=sum(reads.values()) > 0)
 
 
 def check(history: Iterable[Op], options: BankOptions) -> CheckResult:

@@ -1,4 +1,4 @@
-"""Many storage processes in one OS process: ``python -m rubberband_bench.pack``.
+"""Many storage processes in one OS process: ``python -m rubberband.bench.pack``.
 
 Each logical process is a full storage process (its own E-Cast client, endpoint and
 identity, its own :class:`StorageCore`, engine and engine thread), exactly what
@@ -82,7 +82,7 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser("python -m rubberband_bench.pack", description=__doc__)
+    ap = argparse.ArgumentParser("python -m rubberband.bench.pack", description=__doc__)
     ap.add_argument("--routers", required=True)
     ap.add_argument("--names", required=True, help="storage:... names, comma-separated")
     ap.add_argument("--engine", default="null")

@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from jepsen_like.checkers.history import HistoryError
-from jepsen_like.checkers.result import DEFAULT_MAX_EXAMPLES, CheckResult
+from rubberband.checkers.history import HistoryError
+from rubberband.checkers.result import DEFAULT_MAX_EXAMPLES, CheckResult
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Many Rubberband clients in one OS process: ``python -m rubberband_bench.load``.
+"""Many Rubberband clients in one OS process: ``python -m rubberband.bench.load``.
 
 Each logical client is a full ``rubberband.connect`` client (its own E-Cast connection,
 session and identity).  Writes keep ``--window`` messages in flight per client through
@@ -91,8 +91,8 @@ class Client:
     """One logical client: its connection and what it has in flight."""
 
     def __init__(self, rb: Any, args: argparse.Namespace, stats: Stats, seed: int) -> None:
+        from rubberband.client import BUNDLE_BYTES, BUNDLE_LIMIT
         from rubberband.keys import after
-        from rubberband.sdk import BUNDLE_BYTES, BUNDLE_LIMIT
 
         self.rb = rb
         self.args = args
@@ -162,13 +162,13 @@ class Client:
         core = self.rb.core
         ops = [self.op("write") for _ in range(n)]
         if self.write_bundle > 1:  # as RubberbandClient.write_batch sends them
-            messages = core.writes(ops, self.write_bundle, self.bundle_bytes)
+            messages = core.writes_of(ops, self.write_bundle, self.bundle_bytes)
             ids = self.rb.ecast.submit_batch([(p, h) for _, p, h in messages])
             for sid, (indices, _, _) in zip(ids, messages, strict=True):
                 if len(indices) > 1:
                     self.carries[sid[1]] = len(indices)
         else:
-            ids = self.rb.ecast.submit_batch([core.write(op) for op in ops])
+            ids = self.rb.ecast.submit_batch([core.write_message(op) for op in ops])
         now = time.perf_counter()
         for sid in ids:
             self.sent_at[sid[1]] = now
@@ -304,14 +304,9 @@ class Client:
             self.want.set()
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
-    import ecast
+async def _connect_all(args: argparse.Namespace, rt: Any) -> list[Any]:
+    """Every client of this process, 32 at a time (the routers admit them)."""
     import rubberband
-
-    auth = {"credentials": args.credentials} if args.credentials else {"secret": args.secret}
-    # One runtime for all the clients of this process: one connection to each router.
-    rt = ecast.Runtime(ecast.load_auth(**auth), host_id=f"{args.name}-{os.getpid()}")
-    await rt.serve("127.0.0.1:0")
 
     async def connect(i: int) -> Any:
         return await rubberband.connect(
@@ -323,11 +318,60 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             runtime=rt,
         )
 
-    rbs = []
-    for lo in range(0, args.clients, 32):  # not all at once: the routers admit them
+    rbs: list[Any] = []
+    for lo in range(0, args.clients, 32):
         rbs += await asyncio.gather(
             *(connect(i) for i in range(lo + 1, min(lo + 33, args.clients + 1)))
         )
+    return rbs
+
+
+async def _watch_stdin(stopped: asyncio.Event) -> None:
+    """A line ``stop`` ends the run early (a trace that lasts as long as its steps)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        if not line or line.strip() == "stop":
+            if line:
+                stopped.set()
+            return
+
+
+async def _open_loop(
+    args: argparse.Namespace, clients: list[Client], going: Callable[[], bool]
+) -> None:
+    """``--rate`` writes a second, spread over the clients; at most ``--window`` in flight
+    per client: an overloaded cluster is offered less, not queued without bound (the
+    report shows it)."""
+    submitted = 0
+    t_start = time.perf_counter()
+    i = 0
+    while going():
+        due = int((time.perf_counter() - t_start) * args.rate) - submitted
+        if due > 0:
+            per = max(1, due // len(clients))
+            tried = 0
+            while due > 0 and tried < len(clients):
+                c = clients[i % len(clients)]
+                i += 1
+                n = min(per, due, args.window - c.in_flight)
+                tried = tried + 1 if n <= 0 else 0
+                if n <= 0:
+                    continue
+                c.submit_writes(n)
+                due -= n
+                submitted += n
+        await asyncio.sleep(0.001)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    import ecast
+
+    auth = {"credentials": args.credentials} if args.credentials else {"secret": args.secret}
+    # One runtime for all the clients of this process: one connection to each router.
+    rt = ecast.Runtime(ecast.load_auth(**auth), host_id=f"{args.name}-{os.getpid()}")
+    await rt.serve("127.0.0.1:0")
+    rbs = await _connect_all(args, rt)
     print(json.dumps({"event": "ready"}), flush=True)
     line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     start_wall = float(line.strip() or time.time())
@@ -345,45 +389,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     elif args.mode != "write":
         loops = [asyncio.ensure_future(c.read_loop()) for c in clients]
     stopped = asyncio.Event()
-
-    async def watch_stdin() -> None:
-        """A line ``stop`` ends the run early (a trace that lasts as long as its steps)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            line = await loop.run_in_executor(None, sys.stdin.readline)
-            if not line or line.strip() == "stop":
-                if line:
-                    stopped.set()
-                return
-
-    watcher = asyncio.ensure_future(watch_stdin())
+    watcher = asyncio.ensure_future(_watch_stdin(stopped))
 
     def going() -> bool:
         return time.perf_counter() < stats.end and not stopped.is_set()
 
     if args.rate:
-        submitted = 0
-        t_start = time.perf_counter()
-        i = 0
-        while going():
-            now = time.perf_counter()
-            due = int((now - t_start) * args.rate) - submitted
-            if due > 0:
-                per = max(1, due // len(clients))
-                tried = 0
-                while due > 0 and tried < len(clients):
-                    c = clients[i % len(clients)]
-                    i += 1
-                    # At most --window in flight per client: an overloaded cluster is
-                    # offered less, not queued without bound (the report shows it).
-                    n = min(per, due, args.window - c.in_flight)
-                    tried = tried + 1 if n <= 0 else 0
-                    if n <= 0:
-                        continue
-                    c.submit_writes(n)
-                    due -= n
-                    submitted += n
-            await asyncio.sleep(0.001)
+        await _open_loop(args, clients, going)
     else:
         while going():
             await asyncio.sleep(0.05)
@@ -417,7 +429,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser("python -m rubberband_bench.load", description=__doc__)
+    ap = argparse.ArgumentParser("python -m rubberband.bench.load", description=__doc__)
     ap.add_argument("--routers", required=True)
     ap.add_argument("--credentials")
     ap.add_argument("--secret")

@@ -45,7 +45,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jepsen_like.checkers.graph import (
+from rubberband.checkers.graph import (
     KIND_NAMES,
     PROCESS,
     REALTIME,
@@ -60,8 +60,8 @@ from jepsen_like.checkers.graph import (
     kinds_from_names,
     strongly_connected,
 )
-from jepsen_like.checkers.history import Call, HistoryError, Op, gc_paused, pair_calls
-from jepsen_like.checkers.result import DEFAULT_MAX_EXAMPLES, CheckResult, Findings
+from rubberband.checkers.history import Call, HistoryError, Op, gc_paused, pair_calls
+from rubberband.checkers.result import DEFAULT_MAX_EXAMPLES, CheckResult, Findings
 
 MODELS: dict[str, frozenset[str]] = {
     "sequential": frozenset(("ww", "wr", "rw", "process")),

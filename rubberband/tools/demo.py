@@ -1,6 +1,7 @@
-"""``rubberband demo`` (``./run demo``): the main job.  It lives with the fault-injection
-suite, whose checkers it runs, and not in ``rubberband`` (which knows no engine: the demo
-loads the scan engine's Ticket table).  A local Rubberband cluster on the scan engine does
+"""``rubberband demo`` (``./run demo``): the main job.  It runs Rubberband's own checkers
+(``rubberband.checkers``) and names the scan engine's Ticket table by module path, as the
+daemons name their engine, so Rubberband still imports no engine.  A local Rubberband
+cluster on the scan engine does
 real work through expand, a leader kill, a storage kill and its repair, and a contract,
 and checks at the end that nothing acknowledged was lost or reordered and that every
 replica agrees.
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import json
 import os
 import random
@@ -43,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jepsen_like.rubberband_run import _cli
+from rubberband.tools.cli import run as _cli
 
 OPS = "storage_adapters.scan.kv:ScanKVOps"
 TICKETS = "tickets"
@@ -306,9 +308,9 @@ class Demo:
 
     # ------------------------------------------------------------------ checks
     async def verify(self) -> dict[str, Any]:
-        from jepsen_like.checkers import order
-        from jepsen_like.checkers.history import Op
-        from jepsen_like.checkers.list_append import check
+        from rubberband.checkers import order
+        from rubberband.checkers.history import Op
+        from rubberband.checkers.list_append import check
 
         result: dict[str, Any] = {}
         rb = await self.connect("verify")
@@ -374,8 +376,12 @@ class Demo:
 
     # ------------------------------------------------------------------ run
     async def run(self) -> int:
-        from jepsen_like.report import per_second, plot
-        from storage_adapters.scan.ticket import SCHEMA, generate
+        from rubberband.tools.report import per_second, plot
+
+        # The demo's data is the scan engine's Ticket table, named by path as the
+        # daemons name their engine: Rubberband imports no engine.
+        ticket = importlib.import_module("storage_adapters.scan.ticket")
+        SCHEMA, generate = ticket.SCHEMA, ticket.generate
 
         rb = await self.connect("load")
         try:

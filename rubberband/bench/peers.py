@@ -6,7 +6,7 @@ three servers, by one pipelined client in a process of its own that keeps
 ``--concurrency`` writes in flight (256), for ``--duration`` seconds after a warm-up.
 
 * **Rubberband**: 3 routers, 3 storage processes on the memory engine, replication 3;
-  the client is :mod:`rubberband_bench.load` (key-value ``put``), sending its writes as
+  the client is :mod:`rubberband.bench.load` (key-value ``put``), sending its writes as
   ``write_batch`` does (the writes of one segment together, ``--write-bundle``), and
   each in a message of its own in the row ``rubberband_alone``.
 * **etcd** (Debian ``etcd-server``): 3 members on loopback ports, data on disk; the
@@ -83,7 +83,7 @@ class Meter:
         self.warm, self.end = now + warmup, now + warmup + duration
 
     def result(self, seconds: float) -> dict[str, Any]:
-        from rubberband_bench.harness import percentile
+        from rubberband.bench.harness import percentile
 
         if not self.done and self.first_error is None:
             self.first_error = "no write completed in the measured window"
@@ -234,7 +234,7 @@ def pysyncobj_client(args: argparse.Namespace, meter: Meter) -> None:
 
 
 def client_main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser("python -m rubberband_bench.peers client")
+    ap = argparse.ArgumentParser("python -m rubberband.bench.peers client")
     ap.add_argument("system", choices=("etcd", "zookeeper", "pysyncobj"))
     ap.add_argument("--targets", required=True)
     ap.add_argument("--concurrency", type=int, default=256)
@@ -407,7 +407,7 @@ def pysyncobj(d: Path) -> Iterator[str]:
     nodes = [f"127.0.0.1:{local.free_port()}" for _ in range(3)]
     try:
         for i, me in enumerate(nodes):
-            s.start(f"pysyncobj{i}", [sys.executable, "-m", "rubberband_bench.peers", "node",
+            s.start(f"pysyncobj{i}", [sys.executable, "-m", "rubberband.bench.peers", "node",
                                       me, ",".join(n for n in nodes if n != me)])  # fmt: skip
         time.sleep(2.0)
         if s.crashed():
@@ -420,7 +420,7 @@ def pysyncobj(d: Path) -> Iterator[str]:
 
 
 def run_client(system: str, targets: str, args: argparse.Namespace, rate: float = 0) -> dict:
-    cmd = [sys.executable, "-m", "rubberband_bench.peers", "client", system, "--targets",
+    cmd = [sys.executable, "-m", "rubberband.bench.peers", "client", system, "--targets",
            targets, "--concurrency", str(args.concurrency), "--payload", str(args.payload),
            "--duration", str(args.duration), "--warmup", str(args.warmup),
            "--rate", str(rate)]  # fmt: skip
@@ -434,7 +434,7 @@ def run_client(system: str, targets: str, args: argparse.Namespace, rate: float 
 
 def rubberband_run(args: argparse.Namespace, rate: float = 0, bundle: int = 0) -> dict[str, Any]:
     """``bundle``: writes per message at most (0: ``--write-bundle``)."""
-    from rubberband_bench.harness import Bench, state_dir
+    from rubberband.bench.harness import Bench, state_dir
 
     bundle = bundle or args.write_bundle
     with Bench(state_dir(args.state_dir), storage=3, replication=3, engine="memory") as b:
@@ -451,14 +451,57 @@ def rubberband_run(args: argparse.Namespace, rate: float = 0, bundle: int = 0) -
 SYSTEMS = ("rubberband", "rubberband_alone", "etcd", "etcd_tmpfs", "zookeeper", "pysyncobj")
 
 
+def _measure(system: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One system's closed-loop run at ``--concurrency``, printed as it ends."""
+    from rubberband.bench.harness import state_dir
+
+    if system not in SYSTEMS:
+        raise SystemExit(f"unknown system {system!r}; known: {', '.join(SYSTEMS)}")
+    try:
+        if system == "rubberband":
+            r = rubberband_run(args)
+        elif system == "rubberband_alone":
+            r = rubberband_run(args, bundle=1)
+        else:
+            base = Path("/dev/shm") if system == "etcd_tmpfs" else None
+            d = state_dir(str(base) if base else args.state_dir)
+            start = {"etcd": etcd, "etcd_tmpfs": etcd, "zookeeper": zookeeper,
+                     "pysyncobj": pysyncobj}[system]  # fmt: skip
+            try:
+                with start(d) as targets:
+                    r = run_client(system.split("_")[0], targets, args)
+            finally:
+                shutil.rmtree(d, ignore_errors=True)
+    except Exception as e:
+        r = {"error": f"{type(e).__name__}: {e}"}
+    print(f"{system}: {r.get('throughput_per_s', '-')}/s {r.get('error') or ''}", flush=True)
+    return r
+
+
+def _at_etcd_peak(args: argparse.Namespace, peak: float) -> dict[str, dict[str, Any]]:
+    """Latency at the same load: etcd's peak rate offered to both (open loop)."""
+    from rubberband.bench.harness import state_dir
+
+    out = {"rubberband_at_etcd_peak": rubberband_run(args, rate=peak)}
+    d = state_dir(args.state_dir)
+    try:
+        with etcd(d) as targets:
+            out["etcd_at_etcd_peak"] = run_client("etcd", targets, args, rate=peak)
+    except Exception as e:
+        out["etcd_at_etcd_peak"] = {"error": f"{type(e).__name__}: {e}"}
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["client"]:
         return client_main(argv[1:])
     if argv[:1] == ["node"]:
         return pysyncobj_node(argv[1:])
-    from rubberband_bench.experiments import finish
-    from rubberband_bench.harness import check_idle, machine, state_dir
+    from rubberband.bench.experiments import finish
+    from rubberband.bench.harness import check_idle, machine
 
     ap = argparse.ArgumentParser("rubberband bench peers", description=__doc__.split("\n\n")[0])
     ap.add_argument("--systems", default=",".join(SYSTEMS))
@@ -473,41 +516,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     check_idle()
-    results: dict[str, dict[str, Any]] = {}
-    for system in args.systems.split(","):
-        if system not in SYSTEMS:
-            raise SystemExit(f"unknown system {system!r}; known: {', '.join(SYSTEMS)}")
-        try:
-            if system == "rubberband":
-                results[system] = rubberband_run(args)
-            elif system == "rubberband_alone":
-                results[system] = rubberband_run(args, bundle=1)
-            else:
-                base = Path("/dev/shm") if system == "etcd_tmpfs" else None
-                d = state_dir(str(base) if base else args.state_dir)
-                start = {"etcd": etcd, "etcd_tmpfs": etcd, "zookeeper": zookeeper,
-                         "pysyncobj": pysyncobj}[system]  # fmt: skip
-                try:
-                    with start(d) as targets:
-                        results[system] = run_client(system.split("_")[0], targets, args)
-                finally:
-                    shutil.rmtree(d, ignore_errors=True)
-        except Exception as e:
-            results[system] = {"error": f"{type(e).__name__}: {e}"}
-        r = results[system]
-        print(f"{system}: {r.get('throughput_per_s', '-')}/s {r.get('error') or ''}", flush=True)
+    results = {system: _measure(system, args) for system in args.systems.split(",")}
     peak = results.get("etcd", {}).get("throughput_per_s")
     if peak and "rubberband" in results:
-        # Latency at the same load: etcd's peak rate offered to both (open loop).
-        results["rubberband_at_etcd_peak"] = rubberband_run(args, rate=peak)
-        d = state_dir(args.state_dir)
-        try:
-            with etcd(d) as targets:
-                results["etcd_at_etcd_peak"] = run_client("etcd", targets, args, rate=peak)
-        except Exception as e:
-            results["etcd_at_etcd_peak"] = {"error": f"{type(e).__name__}: {e}"}
-        finally:
-            shutil.rmtree(d, ignore_errors=True)
+        results.update(_at_etcd_peak(args, peak))
     rows = [{"system": k, **v} for k, v in results.items()]
     for row in rows:
         if row.get("throughput_per_s") and results.get("rubberband", {}).get("throughput_per_s"):

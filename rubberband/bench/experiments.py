@@ -1,6 +1,6 @@
 """The experiments of ``rubberband bench``, after the dissertation's figures.
 
-Each one starts real local clusters (:class:`~rubberband_bench.harness.Bench`), prints a
+Each one starts real local clusters (:class:`~rubberband.bench.harness.Bench`), prints a
 table, draws a PNG shaped like its figure (``--png``), and with ``--json`` ends with one
 JSON object: its rows, the baseline of the same run, the machine and the placement.
 Every size is a flag, so a test runs each experiment at a tiny size in seconds.
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ecast import local
-from rubberband_bench.harness import Bench, check_idle, ecast_baseline, machine, state_dir
+from rubberband.bench.harness import Bench, check_idle, ecast_baseline, machine, state_dir
 
 # ------------------------------------------------------------------ common
 
@@ -436,6 +436,19 @@ def _resumed(trace: list[Any], after: float, until: float, bucket: float = 0.01)
     return None if resumed is None else round(resumed - after, 3)
 
 
+def _draw_failover(fig: Any, trace: dict[str, Any], events: list[dict[str, Any]]) -> None:
+    ax = fig.add_subplot(1, 1, 1)
+    for name, series in trace.items():
+        ax.plot([t for t, _ in series], [n for _, n in series], lw=1, label=f"{name}/s")
+    for e in events:
+        ax.axvline(e["at"], color="red" if "SIGKILL" in e["what"] else "green", alpha=0.6)
+        ax.text(e["at"], ax.get_ylim()[1] * 0.95, e["what"], fontsize=7, rotation=90)
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("completed per second (0.1 s bins)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def router_failover(argv: list[str] | None = None) -> int:
     ap = parser("router-failover", "A trace while the leader, then a follower, are killed (4.18).")
     ap.add_argument("--storage", type=int, default=16)
@@ -446,10 +459,10 @@ def router_failover(argv: list[str] | None = None) -> int:
         default=_floats("6,16"),
         help="seconds into the measured window: the leader, then a follower",
     )
-    ap.add_argument("--replace-after", type=float, default=4.0,
-                    help="seconds from a kill to the start of its replacement")  # fmt: skip
-    ap.add_argument("--rate", type=float, default=20_000.0,
-                    help="writes/s offered: a saturated cluster sheds snapshot reads")  # fmt: skip
+    ap.add_argument("--replace-after", type=float, default=4.0, help="seconds from a kill to "
+                    "the start of its replacement")  # fmt: skip
+    ap.add_argument("--rate", type=float, default=20_000.0, help="writes/s offered: a "
+                    "saturated cluster sheds snapshot reads")  # fmt: skip
     ap.set_defaults(duration=25.0)
     args = ap.parse_args(argv)
     events: list[dict[str, Any]] = []
@@ -500,16 +513,7 @@ def router_failover(argv: list[str] | None = None) -> int:
     trace = {"writes": _per(w["trace"], start, 0.1), "snapshot_reads": _per(r["trace"], start, 0.1)}
 
     def draw(fig: Any, rs: list[dict[str, Any]]) -> None:
-        ax = fig.add_subplot(1, 1, 1)
-        for name, series in trace.items():
-            ax.plot([t for t, _ in series], [n for _, n in series], lw=1, label=f"{name}/s")
-        for e in events:
-            ax.axvline(e["at"], color="red" if "SIGKILL" in e["what"] else "green", alpha=0.6)
-            ax.text(e["at"], ax.get_ylim()[1] * 0.95, e["what"], fontsize=7, rotation=90)
-        ax.set_xlabel("seconds")
-        ax.set_ylabel("completed per second (0.1 s bins)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _draw_failover(fig, trace, events)
 
     return finish("router-failover", args, rows,
                   [("event", "event"), ("at s", "at_s"),
@@ -620,7 +624,7 @@ def _preload(b: Bench, keys: int, payload: int, ops: str) -> None:
     import asyncio
 
     import rubberband
-    from rubberband_bench.load import OPS, value_text
+    from rubberband.bench.load import OPS, value_text
 
     st = b.st()
 

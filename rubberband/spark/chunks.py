@@ -36,8 +36,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rubberband.config import write_header
-from storage_adapters.base import BadKey, Placement, after
+from rubberband.engine import BadKey, Placement, after
+from rubberband.proto import write_header
 
 Operation = Literal["insert", "upsert", "delete", "update", "append"]
 OPERATIONS: tuple[str, ...] = ("insert", "upsert", "delete", "update", "append")

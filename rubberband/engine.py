@@ -1,0 +1,188 @@
+"""The engine protocol: what a storage engine implements to run under Rubberband.
+
+Rubberband (dissertation chapter 4) orders every read, write and reconfiguration with
+E-Cast and hands them to one engine per storage process *in delivery order*.  The engine
+never sees E-Cast, the network or the other replicas; it sees a sequence of calls on one
+worker thread, never two at once, and must behave as if it ran them one after another:
+
+* ``apply(batch)``: data operations, each with the ranges this replica answers for
+  (the operation's ranges intersected with this process's partition).  A write changes
+  only keys inside them; a read reports only keys inside them.  One result per
+  operation, in order.
+* ``open_send(ranges)``: a consistent copy of ``ranges`` *as of this call* (partial live
+  migration, 4.4.1 and 5.4).  Later ``apply`` calls must never leak into it, and it
+  must not stop them: the cursor is drained in chunks by the receiver's pace while
+  writes go on.
+* ``receive(chunk)``: data streamed from another replica's cursor (chunks arrive in
+  order; the storage process holds back writes to a range until its base is complete).
+* ``delete(ranges)``: drop everything in ``ranges``.
+* ``stats()``: size and load, reported to the supers.
+
+Two kinds of failure, never confused:
+
+* :class:`BadOperation`: the operation is invalid (a type error, an unknown table).  It
+  is deterministic, so every replica rejects it alike and the client gets the message.
+* Anything else raised (out of memory, a backing server gone, an I/O error) is a failure
+  of *this replica*: the storage process stops (fail-stop), is suspected and replaced.
+  A replica never skips a write and carries on.
+
+Keys and ranges are Rubberband's (:mod:`rubberband.keys`): ranges are in *placement*
+space, which is the key itself under range partitioning and a 32-bit hash of it under
+hash partitioning (dissertation 5.3).  :class:`Placement` maps a key to its place.
+
+Clients use an engine's :class:`Operations` (no engine instance, no I/O) to compute what
+an operation reads or writes (``part_fun``), so routers route without ever parsing a
+payload (5.6.3 measured 10-20 % lost to parsing in the routers).
+
+Engines import only this module (and third-party libraries): the protocol is
+Rubberband's, so it lives in Rubberband's layer (``storage_adapters.base`` re-exports it
+for engines written against that name).  It re-exports the key helpers an engine's
+``part_fun`` needs to build range sets (``encode_key``, ``after``, ``normalize``,
+``intersect``, ``union``, ``MIN_EKEY``/``MAX_EKEY``, ``NOTHING``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+
+from rubberband.keys import (
+    EVERYTHING,
+    MAX_EKEY,
+    MIN_EKEY,
+    NOTHING,
+    BadKey,
+    EKey,
+    Key,
+    RangeSet,
+    after,
+    contains,
+    encode_key,
+    intersect,
+    normalize,
+    stable_hash32,
+    union,
+)
+
+__all__ = [
+    "EVERYTHING",
+    "INVALID",
+    "MAX_EKEY",
+    "MIN_EKEY",
+    "NOTHING",
+    "BadKey",
+    "BadOperation",
+    "EKey",
+    "Engine",
+    "Key",
+    "Operations",
+    "Part",
+    "Placement",
+    "RangeSet",
+    "SendCursor",
+    "after",
+    "contains",
+    "encode_key",
+    "intersect",
+    "normalize",
+    "rejection",
+    "union",
+]
+
+Partitioning = Literal["range", "hash"]
+
+
+class BadOperation(ValueError):
+    """A deterministic rejection of one operation; every replica rejects it alike."""
+
+
+INVALID = (BadOperation, BadKey, TypeError, IndexError, KeyError, ValueError)
+"""What reading a malformed operation raises: a rejection of it, never a failure of the
+replica (an engine catches these only around its own reading of the operation)."""
+
+
+def rejection(op: Any, error: Exception) -> BadOperation:
+    """``error``, raised while reading ``op``, as the rejection every replica returns."""
+    if isinstance(error, BadOperation):
+        return error
+    return BadOperation(f"{op!r:.60}: {error}")
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a key lives on the ring: its own order, or a stable hash of it."""
+
+    partitioning: Partitioning = "range"
+
+    def __post_init__(self) -> None:
+        if self.partitioning not in ("range", "hash"):
+            raise ValueError(f"partitioning is 'range' or 'hash', not {self.partitioning!r}")
+
+    def ekey(self, key: Key) -> EKey:
+        if self.partitioning == "range":
+            return encode_key(key)
+        return (2, stable_hash32(key))
+
+    @property
+    def ordered(self) -> bool:
+        """Whether key ranges map to placement ranges (only under range partitioning)."""
+        return self.partitioning == "range"
+
+
+class Part(NamedTuple):
+    """What ``part_fun`` says of an operation: read or write, and where (placement space).
+    A named tuple: a client makes one per operation, and a frozen dataclass's
+    constructor cost a few per cent of a client at saturation."""
+
+    kind: Literal["read", "write"]
+    ranges: RangeSet
+
+
+class Operations(Protocol):
+    """The client-side half of an engine: pure functions over operations."""
+
+    def part_fun(self, op: Any, placement: Placement) -> Part:
+        """The ranges ``op`` reads or writes; raises :class:`BadOperation` if invalid."""
+        ...
+
+
+class SendCursor(Protocol):
+    def next_chunk(self, max_bytes: int) -> Any | None:
+        """The next chunk (msgpack-able, about ``max_bytes`` at most), None at the end."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What a storage process runs.  Its calls run on a thread of their own, so a long
+    scan never holds up heartbeats; an engine whose every call is short and never waits
+    for I/O may set ``blocking = False`` to run on the event loop instead, without a
+    thread hop per batch (the null engine does)."""
+
+    placement: Placement
+
+    def apply(self, batch: Sequence[tuple[Any, RangeSet]]) -> list[Any]:
+        """Apply ``(op, ranges)`` in order; a result per op, or a :class:`BadOperation`
+        instance (returned, not raised) for an op rejected as invalid."""
+        ...
+
+    def open_send(self, ranges: RangeSet) -> SendCursor: ...
+
+    def receive(self, chunk: Any, ranges: RangeSet) -> None:
+        """Store a chunk of a copy of ``ranges`` (placement space) that another engine's
+        send cursor made.  Checked whole before anything is stored: a malformed chunk,
+        or one with an item outside ``ranges``, raises :class:`BadOperation` and changes
+        nothing (the storage process refuses the transfer, never stops for it); any other
+        exception is the engine failing."""
+        ...
+
+    def delete(self, ranges: RangeSet) -> None: ...
+
+    def stats(self) -> dict[str, int | float]:
+        """At least ``items`` and ``bytes``."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,372 @@
+"""The client's messages: operations into E-Cast messages, answers into results (4.5).
+
+Sans-IO.  The client computes what an operation touches with the engine's ``part_fun``
+(routers never parse payloads) and turns the storage processes' answers back into one
+result.  Three read isolation levels (4.5.2):
+
+* **sequential**: the read is an ordinary E-Cast message, ordered with every write; the
+  responders (a cover of its ranges) answer when they deliver it.  Sequentially
+  consistent: a read sees every write ordered before it, including the client's own.
+* **snapshot**: the read travels as an unsafe message, outside the total order, and each
+  responder answers at once if it had delivered exactly what the router had sent it when
+  it routed the read; every part then reflects the same prefix of the history (the
+  router's frontier), a consistent cut.  A part refused, or parts at different frontiers,
+  and the whole read is tried again.
+* **basic**: the client sends the read straight to storage processes chosen from its copy
+  of the keyspace; each answers from its current state the ranges it holds in full, if
+  the client's keyspace version is its own.  No ordering at all, but never an answer from
+  a process that does not hold the data (configuration-consistent).
+
+Every answer says which ranges it covers; a read completes when the answers cover the
+request, and a range answered twice is taken once (replicas agree at one position).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+import msgpack
+
+from rubberband.engine import BadOperation, Placement
+from rubberband.errors import Rejected, Unavailable
+from rubberband.gather import Gather, Holders, op_name
+from rubberband.keys import MAX_EKEY, RangeSet, intersect, normalize
+from rubberband.placement import BadKeyspace, Keyspace
+from rubberband.proto import bundle_header, read_header, write_bundle_header, write_header
+
+Isolation = Literal["sequential", "snapshot", "basic"]
+ISOLATION_LEVELS = ("sequential", "snapshot", "basic")
+
+
+class Messages:
+    """An engine's operations, the client's copy of the keyspace, and the messages that
+    carry reads and writes (:class:`rubberband.client.ClientCore` adds the requests
+    in flight)."""
+
+    def __init__(self, ops: Any, placement: Placement | None = None) -> None:
+        self.ops = ops
+        self.placement = placement or Placement()
+        self.keyspace: Keyspace | None = None
+        self.holders = Holders()
+        """Whom answers are taken from (only holders: an answer from any other process,
+        a client's above all, is not an answer)."""
+        self.version = -1
+        self._offset = 0
+        self._packer = msgpack.Packer(use_bin_type=True)
+        """Bundles' payloads: one Packer reused (``packb`` makes one per call, at three
+        times the cost); a client core is used from one thread."""
+
+    # ------------------------------------------------------------------ configuration
+    def learn(self, version: int, keyspace_state: Any, partitioning: str | None = None) -> bool:
+        """A newer keyspace, from a super: only supers (and the total order, which they
+        follow) say what the keyspace is; a storage process that finds ours stale only
+        says so."""
+        if type(version) is not int or version <= self.version:
+            return False
+        try:
+            ks = Keyspace.from_state(_tuples(keyspace_state))
+        except (BadKeyspace, TypeError, ValueError):
+            return False
+        self.keyspace = ks
+        self.holders.learn(ks)
+        self.version = version
+        if partitioning is not None and partitioning != self.placement.partitioning:
+            self.placement = Placement(partitioning)  # type: ignore[arg-type]
+        return True
+
+    # ------------------------------------------------------------------ messages
+    def write_message(self, op: Any) -> tuple[Any, dict[str, Any]]:
+        """``(payload, header)`` of a write; raises :class:`BadOperation` for a bad op."""
+        return op, write_header(self._write_ranges(op))
+
+    def _write_ranges(self, op: Any) -> RangeSet:
+        part = self.ops.part_fun(op, self.placement)
+        if part.kind != "write":
+            raise BadOperation(f"{op_name(op)!r} is a read, not a write")
+        return part.ranges
+
+    def writes_of(
+        self,
+        ops: list[Any],
+        limit: int,
+        max_bytes: int,
+        alone: Callable[[Any], bool] | None = None,
+    ) -> list[tuple[tuple[int, ...], Any, dict[str, Any]]]:
+        """The messages that carry a batch of writes, in the order to submit them:
+        ``(indices, payload, header)``, ``indices`` being the positions in ``ops`` of the
+        writes a message carries.  Raises :class:`BadOperation` for a bad op, before
+        anything is built.
+
+        Writes of one key's segment that touch one range each travel up to ``limit`` to
+        a message (:func:`rubberband.config.write_bundle_header`), its payload at most
+        ``max_bytes`` unless it carries one write: one message to that segment's holders
+        for all of them, where each alone cost every role a message.  The writes of a
+        batch are independent: writes to different segments may be ordered in any order
+        among themselves, while two writes that touch a common key stay in batch order
+        (same segment, same message or an earlier one), and every write of a batch is
+        ordered after the writes of earlier batches.  A write of several ranges, of a
+        range across segments, or one for which ``alone`` is true (default: those the
+        client waits to hear about, ``ops.answered``) travels alone, after every bundle
+        begun before it.  Grouped by the client's copy of the keyspace: with a stale copy
+        a bundle may reach more holders than one segment's, and each applies what it
+        holds."""
+        parts = [self._write_ranges(op) for op in ops]
+        ks = self.keyspace
+        if ks is None or not len(ks) or limit <= 1:
+            return [((i,), ops[i], write_header(r)) for i, r in enumerate(parts)]
+        answered = alone if alone is not None else getattr(self.ops, "answered", None)
+        ids = ks.ids
+        uppers = (*ids, MAX_EKEY)
+        out: list[tuple[tuple[int, ...], Any, dict[str, Any]]] = []
+        groups: dict[int, list[int]] = {}
+        """Indices waiting to travel, by piece of the ring (``bisect_right(ids, key)``:
+        the two ends of the wrapping segment are two pieces, each with its own bundle)."""
+
+        def flush() -> None:
+            for group in groups.values():
+                if group:
+                    out.extend(self._write_bundles(ops, parts, group, max_bytes))
+            groups.clear()
+
+        for i, ranges in enumerate(parts):
+            k = -1
+            if len(ranges) == 1 and (answered is None or not answered(ops[i])):
+                lo, hi = ranges[0]
+                k = bisect_right(ids, lo)
+                if hi > uppers[k]:
+                    k = -1
+            if k < 0:  # travels alone, behind everything begun before it
+                flush()
+                out.append(((i,), ops[i], write_header(ranges)))
+                continue
+            group = groups.get(k)
+            if group is None:
+                group = groups[k] = []
+            group.append(i)
+            if len(group) >= limit:
+                out.extend(self._write_bundles(ops, parts, group, max_bytes))
+                groups[k] = []
+        flush()
+        return out
+
+    def _write_bundles(
+        self, ops: list[Any], parts: list[RangeSet], group: list[int], max_bytes: int
+    ) -> list[tuple[tuple[int, ...], Any, dict[str, Any]]]:
+        """One piece's writes as messages (halves in order where too large)."""
+        if len(group) == 1:
+            i = group[0]
+            return [((i,), ops[i], write_header(parts[i]))]
+        payload = self._packer.pack(tuple((ops[i], parts[i]) for i in group))
+        if len(payload) > max_bytes:
+            half = len(group) // 2
+            return self._write_bundles(ops, parts, group[:half], max_bytes) + (
+                self._write_bundles(ops, parts, group[half:], max_bytes)
+            )
+        lo = min(parts[i][0][0] for i in group)
+        hi = max(parts[i][0][1] for i in group)
+        return [(tuple(group), payload, write_bundle_header(((lo, hi),), len(group)))]
+
+    def read_message(
+        self, op: Any, within: RangeSet | None = None
+    ) -> tuple[Any, dict[str, Any], Gather]:
+        """``(payload, header, gather)`` of a sequential or snapshot read; the offset turns
+        per read so that load spreads over the replicas (4.3).  ``within`` restricts the
+        read to part of the placement space (one storage range of a parallel export):
+        responders answer only for what the header names."""
+        gather = self.gather(op, within)
+        return op, self.header(gather), gather
+
+    def gather(self, op: Any, within: RangeSet | None = None) -> Gather:
+        """What a read of ``op`` will gather (:meth:`read_message` without its message, for a
+        read that may travel in a bundle); raises :class:`BadOperation` for a bad op."""
+        part = self.ops.part_fun(op, self.placement)
+        if part.kind != "read":
+            raise BadOperation(f"{op_name(op)!r} is a write, not a read")
+        ranges = part.ranges if within is None else intersect(part.ranges, within)
+        if not ranges:
+            raise BadOperation(f"{op_name(op)!r} reads nothing inside the ranges asked for")
+        return Gather(op, ranges)
+
+    def gathers(self, ops: list[Any]) -> list[Gather]:
+        """:meth:`gather` of every op of a batch, in one loop (it runs for every read a
+        client sends); raises :class:`BadOperation` for the first bad op."""
+        part_fun, placement = self.ops.part_fun, self.placement
+        out: list[Gather] = []
+        for op in ops:
+            kind, ranges = part_fun(op, placement)
+            out.append(Gather(op, ranges) if kind == "read" and ranges else self.gather(op))
+        return out
+
+    def header(self, gather: Gather) -> dict[str, Any]:
+        """The header of a read sent alone, at the next offset."""
+        self._offset += 1
+        return read_header(gather.ranges, self._offset)
+
+    def bundles(self, gathers: list[Gather], limit: int) -> tuple[list[list[int]], int]:
+        """Which reads of a batch share a message (:data:`rubberband.config.BUNDLE`), and
+        the offset their headers carry: indices grouped by the holder the routers' cover
+        picks for them at that offset, at most ``limit`` to a group, a group of one for a
+        read of several ranges.
+
+        At offset ``r`` the cover reads segment ``s`` from the holder at ring position
+        ``s + (r - s) mod m`` (``m`` holders per segment, :class:`Routing`): one holder
+        for ``m`` consecutive segments.  Reads grouped by that holder reach one
+        responder, so a bundle costs the routers one cover and its responder one
+        message; the offset turns with every batch, so every holder takes its turn.
+        Grouped by the client's copy of the keyspace: a stale copy (or a holder the
+        routers avoid) only spreads a bundle over more responders, each answering what
+        it holds."""
+        groups, offset = self._groups(gathers, limit)
+        return [group for group, _ in groups], offset
+
+    def _groups(
+        self, gathers: list[Gather], limit: int
+    ) -> tuple[list[tuple[list[int], dict[int, list[Any]] | None]], int]:
+        """:meth:`bundles`, each group with its hulls (as :meth:`_hulls` makes them, None
+        for a read of several ranges), found in the same pass: :meth:`reads` then needs
+        no second search of the ring per read."""
+        ks = self.keyspace
+        if ks is None or not len(ks) or limit <= 1:
+            return [([i], None) for i in range(len(gathers))], 0
+        self._offset += 1
+        r, ids, m = self._offset, ks.ids, ks.group_size
+        n = len(ids)
+        out: list[tuple[list[int], dict[int, list[Any]] | None]] = []
+        groups: dict[int, tuple[list[int], dict[int, list[Any]]]] = {}
+        for i, g in enumerate(gathers):
+            ranges = g.ranges
+            if len(ranges) != 1:
+                out.append(([i], None))
+                continue
+            lo, hi = ranges[0]
+            k = bisect_right(ids, lo)
+            s = (k - 1) % n
+            holder = (s + (r - s) % m) % n
+            entry = groups.get(holder)
+            if entry is None:
+                entry = groups[holder] = ([], {})
+            group, hulls = entry
+            group.append(i)
+            _widen(hulls, k, lo, hi)
+            if len(group) >= limit:
+                out.append(entry)
+                del groups[holder]
+        out.extend(groups.values())
+        return out, r
+
+    def _hulls(self, gathers: Iterable[Gather]) -> dict[int, list[Any]]:
+        """For each piece of the ring between two ids that ``gathers`` touch (``k`` of
+        ``bisect_right(ids, key)``), ``[lo, hi]`` from their lowest to their highest
+        bound there."""
+        ks = self.keyspace
+        ids = ks.ids if ks is not None else ()
+        hulls: dict[int, list[Any]] = {}
+        for g in gathers:
+            lo, hi = g.ranges[0][0], g.ranges[-1][1]
+            _widen(hulls, bisect_right(ids, lo), lo, hi)
+        return hulls
+
+    def bundle(
+        self, reads: list[tuple[Any, Gather]], offset: int | None = None
+    ) -> tuple[bytes, dict[str, Any]]:
+        """``(payload, header)`` of one message carrying ``reads`` (``(op, gather)``
+        pairs from :meth:`gather`) at ``offset`` (from :meth:`bundles`; None: the next
+        one): each read keeps its own ranges inside the payload's bytes; the header
+        names, for each piece of the ring between two ids that the reads touch, the
+        range from their lowest to their highest bound there (a few ranges, never the
+        whole ring for reads on both sides of its wrap).  Raises ``TypeError`` for an op
+        msgpack cannot encode, as a read alone does at its submission."""
+        if offset is None:
+            self._offset += 1
+            offset = self._offset
+        ranges = normalize((lo, hi) for lo, hi in self._hulls(g for _, g in reads).values())
+        payload = self._packer.pack(tuple((op, g.ranges) for op, g in reads))
+        return payload, bundle_header(ranges, offset, len(reads))
+
+    def read_messages(
+        self, ops: list[Any], gathers: list[Gather], limit: int, max_bytes: int
+    ) -> list[tuple[tuple[int, ...], Any, dict[str, Any]]]:
+        """The messages that carry a batch of sequential or snapshot reads (``gathers``
+        from :meth:`gather`, one per op): ``(indices, payload, header)``, as
+        :meth:`writes_of` gives them.  Grouped as :meth:`bundles` groups them; a message
+        of one read carries it alone (its op and :meth:`header`); a bundle's payload is
+        at most ``max_bytes`` unless it carries one read (halves otherwise).  The
+        batch's form of :meth:`bundles` and :meth:`bundle`, in one pass over the reads:
+        this runs for every read a client sends."""
+        groups, offset = self._groups(gathers, limit)
+        out: list[tuple[tuple[int, ...], Any, dict[str, Any]]] = []
+        for group, hulls in groups:
+            self._read_bundles(ops, gathers, group, hulls, offset, max_bytes, out)
+        return out
+
+    def _read_bundles(
+        self,
+        ops: list[Any],
+        gathers: list[Gather],
+        group: list[int],
+        hulls: dict[int, list[Any]] | None,
+        offset: int,
+        max_bytes: int,
+        out: list[tuple[tuple[int, ...], Any, dict[str, Any]]],
+    ) -> None:
+        if len(group) == 1:
+            i = group[0]
+            out.append(((i,), ops[i], self.header(gathers[i])))
+            return
+        payload = self._packer.pack([(ops[i], gathers[i].ranges) for i in group])
+        if len(payload) > max_bytes:  # large reads: fewer to a message
+            half = len(group) // 2
+            for part in (group[:half], group[half:]):
+                self._read_bundles(ops, gathers, part, None, offset, max_bytes, out)
+            return
+        if hulls is None:
+            hulls = self._hulls(gathers[i] for i in group)
+        ranges = normalize((lo, hi) for lo, hi in hulls.values())
+        out.append((tuple(group), payload, bundle_header(ranges, offset, len(group))))
+
+    def basic_targets(
+        self, gather: Gather, avoid: frozenset[str] = frozenset()
+    ) -> dict[str, RangeSet]:
+        """Storage processes to ask for what ``gather`` still misses (a cover from the
+        client's keyspace, rotated per read, avoiding processes that failed it)."""
+        ks = self.keyspace
+        if ks is None or not len(ks):
+            raise Unavailable("the client knows no storage process yet")
+        self._offset += 1
+        from rubberband.placement import Unavailable as NoHolder
+
+        try:
+            return ks.read_cover(gather.missing(), self._offset, exclude=avoid)
+        except NoHolder as e:
+            raise Unavailable(str(e)) from None
+
+    def result(self, gather: Gather) -> Any:
+        if gather.error is not None:
+            raise Rejected(gather.error)
+        return self.ops.combine(gather.op, [self._restrict(r, res) for r, res in gather.pieces])
+
+    def _restrict(self, ranges: RangeSet, result: Any) -> Any:
+        """Engines answer for the ranges they were given; the client keeps each range
+        once, so an engine's ``restrict`` (if any) trims an answer to ``ranges``."""
+        restrict = getattr(self.ops, "restrict", None)
+        return result if restrict is None else restrict(result, ranges, self.placement)
+
+
+def _widen(hulls: dict[int, list[Any]], k: int, lo: Any, hi: Any) -> None:
+    """Widen the hull of ring piece ``k`` to take in ``[lo, hi)``."""
+    h = hulls.get(k)
+    if h is None:
+        hulls[k] = [lo, hi]
+        return
+    if lo < h[0]:
+        h[0] = lo
+    if hi > h[1]:
+        h[1] = hi
+
+
+def _tuples(value: Any) -> Any:
+    if type(value) in (list, tuple):
+        return tuple(_tuples(v) for v in value)
+    return value

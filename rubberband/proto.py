@@ -1,0 +1,277 @@
+"""Rubberband's wire: every message its processes exchange, typed, in one place.
+
+Two kinds travel.  **Direct messages** go from one application process to another
+outside the total order (E-Cast's ``Direct``): answers to reads and writes, basic reads,
+migration streams, heartbeats, keyspace questions.  Each is a frozen dataclass here with
+an append-only wire code, registered with E-Cast's codec, which decodes it strictly (a
+field of the wrong type is refused with the packet, the connection closed and the refusal
+counted, before any core sees it; ``ecast.wire.codec``).  What a field's type cannot say
+(a range set is well formed, a request id is ours) the core that takes it checks.
+
+**Headers** of E-Cast messages are what the routers' config reads to route (4.3): plain
+maps, since routers parse every one and a map lookup is all they need.  Their keys are
+named here, once (:class:`H`); builders for each kind of message follow.
+
+Codes are part of the protocol: never renumber, only append.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ecast
+from ecast import KIND, SUSPECT, WHO, NodeId
+
+TransferId = tuple[int, int]
+"""A migration's transfer: the keyspace message's position and the instruction's index."""
+
+
+# ------------------------------------------------------------------ client <-> storage
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """storage -> client: one answer to a read (or a write that asked for one).
+
+    ``covered`` is the part of the request this answer is for (the request intersected
+    with what this process holds; None: all of it), ``error`` the message of a
+    ``BadOperation`` (else None).  ``position`` and ``ok`` depend on the read: a
+    sequential read has None and True; a snapshot read the router's frontier and whether
+    this process could answer as of it; a basic read this process's keyspace version and
+    whether the client's version matched."""
+
+    request: Any
+    covered: Any
+    result: Any
+    error: str | None
+    position: int | None
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Answers:
+    """storage -> client: the answers to a bundle of reads, ``(index, covered, result,
+    error)`` each, for one read and one piece of what this process holds of it
+    (``covered`` None: all of the read).  A bundle of writes is answered only for the
+    writes the engine rejected."""
+
+    request: Any
+    position: int | None
+    ok: bool
+    rows: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Whole:
+    """storage -> client: the answers to a bundle of reads that this process answers
+    every one of whole and without error (most bundles), ``results[i]`` for read ``i``."""
+
+    request: Any
+    position: int | None
+    results: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BasicRead:
+    """client -> storage: a basic read, routed by the client's keyspace ``version``."""
+
+    request: int
+    op: Any
+    ranges: tuple[Any, ...]
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stale:
+    """storage -> client: a basic read routed by another keyspace version than ours:
+    learn the keyspace again (from a super) and read again."""
+
+    request: int
+    version: int
+
+
+# ------------------------------------------------------------------ storage <-> storage
+@dataclass(frozen=True, slots=True)
+class Pull:
+    """receiver -> source: send chunk ``chunk`` of the transfer."""
+
+    transfer: tuple[int, int]
+    chunk: int
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """source -> receiver: chunk ``chunk`` of the transfer (``last``: the end)."""
+
+    transfer: tuple[int, int]
+    chunk: int
+    data: Any
+    last: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """source -> receiver: the source's own copy is incomplete (its receive of those
+    ranges was aborted), so the receiver's copy would be too."""
+
+    transfer: tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """receiver -> source: a chunk was malformed or held keys outside the copy's ranges;
+    the receiver gave the transfer up (its ranges are broken, and a super repairs it from
+    another replica), so the source stops sending."""
+
+    transfer: tuple[int, int]
+
+
+# ------------------------------------------------------------------ super <-> the rest
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """super -> storage or super: a heartbeat (``sent_ms``: the super's clock, echoed)."""
+
+    sent_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    """The answer to a :class:`Ping`, with the answerer's figures (a storage process's
+    operations applied so far, items, bytes, items waiting; empty for a super)."""
+
+    sent_ms: int
+    figures: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Describe:
+    """client -> super: what is the keyspace?"""
+
+    request: int
+
+
+@dataclass(frozen=True, slots=True)
+class Described:
+    """super -> client: the keyspace (``Keyspace.to_state()``) at ``version``."""
+
+    request: int
+    version: int
+    keyspace: Any
+    partitioning: str
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """storage -> super: take me off the ring (contract, or replace me with
+    ``replace_with``); a storage process asks on SIGTERM."""
+
+    request: int
+    replace_with: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Left:
+    """super -> storage: the leave completed at ``version``, or ``error`` says why not."""
+
+    request: int
+    error: str | None
+    version: int | None
+
+
+MESSAGES: tuple[type, ...] = (
+    Answer,
+    Answers,
+    Whole,
+    BasicRead,
+    Stale,
+    Pull,
+    Chunk,
+    Abort,
+    Refuse,
+    Ping,
+    Pong,
+    Describe,
+    Described,
+    Leave,
+    Left,
+)
+"""Every direct message, in the order of their wire codes (64 on)."""
+FIRST_CODE = 64
+
+for _i, _cls in enumerate(MESSAGES):
+    ecast.register_message(_cls, FIRST_CODE + _i)
+
+
+# ------------------------------------------------------------------ E-Cast headers
+class H:
+    """The keys of Rubberband's headers.  Named in full: a name costs a few bytes of a
+    message and nothing measurable in time (a router looks keys up in a small map)."""
+
+    WRITES = "writes"
+    """The ranges a write touches (routed to every holder of them)."""
+    READS = "reads"
+    """The ranges a read covers (routed to a cover of them, 4.3)."""
+    OFFSET = "offset"
+    """Which replica of each segment a read goes to: turns per read (4.3)."""
+    REQUEST = "request"
+    """The client's id for the answers (read, or write that asked for one)."""
+    ANSWER = "answer"
+    """A write whose client waits for a holder's answer (its validity depends on data)."""
+    COUNT = "count"
+    """A bundle: how many reads or writes its payload carries."""
+    VERSION = "version"
+    """Keyspace version (keyspace, ready and incomplete messages)."""
+    OP = "op"
+    """A keyspace message's reconfiguration: ``(name, *args)``."""
+    INSTRUCTIONS = "instructions"
+    """A keyspace message's plan (``Plan.to_wire()``)."""
+    RANGES = "ranges"
+    """The ranges of a receive that cannot finish (incomplete)."""
+
+
+KEYSPACE = "keyspace"
+READY = "ready"
+INCOMPLETE = "incomplete"
+
+
+def write_header(ranges: Any) -> dict[str, Any]:
+    return {H.WRITES: ranges}
+
+
+def read_header(ranges: Any, offset: int) -> dict[str, Any]:
+    return {H.READS: ranges, H.OFFSET: offset}
+
+
+def bundle_header(ranges: Any, offset: int, count: int) -> dict[str, Any]:
+    return {H.READS: ranges, H.OFFSET: offset, H.COUNT: count}
+
+
+def write_bundle_header(ranges: Any, count: int) -> dict[str, Any]:
+    """A write bundle: ``count`` writes in one message, the payload as a read bundle's.
+    Its ranges are one range inside one segment, from the writes' lowest bound to their
+    highest (the client bundles only writes of one segment), so the routers route it as
+    one write to that segment's holders, and each holder applies every write of it at
+    the message's one position, in the order of the payload."""
+    return {H.WRITES: ranges, H.COUNT: count}
+
+
+def keyspace_header(version: int, op: tuple[Any, ...], instructions: Any) -> dict[str, Any]:
+    """``op`` as in ``rubberband.config``'s docstring, ``instructions`` a plan's
+    ``to_wire()``."""
+    return {
+        KIND: KEYSPACE,
+        H.VERSION: version,
+        H.OP: tuple(op),
+        H.INSTRUCTIONS: tuple(instructions),
+    }
+
+
+def ready_header(version: int) -> dict[str, Any]:
+    return {KIND: READY, H.VERSION: version}
+
+
+def incomplete_header(version: int, ranges: Any) -> dict[str, Any]:
+    return {KIND: INCOMPLETE, H.VERSION: version, H.RANGES: ranges}
+
+
+def vote_header(who: NodeId) -> dict[str, Any]:
+    return {KIND: SUSPECT, WHO: [who]}

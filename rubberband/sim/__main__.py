@@ -1,0 +1,90 @@
+"""``python -m rubberband.sim --seed 7 --json``: one seeded Rubberband run, checked."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rubberband.sim import MUTATIONS, RB_FAULTS, SCENARIOS, RbRunConfig, run_rubberband
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rubberband.sim", description=__doc__)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--routers", type=int, default=3)
+    ap.add_argument("--storage", type=int, default=6)
+    ap.add_argument("--replication", type=int, default=3)
+    ap.add_argument("--clients", type=int, help="default: one per 200 operations, at least 4")
+    ap.add_argument("--ops", type=int, default=2000)
+    ap.add_argument("--faults", default=",".join(RB_FAULTS))
+    ap.add_argument("--fault-time", type=float, default=8.0)
+    ap.add_argument("--mutation", choices=MUTATIONS)
+    ap.add_argument("--scenario", choices=sorted(SCENARIOS), help="a fixed schedule, no faults")
+    ap.add_argument("--supers", type=int, default=1)
+    ap.add_argument("--answer-timeout", type=float, default=1.0, help="seconds a read may take")
+    ap.add_argument(
+        "--engine",
+        default="storage_adapters.memory:MemoryEngine",
+        help="module:Class of an engine answering the key-value operations "
+        "(storage_adapters.scan.kv:ScanKVEngine: the scan engine)",
+    )
+    ap.add_argument(
+        "--auto-repair",
+        action="store_true",
+        help="the super repairs broken holders on its own (the nemesis does not)",
+    )
+    ap.add_argument(
+        "--bundle",
+        action="store_true",
+        help="reads and appends travel in bundles of two (read_batch's, write_batch's)",
+    )
+    ap.add_argument(
+        "--codec",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="every frame through the real wire codec (--no-codec: faster)",
+    )
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    faults = tuple(f for f in args.faults.split(",") if f)
+    unknown = [f for f in faults if f not in RB_FAULTS]
+    if unknown:
+        print(f"unknown faults {unknown}; known: {', '.join(RB_FAULTS)}", file=sys.stderr)
+        return 2
+    cfg = RbRunConfig(
+        seed=args.seed,
+        routers=args.routers,
+        storage=args.storage,
+        replication=args.replication,
+        clients=args.clients,
+        ops=args.ops,
+        faults=() if args.scenario else faults,
+        fault_time=args.fault_time,
+        mutation=args.mutation,
+        scenario=args.scenario,
+        supers=args.supers,
+        answer_timeout=args.answer_timeout,
+        engine=args.engine,
+        auto_repair=args.auto_repair,
+        bundle=args.bundle,
+        codec=args.codec,
+    )
+    if args.mutation:
+        import os
+
+        from ecast.core import mutations
+
+        os.environ.setdefault(mutations.ENV, "1")  # this command exists to plant bugs
+    res = run_rubberband(cfg)
+    out = res.to_json()
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for k, v in out.items():
+            print(f"{k}: {v}")
+    return 1 if res.violations else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,502 @@
+"""The client core against real storage cores (the in-memory model), in virtual time:
+whom it believes, failover, read batches, timeouts.  The SDK and the simulator drive
+this same core (``tests/unit/test_rubberband_sdk.py`` checks the SDK's driving)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+
+from ecast.core import mutations
+from rubberband.client import ReadDone, WriteDone
+from rubberband.errors import Indeterminate, Unavailable
+from rubberband.proto import Answer, Answers, H, Whole
+from tests.rubberband_client_rig import Rig
+from tests.rubberband_model import Model
+
+
+def _holder(m: Model, key: int) -> str:
+    """A storage process that holds ``key``."""
+    place = m.placement.ekey(key)
+    ks = m.config.keyspace
+    return next(p for _, p in ks.ring() if any(lo <= place < hi for lo, hi in ks.partition(p)))
+
+
+def _responders(rig: Rig, token: int) -> frozenset[str]:
+    """Where the routers sent the submission of request ``token`` (by the model's
+    config now)."""
+    from ecast import Message
+
+    s = next(s for s in rig.submitted if s.header.get(H.REQUEST) == token)
+    return rig.m.config.destset(Message(rig.name, (("x", 0, rig.name), 0), s.header, s.payload))
+
+
+# ---------------------------------------------------------------------- whom it believes
+class _ChangingRig(Rig):
+    """The keyspace changes (an expand) right after the first storage process was asked,
+    so the others find the client's keyspace stale."""
+
+    changed = False
+
+    def send(self, dst: str, direct: Any) -> None:
+        super().send(dst, direct)
+        if not self.changed and dst.startswith("storage:"):
+            self.changed = True
+            self.m.join_storage("storage:4")
+            self.m.reconfigure(("expand", "storage:4", 350))
+            self.m.settle()
+
+
+def test_a_basic_read_across_a_keyspace_change_returns_every_key() -> None:
+    """Parts answered under two keyspace versions are not one read: the client learns
+    the newer keyspace from a super and reads again, whole (it once returned a read
+    missing the keys whose answers had not arrived)."""
+    m = Model(f=3).ring_of(4)
+    keys = [10, 110, 210, 310, 360]
+    for k in keys:
+        m.write(("put", ((k, f"v{k}"),)))
+    m.settle()
+    rig = _ChangingRig(m)
+    rid = rig.read(("get", tuple(keys)), "basic")
+    done = rig.until_done(rid)
+    assert done.error is None and done.result == {k: f"v{k}" for k in keys}
+    assert rig.core.version == m.config.version and rig.core.counts["retries"] >= 1
+
+
+def _forged_then_real() -> tuple[list[Any], int]:
+    """A read whose holder the client does not know yet (an expand it missed): a forged
+    answer from a storage process that holds none of it, then the real one from the new
+    holder."""
+    m = Model(f=3).ring_of(4)
+    liar = next(
+        p
+        for p in m.config.keyspace.processes
+        if p != _holder(m, 360)
+        and not any(lo <= m.placement.ekey(360) < hi for lo, hi in m.config.keyspace.partition(p))
+    )
+    rig = Rig(m)
+    rig.silent = True
+    m.join_storage("storage:4")
+    m.reconfigure(("expand", "storage:4", 350))  # the client does not know yet
+    m.settle()
+    got: list[Any] = []
+    _, fx = rig.core.read_batch(
+        [("get", (360,))], "snapshot", lambda op, g: got.append(g), rig.now, bundle=1
+    )
+    rig.run(fx)
+    (sub,) = rig.submitted
+    rid = sub.header[H.REQUEST]
+    rig.run(rig.core.on_direct("client:x", Answer(rid, None, {360: "client"}, None, 1, True), 0))
+    rig.run(rig.core.on_direct(liar, Answer(rid, None, {360: "forged"}, None, 1, True), 0))
+    rig.run(rig.core.on_direct("storage:4", Answer(rid, None, {360: "real"}, None, 1, True), 0))
+    early = list(got)
+    rig.pump()  # the super's answer: storage:4 holds 360 now
+    return [rig.core.result(g) for g in early] + [rig.core.result(g) for g in got[len(early) :]], (
+        rig.core.refused_answers
+    )
+
+
+def test_answers_are_taken_only_from_holders_a_newer_keyspace_learned_first() -> None:
+    """An answer from a process that is no storage process is no answer; one from a
+    storage process that the client's keyspace does not name as a holder waits until the
+    client has asked a super for the newest keyspace, and counts if that names it."""
+    got, refused = _forged_then_real()
+    assert got == [{360: "real"}] and refused == 2
+
+
+def test_the_planted_bug_that_trusts_any_answer_is_caught() -> None:
+    """``trust_any_answer`` (no simulated process lies, so the simulator cannot catch
+    it): the forged answer completes the read."""
+    with mutations.planted({"trust_any_answer"}):
+        got, _ = _forged_then_real()
+    assert got[0] == {360: "forged"}
+
+
+def test_an_answer_from_a_process_not_asked_is_no_answer_to_a_basic_read() -> None:
+    m = Model(f=3).ring_of(4)
+    m.write(("put", ((5, "five"),)))
+    m.settle()
+    rig = Rig(m)
+    rig.silent = True
+    rid = rig.read(("get", (5,)), "basic")
+    (asked,) = rig.core.asked.values()
+    other = next(p for p in m.config.keyspace.processes if p not in asked)
+    tid = next(iter(rig.core.asked))
+    rig.run(rig.core.on_direct(other, Answer(tid, None, {5: "forged"}, None, 0, True), 0))
+    assert rig.done(rid) is None and rig.core.refused_answers == 1
+
+
+# ---------------------------------------------------------------------- failover
+class _KillingRig(Rig):
+    """The processes the client's first read reaches crash as it reaches them (before
+    they answer); nobody has suspected them yet."""
+
+    killed: frozenset[str] = frozenset()
+
+    def submit(self, submissions: list[Any]) -> None:
+        if not self.killed:
+            from ecast import Message
+
+            s = submissions[0]
+            msg = Message(self.name, (("x", 0, self.name), 0), s.header, s.payload)
+            self.killed = self.m.config.destset(msg)
+            self.m.dead |= self.killed
+        super().submit(submissions)
+
+    def send(self, dst: str, direct: Any) -> None:
+        if not self.killed and dst.startswith("storage:"):
+            self.killed = frozenset((dst,))
+            self.m.dead |= self.killed
+        super().send(dst, direct)
+
+
+@pytest.mark.parametrize("level", ["sequential", "snapshot", "basic"])
+def test_a_read_whose_responder_died_goes_to_another_replica(level: str) -> None:
+    """The responder of a read fails before answering: the read is tried again (a new
+    request id), and once the failure is known to the order, another replica answers."""
+    m = Model(f=3).ring_of(4)
+    m.write(("put", ((5, "five"),)))
+    m.settle()
+    rig = _KillingRig(m, retry_after=0.5)
+    rid = rig.read(("get", (5,)), level)
+    rig.pump()
+    assert len(rig.killed) == 1 and rig.done(rid) is None  # no answer from the dead
+    rig.tick(0.2)  # a try may go to another replica already (reads take turns)
+    for victim in rig.killed:
+        m.suspect(victim)
+    m.settle()
+    done = rig.until_done(rid)
+    assert done.error is None and done.result == {5: "five"}
+    assert rig.core.counts["retries"] >= 1
+    assert rig.now < rig.core.answer_timeout
+
+
+def test_a_read_that_no_holder_is_left_for_fails_unavailable() -> None:
+    m = Model(f=1).ring_of(2)
+    rig = Rig(m, answer_timeout=1.0)
+    victim = _holder(m, 5)
+    m.suspect(victim)  # its ranges have no holder left
+    m.settle()
+    rid = rig.read(("get", (5,)), "sequential")
+    done = rig.until_done(rid)
+    assert isinstance(done.error, Unavailable), done
+
+
+def test_a_read_nobody_answers_fails_indeterminate_after_its_timeout() -> None:
+    m = Model(f=3).ring_of(4)
+    rig = Rig(m, answer_timeout=1.0, retry_after=0.3)
+    rig.silent = True
+    rid = rig.read(("scan", 0, 400), "snapshot")
+    done = rig.until_done(rid)
+    assert isinstance(done.error, Indeterminate) and 1.0 <= rig.now < 1.2
+    assert rig.core.counts["retries"] >= 2  # tried again every retry_after meanwhile
+
+
+def test_answers_to_an_earlier_try_are_not_taken() -> None:
+    """Parts from two tries are not one read (two positions)."""
+    m = Model(f=3).ring_of(4)
+    rig = Rig(m, retry_after=0.3)
+    rig.silent = True
+    rid = rig.read(("get", (5,)), "snapshot")
+    first = rig.submitted[-1].header[H.REQUEST]
+    rig.tick(0.35)  # retried
+    assert rig.submitted[-1].header[H.REQUEST] != first
+    src = _holder(m, 5)
+    rig.run(rig.core.on_direct(src, Answer(first, None, {5: "old"}, None, 7, True), rig.now))
+    assert rig.done(rid) is None
+    second = rig.submitted[-1].header[H.REQUEST]
+    rig.run(rig.core.on_direct(src, Answer(second, None, {5: "new"}, None, 9, True), rig.now))
+    assert rig.done(rid).result == {5: "new"}
+
+
+def test_a_write_is_stable_then_done_and_an_undelivered_one_is_unavailable() -> None:
+    m = Model(f=1).ring_of(2)
+    rig = Rig(m)
+    rid = rig.write(("put", ((5, "five"),)))
+    assert rig.until_done(rid) == WriteDone(rid, None)
+    m.suspect(_holder(m, 5))
+    m.settle()
+    rid = rig.write(("put", ((5, "again"),)))
+    assert isinstance(rig.until_done(rid).error, Unavailable)
+
+
+def test_a_write_never_acknowledged_is_indeterminate_after_its_deadline() -> None:
+    m = Model(f=3).ring_of(4)
+    rig = Rig(m)
+    rig.core.write_timeout = 1.0
+    rig.core.answer_timeout = 0.5
+    rig.lose_acks = True
+    rid = rig.write(("put", ((5, "five"),)))
+    done = rig.until_done(rid)
+    assert isinstance(done.error, Indeterminate) and 1.5 <= rig.now < 1.6
+
+
+# ---------------------------------------------------------------------- read batches
+def _batch_of_reads(
+    silent: bool, shed: bool = False, grouped: bool = False
+) -> tuple[dict[int, Any], Rig, list[int]]:
+    """200 bundled snapshot reads; what each was told, and the sizes of the groups told
+    (``grouped``)."""
+    m = Model(f=3).ring_of(4)
+    for k in range(0, 400, 2):
+        m.write(("put", ((k, f"v{k}"),)))
+    m.settle()
+    rig = Rig(m, answer_timeout=0.3)
+    rig.silent = silent
+    got: dict[int, Any] = {}
+    groups: list[int] = []
+
+    def done(op: Any, gather: Any) -> None:
+        key = op[1][0]
+        assert key not in got, f"read {key} completed twice"
+        got[key] = (
+            "timeout"
+            if gather is None
+            else "refused"
+            if gather.refused
+            else rig.core.result(gather)
+        )
+
+    def done_group(told: list[tuple[Any, Any]]) -> None:
+        assert told, "an empty group"
+        groups.append(len(told))
+        for op, gather in told:
+            done(op, gather)
+
+    ops = [("get", (k,)) for k in range(200)]
+    callback = done_group if grouped else done
+    _, fx = rig.core.read_batch(ops, "snapshot", callback, rig.now, bundle=16, grouped=grouped)
+    rig.run(fx)
+    if shed:
+        for s in rig.submitted:
+            rig.run(rig.core.on_shed(s.token, rig.now))
+    rig.pump()
+    while len(got) < 200:
+        assert rig.now < 2.0
+        rig.tick(0.05)
+    return got, rig, groups
+
+
+def _left(rig: Rig) -> tuple[Any, ...]:
+    core = rig.core
+    return dict(core._bundles), dict(core.batch_reads), dict(core.asked)
+
+
+def _counts(rig: Rig) -> list[int]:
+    return [len(msgpack.unpackb(s.payload)) if H.COUNT in s.header else 1 for s in rig.submitted]
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_read_batch_bundles_reads_and_completes_each_alone(grouped: bool) -> None:
+    got, rig, groups = _batch_of_reads(silent=False, grouped=grouped)
+    assert got == {k: ({k: f"v{k}"} if k % 2 == 0 else {}) for k in range(200)}
+    # 200 reads over two segments, 16 to a message (one holder may answer both).
+    counts = _counts(rig)
+    assert all(s.header.get(H.COUNT, 1) == n for s, n in zip(rig.submitted, counts, strict=True))
+    assert sum(counts) == 200 and max(counts) == 16 and len(rig.submitted) <= 14
+    assert _left(rig) == ({}, {}, {})  # nothing kept once every read completed
+    if grouped:  # told by answer: never more groups than answers, most of them whole
+        assert sum(groups) == 200 and max(groups) == 16
+        assert len(groups) <= 3 * len(rig.submitted), groups
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_shed_bundle_refuses_each_of_its_reads_at_once(grouped: bool) -> None:
+    got, rig, groups = _batch_of_reads(silent=True, shed=True, grouped=grouped)
+    assert got == {k: "refused" for k in range(200)} and rig.now == 0.0
+    assert _left(rig) == ({}, {}, {})
+    if grouped:  # a bundle's reads in one call
+        assert sorted(groups) == sorted(_counts(rig))
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_reads_of_a_bundle_nobody_answers_time_out_each(grouped: bool) -> None:
+    got, rig, groups = _batch_of_reads(silent=True, grouped=grouped)
+    assert got == {k: "timeout" for k in range(200)} and 0.3 <= rig.now < 0.4
+    assert _left(rig) == ({}, {}, {})
+    if grouped:
+        assert sorted(groups) == sorted(_counts(rig))
+
+
+def test_reads_with_large_operations_go_fewer_to_a_bundle() -> None:
+    m = Model(f=3).ring_of(3)
+    keys = [f"{i:03}" + "k" * 5000 for i in range(40)]  # one segment, 5 KB each
+    for k in keys[::2]:
+        m.write(("put", ((k, len(k)),)))
+    m.settle()
+    rig = Rig(m)
+    got: dict[str, Any] = {}
+
+    def done(op: Any, gather: Any) -> None:
+        got[op[1][0]] = rig.core.result(gather)
+
+    sent, fx = rig.core.read_batch([("get", (k,)) for k in keys], "snapshot", done, rig.now)
+    rig.run(fx)
+    rig.pump()
+    assert got == {k: ({k: len(k)} if i % 2 == 0 else {}) for i, k in enumerate(keys)}
+    assert sent == len(rig.submitted)
+    assert all(len(s.payload) <= 64 * 1024 for s in rig.submitted if H.COUNT in s.header)
+    # About 15 KB a read (the key in the op and twice in its range): split into
+    # bundles of four, not sent one by one.
+    assert sum(H.COUNT in s.header for s in rig.submitted) == sent <= len(keys) // 3
+
+
+class _HostileRig(Rig):
+    """Before the real answers to a bundle, malformed ones from a storage process."""
+
+    def submit(self, submissions: list[Any]) -> None:
+        for s in submissions:
+            rid, n = s.header[H.REQUEST], s.header.get(H.COUNT, 1)
+            self.inbox.append(("storage:0", Answers(rid, 1, True, ((0, "not ranges", {}, None),))))
+            self.inbox.append(
+                ("storage:0", Answers(rid, 1, True, ("not a row", (99, None, 1, None))))
+            )
+            self.inbox.append(("storage:0", Whole(rid, 1, (None,) * (n + 1))))
+            self.inbox.append(("storage:0", Whole(rid, 1, "not results")))  # type: ignore[arg-type]
+        super().submit(submissions)
+
+
+def test_malformed_answers_and_a_raising_callback_do_not_stop_other_reads() -> None:
+    """An answer the client cannot use (from any storage process) and a ``done`` that
+    raises are logged; every other read still completes, each once."""
+    m = Model(f=3).ring_of(3)
+    m.write(("put", ((5, "five"),)))
+    m.settle()
+    rig = _HostileRig(m)
+    got: list[Any] = []
+
+    def done(op: Any, gather: Any) -> None:
+        got.append(rig.core.result(gather) if gather is not None else None)
+        if len(got) == 1:
+            raise RuntimeError("the caller's own bug")
+
+    _, fx = rig.core.read_batch([("get", (5 + k,)) for k in range(20)], "snapshot", done, 0.0)
+    rig.run(fx)
+    rig.pump()
+    assert len(got) == 20 and None not in got and {5: "five"} in got
+
+
+def test_a_bundled_read_answered_in_pieces_completes_once_and_whole() -> None:
+    """Answers to a bundle's reads come from one responder (whole) or, with a stale
+    keyspace, from several (each a piece): a read completes when its pieces cover it, is
+    told once however many replicas answer it, and pieces from different frontiers
+    refuse it.  The answers here are crafted, so each case is certain to occur."""
+    m = Model(f=3).ring_of(4)
+    rig = Rig(m)
+    rig.silent = True
+    got: dict[int, Any] = {}
+    told: dict[int, int] = {}
+    ops: list[Any] = [("scan", 10, 30), ("get", (12,)), ("get", (14,)), ("scan", 40, 50)]
+
+    def done(op: Any, gather: Any) -> None:
+        i = ops.index(op)
+        told[i] = told.get(i, 0) + 1
+        got[i] = "refused" if gather.refused else rig.core.result(gather)
+
+    _, fx = rig.core.read_batch(ops, "snapshot", done, 0.0, bundle=8)
+    rig.run(fx)
+    (sub,) = rig.submitted
+    reads = msgpack.unpackb(sub.payload, use_list=False)
+    assert [op[0] for op, _ in reads] == ["scan", "get", "get", "scan"]
+    r1, r2 = reads[1][1], reads[2][1]
+    rid = sub.header[H.REQUEST]
+    k = (2, 20)
+    src = _holder(m, 10)  # of keys 10 to 50 (segment 0, f = 3)
+    first = ((0, (((2, 10), k),), [(10, "a")], None), (1, r1, {12: "x"}, None))
+    rig.run(rig.core.on_direct(src, Answers(rid, 7, True, first), 0.0))
+    assert got == {1: {12: "x"}}  # the scan has half of what it reads
+    second = (
+        (0, ((k, (2, 30)),), [(20, "b")], None),
+        (1, r1, {12: "replica"}, None),  # read 1 is complete: not told again
+        (2, r2, {}, None),
+        (3, (((2, 40), (2, 45)),), [], None),
+    )
+    rig.run(rig.core.on_direct(src, Answers(rid, 7, True, second), 0.0))
+    assert got == {0: [(10, "a"), (20, "b")], 1: {12: "x"}, 2: {}}
+    # The rest of read 3 from another frontier: not one consistent cut.
+    third = ((3, (((2, 45), (2, 50)),), [], None),)
+    rig.run(rig.core.on_direct(src, Answers(rid, 8, True, third), 0.0))
+    assert got[3] == "refused"
+    assert told == {0: 1, 1: 1, 2: 1, 3: 1}
+    assert _left(rig) == ({}, {}, {})
+
+
+def test_a_batch_that_cannot_be_encoded_raises_and_leaves_nothing_behind() -> None:
+    m = Model(f=3).ring_of(4)
+    rig = Rig(m)
+    told: list[Any] = []
+    core = rig.core
+    real_packer = core._packer
+
+    class SecondFails:
+        """The second bundle's payload cannot be encoded."""
+
+        calls = 0
+
+        def pack(self, obj: Any) -> bytes:
+            self.calls += 1
+            if self.calls == 2:
+                raise TypeError("cannot encode")
+            return real_packer.pack(obj)
+
+    core._packer = SecondFails()  # type: ignore[assignment]
+    ops = [("get", (k,)) for k in range(0, 400, 5)]
+    with pytest.raises(TypeError):
+        core.read_batch(ops, "snapshot", lambda op, g: told.append(op), 0.0, bundle=8)
+    assert core._packer.calls == 2  # type: ignore[attr-defined]
+    assert rig.submitted == [] and _left(rig) == ({}, {}, {})
+    rig.tick(10.0)  # past every deadline: nothing is told
+    assert told == []
+
+
+@pytest.mark.parametrize("level", ["sequential", "snapshot"])
+def test_a_batch_whose_messages_e_cast_refuses_tells_each_read_why(level: str) -> None:
+    from ecast import ClosedError
+
+    m = Model(f=3).ring_of(4)
+    rig = Rig(m, answer_timeout=0.2)
+    rig.silent = True
+    told: list[Any] = []
+    ops = [("get", (k,)) for k in range(0, 400, 5)]
+    _, fx = rig.core.read_batch(ops, level, lambda op, g: told.append((op, g)), 0.0, bundle=8)
+    rig.run(fx)
+    for s in rig.submitted:
+        rig.run(rig.core.on_rejected(s.token, ClosedError("the client was closed"), 0.0))
+    assert sorted(op for op, _ in told) == sorted(ops)
+    assert all("ClosedError" in g.error for _, g in told)
+    assert _left(rig) == ({}, {}, {})
+    rig.tick(1.0)
+    assert len(told) == len(ops)  # told once: not timed out as well
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_bundle_refused_whole_is_told_as_one_group(grouped: bool) -> None:
+    """A storage process's refusal of a whole bundle (one answer naming the bundle)
+    finishes every read of it: one call for a grouped caller, one per read otherwise."""
+    m = Model(f=3).ring_of(4)
+    rig = Rig(m)
+    rig.silent = True
+    calls: list[list[Any]] = []
+    ops = [("get", (k,)) for k in range(16)]
+    done = calls.append if grouped else (lambda op, g: calls.append([(op, g)]))
+    _, fx = rig.core.read_batch(ops, "snapshot", done, 0.0, bundle=16, grouped=grouped)
+    rig.run(fx)
+    bundles = [s.header[H.REQUEST] for s in rig.submitted if H.COUNT in s.header]
+    for rid in bundles:
+        rig.run(rig.core.on_direct(_holder(m, 0), Answer(rid, None, None, None, 1, False), 0.0))
+    told = [pair for call in calls for pair in call]
+    assert bundles and _left(rig) == ({}, {}, {})
+    assert sorted(op[1][0] for op, _ in told) == list(range(16))
+    assert len(told) == 16 and all(g is not None and g.refused for _, g in told)
+    assert len(calls) == (len(bundles) if grouped else 16)
+
+
+def test_read_done_names_the_request_a_caller_awaits() -> None:
+    m = Model(f=3).ring_of(2)
+    m.write(("put", ((1, "a"),)))
+    m.settle()
+    rig = Rig(m)
+    rid = rig.read(("get", (1,)), "sequential")
+    assert rig.until_done(rid) == ReadDone(rid, {1: "a"})
