@@ -76,8 +76,12 @@ SCAN_SCHEDULES = 60
 def test_the_schedules_pass_on_the_scan_engine_too(chunk: int) -> None:
     """The same randomized schedules with the scan engine in every storage process
     (its shared scans, send cursors, receives and range deletes, under the key-value
-    operations): every checker passes and every situation is reached."""
-    reached, _ = run_schedules(range(1 + chunk, SCAN_SCHEDULES + 1, 2), engine=SCAN_ENGINE)
+    operations): every checker passes and every situation is reached.  Without the codec,
+    for speed (it doubles a schedule's time): the 200 schedules above and the bundles'
+    run through it, these show the cores pass with lists left as lists too."""
+    reached, _ = run_schedules(
+        range(1 + chunk, SCAN_SCHEDULES + 1, 2), engine=SCAN_ENGINE, codec=False
+    )
     missing = [s for s in REQUIRED if not reached[s]]
     assert not missing, f"never reached: {missing} (reached: {dict(reached)})"
 
@@ -90,8 +94,11 @@ def test_the_super_repairs_broken_holders_on_its_own(chunk: int) -> None:
     """No operator: the nemesis crashes storage processes (sources mid-migration among
     them) and only keeps a standby process ready; the super replaces or contracts every
     broken or incomplete holder by itself, never forcing, and every run settles with
-    every checker passing."""
-    reached, _ = run_schedules(range(1 + chunk, AUTO_SCHEDULES + 1, 2), auto_repair=True)
+    every checker passing.  Without the codec, for speed: repair is control flow, and the
+    schedules above cross the wire."""
+    reached, _ = run_schedules(
+        range(1 + chunk, AUTO_SCHEDULES + 1, 2), auto_repair=True, codec=False
+    )
     assert reached["automatic_repair"] >= 5, dict(reached)
     assert reached["source_crash_mid_migration"], dict(reached)
 
@@ -203,12 +210,6 @@ def test_the_fault_scenarios_meet_their_expectations(scenario: str) -> None:
         assert result.acked > 200 and not result.failed and not result.indeterminate
         reached += bool(result.situations.get(STAGED[scenario]))
     assert reached >= 3, f"{scenario}: the fault rarely struck at the moment it stages"
-
-
-def test_schedules_without_the_codec_pass_too() -> None:
-    """The codec may be turned off for speed (lists stay lists): both ways pass."""
-    reached, busy = run_schedules(range(1, 21), codec=False)
-    assert busy >= 18 and reached["leader_takeover"], dict(reached)
 
 
 def test_reads_stay_fast_during_an_expand_and_reads_to_busy_receivers_are_caught() -> None:
