@@ -286,6 +286,22 @@ def test_a_retiring_router_finishes_when_the_view_it_left_for_has_moved_on() -> 
     assert net.violations() == []
 
 
+def test_a_retiring_router_stopped_by_a_batch_ignores_the_rest_of_it() -> None:
+    """Two confirmations in one frame: the first stops the retiree, and the second found
+    no retirement left to confirm and failed an assertion (a seeded custom-config
+    schedule, seed 243)."""
+    net = ManualNet(["a", "b", "c"], params())
+    net.leave("c")
+    net.deliver("c", "a")
+    held = {("c", "a"), ("c", "b")}
+    net.settle(0.5, hold=held)
+    c = net.core("c")
+    assert c.retiring and c.view is not None
+    later = c.view.number + 1
+    c.on_messages("a", (Parted(later), Parted(later), Parted(later)), net.now)
+    assert c.finished and not c.retiring
+
+
 def test_routers_that_part_each_other_lose_exactly_one() -> None:
     net = scenarios.mutual_parts()
     members = net.core("c").view.members  # type: ignore[union-attr]

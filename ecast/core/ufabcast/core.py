@@ -223,6 +223,8 @@ class Ufabcast:
         self._begin(now)
         if self.retiring:
             for msg in msgs:
+                if not self.retiring:
+                    break  # the batch's first confirmation stopped it: the rest is moot
                 self._retiring_message(src, msg)
         elif not self.stopped:
             self.detector.heard(src, now)
