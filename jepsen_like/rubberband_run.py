@@ -119,6 +119,8 @@ class Plan:
     engine: str = "memory"
     """The storage processes' engine (``cluster up --engine``)."""
     final_read_budget: float = 120.0
+    answer_timeout: float = 10.0
+    """The clients' ``answer_timeout`` (seconds a read waits for its answers)."""
     """Seconds the final reads have in all; what is not read by then is reported unread."""
 
 
@@ -195,7 +197,10 @@ class Workload:
             where = {"listen": f"{ip}:0", "source": ip}
         routers = json.loads((self.d / "cluster.json").read_text())["routers"]
         creds = self.st["client_credentials"]
-        return rbsdk.connect(routers, f"client:j{name}", credentials=creds, **where)
+        return rbsdk.connect(
+            routers, f"client:j{name}", credentials=creds,
+            answer_timeout=self.plan.answer_timeout, **where,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ operations
     async def bank_op(self, rb: Any, proc: str, i: int, n: int, crng: random.Random) -> Any:

@@ -80,6 +80,13 @@ def run(argv: list[str] | None = None) -> int:
         help="seconds the Rubberband workloads' final reads have in all (what is not read"
         " by then is reported unread, a violation)",
     )
+    ap.add_argument(
+        "--answer-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a Rubberband client waits for a read's answers (the SDK's"
+        " answer_timeout) before it reports the read indeterminate",
+    )
     ap.add_argument("--json", action="store_true", help="the report as the last line")
     a = ap.parse_args(argv)
     # SIGTERM (a CI timeout, a user's kill) unwinds like Ctrl-C: the cluster is taken
@@ -292,7 +299,8 @@ def _rubberband(
 
     started = time.monotonic()
     plan = Plan(a.workload, kinds, seed, a.time, a.settle, _say, network, tuple(a.mutation),
-                engine=a.engine, final_read_budget=a.final_read_budget)  # fmt: skip
+                engine=a.engine, final_read_budget=a.final_read_budget,
+                answer_timeout=a.answer_timeout)  # fmt: skip
     got = run_rubberband(out, plan)
     history = got["history"]
     with open(out / "history.jsonl", "w", encoding="utf-8") as f:
