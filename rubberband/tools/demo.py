@@ -55,6 +55,12 @@ KEYS = 200
 PROGRESS = "▮"
 
 
+SCHEDULE_LIMIT = 2
+"""The schedule of faults may run this many times ``--seconds`` (the workload then runs
+until it is through): its waits are fixed (failure detection, a repair's copy), and at
+``--seconds 30`` on a loaded machine they once took 31 s."""
+
+
 class Demo:
     def __init__(self, d: Path, seconds: float, png: Path, seed: int) -> None:
         self.d = d
@@ -401,21 +407,25 @@ class Demo:
         self.t0 = time.monotonic()
         workers = [asyncio.ensure_future(c) for c in (self.appender(0), self.appender(1),
                                                      self.tickets(), self.progress())]  # fmt: skip
+        # The workload runs ``seconds``, or until the schedule is through if its faults
+        # took longer (a repair on a busy machine): a fault cut short proves nothing.
+        # Twice ``seconds`` is the most it may take.
         try:
-            await asyncio.wait_for(self.schedule(), self.seconds)
+            await asyncio.wait_for(self.schedule(), SCHEDULE_LIMIT * self.seconds)
         except TimeoutError:
-            self.failures.append("the schedule did not finish in time")
+            self.failures.append(
+                f"the schedule did not finish within {SCHEDULE_LIMIT * self.seconds:g} s"
+            )
         rest = self.seconds - self.now()
         if rest > 0:
             await asyncio.sleep(rest)
+        ran = self.now()
         self.stop.set()
         await asyncio.gather(*workers, return_exceptions=True)
         print("workload stopped; checking", flush=True)
         await asyncio.sleep(1.0)  # the last writes become stable everywhere
         checks = await self.verify()
-        series = per_second(
-            [x for x in self.latencies if x[1] is not None and x[1] <= self.seconds]
-        )
+        series = per_second([x for x in self.latencies if x[1] is not None and x[1] <= ran])
         why = plot(self.png, "rubberband demo: ok operations and latency", series, self.windows)
         ok_ops = sum(1 for *_, ok in self.latencies if ok)
         verdict = (
@@ -427,7 +437,7 @@ class Demo:
             and not self.failures
         )
         print("\nsummary")
-        print(f"  operations acknowledged: {ok_ops:,} in {self.seconds:g} s "
+        print(f"  operations acknowledged: {ok_ops:,} in {ran:.0f} s "
               f"({sum(1 for *_, ok in self.latencies if not ok)} failed or unsure)")  # fmt: skip
         for w in self.windows:
             print(f"  {w['start']:5.1f}-{w['end']:5.1f} s  {w['what']}")

@@ -741,7 +741,7 @@ def test_a_super_parts_on_sigterm_and_the_other_takes_over_repairs(cluster: Path
     assert "storage:3" not in ring and "storage:5" in ring, ring
 
 
-@pytest.mark.exclusive  # its schedule (expand, kills, repair, contract) must fit in 30 s
+@pytest.mark.exclusive  # its schedule (expand, kills, repair, contract) runs against the clock
 def test_the_rubberband_demo_passes_its_own_checks(tmp_path: Path) -> None:
     """The README's main command (``make demo`` runs ``rubberband demo``), shortened."""
     png = tmp_path / "demo.png"
