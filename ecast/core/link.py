@@ -17,7 +17,7 @@ A frame from a newer incarnation of a peer resets the channel, and nothing buffe
 old incarnation is ever resent to the new one.
 
 One frame per peer per flush carries every message queued for that peer since the last
-flush, so the per-message cost of the runtime is paid once per batch (STYLE.md section 4).
+flush, so the per-message cost of the runtime is paid once per batch (Python's cost is per message).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Why extension types: a payload may itself be any msgpack value, so a dataclass must not
 look like a list or a map.  Why an identity cache: the same object often goes to several
 peers in one flush (an ``Accept`` to every follower); :class:`Encoder` packs each object
-once per flush and splices the bytes wherever it appears (STYLE.md section 4: encode
-once).  Messages inside the hot containers are plain nested arrays, packed in C.
+once per flush and splices the bytes wherever it appears (Python's cost is per message:
+encode once).  Messages inside the hot containers are plain nested arrays, packed in C.
 
 Decoding validates every field against the class's annotations (ints are ints, node ids
 are strings, tuples are tuples of what they claim), so a malformed or hostile frame raises

@@ -21,7 +21,8 @@ msgpack unchanged; :class:`~storage_adapters.scan.client.ScanOps` builds them.
 Any operation may carry ``key`` (the table's key attribute) so that ``part_fun`` can route
 it without a catalog; the engine refuses an operation whose ``key`` is not the table's.
 
-Validation happens before any state changes (STYLE.md: validate first, then change):
+Validation happens before any state changes (validate first, then change: a refused
+operation leaves nothing half done):
 :func:`compile_op` turns a raw operation into a typed one or raises
 :class:`BadOperation` with a message for the client.  An ``insert`` whose key already
 exists (or repeats within the insert) is refused whole, deterministically, when it runs;

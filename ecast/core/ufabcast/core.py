@@ -218,7 +218,7 @@ class Ufabcast:
         """Handle a batch from one peer (one frame): one set of effects for all of it.
 
         Acknowledgements, commits and forwards produced by the batch leave as one message
-        each, which is where batching pays (STYLE.md section 4).
+        each, which is where batching pays (Python's cost is per message).
         """
         self._begin(now)
         if self.retiring:
