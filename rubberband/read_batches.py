@@ -12,7 +12,6 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Callable, Iterable
-from itertools import repeat
 from typing import Any
 
 from ecast import Direct, Effects
@@ -31,7 +30,7 @@ class Bundle:
     submitted unsafe (a shed notice names it).  Its reads need no request id of their
     own: an answer names the bundle and an index."""
 
-    __slots__ = ("deadline", "done", "gathers", "grouped", "left", "ops")
+    __slots__ = ("deadline", "done", "gathers", "grouped", "hull", "left", "ops")
 
     def __init__(
         self,
@@ -40,8 +39,12 @@ class Bundle:
         done: Callable[..., None],
         grouped: bool,
         deadline: float,
+        hull: Any = None,
     ) -> None:
         self.ops = ops
+        self.hull = hull
+        """A range set that holds every read of the bundle (its header's ranges), or
+        None: whoever holds it may answer for all of them (:meth:`held_by`)."""
         self.gathers: list[Gather | None] = gathers  # type: ignore[assignment]
         self.done = done
         self.grouped = grouped
@@ -133,10 +136,37 @@ class Bundle:
         if told:
             tell_group(done, told)
 
+    def whole(self, position: Any, results: tuple[Any, ...]) -> None:
+        """A responder's answer for every read of the bundle, each whole and without
+        error (``Whole``, most answers): :meth:`rows` without a row to check per read."""
+        gathers, ops, done = self.gathers, self.ops, self.done
+        told: list[tuple[Any, Gather | None]] | None = [] if self.grouped else None
+        for i, g in enumerate(gathers):
+            if g is None:  # completed already (by another replica's answer)
+                continue
+            if g.covered:  # partly answered already: the general combination
+                g.add(None, results[i], None, position, True)
+                if not g.complete:
+                    continue
+            else:
+                g.pieces.append((g.ranges, results[i]))
+                g.covered = g.ranges
+                g.position = position
+            gathers[i] = None
+            self.left -= 1
+            if told is not None:
+                told.append((ops[i], g))
+            else:
+                tell(done, ops[i], g)
+        if told:
+            tell_group(done, told)
+
     def held_by(self, held: Callable[[str, Any], bool], src: str) -> bool:
-        """Whether ``src`` holds every open read of the bundle: its hull first (one check
-        for the usual bundle, whose reads lie in one holder's segments), read by read if
-        not."""
+        """Whether ``src`` holds every open read of the bundle: the hull it was sent
+        with first (one check for the usual bundle, whose reads lie in one holder's
+        segments), read by read if not."""
+        if self.hull is not None and held(src, self.hull):
+            return True
         lo = hi = None
         for g in self.gathers:
             if g is not None:
@@ -276,7 +306,12 @@ class BatchReads:
                 self.batch_reads[rid] = (gathers[i], ops[i], each)
             else:
                 self._bundles[rid] = Bundle(
-                    [ops[i] for i in group], [gathers[i] for i in group], done, grouped, deadline
+                    [ops[i] for i in group],
+                    [gathers[i] for i in group],
+                    done,
+                    grouped,
+                    deadline,
+                    header[H.READS],
                 )
             heapq.heappush(heap, (deadline, BATCH_TIMER, rid))
             deliver.append(Submit(header, payload, rid, unsafe))
@@ -337,8 +372,7 @@ class BatchReads:
             if not b.held_by(held, src):
                 core._set_aside(src, msg, recheck)
                 return
-            n = len(results)
-            b.rows(msg.position, True, zip(range(n), repeat(None), results, repeat(None)))
+            b.whole(msg.position, results)
         else:
             if not b.well_formed(msg.rows):
                 self.refused_answers += 1
