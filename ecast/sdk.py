@@ -62,7 +62,7 @@ from ecast.errors import (
 )
 from ecast.runtime import Node, Runtime, new_incarnation
 from ecast.runtime.process import load_auth
-from ecast.wire.codec import MAX_FRAME, Packed, plain_default
+from ecast.wire.codec import MAX_FRAME, Packed, pack_plain, plain_default
 
 __all__ = ["Ack", "Client", "connect"]
 
@@ -113,7 +113,7 @@ def _packed(value: Any, what: str) -> bytes:
     """A value packed as the wire packs it; raises at the call for what cannot be
     encoded."""
     try:
-        return _pack_fn()(value)
+        return pack_plain(value)
     except (TypeError, ValueError, OverflowError) as e:
         raise _cannot_encode(what, e) from None
 

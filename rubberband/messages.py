@@ -34,6 +34,7 @@ from rubberband.errors import Rejected, Unavailable
 from rubberband.gather import Gather, Holders, op_name
 from rubberband.keys import MAX_EKEY, RangeSet, intersect, normalize
 from rubberband.placement import BadKeyspace, Keyspace
+from rubberband.placement import Unavailable as NoHolder
 from rubberband.proto import bundle_header, read_header, write_bundle_header, write_header
 
 Isolation = Literal["sequential", "snapshot", "basic"]
@@ -335,8 +336,6 @@ class Messages:
         if ks is None or not len(ks):
             raise Unavailable("the client knows no storage process yet")
         self._offset += 1
-        from rubberband.placement import Unavailable as NoHolder
-
         try:
             return ks.read_cover(gather.missing(), self._offset, exclude=avoid)
         except NoHolder as e:

@@ -15,7 +15,9 @@ from ecast.core.proto import (
     Confirm,
     Deliver,
     DeliverUnsafe,
+    Detach,
     Direct,
+    KeepAlive,
     Leader,
     Route,
     RouteCmd,
@@ -31,6 +33,8 @@ from ecast.wire.codec import (
     Encoder,
     Packed,
     pack,
+    pack_plain,
+    plain_default,
     unpack,
 )
 from ecast.wire.packet import FrameItem, Gone, array_header, decode_packet, frame_item
@@ -284,3 +288,31 @@ def test_a_packed_direct_payload_goes_on_the_wire_as_the_payload_itself(value: o
     ((_, _, frame),) = decode_packet(array_header(len(packed)) + b"".join(packed))
     assert frame.msgs == (Direct(Packed(data).unpacked()),)
     assert unpack(pack(Direct(Packed(data)))) == unpack(pack(Direct(value)))
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        KeepAlive(),
+        Detach(),
+        Leader(7, ("router:a", "router:b")),
+        Direct(b"x" * 300),
+        Direct(Leader(1, ())),  # a message in a message's fields
+        Direct(Direct(KeepAlive())),
+        Direct(b"y" * 70_000),  # a 32-bit extension header
+        (KeepAlive(), Leader(2, ("r",))),  # messages inside a plain value
+        {"k": (1, 2.5, None)},
+    ],
+)
+def test_a_direct_payload_packs_as_the_plain_packer_would_and_decodes_back(msg: object) -> None:
+    """``pack_plain`` (the SDK's packer of direct payloads) writes the extension's header
+    itself: byte for byte what a Packer with ``plain_default`` writes, and what the
+    frame encoder writes for the same object; decoding builds equal objects."""
+    data = pack_plain(msg)
+    assert data == msgpack.Packer(default=plain_default, use_bin_type=True).pack(msg)
+    assert data == Encoder().pack(msg)
+    back = unpack(data)
+    assert back == msg
+    assert type(back) is type(msg)
+    if not isinstance(msg, dict):
+        assert hash(back) == hash(msg)
