@@ -62,7 +62,14 @@ from rubberband.proto import (
     Stale,
     Whole,
 )
-from rubberband.read_batches import BUNDLE_BYTES, BUNDLE_LIMIT, BatchReads, Bundle, anyone
+from rubberband.read_batches import (
+    BASIC_TIMER,
+    BUNDLE_BYTES,
+    BUNDLE_LIMIT,
+    BatchReads,
+    Bundle,
+    anyone,
+)
 
 __all__ = [
     "ISOLATION_LEVELS",
@@ -205,8 +212,11 @@ class ClientCore(BatchReads, Messages):
         self._timers: list[tuple[float, int, int]] = []
         """``(time, kind, request id)``, a heap: when a read alone is due a retry or its
         deadline (``_READ``), a write its deadline (``_WRITE``), a batch's bundle or read
-        its deadline (``BATCH_TIMER``).  Entries are not removed when a request ends early:
-        one found stale when due is dropped."""
+        its deadline (``BATCH_TIMER``), a batch's basic reads their one deadline
+        (``BASIC_TIMER``, by the first one's id).  Entries are not removed when a request
+        ends early: one found stale when due is dropped."""
+        self._basic_groups: dict[int, list[int]] = {}
+        """The request ids of a batch's basic reads, by the first one's (its timer's)."""
         self._aside: list[tuple[NodeId, Any]] = []
         self._describing: dict[int, NodeId] = {}
         self._refresh_until: float | None = None
@@ -628,6 +638,9 @@ class ClientCore(BatchReads, Messages):
                 if w is not None and now >= w.deadline:
                     what = "not stable" if not w.stable else "stable but no holder answered"
                     self._write_done(w, Indeterminate(f"{op_name(w.op)} is {what} in time"))
+            elif kind == BASIC_TIMER:
+                for one in self._basic_groups.pop(rid, ()):
+                    self._batch_expired(one)
             else:
                 self._batch_expired(rid)
         return self._end(now)

@@ -500,3 +500,31 @@ def test_read_done_names_the_request_a_caller_awaits() -> None:
     rig = Rig(m)
     rid = rig.read(("get", (1,)), "sequential")
     assert rig.until_done(rid) == ReadDone(rid, {1: "a"})
+
+
+def test_a_batch_of_basic_reads_nobody_answers_times_out_once_at_its_deadline() -> None:
+    """A batch's basic reads share one deadline and one timer: each read is told once,
+    timed out (``None``), when it passes, and nothing of the batch is left behind; reads
+    answered before it are not told again."""
+    m = Model(f=3).ring_of(4)
+    m.write(("put", ((3, "c"),)))
+    m.settle()
+    rig = Rig(m)
+    told: list[tuple[Any, Any]] = []
+    ops = [("get", (k,)) for k in (3, 150, 250, 350)]
+    rig.silent = True
+    _, fx = rig.core.read_batch(ops, "basic", lambda op, g: told.append((op, g)), 0.0, timeout=2.0)
+    rig.run(fx)
+    assert len(rig.core._timers) == 1
+    rid = min(rig.core.batch_reads)
+    holder = next(iter(rig.core.asked[rid]))
+    rig.run(
+        rig.core.on_direct(holder, Answer(rid, None, {3: "c"}, None, m.config.version, True), 0.5)
+    )
+    assert [op for op, _ in told] == [ops[0]]
+    rig.run(rig.core.on_tick(1.9))
+    assert len(told) == 1
+    rig.run(rig.core.on_tick(2.0))
+    assert sorted(op[1][0] for op, _ in told) == [3, 150, 250, 350]
+    assert [g for _, g in told[1:]] == [None, None, None]
+    assert _left(rig) == ({}, {}, {}) and not rig.core._timers and not rig.core._basic_groups
