@@ -243,20 +243,23 @@ class Simulator:
         self._push(arrival, _FRAME, dst, src, frame)
 
 
-_ENCODER: Any = None
+_CODEC: Any = None
+"""``(encoder, pack_packet's helpers)``, made at the first frame (the simulator imports
+the wire only when a schedule runs through it)."""
 
 
 def _through_codec(src: NodeId, dst: NodeId, frame: Frame) -> Frame:
     """``frame`` as the receiving runtime would see it after the wire."""
-    global _ENCODER
-    from ecast.wire.codec import Encoder
-    from ecast.wire.packet import array_header, decode_packet, frame_item
+    global _CODEC
+    if _CODEC is None:
+        from ecast.wire.codec import Encoder
+        from ecast.wire.packet import array_header, decode_packet, frame_item
 
-    if _ENCODER is None:
-        _ENCODER = Encoder()
+        _CODEC = (Encoder(), array_header, decode_packet, frame_item)
+    encoder, array_header, decode_packet, frame_item = _CODEC
     try:
-        parts = _ENCODER.pack_packet([frame_item(src, dst, frame)])
+        parts = encoder.pack_packet([frame_item(src, dst, frame)])
     finally:
-        _ENCODER.reset()
+        encoder.reset()
     (item,) = decode_packet(array_header(len(parts)) + b"".join(parts))
     return item.frame  # type: ignore[union-attr]

@@ -1,7 +1,7 @@
 """jepsen_like on real processes, E-Cast's multicast workloads: each under every fault
 the nemesis knows (kills, pauses, network partitions, stalls, slow links, packet loss,
 reconfigurations), and planted bugs that a short run must catch.  Rubberband's workloads
-are in ``test_jepsen_rubberband.py`` (two files, so that the suite's two workers share
+are in ``test_jepsen_rubberband.py`` (two files, so that the suite's workers share
 these long runs)."""
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ def test_a_multicast_run_under_every_fault_checks_valid(tmp_path: Path) -> None:
     assert report["checks_ran"] >= 8 and report["history_events"] > report["submitted"]
     assert (tmp_path / "report.png").stat().st_size > 10_000
     assert report["per_second"] and max(p["ok"] for p in report["per_second"]) > 0
-    check_again(tmp_path)
 
 
 @needs_net
