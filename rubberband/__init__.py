@@ -1,8 +1,10 @@
 """Rubberband: elastic, sequentially consistent, successor-replicated storage on E-Cast
 (dissertation chapter 4).
 
-The client API: :func:`connect` and what its calls raise (:class:`Unavailable`,
-:class:`Indeterminate`, :class:`Rejected`, all :class:`RubberbandError`).  Names resolve
+The client API: :func:`connect` and what its calls raise, all
+:class:`RubberbandError` (:mod:`rubberband.errors` says which are safe to retry):
+:class:`Unavailable`, :class:`Indeterminate`, :class:`BadOperation` (with
+:class:`BadKey` and :class:`Rejected`) and, for reconfigurations, :class:`Refused`.  Names resolve
 lazily, so importing ``rubberband`` starts nothing.
 """
 
@@ -14,10 +16,13 @@ from typing import Any
 _EXPORTS = {
     "connect": "rubberband.sdk",
     "RubberbandClient": "rubberband.sdk",
-    "RubberbandError": "rubberband.client",
-    "Unavailable": "rubberband.client",
-    "Indeterminate": "rubberband.client",
-    "Rejected": "rubberband.client",
+    "RubberbandError": "rubberband.errors",
+    "Unavailable": "rubberband.errors",
+    "Indeterminate": "rubberband.errors",
+    "BadOperation": "rubberband.errors",
+    "BadKey": "rubberband.errors",
+    "Rejected": "rubberband.errors",
+    "Refused": "rubberband.errors",
     "RubberbandConfig": "rubberband.config",
 }
 __all__ = sorted(_EXPORTS)

@@ -282,6 +282,9 @@ class ClientCore(BatchReads, Messages):
         payload, header = self.write_message(op)  # raises BadOperation, before anything
         fx = self._begin()
         rid = next(self._ids)
+        if not header[H.WRITES]:  # changes nothing anywhere (zero rows): done at once
+            fx.deliver.append(WriteDone(rid, None))
+            return rid, self._end(now)
         answered = self._answered(op)
         w = _Write(rid, op, header[H.WRITES], answered, now + self._write_timeout(timeout))
         if answered:
@@ -310,6 +313,10 @@ class ClientCore(BatchReads, Messages):
         deadline = now + self._write_timeout(timeout)
         for indices, payload, header in messages:
             rid = next(self._ids)
+            out.append((indices, rid))
+            if not header[H.WRITES]:  # changes nothing anywhere: done at once
+                fx.deliver.append(WriteDone(rid, None))
+                continue
             answered = len(indices) == 1 and self._answered(ops[indices[0]])
             if answered:
                 header[H.REQUEST] = rid
@@ -317,7 +324,6 @@ class ClientCore(BatchReads, Messages):
             self.writes[rid] = _Write(rid, ops[indices[0]], header[H.WRITES], answered, deadline)
             heapq.heappush(self._timers, (deadline, _WRITE, rid))
             fx.deliver.append(Submit(header, payload, rid))
-            out.append((indices, rid))
         return out, self._end(now)
 
     def _answered(self, op: Any) -> bool:
@@ -345,9 +351,12 @@ class ClientCore(BatchReads, Messages):
         Its :class:`ReadDone` carries the result, or the error once every try failed."""
         if level not in ISOLATION_LEVELS:
             raise ValueError(f"isolation is one of {', '.join(ISOLATION_LEVELS)}, not {level!r}")
-        self.gather(op, within)  # raises BadOperation, before anything
+        gather = self.gather(op, within)  # raises BadOperation, before anything
         self._begin()
         rid = next(self._ids)
+        if not gather.ranges:  # matches nothing anywhere: answered at once
+            self._fx.deliver.append(ReadDone(rid, self.result(gather), None))
+            return rid, self._end(now)
         r = _Read(rid, op, level, within, now + self._timeout(timeout), attempts)
         self._try(r, now)
         return rid, self._end(now)

@@ -65,7 +65,7 @@ from ecast.core import mutations
 from rubberband.keys import EKey, RangeSet, is_ekey, is_range_set
 from rubberband.optimizer import BadInstruction, Copy, instructions_from_wire
 from rubberband.placement import BadKeyspace, Keyspace, Routing, Unavailable
-from rubberband.proto import INCOMPLETE, KEYSPACE, READY, H
+from rubberband.proto import INCOMPLETE, KEYSPACE, MAX_RANGES, READY, H
 
 SUPER = "super:"
 STORAGE = "storage:"
@@ -75,8 +75,6 @@ READS_TO_BUSY = mutations.declare(
     "reads_to_busy", "config", "reads go to receivers still being filled, as if complete"
 )
 OPS = ("expand", "contract", "replace", "rebalance")
-MAX_RANGES = 4096
-"""Ranges one header may name; more is refused (empty destination set)."""
 
 _NONE: frozenset[NodeId] = frozenset()
 

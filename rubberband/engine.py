@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
+from rubberband.errors import BadOperation
 from rubberband.keys import (
     EVERYTHING,
     MAX_EKEY,
@@ -91,10 +92,6 @@ __all__ = [
 ]
 
 Partitioning = Literal["range", "hash"]
-
-
-class BadOperation(ValueError):
-    """A deterministic rejection of one operation; every replica rejects it alike."""
 
 
 INVALID = (BadOperation, BadKey, TypeError, IndexError, KeyError, ValueError)

@@ -1,16 +1,30 @@
-"""Every exception a Rubberband call raises, in one hierarchy (``docs/rubberband.md``
-says which are safe to retry)."""
+"""Every exception a Rubberband call raises, in one hierarchy, and what is safe to retry
+(``docs/rubberband.md``, "Errors"):
+
+- :class:`RubberbandError`
+  - :class:`Unavailable` (also an ``ecast.Unavailable``): no holder is left for some
+    range, or nothing could be reached.  Nothing was applied: safe to retry, later.
+  - :class:`Indeterminate` (also a ``TimeoutError``): the time ran out.  A read: safe to
+    retry.  A write may yet take effect: retry only what may apply twice.
+  - :class:`BadOperation` (also a ``ValueError``): the operation is malformed or
+    invalid, refused at the call (:class:`BadKey`, a key that cannot be a key) or by
+    every replica alike (:class:`Rejected`).  Deterministic: never retry as it is.
+  - :class:`Refused` (also a ``ValueError``): a reconfiguration that must not run.
+"""
 
 from __future__ import annotations
+
+from ecast import Unavailable as _EcastUnavailable
 
 
 class RubberbandError(Exception):
     """Base class of what a Rubberband call raises."""
 
 
-class Unavailable(RubberbandError):
+class Unavailable(RubberbandError, _EcastUnavailable):
     """Some range of the request has no holder left (every replica suspected), or no
-    storage process could be reached."""
+    storage process could be reached.  An ``ecast.Unavailable`` too, so one handler
+    catches both layers' "nobody to talk to"."""
 
 
 class Indeterminate(RubberbandError, TimeoutError):
@@ -19,8 +33,18 @@ class Indeterminate(RubberbandError, TimeoutError):
     replica it could reach without a complete answer.  A ``TimeoutError`` too."""
 
 
-class Rejected(RubberbandError):
-    """Every replica refused the operation as invalid (a ``BadOperation``)."""
+class BadOperation(RubberbandError, ValueError):
+    """An operation that is malformed or invalid: a deterministic rejection, the same
+    at the call and at every replica (engines raise it, or return it as a result)."""
+
+
+class BadKey(BadOperation):
+    """A value that cannot be a Rubberband key (the caller's input, refused at the call)."""
+
+
+class Rejected(BadOperation):
+    """Every replica refused the operation as invalid (a ``BadOperation`` of the
+    engine's, whose message this carries)."""
 
 
 class Refused(RubberbandError, ValueError):

@@ -41,6 +41,8 @@ from typing import Any
 
 import msgpack
 
+from rubberband.errors import BadKey
+
 Key = Any
 """``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, or a tuple of keys."""
 EKey = tuple[Any, ...]
@@ -55,10 +57,6 @@ MAX_TUPLE_DEPTH = 8
 MAX_INT = 2**64 - 1
 MIN_INT = -(2**63)
 """msgpack's integer range: a key must survive the wire."""
-
-
-class BadKey(ValueError):
-    """A value that cannot be a Rubberband key (the caller's input, refused at the call)."""
 
 
 class _Infinity:

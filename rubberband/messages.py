@@ -35,7 +35,13 @@ from rubberband.gather import Gather, Holders, op_name
 from rubberband.keys import MAX_EKEY, RangeSet, intersect, normalize
 from rubberband.placement import BadKeyspace, Keyspace
 from rubberband.placement import Unavailable as NoHolder
-from rubberband.proto import bundle_header, read_header, write_bundle_header, write_header
+from rubberband.proto import (
+    MAX_RANGES,
+    bundle_header,
+    read_header,
+    write_bundle_header,
+    write_header,
+)
 
 Isolation = Literal["sequential", "snapshot", "basic"]
 ISOLATION_LEVELS = ("sequential", "snapshot", "basic")
@@ -80,7 +86,27 @@ class Messages:
     # ------------------------------------------------------------------ messages
     def write_message(self, op: Any) -> tuple[Any, dict[str, Any]]:
         """``(payload, header)`` of a write; raises :class:`BadOperation` for a bad op."""
-        return op, write_header(self._write_ranges(op))
+        return op, write_header(self.routable(self._write_ranges(op)))
+
+    def routable(self, ranges: RangeSet) -> RangeSet:
+        """The ranges a header names for an operation of ``ranges``: those, or past
+        :data:`MAX_RANGES` (a write or read of thousands of keys) one range from the
+        lowest to the highest bound in each piece of the ring between two ids, as the
+        client's keyspace cuts it.  The same holders receive it, and each applies or
+        answers the operation only for its own keys inside what it holds: a superset
+        changes no outcome.  One message still carries the whole operation, so a write
+        of many keys stays atomic.  Without a keyspace, one range around all of them."""
+        if len(ranges) <= MAX_RANGES:
+            return ranges
+        ks = self.keyspace
+        ids = ks.ids if ks is not None else ()
+        hulls: dict[int, list[Any]] = {}
+        for lo, hi in ranges:
+            _widen(hulls, bisect_right(ids, lo), lo, hi)
+        out = normalize((lo, hi) for lo, hi in hulls.values())
+        if len(out) > MAX_RANGES:
+            out = ((ranges[0][0], ranges[-1][1]),)
+        return out
 
     def _write_ranges(self, op: Any) -> RangeSet:
         part = self.ops.part_fun(op, self.placement)
@@ -116,7 +142,7 @@ class Messages:
         parts = [self._write_ranges(op) for op in ops]
         ks = self.keyspace
         if ks is None or not len(ks) or limit <= 1:
-            return [((i,), ops[i], write_header(r)) for i, r in enumerate(parts)]
+            return [((i,), ops[i], write_header(self.routable(r))) for i, r in enumerate(parts)]
         answered = alone if alone is not None else getattr(self.ops, "answered", None)
         ids = ks.ids
         uppers = (*ids, MAX_EKEY)
@@ -140,7 +166,7 @@ class Messages:
                     k = -1
             if k < 0:  # travels alone, behind everything begun before it
                 flush()
-                out.append(((i,), ops[i], write_header(ranges)))
+                out.append(((i,), ops[i], write_header(self.routable(ranges))))
                 continue
             group = groups.get(k)
             if group is None:
@@ -186,8 +212,9 @@ class Messages:
         if part.kind != "read":
             raise BadOperation(f"{op_name(op)!r} is a write, not a read")
         ranges = part.ranges if within is None else intersect(part.ranges, within)
-        if not ranges:
-            raise BadOperation(f"{op_name(op)!r} reads nothing inside the ranges asked for")
+        # No range (``k = 1 AND k = 2``): nothing any process holds can match, so the
+        # read is complete as it is, its answer the engine's combination of no answers
+        # (empty rows, a count of 0), and no message is sent for it.
         return Gather(op, ranges)
 
     def gathers(self, ops: list[Any]) -> list[Gather]:
@@ -197,13 +224,13 @@ class Messages:
         out: list[Gather] = []
         for op in ops:
             kind, ranges = part_fun(op, placement)
-            out.append(Gather(op, ranges) if kind == "read" and ranges else self.gather(op))
+            out.append(Gather(op, ranges) if kind == "read" else self.gather(op))
         return out
 
     def header(self, gather: Gather) -> dict[str, Any]:
         """The header of a read sent alone, at the next offset."""
         self._offset += 1
-        return read_header(gather.ranges, self._offset)
+        return read_header(self.routable(gather.ranges), self._offset)
 
     def bundles(self, gathers: list[Gather], limit: int) -> tuple[list[list[int]], int]:
         """Which reads of a batch share a message (:data:`rubberband.config.BUNDLE`), and

@@ -233,6 +233,11 @@ READY = "ready"
 INCOMPLETE = "incomplete"
 
 
+MAX_RANGES = 4096
+"""Ranges one header may name; the routers refuse more (an empty destination set).  A
+client names fewer by widening (``rubberband.messages.Messages.routable``)."""
+
+
 def write_header(ranges: Any) -> dict[str, Any]:
     return {H.WRITES: ranges}
 

@@ -283,6 +283,15 @@ class BatchReads:
             raise ValueError(f"isolation is one of {', '.join(ISOLATION_LEVELS)}, not {level!r}")
         gathers = core.gathers(ops)  # raises for a bad op, before sending
         fx = core._begin()
+        if not all(g.ranges for g in gathers):  # reads that match nothing: told now
+            nothing = [(op, g) for op, g in zip(ops, gathers, strict=True) if not g.ranges]
+            if grouped:
+                tell_group(done, nothing)  # type: ignore[arg-type]
+            else:
+                for op, g in nothing:
+                    tell(done, op, g)
+            ops = [op for op, g in zip(ops, gathers, strict=True) if g.ranges]
+            gathers = [g for g in gathers if g.ranges]
         deadline = now + core._timeout(timeout)
         each: Callable[[Any, Gather | None], None] = (
             (lambda op, gather: done([(op, gather)])) if grouped else done

@@ -12,7 +12,8 @@ import pytest
 from ecast.core import mutations
 from rubberband.client import ReadDone, WriteDone
 from rubberband.errors import Indeterminate, Unavailable
-from rubberband.proto import Answer, Answers, H, Whole
+from rubberband.proto import MAX_RANGES, Answer, Answers, H, Whole
+from storage_adapters.scan import ScanOps
 from tests.rubberband_client_rig import Rig
 from tests.rubberband_model import Model
 
@@ -528,3 +529,68 @@ def test_a_batch_of_basic_reads_nobody_answers_times_out_once_at_its_deadline() 
     assert sorted(op[1][0] for op, _ in told) == [3, 150, 250, 350]
     assert [g for _, g in told[1:]] == [None, None, None]
     assert _left(rig) == ({}, {}, {}) and not rig.core._timers and not rig.core._basic_groups
+
+
+NOTHING_MATCHES = [
+    [("id", "=", 1), ("id", "=", 2)],
+    [("id", "<", 18934), ("id", ">", 58621)],
+    [("id", "in", [])],
+    [("id", "is null")],  # a key is never null
+]
+
+
+@pytest.mark.parametrize("where", NOTHING_MATCHES)
+@pytest.mark.parametrize("level", ["sequential", "snapshot", "basic"])
+def test_a_query_that_can_match_nothing_is_answered_at_once_as_sql_would(
+    where: Any, level: str
+) -> None:
+    """Key predicates that contradict each other name no range: the answer is known
+    without asking anyone (no rows, a count of 0, zero rows changed), alone or in a
+    batch, and nothing is sent for it (a message routed nowhere was a ``BadOperation``
+    for reads and an ``Unavailable`` for writes, which a caller would retry for ever)."""
+    m = Model(f=3).ring_of(4)
+    rig = Rig(m)
+    ops = ScanOps({"t": "id"})
+    rig.core.ops = ops
+    select = ops.select("t", where, ["id", "v"])
+    count = ops.select("t", where, agg=[("count", "*")])
+    rid, fx = rig.core.read(select, level, 0.0)
+    rid2, fx2 = rig.core.read(count, level, 0.0)
+    assert fx.deliver == [ReadDone(rid, {"columns": ["id", "v"], "data": [[], []]}, None)]
+    assert fx2.deliver == [ReadDone(rid2, {"columns": ["count(*)"], "values": [0]}, None)]
+    assert not fx.send and not fx2.send
+    for write in (ops.update("t", where, {"v": "x"}), ops.delete("t", where)):
+        wid, wfx = rig.core.write(write, 0.0)
+        assert wfx.deliver == [WriteDone(wid, None)] and not wfx.send
+    batch, bfx = rig.core.write_batch([ops.delete("t", where), ops.delete("t", where)], 0.0)
+    assert [d for d in bfx.deliver] == [WriteDone(r, None) for _, r in batch]
+    told: list[Any] = []
+    sent, rfx = rig.core.read_batch([select, count], level, told.append, 0.0, grouped=True)
+    assert sent == 0 and not rfx.deliver and not rfx.send
+    assert [rig.core.result(g) for _, g in told[0]] == [
+        {"columns": ["id", "v"], "data": [[], []]},
+        {"columns": ["count(*)"], "values": [0]},
+    ]
+    assert _left(rig) == ({}, {}, {}) and not rig.core.writes
+
+
+def test_a_write_and_a_read_of_more_keys_than_a_header_may_name_go_through() -> None:
+    """A header names at most ``MAX_RANGES`` ranges (the routers refuse more): a
+    ``put_many`` of 5,000 keys names one range per piece of the ring instead, reaches the
+    same holders in one message (atomic, as documented), and each holder stores only its
+    own keys; a ``get`` of all of them reads every one back."""
+    m = Model(f=3).ring_of(4)
+    rig = Rig(m)
+    keys = [k * 7 for k in range(5000)]
+    rid, fx = rig.core.write(("put", tuple((k, f"v{k}") for k in keys)), 0.0)
+    rig.run(fx)
+    (sub,) = rig.submitted
+    assert 0 < len(sub.header[H.WRITES]) <= MAX_RANGES
+    assert rig.until_done(rid) == WriteDone(rid, None)
+    for name, core in m.storage.items():
+        held = dict(core.engine.items())
+        mine = core.keyspace.partition(name)
+        assert held and all(any(lo <= m.placement.ekey(k) < hi for lo, hi in mine) for k in held)
+    rid = rig.read(("get", tuple(keys)), "sequential")
+    done = rig.until_done(rid)
+    assert done.error is None and done.result == {k: f"v{k}" for k in keys}
