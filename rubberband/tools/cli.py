@@ -46,7 +46,13 @@ def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return dispatch(COMMANDS, sys.argv[1:] if argv is None else argv, "rubberband", "command")
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--version"]:
+        from ecast import __version__
+
+        print(f"rubberband {__version__}")
+        return 0
+    return dispatch(COMMANDS, args, "rubberband", "command")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import sys
@@ -73,9 +74,26 @@ def where(clauses: list[str]) -> list[tuple[str, str, Any]]:
     return out
 
 
+def jsonable(v: Any) -> Any:
+    """A value as JSON can show it: bytes as their UTF-8 text, or ``base64:...`` when
+    they are not text; tuples as lists; anything else unknown as its ``str``."""
+    if isinstance(v, bytes):
+        try:
+            return v.decode("utf-8")
+        except UnicodeDecodeError:
+            return "base64:" + base64.b64encode(v).decode("ascii")
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(jsonable(k)): jsonable(x) for k, x in v.items()}
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return str(v)
+
+
 def _table_text(columns: list[str], rows: list[list[Any]]) -> str:
     cells = [[str(c) for c in columns]] + [
-        ["" if v is None else json.dumps(v) if not isinstance(v, str) else v for v in r]
+        ["" if v is None else v if isinstance(v, str) else json.dumps(v) for v in map(jsonable, r)]
         for r in rows
     ]
     cells.insert(1, ["-" * max(len(r[i]) for r in cells) for i in range(len(columns))])
@@ -239,8 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     except (rubberband.RubberbandError, ecast.Error, ValueError, TimeoutError, OSError) as e:
         print(f"rubberband client: {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
+    out = jsonable(out)
     if args.json:
-        print(json.dumps(out, default=str))
+        print(json.dumps(out))
     elif "rows" in out:
         print(_table_text(out["columns"], out["rows"]))
     else:
