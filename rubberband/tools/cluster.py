@@ -364,7 +364,7 @@ def admin_main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "op", choices=["status", "expand", "contract", "replace", "rebalance", "wait"],
         help="status; expand NAME KEY; contract NAME; replace OLD NEW; rebalance NAME KEY; "
-        "wait VERSION",
+        "wait [VERSION] (no VERSION: until no reconfiguration is pending)",
     )  # fmt: skip
     ap.add_argument("args", nargs="*")
     args = ap.parse_intermixed_args(argv)
@@ -383,6 +383,8 @@ def admin_main(argv: list[str] | None = None) -> int:
     if not token:
         ap.error("no admin token: --token-file, --state-dir or $RUBBERBAND_ADMIN_TOKEN")
     arity = {"status": 0, "expand": 2, "contract": 1, "replace": 2, "rebalance": 2, "wait": 1}
+    if args.op == "wait" and not args.args:
+        return _wait(supers, token, args)
     if len(args.args) != arity[args.op]:
         ap.error(f"{args.op} takes {arity[args.op]} argument(s): {ap._actions[-2].help}")
     if args.op == "status":
@@ -417,7 +419,7 @@ def _show(code: int, body: dict[str, Any], as_json: bool, text: Any) -> int:
         print(text(body))
     else:
         print(f"refused: {body.get('error', body)}" if code in (400, 401, 409)
-              else f"failed: {body.get('error', body)}")  # fmt: skip
+              else f"failed: {body.get('error', body)}", file=sys.stderr)  # fmt: skip
     return 0 if code == 200 else (2 if code in (400, 401, 409) else 1)
 
 
@@ -466,28 +468,44 @@ def _plan_text(r: dict[str, Any]) -> str:
 
 def _wait(supers: list[str], token: str, args: argparse.Namespace) -> int:
     """Until keyspace version ``VERSION`` is reached and no storage process still
-    prepares it; exit 1 with what it waits for on a timeout."""
-    try:
-        version = int(args.args[0])
-    except ValueError:
-        print(f"refused: VERSION is an integer, not {args.args[0]!r}")
-        return 2
+    prepares it, or without a version until no version is pending at all; exit 1 with
+    what it waits for on a timeout."""
+    version: int | None = None
+    if args.args:
+        try:
+            version = int(args.args[0])
+        except ValueError:
+            print(f"refused: VERSION is an integer, not {args.args[0]!r}", file=sys.stderr)
+            return 2
     deadline = time.monotonic() + args.timeout
     body: dict[str, Any] = {}
     while time.monotonic() < deadline:
         code, body = request(supers, token, "/status", timeout=5.0)
         if code in (401, 400):
             return _show(code, body, args.json, str)
-        if code == 200 and body.get("version", -1) >= version:
-            waiting = body.get("pending", {}).get(str(version))
-            if not waiting:
+        if code == 200 and body.get("joined", True):
+            pending = body.get("pending", {})
+            if version is None and not pending:
+                print(json.dumps(body) if args.json else f"version {body.get('version')}: "
+                      "nothing pending")  # fmt: skip
+                return 0
+            if (
+                version is not None
+                and body.get("version", -1) >= version
+                and not pending.get(str(version))
+            ):
                 print(json.dumps(body) if args.json else f"version {version} is ready")
                 return 0
         time.sleep(0.2)
-    waiting = body.get("pending", {}).get(str(version))
-    who = ", ".join(waiting or []) or "nothing"
+    pending = body.get("pending", {})
+    if version is None:
+        what = "; ".join(f"version {v} waits for {', '.join(w)}" for v, w in pending.items())
+        print(f"failed: still pending after {args.timeout:g} s: {what or 'no status'}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    who = ", ".join(pending.get(str(version)) or []) or "nothing"
     print(f"failed: version {version} not ready in {args.timeout:g} s (current version "
-          f"{body.get('version')}; waiting for {who})")  # fmt: skip
+          f"{body.get('version')}; waiting for {who})", file=sys.stderr)  # fmt: skip
     return 1
 
 

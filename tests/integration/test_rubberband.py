@@ -657,7 +657,10 @@ def test_the_admin_cli_end_to_end_on_the_scan_engine(tmp_path: Path) -> None:
         ]
         for request in impossible:
             out = admin(*request)
-            assert out.returncode == 2 and out.stdout.startswith("refused: "), (request, out)
+            assert out.returncode == 2 and out.stderr.startswith("refused: ") and not out.stdout, (
+                request,
+                out,
+            )
             assert st()["version"] == version, request
         out = cli("admin", "--state-dir", str(d), "contract", "storage:3", "storage:4")
         assert out.returncode == 2 and "takes 1 argument" in out.stderr

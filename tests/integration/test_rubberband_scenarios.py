@@ -209,6 +209,10 @@ def test_crash_mid_migration(cluster: Path) -> None:
 
     w = Workload(cluster)
     asyncio.run(w.run(fault))
+    # ``admin wait`` without a version: until no reconfiguration is pending.
+    out = cli("admin", "--state-dir", str(cluster), "wait", "--timeout", "60")
+    assert out.returncode == 0 and "nothing pending" in out.stdout, out.stdout + out.stderr
+    assert not _status(cluster).get("pending")
     s = _settled(cluster)
     assert "storage:5" in [r["name"] for r in s["ring"]]
     w.verdict()
