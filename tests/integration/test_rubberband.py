@@ -209,14 +209,14 @@ def test_admin_refuses_what_must_not_run(cluster: Path) -> None:
     out = cli("admin", "--state-dir", str(cluster), "contract", "storage:1")
     assert out.returncode == 0, out.stdout
     out = cli("admin", "--state-dir", str(cluster), "contract", "storage:2")
-    assert out.returncode == 2 and "replication factor" in out.stdout
+    assert out.returncode == 2 and "replication factor" in out.stderr
     out = cli("admin", "--state-dir", str(cluster), "expand", "storage:9", "5")
-    assert out.returncode == 2 and "has it joined" in out.stdout
+    assert out.returncode == 2 and "has it joined" in out.stderr
     bad_token = dict(state(cluster))
     bad_token["admin_token"] = "x" * 32
     (cluster / "cluster.json").write_text(json.dumps(bad_token))
     out = cli("admin", "--state-dir", str(cluster), "status")
-    assert out.returncode == 2 and "admin token" in out.stdout
+    assert out.returncode == 2 and "admin token" in out.stderr
 
 
 @pytest.mark.parametrize("cluster", [["--no-auto-repair"]], indirect=True)
@@ -669,14 +669,14 @@ def test_the_admin_cli_end_to_end_on_the_scan_engine(tmp_path: Path) -> None:
             capture_output=True, text=True, timeout=60,
             env={**os.environ, "RUBBERBAND_ADMIN_TOKEN": "x" * 32},
         )  # fmt: skip
-        assert bad.returncode == 2 and "admin token" in bad.stdout
+        assert bad.returncode == 2 and "admin token" in bad.stderr
         for _ in range(2):  # contract to the replication factor, then one more: refused
             ring_now = ring()
             if len(ring_now) > 3:
                 assert admin("contract", ring_now[0]).returncode == 0
         version = st()["version"]
         out = admin("contract", ring()[0])
-        assert out.returncode == 2 and "replication factor" in out.stdout
+        assert out.returncode == 2 and "replication factor" in out.stderr
         assert st()["version"] == version
         data_intact()
         listed = json.loads(cli("cluster", "status", "--state-dir", str(d), "--json").stdout)
