@@ -240,10 +240,7 @@ def status(args: argparse.Namespace) -> int:
         "routers": st["routers"],
         "client_credentials": st["client_credentials"],
         "super": next(iter(st["supers"].values()), None),
-        "processes": [
-            {"name": n, "pid": p["pid"], "alive": local.running(p["pid"])}
-            for n, p in sorted(recorded.items())
-        ],
+        "processes": [_process(key, p) for key, p in sorted(recorded.items())],
         "ring": body.get("ring", []),
         "version": body.get("version"),
         "standby": body.get("standby", []),
@@ -255,7 +252,8 @@ def status(args: argparse.Namespace) -> int:
     }
     if args.json:
         print(json.dumps(out))
-    else:
+        return 0 if code == 200 else 1
+    if code == 200:
         print(f"version {out['version']}, routers {', '.join(out['routers'])}")
         for r in out["ring"]:
             print(f"  {r['name']:<16} id={r['id']}{'  SUSPECTED' if r['suspected'] else ''}")
@@ -263,7 +261,30 @@ def status(args: argparse.Namespace) -> int:
         for what in ("busy", "incomplete"):
             if out[what]:
                 print(f"  {what}: {', '.join(out[what])}")
+    else:
+        print(f"no super answers ({body.get('error', code)}): the ring is unknown")
+    rows = [["process", "role", "pid", "state"]]
+    for p in out["processes"]:
+        rows.append([p["name"], p["role"], str(p["pid"]), "alive" if p["alive"] else "DEAD"])
+    print("\n".join(aligned(rows)))
     return 0 if code == 200 else 1
+
+
+def _process(key: str, p: dict[str, Any]) -> dict[str, Any]:
+    """A recorded OS process as status shows it: its process name (the one in the ring
+    and in logs, from its ``--name``, a router's ``--id``), its role and whether it
+    runs.  ``key`` is the state directory's own name for it (its log file's)."""
+    argv = list(p.get("argv", ()))
+    role = next((r for r in ("router", "super", "storage") if r in argv), "other")
+    flag = next((f for f in ("--name", "--id") if f in argv[:-1]), None)
+    name = argv[argv.index(flag) + 1] if flag else key
+    return {
+        "name": name,
+        "role": role,
+        "key": key,
+        "pid": p["pid"],
+        "alive": local.running(p["pid"]),
+    }
 
 
 def down(args: argparse.Namespace) -> int:

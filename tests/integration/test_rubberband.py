@@ -681,9 +681,17 @@ def test_the_admin_cli_end_to_end_on_the_scan_engine(tmp_path: Path) -> None:
         data_intact()
         listed = json.loads(cli("cluster", "status", "--state-dir", str(d), "--json").stdout)
         pids = [p["pid"] for p in listed["processes"]]
+        # One name per process, the ring's, with its role; all alive.
+        roles = {p["name"]: p["role"] for p in listed["processes"]}
+        assert all(roles.get(r["name"]) == "storage" for r in listed["ring"]), roles
+        assert set(roles.values()) == {"router", "super", "storage"}, roles
+        assert all(p["alive"] for p in listed["processes"])
     finally:
         cli("cluster", "down", "--state-dir", str(d))
     assert pids and not [p for p in pids if local.running(p)]
+    after = cli("cluster", "status", "--state-dir", str(d))
+    assert after.returncode == 1 and "no super answers" in after.stdout, after.stdout
+    assert "version None" not in after.stdout and after.stdout.count("DEAD") == len(pids)
 
 
 def st_super(d: Path) -> str:
