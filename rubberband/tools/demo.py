@@ -297,7 +297,7 @@ class Demo:
         await self.wait_until("the super's repair", repaired)
 
     async def progress(self) -> None:
-        last = 0
+        last, last_t = 0, self.now()
         while not self.stop.is_set():
             await asyncio.sleep(1.0)
             st = await self.status()
@@ -306,10 +306,14 @@ class Demo:
             recent = [c - i for i, c, ok in self.latencies[last:] if ok and c is not None]
             failed = sum(1 for _, _, ok in self.latencies[last:] if not ok)
             last = len(self.latencies)
+            # Lines come every second or more (the status request takes its time): the
+            # rate is per second of the time since the last line, not per line.
+            rate = len(recent) / max(t - last_t, 1e-3)
+            last_t = t
             recent.sort()
             p50 = 1000 * recent[len(recent) // 2] if recent else 0.0
             p99 = 1000 * recent[min(len(recent) - 1, int(len(recent) * 0.99))] if recent else 0.0
-            line = f"{t:5.1f} s  {len(recent):5d} ops/s  p50 {p50:6.1f} ms  p99 {p99:7.1f} ms"
+            line = f"{t:5.1f} s  {rate:5.0f} ops/s  p50 {p50:6.1f} ms  p99 {p99:7.1f} ms"
             print(f"{line}  {failed:3d} failed  version {self.version}  {self.step}", flush=True)
 
     # ------------------------------------------------------------------ checks

@@ -24,8 +24,11 @@ COLOURS = {
 }
 
 
-def per_second(ops: Iterable[tuple[float, float | None, bool]]) -> list[dict[str, float]]:
-    """Per second of the run: ``ok`` operations completed, their p50 and p99 latency."""
+def per_second(
+    ops: Iterable[tuple[float, float | None, bool]],
+) -> list[dict[str, float | None]]:
+    """Per second of the run: ``ok`` operations completed, their p50 and p99 latency
+    (None in a second where none completed: no latency, not a latency of 0)."""
     buckets: dict[int, list[float]] = {}
     for invoked, completed, ok in ops:
         if ok and completed is not None:
@@ -39,15 +42,15 @@ def per_second(ops: Iterable[tuple[float, float | None, bool]]) -> list[dict[str
             {
                 "t": float(s),
                 "ok": float(len(lat)),
-                "p50_ms": 1000 * lat[len(lat) // 2] if lat else 0.0,
-                "p99_ms": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else 0.0,
+                "p50_ms": 1000 * lat[len(lat) // 2] if lat else None,
+                "p99_ms": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None,
             }
         )
     return out
 
 
 def plot(
-    path: Path, title: str, series: list[dict[str, float]], faults: list[dict[str, Any]]
+    path: Path, title: str, series: list[dict[str, float | None]], faults: list[dict[str, Any]]
 ) -> str:
     """Write the PNG; returns why it could not (matplotlib missing), or ''."""
     try:
@@ -61,8 +64,12 @@ def plot(
     ts = [p["t"] for p in series]
     top.plot(ts, [p["ok"] for p in series], color="#1f77b4", lw=1.2)
     top.set_ylabel("ok operations / s")
-    bottom.plot(ts, [p["p50_ms"] for p in series], color="#1f77b4", lw=1.0, label="p50")
-    bottom.plot(ts, [p["p99_ms"] for p in series], color="#d62728", lw=1.0, label="p99")
+    # A second without a completed operation has no latency: NaN leaves a gap in the line.
+    nan = float("nan")
+    p50 = [nan if p["p50_ms"] is None else p["p50_ms"] for p in series]
+    p99 = [nan if p["p99_ms"] is None else p["p99_ms"] for p in series]
+    bottom.plot(ts, p50, color="#1f77b4", lw=1.0, label="p50")
+    bottom.plot(ts, p99, color="#d62728", lw=1.0, label="p99")
     bottom.set_yscale("symlog", linthresh=10)
     bottom.set_ylabel("latency (ms)")
     bottom.set_xlabel("seconds")

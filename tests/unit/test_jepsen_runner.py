@@ -29,10 +29,12 @@ def test_per_second_counts_ok_operations_and_their_latency() -> None:
     assert [p["ok"] for p in series] == [2.0, 0.0, 1.0]
     assert series[0]["p99_ms"] == pytest.approx(400.0)
     assert series[2]["p50_ms"] == pytest.approx(1000.0)
+    # No operation completed in second 1: no latency there (the chart leaves a gap).
+    assert series[1]["p50_ms"] is None and series[1]["p99_ms"] is None
 
 
 def test_the_report_png_shades_fault_windows(tmp_path: Path) -> None:
-    series = per_second((t / 10, t / 10 + 0.01, True) for t in range(300))
+    series = per_second((t / 10, t / 10 + 0.01, True) for t in range(300) if not 150 <= t < 180)
     faults = [{"kind": "partition", "start": 5.0, "end": 9.0},
               {"kind": "kill", "start": 12.0, "end": 12.0}]  # fmt: skip
     assert plot(tmp_path / "r.png", "test", series, faults) == ""
