@@ -186,6 +186,16 @@ def test_an_engine_grows_from_one_to_four_loses_one_and_reads_back_everywhere(
                 await w.t.update(where, {"v": "never"})
                 await w.t.delete(where)
             w.check(await w.read_all("sequential"), "after writes that match nothing")
+        else:
+            # More keys than one header may name (4,096 ranges): one atomic put_many of
+            # 5,000 keys, read back by one get, and the keys are gone after one delete.
+            free = [k for k in range(0, KEYS, 150) if k not in w.model and k not in w.unsure]
+            many = {k: f"many{k}" for k in free[:5000]}  # over every segment of the ring
+            assert len(many) == 5000
+            await rb.put_many(many)
+            assert await rb.get_many(list(many)) == many
+            await rb.write(("delete", tuple(many)))
+            assert await rb.get_many(list(many)) == {}
         await rb.close()
         return w
 
