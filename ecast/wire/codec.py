@@ -134,10 +134,7 @@ def plain_default(obj: Any) -> Any:
     code = _CODE.get(cls)
     if code is None or cls in _SPECIAL:
         raise TypeError(f"cannot encode {cls.__name__}")
-    fields = _GETTERS.get(cls)
-    if fields is None:
-        fields = _GETTERS[cls] = _getter(_FIELDS[cls])
-    return _ext_new(msgpack.ExtType, (code, _plain_pack(fields(obj))))
+    return _ext_new(msgpack.ExtType, (code, _plain_pack(_GETTERS[cls](obj))))
 
 
 def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
@@ -151,7 +148,15 @@ def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
     return attrgetter(*names)  # type: ignore[return-value]
 
 
-_GETTERS: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
+class _Getters(dict[type, Callable[[Any], tuple[Any, ...]]]):
+    """Each registered class's :func:`_getter`, made at its first use."""
+
+    def __missing__(self, cls: type) -> Callable[[Any], tuple[Any, ...]]:
+        get = self[cls] = _getter(_FIELDS[cls])
+        return get
+
+
+_GETTERS = _Getters()
 
 
 def _plain_pack(value: Any) -> bytes:
@@ -175,18 +180,16 @@ _plain = _PlainPackers()
 def pack_plain(value: Any) -> bytes:
     """``value`` packed as :func:`plain_default` packs it, the usual case (one registered
     message, as a direct payload) without a ``default`` call back from C: its fields
-    packed by one reused Packer and the extension's header written here.  A message
-    was packed in about 5 us this way's 1 (msgpack 1.x, this machine); what a direct
-    message costs its sender and nothing else."""
+    packed by one reused Packer and the extension's header written here.  A six-field
+    answer packs in about 1.3 µs this way, against 5 µs through ``plain_default`` with
+    a fresh Packer (msgpack 1.x, 2026-11-29): what every direct message costs its
+    sender."""
     packers = _plain
     cls = type(value)
     code = _CODE.get(cls)
     if code is None or cls in _SPECIAL:
         return packers.outer(value)  # type: ignore[no-any-return]
-    fields = _GETTERS.get(cls)
-    if fields is None:
-        fields = _GETTERS[cls] = _getter(_FIELDS[cls])
-    data: bytes = packers.fields(fields(value))
+    data: bytes = packers.fields(_GETTERS[cls](value))
     if len(data) > PACKER_BUFFER:  # let go of the grown buffer
         packers.fields = msgpack.Packer(default=plain_default, use_bin_type=True).pack
     return _ext_header(code, len(data)) + data
@@ -613,13 +616,7 @@ class Encoder:
         if code is None:
             raise TypeError(f"cannot encode {cls.__name__}")
         special = _SPECIAL.get(cls)
-        if special:
-            fields = special[0](obj)
-        else:
-            get = _GETTERS.get(cls)
-            if get is None:
-                get = _GETTERS[cls] = _getter(_FIELDS[cls])
-            fields = get(obj)
+        fields = special[0](obj) if special else _GETTERS[cls](obj)
         ext = _ext_new(msgpack.ExtType, (code, self._pack_nested(fields)))
         self._cache[key] = ext
         self._keep.append(obj)

@@ -92,9 +92,9 @@ def jsonable(v: Any) -> Any:
 
 
 def _table_text(columns: list[str], rows: list[list[Any]]) -> str:
+    """Rows already made :func:`jsonable` as a table for people."""
     cells = [[str(c) for c in columns]] + [
-        ["" if v is None else v if isinstance(v, str) else json.dumps(v) for v in map(jsonable, r)]
-        for r in rows
+        ["" if v is None else v if isinstance(v, str) else json.dumps(v) for v in r] for r in rows
     ]
     cells.insert(1, ["-" * max(len(r[i]) for r in cells) for i in range(len(columns))])
     lines = aligned(cells)
