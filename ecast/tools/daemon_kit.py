@@ -9,7 +9,8 @@
 - **Logs** are one ``key=value`` line per event.
 - **Metrics** are Prometheus text with escaped label values and a cap on the series a
   label may create (a peer's chosen name must neither inject lines nor grow memory);
-  ``/health`` answers JSON, 200 when healthy and 503 otherwise.
+  ``/health`` answers JSON, 200 when healthy and 503 otherwise, over the small HTTP
+  server of :mod:`ecast.tools.http` (its types re-exported here for Rubberband's).
 
 Rubberband's daemons use it too (through ``ecast``'s public exports).
 """
@@ -29,6 +30,11 @@ from typing import Any
 
 from ecast.core.histogram import Histogram
 from ecast.security.secret import private_file_problem
+from ecast.tools.http import HttpServer as HttpServer
+from ecast.tools.http import Request as Request
+from ecast.tools.http import Response as Response
+from ecast.tools.http import json_response as json_response
+from ecast.tools.http import text_response as text_response
 
 log = logging.getLogger("ecast.daemon")
 
@@ -314,28 +320,26 @@ async def serve_http(
     healthy: Callable[[dict[str, Any]], bool],
     extra: Callable[[Any], None] | None = None,
 ) -> Any:
-    """``/metrics`` and ``/health`` on ``address``; ``extra(app)`` may add routes."""
-    from aiohttp import web
+    """``/metrics`` and ``/health`` on ``address``; ``extra(server)`` may add routes.
+    The server (:class:`ecast.tools.http.HttpServer`): its ``cleanup`` stops it."""
 
-    async def get_metrics(_req: web.Request) -> web.Response:
-        return web.Response(text=metrics(), content_type="text/plain")
+    async def get_metrics(_req: Request) -> Response:
+        return text_response(metrics())
 
-    async def get_health(_req: web.Request) -> web.Response:
+    async def get_health(_req: Request) -> Response:
         h = health()
-        return web.json_response(h, status=200 if healthy(h) else 503)
+        return json_response(h, status=200 if healthy(h) else 503)
 
-    app = web.Application()
-    app.router.add_get("/metrics", get_metrics)
-    app.router.add_get("/health", get_health)
+    server = HttpServer()
+    server.add_get("/metrics", get_metrics)
+    server.add_get("/health", get_health)
     if extra is not None:
-        extra(app)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
+        extra(server)
     host, _, port = address.rpartition(":")
     try:
-        await web.TCPSite(runner, host, int(port)).start()
+        await server.start(host, int(port))
     except OSError as e:
-        await runner.cleanup()
+        await server.cleanup()
         raise UsageError(f"--metrics {address}: {e.strerror or e}") from None
     log.info("event=metrics_listening address=%s", address)
-    return runner
+    return server

@@ -33,8 +33,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
 import ecast
 from ecast import daemon_kit as kit
 from ecast.core import mutations
@@ -473,8 +471,8 @@ class AdminApi:
         self.host = host
         self.token = token
 
-    def authorized(self, request: web.Request) -> bool:
-        got = request.headers.get("Authorization", "")
+    def authorized(self, request: kit.Request) -> bool:
+        got = request.header("Authorization")
         return hmac.compare_digest(got.encode(), f"Bearer {self.token}".encode())
 
     def health(self) -> dict[str, Any]:
@@ -496,25 +494,25 @@ class AdminApi:
             s["reasons"] = [f"version {v} pending for {age} s" for v, age in sorted(stuck.items())]
         return s
 
-    async def status(self, request: web.Request) -> web.Response:
+    async def status(self, request: kit.Request) -> kit.Response:
         if not self.authorized(request):
-            return web.json_response({"error": "a valid admin token is required"}, status=401)
-        return web.json_response(self.host.status())
+            return kit.json_response({"error": "a valid admin token is required"}, status=401)
+        return kit.json_response(self.host.status())
 
-    async def reconfigure(self, request: web.Request) -> web.Response:
+    async def reconfigure(self, request: kit.Request) -> kit.Response:
         if not self.authorized(request):
-            return web.json_response({"error": "a valid admin token is required"}, status=401)
+            return kit.json_response({"error": "a valid admin token is required"}, status=401)
         try:
-            body = await request.json()
+            body = request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return web.json_response({"error": "the body is not JSON"}, status=400)
+            return kit.json_response({"error": "the body is not JSON"}, status=400)
         if not isinstance(body, dict) or not isinstance(body.get("op"), str):
-            return web.json_response(
+            return kit.json_response(
                 {"error": 'the body is {"op": ..., "args": [...]}'}, status=400
             )
         op_args = body.get("args", [])
         if not isinstance(op_args, list) or len(op_args) > 3:
-            return web.json_response({"error": "args is a list of at most 3 values"}, status=400)
+            return kit.json_response({"error": "args is a list of at most 3 values"}, status=400)
         try:
             result = await self.host.reconfigure(
                 body["op"],
@@ -525,22 +523,22 @@ class AdminApi:
                 timeout=min(float(body.get("timeout", 60)), 600.0),
             )
         except Refused as e:
-            return web.json_response({"error": str(e)}, status=409)
+            return kit.json_response({"error": str(e)}, status=409)
         except (TypeError, ValueError) as e:
-            return web.json_response({"error": f"bad request: {e}"}, status=400)
+            return kit.json_response({"error": f"bad request: {e}"}, status=400)
         except TimeoutError as e:
-            return web.json_response({"error": str(e)}, status=504)
-        return web.json_response(result)
+            return kit.json_response({"error": str(e)}, status=504)
+        return kit.json_response(result)
 
-    async def console(self, request: web.Request) -> web.Response:
+    async def console(self, request: kit.Request) -> kit.Response:
         from rubberband.tools.console import HEADERS, PAGE
 
-        return web.Response(text=PAGE, content_type="text/html", headers=HEADERS)
+        return kit.text_response(PAGE, "text/html", HEADERS)
 
-    def routes(self, app: web.Application) -> None:
-        app.router.add_get("/status", self.status)
-        app.router.add_post("/reconfigure", self.reconfigure)
-        app.router.add_get("/console", self.console)
+    def routes(self, server: kit.HttpServer) -> None:
+        server.add_get("/status", self.status)
+        server.add_post("/reconfigure", self.reconfigure)
+        server.add_get("/console", self.console)
 
 
 def main_for(kind: str, argv: list[str] | None = None) -> int:
