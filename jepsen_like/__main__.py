@@ -6,6 +6,7 @@ python -m jepsen_like check DIR        # the history and workload a run stored i
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -21,13 +22,16 @@ def main(argv: list[str] | None = None) -> int:
 
         return run(args[1:])
     if args[0] == "check":
-        if len(args) != 2:
-            print("usage: python -m jepsen_like check DIR", file=sys.stderr)
+        ap = argparse.ArgumentParser(prog="python -m jepsen_like check")
+        ap.add_argument("dir", type=Path, help="the directory a run stored its report in")
+        d = ap.parse_args(args[1:]).dir
+        try:
+            report = json.loads((d / "report.json").read_text())
+        except (OSError, ValueError) as e:
+            print(f"jepsen_like check: no run's report in {d}: {e}", file=sys.stderr)
             return 2
         from rubberband.checkers.__main__ import main as check
 
-        d = Path(args[1])
-        report = json.loads((d / "report.json").read_text())
         return check([str(d / "history.jsonl"), json.dumps(report["checker"])])
     print(f"jepsen_like: unknown command {args[0]!r} (run, check)", file=sys.stderr)
     return 2

@@ -266,7 +266,10 @@ class Keyspace:
             raise BadReconfiguration(f"process id {ekey!r:.60} is not an encoded key below MAX")
         i = bisect_left(self.ids, ekey)
         if i < len(self.ids) and self.ids[i] == ekey:
-            raise BadReconfiguration(f"id {ekey!r:.60} belongs to {self.processes[i]!r}")
+            raise BadReconfiguration(
+                f"id {decode_key(ekey)!r:.60} is taken by {self.processes[i]!r}: a new or "
+                "moved process needs an id no process has"
+            )
 
     # ------------------------------------------------------------------ state
     def to_state(self) -> tuple[Any, ...]:

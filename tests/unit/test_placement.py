@@ -249,14 +249,14 @@ def test_rebalance_may_cross_the_wrap_but_not_pass_a_neighbour():
 @pytest.mark.parametrize(
     ("change", "why"),
     [
-        (lambda ks: ks.expand(E(20), "x"), "belongs to 'b'"),
+        (lambda ks: ks.expand(E(20), "x"), "20 is taken by 'b'"),
         (lambda ks: ks.expand(E(25), "a"), "already on the ring"),
         (lambda ks: ks.expand(K.MAX_EKEY, "x"), "below MAX"),
         (lambda ks: ks.expand(("bad",), "x"), "below MAX"),
         (lambda ks: ks.contract("x"), "not on the ring"),
         (lambda ks: ks.replace("x", "y"), "not on the ring"),
         (lambda ks: ks.replace("a", "b"), "already on the ring"),
-        (lambda ks: ks.rebalance("a", E(30)), "belongs to 'c'"),
+        (lambda ks: ks.rebalance("a", E(30)), "30 is taken by 'c'"),
     ],
 )
 def test_impossible_transformations_are_refused(change, why):
