@@ -119,9 +119,13 @@ class Plan:
     engine: str = "memory"
     """The storage processes' engine (``cluster up --engine``)."""
     final_read_budget: float = 120.0
+    """Seconds the final reads have in all; what is not read by then is reported unread."""
     answer_timeout: float = 10.0
     """The clients' ``answer_timeout`` (seconds a read waits for its answers)."""
-    """Seconds the final reads have in all; what is not read by then is reported unread."""
+    min_faults: int = 0
+    """Faults go on past ``duration - settle`` until this many were injected (for at most
+    ``duration`` seconds more): the nemesis waits for a healthy ring between faults, and
+    a slow machine heals more slowly, so it gets the same faults later, not fewer."""
 
 
 def run_rubberband(d: Path, plan: Plan) -> dict[str, Any]:
@@ -570,7 +574,7 @@ class RubberbandNemesis:
         self._t0 = t0
         plan = self.plan
         time.sleep(3)
-        while time.monotonic() - t0 < plan.duration - plan.settle and plan.kinds:
+        while plan.kinds and not self._faults_over():
             a = self._active
             if a is not None:
                 if self._elapsed() >= a["heal_at"]:
@@ -600,10 +604,19 @@ class RubberbandNemesis:
             else:
                 fault.setdefault("end", fault["start"])
                 time.sleep(max(0.0, self._next_at - self._elapsed()))
-        while time.monotonic() - t0 < plan.duration and not stop.is_set():
+        settled_at = max(plan.duration, self._elapsed() + plan.settle)
+        while self._elapsed() < settled_at and not stop.is_set():
             if self._active is not None and self._elapsed() >= self._active["heal_at"]:
                 self._heal(self._active)
             time.sleep(0.25)
+
+    def _faults_over(self) -> bool:
+        """Past the fault phase (``duration - settle``) with ``min_faults`` injected, or
+        past its extension (``duration`` more seconds)."""
+        plan, elapsed = self.plan, self._elapsed()
+        end = plan.duration - plan.settle
+        enough = len(self.faults) >= plan.min_faults
+        return elapsed >= end and (enough or elapsed >= end + plan.duration)
 
     def _elapsed(self) -> float:
         return time.monotonic() - self._t0

@@ -45,6 +45,14 @@ def run(argv: list[str] | None = None) -> int:
     ap.add_argument("--receivers", type=int, default=8)
     ap.add_argument("--settle", type=float, default=8.0, help="seconds without faults at the end")
     ap.add_argument(
+        "--min-faults",
+        type=int,
+        default=0,
+        help="Rubberband workloads: inject faults past --time minus --settle until this many "
+        "were injected (at most --time seconds more): the nemesis waits for a healthy ring "
+        "between faults, so a slow machine gets the same faults later, not fewer",
+    )
+    ap.add_argument(
         "--mutation",
         action="append",
         default=[],
@@ -300,7 +308,7 @@ def _rubberband(
     started = time.monotonic()
     plan = Plan(a.workload, kinds, seed, a.time, a.settle, _say, network, tuple(a.mutation),
                 engine=a.engine, final_read_budget=a.final_read_budget,
-                answer_timeout=a.answer_timeout)  # fmt: skip
+                answer_timeout=a.answer_timeout, min_faults=a.min_faults)  # fmt: skip
     got = run_rubberband(out, plan)
     history = got["history"]
     with open(out / "history.jsonl", "w", encoding="utf-8") as f:

@@ -242,8 +242,10 @@ def test_a_client_without_an_ack_timeout_waits_for_every_acknowledgement() -> No
 
 
 def test_submissions_beyond_e_casts_queue_wait_in_order_and_all_complete() -> None:
+    # The batch's one deadline is the fake's ack timeout: 0.3 s, by default, is a bound on
+    # time (a starved test process misses it), and this test is about order.
     m = _grown()
-    wire = FakeEcast(m, max_queued=3)
+    wire = FakeEcast(m, ack_timeout=30.0, max_queued=3)
     ops = [("put", ((k, k),)) for k in range(0, 500, 5)]
     outcomes = _run(m, wire, ops, bundle=1)
     assert outcomes == [None] * 100
