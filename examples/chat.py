@@ -25,18 +25,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
+import stat
 import sys
 
 import ecast
 
 
 async def read_lines(queue: asyncio.Queue[str | None]) -> None:
-    """Lines from stdin without a blocking thread: Ctrl-C must not wait for enter."""
+    """Lines from stdin.  A terminal or a pipe is read without a blocking thread (Ctrl-C
+    must not wait for enter); a file or ``/dev/null``, which the event loop cannot
+    watch, by plain reads that never block for long."""
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    while line := await reader.readline():
+    mode = os.fstat(sys.stdin.fileno()).st_mode
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or sys.stdin.isatty():
+        reader = asyncio.StreamReader()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+        readline = reader.readline
+    else:
+
+        async def readline() -> bytes:
+            return await loop.run_in_executor(None, sys.stdin.buffer.readline)
+
+    while line := await readline():
         await queue.put(line.decode(errors="replace").rstrip("\n"))
     await queue.put(None)  # end of input
 
@@ -96,7 +108,11 @@ async def chat(args: argparse.Namespace) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description="A replicated chat room on E-Cast.")
     ap.add_argument("--name", required=True, help="your member id, unique in the room")
-    ap.add_argument("--routers", default="127.0.0.1:7001", help="comma-separated HOST:PORTs")
+    ap.add_argument(
+        "--routers",
+        default=os.environ.get("ECAST_ROUTERS", "127.0.0.1:7001"),
+        help="comma-separated HOST:PORTs (default: $ECAST_ROUTERS or 127.0.0.1:7001)",
+    )
     ap.add_argument("--script", nargs="*", help="send these lines instead of reading stdin")
     ap.add_argument("--wait-for", help="say nothing before this member has joined")
     ap.add_argument("--linger", type=float, default=1.0, help="with --script: wait this long")

@@ -6,9 +6,12 @@
     ecast members --routers 127.0.0.1:7001
     ecast suspect --routers 127.0.0.1:7001 app-7
 
-Each joins the group under a fresh name (``--name``; names are unique for ever), does
-its work and parts again.  Output is JSON lines on stdout; errors are one line on stderr
-with a non-zero exit status.
+Each joins the group under a fresh name (names are unique for ever: a name that parted
+is retired), does its work and parts again.  With a credential the name is its
+pattern's prefix and a fresh suffix (a credential issued with ``--name 'alice.*'`` runs
+these commands as ``alice.7f3a...`` any number of times); ``--name`` picks one, once.
+Output is JSON lines on stdout; errors are one line on stderr with a non-zero exit
+status.
 """
 
 from __future__ import annotations
@@ -42,16 +45,34 @@ def _common(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument(
         "--name",
-        help="this process's name (default: a fresh cli-HOST-PID-RANDOM; names are unique "
-        "for ever)",
+        help="this process's name, once: names are unique for ever (default: a fresh one, "
+        "the credential's pattern prefix, or cli-HOST-PID, and a random suffix)",
     )
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each step")
 
 
-def _name(args: argparse.Namespace) -> str:
+def _name(args: argparse.Namespace, credentials: str | None) -> str:
+    """``--name``, else a fresh name the credential covers: its first pattern's prefix
+    and a random suffix.  A credential of exact names only cannot name a second run."""
     if args.name:
         return str(args.name)
-    return f"cli-{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
+    suffix = f"{os.getpid()}-{os.urandom(3).hex()}"
+    if credentials is None:
+        return f"cli-{socket.gethostname()}-{suffix}"
+    from ecast.security.credentials import Credential, CredentialError
+
+    try:
+        names = Credential.load(credentials).names
+    except (OSError, CredentialError, ValueError) as e:
+        raise ecast.AuthenticationError(f"credential {credentials}: {e}") from None
+    prefixes = [n[:-1] for n in names if n.endswith("*")]
+    if not prefixes:
+        raise ecast.AuthenticationError(
+            f"credential {credentials} covers only the names {', '.join(names)}, and a name "
+            "is used once; issue one with a pattern for these commands (ecast credentials "
+            f"issue ... --name '{names[0]}.*') or pass --name"
+        )
+    return f"{prefixes[0]}{suffix}"
 
 
 def _payload_json(payload: Any) -> Any:
@@ -70,9 +91,10 @@ async def _connect(args: argparse.Namespace) -> ecast.Client:
             secret = read_secret(args.secret_file)
         except SystemExit as e:
             raise ecast.AuthenticationError(f"{e}, or pass --credentials") from None
+    credentials = args.credentials or os.environ.get("ECAST_CREDENTIALS")
     return await ecast.connect(
         args.routers.split(","),
-        name=_name(args),
+        name=_name(args, credentials if secret is None else None),
         secret=secret,
         credentials=args.credentials if secret is None else None,
         timeout=args.timeout,

@@ -42,6 +42,7 @@ def bash(script: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedPr
     return subprocess.run(
         ["bash", "-e", "-x", "-c", script],
         cwd=cwd,
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -105,3 +106,35 @@ def test_the_client_command_examples_run_as_written(marker: str, tmp_path: Path)
     finally:
         out = bash(down, tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def test_the_readme_ecast_sequence_runs_as_written(tmp_path: Path) -> None:
+    """Credentials, three routers in the background, their health and metrics, then the
+    command-line tools twice as alice (fresh names her credential covers) and the chat
+    example (stdin at its end at once: it joins, says who is in the room and leaves).
+    The fixed ports become free ones."""
+    seq = block("README.md", "credentials init").replace(".venv/bin/", f"{BIN}/")
+    for fixed, port in zip(("7001", "7002", "7003", "9001"), free_ports(4), strict=True):
+        seq = seq.replace(f"127.0.0.1:{fixed}", f"127.0.0.1:{port}")
+    # The routers run as the block's background jobs; they stop with the block.
+    script = "trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT\n" + seq
+    script = script.replace("$ecast members", "$ecast members\n$ecast members")
+    (tmp_path / "examples").symlink_to(ROOT / "examples")  # the block runs from the root
+    out = bash(script, tmp_path, timeout=120)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert '"status": "ok"' in out.stdout or '"status":"ok"' in out.stdout, out.stdout[-2000:]
+    assert "ecast_" in out.stdout  # the metrics' head
+    assert out.stdout.count('"id": [["alice.') == 2, out.stdout[-2000:]  # two submitted
+    assert "* joined as alice" in out.stdout, out.stdout[-2000:]
