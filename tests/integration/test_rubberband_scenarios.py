@@ -31,6 +31,10 @@ from rubberband.tools.cli import run as cli
 
 LEVELS = ("sequential", "snapshot", "basic")
 KEYS = 8
+STORAGE_DETECTION = 3.0
+"""The supers' ``suspect_after``: a storage process silent this long is suspected."""
+ROUTER_DETECTION = 2.0
+"""A client's ``progress_timeout``: with no progress this long it goes to another router."""
 
 
 @pytest.fixture
@@ -79,6 +83,8 @@ class Workload:
         self.history: list[dict[str, Any]] = []
         self.stop = asyncio.Event()
         self.failed: list[str] = []
+        self.slowest: dict[str, float] = {}
+        """The longest wait of each kind of operation (``append``, ``r``)."""
 
     def record(self, process: str, kind: str, value: Any) -> None:
         self.history.append(
@@ -105,8 +111,11 @@ class Workload:
 
     async def _op(self, process: str, txn: Any, call: Awaitable[Any]) -> None:
         self.record(process, "invoke", txn)
+        t0 = time.monotonic()
         try:
             got = await call
+            kind = txn[0][0]
+            self.slowest[kind] = max(self.slowest.get(kind, 0.0), time.monotonic() - t0)
         except Exception as e:
             self.failed.append(f"{txn[0][0]} {txn[0][1]}: {type(e).__name__}: {e}")
             self.record(process, "info", txn)
@@ -127,8 +136,11 @@ class Workload:
             await self._op("final", [["r", f"k{k}", None]], rb.get(f"k{k}"))
         await rb.close()
 
-    def verdict(self) -> None:
+    def verdict(self, detection: float) -> None:
+        """No operation failed, none waited longer than ``detection`` plus a second, and
+        the history is valid."""
         assert not self.failed, f"{len(self.failed)} operation(s) failed: {self.failed[:5]}"
+        assert max(self.slowest.values()) <= detection + 1.0, self.slowest
         result = check(Op.from_json(r) for r in self.history)
         assert result.valid is True, json.dumps(result.to_json(), indent=1)[:3000]
         assert result.stats["transactions_ok"] > 100, result.stats
@@ -172,7 +184,7 @@ def test_replica_crash(cluster: Path) -> None:
     asyncio.run(w.run(fault))
     s = _settled(cluster)
     assert "storage:2" not in [r["name"] for r in s["ring"]]
-    w.verdict()
+    w.verdict(STORAGE_DETECTION)
 
 
 def test_leader_crash(cluster: Path) -> None:
@@ -188,7 +200,7 @@ def test_leader_crash(cluster: Path) -> None:
     w = Workload(cluster, snapshot=True)
     asyncio.run(w.run(fault))
     _settled(cluster)
-    w.verdict()
+    w.verdict(ROUTER_DETECTION)
 
 
 def test_crash_mid_migration(cluster: Path) -> None:
@@ -215,7 +227,7 @@ def test_crash_mid_migration(cluster: Path) -> None:
     assert not _status(cluster).get("pending")
     s = _settled(cluster)
     assert "storage:5" in [r["name"] for r in s["ring"]]
-    w.verdict()
+    w.verdict(STORAGE_DETECTION)
 
 
 def test_super_crash_mid_repair(cluster: Path) -> None:
@@ -238,4 +250,4 @@ def test_super_crash_mid_repair(cluster: Path) -> None:
     asyncio.run(w.run(fault, seconds=18.0))
     s = _settled(cluster, timeout=60.0)
     assert "storage:3" not in [r["name"] for r in s["ring"]]
-    w.verdict()
+    w.verdict(STORAGE_DETECTION)
