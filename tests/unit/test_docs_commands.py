@@ -76,8 +76,7 @@ def record_calls(block: str, tmp: Path) -> list[list[str]]:
     for d in (bin_, venv):
         d.mkdir(parents=True)
     recorder = (
-        '#!/bin/sh\nf="$(mktemp -p "$DOCS_CALLS")"\n'
-        'printf "%s\\0" "$(basename "$0")" "$@" > "$f"\n'
+        '#!/bin/sh\nf="$(mktemp -p "$DOCS_CALLS")"\nprintf "%s\\0" "$(basename "$0")" "$@" > "$f"\n'
     )
     for name in (*OURS, *FOREIGN):
         for d in (bin_, venv):
