@@ -758,3 +758,19 @@ def test_routers_count_commit_and_stable_latency_once_per_batch() -> None:
     assert sum(h.count for h in commits) > 0
     assert all(h.sum <= 1.3 * h.count for h in commits)
     assert n.violations() == []
+
+
+def test_a_follower_names_a_new_views_leader_to_the_processes_that_talk_to_it() -> None:
+    """A process that moved to a follower while that follower could see no view (cut off
+    with it) was never told who leads; the leader, which keeps the lease book, would not
+    hear from it and would suspect it.  So a follower that installs a new view names its
+    leader to every process that talks to it."""
+    n = sc.net()
+    n.add_app("a")
+    n.settle(0.3)
+    n.router("r3").apps["a"] = None  # as if a had moved to r3
+    mark = len(n.sent)
+    n.crash("r1")
+    n.settle(3.0)
+    told = [m for s, d, m in n.sent[mark:] if s == "r3" and d == "a" and type(m) is Leader]
+    assert told and "r1" not in told[-1].succession, told

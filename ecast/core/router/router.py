@@ -113,6 +113,8 @@ class Router:
         self.leases: dict[NodeId, float] = {}
         """Application process -> the lease granted to it, when it asked for one."""
         self._lease_seq = 0
+        self._pointed = -1
+        """The view whose leader a follower last named to its processes."""
         """Sequence numbers of the suspects this router submits (its own session)."""
         self._learned_at: deque[tuple[int, float]] = deque()
         """``(first t, time)`` of every learned route command, while any of it is
@@ -331,6 +333,8 @@ class Router:
             if lead is not None:
                 self._announce(lead)
                 lead.forward(mutations.on(ROUTE_LATEST_CONFIG))
+            else:
+                self._point_to_leader()
             self._propose()
             self.counts["closed_rejects"] += self.outbox.flush(self._send)
             notices = self.notices
@@ -405,6 +409,22 @@ class Router:
         header = {KIND: SUSPECT, WHO: who, "lease": True}
         self._routes.append(Message(ROUTERS, sid, header, None))
         self.counts["suspects_issued"] += 1
+
+    def _point_to_leader(self) -> None:
+        """A follower that installs a new view names its leader to the processes that
+        talk to it.  One that moved here while this router could see no view (it was cut
+        off with it) was not told, and would stay: the leader, which keeps the lease
+        book, would never hear from it and would suspect it, a false suspicion after
+        every partition that a client rode out on the minority side."""
+        view = self.ufab.view
+        if view is None or not self.ufab.installed or view.number == self._pointed:
+            return
+        self._pointed = view.number
+        tell = Leader(view.number, view.members)
+        gone = self.state.gone
+        for p in self.apps:
+            if not gone(p):
+                self.outbox.send(p, tell)
 
     def _announce(self, lead: Forwarding) -> None:
         view = self.ufab.view
