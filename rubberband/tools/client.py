@@ -6,12 +6,13 @@ rubberband client --state-dir D get 1 2 --isolation snapshot
 rubberband client --state-dir D append log '"x"'; rubberband client --state-dir D scan 0 100
 rubberband client --state-dir D delete 1 2
 
-rubberband client --state-dir D create-table tickets --key rloc rloc:varchar(6) dep:varchar(3)
-rubberband client --state-dir D insert tickets '[{"rloc": "AB12CD", "dep": "ZRH"}]'
+rubberband client --state-dir D create-table tickets --key rloc 'rloc:varchar(6)' 'dep:varchar(3)'
+rubberband client --state-dir D insert tickets --key rloc '[{"rloc": "AB12CD", "dep": "ZRH"}]'
 rubberband client --state-dir D select tickets --where 'dep = ZRH' --columns rloc,dep
-rubberband client --state-dir D select tickets --agg count:* --isolation basic
+rubberband client --state-dir D select tickets --agg 'count:*' --isolation basic
 rubberband client --state-dir D update tickets --set dep=GVA --where 'rloc = AB12CD'
 rubberband client --state-dir D delete-rows tickets --where 'dep = GVA'
+rubberband client --state-dir D shell      # one connection, commands line by line
 ```
 
 Key-value commands work on the memory and Memcached engines and on ``scan-kv`` (whose
@@ -22,6 +23,12 @@ read): ``--key`` names it where routing needs it (``insert``, ``upsert``, and a
 ``--where`` on the key).
 Output is a table for people, or JSON with ``--json``.  Exit status: 0 done, 1 refused or
 unavailable (the message says why), 2 a usage error.
+
+``shell`` keeps one connection and reads the same commands line by line (without
+``rubberband client`` and the connection flags), as ``etcdctl`` and ``redis-cli`` users
+expect: history across sessions (``~/.rubberband_history``), tab completion of commands,
+flags and isolation levels, ``help``, and ``quit`` or Ctrl-D to leave.  A refused
+command prints why and the shell goes on.
 """
 
 from __future__ import annotations
@@ -120,21 +127,37 @@ def _connection(args: argparse.Namespace) -> tuple[list[str], dict[str, Any], st
     return routers, auth, engine or "memory"
 
 
-async def run(args: argparse.Namespace) -> Any:
+async def connect(args: argparse.Namespace) -> tuple[Any, str]:
+    """A client for the cluster ``args`` name, and the cluster's engine."""
     import rubberband
 
     routers, auth, engine = _connection(args)
-    table_cmd = args.command in TABLE_COMMANDS
-    if table_cmd and engine not in ("scan", "scan-kv"):
-        raise Usage(f"{args.command} needs the scan engine; this cluster runs {engine!r}")
     rb = await rubberband.connect(
         routers,
         f"client:cli-{os.getpid()}-{os.urandom(3).hex()}",
         ops=OPS.get(engine),
         **auth,
     )
+    return rb, engine
+
+
+async def execute(rb: Any, args: argparse.Namespace, engine: str) -> Any:
+    """One command on an open client: what it printed, as a dict."""
+    if args.command in TABLE_COMMANDS:
+        if engine not in ("scan", "scan-kv"):
+            raise Usage(f"{args.command} needs the scan engine; this cluster runs {engine!r}")
+        return await _table(rb, args)
+    return await _kv(rb, args, engine)
+
+
+async def run(args: argparse.Namespace) -> Any:
+    if args.command in TABLE_COMMANDS:
+        _, _, engine = _connection(args)
+        if engine not in ("scan", "scan-kv"):  # before connecting
+            raise Usage(f"{args.command} needs the scan engine; this cluster runs {engine!r}")
+    rb, engine = await connect(args)
     try:
-        return await (_table(rb, args) if table_cmd else _kv(rb, args, engine))
+        return await execute(rb, args, engine)
     finally:
         await rb.close()
 
@@ -223,9 +246,9 @@ async def _table(rb: Any, args: argparse.Namespace) -> Any:
     return {"deleted": True}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser(prog: str = "rubberband client") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="rubberband client",
+        prog=prog,
         description="ad-hoc reads and writes",
         epilog=__doc__.split("```sh")[1].split("```")[0] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -234,34 +257,50 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--routers", help="HOST:PORT[,HOST:PORT...]")
     ap.add_argument("--credentials", help="a client credential file (client:*)")
     ap.add_argument("--engine", choices=["memory", "memcached", "scan", "scan-kv", "null"])
-    ap.add_argument(
-        "--isolation", default="sequential", choices=["sequential", "snapshot", "basic"]
-    )
+    ap.add_argument("--isolation", default="sequential", choices=ISOLATION)
     ap.add_argument("--key", help="a table's key column")
     ap.add_argument("--where", action="append", default=[], help="'COLUMN OP VALUE'")
     ap.add_argument("--columns", help="a projection: a,b,c")
     ap.add_argument("--agg", action="append", help="FUNCTION:COLUMN, e.g. count:* or sum:price")
     ap.add_argument("--set", action="append", help="COLUMN=VALUE")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    ap.add_argument("command", choices=[*KV_COMMANDS, *TABLE_COMMANDS])
+    ap.add_argument("command", choices=[*KV_COMMANDS, *TABLE_COMMANDS, "shell"])
     ap.add_argument("args", nargs="*")
-    args = ap.parse_intermixed_args(argv)  # options may come after the command's args
+    return ap
+
+
+ISOLATION = ("sequential", "snapshot", "basic")
+FAILURES: tuple[type[BaseException], ...] = (ValueError, TimeoutError, OSError)
+"""What a command may fail with besides ``Usage`` (with Rubberband's and E-Cast's errors,
+which are among these or added where the client runs)."""
+
+
+def show(out: Any, as_json: bool) -> None:
+    out = jsonable(out)
+    if as_json:
+        print(json.dumps(out), flush=True)
+    elif "rows" in out:
+        print(_table_text(out["columns"], out["rows"]), flush=True)
+    else:
+        print(", ".join(f"{k}: {v}" for k, v in out.items()), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_intermixed_args(argv)  # options may come after the command's args
     import ecast
     import rubberband
 
+    if args.command == "shell":
+        from rubberband.tools.client_shell import shell
+
+        return shell(args)
     try:
         out = asyncio.run(run(args))
     except Usage as e:
         print(f"rubberband client: {e}", file=sys.stderr)
         return 2
-    except (rubberband.RubberbandError, ecast.Error, ValueError, TimeoutError, OSError) as e:
+    except (rubberband.RubberbandError, ecast.Error, *FAILURES) as e:
         print(f"rubberband client: {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    out = jsonable(out)
-    if args.json:
-        print(json.dumps(out))
-    elif "rows" in out:
-        print(_table_text(out["columns"], out["rows"]))
-    else:
-        print(", ".join(f"{k}: {v}" for k, v in out.items()))
+    show(out, args.json)
     return 0

@@ -4,6 +4,8 @@
 rubberband cluster up --routers 3 --supers 1 --storage 4 --replication 3 --state-dir DIR
 rubberband cluster status --state-dir DIR --json
 rubberband cluster add --storage 2 --state-dir DIR        # more storage processes, in standby
+rubberband cluster add --routers 1 --supers 1 --state-dir DIR
+rubberband cluster remove r2 --state-dir DIR               # a router parts; or super:s2
 rubberband admin --state-dir DIR expand storage:5 KEY     # or: contract NAME, replace OLD NEW,
 rubberband admin --state-dir DIR status                   #     rebalance NAME KEY
 rubberband admin --state-dir DIR status
@@ -133,6 +135,7 @@ def up(args: argparse.Namespace) -> int:
                 "replication": args.replication,
                 "partitioning": args.partitioning,
                 "engine": args.engine,
+                "auto_repair": args.auto_repair,
             },
             indent=1,
         ),
@@ -215,20 +218,120 @@ def _start_storage(
 
 
 def add(args: argparse.Namespace) -> int:
+    """More processes: storage processes in standby (the admin places them), routers that
+    join the group, supers that join the supers' group.  ``cluster.json`` lists the new
+    routers and supers, so that later processes and clients reach them too."""
     d = Path(args.state_dir)
     st = _state(args.state_dir)
     before = local.StateDir.recorded(d)  # starting processes rewrites the record
     state = local.StateDir(d)
-    common = ["--routers", ",".join(st["routers"]), "--state-dir", str(d),
-              *st.get("storage_args", ())]  # fmt: skip
-    first = max((int(n.split(":")[1]) for n in st["storage"]), default=0) + 1
-    numbers = range(first, first + args.storage)
-    started = _start_storage(state, common, st["engine"], numbers, args.timeout)
-    st["storage"].update(started)
+    started: list[str] = []
+    if args.routers:
+        cluster = local.LocalCluster(d, args=st.get("router_args", ()))
+        taken = [_number(k, "r") for k, p in before.items() if "router" in p.get("argv", ())]
+        join = next((a for a in st["routers"] if _listening(a)), None)
+        if join is None:
+            print("rubberband cluster add: no router is reachable to join", file=sys.stderr)
+            return 1
+        first = max(taken, default=0) + 1
+        for rid in (f"r{i}" for i in range(first, first + args.routers)):
+            cluster.start(rid, join)
+            cluster.wait_healthy(rid, timeout=args.timeout)  # may restart it on fresh ports
+            st["routers"].append(cluster.routers[rid].address)
+            started.append(rid)
+    common = ["--routers", ",".join(st["routers"]), "--state-dir", str(d)]
+    if args.supers:
+        taken = [_number(k, "s") for k, p in before.items() if "super" in p.get("argv", ())]
+        first = max(taken, default=0) + 1
+        for n in range(first, first + args.supers):
+            auto = st.get("auto_repair", True)
+            name, address = start_super(state, n, common, auto, args.timeout)
+            st["supers"][name] = address
+            started.append(name)
+    if args.storage:
+        first = max((int(n.split(":")[1]) for n in st["storage"]), default=0) + 1
+        numbers = range(first, first + args.storage)
+        storage_common = [*common, *st.get("storage_args", ())]
+        added = _start_storage(state, storage_common, st["engine"], numbers, args.timeout)
+        st["storage"].update(added)
+        started += added
     ecast.write_private(d / "cluster.json", json.dumps(st, indent=1))
     now = local.StateDir.recorded(d)
     (d / "processes.json").write_text(json.dumps({**before, **now}, indent=1))
     print(" ".join(started))
+    return 0
+
+
+def _number(key: str, prefix: str) -> int:
+    """The number in a recorded process's key (``r4``, ``s2``, ``j3``: 0 if none)."""
+    digits = key.removeprefix(prefix)
+    return int(digits) if digits.isdigit() else 0
+
+
+def _listening(address: str) -> bool:
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=1.0).close()
+    except OSError:
+        return False
+    return True
+
+
+def remove(args: argparse.Namespace) -> int:
+    """Stop one process for good: a router parts from the group (SIGTERM), a super
+    leaves the supers, a storage process in standby stops.  A storage process on the
+    ring holds data: contract or replace it first (``rubberband admin``)."""
+    import signal
+
+    d = Path(args.state_dir)
+    st = _state(args.state_dir)
+    recorded = local.StateDir.recorded(d)
+    found = [(k, p) for k, p in recorded.items() if args.name in (k, _process(k, p)["name"])]
+    if not found:
+        print(f"rubberband cluster remove: no process {args.name!r} here", file=sys.stderr)
+        return 2
+    key, p = found[0]
+    info = _process(key, p)
+    name = info["name"]
+    if info["role"] == "storage":
+        _, body = admin_request(args.state_dir, "/status", timeout=5.0)
+        if name in [r.get("name") for r in body.get("ring", [])]:
+            print(
+                f"rubberband cluster remove: {name} holds data on the ring: contract or "
+                f"replace it first (rubberband admin --state-dir {args.state_dir} contract "
+                f"{name})",
+                file=sys.stderr,
+            )
+            return 2
+    if (
+        info["role"] == "router"
+        and sum(
+            _process(k, q)["role"] == "router" and _process(k, q)["alive"]
+            for k, q in recorded.items()
+        )
+        <= 1
+    ):
+        print("rubberband cluster remove: the last router stays (cluster down)", file=sys.stderr)
+        return 2
+    if info["alive"]:
+        os.kill(p["pid"], signal.SIGTERM)
+        deadline = time.monotonic() + args.timeout
+        while local.running(p["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if local.running(p["pid"]):
+            print(f"rubberband cluster remove: {name} did not stop in time", file=sys.stderr)
+            return 1
+    address = None
+    if info["role"] == "router":
+        ports = p.get("ports", {})
+        address = f"{p.get('host', '127.0.0.1')}:{ports.get('listen')}"
+        st["routers"] = [a for a in st["routers"] if a != address]
+    st["supers"].pop(name, None)
+    st["storage"].pop(name, None)
+    ecast.write_private(d / "cluster.json", json.dumps(st, indent=1))
+    print(f"{name} removed")
     return 0
 
 
@@ -355,14 +458,23 @@ def cluster_main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("status")
     s.add_argument("--state-dir", required=True)
     s.add_argument("--json", action="store_true")
-    a = sub.add_parser("add", help="start more storage processes, in standby")
-    a.add_argument("--storage", type=int, default=1)
+    a = sub.add_parser("add", help="start more storage processes (in standby), routers, supers")
+    a.add_argument("--storage", type=int, default=None, help="storage processes (default 1 "
+                   "when nothing else is asked)")  # fmt: skip
+    a.add_argument("--routers", type=int, default=0, help="routers that join the group")
+    a.add_argument("--supers", type=int, default=0, help="supers that join the supers")
     a.add_argument("--timeout", type=float, default=60.0)
     a.add_argument("--state-dir", required=True)
+    r = sub.add_parser("remove", help="stop a router, a super or a standby storage process")
+    r.add_argument("name", help="as status shows it: r2, super:s2, storage:5")
+    r.add_argument("--timeout", type=float, default=30.0)
+    r.add_argument("--state-dir", required=True)
     d = sub.add_parser("down")
     d.add_argument("--state-dir", required=True)
     args = ap.parse_args(argv)
-    return {"up": up, "add": add, "status": status, "down": down}[args.cmd](args)
+    if args.cmd == "add" and args.storage is None:
+        args.storage = 0 if args.routers or args.supers else 1
+    return {"up": up, "add": add, "remove": remove, "status": status, "down": down}[args.cmd](args)
 
 
 def admin_main(argv: list[str] | None = None) -> int:

@@ -769,3 +769,75 @@ def test_the_rubberband_demo_passes_its_own_checks(tmp_path: Path) -> None:
     recorded = json.loads((tmp_path / "cluster" / "processes.json").read_text())
     alive = [n for n, r in recorded.items() if local.running(r["pid"])]
     assert not alive, f"still running after the demo: {alive}"
+
+
+def test_the_client_shell_runs_commands_on_one_connection(cluster: Path) -> None:
+    """``rubberband client shell`` with its lines piped in: each command's output, a
+    refused and a mistyped line reported without ending the session, and ``quit``."""
+    lines = "\n".join([
+        "put s1 '\"one\"' s2 '{\"n\": 2}'",
+        "get s1 s2 --isolation snapshot --json",
+        "append s2 3",            # refused: s2 holds a dict
+        "get --bogus",            # argparse says what is wrong
+        "help",
+        "scan s1 s3",
+        "quit",
+        "get s1",                 # never run
+    ])  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "rubberband.tools.cli", "client", "--state-dir", str(cluster),
+         "shell"],
+        input=lines, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got = out.stdout.splitlines()
+    assert got[0] == "written: 2", got
+    assert json.loads(got[1])["rows"] == [["s1", "one"], ["s2", {"n": 2}]]
+    assert got[2].startswith("append: ") and "holds a dict" in got[2], got
+    assert "--bogus" in out.stderr
+    assert any(line.startswith("commands: get put append") for line in got), got
+    assert "(2 rows)" in out.stdout and out.stdout.count("s1") == 2, out.stdout
+
+
+def test_cluster_add_and_remove_routers_supers_and_standby_storage(cluster: Path) -> None:
+    """``cluster add --routers/--supers`` join running groups and ``cluster.json`` lists
+    them; ``cluster remove`` parts a router (the leader too) and a super, refuses a
+    storage process on the ring, and stops a standby one; clients go on throughout."""
+    d = str(cluster)
+
+    def ok(*args: str) -> str:
+        out = cli("cluster", *args, "--state-dir", d)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out.stdout
+
+    assert ok("add", "--routers", "1", "--supers", "1").split() == ["r4", "super:s2"]
+    st = json.loads((cluster / "cluster.json").read_text())
+    assert len(st["routers"]) == 4 and set(st["supers"]) == {"super:s1", "super:s2"}
+    status = json.loads(ok("status", "--json"))
+    alive = {p["name"]: p["alive"] for p in status["processes"]}
+    assert alive["r4"] and alive["super:s2"], status["processes"]
+
+    async def use(routers: list[str], key: str) -> Any:
+        rb = await rbsdk.connect(routers, f"client:{key}", credentials=st["client_credentials"])
+        try:
+            await rb.put(key, key)
+            return await rb.get(key)
+        finally:
+            await rb.close()
+
+    assert asyncio.run(use(st["routers"][-1:], "via-r4")) == "via-r4"  # the new router only
+    leader = status["leader"]
+    assert ok("remove", leader).strip() == f"{leader} removed"
+    ok("remove", "super:s1")
+    st = json.loads((cluster / "cluster.json").read_text())
+    assert len(st["routers"]) == 3 and list(st["supers"]) == ["super:s2"]
+    assert asyncio.run(use(st["routers"], "after")) == "after"
+    status = json.loads(ok("status", "--json"))  # answered by super:s2
+    assert status["version"] is not None and len(status["ring"]) == 4
+    refused = cli("cluster", "remove", "storage:1", "--state-dir", d)
+    assert refused.returncode == 2 and "contract or replace it first" in refused.stderr
+    assert ok("add").split() == ["storage:5"]
+    ok("remove", "storage:5")
+    assert "storage:5" not in json.loads((cluster / "cluster.json").read_text())["storage"]
+    unknown = cli("cluster", "remove", "r99", "--state-dir", d)
+    assert unknown.returncode == 2 and "no process" in unknown.stderr

@@ -20,3 +20,14 @@ def test_bytes_print_as_text_or_base64_in_tables_and_json() -> None:
     text = _table_text(shown["columns"], shown["rows"])
     assert "hello" in text and "base64:/wA=" in text and "b'" not in text
     assert text.endswith("(4 rows)")
+
+
+def test_the_shell_completes_commands_flags_and_isolation_levels() -> None:
+    from rubberband.tools.client_shell import completions
+
+    assert completions("", "")[:3] == ["get", "put", "append"]
+    assert completions("de", "de") == ["delete", "delete-rows"]
+    assert completions("get 1 --is", "--is") == ["--isolation"]
+    assert completions("get 1 --isolation ", "") == ["sequential", "snapshot", "basic"]
+    assert completions("get 1 --isolation sn", "sn") == ["snapshot"]
+    assert completions("get 1", "1") == []

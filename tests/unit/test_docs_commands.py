@@ -44,11 +44,25 @@ def documents() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
+HELP_EPILOGS = ("rubberband.tools.client",)
+"""Modules whose docstring's shell block is a command's ``--help`` epilog."""
+
+
+def _epilogs() -> list[tuple[str, str]]:
+    import importlib
+
+    found = []
+    for name in HELP_EPILOGS:
+        doc = importlib.import_module(name).__doc__ or ""
+        found += [(f"{name} --help:{line}", b) for line, b in shell_blocks(doc)]
+    return found
+
+
 BLOCKS = [
     (f"{doc.relative_to(ROOT)}:{line}", block)
     for doc in documents()
     for line, block in shell_blocks(doc.read_text(encoding="utf-8"))
-]
+] + _epilogs()
 
 
 def test_the_docs_have_shell_blocks_to_check() -> None:
