@@ -113,9 +113,9 @@ class Router:
         self.leases: dict[NodeId, float] = {}
         """Application process -> the lease granted to it, when it asked for one."""
         self._lease_seq = 0
+        """Sequence numbers of the suspects this router submits (its own session)."""
         self._pointed = -1
         """The view whose leader a follower last named to its processes."""
-        """Sequence numbers of the suspects this router submits (its own session)."""
         self._learned_at: deque[tuple[int, float]] = deque()
         """``(first t, time)`` of every learned route command, while any of it is
         unstable: the age of the oldest unstable message, for health checks."""
@@ -420,11 +420,9 @@ class Router:
         if view is None or not self.ufab.installed or view.number == self._pointed:
             return
         self._pointed = view.number
-        tell = Leader(view.number, view.members)
-        gone = self.state.gone
         for p in self.apps:
-            if not gone(p):
-                self.outbox.send(p, tell)
+            if not self.state.gone(p):
+                self._tell_leader(p)
 
     def _announce(self, lead: Forwarding) -> None:
         view = self.ufab.view
