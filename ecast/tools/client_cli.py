@@ -86,12 +86,12 @@ def _payload_json(payload: Any) -> Any:
 
 async def _connect(args: argparse.Namespace) -> ecast.Client:
     secret = None
-    if args.secret_file or not (args.credentials or os.environ.get("ECAST_CREDENTIALS")):
+    credentials = args.credentials or os.environ.get("ECAST_CREDENTIALS")
+    if args.secret_file or not credentials:
         try:
             secret = read_secret(args.secret_file)
         except SystemExit as e:
             raise ecast.AuthenticationError(f"{e}, or pass --credentials") from None
-    credentials = args.credentials or os.environ.get("ECAST_CREDENTIALS")
     return await ecast.connect(
         args.routers.split(","),
         name=_name(args, credentials if secret is None else None),

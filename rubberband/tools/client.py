@@ -141,20 +141,21 @@ async def connect(args: argparse.Namespace) -> tuple[Any, str]:
     return rb, engine
 
 
+def _check_engine(command: str, engine: str) -> None:
+    if command in TABLE_COMMANDS and engine not in ("scan", "scan-kv"):
+        raise Usage(f"{command} needs the scan engine; this cluster runs {engine!r}")
+
+
 async def execute(rb: Any, args: argparse.Namespace, engine: str) -> Any:
     """One command on an open client: what it printed, as a dict."""
+    _check_engine(args.command, engine)
     if args.command in TABLE_COMMANDS:
-        if engine not in ("scan", "scan-kv"):
-            raise Usage(f"{args.command} needs the scan engine; this cluster runs {engine!r}")
         return await _table(rb, args)
     return await _kv(rb, args, engine)
 
 
 async def run(args: argparse.Namespace) -> Any:
-    if args.command in TABLE_COMMANDS:
-        _, _, engine = _connection(args)
-        if engine not in ("scan", "scan-kv"):  # before connecting
-            raise Usage(f"{args.command} needs the scan engine; this cluster runs {engine!r}")
+    _check_engine(args.command, _connection(args)[2])  # before connecting
     rb, engine = await connect(args)
     try:
         return await execute(rb, args, engine)
@@ -270,9 +271,15 @@ def parser(prog: str = "rubberband client") -> argparse.ArgumentParser:
 
 
 ISOLATION = ("sequential", "snapshot", "basic")
-FAILURES: tuple[type[BaseException], ...] = (ValueError, TimeoutError, OSError)
-"""What a command may fail with besides ``Usage`` (with Rubberband's and E-Cast's errors,
-which are among these or added where the client runs)."""
+
+
+def failures() -> tuple[type[BaseException], ...]:
+    """What a command may fail with besides ``Usage``: reported, not a traceback.
+    (Imported when a command runs: ``rubberband client --help`` stays quick.)"""
+    import ecast
+    import rubberband
+
+    return (rubberband.RubberbandError, ecast.Error, ValueError, TimeoutError, OSError)
 
 
 def show(out: Any, as_json: bool) -> None:
@@ -287,9 +294,6 @@ def show(out: Any, as_json: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_intermixed_args(argv)  # options may come after the command's args
-    import ecast
-    import rubberband
-
     if args.command == "shell":
         from rubberband.tools.client_shell import shell
 
@@ -299,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     except Usage as e:
         print(f"rubberband client: {e}", file=sys.stderr)
         return 2
-    except (rubberband.RubberbandError, ecast.Error, *FAILURES) as e:
+    except failures() as e:
         print(f"rubberband client: {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     show(out, args.json)

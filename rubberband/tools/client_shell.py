@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from rubberband.tools.client import (
-    FAILURES,
     ISOLATION,
     KV_COMMANDS,
     TABLE_COMMANDS,
     Usage,
     connect,
     execute,
+    failures,
     parser,
     show,
 )
@@ -77,9 +77,6 @@ def _readline() -> Any:
 
 
 def shell(args: argparse.Namespace) -> int:
-    import ecast
-    import rubberband
-
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="rubberband-client", daemon=True)
     thread.start()
@@ -87,13 +84,13 @@ def shell(args: argparse.Namespace) -> int:
     def call(coro: Coroutine[Any, Any, Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
-    failures = (rubberband.RubberbandError, ecast.Error, *FAILURES)
+    failed = failures()
     try:
         rb, engine = call(connect(args))
     except Usage as e:
         print(f"rubberband client: {e}", file=sys.stderr)
         return 2
-    except failures as e:
+    except failed as e:
         print(f"rubberband client: shell: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     interactive = sys.stdin.isatty()
@@ -103,7 +100,7 @@ def shell(args: argparse.Namespace) -> int:
     try:
         _loop(args, lambda: input("rubberband> " if interactive else ""), call, rb, engine)
     finally:
-        with contextlib.suppress(*failures):
+        with contextlib.suppress(*failed):
             call(rb.close())
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=5)
@@ -120,10 +117,7 @@ def _loop(
     rb: Any,
     engine: str,
 ) -> None:
-    import ecast
-    import rubberband
-
-    failures = (rubberband.RubberbandError, ecast.Error, *FAILURES)
+    failed = failures()
     lines = parser(prog="")
     while True:
         try:
@@ -158,5 +152,5 @@ def _loop(
             show(call(execute(rb, args, engine)), args.json)
         except Usage as e:
             print(f"usage: {e}")
-        except failures as e:
+        except failed as e:
             print(f"{args.command}: {type(e).__name__}: {e}")
