@@ -645,10 +645,11 @@ class RubberbandNemesis:
 
     def _update_routers(self) -> None:
         """Record the live routers' addresses: new processes and clients connect there."""
+        from rubberband.tools.cluster import router_address
+
         live = self._routers()
         st = json.loads((self.d / "cluster.json").read_text())
-        st["routers"] = [f"{p.get('host', '127.0.0.1')}:{p['ports']['listen']}"
-                         for _, p in sorted(live.items())]  # fmt: skip
+        st["routers"] = [router_address(p) for _, p in sorted(live.items())]
         (self.d / "cluster.json").write_text(json.dumps(st, indent=1))
         self.st = st
 

@@ -30,6 +30,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -228,8 +229,10 @@ def add(args: argparse.Namespace) -> int:
     started: list[str] = []
     if args.routers:
         cluster = local.LocalCluster(d, args=st.get("router_args", ()))
-        taken = [_number(k, "r") for k, p in before.items() if "router" in p.get("argv", ())]
-        join = next((a for a in st["routers"] if _listening(a)), None)
+        routers = {k: p for k, p in before.items() if "router" in p.get("argv", ())}
+        taken = [_number(k, "r") for k in routers]
+        live = [p for p in routers.values() if local.running(p["pid"])]
+        join = router_address(live[0]) if live else None
         if join is None:
             print("rubberband cluster add: no router is reachable to join", file=sys.stderr)
             return 1
@@ -243,8 +246,8 @@ def add(args: argparse.Namespace) -> int:
     if args.supers:
         taken = [_number(k, "s") for k, p in before.items() if "super" in p.get("argv", ())]
         first = max(taken, default=0) + 1
+        auto = st.get("auto_repair", True)
         for n in range(first, first + args.supers):
-            auto = st.get("auto_repair", True)
             name, address = start_super(state, n, common, auto, args.timeout)
             st["supers"][name] = address
             started.append(name)
@@ -268,15 +271,24 @@ def _number(key: str, prefix: str) -> int:
     return int(digits) if digits.isdigit() else 0
 
 
-def _listening(address: str) -> bool:
-    import socket
+def router_address(p: dict[str, Any]) -> str:
+    """A recorded router's listening address, as ``cluster.json`` lists it."""
+    return f"{p.get('host', '127.0.0.1')}:{p['ports']['listen']}"
 
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=1.0).close()
-    except OSError:
-        return False
-    return True
+
+def _stop(
+    procs: list[dict[str, Any]], sig: Callable[[dict[str, Any]], int], grace: float
+) -> list[dict[str, Any]]:
+    """Send each running process of ``procs`` its signal, wait up to ``grace`` seconds for
+    them all; those still running."""
+    for p in procs:
+        if local.running(p["pid"]):
+            os.kill(p["pid"], sig(p))
+    deadline = time.monotonic() + grace
+    for p in procs:
+        while local.running(p["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return [p for p in procs if local.running(p["pid"])]
 
 
 def remove(args: argparse.Namespace) -> int:
@@ -288,12 +300,12 @@ def remove(args: argparse.Namespace) -> int:
     d = Path(args.state_dir)
     st = _state(args.state_dir)
     recorded = local.StateDir.recorded(d)
-    found = [(k, p) for k, p in recorded.items() if args.name in (k, _process(k, p)["name"])]
+    processes = {k: _process(k, p) for k, p in recorded.items()}
+    found = [k for k, i in processes.items() if args.name in (k, i["name"])]
     if not found:
         print(f"rubberband cluster remove: no process {args.name!r} here", file=sys.stderr)
         return 2
-    key, p = found[0]
-    info = _process(key, p)
+    p, info = recorded[found[0]], processes[found[0]]
     name = info["name"]
     if info["role"] == "storage":
         _, body = admin_request(args.state_dir, "/status", timeout=5.0)
@@ -305,29 +317,15 @@ def remove(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-    if (
-        info["role"] == "router"
-        and sum(
-            _process(k, q)["role"] == "router" and _process(k, q)["alive"]
-            for k, q in recorded.items()
-        )
-        <= 1
-    ):
+    routers_alive = sum(i["role"] == "router" and i["alive"] for i in processes.values())
+    if info["role"] == "router" and routers_alive <= 1:
         print("rubberband cluster remove: the last router stays (cluster down)", file=sys.stderr)
         return 2
-    if info["alive"]:
-        os.kill(p["pid"], signal.SIGTERM)
-        deadline = time.monotonic() + args.timeout
-        while local.running(p["pid"]) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if local.running(p["pid"]):
-            print(f"rubberband cluster remove: {name} did not stop in time", file=sys.stderr)
-            return 1
-    address = None
+    if _stop([p], lambda _p: signal.SIGTERM, args.timeout):
+        print(f"rubberband cluster remove: {name} did not stop in time", file=sys.stderr)
+        return 1
     if info["role"] == "router":
-        ports = p.get("ports", {})
-        address = f"{p.get('host', '127.0.0.1')}:{ports.get('listen')}"
-        st["routers"] = [a for a in st["routers"] if a != address]
+        st["routers"] = [a for a in st["routers"] if a != router_address(p)]
     st["supers"].pop(name, None)
     st["storage"].pop(name, None)
     ecast.write_private(d / "cluster.json", json.dumps(st, indent=1))
@@ -405,20 +403,15 @@ def down(args: argparse.Namespace) -> int:
     def is_router(p: dict[str, Any]) -> bool:
         return "router" in p.get("argv", ())
 
+    def sig(p: dict[str, Any]) -> int:
+        return signal.SIGINT if "storage" in p.get("argv", ()) else signal.SIGTERM
+
     for group, grace in (
         ([p for p in recorded.values() if not is_router(p)], 10.0),
         ([p for p in recorded.values() if is_router(p)], 2.0),
     ):
-        for p in group:
-            if local.running(p["pid"]):
-                storage = "storage" in p.get("argv", ())
-                os.kill(p["pid"], signal.SIGINT if storage else signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for p in group:
-            while local.running(p["pid"]) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if local.running(p["pid"]):
-                os.kill(p["pid"], signal.SIGKILL)
+        for p in _stop(group, sig, grace):
+            os.kill(p["pid"], signal.SIGKILL)
     print(f"stopped {len(recorded)} processes")
     return 0
 
