@@ -64,8 +64,10 @@ class Response:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def json_response(value: Any, status: int = 200) -> Response:
-    return Response(status, json.dumps(value).encode(), "application/json; charset=utf-8")
+def json_response(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        status, json.dumps(value).encode(), "application/json; charset=utf-8", headers or {}
+    )
 
 
 def text_response(
@@ -155,13 +157,13 @@ class HttpServer:
         """The next request on ``conn``, or ``None`` when the client closed it."""
         head: h11.Request | None = None
         body = bytearray()
-        timeout = IDLE_TIMEOUT
         loop = asyncio.get_running_loop()
         deadline: float | None = None
+        """Once a request began: when all of it must have come."""
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:
-                wait = timeout if deadline is None else max(0.0, deadline - loop.time())
+                wait = IDLE_TIMEOUT if deadline is None else max(0.0, deadline - loop.time())
                 data = await asyncio.wait_for(reader.read(65536), wait)
                 conn.receive_data(data)
                 if data and deadline is None:
@@ -240,5 +242,4 @@ def _content_length(head: h11.Request) -> int | None:
 
 def _error(status: int, why: str = "", headers: dict[str, str] | None = None) -> Response:
     text = REASONS.get(status, "error") + (f": {why}" if why else "")
-    return Response(status, json.dumps({"error": text}).encode(),
-                    "application/json; charset=utf-8", headers or {})  # fmt: skip
+    return json_response({"error": text}, status, headers)
