@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_docs_commands import ROOT, shell_blocks
+from ecast.tools.local import free_port
+from tests.unit.test_docs_commands import ROOT, SHELLS, fenced_blocks
 
 BIN = str(Path(sys.executable).parent)
 
@@ -24,14 +25,8 @@ BIN = str(Path(sys.executable).parent)
 def block(doc: str, marker: str, lang: str = "sh") -> str:
     """The one fenced block of ``doc`` in ``lang`` that contains ``marker``."""
     text = (ROOT / doc).read_text(encoding="utf-8")
-    if lang == "sh":
-        found = [b for _, b in shell_blocks(text) if marker in b]
-    else:
-        found = [
-            m.group(1)
-            for m in re.finditer(rf"^```{lang}\n(.*?)^```", text, re.S | re.M)
-            if marker in m.group(1)
-        ]
+    langs = SHELLS if lang == "sh" else (lang,)
+    found = [b for _, b in fenced_blocks(text, langs) if marker in b]
     assert len(found) == 1, f"{doc}: {len(found)} blocks contain {marker!r}"
     return found[0]
 
@@ -108,26 +103,14 @@ def test_the_client_command_examples_run_as_written(marker: str, tmp_path: Path)
     assert out.returncode == 0, out.stderr[-2000:]
 
 
-def free_ports(n: int) -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def test_the_readme_ecast_sequence_runs_as_written(tmp_path: Path) -> None:
     """Credentials, three routers in the background, their health and metrics, then the
     command-line tools twice as alice (fresh names her credential covers) and the chat
     example (stdin at its end at once: it joins, says who is in the room and leaves).
     The fixed ports become free ones."""
     seq = block("README.md", "credentials init").replace(".venv/bin/", f"{BIN}/")
-    for fixed, port in zip(("7001", "7002", "7003", "9001"), free_ports(4), strict=True):
-        seq = seq.replace(f"127.0.0.1:{fixed}", f"127.0.0.1:{port}")
+    for fixed in ("7001", "7002", "7003", "9001"):
+        seq = seq.replace(f"127.0.0.1:{fixed}", f"127.0.0.1:{free_port()}")
     # The routers run as the block's background jobs; they stop with the block.
     script = "trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT\n" + seq
     script = script.replace("$ecast members", "$ecast members\n$ecast members")

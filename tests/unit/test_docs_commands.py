@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import os
 import re
@@ -33,11 +34,16 @@ a running cluster); anything else must exist on this machine."""
 MODULES = ("ecast", "rubberband", "jepsen_like", "storage_adapters")
 
 
-def shell_blocks(text: str) -> Iterator[tuple[int, str]]:
-    """The fenced shell blocks of a Markdown text, with the line each starts on."""
+def fenced_blocks(text: str, langs: tuple[str, ...]) -> Iterator[tuple[int, str]]:
+    """The fenced blocks of a Markdown text in one of ``langs``, with the line each
+    starts on."""
     for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
-        if m.group(1) in SHELLS:
+        if m.group(1) in langs:
             yield text.count("\n", 0, m.start()) + 2, m.group(2)
+
+
+def shell_blocks(text: str) -> Iterator[tuple[int, str]]:
+    return fenced_blocks(text, SHELLS)
 
 
 def documents() -> list[Path]:
@@ -49,8 +55,6 @@ HELP_EPILOGS = ("rubberband.tools.client",)
 
 
 def _epilogs() -> list[tuple[str, str]]:
-    import importlib
-
     found = []
     for name in HELP_EPILOGS:
         doc = importlib.import_module(name).__doc__ or ""
@@ -103,12 +107,9 @@ def record_calls(block: str, tmp: Path) -> list[list[str]]:
         ["bash", "-e", "-c", block], cwd=tmp, env=env, capture_output=True, text=True
     )
     assert out.returncode == 0, f"the block failed in bash:\n{out.stderr}"
-    calls = [f.read_bytes().split(b"\0")[:-1] for f in sorted(log.iterdir(), key=_ctime)]
+    by_time = sorted(log.iterdir(), key=lambda f: f.stat().st_mtime_ns)
+    calls = [f.read_bytes().split(b"\0")[:-1] for f in by_time]
     return [[a.decode() for a in c] for c in calls]
-
-
-def _ctime(p: Path) -> int:
-    return p.stat().st_mtime_ns
 
 
 class _Parsed(Exception):
@@ -159,7 +160,7 @@ def check_call(argv: list[str]) -> str | None:
         return None if args[:1] in (["demo"], ["test"]) else f"./run {args}: unknown"
     target: Any
     if name in ("ecast", "rubberband"):
-        module = importlib_module(f"{name}.tools.cli")
+        module = importlib.import_module(f"{name}.tools.cli")
         target = lambda: module.main(args)  # noqa: E731
     elif args[:1] == ["-m"]:
         mod = args[1]
@@ -195,12 +196,6 @@ def check_call(argv: list[str]) -> str | None:
     finally:
         sys.argv = saved
     return None
-
-
-def importlib_module(name: str) -> Any:
-    import importlib
-
-    return importlib.import_module(name)
 
 
 @pytest.mark.parametrize(("where", "block"), BLOCKS, ids=[w for w, _ in BLOCKS])
