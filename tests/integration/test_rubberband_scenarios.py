@@ -24,16 +24,18 @@ from typing import Any
 import pytest
 
 import rubberband.sdk as rbsdk
+from ecast.core.endpoint import EndpointParams
 from rubberband.checkers.history import Op
 from rubberband.checkers.list_append import check
 from rubberband.sim import SCENARIOS
 from rubberband.tools.cli import run as cli
+from rubberband.tools.daemons import SUPER_SETTINGS
 
 LEVELS = ("sequential", "snapshot", "basic")
 KEYS = 8
-STORAGE_DETECTION = 3.0
-"""The supers' ``suspect_after``: a storage process silent this long is suspected."""
-ROUTER_DETECTION = 2.0
+STORAGE_DETECTION = next(s.default for s in SUPER_SETTINGS if s.name == "suspect-after")
+"""The supers' ``--suspect-after``: a storage process silent this long is suspected."""
+ROUTER_DETECTION = EndpointParams().progress_timeout
 """A client's ``progress_timeout``: with no progress this long it goes to another router."""
 
 
