@@ -26,10 +26,13 @@ What memcached lacks, the engine adds:
 Keys become memcached keys by a fixed encoding within memcached's limits: ``k`` and the
 URL-safe base64 of the msgpack form of the key's canonical encoding (at most 250 bytes,
 no spaces or control characters), or for a longer key ``h`` and the base64 of its
-SHA-256.  Values are msgpack-encoded; a value over the server's item limit is a
-:class:`BadOperation` (the same at every replica, as long as every replica's server has
-the same ``item_limit_mb``, which the engine sets).  TTLs are refused: an expiring item
-would be a replica silently dropping data.
+SHA-256.  Values are msgpack-encoded.  The server is started to hold any value up to the
+key-value limit (:data:`~storage_adapters.memory.MAX_VALUE_BYTES`, which clients check at
+the call) with its longest key: items of 2 MB (``item_limit_mb``); a server of one's own
+that holds less is refused at start, so no replica rejects an acknowledged put for its
+size.  An append that grows a list past the server's limit is a :class:`BadOperation`
+(the same at every replica), answered to the writer as every append is.  TTLs are
+refused: an expiring item would be a replica silently dropping data.
 
 Requests are pipelined: a multi-key operation is one round trip (pymemcache's
 ``set_many`` / ``get_many`` / ``delete_many`` write every command and then read every
@@ -66,7 +69,7 @@ from rubberband.engine import (
     encode_key,
     rejection,
 )
-from storage_adapters.memory import MAX_KEYS, READS, WRITES, KVOps, deltas
+from storage_adapters.memory import MAX_KEYS, MAX_VALUE_BYTES, READS, WRITES, KVOps, deltas
 
 __all__ = ["KVOps", "MemcachedEngine", "memcached_key"]
 
@@ -183,7 +186,7 @@ class MemcachedEngine:
         *,
         address: str | None = None,
         memory_mb: int = 1024,
-        item_limit_mb: int = 1,
+        item_limit_mb: int = 2,
         binary: str = "memcached",
         threads: int = 2,
         timeout: float = 10.0,
@@ -213,6 +216,13 @@ class MemcachedEngine:
         self._mc.flush_all(noreply=False)
         settings = self._mc.stats("settings")
         self.item_limit = int(settings.get(b"item_size_max", 1 << 20))
+        if self.item_limit < MAX_VALUE_BYTES + MAX_KEY_BYTES + ITEM_OVERHEAD:
+            self.close()
+            raise ValueError(
+                f"memcached at {self.address} holds items of at most {self.item_limit:,} "
+                f"bytes: too few for a value at the key-value limit of {MAX_VALUE_BYTES:,} "
+                "bytes with its key (start it with -I 2m, or item_limit_mb=2)"
+            )
         self._index: SortedDict = SortedDict()
         """(placement, encoded key) -> key, for every key this replica holds."""
         self._cursors: set[_Snapshot] = set()

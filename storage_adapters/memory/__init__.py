@@ -19,6 +19,10 @@ operation                                meaning
 ``("scan", lo, hi)``                     ``[(key, value), ...]`` of ``[lo, hi)`` in order
 =======================================  ==============================================
 
+A value is at most :data:`MAX_VALUE_BYTES` once msgpack-encoded, on every key-value
+engine: a larger one is refused at the call (:meth:`KVOps.part_fun`), never acknowledged
+and then dropped by an engine that cannot hold it.
+
 Writes return None; a read returns what it found *inside the ranges it was given*, so a
 client combines the answers of several replicas without double counting
 (:meth:`KVOps.combine`).  ``append`` to a key that holds a non-list is a
@@ -30,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import msgpack
 from sortedcontainers import SortedDict
 
 from rubberband.engine import (
@@ -52,6 +57,35 @@ WRITES = frozenset({"put", "append", "add", "delete", "delete_range"})
 READS = frozenset({"get", "scan"})
 MAX_KEYS = 100_000
 """Keys one operation may name."""
+MAX_VALUE_BYTES = 1 << 20
+"""The largest value a key-value write carries, msgpack-encoded (as Memcached's default
+item and etcd's request limit, about a megabyte).  Checked by the client, so every
+engine that holds key-value data must hold any value up to it (the Memcached engine
+starts its server so, and refuses a server of one's own that cannot)."""
+_PLAIN = (int, float, bool, type(None))
+_ENCODED_BOUND = {bytes: 1, str: 4}
+"""Bytes per ``len`` a value of these types takes at most, encoded (UTF-8: 4 per code
+point), so that the common value is checked without encoding it."""
+
+
+def check_value(key: Any, value: Any) -> None:
+    """Raise :class:`BadOperation` when ``value`` is over :data:`MAX_VALUE_BYTES` or is
+    nothing msgpack can carry."""
+    t = type(value)
+    if t in _PLAIN:
+        return
+    per = _ENCODED_BOUND.get(t)
+    if per is not None and len(value) * per <= MAX_VALUE_BYTES - 5:  # 5: the header
+        return
+    try:
+        size = len(msgpack.packb(value, use_bin_type=True))
+    except (TypeError, ValueError, OverflowError) as e:
+        raise BadOperation(f"the value of {key!r:.60} cannot be stored: {e}") from None
+    if size > MAX_VALUE_BYTES:
+        raise BadOperation(
+            f"the value of {key!r:.60} is {size:,} bytes encoded: over the key-value limit "
+            f"of {MAX_VALUE_BYTES:,} bytes"
+        )
 
 
 def _bound(key: Any) -> EKey:
@@ -74,6 +108,9 @@ class KVOps:
                 if len(pairs) > MAX_KEYS or not all(len(p) == 2 for p in pairs):
                     raise BadOperation(f"{name} takes (key, value) pairs")
                 keys = [p[0] for p in pairs]
+                if name != "add":
+                    for k, v in pairs:
+                        check_value(k, v)
             elif name in ("delete", "get"):
                 keys = list(op[1])
                 if len(keys) > MAX_KEYS:

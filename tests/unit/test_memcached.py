@@ -13,13 +13,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import msgpack
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ecast import local
-from rubberband.engine import EVERYTHING, BadOperation, encode_key
+from rubberband.engine import EVERYTHING, BadOperation, Placement, encode_key
 from storage_adapters.memcached import MAX_KEY_BYTES, MemcachedEngine, memcached_key
+from storage_adapters.memory import MAX_VALUE_BYTES, KVOps
 
 keys = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
@@ -52,10 +54,35 @@ def test_a_key_too_long_for_memcached_is_hashed_and_still_works() -> None:
         e.close()
 
 
-def test_values_over_the_item_limit_and_ttls_are_refused_whole() -> None:
-    e = MemcachedEngine(memory_mb=16, item_limit_mb=1)
+def test_any_value_the_client_lets_through_is_stored_and_a_smaller_server_is_refused() -> None:
+    """A value at the key-value limit passes the client's check and is held, with the
+    longest key memcached takes; one byte more is refused at the call.  A server that
+    could not hold it is refused when the engine starts, not write by write."""
+    ops = KVOps()
+    at_limit = b"v" * (MAX_VALUE_BYTES - 5)  # bin 32: 5 bytes of header
+    assert len(msgpack.packb(at_limit)) == MAX_VALUE_BYTES
+    key = "k" * 180  # its memcached form is just within 250 bytes
+    assert len(memcached_key(encode_key(key))) <= 250 and memcached_key(encode_key(key))[:1] == b"k"
+    ops.part_fun(("put", ((key, at_limit),)), Placement())
+    with pytest.raises(BadOperation, match="over the key-value limit of 1,048,576 bytes"):
+        ops.part_fun(("put", ((key, at_limit + b"v"),)), Placement())
+    with pytest.raises(BadOperation, match="over the key-value limit"):
+        ops.part_fun(("append", (("a", ["x" * (1 << 19), "y" * (1 << 19)]),)), Placement())
+    e = MemcachedEngine(memory_mb=16)
     try:
-        big = b"x" * (1 << 20)
+        assert e.apply([(("put", ((key, at_limit),)), EVERYTHING)]) == [None]
+        assert e.apply([(("get", (key,)), EVERYTHING)]) == [{key: at_limit}]
+    finally:
+        e.close()
+    with pytest.raises(ValueError, match="holds items of at most 1,048,576 bytes"):
+        MemcachedEngine(memory_mb=16, item_limit_mb=1)
+
+
+def test_values_over_the_item_limit_and_ttls_are_refused_whole() -> None:
+    """What a client that skips the check sends: the engine refuses it at every replica."""
+    e = MemcachedEngine(memory_mb=16)
+    try:
+        big = b"x" * (2 << 20)
         (res,) = e.apply([(("put", (("a", 1), ("b", big))), EVERYTHING)])
         assert isinstance(res, BadOperation) and "item limit" in str(res)
         (res,) = e.apply([(("put", (("a", 1),), 60), EVERYTHING)])
@@ -108,7 +135,7 @@ def test_an_engine_reaches_a_server_by_host_and_port() -> None:
     """The private server listens on a Unix socket; an operator's may be on TCP."""
     port = local.free_port()
     cmd = [shutil.which("memcached") or "memcached", "-l", "127.0.0.1", "-p", str(port)]
-    cmd += ["-U", "0", "-m", "16"] + (["-u", "root"] if os.geteuid() == 0 else [])
+    cmd += ["-U", "0", "-m", "16", "-I", "2m"] + (["-u", "root"] if os.geteuid() == 0 else [])
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
