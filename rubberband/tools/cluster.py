@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import urllib.error
@@ -141,12 +142,10 @@ def up(args: argparse.Namespace) -> int:
             indent=1,
         ),
     )
-    # Ids are places: keys under range partitioning, 32-bit hashes under hash partitioning.
-    space = 2**32 if args.partitioning == "hash" else args.key_space
-    step = max(1, space // max(1, args.storage))
-    for i in range(1, args.storage + 1):
+    ids = spread(args.storage, args.partitioning, args.key_space)
+    for i, at in enumerate(ids, 1):
         code, body = admin_request(
-            str(d), "/reconfigure", {"op": "expand", "args": [f"storage:{i}", (i - 1) * step]}
+            str(d), "/reconfigure", {"op": "expand", "args": [f"storage:{i}", at]}
         )
         if code != 200:
             print(
@@ -160,6 +159,15 @@ def up(args: argparse.Namespace) -> int:
         f"{args.replication}; routers {addresses}"
     )
     return 0
+
+
+def spread(n: int, partitioning: str, key_space: int) -> list[int]:
+    """The ids of ``n`` storage processes placed evenly on an empty ring.  Ids are places:
+    integer keys ``0 .. key_space`` under range partitioning, 32-bit hashes under hash
+    partitioning."""
+    space = 2**32 if partitioning == "hash" else key_space
+    step = max(1, space // max(1, n))
+    return [i * step for i in range(n)]
 
 
 def start_super(
@@ -487,10 +495,14 @@ def admin_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="go on even if data would be lost")
     ap.add_argument("--no-wait", action="store_true", help="return once submitted")
     ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--key-space", type=int, default=1_000_000, help="place: range "
+                    "partitioning's ids are spread over integer keys 0 .. this")  # fmt: skip
     ap.add_argument(
-        "op", choices=["status", "expand", "contract", "replace", "rebalance", "wait"],
+        "op", choices=["status", "expand", "contract", "replace", "rebalance", "wait", "place"],
         help="status; expand NAME KEY; contract NAME; replace OLD NEW; rebalance NAME KEY; "
-        "wait [VERSION] (no VERSION: until no reconfiguration is pending)",
+        "wait [VERSION] (no VERSION: until no reconfiguration is pending); place N (a new "
+        "cluster's first N standby storage processes, ids spread evenly; nothing once the "
+        "ring holds any)",
     )  # fmt: skip
     ap.add_argument("args", nargs="*")
     args = ap.parse_intermixed_args(argv)
@@ -508,7 +520,10 @@ def admin_main(argv: list[str] | None = None) -> int:
         ap.error("give --state-dir or --super HOST:PORT")
     if not token:
         ap.error("no admin token: --token-file, --state-dir or $RUBBERBAND_ADMIN_TOKEN")
-    arity = {"status": 0, "expand": 2, "contract": 1, "replace": 2, "rebalance": 2, "wait": 1}
+    arity = {
+        "status": 0, "expand": 2, "contract": 1, "replace": 2, "rebalance": 2, "wait": 1,
+        "place": 1,
+    }  # fmt: skip
     if args.op == "wait" and not args.args:
         return _wait(supers, token, args)
     if len(args.args) != arity[args.op]:
@@ -518,6 +533,8 @@ def admin_main(argv: list[str] | None = None) -> int:
         return _show(code, body, args.json, _status_text)
     if args.op == "wait":
         return _wait(supers, token, args)
+    if args.op == "place":
+        return _place(supers, token, args)
     op_args: list[Any] = list(args.args)
     if args.op in ("expand", "rebalance"):
         op_args[1] = _key(op_args[1])
@@ -633,6 +650,54 @@ def _wait(supers: list[str], token: str, args: argparse.Namespace) -> int:
     print(f"failed: version {version} not ready in {args.timeout:g} s (current version "
           f"{body.get('version')}; waiting for {who})", file=sys.stderr)  # fmt: skip
     return 1
+
+
+def _place(supers: list[str], token: str, args: argparse.Namespace) -> int:
+    """A new cluster's bootstrap: wait until the supers know ``N`` storage processes in
+    standby, then expand each onto the empty ring, ids spread evenly.  Idempotent, so a
+    deploy may run it on every start: once the ring holds any process it places nothing
+    (later processes are placed by ``replace``, ``expand`` or the supers' repair)."""
+    try:
+        n = int(args.args[0])
+    except ValueError:
+        n = 0
+    if n < 1:
+        print(f"refused: N is a positive integer, not {args.args[0]!r}", file=sys.stderr)
+        return 2
+    deadline = time.monotonic() + args.timeout
+    body: dict[str, Any] = {}
+    while True:
+        code, body = request(supers, token, "/status", timeout=5.0)
+        if code in (401, 400):
+            return _show(code, body, args.json, str)
+        if code == 200 and body.get("joined"):
+            if body.get("ring"):
+                print(f"the ring holds {len(body['ring'])} storage process(es): nothing placed")
+                return 0
+            if len(body.get("standby", ())) >= n:
+                break
+        if time.monotonic() >= deadline:
+            print(f"failed: {len(body.get('standby', ()))} storage process(es) in standby "
+                  f"after {args.timeout:g} s, {n} asked", file=sys.stderr)  # fmt: skip
+            return 1
+        time.sleep(0.5)
+    names = sorted(body["standby"], key=_natural)[:n]
+    ids = spread(n, body.get("partitioning", "range"), args.key_space)
+    for name, at in zip(names, ids, strict=True):
+        code, answer = request(
+            supers, token, "/reconfigure",
+            {"op": "expand", "args": [name, at], "wait": True, "timeout": args.timeout},
+            timeout=args.timeout + 10,
+        )  # fmt: skip
+        if code != 200:
+            return _show(code, answer, args.json, _plan_text)
+        print(f"placed {name} at {at}")
+    return 0
+
+
+def _natural(name: str) -> tuple[Any, ...]:
+    """``storage:2`` before ``storage:10``."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
 def _key(text: str) -> Any:

@@ -841,3 +841,36 @@ def test_cluster_add_and_remove_routers_supers_and_standby_storage(cluster: Path
     assert "storage:5" not in json.loads((cluster / "cluster.json").read_text())["storage"]
     unknown = cli("cluster", "remove", "r99", "--state-dir", d)
     assert unknown.returncode == 2 and "no process" in unknown.stderr
+
+
+@pytest.mark.parametrize("cluster", [("--storage", "0", "--partitioning", "hash")], indirect=True)
+def test_admin_place_puts_a_new_clusters_standbys_on_the_empty_ring_once(cluster: Path) -> None:
+    """What the deploy templates run: ``admin place N`` waits for N standbys, expands each
+    with ids spread evenly, and places nothing once the ring holds any (so a deploy may
+    run it on every start)."""
+    d = str(cluster)
+    waiting = subprocess.Popen(
+        [PY, "-m", "rubberband.tools.cli", "admin", "--state-dir", d, "--timeout", "60",
+         "place", "3"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(1)
+        assert waiting.poll() is None  # no standby yet: it waits
+        added = cli("cluster", "add", "--storage", "4", "--state-dir", d)
+        assert added.returncode == 0, added.stdout + added.stderr
+        out, err = waiting.communicate(timeout=90)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0, out + err
+    step = 2**32 // 3
+    assert out.splitlines() == [f"placed storage:{i} at {(i - 1) * step}" for i in (1, 2, 3)]
+    ring = status(cluster)["ring"]
+    assert [(r["name"], int(r["id"])) for r in ring] == [
+        (f"storage:{i}", (i - 1) * step) for i in (1, 2, 3)
+    ]
+    again = cli("admin", "--state-dir", d, "place", "4")
+    assert again.returncode == 0 and "nothing placed" in again.stdout, again.stdout + again.stderr
+    assert len(status(cluster)["ring"]) == 3
+    refused = cli("admin", "--state-dir", d, "place", "0")
+    assert refused.returncode == 2 and "positive integer" in refused.stderr

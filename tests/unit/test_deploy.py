@@ -1,6 +1,7 @@
 """The deployment files in ``deploy/`` stay true to the code: every flag they use exists,
 the compose file and the manifests parse, no restartable unit bootstraps a router group,
-and every metric the alerts and the dashboard name is one the daemons export."""
+each deployment places its storage processes on the ring and uses one partitioning,
+and every metric (and scrape job) the alerts and the dashboard name is one that exists."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -20,10 +22,12 @@ PROGRAMS = {
     ("ecast", "router"): [sys.executable, "-m", "ecast", "router", "--help"],
     ("rubberband", "storage"): [sys.executable, "-m", "rubberband.tools.cli", "storage", "--help"],
     ("rubberband", "super"): [sys.executable, "-m", "rubberband.tools.cli", "super", "--help"],
+    ("rubberband", "admin"): [sys.executable, "-m", "rubberband.tools.cli", "admin", "--help"],
 }
 INVOCATION = re.compile(
-    r"\b(ecast|rubberband)\s+(router|storage|super)\b(.*?)(?=&&|;|\||&\s|$)", re.S
+    r"\b(ecast|rubberband)\s+(router|storage|super|admin)\b(.*?)(?=&&|;|\||&\s|$)", re.S
 )
+DAEMONS = {"router", "storage", "super"}
 
 
 @functools.cache
@@ -66,7 +70,7 @@ def invocations() -> list[tuple[str, tuple[str, str], list[str], bool]]:
 
 def test_every_daemon_in_deploy_is_found() -> None:
     roles = {(w.split()[0], p[1]) for w, p, _, _ in invocations()}
-    assert {p for _, p in roles} == {"router", "storage", "super"}
+    assert {p for _, p in roles} == DAEMONS | {"admin"}
     assert len(invocations()) >= 12
 
 
@@ -84,7 +88,7 @@ def test_no_restartable_unit_bootstraps_a_router_group() -> None:
             bootstraps.append(where)
         if program == ("ecast", "router") and "--join" in flags:
             assert "--rejoin" in flags, f"{where}: a restarted router needs --rejoin"
-        if program[0] == "rubberband" and restartable:
+        if program[0] == "rubberband" and program[1] in DAEMONS and restartable:
             assert "--unique-name" in flags, f"{where}: a restart needs a fresh name"
     assert len(bootstraps) == 3  # systemd, compose, Kubernetes: one each
 
@@ -123,3 +127,58 @@ def test_every_metric_named_in_alerts_and_dashboard_is_exported() -> None:
 
     missing = sorted(n for n in names if not exported(n))
     assert not missing, missing
+
+
+def _bootstrap_and_place(line: str) -> tuple[str | None, int | None]:
+    partitioning = re.search(r"partitioning=(\w+)", line)
+    place = re.search(r"\bplace\s+(\S+)", line)
+    return (
+        partitioning.group(1) if partitioning else None,
+        int(place.group(1)) if place and place.group(1).isdigit() else None,
+    )
+
+
+def test_each_deployment_places_its_storage_processes_and_all_partition_alike() -> None:
+    """A deployment that starts storage processes in standby and never places them ends
+    with an empty ring: each one has a place step for as many as it starts, and every
+    bootstrap uses range partitioning, as ``rubberband cluster up`` does by default."""
+    found: dict[str, dict[str, Any]] = {}
+    for where, line, _ in commands():
+        kind = "systemd" if where.endswith(".service") else where.split()[0].lower()
+        partitioning, place = _bootstrap_and_place(line)
+        entry = found.setdefault(kind, {"partitioning": set(), "place": []})
+        if partitioning:
+            entry["partitioning"].add(partitioning)
+        if "place" in line.split():
+            entry["place"].append(place if place is not None else line)
+    env = (DEPLOY / "systemd" / "rubberband.env").read_text()
+    systemd_place = int(re.search(r"^PLACE=(\d+)$", env, re.M).group(1))
+    compose = yaml.safe_load((DEPLOY / "docker" / "compose.yaml").read_text())
+    compose_storage = sum(1 for n in compose["services"] if n.startswith("storage"))
+    manifests = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "rubberband.yaml").read_text()))
+    k8s_storage = next(
+        d["spec"]["replicas"]
+        for d in manifests
+        if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "rb-storage"
+    )
+    assert found["compose"]["place"] == [compose_storage]
+    assert found["job"]["place"] == [k8s_storage]
+    assert found["systemd"]["place"] == ["/opt/rubberband/bin/rubberband admin --super ${ADMIN} "
+                                         "--token-file /etc/rubberband/admin_token --timeout 900 "
+                                         "place ${PLACE}"]  # fmt: skip
+    assert systemd_place >= 3  # the replication factor the bootstrap sets
+    partitionings = set().union(*(e["partitioning"] for e in found.values()))
+    assert partitionings == {"range"}, partitionings
+
+
+def test_the_process_down_alert_matches_the_shipped_scrape_jobs() -> None:
+    """A storage process that stops exits at once, so only its scrape target going down
+    can raise an alert; the alert names the jobs the shipped scrape config defines."""
+    alerts = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yaml").read_text())
+    rules = [r for g in alerts["groups"] for r in g["rules"]]
+    down = [r for r in rules if re.search(r"\bup\{", r["expr"]) and r["expr"].endswith("== 0")]
+    assert len(down) == 1
+    jobs = set(re.search(r'job=~"([^"]+)"', down[0]["expr"]).group(1).split("|"))
+    scrape = yaml.safe_load((DEPLOY / "prometheus" / "scrape.yaml").read_text())
+    assert jobs == {j["job_name"] for j in scrape["scrape_configs"]}
+    assert not [r for r in rules if "rubberband_stopped" in r["expr"]]
