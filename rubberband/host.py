@@ -36,6 +36,10 @@ INBOX_HIGH = 4 * BATCH
 the SDK's queue then fills, it stops reading from the routers, and E-Cast's flow control
 slows the writers down to what the engine applies (an unbounded inbox hid a slow engine
 from flow control: it grew without end, and a keyspace message behind it waited too)."""
+HISTORY = 3600
+"""Seconds of load figures a super keeps for its console."""
+EVENTS = 500
+"""Events a super keeps for its console."""
 FIGURES_EVERY = 0.25
 """Seconds between refreshes of a storage process's figures: an engine's ``stats`` may
 sum over its blocks or ask its server (memcached), too dear for every batch; the
@@ -101,7 +105,7 @@ class _Host:
         self.stopped: str | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self.done = asyncio.Event()
-        self.figures: dict[str, int | float] = {}
+        self.figures: dict[str, Any] = {}
         """What heartbeats report to the supers (a storage process: its load and size)."""
         self._sent: set[NodeId] = set()
         """Peers sent direct messages since the host last waited for slow ones."""
@@ -125,13 +129,16 @@ class _Host:
             return
         self._stop("E-Cast closed")
 
+    def pong_figures(self) -> dict[str, Any]:
+        return self.figures
+
     async def _read_direct(self) -> None:
         while True:
             src, payload = await self.client.receive_direct()
             if type(payload) is Ping:
                 # Heartbeats are answered on the loop, never behind the engine's work,
                 # with this process's figures (load and size) when it has any.
-                carry_out(pong(src, payload, self.figures), self)
+                carry_out(pong(src, payload, self.pong_figures()), self)
                 continue
             if self._intercept(src, payload):
                 continue
@@ -245,6 +252,11 @@ class StorageHost(_Host):
         self.queued_since: float | None = None
         """Since when delivered items have waited for their ranges (None: nothing waits)."""
         self._figured_at = -FIGURES_EVERY
+
+    def pong_figures(self) -> dict[str, Any]:
+        """The figures and their age: an idle process refreshes none, so the clients
+        they name are those of its last work, which the supers then count no more."""
+        return {**self.figures, "age_s": round(time.monotonic() - self._figured_at, 2)}
 
     def _urgent(self, payload: Any) -> bool:
         return type(payload) in self.core.URGENT
@@ -372,6 +384,68 @@ class SuperHost(_Host):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         client.ack_listener = self._on_acks
+        self.samples: deque[tuple[float, float, float | None, int]] = deque(maxlen=HISTORY)
+        """``(wall time, operations applied per second by the ring's storage processes,
+        slowest heartbeat round trip in ms, items waiting for their ranges)``: one a
+        second for the last hour, so an operator's console has charts at once."""
+        self.events: deque[dict[str, Any]] = deque(maxlen=EVENTS)
+        """What happened to the cluster, as this super saw it: reconfigurations asked of
+        it and their outcome, repairs, suspicions, keyspace versions and who they put
+        on or took off the ring (wall times)."""
+        self._ring_seen: tuple[int | None, tuple[NodeId, ...]] = (None, ())
+
+    def event(self, what: str, **detail: Any) -> None:
+        self.events.append({"t": round(time.time(), 3), "what": what, **detail})
+
+    def routers(self) -> list[dict[str, Any]]:
+        """The routers as this super's E-Cast endpoint knows them: the view's succession
+        (leader first) and any router it knew that the view no longer holds, each with
+        whether this process has a connection to it."""
+        ep = self.client.endpoint
+        if ep is None:
+            return []
+        routes = self.client.runtime.routes
+        directory = self.client.runtime.directory
+        view = list(ep.succession)
+        gone = sorted(r for r in ep.known_routers if r not in view and r in directory)
+        return [
+            {
+                "name": r,
+                "role": "leader" if i == 0 else "follower" if r in view else "left the view",
+                "connected": r in routes,
+                "address": directory.get(r),
+            }
+            for i, r in enumerate([*view, *gone])
+        ]
+
+    async def _sample(self) -> None:
+        """Once a second: the load figures into :attr:`samples`, and a new keyspace
+        version into :attr:`events` (with who it put on or took off the ring)."""
+        while self.stopped is None:
+            await asyncio.sleep(1.0)
+            c = self.core.config
+            if c is None:
+                continue
+            ring = tuple(c.keyspace.processes)
+            version, before = self._ring_seen
+            if version is not None and c.version != version:
+                self.event(
+                    "version", version=c.version,
+                    joined=[p for p in ring if p not in before],
+                    left=[p for p in before if p not in ring],
+                )  # fmt: skip
+            self._ring_seen = (c.version, ring)
+            loads = self.core.watch.loads
+            mine = [loads[p] for p in ring if p in loads]
+            rtts = [f["rtt_ms"] for f in mine if f.get("rtt_ms") is not None]
+            self.samples.append(
+                (
+                    round(time.time(), 1),
+                    round(sum(f.get("ops_per_s") or 0.0 for f in mine), 1),
+                    max(rtts) if rtts else None,
+                    sum(f.get("queued") or 0 for f in mine),
+                )
+            )
 
     @property
     def counts(self) -> dict[str, int]:
@@ -394,7 +468,7 @@ class SuperHost(_Host):
 
     async def run(self) -> str:
         self._histogram = daemon_kit.Histogram()
-        self._start(self._read_deliveries(), self._read_direct(), self._work())
+        self._start(self._read_deliveries(), self._read_direct(), self._work(), self._sample())
         self._tick()
         await self.done.wait()
         await self.close()
@@ -442,10 +516,13 @@ class SuperHost(_Host):
                 what = "repaired" if item.error is None else "repair_failed"
                 detail = item.result.get("version") if item.result else item.error
                 log.warning("event=%s detail=%s", what, str(detail).replace(" ", "_")[:200])
+                self.event(what, request=list(item.request[1:]), detail=str(detail)[:300])
         elif t is Voted:
             log.warning("event=vote_suspect process=%s silent_s=%.1f", item.process, item.silent)
+            self.event("suspected", process=item.process, silent_s=round(item.silent, 1))
         elif t is Stalled:
             log.warning("event=beat_stalled seconds=%.1f", item.seconds)
+            self.event("stalled", seconds=round(item.seconds, 1))
 
     def wake(self, at: float | None) -> None:
         if at is None or (self._timer_at is not None and self._timer_at <= at):
@@ -461,6 +538,7 @@ class SuperHost(_Host):
         st = self.core.status(self._now())
         if st.get("joined"):
             st["leader"] = self.client.leader
+            st["routers"] = self.routers()
         return st
 
     async def reconfigure(
@@ -485,11 +563,20 @@ class SuperHost(_Host):
             timeout=timeout,
         )  # fmt: skip
         carry_out(fx, self)
+        asked = {"op": op, "args": [str(a)[:100] for a in args]}
         try:
             done = await asyncio.wait_for(fut, timeout + 5.0)
+        except TimeoutError:
+            if not dry_run:
+                self.event("reconfigure_timeout", **asked)
+            raise
         finally:
             self._requests.pop(rid, None)
         if done.error is not None:
+            if not dry_run:
+                self.event("refused", **asked, error=str(done.error)[:300])
             raise done.error
         assert done.result is not None
+        if not dry_run:
+            self.event("reconfigured", **asked, version=done.result.get("version"))
         return done.result

@@ -34,7 +34,7 @@ from typing import Any
 from ecast import KIND, SUSPECT, Delivery, Direct, Effects, Message, NodeId
 from ecast.core import mutations
 from rubberband.bundles import Segments, read_items, unbundle, write_items
-from rubberband.config import STORAGE, SUPER
+from rubberband.config import CLIENT, STORAGE, SUPER
 from rubberband.engine import BadOperation, Engine, Placement
 from rubberband.keys import (
     NOTHING,
@@ -66,6 +66,8 @@ from rubberband.proto import (
 )
 
 CHUNK_BYTES = 256 * 1024
+REPORTED_CLIENTS = 64
+"""Client names one heartbeat answer carries at most (the count is always whole)."""
 _NOW = 1 << 62
 """A position after everything delivered so far (what blocks an answer given now)."""
 MALFORMED_BUNDLE = "a bundle is a tuple of (op, ranges) pairs, as many as its count"
@@ -148,6 +150,9 @@ class StorageCore:
         """Keyspace version -> our instructions of it not yet done."""
         self.stopped: str | None = None
         self.stats = StorageStats()
+        self.senders: set[NodeId] = set()
+        """Who sent what this process applied or answered since its last figures: the
+        supers count the clients at work from them (light clients join no group)."""
         self._segments = Segments()
         self._fx = Effects()
         self._mute = False
@@ -201,8 +206,10 @@ class StorageCore:
         stream, and our own join hands us the keyspace."""
         fx = self._begin()
         run: list[tuple[int, Message]] = []
+        senders = self.senders
         for d in deliveries:
             m = d.message
+            senders.add(m.sender)
             if d.unsafe:
                 if run:
                     self._deliver(run)
@@ -239,6 +246,7 @@ class StorageCore:
         t = type(msg)
         mig = self.migration
         if t is BasicRead:
+            self.senders.add(src)
             self._basic(src, msg)
         elif t is Pull:
             mig.on_pull(src, msg)
@@ -566,12 +574,17 @@ class StorageCore:
     def early_pulls(self) -> dict[Any, Any]:
         return self.migration.early_pulls
 
-    def figures(self) -> dict[str, int | float]:
+    def figures(self) -> dict[str, Any]:
         """What this process's heartbeat answers report to the supers (4.2.3): operations
         applied so far (the supers turn it into a rate), the engine's items and bytes,
-        items waiting for their ranges.  On the engine's thread: ``stats`` may sum over
-        blocks or ask a server."""
-        f: dict[str, int | float] = {"applied": self.stats.applied}
+        items waiting for their ranges, and the clients heard from since the last figures
+        (at most ``REPORTED_CLIENTS`` names, and their number).  On the engine's thread:
+        ``stats`` may sum over blocks or ask a server."""
+        f: dict[str, Any] = {"applied": self.stats.applied}
+        clients = sorted(s for s in self.senders if s.startswith(CLIENT))
+        self.senders = set()
+        f["clients"] = clients[:REPORTED_CLIENTS]
+        f["client_count"] = len(clients)
         try:
             e = self.engine.stats()
             f["items"] = int(e.get("items", 0))

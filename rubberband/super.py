@@ -282,6 +282,9 @@ class SuperCore:
             return {"joined": False}
         out = self._status(c)
         if now is not None:
+            at_work = self.watch.active_clients(now) | c.clients()
+            out["clients"] = len(at_work)
+            out["client_names"] = sorted(at_work)[:50]
             out["load"] = {
                 p: {k: v for k, v in f.items() if k not in ("at", "applied")}
                 | {"age_s": round(now - f["at"], 1)}

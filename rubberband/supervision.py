@@ -23,12 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 from ecast import Direct, Effects, NodeId
 from ecast.core import mutations
+from rubberband.config import CLIENT
 from rubberband.errors import Refused
 from rubberband.outputs import Submit, Suspect
 from rubberband.proto import H, Leave, Left, Ping, Pong
 
 if TYPE_CHECKING:
     from rubberband.super import SuperCore
+
+REPORTED_CLIENTS = 64
+"""Client names taken from one heartbeat answer at most."""
+MAX_NAME = 255
 
 NO_VOTES = mutations.declare("no_votes", "super", "a super never votes a silent process out")
 NO_REPAIR = mutations.declare(
@@ -64,6 +69,8 @@ class Watch:
         self.suspect_after = suspect_after
         self.heard: dict[NodeId, float] = {}
         self.loads: dict[NodeId, dict[str, Any]] = {}
+        self.clients: dict[NodeId, tuple[float, frozenset[NodeId]]] = {}
+        """Per storage process: when it last reported, and the clients it had heard."""
         self.voted: set[NodeId] = set()
         self.votes = 0
         self._started: float | None = None
@@ -106,6 +113,7 @@ class Watch:
             self.voted.discard(p)
         for p in [p for p in self.loads if p not in watched]:
             del self.loads[p]
+            self.clients.pop(p, None)
 
     def heard_from(self, src: NodeId, now: float, sent_ms: int, figures: dict[str, Any]) -> None:
         """A pong: ``src`` is alive; its figures (a storage process's) give its load."""
@@ -119,6 +127,21 @@ class Watch:
             rate = max(0.0, (applied - prev["applied"]) / (now - prev["at"]))
             rate = 0.5 * rate + 0.5 * prev["ops_per_s"]  # smooth over two beats
         rtt = max(0.0, time.time() * 1000 - sent_ms) if type(sent_ms) is int else None
+        names = figures.get("clients")
+        age = figures.get("age_s")
+        at = now - age if type(age) in (int, float) and 0 <= age < 3600 else now
+        self.clients[src] = (
+            at,
+            frozenset(
+                n for n in names[:REPORTED_CLIENTS]
+                if type(n) is str and n.startswith(CLIENT) and len(n) <= MAX_NAME
+            )
+            if type(names) in (list, tuple)
+            else frozenset(),
+        )  # fmt: skip
+        count = figures.get("client_count")
+        if now - at > 3 * self.heartbeat:  # an idle process: the clients of its last work
+            count = 0
         self.loads[src] = {
             "at": now,
             "applied": applied if type(applied) is int else 0,
@@ -127,7 +150,19 @@ class Watch:
             "bytes": figures.get("bytes"),
             "queued": figures.get("queued"),
             "rtt_ms": None if rtt is None else round(rtt, 2),
+            "clients": count if type(count) is int else None,
         }
+
+    def active_clients(self, now: float) -> frozenset[NodeId]:
+        """Clients some storage process heard from in figures at most three heartbeats
+        old (a light client joins no group: this is how the supers know it is at
+        work)."""
+        recent = now - 3 * self.heartbeat
+        out: frozenset[NodeId] = frozenset()
+        for at, names in self.clients.values():
+            if at >= recent:
+                out |= names
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -530,6 +530,27 @@ class AdminApi:
             return kit.json_response({"error": str(e)}, status=504)
         return kit.json_response(result)
 
+    async def history(self, request: kit.Request) -> kit.Response:
+        """The last hour of load samples and the recent events, both after ``?since=T``
+        (wall time, seconds) when given: what the console draws at once on loading."""
+        if not self.authorized(request):
+            return kit.json_response({"error": "a valid admin token is required"}, status=401)
+        since = 0.0
+        for part in request.query.split("&"):
+            name, _, value = part.partition("=")
+            if name == "since":
+                try:
+                    since = float(value)
+                except ValueError:
+                    return kit.json_response({"error": "since is a number"}, status=400)
+        host = self.host
+        return kit.json_response(
+            {
+                "samples": [list(x) for x in host.samples if x[0] > since],
+                "events": [e for e in host.events if e["t"] > since],
+            }
+        )
+
     async def console(self, request: kit.Request) -> kit.Response:
         from rubberband.tools.console import HEADERS, PAGE
 
@@ -537,6 +558,7 @@ class AdminApi:
 
     def routes(self, server: kit.HttpServer) -> None:
         server.add_get("/status", self.status)
+        server.add_get("/history", self.history)
         server.add_post("/reconfigure", self.reconfigure)
         server.add_get("/console", self.console)
 

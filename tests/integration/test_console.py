@@ -1,19 +1,26 @@
 """The administrative console in a real headless browser (Chromium through Selenium):
-the page loads from a super, shows the ring, and an expand submitted from its form takes
-effect and shows in the ring.  ``ECAST_UPDATE_SCREENSHOT=1`` writes the screenshot that
-``docs/operations.md`` shows."""
+the page loads from a super and shows every process with its health (a killed router
+included), a client at work, the ring as a table and a picture, and the history the
+super kept (charts and events on a fresh load); an expand from its form asks first,
+takes effect and prints its plan as text.  The screenshot is checked pixel by pixel
+(the ring's colors, the chart's line).  ``ECAST_UPDATE_SCREENSHOT=1`` writes the
+screenshot that ``docs/operations.md`` shows."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from PIL import Image
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
@@ -85,33 +92,79 @@ def text(b: webdriver.Chrome, element_id: str) -> str:
     )
 
 
-def test_the_console_shows_the_ring_and_runs_an_expand(
+def processes(b: webdriver.Chrome) -> list[tuple[str, str, str]]:
+    """``(role, name, health)`` of every row of the processes table, in one call."""
+    rows = b.execute_script(
+        "return [...document.querySelectorAll('#processes tbody tr')].map("
+        "r => [r.dataset.role, r.dataset.name, r.cells[2].textContent])"
+    )
+    return [tuple(r) for r in rows]
+
+
+def colors_in(png: Image.Image, element: Any) -> Counter[tuple[int, int, int]]:
+    """The pixels of ``element``'s box in a screenshot, by color."""
+    r = element.rect
+    box = png.crop((int(r["x"]), int(r["y"]), int(r["x"] + r["width"]), int(r["y"] + r["height"])))
+    return Counter(box.convert("RGB").getdata())
+
+
+def rgb(hex_color: str) -> tuple[int, int, int]:
+    return (int(hex_color[1:3], 16), int(hex_color[3:5], 16), int(hex_color[5:7], 16))
+
+
+def test_the_console_shows_every_process_the_ring_its_history_and_runs_an_expand(
     cluster: Path, browser: webdriver.Chrome
 ) -> None:
     st = json.loads((cluster / "cluster.json").read_text())
     (address,) = st["supers"].values()
-    browser.get(f"http://{address}/console")
-    assert "Rubberband console" in browser.title
-    browser.find_element(By.ID, "token").send_keys(st["admin_token"])
-    browser.find_element(By.CSS_SELECTOR, "#login button").click()
+
+    def login() -> None:
+        browser.get(f"http://{address}/console")
+        assert "Rubberband console" in browser.title
+        browser.find_element(By.ID, "token").clear()
+        browser.find_element(By.ID, "token").send_keys(st["admin_token"])
+        browser.find_element(By.CSS_SELECTOR, "#login button").click()
+
+    login()
     until("the ring", lambda: ring(browser) == [f"storage:{i}" for i in range(1, 5)])
     assert "storage:5" in text(browser, "standby")
-    version = text(browser, "fact-version")
+    # Every process with its health: the routers (one leads), the super, the storage
+    # processes on the ring and in standby, and the clients.
+    rows = until("every process", lambda: len(processes(browser)) >= 10 and processes(browser))
+    routers = {n: h for role, n, h in rows if role == "router"}
+    assert routers == {"r1": "up", "r2": "up", "r3": "up"}, rows
+    assert ("super", "super:s1", "up") in rows
+    assert [(n, h) for role, n, h in rows if role == "storage"] == [
+        *((f"storage:{i}", "active") for i in range(1, 5)),
+        ("storage:5", "standby"),
+    ]
+    version = text(browser, "fact-version").split()[-1]
 
     Select(browser.find_element(By.ID, "op")).select_by_visible_text("expand")
     browser.find_element(By.ID, "a1").send_keys("storage:5")
     browser.find_element(By.ID, "a2").send_keys("875000")
     browser.find_element(By.ID, "plan").click()  # a dry run shows the plan, changes nothing
-    until("the plan", lambda: '"submitted": false' in text(browser, "result"))
-    assert text(browser, "fact-version") == version
+    until("the plan", lambda: "(nothing changed)" in text(browser, "result"))
+    plan = text(browser, "result")
+    assert plan.startswith(f"dry run: expand storage:5 875000 from version {version}"), plan
+    assert "copy " in plan and '"submitted"' not in plan  # the plan as text, not JSON
+    # A run asks first: declined, nothing runs.
     browser.find_element(By.ID, "run").click()
+    until("the question", lambda: "storage:5" in browser.switch_to.alert.text)
+    browser.switch_to.alert.dismiss()
+    until("nothing run", lambda: text(browser, "result") == "not run")
+    assert text(browser, "fact-version") == f"version: {version}"
+    browser.find_element(By.ID, "run").click()
+    until("the question", lambda: browser.switch_to.alert.text)
+    browser.switch_to.alert.accept()
     until(
         "the new ring",
         lambda: ring(browser) == [*(f"storage:{i}" for i in range(1, 5)), "storage:5"],
         timeout=60,
     )
-    assert '"submitted": true' in text(browser, "result")
-    assert text(browser, "fact-version") != version
+    until("the outcome", lambda: "expand storage:5 875000: version" in text(browser, "result"))
+    new_version = text(browser, "fact-version").split()[-1]
+    assert new_version != version
     status = json.loads(cli("cluster", "status", "--state-dir", str(cluster), "--json").stdout)
     assert [r["name"] for r in status["ring"]][-1] == "storage:5"
 
@@ -122,9 +175,12 @@ def test_the_console_shows_the_ring_and_runs_an_expand(
     browser.find_element(By.ID, "a2").clear()
     browser.find_element(By.ID, "a2").send_keys("storage:2")
     browser.find_element(By.ID, "run").click()
+    until("the question", lambda: browser.switch_to.alert.text)
+    browser.switch_to.alert.accept()
     until("the refusal", lambda: "refused (409)" in text(browser, "result"))
 
-    # Load for the charts: a client writes for a few seconds while the page draws.
+    # A client at work shows as one, by name, while it writes (a light client joins no
+    # group: the storage processes report whom they heard).
     import asyncio
 
     import rubberband
@@ -142,12 +198,46 @@ def test_the_console_shows_the_ring_and_runs_an_expand(
         finally:
             await rb.close()
 
-    asyncio.run(write(8.0))
-    until("load on the chart", lambda: float(text(browser, "ops-now") or 0) > 0, timeout=5)
+    writer = threading.Thread(target=asyncio.run, args=(write(8.0),))
+    writer.start()
+    try:
+        until("the client", lambda: text(browser, "fact-clients") == "clients: 1", timeout=8)
+        assert ("clients", "1", "at work") in processes(browser)
+        assert "client:console-load" in browser.execute_script(
+            "return document.querySelector('#processes tr[data-role=clients]').textContent"
+        )
+    finally:
+        writer.join()
+
+    # A killed router shows as down, not only as a new leader.
+    follower = next(n for n in ("r1", "r2", "r3") if n != status["leader"])
+    pid = json.loads((cluster / "processes.json").read_text())[follower]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    until(
+        f"{follower} down",
+        lambda: any(n == follower and h != "up" for r, n, h in processes(browser) if r == "router"),
+        timeout=15,
+    )
+
+    # A fresh page has the charts and the history at once: the super kept them.
+    login()
+    until("the charts", lambda: float(text(browser, "ops-now") or -1) >= 0, timeout=5)
+    history = until("the history", lambda: text(browser, "events"))
+    assert f"expand storage:5 875000: version {new_version}" in history, history
+    assert "on the ring storage:5" in history and "replace storage:1 storage:2 refused" in history
     shot = (
         ROOT / "docs" / "img" / "console.png"
         if os.environ.get("ECAST_UPDATE_SCREENSHOT") == "1"
         else cluster / "console.png"
     )
+    time.sleep(1.5)  # one more redraw, so that nothing is half drawn
     assert browser.save_screenshot(str(shot))
-    assert shot.stat().st_size > 10_000
+    png = Image.open(shot)
+    # The ring picture: five storage processes, five colors of the palette.
+    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
+    ring_pixels = colors_in(png, browser.find_element(By.ID, "ringpic"))
+    assert all(ring_pixels[rgb(c)] > 200 for c in palette), ring_pixels.most_common(8)
+    # The throughput chart drew the load of the writes (its line color), from the
+    # super's history although the page was just loaded.
+    chart = colors_in(png, browser.find_element(By.ID, "ops"))
+    assert chart[rgb("#1f77b4")] > 50, chart.most_common(5)

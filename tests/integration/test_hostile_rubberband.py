@@ -128,9 +128,17 @@ def test_cluster_files_are_the_owners_and_health_says_nothing_of_the_layout(
     text = json.dumps(health)
     assert not {"ring", "supers", "coordinator", "standby"} & set(health)
     assert "storage:" not in text and "super:" not in text
+    for path in ("/status", "/history", "/history?since=0"):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://{address}{path}", timeout=5)
+        assert e.value.code == 401, path
+    bad = urllib.request.Request(
+        f"http://{address}/history?since=x",
+        headers={"Authorization": f"Bearer {st['admin_token']}"},
+    )
     with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(f"http://{address}/status", timeout=5)
-    assert e.value.code == 401
+        urllib.request.urlopen(bad, timeout=5)
+    assert e.value.code == 400
     with urllib.request.urlopen(f"http://{address}/console", timeout=5) as r:
         headers = r.headers
     assert headers["X-Frame-Options"] == "DENY"

@@ -75,3 +75,32 @@ def test_a_storage_process_answering_late_but_within_the_bound_is_not_voted_agai
             pending.remove((due, d, ping))
         now = round(now + 0.01, 6)
     assert out == [] and core.watch.voted == set()
+
+
+def test_clients_at_work_are_counted_from_fresh_figures_only() -> None:
+    """Light clients join no group: a super counts those the storage processes heard in
+    figures at most three heartbeats old, and trusts only client names from them."""
+    core = _core()
+    core.on_tick(0.0)
+    names = ["client:a", "client:b", "storage:9", 7, "client:" + "x" * 300]
+    fresh = {"applied": 5, "clients": names, "client_count": 2, "age_s": 0.05}
+    core.on_direct("storage:1", Pong(0, fresh), 0.1)
+    core.on_direct("storage:2", Pong(0, {**fresh, "clients": ["client:c"], "age_s": 1.0}), 0.1)
+    st = core.status(0.1)
+    assert st["clients"] == 2 and st["client_names"] == ["client:a", "client:b"]
+    assert st["load"]["storage:1"]["clients"] == 2 and st["load"]["storage:2"]["clients"] == 0
+    core.on_direct("storage:1", Pong(0, {**fresh, "age_s": 0.0}), 0.3)
+    assert core.status(0.3)["clients"] == 2
+    assert core.status(0.5)["clients"] == 0  # nobody reported them for three heartbeats
+
+
+def test_a_storage_process_reports_the_clients_it_heard_once() -> None:
+    from rubberband.storage import REPORTED_CLIENTS, StorageCore
+    from storage_adapters.memory import MemoryEngine
+
+    core = StorageCore("storage:1", MemoryEngine())
+    core.senders.update({"client:z", "super:s1", *(f"client:{i:03}" for i in range(100))})
+    f = core.figures()
+    assert f["client_count"] == 101 and len(f["clients"]) == REPORTED_CLIENTS
+    assert f["clients"][0] == "client:000" and "super:s1" not in f["clients"]
+    assert core.figures()["client_count"] == 0  # counted since the last figures only
