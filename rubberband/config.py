@@ -552,7 +552,12 @@ class RubberbandConfig(Membership):
                 return EMPTY
             return supers | {sender}
         if kind == PART:
-            return supers | {sender} if sender in self._members else EMPTY
+            if sender not in self._members:
+                return EMPTY
+            # A storage process that parts (a fail-stop: its engine failed) ends every
+            # transfer it had: the others must hear it as they would its suspicion, or a
+            # receiver waits for its chunks for ever and its reconfiguration never ends.
+            return supers | self._storage if sender in self._storage else supers | {sender}
         if kind == SUSPECT:
             gone = self.suspects(msg)
             if gone:

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ecast import KIND, SUSPECT, Delivery, Direct, Effects, Message, NodeId
+from ecast import KIND, PART, SUSPECT, Delivery, Direct, Effects, Message, NodeId
 from ecast.core import mutations
 from rubberband.bundles import Segments, read_items, unbundle, write_items
 from rubberband.config import CLIENT, STORAGE, SUPER
@@ -288,6 +288,8 @@ class StorageCore:
                 self._keyspace(t, msg)
             elif kind == SUSPECT and msg.sender.startswith(SUPER):
                 self._suspected(h.get("who"))
+            elif kind == PART and msg.sender != self.me and msg.sender.startswith(STORAGE):
+                self._gone(msg.sender)
         if batch and self.stopped is None:
             self._apply(batch)
         self.delivered = t
@@ -554,7 +556,10 @@ class StorageCore:
     def _suspected(self, who: Any) -> None:
         if type(who) not in (list, tuple) or len(who) != 1 or type(who[0]) is not str:
             return
-        gone = who[0]
+        self._gone(who[0])
+
+    def _gone(self, gone: NodeId) -> None:
+        """``gone`` was voted out, or parted: every transfer with it is void."""
         self.suspected.add(gone)
         self.migration.suspected(gone)
         # Writes waiting for an aborted range run now: the range is broken (no reads come

@@ -8,6 +8,8 @@ import asyncio
 import json
 import os
 import random
+import signal
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -245,3 +247,53 @@ def _memcached_parents() -> dict[int, int]:
         if cmd and cmd[0].endswith(b"memcached") and b"-M" in cmd and private:
             out[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
     return out
+
+
+def test_a_replacement_whose_engine_fails_is_replaced_in_turn(tmp_path: Path) -> None:
+    """The first standby a super picks to repair a killed holder cannot store (its
+    memcached server is gone): it stops and parts, its peers end their transfers with
+    it, and the super repairs again with the next standby; the reconfiguration never
+    stays pending, and every key reads back from the ring it ends with."""
+    d = tmp_path / "rb"
+    up = cli("cluster", "up", "--storage", "4", "--engine", "memcached", "--state-dir", str(d))
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        added = cli("cluster", "add", "--storage", "2", "--state-dir", str(d))
+        assert added.returncode == 0, added.stdout + added.stderr
+        procs = json.loads((d / "processes.json").read_text())
+        children = Path(f"/proc/{procs['storage5']['pid']}/task").glob("*/children")
+        server = [int(p) for f in children for p in f.read_text().split()]
+        assert len(server) == 1, server  # storage:5's own memcached
+        os.kill(server[0], signal.SIGKILL)
+        st = state(d)
+
+        async def go() -> None:
+            rb = await rbsdk.connect(
+                st["routers"], "client:repairs", credentials=st["client_credentials"]
+            )
+            try:
+                await rb.put_many({k: f"v{k}" for k in range(0, 1_000_000, 500)})
+                os.kill(procs["storage2"]["pid"], signal.SIGKILL)
+                loop = asyncio.get_running_loop()
+                deadline = time.monotonic() + 40
+                while True:
+                    s = await loop.run_in_executor(None, status, d)
+                    ring = [r["name"] for r in s["ring"]]
+                    if not s["pending"] and ring == [
+                        "storage:1", "storage:6", "storage:3", "storage:4"
+                    ] and not any(r["suspected"] for r in s["ring"]):  # fmt: skip
+                        break
+                    assert time.monotonic() < deadline, s
+                    await asyncio.sleep(0.5)
+                keys = list(range(0, 1_000_000, 500))
+                for level in ("sequential", "snapshot", "basic"):
+                    got = await rb.get_many(keys, isolation=level)
+                    assert got == {k: f"v{k}" for k in keys}, level
+            finally:
+                await rb.close()
+
+        asyncio.run(go())
+        log = (d / "storage5.log").read_text()
+        assert "event=stopped reason=engine_failed_to_receive" in log
+    finally:
+        cli("cluster", "down", "--state-dir", str(d))

@@ -192,6 +192,35 @@ def test_a_source_suspected_mid_transfer_leaves_its_receiver_incomplete() -> Non
     assert m.replica_violations() == []
 
 
+def test_a_source_that_parts_mid_transfer_leaves_its_receiver_incomplete() -> None:
+    """A storage process whose engine fails parts from the group instead of falling
+    silent: its receivers hear the part as they would its suspicion, so the
+    reconfiguration ends (the receiver incomplete, for a super to repair) instead of
+    waiting for its chunks for ever."""
+    m = grown(4)
+    for k in range(0, 400, 2):
+        m.write(("put", ((k, "x"),)))
+    m.join_storage("storage:9")
+    m.reconfigure(("expand", "storage:9", 150))
+    core = m.storage["storage:9"]
+    sources = sorted({rec.src for rec in core.incoming.values()})
+    assert sources
+    version = m.config.version
+    assert "storage:9" in m.config.pending[version].waiting
+    for src in sources:
+        m.dead.add(src)
+        others = set(m.config.storage()) - {src}
+        dests = m.submit(src, {"kind": "part"})
+        assert others <= dests, (others, dests)  # every storage process hears it
+    m.settle()
+    assert core.incomplete and core.broken and not core.incoming
+    assert "storage:9" in m.config.incomplete
+    assert not (
+        m.config.pending.get(version, None)
+        and m.config.pending[version].waiting - m.config.incomplete
+    )
+
+
 def test_a_failing_engine_stops_the_process() -> None:
     class Broken(MemoryEngine):
         def apply(self, batch: Any) -> list[Any]:
