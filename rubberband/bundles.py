@@ -72,6 +72,12 @@ class Segments:
                 p for p in (intersect(seg, owned) for seg in keyspace.segments()) if p
             )
             self._keyspace = keyspace
+        if len(mine) == 1:  # most reads: one range, inside one held segment
+            lo, hi = mine[0]
+            for seg in self._held:
+                for slo, shi in seg:
+                    if slo <= lo and hi <= shi:
+                        return [mine]
         pieces = [p for p in (intersect(mine, seg) for seg in self._held) if p]
         return pieces or [mine]
 

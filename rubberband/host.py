@@ -345,11 +345,17 @@ class StorageHost(_Host):
     def _feed(self, items: list[tuple[Any, ...]]) -> Effects:
         core = self.core
         fx = Effects()
+        directs: list[tuple[NodeId, Any]] = []
         for item in items:
             if item[0] == DELIVERIES:
+                if directs:  # in order: a basic read before a keyspace change stays so
+                    fx.extend(core.on_directs(directs))
+                    directs = []
                 fx.extend(core.on_deliveries(item[1]))
             else:
-                fx.extend(core.on_direct(item[1], item[2]))
+                directs.append((item[1], item[2]))
+        if directs:
+            fx.extend(core.on_directs(directs))
         now = time.monotonic()
         if now - self._figured_at >= FIGURES_EVERY:
             self._figured_at = now

@@ -241,8 +241,20 @@ class StorageCore:
     def on_direct(self, src: NodeId, msg: Any, now: float = 0.0) -> Effects:
         """A peer's pull, chunk, abort or refusal, or a client's basic read."""
         fx = self._begin()
+        self._direct(src, msg)
+        return fx
+
+    def on_directs(self, items: Iterable[tuple[NodeId, Any]], now: float = 0.0) -> Effects:
+        """Several direct messages in their order, as :meth:`on_direct` takes each, with
+        one set of effects: basic reads come by the thousand per second."""
+        fx = self._begin()
+        for src, msg in items:
+            self._direct(src, msg)
+        return fx
+
+    def _direct(self, src: NodeId, msg: Any) -> None:
         if self.stopped is not None:
-            return fx
+            return
         t = type(msg)
         mig = self.migration
         if t is BasicRead:
@@ -256,7 +268,6 @@ class StorageCore:
             mig.on_abort(src, msg)
         elif t is Refuse:
             mig.on_refuse(src, msg)
-        return fx
 
     def on_tick(self, now: float) -> Effects:
         return Effects()
@@ -364,11 +375,12 @@ class StorageCore:
         if msg.version != self.version or self.keyspace is None:
             self.send(src, Stale(msg.request, self.version))
             return
-        mine = (
-            NOTHING
-            if self.incomplete
-            else difference(intersect(msg.ranges, self.owned), self.migration.receiving)
-        )
+        if self.incomplete:
+            mine = NOTHING
+        else:
+            mine = intersect(msg.ranges, self.owned)
+            if self.migration.incoming:  # most reads: nothing is being received
+                mine = difference(mine, self.migration.receiving)
         if self.queue:
             mine = difference(mine, self._queued_ranges)
         self._answer(src, msg.request, msg.op, mine, self.version)
