@@ -240,9 +240,7 @@ class StorageCore:
 
     def on_direct(self, src: NodeId, msg: Any, now: float = 0.0) -> Effects:
         """A peer's pull, chunk, abort or refusal, or a client's basic read."""
-        fx = self._begin()
-        self._direct(src, msg)
-        return fx
+        return self.on_directs(((src, msg),))
 
     def on_directs(self, items: Iterable[tuple[NodeId, Any]], now: float = 0.0) -> Effects:
         """Several direct messages in their order, as :meth:`on_direct` takes each, with
@@ -612,23 +610,28 @@ class StorageCore:
         return f
 
     def status(self) -> dict[str, Any]:
-        return {
-            "name": self.me,
-            "version": self.version,
-            "active": self.keyspace is not None and self.me in self.keyspace,
-            "owned": self.owned,
-            "receiving": self.receiving,
-            "broken": self.broken,
-            "incomplete": self.incomplete,
-            "queued": len(self.queue),
-            "reads_held": self.stats.reads_held,
-            "chunks_sent": self.stats.chunks_sent,
-            "chunks_received": self.stats.chunks_received,
-            "chunks_refused": self.stats.chunks_refused,
-            "unfinished": len(self.unfinished),
-            "stopped": self.stopped,
-            **self.migration.status(),
-        }
+        return status_of(self)
+
+
+def status_of(core: StorageCore) -> dict[str, Any]:
+    """A storage process's state for its ``/health`` and metrics, and for tests."""
+    return {
+        "name": core.me,
+        "version": core.version,
+        "active": core.keyspace is not None and core.me in core.keyspace,
+        "owned": core.owned,
+        "receiving": core.receiving,
+        "broken": core.broken,
+        "incomplete": core.incomplete,
+        "queued": len(core.queue),
+        "reads_held": core.stats.reads_held,
+        "chunks_sent": core.stats.chunks_sent,
+        "chunks_received": core.stats.chunks_received,
+        "chunks_refused": core.stats.chunks_refused,
+        "unfinished": len(core.unfinished),
+        "stopped": core.stopped,
+        **core.migration.status(),
+    }
 
 
 class _Apply:
