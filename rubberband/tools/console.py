@@ -202,7 +202,9 @@ async function refresh() {
   document.getElementById("error").textContent = "";
   if (!st.joined) { document.getElementById("summary").textContent = "not joined yet"; return; }
   samples = samples.concat(h.samples).filter(s => s[0] > Date.now() / 1000 - 3600);
-  events = events.concat(h.events).slice(-200);
+  // Asked since the last sample: events stamped after it came last time too.
+  const seen = events.length ? events[events.length - 1].t : 0;
+  events = events.concat(h.events.filter(e => e.t > seen)).slice(-200);
   if (h.samples.length) last = h.samples[h.samples.length - 1][0];
   const facts = [["version", st.version], ["replication", st.replication],
     ["partitioning", st.partitioning], ["leading router", st.leader],

@@ -209,6 +209,12 @@ def test_the_console_shows_every_process_the_ring_its_history_and_runs_an_expand
     finally:
         writer.join()
 
+    # Events polled live (each poll asks for what came after the last sample) show once.
+    live = browser.execute_script(
+        "return [...document.querySelectorAll('#events div')].map(d => d.textContent)"
+    )
+    assert any("refused" in line for line in live) and len(live) == len(set(live)), live
+
     # A killed router shows as down, not only as a new leader.
     follower = next(n for n in ("r1", "r2", "r3") if n != status["leader"])
     pid = json.loads((cluster / "processes.json").read_text())[follower]["pid"]
@@ -231,6 +237,10 @@ def test_the_console_shows_every_process_the_ring_its_history_and_runs_an_expand
         else cluster / "console.png"
     )
     time.sleep(1.5)  # one more redraw, so that nothing is half drawn
+    lines = browser.execute_script(
+        "return [...document.querySelectorAll('#events div')].map(d => d.textContent)"
+    )
+    assert len(lines) == len(set(lines)), lines  # each event once, however often polled
     assert browser.save_screenshot(str(shot))
     png = Image.open(shot)
     # The ring picture: five storage processes, five colors of the palette.
