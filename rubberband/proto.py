@@ -233,6 +233,9 @@ READY = "ready"
 INCOMPLETE = "incomplete"
 
 
+REPORTED_CLIENTS = 64
+"""Client names one heartbeat answer (a :class:`Pong`'s figures) carries at most; the
+count beside them is always whole."""
 MAX_RANGES = 4096
 """Ranges one header may name; the routers refuse more (an empty destination set).  A
 client names fewer by widening (``rubberband.messages.Messages.routable``)."""

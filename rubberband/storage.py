@@ -52,6 +52,7 @@ from rubberband.outputs import Stop, Submit
 from rubberband.placement import BadKeyspace, Keyspace
 from rubberband.proto import (
     KEYSPACE,
+    REPORTED_CLIENTS,
     Abort,
     Answer,
     Answers,
@@ -66,8 +67,6 @@ from rubberband.proto import (
 )
 
 CHUNK_BYTES = 256 * 1024
-REPORTED_CLIENTS = 64
-"""Client names one heartbeat answer carries at most (the count is always whole)."""
 _NOW = 1 << 62
 """A position after everything delivered so far (what blocks an answer given now)."""
 MALFORMED_BUNDLE = "a bundle is a tuple of (op, ranges) pairs, as many as its count"

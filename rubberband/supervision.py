@@ -26,14 +26,15 @@ from ecast.core import mutations
 from rubberband.config import CLIENT
 from rubberband.errors import Refused
 from rubberband.outputs import Submit, Suspect
-from rubberband.proto import H, Leave, Left, Ping, Pong
+from rubberband.proto import REPORTED_CLIENTS, H, Leave, Left, Ping, Pong
 
 if TYPE_CHECKING:
     from rubberband.super import SuperCore
 
-REPORTED_CLIENTS = 64
-"""Client names taken from one heartbeat answer at most."""
 MAX_NAME = 255
+"""The longest client name taken from a heartbeat answer (E-Cast's limit on names)."""
+FRESH_BEATS = 3
+"""Heartbeats after which a storage process's report of its clients is too old to count."""
 
 NO_VOTES = mutations.declare("no_votes", "super", "a super never votes a silent process out")
 NO_REPAIR = mutations.declare(
@@ -140,7 +141,7 @@ class Watch:
             else frozenset(),
         )  # fmt: skip
         count = figures.get("client_count")
-        if now - at > 3 * self.heartbeat:  # an idle process: the clients of its last work
+        if now - at > FRESH_BEATS * self.heartbeat:  # idle: the clients of its last work
             count = 0
         self.loads[src] = {
             "at": now,
@@ -154,10 +155,10 @@ class Watch:
         }
 
     def active_clients(self, now: float) -> frozenset[NodeId]:
-        """Clients some storage process heard from in figures at most three heartbeats
-        old (a light client joins no group: this is how the supers know it is at
+        """Clients some storage process heard from in figures at most ``FRESH_BEATS``
+        heartbeats old (a light client joins no group: this is how the supers know it is at
         work)."""
-        recent = now - 3 * self.heartbeat
+        recent = now - FRESH_BEATS * self.heartbeat
         out: frozenset[NodeId] = frozenset()
         for at, names in self.clients.values():
             if at >= recent:

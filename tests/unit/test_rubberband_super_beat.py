@@ -95,7 +95,8 @@ def test_clients_at_work_are_counted_from_fresh_figures_only() -> None:
 
 
 def test_a_storage_process_reports_the_clients_it_heard_once() -> None:
-    from rubberband.storage import REPORTED_CLIENTS, StorageCore
+    from rubberband.proto import REPORTED_CLIENTS
+    from rubberband.storage import StorageCore
     from storage_adapters.memory import MemoryEngine
 
     core = StorageCore("storage:1", MemoryEngine())
