@@ -162,16 +162,23 @@ def test_contract_replace_and_rebalance_keep_every_replica_right() -> None:
     assert m.config.pending == {}
 
 
-def test_a_source_suspected_mid_transfer_leaves_its_receiver_incomplete() -> None:
+def expanding_onto_storage_9() -> tuple[Model, StorageCore, list[str]]:
+    """Four holders with data, and ``storage:9`` expanded onto the ring, its copies not
+    yet received: the model, the receiver's core and the processes it copies from."""
     m = grown(4)
     for k in range(0, 400, 2):
         m.write(("put", ((k, "x"),)))
     m.join_storage("storage:9")
     m.reconfigure(("expand", "storage:9", 150))
     core = m.storage["storage:9"]
-    sources = {rec.src for rec in core.incoming.values()}
+    sources = sorted({rec.src for rec in core.incoming.values()})
     assert sources
-    for src in sorted(sources):
+    return m, core, sources
+
+
+def test_a_source_suspected_mid_transfer_leaves_its_receiver_incomplete() -> None:
+    m, core, sources = expanding_onto_storage_9()
+    for src in sources:
         m.suspect(src)
     m.settle()
     assert core.incomplete and core.broken and not core.incoming
@@ -197,14 +204,7 @@ def test_a_source_that_parts_mid_transfer_leaves_its_receiver_incomplete() -> No
     silent: its receivers hear the part as they would its suspicion, so the
     reconfiguration ends (the receiver incomplete, for a super to repair) instead of
     waiting for its chunks for ever."""
-    m = grown(4)
-    for k in range(0, 400, 2):
-        m.write(("put", ((k, "x"),)))
-    m.join_storage("storage:9")
-    m.reconfigure(("expand", "storage:9", 150))
-    core = m.storage["storage:9"]
-    sources = sorted({rec.src for rec in core.incoming.values()})
-    assert sources
+    m, core, sources = expanding_onto_storage_9()
     version = m.config.version
     assert "storage:9" in m.config.pending[version].waiting
     for src in sources:
