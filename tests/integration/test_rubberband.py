@@ -162,14 +162,18 @@ def test_cluster_up_status_and_every_read_level(cluster: Path) -> None:
     asyncio.run(go())
 
 
-@pytest.mark.exclusive  # sheds need writes always in flight, and 10 reads get 8 s
+@pytest.mark.exclusive  # sheds need writes always in flight, and a shed read gets 3 s
 @pytest.mark.parametrize("cluster", [["--router-arg=--unsafe-lag-limit=0"]], indirect=True)
 def test_snapshot_reads_the_leader_sheds_are_retried_at_once_then_read_in_order(
     cluster: Path,
 ) -> None:
-    """With writes always in flight and a lag limit of 0, the leader sheds most snapshot
-    reads (3.5.7) and says so: each read is retried at once, then made a sequential read,
-    and answers correctly, long before the 10 s answer timeout a silent shed costs."""
+    """With writes always in flight and a lag limit of 0, the leader sheds snapshot reads
+    (3.5.7) and says so: each read is retried at once, then made a sequential read, and
+    answers correctly, long before the 10 s answer timeout a silent shed costs.
+
+    Whether a given read is shed depends on whether a write to its replicas is
+    unconfirmed at the instant the leader forwards it, so the test reads until the
+    leader has shed some (the test fails if it never does) and bounds every read."""
 
     async def go() -> None:
         rb = await client(cluster, "client:shed")
@@ -186,19 +190,25 @@ def test_snapshot_reads_the_leader_sheds_are_retried_at_once_then_read_in_order(
         # Four writers: one that waits for its 64 writes before the next 64 leaves
         # moments with nothing in flight, and a read that lands in one is not shed.
         writers = [asyncio.ensure_future(keep_writing()) for _ in range(4)]
+        assert rb.ecast.endpoint is not None
+        stats = rb.ecast.endpoint.stats
+        slowest = 0.0
+        reads = 0
         try:
             await asyncio.sleep(0.5)
-            start = time.monotonic()
-            for k in range(0, 100, 10):
+            deadline = time.monotonic() + 60
+            while stats["unsafe_shed"] < 5 and time.monotonic() < deadline:
+                k = reads % 100
+                start = time.monotonic()
                 assert await rb.get(k, isolation="snapshot") == k
-            elapsed = time.monotonic() - start
+                slowest = max(slowest, time.monotonic() - start)
+                reads += 1
         finally:
             stop.set()
             await asyncio.gather(*writers)
-        assert rb.ecast.endpoint is not None
-        shed = rb.ecast.endpoint.stats["unsafe_shed"]
-        assert shed > 0, "no snapshot read was shed: the test did not test the notice"
-        assert elapsed < 8, f"10 snapshot reads took {elapsed:.1f} s"
+        shed = stats["unsafe_shed"]
+        assert shed > 0, f"no snapshot read of {reads} was shed: the test did not test the notice"
+        assert slowest < 3, f"a snapshot read took {slowest:.1f} s ({shed} shed of {reads})"
         await busy.close()
         await rb.close()
 
