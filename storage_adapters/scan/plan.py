@@ -383,13 +383,13 @@ def make_plan(table: Table, stats: Stats, probes: list[Probe]) -> Plan:
             if name not in kinds:
                 kinds[name] = domain_of(table, name).kind
     columns = list(kinds)
-    scan_cost = np.array(
-        [
-            COST_SCAN
-            + sum(COST_ATOM * max(1, len(c.intervals or ()) + len(c.ne)) for c in p.values())
-            for p in probes
-        ]
-    )
+    if FORCE != "index" and n == 1 and _scan_cost(probes[0]) <= COST_DENSE_PROBE:
+        # What the optimizer below decides for one cheap probe, without its arrays: an
+        # index saves at most the probe's own scan cost per row, less than the cheapest
+        # index's lookup, so no index is kept.  A batch of one get or put is the common
+        # case on a lightly loaded replica, and the general path costs it tens of µs.
+        return Plan(probes, [], [0], [], kinds)
+    scan_cost = np.array([_scan_cost(p) for p in probes])
     # gain[q, j]: what probe q saves per row if it leaves nested loops for an index on
     # column j, where its selectivity decides how many candidate pairs it pays for.
     gain = np.full((n, len(columns)), -np.inf)
@@ -450,6 +450,13 @@ def make_plan(table: Table, stats: Stats, probes: list[Probe]) -> Plan:
                 per_column.setdefault(col, []).append((q, Constraint(ne=list(con.ne))))
     residuals = [build_residual(col, kinds[col], n, items) for col, items in per_column.items()]
     return Plan(probes, indexes, unindexed, residuals, kinds)
+
+
+def _scan_cost(probe: Probe) -> float:
+    """What one unindexed probe costs per row: its call, and one comparison per atom."""
+    return COST_SCAN + sum(
+        COST_ATOM * max(1, len(c.intervals or ()) + len(c.ne)) for c in probe.values()
+    )
 
 
 def _probe_cost(table: Table, name: str, kinds: dict[str, str], members: np.ndarray) -> float:
