@@ -511,6 +511,13 @@ class ClientCore(BatchReads, Messages):
                 w.stable = True
                 if not w.answered or w.answer is not _NOTHING:
                     self._write_done(w, _write_error(w))
+                elif now + self.answer_timeout < w.deadline:
+                    # Ordered for sure: its holders apply it and answer as they would a
+                    # sequential read's, which waits ``answer_timeout`` for its answers;
+                    # waiting out the whole acknowledgement timeout (30 s) for a holder
+                    # that does not answer told the caller nothing more.
+                    w.deadline = now + self.answer_timeout
+                    heapq.heappush(self._timers, (w.deadline, _WRITE, w.id))
             return self._end(now)
         r = self._single.get(token)
         if r is not None and r.try_id == token:
@@ -645,8 +652,12 @@ class ClientCore(BatchReads, Messages):
             elif kind == _WRITE:
                 w = self.writes.get(rid)
                 if w is not None and now >= w.deadline:
-                    what = "not stable" if not w.stable else "stable but no holder answered"
-                    self._write_done(w, Indeterminate(f"{op_name(w.op)} is {what} in time"))
+                    what = (
+                        "not stable in time"
+                        if not w.stable
+                        else f"stable but no holder answered in {self.answer_timeout:g} s"
+                    )
+                    self._write_done(w, Indeterminate(f"{op_name(w.op)} is {what}"))
             elif kind == BASIC_TIMER:
                 for one in self._basic_groups.pop(rid, ()):
                     self._batch_expired(one)

@@ -48,6 +48,8 @@ class Rig:
         self.silent = False
         """Storage processes take nothing this client sends (nothing is answered)."""
         self.lose_acks = False
+        self.mute_answers = False
+        """Storage processes apply what this client sends, but their answers are lost."""
         self.wake_at: float | None = None
 
     # ------------------------------------------------------------------ the driver's IO
@@ -98,7 +100,8 @@ class Rig:
     def _collect(self) -> None:
         mine = [(src, msg) for src, dst, msg in self.m.to_clients if dst == self.name]
         self.m.to_clients[:] = [x for x in self.m.to_clients if x[1] != self.name]
-        self.inbox.extend(mine)
+        if not self.mute_answers:
+            self.inbox.extend(mine)
 
     def run(self, fx: Effects) -> None:
         carry_out(fx, self)

@@ -234,6 +234,21 @@ def test_a_write_never_acknowledged_is_indeterminate_after_its_deadline() -> Non
     assert isinstance(done.error, Indeterminate) and 1.5 <= rig.now < 1.6
 
 
+def test_a_stable_append_nobody_answers_is_indeterminate_after_the_answer_timeout() -> None:
+    """Once an append is stable its holders answer as a read's would: the caller waits
+    ``answer_timeout`` for them, not the acknowledgement timeout too."""
+    m = Model(f=3).ring_of(4)
+    rig = Rig(m)
+    rig.core.write_timeout = 30.0
+    rig.core.answer_timeout = 0.5
+    rig.mute_answers = True  # acknowledged, never answered
+    rid = rig.write(("append", ((5, "x"),)))
+    done = rig.until_done(rid)
+    assert isinstance(done.error, Indeterminate), done
+    assert "no holder answered in 0.5 s" in str(done.error)
+    assert 0.5 <= rig.now < 0.7, rig.now  # stable at once here; the 30 s never waited
+
+
 # ---------------------------------------------------------------------- read batches
 def _batch_of_reads(
     silent: bool, shed: bool = False, grouped: bool = False
