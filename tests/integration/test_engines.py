@@ -287,7 +287,15 @@ def test_a_replacement_whose_engine_fails_is_replaced_in_turn(tmp_path: Path) ->
                     await asyncio.sleep(0.5)
                 keys = list(range(0, 1_000_000, 500))
                 for level in ("sequential", "snapshot", "basic"):
-                    got = await rb.get_many(keys, isolation=level)
+                    try:
+                        got = await rb.get_many(keys, isolation=level)
+                    except Exception as e:
+                        s = await loop.run_in_executor(None, status, d)
+                        ep = rb.ecast.endpoint
+                        raise AssertionError(
+                            f"{level}: {e!r}; client {rb.core.counts} "
+                            f"endpoint {ep.stats if ep else None}; status {s}"
+                        ) from e
                     assert got == {k: f"v{k}" for k in keys}, level
             finally:
                 await rb.close()
