@@ -511,11 +511,7 @@ class ClientCore(BatchReads, Messages):
                 w.stable = True
                 if not w.answered or w.answer is not _NOTHING:
                     self._write_done(w, _write_error(w))
-                elif now + self.answer_timeout < w.deadline:
-                    # Ordered for sure: its holders apply it and answer as they would a
-                    # sequential read's, which waits ``answer_timeout`` for its answers;
-                    # waiting out the whole acknowledgement timeout (30 s) for a holder
-                    # that does not answer told the caller nothing more.
+                elif now + self.answer_timeout < w.deadline:  # see _expired
                     w.deadline = now + self.answer_timeout
                     heapq.heappush(self._timers, (w.deadline, _WRITE, w.id))
             return self._end(now)
@@ -652,12 +648,7 @@ class ClientCore(BatchReads, Messages):
             elif kind == _WRITE:
                 w = self.writes.get(rid)
                 if w is not None and now >= w.deadline:
-                    what = (
-                        "not stable in time"
-                        if not w.stable
-                        else f"stable but no holder answered in {self.answer_timeout:g} s"
-                    )
-                    self._write_done(w, Indeterminate(f"{op_name(w.op)} is {what}"))
+                    self._write_done(w, _expired(w, self.answer_timeout))
             elif kind == BASIC_TIMER:
                 for one in self._basic_groups.pop(rid, ()):
                     self._batch_expired(one)
@@ -686,6 +677,18 @@ class ClientCore(BatchReads, Messages):
 
     def in_flight(self) -> int:
         return len(self._single) + len(self.writes) + len(self._bundles) + len(self.batch_reads)
+
+
+def _expired(w: _Write, answer_timeout: float) -> Indeterminate:
+    """Why write ``w`` ended at its deadline.  A stable one is ordered for sure: its
+    holders apply it and answer as they would a sequential read, so it waits
+    ``answer_timeout`` from then for the answer, as a read does, and not what is left
+    of the acknowledgement timeout (up to 30 s more that told the caller nothing)."""
+    if not w.stable:
+        return Indeterminate(f"{op_name(w.op)} is not stable in time")
+    return Indeterminate(
+        f"{op_name(w.op)} is stable but no holder answered in {answer_timeout:g} s"
+    )
 
 
 def _write_error(w: _Write) -> Exception | None:
