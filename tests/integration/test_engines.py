@@ -223,17 +223,20 @@ def test_an_engine_grows_from_one_to_four_loses_one_and_reads_back_everywhere(
     assert expected <= held <= 3 * (len(w.model) + len(w.unsure)), (held, expected)
     if engine == "memcached":
         # Each live storage process drives its own server; the killed one's died with it.
+        # Only this cluster's servers count: tests beside this one run their own.
         pids = json.loads((d / "processes.json").read_text())
         live = {pids[f"storage{n}"]["pid"] for n in (1, 3, 4, 5)}
         idle = {pids["storage6"]["pid"]} if "storage6" in pids else set()
-        parents = _memcached_parents()
-        assert live <= set(parents.values()), (live, parents)
-        orphans = {p for p, parent in parents.items() if parent not in live | idle}
-        assert not orphans, f"memcached servers left behind: {orphans}"
+        ours = {entry["pid"] for name, entry in pids.items() if name.startswith("storage")}
+        servers = {p: o for p, o in _memcached_servers().items() if o[0] in ours}
+        assert live <= {parent for _, parent in servers.values()}, (live, servers)
+        orphans = {p: o for p, o in servers.items() if o[1] != o[0] or o[0] not in live | idle}
+        assert not orphans, f"memcached servers left behind (pid: owner, parent): {orphans}"
 
 
-def _memcached_parents() -> dict[int, int]:
-    """pid -> parent pid of every memcached started the way the engine starts it."""
+def _memcached_servers() -> dict[int, tuple[int, int]]:
+    """pid -> (the storage process that started it, its parent now) of every memcached
+    started the way the engine starts it: its socket's directory names its starter."""
     out = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -243,9 +246,13 @@ def _memcached_parents() -> dict[int, int]:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        private = any(b"/rb-memcached-" in arg for arg in cmd)  # its socket's directory
-        if cmd and cmd[0].endswith(b"memcached") and b"-M" in cmd and private:
-            out[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+        if not (cmd and cmd[0].endswith(b"memcached") and b"-M" in cmd):
+            continue
+        for arg in cmd:
+            _, marker, rest = arg.partition(b"/rb-memcached-")
+            owner = rest.split(b"-", 1)[0]
+            if marker and owner.isdigit():
+                out[int(entry)] = (int(owner), int(stat.rsplit(")", 1)[1].split()[1]))
     return out
 
 
