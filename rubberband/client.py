@@ -20,8 +20,11 @@ What the core decides, so that every driver decides alike:
   again, whole, as a new try, ``retry_after`` after it should have been answered: a
   sequential read once it is stable (every responder has it; at once if no responder
   delivered it, each having failed first), a snapshot or basic read after it was sent;
-  a basic read's next try avoids the processes that did not answer.  Answers to an
-  earlier try are not taken (parts from two positions are not one read).  Only when
+  a basic read's next try avoids the processes that did not answer.  An earlier try
+  stays awaited beside the new one (a loaded cluster answers a large read in more than
+  ``retry_after``, and a read that dropped each try for the next would never end): the
+  first try answered whole completes the read, but parts from two tries are never one
+  answer (two positions), except a basic read's, which is at no position.  Only when
   every try failed within ``answer_timeout`` does the read fail: ``Unavailable`` if the
   last try reached no responder (no holder may be left), else ``Indeterminate``.
 * **Snapshot reads refused** (a responder not at the router's frontier) are tried again,
@@ -50,13 +53,13 @@ from rubberband.config import STORAGE
 from rubberband.errors import Indeterminate, Rejected, RubberbandError, Unavailable
 from rubberband.gather import Gather, Holders, op_name
 from rubberband.keys import is_range_set, overlaps
+from rubberband.learning import LearnsKeyspace, Refreshed
 from rubberband.messages import ISOLATION_LEVELS, Isolation, Messages
 from rubberband.outputs import Submit
 from rubberband.proto import (
     Answer,
     Answers,
     BasicRead,
-    Describe,
     Described,
     H,
     Stale,
@@ -79,6 +82,7 @@ __all__ = [
     "Indeterminate",
     "Isolation",
     "ReadDone",
+    "Refreshed",
     "Rejected",
     "RubberbandError",
     "Unavailable",
@@ -90,8 +94,8 @@ SILENT_SNAPSHOT_TRIES = 2
 """Snapshot tries left unanswered after which a read goes the sequential way."""
 UNDELIVERED_RETRY = 0.1
 """Seconds before a read no responder delivered is tried again."""
-MAX_ASIDE = 4096
-"""Answers set aside at most while the client learns the newest keyspace."""
+MAX_EARLIER_TRIES = 8
+"""Earlier tries of a read still awaited beside its current one, at most."""
 NO_FAILOVER = mutations.declare(
     "no_failover", "client", "a read waits for its first try's answers until it times out"
 )
@@ -121,20 +125,12 @@ class WriteDone:
     error: Exception | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Refreshed:
-    """Upcall: the client learned the keyspace from a super (``ok``), or no super
-    answered before the deadline."""
-
-    ok: bool
-
-
 class _Read:
     """A read sent alone: its tries, each a request id of its own."""
 
     __slots__ = (
-        "acked", "attempts", "deadline", "gather", "id", "level", "lost", "op", "refused_once",
-        "retry_at", "silent", "tried", "try_id", "version", "within",
+        "acked", "attempts", "deadline", "earlier", "gather", "id", "level", "lost", "op",
+        "refused_once", "retry_at", "silent", "tried", "try_id", "version", "within",
     )  # fmt: skip
 
     def __init__(
@@ -148,6 +144,8 @@ class _Read:
         self.attempts = attempts
         self.gather: Gather | None = None
         self.try_id = -1
+        self.earlier: dict[int, Gather] = {}
+        """Earlier tries still awaited: their request ids and gathers, oldest first."""
         self.acked: bool | None = None
         """A sequential try: None until stable, then True."""
         self.lost = False
@@ -178,7 +176,7 @@ _NOTHING: Any = object()
 _READ, _WRITE = 0, 1  # timer kinds (a batch's: read_batches.BATCH_TIMER)
 
 
-class ClientCore(BatchReads, Messages):
+class ClientCore(BatchReads, LearnsKeyspace, Messages):
     """A Rubberband client's protocol: its keyspace, its requests, their answers."""
 
     def __init__(
@@ -217,62 +215,12 @@ class ClientCore(BatchReads, Messages):
         ends early: one found stale when due is dropped."""
         self._basic_groups: dict[int, list[int]] = {}
         """The request ids of a batch's basic reads, by the first one's (its timer's)."""
-        self._aside: list[tuple[NodeId, Any]] = []
-        self._describing: dict[int, NodeId] = {}
-        self._refresh_until: float | None = None
-        self._refresh_next = 0.0
-        self._waiting_keyspace: list[int] = []
-        """Reads whose next try waits for a keyspace from a super."""
+        self._init_learning()
         self.refused_answers = 0
         """Answers not taken: from no storage process, from one that holds nothing of
         what it answers for, or to a request that went elsewhere."""
         self.counts = {"retries": 0, "refreshes": 0, "snapshot_refused": 0}
         self._fx = Effects()
-
-    # ================================================================== keyspace
-    def refresh(self, now: float, timeout: float | None = None) -> Effects:
-        """Ask a super for the keyspace (again every 0.5 s, another super each time,
-        until one answers or ``timeout``): a :class:`Refreshed` upcall says how it went."""
-        self._begin()
-        self._start_refresh(now, timeout)
-        return self._end(now)
-
-    def _start_refresh(self, now: float, timeout: float | None = None) -> None:
-        until = now + (self.answer_timeout if timeout is None else timeout)
-        if self._refresh_until is None or until > self._refresh_until:
-            self._refresh_until = until
-        if self._refresh_next <= now:
-            self._ask_a_super(now)
-
-    def _ask_a_super(self, now: float) -> None:
-        self._refresh_next = now + 0.5
-        if not self.supers:
-            return
-        self.counts["refreshes"] += 1
-        rid = next(self._ids)
-        # Another super each time (one may be gone), in turn.
-        s = self.supers[self.counts["refreshes"] % len(self.supers)]
-        self._describing[rid] = s
-        if len(self._describing) > 64:
-            del self._describing[next(iter(self._describing))]
-        self._fx.send.append((s, Direct(Describe(rid))))
-
-    def _described(self, src: NodeId, msg: Described) -> None:
-        if self._describing.pop(msg.request, None) != src:
-            self.refused_answers += 1
-            return
-        self.learn(msg.version, msg.keyspace, msg.partitioning)
-        self._describing.clear()
-        self._refresh_until = None
-        self._fx.deliver.append(Refreshed(True))
-        aside, self._aside = self._aside, []
-        for s, m in aside:
-            self._answer(s, m, recheck=False)
-        waiting, self._waiting_keyspace = self._waiting_keyspace, []
-        for rid in waiting:
-            r = self._single.get(rid)
-            if r is not None:
-                self._try(r, self._now)
 
     # ================================================================== writes
     def write(self, op: Any, now: float, timeout: float | None = None) -> tuple[int, Effects]:
@@ -382,9 +330,15 @@ class ClientCore(BatchReads, Messages):
         """Send read ``r`` (again): a new try under a new request id."""
         old = r.try_id
         if old >= 0:
-            self._single.pop(old, None)
-            self.asked.pop(old, None)
             self.counts["retries"] += 1
+            if r.gather is not None and (r.level != "basic" or old in self.asked):
+                r.earlier[old] = r.gather  # sent: its answers may still come
+                if len(r.earlier) > MAX_EARLIER_TRIES:
+                    oldest = next(iter(r.earlier))
+                    del r.earlier[oldest]
+                    self._forget(oldest)
+            else:
+                self._forget(old)
         tid = r.try_id = next(self._ids)
         self._single[tid] = r
         heapq.heappush(self._timers, (r.deadline, _READ, tid))
@@ -420,11 +374,24 @@ class ClientCore(BatchReads, Messages):
         r.retry_at = at
         heapq.heappush(self._timers, (at, _READ, r.try_id))
 
+    def _forget(self, tid: int) -> None:
+        self._single.pop(tid, None)
+        self.asked.pop(tid, None)
+
     def _finish(self, r: _Read, result: Any = None, error: Exception | None = None) -> None:
-        self._single.pop(r.try_id, None)
-        self.asked.pop(r.try_id, None)
+        self._forget(r.try_id)
+        for tid in r.earlier:
+            self._forget(tid)
+        r.earlier = {}
         r.try_id = -2
         self._fx.deliver.append(ReadDone(r.id, result, error))
+
+    def _take(self, r: _Read, g: Gather) -> None:
+        """Complete read ``r`` with the answers of one of its tries."""
+        try:
+            self._finish(r, self.result(g))
+        except Exception as e:
+            self._finish(r, error=e)
 
     def _check_read(self, r: _Read, now: float) -> None:
         """After an answer, an ack or a tick: complete, refuse or retry read ``r``."""
@@ -455,10 +422,7 @@ class ClientCore(BatchReads, Messages):
                 else:
                     self._finish(r, error=Indeterminate(f"{op_name(r.op)}: refused"))
                 return
-            try:
-                self._finish(r, self.result(g))
-            except Exception as e:
-                self._finish(r, error=e)
+            self._take(r, g)
             return
         if now >= r.deadline:
             missing = len(g.missing())
@@ -599,8 +563,8 @@ class ClientCore(BatchReads, Messages):
             return
         r = self._single.get(rid)
         if r is not None:
-            g = r.gather
-            if g is None or r.try_id != rid:
+            g = r.gather if r.try_id == rid else r.earlier.get(rid)
+            if g is None:
                 return
             asked = self.asked.get(rid)
             if asked is not None:  # a basic read: only the processes asked answer it
@@ -611,33 +575,18 @@ class ClientCore(BatchReads, Messages):
                 self._set_aside(src, a, recheck)
                 return
             g.add(a.covered, a.result, a.error, a.position, a.ok)
-            self._check_read(r, self._now)
+            if g is r.gather:
+                self._check_read(r, self._now)
+            elif g.complete and not g.refused:  # an earlier try, answered whole
+                self._take(r, g)
             return
         self._batch_answer(src, a, recheck, held)
-
-    def _set_aside(self, src: NodeId, msg: Any, recheck: bool) -> None:
-        """An answer from a storage process that no keyspace we know says holds what it
-        answers for: either our keyspace is behind (the routers' config made it a
-        responder under a newer one), or it is no answer.  Learn the newest keyspace
-        from a super, then take it if that says it holds it."""
-        if not recheck or len(self._aside) >= MAX_ASIDE:
-            self.refused_answers += 1
-            return
-        self._aside.append((src, msg))
-        self._start_refresh(self._now, self.retry_after * 5)
 
     # ================================================================== time
     def on_tick(self, now: float) -> Effects:
         self._begin()
         self._now = now
-        if self._refresh_until is not None:
-            if now >= self._refresh_until:
-                self._refresh_until = None
-                aside, self._aside = self._aside, []
-                self.refused_answers += len(aside)
-                self._fx.deliver.append(Refreshed(False))
-            elif now >= self._refresh_next:
-                self._ask_a_super(now)
+        self._refresh_tick(now)
         heap = self._timers
         while heap and heap[0][0] <= now:
             _, kind, rid = heapq.heappop(heap)
@@ -670,10 +619,8 @@ class ClientCore(BatchReads, Messages):
 
     def _next_wake(self, now: float) -> float | None:
         at = self._timers[0][0] if self._timers else None
-        if self._refresh_until is not None:
-            nxt = min(self._refresh_next, self._refresh_until)
-            at = nxt if at is None else min(at, nxt)
-        return at
+        nxt = self._refresh_wake()
+        return at if nxt is None else nxt if at is None else min(at, nxt)
 
     def in_flight(self) -> int:
         return len(self._single) + len(self.writes) + len(self._bundles) + len(self.batch_reads)

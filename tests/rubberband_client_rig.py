@@ -50,6 +50,9 @@ class Rig:
         self.lose_acks = False
         self.mute_answers = False
         """Storage processes apply what this client sends, but their answers are lost."""
+        self.answer_delay = 0.0
+        """Seconds each answer takes to reach the client (a loaded cluster's)."""
+        self.delayed: list[tuple[float, str, Any]] = []
         self.wake_at: float | None = None
 
     # ------------------------------------------------------------------ the driver's IO
@@ -100,7 +103,11 @@ class Rig:
     def _collect(self) -> None:
         mine = [(src, msg) for src, dst, msg in self.m.to_clients if dst == self.name]
         self.m.to_clients[:] = [x for x in self.m.to_clients if x[1] != self.name]
-        if not self.mute_answers:
+        if self.mute_answers:
+            return
+        if self.answer_delay:
+            self.delayed += [(self.now + self.answer_delay, src, msg) for src, msg in mine]
+        else:
             self.inbox.extend(mine)
 
     def run(self, fx: Effects) -> None:
@@ -119,6 +126,10 @@ class Rig:
 
     def tick(self, dt: float) -> None:
         self.now += dt
+        due = [(src, msg) for at, src, msg in self.delayed if at <= self.now]
+        self.delayed = [x for x in self.delayed if x[0] > self.now]
+        self.inbox.extend(due)
+        self.pump()
         self.run(self.core.on_tick(self.now))
         self.pump()
 

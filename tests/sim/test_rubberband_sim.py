@@ -95,10 +95,11 @@ def test_the_super_repairs_broken_holders_on_its_own(chunk: int) -> None:
     them) and only keeps a standby process ready; the super replaces or contracts every
     broken or incomplete holder by itself, never forcing, and every run settles with
     every checker passing.  Without the codec, for speed: repair is control flow, and the
-    schedules above cross the wire."""
-    reached, _ = run_schedules(
-        range(1 + chunk, AUTO_SCHEDULES + 1, 2), auto_repair=True, codec=False
-    )
+    schedules above cross the wire.  A crash that finds a source mid-migration is rare
+    (three of the 40: seeds 3, 7 and 23), so the chunks are halves, each with one."""
+    half = AUTO_SCHEDULES // 2
+    seeds = range(1 + chunk * half, 1 + (chunk + 1) * half)
+    reached, _ = run_schedules(seeds, auto_repair=True, codec=False)
     assert reached["automatic_repair"] >= 5, dict(reached)
     assert reached["source_crash_mid_migration"], dict(reached)
 
@@ -106,9 +107,9 @@ def test_the_super_repairs_broken_holders_on_its_own(chunk: int) -> None:
 def test_heavier_schedules_reject_snapshot_reads_and_then_accept_them() -> None:
     """15 clients: snapshot reads routed during takeovers and migrations are refused
     (no consistent cut), retried whole, and then accepted; nothing else goes wrong.  Rare
-    (two seeds of the first 24 reach it): these are two of them."""
+    (three seeds of the first 32 reach it: 1, 3 and 20): these are two of them."""
     reached = 0
-    for seed in (8, 23):
+    for seed in (1, 20):
         result = run_rubberband(RbRunConfig(seed=seed, ops=3000))
         assert not result.violations, (seed, result.violations[:3])
         reached += result.situations["snapshot_rejected_then_accepted"] > 0

@@ -195,21 +195,52 @@ def test_a_read_nobody_answers_fails_indeterminate_after_its_timeout() -> None:
     assert rig.core.counts["retries"] >= 2  # tried again every retry_after meanwhile
 
 
-def test_answers_to_an_earlier_try_are_not_taken() -> None:
-    """Parts from two tries are not one read (two positions)."""
+def test_parts_answered_to_two_tries_are_not_one_read() -> None:
+    """A snapshot read's earlier try stays awaited beside its new one, but parts from
+    two tries are never one answer (two positions): the read completes with the first
+    try answered whole."""
     m = Model(f=3).ring_of(4)
     rig = Rig(m, retry_after=0.3)
     rig.silent = True
-    rid = rig.read(("get", (5,)), "snapshot")
+    rid = rig.read(("get", (5, 300)), "snapshot")
     first = rig.submitted[-1].header[H.REQUEST]
     rig.tick(0.35)  # retried
-    assert rig.submitted[-1].header[H.REQUEST] != first
-    src = _holder(m, 5)
-    rig.run(rig.core.on_direct(src, Answer(first, None, {5: "old"}, None, 7, True), rig.now))
-    assert rig.done(rid) is None
     second = rig.submitted[-1].header[H.REQUEST]
-    rig.run(rig.core.on_direct(src, Answer(second, None, {5: "new"}, None, 9, True), rig.now))
-    assert rig.done(rid).result == {5: "new"}
+    assert second != first
+    five, three_hundred = rig.core.gather(("get", (5, 300)), None).ranges
+    core = rig.core
+
+    def answer(rid: int, key: int, part: Any, value: str, position: int) -> None:
+        a = Answer(rid, (part,), {key: value}, None, position, True)
+        rig.run(core.on_direct(_holder(m, key), a, rig.now))
+
+    answer(first, 5, five, "old", 7)
+    answer(second, 300, three_hundred, "new", 9)
+    assert rig.done(rid) is None  # one part of each try: no answer yet
+    answer(second, 5, five, "new", 9)
+    assert rig.done(rid).result == {5: "new", 300: "new"}
+    answer(first, 300, three_hundred, "old", 7)  # too late: the read has ended
+    assert [u.request for u in rig.upcalls if isinstance(u, ReadDone)] == [rid]
+
+
+@pytest.mark.parametrize("level", ["sequential", "snapshot", "basic"])
+def test_a_read_whose_every_try_is_answered_after_retry_after_completes(level: str) -> None:
+    """A loaded cluster answers a large read in more than ``retry_after``: each try is
+    tried again before its answers come.  The read completes with the first try
+    answered whole, long before its timeout, instead of dropping each try's answers for
+    the next try's until it times out."""
+    m = Model(f=3).ring_of(4)
+    data = {k: f"v{k}" for k in range(0, 400, 7)}
+    m.write(("put", tuple(data.items())))
+    m.settle()
+    rig = Rig(m, answer_timeout=5.0, retry_after=0.3)
+    rig.answer_delay = 0.45
+    rid = rig.read(("scan", 0, 400), level)
+    done = rig.until_done(rid)
+    assert done.error is None and done.result == sorted(data.items()), done
+    assert rig.core.counts["retries"] >= 1
+    assert rig.now < 1.0
+    assert not rig.core._single and not rig.core.asked  # nothing of its tries is left
 
 
 def test_a_write_is_stable_then_done_and_an_undelivered_one_is_unavailable() -> None:
