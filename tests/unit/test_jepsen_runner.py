@@ -126,3 +126,30 @@ def test_no_router_fault_takes_a_view_of_two_below_its_majority(
     victims = [nem._victim() for _ in range(300)]
     assert {r for r, _, _ in victims} == {"storage", "super", "router", "leader"}
     assert {n for r, n, _ in victims if r in ("router", "leader")} <= {"j15", "j17", "j18"}
+
+
+def test_the_rubberband_nemesis_waits_for_receivers_and_incomplete_holders(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A fault only once no holder is receiving or incomplete (the super's status lists
+    them beside the ring): a holder still receiving does not hold all of its data."""
+    from jepsen_like import rubberband_run
+
+    ring = [{"name": f"storage:{i}", "suspected": False} for i in range(1, 5)]
+    status = {"ring": ring, "pending": {}, "busy": [], "incomplete": []}
+    monkeypatch.setattr(rubberband_run, "_status", lambda d: status)
+    nemesis = object.__new__(rubberband_run.RubberbandNemesis)
+    nemesis.d = tmp_path
+    assert nemesis.ring_healthy(routers_too=False)
+    for field, value in (
+        ("busy", ["storage:2"]),
+        ("incomplete", ["storage:3"]),
+        ("pending", {"7": ["storage:1"]}),
+    ):
+        status[field] = value
+        assert not nemesis.ring_healthy(routers_too=False), field
+        status[field] = type(value)()
+    ring[0]["suspected"] = True
+    assert not nemesis.ring_healthy(routers_too=False)
+    status["ring"] = []  # no super answered: wait
+    assert not nemesis.ring_healthy(routers_too=False)
