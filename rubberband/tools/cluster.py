@@ -36,12 +36,18 @@ from pathlib import Path
 from typing import Any
 
 import ecast
-import rubberband.storage  # noqa: F401  (importing the core declares its mutations)
 from ecast import local
 from ecast.core import mutations
 
-STORAGE_MUTATIONS = mutations.known("storage")
-"""Planted bugs that go to the storage processes (the rest go to the routers)."""
+
+def storage_mutations() -> dict[str, mutations.Mutation]:
+    """The planted bugs the storage processes consult (``cluster up --mutation`` sends
+    these to them, the rest to the routers).  Importing the storage core declares them;
+    only then, not for every command: it is most of a short command's start-up."""
+    import rubberband.storage  # noqa: F401
+
+    return mutations.known("storage")
+
 
 CONFIG = "rubberband.config:RubberbandConfig"
 
@@ -94,6 +100,7 @@ def request(
 def up(args: argparse.Namespace) -> int:
     d = Path(args.state_dir)
     ecast.private_dir(d)  # cluster.json holds the admin token and the client credential
+    planted_in_storage = storage_mutations() if args.mutation else {}
     cluster = local.LocalCluster(
         d,
         args=[
@@ -103,11 +110,11 @@ def up(args: argparse.Namespace) -> int:
             f"replication={args.replication}",
             "--config-arg",
             f"partitioning={args.partitioning}",
-            *(f"--mutation={m}" for m in args.mutation if m not in STORAGE_MUTATIONS),
+            *(f"--mutation={m}" for m in args.mutation if m not in planted_in_storage),
             *args.router_arg,
         ],
     )
-    storage_args = [f"--mutation={m}" for m in args.mutation if m in STORAGE_MUTATIONS]
+    storage_args = [f"--mutation={m}" for m in args.mutation if m in planted_in_storage]
     state = cluster.state
     t0 = time.monotonic()
     routers = cluster.start_group(args.routers)

@@ -16,7 +16,7 @@ def fresh(code: str) -> str:
 
 
 def test_cluster_up_sends_storage_mutations_to_the_storage_processes() -> None:
-    out = fresh("from rubberband.tools import cluster; print(sorted(cluster.STORAGE_MUTATIONS))")
+    out = fresh("from rubberband.tools import cluster; print(sorted(cluster.storage_mutations()))")
     assert "'mute_answers'" in out and "'delete_before_send'" in out, out
     assert "'skip_learn_dedup'" not in out, out  # a router's
 
