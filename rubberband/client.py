@@ -49,8 +49,15 @@ from typing import Any
 
 from ecast import Direct, Effects, NodeId
 from ecast.core import mutations
+from rubberband.changelog import FROM_NOW, Changes, Event, Page
 from rubberband.config import STORAGE
-from rubberband.errors import Indeterminate, Rejected, RubberbandError, Unavailable
+from rubberband.errors import (
+    BadOperation,
+    Indeterminate,
+    Rejected,
+    RubberbandError,
+    Unavailable,
+)
 from rubberband.gather import Gather, Holders, op_name
 from rubberband.keys import is_range_set, overlaps
 from rubberband.learning import LearnsKeyspace, Refreshed
@@ -76,11 +83,14 @@ from rubberband.read_batches import (
 
 __all__ = [
     "ISOLATION_LEVELS",
+    "Changes",
     "ClientCore",
+    "Event",
     "Gather",
     "Holders",
     "Indeterminate",
     "Isolation",
+    "Page",
     "ReadDone",
     "Refreshed",
     "Rejected",
@@ -300,6 +310,8 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
         if level not in ISOLATION_LEVELS:
             raise ValueError(f"isolation is one of {', '.join(ISOLATION_LEVELS)}, not {level!r}")
         gather = self.gather(op, within)  # raises BadOperation, before anything
+        if type(op) is Changes and level != "sequential":
+            raise BadOperation("a change feed is read in order (sequential), at a position")
         self._begin()
         rid = next(self._ids)
         if not gather.ranges:  # matches nothing anywhere: answered at once
@@ -347,6 +359,8 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
             r.gather = gather = self.gather(r.op, r.within)
             header = self.header(gather)
             header[H.REQUEST] = tid
+            if type(r.op) is Changes:
+                header[H.SINCE] = FROM_NOW if r.op.since is None else r.op.since
             r.acked = None
             if r.level == "snapshot":
                 self._retry_at(r, now + self.retry_after)

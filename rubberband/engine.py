@@ -17,6 +17,9 @@ worker thread, never two at once, and must behave as if it ran them one after an
   order; the storage process holds back writes to a range until its base is complete).
 * ``delete(ranges)``: drop everything in ``ranges``.
 * ``stats()``: size and load, reported to the supers.
+* ``apply_logged(batch)`` (optional): ``apply``, and for each operation what it changed,
+  ``((key, "put", value) | (key, "delete", None), ...)``, for change feeds
+  (:mod:`rubberband.changelog`).  An engine without it keeps no change log.
 
 Two kinds of failure, never confused:
 
@@ -43,7 +46,7 @@ for engines written against that name).  It re-exports the key helpers an engine
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
@@ -81,6 +84,7 @@ __all__ = [
     "Part",
     "Placement",
     "RangeSet",
+    "ReportsChanges",
     "SendCursor",
     "after",
     "contains",
@@ -183,3 +187,33 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+Change = tuple[Any, str, Any]
+"""What a write did to a key: ``(key, "put", new value)`` or ``(key, "delete", None)``."""
+
+
+class ReportsChanges:
+    """``apply_logged`` for an engine whose writes append each change to ``_changes``
+    while it is a list (``apply_logged`` runs each operation alone through ``apply``,
+    so a subclass that wraps ``apply`` is obeyed; outside it, ``_changes`` is None and
+    writes record nothing)."""
+
+    _changes: list[Change] | None = None
+    apply: Callable[[Sequence[tuple[Any, RangeSet]]], list[Any]]
+
+    def apply_logged(
+        self, batch: Sequence[tuple[Any, RangeSet]]
+    ) -> tuple[list[Any], list[tuple[Change, ...]]]:
+        """:meth:`apply`, and what each operation changed (change feeds): each key's new
+        value, or its removal.  A delete of a key that holds nothing changes nothing."""
+        results: list[Any] = []
+        changed: list[tuple[Change, ...]] = []
+        for one in batch:
+            self._changes = log = []
+            try:
+                results.extend(self.apply((one,)))
+            finally:
+                self._changes = None
+            changed.append(tuple(log))
+        return results, changed

@@ -10,6 +10,8 @@
     invalid, refused at the call (:class:`BadKey`, a key that cannot be a key) or by
     every replica alike (:class:`Rejected`).  Deterministic: never retry as it is.
   - :class:`Refused` (also a ``ValueError``): a reconfiguration that must not run.
+  - :class:`Compacted`: a change feed asked from a position whose changes are no longer
+    kept; its ``position`` says where the feed can continue from.
 """
 
 from __future__ import annotations
@@ -49,3 +51,12 @@ class Rejected(BadOperation):
 
 class Refused(RubberbandError, ValueError):
     """A reconfiguration request that must not run; the message says why."""
+
+
+class Compacted(RubberbandError):
+    """A change feed read from before what the holders still keep (retention, or a range
+    that moved to its holder later): read again from ``position``, or from a snapshot."""
+
+    def __init__(self, position: int) -> None:
+        super().__init__(f"changes up to position {position} are no longer kept")
+        self.position = position

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import msgpack
 
+from rubberband.changelog import Changes, changes_ranges, page
 from rubberband.engine import BadOperation, Placement
 from rubberband.errors import Rejected, Unavailable
 from rubberband.gather import Gather, Holders, op_name
@@ -208,6 +209,8 @@ class Messages:
     def gather(self, op: Any, within: RangeSet | None = None) -> Gather:
         """What a read of ``op`` will gather (:meth:`read_message` without its message, for a
         read that may travel in a bundle); raises :class:`BadOperation` for a bad op."""
+        if type(op) is Changes:
+            return Gather(op, changes_ranges(op, self.placement.ordered))
         part = self.ops.part_fun(op, self.placement)
         if part.kind != "read":
             raise BadOperation(f"{op_name(op)!r} is a write, not a read")
@@ -369,6 +372,8 @@ class Messages:
             raise Unavailable(str(e)) from None
 
     def result(self, gather: Gather) -> Any:
+        if type(gather.op) is Changes:
+            return page(gather.pieces, gather.position, gather.error, self.placement.ekey)
         if gather.error is not None:
             raise Rejected(gather.error)
         return self.ops.combine(gather.op, [self._restrict(r, res) for r, res in gather.pieces])

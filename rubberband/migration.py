@@ -19,7 +19,7 @@ when a version's part of the work is done (:meth:`StorageCore.instruction_done`)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ecast import NodeId
@@ -27,7 +27,7 @@ from ecast.core import mutations
 from rubberband.config import STORAGE
 from rubberband.engine import BadOperation, SendCursor
 from rubberband.keys import NOTHING, RangeSet, difference, intersect, overlaps, union
-from rubberband.proto import Abort, Chunk, Pull, Refuse, TransferId, incomplete_header
+from rubberband.proto import Abort, Chunk, History, Pull, Refuse, TransferId, incomplete_header
 
 if TYPE_CHECKING:
     from rubberband.storage import StorageCore
@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 MAX_EARLY_PULLS = 64
 """Pulls one storage process may have waiting for the keyspace message that makes us
 its source (one per copy of a reconfiguration; a reconfiguration has a few)."""
+HISTORY_DROPPED = mutations.declare(
+    "history_dropped", "storage", "a copy's receiver claims its source's history but keeps none"
+)
 ABORTED_RECEIVE_READY = mutations.declare(
     "aborted_receive_ready", "storage", "a receive whose source died says ready, not incomplete"
 )
@@ -49,6 +52,10 @@ class Incoming:
     """The keyspace message's position: the receive blocks later items, not earlier."""
     next: int = 0
     started: bool = False
+    history: list[Any] = field(default_factory=list)
+    """The source's change log of the ranges, as it arrives (:class:`History`)."""
+    after: int | None = None
+    """Set once the whole history came: the position it is complete after."""
 
 
 @dataclass(slots=True)
@@ -58,6 +65,8 @@ class Outgoing:
     version: int
     cursor: SendCursor | None = None
     next: int = 0
+    history: tuple[int, list[Any]] | None = None
+    """Our change log of the ranges at the send's position, in parts: sent first."""
     """The next chunk to send."""
     asked: int = -1
     """The chunk the receiver asked for and has not been sent yet (-1: none)."""
@@ -119,6 +128,8 @@ class Migration:
             core.stop(f"engine failed to open a send: {e}")
             return
         send = self.outgoing[tid] = Outgoing(dst, ranges, v, cursor)
+        if core._logged:
+            send.history = core.changes.export(ranges, self.chunk_bytes)
         core.stats.transfers["out"] += 1
         early = self.early_pulls.pop(tid, None)
         if early is not None and early[0] == dst:
@@ -144,6 +155,14 @@ class Migration:
         if rec is not None and rec.src == src:
             self.abort_incoming(msg.transfer, rec)
             self.core.drain()
+
+    def on_history(self, src: NodeId, msg: History) -> None:
+        rec = self.incoming.get(msg.transfer)
+        if rec is None or rec.src != src or rec.after is not None:
+            return
+        rec.history.extend(msg.entries)
+        if msg.last:
+            rec.after = msg.after
 
     def on_chunk(self, src: NodeId, msg: Chunk) -> None:
         tid = msg.transfer
@@ -174,6 +193,9 @@ class Migration:
             core.send(rec.src, Pull(tid, rec.next))
             return
         del self.incoming[tid]
+        if rec.after is not None:
+            history = [] if mutations.on(HISTORY_DROPPED) else rec.history
+            core.changes.adopt(rec.ranges, rec.after, history, core.engine.placement.ekey)
         self.aborted = difference(self.aborted, rec.ranges)  # whole again
         core.drain()
         core.instruction_done(rec.version)
@@ -182,6 +204,11 @@ class Migration:
         if send.asked != send.next or send.cursor is None:
             return
         core = self.core
+        if send.history is not None:  # before the first chunk, on the same channel
+            after, parts = send.history
+            send.history = None
+            for i, part in enumerate(parts):
+                core.send(send.dst, History(tid, after, part, i == len(parts) - 1))
         try:
             data = send.cursor.next_chunk(self.chunk_bytes)
         except Exception as e:

@@ -109,6 +109,18 @@ class Chunk:
 
 
 @dataclass(frozen=True, slots=True)
+class History:
+    """source -> receiver, before the first chunk: a part of the source's change log of
+    the copied ranges (``[t, [[key, kind, value], ...]]`` each), complete after
+    ``after`` (``last``: the end), so a change feed continues at the receiver."""
+
+    transfer: tuple[int, int]
+    after: int
+    entries: tuple[Any, ...]
+    last: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Abort:
     """source -> receiver: the source's own copy is incomplete (its receive of those
     ranges was aborted), so the receiver's copy would be too."""
@@ -193,6 +205,7 @@ MESSAGES: tuple[type, ...] = (
     Described,
     Leave,
     Left,
+    History,
 )
 """Every direct message, in the order of their wire codes (64 on)."""
 FIRST_CODE = 64
@@ -226,6 +239,8 @@ class H:
     """A keyspace message's plan (``Plan.to_wire()``)."""
     RANGES = "ranges"
     """The ranges of a receive that cannot finish (incomplete)."""
+    SINCE = "since"
+    """A changes read (:mod:`rubberband.changelog`): the position its changes follow."""
 
 
 KEYSPACE = "keyspace"

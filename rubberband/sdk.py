@@ -9,6 +9,8 @@ await rb.delete(key); await rb.delete_range(lo, hi)
 await rb.get(key, isolation="sequential")     # or "snapshot", "basic"
 await rb.get_many([k1, k2]); await rb.scan(lo, hi, isolation=...)
 await rb.write_batch([("put", ((k, v),)) for k, v in items])   # bulk: one outcome each
+async for event in rb.watch(lo, hi, since=None):  # every write after now, in order
+    event.position, event.changes  # ((key, "put", value) | (key, "delete", None), ...)
 await rb.close()
 ```
 
@@ -36,14 +38,17 @@ import asyncio
 import collections
 import importlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import ecast
 from rubberband.client import (
     BUNDLE_LIMIT,
+    Changes,
     ClientCore,
+    Event,
     Gather,
+    Page,
     ReadDone,
     Refreshed,
     Unavailable,
@@ -297,6 +302,31 @@ class RubberbandClient:
         fut = self._future(rid)
         carry_out(fx, self)
         return await self._await(fut, rid)
+
+    async def changes(self, since: int | None, lo: Any = None, hi: Any = None) -> Page:
+        """The changes of the keys in ``[lo, hi)`` after position ``since``, as one read
+        in the total order: every write before the read's own position is in it (or the
+        read raises :class:`~rubberband.errors.Compacted`), and ``page.position`` is
+        where the next page starts."""
+        return await self.read(Changes(since, lo, hi))  # type: ignore[no-any-return]
+
+    async def watch(
+        self, lo: Any = None, hi: Any = None, since: int | None = None, poll: float = 0.05
+    ) -> AsyncIterator[Event]:
+        """Every write to the keys in ``[lo, hi)`` after position ``since`` (None: from
+        now), one :class:`~rubberband.changelog.Event` per write, in the total order,
+        with no gap and no duplicate across router, storage process and client
+        failover (each page is a read, and reads fail over).  Resume after a restart
+        with ``since`` = the last event's position.  Idle, it reads a page every
+        ``poll`` seconds (one small E-Cast message each)."""
+        position = since
+        while True:
+            got = await self.changes(position, lo, hi)
+            for event in got.events:
+                yield event
+            position = got.position
+            if not got.events:
+                await asyncio.sleep(poll)
 
     async def read_batch(
         self,

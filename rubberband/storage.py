@@ -34,6 +34,7 @@ from typing import Any
 from ecast import KIND, PART, SUSPECT, Delivery, Direct, Effects, Message, NodeId
 from ecast.core import mutations
 from rubberband.bundles import Segments, read_items, unbundle, write_items
+from rubberband.changelog import ChangeLog, feed_answer
 from rubberband.config import CLIENT, STORAGE, SUPER
 from rubberband.engine import BadOperation, Engine, Placement
 from rubberband.keys import (
@@ -59,6 +60,7 @@ from rubberband.proto import (
     BasicRead,
     Chunk,
     H,
+    History,
     Pull,
     Refuse,
     Stale,
@@ -116,14 +118,21 @@ class StorageStats:
 class StorageCore:
     """One storage process: standby until a keyspace message places it on the ring."""
 
-    URGENT: tuple[type, ...] = (Pull, Chunk, Abort, Refuse)
+    URGENT: tuple[type, ...] = (Pull, Chunk, Abort, Refuse, History)
     """Direct messages to take ahead of deliveries waiting for the engine: a pull
     answered, or a chunk taken in, only after thousands of writes made every round trip
     of a copy wait for the whole backlog (seconds on a slow engine).  They may: a source
     reads a snapshot taken at the keyspace message's position, and a receiver holds back
     every write to the ranges it receives until the copy is complete."""
 
-    def __init__(self, me: NodeId, engine: Engine, *, chunk_bytes: int = CHUNK_BYTES) -> None:
+    def __init__(
+        self,
+        me: NodeId,
+        engine: Engine,
+        *,
+        chunk_bytes: int = CHUNK_BYTES,
+        changes: ChangeLog | None = None,
+    ) -> None:
         if not me.startswith(STORAGE):
             raise ValueError(f"a storage process is named {STORAGE}..., not {me!r}")
         self.me = me
@@ -155,6 +164,10 @@ class StorageCore:
         self._segments = Segments()
         self._fx = Effects()
         self._mute = False
+        self.changes = changes or ChangeLog()
+        """What changed at which position (change feeds), if the engine reports it."""
+        self._logged = self.changes.enabled and hasattr(engine, "apply_logged")
+        self.now = 0.0
 
     # ================================================================== outputs
     def send(self, dst: NodeId, msg: Any) -> None:
@@ -204,6 +217,7 @@ class StorageCore:
         batches, each unsafe one (a snapshot read) is answered where it falls in the
         stream, and our own join hands us the keyspace."""
         fx = self._begin()
+        self.now = now
         run: list[tuple[int, Message]] = []
         senders = self.senders
         for d in deliveries:
@@ -265,13 +279,15 @@ class StorageCore:
             mig.on_abort(src, msg)
         elif t is Refuse:
             mig.on_refuse(src, msg)
+        elif t is History:
+            mig.on_history(src, msg)
 
     def on_tick(self, now: float) -> Effects:
         return Effects()
 
     # ================================================================== delivering
     def _deliver(self, items: Iterable[tuple[int, Message]]) -> None:
-        batch: list[tuple[Message, RangeSet]] = []
+        batch: list[tuple[Message, RangeSet, int]] = []
         t = self.delivered
         for t, msg in items:  # the last position is kept below
             if self.stopped is not None:
@@ -287,7 +303,7 @@ class StorageCore:
                         self.stats.reads_held += 1
                     self._enqueue(_Queued(mine, msg=msg, t=t))
                 else:
-                    batch.append((msg, mine))
+                    batch.append((msg, mine, t))
                 continue
             if batch:
                 self._apply(batch)
@@ -453,7 +469,7 @@ class StorageCore:
         (an item also waits for any earlier queued item it overlaps)."""
         queue, self.queue = self.queue, []
         self._queued_ranges = NOTHING
-        batch: list[tuple[Message, RangeSet]] = []
+        batch: list[tuple[Message, RangeSet, int]] = []
         for item in queue:
             if self.stopped is not None:
                 return
@@ -461,7 +477,7 @@ class StorageCore:
                 self._enqueue(item)
                 continue
             if item.msg is not None:
-                batch.append((item.msg, item.ranges))
+                batch.append((item.msg, item.ranges, item.t))
                 continue
             if batch:
                 self._apply(batch)
@@ -474,7 +490,7 @@ class StorageCore:
         return {q.action[1] for q in self.queue if q.action[:1] == ("send",)}
 
     # ================================================================== applying
-    def _apply(self, batch: list[tuple[Message, RangeSet]]) -> None:
+    def _apply(self, batch: list[tuple[Message, RangeSet, int]]) -> None:
         _Apply(self, batch).run()
 
     # ================================================================== reconfiguration
@@ -506,6 +522,7 @@ class StorageCore:
         self.version += 1
         v = self.version
         self.owned = new.partition(self.me)
+        self.changes.gained(difference(self.owned, old_owned), t)
         me = self.me
         # Broken ranges we no longer hold are no longer our problem (a contract or a
         # replace repairs an incomplete process: it holds nothing afterwards).
@@ -589,27 +606,31 @@ class StorageCore:
         return self.migration.early_pulls
 
     def figures(self) -> dict[str, Any]:
-        """What this process's heartbeat answers report to the supers (4.2.3): operations
-        applied so far (the supers turn it into a rate), the engine's items and bytes,
-        items waiting for their ranges, and the clients heard from since the last figures
-        (at most ``REPORTED_CLIENTS`` names, and their number).  On the engine's thread:
-        ``stats`` may sum over blocks or ask a server."""
-        f: dict[str, Any] = {"applied": self.stats.applied}
-        clients = sorted(s for s in self.senders if s.startswith(CLIENT))
-        self.senders = set()
-        f["clients"] = clients[:REPORTED_CLIENTS]
-        f["client_count"] = len(clients)
-        try:
-            e = self.engine.stats()
-            f["items"] = int(e.get("items", 0))
-            f["bytes"] = int(e.get("bytes", 0))
-        except Exception:  # an engine's figures are informative: a failure is no answer
-            pass
-        f["queued"] = len(self.queue)
-        return f
+        return figures_of(self)
 
     def status(self) -> dict[str, Any]:
         return status_of(self)
+
+
+def figures_of(core: StorageCore) -> dict[str, Any]:
+    """What this process's heartbeat answers report to the supers (4.2.3): operations
+    applied so far (the supers turn it into a rate), the engine's items and bytes,
+    items waiting for their ranges, and the clients heard from since the last figures
+    (at most ``REPORTED_CLIENTS`` names, and their number).  On the engine's thread:
+    ``stats`` may sum over blocks or ask a server."""
+    f: dict[str, Any] = {"applied": core.stats.applied}
+    clients = sorted(s for s in core.senders if s.startswith(CLIENT))
+    core.senders = set()
+    f["clients"] = clients[:REPORTED_CLIENTS]
+    f["client_count"] = len(clients)
+    try:
+        e = core.engine.stats()
+        f["items"] = int(e.get("items", 0))
+        f["bytes"] = int(e.get("bytes", 0))
+    except Exception:  # an engine's figures are informative: a failure is no answer
+        pass
+    f["queued"] = len(core.queue)
+    return f
 
 
 def status_of(core: StorageCore) -> dict[str, Any]:
@@ -629,6 +650,7 @@ def status_of(core: StorageCore) -> dict[str, Any]:
         "chunks_refused": core.stats.chunks_refused,
         "unfinished": len(core.unfinished),
         "stopped": core.stopped,
+        "changes": core.changes.figures() if core._logged else None,
         **core.migration.status(),
     }
 
@@ -636,15 +658,17 @@ def status_of(core: StorageCore) -> dict[str, Any]:
 class _Apply:
     """One engine batch of delivered messages, and the answers it makes."""
 
-    __slots__ = ("batch", "bundles", "core", "items", "writes")
+    __slots__ = ("batch", "bundles", "core", "feeds", "items", "writes")
 
-    def __init__(self, core: StorageCore, batch: list[tuple[Message, RangeSet]]) -> None:
+    def __init__(self, core: StorageCore, batch: list[tuple[Message, RangeSet, int]]) -> None:
         self.core = core
         self.batch = batch
-        self.items: list[tuple[Message, Any, RangeSet, RangeSet | None, int]] = []
-        """``(message, op, ranges, covered, index)``: the engine runs ``op`` on
+        self.items: list[tuple[Message, Any, RangeSet, RangeSet | None, int, int]] = []
+        """``(message, op, ranges, covered, index, t)``: the engine runs ``op`` on
         ``ranges``, the answer covers ``covered`` (None: all of a bundled read); index -1
-        for a message's own op, else the read's index in a bundle."""
+        for a message's own op, else the read's index in a bundle; ``t`` its position."""
+        self.feeds: list[tuple[Message, RangeSet, int]] = []
+        """Changes reads: answered from the change log, after this batch's writes."""
         self.bundles: dict[int, list[Any]] = {}
         """``[message, answers, whole]`` of each bundle (by ``id``): a whole read bundle
         collects its results alone, for a ``Whole``, until an engine rejects one of its
@@ -654,27 +678,48 @@ class _Apply:
 
     def run(self) -> None:
         core = self.core
-        for m, mine in self.batch:
-            self._item(m, mine)
+        for m, mine, t in self.batch:
+            self._item(m, mine, t)
         items = self.items
+        changed: Any = None
         try:
-            results = core.engine.apply([(op, r) for _, op, r, _, _ in items])
+            ops = [(op, r) for _, op, r, _, _, _ in items]
+            if core._logged:
+                results, changed = core.engine.apply_logged(ops)  # type: ignore[attr-defined]
+            else:
+                results = core.engine.apply(ops)
         except Exception as e:
             core.stop(f"engine failed: {type(e).__name__}: {e}")
             return
-        if len(results) != len(items):
+        if len(results) != len(items) or (changed is not None and len(changed) != len(items)):
             core.stop("engine returned a wrong number of results")
             return
         core.stats.applied += len(self.batch)
+        if changed is not None:
+            core.changes.record_all(
+                [(item[5], c) for item, c in zip(items, changed, strict=True) if c],
+                core.engine.placement.ekey,
+                core.now,
+            )
         self._answer(results)
+        for m, mine, t in self.feeds:
+            self._feed(m, mine, t)
 
-    def _item(self, m: Message, mine: RangeSet) -> None:
+    def _feed(self, m: Message, mine: RangeSet, t: int) -> None:
+        core = self.core
+        rid = m.header.get(H.REQUEST, m.id)
+        covered, found, error = feed_answer(
+            core.changes if core._logged else None, core.incomplete, m, mine, t
+        )
+        core.send(m.sender, Answer(rid, covered, found, error, t, True))
+
+    def _item(self, m: Message, mine: RangeSet, t: int) -> None:
         core = self.core
         h = m.header
         items = self.items
         if H.READS not in h:
             if H.COUNT not in h:
-                items.append((m, m.payload, mine, mine, -1))
+                items.append((m, m.payload, mine, mine, -1, t))
                 return
             subs = unbundle(m)
             writes = None if subs is None else write_items(subs, mine)
@@ -684,7 +729,7 @@ class _Apply:
                 return
             self.bundles[id(m)] = [m, [], False]
             self.writes.add(id(m))
-            items.extend((m, op, part, part, i) for i, op, part in writes)
+            items.extend((m, op, part, part, i, t) for i, op, part in writes)
         elif H.COUNT in h:
             rid = h.get(H.REQUEST, m.id)
             subs = None if core.incomplete else unbundle(m)
@@ -694,17 +739,19 @@ class _Apply:
                 core.send(m.sender, Answer(rid, NOTHING, None, error, None, True))
                 return
             self.bundles[id(m)] = [m, [], whole]
-            items.extend((m, op, piece, c, i) for i, op, piece, c in reads)
+            items.extend((m, op, piece, c, i, t) for i, op, piece, c in reads)
+        elif H.SINCE in h:
+            self.feeds.append((m, mine, t))
         elif not core.incomplete:
-            items.extend((m, m.payload, p, p, -1) for p in core._pieces(mine))
+            items.extend((m, m.payload, p, p, -1, t) for p in core._pieces(mine))
         else:
-            items.append((m, m.payload, mine, mine, -1))
+            items.append((m, m.payload, mine, mine, -1, t))
 
     def _answer(self, results: list[Any]) -> None:
         core = self.core
         bundles, writes = self.bundles, self.writes
         counted: Any = None
-        for (m, _, _, mine, i), res in zip(self.items, results, strict=True):
+        for (m, _, _, mine, i, _), res in zip(self.items, results, strict=True):
             bad = isinstance(res, BadOperation)
             if bad and counted != (id(m), i):  # a read's pieces are one operation
                 counted = (id(m), i)

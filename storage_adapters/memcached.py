@@ -66,6 +66,7 @@ from rubberband.engine import (
     EKey,
     Placement,
     RangeSet,
+    ReportsChanges,
     encode_key,
     rejection,
 )
@@ -177,7 +178,7 @@ class _Snapshot:
         self._slots, self._keys, self.saved, self._pending = [], [], {}, set()
 
 
-class MemcachedEngine:
+class MemcachedEngine(ReportsChanges):
     """Ordered key-value data: the key order in the process, the values in memcached."""
 
     def __init__(
@@ -338,7 +339,10 @@ class MemcachedEngine:
             )
         return data
 
-    def _store(self, items: dict[Slot, tuple[Any, bytes]]) -> None:
+    def _store(
+        self, items: dict[Slot, tuple[Any, bytes]], values: dict[Slot, Any] | None = None
+    ) -> None:
+        """Store packed ``items``; ``values`` are theirs unpacked (for a change log)."""
         if not items:
             return
         self._before_write(items)
@@ -349,6 +353,8 @@ class MemcachedEngine:
             raise RuntimeError(f"memcached at {self.address} refused {len(failed)} stores")
         for slot, (key, _v) in items.items():
             self._index[slot] = key
+        if self._changes is not None and values is not None:
+            self._changes.extend((items[s][0], "put", v) for s, v in values.items())
 
     def _remove(self, slots: list[Slot]) -> None:
         slots = list(dict.fromkeys(s for s in slots if s in self._index))
@@ -358,6 +364,8 @@ class MemcachedEngine:
         for i in range(0, len(slots), FETCH):
             part = slots[i : i + FETCH]
             self._mc.delete_many([memcached_key(s[1]) for s in part], noreply=False)
+        if self._changes is not None:
+            self._changes.extend((self._index[s], "delete", None) for s in slots)
         for s in slots:
             del self._index[s]
 
@@ -398,7 +406,8 @@ class MemcachedEngine:
             mine = [(s, k, v) for s, k, v in mine if _in(ranges, s[0])]
             if name == "put":
                 packed = {s: (k, self._pack(k, v)) for s, k, v in mine}
-                return lambda: self._write(self._store, packed)
+                values = {s: v for s, _k, v in mine}
+                return lambda: self._write(lambda p: self._store(p, values), packed)
             return lambda: self._append(mine)
         if name in ("delete", "get"):
             keys = list(op[1])
@@ -437,7 +446,7 @@ class MemcachedEngine:
         except BadOperation as e:
             self.counts["rejected"] += 1
             return e  # type: ignore[return-value]
-        self._store(packed)
+        self._store(packed, new)
 
     def _add(self, mine: list[tuple[Slot, Any, int]]) -> Any:
         self.counts["writes"] += 1
@@ -452,7 +461,7 @@ class MemcachedEngine:
                 return BadOperation(f"add to {key!r}, which holds a {type(cur).__name__}")
             new[slot] = cur + delta
             keys[slot] = key
-        self._store({s: (keys[s], self._pack(keys[s], v)) for s, v in new.items()})
+        self._store({s: (keys[s], self._pack(keys[s], v)) for s, v in new.items()}, new)
         return None
 
     def _get(self, mine: list[tuple[Slot, Any]]) -> dict[Any, Any]:

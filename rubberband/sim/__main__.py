@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="every frame through the real wire codec (--no-codec: faster)",
     )
+    ap.add_argument("--feed", action="store_true", help="a client follows the change feed too")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     faults = tuple(f for f in args.faults.split(",") if f)
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         auto_repair=args.auto_repair,
         bundle=args.bundle,
         codec=args.codec,
+        feed=args.feed,
     )
     if args.mutation:
         import os

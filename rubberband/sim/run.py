@@ -46,6 +46,7 @@ from rubberband.config import RubberbandConfig
 from rubberband.outputs import Submit
 from rubberband.sdk import load_ops
 from rubberband.sim.checks import basic_read_overreach, in_segment, keyspace_version, planned_copies
+from rubberband.sim.feed import FEED, Follower, feed_violations
 from rubberband.sim.nemesis import Nemesis
 from rubberband.sim.process import RbNode
 from rubberband.sim.workload import KEYS, Client, Op, key_of
@@ -116,6 +117,9 @@ class RbRunConfig(GroupRunConfig):
     bundles (``write_batch``'s messages) with a put to the next key."""
     codec: bool = True
     """Every frame through the real wire codec (``False``: faster, lists stay lists)."""
+    feed: bool = False
+    """One more client follows the change feed of every key from before the first
+    append to after the final reads, checked against them (:mod:`rubberband.sim.feed`)."""
     mutation: str | None = None
     router: RouterParams = field(default_factory=RouterParams)
     endpoint: EndpointParams = field(default_factory=EndpointParams)
@@ -164,6 +168,8 @@ class RubberbandRun(Nemesis, EcastGroupRun):
         self.initial = RubberbandConfig.initial(replication=cfg.replication)
         self.procs: dict[NodeId, RbNode] = {}
         self.workloads: dict[NodeId, Client] = {}
+        self.follower: Follower | None = None
+        self._feed_from: float | None = None
         self.history: list[dict[str, Any]] = []
         self.read_latencies: list[tuple[float, float]] = []
         self.reconfig_windows: list[tuple[float, float]] = []
@@ -223,7 +229,9 @@ class RubberbandRun(Nemesis, EcastGroupRun):
             )
             core.supers = list(self.super_names)
         node = self.procs[pid] = RbNode(self, pid, routers, core)
-        if role == "client":
+        if pid == FEED:
+            self.follower = Follower(self, node)
+        elif role == "client":
             self.workloads[pid] = Client(self, node)
         elif role == "super":
             node.on_upcall = self._super_upcall
@@ -251,6 +259,8 @@ class RubberbandRun(Nemesis, EcastGroupRun):
     def may_issue(self) -> bool:
         if self._issued >= self.cfg.ops or self.sim.now >= self.cfg.fault_time:
             return False
+        if self.follower is not None and not self.follower.started:
+            return False  # the feed follows from before the first append
         self._issued += 1
         return True
 
@@ -451,6 +461,8 @@ class RubberbandRun(Nemesis, EcastGroupRun):
             )
         for i in range(self.clients):
             self.add_process(f"client:c{i + 1}", join=False)
+        if cfg.feed:
+            self.add_process(FEED, join=False)
         if cfg.scenario in ("expand", "crash_mid_migration"):
             for n, i in enumerate(range(placed, cfg.storage)):
                 self.sim.at(
@@ -471,10 +483,34 @@ class RubberbandRun(Nemesis, EcastGroupRun):
         settled = self.quiet()
         self.final_phase = True
         self._final_keys = [key_of(i) for i in range(KEYS)]
-        self.sim.run(
-            self.sim.now + 5.0, stop=lambda: not self._final_keys and not self._busy_clients()
-        )
+        self.sim.run(self.sim.now + 5.0, stop=self._final_phase_done)
         return self._verdict(settled, time.perf_counter() - started)
+
+    def _final_phase_done(self) -> bool:
+        """Every key read once after healing, and a feed page sent since then answered."""
+        if self._final_keys or self._busy_clients():
+            return False
+        if self.follower is None:
+            return True
+        if self._feed_from is None:
+            self._feed_from = self.sim.now
+        return self.follower.answered_from >= self._feed_from
+
+    def _feed_violations(self) -> list[str]:
+        f = self.follower
+        if f is None:
+            return []
+        if f.compacted:
+            return [f"change feed: a page was compacted {f.compacted[0]}"]
+        if self._feed_from is None or f.answered_from < self._feed_from:
+            return ["liveness: the change feed did not catch up after the final reads"]
+        finals = {
+            r["value"][0][1]: r["value"][0][2]
+            for r in self.history
+            if r["f"] == "final-read" and r["type"] == "ok"
+        }
+        step = 10_000 // KEYS
+        return feed_violations(f.events, finals, lambda k: type(k) is int and k % step == 37)
 
     def _verdict(self, settled: bool, wall: float) -> RbRunResult:
         violations: list[str] = []
@@ -510,6 +546,7 @@ class RubberbandRun(Nemesis, EcastGroupRun):
             for name, examples in sorted(result.anomalies.items()):
                 violations.append(f"list-append {name}: {examples[0][:300]}")
         violations += self._replica_violations()
+        violations += self._feed_violations()
         c = self._config()
         correct = self.correct_routers()
         if c is not None and correct:

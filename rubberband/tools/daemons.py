@@ -293,6 +293,13 @@ def storage_metrics(
     m.add("rubberband_transfers", st["transfers_in"], "migrations running", direction="in")
     m.add("rubberband_transfers", st["transfers_out"], "migrations running", direction="out")
     m.add("rubberband_stopped", 0 if st["stopped"] is None else 1, "stopped (fail-stop)")
+    changes = st["changes"] or {}
+    m.add("rubberband_change_log", changes.get("changes", 0), "changed keys kept for feeds")
+    m.add(
+        "rubberband_change_log_floor",
+        changes.get("floor", -1),
+        "feeds may continue only after this position (older changes dropped)",
+    )
     for key, value in sorted(core.engine.stats().items()):
         if type(value) in (int, float):
             m.add("rubberband_engine", value, "the engine's own figures", stat=key)

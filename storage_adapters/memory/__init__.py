@@ -47,6 +47,7 @@ from rubberband.engine import (
     Part,
     Placement,
     RangeSet,
+    ReportsChanges,
     after,
     encode_key,
     normalize,
@@ -192,7 +193,7 @@ class _Cursor:
         self._items = []
 
 
-class MemoryEngine:
+class MemoryEngine(ReportsChanges):
     """Ordered key-value data in memory, keyed by (placement, encoded key)."""
 
     def __init__(self, placement: Placement | None = None) -> None:
@@ -236,6 +237,8 @@ class MemoryEngine:
             slot = self._slot(key)
             if _in(ranges, slot[0]):
                 self._data[slot] = (key, value)
+                if self._changes is not None:
+                    self._changes.append((key, "put", value))
 
     def _append(self, op: Any, ranges: RangeSet) -> None:
         mine = []
@@ -248,7 +251,9 @@ class MemoryEngine:
                 mine.append((slot, key, value))
         for slot, key, value in mine:  # all checked first: the operation is atomic
             old = self._data.get(slot)
-            self._data[slot] = (key, [*(old[1] if old else ()), value])
+            new = self._data[slot] = (key, [*(old[1] if old else ()), value])
+            if self._changes is not None:
+                self._changes.append((key, "put", new[1]))
 
     def _add(self, op: Any, ranges: RangeSet) -> None:
         mine = []
@@ -261,17 +266,22 @@ class MemoryEngine:
                 mine.append((slot, key, delta))
         for slot, key, delta in mine:  # all checked first: the operation is atomic
             old = self._data.get(slot)
-            self._data[slot] = (key, (old[1] if old else 0) + delta)
+            new = self._data[slot] = (key, (old[1] if old else 0) + delta)
+            if self._changes is not None:
+                self._changes.append((key, "put", new[1]))
 
     def _delete(self, op: Any, ranges: RangeSet) -> None:
         for key in op[1]:
             slot = self._slot(key)
-            if _in(ranges, slot[0]):
-                self._data.pop(slot, None)
+            gone = _in(ranges, slot[0]) and self._data.pop(slot, None) is not None
+            if gone and self._changes is not None:
+                self._changes.append((key, "delete", None))
 
     def _delete_range(self, op: Any, ranges: RangeSet) -> None:
-        for slot, _ in self._range_items(ranges):
+        for slot, (key, _) in self._range_items(ranges):
             del self._data[slot]
+            if self._changes is not None:
+                self._changes.append((key, "delete", None))
 
     def _get(self, op: Any, ranges: RangeSet) -> dict[Any, Any]:
         out = {}

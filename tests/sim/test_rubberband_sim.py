@@ -116,6 +116,19 @@ def test_heavier_schedules_reject_snapshot_reads_and_then_accept_them() -> None:
     assert reached == 2
 
 
+FEED_SCHEDULES = 12
+
+
+def test_a_change_feed_followed_through_the_faults_misses_nothing_and_repeats_nothing() -> None:
+    """One more client follows every key's change feed, page after page, through router
+    and storage crashes, partitions and migrations (rubberband.sim.feed): every append is
+    one event that extends its key's list by its one value, at increasing positions, and
+    the feed ends where the final reads do."""
+    reached, busy = run_schedules(range(1, FEED_SCHEDULES + 1), feed=True)
+    assert busy >= 0.9 * FEED_SCHEDULES
+    assert reached["leader_takeover"] and reached["expand_under_load"], dict(reached)
+
+
 BUNDLE_SCHEDULES = 40
 
 
@@ -164,6 +177,7 @@ CAUGHT_BY: dict[str, tuple[dict[str, Any], str]] = {
     "no_receive_buffering": ({}, "migration: writes applied before the copy"),
     "aborted_receive_ready": ({}, "migration: an aborted receive says ready"),
     "skip_version_check": ({}, "basic reads routed by a stale keyspace"),
+    "history_dropped": ({"feed": True}, "change feeds across a migration"),
 }
 """Each planted bug of Rubberband's cores, and the short runs that must catch it."""
 ELSEWHERE = {

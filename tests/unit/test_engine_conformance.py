@@ -445,3 +445,68 @@ def test_a_key_deleted_and_written_again_is_read_once() -> None:
         assert e.apply([(("scan", 0, 9), ops.part_fun(("scan", 0, 9), e.placement).ranges)]) == [
             [(1, "c"), (2, "d")]
         ]
+
+
+LOGGED = ["memory", "memcached"]
+"""The engines that report what each write changed (``apply_logged``: change feeds)."""
+
+
+@pytest.mark.parametrize("driver", LOGGED, indirect=True)
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["put", "append", "add", "delete", "delete_range", "get"]),
+            st.lists(st.integers(-8, 8), min_size=1, max_size=4),
+        ),
+        max_size=20,
+    )
+)
+def test_conformance_an_engine_reports_what_each_write_changed(
+    driver: Any, steps: list[Any]
+) -> None:
+    """Each key a write changed, with its new value (or its removal): what a change
+    feed tells (a key named twice counts once, with its last change)."""
+    d = driver
+    e = getattr(d, "_logged", None)
+    if e is None:
+        e = d._logged = d.engine()
+    e.delete(EVERYTHING)
+    model: dict[int, Any] = {}
+    for i, (kind, keys) in enumerate(steps):
+        expected: dict[int, tuple[str, Any]] = {}
+        if kind == "put":
+            op: Any = ("put", tuple((k, f"v{i}") for k in keys))
+            for k in keys:
+                model[k] = f"v{i}"
+                expected[k] = ("put", model[k])
+        elif kind == "append":
+            op = ("append", tuple((f"l{k}", i) for k in keys))
+            for k in keys:
+                model[f"l{k}"] = [*model.get(f"l{k}", []), i]  # type: ignore[index]
+                expected[f"l{k}"] = ("put", model[f"l{k}"])  # type: ignore[index]
+        elif kind == "add":
+            op = ("add", tuple((f"n{k}", k) for k in keys))
+            for k in keys:
+                model[f"n{k}"] = model.get(f"n{k}", 0) + k  # type: ignore[index,operator]
+                expected[f"n{k}"] = ("put", model[f"n{k}"])  # type: ignore[index]
+        elif kind == "delete":
+            op = ("delete", tuple(keys))
+            for k in keys:
+                if model.pop(k, None) is not None:
+                    expected[k] = ("delete", None)
+        elif kind == "delete_range":
+            lo, hi = min(keys), max(keys) + 1
+            op = ("delete_range", lo, hi)
+            for k in [k for k in model if type(k) is int and lo <= k < hi]:
+                del model[k]
+                expected[k] = ("delete", None)
+        else:
+            op = ("get", tuple(keys))
+        ranges = d.ops.part_fun(op, e.placement).ranges
+        (result,), (changes,) = e.apply_logged([(op, ranges)])
+        assert not isinstance(result, BadOperation), result
+        got = {key: (how, value) for key, how, value in changes}
+        assert got == expected, (op, got, expected)

@@ -1,0 +1,327 @@
+"""Change feeds: every write's changes at its position in the total order.
+
+Every replica of a segment applies the same writes at the same positions (4.4), so
+every replica can keep the same record of what changed, and a reader can continue at
+any of them.  A storage process keeps a :class:`ChangeLog` of the changes its engine
+reports (an engine that reports changes implements ``apply_logged``, see
+:mod:`rubberband.engine`): for each position that changed something it holds, the keys
+and their new values (``put``) or their removal (``delete``).
+
+A feed is read with a *changes read*: a sequential read (its header names the ranges
+and ``since``) that each holder answers, at the read's own position ``t``, with every
+change it holds in those ranges at positions in ``(since, t)``.  Every write before ``t``
+was delivered to the holder before the read (E-Cast delivers in order), so an answer
+has no gap, and the client's next read continues from ``t``: a feed is a chain of reads,
+each exact, and a read's failover (another replica, another router) is a feed's
+failover.  Parts of one multi-key write held by several segments carry the write's one
+position, and the client merges them into one event (:func:`merge`).
+
+A holder answers only for what it holds in full since ``since``: a range it gained at
+position ``K`` (a copy into it, or its first placement) has no changes before ``K``
+here, and entries dropped by retention (a count and an age) are gone.  For a read from
+before either it answers that the feed was compacted, naming the oldest position it can
+still continue from, as etcd answers a watch from a compacted revision.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
+
+import msgpack
+
+from rubberband.errors import BadOperation, Compacted, Rejected
+from rubberband.keys import (
+    EVERYTHING,
+    MAX_EKEY,
+    MIN_EKEY,
+    NOTHING,
+    EKey,
+    RangeSet,
+    difference,
+    encode_key,
+    overlaps,
+)
+from rubberband.proto import H
+
+COMPACTED = "compacted: continue from position "
+"""How a holder's answer says a feed was compacted (the position follows)."""
+FROM_NOW = -1
+"""``since`` of a feed's first read when it starts at the read itself."""
+MAX_CHANGES = 100_000
+"""Changes a storage process keeps by default (each key changed counts one)."""
+MAX_AGE = 600.0
+"""Seconds a storage process keeps a change by default."""
+
+
+class Changes(NamedTuple):
+    """A changes read's operation (what travels as its payload): changes after position
+    ``since`` (None: none, only the read's position) of the keys in ``[lo, hi)`` (None:
+    unbounded)."""
+
+    since: int | None
+    lo: Any = None
+    hi: Any = None
+
+
+class Event(NamedTuple):
+    """One write as a feed tells it: its position, and each key it changed in the feed's
+    ranges, ``(key, "put", value)`` or ``(key, "delete", None)``, in key order."""
+
+    position: int
+    changes: tuple[tuple[Any, str, Any], ...]
+
+
+class Page(NamedTuple):
+    """One changes read's answer: the events after its ``since``, and the position it
+    was read at (the next read continues after it)."""
+
+    position: int
+    events: list[Event]
+
+
+def changes_ranges(op: Changes, ordered: bool) -> RangeSet:
+    """The ranges (placement space) a changes read covers: the key range itself under
+    range partitioning, everything under hash partitioning (the holders filter keys)."""
+    if op.since is not None and type(op.since) is not int:
+        raise BadOperation(f"since is a position (an int) or None, not {op.since!r}")
+    lo = MIN_EKEY if op.lo is None else encode_key(op.lo)
+    hi = MAX_EKEY if op.hi is None else encode_key(op.hi)
+    if not lo < hi:
+        raise BadOperation(f"a change feed of [{op.lo!r}, {op.hi!r}) follows no key")
+    return ((lo, hi),) if ordered else EVERYTHING
+
+
+def merge(pieces: Iterable[tuple[RangeSet, Any]], position: int, ekey: Any) -> Page:
+    """The answers of a changes read's holders, one event per position: a write's
+    changes in several segments come from several holders, each with its part.  Each
+    answer counts only for the ranges it was taken for (``ekey`` places a key): two
+    holders of one range both answer for it, and its changes are taken once."""
+    by_t: dict[int, list[Any]] = {}
+    for ranges, piece in pieces:
+        for t, changes in piece or ():
+            mine = [c for c in changes if _inside(ranges, ekey(c[0]))]
+            if mine:
+                by_t.setdefault(int(t), []).extend(mine)
+    events = [
+        Event(t, tuple(sorted(((c[0], c[1], c[2]) for c in cs), key=lambda c: encode_key(c[0]))))
+        for t, cs in sorted(by_t.items())
+    ]
+    return Page(position, events)
+
+
+def page(
+    pieces: Iterable[tuple[RangeSet, Any]], position: Any, error: str | None, ekey: Any
+) -> Page:
+    """A changes read's result, or the error its answers carried (a compacted feed
+    raises :class:`Compacted` naming where it can continue)."""
+    if error is not None:
+        if error.startswith(COMPACTED) and error[len(COMPACTED) :].isdigit():
+            raise Compacted(int(error[len(COMPACTED) :]))
+        raise Rejected(error)
+    return merge(pieces, position, ekey)
+
+
+class ChangeLog:
+    """A storage process's changes, by position, within a retention window."""
+
+    def __init__(self, max_changes: int = MAX_CHANGES, max_age: float = MAX_AGE) -> None:
+        self.max_changes = max_changes
+        self.max_age = max_age
+        self._entries: deque[tuple[int, float, tuple[tuple[EKey, Any, str, Any], ...]]] = deque()
+        self._count = 0
+        self.floor = -1
+        """Changes at positions up to this one may be gone (retention)."""
+        self._starts: list[tuple[RangeSet, int]] = []
+        """Ranges this process holds changes of only after a position (gained there)."""
+        self.recorded = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_changes > 0
+
+    def gained(self, ranges: RangeSet, t: int) -> None:
+        """``ranges`` are ours from position ``t`` on: their earlier changes are not."""
+        if not ranges:
+            return
+        kept = []
+        for held, start in self._starts:
+            rest = difference(held, ranges)
+            if rest:
+                kept.append((rest, start))
+        kept.append((ranges, t))
+        self._starts = kept
+
+    def record(self, t: int, now: float, changes: Sequence[tuple[EKey, Any, str, Any]]) -> None:
+        """The changes of the write at position ``t``: ``(place, key, kind, value)``."""
+        if not changes:
+            return
+        self._entries.append((t, now, tuple(changes)))
+        self._count += len(changes)
+        self.recorded += len(changes)
+        self.trim(now)
+
+    def record_all(
+        self, changed: Sequence[tuple[int, Any]], ekey: Callable[[Any], EKey], now: float
+    ) -> None:
+        """An engine batch's changes, ``(t, ((key, kind, value), ...))`` in ``t`` order:
+        one entry per position (a bundle of writes is one message, one position)."""
+        at = -1
+        entry: dict[Any, tuple[EKey, Any, str, Any]] = {}
+        for t, changes in changed:
+            if t != at:
+                self.record(at, now, list(entry.values()))
+                at, entry = t, {}
+            for key, kind, value in changes:
+                place = ekey(key)
+                # A key changed twice at one position (a bundle of writes, a key named
+                # twice): its last change is what that position did to it.
+                entry.pop((place, type(key), key), None)
+                entry[(place, type(key), key)] = (place, key, kind, value)
+        self.record(at, now, list(entry.values()))
+
+    def export(self, ranges: RangeSet, part_bytes: int) -> tuple[int, list[Any]]:
+        """Our changes of ``ranges`` for a copy of them (every change we hold: a send
+        opens at the keyspace message's position, after every earlier write), in parts
+        of about ``part_bytes``, and the position they are complete after."""
+        parts: list[Any] = []
+        part: list[Any] = []
+        size = 0
+        for t, _, changes in self._entries:
+            mine = [
+                [key, kind, value] for place, key, kind, value in changes if _inside(ranges, place)
+            ]
+            if not mine:
+                continue
+            part.append([t, mine])
+            size += len(msgpack.packb(mine, default=repr))
+            if size >= part_bytes:
+                parts.append(tuple(part))
+                part, size = [], 0
+        parts.append(tuple(part))
+        return self.held_after(ranges), parts
+
+    def adopt(self, ranges: RangeSet, after: Any, entries: list[Any], ekey: Any) -> None:
+        """A copy's history from its source: our changes of ``ranges`` are complete
+        after ``after`` now, not only after the keyspace message that gave them to us.
+        Malformed, it is not taken (the ranges stay as they were: a feed from before
+        them is told it was compacted, never given a gap)."""
+        try:
+            adopted = [
+                (int(t), 0.0, tuple((ekey(c[0]), c[0], _kind(c[1]), c[2]) for c in changes))
+                for t, changes in entries
+            ]
+            after = int(after)
+        except Exception:
+            return
+        adopted = [e for e in adopted if e[0] > max(after, self.floor)]
+        kept = []
+        for held, start in self._starts:
+            rest = difference(held, ranges)
+            if rest:
+                kept.append((rest, start))
+        self._starts = [*kept, (ranges, after)]
+        if adopted:
+            now = self._entries[-1][1] if self._entries else 0.0
+            merged = sorted([*self._entries, *((t, now, c) for t, _, c in adopted)], key=_position)
+            self._entries = deque(merged)
+            self._count += sum(len(c) for _, _, c in adopted)
+            self.trim(now)
+
+    def trim(self, now: float) -> None:
+        entries = self._entries
+        while entries and (self._count > self.max_changes or entries[0][1] < now - self.max_age):
+            t, _, changes = entries.popleft()
+            self._count -= len(changes)
+            self.floor = t
+
+    def held_after(self, ranges: RangeSet) -> int:
+        """The position after which every change of ``ranges`` is here."""
+        after = self.floor
+        for held, start in self._starts:
+            if start > after and overlaps(held, ranges):
+                after = start
+        return after
+
+    def read(self, since: int, ranges: RangeSet, upto: int, keys: Any = None) -> Any:
+        """The changes in ``ranges`` at positions in ``(since, upto)``, as
+        ``[[t, [[key, kind, value], ...]], ...]``; or the error naming where to continue
+        from, if some of them may be gone.  ``keys``: an encoded key range to filter by
+        (hash partitioning)."""
+        if since == FROM_NOW:
+            return []
+        after = self.held_after(ranges)
+        if since < after:
+            return COMPACTED + str(after)
+        out = []
+        for t, _, changes in self._entries:
+            if t <= since:
+                continue
+            if t >= upto:
+                break
+            mine = [
+                [key, kind, value]
+                for place, key, kind, value in changes
+                if _inside(ranges, place) and (keys is None or keys[0] <= encode_key(key) < keys[1])
+            ]
+            if mine:
+                out.append([t, mine])
+        return out
+
+    def figures(self) -> dict[str, int]:
+        return {"changes": self._count, "floor": self.floor, "recorded": self.recorded}
+
+
+def feed_answer(
+    log: ChangeLog | None, incomplete: bool, m: Any, mine: RangeSet, t: int
+) -> tuple[RangeSet, Any, str | None]:
+    """A holder's answer to changes read ``m`` at position ``t``: what it covers, the
+    changes, or an error.  A holder with gaps (an aborted copy) answers for nothing."""
+    if log is None:
+        return mine, None, "this storage engine keeps no change log"
+    since = m.header.get(H.SINCE)
+    if incomplete:
+        return NOTHING, None, None
+    if type(since) is not int:
+        return mine, None, "since is a position"
+    found = log.read(since, mine, t, key_filter(m.payload))
+    if type(found) is str:
+        return mine, None, found
+    return mine, found, None
+
+
+def _kind(kind: Any) -> str:
+    if kind not in ("put", "delete"):
+        raise ValueError(f"no change is a {kind!r}")
+    return str(kind)
+
+
+def _position(entry: tuple[int, float, Any]) -> int:
+    return entry[0]
+
+
+def _inside(ranges: RangeSet, place: EKey) -> bool:
+    return any(lo <= place < hi for lo, hi in ranges)
+
+
+def key_filter(op: Any) -> Any:
+    """A changes read's key range, encoded, from its payload (None: no filter)."""
+    if type(op) not in (list, tuple) or len(op) != 3 or (op[1] is None and op[2] is None):
+        return None
+    lo = MIN_EKEY if op[1] is None else encode_key(op[1])
+    hi = MAX_EKEY if op[2] is None else encode_key(op[2])
+    return (lo, hi)
+
+
+__all__ = [
+    "COMPACTED",
+    "ChangeLog",
+    "Changes",
+    "Event",
+    "Page",
+    "changes_ranges",
+    "key_filter",
+    "merge",
+    "page",
+]

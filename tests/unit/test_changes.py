@@ -1,0 +1,190 @@
+"""Change feeds (rubberband.changelog): every write's changes at its position, read as a
+chain of sequential reads, identical at every replica, compacted with a clear error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rubberband.changelog import ChangeLog, Changes, Event, Page
+from rubberband.errors import BadOperation, Compacted, Rejected
+from rubberband.keys import EVERYTHING, encode_key
+from storage_adapters.memory import MemoryEngine
+from tests.rubberband_client_rig import Rig
+from tests.rubberband_model import Model
+
+
+def page(rig: Rig, since: int | None, lo: Any = None, hi: Any = None) -> Page:
+    done = rig.until_done(rig.read(Changes(since, lo, hi), "sequential"))
+    if done.error is not None:
+        raise done.error
+    return done.result  # type: ignore[no-any-return]
+
+
+def test_a_feed_is_every_write_once_in_order_one_event_per_write() -> None:
+    """A multi-key write over several segments is one event at its one position; pages
+    chain without gap or duplicate; a delete of a key that holds nothing changes
+    nothing; an append's event carries the new list."""
+    m = Model(f=3).ring_of(4)
+    rig = Rig(m)
+    start = page(rig, None)
+    assert start.events == [] and start.position > 0
+    m.write(("put", ((5, "five"), (150, "x"), (350, "y"))))  # three segments
+    m.write(("delete", (5, 6)))  # 6 holds nothing
+    m.settle()
+    first = page(rig, start.position)
+    m.write(("append", ((7, "a"),)))
+    m.write(("append", ((7, "b"),)))
+    m.write(("delete", (999,)))  # changes nothing: no event
+    m.settle()
+    second = page(rig, first.position)
+    events = first.events + second.events
+    assert [e.changes for e in events] == [
+        ((5, "put", "five"), (150, "put", "x"), (350, "put", "y")),
+        ((5, "delete", None),),
+        ((7, "put", ["a"]),),
+        ((7, "put", ["a", "b"]),),
+    ]
+    positions = [e.position for e in events]
+    assert positions == sorted(set(positions))
+    assert start.position < positions[0] and positions[-1] < second.position
+    assert all(first.position < e.position for e in second.events)
+    # A key range: only its keys, the same positions.
+    assert page(rig, start.position, 100, 200).events == [Event(positions[0], ((150, "put", "x"),))]
+
+
+def test_every_replica_of_a_segment_keeps_the_same_changes_at_the_same_positions() -> None:
+    """So a feed continues at any replica: a holder's answer is the same as another's."""
+    m = Model(f=3).ring_of(5)
+    base = m.t  # each process gained its ranges before this, at a position of its own
+    for i in range(40):
+        m.write(("put", tuple((k, f"v{i}") for k in range(i * 7 % 500, 500, 97))))
+        if i % 5 == 0:
+            m.write(("delete", (i * 7 % 500,)))
+    m.settle()
+    ks = m.config.keyspace
+    for s, seg in enumerate(ks.segments()):
+        answers = {
+            h: m.storage[h].changes.read(base, seg, m.t + 1) for h in ks.holders_of_segment(s)
+        }
+        assert len(answers) == 3
+        first = next(iter(answers.values()))
+        assert first, "every segment changed"
+        assert all(a == first for a in answers.values()), answers
+
+
+def test_a_feed_read_from_before_what_is_kept_raises_compacted_naming_where_to_go_on() -> None:
+    m = Model(f=3).ring_of(3)
+    rig = Rig(m)
+    start = page(rig, None).position
+    for core in m.storage.values():
+        core.changes = ChangeLog(max_changes=3)
+    for i in range(6):
+        m.write(("put", ((i, i),)))
+    m.settle()
+    with pytest.raises(Compacted) as e:
+        page(rig, start)
+    go_on = e.value.position
+    assert go_on > start
+    got = page(rig, go_on)
+    assert [c for ev in got.events for c in ev.changes] == [
+        (3, "put", 3),
+        (4, "put", 4),
+        (5, "put", 5),
+    ]
+
+
+def test_a_feed_goes_on_across_a_migration_of_its_range() -> None:
+    """A copy carries the source's change log of the ranges (before its first chunk):
+    the new holder answers a page from before the expand, without a gap."""
+    m = Model(f=1).ring_of(1)
+    rig = Rig(m)
+    start = page(rig, None).position
+    m.write(("put", ((150, "x"),)))
+    m.write(("put", ((50, "a"),)))
+    m.settle()
+    m.join_storage("storage:9")
+    m.reconfigure(("expand", "storage:9", 100))  # [100, ...) moves to storage:9
+    m.settle()
+    assert m.config.keyspace.holders_of_segment(1) == ("storage:9",)
+    rig.run(rig.core.refresh(rig.now))
+    rig.pump()
+    m.write(("put", ((150, "y"),)))
+    m.settle()
+    got = page(rig, start, 100, 200)
+    assert [ev.changes for ev in got.events] == [((150, "put", "x"),), ((150, "put", "y"),)]
+    assert [ev.changes for ev in page(rig, start).events] == [
+        ((150, "put", "x"),),
+        ((50, "put", "a"),),
+        ((150, "put", "y"),),
+    ]
+
+
+def test_a_feed_from_before_a_range_was_first_placed_is_compacted() -> None:
+    """The first holder of a range holds its changes from its placement on: asked from
+    before, it says where to go on, never a page with a silent gap."""
+    m = Model(f=1).ring_of(1)
+    with pytest.raises(Compacted) as e:
+        page(Rig(m), 0)
+    assert 0 < e.value.position <= m.t
+
+
+def test_the_change_log_drops_by_count_and_by_age() -> None:
+    log = ChangeLog(max_changes=4, max_age=10.0)
+    place = encode_key
+    for t in range(1, 4):
+        log.record(t, float(t), [(place(t), t, "put", t), (place(-t), -t, "put", t)])
+    assert log.floor == 1  # six changes, four kept: position 1's two went
+    assert log.read(1, EVERYTHING, 10) == [
+        [2, [[2, "put", 2], [-2, "put", 2]]],
+        [3, [[3, "put", 3], [-3, "put", 3]]],
+    ]
+    assert log.read(0, EVERYTHING, 10).startswith("compacted")
+    assert log.read(2, EVERYTHING, 3) == []  # the read's own position bounds it
+    log.trim(now=12.5)  # position 2 is 10.5 s old
+    assert log.floor == 2 and log.figures()["changes"] == 2
+
+
+def test_a_feed_is_read_in_order_only_and_over_some_key() -> None:
+    rig = Rig(Model(f=1).ring_of(1))
+    with pytest.raises(BadOperation, match="sequential"):
+        rig.read(Changes(0), "snapshot")
+    with pytest.raises(BadOperation, match="follows no key"):
+        rig.read(Changes(0, 5, 5), "sequential")
+    with pytest.raises(BadOperation, match="since is a position"):
+        rig.read(Changes("0"), "sequential")  # type: ignore[arg-type]
+
+
+def test_an_engine_that_reports_no_changes_says_so() -> None:
+    class Plain(MemoryEngine):
+        apply_logged = None  # type: ignore[assignment]
+
+    m = Model(f=1).ring_of(1)
+    for core in m.storage.values():
+        core.engine.__class__ = Plain
+        core._logged = False
+    with pytest.raises(Rejected, match="keeps no change log"):
+        page(Rig(m), 0)
+
+
+def test_a_malformed_history_is_not_taken_and_the_range_says_compacted() -> None:
+    """A copy's history is checked whole: a change of an unknown kind, a position that is
+    no number or an entry of the wrong shape leaves the ranges as they were (complete
+    only after the copy's keyspace message), never a log with made-up changes."""
+    ranges = ((encode_key(100), encode_key(200)),)
+    for bad in (
+        [[5, [[150, "poke", 1]]]],
+        [["five", [[150, "put", 1]]]],
+        [[5, [150, "put", 1]]],
+        "nonsense",
+    ):
+        log = ChangeLog()
+        log.gained(ranges, 40)
+        log.adopt(ranges, 2, bad, encode_key)  # type: ignore[arg-type]
+        assert log.read(3, ranges, 50) == "compacted: continue from position 40", bad
+    log = ChangeLog()
+    log.gained(ranges, 40)
+    log.adopt(ranges, 2, [[5, [[150, "put", 1]]], [30, [[160, "delete", None]]]], encode_key)
+    assert log.read(3, ranges, 50) == [[5, [[150, "put", 1]]], [30, [[160, "delete", None]]]]
+    assert log.read(1, ranges, 50).startswith("compacted")  # the source's own start
