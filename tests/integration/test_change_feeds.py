@@ -1,0 +1,137 @@
+"""A change feed against real daemons: followed through a leader kill, a storage kill
+(repaired by the supers) and an expand, it delivers every acknowledged write exactly
+once, in the total order, and a multi-key write as one event."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rubberband.tools.cli import run as cli
+from tests.integration.test_rubberband_scenarios import (  # the same cluster as there
+    _client,
+    _off,
+    _pid,
+    _settled,
+    _status,
+    cluster,  # noqa: F401  (a fixture: 4 storage processes on the ring, 2 standing by)
+)
+
+KEYS = 40
+DONE = "zz-done"
+
+
+@pytest.fixture
+def rb_dir(cluster: Path) -> Path:  # noqa: F811
+    return cluster
+
+
+class Writers:
+    """Clients putting unique values (sometimes two keys in one write); what was
+    acknowledged and what may have applied (a write that raised)."""
+
+    def __init__(self, d: Path) -> None:
+        self.d = d
+        self.acked: list[tuple[tuple[str, Any], ...]] = []
+        self.unsure: list[tuple[tuple[str, Any], ...]] = []
+        self.stop = asyncio.Event()
+
+    async def run(self, i: int) -> None:
+        rb = await _client(self.d, f"client:writer{i}")
+        n = 0
+        try:
+            while not self.stop.is_set():
+                n += 1
+                items = {f"k{(n * 7 + i) % KEYS:02d}": f"w{i}-{n}"}
+                if n % 5 == 0:
+                    items[f"k{(n * 13 + i + 1) % KEYS:02d}"] = f"w{i}-{n}"
+                write = tuple(sorted(items.items()))
+                try:
+                    await rb.put_many(items)
+                except Exception:
+                    self.unsure.append(write)
+                    await asyncio.sleep(0.05)
+                    continue
+                self.acked.append(write)
+        finally:
+            await rb.close()
+
+
+def test_a_feed_followed_through_a_leader_kill_a_storage_kill_and_an_expand(
+    rb_dir: Path,
+) -> None:
+    events: list[Any] = []
+
+    async def follow(start: int) -> None:
+        rb = await _client(rb_dir, "client:watcher")
+        try:
+            async for event in rb.watch(since=start):
+                events.append(event)
+                if any(key == DONE for key, _, _ in event.changes):
+                    return
+        finally:
+            await rb.close()
+
+    async def faults() -> None:
+        await asyncio.sleep(2)
+        s = await _off(_status, rb_dir)
+        procs = json.loads((rb_dir / "processes.json").read_text())
+        name = next(
+            n
+            for n, p in procs.items()
+            if "router" in p.get("argv", ()) and s["leader"] in p["argv"]
+        )
+        os.kill(procs[name]["pid"], signal.SIGKILL)
+        await asyncio.sleep(3)
+        os.kill(_pid(rb_dir, "storage2"), signal.SIGKILL)  # the supers replace it
+        deadline = time.monotonic() + 60
+        while "storage:2" in [r["name"] for r in (await _off(_settled, rb_dir, 60.0))["ring"]]:
+            assert time.monotonic() < deadline, "storage:2 was never replaced"
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(1)
+        standby = (await _off(_status, rb_dir))["standby"][0]
+        out = await _off(cli, "admin", "--state-dir", str(rb_dir), "expand", standby, "k25")
+        assert out.returncode == 0, out.stdout + out.stderr
+        await asyncio.sleep(2)
+
+    async def go() -> Writers:
+        rb = await _client(rb_dir, "client:setup")
+        start = (await rb.changes(None)).position
+        w = Writers(rb_dir)
+        watcher = asyncio.ensure_future(follow(start))
+        writers = [asyncio.ensure_future(w.run(i)) for i in range(2)]
+        try:
+            await faults()
+        finally:
+            w.stop.set()
+            await asyncio.gather(*writers)
+        await rb.put(DONE, 1)
+        await asyncio.wait_for(watcher, 60)
+        await rb.close()
+        return w
+
+    t0 = time.monotonic()
+    w = asyncio.run(go())
+    assert len(w.acked) > 200, (len(w.acked), time.monotonic() - t0)
+    positions = [e.position for e in events]
+    assert positions == sorted(set(positions)), "events out of order or twice"
+    seen: dict[tuple[tuple[str, Any], ...], int] = {}
+    for e in events:
+        write = tuple((key, value) for key, kind, value in e.changes if kind == "put")
+        assert all(kind == "put" for _, kind, _ in e.changes), e
+        seen[write] = seen.get(write, 0) + 1
+    twice = {k: n for k, n in seen.items() if n > 1}
+    assert not twice, f"writes in the feed twice: {list(twice)[:5]}"
+    missing = [write for write in w.acked if write not in seen]
+    assert not missing, f"{len(missing)} acknowledged writes not in the feed: {missing[:5]}"
+    extra = set(seen) - set(w.acked) - set(w.unsure) - {((DONE, 1),)}
+    assert not extra, f"writes nobody made: {list(extra)[:5]}"
+    ring = [r["name"] for r in _status(rb_dir)["ring"]]
+    assert "storage:2" not in ring and len(ring) == 5, ring
