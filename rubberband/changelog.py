@@ -25,7 +25,7 @@ still continue from, as etcd answers a watch from a compacted revision.
 
 from __future__ import annotations
 
-from collections import deque
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -47,6 +47,10 @@ from rubberband.proto import H
 
 COMPACTED = "compacted: continue from position "
 """How a holder's answer says a feed was compacted (the position follows)."""
+NO_LOG = (
+    "this storage process keeps no change log (its engine reports no changes, or it runs "
+    "with --change-log 0)"
+)
 FROM_NOW = -1
 """``since`` of a feed's first read when it starts at the read itself."""
 MAX_CHANGES = 100_000
@@ -124,12 +128,24 @@ def page(
 
 
 class ChangeLog:
-    """A storage process's changes, by position, within a retention window."""
+    """A storage process's changes, by position, within a retention window.
+
+    Positions in a list (searched by bisection: a feed's page starts at its ``since``,
+    not at the oldest change kept), the changes beside them; dropped entries are cut
+    from the front in bulk.  A change is stored as the engine reported it, ``(key,
+    kind, value)``: its place on the ring (``place``) is computed when a page or a copy
+    asks, not on every write."""
 
     def __init__(self, max_changes: int = MAX_CHANGES, max_age: float = MAX_AGE) -> None:
         self.max_changes = max_changes
         self.max_age = max_age
-        self._entries: deque[tuple[int, float, tuple[tuple[EKey, Any, str, Any], ...]]] = deque()
+        self.place: Callable[[Any], EKey] = encode_key
+        """A key's place on the ring (the storage core sets its engine's placement)."""
+        self._t: list[int] = []
+        self._at: list[float] = []
+        self._changes: list[tuple[tuple[Any, str, Any], ...]] = []
+        self._head = 0
+        """Entries before this index are dropped (cut from the lists now and then)."""
         self._count = 0
         self.floor = -1
         """Changes at positions up to this one may be gone (retention)."""
@@ -143,43 +159,61 @@ class ChangeLog:
 
     def gained(self, ranges: RangeSet, t: int) -> None:
         """``ranges`` are ours from position ``t`` on: their earlier changes are not."""
-        if not ranges:
-            return
+        if ranges:
+            self._starts = [*self._others(ranges), (ranges, t)]
+
+    def _others(self, ranges: RangeSet) -> list[tuple[RangeSet, int]]:
         kept = []
         for held, start in self._starts:
             rest = difference(held, ranges)
             if rest:
                 kept.append((rest, start))
-        kept.append((ranges, t))
-        self._starts = kept
+        return kept
 
-    def record(self, t: int, now: float, changes: Sequence[tuple[EKey, Any, str, Any]]) -> None:
-        """The changes of the write at position ``t``: ``(place, key, kind, value)``."""
+    def record(self, t: int, now: float, changes: Sequence[tuple[Any, str, Any]]) -> None:
+        """The changes of the write at position ``t`` (after every position recorded):
+        ``(key, kind, value)`` each, a key's last change at ``t`` only."""
         if not changes:
             return
-        self._entries.append((t, now, tuple(changes)))
+        if len(changes) > 1:
+            # A key changed twice at one position (a bundle of writes, a key named
+            # twice): its last change is what that position did to it.
+            last = {(type(c[0]), c[0]): c for c in changes}
+            if len(last) < len(changes):
+                changes = list(last.values())
+        self._t.append(t)
+        self._at.append(now)
+        self._changes.append(tuple(changes))
         self._count += len(changes)
         self.recorded += len(changes)
-        self.trim(now)
+        if self._count > self.max_changes or self._at[self._head] < now - self.max_age:
+            self.trim(now)
 
-    def record_all(
-        self, changed: Sequence[tuple[int, Any]], ekey: Callable[[Any], EKey], now: float
-    ) -> None:
+    def record_all(self, changed: Sequence[tuple[int, Any]], now: float) -> None:
         """An engine batch's changes, ``(t, ((key, kind, value), ...))`` in ``t`` order:
         one entry per position (a bundle of writes is one message, one position)."""
         at = -1
-        entry: dict[Any, tuple[EKey, Any, str, Any]] = {}
+        entry: list[Any] = []
         for t, changes in changed:
             if t != at:
-                self.record(at, now, list(entry.values()))
-                at, entry = t, {}
-            for key, kind, value in changes:
-                place = ekey(key)
-                # A key changed twice at one position (a bundle of writes, a key named
-                # twice): its last change is what that position did to it.
-                entry.pop((place, type(key), key), None)
-                entry[(place, type(key), key)] = (place, key, kind, value)
-        self.record(at, now, list(entry.values()))
+                self.record(at, now, entry)
+                at, entry = t, []
+            entry.extend(changes)
+        self.record(at, now, entry)
+
+    def _live(self, since: int, upto: int) -> range:
+        """Indices of the entries at positions in ``(since, upto)``."""
+        lo = bisect_right(self._t, since, self._head)
+        return range(lo, bisect_left(self._t, upto, lo))
+
+    def _mine(self, i: int, ranges: RangeSet, keys: Any = None) -> list[list[Any]]:
+        place = self.place
+        return [
+            [key, kind, value]
+            for key, kind, value in self._changes[i]
+            if _inside(ranges, place(key))
+            and (keys is None or keys[0] <= encode_key(key) < keys[1])
+        ]
 
     def export(self, ranges: RangeSet, part_bytes: int) -> tuple[int, list[Any]]:
         """Our changes of ``ranges`` for a copy of them (every change we hold: a send
@@ -188,13 +222,11 @@ class ChangeLog:
         parts: list[Any] = []
         part: list[Any] = []
         size = 0
-        for t, _, changes in self._entries:
-            mine = [
-                [key, kind, value] for place, key, kind, value in changes if _inside(ranges, place)
-            ]
+        for i in self._live(-2, 1 << 62):
+            mine = self._mine(i, ranges)
             if not mine:
                 continue
-            part.append([t, mine])
+            part.append([self._t[i], mine])
             size += len(msgpack.packb(mine, default=repr))
             if size >= part_bytes:
                 parts.append(tuple(part))
@@ -202,39 +234,45 @@ class ChangeLog:
         parts.append(tuple(part))
         return self.held_after(ranges), parts
 
-    def adopt(self, ranges: RangeSet, after: Any, entries: list[Any], ekey: Any) -> None:
+    def adopt(self, ranges: RangeSet, after: Any, entries: list[Any]) -> None:
         """A copy's history from its source: our changes of ``ranges`` are complete
         after ``after`` now, not only after the keyspace message that gave them to us.
         Malformed, it is not taken (the ranges stay as they were: a feed from before
         them is told it was compacted, never given a gap)."""
         try:
             adopted = [
-                (int(t), 0.0, tuple((ekey(c[0]), c[0], _kind(c[1]), c[2]) for c in changes))
+                (int(t), tuple((c[0], _kind(c[1]), c[2]) for c in changes))
                 for t, changes in entries
             ]
             after = int(after)
         except Exception:
             return
         adopted = [e for e in adopted if e[0] > max(after, self.floor)]
-        kept = []
-        for held, start in self._starts:
-            rest = difference(held, ranges)
-            if rest:
-                kept.append((rest, start))
-        self._starts = [*kept, (ranges, after)]
-        if adopted:
-            now = self._entries[-1][1] if self._entries else 0.0
-            merged = sorted([*self._entries, *((t, now, c) for t, _, c in adopted)], key=_position)
-            self._entries = deque(merged)
-            self._count += sum(len(c) for _, _, c in adopted)
-            self.trim(now)
+        self._starts = [*self._others(ranges), (ranges, after)]
+        if not adopted:
+            return
+        live = range(self._head, len(self._t))
+        now = self._at[-1] if live else 0.0
+        mine = [(self._t[i], self._at[i], self._changes[i]) for i in live]
+        merged = sorted([*mine, *((t, now, c) for t, c in adopted)], key=_position)
+        self._t = [e[0] for e in merged]
+        self._at = [e[1] for e in merged]
+        self._changes = [e[2] for e in merged]
+        self._head = 0
+        self._count += sum(len(c) for _, c in adopted)
+        self.trim(now)
 
     def trim(self, now: float) -> None:
-        entries = self._entries
-        while entries and (self._count > self.max_changes or entries[0][1] < now - self.max_age):
-            t, _, changes = entries.popleft()
-            self._count -= len(changes)
-            self.floor = t
+        head, n = self._head, len(self._t)
+        at, changes, oldest = self._at, self._changes, now - self.max_age
+        while head < n and (self._count > self.max_changes or at[head] < oldest):
+            self._count -= len(changes[head])
+            self.floor = self._t[head]
+            head += 1
+        if head > 1024 and head * 2 > n:  # cut the dropped front in bulk
+            del self._t[:head], self._at[:head], self._changes[:head]
+            head = 0
+        self._head = head
 
     def held_after(self, ranges: RangeSet) -> int:
         """The position after which every change of ``ranges`` is here."""
@@ -255,18 +293,10 @@ class ChangeLog:
         if since < after:
             return COMPACTED + str(after)
         out = []
-        for t, _, changes in self._entries:
-            if t <= since:
-                continue
-            if t >= upto:
-                break
-            mine = [
-                [key, kind, value]
-                for place, key, kind, value in changes
-                if _inside(ranges, place) and (keys is None or keys[0] <= encode_key(key) < keys[1])
-            ]
+        for i in self._live(since, upto):
+            mine = self._mine(i, ranges, keys)
             if mine:
-                out.append([t, mine])
+                out.append([self._t[i], mine])
         return out
 
     def figures(self) -> dict[str, int]:
@@ -279,7 +309,7 @@ def feed_answer(
     """A holder's answer to changes read ``m`` at position ``t``: what it covers, the
     changes, or an error.  A holder with gaps (an aborted copy) answers for nothing."""
     if log is None:
-        return mine, None, "this storage engine keeps no change log"
+        return mine, None, NO_LOG
     since = m.header.get(H.SINCE)
     if incomplete:
         return NOTHING, None, None
@@ -297,7 +327,7 @@ def _kind(kind: Any) -> str:
     return str(kind)
 
 
-def _position(entry: tuple[int, float, Any]) -> int:
+def _position(entry: tuple[int, Any, Any]) -> int:
     return entry[0]
 
 

@@ -167,6 +167,7 @@ class StorageCore:
         self.changes = changes or ChangeLog()
         """What changed at which position (change feeds), if the engine reports it."""
         self._logged = self.changes.enabled and hasattr(engine, "apply_logged")
+        self.changes.place = lambda key: self.engine.placement.ekey(key)
         self.now = 0.0
 
     # ================================================================== outputs
@@ -697,9 +698,7 @@ class _Apply:
         core.stats.applied += len(self.batch)
         if changed is not None:
             core.changes.record_all(
-                [(item[5], c) for item, c in zip(items, changed, strict=True) if c],
-                core.engine.placement.ekey,
-                core.now,
+                [(item[5], c) for item, c in zip(items, changed, strict=True) if c], core.now
             )
         self._answer(results)
         for m, mine, t in self.feeds:

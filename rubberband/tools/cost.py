@@ -1,4 +1,5 @@
-"""``rubberband cost``: microseconds the routers spend in Rubberband's config per message.
+"""``rubberband cost``: microseconds the routers spend in Rubberband's config per message,
+and a storage process per write with and without its change log.
 
 ``destset`` runs on the leading router once per message, on the hot path, so its cost
 caps the cluster's throughput as surely as the network does.  This times it for the
@@ -113,6 +114,40 @@ def measure(storage: int, f: int, repeat: int, seed: int) -> dict[str, Any]:
     return {"storage": storage, "replication": f, "us_per_destset": rows, "budget_us": BUDGET_US}
 
 
+def storage_cost(repeat: int, writes: int = 20_000) -> dict[str, float]:
+    """Microseconds a storage core spends per delivered single-key put (the memory
+    engine, batches of 100 as a busy process gets them), with its change log kept and
+    without: what change feeds cost every write.  Best of ``repeat`` fresh cores."""
+    from rubberband.changelog import ChangeLog
+    from rubberband.keys import EVERYTHING
+    from rubberband.sdk import load_ops
+    from rubberband.storage import StorageCore
+
+    batches = []
+    for j in range(0, writes, 100):
+        batch = []
+        for i in range(j, j + 100):
+            k = i % 5000
+            header, op = write_header((point(k),)), ("put", ((k, "v" * 64),))
+            batch.append((i + 1, Message("client:c", (("c", 0, ""), i + 1), header, op)))
+        batches.append(batch)
+    out: dict[str, float] = {}
+    for name, kept in (("put, change log kept", 100_000), ("put, no change log", 0)):
+        best = float("inf")
+        for _ in range(repeat):
+            engine = load_ops("storage_adapters.memory:MemoryEngine")
+            core = StorageCore("storage:1", engine, changes=ChangeLog(max_changes=kept))
+            core.joined({"rubberband": [1, "range", 0, [], [], [], [], [], [], [], []]})
+            core.owned = EVERYTHING
+            t0 = time.perf_counter()
+            for batch in batches:
+                core.deliver(batch)
+            best = min(best, (time.perf_counter() - t0) / writes)
+            assert core.stats.applied == writes and not core.stopped, core.status()
+        out[name] = best * 1e6
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="rubberband cost", description=__doc__.split("\n\n")[0])
     ap.add_argument("--storage", type=int, default=16, help="storage processes (default 16)")
@@ -132,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
             over |= not ok
             mark = f"  (budget {budget:g} us: {'ok' if ok else 'OVER'})"
         print(f"  {name:<30} {us:8.2f} us{mark}")
+    result["us_per_storage_write"] = storage = storage_cost(args.repeat)
+    print("storage core, per delivered write (memory engine)")
+    for name, us in storage.items():
+        print(f"  {name:<30} {us:8.2f} us")
     if args.json:
         print(json.dumps(result))
     return 1 if over else 0

@@ -36,6 +36,7 @@ from typing import Any
 import ecast
 from ecast import daemon_kit as kit
 from ecast.core import mutations
+from rubberband.changelog import MAX_AGE, MAX_CHANGES, ChangeLog
 from rubberband.errors import Refused
 from rubberband.host import StorageHost, SuperHost
 from rubberband.storage import StorageCore
@@ -109,6 +110,21 @@ STORAGE_SETTINGS = [
         float,
         300.0,
         "on SIGTERM, how long to wait to be taken off the ring",
+        "s",
+        check=kit.positive,
+    ),
+    Setting(
+        "change-log",
+        int,
+        MAX_CHANGES,
+        "changed keys kept for change feeds (0: no change log)",
+        check=lambda v: None if v >= 0 else "at least 0",
+    ),
+    Setting(
+        "change-log-age",
+        float,
+        MAX_AGE,
+        "the longest a change is kept for change feeds",
         "s",
         check=kit.positive,
     ),
@@ -381,7 +397,8 @@ async def run_storage(args: argparse.Namespace) -> int:
     except BaseException:
         engine.close()
         raise
-    core = StorageCore(args.name, engine)
+    changes = ChangeLog(max_changes=args.change_log, max_age=args.change_log_age)
+    core = StorageCore(args.name, engine, changes=changes)
     host = StorageHost(client, core)
     log.info("event=joined name=%s engine=%s", args.name, args.engine)
     runner = None

@@ -132,9 +132,8 @@ def test_a_feed_from_before_a_range_was_first_placed_is_compacted() -> None:
 
 def test_the_change_log_drops_by_count_and_by_age() -> None:
     log = ChangeLog(max_changes=4, max_age=10.0)
-    place = encode_key
     for t in range(1, 4):
-        log.record(t, float(t), [(place(t), t, "put", t), (place(-t), -t, "put", t)])
+        log.record(t, float(t), [(t, "put", t), (-t, "put", t)])
     assert log.floor == 1  # six changes, four kept: position 1's two went
     assert log.read(1, EVERYTHING, 10) == [
         [2, [[2, "put", 2], [-2, "put", 2]]],
@@ -181,10 +180,36 @@ def test_a_malformed_history_is_not_taken_and_the_range_says_compacted() -> None
     ):
         log = ChangeLog()
         log.gained(ranges, 40)
-        log.adopt(ranges, 2, bad, encode_key)  # type: ignore[arg-type]
+        log.adopt(ranges, 2, bad)  # type: ignore[arg-type]
         assert log.read(3, ranges, 50) == "compacted: continue from position 40", bad
     log = ChangeLog()
     log.gained(ranges, 40)
-    log.adopt(ranges, 2, [[5, [[150, "put", 1]]], [30, [[160, "delete", None]]]], encode_key)
+    log.adopt(ranges, 2, [[5, [[150, "put", 1]]], [30, [[160, "delete", None]]]])
     assert log.read(3, ranges, 50) == [[5, [[150, "put", 1]]], [30, [[160, "delete", None]]]]
     assert log.read(1, ranges, 50).startswith("compacted")  # the source's own start
+
+
+def test_a_long_log_pages_from_any_position_as_a_scan_of_it_would() -> None:
+    """Pages start by bisection and dropped entries are cut in bulk: every page still
+    equals what filtering all kept entries gives."""
+    log = ChangeLog(max_changes=2_000)
+    kept: list[tuple[int, int]] = []
+    for t in range(1, 10_001, 2):
+        log.record(t, 0.0, [(t % 97, "put", t)])
+        kept.append((t, t % 97))
+    kept = kept[-2_000:]
+    assert log.floor == kept[0][0] - 2
+    lo = (encode_key(10), encode_key(20))
+    for since in (log.floor, 6_001, 6_002, 9_000, 9_999):
+        for upto in (since + 1, 7_000, 10_001):
+            want = [[t, [[k, "put", t]]] for t, k in kept if since < t < upto and 10 <= k < 20]
+            assert log.read(since, (lo,), upto) == want, (since, upto)
+    assert log.read(log.floor - 1, (lo,), 10_001).startswith("compacted")
+
+
+def test_rubberband_cost_times_a_write_with_and_without_the_change_log() -> None:
+    from rubberband.tools.cost import storage_cost
+
+    got = storage_cost(repeat=1, writes=300)  # asserts every write was applied
+    assert set(got) == {"put, change log kept", "put, no change log"}
+    assert all(us > 0 for us in got.values())
