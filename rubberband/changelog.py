@@ -88,8 +88,8 @@ class Page(NamedTuple):
 def changes_ranges(op: Changes, ordered: bool) -> RangeSet:
     """The ranges (placement space) a changes read covers: the key range itself under
     range partitioning, everything under hash partitioning (the holders filter keys)."""
-    if op.since is not None and type(op.since) is not int:
-        raise BadOperation(f"since is a position (an int) or None, not {op.since!r}")
+    if op.since is not None and (type(op.since) is not int or op.since < 0):
+        raise BadOperation(f"since is a position (an int, 0 or more) or None, not {op.since!r}")
     lo = MIN_EKEY if op.lo is None else encode_key(op.lo)
     hi = MAX_EKEY if op.hi is None else encode_key(op.hi)
     if not lo < hi:

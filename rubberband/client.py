@@ -119,11 +119,15 @@ TRUST_ANY_ANSWER = mutations.declare(
 
 @dataclass(frozen=True, slots=True)
 class ReadDone:
-    """Upcall: read ``request`` ended with ``result``, or ``error``."""
+    """Upcall: read ``request`` ended with ``result``, or ``error``; ``position``: it
+    reflects every write at a position up to this one and none after (a sequential
+    read's own position; the position before a snapshot read's frontier; None for a
+    basic read, which is at none), so a change feed from it goes on exactly after it."""
 
     request: int
     result: Any
     error: Exception | None = None
+    position: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,18 +396,23 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
         self._single.pop(tid, None)
         self.asked.pop(tid, None)
 
-    def _finish(self, r: _Read, result: Any = None, error: Exception | None = None) -> None:
+    def _finish(
+        self, r: _Read, result: Any = None, error: Exception | None = None, at: Any = None
+    ) -> None:
         self._forget(r.try_id)
         for tid in r.earlier:
             self._forget(tid)
         r.earlier = {}
         r.try_id = -2
-        self._fx.deliver.append(ReadDone(r.id, result, error))
+        self._fx.deliver.append(ReadDone(r.id, result, error, at))
 
     def _take(self, r: _Read, g: Gather) -> None:
         """Complete read ``r`` with the answers of one of its tries."""
+        at = g.position if r.level == "sequential" else None
+        if r.level == "snapshot" and g.position is not None:
+            at = g.position - 1  # the frontier: the next position the router forwards
         try:
-            self._finish(r, self.result(g))
+            self._finish(r, self.result(g), at=at)
         except Exception as e:
             self._finish(r, error=e)
 

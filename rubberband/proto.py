@@ -35,9 +35,10 @@ class Answer:
     ``covered`` is the part of the request this answer is for (the request intersected
     with what this process holds; None: all of it), ``error`` the message of a
     ``BadOperation`` (else None).  ``position`` and ``ok`` depend on the read: a
-    sequential read has None and True; a snapshot read the router's frontier and whether
-    this process could answer as of it; a basic read this process's keyspace version and
-    whether the client's version matched."""
+    sequential read (or a write) has its message's position in the total order and True;
+    a snapshot read the router's frontier and whether this process could answer as of
+    it; a basic read this process's keyspace version and whether the client's version
+    matched."""
 
     request: Any
     covered: Any

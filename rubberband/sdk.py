@@ -160,7 +160,7 @@ class RubberbandClient:
                 if item.error is not None:
                     fut.set_exception(item.error)
                 else:
-                    fut.set_result(item.result if t is ReadDone else None)
+                    fut.set_result(item if t is ReadDone else None)
         elif t is Refreshed:
             waiters, self._refreshed = self._refreshed, []
             for fut in waiters:
@@ -293,15 +293,21 @@ class RubberbandClient:
         isolation: str = "sequential",
         attempts: int = 5,
         within: Any = None,
+        *,
+        with_position: bool = False,
     ) -> Any:
         """Read at ``isolation``; ``within`` (a range set in placement space, such as one
         of :meth:`segments`) restricts the read to part of what ``op`` reads.  A read
         whose responder fails goes to another replica (the core's failover); a snapshot
-        read refused ``attempts`` times is read sequentially."""
+        read refused ``attempts`` times is read sequentially.  ``with_position``: return
+        ``(result, position)``: the read reflects every write up to that position in the
+        total order and none after (None for a basic read), so a change feed from there
+        (:meth:`watch`) goes on exactly after what it saw."""
         rid, fx = self.core.read(op, isolation, self._loop.time(), within=within, attempts=attempts)
         fut = self._future(rid)
         carry_out(fx, self)
-        return await self._await(fut, rid)
+        done = await self._await(fut, rid)
+        return (done.result, done.position) if with_position else done.result
 
     async def changes(self, since: int | None, lo: Any = None, hi: Any = None) -> Page:
         """The changes of the keys in ``[lo, hi)`` after position ``since``, as one read
@@ -316,9 +322,11 @@ class RubberbandClient:
         """Every write to the keys in ``[lo, hi)`` after position ``since`` (None: from
         now), one :class:`~rubberband.changelog.Event` per write, in the total order,
         with no gap and no duplicate across router, storage process and client
-        failover (each page is a read, and reads fail over).  Resume after a restart
-        with ``since`` = the last event's position.  Idle, it reads a page every
-        ``poll`` seconds (one small E-Cast message each)."""
+        failover (each page is a read, and reads fail over).  A page that fails as a
+        read fails (no answer within ``answer_timeout``: the cluster is unavailable)
+        raises here; resume, then or after a restart, with ``since`` = the last event's
+        position.  Idle, it reads a page every ``poll`` seconds (one small E-Cast
+        message each)."""
         position = since
         while True:
             got = await self.changes(position, lo, hi)
@@ -354,7 +362,7 @@ class RubberbandClient:
         rid, fx = self.core.read_replica(process, op, within, self._loop.time())
         fut = self._future(rid)
         carry_out(fx, self)
-        return await self._await(fut, rid)
+        return (await self._await(fut, rid)).result
 
     def segments(self) -> list[Any]:
         """The keyspace's primary segments as this client knows it (placement-space range

@@ -726,7 +726,7 @@ class _Apply:
                 rid = h.get(H.REQUEST, m.id)
                 core.send(m.sender, Answer(rid, NOTHING, None, MALFORMED_BUNDLE, None, True))
                 return
-            self.bundles[id(m)] = [m, [], False]
+            self.bundles[id(m)] = [m, [], False, t]
             self.writes.add(id(m))
             items.extend((m, op, part, part, i, t) for i, op, part in writes)
         elif H.COUNT in h:
@@ -737,7 +737,7 @@ class _Apply:
                 error = None if core.incomplete else MALFORMED_BUNDLE
                 core.send(m.sender, Answer(rid, NOTHING, None, error, None, True))
                 return
-            self.bundles[id(m)] = [m, [], whole]
+            self.bundles[id(m)] = [m, [], whole, t]
             items.extend((m, op, piece, c, i, t) for i, op, piece, c in reads)
         elif H.SINCE in h:
             self.feeds.append((m, mine, t))
@@ -750,7 +750,7 @@ class _Apply:
         core = self.core
         bundles, writes = self.bundles, self.writes
         counted: Any = None
-        for (m, _, _, mine, i, _), res in zip(self.items, results, strict=True):
+        for (m, _, _, mine, i, t), res in zip(self.items, results, strict=True):
             bad = isinstance(res, BadOperation)
             if bad and counted != (id(m), i):  # a read's pieces are one operation
                 counted = (id(m), i)
@@ -775,15 +775,15 @@ class _Apply:
                 if core.incomplete and not bad:
                     mine = NOTHING  # never answer from a copy with gaps
                 if bad:
-                    core.send(m.sender, Answer(rid, mine, None, str(res), None, True))
+                    core.send(m.sender, Answer(rid, mine, None, str(res), t, True))
                 else:
-                    core.send(m.sender, Answer(rid, mine, res, None, None, True))
-        for m, answers, whole in bundles.values():
+                    core.send(m.sender, Answer(rid, mine, res, None, t, True))
+        for m, answers, whole, t in bundles.values():
             rid = m.header.get(H.REQUEST, m.id)
             if whole:
-                core.send(m.sender, Whole(rid, None, tuple(answers)))
+                core.send(m.sender, Whole(rid, t, tuple(answers)))
             elif answers or id(m) not in writes:
-                core.send(m.sender, Answers(rid, None, True, tuple(answers)))
+                core.send(m.sender, Answers(rid, t, True, tuple(answers)))
 
 
 def _tuple(value: Any) -> Any:

@@ -79,7 +79,8 @@ class Rig:
                 msg = Message(self.name, (("u", 0, self.name), next(m.seq)), s.header, s.payload)
                 for d in sorted(m.config.destset(msg)):
                     if d not in m.dead:
-                        m._outputs(d, m.storage[d].deliver_unsafe(msg, m.t, True))
+                        # The frontier is the next position the router forwards.
+                        m._outputs(d, m.storage[d].deliver_unsafe(msg, m.t + 1, True))
             else:
                 dests = m.submit(self.name, dict(s.header), s.payload)
                 m.settle()

@@ -151,8 +151,9 @@ def test_a_feed_is_read_in_order_only_and_over_some_key() -> None:
         rig.read(Changes(0), "snapshot")
     with pytest.raises(BadOperation, match="follows no key"):
         rig.read(Changes(0, 5, 5), "sequential")
-    with pytest.raises(BadOperation, match="since is a position"):
-        rig.read(Changes("0"), "sequential")  # type: ignore[arg-type]
+    for since in ("0", -1, 1.5):
+        with pytest.raises(BadOperation, match="since is a position"):
+            rig.read(Changes(since), "sequential")  # type: ignore[arg-type]
 
 
 def test_an_engine_that_reports_no_changes_says_so() -> None:

@@ -10,7 +10,7 @@ import msgpack
 import pytest
 
 from ecast.core import mutations
-from rubberband.client import ReadDone, WriteDone
+from rubberband.client import Changes, ReadDone, WriteDone
 from rubberband.errors import Indeterminate, Unavailable
 from rubberband.proto import MAX_RANGES, Answer, Answers, H, Whole
 from storage_adapters.scan import ScanOps
@@ -546,7 +546,31 @@ def test_read_done_names_the_request_a_caller_awaits() -> None:
     m.settle()
     rig = Rig(m)
     rid = rig.read(("get", (1,)), "sequential")
-    assert rig.until_done(rid) == ReadDone(rid, {1: "a"})
+    assert rig.until_done(rid) == ReadDone(rid, {1: "a"}, None, m.t)  # at its own position
+
+
+def test_a_read_reports_where_in_the_order_it_was_answered() -> None:
+    """Sequential: its own position; snapshot: the last position before the frontier it
+    was cut at; basic: none.  A change feed from a read's position has exactly the
+    writes after what it saw."""
+    m = Model(f=3).ring_of(4)
+    m.write(("put", ((1, "a"),)))
+    m.settle()
+    rig = Rig(m)
+    seq = rig.until_done(rig.read(("get", (1,)), "sequential"))
+    assert seq.result == {1: "a"} and seq.position == m.t
+    m.write(("put", ((1, "b"),)))
+    m.settle()
+    snap = rig.until_done(rig.read(("get", (1,)), "snapshot"))
+    assert snap.result == {1: "b"} and snap.position == m.t  # the put of "b" is the last
+    basic = rig.until_done(rig.read(("get", (1,)), "basic"))
+    assert basic.result == {1: "b"} and basic.position is None
+    feed = rig.until_done(rig.read(Changes(seq.position), "sequential")).result
+    assert [e.changes for e in feed.events] == [((1, "put", "b"),)]
+    m.write(("put", ((1, "c"),)))
+    m.settle()
+    feed = rig.until_done(rig.read(Changes(snap.position), "sequential")).result
+    assert [e.changes for e in feed.events] == [((1, "put", "c"),)]  # after what it saw
 
 
 def test_a_batch_of_basic_reads_nobody_answers_times_out_once_at_its_deadline() -> None:
