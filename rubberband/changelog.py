@@ -39,6 +39,7 @@ from rubberband.keys import (
     NOTHING,
     EKey,
     RangeSet,
+    contains,
     difference,
     encode_key,
     overlaps,
@@ -105,7 +106,7 @@ def merge(pieces: Iterable[tuple[RangeSet, Any]], position: int, ekey: Any) -> P
     by_t: dict[int, list[Any]] = {}
     for ranges, piece in pieces:
         for t, changes in piece or ():
-            mine = [c for c in changes if _inside(ranges, ekey(c[0]))]
+            mine = [c for c in changes if contains(ranges, ekey(c[0]))]
             if mine:
                 by_t.setdefault(int(t), []).extend(mine)
     events = [
@@ -211,7 +212,7 @@ class ChangeLog:
         return [
             [key, kind, value]
             for key, kind, value in self._changes[i]
-            if _inside(ranges, place(key))
+            if contains(ranges, place(key))
             and (keys is None or keys[0] <= encode_key(key) < keys[1])
         ]
 
@@ -329,10 +330,6 @@ def _kind(kind: Any) -> str:
 
 def _position(entry: tuple[int, Any, Any]) -> int:
     return entry[0]
-
-
-def _inside(ranges: RangeSet, place: EKey) -> bool:
-    return any(lo <= place < hi for lo, hi in ranges)
 
 
 def key_filter(op: Any) -> Any:
