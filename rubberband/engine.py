@@ -17,6 +17,8 @@ worker thread, never two at once, and must behave as if it ran them one after an
   order; the storage process holds back writes to a range until its base is complete).
 * ``delete(ranges)``: drop everything in ``ranges``.
 * ``stats()``: size and load, reported to the supers.
+* ``("version", ...)`` (key-value engines that hold views): merge version entries into
+  version chains with :func:`merge` (:mod:`rubberband.versions`).
 * ``apply_logged(batch)`` (optional): ``apply``, and for each operation what it changed,
   ``((key, "put", value) | (key, "delete", None), ...)``, for change feeds
   (:mod:`rubberband.changelog`).  An engine without it keeps no change log.
@@ -68,6 +70,7 @@ from rubberband.keys import (
     stable_hash32,
     union,
 )
+from rubberband.versions import check_version_op, is_chain, merge
 
 __all__ = [
     "EVERYTHING",
@@ -87,9 +90,12 @@ __all__ = [
     "ReportsChanges",
     "SendCursor",
     "after",
+    "check_version_op",
     "contains",
     "encode_key",
     "intersect",
+    "is_chain",
+    "merge",
     "normalize",
     "rejection",
     "union",

@@ -83,6 +83,8 @@ class RubberbandClient:
         """Submissions waiting for room in E-Cast's send window (one pump feeds them)."""
         self._pump: asyncio.Task[None] | None = None
         self._closed = False
+        self.writes_sent = 0
+        """Write calls made (a view read at read-your-writes level reads past them)."""
         client.direct_listener = self._on_direct
         client.shed_listener = self._on_shed
         client.ack_listener = self._on_acks
@@ -254,6 +256,7 @@ class RubberbandClient:
         waits for a holder's answer, so a rejection raises :class:`Rejected` here."""
         await self.ecast.room(timeout if timeout else -1.0)
         rid, fx = self.core.write(op, self._loop.time(), timeout)
+        self.writes_sent += 1
         fut = self._future(rid)
         carry_out(fx, self)
         return await self._await(fut, rid)  # type: ignore[no-any-return]
@@ -274,6 +277,7 @@ class RubberbandClient:
         ops = list(ops)
         wait = timeout if timeout else self.ecast.ack_timeout
         messages, fx = self.core.write_batch(ops, self._loop.time(), bundle, wait)
+        self.writes_sent += 1
         futs = [(indices, self._future(rid), rid) for indices, rid in messages]
         carry_out(fx, self)
         outcomes: list[Exception | None] = [None] * len(ops)
@@ -412,6 +416,32 @@ class RubberbandClient:
         self, lo: Any = None, hi: Any = None, isolation: str = "sequential"
     ) -> list[Any]:
         return await self.read(("scan", lo, hi), isolation)  # type: ignore[no-any-return]
+
+    # ================================================================== views
+    async def create_view(self, name: str, from_: Any, kind: str, **spec: Any) -> Any:
+        """Define a materialized view of the keys in ``from_ = (lo, hi)``
+        (:func:`rubberband.views.create_view`; ``docs/views.md``)."""
+        from rubberband.views import create_view
+
+        return await create_view(self, name, from_, kind, **spec)
+
+    async def drop_view(self, name: str) -> None:
+        from rubberband.views import drop_view
+
+        await drop_view(self, name)
+
+    async def views(self) -> list[Any]:
+        """Every view's definition."""
+        from rubberband.views import list_views
+
+        return await list_views(self)
+
+    def view(self, name: str) -> Any:
+        """A view to read (:class:`rubberband.views.View`: ``get``, ``scan``,
+        ``lookup``, each at a level)."""
+        from rubberband.views import View
+
+        return View(self, name)
 
     # ================================================================== the engine's own
     def __getattr__(self, name: str) -> Any:

@@ -67,7 +67,9 @@ from rubberband.engine import (
     Placement,
     RangeSet,
     ReportsChanges,
+    check_version_op,
     encode_key,
+    merge,
     rejection,
 )
 from storage_adapters.memory import MAX_KEYS, MAX_VALUE_BYTES, READS, WRITES, KVOps, deltas
@@ -409,6 +411,13 @@ class MemcachedEngine(ReportsChanges):
                 values = {s: v for s, _k, v in mine}
                 return lambda: self._write(lambda p: self._store(p, values), packed)
             return lambda: self._append(mine)
+        if name == "version":
+            pairs, floor = check_version_op(op)
+            if len(pairs) > MAX_KEYS:
+                raise BadOperation(f"version names more than {MAX_KEYS} keys")
+            mine = [(self._slot(k), k, e) for k, e in pairs]
+            mine = [(s, k, e) for s, k, e in mine if _in(ranges, s[0])]
+            return lambda: self._version(mine, floor)
         if name in ("delete", "get"):
             keys = list(op[1])
             if len(keys) > MAX_KEYS:
@@ -447,6 +456,24 @@ class MemcachedEngine(ReportsChanges):
             self.counts["rejected"] += 1
             return e  # type: ignore[return-value]
         self._store(packed, new)
+
+    def _version(self, mine: list[tuple[Slot, Any, list[Any]]], floor: int) -> Any:
+        self.counts["writes"] += 1
+        present = list({s for s, _k, _e in mine if s in self._index})
+        old = {s: msgpack.unpackb(b, raw=False) for s, b in self._fetch(present).items()}
+        entries: dict[Slot, list[list[Any]]] = {}
+        keys: dict[Slot, Any] = {}
+        for slot, key, entry in mine:
+            entries.setdefault(slot, []).append(entry)
+            keys[slot] = key
+        try:
+            new = {s: merge(old.get(s), es, floor, keys[s]) for s, es in entries.items()}
+            packed = {s: (keys[s], self._pack(keys[s], v)) for s, v in new.items()}
+        except BadOperation as e:
+            self.counts["rejected"] += 1
+            return e
+        self._store(packed, new)
+        return None
 
     def _add(self, mine: list[tuple[Slot, Any, int]]) -> Any:
         self.counts["writes"] += 1

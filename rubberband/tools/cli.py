@@ -12,6 +12,7 @@ COMMANDS = {
     "cluster": ("rubberband.tools.cluster:cluster_main", "a local cluster: up, status, down"),
     "admin": ("rubberband.tools.cluster:admin_main", "expand, contract, replace, rebalance"),
     "client": ("rubberband.tools.client:main", "ad-hoc reads and writes from a shell"),
+    "views": ("rubberband.tools.views:main", "materialized views: create, read, maintain"),
     "demo": ("rubberband.tools.demo:main", "the main job: a cluster at work through faults"),
     "cost": ("rubberband.tools.cost:main", "microseconds the routers spend routing per message"),
     "bench": ("rubberband.tools.bench:main", "benchmarks: the dissertation's figures, peers"),

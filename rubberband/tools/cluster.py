@@ -486,6 +486,10 @@ def cluster_main(argv: list[str] | None = None) -> int:
 
 
 def admin_main(argv: list[str] | None = None) -> int:
+    if argv and argv[0] == "view":  # ``rubberband admin view ...`` is ``rubberband views ...``
+        from rubberband.tools.views import main
+
+        return main(argv[1:])
     ap = argparse.ArgumentParser(
         prog="rubberband admin",
         description="Reconfigure a Rubberband cluster through a super's admin API. Exit "
@@ -507,6 +511,7 @@ def admin_main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "op", choices=["status", "expand", "contract", "replace", "rebalance", "wait", "place"],
         help="status; expand NAME KEY; contract NAME; replace OLD NEW; rebalance NAME KEY; "
+        "view ... (first: rubberband views' commands); "
         "wait [VERSION] (no VERSION: until no reconfiguration is pending); place N (a new "
         "cluster's first N standby storage processes, ids spread evenly; nothing once the "
         "ring holds any)",

@@ -15,6 +15,9 @@ operation                                meaning
 ``("add", ((key, delta), ...))``         add integer ``delta`` to each key's number
 ``("delete", (key, ...))``               remove the keys
 ``("delete_range", lo, hi)``             remove ``[lo, hi)`` (range partitioning only)
+``("version", ((key, entry), ...), f)``  merge version entries into each key's chain
+                                         and raise its floor to ``f`` (views:
+                                         :mod:`rubberband.versions`)
 ``("get", (key, ...))``                  ``{key: value}`` of the keys present
 ``("scan", lo, hi)``                     ``[(key, value), ...]`` of ``[lo, hi)`` in order
 =======================================  ==============================================
@@ -49,12 +52,14 @@ from rubberband.engine import (
     RangeSet,
     ReportsChanges,
     after,
+    check_version_op,
     encode_key,
+    merge,
     normalize,
     rejection,
 )
 
-WRITES = frozenset({"put", "append", "add", "delete", "delete_range"})
+WRITES = frozenset({"put", "append", "add", "delete", "delete_range", "version"})
 READS = frozenset({"get", "scan"})
 MAX_KEYS = 100_000
 """Keys one operation may name."""
@@ -104,7 +109,15 @@ class KVOps:
         name = op[0]
         kind: Any = "write" if name in WRITES else "read"
         try:
-            if name in ("put", "append", "add"):
+            if name == "version":
+                pairs = check_version_op(op)[0]
+                if len(pairs) > MAX_KEYS:
+                    raise BadOperation(f"version names more than {MAX_KEYS} keys")
+                keys = [p[0] for p in pairs]
+                for k, entry in pairs:
+                    if len(entry) == 2:
+                        check_value(k, entry[1])
+            elif name in ("put", "append", "add"):
                 pairs = op[1]
                 if len(pairs) > MAX_KEYS or not all(len(p) == 2 for p in pairs):
                     raise BadOperation(f"{name} takes (key, value) pairs")
@@ -151,8 +164,9 @@ class KVOps:
         return None
 
     def answered(self, op: Any) -> bool:
-        """Whether a holder must answer the write: an append fails on a non-list."""
-        return bool(op) and op[0] in ("append", "add")
+        """Whether a holder must answer the write: an append fails on a non-list (and a
+        version on a non-chain)."""
+        return bool(op) and op[0] in ("append", "add", "version")
 
     def restrict(self, result: Any, ranges: RangeSet, placement: Placement) -> Any:
         """The part of a read's answer inside ``ranges`` (placement space)."""
@@ -269,6 +283,21 @@ class MemoryEngine(ReportsChanges):
             new = self._data[slot] = (key, (old[1] if old else 0) + delta)
             if self._changes is not None:
                 self._changes.append((key, "put", new[1]))
+
+    def _version(self, op: Any, ranges: RangeSet) -> None:
+        pairs, floor = check_version_op(op)
+        entries: dict[tuple[EKey, EKey], tuple[Any, list[Any]]] = {}
+        for key, entry in pairs:
+            slot = self._slot(key)
+            if _in(ranges, slot[0]):
+                entries.setdefault(slot, (key, []))[1].append(entry)
+        new = {}
+        for slot, (key, mine) in entries.items():  # all checked first: the operation is atomic
+            old = self._data.get(slot)
+            new[slot] = (key, merge(old[1] if old else None, mine, floor, key))
+        self._data.update(new)
+        if self._changes is not None:
+            self._changes.extend((key, "put", chain) for key, chain in new.values())
 
     def _delete(self, op: Any, ranges: RangeSet) -> None:
         for key in op[1]:

@@ -510,3 +510,61 @@ def test_conformance_an_engine_reports_what_each_write_changed(
         assert not isinstance(result, BadOperation), result
         got = {key: (how, value) for key, how, value in changes}
         assert got == expected, (op, got, expected)
+
+
+@pytest.mark.parametrize("driver", LOGGED, indirect=True)
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.lists(
+                st.tuples(
+                    st.integers(-4, 4),
+                    st.one_of(
+                        st.tuples(st.integers(0, 30)).map(list),
+                        st.tuples(st.integers(0, 30), st.text(max_size=3)).map(list),
+                    ),
+                ),
+                min_size=1,
+                max_size=5,
+            ),
+            st.integers(0, 30),
+        ),
+        max_size=12,
+    )
+)
+def test_conformance_a_key_value_engine_merges_versions_as_the_reference_does(
+    driver: Any, ops: list[Any]
+) -> None:
+    """The views' ``version`` operation (:mod:`rubberband.versions`): each engine that
+    holds views keeps the same chains as the reference merge, reports each merged chain
+    as a change, and refuses a version of a key holding a plain value, changing nothing."""
+    from rubberband.versions import merge
+
+    d = driver
+    e = getattr(d, "_logged", None)
+    if e is None:
+        e = d._logged = d.engine()
+    e.delete(EVERYTHING)
+    model: dict[int, Any] = {}
+    for pairs, floor in ops:
+        op = ("version", tuple((k, entry) for k, entry in pairs), floor)
+        by_key: dict[int, list[Any]] = {}
+        for k, entry in pairs:
+            by_key.setdefault(k, []).append(entry)
+        for k, entries in by_key.items():
+            model[k] = merge(model.get(k), entries, floor)
+        ranges = d.ops.part_fun(op, e.placement).ranges
+        (result,), (changes,) = e.apply_logged([(op, ranges)])
+        assert result is None, result
+        assert {k: v for k, how, v in changes} == {k: model[k] for k in by_key}
+    assert {k: v for k, v in e.items()} == model
+    e.apply(
+        [(("put", ((99, "plain"),)), d.ops.part_fun(("put", ((99, "plain"),)), e.placement).ranges)]
+    )
+    bad = ("version", ((99, [1, "x"]), (3, [1, "y"])), 0)
+    (result,) = e.apply([(bad, d.ops.part_fun(bad, e.placement).ranges)])
+    assert isinstance(result, BadOperation) and "holds a str" in str(result), result
+    assert dict(e.items()).get(3) == model.get(3)  # nothing of the refused op applied

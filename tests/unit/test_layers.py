@@ -155,6 +155,7 @@ DRIVER_IMPORTS = {
     "rubberband.driver", "rubberband.outputs", "rubberband.proto", "rubberband.errors",
     "rubberband.gather",  # the Gather a read batch's caller is handed (its result)
     "rubberband.checkers", "rubberband.sim", "rubberband.engine", "rubberband.sdk",
+    "rubberband.views",  # a library over the SDK's calls (the SDK offers its calls)
 }  # fmt: skip
 """What a driver may import of Rubberband: the cores and their upcalls, the driver, the
 typed messages, the errors; the simulator also its own modules, the checkers, the engine

@@ -1,0 +1,77 @@
+"""Views against their base: every view read equals the view recomputed from the base
+tables as of the position the read reports.
+
+The base history is a change feed of every source range (:mod:`rubberband.changelog`:
+each write's changes at its position, gap-free), started from a base state known at a
+position (empty at 0, or a snapshot read's rows at its position).  A read's rows must
+be exactly :func:`rubberband.views.compute.recompute` of the base at that position:
+nothing missing, nothing extra, no aggregate off by one change, never a state that no
+position had.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from itertools import pairwise
+from typing import Any, NamedTuple
+
+from rubberband.changelog import Event
+from rubberband.views.compute import recompute
+from rubberband.views.define import ViewDef
+
+
+class ViewRead(NamedTuple):
+    """A read of a view: the position it reports and the rows it returned
+    (``[(row key, value), ...]`` as :meth:`rubberband.views.View.scan` returns them,
+    or only some rows: ``keys`` names which were asked for, or says of a row key
+    whether it was, as for an index lookup)."""
+
+    position: int
+    rows: Sequence[tuple[Any, Any]]
+    keys: Sequence[Any] | Callable[[Any], bool] | None = None
+    level: str = ""
+
+
+def check_view_reads(
+    view: ViewDef,
+    start: tuple[dict[Any, Any], int],
+    events: Sequence[Event],
+    reads: Sequence[ViewRead],
+) -> list[str]:
+    """What is wrong with ``reads`` of ``view`` (empty: nothing).  ``start``: the base
+    (all sources' keys) and the position it is as of; ``events``: every base write
+    after it, in order; reads at positions before the start are not judged."""
+    problems: list[str] = []
+    base, at = dict(start[0]), start[1]
+    ordered = sorted(events, key=lambda e: e.position)
+    if any(a.position == b.position for a, b in pairwise(ordered)):
+        problems.append("the base history has two events at one position")
+    i = 0
+    for read in sorted(reads, key=lambda r: r.position):
+        if read.position < at:
+            continue
+        while i < len(ordered) and ordered[i].position <= read.position:
+            for key, how, value in ordered[i].changes:
+                if how == "delete":
+                    base.pop(key, None)
+                else:
+                    base[key] = value
+            i += 1
+        want = recompute(view, [base] * len(view.sources))
+        asked = read.keys
+        if asked is not None:
+            inside = asked if callable(asked) else set(asked).__contains__
+            want = {k: v for k, v in want.items() if inside(k)}
+        got = dict(read.rows)
+        if len(got) != len(read.rows):
+            problems.append(f"a read at {read.position} returned a row twice")
+        if got != want:
+            missing = [k for k in want if k not in got]
+            extra = [k for k in got if k not in want]
+            wrong = [k for k in want if k in got and got[k] != want[k]]
+            problems.append(
+                f"{read.level or 'a'} read of {view.name} at position {read.position}: "
+                f"missing {missing[:3]}, extra {extra[:3]}, wrong "
+                f"{[(k, got[k], want[k]) for k in wrong[:3]]}"
+            )
+    return problems

@@ -1,0 +1,198 @@
+"""``rubberband views`` (also ``rubberband admin view``): define, list, drop, read and
+maintain materialized views (``docs/views.md``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import time
+from typing import Any
+
+from rubberband.tools.client import Usage, connect, failures, jsonable, key, value, where
+
+COMMANDS = ("create", "drop", "list", "status", "read", "maintain")
+KINDS = ("selection", "projection", "index", "aggregate", "join")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="rubberband views",
+        description="Materialized views: create NAME --from LO HI --kind KIND ...; drop NAME; "
+        "list; status [NAME ...]; read NAME [--level L] [--key K ...|--lookup V|--lo/--hi]; "
+        "maintain [NAME ...] (the maintainer daemon: every view, or those named). Exit "
+        "status: 0 done, 2 a bad command line or definition, 1 failed.",
+    )
+    ap.add_argument("command", choices=COMMANDS)
+    ap.add_argument("names", nargs="*", help="view names")
+    ap.add_argument("--state-dir", help="a rubberband cluster up directory")
+    ap.add_argument("--routers", help="HOST:PORT,... (with --credentials)")
+    ap.add_argument("--credentials", help="a client credential file (client:*)")
+    ap.add_argument("--json", action="store_true", help="JSON output, for scripts")
+    ap.add_argument("--from", dest="source", nargs=2, metavar=("LO", "HI"),
+                    help="create: the base key range [LO, HI) ('-' is unbounded)")  # fmt: skip
+    ap.add_argument("--kind", choices=KINDS)
+    ap.add_argument("--where", action="append", default=[], help="'FIELD OP VALUE' (repeat)")
+    ap.add_argument("--columns", help="FIELD,FIELD,... the rows show")
+    ap.add_argument("--on", help="index: the secondary key's field; join: the left field")
+    ap.add_argument("--group-by", help="aggregate: the field rows are grouped by")
+    ap.add_argument("--agg", action="append", default=[], metavar="NAME=FN:FIELD",
+                    help="aggregate: count, sum, min, max or avg of FIELD (count:* counts "
+                    "rows)")  # fmt: skip
+    ap.add_argument("--right", nargs=2, metavar=("LO", "HI"), help="join: the right base range")
+    ap.add_argument("--right-on", help="join: the right field")
+    ap.add_argument("--retention", type=float, default=60.0,
+                    help="seconds of versions kept for reads at past positions")  # fmt: skip
+    ap.add_argument("--level", default="sequential",
+                    choices=["sequential", "read-your-writes", "snapshot", "any"])  # fmt: skip
+    ap.add_argument("--key", action="append", default=[], help="read: a row key (repeat)")
+    ap.add_argument("--lookup", help="read an index view: the rows of this secondary key")
+    ap.add_argument("--lo", help="read: rows from this key")
+    ap.add_argument("--hi", help="read: rows below this key")
+    ap.add_argument("--poll", type=float, default=0.05, help="maintain: idle poll, seconds")
+    ap.add_argument("--engine", help=argparse.SUPPRESS)
+    return ap
+
+
+def _bound(text: str | None) -> Any:
+    return None if text in (None, "-") else key(text)
+
+
+def _spec(args: argparse.Namespace) -> dict[str, Any]:
+    if len(args.names) != 1 or not args.source or not args.kind:
+        raise Usage("create NAME --from LO HI --kind KIND [...]")
+    aggs: dict[str, list[Any]] = {}
+    for a in args.agg:
+        name, _, rest = a.partition("=")
+        fn, _, field = rest.partition(":")
+        if not name or not fn or not field:
+            raise Usage(f"--agg {a!r}: write NAME=FN:FIELD (count:* counts rows)")
+        aggs[name] = [fn, None if field == "*" else field]
+    spec: dict[str, Any] = {
+        "where": where(args.where),
+        "columns": args.columns.split(",") if args.columns else None,
+        "on": args.on,
+        "group_by": args.group_by,
+        "aggregates": aggs or None,
+        "retention": args.retention,
+    }
+    if args.right:
+        spec["right"] = (_bound(args.right[0]), _bound(args.right[1]))
+        spec["right_on"] = args.right_on
+    return spec
+
+
+async def run(args: argparse.Namespace) -> Any:
+    rb, _engine = await connect(args)
+    try:
+        if args.command == "create":
+            view = await rb.create_view(
+                args.names[0], (_bound(args.source[0]), _bound(args.source[1])), args.kind,
+                **_spec(args),
+            )  # fmt: skip
+            return {"created": view.name, "definition": view.to_dict()}
+        if args.command == "drop":
+            for name in args.names:
+                await rb.drop_view(name)
+            return {"dropped": args.names}
+        if args.command == "list":
+            return {"views": [v.to_dict() for v in await rb.views()]}
+        if args.command == "status":
+            return {"views": [await _status(rb, v) for v in await rb.views()
+                              if not args.names or v.name in args.names]}  # fmt: skip
+        if args.command == "read":
+            return await _read(rb, args)
+        return await _maintain(rb, args)
+    finally:
+        await rb.close()
+
+
+async def _status(rb: Any, view: Any) -> dict[str, Any]:
+    """A view's progress and staleness: positions behind a sequential read now."""
+    from rubberband.views.define import meta_key
+
+    got, now = await rb.read(("get", (meta_key(view.name),)), "sequential", with_position=True)
+    chain = got.get(meta_key(view.name))
+    if not chain or len(chain) < 2:
+        return {"name": view.name, "kind": view.kind, "maintained": False}
+    reached, floor = chain[-1]
+    return {"name": view.name, "kind": view.kind, "maintained": True, "position": reached,
+            "floor": floor, "behind": now - reached}  # fmt: skip
+
+
+async def _read(rb: Any, args: argparse.Namespace) -> Any:
+    if len(args.names) != 1:
+        raise Usage("read NAME [--level L] [--key K ...|--lookup V|--lo LO --hi HI]")
+    view = rb.view(args.names[0])
+    if args.key:
+        rows, at = await view.get([key(k) for k in args.key], args.level, with_position=True)
+        rows = list(rows.items())
+    elif args.lookup is not None:
+        rows, at = await view.lookup(value(args.lookup), args.level, with_position=True)
+    else:
+        rows, at = await view.scan(_bound(args.lo), _bound(args.hi), args.level, with_position=True)
+    return {"position": at, "rows": [[k, v] for k, v in rows]}
+
+
+async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
+    """Maintain the named views (all, when none is named), starting those defined later
+    and stopping those dropped, until SIGTERM or SIGINT."""
+    from rubberband.views import maintain
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    running: dict[str, tuple[asyncio.Event, asyncio.Task[None]]] = {}
+    started = time.monotonic()
+    while not stop.is_set():
+        with contextlib.suppress(*failures()):
+            views = {v.name: v for v in await rb.views() if not args.names or v.name in args.names}
+            for name in [n for n in running if n not in views]:
+                running.pop(name)[0].set()
+            for name, v in views.items():
+                if name not in running or running[name][1].done():
+                    halt = asyncio.Event()
+                    running[name] = (halt, asyncio.create_task(maintain(rb, v, args.poll, halt)))
+                    logging.getLogger("rubberband.views").info("maintaining view %s", name)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+    for halt, _task in running.values():
+        halt.set()
+    await asyncio.gather(*(t for _h, t in running.values()), return_exceptions=True)
+    return {"maintained": sorted(running), "seconds": round(time.monotonic() - started, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_intermixed_args(argv)
+    try:
+        out = asyncio.run(run(args))
+    except Usage as e:
+        print(f"rubberband views: {e}", file=sys.stderr)
+        return 2
+    except failures() as e:
+        code = 2 if type(e).__name__ in ("BadOperation", "BadKey") else 1
+        print(f"rubberband views: {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        return code
+    print(json.dumps(jsonable(out)) if args.json else _text(out), flush=True)
+    return 0
+
+
+def _text(out: dict[str, Any]) -> str:
+    if "rows" in out:
+        lines = [f"{json.dumps(jsonable(k))}\t{json.dumps(jsonable(v))}" for k, v in out["rows"]]
+        return "\n".join([*lines, f"({len(out['rows'])} rows at position {out['position']})"])
+    if "views" in out:
+        return (
+            "\n".join(
+                " ".join(f"{k}={json.dumps(jsonable(v))}" for k, v in view.items())
+                for view in out["views"]
+            )
+            or "(no views)"
+        )
+    return " ".join(f"{k}={json.dumps(jsonable(v))}" for k, v in out.items())

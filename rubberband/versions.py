@@ -1,0 +1,112 @@
+"""Version chains: a key's values by position, which key-value engines keep for views.
+
+A materialized view (:mod:`rubberband.views`) must be readable exactly as of a position
+in the total order, but its maintainer writes it *after* the base writes it reflects.  So
+a view row is not one value but a *chain*: the row's value at each base position that
+changed it, and a floor below which the chain no longer answers::
+
+    [floor, [p1, value1], [p2], [p3, value3], ...]     # [p] = absent from p on
+
+An engine that holds views implements the ``version`` operation with :func:`merge` (the
+memory and Memcached engines do); it merges entries into chains:
+
+    ("version", ((key, [position, value] | [position]), ...), floor)
+
+Merging is idempotent and order-free: an entry at a position the chain already has is
+the same entry (a view's rows at a base position are a function of the base history, so
+two maintainers compute the same ones), an entry below the chain's floor is history the
+chain gave up, and the floor only rises.  So a maintainer that restarts, or a stale one
+still running beside its replacement, can never corrupt a chain, only repeat it.
+
+Raising the floor drops the versions no reader can ask for any more: every version
+below the floor except the newest one at or below it (the value *at* the floor).  A
+chain also raises its own floor to keep at most :data:`MAX_ENTRIES` versions.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import Any
+
+from rubberband.errors import BadOperation
+
+MAX_ENTRIES = 1_000
+"""Versions one chain keeps at most: beyond, its floor rises to its 1,000th newest (as
+every replica does alike, and a raised floor never makes an answer wrong, only refuses
+older positions).  A row changed that often within the view's retention is read at
+recent positions only."""
+
+
+def check_version_op(op: Any) -> tuple[list[tuple[Any, list[Any]]], int]:
+    """A ``version`` operation's (key, entry) pairs and floor, or :class:`BadOperation`."""
+    if len(op) != 3 or type(op[2]) is not int or op[2] < 0:
+        raise BadOperation("version takes (key, entry) pairs and a floor position (an int >= 0)")
+    pairs = []
+    for pair in op[1]:
+        if type(pair) not in (list, tuple) or len(pair) != 2:
+            raise BadOperation("version takes (key, entry) pairs")
+        key, entry = pair
+        if type(entry) not in (list, tuple) or len(entry) not in (1, 2):
+            raise BadOperation(
+                f"a version entry is [position] or [position, value], not {entry!r:.60}"
+            )
+        if type(entry[0]) is not int or entry[0] < 0:
+            raise BadOperation(f"a version's position is an int >= 0, not {entry[0]!r:.40}")
+        pairs.append((key, list(entry)))
+    return pairs, op[2]
+
+
+def is_chain(value: Any) -> bool:
+    return (
+        type(value) in (list, tuple)
+        and len(value) >= 1
+        and type(value[0]) is int
+        and all(type(e) in (list, tuple) and len(e) in (1, 2) for e in value[1:])
+    )
+
+
+def merge(chain: Any, entries: list[list[Any]], floor: int, key: Any = None) -> list[Any]:
+    """``chain`` (None: a new one) with ``entries`` merged and its floor raised to
+    ``floor``; :class:`BadOperation` if ``chain`` is a value of another kind."""
+    if chain is None:  # new: absent before its first version (and the writer's floor)
+        low, versions = min(floor, *(e[0] for e in entries)) if entries else floor, []
+    elif is_chain(chain):
+        low, versions = chain[0], [list(e) for e in chain[1:]]
+    else:
+        raise BadOperation(f"version of {key!r:.60}, which holds a {type(chain).__name__}")
+    positions = [e[0] for e in versions]
+    for entry in entries:
+        p = entry[0]
+        if p < low:
+            continue  # history the chain gave up
+        i = bisect_right(positions, p)
+        if i and positions[i - 1] == p:
+            continue  # the same version again
+        positions.insert(i, p)
+        versions.insert(i, list(entry))
+    if floor > low:
+        low = floor
+        keep = bisect_right(positions, low) - 1  # the newest version at or below the floor
+        if keep > 0:
+            versions = versions[keep:]
+    if len(versions) > MAX_ENTRIES:
+        versions = versions[-MAX_ENTRIES:]
+        low = max(low, versions[0][0])
+    return [low, *versions]
+
+
+def as_of(chain: Any, position: int) -> tuple[bool, Any]:
+    """``(present, value)`` of a chain's key as of ``position``; ``None`` chain: absent.
+    Raises :class:`LookupError` (with the floor) below the chain's floor."""
+    if chain is None:
+        return False, None
+    if position < chain[0]:
+        raise LookupError(chain[0])
+    best = None
+    for entry in chain[1:]:
+        if entry[0] > position:
+            break
+        best = entry
+    if best is None or len(best) == 1:
+        return False, None
+    return True, best[1]

@@ -1,0 +1,210 @@
+"""What a view is: its definition, validated, and where its rows live in the keyspace.
+
+A view is a Rubberband table of its own: its rows live under the key prefix
+``("~view", name)``, so the ring partitions, replicates and moves them like any other
+keys (a secondary-key view is partitioned by the secondary key: its rows are ordered by
+it).  Each row is a version chain (:mod:`rubberband.versions`) so the view can be read
+as of a position; the key ``("~view", name)`` itself (the first of the prefix) holds the
+maintainer's progress, a chain whose newest entry is ``[W, floor]``: every base change
+up to position ``W`` is in the rows, and positions below ``floor`` are no longer
+readable.  Definitions live under ``("~views", name)``.  Keys that start with ``"~view"``
+or ``"~views"`` are the views' own: do not write them.
+
+Kinds (seed 000's and PNUTS's view types, section III and 6):
+
+==============  ==================================  =====================================
+kind            row key                             row value
+==============  ==================================  =====================================
+``selection``   the base key                        the base value (``columns``: those)
+``projection``  the base key                        ``{column: value}`` of ``columns``
+``index``       ``(value[on], base key)``           the base value (``columns``: those)
+``aggregate``   ``value[group_by]`` (or None)       ``{name: aggregate}``
+``join``        ``(join value, left key, right)``   ``{"left": value, "right": value}``
+==============  ==================================  =====================================
+
+Every kind takes ``where``: ``[(field, op, constant), ...]``, all of which a base value
+must meet (ops ``= != < <= > >=``, compared in Rubberband's key order, so values of
+different types compare without error).  A field is a key of a dict value; the field
+``None`` is the value itself.  Aggregates are ``{name: [fn, field]}`` with ``fn`` one
+of ``count sum min max avg``; ``count`` with field None counts rows.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rubberband.errors import BadKey, BadOperation
+from rubberband.keys import MAX, encode_key
+
+VIEW = "~view"
+CATALOG = "~views"
+KINDS = ("selection", "projection", "index", "aggregate", "join")
+OPS = ("=", "!=", "<", "<=", ">", ">=")
+FUNCTIONS = ("count", "sum", "min", "max", "avg")
+NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+
+
+@dataclass(frozen=True)
+class ViewDef:
+    """A view's definition: ``source`` is the base range ``(lo, hi)`` (None: unbounded),
+    or for a join the left one, with ``right`` the other."""
+
+    name: str
+    kind: str
+    source: tuple[Any, Any]
+    where: tuple[tuple[Any, str, Any], ...] = ()
+    columns: tuple[str, ...] | None = None
+    on: Any = None
+    group_by: Any = None
+    aggregates: tuple[tuple[str, str, Any], ...] = ()
+    right: tuple[Any, Any] | None = None
+    right_on: Any = None
+    retention: float = 60.0
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def sources(self) -> tuple[tuple[Any, Any], ...]:
+        return (self.source,) if self.right is None else (self.source, self.right)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "source": list(self.source),
+            "where": [list(w) for w in self.where],
+            "columns": None if self.columns is None else list(self.columns),
+            "on": self.on,
+            "group_by": self.group_by,
+            "aggregates": {n: [f, c] for n, f, c in self.aggregates},
+            "right": None if self.right is None else list(self.right),
+            "right_on": self.right_on,
+            "retention": self.retention,
+        }
+
+
+def view_def(
+    name: str,
+    kind: str,
+    source: Sequence[Any],
+    *,
+    where: Sequence[Sequence[Any]] = (),
+    columns: Sequence[str] | None = None,
+    on: Any = None,
+    group_by: Any = None,
+    aggregates: dict[str, Sequence[Any]] | None = None,
+    right: Sequence[Any] | None = None,
+    right_on: Any = None,
+    retention: float = 60.0,
+) -> ViewDef:
+    """A checked definition; :class:`BadOperation` names what is wrong."""
+    if type(name) is not str or not NAME.fullmatch(name):
+        raise BadOperation(
+            f"a view name is a letter then up to 63 of [A-Za-z0-9_.-], not {name!r:.70}"
+        )
+    if kind not in KINDS:
+        raise BadOperation(f"a view's kind is one of {', '.join(KINDS)}, not {kind!r:.40}")
+    src = _range(source, "source")
+    rng = None if right is None else _range(right, "right")
+    conds = []
+    for w in where:
+        if type(w) not in (list, tuple) or len(w) != 3 or w[1] not in OPS:
+            raise BadOperation(
+                f"a where condition is (field, op, constant) with op one of {' '.join(OPS)}"
+            )
+        _key(w[2], "a where constant")
+        conds.append((w[0], w[1], w[2]))
+    cols = None if columns is None else tuple(columns)
+    if cols is not None and not all(type(c) is str for c in cols):
+        raise BadOperation("columns are field names (str)")
+    aggs = []
+    if kind == "projection" and not cols:
+        raise BadOperation("a projection names its columns")
+    if kind == "index" and on is None:
+        raise BadOperation("an index names the field it is on (on=...)")
+    if kind == "aggregate":
+        if not aggregates:
+            raise BadOperation("an aggregate view names its aggregates: {name: [fn, field]}")
+        for out, spec in aggregates.items():
+            if type(out) is not str or type(spec) not in (list, tuple) or len(spec) != 2:
+                raise BadOperation("aggregates are {name: [fn, field]}")
+            if spec[0] not in FUNCTIONS:
+                raise BadOperation(
+                    f"an aggregate is one of {', '.join(FUNCTIONS)}, not {spec[0]!r:.30}"
+                )
+            if spec[0] != "count" and spec[1] is None:
+                raise BadOperation(f"{spec[0]} needs a field")
+            aggs.append((out, spec[0], spec[1]))
+    if kind == "join":
+        if rng is None or on is None or right_on is None:
+            raise BadOperation("a join names right=(lo, hi), on= (the left field) and right_on=")
+    elif rng is not None or right_on is not None:
+        raise BadOperation("right= and right_on= belong to joins")
+    if not 0.0 < float(retention) <= 86_400.0:
+        raise BadOperation("a view's retention is seconds in (0, 86400]")
+    return ViewDef(name, kind, src, tuple(conds), cols, on, group_by, tuple(aggs), rng, right_on,
+                   float(retention))  # fmt: skip
+
+
+def from_dict(d: dict[str, Any]) -> ViewDef:
+    return view_def(
+        d["name"],
+        d["kind"],
+        d["source"],
+        where=d.get("where") or (),
+        columns=d.get("columns"),
+        on=d.get("on"),
+        group_by=d.get("group_by"),
+        aggregates=d.get("aggregates") or None,
+        right=d.get("right"),
+        right_on=d.get("right_on"),
+        retention=d.get("retention", 60.0),
+    )
+
+
+def _key(value: Any, what: str) -> None:
+    try:
+        encode_key(value)
+    except BadKey as e:
+        raise BadOperation(f"{what} must be a key value: {e}") from None
+
+
+def _range(rng: Any, what: str) -> tuple[Any, Any]:
+    if type(rng) not in (list, tuple) or len(rng) != 2:
+        raise BadOperation(f"a view's {what} is a key range (lo, hi); None is unbounded")
+    lo, hi = rng
+    for b in (lo, hi):
+        if b is not None:
+            _key(b, f"the {what}'s bounds")
+    if lo is not None and hi is not None and not encode_key(lo) < encode_key(hi):
+        raise BadOperation(f"the {what} range [{lo!r}, {hi!r}) is empty")
+    for b in (lo, hi):
+        if type(b) is tuple and b[:1] in ((VIEW,), (CATALOG,)):
+            raise BadOperation("a view's source is a base table (views of views: not yet)")
+    return (lo, hi)
+
+
+# ------------------------------------------------------------------ the keyspace
+def meta_key(name: str) -> tuple[str, str]:
+    return (VIEW, name)
+
+
+def row_key(name: str, vkey: Any) -> tuple[str, str, Any]:
+    return (VIEW, name, vkey)
+
+
+def catalog_key(name: str) -> tuple[str, str]:
+    return (CATALOG, name)
+
+
+def rows_bounds(name: str) -> tuple[Any, Any]:
+    """The view's key range, its progress key first: ``(lo, hi)``."""
+    return (VIEW, name), (VIEW, name + "\x00")
+
+
+def prefix_bounds(name: str, prefix: Any) -> tuple[Any, Any]:
+    """The range of the rows whose key is a tuple starting with ``prefix`` (an index's
+    rows for one secondary key): the upper bound holds ``MAX``, an encoded-only key."""
+    return (VIEW, name, (prefix,)), (VIEW, name, (prefix, MAX))

@@ -1,0 +1,164 @@
+"""A view's maintainer, sans I/O: base changes in, version writes out.
+
+The maintainer follows its sources' change feeds (:mod:`rubberband.changelog`), each a
+chain of reads in the total order, and turns each base write into the view rows it
+changes (:class:`~rubberband.views.compute.Rows`), written as versions stamped with that
+write's position (:mod:`rubberband.versions`).  With each batch of rows it writes its
+progress ``W``, the position up to which every base write is in the view, in the same
+atomic write, so a reader that sees ``W >= t`` sees every row version up to ``t``: the
+view as of any position ``t <= W`` is exact (seed 000's *complete* consistency: every
+base state is reflected, in order), and a read at a position waits only until ``W``
+reaches it.
+
+Several sources (a join's two tables) are merged by position: each feed is complete up
+to its last page's position, so changes up to the smallest of those are final, and a
+write that changed both sources is one event.
+
+A maintainer keeps nothing durable of its own.  It starts (and restarts) from a
+snapshot of its sources, one read each, applied at their positions and written as
+versions at the last of them, ``S``; every row it held before and no longer does is
+written absent at ``S``, and the view's floor rises to ``S`` (positions before it are
+not readable: :class:`~rubberband.errors.Compacted`).  Version merging is idempotent,
+so a maintainer that restarts repeats nothing harmful, and a stale one still running
+beside its replacement writes only versions the replacement writes too.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rubberband.changelog import Event
+from rubberband.views.compute import ABSENT, Rows, in_source
+from rubberband.views.define import ViewDef, meta_key, row_key
+
+BATCH_KEYS = 2_000
+"""Row versions per write message (a message stays small; a batch of a backfill that
+needs more is split, its progress written with the last part)."""
+
+
+@dataclass
+class Progress:
+    """What a maintainer reports: ``position`` is ``W``; ``floor`` the oldest readable."""
+
+    position: int
+    floor: int
+    rows: int
+    events: int
+    versions: int
+
+
+class Maintainer:
+    """One view's maintenance.  Feed it :meth:`start` once, then :meth:`page` for each
+    page of each source's feed; each returns the writes to make, in order (the last
+    carries the progress: make it only after the others are stable)."""
+
+    def __init__(self, view: ViewDef) -> None:
+        self.view = view
+        self.rows = Rows(view)
+        n = len(view.sources)
+        self.since: list[int] = [0] * n
+        """Per source: the position its feed has reached (the next page starts there)."""
+        self.position = -1
+        """``W``: every base write up to it is in the view (-1: not started)."""
+        self.floor = 0
+        self._pending: list[deque[Event]] = [deque() for _ in range(n)]
+        self._marks: deque[tuple[float, int]] = deque()  # (time, W) for the floor
+        self._start = 0
+        self._old: list[Any] = []
+        self.events = 0
+        self.versions = 0
+
+    # ------------------------------------------------------------------ inputs
+    def start(
+        self, old_rows: Sequence[tuple[Any, Any]], snapshots: Sequence[tuple[Any, int]], now: float
+    ) -> list[Any]:
+        """``old_rows``: the view's rows as they are (``(row key, chain)``): rebuilt
+        anew, and those no longer there written absent; ``snapshots``: per source,
+        ``(rows, position)`` of a sequential scan of its range.  The view starts at the
+        last snapshot's position, once every other source's feed has reached it."""
+        self._start = max(position for _rows, position in snapshots)
+        self._old = [key for key, _chain in old_rows if key != meta_key(self.view.name)]
+        for side, (rows, position) in enumerate(snapshots):
+            self.since[side] = position
+            self._pending[side].append(Event(position, tuple((k, "put", v) for k, v in rows)))
+        return self._advance(now)
+
+    def page(self, side: int, position: int, events: Sequence[Event], now: float) -> list[Any]:
+        """A page of source ``side``'s feed: its ``events`` before ``position``."""
+        if position <= self.since[side]:
+            return []
+        self.since[side] = position
+        self._pending[side].extend(events)
+        return self._advance(now)
+
+    # ------------------------------------------------------------------ internals
+    def _advance(self, now: float) -> list[Any]:
+        horizon = min(self.since)
+        entries: list[tuple[Any, list[Any]]] = []
+        if self.position < 0:
+            start = self._start
+            if horizon < start:
+                return []
+            self._pending_up_to(start)  # the state at the start: written whole, below
+            name = self.view.name
+            rows = {row_key(name, k): [start, v] for k, v in self.rows.rows.items()}
+            rows.update((key, [start]) for key in self._old if key not in rows)
+            entries = list(rows.items())
+            self.position = self.floor = start
+            self._marks.append((now, start))
+        if horizon > self.position:
+            entries += self._pending_up_to(horizon)
+            self.position = horizon
+        elif not entries:
+            return []
+        self._mark(now)
+        self.versions += len(entries)
+        return self._writes(entries)
+
+    def _pending_up_to(self, horizon: int) -> list[tuple[Any, list[Any]]]:
+        """Apply every pending event at or before ``horizon``, in position order; the
+        row versions they make."""
+        name = self.view.name
+        ready: dict[int, list[tuple[int, Event]]] = {}
+        for side, q in enumerate(self._pending):
+            while q and q[0].position <= horizon:
+                e = q.popleft()
+                ready.setdefault(e.position, []).append((side, e))
+        out: list[tuple[Any, list[Any]]] = []
+        for position in sorted(ready):
+            changed: dict[Any, Any] = {}
+            for side, event in ready[position]:
+                for key, how, value in event.changes:
+                    if in_source(self.view, side, key):
+                        changed.update(
+                            self.rows.change(side, key, ABSENT if how == "delete" else value)
+                        )
+            self.events += 1
+            out += [
+                (row_key(name, k), [position] if v is ABSENT else [position, v])
+                for k, v in changed.items()
+            ]
+        return out
+
+    def _mark(self, now: float) -> None:
+        marks = self._marks
+        marks.append((now, self.position))
+        cut = now - self.view.retention
+        while len(marks) > 1 and marks[1][0] <= cut:
+            marks.popleft()
+        if marks[0][0] <= cut:
+            self.floor = max(self.floor, marks[0][1])
+
+    def _writes(self, entries: list[tuple[Any, list[Any]]]) -> list[Any]:
+        """Version writes of ``entries``, the progress in the last."""
+        floor = self.floor
+        progress = (meta_key(self.view.name), [self.position, floor])
+        parts = [entries[i : i + BATCH_KEYS] for i in range(0, len(entries), BATCH_KEYS)] or [[]]
+        parts[-1] = [*parts[-1], progress]
+        return [("version", tuple(part), floor) for part in parts]
+
+    def progress(self) -> Progress:
+        return Progress(self.position, self.floor, len(self.rows.rows), self.events, self.versions)

@@ -1,0 +1,196 @@
+"""Materialized views against real daemons: an index, an aggregate and a join kept by two
+``rubberband views maintain`` processes at once, one SIGKILLed and restarted, through a
+storage process's SIGKILL (repaired by the supers) and the leading router's, while a
+client writes; every read at every level equals the view recomputed from the base
+history at the position the read reports, and a read-your-writes read shows the
+reader's own write."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rubberband.checkers.views import ViewRead, check_view_reads
+from rubberband.views import view_def
+from tests.integration.test_rubberband_scenarios import (  # the same cluster as there
+    _client,
+    _off,
+    _pid,
+    _settled,
+    _status,
+    cluster,  # noqa: F401  (a fixture: 4 storage processes on the ring, 2 standing by)
+)
+
+KEYS = 60
+VIEWS = [
+    view_def("by_g", "index", (0, KEYS), on="g", columns=["n"]),
+    view_def(
+        "per_g",
+        "aggregate",
+        (0, KEYS),
+        group_by="g",
+        aggregates={
+            "rows": ["count", None],
+            "sum": ["sum", "n"],
+            "avg": ["avg", "n"],
+            "lo": ["min", "n"],
+            "hi": ["max", "n"],
+        },
+    ),
+    view_def("pairs", "join", (0, 30), on="j", right=(30, KEYS), right_on="j", columns=["n"]),
+]
+
+
+@pytest.fixture
+def rb_dir(cluster: Path) -> Path:  # noqa: F811
+    return cluster
+
+
+def _value(rng: random.Random) -> dict[str, Any]:
+    return {"g": rng.choice("abcd"), "j": rng.randrange(8), "n": rng.randrange(-50, 100)}
+
+
+def _maintainer(d: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        argv = ["views", "maintain", "--state-dir", str(d)]
+        return subprocess.Popen(
+            [sys.executable, "-m", "rubberband.tools.cli", *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def test_views_stay_exact_at_every_level_through_maintainer_storage_and_leader_kills(
+    rb_dir: Path,
+) -> None:
+    rng = random.Random(7)
+    reads: dict[str, list[ViewRead]] = {v.name: [] for v in VIEWS}
+    events: list[Any] = []
+    stop = asyncio.Event()
+    own: list[str] = []
+
+    async def follow(start: int) -> None:
+        rb = await _client(rb_dir, "client:base-feed")
+        try:
+            while True:
+                page = await rb.changes(start, 0, KEYS)
+                events.extend(page.events)
+                start = page.position
+                if stop.is_set() and not page.events:
+                    return
+                await asyncio.sleep(0.02)
+        finally:
+            await rb.close()
+
+    async def read_views() -> None:
+        rb = await _client(rb_dir, "client:view-reader")
+        levels = ["sequential", "snapshot", "any"]
+        try:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                view, level = VIEWS[n % 3], levels[(n // 3) % 3]
+                try:
+                    rows, at = await rb.view(view.name).scan(level=level, with_position=True)
+                except Exception:
+                    await asyncio.sleep(0.1)  # through the faults: counted below
+                    continue
+                reads[view.name].append(ViewRead(at, rows, level=level))
+        finally:
+            await rb.close()
+
+    async def write() -> int:
+        rb = await _client(rb_dir, "client:view-writer")
+        n = 0
+        try:
+            while not stop.is_set():
+                n += 1
+                keys = [rng.randrange(KEYS) for _ in range(1 if n % 4 else 3)]
+                try:
+                    if rng.random() < 0.25:
+                        await rb.write(("delete", tuple(keys)))
+                        continue
+                    value = _value(rng)
+                    await rb.put_many({k: value for k in keys})
+                    if n % 5 == 0:  # the writer sees its own write in the index
+                        by_g = rb.view("by_g")
+                        got, at = await by_g.lookup(
+                            value["g"], "read-your-writes", with_position=True
+                        )
+                        reads["by_g"].append(
+                            ViewRead(
+                                at,
+                                [((value["g"], k), r) for k, r in got],
+                                keys=lambda k, g=value["g"]: k[0] == g,
+                                level="read-your-writes",
+                            )
+                        )
+                        if keys[-1] not in [k for k, _ in got]:
+                            own.append(f"write of {keys} at n={n} not in its read at {at}")
+                except Exception:
+                    await asyncio.sleep(0.1)
+            return n
+        finally:
+            await rb.close()
+
+    async def faults(maintainers: list[subprocess.Popen[bytes]]) -> None:
+        await asyncio.sleep(3)
+        maintainers[0].send_signal(signal.SIGKILL)
+        await asyncio.sleep(2)
+        os.kill(_pid(rb_dir, "storage2"), signal.SIGKILL)  # the supers replace it
+        deadline = time.monotonic() + 60
+        while "storage:2" in [r["name"] for r in (await _off(_settled, rb_dir, 60.0))["ring"]]:
+            assert time.monotonic() < deadline, "storage:2 was never replaced"
+            await asyncio.sleep(0.5)
+        maintainers[0] = _maintainer(rb_dir, rb_dir / "maintainer-a.log")  # restarted
+        await asyncio.sleep(2)
+        s = await _off(_status, rb_dir)
+        procs = json.loads((rb_dir / "processes.json").read_text())
+        leader = next(n for n, p in procs.items()
+                      if "router" in p.get("argv", ()) and s["leader"] in p["argv"])  # fmt: skip
+        os.kill(procs[leader]["pid"], signal.SIGKILL)
+        await asyncio.sleep(4)
+
+    async def go() -> int:
+        rb = await _client(rb_dir, "client:setup")
+        await rb.put_many({k: _value(rng) for k in range(KEYS)})
+        base, start = await rb.read(("scan", 0, KEYS), with_position=True)
+        feed = asyncio.ensure_future(follow(start))
+        for v in VIEWS:
+            spec = {k: v for k, v in v.to_dict().items() if k not in ("name", "kind", "source")}
+            await rb.create_view(v.name, v.source, v.kind, **spec)
+        maintainers = [_maintainer(rb_dir, rb_dir / f"maintainer-{x}.log") for x in "ab"]
+        try:
+            writer = asyncio.ensure_future(write())
+            reader = asyncio.ensure_future(read_views())
+            await faults(maintainers)
+            stop.set()
+            writes = await writer
+            await reader
+            await asyncio.wait_for(feed, 30)
+        finally:
+            for m in maintainers:
+                m.send_signal(signal.SIGKILL)
+            await rb.close()
+        for v in VIEWS:
+            problems = check_view_reads(v, (dict(base), start), events, reads[v.name])
+            assert not problems, "\n".join(problems[:5])
+        return writes
+
+    writes = asyncio.run(go())
+    assert writes > 100, writes
+    assert not own, own[:3]
+    for name, rs in reads.items():
+        levels = {r.level for r in rs}
+        assert {"sequential", "snapshot", "any"} <= levels, (name, levels)
+        assert len(rs) > 20, (name, len(rs))

@@ -1,0 +1,111 @@
+"""Version chains (:mod:`rubberband.versions`): merged in any order, any number of times,
+with floors raised by anyone, a chain answers every position at or above its floor as
+the true history does, and refuses those below."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rubberband.errors import BadOperation
+from rubberband.versions import as_of, check_version_op, merge
+
+history = st.dictionaries(
+    st.integers(0, 60), st.one_of(st.none(), st.integers(0, 5)), min_size=1, max_size=15
+)
+"""A row's true history: position -> value from there on (None: absent from there)."""
+
+
+def entry(p: int, v: Any) -> list[Any]:
+    return [p] if v is None else [p, v]
+
+
+def truth(h: dict[int, Any], t: int) -> tuple[bool, Any]:
+    before = [p for p in h if p <= t]
+    if not before:
+        return False, None
+    v = h[max(before)]
+    return v is not None, v
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    h=history,
+    writers=st.lists(st.one_of(st.none(), st.integers(0, 60)), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_writers_interleaved_with_repeats_and_floors_of_their_own_answer_as_the_history_does(
+    h: dict[int, Any], writers: list[int | None], data: Any
+) -> None:
+    """Several maintainers (a restarted one, a stale one still running) each start at a
+    position of their own (from the beginning, or with a backfill: the value at their
+    start) and write the versions after it in order, in batches, each raising the floor
+    only as far as it has written; their messages interleave at random.  The chain then
+    answers every position at or above its floor with the true value and refuses the
+    positions below: never a wrong value."""
+    positions = sorted(h)
+    queues = []
+    for backfill in writers:
+        start = -1 if backfill is None else backfill
+        todo = [] if backfill is None else [entry(start, truth(h, start)[1])]
+        todo += [entry(p, h[p]) for p in positions if p > start]
+        batches, done = [], start
+        while todo:
+            n = data.draw(st.integers(1, len(todo)))
+            batch, todo = todo[:n], todo[n:]
+            done = batch[-1][0]
+            batches.append((batch, data.draw(st.integers(max(start, 0), max(done, 0)))))
+        queues.append(batches)
+    chain = None
+    while any(queues):
+        q = data.draw(st.sampled_from([q for q in queues if q]))
+        batch, floor = q.pop(0)
+        chain = merge(chain, batch, floor)
+    if chain is None:
+        return
+    for t in range(0, 65):
+        if t < chain[0]:
+            with pytest.raises(LookupError):
+                as_of(chain, t)
+        elif t >= min(-1 if b is None else b for b in writers):
+            assert as_of(chain, t) == truth(h, t), (t, chain)
+
+
+def test_a_raised_floor_keeps_the_value_at_the_floor_and_drops_older_versions() -> None:
+    chain = merge(None, [[3, "a"], [7, "b"], [9], [12, "c"]], 0)
+    assert chain == [0, [3, "a"], [7, "b"], [9], [12, "c"]]
+    chain = merge(chain, [], 10)
+    assert chain == [10, [9], [12, "c"]]
+    assert as_of(chain, 10) == (False, None)
+    assert as_of(chain, 12) == (True, "c")
+    with pytest.raises(LookupError):
+        as_of(chain, 9)
+    assert merge(chain, [[8, "x"]], 4) == chain  # below the floor, and a lower floor: nothing
+    assert merge(chain, [[12, "c"]], 10) == chain  # the same version again: nothing
+
+
+def test_a_version_operation_of_the_wrong_shape_is_refused_clearly() -> None:
+    for op, says in [
+        (("version", ((1, [3, "a"]),)), "floor"),
+        (("version", ((1, [3, "a"]),), -1), "floor"),
+        (("version", ((1, []),), 0), "entry"),
+        (("version", ((1, ["3", "a"]),), 0), "position"),
+        (("version", ((1,),), 0), "pairs"),
+    ]:
+        with pytest.raises(BadOperation, match=says):
+            check_version_op(op)
+    with pytest.raises(BadOperation, match="holds a str"):
+        merge("not a chain", [[1, "a"]], 0, key="k")
+
+
+def test_a_chain_keeps_its_newest_versions_and_raises_its_floor_past_the_rest() -> None:
+    from rubberband.versions import MAX_ENTRIES
+
+    chain = merge(None, [[p, p] for p in range(MAX_ENTRIES + 10)], 0)
+    assert len(chain) == MAX_ENTRIES + 1 and chain[0] == 10
+    assert as_of(chain, 10) == (True, 10)
+    with pytest.raises(LookupError):
+        as_of(chain, 9)
