@@ -172,8 +172,10 @@ class ChangeLog:
         return kept
 
     def record(self, t: int, now: float, changes: Sequence[tuple[Any, str, Any]]) -> None:
-        """The changes of the write at position ``t`` (after every position recorded):
-        ``(key, kind, value)`` each, a key's last change at ``t`` only."""
+        """The changes of the write at position ``t``: ``(key, kind, value)`` each, a
+        key's last change at ``t`` only.  Usually after every position recorded; a write
+        held back while its range was received runs after later writes to other ranges,
+        and takes its place in position order (a read bisects by position)."""
         if not changes:
             return
         if len(changes) > 1:
@@ -182,9 +184,15 @@ class ChangeLog:
             last = {(type(c[0]), c[0]): c for c in changes}
             if len(last) < len(changes):
                 changes = list(last.values())
-        self._t.append(t)
-        self._at.append(now)
-        self._changes.append(tuple(changes))
+        if not self._t or self._t[-1] < t:
+            self._t.append(t)
+            self._at.append(now)
+            self._changes.append(tuple(changes))
+        else:
+            i = bisect_right(self._t, t, self._head)
+            self._t.insert(i, t)
+            self._at.insert(i, now)
+            self._changes.insert(i, tuple(changes))
         self._count += len(changes)
         self.recorded += len(changes)
         if self._count > self.max_changes or self._at[self._head] < now - self.max_age:

@@ -208,6 +208,21 @@ def test_a_long_log_pages_from_any_position_as_a_scan_of_it_would() -> None:
     assert log.read(log.floor - 1, (lo,), 10_001).startswith("compacted")
 
 
+def test_a_write_held_back_behind_a_copy_takes_its_place_in_position_order() -> None:
+    """A storage process that receives a range holds back writes to it until the copy is
+    complete, and applies writes to its other ranges meanwhile: the held-back write is
+    recorded after later positions, and a page across it must still hold it (a view's
+    simulation found a feed that skipped such a write)."""
+    log = ChangeLog()
+    for t in (10, 12, 20, 25):
+        log.record(t, 0.0, [(t, "put", t)])
+    log.record(14, 0.0, [(14, "put", "held back")])  # the copy completed: it runs now
+    log.record(30, 0.0, [(30, "put", 30)])
+    got = log.read(11, EVERYTHING, 31)
+    assert [t for t, _ in got] == [12, 14, 20, 25, 30]
+    assert log.read(13, EVERYTHING, 15) == [[14, [[14, "put", "held back"]]]]
+
+
 def test_rubberband_cost_times_a_write_with_and_without_the_change_log() -> None:
     from rubberband.tools.cost import storage_cost
 
