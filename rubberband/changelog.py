@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+from ecast.core import mutations
 from rubberband.errors import BadOperation, Compacted, Rejected
 from rubberband.keys import (
     EVERYTHING,
@@ -52,6 +53,10 @@ NO_LOG = (
     "this storage process keeps no change log (its engine reports no changes, or it runs "
     "with --change-log 0)"
 )
+OUT_OF_ORDER = mutations.declare(
+    "changes_out_of_order", "storage",
+    "a write held back behind a copy is logged after later positions, not in order",
+)  # fmt: skip
 FROM_NOW = -1
 """``since`` of a feed's first read when it starts at the read itself."""
 MAX_CHANGES = 100_000
@@ -184,7 +189,7 @@ class ChangeLog:
             last = {(type(c[0]), c[0]): c for c in changes}
             if len(last) < len(changes):
                 changes = list(last.values())
-        if not self._t or self._t[-1] < t:
+        if not self._t or self._t[-1] < t or mutations.on(OUT_OF_ORDER):
             self._t.append(t)
             self._at.append(now)
             self._changes.append(tuple(changes))

@@ -72,7 +72,15 @@ from rubberband.engine import (
     merge,
     rejection,
 )
-from storage_adapters.memory import MAX_KEYS, MAX_VALUE_BYTES, READS, WRITES, KVOps, deltas
+from storage_adapters.memory import (
+    MAX_KEYS,
+    MAX_VALUE_BYTES,
+    READS,
+    WRITES,
+    KVOps,
+    deltas,
+    inside,
+)
 
 __all__ = ["KVOps", "MemcachedEngine", "memcached_key"]
 
@@ -102,10 +110,6 @@ def memcached_key(ekey: EKey) -> bytes:
     if len(short) <= MAX_KEY_BYTES:
         return short
     return b"h" + base64.urlsafe_b64encode(hashlib.sha256(packed).digest()).rstrip(b"=")
-
-
-def _in(ranges: RangeSet, place: EKey) -> bool:
-    return any(lo <= place < hi for lo, hi in ranges)
 
 
 _DIR_PREFIX = "rb-memcached-"
@@ -282,7 +286,7 @@ class MemcachedEngine(ReportsChanges):
         out = []
         for key in keys:
             slot = self._slot(key)
-            if _in(ranges, slot[0]):
+            if inside(ranges, slot[0]):
                 out.append((slot, key))
         return out
 
@@ -397,7 +401,7 @@ class MemcachedEngine(ReportsChanges):
             if len(pairs) > MAX_KEYS:
                 raise BadOperation(f"add names more than {MAX_KEYS} keys")
             adds = [(self._slot(k), k, d) for k, d in pairs]
-            return lambda: self._add([(s, k, d) for s, k, d in adds if _in(ranges, s[0])])
+            return lambda: self._add([(s, k, d) for s, k, d in adds if inside(ranges, s[0])])
         if name in ("put", "append"):
             if len(op) != 2:
                 raise BadOperation(f"{name} takes (key, value) pairs, and no TTL")
@@ -405,7 +409,7 @@ class MemcachedEngine(ReportsChanges):
             if len(pairs) > MAX_KEYS or not all(len(p) == 2 for p in pairs):
                 raise BadOperation(f"{name} takes (key, value) pairs")
             mine = [(self._slot(k), k, v) for k, v in pairs]
-            mine = [(s, k, v) for s, k, v in mine if _in(ranges, s[0])]
+            mine = [(s, k, v) for s, k, v in mine if inside(ranges, s[0])]
             if name == "put":
                 packed = {s: (k, self._pack(k, v)) for s, k, v in mine}
                 values = {s: v for s, _k, v in mine}
@@ -416,7 +420,7 @@ class MemcachedEngine(ReportsChanges):
             if len(pairs) > MAX_KEYS:
                 raise BadOperation(f"version names more than {MAX_KEYS} keys")
             mine = [(self._slot(k), k, e) for k, e in pairs]
-            mine = [(s, k, e) for s, k, e in mine if _in(ranges, s[0])]
+            mine = [(s, k, e) for s, k, e in mine if inside(ranges, s[0])]
             return lambda: self._version(mine, floor)
         if name in ("delete", "get"):
             keys = list(op[1])
@@ -518,7 +522,7 @@ class MemcachedEngine(ReportsChanges):
                 if type(value) is not bytes:
                     raise ValueError(f"a received value is {type(value).__name__}, not bytes")
                 slot = self._slot(key)
-                if not _in(ranges, slot[0]):
+                if not inside(ranges, slot[0]):
                     raise ValueError(f"key {key!r:.40} is outside the copy")
                 items[slot] = (key, value)
         except (TypeError, ValueError) as e:

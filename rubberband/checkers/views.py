@@ -16,7 +16,8 @@ from itertools import pairwise
 from typing import Any, NamedTuple
 
 from rubberband.changelog import Event
-from rubberband.views.compute import recompute
+from rubberband.keys import encode_key
+from rubberband.views.compute import recompute, same
 from rubberband.views.define import ViewDef
 
 
@@ -57,21 +58,21 @@ def check_view_reads(
                 else:
                     base[key] = value
             i += 1
-        want = recompute(view, [base] * len(view.sources))
+        want = recompute(view, [base] * len(view.sources))  # {encoded key: (key, value)}
         asked = read.keys
         if asked is not None:
-            inside = asked if callable(asked) else set(asked).__contains__
-            want = {k: v for k, v in want.items() if inside(k)}
-        got = dict(read.rows)
+            inside = asked if callable(asked) else {encode_key(k) for k in asked}.__contains__
+            want = {e: kv for e, kv in want.items() if inside(kv[0] if callable(asked) else e)}
+        got = {encode_key(k): (k, v) for k, v in read.rows}
         if len(got) != len(read.rows):
             problems.append(f"a read at {read.position} returned a row twice")
-        if got != want:
-            missing = [k for k in want if k not in got]
-            extra = [k for k in got if k not in want]
-            wrong = [k for k in want if k in got and got[k] != want[k]]
+        missing = [kv[0] for e, kv in want.items() if e not in got]
+        extra = [kv[0] for e, kv in got.items() if e not in want]
+        wrong = [(kv[0], got[e][1], kv[1]) for e, kv in want.items()
+                 if e in got and not same(got[e][1], kv[1])]  # fmt: skip
+        if missing or extra or wrong:
             problems.append(
                 f"{read.level or 'a'} read of {view.name} at position {read.position}: "
-                f"missing {missing[:3]}, extra {extra[:3]}, wrong "
-                f"{[(k, got[k], want[k]) for k in wrong[:3]]}"
+                f"missing {missing[:3]}, extra {extra[:3]}, wrong {wrong[:3]}"
             )
     return problems

@@ -16,7 +16,11 @@ from rubberband.sim.run import (
 )
 
 MUTATIONS = tuple(
-    sorted(n for layer in ("config", "storage", "client", "super") for n in mutations.known(layer))
+    sorted(
+        n
+        for layer in ("config", "storage", "client", "super", "views")
+        for n in mutations.known(layer)
+    )
 )
 """The planted bugs a Rubberband run can take (``--mutation``)."""
 

@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         help="every frame through the real wire codec (--no-codec: faster)",
     )
     ap.add_argument("--feed", action="store_true", help="a client follows the change feed too")
+    ap.add_argument("--views", action="store_true",
+                    help="views kept by maintainers, read at every level")  # fmt: skip
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     faults = tuple(f for f in args.faults.split(",") if f)
@@ -71,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         bundle=args.bundle,
         codec=args.codec,
         feed=args.feed,
+        views=args.views,
     )
     if args.mutation:
         import os

@@ -41,6 +41,8 @@ class Follower:
         self.answered_from = -1.0
         """When the last page that was answered had been sent."""
         self.events: list[Event] = []
+        self.first: int | None = None
+        """The first page's position: the feed holds every write after it."""
         self.compacted: list[str] = []
         node.on_upcall = self._upcall
         node.next_wake = lambda: None if self.request is not None else self.next_at
@@ -74,6 +76,8 @@ class Follower:
             self.next_at = now + IDLE  # a page is a read: read it again
             return
         self.events.extend(item.result.events)
+        if self.first is None:
+            self.first = item.result.position
         self.position = item.result.position
         self.answered_from = self.sent_at
         self.next_at = now if item.result.events else now + IDLE

@@ -49,6 +49,13 @@ from rubberband.sim.checks import basic_read_overreach, in_segment, keyspace_ver
 from rubberband.sim.feed import FEED, Follower, feed_violations
 from rubberband.sim.nemesis import Nemesis
 from rubberband.sim.process import RbNode
+from rubberband.sim.views import (
+    LATE_MAINTAINER,
+    MAINTAINERS,
+    READER,
+    ViewProcess,
+    views_after_healing,
+)
 from rubberband.sim.workload import KEYS, Client, Op, key_of
 from rubberband.storage import StorageCore
 from rubberband.super import SuperCore
@@ -120,6 +127,11 @@ class RbRunConfig(GroupRunConfig):
     feed: bool = False
     """One more client follows the change feed of every key from before the first
     append to after the final reads, checked against them (:mod:`rubberband.sim.feed`)."""
+    views: bool = False
+    """Views of the keys (:mod:`rubberband.sim.views`) kept by two maintainer processes
+    (one crashed and a third started mid-run), read at every level by one more client
+    and checked against the base at each read's position; implies ``feed`` (the base's
+    history) and holds every write until the feed has started."""
     mutation: str | None = None
     router: RouterParams = field(default_factory=RouterParams)
     endpoint: EndpointParams = field(default_factory=EndpointParams)
@@ -170,6 +182,7 @@ class RubberbandRun(Nemesis, EcastGroupRun):
         self.workloads: dict[NodeId, Client] = {}
         self.follower: Follower | None = None
         self._feed_from: float | None = None
+        self.view_processes: dict[NodeId, ViewProcess] = {}
         self.history: list[dict[str, Any]] = []
         self.read_latencies: list[tuple[float, float]] = []
         self.reconfig_windows: list[tuple[float, float]] = []
@@ -231,6 +244,8 @@ class RubberbandRun(Nemesis, EcastGroupRun):
         node = self.procs[pid] = RbNode(self, pid, routers, core)
         if pid == FEED:
             self.follower = Follower(self, node)
+        elif pid in (*MAINTAINERS, LATE_MAINTAINER, READER):
+            self.view_processes[pid] = ViewProcess(self, node, reader=pid == READER)
         elif role == "client":
             self.workloads[pid] = Client(self, node)
         elif role == "super":
@@ -461,8 +476,13 @@ class RubberbandRun(Nemesis, EcastGroupRun):
             )
         for i in range(self.clients):
             self.add_process(f"client:c{i + 1}", join=False)
-        if cfg.feed:
+        if cfg.feed or cfg.views:
             self.add_process(FEED, join=False)
+        if cfg.views:
+            for pid in (*MAINTAINERS, READER):
+                self.add_process(pid, join=False)
+            self.sim.at(cfg.fault_time * 0.4, lambda: self.sim.crash(MAINTAINERS[0]))
+            self.sim.at(cfg.fault_time * 0.6, lambda: self.add_process(LATE_MAINTAINER, join=False))
         if cfg.scenario in ("expand", "crash_mid_migration"):
             for n, i in enumerate(range(placed, cfg.storage)):
                 self.sim.at(
@@ -475,6 +495,8 @@ class RubberbandRun(Nemesis, EcastGroupRun):
             self.sim.at(3.0, getattr(self, f"_scenario_{cfg.scenario}", lambda: None))
         self.schedule_background()
         self.sim.run(cfg.fault_time)
+        for vp in self.view_processes.values():
+            vp.halt()  # quiet again once healed (they poll for ever): resumed below
         self.heal_everything()
         self._repair_incomplete()
         self.sim.run(cfg.fault_time + cfg.settle_time / 2, stop=self._quiet_now_and_then)
@@ -484,6 +506,8 @@ class RubberbandRun(Nemesis, EcastGroupRun):
         self.final_phase = True
         self._final_keys = [key_of(i) for i in range(KEYS)]
         self.sim.run(self.sim.now + 5.0, stop=self._final_phase_done)
+        if self.view_processes:
+            views_after_healing(self)
         return self._verdict(settled, time.perf_counter() - started)
 
     def _final_phase_done(self) -> bool:
@@ -547,6 +571,8 @@ class RubberbandRun(Nemesis, EcastGroupRun):
                 violations.append(f"list-append {name}: {examples[0][:300]}")
         violations += self._replica_violations()
         violations += self._feed_violations()
+        if self.cfg.views:
+            violations += self.view_processes[READER].violations()
         c = self._config()
         correct = self.correct_routers()
         if c is not None and correct:

@@ -93,6 +93,9 @@ class Client:
             self._start(Op("read", key, final=True), now)
             return
         rng = run.rng
+        if run.cfg.views and not (run.follower is not None and run.follower.started):
+            self.next_op_at = now + 0.01  # the views' base is known from the feed's start
+            return
         if self.bulk_left > 0:
             # Load bulky data first, so that migrations take a while (and have a middle
             # to crash in); these puts are not part of the list-append history.
@@ -100,7 +103,8 @@ class Client:
             k = rng.randrange(10_000)
             if k % (10_000 // KEYS) == 37:
                 k += 1  # never a list-append key
-            self._start(Op("put", k, "x" * 120), now)
+            value: Any = {"g": k % 5, "pad": "x" * 110} if run.cfg.views else "x" * 120
+            self._start(Op("put", k, value), now)
             return
         if not run.may_issue():
             self.next_op_at = now + 0.01

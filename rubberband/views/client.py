@@ -24,10 +24,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rubberband.changelog import Page
-from rubberband.errors import BadOperation, Compacted, Indeterminate, RubberbandError
+from rubberband.errors import BadOperation, RubberbandError
 from rubberband.keys import encode_key, normalize, point
-from rubberband.versions import as_of
 from rubberband.views.define import (
     CATALOG,
     ViewDef,
@@ -39,12 +37,17 @@ from rubberband.views.define import (
     rows_bounds,
     view_def,
 )
-from rubberband.views.maintain import Maintainer
+from rubberband.views.steps import (
+    Read,
+    Session,
+    Sleep,
+    Steps,
+    Write,
+    maintain_steps,
+    read_steps,
+)
 
 log = logging.getLogger("rubberband.views")
-
-LEVELS = ("sequential", "read-your-writes", "snapshot", "any")
-_ISOLATION = {"snapshot": "snapshot", "any": "basic"}
 
 
 async def create_view(rb: Any, name: str, from_: Sequence[Any], kind: str, **spec: Any) -> ViewDef:
@@ -76,8 +79,7 @@ class View:
     def __init__(self, rb: Any, name: str) -> None:
         self.rb = rb
         self.name = name
-        self._writes_seen = -1
-        self._ryw = -1  # the position read-your-writes reads must reach
+        self._session = Session()
 
     async def get(
         self, keys: Iterable[Any], level: str = "sequential", *, with_position: bool = False
@@ -119,71 +121,49 @@ class View:
 
     # ------------------------------------------------------------------ the levels
     async def _read(self, op: Any, within: Any, level: str) -> tuple[list[tuple[Any, Any]], int]:
-        if level not in LEVELS:
-            raise BadOperation(f"a view read's level is one of {', '.join(LEVELS)}, not {level!r}")
-        deadline = time.monotonic() + self.rb.answer_timeout
-        for _ in range(3):
-            try:
-                return await self._attempt(op, within, level, deadline)
-            except Compacted:
-                if level != "sequential":
-                    raise
-                # The maintainer restarted past the read's position: read again, later.
-        raise Indeterminate(f"view {self.name!r} kept restarting past the reads' positions")
+        rb = self.rb
+        steps = read_steps(self.name, op, within, level, time.monotonic(), rb.answer_timeout,
+                           self._session, rb.writes_sent)  # fmt: skip
+        return await drive(rb, steps)  # type: ignore[no-any-return]
 
-    async def _attempt(
-        self, op: Any, within: Any, level: str, deadline: float
-    ) -> tuple[list[tuple[Any, Any]], int]:
-        target = -1
-        if level == "sequential":
-            target = await self._probe()
-        elif level == "read-your-writes":
-            writes = self.rb.writes_sent
-            if writes != self._writes_seen:
-                self._ryw = max(self._ryw, await self._probe())
-                self._writes_seen = writes
-            target = self._ryw
-        isolation = _ISOLATION.get(level, "snapshot")
-        pause = 0.002
-        while True:
-            got = await self.rb.read(op, isolation, within=within)
-            chains = dict(got) if type(got) is dict else {k: v for k, v in got}
-            meta = chains.pop(meta_key(self.name), None)
-            if meta is not None and len(meta) > 1:
-                reached, floor = meta[-1]
-                if reached >= target:
-                    at = target if level == "sequential" else reached
-                    if at < floor:
-                        raise Compacted(floor)
-                    if level == "read-your-writes":
-                        self._ryw = max(self._ryw, reached)
-                    return self._as_of(chains, at), at
-            if time.monotonic() + pause > deadline:
-                raise Indeterminate(
-                    f"view {self.name!r} has not reached position {target} in time"
-                    if meta is not None
-                    else f"view {self.name!r} has no maintainer's progress yet (is it defined, "
-                    "and is `rubberband views maintain` running?)"
-                )
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 0.05)
 
-    async def _probe(self) -> int:
-        _, position = await self.rb.read(
-            ("get", (meta_key(self.name),)), "sequential", with_position=True
-        )
-        return int(position)
-
-    def _as_of(self, chains: dict[Any, Any], at: int) -> list[tuple[Any, Any]]:
-        out = []
-        for key in sorted(chains, key=encode_key):
-            try:
-                present, value = as_of(chains[key], at)
-            except LookupError as e:
-                raise Compacted(e.args[0]) from None
-            if present:
-                out.append((key[2], value))
-        return out
+async def drive(rb: Any, steps: Steps, stop: asyncio.Event | None = None) -> Any:
+    """Carry out ``steps`` (:mod:`rubberband.views.steps`) with ``rb``'s calls until
+    they return (or ``stop`` is set); what they return."""
+    reply: Any = None
+    error: BaseException | None = None
+    while stop is None or not stop.is_set():
+        try:
+            request = steps.throw(error) if error is not None else steps.send(reply)
+        except StopIteration as done:
+            return done.value
+        error = None
+        try:
+            if type(request) is Read:
+                got = await rb.read(request.op, request.isolation, within=request.within,
+                                    with_position=request.with_position)  # fmt: skip
+            elif type(request) is Write:
+                got = None
+                if len(request.ops) == 1:
+                    await rb.write(request.ops[0])
+                else:
+                    for outcome in await rb.write_batch(list(request.ops)):
+                        if outcome is not None:
+                            raise outcome
+            elif stop is None:
+                got = await asyncio.sleep(request.seconds)
+            else:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), request.seconds)
+                got = None
+        except RubberbandError as e:
+            if type(request) is not Sleep:
+                log.debug("view step %s failed: %s", type(request).__name__, e)
+            error = e
+            continue
+        reply = (got, time.monotonic())
+    steps.close()
+    return None
 
 
 # ------------------------------------------------------------------ maintaining
@@ -191,48 +171,6 @@ async def maintain(
     rb: Any, view: ViewDef, poll: float = 0.05, stop: asyncio.Event | None = None
 ) -> None:
     """Keep ``view`` up to date until ``stop`` is set (or the task is cancelled): start
-    from a snapshot of its sources, then follow their feeds.  A feed that was compacted
-    under it (the maintainer stalled past the change logs' retention) starts it over."""
-    stop = stop or asyncio.Event()
-    while not stop.is_set():
-        try:
-            await _maintain_once(rb, view, poll, stop)
-        except Compacted as e:
-            log.warning(
-                "view %s: its base's changes were compacted (%s): starting over", view.name, e
-            )
-        except RubberbandError as e:
-            log.warning("view %s: %s; trying again in %.1f s", view.name, e, 1.0)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0)
-
-
-async def _maintain_once(rb: Any, view: ViewDef, poll: float, stop: asyncio.Event) -> None:
-    m = Maintainer(view)
-    old = await rb.read(("scan", *rows_bounds(view.name)), "sequential")
-    snapshots = [
-        await rb.read(("scan", lo, hi), "sequential", with_position=True) for lo, hi in view.sources
-    ]
-    await _write_all(rb, m.start(old, snapshots, time.monotonic()))
-    while not stop.is_set():
-        pages: list[Page] = await asyncio.gather(
-            *(rb.changes(m.since[side], lo, hi) for side, (lo, hi) in enumerate(view.sources))
-        )
-        idle = True
-        for side, page in enumerate(pages):
-            idle = idle and not page.events
-            await _write_all(rb, m.page(side, page.position, page.events, time.monotonic()))
-        if idle:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), poll)
-
-
-async def _write_all(rb: Any, writes: list[Any]) -> None:
-    """The rows first, then the last write (it carries the progress) once they are
-    stable: a reader that sees the progress sees every row version under it."""
-    if len(writes) > 1:
-        for outcome in await rb.write_batch(writes[:-1]):
-            if outcome is not None:
-                raise outcome
-    if writes:
-        await rb.write(writes[-1])
+    from a snapshot of its sources, then follow their feeds
+    (:func:`~rubberband.views.steps.maintain_steps`)."""
+    await drive(rb, maintain_steps(view, poll), stop or asyncio.Event())

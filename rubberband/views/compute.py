@@ -20,13 +20,22 @@ from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any
 
+import msgpack
 from sortedcontainers import SortedList
 
-from rubberband.keys import BadKey, encode_key
+from ecast.core import mutations
+from rubberband.keys import BadKey, EKey, encode_key
 from rubberband.views.define import CATALOG, VIEW, ViewDef
 
 ABSENT: Any = object()
 """A view row that is not there (a delete)."""
+COUNTED_TWICE = mutations.declare(
+    "aggregate_counted_twice", "views",
+    "a base key's new values are added to its group without its old ones taken out",
+)  # fmt: skip
+NO_REVERSE_JOIN = mutations.declare(
+    "join_without_reverse", "views", "a join's right side changes without its rows changing"
+)
 
 
 def _get(value: Any, name: Any) -> Any:
@@ -80,94 +89,113 @@ def in_source(view: ViewDef, side: int, key: Any) -> bool:
 
 
 class _Group:
-    __slots__ = ("counts", "n", "numbers", "orders", "sums")
+    __slots__ = ("counts", "floats", "n", "numbers", "orders", "sums")
 
     def __init__(self) -> None:
         self.n = 0
         self.counts: dict[str, int] = {}
         self.numbers: dict[str, int] = {}
+        self.floats: dict[str, int] = {}
+        """Floats among the numbers: a sum is a float while there is one, else an int."""
         self.sums: dict[str, int | Fraction] = {}
         """Exact (floats as fractions), so a sum never depends on the order of changes."""
         self.orders: dict[str, SortedList] = {}
 
 
-def _plain(total: int | Fraction) -> int | float:
-    return total if type(total) is int else float(total)
+def same(a: Any, b: Any) -> bool:
+    """Equal as stored: ``1``, ``1.0`` and ``True`` are three values (Python's ``==``
+    says one), tuples and lists one (the wire's arrays)."""
+    if a is b:
+        return True
+    try:
+        return bool(msgpack.packb(a) == msgpack.packb(b))
+    except (TypeError, ValueError, OverflowError):
+        return bool(a == b)
 
 
 class Rows:
-    """A view's rows, maintained one base change at a time (:meth:`change`)."""
+    """A view's rows, maintained one base change at a time (:meth:`change`).  Keys are
+    told apart as Rubberband orders them (by :func:`encode_key`: ``True`` and ``1`` are
+    two keys, ``1`` and ``1.0`` one), never by Python's ``==``."""
 
     def __init__(self, view: ViewDef) -> None:
         self.view = view
-        self.rows: dict[Any, Any] = {}
-        self._of: list[dict[Any, Any]] = [{}, {}]  # per side: base key -> what it adds
-        self._groups: dict[Any, _Group] = {}
-        self._sides: dict[Any, tuple[dict[Any, Any], dict[Any, Any]]] = {}  # join value ->
+        self.rows: dict[EKey, tuple[Any, Any]] = {}
+        """The view: ``{encoded row key: (row key, value)}``."""
+        self._of: list[dict[EKey, Any]] = [{}, {}]  # per side: base key -> what it adds
+        self._groups: dict[EKey, _Group] = {}
+        self._sides: dict[EKey, tuple[dict[EKey, Any], dict[EKey, Any]]] = {}  # join value ->
 
-    def change(self, side: int, key: Any, value: Any) -> dict[Any, Any]:
+    def change(self, side: int, key: Any, value: Any) -> dict[EKey, tuple[Any, Any]]:
         """Base ``key`` of source ``side`` is now ``value`` (:data:`ABSENT`: deleted):
-        the view rows that changed, ``{row key: value or ABSENT}``."""
-        out: dict[Any, Any] = {}
+        the view rows that changed, ``{encoded row key: (row key, value or ABSENT)}``."""
+        out: dict[EKey, tuple[Any, Any]] = {}
         kind = self.view.kind
         if value is not ABSENT and not matches(self.view, value):
             value = ABSENT
+        ek = encode_key(key)
         if kind in ("selection", "projection"):
-            self._set(out, key, ABSENT if value is ABSENT else shown(self.view, value))
+            self._set(out, key, ABSENT if value is ABSENT else shown(self.view, value), ek)
         elif kind == "index":
-            self._index(out, key, value)
+            self._index(out, key, ek, value)
         elif kind == "aggregate":
-            self._aggregate(out, key, value)
+            self._aggregate(out, ek, value)
         else:
-            self._join(out, side, key, value)
+            self._join(out, side, key, ek, value)
         return out
 
-    def _set(self, out: dict[Any, Any], vkey: Any, value: Any) -> None:
+    def _set(self, out: dict[EKey, Any], vkey: Any, value: Any, ek: EKey | None = None) -> None:
+        ek = encode_key(vkey) if ek is None else ek
         if value is ABSENT:
-            if vkey in self.rows:
-                del self.rows[vkey]
-                out[vkey] = ABSENT
-        elif self.rows.get(vkey, ABSENT) != value or vkey not in self.rows:
-            self.rows[vkey] = value
-            out[vkey] = value
+            if ek in self.rows:
+                del self.rows[ek]
+                out[ek] = (vkey, ABSENT)
+        else:
+            old = self.rows.get(ek)
+            if old is None or not same(old[1], value):
+                self.rows[ek] = (vkey, value)
+                out[ek] = (vkey, value)
 
     # ------------------------------------------------------------------ index
-    def _index(self, out: dict[Any, Any], key: Any, value: Any) -> None:
+    def _index(self, out: dict[EKey, Any], key: Any, ek: EKey, value: Any) -> None:
         of = self._of[0]
-        old = of.pop(key, None)
+        old = of.pop(ek, None)
         new = None
         if value is not ABSENT:
             sv = _get(value, self.view.on)
             if _keyable(sv):
                 new = (sv, key)
-        if old is not None and old != new:
-            self._set(out, old, ABSENT)
+        new_ek = None if new is None else encode_key(new)
+        if old is not None and old[1] != new_ek:
+            self._set(out, old[0], ABSENT, old[1])
         if new is not None:
-            of[key] = new
-            self._set(out, new, shown(self.view, value))
+            of[ek] = (new, new_ek)
+            self._set(out, new, shown(self.view, value), new_ek)
 
     # ------------------------------------------------------------------ aggregate
-    def _aggregate(self, out: dict[Any, Any], key: Any, value: Any) -> None:
+    def _aggregate(self, out: dict[EKey, Any], ek: EKey, value: Any) -> None:
         of = self._of[0]
-        old = of.pop(key, None)
-        if old is not None:
-            self._contribute(old[0], old[1], -1)
-        touched = [] if old is None else [old[0]]
+        old = of.pop(ek, None)
+        if old is not None and not mutations.on(COUNTED_TWICE):
+            self._contribute(old[1], old[2], -1)
+        touched = {} if old is None else {old[1]: old[0]}
         if value is not ABSENT:
-            group = _get(value, self.view.group_by)
-            if _keyable(group):
+            by = self.view.group_by
+            group = None if by is None else _get(value, by)  # no group_by: one group
+            gek = _sort_key(group)
+            if gek is not None:
                 fields = {c: _get(value, c) for _n, _f, c in self.view.aggregates if c is not None}
-                of[key] = (group, fields)
-                self._contribute(group, fields, 1)
-                touched.append(group)
-        for group in dict.fromkeys(touched):
-            g = self._groups.get(group)
-            self._set(out, group, ABSENT if g is None else self._result(g))
+                of[ek] = (group, gek, fields)
+                self._contribute(gek, fields, 1)
+                touched[gek] = group
+        for gek, group in touched.items():
+            g = self._groups.get(gek)
+            self._set(out, group, ABSENT if g is None else self._result(g), gek)
 
-    def _contribute(self, group: Any, fields: dict[Any, Any], sign: int) -> None:
-        g = self._groups.get(group)
+    def _contribute(self, gek: EKey, fields: dict[Any, Any], sign: int) -> None:
+        g = self._groups.get(gek)
         if g is None:
-            g = self._groups[group] = _Group()
+            g = self._groups[gek] = _Group()
         g.n += sign
         for c, v in fields.items():
             if v is None:
@@ -175,19 +203,23 @@ class Rows:
             g.counts[c] = g.counts.get(c, 0) + sign
             if type(v) is int or (type(v) is float and math.isfinite(v)):
                 total = g.sums.get(c, 0)
-                g.sums[c] = (
-                    total + sign * v if type(v) is int else Fraction(total) + sign * Fraction(v)
-                )
+                if type(v) is int:
+                    g.sums[c] = total + sign * v
+                else:
+                    g.sums[c] = Fraction(total) + sign * Fraction(v)
+                    g.floats[c] = g.floats.get(c, 0) + sign
                 g.numbers[c] = g.numbers.get(c, 0) + sign
             k = _sort_key(v)
             if k is not None:
+                # Ties in key order (1 and 1.0) broken by the stored form, alike everywhere.
+                item = (k, msgpack.packb(v), v)
                 order = g.orders.setdefault(c, SortedList())
                 if sign > 0:
-                    order.add((k, v))
+                    order.add(item)
                 else:
-                    order.remove((k, v))
+                    order.remove(item)
         if g.n == 0:
-            del self._groups[group]
+            del self._groups[gek]
 
     def _result(self, g: _Group) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -195,45 +227,49 @@ class Rows:
             if fn == "count":
                 out[name] = g.n if c is None else g.counts.get(c, 0)
             elif fn == "sum":
-                out[name] = _plain(g.sums.get(c, 0))
+                total = g.sums.get(c, 0)
+                out[name] = float(total) if g.floats.get(c) else int(total)
             elif fn == "avg":
                 n = g.numbers.get(c, 0)
                 out[name] = float(Fraction(g.sums[c]) / n) if n else None
             else:
                 order = g.orders.get(c)
-                out[name] = (order[0] if fn == "min" else order[-1])[1] if order else None
+                out[name] = (order[0] if fn == "min" else order[-1])[2] if order else None
         return out
 
     # ------------------------------------------------------------------ join
-    def _join(self, out: dict[Any, Any], side: int, key: Any, value: Any) -> None:
+    def _join(self, out: dict[EKey, Any], side: int, key: Any, ek: EKey, value: Any) -> None:
         of = self._of[side]
         on = self.view.on if side == 0 else self.view.right_on
-        old = of.pop(key, None)
+        old = of.pop(ek, None)
         if old is not None:
-            jv, _ = old
-            mine, theirs = self._pair(jv, side)
-            del mine[key]
-            for other in theirs:
+            jv, jek = old
+            mine, theirs = self._pair(jek, side)
+            del mine[ek]
+            for other, _ov in theirs.values():
                 self._set(out, self._row(jv, side, key, other), ABSENT)
             if not mine and not theirs:
-                del self._sides[jv]
+                del self._sides[jek]
         if value is ABSENT:
             return
         jv = _get(value, on)
-        if not _keyable(jv):
+        jek = _sort_key(jv)
+        if jek is None:
             return
-        of[key] = (jv, value)
-        mine, theirs = self._pair(jv, side)
-        mine[key] = value
-        for other, ov in theirs.items():
+        of[ek] = (jv, jek)
+        mine, theirs = self._pair(jek, side)
+        mine[ek] = (key, value)
+        if side == 1 and mutations.on(NO_REVERSE_JOIN):
+            return
+        for other, ov in theirs.values():
             pair = (value, ov) if side == 0 else (ov, value)
             self._set(out, self._row(jv, side, key, other), {
                 "left": shown(self.view, pair[0]), "right": shown(self.view, pair[1])})  # fmt: skip
 
-    def _pair(self, jv: Any, side: int) -> tuple[dict[Any, Any], dict[Any, Any]]:
-        both = self._sides.get(jv)
+    def _pair(self, jek: EKey, side: int) -> tuple[dict[EKey, Any], dict[EKey, Any]]:
+        both = self._sides.get(jek)
         if both is None:
-            both = self._sides[jv] = ({}, {})
+            both = self._sides[jek] = ({}, {})
         return both[side], both[1 - side]
 
     @staticmethod
@@ -241,8 +277,8 @@ class Rows:
         return (jv, key, other) if side == 0 else (jv, other, key)
 
 
-def recompute(view: ViewDef, bases: Iterable[dict[Any, Any]]) -> dict[Any, Any]:
-    """The view's rows of whole base states (one per source): ``{row key: value}``."""
+def recompute(view: ViewDef, bases: Iterable[dict[Any, Any]]) -> dict[EKey, tuple[Any, Any]]:
+    """The view's rows of whole base states (one per source), as :attr:`Rows.rows`."""
     rows = Rows(view)
     for side, base in enumerate(bases):
         for key, value in sorted(base.items(), key=lambda kv: encode_key(kv[0])):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rubberband.changelog import Event
+from rubberband.keys import EKey, encode_key
 from rubberband.views.compute import ABSENT, Rows, in_source
 from rubberband.views.define import ViewDef, meta_key, row_key
 
@@ -104,9 +105,9 @@ class Maintainer:
                 return []
             self._pending_up_to(start)  # the state at the start: written whole, below
             name = self.view.name
-            rows = {row_key(name, k): [start, v] for k, v in self.rows.rows.items()}
-            rows.update((key, [start]) for key in self._old if key not in rows)
-            entries = list(rows.items())
+            entries = [(row_key(name, k), [start, v]) for k, v in self.rows.rows.values()]
+            there = {encode_key(k) for k, _ in entries}
+            entries += [(key, [start]) for key in self._old if encode_key(key) not in there]
             self.position = self.floor = start
             self._marks.append((now, start))
         if horizon > self.position:
@@ -129,7 +130,7 @@ class Maintainer:
                 ready.setdefault(e.position, []).append((side, e))
         out: list[tuple[Any, list[Any]]] = []
         for position in sorted(ready):
-            changed: dict[Any, Any] = {}
+            changed: dict[EKey, tuple[Any, Any]] = {}
             for side, event in ready[position]:
                 for key, how, value in event.changes:
                     if in_source(self.view, side, key):
@@ -139,7 +140,7 @@ class Maintainer:
             self.events += 1
             out += [
                 (row_key(name, k), [position] if v is ABSENT else [position, v])
-                for k, v in changed.items()
+                for k, v in changed.values()
             ]
         return out
 

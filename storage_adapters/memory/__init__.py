@@ -53,6 +53,7 @@ from rubberband.engine import (
     ReportsChanges,
     after,
     check_version_op,
+    contains,
     encode_key,
     merge,
     normalize,
@@ -171,17 +172,20 @@ class KVOps:
     def restrict(self, result: Any, ranges: RangeSet, placement: Placement) -> Any:
         """The part of a read's answer inside ``ranges`` (placement space)."""
         if type(result) is dict:
-            return {k: v for k, v in result.items() if _in(ranges, placement.ekey(k))}
+            return {k: v for k, v in result.items() if inside(ranges, placement.ekey(k))}
         if type(result) in (list, tuple):
-            return [kv for kv in result if _in(ranges, placement.ekey(kv[0]))]
+            return [kv for kv in result if inside(ranges, placement.ekey(kv[0]))]
         return result
 
 
-def _in(ranges: RangeSet, place: EKey) -> bool:
+def inside(ranges: RangeSet, place: EKey) -> bool:
+    """Whether ``place`` is in ``ranges``: the operation's part this replica applies."""
     if len(ranges) == 1:  # most writes: a holder's part of a one-key write, or a bundle's
         lo, hi = ranges[0]
         return bool(lo <= place < hi)
-    return any(lo <= place < hi for lo, hi in ranges)
+    if len(ranges) < 8:
+        return any(lo <= place < hi for lo, hi in ranges)
+    return contains(ranges, place)  # a many-key write's points: bisection
 
 
 class _Cursor:
@@ -249,7 +253,7 @@ class MemoryEngine(ReportsChanges):
     def _put(self, op: Any, ranges: RangeSet) -> None:
         for key, value in op[1]:
             slot = self._slot(key)
-            if _in(ranges, slot[0]):
+            if inside(ranges, slot[0]):
                 self._data[slot] = (key, value)
                 if self._changes is not None:
                     self._changes.append((key, "put", value))
@@ -258,7 +262,7 @@ class MemoryEngine(ReportsChanges):
         mine = []
         for key, value in op[1]:
             slot = self._slot(key)
-            if _in(ranges, slot[0]):
+            if inside(ranges, slot[0]):
                 old = self._data.get(slot)
                 if old is not None and type(old[1]) not in (list, tuple):
                     raise BadOperation(f"append to {key!r}, which holds a {type(old[1]).__name__}")
@@ -273,7 +277,7 @@ class MemoryEngine(ReportsChanges):
         mine = []
         for key, delta in deltas(op[1]):
             slot = self._slot(key)
-            if _in(ranges, slot[0]):
+            if inside(ranges, slot[0]):
                 old = self._data.get(slot)
                 if old is not None and type(old[1]) is not int:
                     raise BadOperation(f"add to {key!r}, which holds a {type(old[1]).__name__}")
@@ -289,7 +293,7 @@ class MemoryEngine(ReportsChanges):
         entries: dict[tuple[EKey, EKey], tuple[Any, list[Any]]] = {}
         for key, entry in pairs:
             slot = self._slot(key)
-            if _in(ranges, slot[0]):
+            if inside(ranges, slot[0]):
                 entries.setdefault(slot, (key, []))[1].append(entry)
         new = {}
         for slot, (key, mine) in entries.items():  # all checked first: the operation is atomic
@@ -302,7 +306,7 @@ class MemoryEngine(ReportsChanges):
     def _delete(self, op: Any, ranges: RangeSet) -> None:
         for key in op[1]:
             slot = self._slot(key)
-            gone = _in(ranges, slot[0]) and self._data.pop(slot, None) is not None
+            gone = inside(ranges, slot[0]) and self._data.pop(slot, None) is not None
             if gone and self._changes is not None:
                 self._changes.append((key, "delete", None))
 
@@ -316,7 +320,7 @@ class MemoryEngine(ReportsChanges):
         out = {}
         for key in op[1]:
             slot = self._slot(key)
-            if _in(ranges, slot[0]):
+            if inside(ranges, slot[0]):
                 item = self._data.get(slot)
                 if item is not None:
                     out[key] = item[1]
@@ -338,7 +342,7 @@ class MemoryEngine(ReportsChanges):
         except (TypeError, ValueError) as e:
             raise BadOperation(f"a malformed chunk ({e})") from None
         for slot in items:
-            if not _in(ranges, slot[0]):
+            if not inside(ranges, slot[0]):
                 raise BadOperation(f"a chunk holds key {items[slot][0]!r:.40} outside the copy")
         self._data.update(items)
 

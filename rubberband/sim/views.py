@@ -1,0 +1,294 @@
+"""Materialized views in the simulator: the shipped maintainer and view-read steps
+(:mod:`rubberband.views.steps`), driven through the shipped client core, through every
+fault of a run, and their check.
+
+Two maintainer processes keep every view at once (one is crashed mid-run and a third
+started later: a restart from a snapshot beside a maintainer that never stopped), and
+a reader reads the views at every level.  The run's change-feed follower records every
+base write from before the first one, so the base is known at every position: each
+read must equal the view recomputed there (:func:`rubberband.checkers.views.check_view_reads`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ecast import NodeId
+from rubberband.checkers.views import ViewRead, check_view_reads
+from rubberband.client import ReadDone, WriteDone
+from rubberband.errors import RubberbandError
+from rubberband.views import LEVELS, view_def
+from rubberband.views.define import rows_bounds
+from rubberband.views.steps import Read, Sleep, Steps, Write, maintain_steps, read_steps
+
+if TYPE_CHECKING:
+    from rubberband.sim.process import RbNode
+    from rubberband.sim.run import RubberbandRun
+
+MAINTAINERS: tuple[NodeId, ...] = ("client:vm1", "client:vm2")
+LATE_MAINTAINER: NodeId = "client:vm3"
+READER: NodeId = "client:vr"
+POLL = 0.2
+"""Seconds between a maintainer's idle pages (fewer simulated messages than the SDK's)."""
+SOURCE = (3_000, 7_000)
+"""The views' base: parts of two segments of the ring, 7 list-append keys."""
+READ_EVERY = 0.1
+"""Virtual seconds between the reader's reads."""
+RETENTION = 0.5
+"""Virtual seconds of versions kept (the chains stay short, as under real load)."""
+VIEWS = (
+    view_def("rows", "selection", SOURCE, retention=RETENTION),
+    view_def("by_g", "index", SOURCE, on="g", columns=["g"], retention=RETENTION),
+    view_def(
+        "totals",
+        "aggregate",
+        SOURCE,
+        retention=RETENTION,
+        aggregates={
+            "n": ["count", None],
+            "s": ["sum", "g"],
+            "lo": ["min", "g"],
+            "hi": ["max", "g"],
+        },
+    ),
+    view_def(
+        "pairs",
+        "join",
+        (3_000, 3_800),
+        on="g",
+        right=(6_200, 7_000),
+        right_on="g",
+        columns=["g"],
+        retention=RETENTION,
+    ),
+)
+"""Over the list-append keys (lists: rows of the selection, counted, no index entry, no
+join value) and the bulky puts (``{"g": 0..4, ...}``: index entries, sums, extremes and
+join pairs)."""
+
+
+class Driven:
+    """One generator of steps, carried out through a simulated node's client core."""
+
+    def __init__(self, node: RbNode, steps: Steps, done: Callable[[Any, Any], None]) -> None:
+        self.node = node
+        self.steps = steps
+        self.done = done
+        self.waiting: Any = None  # ("read", rid, with_position) | ("write", {rids}) | None
+        self.wake_at: float | None = None
+        self.error: BaseException | None = None
+        self.finished = False
+        self.halted = False
+        self._fresh = True
+
+    def resume(self, reply: Any, now: float, error: BaseException | None = None) -> None:
+        self.waiting, self.wake_at = None, None
+        if self.halted:
+            self.finished = True
+            self.steps.close()
+            self.done(None, None)
+            return
+        while True:
+            try:
+                if self._fresh:
+                    self._fresh = False
+                    request = self.steps.send(None)
+                elif error is not None:
+                    request = self.steps.throw(error)
+                else:
+                    request = self.steps.send((reply, now))
+            except StopIteration as e:
+                self.finished = True
+                self.done(e.value, None)
+                return
+            except RubberbandError as e:
+                self.finished = True
+                self.done(None, e)
+                return
+            try:
+                self._perform(request, now)
+                return
+            except RubberbandError as e:  # refused at the call
+                error, reply = e, None
+
+    def _perform(self, request: Any, now: float) -> None:
+        core = self.node.client
+        assert core is not None
+        if type(request) is Sleep:
+            self.wake_at = now + request.seconds
+        elif type(request) is Read:
+            rid, fx = core.read(request.op, request.isolation, now, within=request.within)
+            self.waiting = ("read", rid, request.with_position)
+            self.node.feed(fx)
+        else:
+            assert type(request) is Write
+            if len(request.ops) == 1:
+                rid, fx = core.write(request.ops[0], now)
+                rids = {rid}
+            else:
+                messages, fx = core.write_batch(list(request.ops), now)
+                rids = {rid for _indices, rid in messages}
+            self.waiting = ("write", rids)
+            self.node.feed(fx)
+
+    def upcall(self, item: Any, now: float) -> None:
+        w = self.waiting
+        if w is None:
+            return
+        if type(item) is ReadDone and w[0] == "read" and item.request == w[1]:
+            if item.error is not None:
+                self.resume(None, now, item.error)
+            else:
+                self.resume((item.result, item.position) if w[2] else item.result, now)
+        elif type(item) is WriteDone and w[0] == "write" and item.request in w[1]:
+            if item.error is not None:
+                self.resume(None, now, item.error)
+                return
+            w[1].discard(item.request)
+            if not w[1]:
+                self.resume(None, now)
+
+    def tick(self, now: float) -> None:
+        if self.wake_at is not None and now >= self.wake_at:
+            self.resume(None, now)
+
+
+class ViewProcess:
+    """A simulated process that runs steps: every view's maintainer, or the reader."""
+
+    def __init__(self, run: RubberbandRun, node: RbNode, reader: bool) -> None:
+        self.run = run
+        self.node = node
+        self.reader = reader
+        self.driven: list[Driven] = []
+        self.started = False
+        self.reads: dict[str, list[ViewRead]] = {v.name: [] for v in VIEWS}
+        self.failed = 0
+        self.halted = False
+        self.final: list[Any] | None = None
+        """After healing: the views the reader still has to read (None: not yet)."""
+        self.final_reads: dict[str, int] = {}
+        self._n = 0
+        node.on_upcall = lambda _node, item, now: [d.upcall(item, now) for d in list(self.driven)]
+        node.next_wake = self._next_wake
+        node.on_step = self.tick
+
+    def halt(self) -> None:
+        """Start nothing more: each step in flight ends, and its generator is dropped."""
+        self.halted = True
+        for d in list(self.driven):
+            d.halted = True
+            if d.waiting is None:
+                self._drop(d)
+
+    def _drop(self, d: Driven) -> None:
+        if d in self.driven:
+            self.driven.remove(d)
+
+    def _start(self, steps: Any, done: Callable[[Any, Any], None], now: float) -> Driven:
+        def finished(got: Any, error: Any) -> None:
+            self._drop(d)
+            if not self.halted:
+                done(got, error)
+
+        d = Driven(self.node, steps, finished)
+        d.wake_at = now
+        self.driven.append(d)
+        return d
+
+    def resume_final(self) -> None:
+        """Start again after healing; the reader reads each view once, sequentially."""
+        self.halted = False
+        self.started = False
+        self.final = list(VIEWS)
+
+    @property
+    def final_done(self) -> bool:
+        return self.final is not None and not self.final and not self.driven
+
+    @property
+    def idle(self) -> bool:
+        return not self.driven
+
+    def _next_wake(self) -> float | None:
+        wakes = [d.wake_at for d in self.driven if d.wake_at is not None]
+        return min(wakes) if wakes else (None if self.driven else self.run.sim.now + 0.2)
+
+    def tick(self, now: float) -> None:
+        core = self.node.client
+        assert core is not None
+        if self.halted:
+            return
+        if not self.started:
+            follower = self.run.follower
+            if core.keyspace is None or not len(core.keyspace):
+                self.node.feed(core.refresh(now))
+                return
+            if follower is None or not follower.started:
+                return
+            self.started = True
+            if self.reader:
+                self._next_read(now)
+            else:
+                for view in VIEWS:
+                    self._start(maintain_steps(view, poll=POLL), lambda *_: None, now)
+            return
+        for d in list(self.driven):
+            d.tick(now)
+
+    def _next_read(self, now: float) -> None:
+        self._n += 1
+        view = VIEWS[self._n % len(VIEWS)]
+        level = LEVELS[(self._n // len(VIEWS)) % len(LEVELS)]
+        if self.final is not None:
+            if not self.final:
+                return
+            view, level = self.final[0], "sequential"
+        start, end = rows_bounds(view.name)
+        steps = read_steps(view.name, ("scan", start, end), None, level, now,
+                           self.run.cfg.answer_timeout * 3)  # fmt: skip
+
+        def done(got: Any, error: Any) -> None:
+            if error is None:
+                rows, at = got
+                self.reads[view.name].append(ViewRead(at, rows, level=level))
+                if self.final and self.final[0] is view:
+                    self.final.pop(0)
+                    self.final_reads[view.name] = at
+            else:
+                self.failed += 1
+            self._next_read(self.node._now + READ_EVERY)
+
+        self._start(steps, done, now)
+
+    def violations(self) -> list[str]:
+        out: list[str] = []
+        follower = self.run.follower
+        if follower is None or follower.first is None:
+            return ["views: the base's change feed never started"]
+        for view in VIEWS:
+            reads = self.reads[view.name]
+            if view.name not in self.final_reads:
+                out.append(f"liveness: view {view.name} was not read after healing")
+            out += check_view_reads(view, ({}, follower.first), follower.events, reads)[:3]
+        return out
+
+
+def views_after_healing(run: RubberbandRun) -> None:
+    """After healing: the maintainers start over (from a snapshot), each view is read
+    once more at sequential level, and they halt again, so that their last writes reach
+    every replica before the replicas are compared."""
+    procs = run.view_processes
+    for vp in procs.values():
+        vp.resume_final()
+    reader = procs[READER]
+    run.sim.run(run.sim.now + 10.0, stop=lambda: reader.final_done)
+    for vp in procs.values():
+        vp.halt()
+
+    def halted() -> bool:
+        live = [p for p in procs if run.sim.nodes[p].alive]
+        return all(procs[p].idle for p in live) and run.quiet()
+
+    run.sim.run(run.sim.now + 5.0, stop=halted)

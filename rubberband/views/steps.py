@@ -1,0 +1,175 @@
+"""The views' protocols as steps, without I/O: what to read, write or wait for next.
+
+A maintainer's loop and a view read at a level are conversations with the cluster (a
+read, then writes, then pages of a feed...).  Each is a generator here: it *yields* a
+request (:class:`Read`, :class:`Write`, :class:`Sleep`) and is resumed with
+``(result, now)``, or with the error thrown into it.  It touches no socket, clock or
+event loop, so the asyncio client (:mod:`rubberband.views.client`) and the simulator
+(:mod:`rubberband.sim.views`) run the same steps: the simulator checks the code that
+ships, as it does for every other core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from rubberband.changelog import Changes
+from rubberband.errors import BadOperation, Compacted, Indeterminate, RubberbandError
+from rubberband.keys import encode_key
+from rubberband.versions import as_of
+from rubberband.views.define import ViewDef, meta_key, rows_bounds
+from rubberband.views.maintain import Maintainer
+
+
+class Read(NamedTuple):
+    """Read ``op`` at ``isolation`` (``within``: part of it); the reply is the result,
+    or ``(result, position)`` with ``with_position``."""
+
+    op: Any
+    isolation: str
+    within: Any = None
+    with_position: bool = False
+
+
+class Write(NamedTuple):
+    """Write every op (in one batch; their order between segments is free); the reply
+    comes once all are stable, or the first failure is thrown."""
+
+    ops: tuple[Any, ...]
+
+
+class Sleep(NamedTuple):
+    seconds: float
+
+
+Steps = Generator[Read | Write | Sleep, tuple[Any, float], Any]
+
+LEVELS = ("sequential", "read-your-writes", "snapshot", "any")
+_ISOLATION = {"snapshot": "snapshot", "any": "basic"}
+RETRY = 1.0
+"""Seconds a maintainer waits after a failed step before it starts over."""
+
+
+# ------------------------------------------------------------------ maintaining
+def maintain_steps(view: ViewDef, poll: float = 0.05) -> Steps:
+    """A maintainer for ever: start from a snapshot, follow the sources' feeds; start
+    over after a failure (a feed compacted under it, the cluster unreachable)."""
+    while True:
+        m = Maintainer(view)
+        try:
+            yield from _maintain(m, view, poll)
+        except Compacted:
+            pass  # the base's changes went under it: from a new snapshot
+        except RubberbandError:
+            yield Sleep(RETRY)
+
+
+def _maintain(m: Maintainer, view: ViewDef, poll: float) -> Steps:
+    old, now = yield Read(("scan", *rows_bounds(view.name)), "sequential")
+    snapshots = []
+    for lo, hi in view.sources:
+        got, now = yield Read(("scan", lo, hi), "sequential", None, True)
+        snapshots.append(got)
+    now = yield from _write(m.start(old, snapshots, now), now)
+    while True:
+        idle = True
+        for side, (lo, hi) in enumerate(view.sources):
+            page, now = yield Read(Changes(m.since[side], lo, hi), "sequential")
+            idle = idle and not page.events
+            now = yield from _write(m.page(side, page.position, page.events, now), now)
+        if idle:
+            _, now = yield Sleep(poll)
+
+
+def _write(writes: list[Any], now: float) -> Steps:
+    """The rows first, then the last write (it carries the progress) once they are
+    stable: a reader that sees the progress sees every row version under it."""
+    if len(writes) > 1:
+        _, now = yield Write(tuple(writes[:-1]))
+    if writes:
+        _, now = yield Write((writes[-1],))
+    return now
+
+
+# ------------------------------------------------------------------ reading
+@dataclass
+class Session:
+    """What read-your-writes remembers of a client: its writes when it last read, and
+    the position its reads must reach (its reads never go back)."""
+
+    writes_seen: int = -1
+    floor: int = -1
+
+
+def read_steps(
+    name: str, op: Any, within: Any, level: str, now: float, timeout: float,
+    session: Session | None = None, writes: int = 0,
+) -> Steps:  # fmt: skip
+    """A view read at ``level``: ``(rows, position)``, the rows ``[(row key, value)]``
+    in key order, exact as of ``position``.  ``writes``: the client's write calls so
+    far (read-your-writes reads past them)."""
+    if level not in LEVELS:
+        raise BadOperation(f"a view read's level is one of {', '.join(LEVELS)}, not {level!r}")
+    deadline = now + timeout
+    for _ in range(3):
+        try:
+            return (yield from _read(name, op, within, level, deadline, session, writes))
+        except Compacted:
+            if level != "sequential":
+                raise
+            # The maintainer started over past the read's position: read at a new one.
+    raise Indeterminate(f"view {name!r} kept starting over past the reads' positions")
+
+
+def _read(
+    name: str, op: Any, within: Any, level: str, deadline: float, session: Session | None,
+    writes: int,
+) -> Steps:  # fmt: skip
+    target = -1
+    probe = Read(("get", (meta_key(name),)), "sequential", None, True)
+    if level == "sequential":
+        (_, target), now = yield probe
+    elif level == "read-your-writes":
+        session = session if session is not None else Session()
+        if writes != session.writes_seen:
+            (_, at), now = yield probe
+            session.floor = max(session.floor, at)
+            session.writes_seen = writes
+        target = session.floor
+    pause = 0.002
+    while True:
+        got, now = yield Read(op, _ISOLATION.get(level, "snapshot"), within)
+        chains = dict(got)  # a get's {key: chain}, a scan's [(key, chain)]
+        meta = chains.pop(meta_key(name), None)
+        if meta is not None and len(meta) > 1:
+            reached, floor = meta[-1]
+            if reached >= target:
+                at = target if level == "sequential" else reached
+                if at < floor:
+                    raise Compacted(floor)
+                if session is not None and level == "read-your-writes":
+                    session.floor = max(session.floor, reached)
+                return _as_of(chains, at), at
+        if now + pause > deadline:
+            raise Indeterminate(
+                f"view {name!r} has not reached position {target} in time"
+                if meta is not None
+                else f"view {name!r} has no maintainer's progress yet (is it defined, and is "
+                "`rubberband views maintain` running?)"
+            )
+        _, now = yield Sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+def _as_of(chains: dict[Any, Any], at: int) -> list[tuple[Any, Any]]:
+    out = []
+    for key in sorted(chains, key=encode_key):
+        try:
+            present, value = as_of(chains[key], at)
+        except LookupError as e:
+            raise Compacted(e.args[0]) from None
+        if present:
+            out.append((key[2], value))
+    return out
