@@ -88,11 +88,15 @@ class Workload:
         self.slowest: dict[str, float] = {}
         """The longest wait of each kind of operation (``append``, ``r``)."""
 
-    def record(self, process: str, kind: str, value: Any) -> None:
-        self.history.append(
-            {"process": process, "type": kind, "f": "txn", "value": value,
-             "index": len(self.history)}
-        )  # fmt: skip
+    def record(self, process: str, kind: str, value: Any, level: str | None = None) -> None:
+        """One history event; a read's ``level``, so that the checker holds it to what its
+        isolation level promises (a basic read after a sequential one may be older: it is
+        answered from a holder's current state, at no position)."""
+        r = {"process": process, "type": kind, "f": "txn", "value": value,
+             "index": len(self.history)}  # fmt: skip
+        if level is not None:
+            r["level"] = level
+        self.history.append(r)
 
     async def worker(self, i: int) -> None:
         rb = await _client(self.d, f"client:w{i}")
@@ -107,12 +111,14 @@ class Workload:
                     await self._op(f"c{i}", [["append", key, value]], rb.append(key, value))
                 else:
                     level = "snapshot" if self.snapshot else LEVELS[n % 3]
-                    await self._op(f"c{i}", [["r", key, None]], rb.get(key, isolation=level))
+                    await self._op(f"c{i}", [["r", key, None]], rb.get(key, isolation=level), level)
         finally:
             await rb.close()
 
-    async def _op(self, process: str, txn: Any, call: Awaitable[Any]) -> None:
-        self.record(process, "invoke", txn)
+    async def _op(
+        self, process: str, txn: Any, call: Awaitable[Any], level: str | None = None
+    ) -> None:
+        self.record(process, "invoke", txn, level)
         t0 = time.monotonic()
         try:
             got = await call
@@ -120,11 +126,11 @@ class Workload:
             self.slowest[kind] = max(self.slowest.get(kind, 0.0), time.monotonic() - t0)
         except Exception as e:
             self.failed.append(f"{txn[0][0]} {txn[0][1]}: {type(e).__name__}: {e}")
-            self.record(process, "info", txn)
+            self.record(process, "info", txn, level)
             return
         if txn[0][0] == "r":
             txn = [["r", txn[0][1], list(got or ())]]
-        self.record(process, "ok", txn)
+        self.record(process, "ok", txn, level)
 
     async def run(self, fault: Callable[[], Awaitable[None]], seconds: float = 14.0) -> None:
         workers = [asyncio.ensure_future(self.worker(i)) for i in range(self.clients)]
