@@ -102,6 +102,12 @@ def _status(d: Path) -> dict[str, Any]:
 ACCOUNTS = [f"a{i}" for i in range(8)]
 ACCOUNT_KEY = {a: 5_678 + i * (SPREAD // len(ACCOUNTS)) for i, a in enumerate(ACCOUNTS)}
 INITIAL_BALANCE = 100
+VIEW = "bank_total"
+VIEW_SPEC: dict[str, Any] = {
+    "where": [(None, "<", "")],  # the accounts' integers, not the filler's text
+    "aggregates": {"total": ["sum", None], "accounts": ["count", None]},
+}
+"""One row (no ``group_by``): every position's total must be the initial one."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,9 @@ class Plan:
     """Seconds the final reads have in all; what is not read by then is reported unread."""
     answer_timeout: float = 10.0
     """The clients' ``answer_timeout`` (seconds a read waits for its answers)."""
+    views: bool = False
+    """Bank only: an aggregate view of the accounts (``VIEW``), kept by a ``rubberband
+    views maintain`` process, read at every view level beside the accounts."""
     min_faults: int = 0
     """Faults go on past ``duration - settle`` until this many were injected (for at most
     ``duration`` seconds more): the nemesis waits for a healthy ring between faults, and
@@ -132,7 +141,8 @@ def run_rubberband(d: Path, plan: Plan) -> dict[str, Any]:
     """Bring a cluster up in ``d``, run ``plan`` against it, and take it down."""
     cdir = d / "cluster"
     if plan.net is not None:
-        names = ["r1", "r2", "r3", "s1", "s2", *(f"storage{i}" for i in range(1, 7))]
+        names = ["r1", "r2", "r3", "s1", "s2", *(f"storage{i}" for i in range(1, 7)),
+                 "maintainer"]  # fmt: skip
         local.StateDir(cdir, placement={n: plan.net.add(n) for n in names})
     if plan.mutation:
         os.environ[local.MUTATIONS_ENV] = "1"
@@ -210,6 +220,8 @@ class Workload:
     async def bank_op(self, rb: Any, proc: str, i: int, n: int, crng: random.Random) -> Any:
         """One transfer or read; the exception of an indeterminate one, else None."""
         record = self.record
+        if self.plan.views and crng.random() < 0.15:
+            return await self.view_read(rb, proc, crng)
         if crng.random() < 0.6:
             a, b = crng.sample(ACCOUNTS, 2)
             value = {"from": a, "to": b, "amount": crng.randint(1, 10)}
@@ -352,7 +364,34 @@ class Workload:
             await rb.put_many(dict(load[i : i + 1000]))
         if self.plan.workload == "bank":
             await rb.put_many(dict.fromkeys(ACCOUNT_KEY.values(), INITIAL_BALANCE))
+            if self.plan.views:
+                await rb.create_view(VIEW, (0, SPREAD), "aggregate", **VIEW_SPEC)
+                self.start_maintainer()
+                await rb.view(VIEW).get([None])  # backfilled before the faults
         await rb.close()
+
+    def start_maintainer(self) -> None:
+        """``rubberband views maintain`` as a daemon of the cluster (in its own network
+        namespace under network faults); ``cluster down`` stops it."""
+        state = local.StateDir(self.d)
+        host = state.place("maintainer").host
+        argv = state.python("rubberband.tools.cli", "views", "maintain", "--state-dir",
+                            str(self.d), "--listen", f"{host}:0", "--source", host)  # fmt: skip
+        state.start("maintainer", argv)
+
+    async def view_read(self, rb: Any, proc: str, crng: random.Random) -> Any:
+        """A read of the accounts' aggregate view at a view level, with its position."""
+        level = crng.choice(["sequential", "read-your-writes", "snapshot", "any"])
+        self.record(proc, "invoke", None, "view-read", level)
+        try:
+            got, at = await rb.view(VIEW).get([None], level, with_position=True)
+        except Exception as e:
+            self.record(proc, "info", None, "view-read", level, e)
+            return e
+        row = got.get(None) or {}
+        value = {"total": row.get("total"), "accounts": row.get("accounts"), "position": at}
+        self.record(proc, "ok", value, "view-read", level)
+        return None
 
     async def run(self) -> dict[str, Any]:
         await self.load_data()

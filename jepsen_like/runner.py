@@ -95,6 +95,12 @@ def run(argv: list[str] | None = None) -> int:
         help="seconds a Rubberband client waits for a read's answers (the SDK's"
         " answer_timeout) before it reports the read indeterminate",
     )
+    ap.add_argument(
+        "--views",
+        action="store_true",
+        help="bank: an aggregate view of the accounts kept by a maintainer process and read"
+        " at every view level; the checker holds every read to the initial total",
+    )
     ap.add_argument("--json", action="store_true", help="the report as the last line")
     a = ap.parse_args(argv)
     # SIGTERM (a CI timeout, a user's kill) unwinds like Ctrl-C: the cluster is taken
@@ -308,7 +314,8 @@ def _rubberband(
     started = time.monotonic()
     plan = Plan(a.workload, kinds, seed, a.time, a.settle, _say, network, tuple(a.mutation),
                 engine=a.engine, final_read_budget=a.final_read_budget,
-                answer_timeout=a.answer_timeout, min_faults=a.min_faults)  # fmt: skip
+                answer_timeout=a.answer_timeout, min_faults=a.min_faults,
+                views=a.views)  # fmt: skip
     got = run_rubberband(out, plan)
     history = got["history"]
     with open(out / "history.jsonl", "w", encoding="utf-8") as f:

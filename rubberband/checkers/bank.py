@@ -47,6 +47,9 @@ class BankOptions:
     allow_negative: bool = False
     transfer_f: str = "transfer"
     read_f: str = "read"
+    view_f: str = "view-read"
+    """Reads of an aggregate view of the accounts (``docs/views.md``): ``ok`` value
+    ``{"total": sum, "accounts": count, "position": p}``."""
     max_examples: int = DEFAULT_MAX_EXAMPLES
     accounts: tuple[Hashable, ...] = field(init=False)
 
@@ -209,6 +212,8 @@ class _BankCheck:
         self.earlier_info: dict[str, tuple[dict[Hashable, int], dict[Hashable, int]]] = {}
         self.earlier_ok: dict[str, list[_Transfer]] = {}
         reads = {"sequential": 0, "snapshot": 0, "basic": 0}
+        views: dict[str, int] = {}
+        self.view_positions: dict[str, int] = {}
         for position, call in enumerate(self.calls):
             transfer = self.transfers.get(position)
             if transfer is not None:
@@ -216,6 +221,9 @@ class _BankCheck:
             elif call.f == self.options.read_f and call.outcome == "ok":
                 reads[call.level] += 1
                 self._read(call)
+            elif call.f == self.options.view_f and call.outcome == "ok":
+                views[call.level] = views.get(call.level, 0) + 1
+                self._view_read(call)
         options, outcomes = self.options, self.outcomes
         stats: dict[str, Any] = {
             "accounts": len(self.accounts),
@@ -226,6 +234,7 @@ class _BankCheck:
             "reads_sequential": reads["sequential"],
             "reads_snapshot": reads["snapshot"],
             "reads_basic": reads["basic"],
+            **{f"view_reads_{level}": n for level, n in sorted(views.items())},
             "seconds": round(time.perf_counter() - self.started, 3),
         }
         return self.findings.result("bank", stats, checked_anything=sum(reads.values()) > 0)
@@ -242,6 +251,30 @@ class _BankCheck:
             for account, delta in transfer.deltas.items():
                 side = low if delta < 0 else high
                 side[account] = side.get(account, 0) + delta
+
+    def _view_read(self, call: Call) -> None:
+        """An ok read of the accounts' aggregate view, at any level: a view is exact at
+        the position it reports, so it shows the initial total and every account
+        (``view-wrong-total``); a process's reads at sequential and read-your-writes
+        level never report an earlier position than its earlier ones
+        (``view-position-back``)."""
+        value = call.value if isinstance(call.value, Mapping) else {}
+        total, count, at = value.get("total"), value.get("accounts"), value.get("position")
+        who = f"{call.describe()} ({call.level})"
+        if total != self.options.total or count != len(self.accounts):
+            self.findings.anomaly(
+                "view-wrong-total",
+                f"{who} read the view's total {total} over {count} accounts at position "
+                f"{at}; every position has {self.options.total} over {len(self.accounts)}.",
+            )
+        if call.level in ("sequential", "read-your-writes") and isinstance(at, int):
+            last = self.view_positions.get(call.process, -1)
+            if at < last:
+                self.findings.anomaly(
+                    "view-position-back",
+                    f"{who} reported position {at} after this process had read the view at {last}.",
+                )
+            self.view_positions[call.process] = max(last, at)
 
     def _read(self, call: Call) -> None:
         """One ok read: every balance reachable, the total kept (but by a basic read),

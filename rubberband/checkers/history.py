@@ -13,7 +13,8 @@ definitely did not happen) and ``info`` (indeterminate: a timeout or a crash; it
 have happened, now or later).  ``index`` is the position in the history, which is the
 real-time order in which the recorder saw events; ``time`` is in seconds and is only
 shown to people.  An optional ``level`` names a read's isolation level (``sequential``,
-``snapshot`` or ``basic``, Rubberband's levels of 4.5.2); any other field is kept in
+``snapshot`` or ``basic``, Rubberband's levels of 4.5.2; a view's reads also
+``read-your-writes`` and ``any``, ``docs/views.md``); any other field is kept in
 ``extra`` and written back unchanged.
 
 A process runs one operation at a time.  A process that crashed leaves an invoke
@@ -36,7 +37,9 @@ OpType = Literal["invoke", "ok", "fail", "info"]
 Outcome = Literal["ok", "fail", "info"]
 
 OP_TYPES: frozenset[str] = frozenset(("invoke", "ok", "fail", "info"))
-LEVELS: frozenset[str] = frozenset(("sequential", "snapshot", "basic"))
+LEVELS: frozenset[str] = frozenset(
+    ("sequential", "snapshot", "basic", "read-your-writes", "any")  # the last two: views'
+)
 _KNOWN_FIELDS = frozenset(("process", "type", "f", "value", "time", "index", "level"))
 
 

@@ -22,6 +22,7 @@ EXPERIMENTS = {
     "cost": (_E + "cost", "CPU microseconds per operation per role, and per destset"),
     "peers": ("rubberband.bench.peers:main", "the same writes against etcd, ZooKeeper, PySyncObj"),
     "spark": ("rubberband.bench.spark:main", "Spark rows per second into a fresh cluster"),
+    "views": ("rubberband.bench.views:main", "base writes/s with 0-10 views, staleness, lookups"),
     "scan-engine": (
         "storage_adapters.scan.bench:main",
         "the scan engine against SQLite and DuckDB on a Ticket-like table (2.10)",

@@ -132,11 +132,13 @@ async def connect(args: argparse.Namespace) -> tuple[Any, str]:
     import rubberband
 
     routers, auth, engine = _connection(args)
+    where = {k: getattr(args, k) for k in ("listen", "source") if getattr(args, k, None)}
     rb = await rubberband.connect(
         routers,
         f"client:cli-{os.getpid()}-{os.urandom(3).hex()}",
         ops=OPS.get(engine),
         **auth,
+        **where,
     )
     return rb, engine
 

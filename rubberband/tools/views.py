@@ -54,7 +54,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--lo", help="read: rows from this key")
     ap.add_argument("--hi", help="read: rows below this key")
     ap.add_argument("--poll", type=float, default=0.05, help="maintain: idle poll, seconds")
+    ap.add_argument("--metrics", metavar="HOST:PORT",
+                    help="maintain: serve /metrics and /health here")  # fmt: skip
     ap.add_argument("--engine", help=argparse.SUPPRESS)
+    ap.add_argument("--listen", help="HOST:PORT this client serves on (default 127.0.0.1:0)")
+    ap.add_argument("--source", help="the address it connects from (a host of several)")
     return ap
 
 
@@ -87,13 +91,21 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace) -> Any:
+    from rubberband.views import view_def
+
+    spec: dict[str, Any] = {}
+    if args.command == "create":  # checked whole before connecting
+        spec = _spec(args)
+        source = (_bound(args.source[0]), _bound(args.source[1]))
+        view_def(args.names[0], args.kind, source, **spec)
+    if args.command == "read" and len(args.names) != 1:
+        raise Usage("read NAME [--level L] [--key K ...|--lookup V|--lo LO --hi HI]")
+    if args.command == "drop" and not args.names:
+        raise Usage("drop NAME [NAME ...]")
     rb, _engine = await connect(args)
     try:
         if args.command == "create":
-            view = await rb.create_view(
-                args.names[0], (_bound(args.source[0]), _bound(args.source[1])), args.kind,
-                **_spec(args),
-            )  # fmt: skip
+            view = await rb.create_view(args.names[0], source, args.kind, **spec)
             return {"created": view.name, "definition": view.to_dict()}
         if args.command == "drop":
             for name in args.names:
@@ -125,8 +137,6 @@ async def _status(rb: Any, view: Any) -> dict[str, Any]:
 
 
 async def _read(rb: Any, args: argparse.Namespace) -> Any:
-    if len(args.names) != 1:
-        raise Usage("read NAME [--level L] [--key K ...|--lookup V|--lo LO --hi HI]")
     view = rb.view(args.names[0])
     if args.key:
         rows, at = await view.get([key(k) for k in args.key], args.level, with_position=True)
@@ -142,30 +152,80 @@ async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
     """Maintain the named views (all, when none is named), starting those defined later
     and stopping those dropped, until SIGTERM or SIGINT."""
     from rubberband.views import maintain
+    from rubberband.views.steps import Figures
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("rubberband.views").setLevel(logging.INFO)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     running: dict[str, tuple[asyncio.Event, asyncio.Task[None]]] = {}
+    figures: dict[str, Figures] = {}
+    server = await _serve_metrics(args.metrics, figures) if args.metrics else None
     started = time.monotonic()
     while not stop.is_set():
         with contextlib.suppress(*failures()):
             views = {v.name: v for v in await rb.views() if not args.names or v.name in args.names}
             for name in [n for n in running if n not in views]:
                 running.pop(name)[0].set()
+                figures.pop(name, None)
             for name, v in views.items():
                 if name not in running or running[name][1].done():
                     halt = asyncio.Event()
-                    running[name] = (halt, asyncio.create_task(maintain(rb, v, args.poll, halt)))
+                    f = figures[name] = Figures()
+                    task = asyncio.create_task(maintain(rb, v, args.poll, halt, f))
+                    running[name] = (halt, task)
                     logging.getLogger("rubberband.views").info("maintaining view %s", name)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
     for halt, _task in running.values():
         halt.set()
     await asyncio.gather(*(t for _h, t in running.values()), return_exceptions=True)
+    if server is not None:
+        await server.cleanup()
     return {"maintained": sorted(running), "seconds": round(time.monotonic() - started, 1)}
+
+
+async def _serve_metrics(where: str, figures: dict[str, Any]) -> Any:
+    """``/metrics`` (each view's progress and freshness) and ``/health`` on ``where``."""
+    from ecast import daemon_kit
+
+    return await daemon_kit.serve_http(
+        where,
+        lambda: metrics_text(figures, time.monotonic()),
+        lambda: {"status": "ok", "views": sorted(figures)},
+        lambda _h: True,
+    )
+
+
+METRICS = (
+    ("position", "gauge", "the position up to which every base write is in the view"),
+    ("floor", "gauge", "the oldest position the view can still be read at"),
+    ("rows", "gauge", "rows the view holds"),
+    ("events", "counter", "base writes applied since the maintainer started"),
+    ("versions", "counter", "row versions written"),
+    ("starts", "counter", "starts from a snapshot (the first, and each start over)"),
+    ("failures", "counter", "steps that failed (a start over follows)"),
+)
+
+
+def metrics_text(figures: dict[str, Any], now: float) -> str:
+    """Prometheus text of the views' figures, with ``rubberband_view_staleness_seconds``:
+    how long ago the base was last known to be reflected (the pages the last progress
+    covers were asked for then)."""
+    from ecast import daemon_kit
+
+    m = daemon_kit.Metrics()
+    for what, kind, about in METRICS:  # a family's series together, as the format wants
+        name = f"rubberband_view_{what}" + ("_total" if kind == "counter" else "")
+        for view, f in sorted(figures.items()):
+            m.add(name, getattr(f, what), about, kind, view=view)
+    about = "seconds since the view was known to reflect every base write"
+    for view, f in sorted(figures.items()):
+        stale = round(now - f.fresh_as_of, 4) if f.fresh_as_of else float("nan")
+        m.add("rubberband_view_staleness_seconds", stale, about, view=view)
+    return str(m.text())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,6 +38,7 @@ from rubberband.views.define import (
     view_def,
 )
 from rubberband.views.steps import (
+    Figures,
     Read,
     Session,
     Sleep,
@@ -55,11 +56,21 @@ async def create_view(rb: Any, name: str, from_: Sequence[Any], kind: str, **spe
     maintainer (``rubberband views maintain``) backfills it from a snapshot of its base
     at one position and then follows the base's changes while writes go on."""
     view = view_def(name, kind, from_, **spec)
+    _ordered(rb)
     got = await rb.read(("get", (catalog_key(name),)), "sequential")
     if got:
         raise BadOperation(f"a view named {name!r} exists (drop it first)")
     await rb.put(catalog_key(name), view.to_dict())
     return view
+
+
+def _ordered(rb: Any) -> None:
+    placement = rb.placement  # the cluster's partitioning, learned at connect
+    if placement is not None and not placement.ordered:
+        raise BadOperation(
+            "views need range partitioning (a view's rows are a key range; under hash "
+            "partitioning a range is every bucket)"
+        )
 
 
 async def drop_view(rb: Any, name: str) -> None:
@@ -122,6 +133,7 @@ class View:
     # ------------------------------------------------------------------ the levels
     async def _read(self, op: Any, within: Any, level: str) -> tuple[list[tuple[Any, Any]], int]:
         rb = self.rb
+        _ordered(rb)
         steps = read_steps(self.name, op, within, level, time.monotonic(), rb.answer_timeout,
                            self._session, rb.writes_sent)  # fmt: skip
         return await drive(rb, steps)  # type: ignore[no-any-return]
@@ -168,9 +180,13 @@ async def drive(rb: Any, steps: Steps, stop: asyncio.Event | None = None) -> Any
 
 # ------------------------------------------------------------------ maintaining
 async def maintain(
-    rb: Any, view: ViewDef, poll: float = 0.05, stop: asyncio.Event | None = None
+    rb: Any,
+    view: ViewDef,
+    poll: float = 0.05,
+    stop: asyncio.Event | None = None,
+    figures: Figures | None = None,
 ) -> None:
     """Keep ``view`` up to date until ``stop`` is set (or the task is cancelled): start
     from a snapshot of its sources, then follow their feeds
-    (:func:`~rubberband.views.steps.maintain_steps`)."""
-    await drive(rb, maintain_steps(view, poll), stop or asyncio.Event())
+    (:func:`~rubberband.views.steps.maintain_steps`); ``figures`` follow its progress."""
+    await drive(rb, maintain_steps(view, poll, figures), stop or asyncio.Event())

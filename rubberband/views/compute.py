@@ -184,7 +184,11 @@ class Rows:
             group = None if by is None else _get(value, by)  # no group_by: one group
             gek = _sort_key(group)
             if gek is not None:
-                fields = {c: _get(value, c) for _n, _f, c in self.view.aggregates if c is not None}
+                fields = {  # field None: the value itself (but COUNT of None counts rows)
+                    c: _get(value, c)
+                    for _n, fn, c in self.view.aggregates
+                    if c is not None or fn != "count"
+                }
                 of[ek] = (group, gek, fields)
                 self._contribute(gek, fields, 1)
                 touched[gek] = group

@@ -134,8 +134,6 @@ def view_def(
                 raise BadOperation(
                     f"an aggregate is one of {', '.join(FUNCTIONS)}, not {spec[0]!r:.30}"
                 )
-            if spec[0] != "count" and spec[1] is None:
-                raise BadOperation(f"{spec[0]} needs a field")
             aggs.append((out, spec[0], spec[1]))
     if kind == "join":
         if rng is None or on is None or right_on is None:

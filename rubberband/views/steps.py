@@ -53,34 +53,66 @@ RETRY = 1.0
 
 
 # ------------------------------------------------------------------ maintaining
-def maintain_steps(view: ViewDef, poll: float = 0.05) -> Steps:
+@dataclass
+class Figures:
+    """A maintainer's figures (its daemon's ``/metrics``): progress, and how fresh it is."""
+
+    position: int = -1
+    floor: int = 0
+    rows: int = 0
+    events: int = 0
+    versions: int = 0
+    starts: int = 0
+    """Times it started from a snapshot (the first, and each start over)."""
+    failures: int = 0
+    published_at: float = 0.0
+    """When the last progress was written."""
+    fresh_as_of: float = 0.0
+    """When the pages that progress reflects were asked for: the view then was behind
+    the base by at most the time since."""
+
+
+def maintain_steps(view: ViewDef, poll: float = 0.05, figures: Figures | None = None) -> Steps:
     """A maintainer for ever: start from a snapshot, follow the sources' feeds; start
     over after a failure (a feed compacted under it, the cluster unreachable)."""
+    figures = figures if figures is not None else Figures()
     while True:
         m = Maintainer(view)
+        figures.starts += 1
         try:
-            yield from _maintain(m, view, poll)
+            yield from _maintain(m, view, poll, figures)
         except Compacted:
-            pass  # the base's changes went under it: from a new snapshot
+            figures.failures += 1  # the base's changes went under it: from a new snapshot
         except RubberbandError:
+            figures.failures += 1
             yield Sleep(RETRY)
 
 
-def _maintain(m: Maintainer, view: ViewDef, poll: float) -> Steps:
-    old, now = yield Read(("scan", *rows_bounds(view.name)), "sequential")
+def _maintain(m: Maintainer, view: ViewDef, poll: float, figures: Figures) -> Steps:
+    old, asked = yield Read(("scan", *rows_bounds(view.name)), "sequential")
     snapshots = []
     for lo, hi in view.sources:
         got, now = yield Read(("scan", lo, hi), "sequential", None, True)
         snapshots.append(got)
     now = yield from _write(m.start(old, snapshots, now), now)
+    _published(figures, m, asked, now)
     while True:
         idle = True
+        asked = now
         for side, (lo, hi) in enumerate(view.sources):
             page, now = yield Read(Changes(m.since[side], lo, hi), "sequential")
             idle = idle and not page.events
             now = yield from _write(m.page(side, page.position, page.events, now), now)
+        _published(figures, m, asked, now)
         if idle:
             _, now = yield Sleep(poll)
+
+
+def _published(figures: Figures, m: Maintainer, asked: float, now: float) -> None:
+    p = m.progress()
+    figures.position, figures.floor, figures.rows = p.position, p.floor, p.rows
+    figures.events, figures.versions = p.events, p.versions
+    figures.published_at, figures.fresh_as_of = now, asked
 
 
 def _write(writes: list[Any], now: float) -> Steps:

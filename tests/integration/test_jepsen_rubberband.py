@@ -23,10 +23,13 @@ def test_a_rubberband_run_under_every_fault_checks_valid(
     faults in the same time (five, not six, in 50 s and once in 60 s): the run goes on
     until six faults were injected.
     The appends run on the scan engine (its batched Clock Scan cycles and its migration
-    cursors under faults), the transfers on the memory engine."""
+    cursors under faults), the transfers on the memory engine, with an aggregate view of
+    the accounts kept by a maintainer process and read at every view level: each read
+    shows the initial total at the position it reports."""
     code, report, text = run(
         tmp_path, "--workload", workload, "--engine", engine, "--nemesis", EVERY,
         "--time", "50", "--min-faults", "6", "--seed", "4",
+        *(["--views"] if workload == "bank" else []),
     )  # fmt: skip
     assert code == 0, text
     assert report["engine"] == engine
@@ -34,6 +37,9 @@ def test_a_rubberband_run_under_every_fault_checks_valid(
     kinds = report["faults"]["by_kind"]
     assert len(kinds) >= 3 and sum(kinds.values()) >= 6, (kinds, text)
     assert report["acknowledged"] > 1000
+    if workload == "bank":  # the accounts' aggregate view read at every level, exact
+        stats = report["checker_stats"]
+        assert all(stats.get(f"view_reads_{lv}", 0) > 0 for lv in ("sequential", "snapshot")), stats
     if workload == "list-append":  # every key read again after the heal, none lost
         assert report["checker_stats"]["final_reads"] > 0
         assert report["checker_stats"]["acked_appends_never_read"] == 0

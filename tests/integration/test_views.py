@@ -15,11 +15,13 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ecast import local
 from rubberband.checkers.views import ViewRead, check_view_reads
 from rubberband.views import view_def
 from tests.integration.test_rubberband_scenarios import (  # the same cluster as there
@@ -56,13 +58,25 @@ def rb_dir(cluster: Path) -> Path:  # noqa: F811
     return cluster
 
 
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return str(r.read().decode())
+
+
+def _metric(text: str, name: str, view: str) -> float:
+    prefix = f'{name}{{view="{view}"}} '
+    return next(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))
+
+
 def _value(rng: random.Random) -> dict[str, Any]:
     return {"g": rng.choice("abcd"), "j": rng.randrange(8), "n": rng.randrange(-50, 100)}
 
 
-def _maintainer(d: Path, log: Path) -> subprocess.Popen[bytes]:
+def _maintainer(d: Path, log: Path, metrics: int | None = None) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         argv = ["views", "maintain", "--state-dir", str(d)]
+        if metrics is not None:
+            argv += ["--metrics", f"127.0.0.1:{metrics}"]
         return subprocess.Popen(
             [sys.executable, "-m", "rubberband.tools.cli", *argv],
             stdout=out,
@@ -169,7 +183,11 @@ def test_views_stay_exact_at_every_level_through_maintainer_storage_and_leader_k
         for v in VIEWS:
             spec = {k: v for k, v in v.to_dict().items() if k not in ("name", "kind", "source")}
             await rb.create_view(v.name, v.source, v.kind, **spec)
-        maintainers = [_maintainer(rb_dir, rb_dir / f"maintainer-{x}.log") for x in "ab"]
+        port = local.free_port()
+        maintainers = [
+            _maintainer(rb_dir, rb_dir / "maintainer-a.log"),
+            _maintainer(rb_dir, rb_dir / "maintainer-b.log", port),
+        ]
         try:
             writer = asyncio.ensure_future(write())
             reader = asyncio.ensure_future(read_views())
@@ -178,6 +196,7 @@ def test_views_stay_exact_at_every_level_through_maintainer_storage_and_leader_k
             writes = await writer
             await reader
             await asyncio.wait_for(feed, 30)
+            metrics = await _off(_get, f"http://127.0.0.1:{port}/metrics")
         finally:
             for m in maintainers:
                 m.send_signal(signal.SIGKILL)
@@ -185,6 +204,10 @@ def test_views_stay_exact_at_every_level_through_maintainer_storage_and_leader_k
         for v in VIEWS:
             problems = check_view_reads(v, (dict(base), start), events, reads[v.name])
             assert not problems, "\n".join(problems[:5])
+            # The maintainer that never stopped says how far it is and how fresh.
+            position = _metric(metrics, "rubberband_view_position", v.name)
+            assert position > start, (v.name, position, start)
+            assert 0 <= _metric(metrics, "rubberband_view_staleness_seconds", v.name) < 5
         return writes
 
     writes = asyncio.run(go())

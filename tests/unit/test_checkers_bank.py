@@ -37,6 +37,32 @@ def test_a_consistent_history_is_valid():
     assert result.stats["reads_snapshot"] == 1 and result.stats["transfers_ok"] == 1
 
 
+def view_read(h, process, total, accounts, position, level="sequential"):
+    value = {"total": total, "accounts": accounts, "position": position}
+    h.invoke(process, "view-read", None, level).complete(process, "view-read", "ok", value, level)
+
+
+def test_reads_of_the_accounts_view_hold_the_total_at_every_level_and_never_go_back():
+    """An aggregate view of the accounts is exact at the position each read reports: the
+    initial total over every account, at any level; a process's sequential and
+    read-your-writes reads report positions that never go back."""
+    h = HistoryBuilder()
+    transfer(h, "p1", "a", "b", 3)
+    view_read(h, "p1", 20, 2, 10)
+    view_read(h, "p2", 20, 2, 4, "any")
+    view_read(h, "p1", 20, 2, 12, "read-your-writes")
+    read(h, "p2", {"a": 7, "b": 13})
+    result = bank.check(h.ops, TWO)
+    assert result.valid is True, result.render()
+    assert result.stats["view_reads_sequential"] == 1
+    view_read(h, "p3", 17, 2, 15, "snapshot")  # a state no position had
+    view_read(h, "p1", 20, 1, 16)  # an account missing
+    view_read(h, "p1", 20, 2, 11)  # back before this process's last view read
+    result = bank.check(h.ops, TWO)
+    assert set(result.anomalies) == {"view-wrong-total", "view-position-back"}
+    assert len(result.anomalies["view-wrong-total"]) == 2
+
+
 def test_no_reads_is_unknown():
     h = HistoryBuilder()
     transfer(h, "p1", "a", "b", 3)

@@ -36,6 +36,12 @@ VIEWS = [
     view_def(
         "total", "aggregate", (10, None), aggregates={"sum": ["sum", "n"], "hi": ["max", "g"]}
     ),
+    view_def(
+        "whole",
+        "aggregate",
+        (None, None),
+        aggregates={"sum": ["sum", None], "lo": ["min", None], "avg": ["avg", None]},
+    ),
     view_def("join", "join", (0, 20), on="g", right=(10, 30), right_on="g", columns=["n"]),
 ]
 

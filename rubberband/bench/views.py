@@ -1,0 +1,285 @@
+"""``rubberband bench views``: what materialized views cost and how fresh they are.
+
+On a local cluster (``rubberband cluster up``: 3 routers, 1 super, 4 storage processes,
+the memory engine, replication 3) with one ``rubberband views maintain`` process:
+
+1. **Base writes/s with 0, 1, 3 and 10 views** (index, aggregate, selection, projection
+   and join in turn), each write of a 64-byte dict value alone in its message, from
+   ``--procs`` load processes of ``--clients`` writers each; a fresh cluster per count.
+2. **Staleness at half the peak rate**: with one aggregate view, writers held to half
+   the rate measured without views while a prober reads the view at sequential level
+   every 20 ms: the read's latency is the wait for the maintainer to reach the read's
+   position plus one read; also the view's distance behind a sequential read now, in
+   positions (``rubberband views status``'s ``behind``).
+3. **Secondary-key lookups per second** at ``--rows`` rows: through an index view (one
+   range read each), against a full scan of the base range filtered by the client, and
+   against SQLite with an index on that column (in this process, no network).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rubberband.tools.cli import run as _cli
+
+ROWS = 1_000_000
+"""Base keys ``0 .. ROWS`` the writers pick from."""
+GROUPS = 1_000
+AGGREGATES = {"c": ["count", None], "s": ["sum", "n"], "hi": ["max", "n"]}
+
+
+def _value(rng: random.Random) -> dict[str, Any]:
+    return {"g": rng.randrange(GROUPS), "n": rng.randrange(1000), "pad": "x" * 24}
+
+
+def _views(n: int) -> list[tuple[str, tuple[Any, Any], str, dict[str, Any]]]:
+    kinds = [
+        ("index", {"on": "g", "columns": ["n"]}),
+        ("aggregate", {"group_by": "g", "aggregates": AGGREGATES}),
+        ("selection", {"where": [["n", ">=", 500]]}),
+        ("projection", {"columns": ["g"]}),
+        ("join", {"on": "g", "right": (ROWS // 2, ROWS), "right_on": "g", "columns": ["n"]}),
+    ]
+    out = []
+    for i in range(n):
+        kind, spec = kinds[i % len(kinds)]
+        source = (0, ROWS // 2) if kind == "join" else (0, ROWS)
+        out.append((f"v{i}", source, kind, spec))
+    return out
+
+
+# ------------------------------------------------------------------ a load process
+async def _worker(st: dict[str, Any], clients: int, seconds: float, rate: float, seed: int) -> Any:
+    import rubberband
+
+    rb = await rubberband.connect(st["routers"], f"client:bv{os.getpid()}",
+                                  credentials=st["client_credentials"])  # fmt: skip
+    rng = random.Random(seed)
+    lat: list[float] = []
+    done = 0
+    end = time.monotonic() + seconds
+    gap = clients / rate if rate else 0.0
+
+    async def one() -> None:
+        nonlocal done
+        nxt = time.monotonic()
+        while time.monotonic() < end:
+            t = time.monotonic()
+            await rb.put(rng.randrange(ROWS), _value(rng))
+            lat.append(time.monotonic() - t)
+            done += 1
+            if gap:
+                nxt += gap
+                await asyncio.sleep(max(0.0, nxt - time.monotonic()))
+
+    await asyncio.gather(*(one() for _ in range(clients)))
+    await rb.close()
+    lat.sort()
+    return {"writes": done, "p50": lat[len(lat) // 2] if lat else None,
+            "p99": lat[int(len(lat) * 0.99)] if lat else None}  # fmt: skip
+
+
+def _load(d: Path, procs: int, clients: int, seconds: float, rate: float) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "rubberband.bench.views", "--worker", str(d), str(clients),
+            str(seconds), str(rate / procs if rate else 0)]  # fmt: skip
+    ps = [
+        subprocess.Popen([*argv, str(i)], stdout=subprocess.PIPE, text=True) for i in range(procs)
+    ]
+    outs = [
+        json.loads(p.communicate(timeout=seconds + 120)[0].strip().splitlines()[-1]) for p in ps
+    ]
+    p50 = sorted(o["p50"] for o in outs if o["p50"] is not None)
+    p99 = sorted(o["p99"] for o in outs if o["p99"] is not None)
+    return {
+        "writes_per_s": round(sum(o["writes"] for o in outs) / seconds),
+        "p50_ms": round(1000 * p50[len(p50) // 2], 1) if p50 else None,
+        "p99_ms": round(1000 * max(p99), 1) if p99 else None,
+    }
+
+
+# ------------------------------------------------------------------ the cluster
+class Cluster:
+    def __init__(self, base: Path) -> None:
+        self.d = Path(tempfile.mkdtemp(prefix="rbviews-", dir=base))
+        self.maintainer: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Cluster:
+        out = _cli("cluster", "up", "--state-dir", str(self.d), "--no-auto-repair", timeout=300)
+        if out.returncode != 0:
+            raise RuntimeError(out.stderr[-2000:])
+        return self
+
+    def maintain(self) -> None:
+        log = (self.d / "maintainer.log").open("ab")
+        self.maintainer = subprocess.Popen(
+            [sys.executable, "-m", "rubberband.tools.cli", "views", "maintain", "--state-dir",
+             str(self.d)], stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def st(self) -> dict[str, Any]:
+        return dict(json.loads((self.d / "cluster.json").read_text()))
+
+    def __exit__(self, *exc: object) -> None:
+        if self.maintainer is not None:
+            self.maintainer.kill()
+        _cli("cluster", "down", "--state-dir", str(self.d), timeout=120)
+
+
+async def _client(c: Cluster, name: str) -> Any:
+    import rubberband
+
+    st = c.st()
+    name = f"client:{name}-{os.getpid()}"
+    auth = st["client_credentials"]
+    return await rubberband.connect(st["routers"], name, credentials=auth, answer_timeout=30.0)
+
+
+async def _define(c: Cluster, n: int) -> None:
+    rb = await _client(c, "define")
+    for name, source, kind, spec in _views(n):
+        await rb.create_view(name, source, kind, **spec)
+    for name, *_ in _views(n):  # every view backfilled before the load
+        await rb.view(name).get([], "sequential")
+    await rb.close()
+
+
+async def _probe(c: Cluster, seconds: float) -> dict[str, Any]:
+    rb = await _client(c, "probe")
+    lat: list[float] = []
+    behind: list[int] = []
+    view = rb.view("v1")
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        t = time.monotonic()
+        await view.get([0], "sequential")
+        lat.append(time.monotonic() - t)
+        got, now = await rb.read(("get", (("~view", "v1"),)), "sequential", with_position=True)
+        chain = got.get(("~view", "v1"))
+        if chain and len(chain) > 1:
+            behind.append(now - chain[-1][0])
+        await asyncio.sleep(0.02)
+    await rb.close()
+    lat.sort()
+    behind.sort()
+    return {
+        "sequential_view_read_p50_ms": round(1000 * lat[len(lat) // 2], 1),
+        "sequential_view_read_p99_ms": round(1000 * lat[int(len(lat) * 0.99)], 1),
+        "behind_positions_p50": behind[len(behind) // 2] if behind else None,
+        "behind_positions_p99": behind[int(len(behind) * 0.99)] if behind else None,
+        "reads": len(lat),
+    }
+
+
+async def _lookups(c: Cluster, rows: int, lookups: int) -> dict[str, Any]:
+    rb = await _client(c, "lookups")
+    rng = random.Random(1)
+    data = {k: {"g": rng.randrange(GROUPS), "n": k % 1000} for k in range(rows)}
+    items = list(data.items())
+    for i in range(0, len(items), 2_000):
+        await rb.put_many(dict(items[i : i + 2_000]))
+    await rb.create_view("by_g", (0, rows), "index", on="g", columns=["n"])
+    await rb.view("by_g").get([], "sequential")
+    wanted = [rng.randrange(GROUPS) for _ in range(lookups)]
+    view = rb.view("by_g")
+    t = time.monotonic()
+    sem = asyncio.Semaphore(32)
+
+    async def look(g: int) -> int:
+        async with sem:
+            return len(await view.lookup(g, "snapshot"))
+
+    found = await asyncio.gather(*(look(g) for g in wanted))
+    index_s = time.monotonic() - t
+    t = time.monotonic()
+    scans = max(1, lookups // 100)
+    matched = 0
+    for g in wanted[:scans]:
+        got = await rb.scan(0, rows, isolation="snapshot")
+        matched += sum(1 for _k, v in got if v["g"] == g)
+    scan_s = (time.monotonic() - t) / scans
+    await rb.close()
+    db = sqlite3.connect(":memory:")
+    db.execute("create table t (k integer primary key, g integer, n integer)")
+    db.executemany("insert into t values (?, ?, ?)", ((k, v["g"], v["n"]) for k, v in items))
+    db.execute("create index t_g on t (g)")
+    t = time.monotonic()
+    for g in wanted:
+        db.execute("select k, n from t where g = ?", (g,)).fetchall()
+    sqlite_s = time.monotonic() - t
+    return {
+        "rows": rows,
+        "index_view_lookups_per_s": round(lookups / index_s),
+        "rows_per_lookup": round(sum(found) / len(found), 1),
+        "full_scan_lookups_per_s": round(1 / scan_s, 2),
+        "sqlite_indexed_lookups_per_s": round(lookups / sqlite_s),
+        "index_over_scan": round(scan_s / (index_s / lookups), 1),
+        "rows_per_scan_lookup": round(matched / scans, 1),
+    }
+
+
+async def _staleness(c: Cluster, a: argparse.Namespace, rate: float) -> Any:
+    probe = asyncio.create_task(_probe(c, a.duration))
+    half = await asyncio.to_thread(_load, c.d, a.procs, a.clients, a.duration, rate)
+    return half, await probe
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--worker"]:
+        d, clients, seconds, rate, seed = args[1:6]
+        st = json.loads((Path(d) / "cluster.json").read_text())
+        out = asyncio.run(_worker(st, int(clients), float(seconds), float(rate), int(seed)))
+        print(json.dumps(out), flush=True)
+        return 0
+    ap = argparse.ArgumentParser(
+        prog="rubberband bench views", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument("--views", default="0,1,3,10", help="view counts to measure writes with")
+    ap.add_argument("--procs", type=int, default=2, help="load processes")
+    ap.add_argument("--clients", type=int, default=64, help="writers per load process")
+    ap.add_argument("--duration", type=float, default=8.0)
+    ap.add_argument("--rows", type=int, default=100_000, help="rows for the lookups")
+    ap.add_argument("--lookups", type=int, default=2_000)
+    ap.add_argument("--dir", default=None, help="where the clusters' state goes")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(args)
+    base = Path(a.dir or tempfile.gettempdir())
+    result: dict[str, Any] = {"writes": {}}
+    for n in [int(x) for x in a.views.split(",")]:
+        with Cluster(base) as c:
+            if n:
+                asyncio.run(_define(c, n))
+                c.maintain()
+            r = _load(c.d, a.procs, a.clients, a.duration, 0.0)
+            result["writes"][n] = r
+            print(f"views {n:>2}: {r['writes_per_s']:>7,} writes/s  p50 {r['p50_ms']} ms  "
+                  f"p99 {r['p99_ms']} ms", flush=True)  # fmt: skip
+    peak = result["writes"].get(0, next(iter(result["writes"].values())))["writes_per_s"]
+    with Cluster(base) as c:
+        asyncio.run(_define(c, 2))  # v1: the aggregate
+        c.maintain()
+        half, fresh = asyncio.run(_staleness(c, a, peak / 2))
+        result["staleness"] = {"writes": half, **fresh}
+        print(f"staleness at {half['writes_per_s']:,} writes/s: {result['staleness']}", flush=True)
+    with Cluster(base) as c:
+        c.maintain()
+        result["lookups"] = asyncio.run(_lookups(c, a.rows, a.lookups))
+        print(f"lookups: {result['lookups']}", flush=True)
+    if a.json:
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
