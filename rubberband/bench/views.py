@@ -259,16 +259,16 @@ def main(argv: list[str] | None = None) -> int:
     for n in [int(x) for x in a.views.split(",")]:
         with Cluster(base) as c:
             if n:
-                asyncio.run(_define(c, n))
                 c.maintain()
+                asyncio.run(_define(c, n))
             r = _load(c.d, a.procs, a.clients, a.duration, 0.0)
             result["writes"][n] = r
             print(f"views {n:>2}: {r['writes_per_s']:>7,} writes/s  p50 {r['p50_ms']} ms  "
                   f"p99 {r['p99_ms']} ms", flush=True)  # fmt: skip
     peak = result["writes"].get(0, next(iter(result["writes"].values())))["writes_per_s"]
     with Cluster(base) as c:
-        asyncio.run(_define(c, 2))  # v1: the aggregate
         c.maintain()
+        asyncio.run(_define(c, 2))  # v1: the aggregate
         half, fresh = asyncio.run(_staleness(c, a, peak / 2))
         result["staleness"] = {"writes": half, **fresh}
         print(f"staleness at {half['writes_per_s']:,} writes/s: {result['staleness']}", flush=True)
