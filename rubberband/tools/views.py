@@ -33,7 +33,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--routers", help="HOST:PORT,... (with --credentials)")
     ap.add_argument("--credentials", help="a client credential file (client:*)")
     ap.add_argument("--json", action="store_true", help="JSON output, for scripts")
-    ap.add_argument("--from", dest="source", nargs=2, metavar=("LO", "HI"),
+    ap.add_argument("--from", dest="base", nargs=2, metavar=("LO", "HI"),
                     help="create: the base key range [LO, HI) ('-' is unbounded)")  # fmt: skip
     ap.add_argument("--kind", choices=KINDS)
     ap.add_argument("--where", action="append", default=[], help="'FIELD OP VALUE' (repeat)")
@@ -67,7 +67,7 @@ def _bound(text: str | None) -> Any:
 
 
 def _spec(args: argparse.Namespace) -> dict[str, Any]:
-    if len(args.names) != 1 or not args.source or not args.kind:
+    if len(args.names) != 1 or not args.base or not args.kind:
         raise Usage("create NAME --from LO HI --kind KIND [...]")
     aggs: dict[str, list[Any]] = {}
     for a in args.agg:
@@ -96,7 +96,7 @@ async def run(args: argparse.Namespace) -> Any:
     spec: dict[str, Any] = {}
     if args.command == "create":  # checked whole before connecting
         spec = _spec(args)
-        source = (_bound(args.source[0]), _bound(args.source[1]))
+        source = (_bound(args.base[0]), _bound(args.base[1]))
         view_def(args.names[0], args.kind, source, **spec)
     if args.command == "read" and len(args.names) != 1:
         raise Usage("read NAME [--level L] [--key K ...|--lookup V|--lo LO --hi HI]")

@@ -39,3 +39,10 @@ def test_a_command_line_that_cannot_run_says_why_and_exits_2(
 ) -> None:
     assert main([*argv, "--routers", "127.0.0.1:1"]) == 2  # refused before connecting
     assert "rubberband views" in capsys.readouterr().err
+
+
+def test_the_base_range_and_the_source_address_are_two_options() -> None:
+    from rubberband.tools.views import parser
+
+    args = parser().parse_args(["create", "v", "--from", "0", "9", "--source", "10.0.0.2"])
+    assert args.base == ["0", "9"] and args.source == "10.0.0.2"
