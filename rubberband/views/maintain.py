@@ -35,9 +35,9 @@ from rubberband.keys import EKey, encode_key
 from rubberband.views.compute import ABSENT, Rows, in_source
 from rubberband.views.define import ViewDef, meta_key, row_key
 
-BATCH_KEYS = 2_000
-"""Row versions per write message (a message stays small; a batch of a backfill that
-needs more is split, its progress written with the last part)."""
+BATCH_KEYS = 500
+"""Row versions per write message (a message stays small, tens of kilobytes; a batch of
+a backfill that needs more is split, its progress written with the last part)."""
 
 
 @dataclass

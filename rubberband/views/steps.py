@@ -115,11 +115,19 @@ def _published(figures: Figures, m: Maintainer, asked: float, now: float) -> Non
     figures.published_at, figures.fresh_as_of = now, asked
 
 
+IN_FLIGHT = 4
+"""Row writes a maintainer has in flight at once.  A backfill of 200,000 rows sent as one
+batch of 100 messages kept the client re-encoding its send window for minutes; a few
+at a time stream at the cluster's pace."""
+
+
 def _write(writes: list[Any], now: float) -> Steps:
-    """The rows first, then the last write (it carries the progress) once they are
-    stable: a reader that sees the progress sees every row version under it."""
-    if len(writes) > 1:
-        _, now = yield Write(tuple(writes[:-1]))
+    """The rows first, a few messages at a time, then the last write (it carries the
+    progress) once they are stable: a reader that sees the progress sees every row
+    version under it."""
+    rows = writes[:-1]
+    for i in range(0, len(rows), IN_FLIGHT):
+        _, now = yield Write(tuple(rows[i : i + IN_FLIGHT]))
     if writes:
         _, now = yield Write((writes[-1],))
     return now
