@@ -77,15 +77,12 @@ class Driven:
         self.done = done
         self.waiting: Any = None  # ("read", rid, with_position) | ("write", {rids}) | None
         self.wake_at: float | None = None
-        self.error: BaseException | None = None
-        self.finished = False
         self.halted = False
         self._fresh = True
 
     def resume(self, reply: Any, now: float, error: BaseException | None = None) -> None:
         self.waiting, self.wake_at = None, None
         if self.halted:
-            self.finished = True
             self.steps.close()
             self.done(None, None)
             return
@@ -99,11 +96,9 @@ class Driven:
                 else:
                     request = self.steps.send((reply, now))
             except StopIteration as e:
-                self.finished = True
                 self.done(e.value, None)
                 return
             except RubberbandError as e:
-                self.finished = True
                 self.done(None, e)
                 return
             try:
@@ -164,7 +159,6 @@ class ViewProcess:
         self.driven: list[Driven] = []
         self.started = False
         self.reads: dict[str, list[ViewRead]] = {v.name: [] for v in VIEWS}
-        self.failed = 0
         self.halted = False
         self.final: list[Any] | None = None
         """After healing: the views the reader still has to read (None: not yet)."""
@@ -250,14 +244,12 @@ class ViewProcess:
                            self.run.cfg.answer_timeout * 3)  # fmt: skip
 
         def done(got: Any, error: Any) -> None:
-            if error is None:
+            if error is None:  # a failed read through the faults is read again, later
                 rows, at = got
                 self.reads[view.name].append(ViewRead(at, rows, level=level))
                 if self.final and self.final[0] is view:
                     self.final.pop(0)
                     self.final_reads[view.name] = at
-            else:
-                self.failed += 1
             self._next_read(self.node._now + READ_EVERY)
 
         self._start(steps, done, now)

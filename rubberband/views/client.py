@@ -113,10 +113,9 @@ class View:
         """``[(row key, value), ...]`` of the rows in ``[lo, hi)`` (None: unbounded), in
         key order."""
         start, end = rows_bounds(self.name)
-        rlo = encode_key(row_key(self.name, lo)) if lo is not None else encode_key(start)
-        rhi = encode_key(row_key(self.name, hi)) if hi is not None else encode_key(end)
-        within = normalize([point(meta_key(self.name)), (rlo, rhi)])
-        rows, position = await self._read(("scan", start, end), within, level)
+        rlo = encode_key(start if lo is None else row_key(self.name, lo))
+        rhi = encode_key(end if hi is None else row_key(self.name, hi))
+        rows, position = await self._rows(rlo, rhi, level)
         return (rows, position) if with_position else rows
 
     async def lookup(
@@ -124,11 +123,14 @@ class View:
     ) -> Any:
         """An index view's rows for secondary key ``value``: ``[(base key, row), ...]``."""
         lo, hi = prefix_bounds(self.name, value)
-        start, end = rows_bounds(self.name)
-        within = normalize([point(meta_key(self.name)), (encode_key(lo), encode_key(hi))])
-        rows, position = await self._read(("scan", start, end), within, level)
+        rows, position = await self._rows(encode_key(lo), encode_key(hi), level)
         out = [(k[1], v) for k, v in rows]
         return (out, position) if with_position else out
+
+    async def _rows(self, lo: Any, hi: Any, level: str) -> tuple[list[tuple[Any, Any]], int]:
+        """The rows of the encoded range ``[lo, hi)``, read with the view's progress."""
+        within = normalize([point(meta_key(self.name)), (lo, hi)])
+        return await self._read(("scan", *rows_bounds(self.name)), within, level)
 
     # ------------------------------------------------------------------ the levels
     async def _read(self, op: Any, within: Any, level: str) -> tuple[list[tuple[Any, Any]], int]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from rubberband.changelog import Event
@@ -38,17 +37,6 @@ from rubberband.views.define import ViewDef, meta_key, row_key
 BATCH_KEYS = 500
 """Row versions per write message (a message stays small, tens of kilobytes; a batch of
 a backfill that needs more is split, its progress written with the last part)."""
-
-
-@dataclass
-class Progress:
-    """What a maintainer reports: ``position`` is ``W``; ``floor`` the oldest readable."""
-
-    position: int
-    floor: int
-    rows: int
-    events: int
-    versions: int
 
 
 class Maintainer:
@@ -160,6 +148,3 @@ class Maintainer:
         parts = [entries[i : i + BATCH_KEYS] for i in range(0, len(entries), BATCH_KEYS)] or [[]]
         parts[-1] = [*parts[-1], progress]
         return [("version", tuple(part), floor) for part in parts]
-
-    def progress(self) -> Progress:
-        return Progress(self.position, self.floor, len(self.rows.rows), self.events, self.versions)

@@ -109,9 +109,8 @@ def _maintain(m: Maintainer, view: ViewDef, poll: float, figures: Figures) -> St
 
 
 def _published(figures: Figures, m: Maintainer, asked: float, now: float) -> None:
-    p = m.progress()
-    figures.position, figures.floor, figures.rows = p.position, p.floor, p.rows
-    figures.events, figures.versions = p.events, p.versions
+    figures.position, figures.floor, figures.rows = m.position, m.floor, len(m.rows.rows)
+    figures.events, figures.versions = m.events, m.versions
     figures.published_at, figures.fresh_as_of = now, asked
 
 
