@@ -80,6 +80,7 @@ from storage_adapters.memory import (
     KVOps,
     deltas,
     inside,
+    within_bounds,
 )
 
 __all__ = ["KVOps", "MemcachedEngine", "memcached_key"]
@@ -434,7 +435,9 @@ class MemcachedEngine(ReportsChanges):
             raise BadOperation(f"{name} takes lo and hi")
         if name == "delete_range":
             return lambda: self._write(self._remove, self._range_slots(ranges))
-        return lambda: self._scan(ranges)
+        if self.placement.ordered:
+            return lambda: self._scan(ranges)
+        return lambda: within_bounds(op, self._scan(ranges))
 
     def _write(self, how: Any, what: Any) -> None:
         self.counts["writes"] += 1

@@ -178,6 +178,16 @@ class KVOps:
         return result
 
 
+def within_bounds(op: Any, items: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """The items of a scan ``("scan", lo, hi)`` whose keys are in ``[lo, hi)``.  Under
+    hash partitioning a scan's ranges are every bucket (a key range is no placement
+    range), so a holder cuts its answer to the scan's own bounds; under range
+    partitioning the ranges it is given already are those bounds."""
+    lo = _bound(op[1])
+    hi = MAX_EKEY if op[2] is None else encode_key(op[2])
+    return [kv for kv in items if lo <= encode_key(kv[0]) < hi]
+
+
 def inside(ranges: RangeSet, place: EKey) -> bool:
     """Whether ``place`` is in ``ranges``: the operation's part this replica applies."""
     if len(ranges) == 1:  # most writes: a holder's part of a one-key write, or a bundle's
@@ -327,7 +337,8 @@ class MemoryEngine(ReportsChanges):
         return out
 
     def _scan(self, op: Any, ranges: RangeSet) -> list[tuple[Any, Any]]:
-        return [item for _, item in self._range_items(ranges)]
+        items = [item for _, item in self._range_items(ranges)]
+        return items if self.placement.ordered else within_bounds(op, items)
 
     def open_send(self, ranges: RangeSet) -> _Cursor:
         return _Cursor([(slot, item) for slot, item in self._range_items(ranges)])
