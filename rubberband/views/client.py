@@ -56,7 +56,6 @@ async def create_view(rb: Any, name: str, from_: Sequence[Any], kind: str, **spe
     maintainer (``rubberband views maintain``) backfills it from a snapshot of its base
     at one position and then follows the base's changes while writes go on."""
     view = view_def(name, kind, from_, **spec)
-    _ordered(rb)
     got = await rb.read(("get", (catalog_key(name),)), "sequential")
     if got:
         raise BadOperation(f"a view named {name!r} exists (drop it first)")
@@ -64,13 +63,11 @@ async def create_view(rb: Any, name: str, from_: Sequence[Any], kind: str, **spe
     return view
 
 
-def _ordered(rb: Any) -> None:
+def _ordered(rb: Any) -> bool:
+    """Is the cluster range-partitioned (a view's key range then is a few segments)?
+    Under hash partitioning any range is every bucket."""
     placement = rb.placement  # the cluster's partitioning, learned at connect
-    if placement is not None and not placement.ordered:
-        raise BadOperation(
-            "views need range partitioning (a view's rows are a key range; under hash "
-            "partitioning a range is every bucket)"
-        )
+    return placement is None or bool(placement.ordered)
 
 
 async def drop_view(rb: Any, name: str) -> None:
@@ -128,14 +125,20 @@ class View:
         return (out, position) if with_position else out
 
     async def _rows(self, lo: Any, hi: Any, level: str) -> tuple[list[tuple[Any, Any]], int]:
-        """The rows of the encoded range ``[lo, hi)``, read with the view's progress."""
-        within = normalize([point(meta_key(self.name)), (lo, hi)])
-        return await self._read(("scan", *rows_bounds(self.name)), within, level)
+        """The rows of the encoded range ``[lo, hi)``, read with the view's progress.
+        Under range partitioning the read goes to the segments of that range (and of
+        the progress) alone; under hash partitioning every bucket holds part of any
+        range, so the whole view is read and cut here."""
+        op = ("scan", *rows_bounds(self.name))
+        if _ordered(self.rb):
+            return await self._read(op, normalize([point(meta_key(self.name)), (lo, hi)]), level)
+        rows, position = await self._read(op, None, level)
+        name = self.name
+        return [r for r in rows if lo <= encode_key(row_key(name, r[0])) < hi], position
 
     # ------------------------------------------------------------------ the levels
     async def _read(self, op: Any, within: Any, level: str) -> tuple[list[tuple[Any, Any]], int]:
         rb = self.rb
-        _ordered(rb)
         steps = read_steps(self.name, op, within, level, time.monotonic(), rb.answer_timeout,
                            self._session, rb.writes_sent)  # fmt: skip
         return await drive(rb, steps)  # type: ignore[no-any-return]
