@@ -57,6 +57,10 @@ OUT_OF_ORDER = mutations.declare(
     "changes_out_of_order", "storage",
     "a write held back behind a copy is logged after later positions, not in order",
 )  # fmt: skip
+HISTORY_TWICE = mutations.declare(
+    "history_twice", "storage",
+    "a copy's history is merged with what the receiver logged of the same ranges",
+)  # fmt: skip
 FROM_NOW = -1
 """``since`` of a feed's first read when it starts at the read itself."""
 MAX_CHANGES = 100_000
@@ -248,11 +252,16 @@ class ChangeLog:
         parts.append(tuple(part))
         return self.held_after(ranges), parts
 
-    def adopt(self, ranges: RangeSet, after: Any, entries: list[Any]) -> None:
+    def adopt(self, ranges: RangeSet, after: Any, entries: list[Any], upto: int) -> None:
         """A copy's history from its source: our changes of ``ranges`` are complete
         after ``after`` now, not only after the keyspace message that gave them to us.
-        Malformed, it is not taken (the ranges stay as they were: a feed from before
-        them is told it was compacted, never given a gap)."""
+        The copy is the source's data as of that message's position ``upto``: up to it
+        the source's history of ``ranges`` replaces whatever we logged of them (a
+        repair copies a range we held incomplete, and what we logged of it then
+        repeats, or contradicts, the source's); after it, our own log is the history
+        (we applied every later write).  Malformed, it is not taken (the ranges stay
+        as they were: a feed from before them is told it was compacted, never given
+        a gap)."""
         try:
             adopted = [
                 (int(t), tuple((c[0], _kind(c[1]), c[2]) for c in changes))
@@ -261,13 +270,21 @@ class ChangeLog:
             after = int(after)
         except Exception:
             return
-        adopted = [e for e in adopted if e[0] > max(after, self.floor)]
+        adopted = [e for e in adopted if max(after, self.floor) < e[0] <= upto]
         self._starts = [*self._others(ranges), (ranges, after)]
-        if not adopted:
-            return
         live = range(self._head, len(self._t))
         now = self._at[-1] if live else 0.0
-        mine = [(self._t[i], self._at[i], self._changes[i]) for i in live]
+        mine = []
+        place = self.place
+        for i in live:
+            t, changes = self._t[i], self._changes[i]
+            if t <= upto and not mutations.on(HISTORY_TWICE):
+                kept = tuple(c for c in changes if not contains(ranges, place(c[0])))
+                self._count -= len(changes) - len(kept)
+                if not kept:
+                    continue
+                changes = kept
+            mine.append((t, self._at[i], changes))
         merged = sorted([*mine, *((t, now, c) for t, c in adopted)], key=_position)
         self._t = [e[0] for e in merged]
         self._at = [e[1] for e in merged]

@@ -205,6 +205,7 @@ CAUGHT_BY: dict[str, tuple[dict[str, Any], str]] = {
 ELSEWHERE = {
     "reads_to_busy": "the expand scenario's availability (below)",
     "trust_any_answer": "tests/unit/test_rubberband_client.py (no simulated process lies)",
+    "history_twice": "tests/unit/test_changes.py (a repair's copy into a range already logged)",
     **{m: "bundled schedules (above)" for m in BUNDLED},
 }
 

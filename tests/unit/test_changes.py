@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from rubberband.changelog import ChangeLog, Changes, Event, Page
+from ecast.core import mutations
+from rubberband.changelog import HISTORY_TWICE, ChangeLog, Changes, Event, Page
 from rubberband.errors import BadOperation, Compacted, Rejected
 from rubberband.keys import EVERYTHING, encode_key
 from storage_adapters.memory import MemoryEngine
@@ -181,13 +182,42 @@ def test_a_malformed_history_is_not_taken_and_the_range_says_compacted() -> None
     ):
         log = ChangeLog()
         log.gained(ranges, 40)
-        log.adopt(ranges, 2, bad)  # type: ignore[arg-type]
+        log.adopt(ranges, 2, bad, 40)  # type: ignore[arg-type]
         assert log.read(3, ranges, 50) == "compacted: continue from position 40", bad
     log = ChangeLog()
     log.gained(ranges, 40)
-    log.adopt(ranges, 2, [[5, [[150, "put", 1]]], [30, [[160, "delete", None]]]])
+    log.adopt(ranges, 2, [[5, [[150, "put", 1]]], [30, [[160, "delete", None]]]], 40)
     assert log.read(3, ranges, 50) == [[5, [[150, "put", 1]]], [30, [[160, "delete", None]]]]
     assert log.read(1, ranges, 50).startswith("compacted")  # the source's own start
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_copy_into_a_range_already_logged_replaces_its_history_up_to_the_copy(
+    planted: bool,
+) -> None:
+    """A repair copies a range its receiver held incomplete: up to the copy's position
+    the source's history of the range is the history (what the receiver logged of it
+    would repeat a change, or contradict it: an append computed on missing data), and
+    after it the receiver's own log.  Other ranges' changes at those positions stay."""
+    if planted:  # the planted bug (the receiver's own entries kept beside) is caught
+        with mutations.planted({HISTORY_TWICE}), pytest.raises(AssertionError):
+            test_a_copy_into_a_range_already_logged_replaces_its_history_up_to_the_copy(False)
+        return
+    ranges = ((encode_key(100), encode_key(200)),)
+    log = ChangeLog()
+    log.record(10, 0.0, [(150, "put", [1]), (300, "put", "x")])  # 150: logged incomplete
+    log.record(20, 0.0, [(150, "put", [1, 2])])
+    log.record(50, 0.0, [(150, "put", [0, 1, 2, 3])])  # after the copy: ours
+    log.adopt(ranges, 2, [[10, [[150, "put", [0, 1]]]], [20, [[150, "put", [0, 1, 2]]]]], 40)
+    assert log.read(3, ranges, 60) == [
+        [10, [[150, "put", [0, 1]]]],
+        [20, [[150, "put", [0, 1, 2]]]],
+        [50, [[150, "put", [0, 1, 2, 3]]]],
+    ]
+    assert log.read(3, EVERYTHING, 60)[:2] == [
+        [10, [[300, "put", "x"]]],
+        [10, [[150, "put", [0, 1]]]],
+    ]
 
 
 def test_a_long_log_pages_from_any_position_as_a_scan_of_it_would() -> None:
