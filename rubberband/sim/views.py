@@ -12,6 +12,7 @@ read must equal the view recomputed there (:func:`rubberband.checkers.views.chec
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ecast import NodeId
@@ -20,7 +21,15 @@ from rubberband.client import ReadDone, WriteDone
 from rubberband.errors import RubberbandError
 from rubberband.views import LEVELS, view_def
 from rubberband.views.define import rows_bounds
-from rubberband.views.steps import Read, Sleep, Steps, Write, maintain_steps, read_steps
+from rubberband.views.steps import (
+    Both,
+    Read,
+    Sleep,
+    Steps,
+    Write,
+    maintain_steps,
+    read_steps,
+)
 
 if TYPE_CHECKING:
     from rubberband.sim.process import RbNode
@@ -68,6 +77,18 @@ join value) and the bulky puts (``{"g": 0..4, ...}``: index entries, sums, extre
 join pairs)."""
 
 
+@dataclass
+class Waiting:
+    """What a driven generator waits for: a read's answer (its request id) and the
+    stability of writes (theirs), the reply so far and the first failure."""
+
+    read: int | None
+    with_position: bool
+    writes: set[int] = field(default_factory=set)
+    reply: Any = None
+    error: BaseException | None = None
+
+
 class Driven:
     """One generator of steps, carried out through a simulated node's client core."""
 
@@ -75,7 +96,7 @@ class Driven:
         self.node = node
         self.steps = steps
         self.done = done
-        self.waiting: Any = None  # ("read", rid, with_position) | ("write", {rids}) | None
+        self.waiting: Waiting | None = None
         self.wake_at: float | None = None
         self.halted = False
         self._fresh = True
@@ -108,41 +129,57 @@ class Driven:
                 error, reply = e, None
 
     def _perform(self, request: Any, now: float) -> None:
-        core = self.node.client
-        assert core is not None
         if type(request) is Sleep:
             self.wake_at = now + request.seconds
         elif type(request) is Read:
-            rid, fx = core.read(request.op, request.isolation, now, within=request.within)
-            self.waiting = ("read", rid, request.with_position)
-            self.node.feed(fx)
+            self.waiting = Waiting(self._read(request, now), request.with_position)
+        elif type(request) is Write:
+            self.waiting = Waiting(None, False, self._write(request, now))
         else:
-            assert type(request) is Write
-            if len(request.ops) == 1:
-                rid, fx = core.write(request.ops[0], now)
-                rids = {rid}
-            else:
-                messages, fx = core.write_batch(list(request.ops), now)
-                rids = {rid for _indices, rid in messages}
-            self.waiting = ("write", rids)
-            self.node.feed(fx)
+            assert type(request) is Both
+            rids = self._write(request.write, now)
+            self.waiting = Waiting(self._read(request.read, now), request.read.with_position, rids)
+
+    def _read(self, request: Read, now: float) -> int:
+        core = self.node.client
+        assert core is not None
+        rid, fx = core.read(request.op, request.isolation, now, within=request.within)
+        self.node.feed(fx)
+        return rid
+
+    def _write(self, request: Write, now: float) -> set[int]:
+        core = self.node.client
+        assert core is not None
+        if len(request.ops) == 1:
+            rid, fx = core.write(request.ops[0], now)
+            rids = {rid}
+        else:
+            messages, fx = core.write_batch(list(request.ops), now)
+            rids = {rid for _indices, rid in messages}
+        self.node.feed(fx)
+        return rids
 
     def upcall(self, item: Any, now: float) -> None:
         w = self.waiting
         if w is None:
             return
-        if type(item) is ReadDone and w[0] == "read" and item.request == w[1]:
+        if type(item) is ReadDone and item.request == w.read:
+            w.read = None
             if item.error is not None:
-                self.resume(None, now, item.error)
+                w.error = w.error or item.error
             else:
-                self.resume((item.result, item.position) if w[2] else item.result, now)
-        elif type(item) is WriteDone and w[0] == "write" and item.request in w[1]:
+                w.reply = (item.result, item.position) if w.with_position else item.result
+        elif type(item) is WriteDone and item.request in w.writes:
+            w.writes.discard(item.request)
             if item.error is not None:
-                self.resume(None, now, item.error)
-                return
-            w[1].discard(item.request)
-            if not w[1]:
-                self.resume(None, now)
+                w.error = w.error or item.error
+        else:
+            return
+        # Every call runs to its end (a failed one leaves the others' messages in
+        # flight, and their answers must still find their waiter); the first failure
+        # is what the steps get.
+        if w.read is None and not w.writes:
+            self.resume(w.reply, now, w.error)
 
     def tick(self, now: float) -> None:
         if self.wake_at is not None and now >= self.wake_at:

@@ -38,6 +38,7 @@ from rubberband.views.define import (
     view_def,
 )
 from rubberband.views.steps import (
+    Both,
     Figures,
     Read,
     Session,
@@ -157,16 +158,19 @@ async def drive(rb: Any, steps: Steps, stop: asyncio.Event | None = None) -> Any
         error = None
         try:
             if type(request) is Read:
-                got = await rb.read(request.op, request.isolation, within=request.within,
-                                    with_position=request.with_position)  # fmt: skip
+                got = await _read(rb, request)
             elif type(request) is Write:
-                got = None
-                if len(request.ops) == 1:
-                    await rb.write(request.ops[0])
-                else:
-                    for outcome in await rb.write_batch(list(request.ops)):
-                        if outcome is not None:
-                            raise outcome
+                got = await _write(rb, request)
+            elif type(request) is Both:
+                # Both run to the end (a failed one does not cancel the other: a
+                # cancelled call would leave its message in flight, unanswered).
+                done = await asyncio.gather(
+                    _write(rb, request.write), _read(rb, request.read), return_exceptions=True
+                )
+                for outcome in done:
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+                got = done[1]
             elif stop is None:
                 got = await asyncio.sleep(request.seconds)
             else:
@@ -181,6 +185,20 @@ async def drive(rb: Any, steps: Steps, stop: asyncio.Event | None = None) -> Any
         reply = (got, time.monotonic())
     steps.close()
     return None
+
+
+async def _read(rb: Any, request: Read) -> Any:
+    return await rb.read(request.op, request.isolation, within=request.within,
+                         with_position=request.with_position)  # fmt: skip
+
+
+async def _write(rb: Any, request: Write) -> None:
+    if len(request.ops) == 1:
+        await rb.write(request.ops[0])
+        return
+    for outcome in await rb.write_batch(list(request.ops)):
+        if outcome is not None:
+            raise outcome
 
 
 # ------------------------------------------------------------------ maintaining

@@ -2,7 +2,7 @@
 
 A maintainer's loop and a view read at a level are conversations with the cluster (a
 read, then writes, then pages of a feed...).  Each is a generator here: it *yields* a
-request (:class:`Read`, :class:`Write`, :class:`Sleep`) and is resumed with
+request (:class:`Read`, :class:`Write`, :class:`Both`, :class:`Sleep`) and is resumed with
 ``(result, now)``, or with the error thrown into it.  It touches no socket, clock or
 event loop, so the asyncio client (:mod:`rubberband.views.client`) and the simulator
 (:mod:`rubberband.sim.views`) run the same steps: the simulator checks the code that
@@ -40,11 +40,19 @@ class Write(NamedTuple):
     ops: tuple[Any, ...]
 
 
+class Both(NamedTuple):
+    """A write and a read at once (neither waits for the other); the reply is the
+    read's, once the write is stable too, or the first failure is thrown."""
+
+    write: Write
+    read: Read
+
+
 class Sleep(NamedTuple):
     seconds: float
 
 
-Steps = Generator[Read | Write | Sleep, tuple[Any, float], Any]
+Steps = Generator[Read | Write | Both | Sleep, tuple[Any, float], Any]
 
 LEVELS = ("sequential", "read-your-writes", "snapshot", "any")
 _ISOLATION = {"snapshot": "snapshot", "any": "basic"}
@@ -96,15 +104,30 @@ def _maintain(m: Maintainer, view: ViewDef, poll: float, figures: Figures) -> St
         snapshots.append(got)
     now = yield from _write(m.start(old, snapshots, now), now)
     _published(figures, m, asked, now)
+    writes: list[Any] = []  # of the last page, not yet made
+    written_asked = asked
     while True:
         idle = True
         asked = now
         for side, (lo, hi) in enumerate(view.sources):
-            page, now = yield Read(Changes(m.since[side], lo, hi), "sequential")
+            read = Read(Changes(m.since[side], lo, hi), "sequential")
+            if len(writes) == 1:
+                # A page's writes in one message go with the next page's read: the
+                # maintainer keeps up at one round trip a page, not two.
+                page, now = yield Both(Write((writes[0],)), read)
+            else:
+                now = yield from _write(writes, now)
+                page, now = yield read
+            if writes:
+                _published(figures, m, written_asked, now)
+            writes = m.page(side, page.position, page.events, now)
+            written_asked = asked
             idle = idle and not page.events
-            now = yield from _write(m.page(side, page.position, page.events, now), now)
-        _published(figures, m, asked, now)
         if idle:
+            now = yield from _write(writes, now)
+            if writes:
+                _published(figures, m, written_asked, now)
+            writes = []
             _, now = yield Sleep(poll)
 
 
