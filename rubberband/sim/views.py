@@ -23,11 +23,13 @@ from rubberband.views import LEVELS, view_def
 from rubberband.views.define import rows_bounds
 from rubberband.views.steps import (
     Both,
+    Group,
     Read,
     Sleep,
     Steps,
     Write,
-    maintain_steps,
+    groups,
+    maintain_group_steps,
     read_steps,
 )
 
@@ -262,8 +264,8 @@ class ViewProcess:
             if self.reader:
                 self._next_read(now)
             else:
-                for view in VIEWS:
-                    self._start(maintain_steps(view, poll=POLL), lambda *_: None, now)
+                for views in groups(VIEWS):  # as `rubberband views maintain` groups them
+                    self._start(maintain_group_steps(Group(views), POLL), lambda *_: None, now)
             return
         for d in list(self.driven):
             d.tick(now)

@@ -151,8 +151,8 @@ async def _read(rb: Any, args: argparse.Namespace) -> Any:
 async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
     """Maintain the named views (all, when none is named), starting those defined later
     and stopping those dropped, until SIGTERM or SIGINT."""
-    from rubberband.views import maintain
-    from rubberband.views.steps import Figures
+    from rubberband.views.client import maintain_group
+    from rubberband.views.steps import Figures, Group
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("rubberband.views").setLevel(logging.INFO)
@@ -160,31 +160,45 @@ async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    running: dict[str, tuple[asyncio.Event, asyncio.Task[None]]] = {}
+    # Views over the same sources form a group: one loop reads the feeds once for all.
+    running: dict[str, tuple[Group, asyncio.Event, asyncio.Task[None]]] = {}
     figures: dict[str, Figures] = {}
     server = await _serve_metrics(args.metrics, figures) if args.metrics else None
     started = time.monotonic()
+    maintained: set[str] = set()
     while not stop.is_set():
         with contextlib.suppress(*failures()):
             views = {v.name: v for v in await rb.views() if not args.names or v.name in args.names}
-            for name in [n for n in running if n not in views]:
-                running.pop(name)[0].set()
-                figures.pop(name, None)
+            for key, (group, halt, task) in list(running.items()):
+                for name in [n for n in group.views if views.get(n) != group.views[n]]:
+                    group.remove(name)  # dropped (or defined anew: it starts again)
+                    figures.pop(name, None)
+                if not group.views or task.done():
+                    halt.set()
+                    del running[key]
+                    for name in group.views:
+                        figures.pop(name, None)
             for name, v in views.items():
-                if name not in running or running[name][1].done():
-                    halt = asyncio.Event()
-                    f = figures[name] = Figures()
-                    task = asyncio.create_task(maintain(rb, v, args.poll, halt, f))
-                    running[name] = (halt, task)
-                    logging.getLogger("rubberband.views").info("maintaining view %s", name)
+                if name in figures:
+                    continue
+                key = repr(v.sources)
+                if key not in running:
+                    group, halt = Group(), asyncio.Event()
+                    task = asyncio.create_task(maintain_group(rb, group, args.poll, halt))
+                    running[key] = (group, halt, task)
+                group = running[key][0]
+                group.add(v)
+                figures[name] = group.figures[name]
+                maintained.add(name)
+                logging.getLogger("rubberband.views").info("maintaining view %s", name)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
-    for halt, _task in running.values():
+    for _group, halt, _task in running.values():
         halt.set()
-    await asyncio.gather(*(t for _h, t in running.values()), return_exceptions=True)
+    await asyncio.gather(*(t for _g, _h, t in running.values()), return_exceptions=True)
     if server is not None:
         await server.cleanup()
-    return {"maintained": sorted(running), "seconds": round(time.monotonic() - started, 1)}
+    return {"maintained": sorted(maintained), "seconds": round(time.monotonic() - started, 1)}
 
 
 async def _serve_metrics(where: str, figures: dict[str, Any]) -> Any:

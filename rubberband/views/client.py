@@ -40,11 +40,13 @@ from rubberband.views.define import (
 from rubberband.views.steps import (
     Both,
     Figures,
+    Group,
     Read,
     Session,
     Sleep,
     Steps,
     Write,
+    maintain_group_steps,
     maintain_steps,
     read_steps,
 )
@@ -213,3 +215,12 @@ async def maintain(
     from a snapshot of its sources, then follow their feeds
     (:func:`~rubberband.views.steps.maintain_steps`); ``figures`` follow its progress."""
     await drive(rb, maintain_steps(view, poll, figures), stop or asyncio.Event())
+
+
+async def maintain_group(
+    rb: Any, group: Group, poll: float = 0.05, stop: asyncio.Event | None = None
+) -> None:
+    """Keep a :class:`~rubberband.views.steps.Group` of views over the same sources up
+    to date until ``stop`` is set, their feeds read once for all; ``group.views`` may
+    change meanwhile (``rubberband views maintain`` adds the views defined later)."""
+    await drive(rb, maintain_group_steps(group, poll), stop or asyncio.Event())

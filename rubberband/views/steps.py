@@ -11,7 +11,7 @@ ships, as it does for every other core.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -80,23 +80,69 @@ class Figures:
     the base by at most the time since."""
 
 
+class Group:
+    """Views over the same sources, kept by one loop that reads each source's feed once
+    for all of them (a page's decoding is most of a maintainer's cost).  The driver may
+    change ``views`` at any time: the loop starts a new view from its own snapshot at its
+    next page, and drops a removed one; ``figures`` has each view's."""
+
+    def __init__(self, views: Iterable[ViewDef] = ()) -> None:
+        self.views: dict[str, ViewDef] = {}
+        self.figures: dict[str, Figures] = {}
+        for view in views:
+            self.add(view)
+
+    @property
+    def sources(self) -> tuple[tuple[Any, Any], ...] | None:
+        return next(iter(self.views.values())).sources if self.views else None
+
+    def add(self, view: ViewDef, figures: Figures | None = None) -> None:
+        if self.views and view.sources != self.sources:
+            raise ValueError(f"view {view.name!r} has other sources than its group's")
+        self.views[view.name] = view
+        self.figures[view.name] = figures if figures is not None else Figures()
+
+    def remove(self, name: str) -> None:
+        self.views.pop(name, None)
+        self.figures.pop(name, None)
+
+
+def groups(views: Iterable[ViewDef]) -> list[list[ViewDef]]:
+    """``views`` by their sources: each list a :class:`Group`'s views."""
+    by: dict[Any, list[ViewDef]] = {}
+    for view in views:
+        by.setdefault(repr(view.sources), []).append(view)
+    return list(by.values())
+
+
 def maintain_steps(view: ViewDef, poll: float = 0.05, figures: Figures | None = None) -> Steps:
-    """A maintainer for ever: start from a snapshot, follow the sources' feeds; start
-    over after a failure (a feed compacted under it, the cluster unreachable)."""
-    figures = figures if figures is not None else Figures()
+    """One view's maintainer for ever (a group of one)."""
+    group = Group()
+    group.add(view, figures)
+    return maintain_group_steps(group, poll)
+
+
+def maintain_group_steps(group: Group, poll: float = 0.05) -> Steps:
+    """A group's maintainer for ever: each view starts from a snapshot, then the group
+    follows the sources' feeds; it starts over after a failure (a feed compacted under
+    it, the cluster unreachable), every view from a new snapshot."""
     while True:
-        m = Maintainer(view)
-        figures.starts += 1
         try:
-            yield from _maintain(m, view, poll, figures)
-        except Compacted:
-            figures.failures += 1  # the base's changes went under it: from a new snapshot
+            yield from _maintain(group, poll)
+        except Compacted:  # the base's changes went under it: from new snapshots
+            for figures in group.figures.values():
+                figures.failures += 1
         except RubberbandError:
-            figures.failures += 1
+            for figures in group.figures.values():
+                figures.failures += 1
             yield Sleep(RETRY)
 
 
-def _maintain(m: Maintainer, view: ViewDef, poll: float, figures: Figures) -> Steps:
+def _start(view: ViewDef, figures: Figures) -> Steps:
+    """A view's start: its old rows and a snapshot of its sources, written whole;
+    returns its maintainer and the time."""
+    m = Maintainer(view)
+    figures.starts += 1
     old, asked = yield Read(("scan", *rows_bounds(view.name)), "sequential")
     snapshots = []
     for lo, hi in view.sources:
@@ -104,34 +150,58 @@ def _maintain(m: Maintainer, view: ViewDef, poll: float, figures: Figures) -> St
         snapshots.append(got)
     now = yield from _write(m.start(old, snapshots, now), now)
     _published(figures, m, asked, now)
-    writes: list[Any] = []  # of the last page, not yet made
-    written_asked = asked
+    return m, now
+
+
+def _maintain(group: Group, poll: float) -> Steps:
+    members: dict[str, Maintainer] = {}
+    writes: dict[str, list[Any]] = {}  # each view's of the last page, not yet made
+    now = written_asked = 0.0
     while True:
+        for name in [n for n, m in members.items() if group.views.get(n) != m.view]:
+            del members[name]  # dropped, or defined anew (it starts again)
+            writes.pop(name, None)
+        for name, view in list(group.views.items()):
+            if name not in members:
+                members[name], now = yield from _start(view, group.figures[name])
+        if not members:
+            _, now = yield Sleep(poll)
+            continue
         idle = True
-        asked = now
-        for side, (lo, hi) in enumerate(view.sources):
-            read = Read(Changes(m.since[side], lo, hi), "sequential")
-            if len(writes) == 1:
-                # A page's writes in one message go with the next page's read: the
-                # maintainer keeps up at one round trip a page, not two.
-                page, now = yield Both(Write((writes[0],)), read)
+        asked = now  # the pages of this round are asked for from now on
+        for side, (lo, hi) in enumerate(group.sources or ()):
+            since = min(m.since[side] for m in members.values())
+            read = Read(Changes(since, lo, hi), "sequential")
+            made = [name for name, w in writes.items() if w]
+            if all(len(writes[n]) == 1 for n in made) and len(made) <= IN_FLIGHT:
+                # Each view's page writes are one message: they go together with the
+                # next page's read, one round trip a page, not two.
+                ops = tuple(writes[n][0] for n in made)
+                page, now = yield (Both(Write(ops), read) if ops else read)
             else:
-                now = yield from _write(writes, now)
+                for n in made:
+                    now = yield from _write(writes[n], now)
                 page, now = yield read
-            if writes:
-                _published(figures, m, written_asked, now)
-            writes = m.page(side, page.position, page.events, now)
+            for n in made:
+                _published(group.figures.get(n), members[n], written_asked, now)
             written_asked = asked
+            writes = {}
+            for name, m in members.items():
+                events = [e for e in page.events if e.position > m.since[side]]
+                writes[name] = m.page(side, page.position, events, now)
             idle = idle and not page.events
         if idle:
-            now = yield from _write(writes, now)
-            if writes:
-                _published(figures, m, written_asked, now)
-            writes = []
+            for name, w in writes.items():
+                now = yield from _write(w, now)
+                if w:
+                    _published(group.figures.get(name), members[name], written_asked, now)
+            writes = {}
             _, now = yield Sleep(poll)
 
 
-def _published(figures: Figures, m: Maintainer, asked: float, now: float) -> None:
+def _published(figures: Figures | None, m: Maintainer, asked: float, now: float) -> None:
+    if figures is None:  # the view left its group meanwhile
+        return
     figures.position, figures.floor, figures.rows = m.position, m.floor, len(m.rows.rows)
     figures.events, figures.versions = m.events, m.versions
     figures.published_at, figures.fresh_as_of = now, asked
