@@ -47,6 +47,10 @@ from rubberband.proto import (
 Isolation = Literal["sequential", "snapshot", "basic"]
 ISOLATION_LEVELS = ("sequential", "snapshot", "basic")
 
+EXACT_RANGES = 32
+"""Ranges a header names exactly; an operation of more (a write of many keys: a view's
+rows, a bulk put) names one hull per piece of the ring instead (:meth:`routable`)."""
+
 
 class Messages:
     """An engine's operations, the client's copy of the keyspace, and the messages that
@@ -97,7 +101,7 @@ class Messages:
         answers the operation only for its own keys inside what it holds: a superset
         changes no outcome.  One message still carries the whole operation, so a write
         of many keys stays atomic.  Without a keyspace, one range around all of them."""
-        if len(ranges) <= MAX_RANGES:
+        if len(ranges) <= EXACT_RANGES:
             return ranges
         ks = self.keyspace
         ids = ks.ids if ks is not None else ()
