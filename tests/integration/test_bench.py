@@ -168,4 +168,5 @@ def test_peers_measure_every_system_or_say_why_not(tmp_path: Path) -> None:
     assert out["rubberband"]["writes_per_message"] >= 1  # bundles: as write_batch sends them
     assert out["rubberband_alone"]["writes_per_message"] == 1
     assert out["etcd"]["throughput_per_s"] > 0
+    assert out["etcd"]["client"].startswith("gRPC KV/Put"), out["etcd"]  # its fastest client
     assert out["rubberband_at_etcd_peak"]["p99_ms"] > 0
