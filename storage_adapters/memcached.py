@@ -431,12 +431,12 @@ class MemcachedEngine(ReportsChanges):
             if name == "delete":
                 return lambda: self._write(self._remove, [s for s, _k in mine_keys])
             return lambda: self._get(mine_keys)
-        if len(op) != 3:
+        if len(op) != 3 and not (name == "scan" and len(op) == 4):
             raise BadOperation(f"{name} takes lo and hi")
         if name == "delete_range":
             return lambda: self._write(self._remove, self._range_slots(ranges))
         if self.placement.ordered:
-            return lambda: self._scan(ranges)
+            return lambda: self._scan(ranges, op[3] if len(op) > 3 else None)
         return lambda: within_bounds(op, self._scan(ranges))
 
     def _write(self, how: Any, what: Any) -> None:
@@ -504,9 +504,11 @@ class MemcachedEngine(ReportsChanges):
         values = self._fetch([s for s, _k in present])
         return {k: msgpack.unpackb(values[s], raw=False) for s, k in present}
 
-    def _scan(self, ranges: RangeSet) -> list[tuple[Any, Any]]:
+    def _scan(self, ranges: RangeSet, limit: int | None = None) -> list[tuple[Any, Any]]:
         self.counts["reads"] += 1
         slots = self._range_slots(ranges)
+        if limit is not None:
+            del slots[limit:]
         values = self._fetch(slots)
         index = self._index
         return [(index[s], msgpack.unpackb(values[s], raw=False)) for s in slots]

@@ -44,6 +44,9 @@ POLL = 0.2
 """Seconds between a maintainer's idle pages (fewer simulated messages than the SDK's)."""
 SOURCE = (3_000, 7_000)
 """The views' base: parts of two segments of the ring, 7 list-append keys."""
+PAGE_ROWS = 3
+"""Rows per page of a maintainer's snapshot: every start reads several pages, each at a
+position of its own, while the writes go on (the daemon's pages are 10,000 rows)."""
 READ_EVERY = 0.1
 """Virtual seconds between the reader's reads."""
 RETENTION = 0.5
@@ -265,7 +268,8 @@ class ViewProcess:
                 self._next_read(now)
             else:
                 for views in groups(VIEWS):  # as `rubberband views maintain` groups them
-                    self._start(maintain_group_steps(Group(views), POLL), lambda *_: None, now)
+                    steps = maintain_group_steps(Group(views), POLL, PAGE_ROWS)
+                    self._start(steps, lambda *_: None, now)
             return
         for d in list(self.driven):
             d.tick(now)

@@ -62,17 +62,27 @@ class Maintainer:
 
     # ------------------------------------------------------------------ inputs
     def start(
-        self, old_rows: Sequence[tuple[Any, Any]], snapshots: Sequence[tuple[Any, int]], now: float
+        self,
+        old_rows: Sequence[tuple[Any, Any]],
+        snapshots: Sequence[Sequence[tuple[Any, int]]],
+        now: float,
     ) -> list[Any]:
         """``old_rows``: the view's rows as they are (``(row key, chain)``): rebuilt
-        anew, and those no longer there written absent; ``snapshots``: per source,
-        ``(rows, position)`` of a sequential scan of its range.  The view starts at the
-        last snapshot's position, once every other source's feed has reached it."""
-        self._start = max(position for _rows, position in snapshots)
+        anew, and those no longer there written absent; ``snapshots``: per source, its
+        pages in key order, each ``(rows, position)`` of a sequential scan with a limit
+        that starts after the last page's last key (the whole source in one page when
+        it fits).  Each page is exact as of its own position; the feed is followed from
+        the first one's, and a change carries a key's whole new value, so the pages
+        and the changes applied in position order give every key its value at the last
+        page's position (a change before its key's page is repeated by the page).  The
+        view starts at the last page's position, once every source's feed has reached
+        it."""
+        self._start = max(position for pages in snapshots for _rows, position in pages)
         self._old = [key for key, _chain in old_rows if key != meta_key(self.view.name)]
-        for side, (rows, position) in enumerate(snapshots):
-            self.since[side] = position
-            self._pending[side].append(Event(position, tuple((k, "put", v) for k, v in rows)))
+        for side, pages in enumerate(snapshots):
+            self.since[side] = pages[0][1]
+            for rows, position in pages:
+                self._pending[side].append(Event(position, tuple((k, "put", v) for k, v in rows)))
         return self._advance(now)
 
     def page(self, side: int, position: int, events: Sequence[Event], now: float) -> list[Any]:

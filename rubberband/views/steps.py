@@ -122,13 +122,13 @@ def maintain_steps(view: ViewDef, poll: float = 0.05, figures: Figures | None = 
     return maintain_group_steps(group, poll)
 
 
-def maintain_group_steps(group: Group, poll: float = 0.05) -> Steps:
+def maintain_group_steps(group: Group, poll: float = 0.05, page_rows: int = 0) -> Steps:
     """A group's maintainer for ever: each view starts from a snapshot, then the group
     follows the sources' feeds; it starts over after a failure (a feed compacted under
     it, the cluster unreachable), every view from a new snapshot."""
     while True:
         try:
-            yield from _maintain(group, poll)
+            yield from _maintain(group, poll, page_rows or PAGE_ROWS)
         except Compacted:  # the base's changes went under it: from new snapshots
             for figures in group.figures.values():
                 figures.failures += 1
@@ -138,22 +138,54 @@ def maintain_group_steps(group: Group, poll: float = 0.05) -> Steps:
             yield Sleep(RETRY)
 
 
-def _start(view: ViewDef, figures: Figures) -> Steps:
+def _start(view: ViewDef, figures: Figures, page_rows: int) -> Steps:
     """A view's start: its old rows and a snapshot of its sources, written whole;
     returns its maintainer and the time."""
     m = Maintainer(view)
     figures.starts += 1
-    old, asked = yield Read(("scan", *rows_bounds(view.name)), "sequential")
+    asked = None
+    old: list[Any] = []
+    for rows, _position, now in (yield from _pages(*rows_bounds(view.name), page_rows)):
+        old += rows
+        asked = now if asked is None else asked
     snapshots = []
     for lo, hi in view.sources:
-        got, now = yield Read(("scan", lo, hi), "sequential", None, True)
-        snapshots.append(got)
+        pages = yield from _pages(lo, hi, page_rows)
+        snapshots.append([(rows, position) for rows, position, _now in pages])
+        now = pages[-1][2]
     now = yield from _write(m.start(old, snapshots, now), now)
     _published(figures, m, asked, now)
     return m, now
 
 
-def _maintain(group: Group, poll: float) -> Steps:
+PAGE_ROWS = 10_000
+"""Rows a snapshot's scan reads at once: an answer must fit a frame (16 MiB), and a
+table of a million rows did not."""
+
+
+def _pages(lo: Any, hi: Any, page_rows: int) -> Steps:
+    """``[lo, hi)`` read in pages of ``page_rows``, each a sequential scan at its own
+    position from just after the last page's last key: ``[(rows, position, now)]``."""
+    pages: list[tuple[list[Any], int, float]] = []
+    start = lo
+    while True:
+        (rows, position), now = yield Read(("scan", start, hi, page_rows + 1), "sequential",
+                                           None, True)  # fmt: skip
+        rows = list(rows)
+        if pages and rows and same_key(rows[0][0], start):
+            rows = rows[1:]  # the last page's last key, where this page began
+        full = len(rows) >= page_rows
+        pages.append((rows[:page_rows], position, now))
+        if not full:
+            return pages
+        start = rows[page_rows - 1][0]
+
+
+def same_key(a: Any, b: Any) -> bool:
+    return bool(encode_key(a) == encode_key(b))
+
+
+def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
     members: dict[str, Maintainer] = {}
     writes: dict[str, list[Any]] = {}  # each view's of the last page, not yet made
     now = written_asked = 0.0
@@ -163,7 +195,7 @@ def _maintain(group: Group, poll: float) -> Steps:
             writes.pop(name, None)
         for name, view in list(group.views.items()):
             if name not in members:
-                members[name], now = yield from _start(view, group.figures[name])
+                members[name], now = yield from _start(view, group.figures[name], page_rows)
         if not members:
             _, now = yield Sleep(poll)
             continue

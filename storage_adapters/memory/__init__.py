@@ -131,8 +131,10 @@ class KVOps:
                 if len(keys) > MAX_KEYS:
                     raise BadOperation(f"{name} names more than {MAX_KEYS} keys")
             else:
-                if len(op) != 3:
+                if len(op) != 3 and not (name == "scan" and len(op) == 4):
                     raise BadOperation(f"{name} takes lo and hi")
+                if len(op) == 4 and (type(op[3]) is not int or not 0 < op[3] <= MAX_KEYS):
+                    raise BadOperation(f"a scan's limit is an int from 1 to {MAX_KEYS}")
                 if not placement.ordered:
                     if name == "delete_range":
                         raise BadOperation("delete_range needs range partitioning")
@@ -161,7 +163,7 @@ class KVOps:
         if op[0] == "scan":
             rows = [row for a in answers for row in a]
             rows.sort(key=lambda kv: encode_key(kv[0]))
-            return rows
+            return rows[: op[3]] if len(op) > 3 else rows
         return None
 
     def answered(self, op: Any) -> bool:
@@ -179,13 +181,18 @@ class KVOps:
 
 
 def within_bounds(op: Any, items: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
-    """The items of a scan ``("scan", lo, hi)`` whose keys are in ``[lo, hi)``.  Under
+    """The items of a scan ``("scan", lo, hi[, limit])`` whose keys are in ``[lo, hi)``
+    (the first ``limit`` of them in key order, with a limit).  Under
     hash partitioning a scan's ranges are every bucket (a key range is no placement
     range), so a holder cuts its answer to the scan's own bounds; under range
     partitioning the ranges it is given already are those bounds."""
     lo = _bound(op[1])
     hi = MAX_EKEY if op[2] is None else encode_key(op[2])
-    return [kv for kv in items if lo <= encode_key(kv[0]) < hi]
+    inside = [(ek, kv) for kv in items if lo <= (ek := encode_key(kv[0])) < hi]
+    if len(op) > 3:  # a limit: the first keys in key order (the holder's are by hash)
+        inside.sort(key=lambda e: e[0])
+        del inside[op[3] :]
+    return [kv for _ek, kv in inside]
 
 
 def inside(ranges: RangeSet, place: EKey) -> bool:
@@ -337,6 +344,14 @@ class MemoryEngine(ReportsChanges):
         return out
 
     def _scan(self, op: Any, ranges: RangeSet) -> list[tuple[Any, Any]]:
+        if len(op) > 3 and self.placement.ordered:  # the first ``limit`` keys, in order
+            data, limit, out = self._data, op[3], []
+            for lo, hi in ranges:
+                for slot in data.irange((lo,), (hi,), inclusive=(True, False)):
+                    if len(out) == limit:
+                        return out
+                    out.append(data[slot])
+            return out
         items = [item for _, item in self._range_items(ranges)]
         return items if self.placement.ordered else within_bounds(op, items)
 

@@ -217,13 +217,16 @@ class ScanKVEngine:
             return _OPS.delete(TABLE, [("k", "in", [_key(k) for k in op[1]])]), _none
         if name == "get":
             return _select([_key(k) for k in op[1]]), _as_dict
-        if len(op) != 3:
+        if len(op) != 3 and not (name == "scan" and len(op) == 4):
             raise BadOperation(f"{name} takes lo and hi")
         where = [("k", ">=", _key(op[1]))] if op[1] is not None else []
         if op[2] is not None:
             where.append(("k", "<", _key(op[2])))
         if name == "delete_range":
             return _OPS.delete(TABLE, where), _none
+        if len(op) == 4:  # the first ``limit`` keys: the scan engine reads them all anyway
+            limit = op[3]
+            return _OPS.select(TABLE, where, columns=["k", "v"]), lambda r: _as_sorted(r)[:limit]
         return _OPS.select(TABLE, where, columns=["k", "v"]), _as_sorted
 
     def _rows(self, pairs: Any, ranges: RangeSet) -> dict[int, str]:

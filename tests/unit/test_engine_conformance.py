@@ -323,6 +323,31 @@ def test_conformance_a_range_scan_under_hash_placement_answers_its_bounds_alone(
         assert all(v == str(k) for k, v in got)
 
 
+@pytest.mark.parametrize("partitioning", ["range", "hash"])
+def test_conformance_a_scan_with_a_limit_answers_the_first_keys_in_order(
+    driver: Any, partitioning: str
+) -> None:
+    """``("scan", lo, hi, limit)``: the first ``limit`` keys of the range in key order
+    (a maintainer pages a snapshot so; an answer must fit a frame), and the client's
+    combination of several holders' answers keeps the first ``limit`` of them all."""
+    d = driver
+    if d.name == "scan":
+        pytest.skip("tables scan by predicates, not by key bounds")
+    placement = Placement(partitioning)  # type: ignore[arg-type]
+    e = d.engine(placement)
+    d.setup(e)
+    run(d, e, d.put([(k, str(k)) for k in range(0, 400, 3)]))
+    for lo, hi, limit in ((None, None, 10), (50, 80, 4), (50, 80, 100), (390, None, 5)):
+        op = ("scan", lo, hi, limit)
+        (got,) = run(d, e, op)
+        want = [k for k in range(0, 400, 3) if (lo is None or lo <= k) and (hi is None or k < hi)]
+        assert [k for k, _ in got] == want[:limit], (partitioning, op)
+        assert d.ops.combine(op, [got[2:], got[:2]]) == got
+        assert d.ops.combine(op, [[(-1, "x")], got]) == [(-1, "x"), *got][:limit]
+    with pytest.raises(BadOperation, match="limit"):
+        d.ops.part_fun(("scan", None, None, 0), placement)
+
+
 def test_conformance_bad_operations_are_rejected_alike_with_a_clear_message(driver: Any) -> None:
     d = driver
     a, b = d.engine(), d.engine()
