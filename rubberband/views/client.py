@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from rubberband.errors import BadOperation, RubberbandError
 from rubberband.keys import encode_key, normalize, point
@@ -147,16 +147,35 @@ class View:
         return await drive(rb, steps)  # type: ignore[no-any-return]
 
 
-async def drive(rb: Any, steps: Steps, stop: asyncio.Event | None = None) -> Any:
+class _Done(NamedTuple):
+    value: Any
+
+
+def _advance(steps: Steps, reply: Any, error: BaseException | None) -> Any:
+    """The next request of ``steps``, or :class:`_Done` with what they returned."""
+    try:
+        return steps.throw(error) if error is not None else steps.send(reply)
+    except StopIteration as done:
+        return _Done(done.value)
+
+
+async def drive(
+    rb: Any, steps: Steps, stop: asyncio.Event | None = None, threaded: bool = False
+) -> Any:
     """Carry out ``steps`` (:mod:`rubberband.views.steps`) with ``rb``'s calls until
-    they return (or ``stop`` is set); what they return."""
+    they return (or ``stop`` is set); what they return.  ``threaded``: the steps run
+    on a worker thread, so a long computation (a maintainer's start over a million
+    rows: 20 s) never holds the event loop, whose client heartbeats would stop and
+    the routers take the client for dead."""
     reply: Any = None
     error: BaseException | None = None
     while stop is None or not stop.is_set():
-        try:
-            request = steps.throw(error) if error is not None else steps.send(reply)
-        except StopIteration as done:
-            return done.value
+        if threaded:
+            request = await asyncio.to_thread(_advance, steps, reply, error)
+        else:
+            request = _advance(steps, reply, error)
+        if type(request) is _Done:
+            return request.value
         error = None
         try:
             if type(request) is Read:
@@ -214,7 +233,7 @@ async def maintain(
     """Keep ``view`` up to date until ``stop`` is set (or the task is cancelled): start
     from a snapshot of its sources, then follow their feeds
     (:func:`~rubberband.views.steps.maintain_steps`); ``figures`` follow its progress."""
-    await drive(rb, maintain_steps(view, poll, figures), stop or asyncio.Event())
+    await drive(rb, maintain_steps(view, poll, figures), stop or asyncio.Event(), threaded=True)
 
 
 async def maintain_group(
@@ -223,4 +242,4 @@ async def maintain_group(
     """Keep a :class:`~rubberband.views.steps.Group` of views over the same sources up
     to date until ``stop`` is set, their feeds read once for all; ``group.views`` may
     change meanwhile (``rubberband views maintain`` adds the views defined later)."""
-    await drive(rb, maintain_group_steps(group, poll), stop or asyncio.Event())
+    await drive(rb, maintain_group_steps(group, poll), stop or asyncio.Event(), threaded=True)

@@ -94,7 +94,9 @@ class Group:
 
     @property
     def sources(self) -> tuple[tuple[Any, Any], ...] | None:
-        return next(iter(self.views.values())).sources if self.views else None
+        for view in list(self.views.values()):  # a copy: the driver may change the views
+            return view.sources
+        return None
 
     def add(self, view: ViewDef, figures: Figures | None = None) -> None:
         if self.views and view.sources != self.sources:
