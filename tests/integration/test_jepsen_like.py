@@ -11,9 +11,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.jepsen_rig import EVERY, caught, check_again, needs_net, run
 
 
+# Its last assertion (every message acknowledged) holds only if no client goes unheard
+# past its lease (5 s of wall clock) while the faults hold its heartbeats back (the
+# leader's link slowed, then draining; a partition with the old leader): beside another
+# daemon test, twice in a row (2026-11-30), clients were suspected and 11,456 and 18,321
+# messages were left indeterminate (every checker still passed).
+@pytest.mark.exclusive
 @needs_net
 def test_a_multicast_run_under_every_fault_checks_valid(tmp_path: Path) -> None:
     code, report, text = run(
