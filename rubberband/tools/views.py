@@ -152,7 +152,7 @@ async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
     """Maintain the named views (all, when none is named), starting those defined later
     and stopping those dropped, until SIGTERM or SIGINT."""
     from rubberband.views.client import maintain_group
-    from rubberband.views.steps import Figures, Group
+    from rubberband.views.steps import Figures, Group, group_of
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("rubberband.views").setLevel(logging.INFO)
@@ -181,7 +181,7 @@ async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
             for name, v in views.items():
                 if name in figures:
                     continue
-                key = repr(v.sources)
+                key = group_of(v)
                 if key not in running:
                     group, halt = Group(), asyncio.Event()
                     task = asyncio.create_task(maintain_group(rb, group, args.poll, halt))

@@ -47,7 +47,6 @@ from rubberband.views.steps import (
     Steps,
     Write,
     maintain_group_steps,
-    maintain_steps,
     read_steps,
 )
 
@@ -231,9 +230,11 @@ async def maintain(
     figures: Figures | None = None,
 ) -> None:
     """Keep ``view`` up to date until ``stop`` is set (or the task is cancelled): start
-    from a snapshot of its sources, then follow their feeds
-    (:func:`~rubberband.views.steps.maintain_steps`); ``figures`` follow its progress."""
-    await drive(rb, maintain_steps(view, poll, figures), stop or asyncio.Event(), threaded=True)
+    from a snapshot of its sources, then follow their feeds (a group of one, see
+    :func:`maintain_group`); ``figures`` follow its progress."""
+    group = Group()
+    group.add(view, figures)
+    await maintain_group(rb, group, poll, stop)
 
 
 async def maintain_group(

@@ -15,12 +15,13 @@ to its last page's position, so changes up to the smallest of those are final, a
 write that changed both sources is one event.
 
 A maintainer keeps nothing durable of its own.  It starts (and restarts) from a
-snapshot of its sources, one read each, applied at their positions and written as
-versions at the last of them, ``S``; every row it held before and no longer does is
-written absent at ``S``, and the view's floor rises to ``S`` (positions before it are
-not readable: :class:`~rubberband.errors.Compacted`).  Version merging is idempotent,
-so a maintainer that restarts repeats nothing harmful, and a stale one still running
-beside its replacement writes only versions the replacement writes too.
+snapshot of its sources, read in pages each at its own position, applied at those
+positions and written as versions at the last of them, ``S``; every row it held before
+and no longer does is written absent at ``S``, and the view's floor rises to ``S``
+(positions before it are not readable: :class:`~rubberband.errors.Compacted`).
+Version merging is idempotent, so a maintainer that restarts repeats nothing harmful,
+and a stale one still running beside its replacement writes only versions the
+replacement writes too.
 """
 
 from __future__ import annotations

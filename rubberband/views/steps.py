@@ -109,19 +109,17 @@ class Group:
         self.figures.pop(name, None)
 
 
+def group_of(view: ViewDef) -> str:
+    """The key of the :class:`Group` a view belongs to: its sources."""
+    return repr(view.sources)
+
+
 def groups(views: Iterable[ViewDef]) -> list[list[ViewDef]]:
     """``views`` by their sources: each list a :class:`Group`'s views."""
-    by: dict[Any, list[ViewDef]] = {}
+    by: dict[str, list[ViewDef]] = {}
     for view in views:
-        by.setdefault(repr(view.sources), []).append(view)
+        by.setdefault(group_of(view), []).append(view)
     return list(by.values())
-
-
-def maintain_steps(view: ViewDef, poll: float = 0.05, figures: Figures | None = None) -> Steps:
-    """One view's maintainer for ever (a group of one)."""
-    group = Group()
-    group.add(view, figures)
-    return maintain_group_steps(group, poll)
 
 
 def maintain_group_steps(group: Group, poll: float = 0.05, page_rows: int = 0) -> Steps:
@@ -145,11 +143,9 @@ def _start(view: ViewDef, figures: Figures, page_rows: int) -> Steps:
     returns its maintainer and the time."""
     m = Maintainer(view)
     figures.starts += 1
-    asked = None
-    old: list[Any] = []
-    for rows, _position, now in (yield from _pages(*rows_bounds(view.name), page_rows)):
-        old += rows
-        asked = now if asked is None else asked
+    pages = yield from _pages(*rows_bounds(view.name), page_rows)
+    old = [row for rows, _position, _now in pages for row in rows]
+    asked = pages[0][2]
     snapshots = []
     for lo, hi in view.sources:
         pages = yield from _pages(lo, hi, page_rows)
