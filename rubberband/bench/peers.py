@@ -43,7 +43,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,33 +119,47 @@ async def etcd_client(args: argparse.Namespace, meter: Meter) -> None:
 
     url = f"http://{args.targets.split(',')[0]}/v3/kv/put"
     value = base64.b64encode(os.urandom(args.payload)).decode()
-    pacer = Pacer(args.rate)
-    meter.begin(args.warmup, args.duration)
     conn = aiohttp.TCPConnector(limit=args.concurrency)
     async with aiohttp.ClientSession(connector=conn) as s:
 
-        async def worker() -> None:
-            rng = random.Random()
-            while time.perf_counter() < meter.end:
-                wait = pacer.due()
-                pacer.issued += 1
-                if wait:
-                    await asyncio.sleep(wait)
-                key = base64.b64encode(f"k{rng.randrange(1_000_000)}".encode()).decode()
-                t0 = time.perf_counter()
-                try:
-                    async with s.post(url, json={"key": key, "value": value}) as r:
-                        await r.read()
-                        if r.status != 200:
-                            meter.fail(f"HTTP {r.status}")
-                            continue
-                except Exception as e:
-                    meter.fail(f"{type(e).__name__}: {e}")
-                    await asyncio.sleep(0.01)
-                    continue
-                meter.ok(t0)
+        async def put(rng: random.Random, _i: int) -> str | None:
+            key = base64.b64encode(f"k{rng.randrange(1_000_000)}".encode()).decode()
+            async with s.post(url, json={"key": key, "value": value}) as r:
+                await r.read()
+                return None if r.status == 200 else f"HTTP {r.status}"
 
-        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+        await _writers(args, meter, put)
+
+
+async def _writers(
+    args: argparse.Namespace, meter: Meter, put: Callable[[random.Random, int], Awaitable[Any]]
+) -> None:
+    """``--concurrency`` asyncio writers (at ``--rate`` if set) until the meter's end,
+    each calling ``put(rng, i)`` for one write: it returns None when the write is
+    acknowledged, a refusal's text, or raises (then the writer backs off 10 ms)."""
+    pacer = Pacer(args.rate)
+    meter.begin(args.warmup, args.duration)
+
+    async def worker(i: int) -> None:
+        rng = random.Random()
+        while time.perf_counter() < meter.end:
+            wait = pacer.due()
+            pacer.issued += 1
+            if wait:
+                await asyncio.sleep(wait)
+            t0 = time.perf_counter()
+            try:
+                refused = await put(rng, i)
+            except Exception as e:
+                meter.fail(f"{type(e).__name__}: {e}"[:200])
+                await asyncio.sleep(0.01)
+                continue
+            if refused is not None:
+                meter.fail(refused)
+                continue
+            meter.ok(t0)
+
+    await asyncio.gather(*(worker(i) for i in range(args.concurrency)))
 
 
 def _varint(n: int) -> bytes:
@@ -175,32 +189,16 @@ async def etcd_grpc_client(args: argparse.Namespace, meter: Meter) -> None:
     import grpc
 
     value = os.urandom(args.payload)
-    pacer = Pacer(args.rate)
-    meter.begin(args.warmup, args.duration)
     channels = [grpc.aio.insecure_channel(t) for t in args.targets.split(",")]
     method = "/etcdserverpb.KV/Put"
     puts = [c.unary_unary(method) for c in channels]  # bytes in, bytes out
+
+    async def put(rng: random.Random, i: int) -> None:
+        key = f"k{rng.randrange(1_000_000)}".encode()
+        await puts[i % len(puts)](put_request(key, value), timeout=30)
+
     try:
-
-        async def worker(i: int) -> None:
-            put = puts[i % len(puts)]
-            rng = random.Random()
-            while time.perf_counter() < meter.end:
-                wait = pacer.due()
-                pacer.issued += 1
-                if wait:
-                    await asyncio.sleep(wait)
-                request = put_request(f"k{rng.randrange(1_000_000)}".encode(), value)
-                t0 = time.perf_counter()
-                try:
-                    await put(request, timeout=30)
-                except Exception as e:
-                    meter.fail(f"{type(e).__name__}: {e}"[:200])
-                    await asyncio.sleep(0.01)
-                    continue
-                meter.ok(t0)
-
-        await asyncio.gather(*(worker(i) for i in range(args.concurrency)))
+        await _writers(args, meter, put)
     finally:
         for c in channels:
             await c.close()

@@ -74,6 +74,18 @@ def _value(rng: random.Random) -> dict[str, Any]:
     return {"g": rng.choice("abcd"), "j": rng.randrange(8), "n": rng.randrange(-50, 100)}
 
 
+async def _follow(rb: Any, start: int, events: list[Any], stop: asyncio.Event) -> None:
+    """The base's change feed from ``start`` into ``events``, until ``stop`` is set and
+    a page comes back empty."""
+    while True:
+        page = await rb.changes(start, 0, KEYS)
+        events.extend(page.events)
+        start = page.position
+        if stop.is_set() and not page.events:
+            return
+        await asyncio.sleep(0.02)
+
+
 def _maintainer(d: Path, log: Path, metrics: int | None = None) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         argv = ["views", "maintain", "--state-dir", str(d)]
@@ -98,13 +110,7 @@ def test_views_stay_exact_at_every_level_through_maintainer_storage_and_leader_k
     async def follow(start: int) -> None:
         rb = await _client(rb_dir, "client:base-feed")
         try:
-            while True:
-                page = await rb.changes(start, 0, KEYS)
-                events.extend(page.events)
-                start = page.position
-                if stop.is_set() and not page.events:
-                    return
-                await asyncio.sleep(0.02)
+            await _follow(rb, start, events, stop)
         finally:
             await rb.close()
 
@@ -253,15 +259,6 @@ def test_views_under_hash_partitioning_read_exact_rows_from_every_bucket(hash_di
     errors: list[str] = []
     stop = asyncio.Event()
 
-    async def follow(rb: Any, start: int) -> None:
-        while True:
-            page = await rb.changes(start, 0, KEYS)
-            events.extend(page.events)
-            start = page.position
-            if stop.is_set() and not page.events:
-                return
-            await asyncio.sleep(0.02)
-
     async def read_views(rb: Any) -> None:
         n = 0
         while not stop.is_set():
@@ -309,7 +306,7 @@ def test_views_under_hash_partitioning_read_exact_rows_from_every_bucket(hash_di
             assert not rb.placement.ordered
             await rb.put_many({k: _value(rng) for k in range(KEYS)})
             base, start = await rb.read(("scan", 0, KEYS), with_position=True)
-            feed = asyncio.ensure_future(follow(rb, start))
+            feed = asyncio.ensure_future(_follow(rb, start, events, stop))
             # The maintainer runs already: each view joins its group as it is defined
             # (all three read one feed), the last one while writes go on.
             for v in views[:2]:
