@@ -67,6 +67,10 @@ MAX_CHANGES = 100_000
 """Changes a storage process keeps by default (each key changed counts one)."""
 MAX_AGE = 600.0
 """Seconds a storage process keeps a change by default."""
+PAGE_CHANGES = 20_000
+"""Key changes a holder puts in one answer at most: a feed read after a long pause (or a
+Spark micro-batch over a backlog) is answered in pages, each well under the 16 MiB frame
+limit for values of a few hundred bytes, never in one answer the connection refuses."""
 
 
 class Changes(NamedTuple):
@@ -88,8 +92,9 @@ class Event(NamedTuple):
 
 
 class Page(NamedTuple):
-    """One changes read's answer: the events after its ``since``, and the position it
-    was read at (the next read continues after it)."""
+    """One changes read's answer: the events after its ``since``, and the position the
+    next read continues after: the read's own position, or an earlier one where a
+    holder's answer was cut (:data:`PAGE_CHANGES`), every event up to it included."""
 
     position: int
     events: list[Event]
@@ -111,16 +116,22 @@ def merge(pieces: Iterable[tuple[RangeSet, Any]], position: int, ekey: Any) -> P
     """The answers of a changes read's holders, one event per position: a write's
     changes in several segments come from several holders, each with its part.  Each
     answer counts only for the ranges it was taken for (``ekey`` places a key): two
-    holders of one range both answer for it, and its changes are taken once."""
+    holders of one range both answer for it, and its changes are taken once.  A holder
+    that cut its answer ends it with ``[t, None]``: it holds nothing more up to ``t``
+    than it gave, and may hold more after, so the page ends at the earliest cut."""
     by_t: dict[int, list[Any]] = {}
     for ranges, piece in pieces:
         for t, changes in piece or ():
+            if changes is None:
+                position = min(position, int(t))
+                continue
             mine = [c for c in changes if contains(ranges, ekey(c[0]))]
             if mine:
                 by_t.setdefault(int(t), []).extend(mine)
     events = [
         Event(t, tuple(sorted(((c[0], c[1], c[2]) for c in cs), key=lambda c: encode_key(c[0]))))
         for t, cs in sorted(by_t.items())
+        if t <= position
     ]
     return Page(position, events)
 
@@ -146,9 +157,12 @@ class ChangeLog:
     kind, value)``: its place on the ring (``place``) is computed when a page or a copy
     asks, not on every write."""
 
-    def __init__(self, max_changes: int = MAX_CHANGES, max_age: float = MAX_AGE) -> None:
+    def __init__(
+        self, max_changes: int = MAX_CHANGES, max_age: float = MAX_AGE, page: int = PAGE_CHANGES
+    ) -> None:
         self.max_changes = max_changes
         self.max_age = max_age
+        self.page = page
         self.place: Callable[[Any], EKey] = encode_key
         """A key's place on the ring (the storage core sets its engine's placement)."""
         self._t: list[int] = []
@@ -317,17 +331,23 @@ class ChangeLog:
         """The changes in ``ranges`` at positions in ``(since, upto)``, as
         ``[[t, [[key, kind, value], ...]], ...]``; or the error naming where to continue
         from, if some of them may be gone.  ``keys``: an encoded key range to filter by
-        (hash partitioning)."""
+        (hash partitioning).  Past :attr:`page` changes the answer is cut after a whole
+        position ``t`` and ends with ``[t, None]`` (:func:`merge`)."""
         if since == FROM_NOW:
             return []
         after = self.held_after(ranges)
         if since < after:
             return COMPACTED + str(after)
-        out = []
+        out: list[Any] = []
+        room = self.page
         for i in self._live(since, upto):
             mine = self._mine(i, ranges, keys)
             if mine:
+                if room <= 0:
+                    out.append([out[-1][0], None])
+                    break
                 out.append([self._t[i], mine])
+                room -= len(mine)
         return out
 
     def figures(self) -> dict[str, int]:

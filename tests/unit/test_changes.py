@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ecast.core import mutations
-from rubberband.changelog import HISTORY_TWICE, ChangeLog, Changes, Event, Page
+from rubberband.changelog import HISTORY_TWICE, ChangeLog, Changes, Event, Page, merge
 from rubberband.errors import BadOperation, Compacted, Rejected
 from rubberband.keys import EVERYTHING, encode_key
 from storage_adapters.memory import MemoryEngine
@@ -94,6 +94,45 @@ def test_a_feed_read_from_before_what_is_kept_raises_compacted_naming_where_to_g
         (4, "put", 4),
         (5, "put", 5),
     ]
+
+
+def test_a_long_feed_comes_in_pages_each_ending_where_a_holder_cut_its_answer() -> None:
+    """Each holder answers at most ``page`` key changes, ending its answer where it cut:
+    pages end at the earliest cut, whole positions only (a multi-key write is never
+    split), and chained they are the feed one unlimited read gives."""
+    m = Model(f=3).ring_of(4)
+    rig = Rig(m)
+    start = page(rig, None).position
+    for core in m.storage.values():
+        core.changes = ChangeLog(page=3)
+    for i in range(40):
+        m.write(("put", ((i * 7 % 400, i), ((i * 7 + 200) % 400, -i))))
+    m.settle()
+    pages, at = [], start
+    while True:
+        got = page(rig, at)
+        if not got.events:
+            break
+        pages.append(got)
+        assert got.events[-1].position <= got.position
+        at = got.position
+    assert len(pages) > 5, "no answer was cut: the test tests nothing"
+    for core in m.storage.values():
+        core.changes.page = 1 << 30
+    whole = page(rig, start)
+    assert [e for p in pages for e in p.events] == whole.events
+    assert all(len(e.changes) == 2 for e in whole.events) and len(whole.events) == 40
+
+
+def test_a_cut_answer_ends_the_page_at_its_cut_and_drops_what_others_gave_after() -> None:
+    log = ChangeLog(page=2)
+    for t in range(10, 20):
+        log.record(t, 0.0, [(t, "put", t)])
+    cut = log.read(9, EVERYTHING, 30)
+    assert cut == [[10, [[10, "put", 10]]], [11, [[11, "put", 11]]], [11, None]]
+    other = [[12, [[1000, "put", 0]]]]
+    got = merge([(EVERYTHING, cut), (EVERYTHING, other)], 30, encode_key)
+    assert got == Page(11, [Event(10, ((10, "put", 10),)), Event(11, ((11, "put", 11),))])
 
 
 def test_a_feed_goes_on_across_a_migration_of_its_range() -> None:
