@@ -36,6 +36,7 @@ from pyspark.sql.types import DateType, StringType, StructType
 
 import ecast
 import rubberband
+from rubberband.spark.changes import ChangeStream, feed_options
 from rubberband.spark.chunks import BadRows, Chunker, Columns, Target, plain, remainder_messages
 
 T = TypeVar("T")
@@ -463,6 +464,17 @@ class RubberbandDataSource(DataSource):  # type: ignore[misc]
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> StreamWriter:
         return StreamWriter(Options.parse(self.options))
+
+    def streamReader(self, schema: StructType) -> ChangeStream:
+        """A key range's change feed (:mod:`rubberband.spark.changes`)."""
+        opts = Options.parse(self.options)
+        if opts.target.table is not None:
+            raise BadRows(
+                "a stream reads a key-value range's change feed; the scan engine's tables "
+                "keep no change feed yet (read a table with spark.read)"
+            )
+        o = {str(k).lower(): str(v) for k, v in dict(self.options).items()}
+        return ChangeStream(opts, schema, feed_options(o))
 
 
 def register(spark: Any) -> None:

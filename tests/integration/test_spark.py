@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType
+from pyspark.sql.types import LongType, StringType
 
 import rubberband.sdk as rbsdk
 import rubberband.spark
@@ -255,6 +255,101 @@ def test_a_stopped_query_resumes_from_its_checkpoint_and_a_replay_writes_nothing
     assert all(t["closed"] for t in replay), replay
     assert [t["messages"] for t in replay if t["what"] == "commit"] == [0]
     assert_exactly_once(lists(kv_cluster), "b:", range(12000))
+
+
+def test_a_change_stream_lands_every_acknowledged_write_once_across_a_failed_task_and_a_restart(
+    spark: SparkSession, kv_cluster: Path, tmp_path: Path
+) -> None:
+    """``readStream.format("rubberband")`` over the keys ``f:...`` into a checkpointed
+    Parquet sink, in two runs of one query with writes before each: the first run's
+    task fails once after reading its batch (a UDF downstream of the source), and the
+    sink holds every acknowledged write exactly once, at its position, a multi-key
+    write's keys at one position, and nothing outside the range."""
+    marker = tmp_path / "failed"
+    out, ck = tmp_path / "out", tmp_path / "ck"
+
+    async def writes(first: int, n: int, pause: float = 0.0) -> int:
+        rb = await client(kv_cluster)
+        try:
+            page = await rb.changes(None)
+            await rb.put("g:outside", first)  # outside the stream's range
+            for i in range(first, first + n, 10):
+                await asyncio.gather(*(rb.put(f"f:{j % 37:02d}", j) for j in range(i, i + 9)))
+                await rb.put_many({f"f:m{i}": i + 9, f"f:n{i}": i + 9})
+                await asyncio.sleep(pause)
+            await rb.delete(f"f:{first % 37:02d}")
+            return int(page.position)
+        finally:
+            await rb.close()
+
+    def fail_once(v: str) -> str:
+        from pyspark import TaskContext
+
+        if TaskContext.get().attemptNumber() == 0 and not marker.exists():
+            marker.write_text("failed")
+            raise RuntimeError("the sink's first attempt fails")
+        return v
+
+    def query(since: int, **trigger: Any) -> Any:
+        df = (
+            spark.readStream.format("rubberband")
+            .schema("position long, key string, kind string, value string")
+            .option("state_dir", str(kv_cluster))
+            .option("lo", '"f:"')
+            .option("hi", '"f;"')
+            .option("since", str(since))
+            .load()
+        )
+        value = F.udf(fail_once, StringType())(F.col("value")).alias("value")
+        return (
+            df.select("position", "key", "kind", value)
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(ck))
+            .trigger(**trigger)
+            .start()
+        )
+
+    def to_the_end(since: int) -> None:
+        q = query(since, availableNow=True)
+        q.awaitTermination(240)
+        assert q.exception() is None, q.exception()
+
+    start = asyncio.run(writes(0, 400))
+    to_the_end(start)
+    assert marker.exists(), "no task failed: the test did not test anything"
+    q = query(0, processingTime="100 milliseconds")  # the checkpoint's offset wins over since
+    deadline = time.monotonic() + 120
+    while not q.recentProgress and time.monotonic() < deadline:
+        time.sleep(0.1)
+    asyncio.run(writes(400, 400, pause=0.1))  # while micro-batches read
+    batches = len(q.recentProgress)
+    q.stop()
+    assert batches > 5, "the writes did not go on while batches were read"
+    to_the_end(0)
+    rows = [(r.position, r.key, r.kind, r.value) for r in spark.read.parquet(str(out)).collect()]
+    assert len(rows) == len({(p, k) for p, k, _, _ in rows}), "a change twice"
+    puts = sorted(int(v) for _, _, kind, v in rows if kind == "put")
+    written = sorted([*range(800), *(i + 9 for i in range(0, 800, 10))])
+    assert puts == written, "each acknowledged write once, nothing else"
+    assert {k for _, k, _, _ in rows} <= {f"f:{j:02d}" for j in range(37)} | {
+        f"f:{c}{i}" for c in "mn" for i in range(0, 800, 10)
+    }
+    deletes = [(p, k) for p, k, kind, _ in rows if kind == "delete"]
+    assert [k for _, k in deletes] == ["f:00", "f:30"]  # 0 % 37 and 400 % 37
+    by_position: dict[int, set[str]] = {}
+    for p, k, _, _ in rows:
+        by_position.setdefault(p, set()).add(k)
+    for i in range(0, 800, 10):
+        (p,) = {p for p, k, _, _ in rows if k == f"f:m{i}"}
+        assert by_position[p] == {f"f:m{i}", f"f:n{i}"}, "a multi-key write is one position"
+    last = {}
+    for _p, k, kind, v in sorted(rows):
+        last[k] = None if kind == "delete" else v
+    now = lists(kv_cluster)
+    assert {k: v for k, v in last.items() if v is not None} == {
+        k: str(v) for k, v in now.items() if k.startswith("f:")
+    }
 
 
 def test_a_batch_write_reads_back_as_a_sequential_read_returns_it(

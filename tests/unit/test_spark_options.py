@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,3 +34,32 @@ def test_sessions_default_to_names_the_jobs_credential_covers() -> None:
     assert NAMES == "client:spark-"
     with pytest.raises(BadRows, match="namespace"):
         Options.parse({"routers": "127.0.0.1:1", "credentials": "x", "namespace": "@routers"})
+
+
+def test_a_change_streams_options_and_columns_are_checked_with_a_clear_error() -> None:
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+    from rubberband.spark.changes import ChangeStream, check_schema, feed_options
+
+    def schema(*columns: tuple[str, Any]) -> StructType:
+        return StructType([StructField(n, t) for n, t in columns])
+
+    s, n = StringType(), LongType()
+
+    assert feed_options({}) == (None, None, "now")
+    assert feed_options({"lo": '"f:"', "hi": "10", "since": "42"}) == ("f:", 10, "42")
+    for bad, said in [({"lo": "f:"}, "JSON"), ({"since": "-1"}, "since"),
+                      ({"since": "yesterday"}, "since")]:  # fmt: skip
+        with pytest.raises(BadRows, match=said):
+            feed_options(bad)
+    check_schema(schema(("position", n), ("value", s)))
+    bad = [(("key", s), ("extra", IntegerType())), (("position", s),), (("key", n),), ()]
+    for columns in bad:
+        with pytest.raises(BadRows, match="a change stream's columns"):
+            check_schema(schema(*columns))
+    # The driver's client never travels to the tasks.
+    opts = Options.parse({"routers": "127.0.0.1:1", "credentials": "c"})
+    reader = ChangeStream(opts, schema(("key", s)), (None, None, "now"))
+    reader._open, reader._client = object(), (object(), object())  # type: ignore[assignment]
+    state = reader.__getstate__()
+    assert state["_open"] is None and state["_client"] == (None, None)
