@@ -419,8 +419,8 @@ class RubberbandClient:
 
     # ================================================================== views
     async def create_view(self, name: str, from_: Any, kind: str, **spec: Any) -> Any:
-        """Define a materialized view of the keys in ``from_ = (lo, hi)``
-        (:func:`rubberband.views.create_view`; ``docs/views.md``)."""
+        """Define a materialized view of the keys in ``from_ = (lo, hi)``, or over the
+        view named ``from_`` (:func:`rubberband.views.create_view`; ``docs/views.md``)."""
         from rubberband.views import create_view
 
         return await create_view(self, name, from_, kind, **spec)

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from rubberband.changelog import Event
 from rubberband.keys import encode_key
-from rubberband.views.compute import recompute, same
+from rubberband.views.compute import recompute_over, same
 from rubberband.views.define import ViewDef
 
 
@@ -38,10 +38,12 @@ def check_view_reads(
     start: tuple[dict[Any, Any], int],
     events: Sequence[Event],
     reads: Sequence[ViewRead],
+    under: Sequence[ViewDef] = (),
 ) -> list[str]:
     """What is wrong with ``reads`` of ``view`` (empty: nothing).  ``start``: the base
     (all sources' keys) and the position it is as of; ``events``: every base write
-    after it, in order; reads at positions before the start are not judged."""
+    after it, in order; reads at positions before the start are not judged.  A view
+    over a view: ``under`` are the views beneath it, the one over the base first."""
     problems: list[str] = []
     base, at = dict(start[0]), start[1]
     ordered = sorted(events, key=lambda e: e.position)
@@ -58,7 +60,8 @@ def check_view_reads(
                 else:
                     base[key] = value
             i += 1
-        want = recompute(view, [base] * len(view.sources))  # {encoded key: (key, value)}
+        # {encoded key: (key, value)}
+        want = recompute_over([*under, view], [base] * len((under or [view])[0].sources))
         asked = read.keys
         if asked is not None:
             inside = asked if callable(asked) else {encode_key(k) for k in asked}.__contains__

@@ -20,7 +20,7 @@ from rubberband.checkers.views import ViewRead, check_view_reads
 from rubberband.client import ReadDone, WriteDone
 from rubberband.errors import RubberbandError
 from rubberband.views import LEVELS, view_def
-from rubberband.views.define import rows_bounds
+from rubberband.views.define import ViewDef, rows_bounds
 from rubberband.views.steps import (
     Both,
     Group,
@@ -76,10 +76,40 @@ VIEWS = (
         columns=["g"],
         retention=RETENTION,
     ),
+    view_def(
+        "per_g",
+        "aggregate",
+        (None, None),
+        over="rows",
+        base=(SOURCE,),
+        group_by="g",
+        aggregates={"n": ["count", None], "s": ["sum", "g"]},
+        retention=RETENTION,
+    ),
+    view_def(
+        "busy_g",
+        "selection",
+        (None, None),
+        over="per_g",
+        base=(SOURCE,),
+        where=[("n", ">=", 18)],
+        retention=RETENTION,
+    ),
 )
 """Over the list-append keys (lists: rows of the selection, counted, no index entry, no
 join value) and the bulky puts (``{"g": 0..4, ...}``: index entries, sums, extremes and
-join pairs)."""
+join pairs); and a chain of views over views (rows, then its rows grouped by ``g``, then
+the groups of two rows or more)."""
+BY_NAME = {v.name: v for v in VIEWS}
+
+
+def beneath(view: ViewDef) -> list[ViewDef]:
+    """The views ``view`` is defined over, the one over the base first."""
+    chain: list[ViewDef] = []
+    while view.over is not None:
+        view = BY_NAME[view.over]
+        chain.insert(0, view)
+    return chain
 
 
 @dataclass
@@ -306,7 +336,9 @@ class ViewProcess:
             reads = self.reads[view.name]
             if view.name not in self.final_reads:
                 out.append(f"liveness: view {view.name} was not read after healing")
-            out += check_view_reads(view, ({}, follower.first), follower.events, reads)[:3]
+            out += check_view_reads(
+                view, ({}, follower.first), follower.events, reads, beneath(view)
+            )[:3]
         return out
 
 

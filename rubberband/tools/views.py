@@ -35,6 +35,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", action="store_true", help="JSON output, for scripts")
     ap.add_argument("--from", dest="base", nargs=2, metavar=("LO", "HI"),
                     help="create: the base key range [LO, HI) ('-' is unbounded)")  # fmt: skip
+    ap.add_argument("--over", metavar="VIEW",
+                    help="create: define it over another view (not --from)")  # fmt: skip
     ap.add_argument("--kind", choices=KINDS)
     ap.add_argument("--where", action="append", default=[], help="'FIELD OP VALUE' (repeat)")
     ap.add_argument("--columns", help="FIELD,FIELD,... the rows show")
@@ -67,8 +69,10 @@ def _bound(text: str | None) -> Any:
 
 
 def _spec(args: argparse.Namespace) -> dict[str, Any]:
-    if len(args.names) != 1 or not args.base or not args.kind:
-        raise Usage("create NAME --from LO HI --kind KIND [...]")
+    if len(args.names) != 1 or not (args.base or args.over) or not args.kind:
+        raise Usage("create NAME (--from LO HI | --over VIEW) --kind KIND [...]")
+    if args.base and args.over:
+        raise Usage("create: --from LO HI or --over VIEW, not both")
     aggs: dict[str, list[Any]] = {}
     for a in args.agg:
         name, _, rest = a.partition("=")
@@ -96,8 +100,13 @@ async def run(args: argparse.Namespace) -> Any:
     spec: dict[str, Any] = {}
     if args.command == "create":  # checked whole before connecting
         spec = _spec(args)
-        source = (_bound(args.base[0]), _bound(args.base[1]))
-        view_def(args.names[0], args.kind, source, **spec)
+        source: Any = args.over
+        if args.over is None:
+            source = (_bound(args.base[0]), _bound(args.base[1]))
+            view_def(args.names[0], args.kind, source, **spec)
+        else:  # its base ranges are the other view's: checked once it is read
+            view_def(args.names[0], args.kind, (None, None), over=args.over,
+                     base=[(None, None)], **spec)  # fmt: skip
     if args.command == "read" and len(args.names) != 1:
         raise Usage("read NAME [--level L] [--key K ...|--lookup V|--lo LO --hi HI]")
     if args.command == "drop" and not args.names:

@@ -53,11 +53,22 @@ from rubberband.views.steps import (
 log = logging.getLogger("rubberband.views")
 
 
-async def create_view(rb: Any, name: str, from_: Sequence[Any], kind: str, **spec: Any) -> ViewDef:
+async def create_view(
+    rb: Any, name: str, from_: Sequence[Any] | str, kind: str, **spec: Any
+) -> ViewDef:
     """Define a view (checked first: :class:`BadOperation` says what is wrong).  A
     maintainer (``rubberband views maintain``) backfills it from a snapshot of its base
-    at one position and then follows the base's changes while writes go on."""
-    view = view_def(name, kind, from_, **spec)
+    at one position and then follows the base's changes while writes go on.  ``from_``
+    is the base range ``(lo, hi)``, or the name of a view to define this one over (the
+    maintainer of that view's group keeps it)."""
+    if isinstance(from_, str):
+        got = await rb.read(("get", (catalog_key(from_),)), "sequential")
+        if not got:
+            raise BadOperation(f"there is no view {from_!r} to define {name!r} over")
+        parent = from_dict(got[catalog_key(from_)])
+        view = view_def(name, kind, (None, None), over=from_, base=parent.sources, **spec)
+    else:
+        view = view_def(name, kind, from_, **spec)
     got = await rb.read(("get", (catalog_key(name),)), "sequential")
     if got:
         raise BadOperation(f"a view named {name!r} exists (drop it first)")
@@ -73,7 +84,11 @@ def _ordered(rb: Any) -> bool:
 
 
 async def drop_view(rb: Any, name: str) -> None:
-    """Forget a view's definition and delete its rows (a maintainer stops on its own)."""
+    """Forget a view's definition and delete its rows (a maintainer stops on its own).
+    A view that others are defined over is refused (drop those first)."""
+    over = sorted(v.name for v in await list_views(rb) if v.over == name)
+    if over:
+        raise BadOperation(f"views {', '.join(over)} are defined over {name!r}: drop them first")
     await rb.delete(catalog_key(name))
     await rb.delete_range(*rows_bounds(name))
 

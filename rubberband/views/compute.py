@@ -16,7 +16,7 @@ every read with it.  ``Rows`` fed the changes of a base history must equal
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -81,6 +81,8 @@ def shown(view: ViewDef, value: Any) -> Any:
 
 
 def in_source(view: ViewDef, side: int, key: Any) -> bool:
+    if view.over is not None:
+        return True  # its base is the other view's rows, every one
     if type(key) is tuple and key[:1] in ((VIEW,), (CATALOG,)):
         return False  # the views' own rows are never a base
     lo, hi = view.sources[side]
@@ -289,3 +291,15 @@ def recompute(view: ViewDef, bases: Iterable[dict[Any, Any]]) -> dict[EKey, tupl
             if in_source(view, side, key):
                 rows.change(side, key, value)
     return rows.rows
+
+
+def recompute_over(chain: Sequence[ViewDef], bases: Iterable[dict[Any, Any]]) -> dict[EKey, Any]:
+    """The rows of the last view of ``chain`` (a view, then each view defined over the
+    one before it) of whole base states of the first one's sources."""
+    rows = recompute(chain[0], bases)
+    for view in chain[1:]:
+        over = Rows(view)
+        for ek in sorted(rows):  # by encoded key: True and 1 are two rows, not one
+            over.change(0, *rows[ek])
+        rows = over.rows
+    return rows

@@ -22,6 +22,12 @@ kind            row key                             row value
 ``join``        ``(join value, left key, right)``   ``{"left": value, "right": value}``
 ==============  ==================================  =====================================
 
+A view may be defined over another view (``over``): its base is the other view's rows
+(row key, row value) at each position, and it is kept by the same maintainer loop, from
+the rows the other view changes at each base position (seed 000's view expressions
+composed as a DAG), so it is exact as of every position the other one is.  Its
+``sources`` are the root view's base ranges (which feeds the loop reads).
+
 Every kind takes ``where``: ``[(field, op, constant), ...]``, all of which a base value
 must meet (ops ``= != < <= > >=``, compared in Rubberband's key order, so values of
 different types compare without error).  A field is a key of a dict value; the field
@@ -50,7 +56,8 @@ NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 @dataclass(frozen=True)
 class ViewDef:
     """A view's definition: ``source`` is the base range ``(lo, hi)`` (None: unbounded),
-    or for a join the left one, with ``right`` the other."""
+    or for a join the left one, with ``right`` the other; or ``over`` names the view it
+    is defined over, and ``base`` holds that view's sources."""
 
     name: str
     kind: str
@@ -63,10 +70,14 @@ class ViewDef:
     right: tuple[Any, Any] | None = None
     right_on: Any = None
     retention: float = 60.0
+    over: str | None = None
+    base: tuple[tuple[Any, Any], ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def sources(self) -> tuple[tuple[Any, Any], ...]:
+        if self.over is not None:
+            return self.base
         return (self.source,) if self.right is None else (self.source, self.right)
 
     def to_dict(self) -> dict[str, Any]:
@@ -82,6 +93,8 @@ class ViewDef:
             "right": None if self.right is None else list(self.right),
             "right_on": self.right_on,
             "retention": self.retention,
+            "over": self.over,
+            "base": [list(r) for r in self.base],
         }
 
 
@@ -98,12 +111,21 @@ def view_def(
     right: Sequence[Any] | None = None,
     right_on: Any = None,
     retention: float = 60.0,
+    over: str | None = None,
+    base: Sequence[Sequence[Any]] = (),
 ) -> ViewDef:
     """A checked definition; :class:`BadOperation` names what is wrong."""
-    if type(name) is not str or not NAME.fullmatch(name):
-        raise BadOperation(
-            f"a view name is a letter then up to 63 of [A-Za-z0-9_.-], not {name!r:.70}"
-        )
+    _name(name)
+    bases: tuple[tuple[Any, Any], ...] = ()
+    if over is not None:
+        _name(over)
+        if over == name or kind == "join" or not 1 <= len(base) <= 2:
+            raise BadOperation(
+                "a view over a view names another view and is not a join (over=...), "
+                "with that view's base ranges (base=...)"
+            )
+        bases = tuple(_range(r, "base") for r in base)
+        source = bases[0]
     if kind not in KINDS:
         raise BadOperation(f"a view's kind is one of {', '.join(KINDS)}, not {kind!r:.40}")
     src = _range(source, "source")
@@ -143,7 +165,14 @@ def view_def(
     if not 0.0 < float(retention) <= 86_400.0:
         raise BadOperation("a view's retention is seconds in (0, 86400]")
     return ViewDef(name, kind, src, tuple(conds), cols, on, group_by, tuple(aggs), rng, right_on,
-                   float(retention))  # fmt: skip
+                   float(retention), over, bases)  # fmt: skip
+
+
+def _name(name: Any) -> None:
+    if type(name) is not str or not NAME.fullmatch(name):
+        raise BadOperation(
+            f"a view name is a letter then up to 63 of [A-Za-z0-9_.-], not {name!r:.70}"
+        )
 
 
 def from_dict(d: dict[str, Any]) -> ViewDef:
@@ -159,6 +188,8 @@ def from_dict(d: dict[str, Any]) -> ViewDef:
         right=d.get("right"),
         right_on=d.get("right_on"),
         retention=d.get("retention", 60.0),
+        over=d.get("over"),
+        base=d.get("base") or (),
     )
 
 
@@ -180,7 +211,9 @@ def _range(rng: Any, what: str) -> tuple[Any, Any]:
         raise BadOperation(f"the {what} range [{lo!r}, {hi!r}) is empty")
     for b in (lo, hi):
         if type(b) is tuple and b[:1] in ((VIEW,), (CATALOG,)):
-            raise BadOperation("a view's source is a base table (views of views: not yet)")
+            raise BadOperation(
+                "a view's source is a base range; a view over a view names it (from_='name')"
+            )
     return (lo, hi)
 
 

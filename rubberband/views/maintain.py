@@ -48,7 +48,7 @@ class Maintainer:
     def __init__(self, view: ViewDef) -> None:
         self.view = view
         self.rows = Rows(view)
-        n = len(view.sources)
+        n = 1 if view.over is not None else len(view.sources)
         self.since: list[int] = [0] * n
         """Per source: the position its feed has reached (the next page starts there)."""
         self.position = -1
@@ -60,6 +60,9 @@ class Maintainer:
         self._old: list[Any] = []
         self.events = 0
         self.versions = 0
+        self.emitted: list[Event] | None = None
+        """Set to a list, it collects the view's own row changes, an event per base
+        position (the input of the views defined over this one)."""
 
     # ------------------------------------------------------------------ inputs
     def start(
@@ -137,6 +140,11 @@ class Maintainer:
                             self.rows.change(side, key, ABSENT if how == "delete" else value)
                         )
             self.events += 1
+            if self.emitted is not None and changed:
+                self.emitted.append(Event(position, tuple(
+                    (k, "delete", None) if v is ABSENT else (k, "put", v)
+                    for k, v in changed.values()
+                )))  # fmt: skip
             out += [
                 (row_key(name, k), [position] if v is ABSENT else [position, v])
                 for k, v in changed.values()

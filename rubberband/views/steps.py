@@ -188,19 +188,24 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
     writes: dict[str, list[Any]] = {}  # each view's of the last page, not yet made
     now = written_asked = 0.0
     while True:
-        for name in [n for n, m in members.items() if group.views.get(n) != m.view]:
-            del members[name]  # dropped, or defined anew (it starts again)
-            writes.pop(name, None)
-        for name, view in list(group.views.items()):
-            if name not in members:
+        _forget(group, members, writes)
+        for name, view in _by_depth(group.views):
+            if name in members:
+                continue
+            if view.over is None:
                 members[name], now = yield from _start(view, group.figures[name], page_rows)
+                continue
+            parent = members.get(view.over)
+            if parent is not None and parent.position >= 0:  # else: once it has started
+                figures = group.figures[name]
+                members[name], now = yield from _start_over(view, figures, parent, page_rows)
         if not members:
             _, now = yield Sleep(poll)
             continue
         idle = True
         asked = now  # the pages of this round are asked for from now on
         for side, (lo, hi) in enumerate(group.sources or ()):
-            since = min(m.since[side] for m in members.values())
+            since = min(m.since[side] for m in members.values() if m.view.over is None)
             read = Read(Changes(since, lo, hi), "sequential")
             made = [name for name, w in writes.items() if w]
             if all(len(writes[n]) == 1 for n in made) and len(made) <= IN_FLIGHT:
@@ -217,8 +222,10 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
             written_asked = asked
             writes = {}
             for name, m in members.items():
-                events = [e for e in page.events if e.position > m.since[side]]
-                writes[name] = m.page(side, page.position, events, now)
+                if m.view.over is None:
+                    events = [e for e in page.events if e.position > m.since[side]]
+                    writes[name] = m.page(side, page.position, events, now)
+            _over(members, writes, now)
             idle = idle and not page.events
         if idle:
             for name, w in writes.items():
@@ -227,6 +234,59 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
                     _published(group.figures.get(name), members[name], written_asked, now)
             writes = {}
             _, now = yield Sleep(poll)
+
+
+def _by_depth(views: dict[str, ViewDef]) -> list[tuple[str, ViewDef]]:
+    """``views`` with every view after the one it is defined over (if in the group)."""
+
+    def depth(view: ViewDef) -> int:
+        seen = {view.name}
+        while view.over is not None and view.over in views and view.over not in seen:
+            seen.add(view.over)
+            view = views[view.over]
+        return len(seen)
+
+    return sorted(list(views.items()), key=lambda nv: depth(nv[1]))
+
+
+def _forget(group: Group, members: dict[str, Maintainer], writes: dict[str, Any]) -> None:
+    """Drop the members whose view was dropped or defined anew, and those over them."""
+    gone = [n for n, m in members.items() if group.views.get(n) != m.view]
+    while gone:
+        for name in gone:
+            del members[name]
+            writes.pop(name, None)
+        gone = [n for n, m in members.items() if m.view.over is not None
+                and m.view.over not in members]  # fmt: skip
+    for m in members.values():
+        m.emitted = [] if any(c.view.over == m.view.name for c in members.values()) else None
+
+
+def _over(members: dict[str, Maintainer], writes: dict[str, list[Any]], now: float) -> None:
+    """The views over views take the rows their view changed, deepest last."""
+    ordered = _by_depth({n: m.view for n, m in members.items()})
+    for name, view in ordered:
+        if view.over is not None:
+            parent = members[view.over]
+            writes[name] = members[name].page(0, parent.position, parent.emitted or (), now)
+    for m in members.values():
+        if m.emitted:
+            m.emitted.clear()
+
+
+def _start_over(view: ViewDef, figures: Figures, parent: Maintainer, page_rows: int) -> Steps:
+    """A view over a view starts from the other view's rows as the loop holds them, at
+    its position; its old rows are read as any view's are."""
+    m = Maintainer(view)
+    figures.starts += 1
+    pages = yield from _pages(*rows_bounds(view.name), page_rows)
+    old = [row for rows, _position, _now in pages for row in rows]
+    asked, now = pages[0][2], pages[-1][2]
+    snapshot = [(list(parent.rows.rows.values()), parent.position)]
+    parent.emitted = []
+    now = yield from _write(m.start(old, [snapshot], now), now)
+    _published(figures, m, asked, now)
+    return m, now
 
 
 def _published(figures: Figures | None, m: Maintainer, asked: float, now: float) -> None:

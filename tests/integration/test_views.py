@@ -24,7 +24,7 @@ import pytest
 
 from ecast import local
 from rubberband.checkers.views import ViewRead, check_view_reads
-from rubberband.errors import RubberbandError
+from rubberband.errors import BadOperation, RubberbandError
 from rubberband.views import view_def
 from tests.integration.test_rubberband_scenarios import (  # the same cluster as there
     _client,
@@ -253,7 +253,9 @@ def test_views_under_hash_partitioning_read_exact_rows_from_every_bucket(hash_di
     the view as of the position each reports, while a client writes."""
     rng = random.Random(11)
     late = view_def("late", "selection", (0, KEYS), where=[("n", ">=", 50)])
-    views = [*VIEWS[:2], late]
+    busy = view_def("busy", "selection", (None, None), over="per_g", base=[(0, KEYS)],
+                    where=[("rows", ">=", 16)])  # fmt: skip
+    views = [*VIEWS[:2], late, busy]
     reads: dict[str, list[ViewRead]] = {v.name: [] for v in views}
     events: list[Any] = []
     errors: list[str] = []
@@ -273,10 +275,11 @@ def test_views_under_hash_partitioning_read_exact_rows_from_every_bucket(hash_di
         by_g, per_g = rb.view("by_g"), rb.view("per_g")
         level = ("sequential", "read-your-writes", "snapshot", "any")[n % 4]
         g = "abcd"[n % 4]
-        if n % 5 == 0:
+        if n % 5 in (0, 1):
+            name = ("late", "busy")[n % 5]
             with contextlib.suppress(RubberbandError):  # before it is defined and backfilled
-                rows, at = await rb.view("late").scan(level=level, with_position=True)
-                reads["late"].append(ViewRead(at, rows, level=level))
+                rows, at = await rb.view(name).scan(level=level, with_position=True)
+                reads[name].append(ViewRead(at, rows, level=level))
         if n % 3 == 0:
             rows, at = await by_g.scan(level=level, with_position=True)
             reads["by_g"].append(ViewRead(at, rows, level=level))
@@ -315,16 +318,24 @@ def test_views_under_hash_partitioning_read_exact_rows_from_every_bucket(hash_di
             tasks = [asyncio.ensure_future(c) for c in (write(rb), read_views(rb))]
             await asyncio.sleep(2)
             await rb.create_view(late.name, late.source, late.kind, where=late.where)
+            await asyncio.sleep(2)
+            # A view over a view: the groups of 16 rows or more, kept in per_g's group.
+            await rb.create_view(busy.name, "per_g", busy.kind, where=busy.where)
             await asyncio.sleep(5)
             stop.set()
             await asyncio.gather(*tasks)
             await asyncio.wait_for(feed, 30)
+            with pytest.raises(BadOperation, match="busy are defined over 'per_g'"):
+                await rb.drop_view("per_g")
         finally:
             maintainer.send_signal(signal.SIGKILL)
             await rb.close()
         for v in views:
-            problems = check_view_reads(v, (dict(base), start), events, reads[v.name])
+            under = [VIEWS[1]] if v is busy else []
+            problems = check_view_reads(v, (dict(base), start), events, reads[v.name], under)
             assert not problems, "\n".join(problems[:5])
             assert len(reads[v.name]) > 10, (v.name, len(reads[v.name]), errors[-3:])
+        sizes = {len(r.rows) for r in reads["busy"]}
+        assert len(sizes) > 1, f"busy always had {sizes} rows: the test tests little"
 
     asyncio.run(go())

@@ -212,7 +212,20 @@ def test_a_change_reports_exactly_the_rows_it_changed() -> None:
             "median",
         ),
         ({"name": "v", "kind": "join", "source": (0, 1), "on": "g"}, "right="),
-        ({"name": "v", "kind": "selection", "source": (("~view", "w"), None)}, "base table"),
+        ({"name": "v", "kind": "selection", "source": (("~view", "w"), None)}, "base range"),
+        (
+            {"name": "v", "kind": "selection", "source": (0, 1), "over": "v", "base": [(0, 1)]},
+            "over a view",
+        ),
+        ({"name": "v", "kind": "selection", "source": (0, 1), "over": "w"}, "over a view"),
+        (
+            {"name": "v", "kind": "join", "source": (0, 1), "over": "w", "base": [(0, 1)]},
+            "not a join",
+        ),
+        (
+            {"name": "v", "kind": "selection", "source": (0, 1), "over": "-", "base": [(0, 1)]},
+            "a view name",
+        ),
     ],
 )
 def test_a_bad_definition_is_refused_naming_what_is_wrong(

@@ -30,6 +30,8 @@ def test_each_metric_family_keeps_its_series_together_with_staleness_per_view() 
         ["create", "v", "--from", "0", "9", "--kind", "aggregate", "--agg", "bad"],
         ["create", "v", "--from", "9", "0", "--kind", "selection"],
         ["create", "v", "--from", "0", "9", "--kind", "projection"],
+        ["create", "v", "--from", "0", "9", "--over", "w", "--kind", "selection"],
+        ["create", "v", "--over", "v", "--kind", "selection"],
         ["read", "--routers", "127.0.0.1:1"],
         ["drop"],
     ],
