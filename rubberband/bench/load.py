@@ -37,6 +37,7 @@ OPS = {
     "null": "storage_adapters.null:NullOps",
     "kv": "storage_adapters.memory:KVOps",
     "scan-kv": "storage_adapters.scan.kv:ScanKVOps",
+    "scan-memory": "storage_adapters.scan.kv:ScanKVOps",
 }
 
 

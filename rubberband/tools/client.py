@@ -15,8 +15,9 @@ rubberband client --state-dir D delete-rows tickets --where 'dep = GVA'
 rubberband client --state-dir D shell      # one connection, commands line by line
 ```
 
-Key-value commands work on the memory and Memcached engines and on ``scan-kv`` (whose
-keys are integers); table commands need the scan engine, ``scan`` or ``scan-kv`` (the
+Key-value commands work on the memory and Memcached engines, on ``scan-memory`` and on
+``scan-kv`` (whose keys are integers); table commands need the scan engine, ``scan``,
+``scan-kv`` or ``scan-memory`` (the
 cluster's engine, from ``cluster.json``, or ``--engine`` with ``--routers``).  A
 table's key column is asked of nobody (the scan engine keeps no catalog a client could
 read): ``--key`` names it where routing needs it (``insert``, ``upsert``, and a
@@ -44,7 +45,11 @@ from typing import Any
 
 from rubberband.tools.cluster import aligned
 
-OPS = {"scan": "storage_adapters.scan:ScanOps", "scan-kv": "storage_adapters.scan.kv:ScanKVOps"}
+OPS = {
+    "scan": "storage_adapters.scan:ScanOps",
+    "scan-kv": "storage_adapters.scan.kv:ScanKVOps",
+    "scan-memory": "storage_adapters.scan.kv:ScanKVOps",
+}
 """The client operations of engines other than the key-value default, named by path."""
 KV_COMMANDS = ("get", "put", "append", "delete", "scan")
 TABLE_COMMANDS = ("create-table", "insert", "upsert", "select", "update", "delete-rows")
@@ -144,7 +149,7 @@ async def connect(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _check_engine(command: str, engine: str) -> None:
-    if command in TABLE_COMMANDS and engine not in ("scan", "scan-kv"):
+    if command in TABLE_COMMANDS and engine not in ("scan", "scan-kv", "scan-memory"):
         raise Usage(f"{command} needs the scan engine; this cluster runs {engine!r}")
 
 
@@ -259,7 +264,9 @@ def parser(prog: str = "rubberband client") -> argparse.ArgumentParser:
     ap.add_argument("--state-dir", help="a rubberband cluster up directory")
     ap.add_argument("--routers", help="HOST:PORT[,HOST:PORT...]")
     ap.add_argument("--credentials", help="a client credential file (client:*)")
-    ap.add_argument("--engine", choices=["memory", "memcached", "scan", "scan-kv", "null"])
+    ap.add_argument(
+        "--engine", choices=["memory", "memcached", "scan", "scan-kv", "scan-memory", "null"]
+    )
     ap.add_argument("--isolation", default="sequential", choices=ISOLATION)
     ap.add_argument("--key", help="a table's key column")
     ap.add_argument("--where", action="append", default=[], help="'COLUMN OP VALUE'")

@@ -47,6 +47,7 @@ ENGINES = {
     "null": "storage_adapters.null:NullEngine",
     "scan": "storage_adapters.scan.engine:ScanEngine",
     "scan-kv": "storage_adapters.scan.kv:ScanKVEngine",
+    "scan-memory": "storage_adapters.scan.memory_kv:ScanMemoryEngine",
     "memcached": "storage_adapters.memcached:MemcachedEngine",
 }
 log = logging.getLogger("rubberband")

@@ -39,8 +39,9 @@ from rubberband.storage import StorageCore
 from storage_adapters.memory import KVOps, MemoryEngine
 from storage_adapters.scan import ScanEngine, ScanOps
 from storage_adapters.scan.kv import ScanKVEngine
+from storage_adapters.scan.memory_kv import ScanMemoryEngine
 
-ENGINES = ["memory", "scan", "scan-kv", "memcached"]
+ENGINES = ["memory", "scan", "scan-kv", "scan-memory", "scan-memory-tables", "memcached"]
 
 
 class KVDriver:
@@ -141,6 +142,10 @@ def driver(request: pytest.FixtureRequest) -> Iterator[Any]:
         d = ScanDriver(track(lambda p: ScanEngine(p, block_rows=32)))
     elif request.param == "scan-kv":  # the key-value operations on the scan engine
         d = KVDriver(track(lambda p: ScanKVEngine(p, block_rows=32)))
+    elif request.param == "scan-memory":  # tables and key-value data side by side
+        d = KVDriver(track(lambda p: ScanMemoryEngine(p, block_rows=32)))
+    elif request.param == "scan-memory-tables":
+        d = ScanDriver(track(lambda p: ScanMemoryEngine(p, block_rows=32)))
     else:
         if shutil.which("memcached") is None:
             pytest.fail(
@@ -311,7 +316,7 @@ def test_conformance_a_range_scan_under_hash_placement_answers_its_bounds_alone(
     """Under hash partitioning a scan's ranges are every bucket: the engine, not the
     placement, keeps the answer to the scan's key bounds."""
     d = driver
-    if d.name == "scan":
+    if d.name in ("scan", "scan-memory-tables"):
         pytest.skip("tables scan by predicates, not by key bounds")
     e = d.engine(Placement("hash"))
     d.setup(e)
@@ -331,7 +336,7 @@ def test_conformance_a_scan_with_a_limit_answers_the_first_keys_in_order(
     (a maintainer pages a snapshot so; an answer must fit a frame), and the client's
     combination of several holders' answers keeps the first ``limit`` of them all."""
     d = driver
-    if d.name == "scan":
+    if d.name in ("scan", "scan-memory-tables"):
         pytest.skip("tables scan by predicates, not by key bounds")
     placement = Placement(partitioning)  # type: ignore[arg-type]
     e = d.engine(placement)
@@ -377,9 +382,9 @@ def test_conformance_a_backend_failure_stops_the_storage_process(
     if d.name == "memcached":
         e._server.kill()  # the backing server is gone
         e._server.wait()
-    elif d.name in ("scan", "scan-kv"):
+    elif d.name in ("scan", "scan-kv", "scan-memory-tables"):
         scan = e if d.name == "scan" else e.scan
-        table = scan.tables["t" if d.name == "scan" else "kv"]
+        table = scan.tables["kv" if d.name == "scan-kv" else "t"]
 
         def no_memory(*_a: Any, **_k: Any) -> Any:
             raise MemoryError("no room for a row")
@@ -395,7 +400,7 @@ def test_conformance_a_backend_failure_stops_the_storage_process(
             def get(self, *_a: Any) -> Any:
                 raise MemoryError("no room")
 
-        e._data = Broken()
+        (e.data if d.name == "scan-memory" else e)._data = Broken()
     core = StorageCore("storage:1", e)
     ring = [[encode_key(0), "storage:1"]]  # alone on the ring: it holds everything
     state = [1, e.placement.partitioning, 0, ring, [], [], [], [], [], [], []]
@@ -409,13 +414,14 @@ def test_conformance_a_backend_failure_stops_the_storage_process(
     assert core.deliver([(2, Message("client:c", (("c", 0, ""), 2), header, op))]) == Effects()
 
 
-@pytest.mark.parametrize("engine", ["memory", "scan-kv", "memcached"])
+@pytest.mark.parametrize("engine", ["memory", "scan-kv", "scan-memory", "memcached"])
 def test_conformance_counters_add_atomically_and_refuse_non_numbers(engine: str) -> None:
     """The key-value engines' ``add``: absent counts as 0, a transfer (deltas summing to 0)
     keeps the total, and a key holding something else refuses the whole operation."""
     make = {
         "memory": MemoryEngine,
         "scan-kv": lambda p: ScanKVEngine(p, block_rows=32),
+        "scan-memory": lambda p: ScanMemoryEngine(p, block_rows=32),
         "memcached": _memcached,
     }[engine]
     d = KVDriver(make)
@@ -490,7 +496,7 @@ def test_a_key_deleted_and_written_again_is_read_once() -> None:
         ]
 
 
-LOGGED = ["memory", "memcached"]
+LOGGED = ["memory", "scan-memory", "memcached"]
 """The engines that report what each write changed (``apply_logged``: change feeds)."""
 
 
