@@ -8,22 +8,28 @@ replica agrees.
 
 Steps (about 90 s in all):
 
-1. ``rubberband cluster up``: 3 routers, 1 super, 4 storage processes on the scan engine
-   (``scan-kv``: tables and key-value lists in one engine), hash partitioning,
-   replication 3, and 2 standby processes.
-2. A Ticket table (the dissertation's Appendix A, 22 attributes) is loaded.
+1. ``rubberband cluster up``: 3 routers, 1 super, 4 storage processes
+   (``scan-memory``: the scan engine's tables beside key-value data in one engine), hash
+   partitioning, replication 3, and 2 standby processes.
+2. A Ticket table (the dissertation's Appendix A, 22 attributes) is loaded, and a bank's
+   accounts with two materialized views of them (:mod:`.demo_views`), kept by a
+   ``rubberband views maintain`` process.
 3. Clients run a mixed workload: two-key list-appends and reads (the list-append
-   checker's workload), and on the tickets inserts, status updates by key and queries
-   at all three isolation levels (sequential, snapshot, basic).
+   checker's workload), on the tickets inserts, status updates by key and queries at all
+   three isolation levels (sequential, snapshot, basic), transfers between accounts, and
+   reads of the views at their four levels.
 4. Meanwhile: ``expand`` a standby onto the ring; SIGKILL the leading router and start a
-   replacement; SIGKILL a storage process, which the super replaces with a standby on its
-   own; ``contract`` the expanded process again.  Each line of progress shows the step,
-   throughput, latency and keyspace version.
+   replacement; SIGKILL the views' maintainer and start another; SIGKILL a storage
+   process, which the super replaces with a standby on its own; ``contract`` the
+   expanded process again.  Each line of progress shows the step, throughput, latency
+   and keyspace version.
 5. Checks: final reads of every list, then the list-append checker over the recorded
    history (nothing acknowledged lost, no cycle) and the append-order checker (each
    client's appends in every list in its order, gap-free); every acknowledged ticket
-   insert and the last acknowledged update of each ticket present; every holder of every
-   segment answering the same data (tables and lists).
+   insert and the last acknowledged update of each ticket present; every view read equal
+   to the view recomputed from the accounts' change feed at its position, and the bank's
+   total in every one; every holder of every segment answering the same data (tables,
+   lists, accounts and the views' version chains).
 6. A PNG of throughput and latency with the fault and reconfiguration windows shaded, a
    summary, a verdict, and the cluster shut down.
 """
@@ -46,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from rubberband.tools.cli import run as _cli
+from rubberband.tools.demo_views import BankViews
 
 OPS = "storage_adapters.scan.kv:ScanKVOps"
 TICKETS = "tickets"
@@ -78,6 +85,7 @@ class Demo:
         self.status_of: dict[str, str] = {}
         self.unsure: set[str] = set()
         self.failures: list[str] = []
+        self.bank = BankViews(self, seed + 1)
 
     # ------------------------------------------------------------------ plumbing
     def now(self) -> float:
@@ -244,7 +252,10 @@ class Demo:
                           self.admin("expand", "storage:5", str(2**32 * 7 // 8)))  # fmt: skip
         await asyncio.sleep(s * 0.12)
         await self.window("kill", "SIGKILL the leading router", self.kill_leader())
-        await asyncio.sleep(s * 0.12)
+        await asyncio.sleep(s * 0.06)
+        await self.window("kill", "SIGKILL the views' maintainer; start another",
+                          self.bank.kill_maintainer())  # fmt: skip
+        await asyncio.sleep(s * 0.06)
         await self.window("kill", "SIGKILL storage:2; the super replaces it", self.kill_storage())
         await asyncio.sleep(s * 0.12)
         await self.window("reconfigure", "contract storage:5",
@@ -367,6 +378,8 @@ class Demo:
 
     async def replicas(self, rb: Any) -> dict[str, Any]:
         """Every holder of every segment answers the same lists and the same tickets."""
+        from rubberband.keys import encode_key
+
         await rb.refresh()
         ks = rb.core.keyspace
         table_op = rb.core.ops.select(TICKETS, columns=["rloc", "bookingStatus"])
@@ -378,7 +391,8 @@ class Demo:
             for p in ks.holders_of_segment(i):
                 kv = await rb.read_replica(p, ("scan", None, None), segment)
                 tab = await rb.read_replica(p, table_op, segment)
-                answers[p] = (sorted(map(tuple, kv)), sorted(zip(*tab["data"], strict=True)))
+                kv = sorted(map(tuple, kv), key=lambda item: encode_key(item[0]))
+                answers[p] = (kv, sorted(zip(*tab["data"], strict=True)))
             first = next(iter(answers.values()))
             compared += len(answers)
             differ += [f"segment {i}: {p}" for p, a in answers.items() if a != first]
@@ -407,10 +421,13 @@ class Demo:
             )
         finally:
             await rb.close()
-        print(f"loaded {ROWS:,} tickets; the workload runs for {self.seconds:g} s", flush=True)
+        await self.bank.setup()
+        print(f"loaded {ROWS:,} tickets and the bank's accounts with 2 views; the workload "
+              f"runs for {self.seconds:g} s", flush=True)  # fmt: skip
         self.t0 = time.monotonic()
-        workers = [asyncio.ensure_future(c) for c in (self.appender(0), self.appender(1),
-                                                     self.tickets(), self.progress())]  # fmt: skip
+        workers = [asyncio.ensure_future(c) for c in (
+            self.appender(0), self.appender(1), self.tickets(), self.bank.transfer(),
+            self.bank.read(), self.progress())]  # fmt: skip
         # The workload runs ``seconds``, or until the schedule is through if its faults
         # took longer (a repair on a busy machine): a fault cut short proves nothing.
         # Twice ``seconds`` is the most it may take.
@@ -429,6 +446,7 @@ class Demo:
         print("workload stopped; checking", flush=True)
         await asyncio.sleep(1.0)  # the last writes become stable everywhere
         checks = await self.verify()
+        checks.update(await self.bank.verify())
         series = per_second([x for x in self.latencies if x[1] is not None and x[1] <= ran])
         why = plot(self.png, "rubberband demo: ok operations and latency", series, self.windows)
         ok_ops = sum(1 for *_, ok in self.latencies if ok)
@@ -438,6 +456,7 @@ class Demo:
             and not checks["tickets_missing"]
             and not checks["tickets_wrong_status"]
             and not checks["replicas"]["disagree"]
+            and BankViews.valid(checks)
             and not self.failures
         )
         print("\nsummary")
@@ -455,6 +474,8 @@ class Demo:
         print(f"  tickets: {checks['tickets']:,}; acknowledged inserts missing: "
               f"{checks['tickets_missing'] or 'none'}; statuses wrong: "
               f"{checks['tickets_wrong_status'] or 'none'}")  # fmt: skip
+        for line in BankViews.summary(checks):
+            print(line)
         r = checks["replicas"]
         print(f"  replicas: {r['answers_compared']} answers compared, disagreeing: "
               f"{r['disagree'] or 'none'}")  # fmt: skip
@@ -474,10 +495,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     d = Path(args.state_dir or tempfile.mkdtemp(prefix="rubberband-demo-")) / "cluster"
     started = time.monotonic()
-    print("starting a cluster: 3 routers, 1 super, 4 storage processes (scan engine, "
-          "replication 3, hash partitioning) and 2 standbys", flush=True)  # fmt: skip
-    up = _cli("cluster", "up", "--routers", "3", "--supers", "1", "--storage", "4",
-              "--engine", "scan-kv", "--partitioning", "hash", "--state-dir", str(d))  # fmt: skip
+    print("starting a cluster: 3 routers, 1 super, 4 storage processes (scan-engine tables "
+          "beside key-value data, replication 3, hash partitioning) and 2 standbys",
+          flush=True)  # fmt: skip
+    up = _cli("cluster", "up", "--routers", "3", "--supers", "1", "--storage", "4", "--engine",
+              "scan-memory", "--partitioning", "hash", "--state-dir", str(d))  # fmt: skip
     try:
         if up.returncode != 0:
             print(up.stdout + up.stderr, file=sys.stderr)

@@ -30,11 +30,16 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from ecast.core import mutations
 from rubberband.changelog import Event
 from rubberband.keys import EKey, encode_key
 from rubberband.views.compute import ABSENT, Rows, in_source
 from rubberband.views.define import ViewDef, meta_key, row_key
 
+PROGRESS_WITH_ROWS = mutations.declare(
+    "progress_with_rows", "views",
+    "a view's progress is written in the same message as the rows under it",
+)  # fmt: skip
 BATCH_KEYS = 500
 """Row versions per write message (a message stays small, tens of kilobytes; a batch of
 a backfill that needs more is split, its progress written with the last part)."""
@@ -161,9 +166,14 @@ class Maintainer:
             self.floor = max(self.floor, marks[0][1])
 
     def _writes(self, entries: list[tuple[Any, list[Any]]]) -> list[Any]:
-        """Version writes of ``entries``, the progress in the last."""
+        """Version writes of ``entries``, then the progress alone: it must be made only
+        once the rows are stable, or a basic read could see it at one replica and a
+        row's replica not yet there (views under hash partitioning, the demo's)."""
         floor = self.floor
         progress = (meta_key(self.view.name), [self.position, floor])
-        parts = [entries[i : i + BATCH_KEYS] for i in range(0, len(entries), BATCH_KEYS)] or [[]]
-        parts[-1] = [*parts[-1], progress]
-        return [("version", tuple(part), floor) for part in parts]
+        parts = [entries[i : i + BATCH_KEYS] for i in range(0, len(entries), BATCH_KEYS)]
+        if mutations.on(PROGRESS_WITH_ROWS) and parts:
+            parts[-1] = [*parts[-1], progress]
+            return [("version", tuple(part), floor) for part in parts]
+        return [*(("version", tuple(part), floor) for part in parts),
+                ("version", (progress,), floor)]  # fmt: skip

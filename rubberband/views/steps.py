@@ -152,7 +152,7 @@ def _start(view: ViewDef, figures: Figures, page_rows: int) -> Steps:
         snapshots.append([(rows, position) for rows, position, _now in pages])
         now = pages[-1][2]
     now = yield from _write(m.start(old, snapshots, now), now)
-    _published(figures, m, asked, now)
+    _set(figures, _progress(m, asked), now)
     return m, now
 
 
@@ -186,9 +186,11 @@ def same_key(a: Any, b: Any) -> bool:
 def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
     members: dict[str, Maintainer] = {}
     writes: dict[str, list[Any]] = {}  # each view's of the last page, not yet made
-    now = written_asked = 0.0
+    held: list[tuple[Any, Progress]] = []  # progress writes whose rows are stable
+    now = writes_asked = 0.0
     while True:
         _forget(group, members, writes)
+        held = [(op, p) for op, p in held if members.get(p.name) is p.maintainer]
         for name, view in _by_depth(group.views):
             if name in members:
                 continue
@@ -208,19 +210,24 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
             since = min(m.since[side] for m in members.values() if m.view.over is None)
             read = Read(Changes(since, lo, hi), "sequential")
             made = [name for name, w in writes.items() if w]
-            if all(len(writes[n]) == 1 for n in made) and len(made) <= IN_FLIGHT:
-                # Each view's page writes are one message: they go together with the
-                # next page's read, one round trip a page, not two.
-                ops = tuple(writes[n][0] for n in made)
+            if all(len(writes[n]) <= 2 for n in made) and len(made) <= IN_FLIGHT:
+                # A page's rows go with the next page's read, one round trip a page;
+                # its progress goes with the round after, once the rows are stable
+                # (a basic read that sees the progress then sees the rows, whichever
+                # replicas it asks), and the progress made stable now is published.
+                ops = (*(op for op, _ in held), *(o for n in made for o in writes[n][:-1]))
                 page, now = yield (Both(Write(ops), read) if ops else read)
+                _publish(group, held, now)
+                held = [(writes[n][-1], _progress(members[n], writes_asked)) for n in made]
             else:
+                now = yield from _write([op for op, _ in held], now)
+                _publish(group, held, now)
+                held = []
                 for n in made:
                     now = yield from _write(writes[n], now)
+                    _publish(group, [(None, _progress(members[n], writes_asked))], now)
                 page, now = yield read
-            for n in made:
-                _published(group.figures.get(n), members[n], written_asked, now)
-            written_asked = asked
-            writes = {}
+            writes, writes_asked = {}, asked
             for name, m in members.items():
                 if m.view.over is None:
                     events = [e for e in page.events if e.position > m.since[side]]
@@ -228,12 +235,46 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
             _over(members, writes, now)
             idle = idle and not page.events
         if idle:
+            now = yield from _write([op for op, _ in held], now)
+            _publish(group, held, now)
+            held = []
             for name, w in writes.items():
-                now = yield from _write(w, now)
                 if w:
-                    _published(group.figures.get(name), members[name], written_asked, now)
+                    now = yield from _write(w, now)
+                    _publish(group, [(None, _progress(members[name], asked))], now)
             writes = {}
             _, now = yield Sleep(poll)
+
+
+class Progress(NamedTuple):
+    """What a view's figures say once its progress write is stable."""
+
+    name: str
+    position: int
+    floor: int
+    rows: int
+    events: int
+    versions: int
+    asked: float
+    maintainer: Maintainer
+
+
+def _progress(m: Maintainer, asked: float) -> Progress:
+    return Progress(m.view.name, m.position, m.floor, len(m.rows.rows), m.events, m.versions,
+                    asked, m)  # fmt: skip
+
+
+def _publish(group: Group, made: list[tuple[Any, Progress]], now: float) -> None:
+    for _op, p in made:
+        figures = group.figures.get(p.name)
+        if figures is not None:  # else the view left its group meanwhile
+            _set(figures, p, now)
+
+
+def _set(figures: Figures, p: Progress, now: float) -> None:
+    figures.position, figures.floor, figures.rows = p.position, p.floor, p.rows
+    figures.events, figures.versions = p.events, p.versions
+    figures.published_at, figures.fresh_as_of = now, p.asked
 
 
 def _by_depth(views: dict[str, ViewDef]) -> list[tuple[str, ViewDef]]:
@@ -285,16 +326,8 @@ def _start_over(view: ViewDef, figures: Figures, parent: Maintainer, page_rows: 
     snapshot = [(list(parent.rows.rows.values()), parent.position)]
     parent.emitted = []
     now = yield from _write(m.start(old, [snapshot], now), now)
-    _published(figures, m, asked, now)
+    _set(figures, _progress(m, asked), now)
     return m, now
-
-
-def _published(figures: Figures | None, m: Maintainer, asked: float, now: float) -> None:
-    if figures is None:  # the view left its group meanwhile
-        return
-    figures.position, figures.floor, figures.rows = m.position, m.floor, len(m.rows.rows)
-    figures.events, figures.versions = m.events, m.versions
-    figures.published_at, figures.fresh_as_of = now, asked
 
 
 IN_FLIGHT = 4
@@ -304,9 +337,9 @@ at a time stream at the cluster's pace."""
 
 
 def _write(writes: list[Any], now: float) -> Steps:
-    """The rows first, a few messages at a time, then the last write (it carries the
-    progress) once they are stable: a reader that sees the progress sees every row
-    version under it."""
+    """The rows first, a few messages at a time, then the last write (the progress)
+    once they are stable: a reader that sees the progress sees every row version under
+    it, at any replica (a basic read asks each segment's replica apart)."""
     rows = writes[:-1]
     for i in range(0, len(rows), IN_FLIGHT):
         _, now = yield Write(tuple(rows[i : i + IN_FLIGHT]))

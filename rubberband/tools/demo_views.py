@@ -1,0 +1,235 @@
+"""The demo's views: a bank's accounts, two views of them kept by a ``rubberband views
+maintain`` process, and a check that every view read was exact.
+
+The accounts are keys ``("acct", i)`` holding integer balances; clients move money with
+atomic ``add`` transfers (deltas summing to 0), so the bank's total never changes.  The
+views (``docs/views.md``): ``bank``, an aggregate of every account (how many, their
+total, the lowest balance), and ``overdrawn``, a selection of the accounts below 0.
+Readers read both at every level (sequential, read-your-writes, snapshot, any) through
+every fault of the demo, the maintainer's SIGKILL among them; a client follows the
+accounts' change feed from the load on.  At the end every read is recomputed from that
+feed at the position the read reports (:mod:`rubberband.checkers.views`): nothing
+missing, nothing extra, no aggregate off by one change; and every ``bank`` read shows
+the bank's whole total.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import subprocess
+import sys
+from collections import Counter
+from typing import Any
+
+ACCOUNTS = 40
+START = 1_000
+TOTAL = ACCOUNTS * START
+LO, HI = ("acct", 0), ("acct", ACCOUNTS)
+LEVELS = ("sequential", "read-your-writes", "snapshot", "any")
+
+
+def views() -> list[Any]:
+    from rubberband.views import view_def
+
+    return [
+        view_def("bank", "aggregate", (LO, HI), aggregates={
+            "accounts": ["count", None], "total": ["sum", None], "lowest": ["min", None]}),
+        view_def("overdrawn", "selection", (LO, HI), where=[(None, "<", 0)]),
+    ]  # fmt: skip
+
+
+class BankViews:
+    """The views' part of the demo: ``demo`` lends its clients, clock and stop event."""
+
+    def __init__(self, demo: Any, seed: int) -> None:
+        self.demo = demo
+        self.rng = random.Random(seed)
+        self.views = views()
+        self.reads: dict[str, list[Any]] = {v.name: [] for v in self.views}
+        self.events: list[Any] = []
+        self.base: dict[Any, Any] = {}
+        self.start = 0
+        self.transfers = 0
+        self.maintainer: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self._feed: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ set-up
+    async def setup(self) -> None:
+        """The accounts, the views over them and the maintainer that backfills them;
+        the change feed followed from the accounts' first state."""
+        rb = await self.demo.connect("bank-load")
+        try:
+            await rb.put_many({("acct", i): START for i in range(ACCOUNTS)})
+            rows, self.start = await rb.read(("scan", LO, HI), with_position=True)
+            self.base = dict(rows)
+            for v in self.views:
+                spec = {k: x for k, x in v.to_dict().items() if k not in ("name", "kind", "source")}
+                await rb.create_view(v.name, v.source, v.kind, **spec)
+        finally:
+            await rb.close()
+        self.maintainer = self._maintain()
+        self._feed = asyncio.ensure_future(self._follow())
+
+    def _maintain(self) -> subprocess.Popen[bytes]:
+        d = self.demo.d
+        with (d / "maintainer.log").open("ab") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "rubberband.tools.cli", "views", "maintain",
+                 "--state-dir", str(d)],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    async def _follow(self) -> None:
+        """The accounts' change feed, every write once, until the demo stops and a page
+        comes back empty (a read that fails is retried: the feed goes on from where it
+        was)."""
+        since = self.start
+        rb = await self.demo.connect("bank-feed")
+        try:
+            while True:
+                try:
+                    page = await rb.changes(since, LO, HI)
+                except Exception:
+                    await asyncio.sleep(0.2)
+                    with contextlib.suppress(Exception):
+                        await rb.close()
+                    rb = await self.demo.connect("bank-feed")
+                    continue
+                self.events.extend(page.events)
+                since = page.position
+                if self.demo.stop.is_set() and not page.events:
+                    return
+                await asyncio.sleep(0.05)
+        finally:
+            with contextlib.suppress(Exception):
+                await rb.close()
+
+    # ------------------------------------------------------------------ workload
+    async def transfer(self) -> None:
+        """Atomic transfers between two accounts: the total stays ``TOTAL``."""
+        rb = await self.demo.connect("bank")
+        try:
+            while not self.demo.stop.is_set():
+                a, b = self.rng.sample(range(ACCOUNTS), 2)
+                amount = self.rng.randrange(1, 400)
+                t = self.demo.now()
+                try:
+                    await rb.add_many({("acct", a): -amount, ("acct", b): amount})
+                    self.transfers += 1
+                    self.demo.timed(t, True)
+                except Exception:
+                    self.demo.timed(t, False)
+                    await asyncio.sleep(0.05)
+                    with contextlib.suppress(Exception):
+                        await rb.close()
+                    rb = await self.demo.connect("bank")
+        finally:
+            with contextlib.suppress(Exception):
+                await rb.close()
+
+    async def read(self) -> None:
+        """Both views at every level in turn, each read kept with the position it
+        reports."""
+        from rubberband.checkers.views import ViewRead
+
+        rb = await self.demo.connect("bank-reader")
+        n = 0
+        try:
+            while not self.demo.stop.is_set():
+                n += 1
+                view = self.views[n % len(self.views)]
+                level = LEVELS[(n // len(self.views)) % len(LEVELS)]
+                t = self.demo.now()
+                try:
+                    rows, at = await rb.view(view.name).scan(level=level, with_position=True)
+                    self.reads[view.name].append(ViewRead(at, rows, level=level))
+                    self.demo.timed(t, True)
+                except Exception:  # through the faults: not judged, counted as failed
+                    self.demo.timed(t, False)
+                    await asyncio.sleep(0.1)
+                await asyncio.sleep(0.02)
+        finally:
+            with contextlib.suppress(Exception):
+                await rb.close()
+
+    # ------------------------------------------------------------------ the fault
+    async def kill_maintainer(self) -> None:
+        """SIGKILL the maintainer and start another: it starts over from a snapshot,
+        and a sequential read waits until it has caught up."""
+        if self.maintainer is not None:
+            self.maintainer.kill()
+            self.maintainer.wait()
+        self.maintainer = self._maintain()
+        self.restarts += 1
+        rb = await self.demo.connect("bank-wait")
+        try:
+
+            async def caught_up() -> bool:
+                try:
+                    await asyncio.wait_for(rb.view("bank").get([None]), 5)
+                except Exception:
+                    return False
+                return True
+
+            await self.demo.wait_until("the new maintainer's first view", caught_up)
+        finally:
+            await rb.close()
+
+    # ------------------------------------------------------------------ checks
+    async def verify(self) -> dict[str, Any]:
+        from rubberband.checkers.views import check_view_reads
+
+        if self._feed is not None:
+            try:
+                await asyncio.wait_for(self._feed, 30)
+            except Exception as e:
+                self.demo.failures.append(f"the accounts' change feed did not end: {e!r:.100}")
+        if self.maintainer is not None:
+            self.maintainer.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.maintainer.wait(10)
+            self.maintainer.kill()
+        problems: list[str] = []
+        start = (self.base, self.start)
+        for v in self.views:
+            problems += check_view_reads(v, start, self.events, self.reads[v.name])
+        whole = [r for r in self.reads["bank"] if r.rows]
+        off = [r.position for r in whole if r.rows[0][1].get("total") != TOTAL
+               or r.rows[0][1].get("accounts") != ACCOUNTS]  # fmt: skip
+        levels = Counter(r.level for rs in self.reads.values() for r in rs)
+        return {
+            "view_reads": sum(levels.values()),
+            "view_levels": dict(levels),
+            "view_problems": problems[:5],
+            "view_total_off": off[:5],
+            "overdrawn_sizes": sorted({len(r.rows) for r in self.reads["overdrawn"]}),
+            "transfers": self.transfers,
+            "feed_events": len(self.events),
+            "maintainer_restarts": self.restarts,
+        }
+
+    @staticmethod
+    def valid(checks: dict[str, Any]) -> bool:
+        levels = checks["view_levels"]
+        return (
+            not checks["view_problems"]
+            and not checks["view_total_off"]
+            and all(levels.get(level, 0) > 0 for level in LEVELS)
+        )
+
+    @staticmethod
+    def summary(checks: dict[str, Any]) -> list[str]:
+        levels = ", ".join(f"{n} {level}" for level, n in sorted(checks["view_levels"].items()))
+        exact = "every one exact" if not checks["view_problems"] else "NOT EXACT"
+        return [
+            f"  views: {checks['view_reads']:,} reads of bank and overdrawn ({levels}), "
+            f"{exact} against the accounts' change feed ({checks['feed_events']:,} writes) "
+            f"{checks['view_problems'] or ''}",
+            f"  bank: {checks['transfers']:,} transfers; the total {TOTAL:,} in every read "
+            f"{'yes' if not checks['view_total_off'] else checks['view_total_off']}; "
+            f"overdrawn accounts seen: {checks['overdrawn_sizes'][:8]}; maintainer "
+            f"SIGKILLed and replaced {checks['maintainer_restarts']} time(s)",
+        ]

@@ -1,0 +1,177 @@
+"""A maintainer group's steps against a small exact model of the cluster: base writes
+between any two steps, every request answered at a position of its own.  Two things
+must hold of what the steps write: a view's progress ``W`` is never written together
+with, or before, a row version at or below ``W`` (a basic read, which asks each
+segment's replica apart, would see the progress and miss the row), and the views (a
+chain of views over views among them) equal their recomputation from the base."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ecast.core import mutations
+from rubberband.changelog import Changes, Event, Page
+from rubberband.keys import encode_key
+from rubberband.versions import as_of, merge
+from rubberband.views import view_def
+from rubberband.views.compute import recompute_over
+from rubberband.views.define import VIEW, meta_key
+from rubberband.views.maintain import PROGRESS_WITH_ROWS
+from rubberband.views.steps import Both, Group, Sleep, Write, maintain_group_steps
+
+SOURCE = (0, 40)
+VIEWS = [
+    view_def("by_g", "index", SOURCE, on="g"),
+    view_def(
+        "per_g",
+        "aggregate",
+        SOURCE,
+        group_by="g",
+        aggregates={"n": ["count", None], "lo": ["min", "x"]},
+    ),
+    view_def(
+        "many", "selection", (None, None), over="per_g", base=[SOURCE], where=[("n", ">=", 3)]
+    ),
+    view_def(
+        "few",
+        "aggregate",
+        (None, None),
+        over="many",
+        base=[SOURCE],
+        aggregates={"groups": ["count", None]},
+    ),
+]
+
+
+class Cluster:
+    """Every request at a position of its own, in order; base writes between them."""
+
+    def __init__(self) -> None:
+        self.t = 0
+        self.data: dict[Any, tuple[Any, Any]] = {}
+        self.log: list[Event] = []
+        self.writes: list[list[tuple[Any, Any]]] = []  # each Write's entries, in order
+
+    def base(self, key: int, value: Any) -> None:
+        self.t += 1
+        ek = encode_key(key)
+        if value is None:
+            if self.data.pop(ek, None) is not None:
+                self.log.append(Event(self.t, ((key, "delete", None),)))
+        else:
+            self.data[ek] = (key, value)
+            self.log.append(Event(self.t, ((key, "put", value),)))
+
+    def answer(self, request: Any) -> Any:
+        if type(request) is Both:
+            self.answer(request.write)
+            return self.answer(request.read)
+        self.t += 1
+        if type(request) is Sleep:
+            return None
+        if type(request) is Write:
+            entries = []
+            for name, pairs, floor in request.ops:
+                assert name == "version"
+                for key, entry in pairs:
+                    ek = encode_key(key)
+                    old = self.data.get(ek, (key, None))[1]
+                    self.data[ek] = (key, merge(old, [entry], floor, key))
+                    entries.append((key, entry))
+            self.writes.append(entries)
+            return None
+        op = request.op
+        if type(op) is Changes:
+            lo, hi = encode_key(op.lo), encode_key(op.hi)
+            events = [e for e in self.log if op.since < e.position
+                      and lo <= encode_key(e.changes[0][0]) < hi]  # fmt: skip
+            return Page(self.t, events)
+        _scan, lo, hi, limit = op
+        rows = [kv for ek, kv in sorted(self.data.items())
+                if encode_key(lo) <= ek < encode_key(hi)][:limit]  # fmt: skip
+        return (rows, self.t) if request.with_position else rows
+
+    def view_rows(self, name: str, at: int) -> dict[Any, Any]:
+        out = {}
+        for _ek, (key, chain) in self.data.items():
+            if type(key) is tuple and key[:2] == (VIEW, name) and len(key) == 3:
+                present, value = as_of(chain, at)
+                if present:
+                    out[encode_key(key[2])] = value
+        return out
+
+    def base_at(self, at: int) -> dict[Any, Any]:
+        state: dict[Any, Any] = {}
+        for e in self.log:
+            if e.position <= at:
+                for key, how, value in e.changes:
+                    state[key] = value if how == "put" else None
+        return {k: v for k, v in state.items() if v is not None}
+
+
+def run(seed: int, steps: int = 400) -> Cluster:
+    rng = random.Random(seed)
+    c = Cluster()
+    for k in range(0, 40, 2):
+        c.base(k, {"g": rng.randrange(4), "x": rng.randrange(100)})
+    gen = maintain_group_steps(Group(VIEWS), poll=0.01, page_rows=3)
+    request = next(gen)
+    for i in range(steps):
+        for _ in range(rng.choice((0, 0, 1, 3))):
+            value = None if rng.random() < 0.2 else {"g": rng.randrange(4), "x": rng.randrange(100)}
+            c.base(rng.randrange(40), value)
+        request = gen.send((c.answer(request), float(i)))
+    for i in range(steps, steps + 40):  # no more base writes: the views catch up
+        request = gen.send((c.answer(request), float(i)))
+    return c
+
+
+def progress_checks(c: Cluster) -> list[str]:
+    """A row version at ``p`` written with or after its view's progress ``W >= p``."""
+    problems = []
+    reached: dict[str, int] = {}
+    for i, entries in enumerate(c.writes):
+        now = dict(reached)
+        for key, entry in entries:
+            if key[:1] == (VIEW,) and len(key) == 2:
+                now[key[1]] = max(now.get(key[1], -1), entry[0])
+        for key, entry in entries:
+            if key[:1] == (VIEW,) and len(key) == 3 and entry[0] <= now.get(key[1], -1):
+                problems.append(f"write {i}: {key} at {entry[0]} with progress {now[key[1]]}")
+        reached = now
+    return problems
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_progress_comes_after_its_rows_and_every_view_is_exact(seed: int) -> None:
+    c = run(seed)
+    assert not progress_checks(c)[:3]
+    for view in VIEWS:
+        chain = [v for v in VIEWS if v.name in _chain(view)]
+        ((_, meta),) = [kv for ek, kv in c.data.items() if kv[0] == meta_key(view.name)]
+        reached = meta[-1][0]
+        assert reached >= c.t - 100, (view.name, reached, c.t)  # caught up
+        want = {ek: v for ek, (_k, v) in recompute_over(chain, [c.base_at(reached)]).items()}
+        assert c.view_rows(view.name, reached) == want, view.name
+
+
+def _chain(view: Any) -> list[str]:
+    names = [view.name]
+    by = {v.name: v for v in VIEWS}
+    while view.over is not None:
+        view = by[view.over]
+        names.insert(0, view.name)
+    return names
+
+
+def test_a_progress_written_with_its_rows_is_caught() -> None:
+    with mutations.planted({PROGRESS_WITH_ROWS}):
+        found = [p for seed in range(5) for p in progress_checks(run(seed, 150))]
+    if not found:
+        pytest.fail("the planted progress_with_rows went unnoticed")
