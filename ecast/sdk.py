@@ -228,6 +228,10 @@ class Client:
         Frames already read when the mark is crossed still go in; refusing them would
         lose confirmed deliveries."""
         self._queued = asyncio.Event()
+        self.received = 0
+        """Deliveries handed to this process so far (taken or not): a process that must
+        answer a direct message only after the deliveries it had already received (and
+        confirmed) compares it with how many it took."""
         self._queue_size = queue_size
         self._paused = False
         self._paused_peers: list[NodeId] = []
@@ -441,6 +445,7 @@ class Client:
         if kind is not None and not d.unsafe:
             self._track_membership(kind, m)
         self._queue.append(d)
+        self.received += 1
         self._queued.set()
         if not self._paused and len(self._queue) >= self._queue_size:
             self._pause_routers(True)

@@ -23,7 +23,7 @@ from typing import Any
 from ecast import Client, Effects, NodeId, daemon_kit
 from rubberband.driver import carry_out
 from rubberband.outputs import Submit
-from rubberband.proto import Left, Ping
+from rubberband.proto import BasicRead, Left, Ping
 from rubberband.storage import StorageCore
 from rubberband.super import SuperCore
 from rubberband.supervision import LeaveDone, Leaving, Reconfigured, Stalled, Voted, pong
@@ -102,6 +102,11 @@ class _Host:
         """Direct messages that go ahead of the inbox (a ``WAKE`` in it says so)."""
         self._waiting = 0
         """Deliveries in the inbox (flow control counts these, not inbox items)."""
+        self._taken = 0
+        """Deliveries taken from the SDK into the inbox so far."""
+        self._behind: deque[tuple[int, tuple[Any, ...]]] = deque()
+        """Direct messages held until the deliveries received before them are in the
+        inbox (:meth:`_after_deliveries`), with how many those are."""
         self.stopped: str | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self.done = asyncio.Event()
@@ -121,6 +126,10 @@ class _Host:
                     break
                 self.inbox.put_nowait((DELIVERIES, batch))
                 self._waiting += len(batch)
+                self._taken += len(batch)
+                behind = self._behind
+                while behind and behind[0][0] <= self._taken:
+                    self.inbox.put_nowait(behind.popleft()[1])
                 if self._waiting >= INBOX_HIGH:
                     self._room.clear()
                     await self._room.wait()
@@ -145,6 +154,10 @@ class _Host:
             if self._urgent(payload):
                 self.urgent.append((DIRECT, src, payload))
                 self.inbox.put_nowait(WAKE)
+            elif self._behind or (
+                self._after_deliveries(payload) and self.client.received > self._taken
+            ):  # (a direct message behind a held one waits too: directs keep their order)
+                self._behind.append((self.client.received, (DIRECT, src, payload)))
             else:
                 self.inbox.put_nowait((DIRECT, src, payload))
 
@@ -154,6 +167,12 @@ class _Host:
 
     def _intercept(self, src: NodeId, payload: Any) -> bool:
         """A direct message the host itself answers, on the loop (True: consumed)."""
+        return False
+
+    def _after_deliveries(self, payload: Any) -> bool:
+        """A direct message the core must take only after every delivery this process
+        had received when it came (and so had confirmed: those writes may be
+        acknowledged to their clients already)."""
         return False
 
     def _stop(self, reason: str) -> None:
@@ -260,6 +279,13 @@ class StorageHost(_Host):
 
     def _urgent(self, payload: Any) -> bool:
         return type(payload) in self.core.URGENT
+
+    def _after_deliveries(self, payload: Any) -> bool:
+        # A basic read answers from the current state: a write its client (or anyone)
+        # saw acknowledged must be in it.  Under backpressure deliveries wait in the
+        # SDK, confirmed, while direct messages go on: a basic read overtook them, and
+        # a view read at level `any` saw a progress and rows older than it.
+        return type(payload) is BasicRead
 
     def _intercept(self, src: NodeId, payload: Any) -> bool:
         if type(payload) is Left:

@@ -449,7 +449,6 @@ class Demo:
         checks.update(await self.bank.verify())
         series = per_second([x for x in self.latencies if x[1] is not None and x[1] <= ran])
         why = plot(self.png, "rubberband demo: ok operations and latency", series, self.windows)
-        ok_ops = sum(1 for *_, ok in self.latencies if ok)
         verdict = (
             checks["list_append_valid"]
             and checks["order_valid"]
@@ -459,6 +458,12 @@ class Demo:
             and BankViews.valid(checks)
             and not self.failures
         )
+        self.summary(checks, ran, why)
+        print(f"\nVERDICT: {'all checks passed' if verdict else 'FAILED'}")
+        return 0 if verdict else 1
+
+    def summary(self, checks: dict[str, Any], ran: float, why: str | None) -> None:
+        ok_ops = sum(1 for *_, ok in self.latencies if ok)
         print("\nsummary")
         print(f"  operations acknowledged: {ok_ops:,} in {ran:.0f} s "
               f"({sum(1 for *_, ok in self.latencies if not ok)} failed or unsure)")  # fmt: skip
@@ -482,8 +487,6 @@ class Demo:
         for f in self.failures:
             print(f"  problem: {f}")
         print(f"  chart: {self.png}" if not why else f"  chart: not drawn ({why})")
-        print(f"\nVERDICT: {'all checks passed' if verdict else 'FAILED'}")
-        return 0 if verdict else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -510,7 +513,10 @@ def main(argv: list[str] | None = None) -> int:
             print(added.stdout + added.stderr, file=sys.stderr)
             return 1
         demo = Demo(d, args.seconds, Path(args.png), args.seed)
-        code = asyncio.run(demo.run())
+        try:
+            code = asyncio.run(demo.run())
+        finally:
+            demo.bank.close()  # the views' maintainer, whatever happened
     finally:
         down = threading.Thread(target=_cli, args=("cluster", "down", "--state-dir", str(d)))
         down.start()

@@ -187,11 +187,7 @@ class BankViews:
                 await asyncio.wait_for(self._feed, 30)
             except Exception as e:
                 self.demo.failures.append(f"the accounts' change feed did not end: {e!r:.100}")
-        if self.maintainer is not None:
-            self.maintainer.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.maintainer.wait(10)
-            self.maintainer.kill()
+        self.close()
         problems: list[str] = []
         start = (self.base, self.start)
         for v in self.views:
@@ -210,6 +206,16 @@ class BankViews:
             "feed_events": len(self.events),
             "maintainer_restarts": self.restarts,
         }
+
+    def close(self) -> None:
+        """Stop the maintainer (SIGTERM, then SIGKILL after 10 s); again is harmless."""
+        m, self.maintainer = self.maintainer, None
+        if m is not None:
+            m.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                m.wait(10)
+            m.kill()
+            m.wait()
 
     @staticmethod
     def valid(checks: dict[str, Any]) -> bool:

@@ -55,7 +55,7 @@ class Sleep(NamedTuple):
 Steps = Generator[Read | Write | Both | Sleep, tuple[Any, float], Any]
 
 LEVELS = ("sequential", "read-your-writes", "snapshot", "any")
-_ISOLATION = {"snapshot": "snapshot", "any": "basic"}
+_ISOLATION = {"snapshot": "snapshot"}
 RETRY = 1.0
 """Seconds a maintainer waits after a failed step before it starts over."""
 
@@ -372,9 +372,10 @@ def read_steps(
         try:
             return (yield from _read(name, op, within, level, deadline, session, writes))
         except Compacted:
-            if level != "sequential":
+            if level not in ("sequential", "any"):
                 raise
-            # The maintainer started over past the read's position: read at a new one.
+            # The maintainer started over past the read's position (or, at `any`, a
+            # row's replica past the progress read first): read at a new one.
     raise Indeterminate(f"view {name!r} kept starting over past the reads' positions")
 
 
@@ -395,9 +396,22 @@ def _read(
         target = session.floor
     pause = 0.002
     while True:
-        got, now = yield Read(op, _ISOLATION.get(level, "snapshot"), within)
-        chains = dict(got)  # a get's {key: chain}, a scan's [(key, chain)]
-        meta = chains.pop(meta_key(name), None)
+        if level == "any":
+            # Basic reads ask each segment's replica apart, each as it is when asked:
+            # the progress first, then the rows, asked only once it is known.  Rows are
+            # stable before their progress is written, and a replica answers a basic
+            # read after every write it had received, so the rows' answers hold every
+            # version up to the progress (one read of both could take the progress from
+            # a replica asked later than a row's, a retry's answer, and be older).
+            progress, now = yield Read(("get", (meta_key(name),)), "basic")
+            got, now = yield Read(op, "basic", within)
+            chains = dict(got)  # a get's {key: chain}, a scan's [(key, chain)]
+            chains.pop(meta_key(name), None)
+            meta = dict(progress).get(meta_key(name))
+        else:
+            got, now = yield Read(op, _ISOLATION.get(level, "snapshot"), within)
+            chains = dict(got)
+            meta = chains.pop(meta_key(name), None)
         if meta is not None and len(meta) > 1:
             reached, floor = meta[-1]
             if reached >= target:

@@ -31,6 +31,11 @@ class FakeClient:
     async def receive_direct(self) -> tuple[str, Any]:
         return await self.direct.get()
 
+    @property
+    def received(self) -> int:
+        """Every delivery is in the SDK (confirmed) from the start."""
+        return self.n
+
     def send_direct_nowait(self, *_: Any) -> None:
         pass
 
@@ -96,6 +101,31 @@ async def test_migration_messages_go_ahead_of_waiting_deliveries() -> None:
     assert [d.i for item in rest[:-1] for d in item[1]] == list(range(BATCH, 1000))
     assert rest[-1][0] == DIRECT and type(rest[-1][2]) is BasicRead
     assert WAKE not in first + rest
+    direct.cancel()
+    reader.cancel()
+
+
+async def test_a_basic_read_waits_for_the_deliveries_received_before_it() -> None:
+    """Under backpressure confirmed deliveries wait in the SDK: a basic read that came
+    after them must not overtake them (a write acknowledged to its client would be
+    missing from the read); migration traffic still goes first."""
+    client = FakeClient(3 * INBOX_HIGH)
+    h = host(client)
+    reader = asyncio.ensure_future(h._read_deliveries())
+    await until(lambda: h._waiting >= INBOX_HIGH)
+    direct = asyncio.ensure_future(h._read_direct())
+    read = BasicRead(1, ("get", (1,)), (), 0)
+    client.direct.put_nowait(("client:c", read))
+    client.direct.put_nowait(("storage:2", Pull((5, 0), 1)))
+    await until(client.direct.empty)
+    got: list[Any] = []
+    while not any(item[0] == DIRECT and item[2] is read for item in got):
+        got += await h._batch()
+        await asyncio.sleep(0)
+    assert got[0] == (DIRECT, "storage:2", Pull((5, 0), 1))
+    delivered = [d.i for item in got if item[0] == DELIVERIES for d in item[1]]
+    assert delivered == list(range(3 * INBOX_HIGH)), "the read overtook deliveries"
+    assert got[-1] == (DIRECT, "client:c", read)
     direct.cancel()
     reader.cancel()
 

@@ -22,7 +22,7 @@ from rubberband.views import view_def
 from rubberband.views.compute import recompute_over
 from rubberband.views.define import VIEW, meta_key
 from rubberband.views.maintain import PROGRESS_WITH_ROWS
-from rubberband.views.steps import Both, Group, Sleep, Write, maintain_group_steps
+from rubberband.views.steps import Both, Group, Read, Sleep, Write, maintain_group_steps
 
 SOURCE = (0, 40)
 VIEWS = [
@@ -175,3 +175,19 @@ def test_a_progress_written_with_its_rows_is_caught() -> None:
         found = [p for seed in range(5) for p in progress_checks(run(seed, 150))]
     if not found:
         pytest.fail("the planted progress_with_rows went unnoticed")
+
+
+def test_an_any_read_asks_for_the_rows_only_once_it_has_the_progress() -> None:
+    """Basic reads ask each replica apart: the rows must be asked after the progress is
+    known (a row's replica then has every version up to it), never in one read with it,
+    whose answers may come from replicas asked at different times."""
+    from rubberband.views.steps import read_steps
+
+    steps = read_steps("by_g", ("scan", "lo", "hi"), None, "any", 0.0, 5.0)
+    first = next(steps)
+    assert first == Read(("get", (meta_key("by_g"),)), "basic")
+    second = steps.send(({meta_key("by_g"): [0, [7, 0]]}, 0.1))
+    assert second == Read(("scan", "lo", "hi"), "basic", None)
+    with pytest.raises(StopIteration) as done:
+        steps.send(([(("~view", "by_g", (1, 2)), [0, [5, "row"]])], 0.2))
+    assert done.value.value == ([((1, 2), "row")], 7)
