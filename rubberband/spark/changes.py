@@ -20,11 +20,15 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import LongType, StringType, StructType
 
 from rubberband.errors import Compacted
@@ -36,9 +40,20 @@ BATCH_ROWS = 10_000
 """Rows per Arrow batch a task yields."""
 
 
-def feed_options(options: dict[str, str]) -> tuple[Any, Any, str]:
-    """``lo``, ``hi`` (JSON: ``'"user:"'`` is a string key, ``10`` a number) and
-    ``since`` (``now``, the default; ``earliest``; or a position) of a change stream."""
+class Feed(NamedTuple):
+    """A change stream's options: the key range, where a new query starts, and the most
+    changes a micro-batch takes (None: all there are)."""
+
+    lo: Any = None
+    hi: Any = None
+    since: str = "now"
+    max_changes: int | None = None
+
+
+def feed_options(options: dict[str, str]) -> Feed:
+    """``lo``, ``hi`` (JSON: ``'"user:"'`` is a string key, ``10`` a number), ``since``
+    (``now``, the default; ``earliest``; or a position) and ``max_changes_per_batch`` of
+    a change stream."""
     bounds = []
     for name in ("lo", "hi"):
         text = options.get(name)
@@ -55,7 +70,10 @@ def feed_options(options: dict[str, str]) -> tuple[Any, Any, str]:
     since = options.get("since", "now")
     if since not in ("now", "earliest") and not (since.isdigit() and len(since) < 19):
         raise BadRows(f"option 'since' is now, earliest or a position, not {since!r:.80}")
-    return bounds[0], bounds[1], since
+    limit = options.get("max_changes_per_batch")
+    if limit is not None and not (limit.isdigit() and 0 < int(limit) < 10**9):
+        raise BadRows(f"option 'max_changes_per_batch' is a count (1 or more), not {limit!r:.40}")
+    return Feed(bounds[0], bounds[1], since, None if limit is None else int(limit))
 
 
 def check_schema(schema: StructType) -> None:
@@ -92,11 +110,11 @@ class ChangeStream(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type
     ``availableNow`` needs :meth:`prepareForTriggerAvailableNow`: without it PySpark 4.3
     ran a restarted query's pending batch and stopped, short of the writes after it."""
 
-    def __init__(self, opts: Any, schema: StructType, feed: tuple[Any, Any, str]) -> None:
+    def __init__(self, opts: Any, schema: StructType, feed: Feed) -> None:
         check_schema(schema)
         self.opts = opts
         self.schema = schema
-        self.lo, self.hi, self.since = feed
+        self.lo, self.hi, self.since, self.max_changes = feed
         self._open: contextlib.ExitStack | None = None
         self._target: int | None = None
         """``availableNow``'s last position: the query stops there."""
@@ -140,9 +158,39 @@ class ChangeStream(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type
         position = self._position()
         if self._target is not None:
             position = min(position, self._target)
-        if start is not None:
-            position = max(position, int(start["position"]))
-        return {"position": position}
+        if start is None:
+            return {"position": position}
+        at = int(start["position"])
+        if isinstance(limit, ReadMaxRows) and at < position:
+            loop, rb = self._rb()
+            position = loop.run(self._limited(rb, at, position, limit.max_rows), None)
+        return {"position": max(position, at)}
+
+    def getDefaultReadLimit(self) -> Any:
+        if self.max_changes is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.max_changes)
+
+    async def _limited(self, rb: Any, at: int, latest: int, most: int) -> int:
+        """Where a batch from ``at`` ends if it takes at most ``most`` changes: after the
+        last whole write that fits (a write larger than ``most`` alone is taken whole:
+        a position is never split).  The driver reads the changes to count them, and
+        the task reads them again."""
+        count, last = 0, at
+        while at < latest:
+            try:
+                page = await rb.changes(at, self.lo, self.hi)
+            except Compacted as e:
+                raise compacted_error(e, at) from None
+            for event in page.events:
+                n = len(event.changes)
+                if event.position > latest or (count and count + n > most):
+                    return last
+                count, last = count + n, event.position
+                if count >= most:
+                    return last
+            at = page.position
+        return latest
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._position()

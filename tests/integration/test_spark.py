@@ -352,6 +352,53 @@ def test_a_change_stream_lands_every_acknowledged_write_once_across_a_failed_tas
     }
 
 
+def test_a_change_stream_takes_at_most_its_limit_of_changes_a_batch(
+    spark: SparkSession, kv_cluster: Path, tmp_path: Path
+) -> None:
+    """``max_changes_per_batch``: every micro-batch takes at most that many changes, a
+    multi-key write whole (its position is never split), and together they are every
+    write once, in position order."""
+
+    async def writes() -> int:
+        rb = await client(kv_cluster)
+        try:
+            start = (await rb.changes(None)).position
+            for i in range(0, 300, 10):
+                await asyncio.gather(*(rb.put(f"h:{j:03d}", j) for j in range(i, i + 9)))
+                await rb.put_many({f"h:m{i}": i + 9, f"h:n{i}": i + 9})
+            return int(start)
+        finally:
+            await rb.close()
+
+    start = asyncio.run(writes())
+    batches: list[list[tuple[int, str]]] = []
+    q = (
+        spark.readStream.format("rubberband")
+        .schema("position long, key string")
+        .option("state_dir", str(kv_cluster))
+        .option("lo", '"h:"')
+        .option("hi", '"h;"')
+        .option("since", str(start))
+        .option("max_changes_per_batch", "25")
+        .load()
+        .writeStream.foreachBatch(
+            lambda df, _id: batches.append(sorted((r.position, r.key) for r in df.collect()))
+        )
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(240)
+    assert q.exception() is None, q.exception()
+    sizes = [len(b) for b in batches if b]
+    assert len(sizes) >= 12 and max(sizes) <= 25, sizes
+    rows = [r for b in batches for r in b]
+    assert rows == sorted(rows) and len(rows) == len(set(rows)) == 330
+    for i in range(0, 300, 10):  # the two keys of one write in one batch
+        (together,) = [b for b in batches if (f"h:m{i}" in {k for _, k in b})]
+        assert f"h:n{i}" in {k for _, k in together}
+
+
 def test_a_batch_write_reads_back_as_a_sequential_read_returns_it(
     spark: SparkSession, scan_cluster: Path
 ) -> None:

@@ -39,17 +39,19 @@ def test_sessions_default_to_names_the_jobs_credential_covers() -> None:
 def test_a_change_streams_options_and_columns_are_checked_with_a_clear_error() -> None:
     from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-    from rubberband.spark.changes import ChangeStream, check_schema, feed_options
+    from rubberband.spark.changes import ChangeStream, Feed, check_schema, feed_options
 
     def schema(*columns: tuple[str, Any]) -> StructType:
         return StructType([StructField(n, t) for n, t in columns])
 
     s, n = StringType(), LongType()
 
-    assert feed_options({}) == (None, None, "now")
-    assert feed_options({"lo": '"f:"', "hi": "10", "since": "42"}) == ("f:", 10, "42")
+    assert feed_options({}) == Feed(None, None, "now", None)
+    assert feed_options({"lo": '"f:"', "hi": "10", "since": "42"}) == ("f:", 10, "42", None)
+    assert feed_options({"max_changes_per_batch": "50"}).max_changes == 50
     for bad, said in [({"lo": "f:"}, "JSON"), ({"since": "-1"}, "since"),
-                      ({"since": "yesterday"}, "since")]:  # fmt: skip
+                      ({"since": "yesterday"}, "since"), ({"max_changes_per_batch": "0"}, "count"),
+                      ({"max_changes_per_batch": "x"}, "count")]:  # fmt: skip
         with pytest.raises(BadRows, match=said):
             feed_options(bad)
     check_schema(schema(("position", n), ("value", s)))
@@ -59,7 +61,7 @@ def test_a_change_streams_options_and_columns_are_checked_with_a_clear_error() -
             check_schema(schema(*columns))
     # The driver's client never travels to the tasks.
     opts = Options.parse({"routers": "127.0.0.1:1", "credentials": "c"})
-    reader = ChangeStream(opts, schema(("key", s)), (None, None, "now"))
+    reader = ChangeStream(opts, schema(("key", s)), Feed())
     reader._open, reader._client = object(), (object(), object())  # type: ignore[assignment]
     state = reader.__getstate__()
     assert state["_open"] is None and state["_client"] == (None, None)
