@@ -190,6 +190,16 @@ class Left:
     version: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class ViewProgress:
+    """client (a views maintainer) -> super: how far each of its views is, for the
+    console: ``(name, position, behind, staleness_s, rows)`` each (``behind``: positions
+    between the view's progress and the newest page of the base it read; ``staleness_s``:
+    seconds since the view was known to reflect every base write)."""
+
+    views: tuple[Any, ...]
+
+
 MESSAGES: tuple[type, ...] = (
     Answer,
     Answers,
@@ -207,6 +217,7 @@ MESSAGES: tuple[type, ...] = (
     Leave,
     Left,
     History,
+    ViewProgress,
 )
 """Every direct message, in the order of their wire codes (64 on)."""
 FIRST_CODE = 64

@@ -221,6 +221,14 @@ class RubberbandClient:
     def _supers(self) -> list[str]:
         return sorted(p for p in self.ecast.peers() if p.startswith("super:"))
 
+    def tell_super(self, payload: Any) -> bool:
+        """Send ``payload`` (a direct message of :mod:`rubberband.proto`) to one super
+        this client knows; False if it knows none."""
+        supers = self._supers()
+        if supers:
+            self.send(supers[0], ecast.Direct(payload))
+        return bool(supers)
+
     def _future(self, rid: int) -> asyncio.Future[Any]:
         fut = self._done[rid] = self._loop.create_future()
         return fut

@@ -21,12 +21,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from ecast import Direct, Effects, NodeId
-from rubberband.config import STORAGE, RubberbandConfig
+from rubberband.config import CLIENT, STORAGE, RubberbandConfig
 from rubberband.errors import Refused
 from rubberband.keys import EKey, decode_key, describe, difference, encode_key
 from rubberband.optimizer import Plan, optimize
 from rubberband.placement import BadReconfiguration, Keyspace
-from rubberband.proto import Describe, Described, H, Leave, Ping, Pong, keyspace_header
+from rubberband.proto import (
+    Describe,
+    Described,
+    H,
+    Leave,
+    Ping,
+    Pong,
+    ViewProgress,
+    keyspace_header,
+)
 from rubberband.supervision import Reconfigurations, Watch
 
 
@@ -64,6 +73,7 @@ class SuperCore:
         self.config: RubberbandConfig | None = None
         self.watch = Watch(self, heartbeat, suspect_after)
         self.reconfigurations = Reconfigurations(self, auto_repair, repair_after)
+        self.views = ViewReports()
 
     # ------------------------------------------------------------------ inputs
     def on_deliveries(self, deliveries: Any, now: float) -> Effects:
@@ -97,6 +107,8 @@ class SuperCore:
                 fx.send.append((src, Direct(answer)))
         elif t is Leave and src.startswith(STORAGE):
             self.reconfigurations.leave(src, msg.request, msg.replace_with, now, fx)
+        elif t is ViewProgress and src.startswith(CLIENT):
+            self.views.report(src, msg.views, now)
         return fx
 
     def on_acked(self, token: Any, delivered: bool, now: float) -> Effects:
@@ -290,6 +302,7 @@ class SuperCore:
                 | {"age_s": round(now - f["at"], 1)}
                 for p, f in sorted(self.watch.loads.items())
             }
+            out["views"] = self.views.status(now)
         return out
 
     def _status(self, c: RubberbandConfig) -> dict[str, Any]:
@@ -315,6 +328,61 @@ class SuperCore:
             "coordinator": c.coordinator(),
             "clients": len(c.clients()),
         }
+
+
+REPORTERS = 64
+"""Maintainers whose view reports a super keeps (the newest)."""
+REPORTED_VIEWS = 256
+"""Views one report may name; a longer report is refused whole."""
+REPORT_AGE = 60.0
+"""Seconds a maintainer's report is shown after it came."""
+
+
+class ViewReports:
+    """What views maintainers say of their views (:class:`ViewProgress`), for the
+    console and ``/status``: each report labelled with its sender's proven name, bounded
+    in size and number, and checked field by field (a malformed report is dropped)."""
+
+    def __init__(self) -> None:
+        self._by: dict[NodeId, tuple[float, list[dict[str, Any]]]] = {}
+        self.refused = 0
+
+    def report(self, src: NodeId, views: Any, now: float) -> None:
+        rows = _view_rows(views)
+        if rows is None:
+            self.refused += 1
+            return
+        self._by.pop(src, None)
+        self._by[src] = (now, rows)
+        while len(self._by) > REPORTERS:
+            del self._by[next(iter(self._by))]
+
+    def status(self, now: float) -> list[dict[str, Any]]:
+        out = []
+        for src, (at, rows) in sorted(self._by.items()):
+            if now - at <= REPORT_AGE:
+                age = round(now - at, 1)
+                out += [{**r, "maintainer": src, "age_s": age} for r in rows]
+        return sorted(out, key=lambda r: (r["name"], r["maintainer"]))
+
+
+def _view_rows(views: Any) -> list[dict[str, Any]] | None:
+    if type(views) not in (tuple, list) or len(views) > REPORTED_VIEWS:
+        return None
+    rows = []
+    for v in views:
+        if type(v) not in (tuple, list) or len(v) != 5:
+            return None
+        name, position, behind, stale, count = v
+        if type(name) is not str or not 0 < len(name) <= 64 or not name.isprintable():
+            return None
+        if any(type(x) is not int for x in (position, behind, count)):
+            return None
+        if type(stale) not in (int, float) or not 0 <= stale < 1e9:
+            return None
+        rows.append({"name": name, "position": position, "behind": behind,
+                     "staleness_s": round(float(stale), 3), "rows": count})  # fmt: skip
+    return rows
 
 
 def _ekey(key: Any) -> EKey:

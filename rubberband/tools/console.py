@@ -10,9 +10,11 @@ picture (one arc per primary segment in ring order, red when suspected, outlined
 it receives ranges) and as a table (id, partition, state, load, size), the last hour of
 throughput and heartbeat round trips (kept by the super, so the charts are full on
 loading), and the history of reconfigurations, repairs, suspicions and keyspace
-versions.  Its form submits ``expand``, ``contract``, ``replace`` and ``rebalance`` to
-``/reconfigure``: a dry run shows the plan, a run asks for confirmation first, and both
-print the plan as text.  The token stays in the browser tab's session storage.
+versions; each materialized view's progress, positions behind and staleness in
+seconds, as its maintainer reports it every second.  Its form submits ``expand``,
+``contract``, ``replace`` and ``rebalance`` to ``/reconfigure``: a dry run shows the
+plan, a run asks for confirmation first, and both print the plan as text.  The token
+stays in the browser tab's session storage.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ PAGE = """<!doctype html>
 <table id="ring"><thead><tr><th>#</th><th>process</th><th>id</th><th>partition</th>
 <th>state</th><th>ops/s</th><th>items</th><th>bytes</th><th>queued</th><th>rtt ms</th>
 <th>clients</th></tr></thead><tbody></tbody></table>
+<h2>Views (as their maintainers report them)</h2>
+<table id="views"><thead><tr><th>view</th><th>maintainer</th><th>position</th>
+<th>behind (positions)</th><th>staleness s</th><th>rows</th><th>report age s</th>
+</tr></thead><tbody></tbody></table><div id="no-views"></div>
 <h2>Load, the last hour (kept by the super)</h2>
 <div class="row">
  <div>operations applied per second (the ring's storage processes): <b id="ops-now"></b><br>
@@ -228,6 +234,16 @@ async function refresh() {
     cell(r, l.ops_per_s, "num"); cell(r, l.items, "num"); cell(r, l.bytes, "num");
     cell(r, l.queued, "num"); cell(r, l.rtt_ms, "num"); cell(r, l.clients, "num");
   });
+  const vbody = document.querySelector("#views tbody"); vbody.innerHTML = "";
+  for (const v of st.views || []) {
+    const r = vbody.insertRow(); r.dataset.name = v.name;
+    cell(r, v.name); cell(r, v.maintainer); cell(r, v.position, "num");
+    cell(r, v.behind, "num"); cell(r, v.staleness_s.toFixed(3), "num " + (
+      v.staleness_s > 5 ? "bad" : v.staleness_s > 1 ? "warn" : "good"));
+    cell(r, v.rows, "num"); cell(r, v.age_s, "num");
+  }
+  document.getElementById("no-views").textContent = (st.views || []).length ? "" :
+    "no maintainer has reported (rubberband views maintain reports every second)";
   document.getElementById("standby").textContent = st.standby.join(", ") || "none";
   const now = samples.length ? samples[samples.length - 1] : null;
   document.getElementById("ops-now").textContent = now ? now[1].toFixed(0) : "";

@@ -200,6 +200,7 @@ async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
                 figures[name] = group.figures[name]
                 maintained.add(name)
                 logging.getLogger("rubberband.views").info("maintaining view %s", name)
+        _report(rb, figures, time.monotonic())
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
     for _group, halt, _task in running.values():
@@ -208,6 +209,19 @@ async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
     if server is not None:
         await server.cleanup()
     return {"maintained": sorted(maintained), "seconds": round(time.monotonic() - started, 1)}
+
+
+def _report(rb: Any, figures: dict[str, Any], now: float) -> None:
+    """Each view's progress to a super, for its console (:class:`ViewProgress`)."""
+    from rubberband.proto import ViewProgress
+
+    views = tuple(
+        (name, f.position, max(0, f.seen - f.position), round(now - f.fresh_as_of, 3), f.rows)
+        for name, f in sorted(figures.items())
+        if f.position >= 0 and f.fresh_as_of
+    )
+    if views:
+        rb.tell_super(ViewProgress(views[:256]))
 
 
 async def _serve_metrics(where: str, figures: dict[str, Any]) -> Any:

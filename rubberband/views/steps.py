@@ -78,6 +78,9 @@ class Figures:
     fresh_as_of: float = 0.0
     """When the pages that progress reflects were asked for: the view then was behind
     the base by at most the time since."""
+    seen: int = -1
+    """The newest position of the base the maintainer has read (its last page's): how
+    far the view is behind, in positions, is ``seen - position``."""
 
 
 class Group:
@@ -228,6 +231,8 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
                     _publish(group, [(None, _progress(members[n], writes_asked))], now)
                 page, now = yield read
             writes, writes_asked = {}, asked
+            for figures in group.figures.values():
+                figures.seen = max(figures.seen, page.position)
             for name, m in members.items():
                 if m.view.over is None:
                     events = [e for e in page.events if e.position > m.since[side]]

@@ -12,6 +12,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -208,6 +210,33 @@ def test_the_console_shows_every_process_the_ring_its_history_and_runs_an_expand
         )
     finally:
         writer.join()
+
+    # A materialized view's progress and staleness, as its maintainer reports them.
+    async def define() -> None:
+        rb = await rubberband.connect(
+            st["routers"], "client:console-views", credentials=st["client_credentials"]
+        )
+        try:
+            await rb.create_view("totals", (0, 1_000_000), "aggregate",
+                                 aggregates={"n": ["count", None]})  # fmt: skip
+        finally:
+            await rb.close()
+
+    asyncio.run(define())
+    maintainer = subprocess.Popen(
+        [sys.executable, "-m", "rubberband.tools.cli", "views", "maintain", "--state-dir",
+         str(cluster)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        row = until("the view", lambda: browser.execute_script(
+            "const r = document.querySelector('#views tr[data-name=totals]');"
+            "return r && [...r.cells].map(c => c.textContent)"), timeout=30)  # fmt: skip
+        _name, who, position, behind, stale, rows, age = row
+        assert who.startswith("client:") and int(position) > 0 and int(behind) >= 0
+        assert 0 <= float(stale) < 30 and int(rows) == 1 and float(age) < 5, row
+    finally:
+        maintainer.kill()
+        maintainer.wait()
 
     # Events polled live (each poll asks for what came after the last sample) show once.
     live = browser.execute_script(
