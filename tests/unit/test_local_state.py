@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ecast import local
@@ -39,3 +40,21 @@ def test_free_ports_are_never_handed_out_twice_while_claimed() -> None:
         capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
     assert int(other.stdout) not in ports
+
+
+def test_a_processes_kernel_state_says_what_it_waits_on() -> None:
+    """What a SIGKILLed process that is slow to go is doing: its state and wait channel
+    (and nothing but a clear note for a process that is gone)."""
+    from ecast.tools.local import kernel_state
+
+    child = subprocess.Popen(SLEEP)
+    try:
+        for _ in range(100):
+            if "stat='S'" in kernel_state(child.pid):
+                break
+            time.sleep(0.02)
+        assert "stat='S'" in kernel_state(child.pid) and "wchan=" in kernel_state(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert "FileNotFoundError" in kernel_state(child.pid)
