@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -177,19 +177,13 @@ class ChangeStream(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type
         a position is never split).  The driver reads the changes to count them, and
         the task reads them again."""
         count, last = 0, at
-        while at < latest:
-            try:
-                page = await rb.changes(at, self.lo, self.hi)
-            except Compacted as e:
-                raise compacted_error(e, at) from None
-            for event in page.events:
-                n = len(event.changes)
-                if event.position > latest or (count and count + n > most):
-                    return last
-                count, last = count + n, event.position
-                if count >= most:
-                    return last
-            at = page.position
+        async for event in self._events(rb, at, latest):
+            n = len(event.changes)
+            if count and count + n > most:
+                return last
+            count, last = count + n, event.position
+            if count >= most:
+                return last
         return latest
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -222,7 +216,14 @@ class ChangeStream(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type
     async def _between(self, rb: Any, start: int, end: int) -> list[tuple[Any, ...]]:
         """Every change at a position in ``(start, end]``, in position order (a
         multi-key write's keys in key order): the same rows on every attempt."""
-        rows: list[tuple[Any, ...]] = []
+        return [
+            (event.position, *change)
+            async for event in self._events(rb, start, end)
+            for change in event.changes
+        ]
+
+    async def _events(self, rb: Any, start: int, end: int) -> AsyncIterator[Any]:
+        """The feed's events at positions in ``(start, end]``, page after page."""
         at = start
         while at < end:
             try:
@@ -231,7 +232,6 @@ class ChangeStream(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type
                 raise compacted_error(e, at) from None
             for event in page.events:
                 if event.position > end:
-                    break
-                rows.extend((event.position, *change) for change in event.changes)
+                    return
+                yield event
             at = page.position
-        return rows

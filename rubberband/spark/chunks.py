@@ -48,6 +48,12 @@ class BadRows(ValueError):
     """Rows (or options) that cannot become Rubberband operations; the task fails with it."""
 
 
+def option_map(options: Any) -> dict[str, str]:
+    """A data source's options as Spark gives them, names in lower case (Spark's option
+    names are case-insensitive)."""
+    return {str(k).lower(): str(v) for k, v in dict(options).items()}
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     """Where rows go: a scan-engine ``table`` (rows are its columns, ``key`` the table's

@@ -37,7 +37,15 @@ from pyspark.sql.types import DateType, StringType, StructType
 import ecast
 import rubberband
 from rubberband.spark.changes import ChangeStream, feed_options
-from rubberband.spark.chunks import BadRows, Chunker, Columns, Target, plain, remainder_messages
+from rubberband.spark.chunks import (
+    BadRows,
+    Chunker,
+    Columns,
+    Target,
+    option_map,
+    plain,
+    remainder_messages,
+)
 
 T = TypeVar("T")
 SCAN_OPS = "storage_adapters.scan:ScanOps"
@@ -74,7 +82,7 @@ class Options:
 
     @classmethod
     def parse(cls, options: Any) -> Options:
-        o = {str(k).lower(): str(v) for k, v in dict(options).items()}
+        o = option_map(options)
         routers = tuple(r.strip() for r in o.get("routers", "").split(",") if r.strip())
         credentials = o.get("credentials")
         state_dir = o.get("state_dir")
@@ -473,8 +481,7 @@ class RubberbandDataSource(DataSource):  # type: ignore[misc]
                 "a stream reads a key-value range's change feed; the scan engine's tables "
                 "keep no change feed yet (read a table with spark.read)"
             )
-        o = {str(k).lower(): str(v) for k, v in dict(self.options).items()}
-        return ChangeStream(opts, schema, feed_options(o))
+        return ChangeStream(opts, schema, feed_options(option_map(self.options)))
 
 
 def register(spark: Any) -> None:
