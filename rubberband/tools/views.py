@@ -214,6 +214,7 @@ async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
 def _report(rb: Any, figures: dict[str, Any], now: float) -> None:
     """Each view's progress to a super, for its console (:class:`ViewProgress`)."""
     from rubberband.proto import ViewProgress
+    from rubberband.super import REPORTED_VIEWS
 
     views = tuple(
         (name, f.position, max(0, f.seen - f.position), round(now - f.fresh_as_of, 3), f.rows)
@@ -221,7 +222,7 @@ def _report(rb: Any, figures: dict[str, Any], now: float) -> None:
         if f.position >= 0 and f.fresh_as_of
     )
     if views:
-        rb.tell_super(ViewProgress(views[:256]))
+        rb.tell_super(ViewProgress(views[:REPORTED_VIEWS]))
 
 
 async def _serve_metrics(where: str, figures: dict[str, Any]) -> Any:

@@ -223,12 +223,8 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
                 _publish(group, held, now)
                 held = [(writes[n][-1], _progress(members[n], writes_asked)) for n in made]
             else:
-                now = yield from _write([op for op, _ in held], now)
-                _publish(group, held, now)
+                now = yield from _write_through(group, members, held, writes, writes_asked, now)
                 held = []
-                for n in made:
-                    now = yield from _write(writes[n], now)
-                    _publish(group, [(None, _progress(members[n], writes_asked))], now)
                 page, now = yield read
             writes, writes_asked = {}, asked
             for figures in group.figures.values():
@@ -240,15 +236,25 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
             _over(members, writes, now)
             idle = idle and not page.events
         if idle:
-            now = yield from _write([op for op, _ in held], now)
-            _publish(group, held, now)
-            held = []
-            for name, w in writes.items():
-                if w:
-                    now = yield from _write(w, now)
-                    _publish(group, [(None, _progress(members[name], asked))], now)
-            writes = {}
+            now = yield from _write_through(group, members, held, writes, writes_asked, now)
+            held, writes = [], {}
             _, now = yield Sleep(poll)
+
+
+def _write_through(
+    group: Group, members: dict[str, Maintainer], held: list[tuple[Any, Progress]],
+    writes: dict[str, list[Any]], asked: float, now: float,
+) -> Steps:  # fmt: skip
+    """The progress held back (its rows are stable), then each view's rows and its
+    progress, view after view, each published once made: when a page's writes do not
+    fit the next read's round trip, and before the loop idles."""
+    now = yield from _write([op for op, _ in held], now)
+    _publish(group, held, now)
+    for name, w in writes.items():
+        if w:
+            now = yield from _write(w, now)
+            _publish(group, [(None, _progress(members[name], asked))], now)
+    return now
 
 
 class Progress(NamedTuple):
