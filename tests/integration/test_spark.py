@@ -257,6 +257,23 @@ def test_a_stopped_query_resumes_from_its_checkpoint_and_a_replay_writes_nothing
     assert_exactly_once(lists(kv_cluster), "b:", range(12000))
 
 
+def changes(
+    spark: SparkSession, cluster: Path, prefix: str, since: int,
+    schema: str = "position long, key string, kind string, value string",
+) -> Any:  # fmt: skip
+    """A change stream of the keys starting with ``prefix`` (the bound above them: its
+    last character one up), from position ``since``."""
+    hi = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    return (
+        spark.readStream.format("rubberband")
+        .schema(schema)
+        .option("state_dir", str(cluster))
+        .option("lo", json.dumps(prefix))
+        .option("hi", json.dumps(hi))
+        .option("since", str(since))
+    )
+
+
 def test_a_change_stream_lands_every_acknowledged_write_once_across_a_failed_task_and_a_restart(
     spark: SparkSession, kv_cluster: Path, tmp_path: Path
 ) -> None:
@@ -291,15 +308,7 @@ def test_a_change_stream_lands_every_acknowledged_write_once_across_a_failed_tas
         return v
 
     def query(since: int, **trigger: Any) -> Any:
-        df = (
-            spark.readStream.format("rubberband")
-            .schema("position long, key string, kind string, value string")
-            .option("state_dir", str(kv_cluster))
-            .option("lo", '"f:"')
-            .option("hi", '"f;"')
-            .option("since", str(since))
-            .load()
-        )
+        df = changes(spark, kv_cluster, "f:", since).load()
         value = F.udf(fail_once, StringType())(F.col("value")).alias("value")
         return (
             df.select("position", "key", "kind", value)
@@ -373,12 +382,7 @@ def test_a_change_stream_takes_at_most_its_limit_of_changes_a_batch(
     start = asyncio.run(writes())
     batches: list[list[tuple[int, str]]] = []
     q = (
-        spark.readStream.format("rubberband")
-        .schema("position long, key string")
-        .option("state_dir", str(kv_cluster))
-        .option("lo", '"h:"')
-        .option("hi", '"h;"')
-        .option("since", str(start))
+        changes(spark, kv_cluster, "h:", start, "position long, key string")
         .option("max_changes_per_batch", "25")
         .load()
         .writeStream.foreachBatch(

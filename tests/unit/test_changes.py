@@ -23,6 +23,17 @@ def page(rig: Rig, since: int | None, lo: Any = None, hi: Any = None) -> Page:
     return done.result  # type: ignore[no-any-return]
 
 
+def logged(segments: int, **log: Any) -> tuple[Model, Rig, int]:
+    """A ring of ``segments`` whose storage processes keep ``ChangeLog(**log)``, its
+    client rig, and the position a feed from now starts at."""
+    m = Model(f=3).ring_of(segments)
+    rig = Rig(m)
+    start = page(rig, None).position
+    for core in m.storage.values():
+        core.changes = ChangeLog(**log)
+    return m, rig, start
+
+
 def test_a_feed_is_every_write_once_in_order_one_event_per_write() -> None:
     """A multi-key write over several segments is one event at its one position; pages
     chain without gap or duplicate; a delete of a key that holds nothing changes
@@ -76,11 +87,7 @@ def test_every_replica_of_a_segment_keeps_the_same_changes_at_the_same_positions
 
 
 def test_a_feed_read_from_before_what_is_kept_raises_compacted_naming_where_to_go_on() -> None:
-    m = Model(f=3).ring_of(3)
-    rig = Rig(m)
-    start = page(rig, None).position
-    for core in m.storage.values():
-        core.changes = ChangeLog(max_changes=3)
+    m, rig, start = logged(3, max_changes=3)
     for i in range(6):
         m.write(("put", ((i, i),)))
     m.settle()
@@ -100,11 +107,7 @@ def test_a_long_feed_comes_in_pages_each_ending_where_a_holder_cut_its_answer() 
     """Each holder answers at most ``page`` key changes, ending its answer where it cut:
     pages end at the earliest cut, whole positions only (a multi-key write is never
     split), and chained they are the feed one unlimited read gives."""
-    m = Model(f=3).ring_of(4)
-    rig = Rig(m)
-    start = page(rig, None).position
-    for core in m.storage.values():
-        core.changes = ChangeLog(page=3)
+    m, rig, start = logged(4, page=3)
     for i in range(40):
         m.write(("put", ((i * 7 % 400, i), ((i * 7 + 200) % 400, -i))))
     m.settle()
