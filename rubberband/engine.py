@@ -67,6 +67,8 @@ from rubberband.keys import (
     encode_key,
     intersect,
     normalize,
+    sort_bound,
+    sort_key,
     stable_hash32,
     union,
 )
@@ -98,6 +100,8 @@ __all__ = [
     "merge",
     "normalize",
     "rejection",
+    "sort_bound",
+    "sort_key",
     "union",
 ]
 

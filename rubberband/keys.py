@@ -105,12 +105,83 @@ def encode_key(key: Key, _depth: int = 0) -> EKey:
     if t is tuple:
         if _depth >= MAX_TUPLE_DEPTH:
             raise BadKey(f"tuple keys nest at most {MAX_TUPLE_DEPTH} deep")
-        return (5, tuple(encode_key(k, _depth + 1) for k in key))
+        return (5, tuple([encode_key(k, _depth + 1) for k in key]))
     if key is MIN or key is MAX:
         return key._e  # type: ignore[no-any-return]
     raise BadKey(
         f"{t.__name__} is not a key type (use None, bool, int, float, str, bytes or tuples)"
     )
+
+
+# ------------------------------------------------------------------ flat sort forms
+END = -2
+"""Ends a tuple in a flat sort form: below every rank, so a tuple sorts before the
+tuples it is a prefix of."""
+
+
+def sort_key(key: Key) -> EKey:
+    """A flat sort form of ``key``: ordered as :func:`encode_key`'s, equal where it is
+    equal, checked alike (raises :class:`BadKey`), but one tuple of scalars, a tuple key
+    spelled out as its rank, its elements' flat forms and :data:`END`.
+
+    An ordered map of keys compares them on every insert: nested tuples compare level by
+    level, and a key like ``("~view", name, (group, key))`` (a view row) cost a
+    microsecond per comparison where its flat form costs a tenth of that, and is built
+    several times faster.  Scalars' encoded forms are flat already and are their own
+    sort form: ``sort_key(5) == encode_key(5)``."""
+    t = type(key)
+    if t is int:
+        if not MIN_INT <= key <= MAX_INT:
+            raise BadKey(f"integer key {key} outside the 64-bit range msgpack carries")
+        return (2, key)
+    if t is str:
+        return (3, key)
+    if t is tuple:
+        out: list[Any] = [5]
+        _spell(key, out, 0)
+        return tuple(out)
+    return encode_key(key)
+
+
+def _spell(key: tuple[Any, ...], out: list[Any], depth: int) -> None:
+    if depth >= MAX_TUPLE_DEPTH:
+        raise BadKey(f"tuple keys nest at most {MAX_TUPLE_DEPTH} deep")
+    for k in key:
+        t = type(k)
+        if t is int:
+            if not MIN_INT <= k <= MAX_INT:
+                raise BadKey(f"integer key {k} outside the 64-bit range msgpack carries")
+            out += (2, k)
+        elif t is str:
+            out += (3, k)
+        elif t is tuple:
+            out.append(5)
+            _spell(k, out, depth + 1)
+        else:
+            out += encode_key(k)
+    out.append(END)
+
+
+def sort_bound(ekey: EKey) -> EKey:
+    """The flat sort form of an encoded key or of a bound ``after(k)`` (a range's end):
+    ``sort_bound(encode_key(k)) == sort_key(k)``, and bounds compare with sort forms as
+    they compare with encoded keys."""
+    if ekey[0] != 5 or len(ekey) < 2:
+        return ekey  # a scalar's form (or its after) is flat already
+    out: list[Any] = [5]
+    _flatten(ekey[1], out)
+    out += ekey[2:]
+    return tuple(out)
+
+
+def _flatten(elements: tuple[EKey, ...], out: list[Any]) -> None:
+    for e in elements:
+        if e[0] == 5:
+            out.append(5)
+            _flatten(e[1], out)
+        else:
+            out += e
+    out.append(END)
 
 
 def decode_key(ekey: EKey) -> Key:

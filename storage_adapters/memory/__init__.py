@@ -1,9 +1,11 @@
 """An in-memory, ordered key-value engine: the engine behind Rubberband's key-value SDK.
 
 Values are anything msgpack carries; a key is any Rubberband key.  Items are kept in a
-sorted map by *placement* (the encoded key under range partitioning, its 32-bit hash
-under hash partitioning, dissertation 5.3) and then by encoded key, so a range of
-placement space is one slice of the map whatever the partitioning.
+sorted map by *placement* (the key under range partitioning, its 32-bit hash under hash
+partitioning, dissertation 5.3) and then by key, so a range of placement space is one
+slice of the map whatever the partitioning.  The map's keys are flat sort forms
+(:func:`rubberband.keys.sort_key`), not nested encoded keys: every insert compares a new
+key with a dozen others, and a view row's nested key made that most of a write's cost.
 
 Operations (tuples, as they travel in payloads):
 
@@ -58,6 +60,8 @@ from rubberband.engine import (
     merge,
     normalize,
     rejection,
+    sort_bound,
+    sort_key,
 )
 
 WRITES = frozenset({"put", "append", "add", "delete", "delete_range", "version"})
@@ -236,16 +240,35 @@ class MemoryEngine(ReportsChanges):
         self._data: SortedDict = SortedDict()
         self.counts = {"writes": 0, "reads": 0, "rejected": 0}
 
+    @property
+    def placement(self) -> Placement:
+        return self._placement
+
+    @placement.setter
+    def placement(self, placement: Placement) -> None:
+        """Set by a storage process joining a cluster (its partitioning), before data."""
+        self._placement = placement
+        self._ordered = placement.ordered
+
     # ------------------------------------------------------------------ helpers
-    def _slot(self, key: Any) -> tuple[EKey, EKey]:
-        e = encode_key(key)
-        return (self.placement.ekey(key), e)
+    def _slot(self, key: Any) -> EKey:
+        """Where ``key`` sorts in the map: its flat sort form, after its hash bucket under
+        hash partitioning, so a slot compares with :meth:`_flat` ranges as its placement
+        does: ``(2, h, -1, ...)`` lies in ``[(2, h), (2, h, 0))``, a bucket's point range."""
+        if self._ordered:
+            return sort_key(key)
+        return (*self.placement.ekey(key), -1, *sort_key(key))
+
+    @staticmethod
+    def _flat(ranges: RangeSet) -> RangeSet:
+        return tuple([(sort_bound(lo), sort_bound(hi)) for lo, hi in ranges])
 
     def _range_items(self, ranges: RangeSet) -> list[tuple[Any, Any]]:
+        """Every ``(slot, item)`` in ``ranges`` (flat, see :meth:`_flat`), in order."""
         out = []
         data = self._data
         for lo, hi in ranges:
-            for slot in data.irange((lo,), (hi,), inclusive=(True, False)):
+            for slot in data.irange(lo, hi, inclusive=(True, False)):
                 out.append((slot, data[slot]))
         return out
 
@@ -254,6 +277,7 @@ class MemoryEngine(ReportsChanges):
         return [self._one(op, ranges) for op, ranges in batch]
 
     def _one(self, op: Any, ranges: RangeSet) -> Any:
+        ranges = self._flat(ranges)
         try:
             name = op[0] if type(op) in (tuple, list) and op else None
             if name not in WRITES and name not in READS:
@@ -270,7 +294,7 @@ class MemoryEngine(ReportsChanges):
     def _put(self, op: Any, ranges: RangeSet) -> None:
         for key, value in op[1]:
             slot = self._slot(key)
-            if inside(ranges, slot[0]):
+            if inside(ranges, slot):
                 self._data[slot] = (key, value)
                 if self._changes is not None:
                     self._changes.append((key, "put", value))
@@ -279,7 +303,7 @@ class MemoryEngine(ReportsChanges):
         mine = []
         for key, value in op[1]:
             slot = self._slot(key)
-            if inside(ranges, slot[0]):
+            if inside(ranges, slot):
                 old = self._data.get(slot)
                 if old is not None and type(old[1]) not in (list, tuple):
                     raise BadOperation(f"append to {key!r}, which holds a {type(old[1]).__name__}")
@@ -294,7 +318,7 @@ class MemoryEngine(ReportsChanges):
         mine = []
         for key, delta in deltas(op[1]):
             slot = self._slot(key)
-            if inside(ranges, slot[0]):
+            if inside(ranges, slot):
                 old = self._data.get(slot)
                 if old is not None and type(old[1]) is not int:
                     raise BadOperation(f"add to {key!r}, which holds a {type(old[1]).__name__}")
@@ -310,7 +334,7 @@ class MemoryEngine(ReportsChanges):
         entries: dict[tuple[EKey, EKey], tuple[Any, list[Any]]] = {}
         for key, entry in pairs:
             slot = self._slot(key)
-            if inside(ranges, slot[0]):
+            if inside(ranges, slot):
                 entries.setdefault(slot, (key, []))[1].append(entry)
         new = {}
         for slot, (key, mine) in entries.items():  # all checked first: the operation is atomic
@@ -323,7 +347,7 @@ class MemoryEngine(ReportsChanges):
     def _delete(self, op: Any, ranges: RangeSet) -> None:
         for key in op[1]:
             slot = self._slot(key)
-            gone = inside(ranges, slot[0]) and self._data.pop(slot, None) is not None
+            gone = inside(ranges, slot) and self._data.pop(slot, None) is not None
             if gone and self._changes is not None:
                 self._changes.append((key, "delete", None))
 
@@ -337,7 +361,7 @@ class MemoryEngine(ReportsChanges):
         out = {}
         for key in op[1]:
             slot = self._slot(key)
-            if inside(ranges, slot[0]):
+            if inside(ranges, slot):
                 item = self._data.get(slot)
                 if item is not None:
                     out[key] = item[1]
@@ -347,7 +371,7 @@ class MemoryEngine(ReportsChanges):
         if len(op) > 3 and self.placement.ordered:  # the first ``limit`` keys, in order
             data, limit, out = self._data, op[3], []
             for lo, hi in ranges:
-                for slot in data.irange((lo,), (hi,), inclusive=(True, False)):
+                for slot in data.irange(lo, hi, inclusive=(True, False)):
                     if len(out) == limit:
                         return out
                     out.append(data[slot])
@@ -356,7 +380,7 @@ class MemoryEngine(ReportsChanges):
         return items if self.placement.ordered else within_bounds(op, items)
 
     def open_send(self, ranges: RangeSet) -> _Cursor:
-        return _Cursor([(slot, item) for slot, item in self._range_items(ranges)])
+        return _Cursor(self._range_items(self._flat(ranges)))
 
     def receive(self, chunk: Any, ranges: RangeSet) -> None:
         items = {}
@@ -367,13 +391,14 @@ class MemoryEngine(ReportsChanges):
                 items[slot] = (key, value)
         except (TypeError, ValueError) as e:
             raise BadOperation(f"a malformed chunk ({e})") from None
+        ranges = self._flat(ranges)
         for slot in items:
-            if not inside(ranges, slot[0]):
+            if not inside(ranges, slot):
                 raise BadOperation(f"a chunk holds key {items[slot][0]!r:.40} outside the copy")
         self._data.update(items)
 
     def delete(self, ranges: RangeSet) -> None:
-        for slot, _ in self._range_items(ranges):
+        for slot, _ in self._range_items(self._flat(ranges)):
             del self._data[slot]
 
     def stats(self) -> dict[str, int | float]:

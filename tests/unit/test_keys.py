@@ -98,6 +98,48 @@ def test_nothing_lies_between_a_key_and_its_after(a, b):
     assert not (ea < eb < K.after(ea))
 
 
+key_or_infinity = st.one_of(key_values, st.sampled_from([K.MIN, K.MAX]))
+
+
+@given(key_or_infinity, key_or_infinity)
+def test_flat_sort_forms_order_and_equal_as_encoded_keys_do(a, b):
+    ea, eb = K.encode_key(a), K.encode_key(b)
+    fa, fb = K.sort_key(a), K.sort_key(b)
+    assert (fa < fb, fa == fb, fa > fb) == (ea < eb, ea == eb, ea > eb)
+    assert (hash(fa) == hash(fb)) if fa == fb else True
+    assert K.sort_bound(ea) == fa
+    # A range's end: after(a) lies just above a in both forms.
+    ta = K.sort_bound(K.after(ea))
+    assert (ta < fb, ta == fb, ta > fb) == (K.after(ea) < eb, K.after(ea) == eb, K.after(ea) > eb)
+
+
+def test_flat_sort_forms_spell_tuples_out_and_refuse_what_encoding_refuses():
+    assert K.sort_key(("~view", "v", (3, 4))) == (
+        5,
+        3,
+        "~view",
+        3,
+        "v",
+        5,
+        2,
+        3,
+        2,
+        4,
+        K.END,
+        K.END,
+    )
+    assert K.sort_key(7) == K.encode_key(7) and K.sort_key(()) == (5, K.END)
+    assert K.sort_key((1,)) < K.sort_key((1, None)) < K.sort_key((1.5,))
+    for bad in (float("nan"), (1, {1}), (2**70,), ("a", [1])):
+        with pytest.raises(K.BadKey):
+            K.sort_key(bad)
+    deep: object = 1
+    for _ in range(K.MAX_TUPLE_DEPTH + 1):
+        deep = (deep,)
+    with pytest.raises(K.BadKey, match="nest"):
+        K.sort_key(deep)
+
+
 def test_stable_hash_is_stable():
     assert K.stable_hash32("abc") == K.stable_hash32("abc")
     assert 0 <= K.stable_hash32((1, "x")) < 2**32
