@@ -268,6 +268,10 @@ def metrics_text(figures: dict[str, Any], now: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_intermixed_args(argv)
+    if args.command == "maintain":  # a daemon: its work is messages, as a router's
+        import ecast
+
+        ecast.tune_process()
     try:
         out = asyncio.run(run(args))
     except Usage as e:
