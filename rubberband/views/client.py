@@ -35,6 +35,7 @@ from rubberband.views.define import (
     prefix_bounds,
     row_key,
     rows_bounds,
+    stable_key,
     view_def,
 )
 from rubberband.views.steps import (
@@ -91,6 +92,7 @@ async def drop_view(rb: Any, name: str) -> None:
         raise BadOperation(f"views {', '.join(over)} are defined over {name!r}: drop them first")
     await rb.delete(catalog_key(name))
     await rb.delete_range(*rows_bounds(name))
+    await rb.delete(stable_key(name))
 
 
 async def list_views(rb: Any) -> list[ViewDef]:

@@ -219,7 +219,15 @@ def _range(rng: Any, what: str) -> tuple[Any, Any]:
 
 # ------------------------------------------------------------------ the keyspace
 def meta_key(name: str) -> tuple[str, str]:
+    """The view's progress that ordered reads wait for (sequential, read-your-writes,
+    snapshot): written in the same write as the rows under it."""
     return (VIEW, name)
+
+
+def stable_key(name: str) -> tuple[str, str]:
+    """The view's progress that basic (``any``) reads trust: written only once the rows
+    under it are stable.  Just past the view's rows (no view name holds a NUL)."""
+    return (VIEW, name + "\x00")
 
 
 def row_key(name: str, vkey: Any) -> tuple[str, str, Any]:

@@ -8,7 +8,8 @@ progress ``W``, the position up to which every base write is in the view, in the
 atomic write, so a reader that sees ``W >= t`` sees every row version up to ``t``: the
 view as of any position ``t <= W`` is exact (seed 000's *complete* consistency: every
 base state is reflected, in order), and a read at a position waits only until ``W``
-reaches it.
+reaches it.  Basic reads, which ask each segment's replica apart and so see no one
+position, trust a second progress, written once the rows under it are stable.
 
 Several sources (a join's two tables) are merged by position: each feed is complete up
 to its last page's position, so changes up to the smallest of those are final, and a
@@ -34,11 +35,11 @@ from ecast.core import mutations
 from rubberband.changelog import Event
 from rubberband.keys import EKey, encode_key
 from rubberband.views.compute import ABSENT, Rows, in_source
-from rubberband.views.define import ViewDef, meta_key, row_key
+from rubberband.views.define import ViewDef, meta_key, row_key, stable_key
 
 PROGRESS_WITH_ROWS = mutations.declare(
     "progress_with_rows", "views",
-    "a view's progress is written in the same message as the rows under it",
+    "a view's stable progress is written in the same message as the rows under it",
 )  # fmt: skip
 BATCH_KEYS = 500
 """Row versions per write message (a message stays small, tens of kilobytes; a batch of
@@ -166,14 +167,27 @@ class Maintainer:
             self.floor = max(self.floor, marks[0][1])
 
     def _writes(self, entries: list[tuple[Any, list[Any]]]) -> list[Any]:
-        """Version writes of ``entries``, then the progress alone: it must be made only
-        once the rows are stable, or a basic read could see it at one replica and a
-        row's replica not yet there (views under hash partitioning, the demo's)."""
+        """Version writes of ``entries``, then the progress alone (both keys): made
+        once the rows are stable, a basic read that sees it sees the rows at any
+        replica.  :meth:`in_order` makes the ordered progress sooner."""
         floor = self.floor
-        progress = (meta_key(self.view.name), [self.position, floor])
+        name, entry = self.view.name, [self.position, floor]
+        progress = ((meta_key(name), entry), (stable_key(name), entry))
         parts = [entries[i : i + BATCH_KEYS] for i in range(0, len(entries), BATCH_KEYS)]
-        if mutations.on(PROGRESS_WITH_ROWS) and parts:
-            parts[-1] = [*parts[-1], progress]
-            return [("version", tuple(part), floor) for part in parts]
         return [*(("version", tuple(part), floor) for part in parts),
-                ("version", (progress,), floor)]  # fmt: skip
+                ("version", progress, floor)]  # fmt: skip
+
+    @staticmethod
+    def in_order(writes: list[Any]) -> tuple[Any, Any]:
+        """A page's writes (one of rows at most, then the progress) as two: the rows
+        and the progress ordered reads wait for, in one write (one message, so atomic
+        in the total order: a sequential or snapshot read that sees it sees the rows,
+        a round trip sooner than the stable progress), and the progress basic reads
+        trust, to be made once that write is stable (a basic read asks each segment's
+        replica apart, and one could see the progress before a row's replica had it)."""
+        *rows, progress = writes
+        ordered, stable = progress[1]
+        mine = (*rows[0][1], ordered) if rows else (ordered,)
+        if mutations.on(PROGRESS_WITH_ROWS):
+            mine = (*mine, stable)
+        return ("version", mine, progress[2]), ("version", (stable,), progress[2])

@@ -1,9 +1,11 @@
 """A maintainer group's steps against a small exact model of the cluster: base writes
-between any two steps, every request answered at a position of its own.  Two things
-must hold of what the steps write: a view's progress ``W`` is never written together
-with, or before, a row version at or below ``W`` (a basic read, which asks each
-segment's replica apart, would see the progress and miss the row), and the views (a
-chain of views over views among them) equal their recomputation from the base."""
+between any two steps, every request answered at a position of its own.  Three things
+must hold of what the steps write: a view's stable progress ``W`` is never written
+together with, or before, a row version at or below ``W`` (a basic read, which asks
+each segment's replica apart, would see the progress and miss the row); its ordered
+progress is never written before such a row (an ordered read would miss it); and the
+views (a chain of views over views among them) equal their recomputation from the
+base."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from rubberband.keys import encode_key
 from rubberband.versions import as_of, merge
 from rubberband.views import view_def
 from rubberband.views.compute import recompute_over
-from rubberband.views.define import VIEW, meta_key
+from rubberband.views.define import VIEW, meta_key, stable_key
 from rubberband.views.maintain import PROGRESS_WITH_ROWS
 from rubberband.views.steps import Both, Group, Read, Sleep, Write, maintain_group_steps
 
@@ -132,18 +134,27 @@ def run(seed: int, steps: int = 400) -> Cluster:
 
 
 def progress_checks(c: Cluster) -> list[str]:
-    """A row version at ``p`` written with or after its view's progress ``W >= p``."""
+    """A row version at ``p`` written with or after its view's stable progress
+    ``W >= p``, or after its ordered progress ``W >= p``."""
     problems = []
-    reached: dict[str, int] = {}
+    stable: dict[str, int] = {}
+    ordered: dict[str, int] = {}
+    names = {stable_key(v.name): v.name for v in VIEWS}
     for i, entries in enumerate(c.writes):
-        now = dict(reached)
+        now = dict(stable)
         for key, entry in entries:
-            if key[:1] == (VIEW,) and len(key) == 2:
-                now[key[1]] = max(now.get(key[1], -1), entry[0])
+            if key in names:
+                now[names[key]] = max(now.get(names[key], -1), entry[0])
         for key, entry in entries:
-            if key[:1] == (VIEW,) and len(key) == 3 and entry[0] <= now.get(key[1], -1):
-                problems.append(f"write {i}: {key} at {entry[0]} with progress {now[key[1]]}")
-        reached = now
+            if key[:1] == (VIEW,) and len(key) == 3:
+                if entry[0] <= now.get(key[1], -1):
+                    problems.append(f"write {i}: {key} at {entry[0]} with stable {now[key[1]]}")
+                if entry[0] <= ordered.get(key[1], -1):
+                    problems.append(f"write {i}: {key} at {entry[0]} after {ordered[key[1]]}")
+        for key, entry in entries:
+            if key[:1] == (VIEW,) and len(key) == 2 and key not in names:
+                ordered[key[1]] = max(ordered.get(key[1], -1), entry[0])
+        stable = now
     return problems
 
 
@@ -185,8 +196,8 @@ def test_an_any_read_asks_for_the_rows_only_once_it_has_the_progress() -> None:
 
     steps = read_steps("by_g", ("scan", "lo", "hi"), None, "any", 0.0, 5.0)
     first = next(steps)
-    assert first == Read(("get", (meta_key("by_g"),)), "basic")
-    second = steps.send(({meta_key("by_g"): [0, [7, 0]]}, 0.1))
+    assert first == Read(("get", (stable_key("by_g"),)), "basic")
+    second = steps.send(({stable_key("by_g"): [0, [7, 0]]}, 0.1))
     assert second == Read(("scan", "lo", "hi"), "basic", None)
     with pytest.raises(StopIteration) as done:
         steps.send(([(("~view", "by_g", (1, 2)), [0, [5, "row"]])], 0.2))
