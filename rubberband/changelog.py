@@ -21,6 +21,12 @@ position ``K`` (a copy into it, or its first placement) has no changes before ``
 here, and entries dropped by retention (a count and an age) are gone.  For a read from
 before either it answers that the feed was compacted, naming the oldest position it can
 still continue from, as etcd answers a watch from a compacted revision.
+
+Beside the changes, a log keeps each key's *revision*, the position of its last change
+(etcd's mod revision), for as long as the key stands: retention drops changes, not
+revisions.  A read wrapped in :class:`Revisions` is answered with the revisions of the
+keys it names, at the read's own position; a copy of a range carries its revisions
+with its history.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from typing import Any, NamedTuple
 import msgpack
 
 from ecast.core import mutations
-from rubberband.errors import BadOperation, Compacted, Rejected
+from rubberband.errors import BadKey, BadOperation, Compacted, Rejected
 from rubberband.keys import (
     EVERYTHING,
     MAX_EKEY,
@@ -44,6 +50,7 @@ from rubberband.keys import (
     difference,
     encode_key,
     overlaps,
+    sort_key,
 )
 from rubberband.proto import H
 
@@ -67,6 +74,8 @@ MAX_CHANGES = 100_000
 """Changes a storage process keeps by default (each key changed counts one)."""
 MAX_AGE = 600.0
 """Seconds a storage process keeps a change by default."""
+REVISIONS_PART = 10_000
+"""Revisions one part of a copy's history carries (a key and a position each)."""
 PAGE_CHANGES = 20_000
 """Key changes a holder puts in one answer at most: a feed read after a long pause (or a
 Spark micro-batch over a backlog) is answered in pages, each well under the 16 MiB frame
@@ -81,6 +90,16 @@ class Changes(NamedTuple):
     since: int | None
     lo: Any = None
     hi: Any = None
+
+
+class Revisions(NamedTuple):
+    """A read (sequential or snapshot) answered with the revisions of ``keys`` beside
+    its result: ``(result, {key: position of its last change})``, a key that stands
+    and has a known revision in the second (absent: no such key, or one written before
+    any holder kept revisions of it)."""
+
+    op: Any
+    keys: tuple[Any, ...]
 
 
 class Event(NamedTuple):
@@ -176,6 +195,11 @@ class ChangeLog:
         self._starts: list[tuple[RangeSet, int]] = []
         """Ranges this process holds changes of only after a position (gained there)."""
         self.recorded = 0
+        self.revisions: dict[Any, Any] = {}
+        """Each standing key's last change: a scalar key maps to its position, any other
+        key's sort form to ``(key, position)`` (a bool and an int, ``True`` and ``1``,
+        are one dict key but two Rubberband keys).  About 50 bytes a key of ints or
+        strings: the key and the position are the objects the engine and the log hold."""
 
     @property
     def enabled(self) -> bool:
@@ -207,6 +231,7 @@ class ChangeLog:
             last = {(type(c[0]), c[0]): c for c in changes}
             if len(last) < len(changes):
                 changes = list(last.values())
+        self._revise(t, changes)
         if not self._t or self._t[-1] < t or mutations.on(OUT_OF_ORDER):
             self._t.append(t)
             self._at.append(now)
@@ -220,6 +245,50 @@ class ChangeLog:
         self.recorded += len(changes)
         if self._count > self.max_changes or self._at[self._head] < now - self.max_age:
             self.trim(now)
+
+    def _revise(self, t: int, changes: Iterable[Sequence[Any]]) -> None:
+        """Each changed key's revision is ``t`` now (a delete: it has none); a key's
+        changes come in position order, an older one never overrides."""
+        revisions = self.revisions
+        for key, kind, _ in changes:
+            kt = type(key)
+            if kt is int or kt is str or kt is bytes or kt is float:
+                ident, entry = key, t
+            else:
+                ident, entry = sort_key(key), (key, t)
+            old = revisions.get(ident)
+            if old is not None and (old if type(old) is int else old[1]) > t:
+                continue
+            if kind == "delete":
+                revisions.pop(ident, None)
+            else:
+                revisions[ident] = entry
+
+    def _revisions_in(self, ranges: RangeSet) -> list[tuple[Any, Any, int]]:
+        """``(ident, key, position)`` of every revision of a key in ``ranges``: a walk
+        of every key held (a copy's start, a reconfiguration's pace)."""
+        place = self.place
+        out = []
+        for ident, entry in self.revisions.items():
+            key, t = (ident, entry) if type(entry) is int else entry
+            if contains(ranges, place(key)):
+                out.append((ident, key, t))
+        return out
+
+    def revisions_of(self, keys: Iterable[Any], ranges: RangeSet) -> list[list[Any]]:
+        """``[key, position]`` of each of ``keys`` in ``ranges`` that has a revision."""
+        out = []
+        place, revisions = self.place, self.revisions
+        for key in keys:
+            kt = type(key)
+            if kt is int or kt is str or kt is bytes or kt is float:
+                t = revisions.get(key)
+            else:
+                entry = revisions.get(sort_key(key))
+                t = None if entry is None else entry[1]
+            if t is not None and contains(ranges, place(key)):
+                out.append([key, t])
+        return out
 
     def record_all(self, changed: Sequence[tuple[int, Any]], now: float) -> None:
         """An engine batch's changes, ``(t, ((key, kind, value), ...))`` in ``t`` order:
@@ -247,10 +316,11 @@ class ChangeLog:
             and (keys is None or keys[0] <= encode_key(key) < keys[1])
         ]
 
-    def export(self, ranges: RangeSet, part_bytes: int) -> tuple[int, list[Any]]:
+    def export(self, ranges: RangeSet, part_bytes: int) -> tuple[int, list[Any], list[Any]]:
         """Our changes of ``ranges`` for a copy of them (every change we hold: a send
         opens at the keyspace message's position, after every earlier write), in parts
-        of about ``part_bytes``, and the position they are complete after."""
+        of about ``part_bytes``, the position they are complete after, and the keys'
+        revisions in parts of :data:`REVISIONS_PART`."""
         parts: list[Any] = []
         part: list[Any] = []
         size = 0
@@ -264,9 +334,13 @@ class ChangeLog:
                 parts.append(tuple(part))
                 part, size = [], 0
         parts.append(tuple(part))
-        return self.held_after(ranges), parts
+        mine = [(key, t) for _ident, key, t in self._revisions_in(ranges)]
+        revised = [tuple(mine[i : i + REVISIONS_PART]) for i in range(0, len(mine), REVISIONS_PART)]
+        return self.held_after(ranges), parts, revised
 
-    def adopt(self, ranges: RangeSet, after: Any, entries: list[Any], upto: int) -> None:
+    def adopt(
+        self, ranges: RangeSet, after: Any, entries: list[Any], upto: int, revised: Any = ()
+    ) -> None:
         """A copy's history from its source: our changes of ``ranges`` are complete
         after ``after`` now, not only after the keyspace message that gave them to us.
         The copy is the source's data as of that message's position ``upto``: up to it
@@ -275,13 +349,17 @@ class ChangeLog:
         repeats, or contradicts, the source's); after it, our own log is the history
         (we applied every later write).  Malformed, it is not taken (the ranges stay
         as they were: a feed from before them is told it was compacted, never given
-        a gap)."""
+        a gap).  ``revised``: the source's revisions of the keys in ``ranges`` as of
+        ``upto``; ours after it are the changes we logged since."""
         try:
             adopted = [
                 (int(t), tuple((c[0], _kind(c[1]), c[2]) for c in changes))
                 for t, changes in entries
             ]
             after = int(after)
+            revised = [(key, int(t)) for key, t in revised if int(t) <= upto]
+            for key, _ in revised:
+                sort_key(key)  # a key, or the whole history is refused
         except Exception:
             return
         adopted = [e for e in adopted if max(after, self.floor) < e[0] <= upto]
@@ -305,7 +383,18 @@ class ChangeLog:
         self._changes = [e[2] for e in merged]
         self._head = 0
         self._count += sum(len(c) for _, c in adopted)
+        self._adopt_revisions(ranges, revised, upto)
         self.trim(now)
+
+    def _adopt_revisions(self, ranges: RangeSet, revised: list[tuple[Any, int]], upto: int) -> None:
+        for ident, _key, _t in self._revisions_in(ranges):
+            del self.revisions[ident]
+        for key, t in revised:
+            if contains(ranges, self.place(key)):
+                self._revise(t, ((key, "put", None),))
+        place = self.place
+        for i in self._live(upto, 1 << 62):  # what we applied after the copy's position
+            self._revise(self._t[i], [c for c in self._changes[i] if contains(ranges, place(c[0]))])
 
     def trim(self, now: float) -> None:
         head, n = self._head, len(self._t)
@@ -372,6 +461,21 @@ def feed_answer(
     return mine, found, None
 
 
+def revised_op(payload: Any, logged: bool) -> Any:
+    """The read op of a :class:`Revisions` read's payload ``(op, keys)``, or the error
+    it is answered with."""
+    if not logged:
+        return NO_LOG
+    if not isinstance(payload, tuple) or len(payload) != 2 or type(payload[1]) is not tuple:
+        return "a revisions read is (op, keys)"
+    try:
+        for key in payload[1]:
+            sort_key(key)
+    except BadKey as e:
+        return f"a revisions read names a bad key: {e}"
+    return payload[0]
+
+
 def _kind(kind: Any) -> str:
     if kind not in ("put", "delete"):
         raise ValueError(f"no change is a {kind!r}")
@@ -397,8 +501,10 @@ __all__ = [
     "Changes",
     "Event",
     "Page",
+    "Revisions",
     "changes_ranges",
     "key_filter",
     "merge",
     "page",
+    "revised_op",
 ]

@@ -49,7 +49,7 @@ from typing import Any
 
 from ecast import Direct, Effects, NodeId
 from ecast.core import mutations
-from rubberband.changelog import FROM_NOW, Changes, Event, Page
+from rubberband.changelog import FROM_NOW, Changes, Event, Page, Revisions
 from rubberband.config import STORAGE
 from rubberband.errors import (
     BadOperation,
@@ -94,6 +94,7 @@ __all__ = [
     "ReadDone",
     "Refreshed",
     "Rejected",
+    "Revisions",
     "RubberbandError",
     "Unavailable",
     "WriteDone",
@@ -316,6 +317,8 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
         gather = self.gather(op, within)  # raises BadOperation, before anything
         if type(op) is Changes and level != "sequential":
             raise BadOperation("a change feed is read in order (sequential), at a position")
+        if type(op) is Revisions and level == "basic":
+            raise BadOperation("revisions are read at a position: sequential or snapshot")
         self._begin()
         rid = next(self._ids)
         if not gather.ranges:  # matches nothing anywhere: answered at once
@@ -365,6 +368,8 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
             header[H.REQUEST] = tid
             if type(r.op) is Changes:
                 header[H.SINCE] = FROM_NOW if r.op.since is None else r.op.since
+            elif type(r.op) is Revisions:
+                header[H.REVISIONS] = True
             r.acked = None
             if r.level == "snapshot":
                 self._retry_at(r, now + self.retry_after)

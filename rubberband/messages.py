@@ -29,11 +29,11 @@ from typing import Any, Literal
 
 import msgpack
 
-from rubberband.changelog import Changes, changes_ranges, page
+from rubberband.changelog import Changes, Revisions, changes_ranges, page
 from rubberband.engine import BadOperation, Placement
 from rubberband.errors import Rejected, Unavailable
 from rubberband.gather import Gather, Holders, op_name
-from rubberband.keys import MAX_EKEY, RangeSet, intersect, normalize
+from rubberband.keys import MAX_EKEY, RangeSet, after, contains, covers, intersect, normalize
 from rubberband.placement import BadKeyspace, Keyspace
 from rubberband.placement import Unavailable as NoHolder
 from rubberband.proto import (
@@ -215,6 +215,15 @@ class Messages:
         read that may travel in a bundle); raises :class:`BadOperation` for a bad op."""
         if type(op) is Changes:
             return Gather(op, changes_ranges(op, self.placement.ordered))
+        if type(op) is Revisions:
+            keys = op.keys
+            if type(keys) not in (list, tuple) or not keys:
+                raise BadOperation("a revisions read names its keys (a non-empty sequence)")
+            ranges = self.gather(op.op, within).ranges
+            wanted = normalize((p, after(p)) for p in map(self.placement.ekey, keys))
+            if not covers(ranges, wanted):
+                raise BadOperation("a revisions read names keys its read does not cover")
+            return Gather(Revisions(op.op, tuple(keys)), ranges)
         part = self.ops.part_fun(op, self.placement)
         if part.kind != "read":
             raise BadOperation(f"{op_name(op)!r} is a write, not a read")
@@ -376,11 +385,19 @@ class Messages:
             raise Unavailable(str(e)) from None
 
     def result(self, gather: Gather) -> Any:
-        if type(gather.op) is Changes:
+        op = gather.op
+        if type(op) is Changes:
             return page(gather.pieces, gather.position, gather.error, self.placement.ekey)
         if gather.error is not None:
             raise Rejected(gather.error)
-        return self.ops.combine(gather.op, [self._restrict(r, res) for r, res in gather.pieces])
+        if type(op) is Revisions:  # each answer: [result, [[key, position], ...]]
+            ekey = self.placement.ekey
+            revisions = {
+                k: t for r, res in gather.pieces for k, t in res[1] if contains(r, ekey(k))
+            }
+            pieces = [(r, res[0]) for r, res in gather.pieces]
+            return self.ops.combine(op.op, [self._restrict(r, res) for r, res in pieces]), revisions
+        return self.ops.combine(op, [self._restrict(r, res) for r, res in gather.pieces])
 
     def _restrict(self, ranges: RangeSet, result: Any) -> Any:
         """Engines answer for the ranges they were given; the client keeps each range

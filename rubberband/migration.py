@@ -54,6 +54,8 @@ class Incoming:
     started: bool = False
     history: list[Any] = field(default_factory=list)
     """The source's change log of the ranges, as it arrives (:class:`History`)."""
+    revised: list[Any] = field(default_factory=list)
+    """The source's revisions of the ranges' keys, as they arrive."""
     after: int | None = None
     """Set once the whole history came: the position it is complete after."""
 
@@ -65,9 +67,10 @@ class Outgoing:
     version: int
     cursor: SendCursor | None = None
     next: int = 0
-    history: tuple[int, list[Any]] | None = None
-    """Our change log of the ranges at the send's position, in parts: sent first."""
     """The next chunk to send."""
+    history: tuple[int, list[Any], list[Any]] | None = None
+    """Our change log of the ranges at the send's position and its keys' revisions, in
+    parts: sent first."""
     asked: int = -1
     """The chunk the receiver asked for and has not been sent yet (-1: none)."""
 
@@ -161,6 +164,7 @@ class Migration:
         if rec is None or rec.src != src or rec.after is not None:
             return
         rec.history.extend(msg.entries)
+        rec.revised.extend(msg.revisions)
         if msg.last:
             rec.after = msg.after
 
@@ -195,7 +199,7 @@ class Migration:
         del self.incoming[tid]
         if rec.after is not None:
             history = [] if mutations.on(HISTORY_DROPPED) else rec.history
-            core.changes.adopt(rec.ranges, rec.after, history, rec.t)
+            core.changes.adopt(rec.ranges, rec.after, history, rec.t, rec.revised)
         self.aborted = difference(self.aborted, rec.ranges)  # whole again
         core.drain()
         core.instruction_done(rec.version)
@@ -205,10 +209,11 @@ class Migration:
             return
         core = self.core
         if send.history is not None:  # before the first chunk, on the same channel
-            after, parts = send.history
+            after, parts, revised = send.history
             send.history = None
-            for i, part in enumerate(parts):
-                core.send(send.dst, History(tid, after, part, i == len(parts) - 1))
+            out = [*((part, ()) for part in parts), *(((), part) for part in revised)]
+            for i, (part, revisions) in enumerate(out):
+                core.send(send.dst, History(tid, after, part, i == len(out) - 1, revisions))
         try:
             data = send.cursor.next_chunk(self.chunk_bytes)
         except Exception as e:

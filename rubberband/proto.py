@@ -113,12 +113,14 @@ class Chunk:
 class History:
     """source -> receiver, before the first chunk: a part of the source's change log of
     the copied ranges (``[t, [[key, kind, value], ...]]`` each), complete after
-    ``after`` (``last``: the end), so a change feed continues at the receiver."""
+    ``after`` (``last``: the end), so a change feed continues at the receiver; then the
+    revisions of the ranges' keys (``[key, position]`` each)."""
 
     transfer: tuple[int, int]
     after: int
     entries: tuple[Any, ...]
     last: bool
+    revisions: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +255,9 @@ class H:
     """The ranges of a receive that cannot finish (incomplete)."""
     SINCE = "since"
     """A changes read (:mod:`rubberband.changelog`): the position its changes follow."""
+    REVISIONS = "revisions"
+    """A read answered with its keys' revisions: its payload is ``(op, keys)``
+    (:class:`rubberband.changelog.Revisions`)."""
 
 
 KEYSPACE = "keyspace"

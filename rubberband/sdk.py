@@ -51,6 +51,7 @@ from rubberband.client import (
     Page,
     ReadDone,
     Refreshed,
+    Revisions,
     Unavailable,
     WriteDone,
 )
@@ -419,6 +420,17 @@ class RubberbandClient:
 
     async def get_many(self, keys: list[Any], isolation: str = "sequential") -> dict[Any, Any]:
         return await self.read(("get", tuple(keys)), isolation)  # type: ignore[no-any-return]
+
+    async def get_revisions(
+        self, keys: list[Any], isolation: str = "sequential"
+    ) -> dict[Any, tuple[Any, int | None]]:
+        """Each present key's ``(value, revision)``: the position of the write that
+        last changed it (etcd's mod revision), read with the value at one position
+        (sequential or snapshot).  The revision is None for a key written before any of
+        its holders kept revisions (an engine that reports no changes keeps none, and
+        the read is refused)."""
+        values, revisions = await self.read(Revisions(("get", tuple(keys)), tuple(keys)), isolation)
+        return {k: (v, revisions.get(k)) for k, v in values.items()}
 
     async def scan(
         self, lo: Any = None, hi: Any = None, isolation: str = "sequential"

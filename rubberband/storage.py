@@ -33,8 +33,9 @@ from typing import Any
 
 from ecast import KIND, PART, SUSPECT, Delivery, Direct, Effects, Message, NodeId
 from ecast.core import mutations
-from rubberband.bundles import Segments, read_items, unbundle, write_items
-from rubberband.changelog import ChangeLog, feed_answer
+from rubberband.applying import Apply, answer_bundle
+from rubberband.bundles import Segments
+from rubberband.changelog import ChangeLog, revised_op
 from rubberband.config import CLIENT, STORAGE, SUPER
 from rubberband.engine import BadOperation, Engine, Placement
 from rubberband.keys import (
@@ -56,7 +57,6 @@ from rubberband.proto import (
     REPORTED_CLIENTS,
     Abort,
     Answer,
-    Answers,
     BasicRead,
     Chunk,
     H,
@@ -64,16 +64,12 @@ from rubberband.proto import (
     Pull,
     Refuse,
     Stale,
-    Whole,
     ready_header,
 )
 
 CHUNK_BYTES = 256 * 1024
 _NOW = 1 << 62
 """A position after everything delivered so far (what blocks an answer given now)."""
-MALFORMED_BUNDLE = "a bundle is a tuple of (op, ranges) pairs, as many as its count"
-"""The error every read of a malformed bundle gets (and a write bundle's sender: no
-write of it is applied)."""
 
 DELETE_BEFORE_SEND = mutations.declare(
     "delete_before_send", "storage", "a keyspace message's deletes run before its sends open"
@@ -335,33 +331,21 @@ class StorageCore:
         if not accepted or self.incomplete or self._blocked(mine, _NOW):
             self.send(msg.sender, Answer(rid, mine, None, None, frontier, False))
         elif H.COUNT in h:
-            self._answer_bundle(msg, mine, frontier)
+            answer_bundle(self, msg, mine, frontier)
+        elif H.REVISIONS in h:
+            op = revised_op(msg.payload, self._logged)
+            if type(op) is str:
+                self.send(msg.sender, Answer(rid, mine, None, op, frontier, True))
+            else:
+                self._answer(msg.sender, rid, op, mine, frontier, msg.payload[1])
         else:
             self._answer(msg.sender, rid, msg.payload, mine, frontier)
 
-    def _answer_bundle(self, msg: Message, mine: RangeSet, position: Any) -> None:
-        rid = msg.header.get(H.REQUEST, msg.id)
-        subs = unbundle(msg)
-        items, whole = (None, False) if subs is None else read_items(subs, self._pieces(mine))
-        if items is None:
-            self.send(msg.sender, Answer(rid, mine, None, MALFORMED_BUNDLE, position, True))
-            return
-        try:
-            results = self.engine.apply([(op, piece) for _, op, piece, _ in items])
-        except Exception as e:
-            self.stop(f"engine failed: {type(e).__name__}: {e}")
-            return
-        whole = whole and len(results) == len(items)
-        if whole and not any(isinstance(r, BadOperation) for r in results):
-            self.send(msg.sender, Whole(rid, position, tuple(results)))
-            return
-        rows = tuple(
-            (i, c, None, str(res)) if isinstance(res, BadOperation) else (i, c, res, None)
-            for (i, _, _, c), res in zip(items, results, strict=True)
-        )
-        self.send(msg.sender, Answers(rid, position, True, rows))
-
-    def _answer(self, to: NodeId, rid: Any, op: Any, mine: RangeSet, position: Any) -> None:
+    def _answer(
+        self, to: NodeId, rid: Any, op: Any, mine: RangeSet, position: Any, keys: Any = None
+    ) -> None:
+        """Answer ``op`` piece by piece; with ``keys`` (a revisions read), each piece's
+        answer carries their revisions beside its result."""
         pieces = self._pieces(mine)
         try:
             results = self.engine.apply([(op, piece) for piece in pieces])
@@ -372,6 +356,8 @@ class StorageCore:
             if isinstance(res, BadOperation):
                 self.send(to, Answer(rid, piece, None, str(res), position, True))
             else:
+                if keys is not None:
+                    res = [res, self.changes.revisions_of(keys, piece)]
                 self.send(to, Answer(rid, piece, res, None, position, True))
 
     def _pieces(self, mine: RangeSet) -> list[RangeSet]:
@@ -492,7 +478,7 @@ class StorageCore:
 
     # ================================================================== applying
     def _apply(self, batch: list[tuple[Message, RangeSet, int]]) -> None:
-        _Apply(self, batch).run()
+        Apply(self, batch).run()
 
     # ================================================================== reconfiguration
     def _keyspace(self, t: int, msg: Message) -> None:
@@ -654,136 +640,6 @@ def status_of(core: StorageCore) -> dict[str, Any]:
         "changes": core.changes.figures() if core._logged else None,
         **core.migration.status(),
     }
-
-
-class _Apply:
-    """One engine batch of delivered messages, and the answers it makes."""
-
-    __slots__ = ("batch", "bundles", "core", "feeds", "items", "writes")
-
-    def __init__(self, core: StorageCore, batch: list[tuple[Message, RangeSet, int]]) -> None:
-        self.core = core
-        self.batch = batch
-        self.items: list[tuple[Message, Any, RangeSet, RangeSet | None, int, int]] = []
-        """``(message, op, ranges, covered, index, t)``: the engine runs ``op`` on
-        ``ranges``, the answer covers ``covered`` (None: all of a bundled read); index -1
-        for a message's own op, else the read's index in a bundle; ``t`` its position."""
-        self.feeds: list[tuple[Message, RangeSet, int]] = []
-        """Changes reads: answered from the change log, after this batch's writes."""
-        self.bundles: dict[int, list[Any]] = {}
-        """``[message, answers, whole]`` of each bundle (by ``id``): a whole read bundle
-        collects its results alone, for a ``Whole``, until an engine rejects one of its
-        reads."""
-        self.writes: set[int] = set()
-        """Bundles of writes (by ``id``), answered only for rejected writes."""
-
-    def run(self) -> None:
-        core = self.core
-        for m, mine, t in self.batch:
-            self._item(m, mine, t)
-        items = self.items
-        changed: Any = None
-        try:
-            ops = [(op, r) for _, op, r, _, _, _ in items]
-            if core._logged:
-                results, changed = core.engine.apply_logged(ops)  # type: ignore[attr-defined]
-            else:
-                results = core.engine.apply(ops)
-        except Exception as e:
-            core.stop(f"engine failed: {type(e).__name__}: {e}")
-            return
-        if len(results) != len(items) or (changed is not None and len(changed) != len(items)):
-            core.stop("engine returned a wrong number of results")
-            return
-        core.stats.applied += len(self.batch)
-        if changed is not None:
-            core.changes.record_all(
-                [(item[5], c) for item, c in zip(items, changed, strict=True) if c], core.now
-            )
-        self._answer(results)
-        for m, mine, t in self.feeds:
-            self._feed(m, mine, t)
-
-    def _feed(self, m: Message, mine: RangeSet, t: int) -> None:
-        core = self.core
-        rid = m.header.get(H.REQUEST, m.id)
-        covered, found, error = feed_answer(
-            core.changes if core._logged else None, core.incomplete, m, mine, t
-        )
-        core.send(m.sender, Answer(rid, covered, found, error, t, True))
-
-    def _item(self, m: Message, mine: RangeSet, t: int) -> None:
-        core = self.core
-        h = m.header
-        items = self.items
-        if H.READS not in h:
-            if H.COUNT not in h:
-                items.append((m, m.payload, mine, mine, -1, t))
-                return
-            subs = unbundle(m)
-            writes = None if subs is None else write_items(subs, mine)
-            if writes is None:
-                rid = h.get(H.REQUEST, m.id)
-                core.send(m.sender, Answer(rid, NOTHING, None, MALFORMED_BUNDLE, None, True))
-                return
-            self.bundles[id(m)] = [m, [], False, t]
-            self.writes.add(id(m))
-            items.extend((m, op, part, part, i, t) for i, op, part in writes)
-        elif H.COUNT in h:
-            rid = h.get(H.REQUEST, m.id)
-            subs = None if core.incomplete else unbundle(m)
-            reads, whole = (None, False) if subs is None else read_items(subs, core._pieces(mine))
-            if reads is None:  # nothing answered from a copy with gaps, or malformed
-                error = None if core.incomplete else MALFORMED_BUNDLE
-                core.send(m.sender, Answer(rid, NOTHING, None, error, None, True))
-                return
-            self.bundles[id(m)] = [m, [], whole, t]
-            items.extend((m, op, piece, c, i, t) for i, op, piece, c in reads)
-        elif H.SINCE in h:
-            self.feeds.append((m, mine, t))
-        elif not core.incomplete:
-            items.extend((m, m.payload, p, p, -1, t) for p in core._pieces(mine))
-        else:
-            items.append((m, m.payload, mine, mine, -1, t))
-
-    def _answer(self, results: list[Any]) -> None:
-        core = self.core
-        bundles, writes = self.bundles, self.writes
-        counted: Any = None
-        for (m, _, _, mine, i, t), res in zip(self.items, results, strict=True):
-            bad = isinstance(res, BadOperation)
-            if bad and counted != (id(m), i):  # a read's pieces are one operation
-                counted = (id(m), i)
-                core.stats.rejected += 1
-            if i >= 0:
-                entry = bundles[id(m)]
-                if entry[2] and not bad:  # a whole bundle: read i's result is the i-th
-                    entry[1].append(res)
-                elif id(m) not in writes:
-                    if entry[2]:  # its first rejection: it is answered read by read
-                        entry[1] = [(j, None, r, None) for j, r in enumerate(entry[1])]
-                        entry[2] = False
-                    entry[1].append((i, mine, None, str(res)) if bad else (i, mine, res, None))
-                elif bad:
-                    entry[1].append((i, mine, None, str(res)))
-                continue
-            h = m.header
-            # Reads are answered; writes when the client asked (an operation whose
-            # validity depends on the data, such as an append) or when rejected.
-            if H.READS in h or bad or h.get(H.ANSWER):
-                rid = h.get(H.REQUEST, m.id)
-                if core.incomplete and not bad:
-                    mine = NOTHING  # never answer from a copy with gaps
-                if bad:
-                    core.send(m.sender, Answer(rid, mine, None, str(res), t, True))
-                else:
-                    core.send(m.sender, Answer(rid, mine, res, None, t, True))
-        for m, answers, whole, t in bundles.values():
-            rid = m.header.get(H.REQUEST, m.id)
-            if whole:
-                core.send(m.sender, Whole(rid, t, tuple(answers)))
-            elif answers or id(m) not in writes:
-                core.send(m.sender, Answers(rid, t, True, tuple(answers)))
 
 
 def _tuple(value: Any) -> Any:

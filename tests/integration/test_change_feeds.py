@@ -101,7 +101,7 @@ def test_a_feed_followed_through_a_leader_kill_a_storage_kill_and_an_expand(
         assert out.returncode == 0, out.stdout + out.stderr
         await asyncio.sleep(2)
 
-    async def go() -> Writers:
+    async def go() -> tuple[Writers, dict[str, Any]]:
         rb = await _client(rb_dir, "client:setup")
         # A read's position: the feed goes on exactly after what the read saw.
         seen, start = await rb.read(("get", ("k00",)), with_position=True)
@@ -116,11 +116,12 @@ def test_a_feed_followed_through_a_leader_kill_a_storage_kill_and_an_expand(
             await asyncio.gather(*writers)
         await rb.put(DONE, 1)
         await asyncio.wait_for(watcher, 60)
+        revised = await rb.get_revisions([f"k{i:02d}" for i in range(KEYS)])
         await rb.close()
-        return w
+        return w, revised
 
     t0 = time.monotonic()
-    w = asyncio.run(go())
+    w, revised = asyncio.run(go())
     assert len(w.acked) > 200, (len(w.acked), time.monotonic() - t0)
     positions = [e.position for e in events]
     assert positions == sorted(set(positions)), "events out of order or twice"
@@ -135,5 +136,9 @@ def test_a_feed_followed_through_a_leader_kill_a_storage_kill_and_an_expand(
     assert not missing, f"{len(missing)} acknowledged writes not in the feed: {missing[:5]}"
     extra = set(seen) - set(w.acked) - set(w.unsure) - {((DONE, 1),)}
     assert not extra, f"writes nobody made: {list(extra)[:5]}"
+    # Each key's revision is where the feed last changed it, through the faults too
+    # (a replaced replica and an expand carried the revisions with their ranges).
+    last = {key: (e.position, value) for e in events for key, _, value in e.changes}
+    assert revised == {k: (value, t) for k, (t, value) in last.items() if k != DONE}
     ring = [r["name"] for r in _status(rb_dir)["ring"]]
     assert "storage:2" not in ring and len(ring) == 5, ring

@@ -1,0 +1,186 @@
+"""A storage process's delivered batches, applied: one engine call per batch of
+delivered messages (writes, reads, bundles of either, changes reads and revisions
+reads), and the answers it makes (dissertation 4.4.1, 4.5).  Part of
+:class:`rubberband.storage.StorageCore`, kept apart to keep each file readable."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ecast import Message
+from rubberband.bundles import read_items, unbundle, write_items
+from rubberband.changelog import feed_answer, revised_op
+from rubberband.engine import BadOperation
+from rubberband.keys import NOTHING, RangeSet
+from rubberband.proto import Answer, Answers, H, Whole
+
+if TYPE_CHECKING:
+    from rubberband.storage import StorageCore
+
+MALFORMED_BUNDLE = "a bundle is a tuple of (op, ranges) pairs, as many as its count"
+"""The error every read of a malformed bundle gets (and a write bundle's sender: no
+write of it is applied)."""
+
+
+def answer_bundle(core: StorageCore, msg: Message, mine: RangeSet, position: Any) -> None:
+    """A snapshot read's bundle of reads, answered at once (4.5.2)."""
+    rid = msg.header.get(H.REQUEST, msg.id)
+    subs = unbundle(msg)
+    items, whole = (None, False) if subs is None else read_items(subs, core._pieces(mine))
+    if items is None:
+        core.send(msg.sender, Answer(rid, mine, None, MALFORMED_BUNDLE, position, True))
+        return
+    try:
+        results = core.engine.apply([(op, piece) for _, op, piece, _ in items])
+    except Exception as e:
+        core.stop(f"engine failed: {type(e).__name__}: {e}")
+        return
+    whole = whole and len(results) == len(items)
+    if whole and not any(isinstance(r, BadOperation) for r in results):
+        core.send(msg.sender, Whole(rid, position, tuple(results)))
+        return
+    rows = tuple(
+        (i, c, None, str(res)) if isinstance(res, BadOperation) else (i, c, res, None)
+        for (i, _, _, c), res in zip(items, results, strict=True)
+    )
+    core.send(msg.sender, Answers(rid, position, True, rows))
+
+
+class Apply:
+    """One engine batch of delivered messages, and the answers it makes."""
+
+    __slots__ = ("batch", "bundles", "core", "feeds", "items", "writes")
+
+    def __init__(self, core: StorageCore, batch: list[tuple[Message, RangeSet, int]]) -> None:
+        self.core = core
+        self.batch = batch
+        self.items: list[tuple[Message, Any, RangeSet, RangeSet | None, int, int]] = []
+        """``(message, op, ranges, covered, index, t)``: the engine runs ``op`` on
+        ``ranges``, the answer covers ``covered`` (None: all of a bundled read); index -1
+        for a message's own op, else the read's index in a bundle; ``t`` its position."""
+        self.feeds: list[tuple[Message, RangeSet, int]] = []
+        """Changes reads: answered from the change log, after this batch's writes."""
+        self.bundles: dict[int, list[Any]] = {}
+        """``[message, answers, whole]`` of each bundle (by ``id``): a whole read bundle
+        collects its results alone, for a ``Whole``, until an engine rejects one of its
+        reads."""
+        self.writes: set[int] = set()
+        """Bundles of writes (by ``id``), answered only for rejected writes."""
+
+    def run(self) -> None:
+        core = self.core
+        for m, mine, t in self.batch:
+            self._item(m, mine, t)
+        items = self.items
+        changed: Any = None
+        try:
+            ops = [(op, r) for _, op, r, _, _, _ in items]
+            if core._logged:
+                results, changed = core.engine.apply_logged(ops)  # type: ignore[attr-defined]
+            else:
+                results = core.engine.apply(ops)
+        except Exception as e:
+            core.stop(f"engine failed: {type(e).__name__}: {e}")
+            return
+        if len(results) != len(items) or (changed is not None and len(changed) != len(items)):
+            core.stop("engine returned a wrong number of results")
+            return
+        core.stats.applied += len(self.batch)
+        if changed is not None:
+            core.changes.record_all(
+                [(item[5], c) for item, c in zip(items, changed, strict=True) if c], core.now
+            )
+        self._answer(results)
+        for m, mine, t in self.feeds:
+            self._feed(m, mine, t)
+
+    def _feed(self, m: Message, mine: RangeSet, t: int) -> None:
+        core = self.core
+        rid = m.header.get(H.REQUEST, m.id)
+        covered, found, error = feed_answer(
+            core.changes if core._logged else None, core.incomplete, m, mine, t
+        )
+        core.send(m.sender, Answer(rid, covered, found, error, t, True))
+
+    def _item(self, m: Message, mine: RangeSet, t: int) -> None:
+        core = self.core
+        h = m.header
+        items = self.items
+        if H.READS not in h:
+            if H.COUNT not in h:
+                items.append((m, m.payload, mine, mine, -1, t))
+                return
+            subs = unbundle(m)
+            writes = None if subs is None else write_items(subs, mine)
+            if writes is None:
+                rid = h.get(H.REQUEST, m.id)
+                core.send(m.sender, Answer(rid, NOTHING, None, MALFORMED_BUNDLE, None, True))
+                return
+            self.bundles[id(m)] = [m, [], False, t]
+            self.writes.add(id(m))
+            items.extend((m, op, part, part, i, t) for i, op, part in writes)
+        elif H.COUNT in h:
+            rid = h.get(H.REQUEST, m.id)
+            subs = None if core.incomplete else unbundle(m)
+            reads, whole = (None, False) if subs is None else read_items(subs, core._pieces(mine))
+            if reads is None:  # nothing answered from a copy with gaps, or malformed
+                error = None if core.incomplete else MALFORMED_BUNDLE
+                core.send(m.sender, Answer(rid, NOTHING, None, error, None, True))
+                return
+            self.bundles[id(m)] = [m, [], whole, t]
+            items.extend((m, op, piece, c, i, t) for i, op, piece, c in reads)
+        elif H.SINCE in h:
+            self.feeds.append((m, mine, t))
+        else:
+            op = m.payload
+            if H.REVISIONS in h:
+                op = revised_op(op, core._logged)
+                if type(op) is str:
+                    rid = h.get(H.REQUEST, m.id)
+                    core.send(m.sender, Answer(rid, mine, None, op, t, True))
+                    return
+            if not core.incomplete:
+                items.extend((m, op, p, p, -1, t) for p in core._pieces(mine))
+            else:
+                items.append((m, op, mine, mine, -1, t))
+
+    def _answer(self, results: list[Any]) -> None:
+        core = self.core
+        bundles, writes = self.bundles, self.writes
+        counted: Any = None
+        for (m, _, _, mine, i, t), res in zip(self.items, results, strict=True):
+            bad = isinstance(res, BadOperation)
+            if bad and counted != (id(m), i):  # a read's pieces are one operation
+                counted = (id(m), i)
+                core.stats.rejected += 1
+            if i >= 0:
+                entry = bundles[id(m)]
+                if entry[2] and not bad:  # a whole bundle: read i's result is the i-th
+                    entry[1].append(res)
+                elif id(m) not in writes:
+                    if entry[2]:  # its first rejection: it is answered read by read
+                        entry[1] = [(j, None, r, None) for j, r in enumerate(entry[1])]
+                        entry[2] = False
+                    entry[1].append((i, mine, None, str(res)) if bad else (i, mine, res, None))
+                elif bad:
+                    entry[1].append((i, mine, None, str(res)))
+                continue
+            h = m.header
+            # Reads are answered; writes when the client asked (an operation whose
+            # validity depends on the data, such as an append) or when rejected.
+            if H.READS in h or bad or h.get(H.ANSWER):
+                rid = h.get(H.REQUEST, m.id)
+                if core.incomplete and not bad:
+                    mine = NOTHING  # never answer from a copy with gaps
+                if bad:
+                    core.send(m.sender, Answer(rid, mine, None, str(res), t, True))
+                else:
+                    if H.REVISIONS in h and H.READS in h:  # its keys' revisions, now
+                        res = [res, core.changes.revisions_of(m.payload[1], mine)]
+                    core.send(m.sender, Answer(rid, mine, res, None, t, True))
+        for m, answers, whole, t in bundles.values():
+            rid = m.header.get(H.REQUEST, m.id)
+            if whole:
+                core.send(m.sender, Whole(rid, t, tuple(answers)))
+            elif answers or id(m) not in writes:
+                core.send(m.sender, Answers(rid, t, True, tuple(answers)))
