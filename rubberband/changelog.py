@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 import msgpack
 
 from ecast.core import mutations
+from rubberband.engine import ROWS, Event, changed_key
 from rubberband.errors import BadKey, BadOperation, Compacted, Rejected
 from rubberband.keys import (
     EVERYTHING,
@@ -74,6 +75,8 @@ MAX_CHANGES = 100_000
 """Changes a storage process keeps by default (each key changed counts one)."""
 MAX_AGE = 600.0
 """Seconds a storage process keeps a change by default."""
+_PLAIN = (int, str)
+"""Row keys whose row change key is its own revisions' dict key (no bool among them)."""
 REVISIONS_PART = 10_000
 """Revisions one part of a copy's history carries (a key and a position each)."""
 PAGE_CHANGES = 20_000
@@ -100,14 +103,6 @@ class Revisions(NamedTuple):
 
     op: Any
     keys: tuple[Any, ...]
-
-
-class Event(NamedTuple):
-    """One write as a feed tells it: its position, and each key it changed in the feed's
-    ranges, ``(key, "put", value)`` or ``(key, "delete", None)``, in key order."""
-
-    position: int
-    changes: tuple[tuple[Any, str, Any], ...]
 
 
 class Page(NamedTuple):
@@ -230,7 +225,7 @@ class ChangeLog:
             # twice): its last change is what that position did to it.
             last = {(type(c[0]), c[0]): c for c in changes}
             if len(last) < len(changes):
-                changes = list(last.values())
+                changes = _last_changes(changes)
         self._revise(t, changes)
         if not self._t or self._t[-1] < t or mutations.on(OUT_OF_ORDER):
             self._t.append(t)
@@ -254,6 +249,8 @@ class ChangeLog:
             kt = type(key)
             if kt is int or kt is str or kt is bytes or kt is float:
                 ident, entry = key, t
+            elif kt is tuple and len(key) == 3 and key[0] == ROWS and type(key[2]) in _PLAIN:
+                ident, entry = key, (key, t)  # a table row (a str table, an int or str key)
             else:
                 ident, entry = sort_key(key), (key, t)
             old = revisions.get(ident)
@@ -284,7 +281,8 @@ class ChangeLog:
             if kt is int or kt is str or kt is bytes or kt is float:
                 t = revisions.get(key)
             else:
-                entry = revisions.get(sort_key(key))
+                plain = kt is tuple and len(key) == 3 and key[0] == ROWS and type(key[2]) in _PLAIN
+                entry = revisions.get(key if plain else sort_key(key))
                 t = None if entry is None else entry[1]
             if t is not None and contains(ranges, place(key)):
                 out.append([key, t])
@@ -313,7 +311,7 @@ class ChangeLog:
             [key, kind, value]
             for key, kind, value in self._changes[i]
             if contains(ranges, place(key))
-            and (keys is None or keys[0] <= encode_key(key) < keys[1])
+            and (keys is None or keys[0] <= encode_key(changed_key(key)) < keys[1])
         ]
 
     def export(self, ranges: RangeSet, part_bytes: int) -> tuple[int, list[Any], list[Any]]:
@@ -459,6 +457,19 @@ def feed_answer(
     if type(found) is str:
         return mine, None, found
     return mine, found, None
+
+
+def _last_changes(changes: Sequence[tuple[Any, str, Any]]) -> list[tuple[Any, str, Any]]:
+    """Each key's last change, in first-seen order; a table row's keeps the first
+    change's before image (the row before the position, not between its writes)."""
+    last: dict[Any, tuple[Any, str, Any]] = {}
+    for c in changes:
+        k = (type(c[0]), c[0])
+        prev = last.get(k)
+        if prev is not None and changed_key(c[0]) is not c[0]:
+            c = (c[0], c[1], {**c[2], "before": prev[2].get("before")})
+        last[k] = c
+    return list(last.values())
 
 
 def revised_op(payload: Any, logged: bool) -> Any:

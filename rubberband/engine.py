@@ -80,10 +80,12 @@ __all__ = [
     "MAX_EKEY",
     "MIN_EKEY",
     "NOTHING",
+    "ROWS",
     "BadKey",
     "BadOperation",
     "EKey",
     "Engine",
+    "Event",
     "Key",
     "Operations",
     "Part",
@@ -92,6 +94,7 @@ __all__ = [
     "ReportsChanges",
     "SendCursor",
     "after",
+    "changed_key",
     "check_version_op",
     "contains",
     "encode_key",
@@ -100,6 +103,7 @@ __all__ = [
     "merge",
     "normalize",
     "rejection",
+    "row_key",
     "sort_bound",
     "sort_key",
     "union",
@@ -201,6 +205,33 @@ class Engine(Protocol):
 
 Change = tuple[Any, str, Any]
 """What a write did to a key: ``(key, "put", new value)`` or ``(key, "delete", None)``."""
+
+
+class Event(NamedTuple):
+    """One write as a feed tells it: its position, and each key it changed in the feed's
+    ranges, ``(key, "put", value)`` or ``(key, "delete", None)``, in key order."""
+
+    position: int
+    changes: tuple[tuple[Any, str, Any], ...]
+
+
+ROWS = "~rows"
+"""The first element of a table row's change key (keys starting with it are reserved)."""
+
+
+def row_key(table: str, key: Key) -> tuple[str, str, Key]:
+    """How an engine with tables names a row in the changes it reports: apart from
+    key-value data of the same key and from other tables' rows, placed by ``key``
+    (:func:`changed_key`).  Its value is ``{"row": after, "before": before}`` (a put;
+    ``before`` None for a new row) or ``{"before": before}`` (a delete)."""
+    return (ROWS, table, key)
+
+
+def changed_key(key: Key) -> Key:
+    """The key a reported change is placed by: a table row's own key, else the key."""
+    if type(key) is tuple and len(key) == 3 and key[0] == ROWS:
+        return key[2]
+    return key
 
 
 class ReportsChanges:

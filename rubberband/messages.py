@@ -30,7 +30,7 @@ from typing import Any, Literal
 import msgpack
 
 from rubberband.changelog import Changes, Revisions, changes_ranges, page
-from rubberband.engine import BadOperation, Placement
+from rubberband.engine import BadOperation, Placement, changed_key
 from rubberband.errors import Rejected, Unavailable
 from rubberband.gather import Gather, Holders, op_name
 from rubberband.keys import MAX_EKEY, RangeSet, after, contains, covers, intersect, normalize
@@ -220,7 +220,7 @@ class Messages:
             if type(keys) not in (list, tuple) or not keys:
                 raise BadOperation("a revisions read names its keys (a non-empty sequence)")
             ranges = self.gather(op.op, within).ranges
-            wanted = normalize((p, after(p)) for p in map(self.placement.ekey, keys))
+            wanted = normalize((p, after(p)) for p in map(self.change_place, keys))
             if not covers(ranges, wanted):
                 raise BadOperation("a revisions read names keys its read does not cover")
             return Gather(Revisions(op.op, tuple(keys)), ranges)
@@ -232,6 +232,10 @@ class Messages:
         # read is complete as it is, its answer the engine's combination of no answers
         # (empty rows, a count of 0), and no message is sent for it.
         return Gather(op, ranges)
+
+    def change_place(self, key: Any) -> Any:
+        """Where a change's key lives: a table row's change by the row's key."""
+        return self.placement.ekey(changed_key(key))
 
     def gathers(self, ops: list[Any]) -> list[Gather]:
         """:meth:`gather` of every op of a batch, in one loop (it runs for every read a
@@ -387,11 +391,11 @@ class Messages:
     def result(self, gather: Gather) -> Any:
         op = gather.op
         if type(op) is Changes:
-            return page(gather.pieces, gather.position, gather.error, self.placement.ekey)
+            return page(gather.pieces, gather.position, gather.error, self.change_place)
         if gather.error is not None:
             raise Rejected(gather.error)
         if type(op) is Revisions:  # each answer: [result, [[key, position], ...]]
-            ekey = self.placement.ekey
+            ekey = self.change_place
             revisions = {
                 k: t for r, res in gather.pieces for k, t in res[1] if contains(r, ekey(k))
             }

@@ -37,7 +37,7 @@ from rubberband.applying import Apply, answer_bundle
 from rubberband.bundles import Segments
 from rubberband.changelog import ChangeLog, revised_op
 from rubberband.config import CLIENT, STORAGE, SUPER
-from rubberband.engine import BadOperation, Engine, Placement
+from rubberband.engine import BadOperation, Engine, Placement, changed_key
 from rubberband.keys import (
     NOTHING,
     RangeSet,
@@ -163,7 +163,7 @@ class StorageCore:
         self.changes = changes or ChangeLog()
         """What changed at which position (change feeds), if the engine reports it."""
         self._logged = self.changes.enabled and hasattr(engine, "apply_logged")
-        self.changes.place = lambda key: self.engine.placement.ekey(key)
+        self.changes.place = lambda key: self.engine.placement.ekey(changed_key(key))
         self.now = 0.0
 
     # ================================================================== outputs

@@ -20,7 +20,7 @@ answer is known without asking anyone (empty, or zero rows changed).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 from rubberband.engine import (
@@ -28,8 +28,10 @@ from rubberband.engine import (
     MAX_EKEY,
     MIN_EKEY,
     NOTHING,
+    ROWS,
     BadKey,
     BadOperation,
+    Event,
     Part,
     Placement,
     RangeSet,
@@ -371,6 +373,27 @@ class Table:
 
     async def delete(self, where: Any = ()) -> None:
         await self._client.write(self._ops.delete(self.name, where))
+
+    async def watch(
+        self, lo: Any = None, hi: Any = None, since: int | None = None, poll: float = 0.05
+    ) -> AsyncIterator[Event]:
+        """Every write to this table's rows with keys in ``[lo, hi)`` after position
+        ``since`` (None: from now), one :class:`~rubberband.changelog.Event` per write
+        in the total order (the client's ``watch``, with its guarantees): each change
+        ``(key, "put", {"row": after, "before": before})`` (``before`` None for a new
+        row) or ``(key, "delete", {"before": before})``, an update by predicate one
+        change per row it matched.  Writes that change no row of the table give no
+        event.  Needs storage processes whose engine reports its changes (the
+        ``scan-memory`` engine)."""
+        name = self.name
+        async for event in self._client.watch(lo, hi, since=since, poll=poll):
+            mine = tuple(
+                (key[2], kind, value)
+                for key, kind, value in event.changes
+                if type(key) is tuple and len(key) == 3 and key[0] == ROWS and key[1] == name
+            )
+            if mine:
+                yield Event(event.position, mine)
 
     async def select(
         self,

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from rubberband.engine import BadOperation, Placement, RangeSet
+from rubberband.engine import ROWS, BadOperation, Placement, RangeSet
 from storage_adapters.scan.ops import Rows, Select, Write
 from storage_adapters.scan.plan import Probe, Stats, domain_of, make_plan
 from storage_adapters.scan.predicates import (
@@ -53,7 +53,7 @@ from storage_adapters.scan.predicates import (
     typed_range_mask,
     typed_ranges,
 )
-from storage_adapters.scan.results import ReadSink
+from storage_adapters.scan.results import ReadSink, decode_column
 from storage_adapters.scan.scan import RowMarker, Unit, run
 from storage_adapters.scan.table import Block, Table
 
@@ -109,9 +109,14 @@ def _tidy(con: Constraint) -> Constraint:
 
 
 def execute(
-    table: Table, stats: Stats, placement: Placement, items: Sequence[Item]
+    table: Table,
+    stats: Stats,
+    placement: Placement,
+    items: Sequence[Item],
+    log: dict[int, list[Any]] | None = None,
 ) -> dict[int, Any]:
-    """Run one table's share of a batch; results by batch position."""
+    """Run one table's share of a batch; results by batch position.  With ``log``, each
+    write's row changes go into it by batch position (:meth:`HotState.images`)."""
     reads = [(pos, op, rs) for pos, op, rs in items if isinstance(op, Select)]
     writes = [(pos, op, rs) for pos, op, rs in items if isinstance(op, Write)]
     results: dict[int, Any] = {}
@@ -119,6 +124,7 @@ def execute(
     if writes:
         stats.refresh(table)
         hot = _find_hot(table, stats, writes, track_versions=bool(reads))
+        hot.log = log
         for pos, op, rs in writes:
             try:
                 results[pos] = hot.apply(pos, op, restriction(table, rs), placement)
@@ -267,6 +273,8 @@ class HotState:
         ] = []
         self.keys: dict[Any, int] = dict(zip(self._key_values(slice(0, n)), range(n), strict=True))
         """Hot row of each alive key."""
+        self.log: dict[int, list[Any]] | None = None
+        """Set, it takes each write's row changes by batch position (change feeds)."""
 
     def __len__(self) -> int:
         return self.n
@@ -385,13 +393,18 @@ class HotState:
         if op.kind == "update":
             rows = self.match(op.atoms, where)
             if len(rows):
+                before = self.images(rows) if self.log is not None else None
                 self._close(rows, pos)
                 self._assign(rows, op.assignments)
                 self.start[rows] = pos
+                if before is not None:
+                    self._logged(pos, rows, before, "put")
             return {"updated": len(rows)}
         if op.kind == "delete":
             rows = self.match(op.atoms, where)
             if len(rows):
+                if self.log is not None:
+                    self._logged(pos, rows, self.images(rows), "delete")
                 self._close(rows, pos)
                 self.alive[rows] = False
                 self.dirty[rows] = True
@@ -400,6 +413,34 @@ class HotState:
             return {"deleted": len(rows)}
         assert op.rows is not None
         return self._put(pos, op.rows, where, placement, op.kind == "upsert")
+
+    def images(self, rows: np.ndarray) -> list[dict[str, Any]]:
+        """The hot rows' values as plain Python (a NULL as None), a dict each."""
+        table, nulls = self.table, self.nulls
+        names, columns = [], []
+        for col in table.schema.columns:
+            values = decode_column(table, col, self.cols[col.name][rows]).tolist()
+            if col.name in nulls:
+                masked = nulls[col.name][rows].tolist()
+                values = [None if null else v for v, null in zip(values, masked, strict=True)]
+            names.append(col.name)
+            columns.append(values)
+        return [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
+
+    def _logged(self, pos: int, rows: np.ndarray, before: list[Any] | None, kind: str) -> None:
+        """Log a write's changes to ``rows``: after (a put) and before images."""
+        assert self.log is not None
+        name = self.table.name
+        keys = self._key_values(rows)
+        olds = before if before is not None else [None] * len(keys)
+        if kind == "delete":
+            pairs = zip(keys, olds, strict=True)
+            out = [((ROWS, name, k), "delete", {"before": b}) for k, b in pairs]
+        else:  # row_key's form, built inline: a bulk insert logs thousands at once
+            after = self.images(rows)
+            out = [((ROWS, name, k), "put", {"row": a, "before": b})
+                   for k, a, b in zip(keys, after, olds, strict=True)]  # fmt: skip
+        self.log.setdefault(pos, []).extend(out)
 
     def _close(self, rows: np.ndarray, pos: int) -> None:
         """End the current version of ``rows`` at ``pos``."""
@@ -478,6 +519,7 @@ class HotState:
         updated = 0
         if old.any():
             targets = existing[old]
+            before = self.images(targets) if self.log is not None else None
             self._close(targets, pos)
             for name, arr in cols.items():
                 self.cols[name][targets] = arr[old]
@@ -486,6 +528,8 @@ class HotState:
             self.dirty[targets] = True
             self.start[targets] = pos
             updated = int(old.sum())
+            if before is not None:
+                self._logged(pos, targets, before, "put")
         fresh = ~old
         count = int(fresh.sum())
         if count:
@@ -507,6 +551,8 @@ class HotState:
             self.n = base + count
             fresh_keys = [k for k, f in zip(keys, fresh.tolist(), strict=True) if f]
             self.keys.update(zip(fresh_keys, range(base, base + count), strict=True))
+            if self.log is not None:
+                self._logged(pos, np.arange(base, base + count), None, "put")
         if upsert:
             return {"inserted": count, "updated": updated}
         return {"inserted": count}

@@ -87,6 +87,18 @@ class ScanEngine:
             self._durability.log_batch(batch, results, self)
         return results
 
+    def apply_logged(
+        self, batch: Sequence[tuple[Any, RangeSet]]
+    ) -> tuple[list[Any], list[tuple[Any, ...]]]:
+        """:meth:`apply`, and each operation's row changes (change feeds): every row a
+        write put or deleted, named by :func:`rubberband.engine.row_key`, with its
+        images after and before.  Creating or dropping a table changes no row."""
+        log: dict[int, list[Any]] = {}
+        results = self._apply(batch, basic=False, log=log)
+        if self._durability is not None:
+            self._durability.log_batch(batch, results, self)
+        return results, [tuple(log.get(i, ())) for i in range(len(batch))]
+
     def apply_basic(self, batch: Sequence[tuple[Any, RangeSet]]) -> list[Any]:
         """Basic reads outside the delivery order (5.2): each op must be a select, and runs
         on the current state.  Writes are refused."""
@@ -146,7 +158,12 @@ class ScanEngine:
             self._durability.checkpoint(self)
 
     # ---------------------------------------------------------------- batches
-    def _apply(self, batch: Sequence[tuple[Any, RangeSet]], basic: bool) -> list[Any]:
+    def _apply(
+        self,
+        batch: Sequence[tuple[Any, RangeSet]],
+        basic: bool,
+        log: dict[int, list[Any]] | None = None,
+    ) -> list[Any]:
         self._counters["batches"] += 1
         self._counters["ops"] += len(batch)
         results: list[Any] = [None] * len(batch)
@@ -158,7 +175,7 @@ class ScanEngine:
                 if basic and kind != "select":
                     raise BadOperation(f"only selects can be basic reads, not {kind}")
                 if kind in DDL:
-                    self._run(group, results)
+                    self._run(group, results, log)
                     group = []
                     results[pos] = self._ddl(compile_op(op, schemas))
                     schemas = {name: t.schema for name, t in self.tables.items()}
@@ -170,18 +187,23 @@ class ScanEngine:
                 group.append((pos, compiled, ranges))
             except BadOperation as exc:
                 results[pos] = exc
-        self._run(group, results)
+        self._run(group, results, log)
         self._counters["rejected"] += sum(isinstance(r, BadOperation) for r in results)
         return results
 
-    def _run(self, group: list[tuple[int, Compiled, RangeSet]], results: list[Any]) -> None:
+    def _run(
+        self,
+        group: list[tuple[int, Compiled, RangeSet]],
+        results: list[Any],
+        log: dict[int, list[Any]] | None = None,
+    ) -> None:
         by_table: dict[str, list[clock.Item]] = {}
         for pos, op, ranges in group:
             assert isinstance(op, (Select, Write))
             by_table.setdefault(op.table, []).append((pos, op, ranges))
         for name, items in by_table.items():
             table = self.tables[name]
-            out = clock.execute(table, self._stats[name], self.placement, items)
+            out = clock.execute(table, self._stats[name], self.placement, items, log)
             for pos, result in out.items():
                 results[pos] = result
             if any(isinstance(op, Write) for _, op, _ in items):

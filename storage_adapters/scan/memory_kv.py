@@ -10,8 +10,9 @@ views' ``version`` operation).  The two stores hold disjoint data (an operation 
 one of them by its form), so a batch's operations on one store keep their order and
 those on the other commute with them.  Clients use :class:`~.kv.ScanKVOps`.
 
-Only the key-value data reports changes: a change feed over a range tells the writes of
-key-value data there, never a table's (tables keep no change feed yet).  With
+Both stores report their changes: a change feed over a range tells the writes of
+key-value data there and of the tables' rows whose keys lie there (a row by
+:func:`rubberband.engine.row_key`, with its images).  With
 ``durable_dir`` the tables keep the scan engine's redo log; the key-value data is in
 memory only, as on the memory engine.
 """
@@ -72,7 +73,8 @@ class ScanMemoryEngine:
     def apply_logged(
         self, batch: Sequence[tuple[Any, RangeSet]]
     ) -> tuple[list[Any], list[tuple[Any, ...]]]:
-        """:meth:`apply`, and what each key-value write changed (a table's: nothing)."""
+        """:meth:`apply`, and what each write changed: a key-value write its keys, a
+        table write its rows (:meth:`ScanEngine.apply_logged`)."""
         changed: list[tuple[Any, ...]] = [()] * len(batch)
         return self._apply(batch, changed), changed
 
@@ -88,7 +90,14 @@ class ScanMemoryEngine:
         results: list[Any] = [None] * len(batch)
         tables = [i for i, (op, _) in enumerate(batch) if isinstance(op, dict)]
         if tables:  # one Clock Scan cycle for all of them, in their order
-            for i, res in zip(tables, self.scan.apply([batch[i] for i in tables]), strict=True):
+            ops = [batch[i] for i in tables]
+            if changed is None:
+                got = self.scan.apply(ops)
+            else:
+                got, logged = self.scan.apply_logged(ops)
+                for i, c in zip(tables, logged, strict=True):
+                    changed[i] = c
+            for i, res in zip(tables, got, strict=True):
                 results[i] = res
         if len(tables) < len(batch):
             data = [i for i, (op, _) in enumerate(batch) if not isinstance(op, dict)]

@@ -40,12 +40,13 @@ ROUTER_DETECTION = EndpointParams().progress_timeout
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Any:
+def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Any:
     """3 routers, 2 supers repairing on their own, 4 storage processes on the ring and
-    2 standing by."""
+    2 standing by (extra ``cluster up`` flags through indirect parametrization)."""
     d = tmp_path / "rb"
+    extra = list(getattr(request, "param", ()))
     up = cli("cluster", "up", "--routers", "3", "--supers", "2", "--storage", "4",
-             "--auto-repair", "--state-dir", str(d))  # fmt: skip
+             "--auto-repair", "--state-dir", str(d), *extra)  # fmt: skip
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         added = cli("cluster", "add", "--storage", "2", "--state-dir", str(d))

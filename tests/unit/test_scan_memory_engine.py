@@ -46,12 +46,16 @@ def test_one_batch_of_tables_and_key_value_data_keeps_each_stores_order() -> Non
     assert isinstance(results[3], BadOperation) and "holds a int" in str(results[3])
     assert results[5] == {("acct", 1): {"b": 5}, "x": 1}
     assert rows(results[7]) == [(1, "b"), (2, "c")]
+    a, b, c = ({"k": 1, "v": "a"}, {"k": 1, "v": "b"}, {"k": 2, "v": "c"})
     assert changes == [
-        (),
+        ((("~rows", "t", 1), "put", {"row": a, "before": None}),),  # a row, apart from 1
         ((("acct", 1), "put", {"b": 5}), ("x", "put", 1)),
         (),
         (),
-        (),
+        (
+            (("~rows", "t", 1), "put", {"row": b, "before": a}),
+            (("~rows", "t", 2), "put", {"row": c, "before": None}),
+        ),
         (),
         (("x", "delete", None),),  # "never" held nothing: no change
         (),
