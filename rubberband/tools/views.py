@@ -268,10 +268,11 @@ def metrics_text(figures: dict[str, Any], now: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_intermixed_args(argv)
-    if args.command == "maintain":  # a daemon: its work is messages, as a router's
-        import ecast
+    if args.command == "maintain":  # a daemon: uvloop, as the storage daemons
+        with contextlib.suppress(ImportError):
+            import uvloop
 
-        ecast.tune_process()
+            uvloop.install()
     try:
         out = asyncio.run(run(args))
     except Usage as e:
