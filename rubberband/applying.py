@@ -86,13 +86,28 @@ class Apply:
             core.stop("engine returned a wrong number of results")
             return
         core.stats.applied += len(self.batch)
-        if changed is not None:
-            core.changes.record_all(
-                [(item[5], c) for item, c in zip(items, changed, strict=True) if c], core.now
-            )
-        self._answer(results)
+        revised = self._record(changed) if changed is not None else {}
+        self._answer(results, revised)
         for m, mine, t in self.feeds:
             self._feed(m, mine, t)
+
+    def _record(self, changed: list[Any]) -> dict[int, Any]:
+        """Log the batch's changes in position order, and look each revisions read's
+        keys up between them, at its own position: a write after the read in the same
+        batch is not in its answer.  The revisions by item index."""
+        core = self.core
+        revised: dict[int, Any] = {}
+        pending: list[tuple[int, Any]] = []
+        for j, (item, c) in enumerate(zip(self.items, changed, strict=True)):
+            m = item[0]
+            if H.REVISIONS in m.header and H.READS in m.header and item[4] < 0:
+                core.changes.record_all(pending, core.now)
+                pending = []
+                revised[j] = core.changes.revisions_of(m.payload[1], item[3] or NOTHING)
+            elif c:
+                pending.append((item[5], c))
+        core.changes.record_all(pending, core.now)
+        return revised
 
     def _feed(self, m: Message, mine: RangeSet, t: int) -> None:
         core = self.core
@@ -144,11 +159,11 @@ class Apply:
             else:
                 items.append((m, op, mine, mine, -1, t))
 
-    def _answer(self, results: list[Any]) -> None:
+    def _answer(self, results: list[Any], revised: dict[int, Any]) -> None:
         core = self.core
         bundles, writes = self.bundles, self.writes
         counted: Any = None
-        for (m, _, _, mine, i, t), res in zip(self.items, results, strict=True):
+        for j, ((m, _, _, mine, i, t), res) in enumerate(zip(self.items, results, strict=True)):
             bad = isinstance(res, BadOperation)
             if bad and counted != (id(m), i):  # a read's pieces are one operation
                 counted = (id(m), i)
@@ -175,8 +190,8 @@ class Apply:
                 if bad:
                     core.send(m.sender, Answer(rid, mine, None, str(res), t, True))
                 else:
-                    if H.REVISIONS in h and H.READS in h:  # its keys' revisions, now
-                        res = [res, core.changes.revisions_of(m.payload[1], mine)]
+                    if H.REVISIONS in h and H.READS in h:  # its keys' revisions, then
+                        res = [res, revised.get(j, []) if mine else []]
                     core.send(m.sender, Answer(rid, mine, res, None, t, True))
         for m, answers, whole, t in bundles.values():
             rid = m.header.get(H.REQUEST, m.id)

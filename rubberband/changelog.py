@@ -223,7 +223,7 @@ class ChangeLog:
         if len(changes) > 1:
             # A key changed twice at one position (a bundle of writes, a key named
             # twice): its last change is what that position did to it.
-            last = {(type(c[0]), c[0]): c for c in changes}
+            last = {_same(c[0]): c for c in changes}
             if len(last) < len(changes):
                 changes = _last_changes(changes)
         self._revise(t, changes)
@@ -332,8 +332,16 @@ class ChangeLog:
                 parts.append(tuple(part))
                 part, size = [], 0
         parts.append(tuple(part))
-        mine = [(key, t) for _ident, key, t in self._revisions_in(ranges)]
-        revised = [tuple(mine[i : i + REVISIONS_PART]) for i in range(0, len(mine), REVISIONS_PART)]
+        revised: list[Any] = []
+        part, size = [], 0
+        for _ident, key, t in self._revisions_in(ranges):
+            part.append((key, t))
+            size += 16 + (len(key) if type(key) in (str, bytes) else len(repr(key)))
+            if len(part) >= REVISIONS_PART or size >= part_bytes:
+                revised.append(tuple(part))
+                part, size = [], 0
+        if part:
+            revised.append(tuple(part))
         return self.held_after(ranges), parts, revised
 
     def adopt(
@@ -384,9 +392,15 @@ class ChangeLog:
         self._adopt_revisions(ranges, revised, upto)
         self.trim(now)
 
-    def _adopt_revisions(self, ranges: RangeSet, revised: list[tuple[Any, int]], upto: int) -> None:
+    def forget(self, ranges: RangeSet) -> None:
+        """``ranges`` are no longer ours (their data was deleted here): their keys'
+        revisions go (their changes stay until retention drops them, answered only for
+        what we hold)."""
         for ident, _key, _t in self._revisions_in(ranges):
             del self.revisions[ident]
+
+    def _adopt_revisions(self, ranges: RangeSet, revised: list[tuple[Any, int]], upto: int) -> None:
+        self.forget(ranges)
         for key, t in revised:
             if contains(ranges, self.place(key)):
                 self._revise(t, ((key, "put", None),))
@@ -459,14 +473,25 @@ def feed_answer(
     return mine, found, None
 
 
+def _same(key: Any) -> Any:
+    """What two changes share when they change one key: ``True`` and ``1`` are two
+    keys (and ``(True,)`` and ``(1,)``), ``1`` and ``1.0`` one."""
+    return sort_key(key) if type(key) is tuple else (type(key) is bool, key)
+
+
 def _last_changes(changes: Sequence[tuple[Any, str, Any]]) -> list[tuple[Any, str, Any]]:
     """Each key's last change, in first-seen order; a table row's keeps the first
     change's before image (the row before the position, not between its writes)."""
     last: dict[Any, tuple[Any, str, Any]] = {}
     for c in changes:
-        k = (type(c[0]), c[0])
+        k = _same(c[0])
         prev = last.get(k)
-        if prev is not None and changed_key(c[0]) is not c[0]:
+        if (
+            prev is not None
+            and changed_key(c[0]) is not c[0]
+            and type(c[2]) is dict
+            and type(prev[2]) is dict
+        ):
             c = (c[0], c[1], {**c[2], "before": prev[2].get("before")})
         last[k] = c
     return list(last.values())

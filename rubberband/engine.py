@@ -102,6 +102,7 @@ __all__ = [
     "is_chain",
     "merge",
     "normalize",
+    "refuse_row_key",
     "rejection",
     "row_key",
     "sort_bound",
@@ -225,6 +226,13 @@ def row_key(table: str, key: Key) -> tuple[str, str, Key]:
     (:func:`changed_key`).  Its value is ``{"row": after, "before": before}`` (a put;
     ``before`` None for a new row) or ``{"before": before}`` (a delete)."""
     return (ROWS, table, key)
+
+
+def refuse_row_key(key: Key) -> None:
+    """Key-value data may not use a table row's change key (its changes would be
+    placed by the row key, not where the data lives): :class:`BadKey`."""
+    if type(key) is tuple and len(key) == 3 and key[0] == ROWS:
+        raise BadKey(f"keys ({ROWS!r}, table, key) are reserved for tables' rows: {key!r:.60}")
 
 
 def changed_key(key: Key) -> Key:

@@ -448,6 +448,7 @@ class StorageCore:
             except Exception as e:
                 self.stop(f"engine failed to delete: {e}")
                 return
+            self.changes.forget(ranges)
             if v:
                 self.instruction_done(v)
 

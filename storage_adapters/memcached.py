@@ -70,6 +70,7 @@ from rubberband.engine import (
     check_version_op,
     encode_key,
     merge,
+    refuse_row_key,
     rejection,
 )
 from storage_adapters.memory import (
@@ -281,6 +282,8 @@ class MemcachedEngine(ReportsChanges):
 
     # ------------------------------------------------------------------ helpers
     def _slot(self, key: Any) -> Slot:
+        if type(key) is tuple:
+            refuse_row_key(key)
         return (self.placement.ekey(key), encode_key(key))
 
     def _mine(self, keys: Iterable[Any], ranges: RangeSet) -> list[tuple[Slot, Any]]:

@@ -59,6 +59,7 @@ from rubberband.engine import (
     encode_key,
     merge,
     normalize,
+    refuse_row_key,
     rejection,
     sort_bound,
     sort_key,
@@ -149,6 +150,9 @@ class KVOps:
                     raise BadOperation(f"empty range [{op[1]!r}, {op[2]!r})")
                 return Part(kind, ((lo, hi),))
             places = [placement.ekey(k) for k in keys]
+            for k in keys:
+                if type(k) is tuple:
+                    refuse_row_key(k)
         except BadKey as e:
             raise BadOperation(str(e)) from None
         except TypeError:
@@ -255,6 +259,8 @@ class MemoryEngine(ReportsChanges):
         """Where ``key`` sorts in the map: its flat sort form, after its hash bucket under
         hash partitioning, so a slot compares with :meth:`_flat` ranges as its placement
         does: ``(2, h, -1, ...)`` lies in ``[(2, h), (2, h, 0))``, a bucket's point range."""
+        if type(key) is tuple:
+            refuse_row_key(key)
         if self._ordered:
             return sort_key(key)
         return (*self.placement.ekey(key), -1, *sort_key(key))

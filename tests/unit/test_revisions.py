@@ -89,6 +89,9 @@ def test_revisions_move_with_their_range_to_a_new_holder() -> None:
     rig.pump()
     new = m.storage["storage:9"].changes.revisions_of([150, 160, 170], EVERYTHING)
     assert dict(new) == {150: old, 160: old + 1, 170: old + 2}
+    # The source deleted what it gave away, and its revisions with it.
+    assert m.storage["storage:0"].changes.revisions_of([150, 160, 170], EVERYTHING) == []
+    assert m.storage["storage:0"].changes.revisions_of([50], EVERYTHING) == [[50, old]]
     after = written(m, ("put", ((170, "w"),)))
     m.settle()
     _, revised, _ = revisions(rig, [150, 50, 170])
@@ -165,3 +168,53 @@ def test_a_revisions_payload_is_an_op_and_keys() -> None:
     assert "no change log" in revised_op((("get", (1,)), (1,)), False)
     for bad in (None, (1, 2, 3), (("get", (1,)), [1]), (("get", (1,)), ({},))):
         assert type(revised_op(bad, True)) is str
+
+
+def test_a_revisions_read_answers_as_of_its_position_in_a_batch_with_later_writes() -> None:
+    """A read and the writes after it delivered in one engine batch: the read's value
+    and revisions are both as of its own position, not the batch's end."""
+    from ecast import Message
+
+    m = Model(f=1).ring_of(1)
+    first = written(m, ("put", ((1, "a"), (2, "b"))))
+    core = m.storage["storage:0"]
+    point = ((encode_key(1), (*encode_key(1), 0)),)
+    read = Message("client:c", (("m", 0, "client:c"), 901), {H.READS: point, H.OFFSET: 0,
+                   H.REVISIONS: True, H.REQUEST: 77}, (("get", (1,)), (1,)))  # fmt: skip
+    w1 = Message("client:c", (("m", 0, "client:c"), 902), {H.WRITES: point}, ("put", ((1, "c"),)))
+    w2 = Message("client:c", (("m", 0, "client:c"), 903), {H.WRITES: point}, ("delete", (1,)))
+    w0 = Message("client:c", (("m", 0, "client:c"), 900), {H.WRITES: point}, ("put", ((1, "z"),)))
+    t = m.t
+    fx = core.deliver([(t + 1, w0), (t + 2, read), (t + 3, w1), (t + 4, w2)])
+    m._outputs("storage:0", fx)
+    answers = [msg for _s, c, msg in m.to_clients if getattr(msg, "request", None) == 77]
+    assert answers and answers[-1].result == [{1: "z"}, [[1, t + 1]]]
+    assert first < t + 1
+
+
+def test_keys_a_dict_confuses_changed_at_one_position_are_two_changes() -> None:
+    log = ChangeLog()
+    log.record(10, 0.0, [((1, "x"), "put", "a"), ((True, "x"), "put", "b"), (1, "put", "c"),
+                         (True, "put", "d"), (1.0, "put", "e")])  # fmt: skip
+    (entry,) = log.read(0, EVERYTHING, 11)
+    assert sorted(repr(c) for c in entry[1]) == sorted(
+        repr(c) for c in [[(1, "x"), "put", "a"], [(True, "x"), "put", "b"],
+                          [1.0, "put", "e"], [True, "put", "d"]]
+    )  # fmt: skip
+    got = [(repr(k), t) for k, t in log.revisions_of([(1, "x"), (True, "x")], EVERYTHING)]
+    assert got == [("(1, 'x')", 10), ("(True, 'x')", 10)]
+
+
+def test_key_value_data_may_not_take_a_table_rows_change_key() -> None:
+    """``("~rows", table, key)`` names a row's change: refused as a key-value key by the
+    client and by every engine alike, and never stops a replica."""
+    m = Model(f=1).ring_of(1)
+    rig = Rig(m)
+    with pytest.raises(BadOperation, match="reserved"):
+        rig.read(("get", (("~rows", "t", 1),)), "sequential")
+    key = ("~rows", "t", 1)
+    point = ((encode_key(key), (*encode_key(key), 0)),)
+    m.submit("client:c", {H.WRITES: point, H.ANSWER: True},
+             ("put", ((key, "a"), (key, "b"))))  # fmt: skip
+    m.settle()
+    assert not m.stopped and m.storage["storage:0"].engine.items() == []
