@@ -183,7 +183,19 @@ class _Host:
 
     def _start(self, *coros: Any) -> None:
         for c in coros:
-            self._tasks.append(asyncio.ensure_future(c))
+            task = asyncio.ensure_future(c)
+            task.add_done_callback(self._ended)
+            self._tasks.append(task)
+
+    def _ended(self, task: asyncio.Future[Any]) -> None:
+        """A loop of the process ended by an exception: stop (fail-stop, so the supers
+        see it gone and replace it), never run on without it, answering pings while
+        applying nothing."""
+        if task.cancelled() or task.exception() is None:
+            return
+        e = task.exception()
+        log.error("event=internal_error error=%r", e, exc_info=e)
+        self._stop(f"internal error: {type(e).__name__}: {e}")
 
     async def _batch(self) -> list[tuple[Any, ...]]:
         """Inbox items for one step of the core: ``(DELIVERIES, [Delivery, ...])`` and

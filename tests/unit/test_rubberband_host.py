@@ -150,3 +150,26 @@ async def test_the_inbox_is_a_fifo_whose_waiting_worker_wakes_and_loses_nothing(
     await asyncio.sleep(0)
     inbox.put_nowait(("d",))
     assert cancelled.cancelled() and await asyncio.wait_for(inbox.get(), 1) == ("d",)
+
+
+async def test_a_loop_that_fails_stops_the_process_instead_of_leaving_it_half_alive() -> None:
+    """An exception out of the core (a defect) ends the process with its reason, so the
+    supers replace it, rather than leaving one that answers pings and applies nothing."""
+
+    class Waiting(FakeClient):
+        async def delivery_batch(self, max_items: int = 512) -> list[Any]:
+            if self.taken >= self.n:
+                await asyncio.Event().wait()  # no more, and E-Cast still open
+            return await super().delivery_batch(max_items)
+
+    h = host(Waiting(3))
+
+    def broken(items: Any) -> Any:
+        raise RuntimeError("a defect")
+
+    h._feed = broken  # type: ignore[method-assign]
+    h._start(h._read_deliveries(), h._work())
+    await asyncio.wait_for(h.done.wait(), 10)
+    assert h.stopped == "internal error: RuntimeError: a defect"
+    for task in h._tasks:
+        task.cancel()
