@@ -38,6 +38,10 @@ def test_a_multicast_run_under_every_fault_checks_valid(tmp_path: Path) -> None:
     assert report["per_second"] and max(p["ok"] for p in report["per_second"]) > 0
 
 
+# Alone too, for the same reason: beside two other daemon tests and the unit suite
+# (CI, 2026-11-30) 4,690 of 19,998 messages were left unacknowledged (every checker
+# passed); alone it passed.
+@pytest.mark.exclusive
 @needs_net
 def test_a_broadcast_multicast_run_under_faults_checks_valid(tmp_path: Path) -> None:
     """The broadcast config: every message to every joined process, the clients too, so
