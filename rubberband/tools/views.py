@@ -140,7 +140,9 @@ async def _status(rb: Any, view: Any) -> dict[str, Any]:
     chain = got.get(meta_key(view.name))
     if not chain or len(chain) < 2:
         return {"name": view.name, "kind": view.kind, "maintained": False}
-    reached, floor = chain[-1]
+    from rubberband.views.steps import progress_of
+
+    reached, floor, _start = progress_of(chain[-1])
     return {"name": view.name, "kind": view.kind, "maintained": True, "position": reached,
             "floor": floor, "behind": now - reached}  # fmt: skip
 

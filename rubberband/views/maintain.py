@@ -171,7 +171,11 @@ class Maintainer:
         once the rows are stable, a basic read that sees it sees the rows at any
         replica.  :meth:`in_order` makes the ordered progress sooner."""
         floor = self.floor
-        name, entry = self.view.name, [self.position, floor]
+        # The progress says where this maintainer started: a row version below it was
+        # written by another one (a stale maintainer behind it, perhaps after this one
+        # read the view's old rows) and is no part of this one's view, which wrote every
+        # row it holds at its start (:func:`rubberband.views.steps.progress_of`).
+        name, entry = self.view.name, [self.position, [floor, self._start]]
         progress = ((meta_key(name), entry), (stable_key(name), entry))
         parts = [entries[i : i + BATCH_KEYS] for i in range(0, len(entries), BATCH_KEYS)]
         return [*(("version", tuple(part), floor) for part in parts),

@@ -433,14 +433,14 @@ def _read(
             chains = dict(got)
             meta = chains.pop(meta_key(name), None)
         if meta is not None and len(meta) > 1:
-            reached, floor = meta[-1]
+            reached, floor, start = progress_of(meta[-1])
             if reached >= target:
                 at = target if level == "sequential" else reached
                 if at < floor:
                     raise Compacted(floor)
                 if session is not None and level == "read-your-writes":
                     session.floor = max(session.floor, reached)
-                return _as_of(chains, at), at
+                return _as_of(chains, at, start), at
         if now + pause > deadline:
             raise Indeterminate(
                 f"view {name!r} has not reached position {target} in time"
@@ -452,13 +452,37 @@ def _read(
         pause = min(pause * 2, POLL_CAP)
 
 
-def _as_of(chains: dict[Any, Any], at: int) -> list[tuple[Any, Any]]:
+def progress_of(entry: Any) -> tuple[int, int, int]:
+    """A progress version ``[W, floor]`` or ``[W, [floor, start]]``: ``(W, floor,
+    start)`` (start 0: not said)."""
+    reached, value = entry
+    if type(value) in (list, tuple):
+        return reached, value[0], value[1]
+    return reached, value, 0
+
+
+def _as_of(chains: dict[Any, Any], at: int, start: int = 0) -> list[tuple[Any, Any]]:
+    """The rows as of ``at``.  A row whose version at ``at`` is older than the
+    maintainer's ``start`` is not in its view: it wrote every row it held at its
+    start, and such a version is another maintainer's, written after this one read the
+    old rows (that maintainer may have died before writing the row's later absence)."""
     out = []
     for key in sorted(chains, key=encode_key):
+        chain = chains[key]
         try:
-            present, value = as_of(chains[key], at)
+            present, value = as_of(chain, at)
         except LookupError as e:
             raise Compacted(e.args[0]) from None
-        if present:
+        if present and _since(chain, at) >= start:
             out.append((key[2], value))
     return out
+
+
+def _since(chain: Any, at: int) -> int:
+    """The position of a chain's version that holds at ``at``."""
+    best = -1
+    for entry in chain[1:]:
+        if entry[0] > at:
+            break
+        best = entry[0]
+    return best

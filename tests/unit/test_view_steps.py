@@ -202,3 +202,23 @@ def test_an_any_read_asks_for_the_rows_only_once_it_has_the_progress() -> None:
     with pytest.raises(StopIteration) as done:
         steps.send(([(("~view", "by_g", (1, 2)), [0, [5, "row"]])], 0.2))
     assert done.value.value == ([((1, 2), "row")], 7)
+
+
+def test_a_row_a_stale_maintainer_wrote_below_the_current_ones_start_is_not_in_the_view() -> None:
+    """Maintainer B started at 100 and wrote every row it holds at 100; a maintainer
+    behind it (A) then wrote a row true at 90 and died before writing its absence at 95.
+    B never knew the row: a read at 110 must not show it."""
+    from rubberband.views.steps import read_steps
+
+    steps = read_steps("by_g", ("scan", "lo", "hi"), None, "snapshot", 0.0, 5.0)
+    first = next(steps)
+    assert first.op == ("scan", "lo", "hi")
+    meta = [0, [120, [100, 100]]]
+    rows = [
+        (("~view", "by_g", (1, 1)), [50, [90, "stale"]]),
+        (("~view", "by_g", (1, 2)), [100, [100, "b's"]]),
+        (("~view", "by_g", (1, 3)), [100, [100, "b's"], [105, "newer"]]),
+    ]
+    with pytest.raises(StopIteration) as done:
+        steps.send(([(meta_key("by_g"), meta), *rows], 0.1))
+    assert done.value.value == ([((1, 2), "b's"), ((1, 3), "newer")], 120)
