@@ -89,26 +89,19 @@ class ScanMemoryEngine:
     ) -> list[Any]:
         results: list[Any] = [None] * len(batch)
         tables = [i for i, (op, _) in enumerate(batch) if isinstance(op, dict)]
-        if tables:  # one Clock Scan cycle for all of them, in their order
-            ops = [batch[i] for i in tables]
+        data = [i for i, (op, _) in enumerate(batch) if not isinstance(op, dict)]
+        # The tables' ops first: one Clock Scan cycle for all of them, in their order.
+        for store, mine in ((self.scan, tables), (self.data, data)):
+            if not mine:
+                continue
+            ops = [batch[i] for i in mine]
             if changed is None:
-                got = self.scan.apply(ops)
+                got = store.apply(ops)
             else:
-                got, logged = self.scan.apply_logged(ops)
-                for i, c in zip(tables, logged, strict=True):
+                got, logged = store.apply_logged(ops)
+                for i, c in zip(mine, logged, strict=True):
                     changed[i] = c
-            for i, res in zip(tables, got, strict=True):
-                results[i] = res
-        if len(tables) < len(batch):
-            data = [i for i, (op, _) in enumerate(batch) if not isinstance(op, dict)]
-            ops = [batch[i] for i in data]
-            if changed is None:
-                got = self.data.apply(ops)
-            else:
-                got, logged = self.data.apply_logged(ops)
-                for i, c in zip(data, logged, strict=True):
-                    changed[i] = c
-            for i, res in zip(data, got, strict=True):
+            for i, res in zip(mine, got, strict=True):
                 results[i] = res
         return results
 
