@@ -138,6 +138,16 @@ def test_a_cut_answer_ends_the_page_at_its_cut_and_drops_what_others_gave_after(
     assert got == Page(11, [Event(10, ((10, "put", 10),)), Event(11, ((11, "put", 11),))])
 
 
+def expand_to_new_holder(m: Model, rig: Rig) -> None:
+    """storage:9 joins and takes ``[100, ...)`` from a ring of one; the rig learns it."""
+    m.join_storage("storage:9")
+    m.reconfigure(("expand", "storage:9", 100))  # [100, ...) moves to storage:9
+    m.settle()
+    assert m.config.keyspace.holders_of_segment(1) == ("storage:9",)
+    rig.run(rig.core.refresh(rig.now))
+    rig.pump()
+
+
 def test_a_feed_goes_on_across_a_migration_of_its_range() -> None:
     """A copy carries the source's change log of the ranges (before its first chunk):
     the new holder answers a page from before the expand, without a gap."""
@@ -147,12 +157,7 @@ def test_a_feed_goes_on_across_a_migration_of_its_range() -> None:
     m.write(("put", ((150, "x"),)))
     m.write(("put", ((50, "a"),)))
     m.settle()
-    m.join_storage("storage:9")
-    m.reconfigure(("expand", "storage:9", 100))  # [100, ...) moves to storage:9
-    m.settle()
-    assert m.config.keyspace.holders_of_segment(1) == ("storage:9",)
-    rig.run(rig.core.refresh(rig.now))
-    rig.pump()
+    expand_to_new_holder(m, rig)
     m.write(("put", ((150, "y"),)))
     m.settle()
     got = page(rig, start, 100, 200)

@@ -14,6 +14,7 @@ from rubberband.proto import H
 from storage_adapters.memory import MemoryEngine
 from tests.rubberband_client_rig import Rig
 from tests.rubberband_model import Model
+from tests.unit.test_changes import expand_to_new_holder
 
 
 def revisions(rig: Rig, keys: list[Any], level: str = "sequential") -> tuple[Any, Any, int]:
@@ -81,12 +82,7 @@ def test_revisions_move_with_their_range_to_a_new_holder() -> None:
     written(m, ("put", ((160, "y"),)))
     written(m, ("put", ((170, "z"),)))
     m.settle()
-    m.join_storage("storage:9")
-    m.reconfigure(("expand", "storage:9", 100))  # [100, ...) moves to storage:9
-    m.settle()
-    assert m.config.keyspace.holders_of_segment(1) == ("storage:9",)
-    rig.run(rig.core.refresh(rig.now))
-    rig.pump()
+    expand_to_new_holder(m, rig)
     new = m.storage["storage:9"].changes.revisions_of([150, 160, 170], EVERYTHING)
     assert dict(new) == {150: old, 160: old + 1, 170: old + 2}
     # The source deleted what it gave away, and its revisions with it.
