@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -21,9 +19,9 @@ from rubberband.tools.cli import run as cli
 from storage_adapters.scan.kv import ScanKVOps
 from tests.integration.test_rubberband_scenarios import (  # the same cluster as there
     _client,
+    _kill_leader,
+    _kill_until_replaced,
     _off,
-    _pid,
-    _settled,
     _status,
     cluster,  # noqa: F401  (a fixture: 4 storage processes on the ring, 2 standing by)
 )
@@ -72,18 +70,9 @@ async def faults(rb_dir: Path, at: str = "k25") -> None:
     """The leading router SIGKILLed, a storage process SIGKILLed (the supers replace
     it), and a standby expanded into the ring at key ``at``."""
     await asyncio.sleep(2)
-    s = await _off(_status, rb_dir)
-    procs = json.loads((rb_dir / "processes.json").read_text())
-    name = next(
-        n for n, p in procs.items() if "router" in p.get("argv", ()) and s["leader"] in p["argv"]
-    )
-    os.kill(procs[name]["pid"], signal.SIGKILL)
+    await _kill_leader(rb_dir)
     await asyncio.sleep(3)
-    os.kill(_pid(rb_dir, "storage2"), signal.SIGKILL)  # the supers replace it
-    deadline = time.monotonic() + 60
-    while "storage:2" in [r["name"] for r in (await _off(_settled, rb_dir, 60.0))["ring"]]:
-        assert time.monotonic() < deadline, "storage:2 was never replaced"
-        await asyncio.sleep(0.5)
+    await _kill_until_replaced(rb_dir)
     await asyncio.sleep(1)
     standby = (await _off(_status, rb_dir))["standby"][0]
     out = await _off(cli, "admin", "--state-dir", str(rb_dir), "expand", standby, at)

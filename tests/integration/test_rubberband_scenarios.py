@@ -178,6 +178,25 @@ async def _off(*args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, *args)
 
 
+async def _kill_leader(d: Path) -> None:
+    """SIGKILL the leading router."""
+    leader = (await _off(_status, d)).get("leader")
+    procs = json.loads((d / "processes.json").read_text())
+    argv = {n: p.get("argv", ()) for n, p in procs.items()}
+    name = next(n for n, a in argv.items() if "router" in a and leader in a)
+    os.kill(procs[name]["pid"], signal.SIGKILL)
+
+
+async def _kill_until_replaced(d: Path, number: int = 2) -> None:
+    """SIGKILL storage process ``number`` and wait (a minute at most) until the supers
+    have replaced it on the ring."""
+    os.kill(_pid(d, f"storage{number}"), signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while f"storage:{number}" in [r["name"] for r in (await _off(_settled, d, 60.0))["ring"]]:
+        assert time.monotonic() < deadline, f"storage:{number} was never replaced"
+        await asyncio.sleep(0.5)
+
+
 def test_the_scenarios_here_are_the_simulators() -> None:
     assert set(SCENARIOS) - {"expand"} == {
         "replica_crash", "leader_crash", "crash_mid_migration", "super_crash_mid_repair",
@@ -201,11 +220,7 @@ def test_leader_crash(cluster: Path) -> None:
     """The leading router SIGKILLed while clients read at snapshot isolation."""
 
     async def fault() -> None:
-        leader = (await _off(_status, cluster)).get("leader")
-        procs = json.loads((cluster / "processes.json").read_text())
-        argv = {n: p.get("argv", ()) for n, p in procs.items()}
-        name = next(n for n, a in argv.items() if "router" in a and leader in a)
-        os.kill(procs[name]["pid"], signal.SIGKILL)
+        await _kill_leader(cluster)
 
     w = Workload(cluster, snapshot=True)
     asyncio.run(w.run(fault))

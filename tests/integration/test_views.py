@@ -8,13 +8,10 @@ reader's own write."""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import random
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -27,10 +24,9 @@ from rubberband.errors import BadOperation, RubberbandError
 from rubberband.views import LEVELS, view_def
 from tests.integration.test_rubberband_scenarios import (  # the same cluster as there
     _client,
+    _kill_leader,
+    _kill_until_replaced,
     _off,
-    _pid,
-    _settled,
-    _status,
     cluster,  # noqa: F401  (a fixture: 4 storage processes on the ring, 2 standing by)
 )
 
@@ -168,18 +164,10 @@ def test_views_stay_exact_at_every_level_through_maintainer_storage_and_leader_k
         await asyncio.sleep(3)
         maintainers[0].send_signal(signal.SIGKILL)
         await asyncio.sleep(2)
-        os.kill(_pid(rb_dir, "storage2"), signal.SIGKILL)  # the supers replace it
-        deadline = time.monotonic() + 60
-        while "storage:2" in [r["name"] for r in (await _off(_settled, rb_dir, 60.0))["ring"]]:
-            assert time.monotonic() < deadline, "storage:2 was never replaced"
-            await asyncio.sleep(0.5)
+        await _kill_until_replaced(rb_dir)
         maintainers[0] = _maintainer(rb_dir, rb_dir / "maintainer-a.log")  # restarted
         await asyncio.sleep(2)
-        s = await _off(_status, rb_dir)
-        procs = json.loads((rb_dir / "processes.json").read_text())
-        leader = next(n for n, p in procs.items()
-                      if "router" in p.get("argv", ()) and s["leader"] in p["argv"])  # fmt: skip
-        os.kill(procs[leader]["pid"], signal.SIGKILL)
+        await _kill_leader(rb_dir)
         await asyncio.sleep(4)
 
     async def go() -> int:
