@@ -246,13 +246,8 @@ class ChangeLog:
         changes come in position order, an older one never overrides."""
         revisions = self.revisions
         for key, kind, _ in changes:
-            kt = type(key)
-            if kt is int or kt is str or kt is bytes or kt is float:
-                ident, entry = key, t
-            elif kt is tuple and len(key) == 3 and key[0] == ROWS and type(key[2]) in _PLAIN:
-                ident, entry = key, (key, t)  # a table row (a str table, an int or str key)
-            else:
-                ident, entry = sort_key(key), (key, t)
+            ident = _revision_ident(key)
+            entry = t if ident is key and type(key) is not tuple else (key, t)
             old = revisions.get(ident)
             if old is not None and (old if type(old) is int else old[1]) > t:
                 continue
@@ -277,13 +272,8 @@ class ChangeLog:
         out = []
         place, revisions = self.place, self.revisions
         for key in keys:
-            kt = type(key)
-            if kt is int or kt is str or kt is bytes or kt is float:
-                t = revisions.get(key)
-            else:
-                plain = kt is tuple and len(key) == 3 and key[0] == ROWS and type(key[2]) in _PLAIN
-                entry = revisions.get(key if plain else sort_key(key))
-                t = None if entry is None else entry[1]
+            entry = revisions.get(_revision_ident(key))
+            t = entry if entry is None or type(entry) is int else entry[1]
             if t is not None and contains(ranges, place(key)):
                 out.append([key, t])
         return out
@@ -471,6 +461,18 @@ def feed_answer(
     if type(found) is str:
         return mine, None, found
     return mine, found, None
+
+
+def _revision_ident(key: Any) -> Any:
+    """A key's entry in :attr:`ChangeLog.revisions`: a scalar (not a bool) or a table
+    row's change key of an int or str row key is its own, any other key its sort form
+    (a bool and an int, ``True`` and ``1``, are one dict key but two Rubberband keys)."""
+    kt = type(key)
+    if kt is int or kt is str or kt is bytes or kt is float:
+        return key
+    if kt is tuple and len(key) == 3 and key[0] == ROWS and type(key[2]) in _PLAIN:
+        return key
+    return sort_key(key)
 
 
 def _same(key: Any) -> Any:
