@@ -17,13 +17,16 @@ A frame from a newer incarnation of a peer resets the channel, and nothing buffe
 old incarnation is ever resent to the new one.
 
 One frame per peer per flush carries every message queued for that peer since the last
-flush, so the per-message cost of the runtime is paid once per batch (Python's cost is per message).
+flush, so the per-message cost of the runtime is paid once per batch (Python's cost is per message);
+messages whose size the host states (direct messages, packed once) are cut into several
+frames of at most ``frame_bytes``, so a burst can never make a frame the peer must refuse.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from ecast.core.effects import NodeId
@@ -63,6 +66,12 @@ class LinkParams:
     buffer costs a resend at worst; a large one is memory a hostile peer fills."""
     reorder_total_bytes: int = 64 * 1024 * 1024
     """The same over every channel of the process."""
+    frame_bytes: int = 8 * 1024 * 1024
+    """Bytes of sized messages (``LinkLayer.send``'s ``size``) one frame carries at most;
+    a message bigger than this goes alone.  Below the wire's frame limit with room for
+    the unsized messages beside them: a frame over that limit is refused by the peer,
+    resent after the reconnect, refused again, and the channel is stuck for good (a
+    migration's history, 19 MB of direct messages in one flush, did that)."""
     dropped_memory: int = 65536
     """How many dropped peers (``LinkLayer.drop``) are remembered, to talk to one that
     comes back by datagram rather than through a channel that no longer lines up."""
@@ -102,6 +111,9 @@ class LinkLayer:
         self.params = params or LinkParams()
         self._chans: dict[NodeId, _Channel] = {}
         self._outbox: dict[NodeId, list[Any]] = {}
+        self._cuts: dict[NodeId, list[int]] = {}
+        """Per peer with sized messages queued: ``[bytes of the open frame, index where
+        each further frame starts, ...]``."""
         self._forgotten: set[NodeId] = set()
         self._dropped: OrderedDict[NodeId, int] = OrderedDict()
         """Dropped peer -> the incarnation whose channel went (bounded, oldest first)."""
@@ -115,35 +127,56 @@ class LinkLayer:
         }
 
     # -- sending -------------------------------------------------------------------------
-    def send(self, peer: NodeId, msg: Any) -> None:
-        """Queue ``msg`` for ``peer``; it leaves with the next :meth:`flush`."""
+    def send(self, peer: NodeId, msg: Any, size: int = 0) -> None:
+        """Queue ``msg`` for ``peer``; it leaves with the next :meth:`flush`.  ``size``:
+        its bytes on the wire if the host knows them (frames are cut to
+        ``frame_bytes``); 0 for the cores' own messages, small or bounded elsewhere."""
         box = self._outbox.get(peer)
         if box is None:
-            self._outbox[peer] = [msg]
-        else:
-            box.append(msg)
+            box = self._outbox[peer] = []
+        if size:
+            cuts = self._cuts.get(peer)
+            if cuts is None:
+                cuts = self._cuts[peer] = [0]
+            if cuts[0] + size > self.params.frame_bytes and box:
+                cuts.append(len(box))
+                cuts[0] = 0
+            cuts[0] += size
+        box.append(msg)
 
     def flush(self, now: float) -> list[tuple[NodeId, Frame]]:
-        """One frame per peer with everything queued, plus acknowledgements that are due."""
+        """One frame per peer with everything queued (more where sized messages pass
+        ``frame_bytes``), plus acknowledgements that are due."""
         out: list[tuple[NodeId, Frame]] = []
         if self._outbox:
             boxes, self._outbox = self._outbox, {}
+            cuts, self._cuts = self._cuts, {}
             for peer, msgs in boxes.items():
-                if peer in self._forgotten or peer in self._dropped:
-                    out.append((peer, Frame(self.incarnation, 0, DATAGRAM, 0, tuple(msgs))))
+                cut = cuts.get(peer)
+                if cut is None or len(cut) == 1:
+                    self._frame(out, peer, tuple(msgs), now)
                     continue
-                ch = self._chan(peer)
-                seq = ch.next_out
-                ch.next_out += 1
-                payload = tuple(msgs)
-                ch.unacked.append((seq, payload, now))
-                ch.unacked_msgs += len(payload)
-                ack = ch.next_in - 1
-                ch.ack_sent = ack
-                ch.ack_due_at = None
-                out.append((peer, Frame(self.incarnation, ch.peer_inc, seq, ack, payload)))
+                starts = [0, *cut[1:], len(msgs)]
+                for lo, hi in pairwise(starts):
+                    self._frame(out, peer, tuple(msgs[lo:hi]), now)
         self.stats["frames_sent"] += len(out)
         return out
+
+    def _frame(
+        self, out: list[tuple[NodeId, Frame]], peer: NodeId, payload: tuple[Any, ...], now: float
+    ) -> None:
+        if peer in self._forgotten or peer in self._dropped:
+            out.append((peer, Frame(self.incarnation, 0, DATAGRAM, 0, payload)))
+            return
+        ch = self._chan(peer)
+        seq = ch.next_out
+        ch.next_out += 1
+        ch.unacked.append((seq, payload, now))
+        ch.unacked_msgs += len(payload)
+        ack = ch.next_in - 1
+        ch.ack_sent = ack
+        ch.ack_due_at = None
+        out.append((peer, Frame(self.incarnation, ch.peer_inc, seq, ack, payload)))
 
     # -- receiving -----------------------------------------------------------------------
     def on_frame(self, src: NodeId, frame: Frame, now: float, size: int = 0) -> list[Any]:

@@ -52,16 +52,20 @@ from ecast.runtime.transport import HANDSHAKE_TIMEOUT, Connection, PeerInfo, spl
 from ecast.security.secret import secret_problem
 from ecast.wire.codec import MAX_FRAME, DecodeError, Encoder
 from ecast.wire.packet import (
+    MAX_ASSEMBLED,
     Acks,
     FrameItem,
     Gone,
     Nodes,
+    Part,
     PeerError,
     array_header,
     control_item,
     decode_packet,
     encode_items,
     frame_item,
+    join_part,
+    split_item,
 )
 
 __all__ = [
@@ -180,6 +184,8 @@ class Runtime:
             "directories_ignored": 0,
             "names_refused": 0,
             "handshakes_evicted": 0,
+            "packets_oversize": 0,
+            "items_split": 0,
         }
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
@@ -396,15 +402,31 @@ class Runtime:
                 parts = [pack(item) for item in items]
                 chunk: list[bytes] = []
                 size = 0
-                for part in parts:  # split, keeping order, so no packet tops the limit
-                    if chunk and size + len(part) > limit:
-                        self._write(conn, chunk, size)
-                        chunk, size = [], 0
-                    chunk.append(part)
-                    size += len(part)
+                for whole in parts:  # split, keeping order, so no packet tops the limit
+                    for part in self._parts(conn, whole, limit):
+                        if chunk and size + len(part) > limit:
+                            self._write(conn, chunk, size)
+                            chunk, size = [], 0
+                        chunk.append(part)
+                        size += len(part)
                 self._write(conn, chunk, size)
         finally:
             encoder.reset()
+
+    def _parts(self, conn: Connection, item: bytes, limit: int) -> list[bytes]:
+        """One packed item as packet pieces: itself, or its ``part`` slices when it tops
+        the limit (a frame a core filled with a burst of large messages)."""
+        if len(item) <= limit:
+            return [item]
+        self.stats["items_split"] += 1
+        if len(item) > MAX_ASSEMBLED:
+            # The peer refuses it, and again when the link layer resends it: say so.
+            self.stats["packets_oversize"] += 1
+            log.error(
+                "event=packet_oversize host=%s peer=%s bytes=%d limit=%d",
+                self.host_id, conn.peer_name(), len(item), MAX_ASSEMBLED,
+            )  # fmt: skip
+        return split_item(self.encoder, item, limit)
 
     def _write(self, conn: Connection, parts: list[bytes], size: int) -> None:
         head = array_header(len(parts))
@@ -437,6 +459,14 @@ class Runtime:
             for item in items:
                 if conn.state != "open":
                     return
+                if type(item) is Part:
+                    try:
+                        conn.assembled, joined = join_part(conn.pieces, conn.assembled, item)
+                    except DecodeError as e:
+                        raise ProtocolViolation(str(e)) from None
+                    if joined is None:
+                        continue
+                    item = joined[0]
                 if type(item) is FrameItem:
                     src, dst, frame = item
                     if src not in conn.nodes:

@@ -241,8 +241,10 @@ class Node:
         return n + CONGESTED if self.runtime.buffered(peer) > UNSAFE_BUFFER else n
 
     def send_direct(self, peer: NodeId, payload: Any) -> None:
-        """Send ``payload`` to another application process over an authenticated link."""
-        self.link.send(peer, Direct(payload))
+        """Send ``payload`` to another application process over an authenticated link.
+        Its size (packed, or raw bytes) lets the link keep each frame under the limit."""
+        data = payload.data if type(payload) is Packed else payload
+        self.link.send(peer, Direct(payload), len(data) if type(data) is bytes else 0)
         self.runtime.schedule(self)
 
     async def connect(self, address: str, timeout: float = 5.0) -> NodeId:

@@ -190,6 +190,10 @@ class Connection(asyncio.Protocol):
         self.bytes_out = 0
         self.nodes: dict[NodeId, int] = {}
         self.ready: set[tuple[NodeId, NodeId]] = set()
+        self.pieces: list[bytes] = []
+        """Parts of an item too big for one packet, joined as they come in order."""
+        self.assembled = 0
+        """Bytes in ``pieces``."""
         self.announced = False
         """Set once a node list from the peer arrived (``Runtime.connect`` waits for it)."""
         self._deadline = 0.0
@@ -380,14 +384,14 @@ class Connection(asyncio.Protocol):
         log.info(
             "event=connection_closed host=%s peer=%s reason=%r",
             self.local.host_id,
-            self._peer_name(),
+            self.peer_name(),
             reason,
         )
         if self.transport is not None:
             self.transport.close()
 
     # ------------------------------------------------------------------ handshake
-    def _peer_name(self) -> str:
+    def peer_name(self) -> str:
         """The peer's host id for logs: proven, or claimed (marked with a ``?``)."""
         if self.peer is not None:
             return self.peer.host
@@ -399,7 +403,7 @@ class Connection(asyncio.Protocol):
         log.warning(
             "event=handshake_refused host=%s peer=%s reason=%r",
             self.local.host_id,
-            self._peer_name(),
+            self.peer_name(),
             reason,
         )
         with contextlib.suppress(Exception):  # best effort before closing

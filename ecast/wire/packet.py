@@ -14,6 +14,10 @@ After the handshake (``ecast.runtime.transport``) every packet is
   resend point (:class:`Acks`);
 - ``("error", reason)``: why the sender is about to close the connection
   (:class:`PeerError`);
+- ``("part", (bytes, last))``: a slice of one packed item too big for a packet of its
+  own (a frame a core filled with more than the packet limit), in order, the last one
+  marked; the receiver joins the slices and decodes the item they make (:class:`Part`,
+  :func:`split_item`);
 - ``("m", (message, ...))``: the packet's message table, first if present, which the
   packet's ``Deliver`` messages index into (``Encoder.pack_packet``); it never leaves
   :func:`decode_packet`.
@@ -58,9 +62,16 @@ class PeerError(NamedTuple):
     reason: str
 
 
-Control = Nodes | Gone | Acks | PeerError
+class Part(NamedTuple):
+    data: bytes
+    last: bool
+
+
+Control = Nodes | Gone | Acks | PeerError | Part
 Item = FrameItem | Control
-_KIND: dict[type, str] = {Nodes: "nodes", Gone: "gone", Acks: "acks", PeerError: "error"}
+_KIND: dict[type, str] = {
+    Nodes: "nodes", Gone: "gone", Acks: "acks", PeerError: "error", Part: "part",
+}  # fmt: skip
 
 
 def frame_item(src: str, dst: str, frame: Frame) -> tuple[Any, ...]:
@@ -71,7 +82,45 @@ def frame_item(src: str, dst: str, frame: Frame) -> tuple[Any, ...]:
 
 def control_item(item: Control) -> tuple[str, Any]:
     """A control item as it goes on the wire: ``(kind, data)``."""
+    if type(item) is Part:
+        return ("part", (item.data, item.last))
     return (_KIND[type(item)], item[0])
+
+
+def split_item(encoder: Encoder, packed: bytes, limit: int) -> list[bytes]:
+    """``packed`` (one item, over ``limit`` bytes) as packed ``part`` items of at most
+    ``limit`` bytes each, in order.  A frame has one sequence number the link layer
+    resends whole, so it is cut as bytes, not as messages: any item, even a single
+    message over the limit, crosses (up to the receiver's ``MAX_ASSEMBLED``)."""
+    step = limit - 64  # a part's own header and flag
+    n = len(packed)
+    return [
+        encoder.pack(control_item(Part(packed[i : i + step], i + step >= n)))
+        for i in range(0, n, step)
+    ]
+
+
+MAX_ASSEMBLED = 8 * codec.MAX_FRAME
+"""Bytes of parts one connection joins into one item at most; more is a protocol
+violation.  A sender's link frame over this is refused (the sender logs
+``packet_oversize``)."""
+
+
+def join_part(pieces: list[bytes], held: int, part: Part) -> tuple[int, list[Item] | None]:
+    """Add ``part`` to a connection's ``pieces`` (``held`` bytes so far): the new count,
+    and the item they make once the last part is in (else ``None``)."""
+    held += len(part.data)
+    if held > MAX_ASSEMBLED:
+        raise DecodeError(f"parts of one item exceed {MAX_ASSEMBLED} bytes")
+    pieces.append(part.data)
+    if not part.last:
+        return held, None
+    body = array_header(1) + b"".join(pieces)
+    pieces.clear()
+    items = decode_packet(body)
+    if any(type(item) is Part for item in items):
+        raise DecodeError("a part inside a part")
+    return 0, items
 
 
 def array_header(n: int) -> bytes:
@@ -116,6 +165,15 @@ def _control(kind: Any, data: Any) -> Control:
         raise DecodeError("gone: expected node ids")
     if kind == "error":
         return PeerError(str(data)[:500])
+    if kind == "part":
+        if (
+            type(data) is tuple
+            and len(data) == 2
+            and type(data[0]) is bytes
+            and type(data[1]) is bool
+        ):
+            return Part(data[0], data[1])
+        raise DecodeError("part: expected (bytes, last)")
     raise DecodeError(f"unknown control item {kind!r:.40}")
 
 

@@ -41,6 +41,7 @@ from ecast.runtime.transport import TAG, PacketMac
 from ecast.security.credentials import CertificateAuthority, Credential
 from ecast.tools.local import LocalCluster, LocalRouter
 from ecast.wire.codec import _CODE, pack
+from ecast.wire.packet import MAX_ASSEMBLED
 from tests.integration.cluster import SECRET
 
 RouterProc = LocalRouter
@@ -866,6 +867,28 @@ def test_oversized_frame_closes_the_connection(cluster: LocalCluster, router: Ro
     assert peer.closed()
     assert "exceeds the 65536-byte limit" in log_of(router)
     still_serving(cluster, router)
+
+
+def test_parts_beyond_the_assembly_bound_or_nested_close_the_connection(
+    cluster: LocalCluster, router: RouterProc
+) -> None:
+    """An item too big for a packet crosses in ``part`` slices, joined by the receiver:
+    a peer that never ends one is cut off at ``MAX_ASSEMBLED`` bytes, and a part inside
+    a part is refused, with the router serving on and its memory given back."""
+    peer = RawPeer(router, credential(cluster, "application", "parts"))
+    before = rss_kb(router.proc.pid)
+    slab = b"p" * (60 * 1024)  # packets are at most 64 KiB here
+    with contextlib.suppress(ConnectionError):
+        for _ in range(MAX_ASSEMBLED // len(slab) + 1):
+            peer.send_items(("part", (slab, False)))
+    assert peer.closed()
+    assert "parts of one item exceed" in log_of(router)
+    nested = RawPeer(router, credential(cluster, "application", "nested"))
+    nested.send_items(("part", (pack(("part", (b"x", True))), True)))
+    assert nested.closed()
+    assert "a part inside a part" in log_of(router)
+    still_serving(cluster, router)
+    assert rss_kb(router.proc.pid) < before + 200_000
 
 
 def test_a_peer_that_connects_and_says_nothing_is_dropped(

@@ -265,6 +265,47 @@ async def test_a_process_that_listens_is_reachable_by_name(group: LocalCluster) 
             client.send_direct_nowait("storage-a", ["x" * (20 * 1024 * 1024)])
 
 
+async def test_a_burst_of_direct_messages_over_the_frame_limit_arrives_whole(
+    group: LocalCluster,
+) -> None:
+    """Direct messages sent in one go whose sum passes the wire's frame limit (a
+    migration's history of a big range) leave in several frames: before, the link put
+    them in one frame the peer refused, again after every reconnect, for good."""
+    async with (
+        connect(group, "storage-burst", listen="127.0.0.1:0") as server,
+        connect(group, "client-burst") as client,
+    ):
+        deadline = time.monotonic() + 10
+        while "storage-burst" not in client.runtime.directory and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        part = "y" * (3 * 1024 * 1024)
+        for n in range(8):  # 24 MiB in one flush
+            client.send_direct_nowait("storage-burst", [n, part])
+        got = [await server.receive_direct(timeout=20) for _ in range(8)]
+        assert [(s, p[0], len(p[1])) for s, p in got] == [
+            ("client-burst", n, len(part)) for n in range(8)
+        ]
+
+
+async def test_a_burst_of_large_messages_bigger_than_a_packet_is_delivered(
+    group: LocalCluster,
+) -> None:
+    """24 messages of 2 MiB submitted at once: the client's routes, the leader's
+    proposal and the receiver's deliveries each make a frame over the packet limit,
+    which crosses in parts; before, the peer refused it, again after every reconnect."""
+    async with connect(group, "big-bob") as bob:
+        async with connect(group, "big-alice") as alice:
+            big = b"z" * (2 * 1024 * 1024)
+            await asyncio.wait_for(
+                asyncio.gather(*(alice.submit(big + b"%d" % i) for i in range(24))), 60
+            )
+        got: list[bytes] = []
+        while len(got) < 24:
+            batch = await asyncio.wait_for(bob.delivery_batch(100), 30)
+            got += [d.message.payload for d in batch if d.kind is None]
+        assert got == [big + b"%d" % i for i in range(24)]
+
+
 @contextlib.asynccontextmanager
 async def colocated(
     group: LocalCluster, first: str, second: str

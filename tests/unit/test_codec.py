@@ -37,7 +37,17 @@ from ecast.wire.codec import (
     plain_default,
     unpack,
 )
-from ecast.wire.packet import FrameItem, Gone, array_header, decode_packet, frame_item
+from ecast.wire.packet import (
+    MAX_ASSEMBLED,
+    FrameItem,
+    Gone,
+    Part,
+    array_header,
+    decode_packet,
+    frame_item,
+    join_part,
+    split_item,
+)
 
 names = st.text(st.characters(codec="utf-8"), min_size=1, max_size=8)
 ints = st.integers(-(2**40), 2**40)
@@ -316,3 +326,34 @@ def test_a_direct_payload_packs_as_the_plain_packer_would_and_decodes_back(msg: 
     assert type(back) is type(msg)
     if not isinstance(msg, dict):
         assert hash(back) == hash(msg)
+
+
+def test_an_item_over_the_packet_limit_crosses_in_parts_and_joins_back() -> None:
+    """A frame too big for one packet (a burst of large messages, even one message over
+    the limit) goes as byte slices; the receiver joins them into the frame it was."""
+    mid = (("a", 1, ""), 1)
+    msgs = (Deliver(((7, Message("a", mid, None, b"x" * 5000)),)), Direct(b"y" * 3000))
+    frame = Frame(1, 2, 3, 4, msgs)
+    enc = Encoder()
+    whole = enc.pack(frame_item("a", "b", frame))
+    pieces = split_item(enc, whole, 1024)
+    assert len(pieces) > 7 and all(len(p) <= 1024 for p in pieces)
+    held: list[bytes] = []
+    n, got = 0, None
+    for raw in pieces:
+        (part,) = decode_packet(array_header(1) + raw)
+        assert type(part) is Part and got is None
+        n, got = join_part(held, n, part)
+    assert got == [FrameItem("a", "b", frame)] and held == [] and n == 0
+
+
+def test_parts_that_are_malformed_too_big_or_nested_are_refused() -> None:
+    with pytest.raises(DecodeError, match="part"):
+        decode_packet(pack([("part", ("not bytes", True))]))
+    with pytest.raises(DecodeError, match="exceed"):
+        join_part([], MAX_ASSEMBLED - 10, Part(b"z" * 11, False))
+    inner = Encoder().pack(("part", (b"q", True)))
+    with pytest.raises(DecodeError, match="part inside a part"):
+        join_part([], 0, Part(inner, True))
+    with pytest.raises(DecodeError):
+        join_part([], 0, Part(b"\xc1 not msgpack", True))

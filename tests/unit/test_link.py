@@ -32,6 +32,26 @@ def test_one_frame_per_peer_per_flush_carries_every_queued_message() -> None:
     assert a.flush(0.0) == []  # nothing queued, nothing sent
 
 
+def test_sized_messages_are_cut_into_frames_of_at_most_frame_bytes_in_order() -> None:
+    """A burst of sized messages (direct messages, packed) leaves in several frames, none
+    over ``frame_bytes`` unless one message alone is bigger, and arrives whole, in order."""
+    p = LinkParams(frame_bytes=100)
+    a, b = LinkLayer("a", 1, p), LinkLayer("b", 1, p)
+    sizes = [30, 30, 30, 30, 150, 10, 0, 60, 50]
+    for i, size in enumerate(sizes):
+        a.send("b", i, size)
+    a.send("c", "x", 10)
+    frames = a.flush(0.0)
+    to_b = [f for dst, f in frames if dst == "b"]
+    assert [f.msgs for f in to_b] == [(0, 1, 2), (3,), (4,), (5, 6, 7), (8,)]
+    assert [f.seq for f in to_b] == [1, 2, 3, 4, 5]
+    assert all(sum(sizes[i] for i in f.msgs) <= 100 for f in to_b if len(f.msgs) > 1)
+    assert pump(a, b, [(d, f) for d, f in frames if d == "b"], 0.0) == list(range(len(sizes)))
+    a.send("b", "next", 90)  # the byte count starts afresh with each flush
+    a.send("b", "and", 10)
+    assert [f.msgs for _, f in a.flush(0.0)] == [("next", "and")]
+
+
 def test_lost_frame_is_resent_and_order_is_restored() -> None:
     p = LinkParams(resend_timeout=0.1, ack_delay=0.01)
     a, b = LinkLayer("a", 1, p), LinkLayer("b", 1, p)
