@@ -45,7 +45,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--agg", action="append", default=[], metavar="NAME=FN:FIELD",
                     help="aggregate: count, sum, min, max or avg of FIELD (count:* counts "
                     "rows)")  # fmt: skip
+    ap.add_argument("--table", metavar="NAME:KEY",
+                    help="create: --from is of this table's rows (its key column KEY)")  # fmt: skip
     ap.add_argument("--right", nargs=2, metavar=("LO", "HI"), help="join: the right base range")
+    ap.add_argument("--right-table", metavar="NAME:KEY",
+                    help="join: --right is of this table's rows")  # fmt: skip
     ap.add_argument("--right-on", help="join: the right field")
     ap.add_argument("--retention", type=float, default=60.0,
                     help="seconds of versions kept for reads at past positions")  # fmt: skip
@@ -91,6 +95,12 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
     if args.right:
         spec["right"] = (_bound(args.right[0]), _bound(args.right[1]))
         spec["right_on"] = args.right_on
+    for option, name in ((args.table, "table"), (args.right_table, "right_table")):
+        if option is not None:
+            table, _, column = option.partition(":")
+            if not table or not column:
+                raise Usage(f"--{name.replace('_', '-')} {option!r}: write NAME:KEY")
+            spec[name] = (table, column)
     return spec
 
 

@@ -46,6 +46,7 @@ from rubberband.views.steps import (
     Session,
     Sleep,
     Steps,
+    TableRows,
     Write,
     maintain_group_steps,
     read_steps,
@@ -61,13 +62,15 @@ async def create_view(
     maintainer (``rubberband views maintain``) backfills it from a snapshot of its base
     at one position and then follows the base's changes while writes go on.  ``from_``
     is the base range ``(lo, hi)``, or the name of a view to define this one over (the
-    maintainer of that view's group keeps it)."""
+    maintainer of that view's group keeps it).  ``table=(name, key column)``: the
+    range is of that table's rows (and ``right_table=`` a join's right side's)."""
     if isinstance(from_, str):
         got = await rb.read(("get", (catalog_key(from_),)), "sequential")
         if not got:
             raise BadOperation(f"there is no view {from_!r} to define {name!r} over")
         parent = from_dict(got[catalog_key(from_)])
-        view = view_def(name, kind, (None, None), over=from_, base=parent.sources, **spec)
+        view = view_def(name, kind, (None, None), over=from_, base=parent.sources,
+                        tables=parent.tables, **spec)  # fmt: skip
     else:
         view = view_def(name, kind, from_, **spec)
     got = await rb.read(("get", (catalog_key(name),)), "sequential")
@@ -225,7 +228,20 @@ async def drive(
 
 
 async def _read(rb: Any, request: Read) -> Any:
-    return await rb.read(request.op, request.isolation, within=request.within,
+    op = request.op
+    if type(op) is TableRows:
+        # A table's rows: the engine's client-side operations build the select and
+        # read its answer (Rubberband knows no engine's operations).
+        hook = getattr(rb.core.ops, "rows_read", None)
+        if hook is None:
+            raise BadOperation(
+                f"a view over table {op.table!r} needs a client whose engine has tables "
+                "(the scan engine's operations)"
+            )
+        select, pairs = hook(op.table, op.key, op.lo, op.hi)
+        result, position = await rb.read(select, request.isolation, with_position=True)
+        return pairs(result), position
+    return await rb.read(op, request.isolation, within=request.within,
                          with_position=request.with_position)  # fmt: skip
 
 

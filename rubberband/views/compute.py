@@ -24,6 +24,7 @@ import msgpack
 from sortedcontainers import SortedList
 
 from ecast.core import mutations
+from rubberband.engine import ROWS
 from rubberband.keys import BadKey, EKey, encode_key
 from rubberband.views.define import CATALOG, VIEW, ViewDef
 
@@ -81,13 +82,31 @@ def shown(view: ViewDef, value: Any) -> Any:
 
 
 def in_source(view: ViewDef, side: int, key: Any) -> bool:
+    """Is the change of ``key`` (as the feed names it) one of source ``side``'s?  A
+    table's rows are named ``(ROWS, table, row key)``, key-value data by its key."""
     if view.over is not None:
         return True  # its base is the other view's rows, every one
-    if type(key) is tuple and key[:1] in ((VIEW,), (CATALOG,)):
-        return False  # the views' own rows are never a base
+    table = view.table_of(side)
+    if table is None:
+        if type(key) is tuple and key[:1] in ((VIEW,), (CATALOG,), (ROWS,)):
+            return False  # the views' own rows and tables' rows are no key-value base
+    elif type(key) is tuple and len(key) == 3 and key[0] == ROWS and key[1] == table[0]:
+        key = key[2]
+    else:
+        return False
     lo, hi = view.sources[side]
     e = encode_key(key)
     return (lo is None or encode_key(lo) <= e) and (hi is None or e < encode_key(hi))
+
+
+def base_change(view: ViewDef, side: int, key: Any, how: str, value: Any) -> tuple[Any, Any]:
+    """A change of source ``side`` (``in_source``) as the base key and its new value
+    (:data:`ABSENT` for a delete): a table row's key and the row."""
+    if how == "delete":
+        return (key if view.table_of(side) is None else key[2]), ABSENT
+    if view.table_of(side) is None:
+        return key, value
+    return key[2], value["row"]
 
 
 class _Group:
@@ -284,12 +303,14 @@ class Rows:
 
 
 def recompute(view: ViewDef, bases: Iterable[dict[Any, Any]]) -> dict[EKey, tuple[Any, Any]]:
-    """The view's rows of whole base states (one per source), as :attr:`Rows.rows`."""
+    """The view's rows of whole base states (one per source), as :attr:`Rows.rows`;
+    keys and values as the feed has them (a table's rows named ``(ROWS, table, key)``
+    with ``{"row": row}``)."""
     rows = Rows(view)
     for side, base in enumerate(bases):
         for key, value in sorted(base.items(), key=lambda kv: encode_key(kv[0])):
             if in_source(view, side, key):
-                rows.change(side, key, value)
+                rows.change(side, *base_change(view, side, key, "put", value))
     return rows.rows
 
 

@@ -28,6 +28,12 @@ the rows the other view changes at each base position (seed 000's view expressio
 composed as a DAG), so it is exact as of every position the other one is.  Its
 ``sources`` are the root view's base ranges (which feeds the loop reads).
 
+A view's base may be a table's rows (``table=(name, key column)``, and for a join
+``right_table=``) on an engine with tables (the scan engine): its source range is then
+of the rows' keys, the base value of a row is the row (a dict of its columns), and the
+maintainer backfills from one sequential select of the table and follows the rows'
+changes, which the engine reports with their images (:mod:`rubberband.engine`).
+
 Every kind takes ``where``: ``[(field, op, constant), ...]``, all of which a base value
 must meet (ops ``= != < <= > >=``, compared in Rubberband's key order, so values of
 different types compare without error).  A field is a key of a dict value; the field
@@ -51,6 +57,8 @@ KINDS = ("selection", "projection", "index", "aggregate", "join")
 OPS = ("=", "!=", "<", "<=", ">", ">=")
 FUNCTIONS = ("count", "sum", "min", "max", "avg")
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+Table = tuple[str, str]
+"""A table source: its name and its key column."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,10 @@ class ViewDef:
     retention: float = 60.0
     over: str | None = None
     base: tuple[tuple[Any, Any], ...] = ()
+    tables: tuple[Table | None, ...] = ()
+    """Per source, the table whose rows it is (``(name, key column)``), or None for
+    key-value data; empty: every source is key-value data.  A view over a view holds
+    that view's."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -79,6 +91,13 @@ class ViewDef:
         if self.over is not None:
             return self.base
         return (self.source,) if self.right is None else (self.source, self.right)
+
+    def table_of(self, side: int) -> Table | None:
+        """The table source ``side`` is the rows of (None: key-value data, or a view
+        over a view, whose base is that view's rows)."""
+        if self.over is not None or side >= len(self.tables):
+            return None
+        return self.tables[side]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -95,6 +114,7 @@ class ViewDef:
             "retention": self.retention,
             "over": self.over,
             "base": [list(r) for r in self.base],
+            "tables": [None if t is None else list(t) for t in self.tables],
         }
 
 
@@ -113,9 +133,15 @@ def view_def(
     retention: float = 60.0,
     over: str | None = None,
     base: Sequence[Sequence[Any]] = (),
+    table: Sequence[str] | None = None,
+    right_table: Sequence[str] | None = None,
+    tables: Sequence[Sequence[str] | None] = (),
 ) -> ViewDef:
-    """A checked definition; :class:`BadOperation` names what is wrong."""
+    """A checked definition; :class:`BadOperation` names what is wrong.  ``table``
+    (``right_table``): the source (right) range is of that table's rows, ``(name, key
+    column)``; ``tables``: a view over a view takes that view's."""
     _name(name)
+    origins = _origins(over, tables, table, right, right_table)
     bases: tuple[tuple[Any, Any], ...] = ()
     if over is not None:
         _name(over)
@@ -165,7 +191,7 @@ def view_def(
     if not 0.0 < float(retention) <= 86_400.0:
         raise BadOperation("a view's retention is seconds in (0, 86400]")
     return ViewDef(name, kind, src, tuple(conds), cols, on, group_by, tuple(aggs), rng, right_on,
-                   float(retention), over, bases)  # fmt: skip
+                   float(retention), over, bases, origins)  # fmt: skip
 
 
 def _name(name: Any) -> None:
@@ -190,7 +216,39 @@ def from_dict(d: dict[str, Any]) -> ViewDef:
         retention=d.get("retention", 60.0),
         over=d.get("over"),
         base=d.get("base") or (),
+        tables=d.get("tables") or () if d.get("over") is not None else (),
+        table=_side(d, 0),
+        right_table=_side(d, 1) if d.get("right") is not None else None,
     )
+
+
+def _origins(
+    over: str | None, tables: Sequence[Any], table: Any, right: Any, right_table: Any
+) -> tuple[Table | None, ...]:
+    """The checked ``tables`` of a definition: a view over a view takes its parent's,
+    others name theirs per source (empty when every source is key-value data)."""
+    if over is not None:
+        origins = tuple(_table(t) for t in tables)
+    else:
+        if right is None and right_table is not None:
+            raise BadOperation("right_table= belongs to joins")
+        origins = (_table(table),) if right is None else (_table(table), _table(right_table))
+    return origins if any(origins) else ()
+
+
+def _side(d: dict[str, Any], side: int) -> Any:
+    """The table of a stored definition's ``side`` (None for a view over a view: its
+    ``tables`` are its parent's, taken whole)."""
+    tables = d.get("tables") or ()
+    return tables[side] if d.get("over") is None and side < len(tables) else None
+
+
+def _table(t: Any) -> Table | None:
+    if t is None:
+        return None
+    if type(t) not in (list, tuple) or len(t) != 2 or not all(type(x) is str and x for x in t):
+        raise BadOperation("a table source is (table name, its key column)")
+    return (t[0], t[1])
 
 
 def _key(value: Any, what: str) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 from ecast.core import mutations
 from rubberband.changelog import Event
 from rubberband.keys import EKey, encode_key
-from rubberband.views.compute import ABSENT, Rows, in_source
+from rubberband.views.compute import ABSENT, Rows, base_change, in_source
 from rubberband.views.define import ViewDef, meta_key, row_key, stable_key
 
 PROGRESS_WITH_ROWS = mutations.declare(
@@ -143,7 +143,7 @@ class Maintainer:
                 for key, how, value in event.changes:
                     if in_source(self.view, side, key):
                         changed.update(
-                            self.rows.change(side, key, ABSENT if how == "delete" else value)
+                            self.rows.change(side, *base_change(self.view, side, key, how, value))
                         )
             self.events += 1
             if self.emitted is not None and changed:

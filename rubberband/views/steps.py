@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from rubberband.changelog import Changes
+from rubberband.engine import row_key
 from rubberband.errors import BadOperation, Compacted, Indeterminate, RubberbandError
 from rubberband.keys import encode_key
 from rubberband.versions import as_of
@@ -102,7 +103,7 @@ class Group:
         return None
 
     def add(self, view: ViewDef, figures: Figures | None = None) -> None:
-        if self.views and view.sources != self.sources:
+        if self.views and group_of(view) != group_of(next(iter(self.views.values()))):
             raise ValueError(f"view {view.name!r} has other sources than its group's")
         self.views[view.name] = view
         self.figures[view.name] = figures if figures is not None else Figures()
@@ -113,8 +114,9 @@ class Group:
 
 
 def group_of(view: ViewDef) -> str:
-    """The key of the :class:`Group` a view belongs to: its sources."""
-    return repr(view.sources)
+    """The key of the :class:`Group` a view belongs to: its sources (ranges, and the
+    tables whose rows they are)."""
+    return repr((view.sources, view.tables))
 
 
 def groups(views: Iterable[ViewDef]) -> list[list[ViewDef]]:
@@ -150,8 +152,12 @@ def _start(view: ViewDef, figures: Figures, page_rows: int) -> Steps:
     old = [row for rows, _position, _now in pages for row in rows]
     asked = pages[0][2]
     snapshots = []
-    for lo, hi in view.sources:
-        pages = yield from _pages(lo, hi, page_rows)
+    for side, (lo, hi) in enumerate(view.sources):
+        table = view.table_of(side)
+        if table is None:
+            pages = yield from _pages(lo, hi, page_rows)
+        else:
+            pages = yield from _table_page(table, lo, hi)
         snapshots.append([(rows, position) for rows, position, _now in pages])
         now = pages[-1][2]
     now = yield from _write(m.start(old, snapshots, now), now)
@@ -180,6 +186,27 @@ def _pages(lo: Any, hi: Any, page_rows: int) -> Steps:
         if not full:
             return pages
         start = rows[page_rows - 1][0]
+
+
+class TableRows(NamedTuple):
+    """A read of a table's rows with keys in ``[lo, hi)``: the driver asks the engine's
+    client-side operations to build it (Rubberband builds no engine's operations); the
+    reply is ``[(row key, row), ...]`` in any order."""
+
+    table: str
+    key: str
+    lo: Any
+    hi: Any
+
+
+def _table_page(table: tuple[str, str], lo: Any, hi: Any) -> Steps:
+    """A table's rows in ``[lo, hi)`` as one page at one position, named as the feed
+    names them (a select has no key order to page by; the maintainer holds the view's
+    rows in memory anyway)."""
+    (rows, position), now = yield Read(TableRows(table[0], table[1], lo, hi), "sequential",
+                                       None, True)  # fmt: skip
+    named = [(row_key(table[0], k), {"row": row}) for k, row in rows]
+    return [(named, position, now)]
 
 
 def same_key(a: Any, b: Any) -> bool:

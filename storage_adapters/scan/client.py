@@ -20,7 +20,7 @@ answer is known without asking anyone (empty, or zero rows changed).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from rubberband.engine import (
@@ -203,6 +203,20 @@ class ScanOps:
     def bind(self, client: Any) -> Tables:
         """The calls a Rubberband client offers with these operations (``rb.table``)."""
         return Tables(client, self)
+
+    def rows_read(
+        self, table: str, key: str, lo: Any, hi: Any
+    ) -> tuple[dict[str, Any], Callable[[Any], list[tuple[Any, dict[str, Any]]]]]:
+        """The select of ``table``'s rows with keys in ``[lo, hi)`` (None: unbounded),
+        and how to read its answer as ``(key, row)`` pairs: the hook a view over a
+        table backfills with (:mod:`rubberband.views`)."""
+        self.keys[table] = key
+        where = [(key, op, bound) for op, bound in ((">=", lo), ("<", hi)) if bound is not None]
+
+        def pairs(result: Any) -> list[tuple[Any, dict[str, Any]]]:
+            return [(row[key], row) for row in self.rows(result)]
+
+        return self.select(table, where), pairs
 
     @staticmethod
     def rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -32,6 +32,8 @@ def test_each_metric_family_keeps_its_series_together_with_staleness_per_view() 
         ["create", "v", "--from", "0", "9", "--kind", "projection"],
         ["create", "v", "--from", "0", "9", "--over", "w", "--kind", "selection"],
         ["create", "v", "--over", "v", "--kind", "selection"],
+        ["create", "v", "--from", "-", "-", "--kind", "selection", "--table", "t"],
+        ["create", "v", "--from", "-", "-", "--kind", "selection", "--right-table", "t:k"],
         ["read", "--routers", "127.0.0.1:1"],
         ["drop"],
     ],
@@ -48,3 +50,11 @@ def test_the_base_range_and_the_source_address_are_two_options() -> None:
 
     args = parser().parse_args(["create", "v", "--from", "0", "9", "--source", "10.0.0.2"])
     assert args.base == ["0", "9"] and args.source == "10.0.0.2"
+
+
+def test_a_view_over_a_table_names_it_and_its_key_column() -> None:
+    from rubberband.tools.views import _spec, parser
+
+    args = parser().parse_args(["create", "v", "--from", "-", "-", "--kind", "index",
+                                "--on", "g", "--table", "tickets:rloc"])  # fmt: skip
+    assert _spec(args)["table"] == ("tickets", "rloc")

@@ -1,0 +1,133 @@
+"""Views over a table's rows: the maintainer takes the rows' changes as the engine
+reports them (``(ROWS, table, key)`` with the row's images) beside key-value data in one
+feed, starts from one select of the table, and every view equals the view recomputed
+from the base at every position; key-value views never take a table's rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rubberband.changelog import Event
+from rubberband.engine import row_key
+from rubberband.errors import BadOperation
+from rubberband.keys import encode_key
+from rubberband.views.compute import recompute
+from rubberband.views.define import ViewDef, from_dict, meta_key, stable_key, view_def
+from rubberband.views.maintain import Maintainer
+from rubberband.views.steps import Group, group_of
+
+T = ("t", "id")
+VIEWS = (
+    view_def("by_g", "index", (None, None), on="g", table=T),
+    view_def(
+        "sums",
+        "aggregate",
+        (0, 20),
+        group_by="g",
+        table=T,
+        aggregates={"n": ["count", None], "v": ["sum", "v"], "top": ["max", "v"]},
+    ),
+    view_def("kv", "selection", (None, None)),
+    view_def("pairs", "join", (None, None), on="g", table=T, right=(100, 200), right_on="g"),
+)
+
+# (True: a table row, False: a key-value key; key; None to delete, else (g, v))
+writes = st.lists(
+    st.tuples(
+        st.booleans(),
+        st.integers(0, 30),
+        st.one_of(st.none(), st.tuples(st.integers(0, 3), st.integers(-5, 5))),
+    ),
+    max_size=40,
+)
+
+
+def _change(base: dict[Any, Any], table: bool, key: int, new: Any) -> tuple[Any, str, Any]:
+    """Apply one write to ``base`` (keyed as the feed names keys); the change the
+    engine reports for it."""
+    if table:
+        name = row_key(T[0], key)
+        before = (base.get(name) or {}).get("row")
+        if new is None:
+            base.pop(name, None)
+            return (name, "delete", {"before": before})
+        row = {"id": key, "g": new[0], "v": new[1]}
+        base[name] = {"row": row}
+        return (name, "put", {"row": row, "before": before})
+    kv = 100 + key if key % 2 else key  # some key-value keys in the join's right range
+    if new is None:
+        base.pop(kv, None)
+        return (kv, "delete", None)
+    base[kv] = {"g": new[0], "v": new[1]}
+    return (kv, "put", base[kv])
+
+
+@settings(max_examples=150, deadline=None)
+@given(initial=writes, history=writes, view=st.sampled_from(VIEWS))
+def test_a_table_view_is_exact_at_every_position_from_one_select_and_the_rows_feed(
+    initial: list[Any], history: list[Any], view: ViewDef
+) -> None:
+    base: dict[Any, Any] = {}
+    for table, key, new in initial:
+        _change(base, table, key, new)
+    start = 1  # the select's position: the table's rows as they are then
+    snapshot = []
+    for side, (lo, hi) in enumerate(view.sources):
+        if view.table_of(side) is None:
+            rows = [(k, v) for k, v in base.items() if type(k) is int
+                    and (lo is None or k >= lo) and (hi is None or k < hi)]  # fmt: skip
+        else:
+            rows = [(k, v) for k, v in base.items() if type(k) is tuple]
+        snapshot.append([(rows, start)])
+    states = {start: dict(base)}
+    events = []
+    for i, (table, key, new) in enumerate(history):
+        events.append(Event(start + 1 + i, (_change(base, table, key, new),)))
+        states[start + 1 + i] = dict(base)
+    m = Maintainer(view)
+    versions: dict[Any, list[Any]] = {}
+
+    def take(out: list[Any]) -> None:
+        for _name, entries, _floor in out:
+            for k, entry in entries:
+                if k not in (meta_key(view.name), stable_key(view.name)):
+                    versions.setdefault(encode_key(k[2]), []).append(entry)
+
+    take(m.start([], snapshot, 0.0))
+    end = start + len(history) + 1
+    for side in range(len(view.sources)):
+        take(m.page(side, end, events, 0.0))
+    assert m.position == end
+    for t, state in states.items():
+        want = {ek: v for ek, (_k, v) in recompute(view, [state] * len(view.sources)).items()}
+        got = {}
+        for ek, chain in versions.items():
+            entries = [e for e in chain if e[0] <= t]
+            if entries and len(entries[-1]) == 2:
+                got[ek] = entries[-1][1]
+        assert got == want, t
+    if view.name == "kv":  # a key-value view over everything takes no table row
+        assert all(type(k) is int for k, _v in m.rows.rows.values())
+
+
+def test_a_table_view_names_its_table_and_keeps_it_through_the_catalog() -> None:
+    view = VIEWS[3]
+    assert view.tables == (T, None) and view.table_of(0) == T and view.table_of(1) is None
+    assert from_dict(view.to_dict()) == view
+    over = view_def("over", "selection", (None, None), over="by_g", base=VIEWS[0].sources,
+                    tables=VIEWS[0].tables)  # fmt: skip
+    assert over.tables == (T,) and over.table_of(0) is None  # its base: by_g's rows
+    assert from_dict(over.to_dict()) == over
+    # Views over the same range of a table and of key-value data are two groups.
+    assert group_of(VIEWS[0]) != group_of(VIEWS[2]) and group_of(over) == group_of(VIEWS[0])
+    with pytest.raises(ValueError, match="other sources"):
+        Group([VIEWS[0], VIEWS[2]])
+    for bad in ("t", ("t",), ("t", ""), ("t", 1)):
+        with pytest.raises(BadOperation, match="table name, its key column"):
+            view_def("x", "selection", (None, None), table=bad)
+    with pytest.raises(BadOperation, match="right_table= belongs to joins"):
+        view_def("x", "selection", (None, None), right_table=T)
