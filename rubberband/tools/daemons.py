@@ -608,12 +608,7 @@ def main_for(kind: str, argv: list[str] | None = None) -> int:
         kit.setup_logging(args.log_level)
         log.info("event=start %s", kit.effective(args, settings))
         runner = run_storage if kind == "storage" else run_super
-        try:  # not E-Cast's tune_process: see docs/decisions.md (a storage process's GC)
-            import uvloop
-
-            uvloop.install()
-        except ImportError:
-            pass
+        ecast.tune_process()  # uvloop, and a collector that does not walk the data
         try:
             return asyncio.run(runner(args))
         except (ecast.Error, OSError) as e:

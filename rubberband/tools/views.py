@@ -280,11 +280,10 @@ def metrics_text(figures: dict[str, Any], now: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_intermixed_args(argv)
-    if args.command == "maintain":  # a daemon: uvloop, as the storage daemons
-        with contextlib.suppress(ImportError):
-            import uvloop
+    if args.command == "maintain":  # a daemon: its work is messages, as a router's
+        import ecast
 
-            uvloop.install()
+        ecast.tune_process()
     try:
         out = asyncio.run(run(args))
     except Usage as e:
