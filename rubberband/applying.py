@@ -13,6 +13,7 @@ from rubberband.changelog import feed_answer, revised_op
 from rubberband.engine import BadOperation
 from rubberband.keys import NOTHING, RangeSet
 from rubberband.proto import Answer, Answers, H, Whole
+from rubberband.versions import is_version_op
 
 if TYPE_CHECKING:
     from rubberband.storage import StorageCore
@@ -94,7 +95,10 @@ class Apply:
     def _record(self, changed: list[Any]) -> dict[int, Any]:
         """Log the batch's changes in position order, and look each revisions read's
         keys up between them, at its own position: a write after the read in the same
-        batch is not in its answer.  The revisions by item index."""
+        batch is not in its answer.  The revisions by item index.  A view's rows
+        (``version`` writes) are not logged: they are read as the view, never as a
+        feed, and logging each row's whole version chain was a tenth of a storage
+        process's work with one index view."""
         core = self.core
         revised: dict[int, Any] = {}
         pending: list[tuple[int, Any]] = []
@@ -104,7 +108,7 @@ class Apply:
                 core.changes.record_all(pending, core.now)
                 pending = []
                 revised[j] = core.changes.revisions_of(m.payload[1], item[3] or NOTHING)
-            elif c:
+            elif c and not is_version_op(item[1]):
                 pending.append((item[5], c))
         core.changes.record_all(pending, core.now)
         return revised

@@ -37,6 +37,11 @@ older positions).  A row changed that often within the view's retention is read 
 recent positions only."""
 
 
+def is_version_op(op: Any) -> bool:
+    """Is ``op`` a ``version`` write (a view's rows)?"""
+    return type(op) is tuple and len(op) == 3 and op[0] == "version"
+
+
 def check_version_op(op: Any) -> tuple[list[tuple[Any, list[Any]]], int]:
     """A ``version`` operation's (key, entry) pairs and floor, or :class:`BadOperation`."""
     if len(op) != 3 or type(op[2]) is not int or op[2] < 0:

@@ -306,3 +306,23 @@ def test_rubberband_cost_times_a_write_with_and_without_the_change_log() -> None
     got = storage_cost(repeat=1, writes=300)  # asserts every write was applied
     assert set(got) == {"put, change log kept", "put, no change log"}
     assert all(us > 0 for us in got.values())
+
+
+def test_a_views_rows_are_no_change_of_the_feed_nor_a_revision() -> None:
+    """``version`` writes (a view's rows, read as the view) are not logged: a feed over
+    every key shows the base writes only, and the rows have no revision; the rows are
+    written all the same."""
+    from rubberband.changelog import Revisions
+
+    m = Model(f=3).ring_of(4)
+    rig = Rig(m)
+    start = page(rig, None).position
+    row = ("~view", "v", 5)
+    m.write(("put", ((5, "five"),)))
+    m.write(("version", ((row, [9, "five"]),), 0))
+    m.settle()
+    events = page(rig, start).events
+    assert [e.changes for e in events] == [((5, "put", "five"),)]
+    done = rig.until_done(rig.read(Revisions(("get", (5, row)), (5, row)), "sequential"))
+    values, revised = done.result
+    assert values[row][-1] == [9, "five"] and set(revised) == {5}
