@@ -23,9 +23,10 @@ PROGRAMS = {
     ("rubberband", "storage"): [sys.executable, "-m", "rubberband.tools.cli", "storage", "--help"],
     ("rubberband", "super"): [sys.executable, "-m", "rubberband.tools.cli", "super", "--help"],
     ("rubberband", "admin"): [sys.executable, "-m", "rubberband.tools.cli", "admin", "--help"],
+    ("rubberband", "views"): [sys.executable, "-m", "rubberband.tools.cli", "views", "--help"],
 }
 INVOCATION = re.compile(
-    r"\b(ecast|rubberband)\s+(router|storage|super|admin)\b(.*?)(?=&&|;|\||&\s|$)", re.S
+    r"\b(ecast|rubberband)\s+(router|storage|super|admin|views)\b(.*?)(?=&&|;|\||&\s|$)", re.S
 )
 DAEMONS = {"router", "storage", "super"}
 
@@ -70,8 +71,18 @@ def invocations() -> list[tuple[str, tuple[str, str], list[str], bool]]:
 
 def test_every_daemon_in_deploy_is_found() -> None:
     roles = {(w.split()[0], p[1]) for w, p, _, _ in invocations()}
-    assert {p for _, p in roles} == DAEMONS | {"admin"}
-    assert len(invocations()) >= 12
+    assert {p for _, p in roles} == DAEMONS | {"admin", "views"}
+    assert len(invocations()) >= 15
+    # Each deployment keeps views, and its maintainer asks for the engine its storage
+    # processes run (a view over a table needs the engine's client operations).
+    maintainers = [(w, f) for w, p, f, _ in invocations() if p == ("rubberband", "views")]
+    assert len(maintainers) == 3 and all("--engine" in f for _, f in maintainers)
+    engines = {
+        re.search(r"--engine[ \",]+([a-z-]+)", line).group(1)
+        for _, line, _ in commands()
+        if " storage " in f" {line} " or "views" in line
+    }
+    assert engines == {"scan-memory"}, engines
 
 
 def test_every_flag_used_in_deploy_exists() -> None:
@@ -101,6 +112,7 @@ def test_the_files_parse() -> None:
         for d in yaml.safe_load_all((DEPLOY / "kubernetes" / "rubberband.yaml").read_text())
     ]
     assert kinds.count("StatefulSet") == 3 and kinds.count("Service") == 3 and "Job" in kinds
+    assert kinds.count("Deployment") == 1  # the views maintainer
     alerts = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yaml").read_text())
     assert sum(len(g["rules"]) for g in alerts["groups"]) >= 10
     dashboard = json.loads((DEPLOY / "grafana" / "rubberband.json").read_text())
