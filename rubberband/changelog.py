@@ -75,6 +75,10 @@ MAX_CHANGES = 100_000
 """Changes a storage process keeps by default (each key changed counts one)."""
 MAX_AGE = 600.0
 """Seconds a storage process keeps a change by default."""
+MAX_BYTES = 256 * 1024 * 1024
+"""About how many bytes of changes a storage process keeps by default (estimated,
+:func:`_size`): a table row's change holds its images, and 100,000 of a 22-column row
+held 400 MB."""
 _PLAIN = (int, str)
 """Row keys whose row change key is its own revisions' dict key (no bool among them)."""
 REVISIONS_PART = 10_000
@@ -172,19 +176,27 @@ class ChangeLog:
     asks, not on every write."""
 
     def __init__(
-        self, max_changes: int = MAX_CHANGES, max_age: float = MAX_AGE, page: int = PAGE_CHANGES
+        self,
+        max_changes: int = MAX_CHANGES,
+        max_age: float = MAX_AGE,
+        page: int = PAGE_CHANGES,
+        max_bytes: int = MAX_BYTES,
     ) -> None:
         self.max_changes = max_changes
         self.max_age = max_age
+        self.max_bytes = max_bytes
         self.page = page
         self.place: Callable[[Any], EKey] = encode_key
         """A key's place on the ring (the storage core sets its engine's placement)."""
         self._t: list[int] = []
         self._at: list[float] = []
         self._changes: list[tuple[tuple[Any, str, Any], ...]] = []
+        self._sizes: list[int] = []
+        """Each entry's estimated bytes (:func:`_size`)."""
         self._head = 0
         """Entries before this index are dropped (cut from the lists now and then)."""
         self._count = 0
+        self._bytes = 0
         self.floor = -1
         """Changes at positions up to this one may be gone (retention)."""
         self._starts: list[tuple[RangeSet, int]] = []
@@ -227,18 +239,26 @@ class ChangeLog:
             if len(last) < len(changes):
                 changes = _last_changes(changes)
         self._revise(t, changes)
+        size = _size(changes)
         if not self._t or self._t[-1] < t or mutations.on(OUT_OF_ORDER):
             self._t.append(t)
             self._at.append(now)
             self._changes.append(tuple(changes))
+            self._sizes.append(size)
         else:
             i = bisect_right(self._t, t, self._head)
             self._t.insert(i, t)
             self._at.insert(i, now)
             self._changes.insert(i, tuple(changes))
+            self._sizes.insert(i, size)
         self._count += len(changes)
+        self._bytes += size
         self.recorded += len(changes)
-        if self._count > self.max_changes or self._at[self._head] < now - self.max_age:
+        if (
+            self._count > self.max_changes
+            or self._bytes > self.max_bytes
+            or self._at[self._head] < now - self.max_age
+        ):
             self.trim(now)
 
     def _revise(self, t: int, changes: Iterable[Sequence[Any]]) -> None:
@@ -377,6 +397,8 @@ class ChangeLog:
         self._t = [e[0] for e in merged]
         self._at = [e[1] for e in merged]
         self._changes = [e[2] for e in merged]
+        self._sizes = [_size(c) for c in self._changes]
+        self._bytes = sum(self._sizes)
         self._head = 0
         self._count += sum(len(c) for _, c in adopted)
         self._adopt_revisions(ranges, revised, upto)
@@ -400,13 +422,16 @@ class ChangeLog:
 
     def trim(self, now: float) -> None:
         head, n = self._head, len(self._t)
-        at, changes, oldest = self._at, self._changes, now - self.max_age
-        while head < n and (self._count > self.max_changes or at[head] < oldest):
+        at, changes, sizes, oldest = self._at, self._changes, self._sizes, now - self.max_age
+        while head < n and (
+            self._count > self.max_changes or self._bytes > self.max_bytes or at[head] < oldest
+        ):
             self._count -= len(changes[head])
+            self._bytes -= sizes[head]
             self.floor = self._t[head]
             head += 1
         if head > 1024 and head * 2 > n:  # cut the dropped front in bulk
-            del self._t[:head], self._at[:head], self._changes[:head]
+            del self._t[:head], self._at[:head], self._changes[:head], self._sizes[:head]
             head = 0
         self._head = head
 
@@ -442,7 +467,8 @@ class ChangeLog:
         return out
 
     def figures(self) -> dict[str, int]:
-        return {"changes": self._count, "floor": self.floor, "recorded": self.recorded}
+        return {"changes": self._count, "bytes": self._bytes, "floor": self.floor,
+                "recorded": self.recorded}  # fmt: skip
 
 
 def feed_answer(
@@ -479,6 +505,28 @@ def _same(key: Any) -> Any:
     """What two changes share when they change one key: ``True`` and ``1`` are two
     keys (and ``(True,)`` and ``(1,)``), ``1`` and ``1.0`` one."""
     return sort_key(key) if type(key) is tuple else (type(key) is bool, key)
+
+
+def _size(changes: Iterable[Sequence[Any]]) -> int:
+    """About the bytes ``changes`` hold in memory: cheap (no walk below a row's images),
+    close enough to bound the log.  A key-value change of an int about 100; a table
+    row's change with both 22-column images about 3,000."""
+    n = 0
+    for change in changes:
+        value = change[2]
+        t = type(value)
+        if t is str or t is bytes:
+            n += 100 + len(value)
+        elif t is dict:
+            n += 100 + 64 * len(value)
+            for v in value.values():  # a row's images: one level down
+                if type(v) is dict:
+                    n += 100 + 64 * len(v)
+        elif t is list or t is tuple:
+            n += 100 + 48 * len(value)
+        else:
+            n += 100
+    return n
 
 
 def _last_changes(changes: Sequence[tuple[Any, str, Any]]) -> list[tuple[Any, str, Any]]:

@@ -36,7 +36,7 @@ from typing import Any
 import ecast
 from ecast import daemon_kit as kit
 from ecast.core import mutations
-from rubberband.changelog import MAX_AGE, MAX_CHANGES, ChangeLog
+from rubberband.changelog import MAX_AGE, MAX_BYTES, MAX_CHANGES, ChangeLog
 from rubberband.errors import Refused
 from rubberband.host import StorageHost, SuperHost
 from rubberband.storage import StorageCore
@@ -120,6 +120,14 @@ STORAGE_SETTINGS = [
         MAX_CHANGES,
         "changed keys kept for change feeds (0: no change log)",
         check=lambda v: None if v >= 0 else "at least 0",
+    ),
+    Setting(
+        "change-log-bytes",
+        int,
+        MAX_BYTES,
+        "about how many bytes of changes are kept for change feeds (estimated; a table "
+        "row's change holds its images)",
+        check=kit.positive,
     ),
     Setting(
         "change-log-age",
@@ -312,6 +320,7 @@ def storage_metrics(
     m.add("rubberband_stopped", 0 if st["stopped"] is None else 1, "stopped (fail-stop)")
     changes = st["changes"] or {}
     m.add("rubberband_change_log", changes.get("changes", 0), "changed keys kept for feeds")
+    m.add("rubberband_change_log_bytes", changes.get("bytes", 0), "estimated bytes of changes kept")
     m.add(
         "rubberband_change_log_floor",
         changes.get("floor", -1),
@@ -398,7 +407,9 @@ async def run_storage(args: argparse.Namespace) -> int:
     except BaseException:
         engine.close()
         raise
-    changes = ChangeLog(max_changes=args.change_log, max_age=args.change_log_age)
+    changes = ChangeLog(
+        max_changes=args.change_log, max_age=args.change_log_age, max_bytes=args.change_log_bytes
+    )
     core = StorageCore(args.name, engine, changes=changes)
     host = StorageHost(client, core)
     log.info("event=joined name=%s engine=%s", args.name, args.engine)

@@ -326,3 +326,19 @@ def test_a_views_rows_are_no_change_of_the_feed_nor_a_revision() -> None:
     done = rig.until_done(rig.read(Revisions(("get", (5, row)), (5, row)), "sequential"))
     values, revised = done.result
     assert values[row][-1] == [9, "five"] and set(revised) == {5}
+
+
+def test_the_change_log_drops_by_bytes_and_a_table_rows_images_weigh_more() -> None:
+    """Row images make a change hundreds of times bigger than an int's: the log keeps
+    about ``max_bytes`` of them, dropping from the oldest, and says how much it holds."""
+    log = ChangeLog(max_changes=1000, max_bytes=20_000)
+    image = {f"c{i}": i for i in range(22)}
+    for t in range(1, 11):
+        log.record(t, 0.0, [(("~rows", "t", t), "put", {"row": image, "before": image})])
+    kept = log.figures()
+    assert 0 < kept["bytes"] <= 20_000 and kept["changes"] < 10
+    assert log.floor == 10 - kept["changes"]
+    small = ChangeLog(max_changes=1000, max_bytes=20_000)
+    for t in range(1, 11):
+        small.record(t, 0.0, [(t, "put", t)])
+    assert small.floor == -1 and small.figures()["changes"] == 10  # ints: all kept
