@@ -17,7 +17,13 @@ from typing import Any, NamedTuple
 
 from rubberband.changelog import Changes
 from rubberband.engine import row_key
-from rubberband.errors import BadOperation, Compacted, Indeterminate, RubberbandError
+from rubberband.errors import (
+    BadOperation,
+    Compacted,
+    Indeterminate,
+    RubberbandError,
+    Unavailable,
+)
 from rubberband.keys import encode_key
 from rubberband.versions import as_of
 from rubberband.views.define import ViewDef, meta_key, rows_bounds, stable_key
@@ -58,7 +64,12 @@ Steps = Generator[Read | Write | Both | Sleep, tuple[Any, float], Any]
 LEVELS = ("sequential", "read-your-writes", "snapshot", "any")
 _ISOLATION = {"snapshot": "snapshot"}
 RETRY = 1.0
-"""Seconds a maintainer waits after a failed step before it starts over."""
+"""Seconds a maintainer waits after a failed step before it asks again, or starts over."""
+RETRIES = 10
+"""Times a maintainer asks again for a read or write that got no answer (a router or a
+storage process failing over) before it starts every view over from snapshots.  Its
+state is intact and its writes idempotent (version merges), so asking again repeats
+nothing harmful; starting over a view of a million rows took 47 s of backfill."""
 
 
 # ------------------------------------------------------------------ maintaining
@@ -129,8 +140,9 @@ def groups(views: Iterable[ViewDef]) -> list[list[ViewDef]]:
 
 def maintain_group_steps(group: Group, poll: float = 0.05, page_rows: int = 0) -> Steps:
     """A group's maintainer for ever: each view starts from a snapshot, then the group
-    follows the sources' feeds; it starts over after a failure (a feed compacted under
-    it, the cluster unreachable), every view from a new snapshot."""
+    follows the sources' feeds; a step without an answer is asked again
+    (:data:`RETRIES`), and after a failure (a feed compacted under it, the cluster
+    unreachable longer) it starts over, every view from a new snapshot."""
     while True:
         try:
             yield from _maintain(group, poll, page_rows or PAGE_ROWS)
@@ -248,13 +260,13 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
                 # asks), and the progress made stable now is published.
                 split = {n: Maintainer.in_order(writes[n]) for n in made}
                 ops = (*(op for op, _ in held), *(rows for rows, _ in split.values()))
-                page, now = yield (Both(Write(ops), read) if ops else read)
+                page, now = yield from _retry(Both(Write(ops), read) if ops else read)
                 _publish(group, held, now)
                 held = [(split[n][1], _progress(members[n], writes_asked)) for n in made]
             else:
                 now = yield from _write_through(group, members, held, writes, writes_asked, now)
                 held = []
-                page, now = yield read
+                page, now = yield from _retry(read)
             writes, writes_asked = {}, asked
             for figures in group.figures.values():
                 figures.seen = max(figures.seen, page.position)
@@ -382,10 +394,23 @@ def _write(writes: list[Any], now: float) -> Steps:
     it, at any replica (a basic read asks each segment's replica apart)."""
     rows = writes[:-1]
     for i in range(0, len(rows), IN_FLIGHT):
-        _, now = yield Write(tuple(rows[i : i + IN_FLIGHT]))
+        _, now = yield from _retry(Write(tuple(rows[i : i + IN_FLIGHT])))
     if writes:
-        _, now = yield Write((writes[-1],))
+        _, now = yield from _retry(Write((writes[-1],)))
     return now
+
+
+def _retry(request: Read | Write | Both) -> Steps:
+    """``request``'s reply, asked again after a failure without an answer (none came,
+    or no responder was reachable) up to :data:`RETRIES` times."""
+    for attempt in range(RETRIES + 1):
+        try:
+            return (yield request)
+        except (Indeterminate, Unavailable):
+            if attempt == RETRIES:
+                raise
+        yield Sleep(RETRY)
+    raise AssertionError("unreachable")
 
 
 # ------------------------------------------------------------------ reading

@@ -222,3 +222,35 @@ def test_a_row_a_stale_maintainer_wrote_below_the_current_ones_start_is_not_in_t
     with pytest.raises(StopIteration) as done:
         steps.send(([(meta_key("by_g"), meta), *rows], 0.1))
     assert done.value.value == ([((1, 2), "b's"), ((1, 3), "newer")], 120)
+
+
+def test_a_step_without_an_answer_is_asked_again_and_nothing_starts_over() -> None:
+    """A router failing over leaves a page read without an answer: the maintainer asks
+    again after a pause, its views keep their state (no new backfill), and only a
+    feed compacted under it, or many failures in a row, start it over."""
+    from rubberband.changelog import Page
+    from rubberband.errors import Compacted, Indeterminate
+    from rubberband.views.define import view_def
+    from rubberband.views.steps import RETRIES, Group, Read, Sleep, Write, maintain_group_steps
+
+    group = Group([view_def("v", "selection", (0, 10))])
+    steps = maintain_group_steps(group, poll=0.05)
+    request = next(steps)
+    while not (type(request) is Read and type(request.op).__name__ == "Changes"):
+        reply = ([], 5) if type(request) is Read else None  # empty view, empty base at 5
+        request = steps.send((reply, 1.0))
+    figures = group.figures["v"]
+    assert figures.starts == 1
+    page_read = request
+    for _ in range(RETRIES):
+        assert type(steps.throw(Indeterminate("no answer"))) is Sleep
+        assert steps.send((None, 2.0)) == page_read  # the same page, asked again
+    request = steps.send((Page(9, []), 3.0))
+    while type(request) is Write:
+        request = steps.send((None, 3.0))
+    assert figures.starts == 1 and figures.failures == 0
+    # A feed compacted under it: every view starts over from a new snapshot.
+    while not (type(request) is Read and type(request.op).__name__ == "Changes"):
+        request = steps.send((None, 4.0))
+    request = steps.throw(Compacted(20))
+    assert figures.failures == 1 and type(request) is Read and request.with_position
