@@ -12,8 +12,8 @@ Steps (about 90 s in all):
    (``scan-memory``: the scan engine's tables beside key-value data in one engine), hash
    partitioning, replication 3, and 2 standby processes.
 2. A Ticket table (the dissertation's Appendix A, 22 attributes) is loaded, and a bank's
-   accounts with two materialized views of them (:mod:`.demo_views`), kept by a
-   ``rubberband views maintain`` process.
+   accounts with two materialized views of them and an index view of the tickets by
+   status (:mod:`.demo_views`), kept by a ``rubberband views maintain`` process.
 3. Clients run a mixed workload: two-key list-appends and reads (the list-append
    checker's workload), on the tickets inserts, status updates by key and queries at all
    three isolation levels (sequential, snapshot, basic), transfers between accounts, and
@@ -27,9 +27,9 @@ Steps (about 90 s in all):
    history (nothing acknowledged lost, no cycle) and the append-order checker (each
    client's appends in every list in its order, gap-free); every acknowledged ticket
    insert and the last acknowledged update of each ticket present; every view read equal
-   to the view recomputed from the accounts' change feed at its position, and the bank's
-   total in every one; every holder of every segment answering the same data (tables,
-   lists, accounts and the views' version chains).
+   to the view recomputed from the accounts' (or the Ticket rows') change feed at its
+   position, and the bank's total in every one; every holder of every segment answering
+   the same data (tables, lists, accounts and the views' version chains).
 6. A PNG of throughput and latency with the fault and reconfiguration windows shaded, a
    summary, a verdict, and the cluster shut down.
 """
@@ -428,7 +428,7 @@ class Demo:
         finally:
             await rb.close()
         await self.bank.setup()
-        print(f"loaded {ROWS:,} tickets and the bank's accounts with 2 views; the workload "
+        print(f"loaded {ROWS:,} tickets and the bank's accounts, 3 views; the workload "
               f"runs for {self.seconds:g} s", flush=True)  # fmt: skip
         self.t0 = time.monotonic()
         workers = [asyncio.ensure_future(c) for c in (

@@ -4,7 +4,9 @@ maintain`` process, and a check that every view read was exact.
 The accounts are keys ``("acct", i)`` holding integer balances; clients move money with
 atomic ``add`` transfers (deltas summing to 0), so the bank's total never changes.  The
 views (``docs/views.md``): ``bank``, an aggregate of every account (how many, their
-total, the lowest balance), and ``overdrawn``, a selection of the accounts below 0.
+total, the lowest balance), and ``overdrawn``, a selection of the accounts below 0; and
+over the demo's Ticket table, ``tickets_n``, an index by booking status of the tickets
+whose code starts with N (the demo's inserts among them), kept from the rows' feed.
 Readers read both at every level (sequential, read-your-writes, snapshot, any) through
 every fault of the demo, the maintainer's SIGKILL among them; a client follows the
 accounts' change feed from the load on.  At the end every read is recomputed from that
@@ -23,10 +25,16 @@ import sys
 from collections import Counter
 from typing import Any
 
+from rubberband.engine import ROWS, row_key
+
 ACCOUNTS = 40
 START = 1_000
 TOTAL = ACCOUNTS * START
 LO, HI = ("acct", 0), ("acct", ACCOUNTS)
+TICKETS = ("tickets", "rloc")
+T_LO, T_HI = "N", "O"
+"""The tickets of the table view: codes from N up to O (a 36th of the loaded ones, and
+every ticket the demo inserts)."""
 LEVELS = ("sequential", "read-your-writes", "snapshot", "any")
 
 
@@ -37,6 +45,8 @@ def views() -> list[Any]:
         view_def("bank", "aggregate", (LO, HI), aggregates={
             "accounts": ["count", None], "total": ["sum", None], "lowest": ["min", None]}),
         view_def("overdrawn", "selection", (LO, HI), where=[(None, "<", 0)]),
+        view_def("tickets_n", "index", (T_LO, T_HI), on="bookingStatus", columns=["rloc"],
+                 table=TICKETS),
     ]  # fmt: skip
 
 
@@ -51,10 +61,13 @@ class BankViews:
         self.events: list[Any] = []
         self.base: dict[Any, Any] = {}
         self.start = 0
+        self.table_events: list[Any] = []
+        self.table_base: dict[Any, Any] = {}
+        self.table_start = 0
         self.transfers = 0
         self.maintainer: subprocess.Popen[bytes] | None = None
         self.restarts = 0
-        self._feed: asyncio.Task[None] | None = None
+        self._feeds: list[asyncio.Task[None]] = []
 
     # ------------------------------------------------------------------ set-up
     async def setup(self) -> None:
@@ -65,13 +78,24 @@ class BankViews:
             await rb.put_many({("acct", i): START for i in range(ACCOUNTS)})
             rows, self.start = await rb.read(("scan", LO, HI), with_position=True)
             self.base = dict(rows)
+            # The table's rows as the feed names them, at one position (the engine's
+            # operations build the select: Rubberband names no engine).
+            select, pairs = rb.core.ops.rows_read(*TICKETS, T_LO, T_HI)
+            result, self.table_start = await rb.read(select, "sequential", with_position=True)
+            self.table_base = {row_key(TICKETS[0], k): {"row": r} for k, r in pairs(result)}
             for v in self.views:
-                spec = {k: x for k, x in v.to_dict().items() if k not in ("name", "kind", "source")}
-                await rb.create_view(v.name, v.source, v.kind, **spec)
+                spec = {k: x for k, x in v.to_dict().items()
+                        if k not in ("name", "kind", "source", "tables")}  # fmt: skip
+                table = v.table_of(0)
+                await rb.create_view(v.name, v.source, v.kind, table=table, **spec)
         finally:
             await rb.close()
         self.maintainer = self._maintain()
-        self._feed = asyncio.ensure_future(self._follow())
+        self._feeds = [
+            asyncio.ensure_future(self._follow(self.start, LO, HI, self.events, None)),
+            asyncio.ensure_future(self._follow(
+                self.table_start, T_LO, T_HI, self.table_events, TICKETS[0])),
+        ]  # fmt: skip
 
     def _maintain(self) -> subprocess.Popen[bytes]:
         d = self.demo.d
@@ -82,23 +106,24 @@ class BankViews:
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
 
-    async def _follow(self) -> None:
-        """The accounts' change feed, every write once, until the demo stops and a page
-        comes back empty (a read that fails is retried: the feed goes on from where it
-        was)."""
-        since = self.start
+    async def _follow(
+        self, since: int, lo: Any, hi: Any, events: list[Any], table: str | None
+    ) -> None:
+        """A change feed (the accounts', or ``table``'s rows in ``[lo, hi)``), every
+        write once, until the demo stops and a page comes back empty (a read that fails
+        is retried: the feed goes on from where it was)."""
         rb = await self.demo.connect("bank-feed")
         try:
             while True:
                 try:
-                    page = await rb.changes(since, LO, HI)
+                    page = await rb.changes(since, lo, hi)
                 except Exception:
                     await asyncio.sleep(0.2)
                     with contextlib.suppress(Exception):
                         await rb.close()
                     rb = await self.demo.connect("bank-feed")
                     continue
-                self.events.extend(page.events)
+                events.extend(page.events if table is None else _rows_of(table, page.events))
                 since = page.position
                 if self.demo.stop.is_set() and not page.events:
                     return
@@ -182,16 +207,22 @@ class BankViews:
     async def verify(self) -> dict[str, Any]:
         from rubberband.checkers.views import check_view_reads
 
-        if self._feed is not None:
+        for feed in self._feeds:
             try:
-                await asyncio.wait_for(self._feed, 30)
+                await asyncio.wait_for(feed, 30)
             except Exception as e:
-                self.demo.failures.append(f"the accounts' change feed did not end: {e!r:.100}")
+                self.demo.failures.append(f"a change feed did not end: {e!r:.100}")
         self.close()
         problems: list[str] = []
-        start = (self.base, self.start)
         for v in self.views:
-            problems += check_view_reads(v, start, self.events, self.reads[v.name])
+            if v.table_of(0) is None:
+                problems += check_view_reads(
+                    v, (self.base, self.start), self.events, self.reads[v.name]
+                )
+            else:
+                problems += check_view_reads(
+                    v, (self.table_base, self.table_start), self.table_events, self.reads[v.name]
+                )
         whole = [r for r in self.reads["bank"] if r.rows]
         off = [r.position for r in whole if r.rows[0][1].get("total") != TOTAL
                or r.rows[0][1].get("accounts") != ACCOUNTS]  # fmt: skip
@@ -204,6 +235,8 @@ class BankViews:
             "overdrawn_sizes": sorted({len(r.rows) for r in self.reads["overdrawn"]}),
             "transfers": self.transfers,
             "feed_events": len(self.events),
+            "table_events": len(self.table_events),
+            "ticket_view_sizes": sorted({len(r.rows) for r in self.reads["tickets_n"]})[-3:],
             "maintainer_restarts": self.restarts,
         }
 
@@ -231,11 +264,26 @@ class BankViews:
         levels = ", ".join(f"{n} {level}" for level, n in sorted(checks["view_levels"].items()))
         exact = "every one exact" if not checks["view_problems"] else "NOT EXACT"
         return [
-            f"  views: {checks['view_reads']:,} reads of bank and overdrawn ({levels}), "
-            f"{exact} against the accounts' change feed ({checks['feed_events']:,} writes) "
-            f"{checks['view_problems'] or ''}",
+            f"  views: {checks['view_reads']:,} reads of bank, overdrawn and tickets_n "
+            f"({levels}), {exact} against the accounts' change feed "
+            f"({checks['feed_events']:,} writes) and the Ticket rows' "
+            f"({checks['table_events']:,}) {checks['view_problems'] or ''}",
+            f"  tickets_n (an index of a table): largest reads {checks['ticket_view_sizes']} rows",
             f"  bank: {checks['transfers']:,} transfers; the total {TOTAL:,} in every read "
             f"{'yes' if not checks['view_total_off'] else checks['view_total_off']}; "
             f"overdrawn accounts seen: {checks['overdrawn_sizes'][:8]}; maintainer "
             f"SIGKILLed and replaced {checks['maintainer_restarts']} time(s)",
         ]
+
+
+def _rows_of(table: str, events: list[Any]) -> list[Any]:
+    """The events' changes of ``table``'s rows (a feed of a key range has key-value
+    data and every table's rows in it)."""
+    from rubberband.changelog import Event
+
+    out = []
+    for e in events:
+        mine = tuple(c for c in e.changes if type(c[0]) is tuple and c[0][:2] == (ROWS, table))
+        if mine:
+            out.append(Event(e.position, mine))
+    return out
