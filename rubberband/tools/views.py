@@ -11,6 +11,7 @@ import logging
 import signal
 import sys
 import time
+import zlib
 from typing import Any
 
 from rubberband.tools.client import Usage, connect, failures, jsonable, key, value, where
@@ -60,6 +61,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--lo", help="read: rows from this key")
     ap.add_argument("--hi", help="read: rows below this key")
     ap.add_argument("--poll", type=float, default=0.05, help="maintain: idle poll, seconds")
+    ap.add_argument("--shard", metavar="I/N",
+                    help="maintain: keep only the groups of views of shard I of N (0 <= I "
+                    "< N; a group is in one shard: N maintainers split the views)")  # fmt: skip
     ap.add_argument("--metrics", metavar="HOST:PORT",
                     help="maintain: serve /metrics and /health here")  # fmt: skip
     ap.add_argument("--engine", help="the cluster's engine, for its client operations "
@@ -119,6 +123,8 @@ async def run(args: argparse.Namespace) -> Any:
         else:  # its base ranges are the other view's: checked once it is read
             view_def(args.names[0], args.kind, (None, None), over=args.over,
                      base=[(None, None)], **spec)  # fmt: skip
+    if args.command == "maintain":
+        _shard(args.shard)  # checked before connecting
     if args.command == "read" and len(args.names) != 1:
         raise Usage("read NAME [--level L] [--key K ...|--lookup V|--lo LO --hi HI]")
     if args.command == "drop" and not args.names:
@@ -189,9 +195,11 @@ async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
     server = await _serve_metrics(args.metrics, figures) if args.metrics else None
     started = time.monotonic()
     maintained: set[str] = set()
+    shard = _shard(args.shard)
     while not stop.is_set():
         with contextlib.suppress(*failures()):
-            views = {v.name: v for v in await rb.views() if not args.names or v.name in args.names}
+            named = [v for v in await rb.views() if not args.names or v.name in args.names]
+            views = {v.name: v for v in named if in_shard(v, shard)}
             for key, (group, halt, task) in list(running.items()):
                 for name in [n for n in group.views if views.get(n) != group.views[n]]:
                     group.remove(name)  # dropped (or defined anew: it starts again)
@@ -223,6 +231,29 @@ async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
     if server is not None:
         await server.cleanup()
     return {"maintained": sorted(maintained), "seconds": round(time.monotonic() - started, 1)}
+
+
+def _shard(text: str | None) -> tuple[int, int]:
+    """``--shard I/N`` as ``(I, N)`` (``(0, 1)``: every view)."""
+    if text is None:
+        return 0, 1
+    i, _, n = text.partition("/")
+    try:
+        shard = int(i), int(n)
+    except ValueError:
+        raise Usage(f"--shard {text!r}: write I/N, such as 0/2") from None
+    if not 0 <= shard[0] < shard[1]:
+        raise Usage(f"--shard {text!r}: I is 0 to N-1")
+    return shard
+
+
+def in_shard(view: Any, shard: tuple[int, int]) -> bool:
+    """Is ``view`` kept by shard ``(I, N)``?  By its group (views over the same sources
+    read one feed together, so a group is never split), hashed the same in every
+    process."""
+    from rubberband.views.steps import group_of
+
+    return zlib.crc32(group_of(view).encode()) % shard[1] == shard[0]
 
 
 def _report(rb: Any, figures: dict[str, Any], now: float) -> None:

@@ -36,6 +36,8 @@ def test_each_metric_family_keeps_its_series_together_with_staleness_per_view() 
         ["create", "v", "--from", "-", "-", "--kind", "selection", "--right-table", "t:k"],
         ["read", "--routers", "127.0.0.1:1"],
         ["drop"],
+        ["maintain", "--shard", "2/2"],
+        ["maintain", "--shard", "one"],
     ],
 )
 def test_a_command_line_that_cannot_run_says_why_and_exits_2(
@@ -58,3 +60,21 @@ def test_a_view_over_a_table_names_it_and_its_key_column() -> None:
     args = parser().parse_args(["create", "v", "--from", "-", "-", "--kind", "index",
                                 "--on", "g", "--table", "tickets:rloc"])  # fmt: skip
     assert _spec(args)["table"] == ("tickets", "rloc")
+
+
+def test_shards_split_the_groups_of_views_and_never_a_group() -> None:
+    """N maintainers with ``--shard I/N`` keep every view exactly once between them,
+    and views over the same sources (one group, one feed) in the same shard."""
+    from rubberband.tools.views import in_shard
+    from rubberband.views import view_def
+    from rubberband.views.steps import group_of
+
+    views = [view_def(f"v{i}", "index", (i % 20, 100), on="g") for i in range(40)]
+    for n in (1, 2, 3):
+        kept = [[v.name for v in views if in_shard(v, (i, n))] for i in range(n)]
+        assert sorted(name for names in kept for name in names) == sorted(v.name for v in views)
+        for v in views:
+            shards = {i for i in range(n) if in_shard(v, (i, n))}
+            same_group = [w for w in views if group_of(w) == group_of(v)]
+            assert all({i for i in range(n) if in_shard(w, (i, n))} == shards for w in same_group)
+    assert len({i for v in views for i in range(3) if in_shard(v, (i, 3))}) == 3
