@@ -218,8 +218,12 @@ async def drive(
                     await asyncio.wait_for(stop.wait(), request.seconds)
                 got = None
         except RubberbandError as e:
+            # A refused step (a view over a table on an engine without tables, a
+            # malformed definition) fails the same way every time: say so where an
+            # operator looks; a step without an answer is routine during failover.
+            level = logging.WARNING if isinstance(e, BadOperation) else logging.DEBUG
             if type(request) is not Sleep:
-                log.debug("view step %s failed: %s", type(request).__name__, e)
+                log.log(level, "view step %s failed: %s", type(request).__name__, e)
             error = e
             continue
         reply = (got, time.monotonic())

@@ -131,3 +131,32 @@ def test_a_table_view_names_its_table_and_keeps_it_through_the_catalog() -> None
             view_def("x", "selection", (None, None), table=bad)
     with pytest.raises(BadOperation, match="right_table= belongs to joins"):
         view_def("x", "selection", (None, None), right_table=T)
+
+
+def test_a_view_over_a_table_on_an_engine_without_tables_says_why_it_cannot_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The driver asks the client's engine operations for the table's select; without
+    them the step is refused, every time, and the maintainer says so as a warning."""
+    import asyncio
+    import logging
+    from types import SimpleNamespace
+
+    from rubberband.views.client import drive
+    from rubberband.views.steps import maintain_group_steps
+
+    class NoTables:
+        core = SimpleNamespace(ops=object())  # a key-value engine's operations
+
+        async def read(self, op: Any, isolation: str, within: Any = None,
+                       with_position: bool = False) -> Any:  # fmt: skip
+            return ([], 5) if with_position else []
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.2, stop.set)
+        await drive(NoTables(), maintain_group_steps(Group([VIEWS[0]])), stop)
+
+    with caplog.at_level(logging.WARNING, logger="rubberband.views"):
+        asyncio.run(go())
+    assert "needs a client whose engine has tables" in caplog.text
