@@ -20,10 +20,10 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ecast import Client, Effects, NodeId, daemon_kit
+from ecast import Client, Effects, MessageTooLarge, NodeId, daemon_kit
 from rubberband.driver import carry_out
 from rubberband.outputs import Submit
-from rubberband.proto import BasicRead, Left, Ping
+from rubberband.proto import Answer, Answers, BasicRead, Left, Ping, Whole
 from rubberband.storage import StorageCore
 from rubberband.super import SuperCore
 from rubberband.supervision import LeaveDone, Leaving, Reconfigured, Stalled, Voted, pong
@@ -90,6 +90,21 @@ class _Inbox:
             waiter = self._waiter = loop.create_future()
             await waiter
         return self._items.popleft()
+
+
+def too_large(payload: Any, why: str) -> Any:
+    """The answer a reader gets instead of ``payload``, an answer too big to send: each
+    of its reads refused with ``why`` (None: not an answer)."""
+    why = f"the answer is too large to send ({why}): read less at once"
+    if type(payload) is Answer:
+        return Answer(payload.request, payload.covered, None, why, payload.position, payload.ok)
+    if type(payload) is Whole:
+        rows = tuple((i, None, None, why) for i in range(len(payload.results)))
+        return Answers(payload.request, payload.position, True, rows)
+    if type(payload) is Answers:
+        rows = tuple((row[0], row[1], None, why) for row in payload.rows)
+        return Answers(payload.request, payload.position, payload.ok, rows)
+    return None
 
 
 class _Host:
@@ -227,6 +242,14 @@ class _Host:
         try:
             self.client.send_direct_nowait(dst, msg.payload)
             self._sent.add(dst)
+        except MessageTooLarge as e:
+            # An answer too big for a message (a scan or a select of too much at once):
+            # the reader gets an error that says so, not a read that never ends.
+            refusal = too_large(msg.payload, str(e))
+            log.warning("event=output_failed what=direct error=%s", str(e).replace(" ", "_"))
+            if refusal is not None:
+                with contextlib.suppress(Exception):
+                    self.client.send_direct_nowait(dst, refusal)
         except Exception as e:
             log.warning("event=output_failed what=direct error=%s", str(e).replace(" ", "_"))
 

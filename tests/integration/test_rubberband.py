@@ -23,6 +23,7 @@ from ecast import local
 from rubberband.checkers.history import Op
 from rubberband.checkers.list_append import check
 from rubberband.client import Rejected
+from rubberband.errors import BadOperation
 from rubberband.tools.cli import run as cli
 
 PY = sys.executable
@@ -164,6 +165,29 @@ def test_cluster_up_status_and_every_read_level(cluster: Path) -> None:
 
 @pytest.mark.exclusive  # sheds need writes always in flight, and a shed read gets 3 s
 @pytest.mark.parametrize("cluster", [["--router-arg=--unsafe-lag-limit=0"]], indirect=True)
+def test_an_answer_too_large_to_send_is_refused_with_a_reason_not_left_unanswered(
+    cluster: Path,
+) -> None:
+    """A scan whose answer from one holder passes the message limit (20 values of
+    1,000,000 bytes in one segment) raises at once, saying why; the holder serves on,
+    and a scan of less of it is answered."""
+
+    async def go() -> None:
+        rb = await client(cluster, "client:big")
+        big = "x" * 1_000_000
+        for k in range(1, 21):
+            await rb.put(k, big)
+        started = time.monotonic()
+        with pytest.raises(BadOperation, match="too large to send"):
+            await rb.read(("scan", 0, 100))
+        assert time.monotonic() - started < 5  # not the answer timeout
+        got = await rb.read(("scan", 0, 4))
+        assert [k for k, _ in got] == [1, 2, 3] and all(v == big for _, v in got)
+        await rb.close()
+
+    asyncio.run(go())
+
+
 def test_snapshot_reads_the_leader_sheds_are_retried_at_once_then_read_in_order(
     cluster: Path,
 ) -> None:
