@@ -163,8 +163,6 @@ def test_cluster_up_status_and_every_read_level(cluster: Path) -> None:
     asyncio.run(go())
 
 
-@pytest.mark.exclusive  # sheds need writes always in flight, and a shed read gets 3 s
-@pytest.mark.parametrize("cluster", [["--router-arg=--unsafe-lag-limit=0"]], indirect=True)
 def test_an_answer_too_large_to_send_is_refused_with_a_reason_not_left_unanswered(
     cluster: Path,
 ) -> None:
@@ -188,6 +186,8 @@ def test_an_answer_too_large_to_send_is_refused_with_a_reason_not_left_unanswere
     asyncio.run(go())
 
 
+@pytest.mark.exclusive  # sheds need writes always in flight, and a shed read gets 3 s
+@pytest.mark.parametrize("cluster", [["--router-arg=--unsafe-lag-limit=0"]], indirect=True)
 def test_snapshot_reads_the_leader_sheds_are_retried_at_once_then_read_in_order(
     cluster: Path,
 ) -> None:
