@@ -298,8 +298,16 @@ def main(argv: list[str] | None = None) -> int:
                 asyncio.run(_define(c, n))
             r = _load(c.d, a.procs, a.clients, a.duration, 0.0)
             result["writes"][n] = r
+            without = result["writes"].get(0)
+            cost = ""
+            if n and without and without["writes_per_s"]:
+                # What maintaining the views costs the base's writes (the target for one
+                # index view: at most 35 %); with one load process the client may be the
+                # bottleneck, with more the cluster is.
+                r["cost"] = round(1 - r["writes_per_s"] / without["writes_per_s"], 3)
+                cost = f"  cost {100 * r['cost']:.0f} % of the writes without views"
             print(f"views {n:>2}: {r['writes_per_s']:>7,} writes/s  p50 {r['p50_ms']} ms  "
-                  f"p99 {r['p99_ms']} ms", flush=True)  # fmt: skip
+                  f"p99 {r['p99_ms']} ms{cost}", flush=True)  # fmt: skip
     peak = result["writes"].get(0, next(iter(result["writes"].values())))["writes_per_s"]
     with Cluster(base) as c:
         c.maintain()
