@@ -32,7 +32,9 @@ def answer_bundle(core: StorageCore, msg: Message, mine: RangeSet, position: Any
         core.send(msg.sender, Answer(rid, mine, None, MALFORMED_BUNDLE, position, True))
         return
     try:
-        results = core.engine.apply([(op, piece) for _, op, piece, _ in items])
+        t = position if type(position) is int else -1
+        batch = [(op, piece, t) if core._positions else (op, piece) for _, op, piece, _ in items]
+        results = core.engine.apply(batch)
     except Exception as e:
         core.stop(f"engine failed: {type(e).__name__}: {e}")
         return
@@ -75,7 +77,10 @@ class Apply:
         items = self.items
         changed: Any = None
         try:
-            ops = [(op, r) for _, op, r, _, _, _ in items]
+            if core._positions:
+                ops: list[Any] = [(op, r, t) for _, op, r, _, _, t in items]
+            else:
+                ops = [(op, r) for _, op, r, _, _, _ in items]
             if core._logged:
                 results, changed = core.engine.apply_logged(ops)  # type: ignore[attr-defined]
             else:

@@ -19,6 +19,10 @@ worker thread, never two at once, and must behave as if it ran them one after an
 * ``stats()``: size and load, reported to the supers.
 * ``("version", ...)`` (key-value engines that hold views): merge version entries into
   version chains with :func:`merge` (:mod:`rubberband.versions`).
+* ``positions = True`` (optional): ``apply`` and ``apply_logged`` get ``(op, ranges,
+  t)`` items, ``t`` the position in the total order of the delivery that carried the
+  operation (-1 for a read answered outside the order, a basic read).  A durable engine
+  stamps what it writes with it, so its data says up to where it holds the sequence.
 * ``apply_logged(batch)`` (optional): ``apply``, and for each operation what it changed,
   ``((key, "put", value) | (key, "delete", None), ...)``, for change feeds
   (:mod:`rubberband.changelog`).  An engine without it keeps no change log.

@@ -163,6 +163,7 @@ class StorageCore:
         self.changes = changes or ChangeLog()
         """What changed at which position (change feeds), if the engine reports it."""
         self._logged = self.changes.enabled and hasattr(engine, "apply_logged")
+        self._positions = getattr(engine, "positions", False) is True
         self.changes.place = lambda key: self.engine.placement.ekey(changed_key(key))
         self.now = 0.0
 
@@ -348,7 +349,8 @@ class StorageCore:
         answer carries their revisions beside its result."""
         pieces = self._pieces(mine)
         try:
-            results = self.engine.apply([(op, piece) for piece in pieces])
+            batch = [(op, piece, -1) if self._positions else (op, piece) for piece in pieces]
+            results = self.engine.apply(batch)
         except Exception as e:
             self.stop(f"engine failed: {type(e).__name__}: {e}")
             return

@@ -225,7 +225,9 @@ def _start_storage(
             f"{host}:0",
             *common,
             *state.auth_args("application", f"storage:{i}"),
-        )
+            *(["--engine-arg", f"path={state.path / 'data' / f'storage{i}'}"]
+              if engine == "log" else []),
+        )  # fmt: skip
         state.start(f"storage{i}", argv, ports={"metrics": port}, health_port=port)
         storage[f"storage:{i}"] = port
     for i in numbers:

@@ -37,6 +37,7 @@ import ecast
 from ecast import daemon_kit as kit
 from ecast.core import mutations
 from rubberband.changelog import MAX_AGE, MAX_BYTES, MAX_CHANGES, ChangeLog
+from rubberband.engine import EVERYTHING
 from rubberband.errors import Refused
 from rubberband.host import StorageHost, SuperHost
 from rubberband.storage import StorageCore
@@ -44,6 +45,7 @@ from rubberband.super import SuperCore
 
 ENGINES = {
     "memory": "storage_adapters.memory:MemoryEngine",
+    "log": "storage_adapters.log:LogEngine",
     "null": "storage_adapters.null:NullEngine",
     "scan": "storage_adapters.scan.engine:ScanEngine",
     "scan-kv": "storage_adapters.scan.kv:ScanKVEngine",
@@ -398,10 +400,23 @@ def plant_mutations(names: list[str]) -> None:
     mutations.plant(names)
 
 
+def _start_empty(engine: Any) -> None:
+    """A storage process joins as a new member that holds nothing: data a durable
+    engine kept from an earlier process in its directory is no part of any range the
+    ring will give it (a migration would add to it, not replace it), so it goes.
+    Rejoining with that data is the whole-cluster restart (docs/decisions.md)."""
+    held = engine.stats().get("items", 0)
+    if held:
+        why = "data of an earlier process in this directory; a new member starts empty"
+        log.warning("event=engine_cleared items=%s reason=%s", held, why)
+        engine.delete(EVERYTHING)
+
+
 async def run_storage(args: argparse.Namespace) -> int:
     if args.metrics:
         kit.check_port_free(args.metrics, "--metrics")
     engine = make_engine(args.engine, args.engine_arg)
+    _start_empty(engine)
     try:
         client = await _connect(args)
     except BaseException:

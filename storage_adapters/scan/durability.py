@@ -27,36 +27,21 @@ LSN, so recovery replays one suffix of the log.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
-import struct
-import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import msgpack
-
 from rubberband.engine import EVERYTHING, BadOperation
+from storage_adapters.log.records import pack as _pack
+from storage_adapters.log.records import scan
 from storage_adapters.scan.migrate import SendCursor
 from storage_adapters.scan.ops import DDL, WRITES
 
 if TYPE_CHECKING:
     from storage_adapters.scan.engine import ScanEngine
 
-_HEADER = struct.Struct(">II")
 _LOG = "log-{:020d}.redo"
 _SNAP = "snap-{:020d}.snap"
-
-
-def _default(value: Any) -> Any:
-    if isinstance(value, dt.date):
-        return value.isoformat()
-    raise TypeError(f"cannot log a {type(value).__name__}")
-
-
-def _pack(record: Any) -> bytes:
-    body = msgpack.packb(record, use_bin_type=True, default=_default)
-    return _HEADER.pack(len(body), zlib.crc32(body)) + body
 
 
 class _Snapshot:
@@ -74,16 +59,8 @@ class _Snapshot:
 
 def _records(path: Path) -> tuple[list[Any], int]:
     """The intact records of a file and the offset where they end."""
-    data = path.read_bytes()
-    out, pos = [], 0
-    while pos + _HEADER.size <= len(data):
-        length, crc = _HEADER.unpack_from(data, pos)
-        body = data[pos + _HEADER.size : pos + _HEADER.size + length]
-        if len(body) < length or zlib.crc32(body) != crc:
-            break
-        out.append(msgpack.unpackb(body, raw=False, use_list=False, strict_map_key=False))
-        pos += _HEADER.size + length
-    return out, pos
+    found, end = scan(path.read_bytes())
+    return [r.body for r in found], end
 
 
 class Durability:

@@ -1,6 +1,7 @@
-"""The scan and Memcached engines on real daemons: a cluster that grows from one storage
-process to four under load, loses one to SIGKILL and replaces it, then reads back every
-row and key, at every level and from every replica, equal to a reference model."""
+"""The scan, Memcached and durable log engines on real daemons: a cluster that grows
+from one storage process to four under load, loses one to SIGKILL and replaces it, then
+reads back every row and key, at every level and from every replica, equal to a
+reference model."""
 
 from __future__ import annotations
 
@@ -118,7 +119,7 @@ def _engine_items(port: int) -> int:
     raise AssertionError("no items figure in /metrics")
 
 
-@pytest.mark.parametrize("engine_cluster", ["scan", "memcached"], indirect=True)
+@pytest.mark.parametrize("engine_cluster", ["scan", "memcached", "log"], indirect=True)
 def test_an_engine_grows_from_one_to_four_loses_one_and_reads_back_everywhere(
     engine_cluster: tuple[str, Path],
 ) -> None:
@@ -221,6 +222,9 @@ def test_an_engine_grows_from_one_to_four_loses_one_and_reads_back_everywhere(
     held = sum(_engine_items(ports[name]) for name in ring)
     expected = 3 * len(w.model)
     assert expected <= held <= 3 * (len(w.model) + len(w.unsure)), (held, expected)
+    if engine == "log":  # each holder wrote its data to a log of its own, synced
+        for n in (1, 3, 4, 5):
+            assert list((d / "data" / f"storage{n}").glob("log-*.seg")), n
     if engine == "memcached":
         # Each live storage process drives its own server; the killed one's died with it.
         # Only this cluster's servers count: tests beside this one run their own.

@@ -1,14 +1,16 @@
 """One conformance suite for every storage engine (``-k conformance``).
 
 What Rubberband requires of an engine (:mod:`rubberband.engine`), checked the same
-way on the in-memory key-value engine, the scan engine (with its own table operations,
-and with the key-value operations of :mod:`storage_adapters.scan.kv`) and the Memcached
-engine (a real ``memcached`` per engine): operations apply in the order given and answer as a
-reference model does; a send cursor is a snapshot taken at the call; a range goes from
-one engine to another in chunks (through msgpack, as on the wire), and the writes held
-back while it travelled then apply on top of it; range deletes drop only the range;
-invalid operations are rejected with a clear message, alike at every replica; and a
-failure of the backend raises (the storage process stops), it is never a rejection.
+way on the in-memory key-value engine, the durable log engine (small segments, so
+checkpoints and compaction run inside the tests), the scan engine (with its own table
+operations, and with the key-value operations of :mod:`storage_adapters.scan.kv`) and
+the Memcached engine (a real ``memcached`` per engine): operations apply in the order
+given and answer as a reference model does; a send cursor is a snapshot taken at the
+call; a range goes from one engine to another in chunks (through msgpack, as on the
+wire), and the writes held back while it travelled then apply on top of it; range
+deletes drop only the range; invalid operations are rejected with a clear message,
+alike at every replica; and a failure of the backend raises (the storage process
+stops), it is never a rejection.
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ from rubberband.engine import (
 from rubberband.outputs import Stop
 from rubberband.proto import write_header
 from rubberband.storage import StorageCore
+from storage_adapters.log import LogEngine
 from storage_adapters.memory import KVOps, MemoryEngine
 from storage_adapters.scan import ScanEngine, ScanOps
 from storage_adapters.scan.kv import ScanKVEngine
 from storage_adapters.scan.memory_kv import ScanMemoryEngine
 
-ENGINES = ["memory", "scan", "scan-kv", "scan-memory", "scan-memory-tables", "memcached"]
+ENGINES = ["memory", "log", "scan", "scan-kv", "scan-memory", "scan-memory-tables", "memcached"]
 
 
 class KVDriver:
@@ -138,6 +141,8 @@ def driver(request: pytest.FixtureRequest) -> Iterator[Any]:
 
     if request.param == "memory":
         d: Any = KVDriver(track(MemoryEngine))
+    elif request.param == "log":  # durable: a private directory, every batch synced
+        d = KVDriver(track(lambda p: LogEngine(p, segment_mb=0.05, checkpoint_mb=0.2)))
     elif request.param == "scan":
         d = ScanDriver(track(lambda p: ScanEngine(p, block_rows=32)))
     elif request.param == "scan-kv":  # the key-value operations on the scan engine
@@ -391,6 +396,12 @@ def test_conformance_a_backend_failure_stops_the_storage_process(
 
         for attr in ("append", "_put", "scatter"):  # every way rows are written
             monkeypatch.setattr(type(table), attr, no_memory)
+    elif d.name == "log":
+
+        def disk_full(*_a: Any) -> Any:
+            raise OSError(28, "no room left on the device")
+
+        monkeypatch.setattr(e._log, "flush", disk_full)  # the write of the group commit
     else:
 
         class Broken(dict):

@@ -1,0 +1,431 @@
+"""A durable, log-structured key-value engine: the log is the only data repository.
+
+After LogBase (seed 004, chapter 3):
+
+* **The log** (3.2.4): every write is a record appended to segment files on local disk,
+  ``[t, PUT, key, value]``, ``[t, DELETE, key]`` or ``[t, DROP, ranges]``, stamped with
+  the position ``t`` in the total order of the delivery that made it
+  (:mod:`.segments`).  A batch of deliveries is one *group commit*: its records are
+  written and, under ``fsync="always"``, ``fdatasync``-ed once before ``apply`` returns;
+  under ``fsync="interval"``, at most ``fsync_interval`` seconds after they were
+  written (a crash of the machine can lose that window at this replica; a crash of the
+  process alone loses nothing, the OS has the bytes).
+* **The multiversion index** (3.2.5) in memory: key -> newest version -> log pointer,
+  older versions while a send cursor reads them (:mod:`.index`); values are read back
+  from the log, checksum checked, through a read buffer of recent ones (3.2.6).
+* **Checkpoints** (3.2.8): every ``checkpoint_mb`` of log, and at a clean close, the
+  index is written (keys and pointers, no values) with the log position it covers;
+  a restart loads the newest intact checkpoint and *redoes* the log after it.  A torn
+  last record (a write the crash cut short, never acknowledged) is cut; damage with
+  intact records after it, or in an older segment, is acknowledged data lost: the engine
+  refuses to open (:class:`CorruptLog`) rather than serve a state no replica had.  A
+  damaged checkpoint falls back to the one before it, then to a scan of the whole log.
+* **Compaction** (3.2.6): when the log holds more than twice its live bytes, the oldest
+  segment's live records are copied to the head, a checkpoint is written, and the
+  segment is removed; never while a send cursor is open (:attr:`LogIndex.cut`).
+* **Migration** (5.4): a send cursor reads a range as of its opening from the
+  multiversion index, without copying it; writes go on beside it.
+
+Every key-value operation is the memory engine's (:class:`MemoryEngine`), unchanged:
+only where items live differs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rubberband.engine import Placement, RangeSet, ReportsChanges
+from storage_adapters.log import records
+from storage_adapters.log.index import DELETE, DROP, PUT, LogIndex
+from storage_adapters.log.segments import (
+    CorruptLog,
+    FsyncPolicy,
+    Log,
+    fsync_dir,
+    plausible_record_after,
+)
+from storage_adapters.memory import MemoryEngine
+
+__all__ = ["CorruptLog", "LogEngine"]
+
+log = logging.getLogger("rubberband.log_engine")
+CKPT = "ckpt-{:08d}.idx"
+KEYS_PER_RECORD = 10_000
+KEEP_CHECKPOINTS = 2
+
+
+class LogEngine(MemoryEngine):
+    """Key-value data in a log on disk, indexed in memory.  ``path`` None: a private
+    directory removed at close (tests)."""
+
+    positions = True
+    """Give ``apply`` each operation's position: ``(op, ranges, t)`` items."""
+
+    def __init__(
+        self,
+        placement: Placement | None = None,
+        *,
+        path: str | None = None,
+        fsync: FsyncPolicy = "always",
+        fsync_interval: float = 0.05,
+        segment_mb: float = 64,
+        checkpoint_mb: float = 256,
+    ) -> None:
+        self._own = path is None
+        self.path = Path(tempfile.mkdtemp(prefix="rb-log-")) if path is None else Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock = os.open(self.path / "LOCK", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock)
+            raise RuntimeError(f"{self.path} is in use by another process") from None
+        try:
+            self._open(placement, fsync, fsync_interval, segment_mb, checkpoint_mb)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._log.close()
+            os.close(self._lock)  # a refused or damaged directory stays as it was
+            self._lock = -1
+            raise
+
+    def _open(
+        self, placement: Placement | None, fsync: FsyncPolicy, fsync_interval: float,
+        segment_mb: float, checkpoint_mb: float,
+    ) -> None:  # fmt: skip
+        if fsync_interval <= 0 or segment_mb <= 0 or checkpoint_mb <= 0:
+            raise ValueError("fsync_interval, segment_mb and checkpoint_mb are positive")
+        self._log = Log(self.path, int(segment_mb * (1 << 20)), fsync, fsync_interval)
+        self._checkpoint_bytes = int(checkpoint_mb * (1 << 20))
+        self._meta = self.path / "engine.json"
+        stored = json.loads(self._meta.read_text()) if self._meta.exists() else {}
+        self._placement = Placement(stored.get("partitioning", "range"))
+        self._ordered = self._placement.ordered
+        self._data: Any = LogIndex(self._log, self._slot)
+        self.counts = {"writes": 0, "reads": 0, "rejected": 0}
+        self.figures = {"checkpoints": 0, "compactions": 0, "cut_bytes": 0}
+        self._holding = False
+        self._compacted_at = -1
+        self._since_checkpoint = 0
+        self.recovered: dict[str, Any] = {}
+        self._recover()
+        if placement is not None:
+            self.placement = placement
+
+    @property
+    def placement(self) -> Placement:
+        return self._placement
+
+    @placement.setter
+    def placement(self, placement: Placement) -> None:
+        """Set by a storage process joining a cluster, before data; data already held
+        was placed by its partitioning, so another is refused."""
+        if placement != getattr(self, "_placement", None):
+            if getattr(self, "_data", None) is not None and len(self._data):
+                raise ValueError(
+                    f"{self.path} holds data placed by {self._placement.partitioning} "
+                    f"partitioning, not {placement.partitioning}"
+                )
+            self._placement = placement
+            self._ordered = placement.ordered
+        if hasattr(self, "_meta"):
+            self._write_meta()
+
+    def _write_meta(self) -> None:
+        tmp = self._meta.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"partitioning": self._placement.partitioning}))
+        os.replace(tmp, self._meta)
+
+    @property
+    def position(self) -> int:
+        """The position of the newest write this engine holds (0: none)."""
+        return int(self._data.t)
+
+    # ---------------------------------------------------------------- the protocol
+    def apply(self, batch: Sequence[Any]) -> list[Any]:
+        index = self._data
+        out = []
+        for item in batch:
+            if len(item) == 3 and item[2] > index.t:
+                index.t = item[2]
+            out.append(self._one(item[0], item[1]))
+        if not self._holding:
+            self._commit()
+        return out
+
+    def apply_logged(self, batch: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        self._holding = True  # one group commit for the batch, not one per operation
+        try:
+            return ReportsChanges.apply_logged(self, batch)
+        finally:
+            self._holding = False
+            self._commit()
+
+    def _delete_range(self, op: Any, ranges: RangeSet) -> None:
+        live = self._data.live
+        for lo, hi in ranges:
+            for slot in list(live.irange(lo, hi, inclusive=(True, False))):
+                key = self._data.pop(slot)[0]
+                if self._changes is not None:
+                    self._changes.append((key, "delete", None))
+
+    def open_send(self, ranges: RangeSet) -> _Cursor:  # type: ignore[override]
+        return _Cursor(self, self._flat(ranges))
+
+    def receive(self, chunk: Any, ranges: RangeSet) -> None:
+        super().receive(chunk, ranges)
+        self._commit()
+
+    def delete(self, ranges: RangeSet) -> None:
+        self._data.drop(self._flat(ranges))
+        self._commit()
+
+    def stats(self) -> dict[str, int | float]:
+        index = self._data
+        segments = self._log.segments()
+        return {
+            "items": len(index),
+            "bytes": sum(self._log.size(n) for n in segments),
+            "live_bytes": sum(index.live_bytes.values()),
+            "segments": len(segments),
+            "syncs": self._log.syncs,
+            "position": index.t,
+            **self.figures,
+            **self.counts,
+        }
+
+    def close(self) -> None:
+        if self._lock < 0:
+            return
+        try:
+            if not self._own:
+                self._log.commit(force=True)
+                self.checkpoint()
+        finally:
+            self._log.close()
+            self._data.clear()
+            os.close(self._lock)
+            self._lock = -1
+            if self._own:
+                shutil.rmtree(self.path, ignore_errors=True)
+
+    # ---------------------------------------------------------------- commit
+    def _commit(self) -> None:
+        before = self._log.appended
+        self._log.commit()
+        self._since_checkpoint += self._log.appended - before
+        if self._since_checkpoint >= self._checkpoint_bytes:
+            self.checkpoint()
+        if self._log.active != self._compacted_at:  # garbage piles up as segments fill
+            self._maybe_compact()
+
+    def checkpoint(self) -> Path:
+        """Write the index with the log position it covers (synced, renamed into
+        place); keep the newest :data:`KEEP_CHECKPOINTS`."""
+        log_ = self._log
+        log_.commit(force=True)
+        index = self._data
+        olds = sorted(self.path.glob("ckpt-*.idx"))
+        n = int(olds[-1].name[5:13]) + 1 if olds else 1
+        final = self.path / CKPT.format(n)
+        tmp = final.with_suffix(".tmp")
+        entries = [(e[0], e[2], e[3], e[4]) for e in index.live.values()]
+        head = {"segment": log_.active, "offset": log_.size(log_.active), "t": index.t,
+                "items": len(entries)}  # fmt: skip
+        with tmp.open("wb") as f:
+            f.write(records.pack(["head", head]))
+            for i in range(0, len(entries), KEYS_PER_RECORD):
+                f.write(records.pack(["keys", entries[i : i + KEYS_PER_RECORD]]))
+            f.write(records.pack(["end", len(entries)]))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        fsync_dir(self.path)
+        for old in olds[: max(0, len(olds) + 1 - KEEP_CHECKPOINTS)]:
+            old.unlink()
+        self._since_checkpoint = 0
+        self.figures["checkpoints"] += 1
+        return final
+
+    def _maybe_compact(self) -> None:
+        """Copy the oldest segment's live records to the head and remove it, when the
+        log holds more than twice its live bytes (one segment per commit at most, so a
+        batch never waits for more than one)."""
+        index, log_ = self._data, self._log
+        if index.cut is not None:
+            return  # a send cursor may read any version: nothing is cut behind it
+        segments = log_.segments()
+        if len(segments) < 2:
+            return
+        total = sum(log_.size(n) for n in segments)
+        live = sum(index.live_bytes.values())
+        if total <= 2 * live + log_.segment_bytes:
+            self._compacted_at = log_.active
+            return
+        self.compact(segments[0])  # and look again at the next commit
+
+    def compact(self, n: int) -> None:
+        """Move segment ``n``'s live records to the head, checkpoint, remove ``n``.
+        Only the oldest segment may go: its tombstones hide nothing older."""
+        index, log_ = self._data, self._log
+        if n == log_.active or n != log_.segments()[0] or index.cut is not None:
+            raise ValueError(f"segment {n} cannot be compacted now")
+        moved = [e for e in index.live.values() if e[2] == n]
+        for e in moved:
+            value = index.value(e[2:])
+            ptr = log_.append((index.t, PUT, e[0], value))
+            index.live_bytes[n] -= e[4]
+            e[2:] = ptr
+            index.live_bytes[ptr[0]] = index.live_bytes.get(ptr[0], 0) + ptr[2]
+        self.checkpoint()  # before the segment goes: recovery must not need it
+        cut = log_.size(n)
+        log_.remove(n)
+        fsync_dir(self.path)
+        index.live_bytes.pop(n, None)
+        self.figures["compactions"] += 1
+        self.figures["cut_bytes"] += cut
+
+    # ---------------------------------------------------------------- recovery
+    def _recover(self) -> None:
+        started = time.monotonic()
+        for tmp in self.path.glob("*.tmp"):
+            tmp.unlink()
+        segments = self._log.segments()
+        start = (segments[0], 0) if segments else (1, 0)
+        used = None
+        for ckpt in sorted(self.path.glob("ckpt-*.idx"), reverse=True):
+            got = self._load_checkpoint(ckpt, set(segments))
+            if got is not None:
+                start, used = got, ckpt.name
+                break
+            log.warning("event=checkpoint_unusable file=%s", ckpt.name)
+        redone, cut = self._redo(segments, start)
+        self._log.open_active(segments[-1] if segments else 1)
+        self.recovered = {
+            "checkpoint": used, "redone": redone, "cut_bytes": cut, "items": len(self._data),
+            "position": self._data.t, "seconds": round(time.monotonic() - started, 3),
+        }  # fmt: skip
+        if segments:
+            log.info("event=log_recovered %s", " ".join(f"{k}={v}" for k, v in
+                                                        self.recovered.items()))  # fmt: skip
+
+    def _load_checkpoint(self, path: Path, segments: set[int]) -> tuple[int, int] | None:
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        recs, end = records.scan(data)
+        if end != len(data) or len(recs) < 2 or recs[0].body[0] != "head":
+            return None
+        head = recs[0].body[1]
+        if recs[-1].body != ("end", head["items"]) or head["segment"] not in segments:
+            return None
+        index = self._data
+        index.clear()
+        index.live_bytes.clear()
+        for rec in recs[1:-1]:
+            for key, seg, off, size in rec.body[1]:
+                if seg not in segments:
+                    index.clear()
+                    return None
+                index.lsn += 1
+                index.live[self._slot(key)] = [key, index.lsn, seg, off, size]
+                index.live_bytes[seg] = index.live_bytes.get(seg, 0) + size
+        index.t = head["t"]
+        return head["segment"], head["offset"]
+
+    def _redo(self, segments: list[int], start: tuple[int, int]) -> tuple[int, int]:
+        """Apply the log after ``start`` to the index; cut a torn tail.  Returns the
+        records redone and the bytes cut."""
+        index, live, sizes = self._data, self._data.live, self._data.live_bytes
+        redone = 0
+        for n in [s for s in segments if s >= start[0]]:
+            data = self._log.file(n).read_bytes()
+            pos = start[1] if n == start[0] else 0
+            for rec in records.iter_records(data, pos):
+                t, kind = rec.body[0], rec.body[1]
+                index.t = max(index.t, t)
+                index.lsn += 1
+                if kind == PUT:
+                    slot = self._slot(rec.body[2])
+                    prev = live.get(slot)
+                    if prev is not None:
+                        sizes[prev[2]] -= prev[4]
+                    live[slot] = [rec.body[2], index.lsn, n, rec.offset, rec.size]
+                    sizes[n] = sizes.get(n, 0) + rec.size
+                elif kind == DELETE:
+                    prev = live.pop(self._slot(rec.body[2]), None)
+                    if prev is not None:
+                        sizes[prev[2]] -= prev[4]
+                elif kind == DROP:
+                    for lo, hi in rec.body[2]:
+                        for slot in list(live.irange(tuple(lo), tuple(hi),
+                                                     inclusive=(True, False))):  # fmt: skip
+                            prev = live.pop(slot)
+                            sizes[prev[2]] -= prev[4]
+                pos = rec.offset + rec.size
+                redone += 1
+            if pos < len(data):
+                if n != segments[-1] or plausible_record_after(data, pos + 1) is not None:
+                    raise CorruptLog(
+                        f"{self._log.file(n).name}: damaged record at offset {pos} with "
+                        "intact data after it (acknowledged writes are lost here: rebuild "
+                        "this replica from the others)"
+                    )
+                log.warning("event=torn_tail_cut segment=%s offset=%s bytes=%s", n, pos,
+                            len(data) - pos)  # fmt: skip
+                self._log.truncate(n, pos)
+                return redone, len(data) - pos
+        return redone, 0
+
+
+class _Cursor:
+    """A range as of the cursor's opening, read from the multiversion index chunk by
+    chunk while writes go on (no copy: the versions it needs are kept until it closes)."""
+
+    def __init__(self, engine: LogEngine, ranges: RangeSet) -> None:
+        self._engine = engine
+        self._index: LogIndex | None = engine._data
+        self._ranges = list(ranges)
+        self._lsn = engine._data.open(id(self))
+        self._after: Any = None
+
+    def next_chunk(self, max_bytes: int) -> Any | None:
+        index = self._index
+        if index is None:
+            return None
+        out: list[Any] = []
+        size = 0
+        while self._ranges and (not out or size < max_bytes):
+            lo, hi = self._ranges[0]
+            for slot in index.slots_from(lo, hi, self._after):
+                self._after = slot
+                got = index.at(slot, self._lsn)
+                if got is not None:
+                    key, ptr = got
+                    out.append((slot, (key, index.value(ptr))))
+                    size += 64 + ptr[2]
+                    if size >= max_bytes:
+                        break
+            else:
+                self._ranges.pop(0)
+                self._after = None
+        if not out:
+            self.close()
+            return None
+        return out
+
+    def close(self) -> None:
+        if self._index is not None:
+            self._index.close(id(self))
+            self._index = None
