@@ -669,6 +669,14 @@ class Client:
         ids: list[MsgId] = self._feed(lambda core, now: core.submit_unsafe_numbered(items, now))
         return ids
 
+    def durable(self, upto: int) -> None:
+        """Everything delivered up to ``upto`` is on disk here: confirm it.  Only for a
+        client connected with ``EndpointParams(confirm_when_durable=True)``, whose
+        deliveries are confirmed no sooner: a message becomes stable, and its sender
+        acknowledged, once every destination has said so."""
+        with contextlib.suppress(ClosedError):
+            self._feed(lambda core, now: (None, core.durable(upto, now)))
+
     async def suspect(self, processes: list[NodeId], *, timeout: float | None = -1.0) -> Ack:
         """Ask the group to declare ``processes`` faulty; return once that is ordered and
         stable.  Control messages never wait behind this process's data window."""

@@ -383,12 +383,20 @@ class StorageHost(_Host):
         # An engine that never blocks for long runs on the loop: a thread hop per batch
         # cost more than its work (the null engine of the protocol benchmarks).
         inline = getattr(self.core.engine, "blocking", True) is False
+        # A durable engine has a batch on disk when it returns from it: only then are
+        # the batch's deliveries confirmed (the client was connected so), and so an
+        # acknowledged write is on disk at every replica.
+        durable = getattr(self.core.engine, "durable", False) is True
         while self.stopped is None:
             items = await self._batch()
             if inline:
                 fx = self._step(items)
             else:
                 fx = await loop.run_in_executor(self._pool, self._step, items)
+            if durable and self.stopped is None:
+                last = [item[1][-1].t for item in items if item[0] == DELIVERIES and item[1]]
+                if last:
+                    self.client.durable(max(last))
             await self._emit_all(fx)
 
     def _step(self, items: list[tuple[Any, ...]]) -> Effects:

@@ -102,6 +102,12 @@ class EndpointParams:
     """The lease this process asks the routers for, in seconds (0: the routers' default;
     they cap it at their maximum).  Silent for longer than its lease, a process is
     suspected (``ecast router --client-lease``)."""
+    confirm_when_durable: bool = False
+    """Confirm deliveries only up to where the application says they are durable
+    (:meth:`Endpoint.durable`), not as they arrive: a message becomes stable, and its
+    sender acknowledged, only once every destination has it on disk.  Our own join and
+    part are confirmed at once (they carry nothing to keep; our join waits for its own
+    stability before the application runs, and at our part we are leaving)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.initial_window <= self.max_window:
@@ -253,6 +259,11 @@ class Endpoint:
         self._routes: list[Submission] = []
         self._unsafe: list[Submission] = []
         self._confirms: dict[NodeId, int] = {}
+        self._held: dict[NodeId, int] = {}
+        """Under ``confirm_when_durable``: per router, the newest delivery it sent us
+        that is not durable yet (confirmed once :meth:`durable` reaches it)."""
+        self.durable_t = -1
+        """Under ``confirm_when_durable``: every delivery up to here is durable."""
         self._part_id: MsgId | None = None
         self._join_id: MsgId | None = None
         self._heard_target = 0.0
@@ -367,6 +378,19 @@ class Endpoint:
                 self._switch(nxt)
         return self._end()
 
+    def durable(self, upto: int, now: float) -> Effects:
+        """Every delivery up to ``upto`` is durable at the application: confirm it
+        (``confirm_when_durable``; otherwise deliveries are confirmed as they arrive)."""
+        self._begin(now)
+        if upto > self.durable_t:
+            self.durable_t = upto
+            for src, top in list(self._held.items()):
+                if min(top, upto) > self._confirms.get(src, -1):
+                    self._confirms[src] = min(top, upto)
+                if top <= upto:
+                    del self._held[src]
+        return self._end()
+
     def waiting(self) -> bool:
         """Whether anything we sent still waits for the routers (progress is owed)."""
         return bool(self.window or self.control or self.closing_sessions)
@@ -469,18 +493,21 @@ class Endpoint:
         fresh = 0
         dups = 0
         parted = False
+        own = -1  # our own join: confirmed at once (our join waits for its stability)
         for t, m in msg.items:
             if t > top:
                 top = t
             if t <= t_max:
                 dups += 1
+                if t == self.joined_at:
+                    own = t  # our join again: its confirmation was lost
                 continue
             fresh += 1
             t_max = t
             out.append(_tnew(Delivery, (t, m, False, True, None)))
             if m[0] == me and m[1][0] == control:
                 if m.id == self._join_id:
-                    self.joined_at = t
+                    self.joined_at = own = t
                 elif m.id == self._part_id:
                     parted = True  # our own part: confirm it, then we are done
                     break
@@ -490,9 +517,12 @@ class Endpoint:
         stats["duplicates"] += dups
         self._last_progress = self._now
         if fresh or not mutations.on(NO_DUPLICATE_CONFIRM):
-            prev = self._confirms.get(src, -1)
-            if top > prev:
-                self._confirms[src] = top
+            upto = top
+            if self.p.confirm_when_durable and not parted and top > self.durable_t:
+                self._held[src] = max(self._held.get(src, -1), top)
+                upto = max(self.durable_t, own)  # the rest once the application has it
+            if upto > self._confirms.get(src, -1):
+                self._confirms[src] = upto
         if parted:
             self._terminate("closed")
             self.lingering = True

@@ -243,13 +243,16 @@ def _stop_on_signals(stop: asyncio.Event, received: list[int] | None = None) -> 
             loop.add_signal_handler(sig, on, sig)
 
 
-async def _connect(args: argparse.Namespace) -> ecast.Client:
+async def _connect(args: argparse.Namespace, durable: bool = False) -> ecast.Client:
+    """``durable``: deliveries are confirmed once the engine has them on disk, not on
+    arrival (:class:`~rubberband.host.StorageHost` says when)."""
     return await ecast.connect(
         args.routers.split(","),
         name=args.name,
         **_auth(args),
         listen=args.listen,
         timeout=args.join_timeout,
+        params=ecast.EndpointParams(confirm_when_durable=True) if durable else None,
     )
 
 
@@ -418,7 +421,7 @@ async def run_storage(args: argparse.Namespace) -> int:
     engine = make_engine(args.engine, args.engine_arg)
     _start_empty(engine)
     try:
-        client = await _connect(args)
+        client = await _connect(args, durable=getattr(engine, "durable", False) is True)
     except BaseException:
         engine.close()
         raise

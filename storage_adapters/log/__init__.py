@@ -70,6 +70,9 @@ class LogEngine(MemoryEngine):
 
     positions = True
     """Give ``apply`` each operation's position: ``(op, ranges, t)`` items."""
+    durable = True
+    """A batch is written (and, under ``fsync="always"``, synced) when ``apply``
+    returns: the storage process confirms deliveries to E-Cast only then."""
 
     def __init__(
         self,

@@ -6,6 +6,7 @@ reference model."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -314,5 +315,63 @@ def test_a_replacement_whose_engine_fails_is_replaced_in_turn(tmp_path: Path) ->
         asyncio.run(go())
         log = (d / "storage5.log").read_text()
         assert "event=stopped reason=engine_failed_to_receive" in log
+    finally:
+        cli("cluster", "down", "--state-dir", str(d))
+
+
+def test_an_acknowledged_write_is_on_disk_at_every_replica_when_every_holder_dies(
+    tmp_path: Path,
+) -> None:
+    """The log engine confirms a delivery to E-Cast only once its batch is written, so a
+    write is acknowledged only when all three replicas have it in their logs: SIGKILL
+    every storage process at once under load, open each one's log offline, and find
+    every acknowledged write three times."""
+    d = tmp_path / "rb"
+    up = cli(
+        "cluster", "up", "--routers", "3", "--supers", "1", "--storage", "4",
+        "--engine", "log", "--no-auto-repair", "--state-dir", str(d),
+    )  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        st = state(d)
+        acked: set[int] = set()
+
+        async def go() -> None:
+            rb = await rbsdk.connect(
+                st["routers"], "client:load", credentials=st["client_credentials"],
+                answer_timeout=5.0,
+            )  # fmt: skip
+
+            async def writer(w: int) -> None:
+                for i in range(1_000_000):
+                    key = w * 1_000_000 + i
+                    await rb.put(key, f"v{key}")
+                    acked.add(key)
+
+            tasks = [asyncio.ensure_future(writer(w)) for w in range(48)]
+            await asyncio.sleep(3.0)
+            pids = json.loads((d / "processes.json").read_text())
+            for n in range(1, 5):  # every holder at once, writes in flight
+                os.kill(pids[f"storage{n}"]["pid"], signal.SIGKILL)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(rb.close(), 5)
+
+        asyncio.run(go())
+        assert len(acked) > 1_000, len(acked)
+        from storage_adapters.log import LogEngine
+
+        copies: dict[int, int] = {}
+        for n in range(1, 5):
+            e = LogEngine(path=str(d / "data" / f"storage{n}"))
+            for k, v in e.items():
+                if type(k) is int:
+                    assert v == f"v{k}", (n, k, v)
+                    copies[k] = copies.get(k, 0) + 1
+            e.close()
+        short = sorted(k for k in acked if copies.get(k, 0) < 3)
+        assert not short, f"{len(short)} of {len(acked)} acked writes on < 3 disks: {short[:9]}"
     finally:
         cli("cluster", "down", "--state-dir", str(d))

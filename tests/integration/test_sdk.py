@@ -124,6 +124,43 @@ async def test_leaving_the_delivery_loop_loses_nothing(group: LocalCluster) -> N
         assert got == [b"%d" % i for i in range(10)]
 
 
+async def test_a_sender_is_acknowledged_once_a_durable_destination_has_it_on_disk(
+    group: LocalCluster,
+) -> None:
+    """A process connected with ``confirm_when_durable`` confirms a delivery only when it
+    calls ``durable()``: until then the message is delivered but not stable, and its
+    sender waits for the acknowledgement."""
+    params = ecast.EndpointParams(confirm_when_durable=True)
+    async with connect(group, "durable-keeper", params=params) as keeper:
+        holding = True
+        data: list[ecast.Delivery] = []
+
+        async def keep() -> None:
+            async for d in keeper.deliveries():
+                if d.kind is not None:
+                    keeper.durable(d.t)  # a membership message: nothing to write down
+                else:
+                    data.append(d)
+                    if not holding:
+                        keeper.durable(d.t)
+
+        task = asyncio.ensure_future(keep())
+        try:
+            async with connect(group, "durable-sender") as sender:
+                fut = await sender.enqueue(b"kept")
+                deadline = time.monotonic() + 10
+                while not data and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                assert [d.message.payload for d in data] == [b"kept"]
+                await asyncio.sleep(1.0)
+                assert not fut.done()  # delivered, not on disk: not stable
+                holding = False
+                keeper.durable(data[-1].t)
+                assert (await asyncio.wait_for(fut, 10)).delivered
+        finally:
+            task.cancel()
+
+
 # ------------------------------------------------------------------ bad input
 @pytest.mark.parametrize(
     ("payload", "header", "error", "text"),
