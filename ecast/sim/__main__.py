@@ -65,6 +65,7 @@ def ecast_config(
     fault_time: float = 8.0,
     mutations: frozenset[str] = frozenset(),
     codec: bool = False,
+    durable_confirms: bool = False,
 ) -> EcastRunConfig:
     return EcastRunConfig(
         net=NetParams(codec=codec),
@@ -78,7 +79,7 @@ def ecast_config(
         fault_time=fault_time,
         ufab=UfabParams(clump_trigger=3 if clumping else 1, clump_delay=0.010 if clumping else 0.0),
         router=RouterParams(delayed_acks=delayed_acks, all_leaders=all_leaders),
-        endpoint=EndpointParams(),
+        endpoint=EndpointParams(confirm_when_durable=durable_confirms),
         mutations=planted_bugs.check(mutations),
     )
 
@@ -131,6 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     e.add_argument("--delayed-acks", action=argparse.BooleanOptionalAction, default=True)
     e.add_argument("--all-leaders", action="store_true", help="every router acts as leader")
+    e.add_argument(
+        "--durable-confirms",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="processes confirm deliveries once written down (a tick later), not on arrival",
+    )
     u = ap.add_argument_group("ufabcast layer")
     u.add_argument("--commands", type=int, default=300)
     u.add_argument("--max-active", type=int, default=32768)
@@ -164,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             fault_time=args.fault_time,
             mutations=mutations,
             codec=args.codec,
+            durable_confirms=args.durable_confirms,
         )
         runner: Any = run_ecast
     else:

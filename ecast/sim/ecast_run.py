@@ -66,6 +66,11 @@ ECAST_SITUATIONS = (
 )
 
 
+DURABLE_AFTER = 0.002
+"""Under ``confirm_when_durable``, how long after arrival a process has a delivery
+written down (and confirms it)."""
+
+
 @dataclass
 class EcastRunConfig(GroupRunConfig):
     submitters: int = 3
@@ -205,7 +210,11 @@ class AppHost:
         return self._absorb(self.ep.on_messages(src, msgs, now), now)
 
     def on_tick(self, now: float) -> Effects:
-        return self._absorb(self.ep.on_tick(now), now)
+        fx = self.ep.on_tick(now)
+        ep = self.ep
+        if ep.p.confirm_when_durable and ep.t_max > ep.durable_t:
+            fx.extend(ep.durable(ep.t_max, now))  # written down a tick after arrival
+        return self._absorb(fx, now)
 
     def accepts_work(self) -> bool:
         return self.ep.terminated is None and not self.ep.closing
@@ -239,6 +248,8 @@ class AppHost:
         for up in fx.deliver:
             t = type(up)
             if t is Delivery:
+                if self.ep.p.confirm_when_durable:
+                    fx.wake(now + DURABLE_AFTER)
                 m = up.message
                 if up.unsafe:
                     events.append(

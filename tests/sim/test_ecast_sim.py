@@ -38,6 +38,7 @@ schedule = st.fixed_dictionaries(
         "messages": st.integers(80, 300),
         "clumping": st.booleans(),
         "delayed_acks": st.booleans(),
+        "durable_confirms": st.booleans(),
     }
 )
 
