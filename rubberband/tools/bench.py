@@ -27,6 +27,10 @@ EXPERIMENTS = {
         "storage_adapters.scan.bench:main",
         "the scan engine against SQLite and DuckDB on a Ticket-like table (2.10)",
     ),
+    "log": (
+        "storage_adapters.log.bench:main",
+        "the durable log engine: writes/s by fsync policy, recovery s/GB, index bytes/key",
+    ),
     "memcached": (
         "storage_adapters.memcached_bench:main",
         "the Memcached engine: keys/s at batch 1,000, migration MB/s, index bytes/key",

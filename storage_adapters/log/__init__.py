@@ -207,13 +207,15 @@ class LogEngine(MemoryEngine):
             **self.counts,
         }
 
-    def close(self) -> None:
+    def close(self, checkpoint: bool = True) -> None:
+        """Commit, and (``checkpoint``) write a checkpoint so the next open reads no log."""
         if self._lock < 0:
             return
         try:
             if not self._own:
                 self._log.commit(force=True)
-                self.checkpoint()
+                if checkpoint:
+                    self.checkpoint()
         finally:
             self._log.close()
             self._data.clear()
