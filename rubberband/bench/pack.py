@@ -43,9 +43,11 @@ async def run(args: argparse.Namespace) -> int:
 
     async def one(name: str) -> None:
         engine = make_engine(args.engine, args.engine_arg)
+        durable = getattr(engine, "durable", False) is True  # confirm once on disk
         client = await ecast.connect(
             args.routers.split(","), name=name, runtime=rt, listen=f"{args.host}:0",
             timeout=60.0,
+            params=ecast.EndpointParams(confirm_when_durable=True) if durable else None,
         )  # fmt: skip
         clients.append(client)
         hosts.append(StorageHost(client, StorageCore(name, engine)))

@@ -8,7 +8,10 @@ three servers, by one pipelined client in a process of its own that keeps
 * **Rubberband**: 3 routers, 3 storage processes on the memory engine, replication 3;
   the client is :mod:`rubberband.bench.load` (key-value ``put``), sending its writes as
   ``write_batch`` does (the writes of one segment together, ``--write-bundle``), and
-  each in a message of its own in the row ``rubberband_alone``.
+  each in a message of its own in the row ``rubberband_alone``.  **rubberband_durable**
+  (and ``rubberband_durable_alone``): the same on the durable log engine with
+  ``fsync=always``, each storage process confirming a batch only once it is synced, so
+  a write is acknowledged once it is on disk at all three replicas, as etcd's is.
 * **etcd** (Debian ``etcd-server``): 3 members on loopback ports, data on disk; the
   client is etcd's own protocol, gRPC ``KV/Put`` (``grpcio``, the request encoded by
   hand), one HTTP/2 connection per member.  **etcd_tmpfs**: the same with every data
@@ -492,12 +495,14 @@ def run_client(system: str, targets: str, args: argparse.Namespace, rate: float 
     return dict(json.loads(lines[-1]))
 
 
-def rubberband_run(args: argparse.Namespace, rate: float = 0, bundle: int = 0) -> dict[str, Any]:
+def rubberband_run(
+    args: argparse.Namespace, rate: float = 0, bundle: int = 0, engine: str = "memory"
+) -> dict[str, Any]:
     """``bundle``: writes per message at most (0: ``--write-bundle``)."""
     from rubberband.bench.harness import Bench, state_dir
 
     bundle = bundle or args.write_bundle
-    with Bench(state_dir(args.state_dir), storage=3, replication=3, engine="memory") as b:
+    with Bench(state_dir(args.state_dir), storage=3, replication=3, engine=engine) as b:
         r = b.run_load(1, 1, ops="kv", window=args.concurrency, payload=args.payload,
                        duration=args.duration, warmup=args.warmup, rate=rate,
                        write_bundle=bundle)  # fmt: skip
@@ -508,12 +513,17 @@ def rubberband_run(args: argparse.Namespace, rate: float = 0, bundle: int = 0) -
     }
 
 
-SYSTEMS = ("rubberband", "rubberband_alone", "etcd", "etcd_tmpfs", "zookeeper", "pysyncobj")
+SYSTEMS = (
+    "rubberband", "rubberband_alone", "rubberband_durable", "rubberband_durable_alone", "etcd",
+    "etcd_tmpfs", "zookeeper", "pysyncobj",
+)  # fmt: skip
 """The systems measured by default; ``etcd_http`` (etcd through its JSON gateway, the
 client this benchmark used before) may be asked for by name."""
 CLIENTS = {
     "rubberband": "rubberband.bench.load: the SDK's write_batch, pipelined",
     "rubberband_alone": "rubberband.bench.load: each write in a message of its own",
+    "rubberband_durable": "rubberband.bench.load: write_batch, the log engine, fsync always",
+    "rubberband_durable_alone": "rubberband.bench.load: writes alone, the log engine, fsync always",
     "etcd": "gRPC KV/Put (grpcio, raw), one HTTP/2 connection per member",
     "etcd_tmpfs": "gRPC KV/Put (grpcio, raw), one HTTP/2 connection per member",
     "etcd_http": "etcd's JSON gateway /v3/kv/put over keep-alive HTTP (aiohttp)",
@@ -534,6 +544,10 @@ def _measure(system: str, args: argparse.Namespace) -> dict[str, Any]:
             r = rubberband_run(args)
         elif system == "rubberband_alone":
             r = rubberband_run(args, bundle=1)
+        elif system == "rubberband_durable":
+            r = rubberband_run(args, engine="log")
+        elif system == "rubberband_durable_alone":
+            r = rubberband_run(args, bundle=1, engine="log")
         else:
             base = Path("/dev/shm") if system == "etcd_tmpfs" else None
             d = state_dir(str(base) if base else args.state_dir)
@@ -556,7 +570,10 @@ def _at_etcd_peak(args: argparse.Namespace, peak: float) -> dict[str, dict[str, 
     """Latency at the same load: etcd's peak rate offered to both (open loop)."""
     from rubberband.bench.harness import state_dir
 
-    out = {"rubberband_at_etcd_peak": rubberband_run(args, rate=peak)}
+    out = {
+        "rubberband_at_etcd_peak": rubberband_run(args, rate=peak),
+        "rubberband_durable_at_etcd_peak": rubberband_run(args, rate=peak, engine="log"),
+    }
     d = state_dir(args.state_dir)
     try:
         with etcd(d) as targets:
@@ -600,6 +617,13 @@ def main(argv: list[str] | None = None) -> int:
             row["rubberband_ratio"] = round(
                 results["rubberband"]["throughput_per_s"] / row["throughput_per_s"], 2
             )
+    for name in ("rubberband_durable", "rubberband_durable_alone"):
+        # Disk against disk: the durable rows over etcd's, the same run.
+        ours = results.get(name, {}).get("throughput_per_s")
+        theirs = results.get("etcd", {}).get("throughput_per_s")
+        if ours and theirs:
+            print(f"{name} / etcd: {ours / theirs:.2f}x", flush=True)
+            results[name]["over_etcd"] = round(ours / theirs, 2)
 
     def draw(fig: Any, rs: list[dict[str, Any]]) -> None:
         closed = [r for r in rs if "at_etcd_peak" not in r["system"] and r.get("throughput_per_s")]
@@ -620,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         disks = (
             "etcd and ZooKeeper write to disk (etcd_tmpfs: to a RAM disk); Rubberband "
-            "keeps data in memory"
+            "keeps data in memory, rubberband_durable on disk (fsync per batch)"
         )
         print(json.dumps({**results, "concurrency": args.concurrency, "payload": args.payload,
                           "machine": machine(), "disks": disks}))  # fmt: skip

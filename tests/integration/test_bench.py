@@ -156,7 +156,8 @@ def test_cost_per_role_and_per_destset(tmp_path: Path) -> None:
 def test_peers_measure_every_system_or_say_why_not(tmp_path: Path) -> None:
     # etcd_tmpfs is etcd with its data in /dev/shm: the same code, left to the benchmark.
     p = cli("bench", "peers", "--duration", "1", "--warmup", "0.5", "--concurrency", "8",
-            "--systems", "rubberband,rubberband_alone,etcd,zookeeper,pysyncobj",
+            "--systems", "rubberband,rubberband_alone,rubberband_durable_alone,etcd,zookeeper,"
+            "pysyncobj",
             "--state-dir", str(tmp_path), "--json", timeout=400)  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
@@ -170,3 +171,7 @@ def test_peers_measure_every_system_or_say_why_not(tmp_path: Path) -> None:
     assert out["etcd"]["throughput_per_s"] > 0
     assert out["etcd"]["client"].startswith("gRPC KV/Put"), out["etcd"]  # its fastest client
     assert out["rubberband_at_etcd_peak"]["p99_ms"] > 0
+    durable = out["rubberband_durable_alone"]  # on disk at every replica, as etcd's writes
+    assert durable["throughput_per_s"] > 0 and durable["over_etcd"] > 0, durable
+    assert durable["client"].endswith("fsync always")
+    assert out["rubberband_durable_at_etcd_peak"]["p99_ms"] > 0
