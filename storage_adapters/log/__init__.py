@@ -269,15 +269,15 @@ class LogEngine(MemoryEngine):
         index, log_ = self._data, self._log
         if index.cut is not None:
             return  # a send cursor may read any version: nothing is cut behind it
+        self._compacted_at = log_.active  # looked at for this segment
         segments = log_.segments()
         if len(segments) < 2:
             return
         total = sum(log_.size(n) for n in segments)
         live = sum(index.live_bytes.values())
-        if total <= 2 * live + log_.segment_bytes:
-            self._compacted_at = log_.active
-            return
-        self.compact(segments[0])  # and look again at the next commit
+        if total > 2 * live + log_.segment_bytes:
+            self.compact(segments[0])
+            self._compacted_at = -1  # look again at the next commit
 
     def compact(self, n: int) -> None:
         """Move segment ``n``'s live records to the head, checkpoint, remove ``n``.
