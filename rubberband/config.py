@@ -34,7 +34,8 @@ header                                                      message
 The keys are :class:`rubberband.proto.H`'s, and the builders of every header are there.
 ``ranges`` is a normalized range set of encoded keys (:mod:`rubberband.keys`), ``op`` one
 of ``["expand", name, id]``, ``["contract", name]``, ``["replace", old, new]``,
-``["rebalance", name, id]``, ``instructions`` the optimizer's instructions in wire form
+``["rebalance", name, id]``, ``["restore", ring]`` (a recorded ring into an empty one:
+the restart of a whole cluster), ``instructions`` the optimizer's instructions in wire form
 (:mod:`rubberband.optimizer`).
 
 **Routing.**  A write goes to every unsuspected holder overlapping its ranges.  A read
@@ -74,7 +75,9 @@ ROLES = (SUPER, STORAGE, CLIENT)
 READS_TO_BUSY = mutations.declare(
     "reads_to_busy", "config", "reads go to receivers still being filled, as if complete"
 )
-OPS = ("expand", "contract", "replace", "rebalance")
+OPS = ("expand", "contract", "replace", "rebalance", "restore")
+"""``restore`` puts back a ring a super recorded, into a new group whose ring is empty
+(the restart of a whole cluster from its disks): its holders must all have joined."""
 
 _NONE: frozenset[NodeId] = frozenset()
 
@@ -499,6 +502,15 @@ class RubberbandConfig(Membership):
                     return None
                 new = ks.rebalance(name, _tuple(op[2]))
                 moved = frozenset((name,))
+            elif op[0] == "restore" and len(op) == 2 and not instructions:
+                # Only into an empty ring, and only holders that are back: each brings
+                # its ranges with it, so none is involved and nothing is pending.
+                if self.version != 0 or ks.processes or type(name) is not tuple:
+                    return None
+                new = Keyspace(ks.f, ((_tuple(e), str(p)) for e, p in name))
+                if not new.processes or any(p not in storage for p in new.processes):
+                    return None
+                moved = _NONE
             else:
                 return None
         except (BadKeyspace, TypeError, IndexError):

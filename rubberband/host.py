@@ -15,10 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
+
+import msgpack
 
 from ecast import Client, Effects, MessageTooLarge, NodeId, daemon_kit
 from rubberband.driver import carry_out
@@ -454,6 +458,9 @@ class SuperHost(_Host):
         self.core = core
         self.joined = asyncio.Event()
         self.changed = asyncio.Event()
+        self.keyspace_file: str | None = None
+        """Where the keyspace is recorded at every change (None: nowhere)."""
+        self._recorded: int | None = None
         self._requests: dict[int, asyncio.Future[Reconfigured]] = {}
         self._next_request = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -565,8 +572,25 @@ class SuperHost(_Host):
             carry_out(fx, self)
             if self.core.config is not None:
                 self.joined.set()
+                self._record()
             self.changed.set()
             self.changed = asyncio.Event()
+
+    def _record(self) -> None:
+        """Write the keyspace down (``keyspace_file``) when its version changed: what a
+        restart of the whole cluster restores.  Atomic (a new file renamed over the
+        old, synced), so a crash leaves the old record or the new, never half."""
+        record = self.core.record()
+        if self.keyspace_file is None or record is None or record[2] == self._recorded:
+            return
+        path = Path(self.keyspace_file)
+        tmp = path.with_suffix(".tmp")
+        with tmp.open("wb") as f:
+            f.write(msgpack.packb(record, use_bin_type=True))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        self._recorded = record[2]
 
     def _on_acks(self, acks: list[Any]) -> None:
         now = self._now()

@@ -39,6 +39,7 @@ from rubberband.changelog import ChangeLog, revised_op
 from rubberband.config import CLIENT, STORAGE, SUPER
 from rubberband.engine import BadOperation, Engine, Placement, changed_key
 from rubberband.keys import (
+    EVERYTHING,
     NOTHING,
     RangeSet,
     covers,
@@ -491,14 +492,7 @@ class StorageCore:
             return
         op = h.get(H.OP)
         try:
-            if op[0] == "expand":
-                new = ks.expand(_tuple(op[2]), op[1])
-            elif op[0] == "contract":
-                new = ks.contract(op[1])
-            elif op[0] == "replace":
-                new = ks.replace(op[1], op[2])
-            else:
-                new = ks.rebalance(op[1], _tuple(op[2]))
+            new = _next_keyspace(ks, op)
             instructions = instructions_from_wire(h.get(H.INSTRUCTIONS, ()))
         except Exception as e:
             self.stop(f"cannot follow keyspace message {op!r:.80}: {e}")
@@ -513,6 +507,14 @@ class StorageCore:
         v = self.version
         self.owned = new.partition(self.me)
         self.changes.gained(difference(self.owned, old_owned), t)
+        if op[0] == "restore":
+            # The whole cluster restarted: our engine kept our ranges on disk (brought
+            # level with the other replicas before the processes started).  What it
+            # holds beyond them goes.
+            rest = difference(EVERYTHING, self.owned)
+            if rest:
+                self.order(rest, t, ("delete", rest, 0))
+            return
         me = self.me
         # Broken ranges we no longer hold are no longer our problem (a contract or a
         # replace repairs an incomplete process: it holds nothing afterwards).
@@ -643,6 +645,19 @@ def status_of(core: StorageCore) -> dict[str, Any]:
         "changes": core.changes.figures() if core._logged else None,
         **core.migration.status(),
     }
+
+
+def _next_keyspace(ks: Keyspace, op: Any) -> Keyspace:
+    """The keyspace after ``op`` (the config applied it, so it is valid)."""
+    if op[0] == "expand":
+        return ks.expand(_tuple(op[2]), op[1])
+    if op[0] == "contract":
+        return ks.contract(op[1])
+    if op[0] == "replace":
+        return ks.replace(op[1], op[2])
+    if op[0] == "restore":
+        return Keyspace(ks.f, ((_tuple(e), str(p)) for e, p in op[1]))
+    return ks.rebalance(op[1], _tuple(op[2]))
 
 
 def _tuple(value: Any) -> Any:

@@ -25,6 +25,7 @@ from rubberband.config import CLIENT, STORAGE, RubberbandConfig
 from rubberband.errors import Refused
 from rubberband.keys import EKey, decode_key, describe, difference, encode_key
 from rubberband.optimizer import Plan, optimize
+from rubberband.outputs import Submit
 from rubberband.placement import BadReconfiguration, Keyspace
 from rubberband.proto import (
     Describe,
@@ -37,6 +38,9 @@ from rubberband.proto import (
     keyspace_header,
 )
 from rubberband.supervision import Reconfigurations, Watch
+
+RESTORE_AGAIN = 2.0
+"""Seconds before a restore that was not delivered is asked again."""
 
 
 @dataclass(frozen=True)
@@ -66,11 +70,18 @@ class SuperCore:
         suspect_after: float = 3.0,
         auto_repair: bool = True,
         repair_after: float = 2.0,
+        restore: Any = None,
     ) -> None:
+        """``restore``: a ring recorded by :meth:`record` (of a cluster that lost every
+        process), put back once every holder has joined this new group."""
         if not me.startswith("super:"):
             raise ValueError(f"a super process is named super:..., not {me!r}")
         self.me = me
         self.config: RubberbandConfig | None = None
+        self.restore = restore
+        self.restore_waits_for: list[NodeId] = []
+        """The recorded holders that have not joined yet (the restore waits for them)."""
+        self._restore_asked = float("-inf")
         self.watch = Watch(self, heartbeat, suspect_after)
         self.reconfigurations = Reconfigurations(self, auto_repair, repair_after)
         self.views = ViewReports()
@@ -90,6 +101,7 @@ class SuperCore:
             else:
                 self.deliver([(d.t, m)])
         self.reconfigurations.progress(now, fx)
+        self._restore(now, fx)
         self._wake(now, fx)
         return fx
 
@@ -124,8 +136,42 @@ class SuperCore:
             self.watch.beat(now, fx)
             self.reconfigurations.repair(now, fx)
         self.reconfigurations.progress(now, fx)
+        self._restore(now, fx)
         self._wake(now, fx)
         return fx
+
+    # ------------------------------------------------------------------ restart
+    def record(self) -> Any:
+        """What a restart needs of the keyspace: ``(f, partitioning, version, ring)``
+        (None before our join).  The host writes it down at every change."""
+        c = self.config
+        if c is None:
+            return None
+        return (c.f, c.partitioning, c.version, tuple(c.keyspace.ring()))
+
+    def _restore(self, now: float, fx: Effects) -> None:
+        """Put the recorded ring back into this new group: by the coordinator, into an
+        empty ring, once every recorded holder has joined (each brings its ranges on
+        its own disk); asked again every ``RESTORE_AGAIN`` s until it is delivered."""
+        r, c = self.restore, self.config
+        if r is None or c is None:
+            return
+        if c.version != 0 or c.keyspace.processes:
+            self.restore, self.restore_waits_for = None, []  # restored, or moved on
+            return
+        f, partitioning, _version, ring = r
+        if (f, partitioning) != (c.f, c.partitioning):
+            self.restore_waits_for = [f"a group of replication {f}, {partitioning} partitioning"]
+            return
+        self.restore_waits_for = sorted({p for _, p in ring} - c.storage())
+        if self.restore_waits_for or c.coordinator() != self.me:
+            return
+        if now - self._restore_asked < RESTORE_AGAIN:
+            return
+        self._restore_asked = now
+        header = keyspace_header(0, ("restore", tuple((e, p) for e, p in ring)), ())
+        fx.deliver.append(Submit(header, None, ("restore",)))
+        fx.wake(now + RESTORE_AGAIN)
 
     def reconfigure(
         self,
@@ -308,6 +354,7 @@ class SuperCore:
     def _status(self, c: RubberbandConfig) -> dict[str, Any]:
         return {
             "joined": True,
+            "restoring": None if self.restore is None else self.restore_waits_for,
             "version": c.version,
             "replication": c.f,
             "partitioning": c.partitioning,

@@ -181,9 +181,13 @@ class AppHost:
         role: str = "member",
         react: Reaction | None = None,
         app: Application | None = None,
+        auto_durable: bool = False,
     ) -> None:
         self.pid = pid
         self.ep = ep
+        self.auto_durable = auto_durable and ep.p.confirm_when_durable
+        """Write deliveries down ``DURABLE_AFTER`` after they arrive, and say so (the
+        randomized runs; scripted tests call ``durable`` themselves)."""
         self.events = events
         self.role = role
         self.crashed = False
@@ -212,7 +216,7 @@ class AppHost:
     def on_tick(self, now: float) -> Effects:
         fx = self.ep.on_tick(now)
         ep = self.ep
-        if ep.p.confirm_when_durable and ep.t_max > ep.durable_t:
+        if self.auto_durable and ep.t_max > ep.durable_t:
             fx.extend(ep.durable(ep.t_max, now))  # written down a tick after arrival
         return self._absorb(fx, now)
 
@@ -248,7 +252,7 @@ class AppHost:
         for up in fx.deliver:
             t = type(up)
             if t is Delivery:
-                if self.ep.p.confirm_when_durable:
+                if self.auto_durable:
                     fx.wake(now + DURABLE_AFTER)
                 m = up.message
                 if up.unsafe:
@@ -325,7 +329,7 @@ class EcastRun(EcastGroupRun):
         routers = [r for r in self.live()] or self.founders
         ep = Endpoint(pid, routers, self.cfg.endpoint, role_of=self.role_of)
         react = self._react if role == "submitter" and self.cfg.react > 0 else None
-        host = AppHost(pid, ep, self.history.log(pid), role, react, self.app)
+        host = AppHost(pid, ep, self.history.log(pid), role, react, self.app, auto_durable=True)
         self.apps[pid] = host
         self.sim.add(pid, host)
         header = self.app.join_header(role, pid)

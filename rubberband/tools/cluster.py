@@ -35,9 +35,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgpack
+
 import ecast
 from ecast import local
 from ecast.core import mutations
+from rubberband.tools.daemons import read_keyspace_record
 
 
 def storage_mutations() -> dict[str, mutations.Mutation]:
@@ -100,6 +103,14 @@ def request(
 def up(args: argparse.Namespace) -> int:
     d = Path(args.state_dir)
     ecast.private_dir(d)  # cluster.json holds the admin token and the client credential
+    record = recorded_keyspace(d)
+    if record is not None and args.engine != "log":
+        print(
+            f"rubberband cluster up: {d} holds the ring of a cluster on the durable engine; "
+            "restart it with --engine log (or use another --state-dir)",
+            file=sys.stderr,
+        )
+        return 2
     planted_in_storage = storage_mutations() if args.mutation else {}
     cluster = local.LocalCluster(
         d,
@@ -123,13 +134,19 @@ def up(args: argparse.Namespace) -> int:
     token_file = d / "admin_token"
     ecast.write_private(token_file, token + "\n")
     common = ["--routers", addresses, "--state-dir", str(d)]
+    numbers = range(1, args.storage + 1)
+    if record is not None:  # a restart: the recorded holders, with their data
+        numbers = restart_numbers(record)
+        for i in range(1, args.supers + 1):
+            (d / KEYSPACE_FILE.format(i)).write_bytes(msgpack.packb(record))
     supers: dict[str, str] = {}
     for i in range(1, args.supers + 1):
         name, address = start_super(state, i, common, args.auto_repair, args.timeout)
         supers[name] = address
     storage = _start_storage(
-        state, [*common, *storage_args], args.engine, range(1, args.storage + 1), args.timeout
-    )
+        state, [*common, *storage_args, *(["--keep-data"] if record else [])], args.engine,
+        numbers, args.timeout,
+    )  # fmt: skip
     ecast.write_private(
         d / "cluster.json",
         json.dumps(
@@ -149,6 +166,13 @@ def up(args: argparse.Namespace) -> int:
             indent=1,
         ),
     )
+    if record is not None:
+        return _restored(d, record, t0, args.timeout)
+    return _expand_all(d, args, addresses, t0)
+
+
+def _expand_all(d: Path, args: argparse.Namespace, addresses: str, t0: float) -> int:
+    """Put a new cluster's storage processes on its empty ring, ids spread evenly."""
     ids = spread(args.storage, args.partitioning, args.key_space)
     for i, at in enumerate(ids, 1):
         code, body = admin_request(
@@ -177,6 +201,51 @@ def spread(n: int, partitioning: str, key_space: int) -> list[int]:
     return [i * step for i in range(n)]
 
 
+KEYSPACE_FILE = "keyspace-s{}.msgpack"
+"""Where super ``super:sN`` of a local cluster records the ring (``--keyspace-file``)."""
+
+
+def recorded_keyspace(d: Path) -> Any:
+    """The newest ring the supers of ``d`` recorded, if a cluster on the durable engine
+    lived there and every process of it is gone; None for a new cluster."""
+    records = []
+    for path in sorted(d.glob(KEYSPACE_FILE.format("*"))):
+        record = read_keyspace_record(str(path))
+        if record is not None:
+            records.append(record)
+    if not records or not (d / "data").is_dir():
+        return None
+    live = [n for n, e in local.StateDir.recorded(d).items() if local.running(e["pid"])]
+    if live:
+        raise SystemExit(f"rubberband cluster up: {d} has a live cluster ({', '.join(live)})")
+    return max(records, key=lambda r: r[2])
+
+
+def restart_numbers(record: Any) -> list[int]:
+    """The numbers N of the recorded holders ``storage:N`` (local clusters' names)."""
+    names = [p for _, p in record[3]]
+    if not all(p.startswith("storage:") and p[8:].isdigit() for p in names):
+        raise SystemExit(f"rubberband cluster up: cannot restart holders named {names}")
+    return sorted(int(p[8:]) for p in names)
+
+
+def _restored(d: Path, record: Any, t0: float, timeout: float) -> int:
+    """Wait until the supers put the recorded ring back."""
+    deadline = time.monotonic() + timeout
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        code, body = admin_request(str(d), "/status")
+        if code == 200 and body.get("version", 0) >= 1 and body.get("ring"):
+            print(
+                f"cluster restarted in {time.monotonic() - t0:.1f} s from its disks: ring of "
+                f"{len(record[3])} restored (it was at version {record[2]})"
+            )
+            return 0
+        time.sleep(0.2)
+    print(f"rubberband cluster up: the ring was not restored: {body}", file=sys.stderr)
+    return 1
+
+
 def start_super(
     state: local.StateDir, number: int, common: list[str], auto_repair: bool, timeout: float
 ) -> tuple[str, str]:
@@ -195,6 +264,8 @@ def start_super(
         f"{host}:0",
         "--admin-token-file",
         str(state.path / "admin_token"),
+        "--keyspace-file",
+        str(state.path / KEYSPACE_FILE.format(number)),
         *([] if auto_repair else ["--no-auto-repair"]),
         *common,
         *state.auth_args("application", name),

@@ -33,6 +33,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import msgpack
+
 import ecast
 from ecast import daemon_kit as kit
 from ecast.core import mutations
@@ -117,6 +119,14 @@ STORAGE_SETTINGS = [
         check=kit.positive,
     ),
     Setting(
+        "keep-data",
+        bool,
+        False,
+        "keep what the engine holds from an earlier process in its directory (the "
+        "restart of a whole cluster, whose supers restore the ring; the replicas' data "
+        "brought level first, as `rubberband cluster up` does); otherwise it is dropped",
+    ),
+    Setting(
         "change-log",
         int,
         MAX_CHANGES,
@@ -160,6 +170,13 @@ SUPER_SETTINGS = [
     Setting("auto-repair", bool, True, "replace or contract failed and incomplete holders"),
     Setting(
         "repair-after", float, 2.0, "repair a holder broken for at least", "s", check=kit.positive
+    ),
+    Setting(
+        "keyspace-file",
+        str,
+        None,
+        "record the ring here at every change; at start, a record there is restored into "
+        "a new cluster whose ring is empty (the restart of a whole cluster from its disks)",
     ),
 ]
 
@@ -419,7 +436,8 @@ async def run_storage(args: argparse.Namespace) -> int:
     if args.metrics:
         kit.check_port_free(args.metrics, "--metrics")
     engine = make_engine(args.engine, args.engine_arg)
-    _start_empty(engine)
+    if not args.keep_data:
+        _start_empty(engine)
     try:
         client = await _connect(args, durable=getattr(engine, "durable", False) is True)
     except BaseException:
@@ -499,6 +517,7 @@ def check_super_settings(args: argparse.Namespace) -> str:
 async def run_super(args: argparse.Namespace) -> int:
     token = check_super_settings(args)
     kit.check_port_free(args.admin, "--admin")
+    restore = read_keyspace_record(args.keyspace_file)
     client = await _connect(args)
     core = SuperCore(
         args.name,
@@ -506,8 +525,12 @@ async def run_super(args: argparse.Namespace) -> int:
         suspect_after=args.suspect_after,
         auto_repair=args.auto_repair,
         repair_after=args.repair_after,
+        restore=restore,
     )
     host = SuperHost(client, core)
+    host.keyspace_file = args.keyspace_file
+    if restore is not None:
+        log.info("event=restore_from version=%s holders=%s", restore[2], len(restore[3]))
     log.info("event=joined name=%s", args.name)
     api = AdminApi(host, token)
     runner = await kit.serve_http(
@@ -515,6 +538,19 @@ async def run_super(args: argparse.Namespace) -> int:
         api.routes,
     )  # fmt: skip
     return await _until_stopped(host, client, runner)
+
+
+def read_keyspace_record(path: str | None) -> Any:
+    """The ring a super recorded (``--keyspace-file``), or None (no file yet, or one
+    with an empty ring); a record that does not read is a usage error, never a guess."""
+    if path is None or not Path(path).exists():
+        return None
+    try:
+        f, partitioning, version, ring = msgpack.unpackb(Path(path).read_bytes(), use_list=False)
+        ring = tuple((tuple(e), str(p)) for e, p in ring)
+        return (int(f), str(partitioning), int(version), ring) if ring else None
+    except (ValueError, TypeError, msgpack.UnpackException) as e:
+        raise UsageError(f"--keyspace-file {path}: not a keyspace record ({e})") from None
 
 
 class AdminApi:

@@ -1,0 +1,99 @@
+"""The restart of a whole cluster, sans I/O: the config takes a recorded ring only into
+an empty one and only with every holder back; the coordinating super asks for it once
+they are; a storage process on the restored ring answers for its ranges from its own
+engine and drops what lies outside them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ecast import Message
+from rubberband.keys import encode_key
+from rubberband.outputs import Submit
+from rubberband.proto import H, keyspace_header, write_header
+from rubberband.storage import StorageCore
+from rubberband.super import RESTORE_AGAIN, SuperCore
+from storage_adapters.memory import KVOps, MemoryEngine
+from tests.unit.test_rubberband_config import cluster, joined, step
+
+HOLDERS = ("storage:0", "storage:1", "storage:2", "storage:3")
+
+
+def recorded() -> Any:
+    """What a super of a running cluster records (``SuperCore.record``)."""
+    s = SuperCore("super:a")
+    s.config = cluster(4)
+    return s.record()
+
+
+def restore_header(record: Any, version: int = 0, instructions: Any = ()) -> Any:
+    return keyspace_header(version, ("restore", record[3]), instructions)
+
+
+def test_the_config_takes_a_recorded_ring_only_into_an_empty_one_with_its_holders_back() -> None:
+    record = recorded()
+    fresh = joined("super:a", *HOLDERS)
+    c, dests = step(fresh, "super:a", restore_header(record))
+    assert c.version == 1 and c.keyspace.ring() == record[3]
+    assert not c.pending and set(HOLDERS) <= dests  # every holder mirrors it
+    # Ignored (no change): a ring already there, a holder not back, a stale version,
+    # instructions, anyone but a super.
+    assert step(c, "super:a", restore_header(record, version=1))[0].version == 1
+    assert step(c, "super:a", restore_header(record, version=1))[0].keyspace == c.keyspace
+    missing = joined("super:a", *HOLDERS[:3])
+    assert step(missing, "super:a", restore_header(record))[0].version == 0
+    assert step(fresh, "super:a", restore_header(record, version=3))[0].version == 0
+    copy = (("copy", "storage:0", "storage:1", ((encode_key(0), encode_key(5)),)),)
+    assert step(fresh, "super:a", restore_header(record, instructions=copy))[0].version == 0
+    assert step(fresh, "storage:0", restore_header(record))[0].version == 0
+
+
+def test_the_coordinator_asks_once_every_holder_is_back_and_stops_once_restored() -> None:
+    record = recorded()
+    core = SuperCore("super:a", restore=record)
+    core.config = joined("super:a", *HOLDERS[:3])
+    assert not _submits(core.on_tick(0.0)) and core.restore_waits_for == ["storage:3"]
+    assert core.status()["restoring"] == ["storage:3"]
+    core.config, _ = step(core.config, "storage:3", {"kind": "join"})
+    asked = [x for x in core.on_tick(1.0).deliver if type(x) is Submit]
+    assert [x.header[H.OP][0] for x in asked] == ["restore"]
+    assert not _submits(core.on_tick(1.0 + RESTORE_AGAIN / 2))  # not again at once
+    again = [x for x in core.on_tick(1.0 + RESTORE_AGAIN).deliver if type(x) is Submit]
+    assert len(again) == 1  # not delivered yet: asked again
+    core.config, _ = step(core.config, "super:a", asked[0].header)
+    assert not _submits(core.on_tick(1.0 + 2 * RESTORE_AGAIN)) and core.restore is None
+    assert core.record()[3] == record[3] and core.status()["restoring"] is None
+    other = SuperCore("super:b", restore=record)  # not the coordinator: never asks
+    other.config = joined("super:a", "super:b", *HOLDERS)
+    assert not _submits(other.on_tick(0.0))
+
+
+def test_a_holder_on_the_restored_ring_keeps_its_ranges_and_drops_the_rest() -> None:
+    record = recorded()
+    engine = MemoryEngine()
+    ops = KVOps()
+    put = ("put", tuple((k, f"v{k}") for k in range(0, 400, 10)))
+    engine.apply([(put, ops.part_fun(put, engine.placement).ranges)])
+    core = StorageCore("storage:1", engine)
+    fresh = joined("super:a", *HOLDERS)
+    core.joined({"rubberband": fresh.to_state()})
+    assert not core.owned  # standby until the ring comes back
+    m = Message("super:a", (("s", 0, ""), 1), restore_header(record), None)
+    core.deliver([(5, m)])
+    c, _ = step(fresh, "super:a", restore_header(record))
+    assert core.owned == c.keyspace.partition("storage:1") and core.version == 1
+    kept = {k for k, _ in engine.items()}
+    mine = {k for k in range(0, 400, 10) if _inside(core.owned, encode_key(k))}
+    assert kept == mine and 0 < len(kept) < 40
+    w = ("put", ((15, "new"),))
+    header = write_header(ops.part_fun(w, engine.placement).ranges)
+    core.deliver([(6, Message("client:c", (("c", 0, ""), 1), header, w))])
+    assert dict(engine.items()).get(15) == ("new" if _inside(core.owned, encode_key(15)) else None)
+
+
+def _submits(fx: Any) -> list[Any]:
+    return [x for x in fx.deliver if type(x) is Submit]
+
+
+def _inside(ranges: Any, ek: Any) -> bool:
+    return any(lo <= ek < hi for lo, hi in ranges)
