@@ -11,7 +11,7 @@ from ecast import Message
 from rubberband.bundles import read_items, unbundle, write_items
 from rubberband.changelog import feed_answer, revised_op
 from rubberband.engine import BadOperation
-from rubberband.keys import NOTHING, RangeSet
+from rubberband.keys import NOTHING, RangeSet, covers
 from rubberband.proto import Answer, Answers, H, Whole
 from rubberband.versions import is_version_op
 
@@ -77,6 +77,8 @@ class Apply:
         items = self.items
         changed: Any = None
         try:
+            if core._wholes:
+                self._wholes()
             if core._positions:
                 ops: list[Any] = [(op, r, t) for _, op, r, _, _, t in items]
             else:
@@ -96,6 +98,22 @@ class Apply:
         self._answer(results, revised)
         for m, mine, t in self.feeds:
             self._feed(m, mine, t)
+
+    def _wholes(self) -> None:
+        """Hand an engine that keeps them (``whole``) every write of each message that
+        reaches beyond this replica's ranges: after a crash of the whole cluster, the
+        replicas that missed the message are brought level from any one that has it,
+        all of it (a replica applies only its part of a write)."""
+        engine: Any = self.core.engine
+        for m, mine, t in self.batch:
+            h = m.header
+            full = h.get(H.WRITES)
+            if H.READS in h or full is None or covers(mine, full):
+                continue
+            if H.COUNT not in h:
+                engine.whole(t, ((m.payload, full),))
+            elif (subs := unbundle(m)) is not None:
+                engine.whole(t, subs)
 
     def _record(self, changed: list[Any]) -> dict[int, Any]:
         """Log the batch's changes in position order, and look each revisions read's

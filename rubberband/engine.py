@@ -23,6 +23,10 @@ worker thread, never two at once, and must behave as if it ran them one after an
   t)`` items, ``t`` the position in the total order of the delivery that carried the
   operation (-1 for a read answered outside the order, a basic read).  A durable engine
   stamps what it writes with it, so its data says up to where it holds the sequence.
+* ``whole(t, writes)`` (optional, with ``positions``): before a batch, every write
+  ``(op, ranges)`` of each message at ``t`` that reaches beyond this replica's ranges,
+  for an engine that keeps them so a restart of the whole cluster can bring replicas
+  that missed the message level (:mod:`rubberband.restart`).
 * ``durable = True`` (optional): a batch is on disk when ``apply`` returns.  The
   storage process then confirms its deliveries to E-Cast only after their batch is
   applied (``EndpointParams.confirm_when_durable``), so a write is acknowledged only

@@ -165,6 +165,7 @@ class StorageCore:
         """What changed at which position (change feeds), if the engine reports it."""
         self._logged = self.changes.enabled and hasattr(engine, "apply_logged")
         self._positions = getattr(engine, "positions", False) is True
+        self._wholes = self._positions and hasattr(engine, "whole")
         self.changes.place = lambda key: self.engine.placement.ekey(changed_key(key))
         self.now = 0.0
 

@@ -40,7 +40,13 @@ import msgpack
 import ecast
 from ecast import local
 from ecast.core import mutations
-from rubberband.tools.daemons import read_keyspace_record
+from rubberband.tools.restart import (
+    KEYSPACE_FILE,
+    level_holders,
+    recorded_keyspace,
+    restart_numbers,
+    restored,
+)
 
 
 def storage_mutations() -> dict[str, mutations.Mutation]:
@@ -137,6 +143,7 @@ def up(args: argparse.Namespace) -> int:
     numbers = range(1, args.storage + 1)
     if record is not None:  # a restart: the recorded holders, with their data
         numbers = restart_numbers(record)
+        level_holders(d, record, numbers)
         for i in range(1, args.supers + 1):
             (d / KEYSPACE_FILE.format(i)).write_bytes(msgpack.packb(record))
     supers: dict[str, str] = {}
@@ -167,7 +174,7 @@ def up(args: argparse.Namespace) -> int:
         ),
     )
     if record is not None:
-        return _restored(d, record, t0, args.timeout)
+        return restored(record, t0, args.timeout, lambda: admin_request(str(d), "/status"))
     return _expand_all(d, args, addresses, t0)
 
 
@@ -199,51 +206,6 @@ def spread(n: int, partitioning: str, key_space: int) -> list[int]:
     space = 2**32 if partitioning == "hash" else key_space
     step = max(1, space // max(1, n))
     return [i * step for i in range(n)]
-
-
-KEYSPACE_FILE = "keyspace-s{}.msgpack"
-"""Where super ``super:sN`` of a local cluster records the ring (``--keyspace-file``)."""
-
-
-def recorded_keyspace(d: Path) -> Any:
-    """The newest ring the supers of ``d`` recorded, if a cluster on the durable engine
-    lived there and every process of it is gone; None for a new cluster."""
-    records = []
-    for path in sorted(d.glob(KEYSPACE_FILE.format("*"))):
-        record = read_keyspace_record(str(path))
-        if record is not None:
-            records.append(record)
-    if not records or not (d / "data").is_dir():
-        return None
-    live = [n for n, e in local.StateDir.recorded(d).items() if local.running(e["pid"])]
-    if live:
-        raise SystemExit(f"rubberband cluster up: {d} has a live cluster ({', '.join(live)})")
-    return max(records, key=lambda r: r[2])
-
-
-def restart_numbers(record: Any) -> list[int]:
-    """The numbers N of the recorded holders ``storage:N`` (local clusters' names)."""
-    names = [p for _, p in record[3]]
-    if not all(p.startswith("storage:") and p[8:].isdigit() for p in names):
-        raise SystemExit(f"rubberband cluster up: cannot restart holders named {names}")
-    return sorted(int(p[8:]) for p in names)
-
-
-def _restored(d: Path, record: Any, t0: float, timeout: float) -> int:
-    """Wait until the supers put the recorded ring back."""
-    deadline = time.monotonic() + timeout
-    body: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        code, body = admin_request(str(d), "/status")
-        if code == 200 and body.get("version", 0) >= 1 and body.get("ring"):
-            print(
-                f"cluster restarted in {time.monotonic() - t0:.1f} s from its disks: ring of "
-                f"{len(record[3])} restored (it was at version {record[2]})"
-            )
-            return 0
-        time.sleep(0.2)
-    print(f"rubberband cluster up: the ring was not restored: {body}", file=sys.stderr)
-    return 1
 
 
 def start_super(

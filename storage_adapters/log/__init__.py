@@ -46,7 +46,7 @@ from typing import Any
 
 from rubberband.engine import Placement, RangeSet, ReportsChanges
 from storage_adapters.log import records
-from storage_adapters.log.index import DELETE, DROP, PUT, LogIndex
+from storage_adapters.log.index import COMMIT, DELETE, DROP, EPOCH, PUT, WHOLE, LogIndex
 from storage_adapters.log.segments import (
     CorruptLog,
     FsyncPolicy,
@@ -60,6 +60,7 @@ __all__ = ["CorruptLog", "LogEngine"]
 
 log = logging.getLogger("rubberband.log_engine")
 CKPT = "ckpt-{:08d}.idx"
+_TAIL = {PUT: "put", DELETE: "delete", WHOLE: "whole"}
 KEYS_PER_RECORD = 10_000
 KEEP_CHECKPOINTS = 2
 
@@ -109,6 +110,7 @@ class LogEngine(MemoryEngine):
         if fsync_interval <= 0 or segment_mb <= 0 or checkpoint_mb <= 0:
             raise ValueError("fsync_interval, segment_mb and checkpoint_mb are positive")
         self._log = Log(self.path, int(segment_mb * (1 << 20)), fsync, fsync_interval)
+        self._log.commit_mark = records.pack((-1, COMMIT))
         self._checkpoint_bytes = int(checkpoint_mb * (1 << 20))
         self._meta = self.path / "engine.json"
         stored = json.loads(self._meta.read_text()) if self._meta.exists() else {}
@@ -173,6 +175,36 @@ class LogEngine(MemoryEngine):
         finally:
             self._holding = False
             self._commit()
+
+    def whole(self, t: int, writes: Sequence[tuple[Any, RangeSet]]) -> None:
+        """Every write ``(op, ranges)`` of the message at ``t``, which reaches beyond
+        this replica's ranges: logged (with the batch's commit), so that a restart after
+        a crash can bring the replicas that missed the message level with it."""
+        if t >= 0:
+            self._log.append((t, WHOLE, [list(w) for w in writes]))
+
+    def tail(self, after: int) -> list[tuple[int, int, Any]]:
+        """``(t, kind, body)`` of every record of the current epoch at a position after
+        ``after``, in log order: ``"put"`` ``(key, value)``, ``"delete"`` ``key`` and
+        ``"whole"`` ``((op, ranges), ...)`` (what :func:`rubberband.restart.level`
+        reads)."""
+        self._log.commit(force=True)
+        out: list[tuple[int, int, Any]] = []
+        for n in self._log.segments():
+            for rec in records.iter_records(self._log.read_all(n)):
+                t, kind = rec.body[0], rec.body[1]
+                if kind == EPOCH:
+                    out = []
+                elif t > after and kind in _TAIL:
+                    out.append((t, _TAIL[kind], rec.body[2] if kind != PUT else rec.body[2:4]))
+        return out
+
+    def new_epoch(self) -> None:
+        """Positions start again from here (a new E-Cast group): synced at once."""
+        index = self._data
+        index.t = 0
+        self._log.append((-1, EPOCH, 0))
+        self._log.commit(force=True)
 
     def _delete_range(self, op: Any, ranges: RangeSet) -> None:
         live = self._data.live
@@ -350,48 +382,71 @@ class LogEngine(MemoryEngine):
         return head["segment"], head["offset"]
 
     def _redo(self, segments: list[int], start: tuple[int, int]) -> tuple[int, int]:
-        """Apply the log after ``start`` to the index; cut a torn tail.  Returns the
-        records redone and the bytes cut."""
-        index, live, sizes = self._data, self._data.live, self._data.live_bytes
+        """Apply the log after ``start`` to the index, a batch at a time (up to each
+        commit mark); cut what follows the last mark (a batch the crash cut, torn or
+        not: never acknowledged).  Returns the records redone and the bytes cut."""
         redone = 0
+        pending: list[tuple[int, records.Record]] = []
+        committed = start  # (segment, offset) just after the last commit mark
         for n in [s for s in segments if s >= start[0]]:
             data = self._log.file(n).read_bytes()
             pos = start[1] if n == start[0] else 0
             for rec in records.iter_records(data, pos):
-                t, kind = rec.body[0], rec.body[1]
-                index.t = max(index.t, t)
-                index.lsn += 1
-                if kind == PUT:
-                    slot = self._slot(rec.body[2])
-                    prev = live.get(slot)
-                    if prev is not None:
-                        sizes[prev[2]] -= prev[4]
-                    live[slot] = [rec.body[2], index.lsn, n, rec.offset, rec.size]
-                    sizes[n] = sizes.get(n, 0) + rec.size
-                elif kind == DELETE:
-                    prev = live.pop(self._slot(rec.body[2]), None)
-                    if prev is not None:
-                        sizes[prev[2]] -= prev[4]
-                elif kind == DROP:
-                    for lo, hi in rec.body[2]:
-                        for slot in list(live.irange(tuple(lo), tuple(hi),
-                                                     inclusive=(True, False))):  # fmt: skip
-                            prev = live.pop(slot)
-                            sizes[prev[2]] -= prev[4]
+                if rec.body[1] == COMMIT:
+                    for m, r in pending:
+                        self._redo_one(m, r)
+                    redone += len(pending)
+                    pending = []
+                    committed = (n, rec.offset + rec.size)
+                else:
+                    pending.append((n, rec))
                 pos = rec.offset + rec.size
-                redone += 1
-            if pos < len(data):
-                if n != segments[-1] or plausible_record_after(data, pos + 1) is not None:
-                    raise CorruptLog(
-                        f"{self._log.file(n).name}: damaged record at offset {pos} with "
-                        "intact data after it (acknowledged writes are lost here: rebuild "
-                        "this replica from the others)"
-                    )
-                log.warning("event=torn_tail_cut segment=%s offset=%s bytes=%s", n, pos,
-                            len(data) - pos)  # fmt: skip
-                self._log.truncate(n, pos)
-                return redone, len(data) - pos
-        return redone, 0
+            if pos < len(data) and (
+                n != segments[-1] or plausible_record_after(data, pos + 1) is not None
+            ):
+                raise CorruptLog(
+                    f"{self._log.file(n).name}: damaged record at offset {pos} with intact "
+                    "data after it (acknowledged writes are lost here: rebuild this replica "
+                    "from the others)"
+                )
+        return redone, self._cut_after(segments, committed)
+
+    def _cut_after(self, segments: list[int], committed: tuple[int, int]) -> int:
+        cut = 0
+        for n in [s for s in segments if s >= committed[0]]:
+            size = self._log.file(n).stat().st_size
+            if n == committed[0] and size > committed[1]:
+                self._log.truncate(n, committed[1])
+                cut += size - committed[1]
+            elif n > committed[0]:
+                self._log.file(n).unlink()
+                cut += size
+        if cut:
+            log.warning("event=uncommitted_tail_cut segment=%s offset=%s bytes=%s",
+                        committed[0], committed[1], cut)  # fmt: skip
+        return cut
+
+    def _redo_one(self, n: int, rec: records.Record) -> None:
+        index, live, sizes = self._data, self._data.live, self._data.live_bytes
+        t, kind = rec.body[0], rec.body[1]
+        index.t = 0 if kind == EPOCH else max(index.t, t)
+        index.lsn += 1
+        if kind == PUT:
+            slot = self._slot(rec.body[2])
+            prev = live.get(slot)
+            if prev is not None:
+                sizes[prev[2]] -= prev[4]
+            live[slot] = [rec.body[2], index.lsn, n, rec.offset, rec.size]
+            sizes[n] = sizes.get(n, 0) + rec.size
+        elif kind == DELETE:
+            prev = live.pop(self._slot(rec.body[2]), None)
+            if prev is not None:
+                sizes[prev[2]] -= prev[4]
+        elif kind == DROP:
+            for lo, hi in rec.body[2]:
+                for slot in list(live.irange(tuple(lo), tuple(hi), inclusive=(True, False))):
+                    prev = live.pop(slot)
+                    sizes[prev[2]] -= prev[4]
 
 
 class _Cursor:

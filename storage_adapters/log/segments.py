@@ -52,6 +52,9 @@ class Log:
         self.active = 0
         self._written = 0  # bytes of the active segment handed to the OS
         self._synced_at = 0.0
+        self.commit_mark: bytes | None = None
+        """A record appended at the end of every commit that appended anything: a batch
+        is in the log whole or not at all (recovery drops what follows the last mark)."""
         self.syncs = 0
         self.appended = 0
         """Bytes appended since the engine opened (what checkpoints are paced by)."""
@@ -111,10 +114,13 @@ class Log:
         view.release()
         self._buf.clear()
 
-    def commit(self, force: bool = False) -> None:
+    def commit(self, force: bool = False, mark: bool = True) -> None:
         """The group commit: everything appended is on disk when this returns (under
-        ``always``), or within ``interval`` seconds of its append (under ``interval``)."""
+        ``always``), or within ``interval`` seconds of its append (under ``interval``);
+        ``mark``: and ends a batch (a rotation in the middle of one does not)."""
         had = bool(self._buf)
+        if had and mark and self.commit_mark is not None:
+            self._buf += self.commit_mark
         self.flush()
         if not had and not force:
             return
@@ -126,7 +132,7 @@ class Log:
 
     def rotate(self) -> None:
         """Close the active segment (synced) and open the next."""
-        self.commit(force=True)
+        self.commit(force=True, mark=False)
         old = self.active
         os.close(self._fds.pop(old))
         self.open_active(old + 1)

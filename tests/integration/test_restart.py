@@ -74,3 +74,61 @@ def test_a_quiet_cluster_restarts_with_every_write_and_its_ring(tmp_path: Path) 
         asyncio.run(check())
     finally:
         cli("cluster", "down", "--state-dir", str(d))
+
+
+def test_a_cluster_cut_under_load_restarts_level_with_every_acknowledged_write(
+    tmp_path: Path,
+) -> None:
+    """Writers of multi-key puts (keys all over the ring) when every process is SIGKILLed:
+    after the restart every acknowledged write is there; each write in flight is there
+    whole or not at all; and every replica answers the same."""
+    d = tmp_path / "rb"
+    up = cli(*UP, "--state-dir", str(d))
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        acked: dict[int, str] = {}
+        in_flight: list[dict[int, str]] = []
+
+        async def load() -> None:
+            rb = await connect(d, "client:load")
+
+            async def writer(w: int) -> None:
+                for i in range(1_000_000):
+                    # Each key once, four spread over the ring (a bijection mod a prime).
+                    n = (i * 32 + w) * 4
+                    batch = {(n + j) * 7919 % 1_000_003: f"{w}-{i}" for j in range(4)}
+                    in_flight.append(batch)
+                    await rb.put_many(batch)
+                    in_flight.remove(batch)
+                    acked.update(batch)
+
+            tasks = [asyncio.ensure_future(writer(w)) for w in range(32)]
+            await asyncio.sleep(3.0)
+            power_cut(d)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run(load())
+        assert len(acked) > 1_000 and in_flight, (len(acked), len(in_flight))
+        again = cli(*UP, "--state-dir", str(d))
+        assert again.returncode == 0, again.stdout + again.stderr
+
+        async def check() -> None:
+            rb = await connect(d, "client:after")
+            seen = []
+            for level in ("sequential", "sequential", "sequential", "basic", "snapshot"):
+                seen.append(dict(await rb.scan(None, None, isolation=level)))
+            await rb.close()
+            got = seen[0]
+            assert all(s == got for s in seen), "replicas answer differently"
+            assert {k: got.get(k) for k in acked} == acked  # every acknowledged write
+            for batch in in_flight:  # whole or not at all
+                there = [k for k in batch if got.get(k) == batch[k]]
+                assert len(there) in (0, len(batch)), batch
+            expected = set(acked).union(*in_flight)
+            assert set(got) <= expected
+
+        asyncio.run(check())
+    finally:
+        cli("cluster", "down", "--state-dir", str(d))

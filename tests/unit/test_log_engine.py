@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from rubberband.engine import EVERYTHING, Placement
-from storage_adapters.log import CorruptLog, LogEngine
+from storage_adapters.log import CorruptLog, LogEngine, records
+from storage_adapters.log.index import COMMIT
 from storage_adapters.memory import KVOps
 
 OPS = KVOps()
@@ -246,4 +247,39 @@ def test_one_process_per_directory_and_one_partitioning_per_log(tmp_path: Path) 
     e.close()
     e = LogEngine(path=str(tmp_path))
     assert e.placement.partitioning == "hash" and content(e) == {2: "two"}
+    e.close()
+
+
+def test_a_batch_is_in_the_log_whole_or_not_at_all(tmp_path: Path) -> None:
+    e = LogEngine(path=str(tmp_path))
+    put(e, {1: "one"}, t=1)
+    put(e, {2: "x" * 100, 3: "y" * 100}, t=2)  # one batch, two keys
+    crash(e)
+    seg = segments(tmp_path)[-1]
+    mark = len(records.pack((-1, COMMIT)))
+    os.truncate(seg, seg.stat().st_size - mark)  # every record intact, the mark gone
+    e = LogEngine(path=str(tmp_path))
+    assert content(e) == {1: "one"} and e.position == 1  # neither key of the cut batch
+    e.close()
+
+
+def test_the_tail_says_what_a_restart_levels_and_an_epoch_starts_positions_again(
+    tmp_path: Path,
+) -> None:
+    e = LogEngine(path=str(tmp_path))
+    put(e, {1: "one"}, t=3)
+    write = ("put", ((5, "five"), (900, "far")))
+    e.whole(4, [(write, OPS.part_fun(write, e.placement).ranges)])
+    e.apply([(write, OPS.part_fun(("put", ((5, "five"),)), e.placement).ranges, 4)])
+    e.apply([(("delete", (1,)), OPS.part_fun(("delete", (1,)), e.placement).ranges, 6)])
+    tail = e.tail(3)
+    assert [(t, kind) for t, kind, _ in tail] == [(4, "whole"), (4, "put"), (6, "delete")]
+    assert tail[0][2][0][0] == write and tail[1][2] == (5, "five") and tail[2][2] == 1
+    e.new_epoch()
+    assert e.position == 0 and e.tail(-1) == []
+    put(e, {7: "seven"}, t=1)
+    crash(e)
+    e = LogEngine(path=str(tmp_path))
+    assert e.position == 1 and [t for t, _, _ in e.tail(-1)] == [1]
+    assert content(e) == {5: "five", 7: "seven"}
     e.close()

@@ -97,3 +97,62 @@ def _submits(fx: Any) -> list[Any]:
 
 def _inside(ranges: Any, ek: Any) -> bool:
     return any(lo <= ek < hi for lo, hi in ranges)
+
+
+def test_replicas_are_brought_level_with_every_message_any_of_them_applied(
+    tmp_path: Any,
+) -> None:
+    from rubberband.keys import covers, intersect
+    from rubberband.placement import Keyspace
+    from rubberband.restart import level
+    from storage_adapters.log import LogEngine
+
+    ks = Keyspace(3, [(encode_key(i * 100), f"storage:{i}") for i in range(4)])
+    engines = {n: LogEngine(path=str(tmp_path / n)) for _, n in ks.ring()}
+    ops = KVOps()
+
+    def deliver(n: str, op: Any, t: int) -> bool:
+        """``op`` at ``t`` delivered to ``n``, as its storage process applies it."""
+        full = ops.part_fun(op, engines["storage:0"].placement).ranges
+        mine = intersect(full, ks.partition(n))
+        if mine:
+            if not covers(mine, full):
+                engines[n].whole(t, [(op, full)])
+            engines[n].apply([(op, mine, t)])
+        return bool(mine)
+
+    def holders(k: int) -> list[str]:
+        return [n for n in engines if _inside(ks.partition(n), encode_key(k))]
+
+    # Holders: 50 on storage:0-2, 150 and 120 on storage:1-3, 320 and 350 on 0, 1, 3.
+    messages = [
+        ("put", ((50, "a0"), (250, "b0"), (350, "z"))),
+        ("put", ((50, "x"), (150, "y"))),  # reaches storage:0 only: 150 from its whole
+        ("put", ((150, "c"),)),  # reaches nobody
+        ("delete", (350,)),  # storage:0 only: its key record
+        ("put", ((120, "late"), (320, "late"))),  # storage:0 only, which lacks 120
+    ]
+    # The crash cut each replica's sequence after a different message (E-Cast delivers
+    # to each in order, gap-free): a message reached some of its destinations or none.
+    cut = {"storage:0": 5, "storage:1": 1, "storage:2": 1, "storage:3": 1}
+    reached: set[int] = set()
+    for n in engines:
+        for t, op in enumerate(messages[: cut[n]], 1):
+            if deliver(n, op, t):
+                reached.add(t)
+    model: dict[int, str] = {}
+    for t, op in enumerate(messages, 1):
+        if t in reached:
+            if op[0] == "put":
+                model.update(op[1])
+            else:
+                for k in op[1]:
+                    model.pop(k, None)
+    assert reached == {1, 2, 4, 5} and model[150] == "y" and model[120] == "late"
+    applied = level(engines, ks)
+    assert sum(applied.values()) > 0
+    for n, e in engines.items():
+        assert dict(e.items()) == {k: v for k, v in model.items() if n in holders(k)}, n
+        assert e.position == 0 and e.tail(-1) == []  # a new epoch
+    for e in engines.values():
+        e.close()

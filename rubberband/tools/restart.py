@@ -1,0 +1,88 @@
+"""``rubberband cluster up`` on the directory of a cluster that lost every process: the
+supers' record of the ring, the holders' engines brought level, and the wait for the
+ring to be put back (docs/operations.md, "Restarting a whole cluster")."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ecast import local
+from rubberband.tools.daemons import read_keyspace_record
+
+KEYSPACE_FILE = "keyspace-s{}.msgpack"
+"""Where super ``super:sN`` of a local cluster records the ring (``--keyspace-file``)."""
+
+
+def recorded_keyspace(d: Path) -> Any:
+    """The newest ring the supers of ``d`` recorded, if a cluster on the durable engine
+    lived there and every process of it is gone; None for a new cluster."""
+    records = []
+    for path in sorted(d.glob(KEYSPACE_FILE.format("*"))):
+        record = read_keyspace_record(str(path))
+        if record is not None:
+            records.append(record)
+    if not records or not (d / "data").is_dir():
+        return None
+    live = [n for n, e in local.StateDir.recorded(d).items() if local.running(e["pid"])]
+    if live:
+        raise SystemExit(f"rubberband cluster up: {d} has a live cluster ({', '.join(live)})")
+    return max(records, key=lambda r: r[2])
+
+
+def restart_numbers(record: Any) -> list[int]:
+    """The numbers N of the recorded holders ``storage:N`` (local clusters' names)."""
+    names = [p for _, p in record[3]]
+    if not all(p.startswith("storage:") and p[8:].isdigit() for p in names):
+        raise SystemExit(f"rubberband cluster up: cannot restart holders named {names}")
+    return sorted(int(p[8:]) for p in names)
+
+
+def level_holders(d: Path, record: Any, numbers: list[int]) -> None:
+    """Bring the holders' engines level with each other before they start
+    (:func:`rubberband.restart.level`): a write that reached any replica reaches all."""
+    from rubberband.engine import Placement
+    from rubberband.placement import Keyspace
+    from rubberband.restart import level
+    from rubberband.tools.daemons import make_engine
+
+    missing = [n for n in numbers if not any((d / "data" / f"storage{n}").glob("log-*.seg"))]
+    if missing:
+        raise SystemExit(
+            f"rubberband cluster up: the data of storage {missing} is gone; a restart "
+            "needs every holder's disk (start a new cluster in another --state-dir)"
+        )
+    f, partitioning, _version, ring = record
+    engines = {}
+    try:
+        for n in numbers:
+            e = make_engine("log", [f"path={d / 'data' / f'storage{n}'}"])
+            engines[f"storage:{n}"] = e
+            e.placement = Placement(partitioning)
+        applied = level(engines, Keyspace(f, ring))
+    finally:
+        for e in engines.values():
+            e.close()
+    print(f"holders brought level (messages applied: {applied})")
+
+
+def restored(
+    record: Any, t0: float, timeout: float, status: Callable[[], tuple[int, dict[str, Any]]]
+) -> int:
+    """Wait until the supers put the recorded ring back (``status``: a super's)."""
+    deadline = time.monotonic() + timeout
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        code, body = status()
+        if code == 200 and body.get("version", 0) >= 1 and body.get("ring"):
+            print(
+                f"cluster restarted in {time.monotonic() - t0:.1f} s from its disks: ring of "
+                f"{len(record[3])} restored (it was at version {record[2]})"
+            )
+            return 0
+        time.sleep(0.2)
+    print(f"rubberband cluster up: the ring was not restored: {body}", file=sys.stderr)
+    return 1
