@@ -34,8 +34,9 @@ header                                                      message
 The keys are :class:`rubberband.proto.H`'s, and the builders of every header are there.
 ``ranges`` is a normalized range set of encoded keys (:mod:`rubberband.keys`), ``op`` one
 of ``["expand", name, id]``, ``["contract", name]``, ``["replace", old, new]``,
-``["rebalance", name, id]``, ``["restore", ring]`` (a recorded ring into an empty one:
-the restart of a whole cluster), ``instructions`` the optimizer's instructions in wire form
+``["rebalance", name, id]``, ``["restore", ring, partial]`` (a recorded ring into an
+empty one, the holders in ``partial`` incomplete: the restart of a whole cluster),
+``instructions`` the optimizer's instructions in wire form
 (:mod:`rubberband.optimizer`).
 
 **Routing.**  A write goes to every unsuspected holder overlapping its ranges.  A read
@@ -463,6 +464,11 @@ class RubberbandConfig(Membership):
             pending[v] = Pending(waiting, receivers & self._storage)
         # A process leaving the ring (contract, replace) is no longer incomplete.
         incomplete = frozenset(p for p in self.incomplete if p in keyspace)
+        op = h[H.OP]
+        if op[0] == "restore" and len(op) == 3:
+            # Holders that were still receiving when the cluster died: their data is
+            # partial, so reads avoid them until a super repairs them.
+            incomplete |= frozenset(p for p in op[2] if p in keyspace)
         return self._with(keyspace=keyspace, version=v, pending=pending, incomplete=incomplete)
 
     def _keyspace_plan(
@@ -502,7 +508,7 @@ class RubberbandConfig(Membership):
                     return None
                 new = ks.rebalance(name, _tuple(op[2]))
                 moved = frozenset((name,))
-            elif op[0] == "restore" and len(op) == 2 and not instructions:
+            elif op[0] == "restore" and len(op) in (2, 3) and not instructions:
                 # Only into an empty ring, and only holders that are back: each brings
                 # its ranges with it, so none is involved and nothing is pending.
                 if self.version != 0 or ks.processes or type(name) is not tuple:

@@ -460,7 +460,7 @@ class SuperHost(_Host):
         self.changed = asyncio.Event()
         self.keyspace_file: str | None = None
         """Where the keyspace is recorded at every change (None: nowhere)."""
-        self._recorded: int | None = None
+        self._recorded: Any = None
         self._requests: dict[int, asyncio.Future[Reconfigured]] = {}
         self._next_request = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -577,11 +577,11 @@ class SuperHost(_Host):
             self.changed = asyncio.Event()
 
     def _record(self) -> None:
-        """Write the keyspace down (``keyspace_file``) when its version changed: what a
+        """Write the keyspace down (``keyspace_file``) when it changed: what a
         restart of the whole cluster restores.  Atomic (a new file renamed over the
         old, synced), so a crash leaves the old record or the new, never half."""
         record = self.core.record()
-        if self.keyspace_file is None or record is None or record[2] == self._recorded:
+        if self.keyspace_file is None or record is None or record == self._recorded:
             return
         path = Path(self.keyspace_file)
         tmp = path.with_suffix(".tmp")
@@ -590,7 +590,7 @@ class SuperHost(_Host):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        self._recorded = record[2]
+        self._recorded = record
 
     def _on_acks(self, acks: list[Any]) -> None:
         now = self._now()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rubberband.keys import intersect, normalize
+from rubberband.keys import contains, intersect, normalize
 from rubberband.placement import Keyspace
 
 
@@ -49,8 +49,9 @@ def level(engines: dict[str, Any], keyspace: Keyspace) -> dict[str, int]:
     for name, e in engines.items():
         owned = keyspace.partition(name)
         count = 0
+        mine = _Mine(owned, e.placement)
         for t in sorted(t for t in wholes.keys() | keys.keys() if t > positions[name]):
-            batch = _message(t, wholes.get(t), keys.get(t, {}), owned)
+            batch = _message(t, wholes.get(t), keys.get(t, {}), mine)
             if batch:
                 e.apply(batch)
                 count += 1
@@ -60,16 +61,29 @@ def level(engines: dict[str, Any], keyspace: Keyspace) -> dict[str, int]:
     return applied
 
 
-def _message(t: int, whole: Any, keys: dict[Any, tuple[str, Any]], owned: Any) -> list[Any]:
-    """The engine batch of message ``t`` for a replica that holds ``owned``."""
+class _Mine:
+    """A replica's ranges, and whether a key lies in them."""
+
+    def __init__(self, owned: Any, placement: Any) -> None:
+        self.owned = owned
+        self.placement = placement
+
+    def has(self, key: Any) -> bool:
+        return contains(self.owned, self.placement.ekey(key))
+
+
+def _message(t: int, whole: Any, keys: dict[Any, tuple[str, Any]], mine: _Mine) -> list[Any]:
+    """The engine batch of message ``t`` for the replica ``mine`` (empty: nothing of
+    the message is the replica's)."""
     if whole is not None:
         out = []
         for op, ranges in whole:
-            part = intersect(normalize(tuple(tuple(r) for r in ranges)), owned)
+            part = intersect(normalize(tuple(tuple(r) for r in ranges)), mine.owned)
             if part:
                 out.append((op, part, t))
         return out
     return [
-        (("put", ((k, v),)) if kind == "put" else ("delete", (k,)), owned, t)
+        (("put", ((k, v),)) if kind == "put" else ("delete", (k,)), mine.owned, t)
         for k, (kind, v) in keys.items()
+        if mine.has(k)
     ]

@@ -142,12 +142,17 @@ class SuperCore:
 
     # ------------------------------------------------------------------ restart
     def record(self) -> Any:
-        """What a restart needs of the keyspace: ``(f, partitioning, version, ring)``
-        (None before our join).  The host writes it down at every change."""
+        """What a restart needs of the keyspace: ``(f, partitioning, version, ring,
+        partial)``, ``partial`` the holders whose data may lack ranges (receivers of
+        unfinished reconfigurations, incomplete processes); None before our join.  The
+        host writes it down at every change."""
         c = self.config
         if c is None:
             return None
-        return (c.f, c.partitioning, c.version, tuple(c.keyspace.ring()))
+        partial = set(c.incomplete)
+        for p in c.pending.values():
+            partial |= p.receivers
+        return (c.f, c.partitioning, c.version, tuple(c.keyspace.ring()), tuple(sorted(partial)))
 
     def _restore(self, now: float, fx: Effects) -> None:
         """Put the recorded ring back into this new group: by the coordinator, into an
@@ -159,7 +164,7 @@ class SuperCore:
         if c.version != 0 or c.keyspace.processes:
             self.restore, self.restore_waits_for = None, []  # restored, or moved on
             return
-        f, partitioning, _version, ring = r
+        f, partitioning, _version, ring, partial = r
         if (f, partitioning) != (c.f, c.partitioning):
             self.restore_waits_for = [f"a group of replication {f}, {partitioning} partitioning"]
             return
@@ -169,7 +174,7 @@ class SuperCore:
         if now - self._restore_asked < RESTORE_AGAIN:
             return
         self._restore_asked = now
-        header = keyspace_header(0, ("restore", tuple((e, p) for e, p in ring)), ())
+        header = keyspace_header(0, ("restore", tuple((e, p) for e, p in ring), partial), ())
         fx.deliver.append(Submit(header, None, ("restore",)))
         fx.wake(now + RESTORE_AGAIN)
 

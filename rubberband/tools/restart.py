@@ -55,7 +55,7 @@ def level_holders(d: Path, record: Any, numbers: list[int]) -> None:
             f"rubberband cluster up: the data of storage {missing} is gone; a restart "
             "needs every holder's disk (start a new cluster in another --state-dir)"
         )
-    f, partitioning, _version, ring = record
+    f, partitioning, _version, ring, _partial = record
     engines = {}
     try:
         for n in numbers:

@@ -132,3 +132,47 @@ def test_a_cluster_cut_under_load_restarts_level_with_every_acknowledged_write(
         asyncio.run(check())
     finally:
         cli("cluster", "down", "--state-dir", str(d))
+
+
+def test_a_cluster_cut_in_the_middle_of_a_migration_restarts_with_its_data(
+    tmp_path: Path,
+) -> None:
+    """Every process SIGKILLed while a new holder receives its ranges: after the restart
+    that holder is back incomplete (its copy never finished), reads avoid it, and every
+    acknowledged write reads back at every level."""
+    d = tmp_path / "rb"
+    up = cli(*UP, "--state-dir", str(d))
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert cli("cluster", "add", "--storage", "1", "--state-dir", str(d)).returncode == 0
+        model: dict[int, str] = {}
+
+        async def fill_then_cut() -> None:
+            rb = await connect(d, "client:fill")
+            for i in range(0, 60_000, 2_000):
+                batch = {k: "x" * 200 + str(k) for k in range(i, i + 2_000)}
+                await rb.put_many(batch)
+                model.update(batch)
+            await rb.close()
+            loop = asyncio.get_running_loop()
+            expand = loop.run_in_executor(
+                None, cli, "admin", "--state-dir", str(d), "expand", "storage:5", "30000"
+            )
+            await asyncio.sleep(0.4)  # the copy to storage:5 under way
+            power_cut(d)
+            await expand
+
+        asyncio.run(fill_then_cut())
+        again = cli(*UP, "--state-dir", str(d))
+        assert again.returncode == 0, again.stdout + again.stderr
+
+        async def check() -> None:
+            rb = await connect(d, "client:after")
+            for level in ("sequential", "sequential", "sequential", "snapshot", "basic"):
+                got = dict(await rb.scan(None, None, isolation=level))
+                assert got == model, (level, len(got), len(model))
+            await rb.close()
+
+        asyncio.run(check())
+    finally:
+        cli("cluster", "down", "--state-dir", str(d))
