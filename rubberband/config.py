@@ -509,14 +509,9 @@ class RubberbandConfig(Membership):
                 new = ks.rebalance(name, _tuple(op[2]))
                 moved = frozenset((name,))
             elif op[0] == "restore" and len(op) in (2, 3) and not instructions:
-                # Only into an empty ring, and only holders that are back: each brings
-                # its ranges with it, so none is involved and nothing is pending.
-                if self.version != 0 or ks.processes or type(name) is not tuple:
+                new, moved = _restored(self, op), _NONE
+                if new is None:
                     return None
-                new = Keyspace(ks.f, ((_tuple(e), str(p)) for e, p in name))
-                if not new.processes or any(p not in storage for p in new.processes):
-                    return None
-                moved = _NONE
             else:
                 return None
         except (BadKeyspace, TypeError, IndexError):
@@ -617,6 +612,18 @@ class RubberbandConfig(Membership):
             f"RubberbandConfig(v{self.version}, f={self.f}, ring={list(self.keyspace.processes)}, "
             f"standby={sorted(self.standby())}, supers={sorted(self._supers)})"
         )
+
+
+def _restored(c: RubberbandConfig, op: Any) -> Keyspace | None:
+    """A restore's ring: only into an empty ring, and only with every holder back (each
+    brings its ranges with it, so none is involved and nothing is pending)."""
+    ks = c.keyspace
+    if c.version != 0 or ks.processes or type(op[1]) is not tuple:
+        return None
+    new = Keyspace(ks.f, ((_tuple(e), str(p)) for e, p in op[1]))
+    if not new.processes or any(p not in c.storage() for p in new.processes):
+        return None
+    return new
 
 
 def _names(value: Any) -> tuple[NodeId, ...] | None:
