@@ -47,7 +47,7 @@ def level_holders(d: Path, record: Any, numbers: list[int]) -> None:
     from rubberband.engine import Placement
     from rubberband.placement import Keyspace
     from rubberband.restart import level
-    from rubberband.tools.daemons import make_engine
+    from rubberband.tools.daemons import UsageError, make_engine
 
     missing = [n for n in numbers if not any((d / "data" / f"storage{n}").glob("log-*.seg"))]
     if missing:
@@ -59,10 +59,16 @@ def level_holders(d: Path, record: Any, numbers: list[int]) -> None:
     engines = {}
     try:
         for n in numbers:
-            e = make_engine("log", [f"path={d / 'data' / f'storage{n}'}"])
+            try:
+                e = make_engine("log", [f"path={d / 'data' / f'storage{n}'}"])
+            except UsageError as err:
+                raise SystemExit(f"rubberband cluster up: storage:{n}: {err}") from None
             engines[f"storage:{n}"] = e
             e.placement = Placement(partitioning)
-        applied = level(engines, Keyspace(f, ring))
+        try:
+            applied = level(engines, Keyspace(f, ring))
+        except OSError as err:  # a damaged log (found reading every record)
+            raise SystemExit(f"rubberband cluster up: {err}") from None
     finally:
         for e in engines.values():
             e.close()

@@ -187,16 +187,22 @@ class LogEngine(MemoryEngine):
         """``(t, kind, body)`` of every record of the current epoch at a position after
         ``after``, in log order: ``"put"`` ``(key, value)``, ``"delete"`` ``key`` and
         ``"whole"`` ``((op, ranges), ...)`` (what :func:`rubberband.restart.level`
-        reads)."""
+        reads).  Reads the whole log, checksums and all: :class:`CorruptLog` on damage
+        anywhere, even behind the checkpoint a restart opened from."""
         self._log.commit(force=True)
         out: list[tuple[int, int, Any]] = []
         for n in self._log.segments():
-            for rec in records.iter_records(self._log.read_all(n)):
+            data = self._log.read_all(n)
+            end = 0
+            for rec in records.iter_records(data):
                 t, kind = rec.body[0], rec.body[1]
                 if kind == EPOCH:
                     out = []
                 elif t > after and kind in _TAIL:
                     out.append((t, _TAIL[kind], rec.body[2] if kind != PUT else rec.body[2:4]))
+                end = rec.offset + rec.size
+            if end < len(data):  # every record is read: damage anywhere is found here
+                raise CorruptLog(f"{self._log.file(n)}: damaged record at offset {end}")
         return out
 
     def new_epoch(self) -> None:
@@ -405,7 +411,7 @@ class LogEngine(MemoryEngine):
                 n != segments[-1] or plausible_record_after(data, pos + 1) is not None
             ):
                 raise CorruptLog(
-                    f"{self._log.file(n).name}: damaged record at offset {pos} with intact "
+                    f"{self._log.file(n)}: damaged record at offset {pos} with intact "
                     "data after it (acknowledged writes are lost here: rebuild this replica "
                     "from the others)"
                 )

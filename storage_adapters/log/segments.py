@@ -35,8 +35,9 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-class CorruptLog(Exception):
-    """Acknowledged data on disk is damaged: this replica must be rebuilt from others."""
+class CorruptLog(OSError):
+    """Acknowledged data on disk is damaged: this replica must be rebuilt from others
+    (an ``OSError``: the disk failed this replica, as an I/O error would)."""
 
 
 class Log:
@@ -151,7 +152,7 @@ class Log:
         try:
             return unpack(data)
         except Damaged as e:
-            raise CorruptLog(f"{self.file(n).name} at offset {off}: {e}") from None
+            raise CorruptLog(f"{self.file(n)} at offset {off}: {e}") from None
 
     def read_all(self, n: int) -> bytes:
         self.flush()

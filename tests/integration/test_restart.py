@@ -176,3 +176,45 @@ def test_a_cluster_cut_in_the_middle_of_a_migration_restarts_with_its_data(
         asyncio.run(check())
     finally:
         cli("cluster", "down", "--state-dir", str(d))
+
+
+def test_a_restart_cuts_a_torn_tail_and_refuses_a_damaged_log(tmp_path: Path) -> None:
+    """After the power cut, one holder's last write is torn (its log truncated in the
+    middle of a record): the restart cuts it and levels that holder from the others.
+    Then a flipped byte in the middle of a log: the restart refuses, naming the file."""
+    d = tmp_path / "rb"
+    up = cli(*UP, "--state-dir", str(d))
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+
+        async def write(name: str, keys: range) -> None:
+            rb = await connect(d, name)
+            for i in keys:
+                await rb.put(i, f"v{i}")
+            await rb.close()
+
+        asyncio.run(write("client:a", range(200)))
+        power_cut(d)
+        seg = sorted((d / "data" / "storage1").glob("log-*.seg"))[-1]
+        os.truncate(seg, seg.stat().st_size - 20)  # the last batch, cut short
+        again = cli(*UP, "--state-dir", str(d))
+        assert again.returncode == 0, again.stdout + again.stderr
+
+        async def check() -> None:
+            rb = await connect(d, "client:b")
+            for level in ("sequential", "sequential", "sequential", "basic"):
+                got = dict(await rb.scan(None, None, isolation=level))
+                assert got == {i: f"v{i}" for i in range(200)}, level
+            await rb.close()
+
+        asyncio.run(check())
+        power_cut(d)
+        seg = sorted((d / "data" / "storage2").glob("log-*.seg"))[0]
+        data = bytearray(seg.read_bytes())
+        data[len(data) // 3] ^= 0x10
+        seg.write_bytes(bytes(data))
+        refused = cli(*UP, "--state-dir", str(d))
+        assert refused.returncode != 0
+        assert "storage2/log-" in refused.stderr and "damaged record" in refused.stderr, refused
+    finally:
+        cli("cluster", "down", "--state-dir", str(d))
