@@ -50,7 +50,10 @@ from jepsen_like.net import Net
 
 LocalCluster = local.LocalCluster
 
-KINDS = ("kill", "pause", "pause-app", "partition", "stall", "slow", "loss", "reconfigure")
+KINDS = (
+    "kill", "pause", "pause-app", "partition", "stall", "slow", "loss", "reconfigure",
+    "power-cut",
+)  # fmt: skip
 NET_KINDS = frozenset({"partition", "stall", "slow", "loss"})
 """Faults that need network namespaces."""
 

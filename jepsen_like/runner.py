@@ -61,7 +61,7 @@ def run(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--engine",
-        choices=["memory", "scan-kv", "memcached"],
+        choices=["memory", "scan-kv", "memcached", "log"],
         default="memory",
         help="the storage engine of the Rubberband workloads (bank keeps integers, which"
         " every engine stores; list-append keeps lists)",
@@ -112,6 +112,13 @@ def run(argv: list[str] | None = None) -> int:
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         print(f"jepsen_like run: unknown faults {unknown}; known: {', '.join(KINDS)}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if "power-cut" in kinds and (a.workload == "multicast" or a.engine != "log"):
+        # E-Cast keeps nothing on disk; Rubberband survives losing every process only
+        # on the durable engine.
+        print("jepsen_like run: power-cut is a Rubberband fault on --engine log (every "
+              "process SIGKILLed, then the cluster restarted from its disks)",
               file=sys.stderr)  # fmt: skip
         return 2
     if a.workload != "multicast" and "pause-app" in kinds:
@@ -332,6 +339,9 @@ def _rubberband(
         for kind, examples in result.to_json()["anomalies"].items()
         for example in examples
     ]
+    for f in got["faults"]:
+        if f["kind"] == "power-cut" and f.get("error"):
+            violations.append(f"a whole-cluster restart failed: {f['error']}")
     if got["resumed_alive"]:
         violations.append(
             f"voted-out or expelled processes kept running after they resumed: "
