@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import rubberband.sdk as rbsdk
+from ecast import local
 from rubberband import BadOperation
 from rubberband.client import Rejected
 from tests.integration.test_rubberband import cli, kill_and_replace, state, status
@@ -353,6 +354,8 @@ def test_an_acknowledged_write_is_on_disk_at_every_replica_when_every_holder_die
             pids = json.loads((d / "processes.json").read_text())
             for n in range(1, 5):  # every holder at once, writes in flight
                 os.kill(pids[f"storage{n}"]["pid"], signal.SIGKILL)
+            while any(local.running(pids[f"storage{n}"]["pid"]) for n in range(1, 5)):
+                await asyncio.sleep(0.02)  # gone, and their logs' locks with them
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

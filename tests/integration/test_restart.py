@@ -11,12 +11,14 @@ import json
 import os
 import random
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import rubberband.sdk as rbsdk
+from ecast import local
 from tests.integration.test_rubberband import cli, state, status
 
 UP = ("cluster", "up", "--routers", "3", "--supers", "1", "--storage", "4", "--engine", "log",
@@ -24,10 +26,13 @@ UP = ("cluster", "up", "--routers", "3", "--supers", "1", "--storage", "4", "--e
 
 
 def power_cut(d: Path) -> None:
-    """SIGKILL every process of the cluster at once."""
-    for entry in json.loads((d / "processes.json").read_text()).values():
+    """SIGKILL every process of the cluster at once, and wait until they are gone."""
+    pids = [e["pid"] for e in json.loads((d / "processes.json").read_text()).values()]
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(entry["pid"], signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
+    while any(local.running(pid) for pid in pids):
+        time.sleep(0.02)
 
 
 @pytest.fixture
