@@ -464,12 +464,10 @@ class RubberbandConfig(Membership):
             pending[v] = Pending(waiting, receivers & self._storage)
         # A process leaving the ring (contract, replace) is no longer incomplete.
         incomplete = frozenset(p for p in self.incomplete if p in keyspace)
-        op = h[H.OP]
-        if op[0] == "restore" and len(op) == 3:
-            # Holders that were still receiving when the cluster died: their data is
-            # partial, so reads avoid them until a super repairs them.
-            incomplete |= frozenset(p for p in op[2] if p in keyspace)
-        return self._with(keyspace=keyspace, version=v, pending=pending, incomplete=incomplete)
+        incomplete, retired = _after_restore(h[H.OP], keyspace, incomplete, self._retired)
+        return self._with(
+            keyspace=keyspace, version=v, pending=pending, incomplete=incomplete, retired=retired
+        )
 
     def _keyspace_plan(
         self, h: dict[str, Any]
@@ -508,7 +506,7 @@ class RubberbandConfig(Membership):
                     return None
                 new = ks.rebalance(name, _tuple(op[2]))
                 moved = frozenset((name,))
-            elif op[0] == "restore" and len(op) in (2, 3) and not instructions:
+            elif op[0] == "restore" and len(op) in (2, 3, 4) and not instructions:
                 new, moved = _restored(self, op), _NONE
                 if new is None:
                     return None
@@ -614,15 +612,31 @@ class RubberbandConfig(Membership):
         )
 
 
+def _after_restore(
+    op: Any, keyspace: Keyspace, incomplete: frozenset[NodeId], retired: frozenset[NodeId]
+) -> tuple[frozenset[NodeId], frozenset[NodeId]]:
+    """After a restore: holders that were still receiving when the cluster died are
+    incomplete (reads avoid them until a super repairs them); holders whose disk is gone
+    are retired names (none may join and be trusted with ranges it does not hold) and
+    stay off until a super replaces them."""
+    if op[0] != "restore" or len(op) < 3:
+        return incomplete, retired
+    incomplete |= frozenset(p for p in op[2] if p in keyspace)
+    return incomplete, retired | (frozenset(op[3]) if len(op) == 4 else _NONE)
+
+
 def _restored(c: RubberbandConfig, op: Any) -> Keyspace | None:
     """A restore's ring: only into an empty ring, and only with every holder back (each
     brings its ranges with it, so none is involved and nothing is pending)."""
     ks = c.keyspace
     if c.version != 0 or ks.processes or type(op[1]) is not tuple:
         return None
+    lost = op[3] if len(op) == 4 and type(op[3]) is tuple else ()
     new = Keyspace(ks.f, ((_tuple(e), str(p)) for e, p in op[1]))
-    if not new.processes or any(p not in c.storage() for p in new.processes):
+    if not new.processes or any(p not in c.storage() and p not in lost for p in new.processes):
         return None
+    if any(p in c.storage() for p in lost):
+        return None  # a holder said lost is back: the record is not this cluster's
     return new
 
 

@@ -164,17 +164,19 @@ class SuperCore:
         if c.version != 0 or c.keyspace.processes:
             self.restore, self.restore_waits_for = None, []  # restored, or moved on
             return
-        f, partitioning, _version, ring, partial = r
+        f, partitioning, _version, ring, partial, *rest = r
+        lost = tuple(rest[0]) if rest else ()
         if (f, partitioning) != (c.f, c.partitioning):
             self.restore_waits_for = [f"a group of replication {f}, {partitioning} partitioning"]
             return
-        self.restore_waits_for = sorted({p for _, p in ring} - c.storage())
+        self.restore_waits_for = sorted({p for _, p in ring} - c.storage() - set(lost))
         if self.restore_waits_for or c.coordinator() != self.me:
             return
         if now - self._restore_asked < RESTORE_AGAIN:
             return
         self._restore_asked = now
-        header = keyspace_header(0, ("restore", tuple((e, p) for e, p in ring), partial), ())
+        op = ("restore", tuple((e, p) for e, p in ring), partial, lost)
+        header = keyspace_header(0, op, ())
         fx.deliver.append(Submit(header, None, ("restore",)))
         fx.wake(now + RESTORE_AGAIN)
 

@@ -141,11 +141,16 @@ def up(args: argparse.Namespace) -> int:
     ecast.write_private(token_file, token + "\n")
     common = ["--routers", addresses, "--state-dir", str(d)]
     numbers = range(1, args.storage + 1)
+    standby: list[int] = []
     if record is not None:  # a restart: the recorded holders, with their data
         numbers = restart_numbers(record)
-        level_holders(d, record, numbers)
+        lost = level_holders(d, record, numbers)
+        record = (*record[:5], tuple(f"storage:{n}" for n in lost))
         for i in range(1, args.supers + 1):
             (d / KEYSPACE_FILE.format(i)).write_bytes(msgpack.packb(record))
+        numbers = [n for n in numbers if n not in lost]
+        spare = max([*numbers, *lost, *_numbers_used(d)]) + 1
+        standby = list(range(spare, spare + len(lost)))  # to take the lost holders' place
     supers: dict[str, str] = {}
     for i in range(1, args.supers + 1):
         name, address = start_super(state, i, common, args.auto_repair, args.timeout)
@@ -154,6 +159,10 @@ def up(args: argparse.Namespace) -> int:
         state, [*common, *storage_args, *(["--keep-data"] if record else [])], args.engine,
         numbers, args.timeout,
     )  # fmt: skip
+    if standby:
+        storage |= _start_storage(
+            state, [*common, *storage_args], args.engine, standby, args.timeout
+        )
     ecast.write_private(
         d / "cluster.json",
         json.dumps(
@@ -176,6 +185,12 @@ def up(args: argparse.Namespace) -> int:
     if record is not None:
         return restored(record, t0, args.timeout, lambda: admin_request(str(d), "/status"))
     return _expand_all(d, args, addresses, t0)
+
+
+def _numbers_used(d: Path) -> list[int]:
+    """The numbers N of every ``storageN`` this directory has seen (names once used are
+    not used again for a new process: its data directory may still be there)."""
+    return [int(p.name[7:]) for p in (d / "data").glob("storage*") if p.name[7:].isdigit()]
 
 
 def _expand_all(d: Path, args: argparse.Namespace, addresses: str, t0: float) -> int:

@@ -546,12 +546,13 @@ def read_keyspace_record(path: str | None) -> Any:
     if path is None or not Path(path).exists():
         return None
     try:
-        f, partitioning, version, ring, partial = msgpack.unpackb(
+        f, partitioning, version, ring, partial, *lost = msgpack.unpackb(
             Path(path).read_bytes(), use_list=False
         )
         ring = tuple((tuple(e), str(p)) for e, p in ring)
         partial = tuple(str(p) for p in partial)
-        return (int(f), str(partitioning), int(version), ring, partial) if ring else None
+        gone = tuple(str(p) for p in lost[0]) if lost else ()
+        return (int(f), str(partitioning), int(version), ring, partial, gone) if ring else None
     except (ValueError, TypeError, msgpack.UnpackException) as e:
         raise UsageError(f"--keyspace-file {path}: not a keyspace record ({e})") from None
 

@@ -41,24 +41,34 @@ def restart_numbers(record: Any) -> list[int]:
     return sorted(int(p[8:]) for p in names)
 
 
-def level_holders(d: Path, record: Any, numbers: list[int]) -> None:
+def level_holders(d: Path, record: Any, numbers: list[int]) -> list[int]:
     """Bring the holders' engines level with each other before they start
-    (:func:`rubberband.restart.level`): a write that reached any replica reaches all."""
+    (:func:`rubberband.restart.level`): a write that reached any replica reaches all.
+    Returns the holders whose disk is gone (their ranges are on the others; a super
+    repairs them onto a standby); refuses when every copy of some range is gone."""
     from rubberband.engine import Placement
+    from rubberband.keys import EVERYTHING, covers, union
     from rubberband.placement import Keyspace
     from rubberband.restart import level
     from rubberband.tools.daemons import UsageError, make_engine
 
-    missing = [n for n in numbers if not any((d / "data" / f"storage{n}").glob("log-*.seg"))]
-    if missing:
+    f, partitioning, _version, ring, *_ = record
+    keyspace = Keyspace(f, ring)
+    lost = [n for n in numbers if not any((d / "data" / f"storage{n}").glob("log-*.seg"))]
+    held = [keyspace.partition(f"storage:{n}") for n in numbers if n not in lost]
+    kept = held[0] if held else ()
+    for part in held[1:]:
+        kept = union(kept, part)
+    if not covers(kept, EVERYTHING):
         raise SystemExit(
-            f"rubberband cluster up: the data of storage {missing} is gone; a restart "
-            "needs every holder's disk (start a new cluster in another --state-dir)"
+            f"rubberband cluster up: the data of storage {lost} is gone, and with it every "
+            "copy of some range: the cluster cannot restart from its disks"
         )
-    f, partitioning, _version, ring, _partial = record
     engines = {}
     try:
         for n in numbers:
+            if n in lost:
+                continue
             try:
                 e = make_engine("log", [f"path={d / 'data' / f'storage{n}'}"])
             except UsageError as err:
@@ -66,13 +76,17 @@ def level_holders(d: Path, record: Any, numbers: list[int]) -> None:
             engines[f"storage:{n}"] = e
             e.placement = Placement(partitioning)
         try:
-            applied = level(engines, Keyspace(f, ring))
+            applied = level(engines, keyspace)
         except OSError as err:  # a damaged log (found reading every record)
             raise SystemExit(f"rubberband cluster up: {err}") from None
     finally:
         for e in engines.values():
             e.close()
     print(f"holders brought level (messages applied: {applied})")
+    if lost:
+        print(f"the disks of storage {lost} are gone: their ranges restart on the other "
+              "holders, and a standby takes their place once a super repairs them")  # fmt: skip
+    return lost
 
 
 def restored(

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -218,3 +219,43 @@ def test_a_restart_cuts_a_torn_tail_and_refuses_a_damaged_log(cluster: Path) -> 
     refused = cli(*UP, "--state-dir", str(d))
     assert refused.returncode != 0
     assert "storage2/log-" in refused.stderr and "damaged record" in refused.stderr, refused
+
+
+def test_a_restart_with_a_holders_disk_gone_restarts_without_it(cluster: Path) -> None:
+    """After the power cut, one holder's data directory is gone: the cluster restarts on
+    the other holders (every range still has two copies), that holder stays off the
+    ring's reads and writes, a standby is started, and replacing the lost holder with it
+    copies its ranges from the others."""
+    d = cluster
+    model = {k: f"v{k}" for k in range(0, 30_000, 3)}
+
+    async def write() -> None:
+        rb = await connect(d, "client:before")
+        items = list(model.items())
+        for i in range(0, len(items), 2_000):
+            await rb.put_many(dict(items[i : i + 2_000]))
+        await rb.close()
+
+    asyncio.run(write())
+    power_cut(d)
+    shutil.rmtree(d / "data" / "storage2")
+    again = cli(*UP, "--state-dir", str(d))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "storage [2] are gone" in again.stdout, again.stdout
+    st = status(d)
+    assert "storage:5" in st["standby"], st
+
+    async def check(name: str) -> None:
+        rb = await connect(d, name)
+        for level in ("sequential", "sequential", "sequential", "snapshot", "basic"):
+            got = dict(await rb.scan(None, None, isolation=level))
+            assert got == model, (level, len(got), len(model))
+        await rb.put(1, "after")
+        model[1] = "after"
+        await rb.close()
+
+    asyncio.run(check("client:after"))
+    out = cli("admin", "--state-dir", str(d), "replace", "storage:2", "storage:5")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "storage:5" in [r["name"] for r in status(d)["ring"]]
+    asyncio.run(check("client:replaced"))

@@ -60,6 +60,14 @@ def test_the_config_takes_a_recorded_ring_only_into_an_empty_one_with_its_holder
     partial = (*record[:4], ("storage:1",))
     c, _ = step(fresh, "super:a", restore_header(partial))
     assert c.version == 1 and c.incomplete == {"storage:1"}
+    # A holder whose disk is gone: restored without it, its name retired (no process
+    # under it may join and be trusted with ranges it does not hold).
+    lost = keyspace_header(0, ("restore", record[3], (), ("storage:3",)), ())
+    c, _ = step(missing, "super:a", lost)
+    assert c.version == 1 and "storage:3" in c.excluded() and "storage:3" in c.retired()
+    c, _ = step(c, "storage:3", {"kind": "join"})
+    assert "storage:3" not in c.storage()
+    assert step(fresh, "super:a", lost)[0].version == 0  # said lost, but it is back
 
 
 def test_the_coordinator_asks_once_every_holder_is_back_and_stops_once_restored() -> None:
