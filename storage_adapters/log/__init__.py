@@ -183,14 +183,14 @@ class LogEngine(MemoryEngine):
         if t >= 0:
             self._log.append((t, WHOLE, [list(w) for w in writes]))
 
-    def tail(self, after: int) -> list[tuple[int, int, Any]]:
+    def tail(self, after: int) -> list[tuple[int, str, Any]]:
         """``(t, kind, body)`` of every record of the current epoch at a position after
         ``after``, in log order: ``"put"`` ``(key, value)``, ``"delete"`` ``key`` and
         ``"whole"`` ``((op, ranges), ...)`` (what :func:`rubberband.restart.level`
         reads).  Reads the whole log, checksums and all: :class:`CorruptLog` on damage
         anywhere, even behind the checkpoint a restart opened from."""
         self._log.commit(force=True)
-        out: list[tuple[int, int, Any]] = []
+        out: list[tuple[int, str, Any]] = []
         for n in self._log.segments():
             data = self._log.read_all(n)
             end = 0
@@ -433,26 +433,19 @@ class LogEngine(MemoryEngine):
         return cut
 
     def _redo_one(self, n: int, rec: records.Record) -> None:
-        index, live, sizes = self._data, self._data.live, self._data.live_bytes
+        """One committed record into the index, as its write put it there (no cursor is
+        open while recovering, so no older version is kept)."""
+        index = self._data
         t, kind = rec.body[0], rec.body[1]
         index.t = 0 if kind == EPOCH else max(index.t, t)
         index.lsn += 1
         if kind == PUT:
-            slot = self._slot(rec.body[2])
-            prev = live.get(slot)
-            if prev is not None:
-                sizes[prev[2]] -= prev[4]
-            live[slot] = [rec.body[2], index.lsn, n, rec.offset, rec.size]
-            sizes[n] = sizes.get(n, 0) + rec.size
+            key = rec.body[2]
+            index.supersede(self._slot(key), [key, index.lsn, n, rec.offset, rec.size])
         elif kind == DELETE:
-            prev = live.pop(self._slot(rec.body[2]), None)
-            if prev is not None:
-                sizes[prev[2]] -= prev[4]
+            index.supersede(self._slot(rec.body[2]), None)
         elif kind == DROP:
-            for lo, hi in rec.body[2]:
-                for slot in list(live.irange(tuple(lo), tuple(hi), inclusive=(True, False))):
-                    prev = live.pop(slot)
-                    sizes[prev[2]] -= prev[4]
+            index.forget([(tuple(lo), tuple(hi)) for lo, hi in rec.body[2]])
 
 
 class _Cursor:

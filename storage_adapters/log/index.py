@@ -79,7 +79,7 @@ class LogIndex:
         ptr = self.log.append((self.t, PUT, key, value))
         self._cache_put(ptr, value)
         self.lsn += 1
-        self._supersede(slot, [key, self.lsn, *ptr])
+        self.supersede(slot, [key, self.lsn, *ptr])
 
     def update(self, items: dict[Any, tuple[Any, Any]]) -> None:
         for slot, item in items.items():
@@ -91,7 +91,7 @@ class LogIndex:
             return default
         self.log.append((self.t, DELETE, e[0]))
         self.lsn += 1
-        self._supersede(slot, None)
+        self.supersede(slot, None)
         return e
 
     def __delitem__(self, slot: Any) -> None:
@@ -112,14 +112,19 @@ class LogIndex:
     # ---------------------------------------------------------------- versions
     def drop(self, ranges: Any) -> int:
         """Remove every key in ``ranges`` (flat) with one record; how many were there."""
-        gone = [s for lo, hi in ranges for s in self.live.irange(lo, hi, inclusive=(True, False))]
         self.log.append((self.t, DROP, [list(r) for r in ranges]))
         self.lsn += 1
+        return self.forget(ranges)
+
+    def forget(self, ranges: Any) -> int:
+        """Every key in ``ranges`` (flat) absent from now on (no record: a drop's, or
+        its redo); how many were there."""
+        gone = [s for lo, hi in ranges for s in self.live.irange(lo, hi, inclusive=(True, False))]
         for slot in gone:
-            self._supersede(slot, None)
+            self.supersede(slot, None)
         return len(gone)
 
-    def _supersede(self, slot: Any, entry: list[Any] | None) -> None:
+    def supersede(self, slot: Any, entry: list[Any] | None) -> None:
         """``slot``'s newest version becomes ``entry`` (None: absent); the version it
         replaces is kept while a cursor may read it."""
         prev = self.live.get(slot)
