@@ -13,8 +13,9 @@ each one's engine is brought level with the others (uniform agreement, finished 
   of the message (``whole``);
 * each replica then applies, in position order, every message after its own position
   that touches its ranges: the whole message where some replica logged it whole, else
-  the keys some replica wrote for it (a message that never reached beyond one
-  replica's ranges was all written by whichever replica applied it).
+  the keys some replica wrote for it and the table writes it logged (``"writes"``, each
+  with its ranges: a message that never reached beyond one replica's ranges was all
+  written by whichever replica applied it, whole).
 
 So a message that reached any replica reaches all of its destinations, whole; one that
 reached none is nowhere.  Each engine then starts a new epoch: the new E-Cast group
@@ -37,10 +38,13 @@ def level(engines: dict[str, Any], keyspace: Keyspace) -> dict[str, int]:
     low = min(positions.values(), default=0)
     wholes: dict[int, Any] = {}
     keys: dict[int, dict[Any, tuple[str, Any]]] = {}
+    writes: dict[int, Any] = {}  # the table writes (with ranges) a replica logged
     for e in engines.values():
         for t, kind, body in e.tail(low):
             if kind == "whole":
                 wholes.setdefault(t, body)
+            elif kind == "writes":
+                writes.setdefault(t, body)
             elif kind == "put":
                 keys.setdefault(t, {})[body[0]] = ("put", body[1])
             else:
@@ -50,8 +54,9 @@ def level(engines: dict[str, Any], keyspace: Keyspace) -> dict[str, int]:
         owned = keyspace.partition(name)
         count = 0
         mine = _Mine(owned, e.placement)
-        for t in sorted(t for t in wholes.keys() | keys.keys() if t > positions[name]):
-            batch = _message(t, wholes.get(t), keys.get(t, {}), mine)
+        known = wholes.keys() | keys.keys() | writes.keys()
+        for t in sorted(t for t in known if t > positions[name]):
+            batch = _message(t, wholes.get(t), writes.get(t, ()), keys.get(t, {}), mine)
             if batch:
                 e.apply(batch)
                 count += 1
@@ -72,18 +77,21 @@ class _Mine:
         return contains(self.owned, self.placement.ekey(key))
 
 
-def _message(t: int, whole: Any, keys: dict[Any, tuple[str, Any]], mine: _Mine) -> list[Any]:
+def _message(
+    t: int, whole: Any, writes: Any, keys: dict[Any, tuple[str, Any]], mine: _Mine
+) -> list[Any]:
     """The engine batch of message ``t`` for the replica ``mine`` (empty: nothing of
-    the message is the replica's)."""
-    if whole is not None:
-        out = []
-        for op, ranges in whole:
-            part = intersect(normalize(tuple(tuple(r) for r in ranges)), mine.owned)
-            if part:
-                out.append((op, part, t))
-        return out
-    return [
-        (("put", ((k, v),)) if kind == "put" else ("delete", (k,)), mine.owned, t)
-        for k, (kind, v) in keys.items()
-        if mine.has(k)
-    ]
+    the message is the replica's): its part of the whole message if some replica logged
+    it whole, else the table writes and the keys some replica wrote for it."""
+    out = []
+    for op, ranges in whole if whole is not None else writes:
+        part = intersect(normalize(tuple(tuple(r) for r in ranges)), mine.owned)
+        if part:
+            out.append((op, part, t))
+    if whole is None:
+        out += [
+            (("put", ((k, v),)) if kind == "put" else ("delete", (k,)), mine.owned, t)
+            for k, (kind, v) in keys.items()
+            if mine.has(k)
+        ]
+    return out

@@ -38,6 +38,7 @@ OPS = {
     "kv": "storage_adapters.memory:KVOps",
     "scan-kv": "storage_adapters.scan.kv:ScanKVOps",
     "scan-memory": "storage_adapters.scan.kv:ScanKVOps",
+    "scan-log": "storage_adapters.scan.kv:ScanKVOps",
 }
 
 

@@ -49,6 +49,7 @@ OPS = {
     "scan": "storage_adapters.scan:ScanOps",
     "scan-kv": "storage_adapters.scan.kv:ScanKVOps",
     "scan-memory": "storage_adapters.scan.kv:ScanKVOps",
+    "scan-log": "storage_adapters.scan.kv:ScanKVOps",
 }
 """The client operations of engines other than the key-value default, named by path."""
 KV_COMMANDS = ("get", "put", "append", "delete", "scan")
@@ -149,7 +150,7 @@ async def connect(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _check_engine(command: str, engine: str) -> None:
-    if command in TABLE_COMMANDS and engine not in ("scan", "scan-kv", "scan-memory"):
+    if command in TABLE_COMMANDS and engine not in ("scan", "scan-kv", "scan-memory", "scan-log"):
         raise Usage(f"{command} needs the scan engine; this cluster runs {engine!r}")
 
 
@@ -264,9 +265,8 @@ def parser(prog: str = "rubberband client") -> argparse.ArgumentParser:
     ap.add_argument("--state-dir", help="a rubberband cluster up directory")
     ap.add_argument("--routers", help="HOST:PORT[,HOST:PORT...]")
     ap.add_argument("--credentials", help="a client credential file (client:*)")
-    ap.add_argument(
-        "--engine", choices=["memory", "memcached", "scan", "scan-kv", "scan-memory", "null"]
-    )
+    engines = ["memory", "log", "memcached", "scan", "scan-kv", "scan-memory", "scan-log", "null"]
+    ap.add_argument("--engine", choices=engines)
     ap.add_argument("--isolation", default="sequential", choices=ISOLATION)
     ap.add_argument("--key", help="a table's key column")
     ap.add_argument("--where", action="append", default=[], help="'COLUMN OP VALUE'")

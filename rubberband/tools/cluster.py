@@ -40,6 +40,7 @@ import msgpack
 import ecast
 from ecast import local
 from ecast.core import mutations
+from rubberband.tools.daemons import DURABLE
 from rubberband.tools.restart import (
     KEYSPACE_FILE,
     level_holders,
@@ -110,12 +111,10 @@ def up(args: argparse.Namespace) -> int:
     d = Path(args.state_dir)
     ecast.private_dir(d)  # cluster.json holds the admin token and the client credential
     record = recorded_keyspace(d)
-    if record is not None and args.engine != "log":
-        print(
-            f"rubberband cluster up: {d} holds the ring of a cluster on the durable engine; "
-            "restart it with --engine log (or use another --state-dir)",
-            file=sys.stderr,
-        )
+    if record is not None and args.engine not in DURABLE:
+        print(f"rubberband cluster up: {d} holds the ring of a cluster on a durable engine; "
+              f"restart it with its --engine ({', '.join(DURABLE)}) or use another --state-dir",
+              file=sys.stderr)  # fmt: skip
         return 2
     planted_in_storage = storage_mutations() if args.mutation else {}
     cluster = local.LocalCluster(
@@ -132,6 +131,7 @@ def up(args: argparse.Namespace) -> int:
         ],
     )
     storage_args = [f"--mutation={m}" for m in args.mutation if m in planted_in_storage]
+    storage_args += [f"--engine-arg={pair}" for pair in args.engine_arg]
     state = cluster.state
     t0 = time.monotonic()
     routers = cluster.start_group(args.routers)
@@ -144,7 +144,7 @@ def up(args: argparse.Namespace) -> int:
     standby: list[int] = []
     if record is not None:  # a restart: the recorded holders, with their data
         numbers = restart_numbers(record)
-        lost = level_holders(d, record, numbers)
+        lost = level_holders(d, record, numbers, args.engine, args.engine_arg)
         record = (*record[:5], tuple(f"storage:{n}" for n in lost))
         for i in range(1, args.supers + 1):
             (d / KEYSPACE_FILE.format(i)).write_bytes(msgpack.packb(record))
@@ -274,7 +274,7 @@ def _start_storage(
             *common,
             *state.auth_args("application", f"storage:{i}"),
             *(["--engine-arg", f"path={state.path / 'data' / f'storage{i}'}"]
-              if engine == "log" else []),
+              if engine in DURABLE else []),
         )  # fmt: skip
         state.start(f"storage{i}", argv, ports={"metrics": port}, health_port=port)
         storage[f"storage:{i}"] = port
@@ -497,6 +497,14 @@ def cluster_main(argv: list[str] | None = None) -> int:
     u.add_argument("--replication", type=int, default=3)
     u.add_argument("--partitioning", default="range", choices=["range", "hash"])
     u.add_argument("--engine", default="memory")
+    u.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an engine option for every storage process, e.g. --engine-arg fsync=interval "
+        "(repeatable; the durable engines' path is set per process)",
+    )
     u.add_argument("--key-space", type=int, default=1_000_000)
     u.add_argument("--timeout", type=float, default=60.0)
     u.add_argument("--state-dir", required=True)

@@ -52,8 +52,11 @@ ENGINES = {
     "scan": "storage_adapters.scan.engine:ScanEngine",
     "scan-kv": "storage_adapters.scan.kv:ScanKVEngine",
     "scan-memory": "storage_adapters.scan.memory_kv:ScanMemoryEngine",
+    "scan-log": "storage_adapters.scan.log_kv:ScanLogEngine",
     "memcached": "storage_adapters.memcached:MemcachedEngine",
 }
+DURABLE = ("log", "scan-log")
+"""Engines that keep their data on disk (``path=``): a whole cluster restarts on them."""
 log = logging.getLogger("rubberband")
 UsageError = kit.UsageError
 Setting = kit.Setting

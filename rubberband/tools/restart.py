@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,9 @@ def restart_numbers(record: Any) -> list[int]:
     return sorted(int(p[8:]) for p in names)
 
 
-def level_holders(d: Path, record: Any, numbers: list[int]) -> list[int]:
+def level_holders(
+    d: Path, record: Any, numbers: list[int], engine: str = "log", options: Sequence[str] = ()
+) -> list[int]:
     """Bring the holders' engines level with each other before they start
     (:func:`rubberband.restart.level`): a write that reached any replica reaches all.
     Returns the holders whose disk is gone (their ranges are on the others; a super
@@ -70,7 +72,7 @@ def level_holders(d: Path, record: Any, numbers: list[int]) -> list[int]:
             if n in lost:
                 continue
             try:
-                e = make_engine("log", [f"path={d / 'data' / f'storage{n}'}"])
+                e = make_engine(engine, [*options, f"path={d / 'data' / f'storage{n}'}"])
             except UsageError as err:
                 raise SystemExit(f"rubberband cluster up: storage:{n}: {err}") from None
             engines[f"storage:{n}"] = e

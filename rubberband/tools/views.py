@@ -67,8 +67,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--metrics", metavar="HOST:PORT",
                     help="maintain: serve /metrics and /health here")  # fmt: skip
     ap.add_argument("--engine", help="the cluster's engine, for its client operations "
-                    "(views over scan-engine tables need scan-memory's; default: what "
-                    "--state-dir says, else memory)")  # fmt: skip
+                    "(views over scan-engine tables need scan-memory's or scan-log's; "
+                    "default: what --state-dir says, else memory)")  # fmt: skip
     ap.add_argument("--listen", help="HOST:PORT this client serves on (default 127.0.0.1:0)")
     ap.add_argument("--source", help="the address it connects from (a host of several)")
     return ap

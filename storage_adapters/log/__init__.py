@@ -28,6 +28,12 @@ After LogBase (seed 004, chapter 3):
 
 Every key-value operation is the memory engine's (:class:`MemoryEngine`), unchanged:
 only where items live differs.
+
+A second store may share the log (:class:`LoggedStore`: the scan engine's tables,
+``scan-log``): its changes are records of their own in the same group commits, its
+state is checkpointed beside the index at the same log position, and a restart
+restores it from that checkpoint and redoes its records after it (logical logging, as
+Crescando's redo log, dissertation 2.8).
 """
 
 from __future__ import annotations
@@ -40,13 +46,13 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rubberband.engine import Placement, RangeSet, ReportsChanges
 from storage_adapters.log import records
-from storage_adapters.log.index import COMMIT, DELETE, DROP, EPOCH, PUT, WHOLE, LogIndex
+from storage_adapters.log.index import COMMIT, DELETE, DROP, EPOCH, PUT, STORE, WHOLE, LogIndex
 from storage_adapters.log.segments import (
     CorruptLog,
     FsyncPolicy,
@@ -56,13 +62,36 @@ from storage_adapters.log.segments import (
 )
 from storage_adapters.memory import MemoryEngine
 
-__all__ = ["CorruptLog", "LogEngine"]
+__all__ = ["CorruptLog", "LogEngine", "LoggedStore"]
 
 log = logging.getLogger("rubberband.log_engine")
 CKPT = "ckpt-{:08d}.idx"
-_TAIL = {PUT: "put", DELETE: "delete", WHOLE: "whole"}
+STORE_CKPT = "ckpt-{:08d}.store"
+_TAIL = {PUT: "put", DELETE: "delete", WHOLE: "whole", STORE: "store"}
 KEYS_PER_RECORD = 10_000
 KEEP_CHECKPOINTS = 2
+
+
+class LoggedStore(Protocol):
+    """A store in memory whose changes the engine logs for it, as records only it reads
+    (``[t, STORE, body]``, in the same group commits as the key-value data), and whose
+    whole state it checkpoints beside the index, at the same log position.  So one
+    ``fdatasync`` per batch covers both, and one position says up to where both hold
+    the total order."""
+
+    placement: Placement
+
+    def redo(self, body: Any) -> None:
+        """Apply a logged change again (recovery: after the checkpoint, in log order)."""
+
+    def snapshot(self) -> Iterator[Any]:
+        """The whole state now, as chunks (each a record of a checkpoint file)."""
+
+    def restore(self, chunks: Iterable[Any]) -> None:
+        """Replace the whole state by a snapshot's chunks."""
+
+    def held(self) -> int:
+        """Items held (data placed by a partitioning, which may then not change)."""
 
 
 class LogEngine(MemoryEngine):
@@ -84,8 +113,10 @@ class LogEngine(MemoryEngine):
         fsync_interval: float = 0.05,
         segment_mb: float = 64,
         checkpoint_mb: float = 256,
+        store: LoggedStore | None = None,
     ) -> None:
         self._own = path is None
+        self._store = store
         self.path = Path(tempfile.mkdtemp(prefix="rb-log-")) if path is None else Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock = os.open(self.path / "LOCK", os.O_RDWR | os.O_CREAT, 0o600)
@@ -116,12 +147,14 @@ class LogEngine(MemoryEngine):
         stored = json.loads(self._meta.read_text()) if self._meta.exists() else {}
         self._placement = Placement(stored.get("partitioning", "range"))
         self._ordered = self._placement.ordered
+        if self._store is not None:  # before its redo: a row's place depends on it
+            self._store.placement = self._placement
         self._data: Any = LogIndex(self._log, self._slot)
         self.counts = {"writes": 0, "reads": 0, "rejected": 0}
         self.figures = {"checkpoints": 0, "compactions": 0, "cut_bytes": 0}
         self._holding = False
         self._compacted_at = -1
-        self._since_checkpoint = 0
+        self._checkpointed_at = 0  # the log's appended bytes at the last checkpoint
         self.recovered: dict[str, Any] = {}
         self._recover()
         if placement is not None:
@@ -136,15 +169,20 @@ class LogEngine(MemoryEngine):
         """Set by a storage process joining a cluster, before data; data already held
         was placed by its partitioning, so another is refused."""
         if placement != getattr(self, "_placement", None):
-            if getattr(self, "_data", None) is not None and len(self._data):
+            if getattr(self, "_data", None) is not None and self._held():
                 raise ValueError(
                     f"{self.path} holds data placed by {self._placement.partitioning} "
                     f"partitioning, not {placement.partitioning}"
                 )
             self._placement = placement
             self._ordered = placement.ordered
+            if self._store is not None:
+                self._store.placement = placement
         if hasattr(self, "_meta"):
             self._write_meta()
+
+    def _held(self) -> int:
+        return len(self._data) + (self._store.held() if self._store is not None else 0)
 
     def _write_meta(self) -> None:
         tmp = self._meta.with_suffix(".tmp")
@@ -169,11 +207,28 @@ class LogEngine(MemoryEngine):
         return out
 
     def apply_logged(self, batch: Sequence[Any]) -> tuple[list[Any], list[Any]]:
-        self._holding = True  # one group commit for the batch, not one per operation
-        try:
+        with self.group():  # one group commit for the batch, not one per operation
             return ReportsChanges.apply_logged(self, batch)
+
+    @contextlib.contextmanager
+    def group(self) -> Iterator[None]:
+        """One group commit for everything written inside (nested: the outermost)."""
+        outer, self._holding = self._holding, True
+        try:
+            yield
         finally:
-            self._holding = False
+            self._holding = outer
+            if not outer:
+                self._commit()
+
+    def log_store(self, t: int, body: Any) -> None:
+        """Log a change of the :class:`LoggedStore` made at position ``t`` (committed
+        with the group it is written in, or at once outside one)."""
+        index = self._data
+        if t > index.t:
+            index.t = t
+        self._log.append((t, STORE, body))
+        if not self._holding:
             self._commit()
 
     def whole(self, t: int, writes: Sequence[tuple[Any, RangeSet]]) -> None:
@@ -187,8 +242,9 @@ class LogEngine(MemoryEngine):
         """``(t, kind, body)`` of every record of the current epoch at a position after
         ``after``, in log order: ``"put"`` ``(key, value)``, ``"delete"`` ``key`` and
         ``"whole"`` ``((op, ranges), ...)`` (what :func:`rubberband.restart.level`
-        reads).  Reads the whole log, checksums and all: :class:`CorruptLog` on damage
-        anywhere, even behind the checkpoint a restart opened from."""
+        reads), and ``"store"`` the :class:`LoggedStore`'s bodies.  Reads the whole
+        log, checksums and all: :class:`CorruptLog` on damage anywhere, even behind the
+        checkpoint a restart opened from."""
         self._log.commit(force=True)
         out: list[tuple[int, str, Any]] = []
         for n in self._log.segments():
@@ -199,7 +255,7 @@ class LogEngine(MemoryEngine):
                 if kind == EPOCH:
                     out = []
                 elif t > after and kind in _TAIL:
-                    out.append((t, _TAIL[kind], rec.body[2] if kind != PUT else rec.body[2:4]))
+                    out.append((t, _TAIL[kind], rec.body[2:4] if kind == PUT else rec.body[2]))
                 end = rec.offset + rec.size
             if end < len(data):  # every record is read: damage anywhere is found here
                 raise CorruptLog(f"{self._log.file(n)}: damaged record at offset {end}")
@@ -225,11 +281,13 @@ class LogEngine(MemoryEngine):
 
     def receive(self, chunk: Any, ranges: RangeSet) -> None:
         super().receive(chunk, ranges)
-        self._commit()
+        if not self._holding:
+            self._commit()
 
     def delete(self, ranges: RangeSet) -> None:
         self._data.drop(self._flat(ranges))
-        self._commit()
+        if not self._holding:
+            self._commit()
 
     def stats(self) -> dict[str, int | float]:
         index = self._data
@@ -264,39 +322,33 @@ class LogEngine(MemoryEngine):
 
     # ---------------------------------------------------------------- commit
     def _commit(self) -> None:
-        before = self._log.appended
         self._log.commit()
-        self._since_checkpoint += self._log.appended - before
-        if self._since_checkpoint >= self._checkpoint_bytes:
+        if self._log.appended - self._checkpointed_at >= self._checkpoint_bytes:
             self.checkpoint()
         if self._log.active != self._compacted_at:  # garbage piles up as segments fill
             self._maybe_compact()
 
     def checkpoint(self) -> Path:
         """Write the index with the log position it covers (synced, renamed into
-        place); keep the newest :data:`KEEP_CHECKPOINTS`."""
+        place), the :class:`LoggedStore`'s state first beside it; keep the newest
+        :data:`KEEP_CHECKPOINTS`.  The store's snapshot is written whole, here: a
+        batch waits for it (seconds for a million rows, once per ``checkpoint_mb``)."""
         log_ = self._log
         log_.commit(force=True)
         index = self._data
         olds = sorted(self.path.glob("ckpt-*.idx"))
         n = int(olds[-1].name[5:13]) + 1 if olds else 1
         final = self.path / CKPT.format(n)
-        tmp = final.with_suffix(".tmp")
         entries = [(e[0], e[2], e[3], e[4]) for e in index.live.values()]
         head = {"segment": log_.active, "offset": log_.size(log_.active), "t": index.t,
                 "items": len(entries)}  # fmt: skip
-        with tmp.open("wb") as f:
-            f.write(records.pack(["head", head]))
-            for i in range(0, len(entries), KEYS_PER_RECORD):
-                f.write(records.pack(["keys", entries[i : i + KEYS_PER_RECORD]]))
-            f.write(records.pack(["end", len(entries)]))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        fsync_dir(self.path)
+        if self._store is not None:
+            _write_file(self.path / STORE_CKPT.format(n), _store_records(self._store.snapshot()))
+        _write_file(final, _checkpoint_records(head, entries))
         for old in olds[: max(0, len(olds) + 1 - KEEP_CHECKPOINTS)]:
             old.unlink()
-        self._since_checkpoint = 0
+            old.with_suffix(".store").unlink(missing_ok=True)
+        self._checkpointed_at = log_.appended
         self.figures["checkpoints"] += 1
         return final
 
@@ -352,6 +404,14 @@ class LogEngine(MemoryEngine):
                 start, used = got, ckpt.name
                 break
             log.warning("event=checkpoint_unusable file=%s", ckpt.name)
+        if used is None and self._store is not None:
+            if segments and segments[0] != 1:
+                raise CorruptLog(
+                    f"{self.path}: no usable checkpoint, and the log before segment "
+                    f"{segments[0]} was compacted: the store kept beside the key-value "
+                    "data cannot be rebuilt (rebuild this replica from the others)"
+                )
+            self._store.restore(())  # an unusable checkpoint may have half-loaded it
         redone, cut = self._redo(segments, start)
         self._log.open_active(segments[-1] if segments else 1)
         self.recovered = {
@@ -363,16 +423,17 @@ class LogEngine(MemoryEngine):
                                                         self.recovered.items()))  # fmt: skip
 
     def _load_checkpoint(self, path: Path, segments: set[int]) -> tuple[int, int] | None:
-        try:
-            data = path.read_bytes()
-        except OSError:
-            return None
-        recs, end = records.scan(data)
-        if end != len(data) or len(recs) < 2 or recs[0].body[0] != "head":
+        recs = _read_file(path)
+        if recs is None or recs[0].body[0] != "head":
             return None
         head = recs[0].body[1]
         if recs[-1].body != ("end", head["items"]) or head["segment"] not in segments:
             return None
+        if self._store is not None:
+            chunks = _read_file(path.with_suffix(".store"))
+            if chunks is None or chunks[-1].body != ("end", len(chunks) - 1):
+                return None
+            self._store.restore(rec.body[1] for rec in chunks[:-1])
         index = self._data
         index.clear()
         index.live_bytes.clear()
@@ -446,6 +507,50 @@ class LogEngine(MemoryEngine):
             index.supersede(self._slot(rec.body[2]), None)
         elif kind == DROP:
             index.forget([(tuple(lo), tuple(hi)) for lo, hi in rec.body[2]])
+        elif kind == STORE:
+            if self._store is None:
+                raise CorruptLog(f"{self._log.file(n)}: a store's record, and no store here")
+            self._store.redo(rec.body[2])
+
+
+def _checkpoint_records(head: dict[str, Any], entries: list[Any]) -> Iterator[Any]:
+    yield ["head", head]
+    for i in range(0, len(entries), KEYS_PER_RECORD):
+        yield ["keys", entries[i : i + KEYS_PER_RECORD]]
+    yield ["end", len(entries)]
+
+
+def _store_records(chunks: Iterable[Any]) -> Iterator[Any]:
+    n = 0
+    for chunk in chunks:
+        yield ["chunk", chunk]
+        n += 1
+    yield ["end", n]
+
+
+def _write_file(final: Path, bodies: Iterable[Any]) -> None:
+    """A record per body, written to a temporary file, synced, renamed into place."""
+    tmp = final.with_suffix(final.suffix + ".tmp")
+    with tmp.open("wb") as f:
+        for body in bodies:
+            f.write(records.pack(body))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
+def _read_file(path: Path) -> list[records.Record] | None:
+    """The records of a file :func:`_write_file` wrote, if it is there whole (every
+    byte a record, the last an ``end``); None if missing, damaged or cut short."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    recs, end = records.scan(data)
+    if end != len(data) or not recs or recs[-1].body[0] != "end":
+        return None
+    return recs
 
 
 class _Cursor:

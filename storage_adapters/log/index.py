@@ -30,13 +30,15 @@ from sortedcontainers import SortedDict
 
 from storage_adapters.log.segments import Log, Ptr
 
-PUT, DELETE, DROP, WHOLE, EPOCH, COMMIT = 0, 1, 2, 3, 4, 5
+PUT, DELETE, DROP, WHOLE, EPOCH, COMMIT, STORE = 0, 1, 2, 3, 4, 5, 6
 """Record kinds: ``[t, PUT, key, value]``, ``[t, DELETE, key]``, ``[t, DROP, ranges]``
 (flat placement ranges, every key in them removed), ``[t, WHOLE, ((op, ranges), ...)]``
 (every write of a message that reaches beyond this replica's ranges: what a restart
 brings the other replicas level with), ``[-1, EPOCH, n]`` (positions start again: a
 new E-Cast group after a restart of the whole cluster) and ``[-1, COMMIT]`` (the end of
-a group commit: records after the last one are a batch the crash cut, dropped whole)."""
+a group commit: records after the last one are a batch the crash cut, dropped whole)
+and ``[t, STORE, body]`` (a change of a store logged beside the key-value data, whose
+``body`` only that store reads: :class:`storage_adapters.log.LoggedStore`)."""
 CACHE_ITEMS = 50_000
 """Values the read buffer holds (least recently used out)."""
 

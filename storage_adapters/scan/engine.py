@@ -152,6 +152,11 @@ class ScanEngine:
     def delete_unlogged(self, ranges: RangeSet) -> None:
         self._delete(ranges)
 
+    def reset(self) -> None:
+        """Hold nothing (before a snapshot is restored into it)."""
+        self.tables.clear()
+        self._stats.clear()
+
     def checkpoint(self) -> None:
         """Write a full snapshot now and trim the log (durable engines only)."""
         if self._durability is not None:

@@ -42,9 +42,15 @@ from storage_adapters.log import LogEngine
 from storage_adapters.memory import KVOps, MemoryEngine
 from storage_adapters.scan import ScanEngine, ScanOps
 from storage_adapters.scan.kv import ScanKVEngine
+from storage_adapters.scan.log_kv import ScanLogEngine
 from storage_adapters.scan.memory_kv import ScanMemoryEngine
 
-ENGINES = ["memory", "log", "scan", "scan-kv", "scan-memory", "scan-memory-tables", "memcached"]
+ENGINES = [
+    "memory", "log", "scan", "scan-kv", "scan-memory", "scan-memory-tables", "scan-log",
+    "scan-log-tables", "memcached",
+]  # fmt: skip
+TABLES = ("scan", "scan-memory-tables", "scan-log-tables")
+"""The drivers of tables (the others' data is key-value)."""
 
 
 class KVDriver:
@@ -151,6 +157,10 @@ def driver(request: pytest.FixtureRequest) -> Iterator[Any]:
         d = KVDriver(track(lambda p: ScanMemoryEngine(p, block_rows=32)))
     elif request.param == "scan-memory-tables":
         d = ScanDriver(track(lambda p: ScanMemoryEngine(p, block_rows=32)))
+    elif request.param in ("scan-log", "scan-log-tables"):  # both stores on one log
+        d = (KVDriver if request.param == "scan-log" else ScanDriver)(
+            track(lambda p: ScanLogEngine(p, block_rows=32, segment_mb=0.05, checkpoint_mb=0.2))
+        )
     else:
         if shutil.which("memcached") is None:
             pytest.fail(
@@ -321,7 +331,7 @@ def test_conformance_a_range_scan_under_hash_placement_answers_its_bounds_alone(
     """Under hash partitioning a scan's ranges are every bucket: the engine, not the
     placement, keeps the answer to the scan's key bounds."""
     d = driver
-    if d.name in ("scan", "scan-memory-tables"):
+    if d.name in TABLES:
         pytest.skip("tables scan by predicates, not by key bounds")
     e = d.engine(Placement("hash"))
     d.setup(e)
@@ -341,7 +351,7 @@ def test_conformance_a_scan_with_a_limit_answers_the_first_keys_in_order(
     (a maintainer pages a snapshot so; an answer must fit a frame), and the client's
     combination of several holders' answers keeps the first ``limit`` of them all."""
     d = driver
-    if d.name in ("scan", "scan-memory-tables"):
+    if d.name in TABLES:
         pytest.skip("tables scan by predicates, not by key bounds")
     placement = Placement(partitioning)  # type: ignore[arg-type]
     e = d.engine(placement)
@@ -387,7 +397,7 @@ def test_conformance_a_backend_failure_stops_the_storage_process(
     if d.name == "memcached":
         e._server.kill()  # the backing server is gone
         e._server.wait()
-    elif d.name in ("scan", "scan-kv", "scan-memory-tables"):
+    elif d.name in ("scan-kv", *TABLES):
         scan = e if d.name == "scan" else e.scan
         table = scan.tables["kv" if d.name == "scan-kv" else "t"]
 
@@ -396,12 +406,13 @@ def test_conformance_a_backend_failure_stops_the_storage_process(
 
         for attr in ("append", "_put", "scatter"):  # every way rows are written
             monkeypatch.setattr(type(table), attr, no_memory)
-    elif d.name == "log":
+    elif d.name in ("log", "scan-log"):
 
         def disk_full(*_a: Any) -> Any:
             raise OSError(28, "no room left on the device")
 
-        monkeypatch.setattr(e._log, "flush", disk_full)  # the write of the group commit
+        log_ = (e if d.name == "log" else e.data)._log
+        monkeypatch.setattr(log_, "flush", disk_full)  # the write of the group commit
     else:
 
         class Broken(dict):
@@ -507,7 +518,7 @@ def test_a_key_deleted_and_written_again_is_read_once() -> None:
         ]
 
 
-LOGGED = ["memory", "scan-memory", "memcached"]
+LOGGED = ["memory", "scan-memory", "scan-log", "memcached"]
 """The engines that report what each write changed (``apply_logged``: change feeds)."""
 
 

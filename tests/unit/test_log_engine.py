@@ -190,6 +190,22 @@ def test_compaction_bounds_the_log_and_keeps_every_live_value(tmp_path: Path) ->
     e.close()
 
 
+def test_a_checkpoint_is_written_every_checkpoint_mb_of_log_and_bounds_the_redo(
+    tmp_path: Path,
+) -> None:
+    """New keys only (nothing to compact): checkpoints come from the log's growth alone,
+    so a crash redoes at most ``checkpoint_mb`` of log, not all of it."""
+    e = LogEngine(path=str(tmp_path), checkpoint_mb=0.05)
+    for i in range(200):
+        put(e, {i * 10 + j: "x" * 100 for j in range(10)}, t=i + 1)  # about 1.2 kB a batch
+    assert e.stats()["checkpoints"] >= 4 and e.stats()["compactions"] == 0
+    crash(e)
+    e = LogEngine(path=str(tmp_path))
+    assert e.recovered["checkpoint"] is not None and e.recovered["redone"] < 60 * 10
+    assert len(content(e)) == 2_000 and e.position == 200
+    e.close()
+
+
 def test_an_open_cursor_is_the_cut_point_compaction_waits_for(tmp_path: Path) -> None:
     e = LogEngine(path=str(tmp_path), segment_mb=0.01, checkpoint_mb=1)
     put(e, {k: f"old-{k}" for k in range(50)}, t=1)
