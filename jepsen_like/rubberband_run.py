@@ -23,9 +23,9 @@ the router group are healthy:
   packets (3 to 5 s).
 * ``reconfigure``: expand, contract, replace or rebalance through a super's admin API,
   or a router joining or parting.
-* ``power-cut`` (``--engine log``): every router, super and storage process SIGKILLed at
-  once, then ``rubberband cluster up`` restarts the cluster from its disks; clients
-  reconnect to the new routers.  Acknowledged writes are durable: the checkers judge
+* ``power-cut`` (``--engine log`` or ``scan-log``): every router, super and storage
+  process SIGKILLed at once, then ``rubberband cluster up`` restarts the cluster from its
+  disks; clients reconnect to the new routers.  Acknowledged writes are durable: the checkers judge
   the history across the cut as across any other fault.
 
 A new standby is provisioned whenever fewer than two are left.  After the faults every
@@ -801,7 +801,7 @@ class RubberbandNemesis:
         while any(local.running(pid) for pid in victims):
             time.sleep(0.05)
         self._say(f"power cut: {len(victims)} processes SIGKILLed; restarting from the disks")
-        up = _cli("cluster", "up", "--routers", "3", "--supers", "2", "--engine", "log",
+        up = _cli("cluster", "up", "--routers", "3", "--supers", "2", "--engine", self.plan.engine,
                   "--state-dir", str(self.d), timeout=300)  # fmt: skip
         # Held until the clients came back: each notices with its calls in flight
         # timing out (a write's acknowledgement after a resend: two answer timeouts),

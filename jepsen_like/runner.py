@@ -61,7 +61,7 @@ def run(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--engine",
-        choices=["memory", "scan-kv", "memcached", "log"],
+        choices=["memory", "scan-kv", "memcached", "log", "scan-log"],
         default="memory",
         help="the storage engine of the Rubberband workloads (bank keeps integers, which"
         " every engine stores; list-append keeps lists)",
@@ -114,10 +114,10 @@ def run(argv: list[str] | None = None) -> int:
         print(f"jepsen_like run: unknown faults {unknown}; known: {', '.join(KINDS)}",
               file=sys.stderr)  # fmt: skip
         return 2
-    if "power-cut" in kinds and (a.workload == "multicast" or a.engine != "log"):
+    if "power-cut" in kinds and (a.workload == "multicast" or a.engine not in ("log", "scan-log")):
         # E-Cast keeps nothing on disk; Rubberband survives losing every process only
         # on the durable engine.
-        print("jepsen_like run: power-cut is a Rubberband fault on --engine log (every "
+        print("jepsen_like run: power-cut is a Rubberband fault on --engine log or scan-log (every "
               "process SIGKILLed, then the cluster restarted from its disks)",
               file=sys.stderr)  # fmt: skip
         return 2
