@@ -202,6 +202,50 @@ class ViewProgress:
     views: tuple[Any, ...]
 
 
+# ------------------------------------------------------------------ a whole-cluster restart
+@dataclass(frozen=True, slots=True)
+class LevelAsk:
+    """super -> storage, before it restores the ring of a cluster that lost every
+    process: your engine's position (``after`` None), or the records of its log after
+    position ``after`` (:mod:`rubberband.restart`).  ``round`` names the coordinator's
+    attempt; answers of another round are ignored."""
+
+    round: int
+    after: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class LevelTail:
+    """storage -> super: the engine's ``position``, and a slice of its log's records
+    ``(t, kind, body)`` after the asked position (none for a position ask); ``last``:
+    the end of them."""
+
+    round: int
+    position: int
+    records: tuple[Any, ...]
+    last: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LevelApply:
+    """super -> storage: a slice of what this holder missed, ``(op, ranges, t)`` items
+    in position order (the holder skips those at or before its position, so a slice
+    sent twice is applied once); after the ``last``, the holder answers
+    :class:`Levelled`."""
+
+    round: int
+    items: tuple[Any, ...]
+    last: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Levelled:
+    """storage -> super: the slices of ``round`` are applied; the engine's position now."""
+
+    round: int
+    position: int
+
+
 MESSAGES: tuple[type, ...] = (
     Answer,
     Answers,
@@ -220,6 +264,10 @@ MESSAGES: tuple[type, ...] = (
     Left,
     History,
     ViewProgress,
+    LevelAsk,
+    LevelTail,
+    LevelApply,
+    Levelled,
 )
 """Every direct message, in the order of their wire codes (64 on)."""
 FIRST_CODE = 64

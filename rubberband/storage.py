@@ -62,11 +62,14 @@ from rubberband.proto import (
     Chunk,
     H,
     History,
+    LevelApply,
+    LevelAsk,
     Pull,
     Refuse,
     Stale,
     ready_header,
 )
+from rubberband.restart import answer_level
 
 CHUNK_BYTES = 256 * 1024
 _NOW = 1 << 62
@@ -281,6 +284,8 @@ class StorageCore:
             mig.on_refuse(src, msg)
         elif t is History:
             mig.on_history(src, msg)
+        elif (t is LevelAsk or t is LevelApply) and src.startswith(SUPER):
+            answer_level(self, src, msg)  # a whole-cluster restart, before the restore
 
     def on_tick(self, now: float) -> Effects:
         return Effects()
@@ -509,9 +514,10 @@ class StorageCore:
         self.owned = new.partition(self.me)
         self.changes.gained(difference(self.owned, old_owned), t)
         if op[0] == "restore":
-            # The whole cluster restarted: our engine kept our ranges on disk (brought
-            # level with the other replicas before the processes started).  What it
-            # holds beyond them goes.
+            # The whole cluster restarted: our engine kept our ranges on disk, brought
+            # level with the other replicas (rubberband.restart); its positions start
+            # again with this group's.  What it holds beyond them goes.
+            getattr(self.engine, "new_epoch", lambda: None)()
             rest = difference(EVERYTHING, self.owned)
             if rest:
                 self.order(rest, t, ("delete", rest, 0))

@@ -22,6 +22,7 @@ from typing import Any
 
 from ecast import Direct, Effects, NodeId
 from rubberband.config import CLIENT, STORAGE, RubberbandConfig
+from rubberband.engine import Placement
 from rubberband.errors import Refused
 from rubberband.keys import EKey, decode_key, describe, difference, encode_key
 from rubberband.optimizer import Plan, optimize
@@ -32,11 +33,14 @@ from rubberband.proto import (
     Described,
     H,
     Leave,
+    Levelled,
+    LevelTail,
     Ping,
     Pong,
     ViewProgress,
     keyspace_header,
 )
+from rubberband.restart import Leveller
 from rubberband.supervision import Reconfigurations, Watch
 
 RESTORE_AGAIN = 2.0
@@ -82,6 +86,7 @@ class SuperCore:
         self.restore_waits_for: list[NodeId] = []
         """The recorded holders that have not joined yet (the restore waits for them)."""
         self._restore_asked = float("-inf")
+        self._leveller: Leveller | None = None
         self.watch = Watch(self, heartbeat, suspect_after)
         self.reconfigurations = Reconfigurations(self, auto_repair, repair_after)
         self.views = ViewReports()
@@ -121,6 +126,11 @@ class SuperCore:
             self.reconfigurations.leave(src, msg.request, msg.replace_with, now, fx)
         elif t is ViewProgress and src.startswith(CLIENT):
             self.views.report(src, msg.views, now)
+        elif (t is LevelTail or t is Levelled) and src.startswith(STORAGE):
+            lev = self._leveller
+            if lev is not None:
+                lev.on_tail(src, msg, fx) if t is LevelTail else lev.on_levelled(src, msg)
+                self._restore(now, fx)
         return fx
 
     def on_acked(self, token: Any, delivered: bool, now: float) -> Effects:
@@ -157,7 +167,8 @@ class SuperCore:
     def _restore(self, now: float, fx: Effects) -> None:
         """Put the recorded ring back into this new group: by the coordinator, into an
         empty ring, once every recorded holder has joined (each brings its ranges on
-        its own disk); asked again every ``RESTORE_AGAIN`` s until it is delivered."""
+        its own disk) and the holders are level (:class:`Leveller`); asked again every
+        ``RESTORE_AGAIN`` s until it is delivered."""
         r, c = self.restore, self.config
         if r is None or c is None:
             return
@@ -171,6 +182,13 @@ class SuperCore:
             return
         self.restore_waits_for = sorted({p for _, p in ring} - c.storage() - set(lost))
         if self.restore_waits_for or c.coordinator() != self.me:
+            return
+        holders = sorted({p for _, p in ring} - set(lost))
+        lev = self._leveller
+        if lev is None or lev.holders != holders:
+            lev = self._leveller = Leveller(holders, Keyspace(f, ring), Placement(partitioning))
+        if not lev.done:
+            lev.step(now, fx)
             return
         if now - self._restore_asked < RESTORE_AGAIN:
             return
@@ -362,6 +380,8 @@ class SuperCore:
         return {
             "joined": True,
             "restoring": None if self.restore is None else self.restore_waits_for,
+            "levelled": None if self._leveller is None else self._leveller.applied,
+            "levelling_error": None if self._leveller is None else self._leveller.error,
             "version": c.version,
             "replication": c.f,
             "partitioning": c.partitioning,

@@ -44,14 +44,14 @@ def restart_numbers(record: Any) -> list[int]:
 def level_holders(
     d: Path, record: Any, numbers: list[int], engine: str = "log", options: Sequence[str] = ()
 ) -> list[int]:
-    """Bring the holders' engines level with each other before they start
-    (:func:`rubberband.restart.level`): a write that reached any replica reaches all.
-    Returns the holders whose disk is gone (their ranges are on the others; a super
-    repairs them onto a standby); refuses when every copy of some range is gone."""
+    """Check the holders' data before they start: every record of every log read,
+    checksums and all (the storage processes then bring themselves level through the
+    coordinating super, :class:`rubberband.restart.Leveller`).  Returns the holders
+    whose disk is gone (their ranges are on the others; a super repairs them onto a
+    standby); refuses when every copy of some range is gone, or a log is damaged."""
     from rubberband.engine import Placement
     from rubberband.keys import EVERYTHING, covers, union
     from rubberband.placement import Keyspace
-    from rubberband.restart import level
     from rubberband.tools.daemons import UsageError, make_engine
 
     f, partitioning, _version, ring, *_ = record
@@ -66,25 +66,24 @@ def level_holders(
             f"rubberband cluster up: the data of storage {lost} is gone, and with it every "
             "copy of some range: the cluster cannot restart from its disks"
         )
-    engines = {}
-    try:
-        for n in numbers:
-            if n in lost:
-                continue
-            try:
-                e = make_engine(engine, [*options, f"path={d / 'data' / f'storage{n}'}"])
-            except UsageError as err:
-                raise SystemExit(f"rubberband cluster up: storage:{n}: {err}") from None
-            engines[f"storage:{n}"] = e
-            e.placement = Placement(partitioning)
+    positions = {}
+    for n in numbers:
+        if n in lost:
+            continue
         try:
-            applied = level(engines, keyspace)
-        except OSError as err:  # a damaged log (found reading every record)
+            e = make_engine(engine, [*options, f"path={d / 'data' / f'storage{n}'}"])
+        except UsageError as err:
+            raise SystemExit(f"rubberband cluster up: storage:{n}: {err}") from None
+        try:
+            e.placement = Placement(partitioning)
+            positions[f"storage:{n}"] = e.position
+            e.tail(e.position)  # reads every record
+        except OSError as err:  # a damaged log
             raise SystemExit(f"rubberband cluster up: {err}") from None
-    finally:
-        for e in engines.values():
+        finally:
             e.close()
-    print(f"holders brought level (messages applied: {applied})")
+    print(f"holders' logs checked (positions {positions}); they are brought level once "
+          "they join")  # fmt: skip
     if lost:
         print(f"the disks of storage {lost} are gone: their ranges restart on the other "
               "holders, and a standby takes their place once a super repairs them")  # fmt: skip
@@ -102,7 +101,8 @@ def restored(
         if code == 200 and body.get("version", 0) >= 1 and body.get("ring"):
             print(
                 f"cluster restarted in {time.monotonic() - t0:.1f} s from its disks: ring of "
-                f"{len(record[3])} restored (it was at version {record[2]})"
+                f"{len(record[3])} restored (it was at version {record[2]}); items each "
+                f"holder lacked and was given: {body.get('levelled')}"
             )
             return 0
         time.sleep(0.2)

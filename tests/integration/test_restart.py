@@ -285,6 +285,8 @@ def test_a_restart_cuts_a_torn_tail_and_refuses_a_damaged_log(cluster: Path) -> 
     os.truncate(seg, seg.stat().st_size - 20)  # the last batch, cut short
     again = cli(*UP, "--state-dir", str(d))
     assert again.returncode == 0, again.stdout + again.stderr
+    # Brought level by the coordinating super: the one write its replicas had.
+    assert "'storage:1': 1" in again.stdout, again.stdout
 
     async def check() -> None:
         rb = await connect(d, "client:b")

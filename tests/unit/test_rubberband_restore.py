@@ -5,12 +5,22 @@ engine and drops what lies outside them."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
-from ecast import Message
+from ecast import Effects, Message
 from rubberband.keys import encode_key
 from rubberband.outputs import Submit
-from rubberband.proto import H, keyspace_header, write_header
+from rubberband.proto import (
+    H,
+    LevelApply,
+    LevelAsk,
+    Levelled,
+    LevelTail,
+    keyspace_header,
+    write_header,
+)
+from rubberband.restart import LEVEL_AGAIN, Leveller, answer_level
 from rubberband.storage import StorageCore
 from rubberband.super import RESTORE_AGAIN, SuperCore
 from storage_adapters.memory import KVOps, MemoryEngine
@@ -77,7 +87,12 @@ def test_the_coordinator_asks_once_every_holder_is_back_and_stops_once_restored(
     assert not _submits(core.on_tick(0.0)) and core.restore_waits_for == ["storage:3"]
     assert core.status()["restoring"] == ["storage:3"]
     core.config, _ = step(core.config, "storage:3", {"kind": "join"})
-    asked = [x for x in core.on_tick(1.0).deliver if type(x) is Submit]
+    fx = core.on_tick(1.0)  # every holder is back: first they are brought level
+    for after in (None, 0):  # holders with nothing to level: positions, then tails
+        assert not _submits(fx) and _asks(fx) == [(h, LevelAsk(1, after)) for h in HOLDERS]
+        answers = [core.on_direct(h, LevelTail(1, 0, (), True), 1.0) for h in HOLDERS]
+        fx = answers[-1]
+    asked = [x for x in fx.deliver if type(x) is Submit]
     assert [x.header[H.OP][0] for x in asked] == ["restore"]
     assert not _submits(core.on_tick(1.0 + RESTORE_AGAIN / 2))  # not again at once
     again = [x for x in core.on_tick(1.0 + RESTORE_AGAIN).deliver if type(x) is Submit]
@@ -88,6 +103,10 @@ def test_the_coordinator_asks_once_every_holder_is_back_and_stops_once_restored(
     other = SuperCore("super:b", restore=record)  # not the coordinator: never asks
     other.config = joined("super:a", "super:b", *HOLDERS)
     assert not _submits(other.on_tick(0.0))
+
+
+def _asks(fx: Effects) -> list[tuple[str, Any]]:
+    return sorted((dst, m.payload) for dst, m in fx.send if type(m.payload) is LevelAsk)
 
 
 def test_a_holder_on_the_restored_ring_keeps_its_ranges_and_drops_the_rest() -> None:
@@ -121,60 +140,187 @@ def _inside(ranges: Any, ek: Any) -> bool:
     return any(lo <= ek < hi for lo, hi in ranges)
 
 
+class Divergent:
+    """Four holders' logs as a crash left them: each cut its sequence after a different
+    message (E-Cast delivers to each in order, gap-free), so a message reached some of
+    its destinations or none; the model is every message that reached any."""
+
+    def __init__(self, tmp_path: Any) -> None:
+        from rubberband.keys import covers, intersect
+        from rubberband.placement import Keyspace
+        from storage_adapters.log import LogEngine
+
+        self.ks = ks = Keyspace(3, [(encode_key(i * 100), f"storage:{i}") for i in range(4)])
+        self.engines = engines = {n: LogEngine(path=str(tmp_path / n)) for _, n in ks.ring()}
+        ops = KVOps()
+
+        def deliver(n: str, op: Any, t: int) -> bool:
+            """``op`` at ``t`` delivered to ``n``, as its storage process applies it."""
+            full = ops.part_fun(op, engines["storage:0"].placement).ranges
+            mine = intersect(full, ks.partition(n))
+            if mine:
+                if not covers(mine, full):
+                    engines[n].whole(t, [(op, full)])
+                engines[n].apply([(op, mine, t)])
+            return bool(mine)
+
+        self.deliver = deliver
+
+        # Holders: 50 on storage:0-2, 150 and 120 on storage:1-3, 320 and 350 on 0, 1, 3.
+        messages = [
+            ("put", ((50, "a0"), (250, "b0"), (350, "z"))),
+            ("put", ((50, "x"), (150, "y"))),  # reaches storage:0 only: 150 from its whole
+            ("put", ((150, "c"),)),  # reaches nobody
+            ("delete", (350,)),  # storage:0 only: its key record
+            ("put", ((120, "late"), (320, "late"))),  # storage:0 only, which lacks 120
+        ]
+        cut = {"storage:0": 5, "storage:1": 1, "storage:2": 1, "storage:3": 1}
+        reached: set[int] = set()
+        for n in engines:
+            for t, op in enumerate(messages[: cut[n]], 1):
+                if deliver(n, op, t):
+                    reached.add(t)
+        self.model: dict[int, str] = {}
+        for t, op in enumerate(messages, 1):
+            if t in reached:
+                if op[0] == "put":
+                    self.model.update(op[1])
+                else:
+                    for k in op[1]:
+                        self.model.pop(k, None)
+        assert reached == {1, 2, 4, 5} and self.model[150] == "y" and self.model[120] == "late"
+
+    def check(self) -> None:
+        for n, e in self.engines.items():
+            held = {k: v for k, v in self.model.items() if n in self.holders(k)}
+            assert dict(e.items()) == held, n
+
+    def holders(self, k: int) -> list[str]:
+        return [n for n in self.engines if _inside(self.ks.partition(n), encode_key(k))]
+
+    def close(self) -> None:
+        for e in self.engines.values():
+            e.close()
+
+
 def test_replicas_are_brought_level_with_every_message_any_of_them_applied(
     tmp_path: Any,
 ) -> None:
-    from rubberband.keys import covers, intersect
-    from rubberband.placement import Keyspace
     from rubberband.restart import level
+
+    d = Divergent(tmp_path)
+    applied = level(d.engines, d.ks)
+    assert sum(applied.values()) > 0
+    d.check()
+    for e in d.engines.values():
+        assert e.position == 0 and e.tail(-1) == []  # a new epoch
+    d.close()
+
+
+class _Holder:
+    """What :func:`answer_level` needs of a storage core."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.version = 0
+        self.sent: list[Any] = []
+        self.stopped: str | None = None
+
+    def send(self, dst: str, msg: Any) -> None:
+        self.sent.append(msg)
+
+    def stop(self, reason: str) -> None:
+        self.stopped = reason
+
+
+def test_the_coordinator_levels_the_holders_over_messages_and_nothing_twice(
+    tmp_path: Any,
+) -> None:
+    """The same divergent holders levelled by a super's :class:`Leveller` through the
+    holders' answers: every slice of what a holder lacks delivered twice, and a first
+    round whose answers are lost, then a second one: each message applied once (a
+    counter would show a second application), and the epoch starts only at the
+    restore."""
+    from rubberband.engine import Placement
+
+    d = Divergent(tmp_path)
+    # Counters of a message that reached storage:0 only, beyond its ranges (logged
+    # whole): the others get the ``add`` itself, which a second time would count twice.
+    assert d.deliver("storage:0", ("add", ((60, 1), (160, 1))), 6)
+    d.model |= {60: 1, 160: 1}  # type: ignore[dict-item]
+    holders = {n: _Holder(e) for n, e in d.engines.items()}
+    lev = Leveller(list(holders), d.ks, Placement("range"))
+
+    def play(fx: Effects, lose: bool = False) -> None:
+        queue = [(dst, m.payload) for dst, m in fx.send]
+        while queue:
+            dst, msg = queue.pop(0)
+            h = holders[dst]
+            for _ in range(2 if type(msg) is LevelApply else 1):
+                answer_level(h, "super:a", msg)
+            answers, h.sent = h.sent, []
+            if lose and type(msg) is LevelApply:
+                continue  # applied, but the Levelled answer is lost
+            out = Effects()
+            for a in answers:
+                (lev.on_tail(dst, a, out) if type(a) is LevelTail else lev.on_levelled(dst, a))
+            queue += [(x, m.payload) for x, m in out.send]
+
+    fx = Effects()
+    lev.step(0.0, fx)
+    play(fx, lose=True)
+    assert not lev.done and lev.round == 1
+    fx = Effects()
+    lev.step(LEVEL_AGAIN / 2, fx)
+    assert not fx.send  # the round is still under way
+    lev.step(LEVEL_AGAIN, fx)
+    assert lev.round == 2
+    play(fx)
+    assert lev.done and not any(h.stopped for h in holders.values())
+    assert all(n == 0 for n in lev.applied.values())  # the first round applied it all
+    d.check()
+    assert all(e.position == 6 for e in d.engines.values())  # the epoch is the restore's
+    d.close()
+
+
+def test_a_levelling_slice_never_splits_a_message() -> None:
+    from rubberband.restart import SLICE, _slices
+
+    items = [(("put", ((k, k),)), (), k // 3) for k in range(3 * SLICE + 2)]
+    parts = _slices(items)
+    assert [x for part in parts for x in part] == items and len(parts) == 3
+    assert all(a[-1][2] != b[0][2] for a, b in itertools.pairwise(parts))
+
+
+def test_unreadable_records_stop_a_round_not_the_super(tmp_path: Any) -> None:
+    from rubberband.engine import Placement
+
+    d = Divergent(tmp_path)
+    lev = Leveller(list(d.engines), d.ks, Placement("range"))
+    fx = Effects()
+    lev.step(0.0, fx)
+    for n in d.engines:
+        lev.on_tail(n, LevelTail(1, 3, (), True), fx)
+    for n in d.engines:
+        lev.on_tail(n, LevelTail(1, 3, ((4, "whole", 17),), True), fx)  # not writes
+    assert not lev.done and "unreadable" in (lev.error or "")
+    d.close()
+
+
+def test_only_a_super_levels_a_holder_and_only_before_the_restore(tmp_path: Any) -> None:
+    from rubberband.keys import EVERYTHING
     from storage_adapters.log import LogEngine
 
-    ks = Keyspace(3, [(encode_key(i * 100), f"storage:{i}") for i in range(4)])
-    engines = {n: LogEngine(path=str(tmp_path / n)) for _, n in ks.ring()}
-    ops = KVOps()
-
-    def deliver(n: str, op: Any, t: int) -> bool:
-        """``op`` at ``t`` delivered to ``n``, as its storage process applies it."""
-        full = ops.part_fun(op, engines["storage:0"].placement).ranges
-        mine = intersect(full, ks.partition(n))
-        if mine:
-            if not covers(mine, full):
-                engines[n].whole(t, [(op, full)])
-            engines[n].apply([(op, mine, t)])
-        return bool(mine)
-
-    def holders(k: int) -> list[str]:
-        return [n for n in engines if _inside(ks.partition(n), encode_key(k))]
-
-    # Holders: 50 on storage:0-2, 150 and 120 on storage:1-3, 320 and 350 on 0, 1, 3.
-    messages = [
-        ("put", ((50, "a0"), (250, "b0"), (350, "z"))),
-        ("put", ((50, "x"), (150, "y"))),  # reaches storage:0 only: 150 from its whole
-        ("put", ((150, "c"),)),  # reaches nobody
-        ("delete", (350,)),  # storage:0 only: its key record
-        ("put", ((120, "late"), (320, "late"))),  # storage:0 only, which lacks 120
-    ]
-    # The crash cut each replica's sequence after a different message (E-Cast delivers
-    # to each in order, gap-free): a message reached some of its destinations or none.
-    cut = {"storage:0": 5, "storage:1": 1, "storage:2": 1, "storage:3": 1}
-    reached: set[int] = set()
-    for n in engines:
-        for t, op in enumerate(messages[: cut[n]], 1):
-            if deliver(n, op, t):
-                reached.add(t)
-    model: dict[int, str] = {}
-    for t, op in enumerate(messages, 1):
-        if t in reached:
-            if op[0] == "put":
-                model.update(op[1])
-            else:
-                for k in op[1]:
-                    model.pop(k, None)
-    assert reached == {1, 2, 4, 5} and model[150] == "y" and model[120] == "late"
-    applied = level(engines, ks)
-    assert sum(applied.values()) > 0
-    for n, e in engines.items():
-        assert dict(e.items()) == {k: v for k, v in model.items() if n in holders(k)}, n
-        assert e.position == 0 and e.tail(-1) == []  # a new epoch
-    for e in engines.values():
-        e.close()
+    core = StorageCore("storage:1", LogEngine(path=str(tmp_path)))
+    put = (("put", ((1, "x"),)), EVERYTHING, 5)
+    for src in ("client:c", "storage:2"):  # anyone else is ignored
+        assert core.on_direct(src, LevelApply(1, (put,), True)).send == []
+    assert dict(core.engine.items()) == {}
+    fx = core.on_direct("super:a", LevelApply(1, (put, ("junk",)), True))
+    assert [m.payload for _, m in fx.send] == [Levelled(1, 5)]
+    assert dict(core.engine.items()) == {1: "x"}
+    fx = core.on_direct("super:a", LevelAsk(2, 0))
+    assert [m.payload for _, m in fx.send] == [LevelTail(2, 5, ((5, "put", (1, "x")),), True)]
+    core.version = 1  # a ring restored: no more levelling
+    assert core.on_direct("super:a", LevelAsk(3, None)).send == []
+    core.engine.close()
