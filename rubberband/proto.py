@@ -216,12 +216,15 @@ class LevelAsk:
 
 @dataclass(frozen=True, slots=True)
 class LevelTail:
-    """storage -> super: the engine's ``position``, and a slice of its log's records
-    ``(t, kind, body)`` after the asked position (none for a position ask); ``last``:
-    the end of them."""
+    """storage -> super: the engine's ``position``, the holders whose data it may keep
+    (``holds``: the names that data was written under, which a process restarted under
+    a new name still holds; none when it kept nothing), and a slice of its log's
+    records ``(t, kind, body)`` after the asked position (none for a position ask);
+    ``last``: the end."""
 
     round: int
     position: int
+    holds: tuple[str, ...]
     records: tuple[Any, ...]
     last: bool
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from ecast import Direct, Effects
-from rubberband.keys import contains, intersect, normalize
+from rubberband.keys import EVERYTHING, contains, difference, intersect, normalize
 from rubberband.placement import Keyspace
 from rubberband.proto import LevelApply, LevelAsk, Levelled, LevelTail
 
@@ -123,25 +123,39 @@ SLICE = 2_000
 
 class Leveller:
     """The coordinating super's levelling of the recorded holders over the network,
-    before it restores the ring (sans I/O: messages in, messages out).  A round asks
-    every holder its position, then every holder its tail after the lowest, plans
-    (:func:`plan`) and sends each holder what it lacks; it is done when each has
-    answered :class:`~rubberband.proto.Levelled`.  A round that does not finish within
-    :data:`LEVEL_AGAIN` starts over from the positions: a holder skips what it already
+    before it restores the ring (sans I/O: messages in, messages out).
+
+    A round asks every storage process that joined (``candidates``) its position and
+    whose data it keeps (``holds``: a process restarted under a new name, as the deploys
+    do, still holds its predecessor's), maps each recorded holder to the process that
+    holds its data (:attr:`rename`; the highest position first if two claim one, a
+    process one holder's at most), then
+    asks those their tails after the lowest position, plans (:func:`plan`, by recorded
+    name: the data is the recorded holder's) and sends each what it lacks; it is done
+    when each has answered :class:`~rubberband.proto.Levelled`.  A round that does not
+    finish within :data:`LEVEL_AGAIN` starts over: a holder skips what it already
     applied (everything at or before its position), so a repeated slice or round applies
     nothing twice, and the holders start their new epoch only when the restore is
     delivered, so a new coordinator's round finds their tails as they are."""
 
-    def __init__(self, holders: list[str], keyspace: Keyspace, placement: Any) -> None:
-        self.holders = sorted(holders)
+    def __init__(
+        self, candidates: list[str], recorded: list[str], keyspace: Keyspace, placement: Any
+    ) -> None:
+        self.holders = sorted(candidates)
+        self.recorded = sorted(recorded)
         self.keyspace = keyspace
         self.placement = placement
         self.round = 0
         self.done = False
+        self.rename: dict[str, str] = {}
+        """Recorded holder -> the process that holds its data now."""
+        self.unclaimed: list[str] = list(self.recorded)
+        """Recorded holders no process has claimed (as of the last round's positions)."""
         self.applied: dict[str, int] = {}
         self.error: str | None = None
         self._started = float("-inf")
         self._positions: dict[str, int] = {}
+        self._claims: dict[str, tuple[str, ...]] = {}
         self._tails: dict[str, list[Any]] = {}
         self._complete: set[str] = set()
         self._waiting: set[str] = set()
@@ -153,8 +167,8 @@ class Leveller:
             return
         self.round += 1
         self._started = now
-        self._positions, self._tails, self._complete, self._low = {}, {}, set(), None
-        self._waiting = set()
+        self._positions, self._claims, self._tails = {}, {}, {}
+        self._complete, self._waiting, self._low = set(), set(), None
         for h in self.holders:
             fx.send.append((h, Direct(LevelAsk(self.round, None))))
         fx.wake(now + LEVEL_AGAIN)
@@ -162,37 +176,55 @@ class Leveller:
     def on_tail(self, src: str, msg: LevelTail, fx: Effects) -> None:
         if self.done or msg.round != self.round or src not in self.holders:
             return
-        if self._low is None:  # the positions
-            self._positions[src] = msg.position
+        if self._low is None:  # the positions and claims
+            self._positions[src], self._claims[src] = msg.position, msg.holds
             if len(self._positions) == len(self.holders):
-                self._low = min(self._positions.values())
-                for h in self.holders:
-                    fx.send.append((h, Direct(LevelAsk(self.round, self._low))))
+                self._claimed(fx)
             return
-        if src in self._complete:
+        if src in self._complete or src not in self.rename.values():
             return
         self._tails.setdefault(src, []).extend(msg.records)
         if msg.last:
             self._complete.add(src)
-        if len(self._complete) == len(self.holders):
+        if len(self._complete) == len(self.rename):
             self._apply(fx)
+
+    def _claimed(self, fx: Effects) -> None:
+        rename: dict[str, str] = {}
+        for p in sorted(self.holders, key=lambda p: (-self._positions[p], p)):
+            mine = [n for n in self._claims[p] if n in self.recorded and n not in rename]
+            if mine:
+                rename[mine[0]] = p
+        self.unclaimed = [n for n in self.recorded if n not in rename]
+        if self.unclaimed:
+            return  # a holder's disk is not back (yet): the next round asks again
+        self.rename = rename
+        self._low = min((self._positions[p] for p in rename.values()), default=0)
+        for p in sorted(rename.values()):
+            fx.send.append((p, Direct(LevelAsk(self.round, self._low))))
+        if not rename:
+            self.done = True
 
     def _apply(self, fx: Effects) -> None:
         tails, self._tails = self._tails, {}
+        by_process = {p: n for n, p in self.rename.items()}
+        positions = {n: self._positions[p] for n, p in self.rename.items()}
         try:
-            lacks = plan(self._positions, tails, self.keyspace, self.placement)
+            lacks = plan(positions, {by_process[p]: t for p, t in tails.items()},
+                         self.keyspace, self.placement)  # fmt: skip
         except (TypeError, ValueError, IndexError, KeyError, AttributeError) as e:
             # A holder sent records no engine writes: the round stops here, and the
             # next one (LEVEL_AGAIN) asks again; the restore waits, it never guesses.
             self.error = f"round {self.round}: unreadable records: {e}"
             return
         self.error = None
-        self.applied = {h: len(items) for h, items in lacks.items()}
-        self._waiting = {h for h, items in lacks.items() if items}
-        for h in sorted(self._waiting):
-            parts = _slices(lacks[h])
+        self.applied = {self.rename[n]: len(items) for n, items in lacks.items()}
+        self._waiting = {self.rename[n] for n, items in lacks.items() if items}
+        for n, items in sorted(lacks.items()):
+            parts = _slices(items)
             for i, part in enumerate(parts):
-                fx.send.append((h, Direct(LevelApply(self.round, part, i == len(parts) - 1))))
+                last = i == len(parts) - 1
+                fx.send.append((self.rename[n], Direct(LevelApply(self.round, part, last))))
         self.done = not self._waiting
 
     def on_levelled(self, src: str, msg: Levelled) -> None:
@@ -200,6 +232,32 @@ class Leveller:
             return
         self._waiting.discard(src)
         self.done = not self._waiting
+
+    def renamed(self, names: Any) -> tuple[Any, ...]:
+        """``names`` (recorded holders) as the processes that hold their data now."""
+        return tuple(self.rename.get(n, n) for n in names)
+
+
+def drop_kept(core: Any) -> None:
+    """A storage process that kept data an earlier process left (``--keep-data``)
+    starts empty after all, its positions from the start: at its join into a live
+    cluster, or at a first keyspace change that is not the restore of the whole
+    cluster's ring (a migration would add to the data, not replace it)."""
+    if core.kept is not None:
+        core.kept = None
+        core.engine.delete(EVERYTHING)
+        getattr(core.engine, "new_epoch", lambda: None)()
+
+
+def restored(core: Any, t: int) -> None:
+    """The restore of the ring was delivered at ``t`` to a storage process: its engine
+    kept its ranges on disk, brought level with the other replicas, and its positions
+    start again with this group's; what it holds beyond its ranges goes."""
+    core.kept = None
+    getattr(core.engine, "new_epoch", lambda: None)()
+    rest = difference(EVERYTHING, core.owned)
+    if rest:
+        core.order(rest, t, ("delete", rest, 0))
 
 
 def _slices(items: list[Any]) -> list[tuple[Any, ...]]:
@@ -217,19 +275,22 @@ def _slices(items: list[Any]) -> list[tuple[Any, ...]]:
 def answer_level(core: Any, src: str, msg: LevelAsk | LevelApply) -> None:
     """A holder's side of a round (``core`` a :class:`~rubberband.storage.StorageCore`,
     on its engine thread; ``src`` a super): only before any ring is restored (keyspace
-    version 0).  An engine that keeps no positions holds nothing to level (position 0,
-    no records); a damaged log stops the process, naming the file."""
+    version 0).  ``core.kept``: the names the data it kept was written under (None: it
+    kept nothing, claims nothing and holds nothing to level); a damaged log stops the
+    process, naming the file."""
     engine = core.engine
     if core.version != 0:
         return
-    tail = getattr(engine, "tail", None)
+    kept = core.kept
+    tail = getattr(engine, "tail", None) if kept is not None else None
     try:
-        position = int(getattr(engine, "position", 0))
+        position = int(getattr(engine, "position", 0)) if kept is not None else 0
         if type(msg) is LevelAsk:
             records = () if msg.after is None or tail is None else tuple(tail(msg.after))
             for i in range(0, max(len(records), 1), SLICE):
                 last = i + SLICE >= len(records)
-                core.send(src, LevelTail(msg.round, position, records[i : i + SLICE], last))
+                part = records[i : i + SLICE]
+                core.send(src, LevelTail(msg.round, position, tuple(kept or ()), part, last))
             return
         batch = [
             tuple(item)
@@ -237,9 +298,9 @@ def answer_level(core: Any, src: str, msg: LevelAsk | LevelApply) -> None:
             if type(item) in (list, tuple) and len(item) == 3 and type(item[2]) is int
             and item[2] > position
         ]  # fmt: skip
-        if batch:
+        if batch and kept is not None:
             engine.apply(batch)
         if msg.last:
-            core.send(src, Levelled(msg.round, int(engine.position)))
+            core.send(src, Levelled(msg.round, int(getattr(engine, "position", 0))))
     except OSError as e:  # a damaged log
         core.stop(f"cannot level this holder's data for the restart: {e}")

@@ -39,7 +39,6 @@ from rubberband.changelog import ChangeLog, revised_op
 from rubberband.config import CLIENT, STORAGE, SUPER
 from rubberband.engine import BadOperation, Engine, Placement, changed_key
 from rubberband.keys import (
-    EVERYTHING,
     NOTHING,
     RangeSet,
     covers,
@@ -69,7 +68,7 @@ from rubberband.proto import (
     Stale,
     ready_header,
 )
-from rubberband.restart import answer_level
+from rubberband.restart import answer_level, drop_kept, restored
 
 CHUNK_BYTES = 256 * 1024
 _NOW = 1 << 62
@@ -132,7 +131,10 @@ class StorageCore:
         *,
         chunk_bytes: int = CHUNK_BYTES,
         changes: ChangeLog | None = None,
+        kept: tuple[NodeId, ...] | None = None,
     ) -> None:
+        """``kept``: the names the data an earlier process left in the engine was
+        written under (``--keep-data``; :func:`rubberband.restart.drop_kept`)."""
         if not me.startswith(STORAGE):
             raise ValueError(f"a storage process is named {STORAGE}..., not {me!r}")
         self.me = me
@@ -171,6 +173,7 @@ class StorageCore:
         self._wholes = self._positions and hasattr(engine, "whole")
         self.changes.place = lambda key: self.engine.placement.ekey(changed_key(key))
         self.now = 0.0
+        self.kept = kept
 
     # ================================================================== outputs
     def send(self, dst: NodeId, msg: Any) -> None:
@@ -213,6 +216,8 @@ class StorageCore:
             self.engine.placement = Placement(rb[1])
         self.version = int(rb[2])
         self.owned = self.keyspace.partition(self.me)
+        if self.version > 0:  # a live cluster: what we kept is no part of it
+            drop_kept(self)
         return fx
 
     def on_deliveries(self, deliveries: Iterable[Delivery], now: float = 0.0) -> Effects:
@@ -497,6 +502,8 @@ class StorageCore:
         if ks is None:
             return
         op = h.get(H.OP)
+        if not (isinstance(op, list | tuple) and op and op[0] == "restore"):
+            drop_kept(self)
         try:
             new = _next_keyspace(ks, op)
             instructions = instructions_from_wire(h.get(H.INSTRUCTIONS, ()))
@@ -513,14 +520,8 @@ class StorageCore:
         v = self.version
         self.owned = new.partition(self.me)
         self.changes.gained(difference(self.owned, old_owned), t)
-        if op[0] == "restore":
-            # The whole cluster restarted: our engine kept our ranges on disk, brought
-            # level with the other replicas (rubberband.restart); its positions start
-            # again with this group's.  What it holds beyond them goes.
-            getattr(self.engine, "new_epoch", lambda: None)()
-            rest = difference(EVERYTHING, self.owned)
-            if rest:
-                self.order(rest, t, ("delete", rest, 0))
+        if op[0] == "restore":  # the whole cluster restarted from its disks
+            restored(self, t)
             return
         me = self.me
         # Broken ranges we no longer hold are no longer our problem (a contract or a

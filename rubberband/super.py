@@ -180,20 +180,25 @@ class SuperCore:
         if (f, partitioning) != (c.f, c.partitioning):
             self.restore_waits_for = [f"a group of replication {f}, {partitioning} partitioning"]
             return
-        self.restore_waits_for = sorted({p for _, p in ring} - c.storage() - set(lost))
-        if self.restore_waits_for or c.coordinator() != self.me:
+        recorded = sorted({p for _, p in ring} - set(lost))
+        if c.coordinator() != self.me:  # as far as a super that does not level can tell
+            self.restore_waits_for = sorted(set(recorded) - c.storage())
             return
-        holders = sorted({p for _, p in ring} - set(lost))
+        candidates = sorted(c.storage())  # each may hold a recorded holder's data
         lev = self._leveller
-        if lev is None or lev.holders != holders:
-            lev = self._leveller = Leveller(holders, Keyspace(f, ring), Placement(partitioning))
+        if lev is None or lev.holders != candidates:
+            ks, placement = Keyspace(f, ring), Placement(partitioning)
+            lev = self._leveller = Leveller(candidates, recorded, ks, placement)
+        self.restore_waits_for = lev.unclaimed
         if not lev.done:
             lev.step(now, fx)
             return
         if now - self._restore_asked < RESTORE_AGAIN:
             return
         self._restore_asked = now
-        op = ("restore", tuple((e, p) for e, p in ring), partial, lost)
+        names = lev.renamed(p for _, p in ring)  # the processes that hold the data now
+        op = ("restore", tuple(zip((e for e, _ in ring), names, strict=True)),
+              lev.renamed(partial), lost)  # fmt: skip
         header = keyspace_header(0, op, ())
         fx.deliver.append(Submit(header, None, ("restore",)))
         fx.wake(now + RESTORE_AGAIN)
@@ -245,6 +250,11 @@ class SuperCore:
         c = self.config
         if c is None:
             raise Refused("this super has not joined yet")
+        if self.restore is not None:  # a placement now would drop what the holders kept
+            raise Refused(
+                "this super is restoring the ring a whole cluster recorded (waiting for "
+                f"{', '.join(self.restore_waits_for) or 'the holders to be level'})"
+            )
         ks = c.keyspace
         try:
             if op == "expand":

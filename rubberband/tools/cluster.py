@@ -31,7 +31,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,17 +140,10 @@ def up(args: argparse.Namespace) -> int:
     token_file = d / "admin_token"
     ecast.write_private(token_file, token + "\n")
     common = ["--routers", addresses, "--state-dir", str(d)]
-    numbers = range(1, args.storage + 1)
+    numbers: Sequence[int] = range(1, args.storage + 1)
     standby: list[int] = []
     if record is not None:  # a restart: the recorded holders, with their data
-        numbers = restart_numbers(record)
-        lost = level_holders(d, record, numbers, args.engine, args.engine_arg)
-        record = (*record[:5], tuple(f"storage:{n}" for n in lost))
-        for i in range(1, args.supers + 1):
-            (d / KEYSPACE_FILE.format(i)).write_bytes(msgpack.packb(record))
-        numbers = [n for n in numbers if n not in lost]
-        spare = max([*numbers, *lost, *_numbers_used(d)]) + 1
-        standby = list(range(spare, spare + len(lost)))  # to take the lost holders' place
+        numbers, standby = _holders_back(d, args, record)
     supers: dict[str, str] = {}
     for i in range(1, args.supers + 1):
         name, address = start_super(state, i, common, args.auto_repair, args.timeout)
@@ -185,6 +178,26 @@ def up(args: argparse.Namespace) -> int:
     if record is not None:
         return restored(record, t0, args.timeout, lambda: admin_request(str(d), "/status"))
     return _expand_all(d, args, addresses, t0)
+
+
+def _holders_back(d: Path, args: argparse.Namespace, record: Any) -> tuple[list[int], list[int]]:
+    """A restart's storage processes: the recorded holders whose disks are there, and
+    standby processes to take the lost ones' place; the supers' record says which are
+    lost.  ``--new-names``: the holders under new numbers, their directories with them."""
+    numbers = restart_numbers(record)
+    lost = level_holders(d, record, numbers, args.engine, args.engine_arg)
+    record = (*record[:5], tuple(f"storage:{n}" for n in lost))
+    for i in range(1, args.supers + 1):
+        (d / KEYSPACE_FILE.format(i)).write_bytes(msgpack.packb(record))
+    numbers = [n for n in numbers if n not in lost]
+    spare = max([*numbers, *lost, *_numbers_used(d)]) + 1
+    standby = list(range(spare, spare + len(lost)))
+    if args.new_names:  # as the deploys restart every process, under a new name
+        new = list(range(spare + len(lost), spare + len(lost) + len(numbers)))
+        for n, m in zip(numbers, new, strict=True):
+            (d / "data" / f"storage{n}").rename(d / "data" / f"storage{m}")
+        numbers = new
+    return numbers, standby
 
 
 def _numbers_used(d: Path) -> list[int]:
@@ -253,7 +266,7 @@ def start_super(
 
 
 def _start_storage(
-    state: local.StateDir, common: list[str], engine: str, numbers: range, timeout: float
+    state: local.StateDir, common: list[str], engine: str, numbers: Sequence[int], timeout: float
 ) -> dict[str, int]:
     """Storage processes ``storage:N`` for N in ``numbers``, in standby, healthy."""
     storage: dict[str, int] = {}
@@ -506,6 +519,12 @@ def cluster_main(argv: list[str] | None = None) -> int:
         "(repeatable; the durable engines' path is set per process)",
     )
     u.add_argument("--key-space", type=int, default=1_000_000)
+    u.add_argument(
+        "--new-names",
+        action="store_true",
+        help="restarting from the disks: the holders under new names, as the deploys "
+        "restart them (--unique-name); the supers map the ring onto them by their data",
+    )
     u.add_argument("--timeout", type=float, default=60.0)
     u.add_argument("--state-dir", required=True)
     u.add_argument(

@@ -125,9 +125,10 @@ STORAGE_SETTINGS = [
         "keep-data",
         bool,
         False,
-        "keep what the engine holds from an earlier process in its directory (the "
-        "restart of a whole cluster, whose supers restore the ring; the replicas' data "
-        "brought level first, as `rubberband cluster up` does); otherwise it is dropped",
+        "keep what a durable engine holds from an earlier process in its directory "
+        "until the first keyspace change: a restore of the whole cluster's ring keeps "
+        "it (the replicas brought level first); joining a live cluster, or any other "
+        "change, drops it, as does starting without this flag",
     ),
     Setting(
         "change-log",
@@ -426,20 +427,67 @@ def plant_mutations(names: list[str]) -> None:
 def _start_empty(engine: Any) -> None:
     """A storage process joins as a new member that holds nothing: data a durable
     engine kept from an earlier process in its directory is no part of any range the
-    ring will give it (a migration would add to it, not replace it), so it goes.
-    Rejoining with that data is the whole-cluster restart (docs/decisions.md)."""
+    ring will give it (a migration would add to it, not replace it), so it goes, and
+    its positions start again.  Rejoining with that data is the whole-cluster restart
+    (``--keep-data``, docs/decisions.md)."""
     held = engine.stats().get("items", 0)
     if held:
         why = "data of an earlier process in this directory; a new member starts empty"
         log.warning("event=engine_cleared items=%s reason=%s", held, why)
         engine.delete(EVERYTHING)
+    getattr(engine, "new_epoch", lambda: None)()
+
+
+HOLDERS_FILE = "holders.json"
+"""In a durable engine's directory: the names of the processes whose data it holds."""
+
+
+def _holders_file(engine: Any) -> Path | None:
+    path = getattr(engine, "path", None)
+    return None if path is None else Path(path) / HOLDERS_FILE
+
+
+def _write_holders(f: Path, names: tuple[str, ...]) -> None:
+    tmp = f.with_suffix(".tmp")
+    tmp.write_text(json.dumps(list(names)))
+    os.replace(tmp, f)
+
+
+def kept_names(args: argparse.Namespace, engine: Any) -> tuple[str, ...] | None:
+    """With ``--keep-data`` on a durable engine: the names its data may have been
+    written under (those its directory recorded, and this process's own: a local
+    cluster restarts under the same names), for the coordinating super to map the
+    recorded ring onto this process (a deploy restarts it under a new name).  Written
+    down with ours at once, so a crash right after the restore still finds both."""
+    f = _holders_file(engine)
+    if not args.keep_data or f is None:
+        return None
+    try:
+        names = [n for n in json.loads(f.read_text()) if isinstance(n, str)]
+    except (OSError, ValueError, TypeError):
+        names = []
+    kept = tuple(dict.fromkeys([*names[-4:], args.name]))
+    _write_holders(f, kept)
+    return kept
+
+
+async def _record_holder(core: StorageCore, engine: Any, name: str) -> None:
+    """Once the data is this process's alone (restored, or dropped), say so."""
+    f = _holders_file(engine)
+    if f is None:
+        return
+    while core.kept is not None and core.stopped is None:
+        await asyncio.sleep(0.2)
+    if core.kept is None:
+        await asyncio.to_thread(_write_holders, f, (name,))
 
 
 async def run_storage(args: argparse.Namespace) -> int:
     if args.metrics:
         kit.check_port_free(args.metrics, "--metrics")
     engine = make_engine(args.engine, args.engine_arg)
-    if not args.keep_data:
+    kept = kept_names(args, engine)
+    if kept is None:
         _start_empty(engine)
     try:
         client = await _connect(args, durable=getattr(engine, "durable", False) is True)
@@ -449,8 +497,9 @@ async def run_storage(args: argparse.Namespace) -> int:
     changes = ChangeLog(
         max_changes=args.change_log, max_age=args.change_log_age, max_bytes=args.change_log_bytes
     )
-    core = StorageCore(args.name, engine, changes=changes)
+    core = StorageCore(args.name, engine, changes=changes, kept=kept)
     host = StorageHost(client, core)
+    recording = asyncio.ensure_future(_record_holder(core, engine, args.name))
     log.info("event=joined name=%s engine=%s", args.name, args.engine)
     runner = None
     if args.metrics:
@@ -463,6 +512,7 @@ async def run_storage(args: argparse.Namespace) -> int:
     try:
         return await _until_stopped(host, client, runner, drain=lambda: _drain(host, args))
     finally:
+        recording.cancel()
         engine.close()  # a memcached engine stops its server
 
 

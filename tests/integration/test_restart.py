@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import time
@@ -344,3 +345,48 @@ def test_a_restart_with_a_holders_disk_gone_restarts_without_it(cluster: Path) -
     assert out.returncode == 0, out.stdout + out.stderr
     assert "storage:5" in [r["name"] for r in status(d)["ring"]]
     asyncio.run(check("client:replaced"))
+
+
+def test_holders_restarted_under_new_names_come_back_with_their_data(cluster: Path) -> None:
+    """The deploys restart every process under a new name (``--unique-name``): each
+    storage process says whose data it kept, the coordinating super brings them level
+    under their new names (one holder's last write torn, so it is given that write) and
+    restores the recorded ring onto them; a second restart finds them under those
+    names."""
+    d = cluster
+    model = {k: f"v{k}" for k in range(0, 3_000, 3)}
+
+    async def write() -> None:
+        rb = await connect(d, "client:before")
+        items = list(model.items())
+        for i in range(0, len(items), 500):
+            await rb.put_many(dict(items[i : i + 500]))
+        for k in range(5):  # one write a batch: the last is the one torn below
+            await rb.put(10_000 + k, "last")
+            model[10_000 + k] = "last"
+        await rb.close()
+
+    async def check() -> None:
+        rb = await connect(d, "client:after")
+        for level in ("sequential", "basic", "basic", "basic", "snapshot"):
+            got = dict(await rb.scan(None, None, isolation=level))
+            assert got == model, (level, len(got), len(model))
+        await rb.close()
+
+    asyncio.run(write())
+    ring = status(d)["ring"]
+    power_cut(d)
+    seg = sorted((d / "data" / "storage1").glob("log-*.seg"))[-1]
+    os.truncate(seg, seg.stat().st_size - 20)  # its last batch, cut short
+    again = cli(*UP, "--new-names", "--state-dir", str(d))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert re.search(r"'storage:\d+': 1\b", again.stdout), again.stdout  # levelled
+    now = status(d)["ring"]
+    assert [r["id"] for r in now] == [r["id"] for r in ring]
+    assert not {r["name"] for r in now} & {r["name"] for r in ring}  # every name new
+    asyncio.run(check())
+    power_cut(d)
+    again = cli(*UP, "--state-dir", str(d))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert [(r["name"], r["id"]) for r in status(d)["ring"]] == [(r["name"], r["id"]) for r in now]
+    asyncio.run(check())

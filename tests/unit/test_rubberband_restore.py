@@ -8,6 +8,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import pytest
+
 from ecast import Effects, Message
 from rubberband.keys import encode_key
 from rubberband.outputs import Submit
@@ -84,13 +86,17 @@ def test_the_coordinator_asks_once_every_holder_is_back_and_stops_once_restored(
     record = recorded()
     core = SuperCore("super:a", restore=record)
     core.config = joined("super:a", *HOLDERS[:3])
-    assert not _submits(core.on_tick(0.0)) and core.restore_waits_for == ["storage:3"]
+    fx = core.on_tick(0.0)  # who holds which holder's data?
+    assert not _submits(fx) and _asks(fx) == [(h, LevelAsk(1, None)) for h in HOLDERS[:3]]
+    for h in HOLDERS[:3]:
+        assert not _submits(core.on_direct(h, LevelTail(1, 0, (h,), (), True), 0.0))
+    assert core.restore_waits_for == ["storage:3"]
     assert core.status()["restoring"] == ["storage:3"]
     core.config, _ = step(core.config, "storage:3", {"kind": "join"})
-    fx = core.on_tick(1.0)  # every holder is back: first they are brought level
+    fx = core.on_tick(1.0)  # every holder is back: a new round brings them level
     for after in (None, 0):  # holders with nothing to level: positions, then tails
         assert not _submits(fx) and _asks(fx) == [(h, LevelAsk(1, after)) for h in HOLDERS]
-        answers = [core.on_direct(h, LevelTail(1, 0, (), True), 1.0) for h in HOLDERS]
+        answers = [core.on_direct(h, LevelTail(1, 0, (h,), (), True), 1.0) for h in HOLDERS]
         fx = answers[-1]
     asked = [x for x in fx.deliver if type(x) is Submit]
     assert [x.header[H.OP][0] for x in asked] == ["restore"]
@@ -105,6 +111,27 @@ def test_the_coordinator_asks_once_every_holder_is_back_and_stops_once_restored(
     assert not _submits(other.on_tick(0.0))
 
 
+def test_holders_restarted_under_new_names_get_the_ring_of_the_data_they_hold() -> None:
+    """The deploys restart every process under a new name (``--unique-name``): each
+    storage process says whose data it kept, and the restored ring names it there; a
+    fresh process (a spare) claims nothing and gets nothing."""
+    record = recorded()
+    core = SuperCore("super:a", restore=record)
+    new = [f"{h}-b" for h in HOLDERS]
+    core.config = joined("super:a", *new, "storage:spare")
+    fx = core.on_tick(0.0)
+    assert [dst for dst, _ in _asks(fx)] == sorted([*new, "storage:spare"])
+    for h in sorted([*new, "storage:spare"]):
+        fx = core.on_direct(h, LevelTail(1, 7, (h[:-2], h) if h in new else (), (), True), 0.0)
+    assert [dst for dst, _ in _asks(fx)] == new  # the tails of the claimants only
+    for h in new:
+        fx = core.on_direct(h, LevelTail(1, 7, (h[:-2], h), (), True), 0.0)
+    (submit,) = _submits(fx)
+    ring = submit.header[H.OP][1]
+    assert [p for _, p in ring] == [f"{p}-b" for _, p in record[3]]
+    assert [e for e, _ in ring] == [e for e, _ in record[3]]
+
+
 def _asks(fx: Effects) -> list[tuple[str, Any]]:
     return sorted((dst, m.payload) for dst, m in fx.send if type(m.payload) is LevelAsk)
 
@@ -115,7 +142,7 @@ def test_a_holder_on_the_restored_ring_keeps_its_ranges_and_drops_the_rest() -> 
     ops = KVOps()
     put = ("put", tuple((k, f"v{k}") for k in range(0, 400, 10)))
     engine.apply([(put, ops.part_fun(put, engine.placement).ranges)])
-    core = StorageCore("storage:1", engine)
+    core = StorageCore("storage:1", engine, kept=("storage:1",))
     fresh = joined("super:a", *HOLDERS)
     core.joined({"rubberband": fresh.to_state()})
     assert not core.owned  # standby until the ring comes back
@@ -130,6 +157,31 @@ def test_a_holder_on_the_restored_ring_keeps_its_ranges_and_drops_the_rest() -> 
     header = write_header(ops.part_fun(w, engine.placement).ranges)
     core.deliver([(6, Message("client:c", (("c", 0, ""), 1), header, w))])
     assert dict(engine.items()).get(15) == ("new" if _inside(core.owned, encode_key(15)) else None)
+
+
+def test_kept_data_is_dropped_unless_the_first_keyspace_change_restores_it() -> None:
+    """Data an earlier process left (``--keep-data``) survives only a restore: joined
+    into a live cluster, or first handed ranges by anything else (a new cluster placed
+    on it), the process starts empty, since a migration would add to what it kept."""
+    ops = KVOps()
+    put = ("put", tuple((k, "old") for k in range(0, 400, 10)))
+
+    def holder(name: str) -> StorageCore:
+        engine = MemoryEngine()
+        engine.apply([(put, ops.part_fun(put, engine.placement).ranges)])
+        return StorageCore(name, engine, kept=(name,))
+
+    core = holder("storage:9")
+    core.joined({"rubberband": cluster(4).to_state()})  # a live cluster: version > 0
+    assert core.kept is None and core.engine.items() == []
+    core = holder("storage:0")
+    fresh = joined("super:a", *HOLDERS)
+    core.joined({"rubberband": fresh.to_state()})
+    assert core.kept == ("storage:0",) and core.engine.items()  # kept, for now
+    m = Message("super:a", (("s", 0, ""), 1), keyspace_header(0, ("expand", "storage:0",
+                encode_key(0)), ()), None)  # fmt: skip
+    core.deliver([(3, m)])
+    assert core.kept is None and core.engine.items() == [] and core.owned
 
 
 def _submits(fx: Any) -> list[Any]:
@@ -220,8 +272,9 @@ def test_replicas_are_brought_level_with_every_message_any_of_them_applied(
 class _Holder:
     """What :func:`answer_level` needs of a storage core."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, name: str) -> None:
         self.engine = engine
+        self.kept = (name,)
         self.version = 0
         self.sent: list[Any] = []
         self.stopped: str | None = None
@@ -248,8 +301,8 @@ def test_the_coordinator_levels_the_holders_over_messages_and_nothing_twice(
     # whole): the others get the ``add`` itself, which a second time would count twice.
     assert d.deliver("storage:0", ("add", ((60, 1), (160, 1))), 6)
     d.model |= {60: 1, 160: 1}  # type: ignore[dict-item]
-    holders = {n: _Holder(e) for n, e in d.engines.items()}
-    lev = Leveller(list(holders), d.ks, Placement("range"))
+    holders = {n: _Holder(e, n) for n, e in d.engines.items()}
+    lev = Leveller(list(holders), list(holders), d.ks, Placement("range"))
 
     def play(fx: Effects, lose: bool = False) -> None:
         queue = [(dst, m.payload) for dst, m in fx.send]
@@ -296,13 +349,13 @@ def test_unreadable_records_stop_a_round_not_the_super(tmp_path: Any) -> None:
     from rubberband.engine import Placement
 
     d = Divergent(tmp_path)
-    lev = Leveller(list(d.engines), d.ks, Placement("range"))
+    lev = Leveller(list(d.engines), list(d.engines), d.ks, Placement("range"))
     fx = Effects()
     lev.step(0.0, fx)
     for n in d.engines:
-        lev.on_tail(n, LevelTail(1, 3, (), True), fx)
+        lev.on_tail(n, LevelTail(1, 3, (n,), (), True), fx)
     for n in d.engines:
-        lev.on_tail(n, LevelTail(1, 3, ((4, "whole", 17),), True), fx)  # not writes
+        lev.on_tail(n, LevelTail(1, 3, (n,), ((4, "whole", 17),), True), fx)  # not writes
     assert not lev.done and "unreadable" in (lev.error or "")
     d.close()
 
@@ -311,7 +364,7 @@ def test_only_a_super_levels_a_holder_and_only_before_the_restore(tmp_path: Any)
     from rubberband.keys import EVERYTHING
     from storage_adapters.log import LogEngine
 
-    core = StorageCore("storage:1", LogEngine(path=str(tmp_path)))
+    core = StorageCore("storage:1-b", LogEngine(path=str(tmp_path)), kept=("storage:1",))
     put = (("put", ((1, "x"),)), EVERYTHING, 5)
     for src in ("client:c", "storage:2"):  # anyone else is ignored
         assert core.on_direct(src, LevelApply(1, (put,), True)).send == []
@@ -320,7 +373,21 @@ def test_only_a_super_levels_a_holder_and_only_before_the_restore(tmp_path: Any)
     assert [m.payload for _, m in fx.send] == [Levelled(1, 5)]
     assert dict(core.engine.items()) == {1: "x"}
     fx = core.on_direct("super:a", LevelAsk(2, 0))
-    assert [m.payload for _, m in fx.send] == [LevelTail(2, 5, ((5, "put", (1, "x")),), True)]
+    got = [m.payload for _, m in fx.send]
+    assert got == [LevelTail(2, 5, ("storage:1",), ((5, "put", (1, "x")),), True)]
     core.version = 1  # a ring restored: no more levelling
     assert core.on_direct("super:a", LevelAsk(3, None)).send == []
     core.engine.close()
+
+
+def test_a_restoring_super_refuses_to_reconfigure() -> None:
+    """A placement before the restore (a deploy's place job run again) would take the
+    ring first and make every holder drop the data it kept: refused."""
+    from rubberband.errors import Refused
+
+    core = SuperCore("super:a", restore=recorded())
+    core.config = joined("super:a", *HOLDERS)
+    with pytest.raises(Refused, match="restoring"):
+        core.plan("expand", "storage:0", 0)
+    core.restore = None
+    assert core.plan("expand", "storage:0", 0)
