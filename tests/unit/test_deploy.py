@@ -82,7 +82,35 @@ def test_every_daemon_in_deploy_is_found() -> None:
         for _, line, _ in commands()
         if " storage " in f" {line} " or "views" in line
     }
-    assert engines == {"scan-memory"}, engines
+    assert engines == {"scan-log"}, engines
+
+
+def test_each_deployment_keeps_its_data_and_its_ring_on_disk() -> None:
+    """A whole-cluster restart needs every storage process on a durable engine whose
+    directory is a volume, keeping what it holds (``--keep-data``), and every super
+    recording the ring on a volume (``--keyspace-file``)."""
+    for where, line, _ in commands():
+        if re.search(r"\brubberband storage\b", line):
+            assert "--keep-data" in line and "path=" in line, where
+        if re.search(r"\brubberband super\b", line):
+            assert "--keyspace-file" in line, where
+    compose = yaml.safe_load((DEPLOY / "docker" / "compose.yaml").read_text())
+    for name, svc in compose["services"].items():
+        if name.startswith(("storage", "super")):
+            (volume,) = svc["volumes"]
+            assert volume.split(":")[0] in compose["volumes"], name
+            mount = volume.split(":")[1]
+            assert mount in " ".join(svc["command"]), name  # the daemon writes there
+    for doc in yaml.safe_load_all((DEPLOY / "kubernetes" / "rubberband.yaml").read_text()):
+        if doc["kind"] == "StatefulSet" and doc["metadata"]["name"] in ("rb-storage", "rb-super"):
+            claims = {c["metadata"]["name"] for c in doc["spec"]["volumeClaimTemplates"]}
+            (c,) = doc["spec"]["template"]["spec"]["containers"]
+            mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+            assert claims and all(mounts[n] in " ".join(c["args"]) for n in claims), claims
+    for unit in ("rubberband-storage@.service", "rubberband-super@.service"):
+        text = (DEPLOY / "systemd" / unit).read_text()
+        state = re.search(r"^StateDirectory=(\S+)", text, re.M)
+        assert state and f"/var/lib/{state.group(1)}" in text, unit
 
 
 def test_every_flag_used_in_deploy_exists() -> None:
