@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from ecast import Direct, Effects
-from rubberband.keys import EVERYTHING, contains, difference, intersect, normalize
+from rubberband.keys import EVERYTHING, contains, covers, difference, intersect, normalize, union
 from rubberband.placement import Keyspace
 from rubberband.proto import LevelApply, LevelAsk, Levelled, LevelTail
 
@@ -151,6 +151,8 @@ class Leveller:
         """Recorded holder -> the process that holds its data now."""
         self.unclaimed: list[str] = list(self.recorded)
         """Recorded holders no process has claimed (as of the last round's positions)."""
+        self.claims_known = False
+        """Every candidate has said whose data it holds (in some round)."""
         self.applied: dict[str, int] = {}
         self.error: str | None = None
         self._started = float("-inf")
@@ -189,7 +191,16 @@ class Leveller:
         if len(self._complete) == len(self.rename):
             self._apply(fx)
 
+    def covered_without(self, names: list[str]) -> bool:
+        """Whether the recorded holders but ``names`` hold a copy of every range."""
+        kept: Any = ()
+        for n in self.recorded:
+            if n not in names:
+                kept = union(kept, self.keyspace.partition(n))
+        return bool(covers(kept, EVERYTHING))
+
     def _claimed(self, fx: Effects) -> None:
+        self.claims_known = True
         rename: dict[str, str] = {}
         for p in sorted(self.holders, key=lambda p: (-self._positions[p], p)):
             mine = [n for n in self._claims[p] if n in self.recorded and n not in rename]

@@ -75,9 +75,12 @@ class SuperCore:
         auto_repair: bool = True,
         repair_after: float = 2.0,
         restore: Any = None,
+        restore_wait: float = 120.0,
     ) -> None:
         """``restore``: a ring recorded by :meth:`record` (of a cluster that lost every
-        process), put back once every holder has joined this new group."""
+        process), put back once every holder has joined this new group; a holder whose
+        data no process claims ``restore_wait`` seconds after the first try is lost, if
+        the others hold a copy of every range."""
         if not me.startswith("super:"):
             raise ValueError(f"a super process is named super:..., not {me!r}")
         self.me = me
@@ -87,6 +90,10 @@ class SuperCore:
         """The recorded holders that have not joined yet (the restore waits for them)."""
         self._restore_asked = float("-inf")
         self._leveller: Leveller | None = None
+        self.restore_wait = restore_wait
+        self._restore_since: float | None = None
+        self._given_up: tuple[str, ...] = ()
+        """Recorded holders given up as lost (no process claimed them in time)."""
         self.watch = Watch(self, heartbeat, suspect_after)
         self.reconfigurations = Reconfigurations(self, auto_repair, repair_after)
         self.views = ViewReports()
@@ -176,7 +183,7 @@ class SuperCore:
             self.restore, self.restore_waits_for = None, []  # restored, or moved on
             return
         f, partitioning, _version, ring, partial, *rest = r
-        lost = tuple(rest[0]) if rest else ()
+        lost = (*(rest[0] if rest else ()), *self._given_up)
         if (f, partitioning) != (c.f, c.partitioning):
             self.restore_waits_for = [f"a group of replication {f}, {partitioning} partitioning"]
             return
@@ -186,10 +193,16 @@ class SuperCore:
             return
         candidates = sorted(c.storage())  # each may hold a recorded holder's data
         lev = self._leveller
-        if lev is None or lev.holders != candidates:
+        if lev is None or lev.holders != candidates or lev.recorded != recorded:
             ks, placement = Keyspace(f, ring), Placement(partitioning)
             lev = self._leveller = Leveller(candidates, recorded, ks, placement)
         self.restore_waits_for = lev.unclaimed
+        self._restore_since = now if self._restore_since is None else self._restore_since
+        waited = now - self._restore_since >= self.restore_wait
+        if lev.unclaimed and lev.claims_known and waited and lev.covered_without(lev.unclaimed):
+            self._given_up += tuple(lev.unclaimed)  # their disks are gone: restore without
+            self._restore(now, fx)  # them, their ranges on the others' copies until repaired
+            return
         if not lev.done:
             lev.step(now, fx)
             return

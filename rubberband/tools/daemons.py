@@ -182,6 +182,16 @@ SUPER_SETTINGS = [
         "record the ring here at every change; at start, a record there is restored into "
         "a new cluster whose ring is empty (the restart of a whole cluster from its disks)",
     ),
+    Setting(
+        "restore-wait",
+        float,
+        120.0,
+        "restoring a recorded ring: a holder whose data no storage process claims this "
+        "long after the first try is lost (its ranges restart on the others' copies, "
+        "and a super repairs them)",
+        "s",
+        check=kit.positive,
+    ),
 ]
 
 
@@ -579,6 +589,7 @@ async def run_super(args: argparse.Namespace) -> int:
         auto_repair=args.auto_repair,
         repair_after=args.repair_after,
         restore=restore,
+        restore_wait=args.restore_wait,
     )
     host = SuperHost(client, core)
     host.keyspace_file = args.keyspace_file

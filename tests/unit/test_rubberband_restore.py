@@ -391,3 +391,34 @@ def test_a_restoring_super_refuses_to_reconfigure() -> None:
         core.plan("expand", "storage:0", 0)
     core.restore = None
     assert core.plan("expand", "storage:0", 0)
+
+
+def test_a_holder_whose_data_never_comes_back_is_restored_as_lost_in_time() -> None:
+    """A deploy whose storage:3 volume is gone: its new pod claims nothing.  Within the
+    restore's wait the super waits for it; after it, since the others hold a copy of
+    every range, it restores without it (lost: excluded, repaired later).  With three
+    of the four gone some range has no copy left: it waits on."""
+    record = recorded()
+    core = SuperCore("super:a", restore=record, restore_wait=60.0)
+    core.config = joined("super:a", *HOLDERS[:3], "storage:fresh")
+    claims = {h: (h,) for h in HOLDERS[:3]} | {"storage:fresh": ()}
+
+    def answer(fx: Effects, now: float) -> Effects:
+        for dst, m in _asks(fx):
+            fx = core.on_direct(dst, LevelTail(m.round, 0, claims[dst], (), True), now)
+        return fx
+
+    fx = answer(core.on_tick(0.0), 0.0)
+    assert core.restore_waits_for == ["storage:3"] and not _submits(fx)
+    assert not _submits(answer(core.on_tick(30.0), 30.0))
+    fx = core.on_tick(61.0)
+    for _ in range(3):  # the round without it: positions, tails, then the restore
+        fx = answer(fx, 61.0)
+    (submit,) = _submits(fx)
+    assert submit.header[H.OP][3] == ("storage:3",)  # lost
+    core = SuperCore("super:a", restore=record, restore_wait=60.0)  # three disks gone
+    core.config = joined("super:a", HOLDERS[0], "storage:fresh")
+    claims = {HOLDERS[0]: (HOLDERS[0],), "storage:fresh": ()}
+    answer(core.on_tick(0.0), 0.0)
+    fx = answer(core.on_tick(100.0), 100.0)
+    assert not _submits(fx) and core.restore_waits_for == list(HOLDERS[1:])
