@@ -30,7 +30,7 @@ from typing import Any
 from rubberband.engine import EVERYTHING, BadOperation, Placement, RangeSet
 from storage_adapters.log import CorruptLog, LogEngine
 from storage_adapters.scan.engine import ScanEngine
-from storage_adapters.scan.memory_kv import TABLES, ScanMemoryEngine
+from storage_adapters.scan.memory_kv import TABLES, ScanMemoryEngine, run_on
 from storage_adapters.scan.migrate import SendCursor
 from storage_adapters.scan.ops import DDL, WRITES
 
@@ -128,27 +128,12 @@ class ScanLogEngine(ScanMemoryEngine):
         tables = [i for i, (op, *_) in enumerate(batch) if isinstance(op, dict)]
         data = [i for i, (op, *_) in enumerate(batch) if not isinstance(op, dict)]
         with self.data.group():  # one commit (one fdatasync) for both stores
-            if tables:
+            if tables:  # the scan engine takes no positions; the log records them
                 ops = [(batch[i][0], batch[i][1]) for i in tables]
-                if changed is None:
-                    got = self.scan.apply(ops)
-                else:
-                    got, logged = self.scan.apply_logged(ops)
-                    for i, c in zip(tables, logged, strict=True):
-                        changed[i] = c
+                got = run_on(self.scan, ops, tables, changed, results)
                 self._log_writes([batch[i] for i in tables], got)
-                for i, res in zip(tables, got, strict=True):
-                    results[i] = res
             if data:
-                items = [batch[i] for i in data]
-                if changed is None:
-                    got = self.data.apply(items)
-                else:
-                    got, logged = self.data.apply_logged(items)
-                    for i, c in zip(data, logged, strict=True):
-                        changed[i] = c
-                for i, res in zip(data, got, strict=True):
-                    results[i] = res
+                run_on(self.data, [batch[i] for i in data], data, changed, results)
         return results
 
     def _log_writes(self, items: list[Any], results: list[Any]) -> None:

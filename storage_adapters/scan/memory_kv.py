@@ -52,6 +52,22 @@ class _Cursor:
         self._parts = []
 
 
+def run_on(
+    store: Any, items: list[Any], where: list[int], changed: list[Any] | None, results: list[Any]
+) -> list[Any]:
+    """``items`` applied by one of the two stores, each result (and what it changed)
+    put at its place ``where`` in the whole batch; the results."""
+    if changed is None:
+        got = store.apply(items)
+    else:
+        got, logged = store.apply_logged(items)
+        for i, c in zip(where, logged, strict=True):
+            changed[i] = c
+    for i, res in zip(where, got, strict=True):
+        results[i] = res
+    return list(got)
+
+
 class ScanMemoryEngine:
     """Tables on a :class:`ScanEngine`, key-value data on a :class:`MemoryEngine`."""
 
@@ -92,17 +108,8 @@ class ScanMemoryEngine:
         data = [i for i, (op, _) in enumerate(batch) if not isinstance(op, dict)]
         # The tables' ops first: one Clock Scan cycle for all of them, in their order.
         for store, mine in ((self.scan, tables), (self.data, data)):
-            if not mine:
-                continue
-            ops = [batch[i] for i in mine]
-            if changed is None:
-                got = store.apply(ops)
-            else:
-                got, logged = store.apply_logged(ops)
-                for i, c in zip(mine, logged, strict=True):
-                    changed[i] = c
-            for i, res in zip(mine, got, strict=True):
-                results[i] = res
+            if mine:
+                run_on(store, [batch[i] for i in mine], mine, changed, results)
         return results
 
     def open_send(self, ranges: RangeSet) -> _Cursor:

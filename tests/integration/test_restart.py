@@ -50,6 +50,15 @@ def cluster(tmp_path: Path) -> Iterator[Path]:
         cli("cluster", "down", "--state-dir", str(d))
 
 
+async def put_all(d: Path, model: dict[Any, Any], per_write: int) -> None:
+    """``model`` written, ``per_write`` keys a write."""
+    rb = await connect(d, "client:before")
+    items = list(model.items())
+    for i in range(0, len(items), per_write):
+        await rb.put_many(dict(items[i : i + per_write]))
+    await rb.close()
+
+
 async def connect(d: Path, name: str) -> rbsdk.RubberbandClient:
     st = state(d)
     return await rbsdk.connect(st["routers"], name, credentials=st["client_credentials"])
@@ -315,14 +324,7 @@ def test_a_restart_with_a_holders_disk_gone_restarts_without_it(cluster: Path) -
     d = cluster
     model = {k: f"v{k}" for k in range(0, 30_000, 3)}
 
-    async def write() -> None:
-        rb = await connect(d, "client:before")
-        items = list(model.items())
-        for i in range(0, len(items), 2_000):
-            await rb.put_many(dict(items[i : i + 2_000]))
-        await rb.close()
-
-    asyncio.run(write())
+    asyncio.run(put_all(d, model, 2_000))
     power_cut(d)
     shutil.rmtree(d / "data" / "storage2")
     again = cli(*UP, "--state-dir", str(d))
@@ -357,10 +359,8 @@ def test_holders_restarted_under_new_names_come_back_with_their_data(cluster: Pa
     model = {k: f"v{k}" for k in range(0, 3_000, 3)}
 
     async def write() -> None:
-        rb = await connect(d, "client:before")
-        items = list(model.items())
-        for i in range(0, len(items), 500):
-            await rb.put_many(dict(items[i : i + 500]))
+        await put_all(d, model, 500)
+        rb = await connect(d, "client:last")
         for k in range(5):  # one write a batch: the last is the one torn below
             await rb.put(10_000 + k, "last")
             model[10_000 + k] = "last"
