@@ -18,14 +18,15 @@ KEYSPACE_FILE = "keyspace-s{}.msgpack"
 
 
 def recorded_keyspace(d: Path) -> Any:
-    """The newest ring the supers of ``d`` recorded, if a cluster on the durable engine
-    lived there and every process of it is gone; None for a new cluster."""
-    records = []
-    for path in sorted(d.glob(KEYSPACE_FILE.format("*"))):
-        record = read_keyspace_record(str(path))
-        if record is not None:
-            records.append(record)
+    """The newest ring the supers of ``d`` recorded, if a cluster on a durable engine
+    lived there and every process of it is gone; None for a new cluster, whose supers
+    then start without the records an earlier cluster in memory left (they would wait
+    to restore a ring whose data is gone, and refuse every placement meanwhile)."""
+    files = sorted(d.glob(KEYSPACE_FILE.format("*")))
+    records = [r for r in (read_keyspace_record(str(f)) for f in files) if r is not None]
     if not records or not (d / "data").is_dir():
+        for f in files:
+            f.unlink()
         return None
     live = [n for n, e in local.StateDir.recorded(d).items() if local.running(e["pid"])]
     if live:

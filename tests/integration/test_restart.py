@@ -390,3 +390,19 @@ def test_holders_restarted_under_new_names_come_back_with_their_data(cluster: Pa
     assert again.returncode == 0, again.stdout + again.stderr
     assert [(r["name"], r["id"]) for r in status(d)["ring"]] == [(r["name"], r["id"]) for r in now]
     asyncio.run(check())
+
+
+def test_a_cluster_in_memory_starts_anew_in_its_directory(tmp_path: Path) -> None:
+    """Its supers recorded the ring too, but its data died with it: `cluster up` again on
+    the directory starts a new cluster (the supers would otherwise wait to restore the
+    old ring and refuse to place the new storage processes)."""
+    d = tmp_path / "rb"
+    up = ("cluster", "up", "--routers", "1", "--supers", "1", "--storage", "3",
+          "--state-dir", str(d))  # fmt: skip
+    for _ in range(2):
+        out = cli(*up)
+        try:
+            assert out.returncode == 0, out.stdout + out.stderr
+            assert len(status(d)["ring"]) == 3
+        finally:
+            cli("cluster", "down", "--state-dir", str(d))
