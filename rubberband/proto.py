@@ -206,9 +206,9 @@ class ViewProgress:
 @dataclass(frozen=True, slots=True)
 class LevelAsk:
     """super -> storage, before it restores the ring of a cluster that lost every
-    process: your engine's position (``after`` None), or the records of its log after
-    position ``after`` (:mod:`rubberband.restart`).  ``round`` names the coordinator's
-    attempt; answers of another round are ignored."""
+    process: your engine's epoch and position (``after`` None), or the records of its
+    log after position ``after`` (:mod:`rubberband.restart`).  ``round`` names the
+    coordinator's attempt; answers of another round are ignored."""
 
     round: int
     after: int | None
@@ -216,27 +216,33 @@ class LevelAsk:
 
 @dataclass(frozen=True, slots=True)
 class LevelTail:
-    """storage -> super: the engine's ``position``, the holders whose data it may keep
-    (``holds``: the names that data was written under, which a process restarted under
-    a new name still holds; none when it kept nothing), and a slice of its log's
-    records ``(t, kind, body)`` after the asked position (none for a position ask);
-    ``last``: the end."""
+    """storage -> super: the engine's ``epoch`` and ``position``, the holders whose data
+    it may keep (``holds``: the names that data was written under, which a process
+    restarted under a new name still holds; none when it kept nothing), and slice
+    ``index`` of its log's records ``(t, kind, body)`` after the asked position
+    (``after`` echoed; none for a position ask); ``last``: the end."""
 
     round: int
+    epoch: int
     position: int
     holds: tuple[str, ...]
+    after: int | None
+    index: int
     records: tuple[Any, ...]
     last: bool
 
 
 @dataclass(frozen=True, slots=True)
 class LevelApply:
-    """super -> storage: a slice of what this holder missed, ``(op, ranges, t)`` items
-    in position order (the holder skips those at or before its position, so a slice
-    sent twice is applied once); after the ``last``, the holder answers
+    """super -> storage: slice ``index`` of what this holder missed, ``(op, ranges, t)``
+    items in position order, of epoch ``epoch`` (a holder of an earlier one starts it
+    first); the holder takes slices only in order, skips items at or before its
+    position, so a slice sent twice is applied once, and after the ``last`` answers
     :class:`Levelled`."""
 
     round: int
+    epoch: int
+    index: int
     items: tuple[Any, ...]
     last: bool
 

@@ -25,7 +25,10 @@ and ``new_epoch`` for this (``storage_adapters.log`` does).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+import msgpack
 
 from ecast import Direct, Effects
 from rubberband.keys import EVERYTHING, contains, covers, difference, intersect, normalize, union
@@ -64,8 +67,8 @@ def plan(
         for t, kind, body in tail:
             if kind == "whole":
                 wholes.setdefault(t, body)
-            elif kind == "writes":
-                writes.setdefault(t, body)
+            elif kind == "writes":  # a replica's ranges of each: what any replica wrote
+                writes[t] = _merged(writes.get(t), body)
             elif kind == "put":
                 keys.setdefault(t, {})[body[0]] = ("put", body[1])
             elif kind == "delete":
@@ -81,6 +84,18 @@ def plan(
             for item in _message(t, wholes.get(t), writes.get(t, ()), keys.get(t, {}), mine)
         ]
     return out
+
+
+def _merged(a: Any, b: Any) -> Any:
+    """Two replicas' logs of one message's table writes, ``((op, ranges), ...)``: each
+    write with the ranges either ran it on (a replica that was levelled logged only its
+    own part of a write)."""
+    if a is None or len(a) != len(b):
+        return b if a is None or len(b) > len(a) else a
+    return tuple(
+        (op, union(normalize(tuple(tuple(r) for r in ra)), normalize(tuple(tuple(r) for r in rb))))
+        for (op, ra), (_, rb) in zip(a, b, strict=True)
+    )
 
 
 class _Mine:
@@ -115,37 +130,45 @@ def _message(
 
 
 LEVEL_AGAIN = 30.0
-"""Seconds a levelling round may take (every holder reads its whole log, checksums and
-all, at about 11 s per GB) before the coordinator starts a new one."""
+"""Seconds a levelling round may go without an answer (every holder reads its whole
+log for its tail, checksums and all, at about 11 s per GB) before the coordinator
+starts a new one."""
 SLICE = 2_000
-"""Records or items per message of a levelling round."""
+"""Records or items per message of a levelling round, at most."""
+SLICE_BYTES = 4 << 20
+"""Their encoded bytes per message, about (a frame holds 16 MiB)."""
 
 
 class Leveller:
     """The coordinating super's levelling of the recorded holders over the network,
     before it restores the ring (sans I/O: messages in, messages out).
 
-    A round asks every storage process that joined (``candidates``) its position and
-    whose data it keeps (``holds``: a process restarted under a new name, as the deploys
-    do, still holds its predecessor's), maps each recorded holder to the process that
-    holds its data (:attr:`rename`; the highest position first if two claim one, a
-    process one holder's at most), then
-    asks those their tails after the lowest position, plans (:func:`plan`, by recorded
-    name: the data is the recorded holder's) and sends each what it lacks; it is done
-    when each has answered :class:`~rubberband.proto.Levelled`.  A round that does not
-    finish within :data:`LEVEL_AGAIN` starts over: a holder skips what it already
-    applied (everything at or before its position), so a repeated slice or round applies
-    nothing twice, and the holders start their new epoch only when the restore is
-    delivered, so a new coordinator's round finds their tails as they are."""
+    A round asks every storage process that joined (``candidates``) its epoch, position
+    and whose data it keeps (``holds``: a process restarted under a new name, as the
+    deploys do, still holds its predecessor's), maps each recorded holder to the
+    process that holds its data (:attr:`rename`; the highest position first if two
+    claim one, a process one holder's at most), asks those their tails after the lowest
+    position, plans (:func:`plan`, by recorded name: the data is the recorded holder's)
+    and sends each what it lacks; it is done when each has answered
+    :class:`~rubberband.proto.Levelled`.  A holder of an earlier epoch (a power cut
+    while the last restore was delivered: it was level then, and missed the restore)
+    starts the newest one and counts from 0.  Answers are taken in order and only for
+    the round and phase they answer (rounds are numbered on from ``first_round`` across
+    levellers); a round with no answer for :data:`LEVEL_AGAIN` starts over.  A holder
+    skips what it already applied (everything at or before its position), so a repeated
+    slice or round applies nothing twice, and the holders start their new epoch only
+    when the restore is delivered, so a new coordinator's round finds their tails as
+    they are."""
 
     def __init__(
-        self, candidates: list[str], recorded: list[str], keyspace: Keyspace, placement: Any
-    ) -> None:
+        self, candidates: list[str], recorded: list[str], keyspace: Keyspace, placement: Any,
+        first_round: int = 0,
+    ) -> None:  # fmt: skip
         self.holders = sorted(candidates)
         self.recorded = sorted(recorded)
         self.keyspace = keyspace
         self.placement = placement
-        self.round = 0
+        self.round = first_round
         self.done = False
         self.rename: dict[str, str] = {}
         """Recorded holder -> the process that holds its data now."""
@@ -155,73 +178,77 @@ class Leveller:
         """Every candidate has said whose data it holds (in some round)."""
         self.applied: dict[str, int] = {}
         self.error: str | None = None
-        self._started = float("-inf")
-        self._positions: dict[str, int] = {}
-        self._claims: dict[str, tuple[str, ...]] = {}
+        self._heard = float("-inf")
+        self._answers: dict[str, LevelTail] = {}
         self._tails: dict[str, list[Any]] = {}
+        self._next: dict[str, int] = {}
         self._complete: set[str] = set()
         self._waiting: set[str] = set()
         self._low: int | None = None
+        self._epoch = 0
 
     def step(self, now: float, fx: Effects) -> None:
-        """Start a round if none is under way (or the last one overran)."""
-        if self.done or now - self._started < LEVEL_AGAIN:
+        """Start a round if none is under way (or the last one went quiet)."""
+        if self.done or now - self._heard < LEVEL_AGAIN:
             return
         self.round += 1
-        self._started = now
-        self._positions, self._claims, self._tails = {}, {}, {}
+        self._heard = now
+        self._answers, self._tails, self._next = {}, {}, {}
         self._complete, self._waiting, self._low = set(), set(), None
         for h in self.holders:
             fx.send.append((h, Direct(LevelAsk(self.round, None))))
         fx.wake(now + LEVEL_AGAIN)
 
-    def on_tail(self, src: str, msg: LevelTail, fx: Effects) -> None:
+    def on_tail(self, src: str, msg: LevelTail, now: float, fx: Effects) -> None:
         if self.done or msg.round != self.round or src not in self.holders:
             return
         if self._low is None:  # the positions and claims
-            self._positions[src], self._claims[src] = msg.position, msg.holds
-            if len(self._positions) == len(self.holders):
-                self._claimed(fx)
+            if msg.after is None and src not in self._answers:
+                self._answers[src], self._heard = msg, now
+                if len(self._answers) == len(self.holders):
+                    self._claimed(fx)
             return
-        if src in self._complete or src not in self.rename.values():
-            return
-        self._tails.setdefault(src, []).extend(msg.records)
+        if msg.after != self._low or src not in self._tails or msg.index != self._next[src]:
+            return  # another phase's, a holder that is not asked, or out of order
+        self._tails[src].extend(msg.records)
+        self._next[src], self._heard = msg.index + 1, now
         if msg.last:
             self._complete.add(src)
-        if len(self._complete) == len(self.rename):
-            self._apply(fx)
-
-    def covered_without(self, names: list[str]) -> bool:
-        """Whether the recorded holders but ``names`` hold a copy of every range."""
-        kept: Any = ()
-        for n in self.recorded:
-            if n not in names:
-                kept = union(kept, self.keyspace.partition(n))
-        return bool(covers(kept, EVERYTHING))
+            if len(self._complete) == len(self._tails):
+                self._apply(fx)
 
     def _claimed(self, fx: Effects) -> None:
         self.claims_known = True
+        answers = self._answers
         rename: dict[str, str] = {}
-        for p in sorted(self.holders, key=lambda p: (-self._positions[p], p)):
-            mine = [n for n in self._claims[p] if n in self.recorded and n not in rename]
+        for p in sorted(self.holders, key=lambda p: (-answers[p].epoch, -answers[p].position, p)):
+            mine = [n for n in answers[p].holds if n in self.recorded and n not in rename]
             if mine:
                 rename[mine[0]] = p
         self.unclaimed = [n for n in self.recorded if n not in rename]
         if self.unclaimed:
             return  # a holder's disk is not back (yet): the next round asks again
         self.rename = rename
-        self._low = min((self._positions[p] for p in rename.values()), default=0)
+        self._epoch = max((answers[p].epoch for p in rename.values()), default=0)
+        self._low = min((self._position(p) for p in rename.values()), default=0)
         for p in sorted(rename.values()):
+            self._tails[p], self._next[p] = [], 0
             fx.send.append((p, Direct(LevelAsk(self.round, self._low))))
         if not rename:
             self.done = True
 
+    def _position(self, p: str) -> int:
+        """A holder's position in the newest epoch (0 if it has not started it)."""
+        a = self._answers[p]
+        return a.position if a.epoch == self._epoch else 0
+
     def _apply(self, fx: Effects) -> None:
         tails, self._tails = self._tails, {}
+        newest = {p: t for p, t in tails.items() if self._answers[p].epoch == self._epoch}
         by_process = {p: n for n, p in self.rename.items()}
-        positions = {n: self._positions[p] for n, p in self.rename.items()}
+        positions = {n: self._position(p) for n, p in self.rename.items()}
         try:
-            lacks = plan(positions, {by_process[p]: t for p, t in tails.items()},
+            lacks = plan(positions, {by_process[p]: t for p, t in newest.items()},
                          self.keyspace, self.placement)  # fmt: skip
         except (TypeError, ValueError, IndexError, KeyError, AttributeError) as e:
             # A holder sent records no engine writes: the round stops here, and the
@@ -230,23 +257,33 @@ class Leveller:
             return
         self.error = None
         self.applied = {self.rename[n]: len(items) for n, items in lacks.items()}
-        self._waiting = {self.rename[n] for n, items in lacks.items() if items}
-        for n, items in sorted(lacks.items()):
-            parts = _slices(items)
+        behind = {p for p in self.rename.values() if self._answers[p].epoch < self._epoch}
+        self._waiting = {self.rename[n] for n, items in lacks.items() if items} | behind
+        for p in sorted(self._waiting):
+            parts = _slices(lacks[by_process[p]], by_message=True)
             for i, part in enumerate(parts):
                 last = i == len(parts) - 1
-                fx.send.append((self.rename[n], Direct(LevelApply(self.round, part, last))))
+                fx.send.append((p, Direct(LevelApply(self.round, self._epoch, i, part, last))))
         self.done = not self._waiting
 
-    def on_levelled(self, src: str, msg: Levelled) -> None:
-        if self.done or msg.round != self.round:
+    def on_levelled(self, src: str, msg: Levelled, now: float) -> None:
+        if self.done or msg.round != self.round or src not in self._waiting:
             return
         self._waiting.discard(src)
+        self._heard = now
         self.done = not self._waiting
 
     def renamed(self, names: Any) -> tuple[Any, ...]:
         """``names`` (recorded holders) as the processes that hold their data now."""
         return tuple(self.rename.get(n, n) for n in names)
+
+    def covered_without(self, names: list[str]) -> bool:
+        """Whether the recorded holders but ``names`` hold a copy of every range."""
+        kept: Any = ()
+        for n in self.recorded:
+            if n not in names:
+                kept = union(kept, self.keyspace.partition(n))
+        return bool(covers(kept, EVERYTHING))
 
 
 def drop_kept(core: Any) -> None:
@@ -271,15 +308,20 @@ def restored(core: Any, t: int) -> None:
         core.order(rest, t, ("delete", rest, 0))
 
 
-def _slices(items: list[Any]) -> list[tuple[Any, ...]]:
-    """``items`` in slices of about :data:`SLICE`, a message's items never split (a
-    holder skips every item at or before its position once it applied a slice)."""
+def _slices(items: Sequence[Any], by_message: bool = False) -> list[tuple[Any, ...]]:
+    """``items`` in slices of at most :data:`SLICE` items and about :data:`SLICE_BYTES`
+    (at least one slice; ``by_message``: a message's items, equal in position, never
+    split: a holder skips every item at or before its position once it applied one)."""
     out: list[tuple[Any, ...]] = []
-    start = 0
-    for i in range(1, len(items) + 1):
-        if i == len(items) or (i - start >= SLICE and items[i][2] != items[i - 1][2]):
-            out.append(tuple(items[start:i]))
-            start = i
+    start, size = 0, 0
+    for i, item in enumerate(items):
+        size += len(msgpack.packb(item, use_bin_type=True, default=repr))
+        full = i + 1 - start >= SLICE or size >= SLICE_BYTES
+        if full and not (by_message and i + 1 < len(items) and items[i + 1][2] == item[2]):
+            out.append(tuple(items[start : i + 1]))
+            start, size = i + 1, 0
+    if start < len(items) or not out:
+        out.append(tuple(items[start:]))
     return out
 
 
@@ -287,22 +329,25 @@ def answer_level(core: Any, src: str, msg: LevelAsk | LevelApply) -> None:
     """A holder's side of a round (``core`` a :class:`~rubberband.storage.StorageCore`,
     on its engine thread; ``src`` a super): only before any ring is restored (keyspace
     version 0).  ``core.kept``: the names the data it kept was written under (None: it
-    kept nothing, claims nothing and holds nothing to level); a damaged log stops the
-    process, naming the file."""
+    kept nothing, claims nothing and holds nothing to level).  A damaged log stops the
+    process, naming the file; a malformed request changes nothing."""
     engine = core.engine
     if core.version != 0:
         return
     kept = core.kept
-    tail = getattr(engine, "tail", None) if kept is not None else None
     try:
+        epoch = int(getattr(engine, "epoch", 0)) if kept is not None else 0
         position = int(getattr(engine, "position", 0)) if kept is not None else 0
         if type(msg) is LevelAsk:
-            records = () if msg.after is None or tail is None else tuple(tail(msg.after))
-            for i in range(0, max(len(records), 1), SLICE):
-                last = i + SLICE >= len(records)
-                part = records[i : i + SLICE]
-                core.send(src, LevelTail(msg.round, position, tuple(kept or ()), part, last))
+            _tail(core, src, msg, epoch, position)
             return
+        expected = core.level_next.get((src, msg.round), 0)
+        if msg.index != expected:
+            return  # out of order (one before it was lost): the round starts over
+        core.level_next = {(src, msg.round): expected + 1}
+        if kept is not None and epoch < msg.epoch:  # it missed the last restore
+            engine.new_epoch()
+            position = 0
         batch = [
             tuple(item)
             for item in msg.items
@@ -315,3 +360,20 @@ def answer_level(core: Any, src: str, msg: LevelAsk | LevelApply) -> None:
             core.send(src, Levelled(msg.round, int(getattr(engine, "position", 0))))
     except OSError as e:  # a damaged log
         core.stop(f"cannot level this holder's data for the restart: {e}")
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError):
+        return  # a request no super makes: ignored (the round starts over)
+
+
+def _tail(core: Any, src: str, msg: LevelAsk, epoch: int, position: int) -> None:
+    tail = getattr(core.engine, "tail", None)
+    records: Sequence[Any] = ()
+    if msg.after is not None and tail is not None and core.kept is not None:
+        cached = core.level_tail
+        if cached is None or cached[0] != (epoch, position, msg.after):
+            cached = core.level_tail = ((epoch, position, msg.after), tail(msg.after))
+        records = cached[1]
+    holds = tuple(core.kept or ())
+    parts = _slices(records)
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        core.send(src, LevelTail(msg.round, epoch, position, holds, msg.after, i, part, last))

@@ -174,6 +174,8 @@ class StorageCore:
         self.changes.place = lambda key: self.engine.placement.ekey(changed_key(key))
         self.now = 0.0
         self.kept = kept
+        self.level_next: dict[Any, int] = {}  # (super, round) -> the next slice it takes
+        self.level_tail: Any = None  # ((epoch, position, after), records) last sent
 
     # ================================================================== outputs
     def send(self, dst: NodeId, msg: Any) -> None:

@@ -136,7 +136,7 @@ class SuperCore:
         elif (t is LevelTail or t is Levelled) and src.startswith(STORAGE):
             lev = self._leveller
             if lev is not None:
-                lev.on_tail(src, msg, fx) if t is LevelTail else lev.on_levelled(src, msg)
+                lev.on_tail(src, msg, now, fx) if t is LevelTail else lev.on_levelled(src, msg, now)
                 self._restore(now, fx)
         return fx
 
@@ -195,7 +195,8 @@ class SuperCore:
         lev = self._leveller
         if lev is None or lev.holders != candidates or lev.recorded != recorded:
             ks, placement = Keyspace(f, ring), Placement(partitioning)
-            lev = self._leveller = Leveller(candidates, recorded, ks, placement)
+            rounds = 0 if lev is None else lev.round  # answers to old rounds stay old
+            lev = self._leveller = Leveller(candidates, recorded, ks, placement, rounds)
         self.restore_waits_for = lev.unclaimed
         self._restore_since = now if self._restore_since is None else self._restore_since
         waited = now - self._restore_since >= self.restore_wait

@@ -476,7 +476,9 @@ def kept_names(args: argparse.Namespace, engine: Any) -> tuple[str, ...] | None:
         names = [n for n in json.loads(f.read_text()) if isinstance(n, str)]
     except (OSError, ValueError, TypeError):
         names = []
-    kept = tuple(dict.fromkeys([*names[-4:], args.name]))
+    # The first is the one the data was last restored or placed under: kept however
+    # often this process fails to start before it joins.
+    kept = tuple(dict.fromkeys([*names[:1], *names[-20:], args.name]))
     _write_holders(f, kept)
     return kept
 

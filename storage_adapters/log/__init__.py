@@ -153,6 +153,7 @@ class LogEngine(MemoryEngine):
         self.counts = {"writes": 0, "reads": 0, "rejected": 0}
         self.figures = {"checkpoints": 0, "compactions": 0, "cut_bytes": 0}
         self._holding = False
+        self._broken = False
         self._compacted_at = -1
         self._checkpointed_at = 0  # the log's appended bytes at the last checkpoint
         self.recovered: dict[str, Any] = {}
@@ -196,15 +197,14 @@ class LogEngine(MemoryEngine):
 
     # ---------------------------------------------------------------- the protocol
     def apply(self, batch: Sequence[Any]) -> list[Any]:
-        index = self._data
-        out = []
-        for item in batch:
-            if len(item) == 3 and item[2] > index.t:
-                index.t = item[2]
-            out.append(self._one(item[0], item[1]))
-        if not self._holding:
-            self._commit()
-        return out
+        with self.group():
+            index = self._data
+            out = []
+            for item in batch:
+                if len(item) == 3 and item[2] > index.t:
+                    index.t = item[2]
+                out.append(self._one(item[0], item[1]))
+            return out
 
     def apply_logged(self, batch: Sequence[Any]) -> tuple[list[Any], list[Any]]:
         with self.group():  # one group commit for the batch, not one per operation
@@ -212,14 +212,20 @@ class LogEngine(MemoryEngine):
 
     @contextlib.contextmanager
     def group(self) -> Iterator[None]:
-        """One group commit for everything written inside (nested: the outermost)."""
+        """One group commit for everything written inside (nested: the outermost).  A
+        failure inside commits nothing: the batch is not in the log, and this engine
+        writes no more (its storage process stops; a restart cuts what was written)."""
         outer, self._holding = self._holding, True
         try:
             yield
-        finally:
+        except BaseException:
             self._holding = outer
-            if not outer:
-                self._commit()
+            self._broken = True
+            self._log.abandon()
+            raise
+        self._holding = outer
+        if not outer:
+            self._commit()
 
     def log_store(self, t: int, body: Any) -> None:
         """Log a change of the :class:`LoggedStore` made at position ``t`` (committed
@@ -261,11 +267,17 @@ class LogEngine(MemoryEngine):
                 raise CorruptLog(f"{self._log.file(n)}: damaged record at offset {end}")
         return out
 
+    @property
+    def epoch(self) -> int:
+        """How many times positions started again (a new E-Cast group each time)."""
+        return int(self._data.epoch)
+
     def new_epoch(self) -> None:
         """Positions start again from here (a new E-Cast group): synced at once."""
         index = self._data
         index.t = 0
-        self._log.append((-1, EPOCH, 0))
+        index.epoch += 1
+        self._log.append((-1, EPOCH, index.epoch))
         self._log.commit(force=True)
 
     def _delete_range(self, op: Any, ranges: RangeSet) -> None:
@@ -280,9 +292,13 @@ class LogEngine(MemoryEngine):
         return _Cursor(self, self._flat(ranges))
 
     def receive(self, chunk: Any, ranges: RangeSet) -> None:
-        super().receive(chunk, ranges)
-        if not self._holding:
-            self._commit()
+        index = self._data
+        t, index.t = index.t, -1  # a copy is no message's write: out of every tail
+        try:
+            with self.group():
+                super().receive(chunk, ranges)
+        finally:
+            index.t = t
 
     def delete(self, ranges: RangeSet) -> None:
         self._data.drop(self._flat(ranges))
@@ -308,7 +324,7 @@ class LogEngine(MemoryEngine):
         if self._lock < 0:
             return
         try:
-            if not self._own:
+            if not self._own and not self._broken:  # a failed batch stays uncommitted
                 self._log.commit(force=True)
                 if checkpoint:
                     self.checkpoint()
@@ -341,7 +357,7 @@ class LogEngine(MemoryEngine):
         final = self.path / CKPT.format(n)
         entries = [(e[0], e[2], e[3], e[4]) for e in index.live.values()]
         head = {"segment": log_.active, "offset": log_.size(log_.active), "t": index.t,
-                "items": len(entries)}  # fmt: skip
+                "epoch": index.epoch, "items": len(entries)}  # fmt: skip
         if self._store is not None:
             _write_file(self.path / STORE_CKPT.format(n), _store_records(self._store.snapshot()))
         _write_file(final, _checkpoint_records(head, entries))
@@ -378,7 +394,7 @@ class LogEngine(MemoryEngine):
         moved = [e for e in index.live.values() if e[2] == n]
         for e in moved:
             value = index.value(e[2:])
-            ptr = log_.append((index.t, PUT, e[0], value))
+            ptr = log_.append((-1, PUT, e[0], value))  # moved, not written: in no tail
             index.live_bytes[n] -= e[4]
             e[2:] = ptr
             index.live_bytes[ptr[0]] = index.live_bytes.get(ptr[0], 0) + ptr[2]
@@ -445,7 +461,7 @@ class LogEngine(MemoryEngine):
                 index.lsn += 1
                 index.live[self._slot(key)] = [key, index.lsn, seg, off, size]
                 index.live_bytes[seg] = index.live_bytes.get(seg, 0) + size
-        index.t = head["t"]
+        index.t, index.epoch = head["t"], head.get("epoch", 0)
         return head["segment"], head["offset"]
 
     def _redo(self, segments: list[int], start: tuple[int, int]) -> tuple[int, int]:
@@ -499,6 +515,8 @@ class LogEngine(MemoryEngine):
         index = self._data
         t, kind = rec.body[0], rec.body[1]
         index.t = 0 if kind == EPOCH else max(index.t, t)
+        if kind == EPOCH:
+            index.epoch = rec.body[2]
         index.lsn += 1
         if kind == PUT:
             key = rec.body[2]

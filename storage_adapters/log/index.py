@@ -55,6 +55,8 @@ class LogIndex:
         self.lsn = 0
         self.t = 0
         """The position in the total order of the write being applied (records carry it)."""
+        self.epoch = 0
+        """The epoch of the positions (a new one at each restart of the whole cluster)."""
         self.live_bytes: dict[int, int] = {}
         """segment -> bytes of its records the index points at (what compaction keeps)."""
         self._cache: OrderedDict[tuple[int, int], Any] = OrderedDict()

@@ -102,6 +102,11 @@ class Log:
         self.appended += len(rec)
         return (self.active, off, len(rec))
 
+    def abandon(self) -> None:
+        """Drop what was appended and not yet handed to the OS (a failed batch; what
+        was handed over has no commit mark after it, so a reopen cuts it)."""
+        self._buf.clear()
+
     def flush(self) -> None:
         """Hand the buffer to the OS (no sync): readers can ``pread`` it."""
         if not self._buf:

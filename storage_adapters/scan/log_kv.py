@@ -128,12 +128,14 @@ class ScanLogEngine(ScanMemoryEngine):
         tables = [i for i, (op, *_) in enumerate(batch) if isinstance(op, dict)]
         data = [i for i, (op, *_) in enumerate(batch) if not isinstance(op, dict)]
         with self.data.group():  # one commit (one fdatasync) for both stores
+            # The key-value data first: its records take the log's running position, which
+            # the tables' records (each with its own) must not have moved past theirs.
+            if data:
+                run_on(self.data, [batch[i] for i in data], data, changed, results)
             if tables:  # the scan engine takes no positions; the log records them
                 ops = [(batch[i][0], batch[i][1]) for i in tables]
                 got = run_on(self.scan, ops, tables, changed, results)
                 self._log_writes([batch[i] for i in tables], got)
-            if data:
-                run_on(self.data, [batch[i] for i in data], data, changed, results)
         return results
 
     def _log_writes(self, items: list[Any], results: list[Any]) -> None:

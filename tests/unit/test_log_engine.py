@@ -299,3 +299,41 @@ def test_the_tail_says_what_a_restart_levels_and_an_epoch_starts_positions_again
     assert e.position == 1 and [t for t, _, _ in e.tail(-1)] == [1]
     assert content(e) == {5: "five", 7: "seven"}
     e.close()
+
+
+def test_epochs_are_numbered_and_survive_a_restart(tmp_path: Path) -> None:
+    e = LogEngine(path=str(tmp_path))
+    put(e, {1: "a"}, t=4)
+    e.new_epoch()
+    e.new_epoch()
+    put(e, {2: "b"}, t=1)
+    assert (e.epoch, e.position) == (2, 1)
+    crash(e)
+    e = LogEngine(path=str(tmp_path))  # by redo
+    assert (e.epoch, e.position) == (2, 1)
+    e.close()
+    e = LogEngine(path=str(tmp_path))  # from the checkpoint written at close
+    assert (e.epoch, e.position) == (2, 1) and e.recovered["checkpoint"]
+    e.close()
+
+
+def test_a_batch_that_fails_half_way_is_not_in_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    e = LogEngine(path=str(tmp_path))
+    put(e, {1: "kept"}, t=1)
+    append = e._log.append
+
+    def full(body: Any) -> Any:  # the second write of the batch finds the disk full
+        if body[2:3] == (3,):
+            raise OSError(28, "no room left on the device")
+        return append(body)
+
+    monkeypatch.setattr(e._log, "append", full)
+    ops = [("put", ((2, "half"),)), ("put", ((3, "never"),))]
+    with pytest.raises(OSError):
+        e.apply([(o, OPS.part_fun(o, e.placement).ranges, 2) for o in ops])
+    e.close()  # a failed engine commits nothing more
+    e = LogEngine(path=str(tmp_path))
+    assert content(e) == {1: "kept"} and e.position == 1
+    e.close()

@@ -89,14 +89,16 @@ def test_the_coordinator_asks_once_every_holder_is_back_and_stops_once_restored(
     fx = core.on_tick(0.0)  # who holds which holder's data?
     assert not _submits(fx) and _asks(fx) == [(h, LevelAsk(1, None)) for h in HOLDERS[:3]]
     for h in HOLDERS[:3]:
-        assert not _submits(core.on_direct(h, LevelTail(1, 0, (h,), (), True), 0.0))
+        assert not _submits(core.on_direct(h, _tail(1, 0, (h,), None), 0.0))
     assert core.restore_waits_for == ["storage:3"]
     assert core.status()["restoring"] == ["storage:3"]
     core.config, _ = step(core.config, "storage:3", {"kind": "join"})
     fx = core.on_tick(1.0)  # every holder is back: a new round brings them level
     for after in (None, 0):  # holders with nothing to level: positions, then tails
-        assert not _submits(fx) and _asks(fx) == [(h, LevelAsk(1, after)) for h in HOLDERS]
-        answers = [core.on_direct(h, LevelTail(1, 0, (h,), (), True), 1.0) for h in HOLDERS]
+        assert not _submits(fx) and _asks(fx) == [(h, LevelAsk(2, after)) for h in HOLDERS]
+        stale = core.on_direct(HOLDERS[0], _tail(1, 0, (HOLDERS[0],), after), 1.0)
+        assert not stale.send and not _submits(stale)  # the first round's: ignored
+        answers = [core.on_direct(h, _tail(2, 0, (h,), after), 1.0) for h in HOLDERS]
         fx = answers[-1]
     asked = [x for x in fx.deliver if type(x) is Submit]
     assert [x.header[H.OP][0] for x in asked] == ["restore"]
@@ -122,14 +124,21 @@ def test_holders_restarted_under_new_names_get_the_ring_of_the_data_they_hold() 
     fx = core.on_tick(0.0)
     assert [dst for dst, _ in _asks(fx)] == sorted([*new, "storage:spare"])
     for h in sorted([*new, "storage:spare"]):
-        fx = core.on_direct(h, LevelTail(1, 7, (h[:-2], h) if h in new else (), (), True), 0.0)
+        fx = core.on_direct(h, _tail(1, 7, (h[:-2], h) if h in new else (), None), 0.0)
     assert [dst for dst, _ in _asks(fx)] == new  # the tails of the claimants only
     for h in new:
-        fx = core.on_direct(h, LevelTail(1, 7, (h[:-2], h), (), True), 0.0)
+        fx = core.on_direct(h, _tail(1, 7, (h[:-2], h), 7), 0.0)
     (submit,) = _submits(fx)
     ring = submit.header[H.OP][1]
     assert [p for _, p in ring] == [f"{p}-b" for _, p in record[3]]
     assert [e for e, _ in ring] == [e for e, _ in record[3]]
+
+
+def _tail(
+    round_: int, position: int, holds: tuple[str, ...], after: int | None, records: Any = ()
+) -> LevelTail:
+    """A holder's whole answer to a round's ask, in one slice, in epoch 0."""
+    return LevelTail(round_, 0, position, holds, after, 0, records, True)
 
 
 def _asks(fx: Effects) -> list[tuple[str, Any]]:
@@ -276,6 +285,8 @@ class _Holder:
         self.engine = engine
         self.kept = (name,)
         self.version = 0
+        self.level_next: dict[Any, int] = {}
+        self.level_tail: Any = None
         self.sent: list[Any] = []
         self.stopped: str | None = None
 
@@ -316,7 +327,10 @@ def test_the_coordinator_levels_the_holders_over_messages_and_nothing_twice(
                 continue  # applied, but the Levelled answer is lost
             out = Effects()
             for a in answers:
-                (lev.on_tail(dst, a, out) if type(a) is LevelTail else lev.on_levelled(dst, a))
+                if type(a) is LevelTail:
+                    lev.on_tail(dst, a, 0.0, out)
+                else:
+                    lev.on_levelled(dst, a, 0.0)
             queue += [(x, m.payload) for x, m in out.send]
 
     fx = Effects()
@@ -336,13 +350,18 @@ def test_the_coordinator_levels_the_holders_over_messages_and_nothing_twice(
     d.close()
 
 
-def test_a_levelling_slice_never_splits_a_message() -> None:
-    from rubberband.restart import SLICE, _slices
+def test_a_levelling_slice_never_splits_a_message_and_stays_within_a_frame() -> None:
+    from rubberband.restart import SLICE, SLICE_BYTES, _slices
 
     items = [(("put", ((k, k),)), (), k // 3) for k in range(3 * SLICE + 2)]
-    parts = _slices(items)
-    assert [x for part in parts for x in part] == items and len(parts) == 3
+    parts = _slices(items, by_message=True)
+    assert [x for part in parts for x in part] == items and max(map(len, parts)) <= SLICE + 2
     assert all(a[-1][2] != b[0][2] for a, b in itertools.pairwise(parts))
+    big = [(("put", ((k, "x" * 100_000),)), (), k) for k in range(200)]  # 20 MB
+    parts = _slices(big, by_message=True)
+    assert [x for part in parts for x in part] == big and len(parts) >= 5
+    assert all(len(part) * 100_000 <= SLICE_BYTES + 100_000 for part in parts)
+    assert _slices([]) == [()]
 
 
 def test_unreadable_records_stop_a_round_not_the_super(tmp_path: Any) -> None:
@@ -353,9 +372,9 @@ def test_unreadable_records_stop_a_round_not_the_super(tmp_path: Any) -> None:
     fx = Effects()
     lev.step(0.0, fx)
     for n in d.engines:
-        lev.on_tail(n, LevelTail(1, 3, (n,), (), True), fx)
+        lev.on_tail(n, _tail(1, 3, (n,), None), 0.0, fx)
     for n in d.engines:
-        lev.on_tail(n, LevelTail(1, 3, (n,), ((4, "whole", 17),), True), fx)  # not writes
+        lev.on_tail(n, _tail(1, 3, (n,), 3, ((4, "whole", 17),)), 0.0, fx)  # not writes
     assert not lev.done and "unreadable" in (lev.error or "")
     d.close()
 
@@ -367,14 +386,14 @@ def test_only_a_super_levels_a_holder_and_only_before_the_restore(tmp_path: Any)
     core = StorageCore("storage:1-b", LogEngine(path=str(tmp_path)), kept=("storage:1",))
     put = (("put", ((1, "x"),)), EVERYTHING, 5)
     for src in ("client:c", "storage:2"):  # anyone else is ignored
-        assert core.on_direct(src, LevelApply(1, (put,), True)).send == []
+        assert core.on_direct(src, LevelApply(1, 0, 0, (put,), True)).send == []
     assert dict(core.engine.items()) == {}
-    fx = core.on_direct("super:a", LevelApply(1, (put, ("junk",)), True))
+    fx = core.on_direct("super:a", LevelApply(1, 0, 0, (put, ("junk",)), True))
     assert [m.payload for _, m in fx.send] == [Levelled(1, 5)]
     assert dict(core.engine.items()) == {1: "x"}
     fx = core.on_direct("super:a", LevelAsk(2, 0))
     got = [m.payload for _, m in fx.send]
-    assert got == [LevelTail(2, 5, ("storage:1",), ((5, "put", (1, "x")),), True)]
+    assert got == [LevelTail(2, 0, 5, ("storage:1",), 0, 0, ((5, "put", (1, "x")),), True)]
     core.version = 1  # a ring restored: no more levelling
     assert core.on_direct("super:a", LevelAsk(3, None)).send == []
     core.engine.close()
@@ -405,7 +424,7 @@ def test_a_holder_whose_data_never_comes_back_is_restored_as_lost_in_time() -> N
 
     def answer(fx: Effects, now: float) -> Effects:
         for dst, m in _asks(fx):
-            fx = core.on_direct(dst, LevelTail(m.round, 0, claims[dst], (), True), now)
+            fx = core.on_direct(dst, _tail(m.round, 0, claims[dst], m.after), now)
         return fx
 
     fx = answer(core.on_tick(0.0), 0.0)
@@ -422,3 +441,58 @@ def test_a_holder_whose_data_never_comes_back_is_restored_as_lost_in_time() -> N
     answer(core.on_tick(0.0), 0.0)
     fx = answer(core.on_tick(100.0), 100.0)
     assert not _submits(fx) and core.restore_waits_for == list(HOLDERS[1:])
+
+
+def test_a_holder_that_missed_the_last_restore_starts_its_epoch_and_gets_only_that(
+    tmp_path: Any,
+) -> None:
+    """A power cut while the last restore was being delivered: storage:0 started the new
+    epoch and took a write of it (a counter), the others did not start it.  They were
+    level at the end of the old epoch (the restore waits for that), so each starts the
+    new epoch and gets the new epoch's writes, once; nothing of the old epoch twice."""
+    from rubberband.engine import Placement
+
+    d = Divergent(tmp_path)
+    first = Leveller(list(d.engines), list(d.engines), d.ks, Placement("range"))
+    _level(d, first)  # level at the end of the old epoch, as the restore requires
+    d.engines["storage:0"].new_epoch()
+    assert d.deliver("storage:0", ("add", ((60, 1), (160, 1))), 1)  # beyond its ranges
+    d.model |= {60: 1, 160: 1}  # type: ignore[dict-item]
+    lev = Leveller(list(d.engines), list(d.engines), d.ks, Placement("range"), first.round)
+    _level(d, lev)
+    d.check()
+    assert all(e.epoch == 1 for e in d.engines.values())
+
+
+def _level(d: Divergent, lev: Leveller) -> None:
+    holders = {n: _Holder(e, n) for n, e in d.engines.items()}
+    fx = Effects()
+    lev.step(0.0, fx)
+    queue = [(dst, m.payload) for dst, m in fx.send]
+    while queue:
+        dst, msg = queue.pop(0)
+        answer_level(holders[dst], "super:a", msg)
+        out = Effects()
+        for a in holders[dst].sent:
+            if type(a) is LevelTail:
+                lev.on_tail(dst, a, 0.0, out)
+            else:
+                lev.on_levelled(dst, a, 0.0)
+        holders[dst].sent = []
+        queue += [(x, m.payload) for x, m in out.send]
+    assert lev.done
+
+
+def test_a_holder_takes_levelling_slices_only_in_order(tmp_path: Any) -> None:
+    from rubberband.keys import EVERYTHING
+    from storage_adapters.log import LogEngine
+
+    core = StorageCore("storage:1", LogEngine(path=str(tmp_path)), kept=("storage:1",))
+    put = [(("put", ((k, "x"),)), EVERYTHING, k) for k in (3, 4)]
+    core.on_direct("super:a", LevelApply(1, 0, 1, (put[1],), True))  # slice 0 was lost
+    assert dict(core.engine.items()) == {}  # not applied: the position would skip 3
+    core.on_direct("super:a", LevelApply(2, 0, 0, (put[0],), False))
+    fx = core.on_direct("super:a", LevelApply(2, 0, 1, (put[1],), True))
+    assert dict(core.engine.items()) == {3: "x", 4: "x"}
+    assert [m.payload for _, m in fx.send] == [Levelled(2, 4)]
+    core.engine.close()

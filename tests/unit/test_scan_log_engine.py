@@ -258,3 +258,25 @@ def test_one_sync_per_batch_covers_both_stores(tmp_path: Path) -> None:
     assert e.data.stats()["syncs"] == before + 1
     assert os.path.exists(tmp_path / "LOCK")
     e.close()
+
+
+def test_each_write_is_stamped_with_its_own_position_and_copies_with_none(
+    tmp_path: Path,
+) -> None:
+    """A batch's key-value writes keep their positions beside its table writes (a
+    restart levels by them), and records that no message wrote (a received copy) are in
+    no tail."""
+    e = ScanLogEngine(path=str(tmp_path / "a"), block_rows=32)
+    apply(e, OPS.create_table("t", SCHEMA, key="k"), 1)
+    kv = ("put", ((7, "seven"),))
+    row = OPS.upsert("t", [{"k": 7, "g": 1, "s": "x"}])
+    e.apply([(op, (OPS if isinstance(op, dict) else KV).part_fun(op, e.placement).ranges, t)
+             for t, op in ((3, kv), (5, row))])  # fmt: skip
+    assert [(t, kind) for t, kind, _ in e.tail(1)] == [(3, "put"), (5, "writes")]
+    other = ScanLogEngine(path=str(tmp_path / "b"), block_rows=32)
+    cursor = e.open_send(EVERYTHING)
+    while (chunk := cursor.next_chunk(4096)) is not None:
+        other.receive(chunk, EVERYTHING)
+    assert other.tail(-1) == [] and other.items() == [(7, "seven")] and rows(other)
+    e.close()
+    other.close()
