@@ -34,8 +34,10 @@ header                                                      message
 The keys are :class:`rubberband.proto.H`'s, and the builders of every header are there.
 ``ranges`` is a normalized range set of encoded keys (:mod:`rubberband.keys`), ``op`` one
 of ``["expand", name, id]``, ``["contract", name]``, ``["replace", old, new]``,
-``["rebalance", name, id]``, ``["restore", ring, partial]`` (a recorded ring into an
-empty one, the holders in ``partial`` incomplete: the restart of a whole cluster),
+``["rebalance", name, id]``, ``["restore", ring, partial, lost, epoch]`` (a recorded
+ring into an empty one, the holders in ``partial`` incomplete, those in ``lost``
+retired, the holders' positions numbered in ``epoch`` from then on: the restart of a
+whole cluster),
 ``instructions`` the optimizer's instructions in wire form
 (:mod:`rubberband.optimizer`).
 
@@ -506,7 +508,7 @@ class RubberbandConfig(Membership):
                     return None
                 new = ks.rebalance(name, _tuple(op[2]))
                 moved = frozenset((name,))
-            elif op[0] == "restore" and len(op) in (2, 3, 4) and not instructions:
+            elif op[0] == "restore" and len(op) in (2, 3, 4, 5) and not instructions:
                 new, moved = _restored(self, op), _NONE
                 if new is None:
                     return None
@@ -622,7 +624,7 @@ def _after_restore(
     if op[0] != "restore" or len(op) < 3:
         return incomplete, retired
     incomplete |= frozenset(p for p in op[2] if p in keyspace)
-    return incomplete, retired | (frozenset(op[3]) if len(op) == 4 else _NONE)
+    return incomplete, retired | (frozenset(op[3]) if len(op) >= 4 else _NONE)
 
 
 def _restored(c: RubberbandConfig, op: Any) -> Keyspace | None:
@@ -631,7 +633,7 @@ def _restored(c: RubberbandConfig, op: Any) -> Keyspace | None:
     ks = c.keyspace
     if c.version != 0 or ks.processes or type(op[1]) is not tuple:
         return None
-    lost = op[3] if len(op) == 4 and type(op[3]) is tuple else ()
+    lost = op[3] if len(op) >= 4 and type(op[3]) is tuple else ()
     new = Keyspace(ks.f, ((_tuple(e), str(p)) for e, p in op[1]))
     if not new.processes or any(p not in c.storage() and p not in lost for p in new.processes):
         return None

@@ -90,12 +90,15 @@ def _merged(a: Any, b: Any) -> Any:
     """Two replicas' logs of one message's table writes, ``((op, ranges), ...)``: each
     write with the ranges either ran it on (a replica that was levelled logged only its
     own part of a write)."""
-    if a is None or len(a) != len(b):
-        return b if a is None or len(b) > len(a) else a
-    return tuple(
-        (op, union(normalize(tuple(tuple(r) for r in ra)), normalize(tuple(tuple(r) for r in rb))))
-        for (op, ra), (_, rb) in zip(a, b, strict=True)
-    )
+    out: list[list[Any]] = [[op, normalize(tuple(tuple(r) for r in rs))] for op, rs in a or ()]
+    for op, rs in b:
+        ranges = normalize(tuple(tuple(r) for r in rs))
+        same = [w for w in out if w[0] == op]
+        if same:
+            same[0][1] = union(same[0][1], ranges)
+        else:
+            out.append([op, ranges])
+    return tuple((op, ranges) for op, ranges in out)
 
 
 class _Mine:
@@ -186,6 +189,9 @@ class Leveller:
         self._waiting: set[str] = set()
         self._low: int | None = None
         self._epoch = 0
+        self._planned: dict[str, int] = {}
+        self.next_epoch = 1
+        """The epoch the restore starts (one past the newest any holder is in)."""
 
     def step(self, now: float, fx: Effects) -> None:
         """Start a round if none is under way (or the last one went quiet)."""
@@ -228,8 +234,16 @@ class Leveller:
         self.unclaimed = [n for n in self.recorded if n not in rename]
         if self.unclaimed:
             return  # a holder's disk is not back (yet): the next round asks again
+        epochs = {answers[p].epoch for p in rename.values()}
+        if -1 in epochs and len(epochs - {-1}) > 1:
+            # A holder that joined a group of unknown number, and holders that disagree
+            # on the newest: which group its positions are of cannot be told.  Waiting
+            # (and saying why) beats a guess that could apply writes twice.
+            self.error = f"the holders' epochs differ ({sorted(epochs)}): not levelled"
+            return
         self.rename = rename
-        self._epoch = max((answers[p].epoch for p in rename.values()), default=0)
+        self._epoch = max(epochs | {0})
+        self.next_epoch = self._epoch + 1
         self._low = min((self._position(p) for p in rename.values()), default=0)
         for p in sorted(rename.values()):
             self._tails[p], self._next[p] = [], 0
@@ -238,18 +252,23 @@ class Leveller:
             self.done = True
 
     def _position(self, p: str) -> int:
-        """A holder's position in the newest epoch (0 if it has not started it)."""
+        """A holder's position in the newest epoch (0 if it has not started it; one that
+        joined the group later, of unnumbered epoch, is in it)."""
         a = self._answers[p]
-        return a.position if a.epoch == self._epoch else 0
+        return a.position if a.epoch in (self._epoch, -1) else 0
+
+    def _behind(self, p: str) -> bool:
+        return self._answers[p].epoch not in (self._epoch, -1)
 
     def _apply(self, fx: Effects) -> None:
         tails, self._tails = self._tails, {}
-        newest = {p: t for p, t in tails.items() if self._answers[p].epoch == self._epoch}
+        newest = {p: t for p, t in tails.items() if not self._behind(p)}
         by_process = {p: n for n, p in self.rename.items()}
         positions = {n: self._position(p) for n, p in self.rename.items()}
         try:
             lacks = plan(positions, {by_process[p]: t for p, t in newest.items()},
                          self.keyspace, self.placement)  # fmt: skip
+            slices = {n: _slices(items, by_message=True) for n, items in lacks.items()}
         except (TypeError, ValueError, IndexError, KeyError, AttributeError) as e:
             # A holder sent records no engine writes: the round stops here, and the
             # next one (LEVEL_AGAIN) asks again; the restore waits, it never guesses.
@@ -257,10 +276,14 @@ class Leveller:
             return
         self.error = None
         self.applied = {self.rename[n]: len(items) for n, items in lacks.items()}
-        behind = {p for p in self.rename.values() if self._answers[p].epoch < self._epoch}
+        behind = {p for p in self.rename.values() if self._behind(p)}
         self._waiting = {self.rename[n] for n, items in lacks.items() if items} | behind
+        self._planned = {  # the position each must answer it reached
+            self.rename[n]: max([positions[n], *(t for *_, t in items)])
+            for n, items in lacks.items()
+        }
         for p in sorted(self._waiting):
-            parts = _slices(lacks[by_process[p]], by_message=True)
+            parts = slices[by_process[p]]
             for i, part in enumerate(parts):
                 last = i == len(parts) - 1
                 fx.send.append((p, Direct(LevelApply(self.round, self._epoch, i, part, last))))
@@ -269,6 +292,9 @@ class Leveller:
     def on_levelled(self, src: str, msg: Levelled, now: float) -> None:
         if self.done or msg.round != self.round or src not in self._waiting:
             return
+        if msg.position < self._planned.get(src, 0):
+            self.error = f"{src} answered levelled at {msg.position}, short of its plan"
+            return  # the round goes quiet and starts over
         self._waiting.discard(src)
         self._heard = now
         self.done = not self._waiting
@@ -294,15 +320,16 @@ def drop_kept(core: Any) -> None:
     if core.kept is not None:
         core.kept = None
         core.engine.delete(EVERYTHING)
-        getattr(core.engine, "new_epoch", lambda: None)()
+        getattr(core.engine, "new_epoch", lambda _: None)(-1)  # the group's, unnumbered
 
 
-def restored(core: Any, t: int) -> None:
+def restored(core: Any, t: int, epoch: int | None) -> None:
     """The restore of the ring was delivered at ``t`` to a storage process: its engine
     kept its ranges on disk, brought level with the other replicas, and its positions
-    start again with this group's; what it holds beyond its ranges goes."""
+    start again with this group's, in the restore's ``epoch``; what it holds beyond its
+    ranges goes."""
     core.kept = None
-    getattr(core.engine, "new_epoch", lambda: None)()
+    getattr(core.engine, "new_epoch", lambda _: None)(epoch)
     rest = difference(EVERYTHING, core.owned)
     if rest:
         core.order(rest, t, ("delete", rest, 0))
@@ -315,11 +342,12 @@ def _slices(items: Sequence[Any], by_message: bool = False) -> list[tuple[Any, .
     out: list[tuple[Any, ...]] = []
     start, size = 0, 0
     for i, item in enumerate(items):
-        size += len(msgpack.packb(item, use_bin_type=True, default=repr))
-        full = i + 1 - start >= SLICE or size >= SLICE_BYTES
-        if full and not (by_message and i + 1 < len(items) and items[i + 1][2] == item[2]):
-            out.append(tuple(items[start : i + 1]))
-            start, size = i + 1, 0
+        n = len(msgpack.packb(item, use_bin_type=True, default=repr))
+        same = by_message and i > start and items[i - 1][2] == item[2]
+        if i > start and not same and (i - start >= SLICE or size + n > SLICE_BYTES):
+            out.append(tuple(items[start:i]))  # cut before the item that would overflow
+            start, size = i, 0
+        size += n
     if start < len(items) or not out:
         out.append(tuple(items[start:]))
     return out
@@ -342,11 +370,10 @@ def answer_level(core: Any, src: str, msg: LevelAsk | LevelApply) -> None:
             _tail(core, src, msg, epoch, position)
             return
         expected = core.level_next.get((src, msg.round), 0)
-        if msg.index != expected:
+        if msg.index != expected or kept is None:
             return  # out of order (one before it was lost): the round starts over
-        core.level_next = {(src, msg.round): expected + 1}
-        if kept is not None and epoch < msg.epoch:  # it missed the last restore
-            engine.new_epoch()
+        if 0 <= epoch < msg.epoch:  # it missed the last restore, level before it
+            engine.new_epoch(msg.epoch)
             position = 0
         batch = [
             tuple(item)
@@ -354,9 +381,15 @@ def answer_level(core: Any, src: str, msg: LevelAsk | LevelApply) -> None:
             if type(item) in (list, tuple) and len(item) == 3 and type(item[2]) is int
             and item[2] > position
         ]  # fmt: skip
-        if batch and kept is not None:
-            engine.apply(batch)
+        if batch:
+            try:
+                engine.apply(batch)
+            except Exception as e:  # the engine failed: this replica stops (fail-stop)
+                core.stop(f"levelling for the restart failed: {e}")
+                return
+        core.level_next = {(src, msg.round): expected + 1}
         if msg.last:
+            getattr(engine, "sync", lambda: None)()  # on disk before it says so
             core.send(src, Levelled(msg.round, int(getattr(engine, "position", 0))))
     except OSError as e:  # a damaged log
         core.stop(f"cannot level this holder's data for the restart: {e}")

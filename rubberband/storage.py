@@ -523,7 +523,7 @@ class StorageCore:
         self.owned = new.partition(self.me)
         self.changes.gained(difference(self.owned, old_owned), t)
         if op[0] == "restore":  # the whole cluster restarted from its disks
-            restored(self, t)
+            restored(self, t, op[4] if len(op) > 4 and type(op[4]) is int else None)
             return
         me = self.me
         # Broken ranges we no longer hold are no longer our problem (a contract or a

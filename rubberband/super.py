@@ -212,7 +212,7 @@ class SuperCore:
         self._restore_asked = now
         names = lev.renamed(p for _, p in ring)  # the processes that hold the data now
         op = ("restore", tuple(zip((e for e, _ in ring), names, strict=True)),
-              lev.renamed(partial), lost)  # fmt: skip
+              lev.renamed(partial), lost, lev.next_epoch)  # fmt: skip
         header = keyspace_header(0, op, ())
         fx.deliver.append(Submit(header, None, ("restore",)))
         fx.wake(now + RESTORE_AGAIN)

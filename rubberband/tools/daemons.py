@@ -445,7 +445,7 @@ def _start_empty(engine: Any) -> None:
         why = "data of an earlier process in this directory; a new member starts empty"
         log.warning("event=engine_cleared items=%s reason=%s", held, why)
         engine.delete(EVERYTHING)
-    getattr(engine, "new_epoch", lambda: None)()
+    getattr(engine, "new_epoch", lambda _: None)(-1)  # the group it joins, unnumbered
 
 
 HOLDERS_FILE = "holders.json"

@@ -269,15 +269,21 @@ class LogEngine(MemoryEngine):
 
     @property
     def epoch(self) -> int:
-        """How many times positions started again (a new E-Cast group each time)."""
+        """The epoch of the positions: the cluster's restore that started their group
+        (-1: a group this engine joined later, whose number it was not told)."""
         return int(self._data.epoch)
 
-    def new_epoch(self) -> None:
-        """Positions start again from here (a new E-Cast group): synced at once."""
+    def new_epoch(self, epoch: int | None = None) -> None:
+        """Positions start again from here (a new E-Cast group), in ``epoch`` (None: the
+        next one): synced at once."""
         index = self._data
         index.t = 0
-        index.epoch += 1
+        index.epoch = index.epoch + 1 if epoch is None else epoch
         self._log.append((-1, EPOCH, index.epoch))
+        self._log.commit(force=True)
+
+    def sync(self) -> None:
+        """Everything written so far on disk, whatever the fsync policy."""
         self._log.commit(force=True)
 
     def _delete_range(self, op: Any, ranges: RangeSet) -> None:

@@ -174,8 +174,15 @@ class ScanLogEngine(ScanMemoryEngine):
                 out.append((t, "writes", tuple((op, ranges) for op, ranges in body[1])))
         return out
 
-    def new_epoch(self) -> None:
-        self.data.new_epoch()
+    @property
+    def epoch(self) -> int:
+        return self.data.epoch
+
+    def new_epoch(self, epoch: int | None = None) -> None:
+        self.data.new_epoch(epoch)
+
+    def sync(self) -> None:
+        self.data.sync()
 
     def checkpoint(self) -> Any:
         return self.data.checkpoint()

@@ -496,3 +496,24 @@ def test_a_holder_takes_levelling_slices_only_in_order(tmp_path: Any) -> None:
     assert dict(core.engine.items()) == {3: "x", 4: "x"}
     assert [m.payload for _, m in fx.send] == [Levelled(2, 4)]
     core.engine.close()
+
+
+def test_holders_whose_epochs_cannot_be_told_apart_are_not_levelled(tmp_path: Any) -> None:
+    """storage:0 started a new epoch, storage:3 is of an unnumbered one (it joined a
+    group later): whose positions are whose cannot be told, so the round stops and says
+    why, rather than guess and perhaps apply writes twice."""
+    from rubberband.engine import Placement
+
+    d = Divergent(tmp_path)
+    d.engines["storage:0"].new_epoch(1)
+    d.engines["storage:3"].new_epoch(-1)
+    lev = Leveller(list(d.engines), list(d.engines), d.ks, Placement("range"))
+    holders = {n: _Holder(e, n) for n, e in d.engines.items()}
+    fx = Effects()
+    lev.step(0.0, fx)
+    for dst, m in fx.send:
+        answer_level(holders[dst], "super:a", m.payload)
+        for a in holders[dst].sent:
+            lev.on_tail(dst, a, 0.0, Effects())
+    assert not lev.done and "epochs differ" in (lev.error or "")
+    d.close()
