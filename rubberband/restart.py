@@ -36,24 +36,6 @@ from rubberband.placement import Keyspace
 from rubberband.proto import LevelApply, LevelAsk, Levelled, LevelTail
 
 
-def level(engines: dict[str, Any], keyspace: Keyspace) -> dict[str, int]:
-    """Bring ``engines`` (holder name -> an open engine of that holder, all on one
-    machine) level and start their new epoch; returns the items each one applied.  The
-    cluster does the same over the network (:class:`Leveller`)."""
-    positions = {name: int(e.position) for name, e in engines.items()}
-    low = min(positions.values(), default=0)
-    tails = {name: e.tail(low) for name, e in engines.items()}
-    placement = next(iter(engines.values())).placement if engines else None
-    applied = {}
-    for name, items in plan(positions, tails, keyspace, placement).items():
-        if items:
-            engines[name].apply(items)
-        applied[name] = len(items)
-    for e in engines.values():
-        e.new_epoch()
-    return applied
-
-
 def plan(
     positions: dict[str, int], tails: dict[str, Any], keyspace: Keyspace, placement: Any
 ) -> dict[str, list[Any]]:

@@ -43,7 +43,7 @@ from ecast.core import mutations
 from rubberband.tools.daemons import DURABLE
 from rubberband.tools.restart import (
     KEYSPACE_FILE,
-    level_holders,
+    check_holders,
     recorded_keyspace,
     restart_numbers,
     restored,
@@ -185,7 +185,7 @@ def _holders_back(d: Path, args: argparse.Namespace, record: Any) -> tuple[list[
     standby processes to take the lost ones' place; the supers' record says which are
     lost.  ``--new-names``: the holders under new numbers, their directories with them."""
     numbers = restart_numbers(record)
-    lost = level_holders(d, record, numbers, args.engine, args.engine_arg)
+    lost = check_holders(d, record, numbers, args.engine, args.engine_arg)
     record = (*record[:5], tuple(f"storage:{n}" for n in lost))
     for i in range(1, args.supers + 1):
         (d / KEYSPACE_FILE.format(i)).write_bytes(msgpack.packb(record))

@@ -42,7 +42,7 @@ def restart_numbers(record: Any) -> list[int]:
     return sorted(int(p[8:]) for p in names)
 
 
-def level_holders(
+def check_holders(
     d: Path, record: Any, numbers: list[int], engine: str = "log", options: Sequence[str] = ()
 ) -> list[int]:
     """Check the holders' data before they start: every record of every log read,

@@ -247,7 +247,7 @@ class LogEngine(MemoryEngine):
     def tail(self, after: int) -> list[tuple[int, str, Any]]:
         """``(t, kind, body)`` of every record of the current epoch at a position after
         ``after``, in log order: ``"put"`` ``(key, value)``, ``"delete"`` ``key`` and
-        ``"whole"`` ``((op, ranges), ...)`` (what :func:`rubberband.restart.level`
+        ``"whole"`` ``((op, ranges), ...)`` (what :func:`rubberband.restart.plan`
         reads), and ``"store"`` the :class:`LoggedStore`'s bodies.  Reads the whole
         log, checksums and all: :class:`CorruptLog` on damage anywhere, even behind the
         checkpoint a restart opened from."""

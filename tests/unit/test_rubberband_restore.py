@@ -22,7 +22,7 @@ from rubberband.proto import (
     keyspace_header,
     write_header,
 )
-from rubberband.restart import LEVEL_AGAIN, Leveller, answer_level
+from rubberband.restart import LEVEL_AGAIN, Leveller, answer_level, plan
 from rubberband.storage import StorageCore
 from rubberband.super import RESTORE_AGAIN, SuperCore
 from storage_adapters.memory import KVOps, MemoryEngine
@@ -264,11 +264,27 @@ class Divergent:
             e.close()
 
 
+def level(engines: dict[str, Any], keyspace: Any) -> dict[str, int]:
+    """Bring ``engines`` (all on this machine) level as the coordinating super's rounds
+    do, by :func:`rubberband.restart.plan`, then start their new epoch; the items each
+    one applied."""
+    positions = {name: int(e.position) for name, e in engines.items()}
+    low = min(positions.values(), default=0)
+    tails = {name: e.tail(low) for name, e in engines.items()}
+    placement = next(iter(engines.values())).placement
+    applied = {}
+    for name, items in plan(positions, tails, keyspace, placement).items():
+        if items:
+            engines[name].apply(items)
+        applied[name] = len(items)
+    for e in engines.values():
+        e.new_epoch()
+    return applied
+
+
 def test_replicas_are_brought_level_with_every_message_any_of_them_applied(
     tmp_path: Any,
 ) -> None:
-    from rubberband.restart import level
-
     d = Divergent(tmp_path)
     applied = level(d.engines, d.ks)
     assert sum(applied.values()) > 0

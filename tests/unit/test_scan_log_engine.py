@@ -19,11 +19,11 @@ import pytest
 from rubberband.engine import EVERYTHING
 from rubberband.keys import covers, encode_key, intersect
 from rubberband.placement import Keyspace
-from rubberband.restart import level
 from storage_adapters.log import CorruptLog
 from storage_adapters.memory import KVOps
 from storage_adapters.scan import ScanOps
 from storage_adapters.scan.log_kv import ScanLogEngine
+from tests.unit.test_rubberband_restore import level
 
 OPS, KV = ScanOps(), KVOps()
 SCHEMA = [("k", "int64"), ("g", "int64"), ("s", "varchar")]
