@@ -72,15 +72,20 @@ def _merged(a: Any, b: Any) -> Any:
     """Two replicas' logs of one message's table writes, ``((op, ranges), ...)``: each
     write with the ranges either ran it on (a replica that was levelled logged only its
     own part of a write)."""
-    out: list[list[Any]] = [[op, normalize(tuple(tuple(r) for r in rs))] for op, rs in a or ()]
+    out: list[list[Any]] = [[op, _ranges(rs)] for op, rs in a or ()]
     for op, rs in b:
-        ranges = normalize(tuple(tuple(r) for r in rs))
+        ranges = _ranges(rs)
         same = [w for w in out if w[0] == op]
         if same:
             same[0][1] = union(same[0][1], ranges)
         else:
             out.append([op, ranges])
     return tuple((op, ranges) for op, ranges in out)
+
+
+def _ranges(logged: Any) -> Any:
+    """A range set as a log or the wire gave it back (lists for tuples)."""
+    return normalize(tuple(tuple(r) for r in logged))
 
 
 class _Mine:
@@ -102,7 +107,7 @@ def _message(
     it whole, else the table writes and the keys some replica wrote for it."""
     out = []
     for op, ranges in whole if whole is not None else writes:
-        part = intersect(normalize(tuple(tuple(r) for r in ranges)), mine.owned)
+        part = intersect(_ranges(ranges), mine.owned)
         if part:
             out.append((op, part, t))
     if whole is None:
