@@ -27,6 +27,15 @@ def run(tmp_path: Path, *args: str, timeout: float = 300) -> tuple[int, dict, st
     return out.returncode, report, out.stdout[-4000:] + out.stderr[-4000:]
 
 
+def valid(tmp_path: Path, *args: str) -> tuple[dict, str]:
+    """A run that must pass: exit 0 with a valid verdict and no violation; the report
+    and the run's output."""
+    code, report, text = run(tmp_path, *args)
+    assert code == 0, text
+    assert report["valid"] and not report["violations"], text
+    return report, text
+
+
 def caught(tmp_path: Path, *args: str) -> dict:
     """A run with a planted bug: it must fail; shows the failing verdict."""
     code, report, text = run(tmp_path, *args)
