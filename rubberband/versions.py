@@ -72,32 +72,57 @@ def is_chain(value: Any) -> bool:
 
 def merge(chain: Any, entries: list[list[Any]], floor: int, key: Any = None) -> list[Any]:
     """``chain`` (None: a new one) with ``entries`` merged and its floor raised to
-    ``floor``; :class:`BadOperation` if ``chain`` is a value of another kind."""
+    ``floor``; :class:`BadOperation` if ``chain`` is a value of another kind.
+
+    A hot row (an aggregate's group) gains a version with nearly every base write and
+    keeps a retention's worth of them, hundreds: a merge costs a copy of the chain's
+    references (the stored chain is never changed in place: a read may be answering
+    with it) and a search only for an entry that does not come after the newest, so a
+    write no longer costs a pass over every version in Python."""
+    try:
+        return _merge(chain, entries, floor)
+    except (TypeError, LookupError, AttributeError):  # a list that only looks like a chain
+        raise BadOperation(
+            f"version of {key!r:.60}, which holds a {type(chain).__name__} that is no version chain"
+        ) from None
+
+
+def _position(entry: Any) -> int:
+    return int(entry[0])
+
+
+def _merge(chain: Any, entries: list[list[Any]], floor: int) -> list[Any]:
     if chain is None:  # new: absent before its first version (and the writer's floor)
-        low, versions = min(floor, *(e[0] for e in entries)) if entries else floor, []
-    elif is_chain(chain):
-        low, versions = chain[0], [list(e) for e in chain[1:]]
+        out: list[Any] = [min(floor, *(e[0] for e in entries)) if entries else floor]
+    elif type(chain) in (list, tuple) and chain and type(chain[0]) is int:
+        out = list(chain)
+        if len(out) > 1 and type(out[1]) is not list:  # decoded off the wire: tuples
+            out[1:] = [list(e) for e in out[1:]]
+        if len(out) > 1 and len(out[-1]) not in (1, 2):
+            raise TypeError
     else:
-        raise BadOperation(f"version of {key!r:.60}, which holds a {type(chain).__name__}")
-    positions = [e[0] for e in versions]
+        raise TypeError
+    low = out[0]
     for entry in entries:
         p = entry[0]
         if p < low:
             continue  # history the chain gave up
-        i = bisect_right(positions, p)
-        if i and positions[i - 1] == p:
+        if len(out) == 1 or p > out[-1][0]:
+            out.append(list(entry))  # the usual case: the newest version
+            continue
+        i = bisect_right(out, p, 1, key=_position)
+        if i > 1 and out[i - 1][0] == p:
             continue  # the same version again
-        positions.insert(i, p)
-        versions.insert(i, list(entry))
+        out.insert(i, list(entry))
     if floor > low:
-        low = floor
-        keep = bisect_right(positions, low) - 1  # the newest version at or below the floor
-        if keep > 0:
-            versions = versions[keep:]
-    if len(versions) > MAX_ENTRIES:
-        versions = versions[-MAX_ENTRIES:]
-        low = max(low, versions[0][0])
-    return [low, *versions]
+        low = out[0] = floor
+        keep = bisect_right(out, low, 1, key=_position) - 1  # the newest at or below it
+        if keep > 1:
+            del out[1:keep]
+    if len(out) - 1 > MAX_ENTRIES:
+        del out[1 : len(out) - MAX_ENTRIES]
+        out[0] = max(out[0], out[1][0])
+    return out
 
 
 def as_of(chain: Any, position: int) -> tuple[bool, Any]:

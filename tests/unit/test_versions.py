@@ -109,3 +109,24 @@ def test_a_chain_keeps_its_newest_versions_and_raises_its_floor_past_the_rest() 
     assert as_of(chain, 10) == (True, 10)
     with pytest.raises(LookupError):
         as_of(chain, 9)
+
+
+def test_a_merge_never_changes_the_stored_chain_and_takes_one_decoded_off_the_wire() -> None:
+    """An engine's reads may still be answering with the chain it holds: a merge returns
+    a new one.  A chain decoded off the wire (tuples, as the log engine reads its values
+    back) merges to the same chain as its list form."""
+    chain = merge(None, [[p, p] for p in range(0, 50, 5)], 0)
+    before = [list(e) if type(e) is list else e for e in chain]
+    merged = merge(chain, [[60, "new"], [12, "between"], [20, 20]], 8)
+    assert chain == before
+    assert merged[0] == 8 and merged[1] == [5, 5] and merged[-1] == [60, "new"]
+    assert as_of(merged, 12) == (True, "between") and as_of(merged, 14) == (True, "between")
+    assert as_of(merged, 15) == (True, 15)
+    decoded = tuple([chain[0], *(tuple(e) for e in chain[1:])])
+    assert merge(decoded, [[60, "new"], [12, "between"], [20, 20]], 8) == merged
+
+
+def test_a_value_that_only_looks_like_a_chain_is_refused_clearly() -> None:
+    for bad in (["x"], [1, 5], [1, [2], {"a": 1}], [1, [2], [3, 4, 5]], [1, ["p"]], "s", 5):
+        with pytest.raises(BadOperation, match="no version chain"):
+            merge(bad, [[0, 1], [9, 1]], 0, key="k")
