@@ -53,7 +53,7 @@ RETENTION = 0.5
 """Virtual seconds of versions kept (the chains stay short, as under real load)."""
 VIEWS = (
     view_def("rows", "selection", SOURCE, retention=RETENTION),
-    view_def("by_g", "index", SOURCE, on="g", columns=["g"], retention=RETENTION),
+    view_def("by_g", "index", SOURCE, on="g", columns=["g"], retention=RETENTION, parts=[(2,)]),
     view_def(
         "totals",
         "aggregate",

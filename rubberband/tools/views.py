@@ -52,6 +52,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--right-table", metavar="NAME:KEY",
                     help="join: --right is of this table's rows")  # fmt: skip
     ap.add_argument("--right-on", help="join: the right field")
+    ap.add_argument("--split-at", action="append", default=[], metavar="KEY",
+                    help="create: a split point of the view's key, as JSON (an index's "
+                    "rows are [value, base key]: '[\"K\"]' splits before K; repeat, "
+                    "increasing): each part is kept apart, spread over --shard "
+                    "maintainers")  # fmt: skip
     ap.add_argument("--retention", type=float, default=60.0,
                     help="seconds of versions kept for reads at past positions")  # fmt: skip
     ap.add_argument("--level", default="sequential",
@@ -62,8 +67,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--hi", help="read: rows below this key")
     ap.add_argument("--poll", type=float, default=0.05, help="maintain: idle poll, seconds")
     ap.add_argument("--shard", metavar="I/N",
-                    help="maintain: keep only the groups of views of shard I of N (0 <= I "
-                    "< N; a group is in one shard: N maintainers split the views)")  # fmt: skip
+                    help="maintain: keep only the groups of views (and parts of split views) "
+                    "of shard I of N (0 <= I < N): N maintainers split them")  # fmt: skip
     ap.add_argument("--metrics", metavar="HOST:PORT",
                     help="maintain: serve /metrics and /health here")  # fmt: skip
     ap.add_argument("--engine", help="the cluster's engine, for its client operations "
@@ -98,6 +103,8 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
         "aggregates": aggs or None,
         "retention": args.retention,
     }
+    if args.split_at:
+        spec["parts"] = [value(k) for k in args.split_at]  # JSON: '["K"]' is ("K",)
     if args.right:
         spec["right"] = (_bound(args.right[0]), _bound(args.right[1]))
         spec["right_on"] = args.right_on
@@ -151,16 +158,18 @@ async def run(args: argparse.Namespace) -> Any:
 
 
 async def _status(rb: Any, view: Any) -> dict[str, Any]:
-    """A view's progress and staleness: positions behind a sequential read now."""
-    from rubberband.views.define import meta_key
-
-    got, now = await rb.read(("get", (meta_key(view.name),)), "sequential", with_position=True)
-    chain = got.get(meta_key(view.name))
-    if not chain or len(chain) < 2:
-        return {"name": view.name, "kind": view.kind, "maintained": False}
+    """A view's progress and staleness: positions behind a sequential read now (of its
+    part furthest behind, for a view split in parts)."""
+    from rubberband.views.define import progress_keys, units
     from rubberband.views.steps import progress_of
 
-    reached, floor, _start = progress_of(chain[-1])
+    keys = [progress_keys(view.name, u.part)[0] for u in units(view)]
+    got, now = await rb.read(("get", tuple(keys)), "sequential", with_position=True)
+    chains = [got.get(k) for k in keys]
+    if any(not chain or len(chain) < 2 for chain in chains):
+        return {"name": view.name, "kind": view.kind, "maintained": False}
+    said = [progress_of(chain[-1]) for chain in chains]
+    reached, floor = min(s[0] for s in said), max(s[1] for s in said)
     return {"name": view.name, "kind": view.kind, "maintained": True, "position": reached,
             "floor": floor, "behind": now - reached}  # fmt: skip
 
@@ -181,6 +190,7 @@ async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
     """Maintain the named views (all, when none is named), starting those defined later
     and stopping those dropped, until SIGTERM or SIGINT."""
     from rubberband.views.client import maintain_group
+    from rubberband.views.define import unit_name, units
     from rubberband.views.steps import Figures, Group, group_of
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
@@ -199,7 +209,7 @@ async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
     while not stop.is_set():
         with contextlib.suppress(*failures()):
             named = [v for v in await rb.views() if not args.names or v.name in args.names]
-            views = {v.name: v for v in named if in_shard(v, shard)}
+            views = {unit_name(u): u for v in named for u in units(v) if in_shard(u, shard)}
             for key, (group, halt, task) in list(running.items()):
                 for name in [n for n in group.views if views.get(n) != group.views[n]]:
                     group.remove(name)  # dropped (or defined anew: it starts again)
@@ -248,12 +258,14 @@ def _shard(text: str | None) -> tuple[int, int]:
 
 
 def in_shard(view: Any, shard: tuple[int, int]) -> bool:
-    """Is ``view`` kept by shard ``(I, N)``?  By its group (views over the same sources
-    read one feed together, so a group is never split), hashed the same in every
-    process."""
+    """Is ``view`` (a view, or a part of one: :func:`~rubberband.views.define.units`)
+    kept by shard ``(I, N)``?  By its group (views over the same sources read one
+    feed together), hashed the same in every process; the parts of a split view go to
+    the shards after its group's, one each in turn, so that ``N`` maintainers keep
+    ``N`` parts apart."""
     from rubberband.views.steps import group_of
 
-    return zlib.crc32(group_of(view).encode()) % shard[1] == shard[0]
+    return (zlib.crc32(group_of(view).encode()) + (view.part or 0)) % shard[1] == shard[0]
 
 
 def _report(rb: Any, figures: dict[str, Any], now: float) -> None:

@@ -31,17 +31,18 @@ from rubberband.views.define import (
     ViewDef,
     catalog_key,
     from_dict,
+    keys_end,
     meta_key,
     prefix_bounds,
     row_key,
     rows_bounds,
-    stable_key,
     view_def,
 )
 from rubberband.views.steps import (
     Both,
     Figures,
     Group,
+    Layout,
     Read,
     Session,
     Sleep,
@@ -69,6 +70,8 @@ async def create_view(
         if not got:
             raise BadOperation(f"there is no view {from_!r} to define {name!r} over")
         parent = from_dict(got[catalog_key(from_)])
+        if parent.parts:
+            raise BadOperation(f"view {from_!r} is split in parts: a view over it is not kept")
         view = view_def(name, kind, (None, None), over=from_, base=parent.sources,
                         tables=parent.tables, **spec)  # fmt: skip
     else:
@@ -94,8 +97,7 @@ async def drop_view(rb: Any, name: str) -> None:
     if over:
         raise BadOperation(f"views {', '.join(over)} are defined over {name!r}: drop them first")
     await rb.delete(catalog_key(name))
-    await rb.delete_range(*rows_bounds(name))
-    await rb.delete(stable_key(name))
+    await rb.delete_range(rows_bounds(name)[0], keys_end(name))  # rows, every progress
 
 
 async def list_views(rb: Any) -> list[ViewDef]:
@@ -110,6 +112,7 @@ class View:
         self.rb = rb
         self.name = name
         self._session = Session()
+        self._layout = Layout()
 
     async def get(
         self, keys: Iterable[Any], level: str = "sequential", *, with_position: bool = False
@@ -162,7 +165,7 @@ class View:
     async def _read(self, op: Any, within: Any, level: str) -> tuple[list[tuple[Any, Any]], int]:
         rb = self.rb
         steps = read_steps(self.name, op, within, level, time.monotonic(), rb.answer_timeout,
-                           self._session, rb.writes_sent)  # fmt: skip
+                           self._session, rb.writes_sent, self._layout)  # fmt: skip
         return await drive(rb, steps)  # type: ignore[no-any-return]
 
 

@@ -44,8 +44,10 @@ of ``count sum min max avg``; ``count`` with field None counts rows.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from typing import Any
 
 from rubberband.errors import BadKey, BadOperation
@@ -84,6 +86,12 @@ class ViewDef:
     """Per source, the table whose rows it is (``(name, key column)``), or None for
     key-value data; empty: every source is key-value data.  A view over a view holds
     that view's."""
+    parts: tuple[Any, ...] = ()
+    """Split points in the view's key order: the view's rows in parts ``[-inf, p1),
+    [p1, p2), ... [pn, +inf)``, each kept by a maintainer unit of its own with a
+    progress of its own (empty: one part)."""
+    part: int | None = None
+    """On a maintainer's unit of a split view (:func:`units`): the part it keeps."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -115,6 +123,7 @@ class ViewDef:
             "over": self.over,
             "base": [list(r) for r in self.base],
             "tables": [None if t is None else list(t) for t in self.tables],
+            "parts": list(self.parts),
         }
 
 
@@ -136,10 +145,12 @@ def view_def(
     table: Sequence[str] | None = None,
     right_table: Sequence[str] | None = None,
     tables: Sequence[Sequence[str] | None] = (),
+    parts: Sequence[Any] = (),
 ) -> ViewDef:
     """A checked definition; :class:`BadOperation` names what is wrong.  ``table``
     (``right_table``): the source (right) range is of that table's rows, ``(name, key
-    column)``; ``tables``: a view over a view takes that view's."""
+    column)``; ``tables``: a view over a view takes that view's; ``parts``: split
+    points of the view's key, each part kept by a maintainer unit of its own."""
     _name(name)
     origins = _origins(over, tables, table, right, right_table)
     bases: tuple[tuple[Any, Any], ...] = ()
@@ -190,8 +201,28 @@ def view_def(
         raise BadOperation("right= and right_on= belong to joins")
     if not 0.0 < float(retention) <= 86_400.0:
         raise BadOperation("a view's retention is seconds in (0, 86400]")
+    splits = _parts(parts, over)
     return ViewDef(name, kind, src, tuple(conds), cols, on, group_by, tuple(aggs), rng, right_on,
-                   float(retention), over, bases, origins)  # fmt: skip
+                   float(retention), over, bases, origins, splits)  # fmt: skip
+
+
+MAX_PARTS = 64
+
+
+def _parts(parts: Sequence[Any], over: str | None) -> tuple[Any, ...]:
+    if type(parts) not in (list, tuple) or len(parts) >= MAX_PARTS:
+        raise BadOperation(f"a view's parts are at most {MAX_PARTS - 1} split points (a list)")
+    if parts and over is not None:
+        raise BadOperation("a view over a view is kept in one part (its rows come from the "
+                           "other view's loop)")  # fmt: skip
+    out = []
+    for p in parts:
+        out.append(stored_key(p))  # JSON and msgpack give lists for tuples
+        _key(out[-1], "a split point")
+    encoded = [encode_key(p) for p in out]
+    if any(not a < b for a, b in pairwise(encoded)):
+        raise BadOperation("a view's split points are in increasing key order, none twice")
+    return tuple(out)
 
 
 def _name(name: Any) -> None:
@@ -219,7 +250,13 @@ def from_dict(d: dict[str, Any]) -> ViewDef:
         tables=d.get("tables") or () if d.get("over") is not None else (),
         table=_side(d, 0),
         right_table=_side(d, 1) if d.get("right") is not None else None,
+        parts=d.get("parts") or (),
     )
+
+
+def stored_key(value: Any) -> Any:
+    """A key as it was defined: stored definitions come back with lists for tuples."""
+    return tuple(stored_key(v) for v in value) if type(value) in (list, tuple) else value
 
 
 def _origins(
@@ -286,6 +323,53 @@ def stable_key(name: str) -> tuple[str, str]:
     """The view's progress that basic (``any``) reads trust: written only once the rows
     under it are stable.  Just past the view's rows (no view name holds a NUL)."""
     return (VIEW, name + "\x00")
+
+
+def progress_keys(name: str, part: int | None = None) -> tuple[Any, Any]:
+    """A part's two progress keys, ordered and stable (:func:`meta_key`,
+    :func:`stable_key`): part 0 (and an unsplit view) has those, the others theirs
+    just past the stable one, where a scan from :func:`rows_bounds`' start to
+    :func:`keys_end` finds them all."""
+    if not part:
+        return meta_key(name), stable_key(name)
+    return (VIEW, name + "\x00", part, 0), (VIEW, name + "\x00", part, 1)
+
+
+def keys_end(name: str) -> tuple[str, str]:
+    """Past every key of the view: its rows and every part's progress."""
+    return (VIEW, name + "\x01")
+
+
+def units(view: ViewDef) -> list[ViewDef]:
+    """What maintainers keep: each part of a split view as a unit of its own (its
+    ``part`` set), an unsplit view whole."""
+    if not view.parts or view.part is not None:
+        return [view]
+    return [replace(view, part=i) for i in range(len(view.parts) + 1)]
+
+
+def unit_name(view: ViewDef) -> str:
+    return view.name if view.part is None else f"{view.name}#{view.part}"
+
+
+def part_of(parts: tuple[Any, ...], vkey: Any) -> int:
+    """The part a row of view key ``vkey`` is in."""
+    if not parts:
+        return 0
+    return bisect_right([encode_key(p) for p in parts], encode_key(vkey))
+
+
+def part_bounds(view: ViewDef) -> tuple[Any, Any]:
+    """The keys of a unit's rows, ``(lo, hi)`` (the whole view's, its progress key
+    first, for part 0's lower end and an unsplit view)."""
+    lo, hi = rows_bounds(view.name)
+    if view.part is None:
+        return lo, hi
+    if view.part > 0:
+        lo = row_key(view.name, view.parts[view.part - 1])
+    if view.part < len(view.parts):
+        hi = row_key(view.name, view.parts[view.part])
+    return lo, hi
 
 
 def row_key(name: str, vkey: Any) -> tuple[str, str, Any]:

@@ -27,6 +27,7 @@ replacement writes too.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -35,7 +36,7 @@ from ecast.core import mutations
 from rubberband.changelog import Event
 from rubberband.keys import EKey, encode_key
 from rubberband.views.compute import ABSENT, Rows, base_change, in_source
-from rubberband.views.define import ViewDef, meta_key, row_key, stable_key
+from rubberband.views.define import ViewDef, meta_key, progress_keys, row_key
 
 PROGRESS_WITH_ROWS = mutations.declare(
     "progress_with_rows", "views",
@@ -69,6 +70,10 @@ class Maintainer:
         self.emitted: list[Event] | None = None
         """Set to a list, it collects the view's own row changes, an event per base
         position (the input of the views defined over this one)."""
+        self._part = view.part
+        self._splits = [encode_key(p) for p in view.parts]
+        """A split view's unit keeps the rows of its part alone (it computes them all:
+        a row's part is known only once its key is)."""
 
     # ------------------------------------------------------------------ inputs
     def start(
@@ -113,7 +118,9 @@ class Maintainer:
                 return []
             self._pending_up_to(start)  # the state at the start: written whole, below
             name = self.view.name
-            entries = [(row_key(name, k), [start, v]) for k, v in self.rows.rows.values()]
+            entries = [
+                (row_key(name, k), [start, v]) for k, v in self.rows.rows.values() if self._mine(k)
+            ]
             there = {encode_key(k) for k, _ in entries}
             entries += [(key, [start]) for key in self._old if encode_key(key) not in there]
             self.position = self.floor = start
@@ -154,8 +161,12 @@ class Maintainer:
             out += [
                 (row_key(name, k), [position] if v is ABSENT else [position, v])
                 for k, v in changed.values()
+                if self._mine(k)
             ]
         return out
+
+    def _mine(self, vkey: Any) -> bool:
+        return self._part is None or bisect_right(self._splits, encode_key(vkey)) == self._part
 
     def _mark(self, now: float) -> None:
         marks = self._marks
@@ -175,8 +186,12 @@ class Maintainer:
         # written by another one (a stale maintainer behind it, perhaps after this one
         # read the view's old rows) and is no part of this one's view, which wrote every
         # row it holds at its start (:func:`rubberband.views.steps.progress_of`).
-        name, entry = self.view.name, [self.position, [floor, self._start]]
-        progress = ((meta_key(name), entry), (stable_key(name), entry))
+        said = [floor, self._start]
+        if self._part is not None:  # the split points the part is of: readers check them
+            said.append(list(self.view.parts))
+        ordered, stable = progress_keys(self.view.name, self._part)
+        entry = [self.position, said]
+        progress = ((ordered, entry), (stable, entry))
         parts = [entries[i : i + BATCH_KEYS] for i in range(0, len(entries), BATCH_KEYS)]
         return [*(("version", tuple(part), floor) for part in parts),
                 ("version", progress, floor)]  # fmt: skip

@@ -24,9 +24,23 @@ from rubberband.errors import (
     RubberbandError,
     Unavailable,
 )
-from rubberband.keys import encode_key
+from rubberband.keys import encode_key, normalize, overlaps, point
 from rubberband.versions import as_of
-from rubberband.views.define import ViewDef, meta_key, rows_bounds, stable_key
+from rubberband.views.define import (
+    ViewDef,
+    keys_end,
+    meta_key,
+    part_bounds,
+    part_of,
+    progress_keys,
+    rows_bounds,
+    stored_key,
+    unit_name,
+    units,
+)
+from rubberband.views.define import (
+    row_key as view_row_key,
+)
 from rubberband.views.maintain import Maintainer
 
 
@@ -114,10 +128,15 @@ class Group:
         return None
 
     def add(self, view: ViewDef, figures: Figures | None = None) -> None:
+        """Keep ``view``: each of its parts as a unit of its own (named ``view#i``), or
+        the one part given (``view.part``), or the whole of an unsplit view."""
         if self.views and group_of(view) != group_of(next(iter(self.views.values()))):
             raise ValueError(f"view {view.name!r} has other sources than its group's")
-        self.views[view.name] = view
-        self.figures[view.name] = figures if figures is not None else Figures()
+        kept = units(view)
+        for unit in kept:
+            name = unit_name(unit)
+            self.views[name] = unit
+            self.figures[name] = figures if figures is not None and len(kept) == 1 else Figures()
 
     def remove(self, name: str) -> None:
         self.views.pop(name, None)
@@ -160,7 +179,7 @@ def _start(view: ViewDef, figures: Figures, page_rows: int) -> Steps:
     returns its maintainer and the time."""
     m = Maintainer(view)
     figures.starts += 1
-    pages = yield from _pages(*rows_bounds(view.name), page_rows)
+    pages = yield from _pages(*part_bounds(view), page_rows)
     old = [row for rows, _position, _now in pages for row in rows]
     asked = pages[0][2]
     snapshots = []
@@ -312,7 +331,7 @@ class Progress(NamedTuple):
 
 
 def _progress(m: Maintainer, asked: float) -> Progress:
-    return Progress(m.view.name, m.position, m.floor, len(m.rows.rows), m.events, m.versions,
+    return Progress(unit_name(m.view), m.position, m.floor, len(m.rows.rows), m.events, m.versions,
                     asked, m)  # fmt: skip
 
 
@@ -430,19 +449,30 @@ own length to the wait (it was 50 ms: a view read at half the peak write rate to
 110 ms)."""
 
 
+@dataclass
+class Layout:
+    """What a reader knows of a view's split points (each part has a progress of its
+    own): learnt from part 0's progress, which every read reads, and checked against
+    it by every read (a view dropped and defined anew with other parts)."""
+
+    parts: tuple[Any, ...] = ()
+
+
 def read_steps(
     name: str, op: Any, within: Any, level: str, now: float, timeout: float,
-    session: Session | None = None, writes: int = 0,
+    session: Session | None = None, writes: int = 0, layout: Layout | None = None,
 ) -> Steps:  # fmt: skip
     """A view read at ``level``: ``(rows, position)``, the rows ``[(row key, value)]``
-    in key order, exact as of ``position``.  ``writes``: the client's write calls so
-    far (read-your-writes reads past them)."""
+    in key order, exact as of ``position``.  ``op`` is a get of the progress key and
+    row keys, or a scan of the view's rows (``within``: of those ranges);
+    ``writes``: the client's write calls so far (read-your-writes reads past them)."""
     if level not in LEVELS:
         raise BadOperation(f"a view read's level is one of {', '.join(LEVELS)}, not {level!r}")
     deadline = now + timeout
+    layout = layout if layout is not None else Layout()
     for _ in range(3):
         try:
-            return (yield from _read(name, op, within, level, deadline, session, writes))
+            return (yield from _read(name, op, within, level, deadline, session, writes, layout))
         except Compacted:
             if level not in ("sequential", "any"):
                 raise
@@ -453,7 +483,7 @@ def read_steps(
 
 def _read(
     name: str, op: Any, within: Any, level: str, deadline: float, session: Session | None,
-    writes: int,
+    writes: int, layout: Layout,
 ) -> Steps:  # fmt: skip
     target = -1
     probe = Read(("get", (meta_key(name),)), "sequential", None, True)
@@ -468,6 +498,8 @@ def _read(
         target = session.floor
     pause = 0.002
     while True:
+        parts = layout.parts
+        needed = _needed(name, op, within, parts)
         if level == "any":
             # Basic reads ask each segment's replica apart, each as it is when asked:
             # the progress first, then the rows, asked only once it is known.  Rows are
@@ -475,33 +507,97 @@ def _read(
             # read after every write it had received, so the rows' answers hold every
             # version up to the progress (one read of both could take the progress from
             # a replica asked later than a row's, a retry's answer, and be older).
-            progress, now = yield Read(("get", (stable_key(name),)), "basic")
+            keys = [progress_keys(name, i)[1] for i in needed]
+            progress, now = yield Read(("get", tuple(keys)), "basic")
             got, now = yield Read(op, "basic", within)
-            chains = dict(got)  # a get's {key: chain}, a scan's [(key, chain)]
-            chains.pop(meta_key(name), None)
-            meta = dict(progress).get(stable_key(name))
+            chains = _rows_only(name, dict(got))  # a get's {key: chain}, a scan's pairs
+            metas = dict(progress)
         else:
-            got, now = yield Read(op, _ISOLATION.get(level, "snapshot"), within)
-            chains = dict(got)
-            meta = chains.pop(meta_key(name), None)
-        if meta is not None and len(meta) > 1:
-            reached, floor, start = progress_of(meta[-1])
+            keys = [progress_keys(name, i)[0] for i in needed]
+            wide, where = _with(name, op, within, keys, parts)
+            got, now = yield Read(wide, _ISOLATION.get(level, "snapshot"), where)
+            metas = dict(got)
+            chains = _rows_only(name, metas)
+        said = _progress_of_parts(needed, [metas.get(k) for k in keys])
+        if said is not None and said[3] != parts:
+            layout.parts = said[3]  # split otherwise than this reader knew: read again
+            continue
+        if said is not None:
+            reached, floor, starts, _parts = said
             if reached >= target:
                 at = target if level == "sequential" else reached
                 if at < floor:
                     raise Compacted(floor)
                 if session is not None and level == "read-your-writes":
                     session.floor = max(session.floor, reached)
-                return _as_of(chains, at, start), at
+                return _as_of(chains, at, starts, parts), at
         if now + pause > deadline:
             raise Indeterminate(
                 f"view {name!r} has not reached position {target} in time"
-                if meta is not None
+                if metas.get(keys[0]) is not None
                 else f"view {name!r} has no maintainer's progress yet (is it defined, and is "
                 "`rubberband views maintain` running?)"
             )
         _, now = yield Sleep(pause)
         pause = min(pause * 2, POLL_CAP)
+
+
+def _needed(name: str, op: Any, within: Any, parts: tuple[Any, ...]) -> list[int]:
+    """The parts whose progress a read of ``op`` (``within``) needs: those its rows may
+    be in, and part 0 always (its progress says how the view is split)."""
+    if not parts:
+        return [0]
+    if op[0] == "get":
+        return sorted({0, *(part_of(parts, k[2]) for k in op[1] if len(k) > 2)})
+    asked = within if within is not None else normalize([(encode_key(op[1]), encode_key(op[2]))])
+    bounds = [encode_key(rows_bounds(name)[0])]
+    bounds += [encode_key(view_row_key(name, p)) for p in parts]
+    bounds.append(encode_key(rows_bounds(name)[1]))
+    return [0] + [i for i in range(1, len(parts) + 1)
+                  if overlaps(asked, ((bounds[i], bounds[i + 1]),))]  # fmt: skip
+
+
+def _with(name: str, op: Any, within: Any, keys: list[Any], parts: tuple[Any, ...]) -> Any:
+    """``op`` (and ``within``) reading the progress ``keys`` too, as one read."""
+    if op[0] == "get":
+        rows = [k for k in op[1] if k != keys[0]]
+        return ("get", (*keys, *rows)), within
+    if not parts:
+        return op, within
+    wider = ("scan", op[1], keys_end(name), *op[3:])
+    if within is None:
+        return wider, None
+    return wider, normalize([*within, *(point(k) for k in keys)])
+
+
+def _rows_only(name: str, chains: dict[Any, Any]) -> dict[Any, Any]:
+    """The rows among a read's keys (not any part's progress)."""
+    return {k: c for k, c in chains.items() if len(k) > 2 and k[1] == name}
+
+
+def _progress_of_parts(
+    needed: list[int], chains: list[Any]
+) -> tuple[int, int, dict[int, int], tuple[Any, ...]] | None:
+    """The ``needed`` parts' progress ``chains`` (part 0's first) as one: the position
+    every one of them reached, the highest floor, each part's start, and the split
+    points they say; None while one has none, or they say other split points than
+    part 0's (a maintainer of an older definition)."""
+    if any(chain is None or len(chain) < 2 for chain in chains):
+        return None
+    said = [progress_of(chain[-1]) for chain in chains]
+    layouts = [_layout(chain[-1]) for chain in chains]
+    if any(layout != layouts[0] for layout in layouts):
+        return None
+    reached = min(s[0] for s in said)
+    floor = max(s[1] for s in said)
+    return reached, floor, {i: s[2] for i, s in zip(needed, said, strict=True)}, layouts[0]
+
+
+def _layout(entry: Any) -> tuple[Any, ...]:
+    value = entry[1]
+    if type(value) in (list, tuple) and len(value) > 2:
+        return tuple(stored_key(p) for p in value[2])
+    return ()
 
 
 def progress_of(entry: Any) -> tuple[int, int, int]:
@@ -513,11 +609,14 @@ def progress_of(entry: Any) -> tuple[int, int, int]:
     return reached, value, 0
 
 
-def _as_of(chains: dict[Any, Any], at: int, start: int = 0) -> list[tuple[Any, Any]]:
-    """The rows as of ``at``.  A row whose version at ``at`` is older than the
-    maintainer's ``start`` is not in its view: it wrote every row it held at its
-    start, and such a version is another maintainer's, written after this one read the
-    old rows (that maintainer may have died before writing the row's later absence)."""
+def _as_of(
+    chains: dict[Any, Any], at: int, starts: dict[int, int], parts: tuple[Any, ...] = ()
+) -> list[tuple[Any, Any]]:
+    """The rows as of ``at``.  A row whose version at ``at`` is older than the start
+    of its part's maintainer is not in its view: that maintainer wrote every row it
+    held at its start, and such a version is another maintainer's, written after this
+    one read the old rows (that maintainer may have died before writing the row's
+    later absence)."""
     out = []
     for key in sorted(chains, key=encode_key):
         chain = chains[key]
@@ -525,6 +624,7 @@ def _as_of(chains: dict[Any, Any], at: int, start: int = 0) -> list[tuple[Any, A
             present, value = as_of(chain, at)
         except LookupError as e:
             raise Compacted(e.args[0]) from None
+        start = starts.get(part_of(parts, key[2]), 0) if parts else starts.get(0, 0)
         if present and _since(chain, at) >= start:
             out.append((key[2], value))
     return out

@@ -23,6 +23,7 @@ from ecast import local
 from rubberband.checkers.views import ViewRead, check_view_reads
 from rubberband.errors import BadOperation, RubberbandError
 from rubberband.views import LEVELS, view_def
+from rubberband.views.define import unit_name, units
 from tests.integration.test_rubberband_scenarios import (  # the same cluster as there
     _client,
     _kill_leader,
@@ -33,7 +34,7 @@ from tests.integration.test_rubberband_scenarios import (  # the same cluster as
 
 KEYS = 60
 VIEWS = [
-    view_def("by_g", "index", (0, KEYS), on="g", columns=["n"]),
+    view_def("by_g", "index", (0, KEYS), on="g", columns=["n"], parts=[("c",)]),
     view_def(
         "per_g",
         "aggregate",
@@ -82,11 +83,15 @@ async def _follow(rb: Any, start: int, events: list[Any], stop: asyncio.Event) -
         await asyncio.sleep(0.02)
 
 
-def _maintainer(d: Path, log: Path, metrics: int | None = None) -> subprocess.Popen[bytes]:
+def _maintainer(
+    d: Path, log: Path, metrics: int | None = None, shard: str | None = None
+) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         argv = ["views", "maintain", "--state-dir", str(d)]
         if metrics is not None:
             argv += ["--metrics", f"127.0.0.1:{metrics}"]
+        if shard is not None:
+            argv += ["--shard", shard]
         return subprocess.Popen(
             [sys.executable, "-m", "rubberband.tools.cli", *argv],
             stdout=out,
@@ -166,7 +171,7 @@ def test_views_stay_exact_at_every_level_through_maintainer_storage_and_leader_k
         maintainers[0].send_signal(signal.SIGKILL)
         await asyncio.sleep(2)
         await _kill_until_replaced(rb_dir)
-        maintainers[0] = _maintainer(rb_dir, rb_dir / "maintainer-a.log")  # restarted
+        maintainers[0] = _maintainer(rb_dir, rb_dir / "maintainer-a.log", shard="0/2")
         await asyncio.sleep(2)
         await _kill_leader(rb_dir)
         await asyncio.sleep(4)
@@ -180,9 +185,10 @@ def test_views_stay_exact_at_every_level_through_maintainer_storage_and_leader_k
             spec = {k: v for k, v in v.to_dict().items() if k not in ("name", "kind", "source")}
             await rb.create_view(v.name, v.source, v.kind, **spec)
         port = local.free_port()
-        maintainers = [
-            _maintainer(rb_dir, rb_dir / "maintainer-a.log"),
+        maintainers = [  # a and c split the views (by_g's two parts apart), b keeps all
+            _maintainer(rb_dir, rb_dir / "maintainer-a.log", shard="0/2"),
             _maintainer(rb_dir, rb_dir / "maintainer-b.log", port),
+            _maintainer(rb_dir, rb_dir / "maintainer-c.log", shard="1/2"),
         ]
         try:
             writer = asyncio.ensure_future(write())
@@ -200,10 +206,12 @@ def test_views_stay_exact_at_every_level_through_maintainer_storage_and_leader_k
         for v in VIEWS:
             problems = check_view_reads(v, (dict(base), start), events, reads[v.name])
             assert not problems, "\n".join(problems[:5])
-            # The maintainer that never stopped says how far it is and how fresh.
-            position = _metric(metrics, "rubberband_view_position", v.name)
-            assert position > start, (v.name, position, start)
-            assert 0 <= _metric(metrics, "rubberband_view_staleness_seconds", v.name) < 5
+            # The maintainer that never stopped says how far it is and how fresh (each
+            # part of a split view: by_g#0 and by_g#1).
+            for name in [unit_name(u) for u in units(v)]:
+                position = _metric(metrics, "rubberband_view_position", name)
+                assert position > start, (name, position, start)
+                assert 0 <= _metric(metrics, "rubberband_view_staleness_seconds", name) < 5
         return writes
 
     writes = asyncio.run(go())

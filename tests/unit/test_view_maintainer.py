@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -95,3 +96,20 @@ def test_a_paged_snapshot_starts_the_view_exact_at_every_later_position(
             if entries and len(entries[-1]) == 2:
                 got[ek] = entries[-1][1]
         assert got == want, (t, pages)
+
+
+def test_split_points_are_checked_and_a_view_over_a_view_is_not_split() -> None:
+    from rubberband.errors import BadOperation
+    from rubberband.views import view_def
+
+    for parts, says in [
+        ([(5,), (2,)], "increasing"),
+        ([(2,), (2,)], "increasing"),
+        ([object()], "key value"),
+        (list(range(70)), "at most 63"),
+    ]:
+        with pytest.raises(BadOperation, match=says):
+            view_def("v", "index", (0, 10), on="g", parts=parts)
+    with pytest.raises(BadOperation, match="one part"):
+        view_def("w", "selection", (None, None), over="v", base=[(0, 10)], parts=[1])
+    assert view_def("v", "index", (0, 10), on="g", parts=[[2, "x"]]).parts == ((2, "x"),)

@@ -93,7 +93,10 @@ class Cluster:
             events = [e for e in self.log if op.since < e.position
                       and lo <= encode_key(e.changes[0][0]) < hi]  # fmt: skip
             return Page(self.t, events)
-        _scan, lo, hi, limit = op
+        if op[0] == "get":  # a view read's
+            got = {k: self.data[encode_key(k)][1] for k in op[1] if encode_key(k) in self.data}
+            return (got, self.t) if request.with_position else got
+        lo, hi, limit = op[1], op[2], op[3] if len(op) > 3 else None
         rows = [kv for ek, kv in sorted(self.data.items())
                 if encode_key(lo) <= ek < encode_key(hi)][:limit]  # fmt: skip
         return (rows, self.t) if request.with_position else rows
@@ -254,3 +257,114 @@ def test_a_step_without_an_answer_is_asked_again_and_nothing_starts_over() -> No
         request = steps.send((None, 4.0))
     request = steps.throw(Compacted(20))
     assert figures.failures == 1 and type(request) is Read and request.with_position
+
+
+SPLIT = view_def("by_g_split", "index", SOURCE, on="g", parts=[(1,), (3,)])
+"""An index in three parts by secondary key: ``g < 1``, ``1 <= g < 3``, ``g >= 3``."""
+
+
+def run_units(seed: int, steps: int = 300) -> Cluster:
+    """The split view's parts, each kept by a loop of its own (as maintainers on
+    different shards keep them), their requests interleaved with base writes."""
+    from rubberband.views.define import units
+
+    rng = random.Random(seed)
+    c = Cluster()
+    for k in range(0, 40, 2):
+        c.base(k, {"g": rng.randrange(5), "x": rng.randrange(100)})
+    loops = []
+    for unit in units(SPLIT):
+        gen = maintain_group_steps(Group([unit]), poll=0.01, page_rows=3)
+        loops.append([gen, next(gen), unit.part])
+    c.written_by = []  # type: ignore[attr-defined]
+    for i in range(steps + 60):
+        if i < steps:
+            for _ in range(rng.choice((0, 1, 3))):
+                value = None if rng.random() < 0.2 else {"g": rng.randrange(5), "x": 1}
+                c.base(rng.randrange(40), value)
+        loop = rng.choice(loops) if i < steps else loops[i % len(loops)]
+        before = len(c.writes)
+        loop[1] = loop[0].send((c.answer(loop[1]), float(i)))
+        c.written_by += [(loop[2], k) for w in c.writes[before:] for k, _e in w]  # type: ignore[attr-defined]
+    return c
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_a_split_view_is_exact_part_by_part_and_read_as_one(seed: int) -> None:
+    """Each unit writes the rows of its part alone, with a progress of its own that
+    names the split points; a read of the whole view (the reader learns the parts from
+    part 0's progress) is exact at the slowest part's position."""
+    from rubberband.views.define import part_of, progress_keys
+    from rubberband.views.steps import read_steps
+
+    c = run_units(seed)
+    reached = []
+    for part in range(3):
+        key = progress_keys(SPLIT.name, part)[0]
+        ((_, chain),) = [kv for _ek, kv in c.data.items() if kv[0] == key]
+        assert chain[-1][1][2] == [(1,), (3,)]
+        reached.append(chain[-1][0])
+    at = min(reached)
+    want = {ek: v for ek, (_k, v) in recompute_over([SPLIT], [c.base_at(at)]).items()}
+    assert c.view_rows(SPLIT.name, at) == want
+    rows_written = [(part, k) for part, k in c.written_by if len(k) == 3]  # type: ignore[attr-defined]
+    assert {part for part, _k in rows_written} == {0, 1, 2}
+    assert all(part_of(SPLIT.parts, k[2]) == part for part, k in rows_written)
+    steps = read_steps(SPLIT.name, ("scan", (VIEW, SPLIT.name), (VIEW, SPLIT.name + "\x00")),
+                       None, "snapshot", 0.0, 5.0)  # fmt: skip
+    request, asked = next(steps), 0
+    while True:
+        asked += 1
+        try:
+            request = steps.send((c.answer(request), 1.0))
+        except StopIteration as done:
+            rows, position = done.value
+            break
+    assert asked == 2  # the first read found the view split; the second read every part
+    assert position == at
+    expect = recompute_over([SPLIT], [c.base_at(position)])
+    assert [(encode_key(k), v) for k, v in rows] == sorted(
+        (ek, v) for ek, (_k, v) in expect.items()
+    )
+
+
+def test_a_read_waits_for_the_slowest_part_and_takes_each_parts_start() -> None:
+    """Part 1 is behind part 0: a snapshot read is exact at part 1's position; a row
+    of part 0 below part 0's maintainer's start is another maintainer's, not the
+    view's, while the same position is within part 1's."""
+    from rubberband.views.define import progress_keys
+    from rubberband.views.steps import Layout, read_steps
+
+    name, layout = "v", Layout(((5,),))
+    p0, p1 = progress_keys(name, 0)[0], progress_keys(name, 1)[0]
+    steps = read_steps(name, ("scan", (VIEW, name), (VIEW, name + "\x00")), None, "snapshot",
+                       0.0, 5.0, layout=layout)  # fmt: skip
+    first = next(steps)
+    assert first.op[2] == (VIEW, name + "\x01")  # wide enough for every part's progress
+    rows = [
+        ((VIEW, name, (1,)), [0, [40, "stale in part 0"]]),
+        ((VIEW, name, (2,)), [0, [50, "part 0's"]]),
+        ((VIEW, name, (7,)), [0, [40, "part 1's"], [95, "too new"]]),
+    ]
+    got = [(p0, [0, [100, [10, 50, [[5]]]]]), *rows, (p1, [0, [90, [10, 30, [[5]]]]])]
+    with pytest.raises(StopIteration) as done:
+        steps.send((got, 0.1))
+    assert done.value.value == ([((2,), "part 0's"), ((7,), "part 1's")], 90)
+
+
+def test_a_reader_that_knew_other_split_points_reads_again() -> None:
+    from rubberband.views.define import progress_keys
+    from rubberband.views.steps import Layout, read_steps
+
+    name, layout = "v", Layout()
+    p0, p1 = progress_keys(name, 0)[0], progress_keys(name, 1)[0]
+    steps = read_steps(name, ("get", (p0, (VIEW, name, (7,)))), None, "snapshot", 0.0, 5.0,
+                       layout=layout)  # fmt: skip
+    assert next(steps).op == ("get", (p0, (VIEW, name, (7,))))
+    again = steps.send(({p0: [0, [100, [10, 0, [[5]]]]]}, 0.1))
+    assert layout.parts == ((5,),) and again.op == ("get", (p0, p1, (VIEW, name, (7,))))
+    with pytest.raises(StopIteration) as done:
+        steps.send(({p0: [0, [100, [10, 0, [[5]]]]], p1: [0, [80, [10, 0, [[5]]]]],
+                     (VIEW, name, (7,)): [0, [60, "x"]]}, 0.2))  # fmt: skip
+    assert done.value.value == ([((7,), "x")], 80)

@@ -78,3 +78,21 @@ def test_shards_split_the_groups_of_views_and_never_a_group() -> None:
             same_group = [w for w in views if group_of(w) == group_of(v)]
             assert all({i for i in range(n) if in_shard(w, (i, n))} == shards for w in same_group)
     assert len({i for v in views for i in range(3) if in_shard(v, (i, 3))}) == 3
+
+
+def test_the_parts_of_a_split_view_go_to_shards_of_their_own() -> None:
+    """``--split-at`` takes JSON (an index's split point is a tuple); N maintainers keep
+    the N parts of one view apart, and every part exactly once."""
+    from rubberband.tools.views import _spec, in_shard, parser
+    from rubberband.views import view_def
+    from rubberband.views.define import units
+
+    argv = ["create", "v", "--from", "0", "100", "--kind", "index", "--on", "g"]
+    args = parser().parse_args([*argv, "--split-at", '["K"]', "--split-at", '["T"]'])
+    spec = _spec(args)
+    view = view_def("v", "index", (0, 100), on="g", parts=spec["parts"])
+    assert view.parts == (("K",), ("T",))
+    for n in (1, 2, 3, 4):
+        shards = [[i for i in range(n) if in_shard(u, (i, n))] for u in units(view)]
+        assert all(len(s) == 1 for s in shards)
+        assert len({s[0] for s in shards}) == min(n, 3)
