@@ -464,6 +464,10 @@ class ViewReports:
         return sorted(out, key=lambda r: (r["name"], r["maintainer"]))
 
 
+UNIT_NAME = 64 + 3
+"""Longest name a maintainer reports a view by: a view's (64), ``#`` and a part's."""
+
+
 def _view_rows(views: Any) -> list[dict[str, Any]] | None:
     if type(views) not in (tuple, list) or len(views) > REPORTED_VIEWS:
         return None
@@ -472,7 +476,7 @@ def _view_rows(views: Any) -> list[dict[str, Any]] | None:
         if type(v) not in (tuple, list) or len(v) != 5:
             return None
         name, position, behind, stale, count = v
-        if type(name) is not str or not 0 < len(name) <= 64 or not name.isprintable():
+        if type(name) is not str or not 0 < len(name) <= UNIT_NAME or not name.isprintable():
             return None
         if any(type(x) is not int for x in (position, behind, count)):
             return None

@@ -161,17 +161,16 @@ async def _status(rb: Any, view: Any) -> dict[str, Any]:
     """A view's progress and staleness: positions behind a sequential read now (of its
     part furthest behind, for a view split in parts)."""
     from rubberband.views.define import progress_keys, units
-    from rubberband.views.steps import progress_of
+    from rubberband.views.steps import combined_progress
 
-    keys = [progress_keys(view.name, u.part)[0] for u in units(view)]
+    parts = [u.part or 0 for u in units(view)]
+    keys = [progress_keys(view.name, part)[0] for part in parts]
     got, now = await rb.read(("get", tuple(keys)), "sequential", with_position=True)
-    chains = [got.get(k) for k in keys]
-    if any(not chain or len(chain) < 2 for chain in chains):
+    said = combined_progress(parts, [got.get(k) for k in keys])
+    if said is None or said[3] != view.parts:  # none yet, or an older definition's
         return {"name": view.name, "kind": view.kind, "maintained": False}
-    said = [progress_of(chain[-1]) for chain in chains]
-    reached, floor = min(s[0] for s in said), max(s[1] for s in said)
-    return {"name": view.name, "kind": view.kind, "maintained": True, "position": reached,
-            "floor": floor, "behind": now - reached}  # fmt: skip
+    return {"name": view.name, "kind": view.kind, "maintained": True, "position": said[0],
+            "floor": said[1], "behind": now - said[0]}  # fmt: skip
 
 
 async def _read(rb: Any, args: argparse.Namespace) -> Any:

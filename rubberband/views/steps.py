@@ -518,14 +518,19 @@ def _read(
             got, now = yield Read(wide, _ISOLATION.get(level, "snapshot"), where)
             metas = dict(got)
             chains = _rows_only(name, metas)
-        said = _progress_of_parts(needed, [metas.get(k) for k in keys])
-        if said is not None and said[3] != parts:
-            layout.parts = said[3]  # split otherwise than this reader knew: read again
+        first = metas.get(keys[0])  # part 0's: it says how the view is split
+        told = _layout(first[-1]) if first is not None and len(first) > 1 else parts
+        if told != parts and now <= deadline:
+            layout.parts = told  # split otherwise than this reader knew: read again
             continue
+        said = combined_progress(needed, [metas.get(k) for k in keys])
         if said is not None:
             reached, floor, starts, _parts = said
-            if reached >= target:
-                at = target if level == "sequential" else reached
+            at = target if level == "sequential" else reached
+            # A part that started over past another part's progress: its floor is
+            # above the position they have all reached; wait for the others (at a
+            # sequential read's own position, the view is compacted for good).
+            if reached >= target and (at >= floor or level == "sequential"):
                 if at < floor:
                     raise Compacted(floor)
                 if session is not None and level == "read-your-writes":
@@ -575,7 +580,7 @@ def _rows_only(name: str, chains: dict[Any, Any]) -> dict[Any, Any]:
     return {k: c for k, c in chains.items() if len(k) > 2 and k[1] == name}
 
 
-def _progress_of_parts(
+def combined_progress(
     needed: list[int], chains: list[Any]
 ) -> tuple[int, int, dict[int, int], tuple[Any, ...]] | None:
     """The ``needed`` parts' progress ``chains`` (part 0's first) as one: the position

@@ -37,7 +37,7 @@ def test_a_bad_report_is_dropped_and_nothing_else_changes() -> None:
     bad = [
         ("v", 5, 0, 0.1),  # a field short
         ("", 5, 0, 0.1, 1),
-        ("v" * 65, 5, 0, 0.1, 1),
+        ("v" * 68, 5, 0, 0.1, 1),  # a view name is 64 at most, a unit name 3 more
         ("v\n", 5, 0, 0.1, 1),
         ("v", "5", 0, 0.1, 1),
         ("v", 5, 0, float("nan"), 1),

@@ -368,3 +368,43 @@ def test_a_reader_that_knew_other_split_points_reads_again() -> None:
         steps.send(({p0: [0, [100, [10, 0, [[5]]]]], p1: [0, [80, [10, 0, [[5]]]]],
                      (VIEW, name, (7,)): [0, [60, "x"]]}, 0.2))  # fmt: skip
     assert done.value.value == ([((7,), "x")], 80)
+
+
+def test_a_reader_that_knew_parts_a_view_no_longer_has_reads_it_whole() -> None:
+    """The view was dropped and defined anew unsplit: part 1's progress is gone, and
+    part 0's says so; the reader must not wait for part 1."""
+    from rubberband.views.define import progress_keys
+    from rubberband.views.steps import Layout, read_steps
+
+    name, layout = "v", Layout(((5,),))
+    p0 = progress_keys(name, 0)[0]
+    steps = read_steps(name, ("get", (p0, (VIEW, name, (7,)))), None, "snapshot", 0.0, 5.0,
+                       layout=layout)  # fmt: skip
+    next(steps)
+    answer = {p0: [0, [100, [10, 0]]], (VIEW, name, (7,)): [0, [60, "x"]]}
+    again = steps.send((answer, 0.1))
+    assert layout.parts == () and again.op == ("get", (p0, (VIEW, name, (7,))))
+    with pytest.raises(StopIteration) as done:
+        steps.send((answer, 0.2))
+    assert done.value.value == ([((7,), "x")], 100)
+
+
+def test_a_part_that_started_over_past_the_others_is_waited_for_not_refused() -> None:
+    """Part 1's maintainer started over at 200 (its floor), part 0 is at 150: a
+    snapshot read waits until every part it needs is past the highest floor."""
+    from rubberband.views.define import progress_keys
+    from rubberband.views.steps import Layout, read_steps
+
+    name, layout = "v", Layout(((5,),))
+    p0, p1 = progress_keys(name, 0)[0], progress_keys(name, 1)[0]
+    steps = read_steps(name, ("get", (p0, (VIEW, name, (7,)))), None, "snapshot", 0.0, 5.0,
+                       layout=layout)  # fmt: skip
+    next(steps)
+    row = {(VIEW, name, (7,)): [0, [200, "x"]]}
+    behind = {p0: [0, [150, [10, 0, [[5]]]]], p1: [0, [210, [200, 200, [[5]]]]], **row}
+    assert type(steps.send((behind, 0.1))) is Sleep
+    steps.send((None, 0.2))
+    caught_up = {**behind, p0: [0, [220, [10, 0, [[5]]]]]}
+    with pytest.raises(StopIteration) as done:
+        steps.send((caught_up, 0.3))
+    assert done.value.value == ([((7,), "x")], 210)
