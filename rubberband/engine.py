@@ -188,7 +188,11 @@ class Engine(Protocol):
     """What a storage process runs.  Its calls run on a thread of their own, so a long
     scan never holds up heartbeats; an engine whose every call is short and never waits
     for I/O may set ``blocking = False`` to run on the event loop instead, without a
-    thread hop per batch (the null engine does)."""
+    thread hop per batch (the null engine does).  One whose operations on a few single
+    keys are short (no I/O, no long walk: the memory engine) sets ``inline_points =
+    True``: a batch of nothing but such reads and writes then runs on the loop, and
+    everything else (scans, copies, keyspace changes) on the thread.  A durable engine
+    keeps the thread (its batches end with a sync)."""
 
     placement: Placement
 

@@ -674,3 +674,30 @@ def _tuple(value: Any) -> Any:
     if type(value) in (list, tuple):
         return tuple(_tuple(v) for v in value)
     return value
+
+
+POINTS_INLINE = 64
+"""Ranges a delivered message may name and still count as a few single keys."""
+
+
+def points_only(deliveries: list[Any]) -> bool:
+    """Is each delivery a read or a write of a few single keys (its header's ranges all
+    points)?  A batch of such is short on an engine that says so (``inline_points``,
+    :class:`rubberband.engine.Engine`); a range, a keyspace message or a membership
+    change may not be, nor anything unexpected."""
+    try:
+        return all(_points(d.message.header) for d in deliveries)
+    except (TypeError, ValueError, AttributeError, IndexError):
+        return False
+
+
+def _points(header: Any) -> bool:
+    if type(header) is not dict:
+        return False
+    ranges = header.get(H.WRITES) or header.get(H.READS)
+    if type(ranges) not in (list, tuple) or not 0 < len(ranges) <= POINTS_INLINE:
+        return False
+    for lo, hi in ranges:
+        if len(hi) != len(lo) + 1 or hi[-1] != 0 or hi[: len(lo)] != lo:
+            return False
+    return True

@@ -239,6 +239,10 @@ class _Cursor:
 class MemoryEngine(ReportsChanges):
     """Ordered key-value data in memory, keyed by (placement, encoded key)."""
 
+    inline_points = True
+    """A read or write of a few keys takes microseconds: a batch of them runs on the
+    storage process's event loop (:class:`rubberband.engine.Engine`)."""
+
     def __init__(self, placement: Placement | None = None) -> None:
         self.placement = placement or Placement()
         self._data: SortedDict = SortedDict()

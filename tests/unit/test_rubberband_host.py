@@ -173,3 +173,39 @@ async def test_a_loop_that_fails_stops_the_process_instead_of_leaving_it_half_al
     assert h.stopped == "internal error: RuntimeError: a defect"
     for task in h._tasks:
         task.cancel()
+
+
+def test_only_deliveries_of_single_keys_run_on_the_loop() -> None:
+    """A batch runs on the event loop (an engine with ``inline_points``) only if every
+    item is a delivered read or write of single keys, as the client's operations name
+    them; a range, a keyspace message or a membership change keeps the engine thread
+    (and so does a basic read, which the host sees apart), where a long one cannot
+    stop the heartbeats."""
+    import msgpack
+
+    from ecast import Message
+    from ecast.core.endpoint import Delivery
+    from rubberband.engine import Placement
+    from rubberband.proto import keyspace_header, read_header, write_header
+    from rubberband.storage import points_only
+    from storage_adapters.memory import KVOps
+
+    ops, placement = KVOps(), Placement()
+
+    def delivered(header: Any) -> list[Any]:
+        wire = msgpack.unpackb(msgpack.packb(header), use_list=False)  # as a router sends it
+        return [Delivery(1, Message("client:c", ("c", 1), wire, None))]
+
+    def part(op: Any) -> Any:
+        return ops.part_fun(op, placement).ranges
+
+    puts = delivered(write_header(part(("put", ((5, "v"), ("k", 1))))))
+    get = delivered(read_header(part(("get", (5,))), 0))
+    scan = delivered(read_header(part(("scan", 0, 100)), 0))
+    assert points_only(puts + get)
+    assert not points_only(puts + scan)
+    assert not points_only(puts + delivered(write_header(part(("delete_range", 0, 9)))))
+    assert not points_only(delivered(keyspace_header(1, ("expand", "storage:2", (2, 5)), {})))
+    many = write_header(part(("put", tuple((k, k) for k in range(65)))))
+    assert not points_only(delivered(many))
+    assert not points_only([object()])
