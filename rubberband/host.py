@@ -296,6 +296,12 @@ class _Host:
                 await t
 
 
+SLOW_INLINE = 0.02
+"""Seconds a batch may take on the loop before the next ones go to the engine thread."""
+INLINE_BACKOFF = 10.0
+"""Seconds the engine thread then takes every batch, before the loop tries again."""
+
+
 class StorageHost(_Host):
     """Runs a :class:`StorageCore` under an E-Cast client that joined as ``storage:...``."""
 
@@ -304,12 +310,13 @@ class StorageHost(_Host):
         self.core = core
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="engine")
         self._busy = asyncio.Lock()
-        """Held while the core steps (on the loop or the engine thread): the core is
-        never used by two threads at once (:meth:`_status` reads it)."""
+        """Held while the core steps (on the loop or the engine thread) and while
+        :meth:`_status` reads it on the engine thread: a step on the loop never runs
+        beside that read."""
         self._leaving: Leaving | None = None
         self._left: asyncio.Future[LeaveDone] | None = None
         self.step_seconds = daemon_kit.Histogram()
-        """How long each batch of deliveries took on the engine thread."""
+        """How long each batch of deliveries took (on the engine thread or the loop)."""
         self.queued_since: float | None = None
         """Since when delivered items have waited for their ranges (None: nothing waits)."""
         self._figured_at = -FIGURES_EVERY
@@ -399,12 +406,19 @@ class StorageHost(_Host):
         # else on the loop: the thread hop cost the storage processes 11 us a write of
         # their 72 (all replicas, 6,000 writes/s); scans and the rest keep the thread.
         points = not durable and getattr(self.core.engine, "inline_points", False) is True
+        thread_until = 0.0  # after a slow step on the loop, the thread's turn for a while
         while self.stopped is None:
             items = await self._batch()
             async with self._busy:
-                if inline or (points and all(i[0] == DELIVERIES and points_only(i[1])
-                                             for i in items)):  # fmt: skip
+                if inline or (
+                    points
+                    and loop.time() >= thread_until
+                    and all(i[0] == DELIVERIES and points_only(i[1]) for i in items)
+                ):
+                    started = loop.time()
                     fx = self._step(items)
+                    if not inline and loop.time() - started > SLOW_INLINE:
+                        thread_until = loop.time() + INLINE_BACKOFF
                 else:
                     fx = await loop.run_in_executor(self._pool, self._step, items)
             if durable and self.stopped is None:

@@ -37,7 +37,6 @@ import math
 import threading
 from bisect import bisect_right
 from collections.abc import Iterable
-from sys import intern
 from typing import Any
 
 import msgpack
@@ -144,12 +143,29 @@ def sort_key(key: Key) -> EKey:
     return encode_key(key)
 
 
+SHARED_STRINGS = 4096
+"""Distinct prefix strings kept for sharing, at most (each at most 64 characters): the
+names and frequent values a store's keys start with.  Bounded, unlike the interpreter's
+interned strings (never freed on some Pythons): a field of many values, once the table
+is full, is compared by value as before."""
+_SHARED: dict[str, str] = {}
+
+
+def _shared(s: str) -> str:
+    got = _SHARED.get(s)
+    if got is not None:
+        return got
+    if len(_SHARED) < SHARED_STRINGS and len(s) <= 64:
+        _SHARED[s] = s
+    return s
+
+
 def _spell(key: tuple[Any, ...], out: list[Any], depth: int) -> None:
-    """``key``'s elements spelled into ``out``.  A string that is not a tuple's last
-    element (a view's or a table's name, an index's secondary key: a prefix many keys
-    share) is interned: equal prefixes then compare by identity, and an ordered map's
-    insert of a view row took a third less; a last element (mostly unique) is not, so
-    the interpreter's table of interned strings does not grow with every key."""
+    """``key``'s elements spelled into ``out``.  A short string that is not a tuple's
+    last element (a view's or a table's name, an index's secondary key: a prefix many
+    keys share) is replaced by the first equal one seen (:func:`_shared`): equal
+    prefixes then compare by identity, and an ordered map's insert of a view row took a
+    third less."""
     if depth >= MAX_TUPLE_DEPTH:
         raise BadKey(f"tuple keys nest at most {MAX_TUPLE_DEPTH} deep")
     last = len(key) - 1
@@ -160,7 +176,7 @@ def _spell(key: tuple[Any, ...], out: list[Any], depth: int) -> None:
                 raise BadKey(f"integer key {k} outside the 64-bit range msgpack carries")
             out += (2, k)
         elif t is str:
-            out += (3, k if i == last else intern(k))
+            out += (3, k if i == last else _shared(k))
         elif t is tuple:
             out.append(5)
             _spell(k, out, depth + 1)

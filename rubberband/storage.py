@@ -678,6 +678,9 @@ def _tuple(value: Any) -> Any:
 
 POINTS_INLINE = 64
 """Ranges a delivered message may name and still count as a few single keys."""
+INLINE_DELIVERIES = 128
+"""Deliveries a batch run on the loop holds at most: a single-key write is not always
+short (an append copies its list), and the loop must come back to the heartbeats."""
 
 
 def points_only(deliveries: list[Any]) -> bool:
@@ -686,14 +689,16 @@ def points_only(deliveries: list[Any]) -> bool:
     :class:`rubberband.engine.Engine`); a range, a keyspace message or a membership
     change may not be, nor anything unexpected."""
     try:
-        return all(_points(d.message.header) for d in deliveries)
-    except (TypeError, ValueError, AttributeError, IndexError):
+        return len(deliveries) <= INLINE_DELIVERIES and all(
+            _points(d.message.header) for d in deliveries
+        )
+    except Exception:  # a header of any shape: not judged, and the thread takes it
         return False
 
 
 def _points(header: Any) -> bool:
-    if type(header) is not dict:
-        return False
+    if type(header) is not dict or H.SINCE in header or H.REVISIONS in header:
+        return False  # a feed's page or a revisions read walks more than its keys
     ranges = header.get(H.WRITES) or header.get(H.READS)
     if type(ranges) not in (list, tuple) or not 0 < len(ranges) <= POINTS_INLINE:
         return False

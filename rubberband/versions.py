@@ -26,6 +26,7 @@ chain also raises its own floor to keep at most :data:`MAX_ENTRIES` versions.
 from __future__ import annotations
 
 from bisect import bisect_right
+from operator import itemgetter
 from typing import Any
 
 from rubberband.errors import BadOperation
@@ -35,6 +36,9 @@ MAX_ENTRIES = 1_000
 every replica does alike, and a raised floor never makes an answer wrong, only refuses
 older positions).  A row changed that often within the view's retention is read at
 recent positions only."""
+
+
+_POSITION = itemgetter(0)
 
 
 def is_version_op(op: Any) -> bool:
@@ -81,14 +85,11 @@ def merge(chain: Any, entries: list[list[Any]], floor: int, key: Any = None) -> 
     write no longer costs a pass over every version in Python."""
     try:
         return _merge(chain, entries, floor)
-    except (TypeError, LookupError, AttributeError):  # a list that only looks like a chain
+    except (TypeError, LookupError, AttributeError, ValueError, ArithmeticError):
+        # A list that only looks like a chain (a client may write any value anywhere).
         raise BadOperation(
             f"version of {key!r:.60}, which holds a {type(chain).__name__} that is no version chain"
         ) from None
-
-
-def _position(entry: Any) -> int:
-    return int(entry[0])
 
 
 def _merge(chain: Any, entries: list[list[Any]], floor: int) -> list[Any]:
@@ -110,13 +111,13 @@ def _merge(chain: Any, entries: list[list[Any]], floor: int) -> list[Any]:
         if len(out) == 1 or p > out[-1][0]:
             out.append(list(entry))  # the usual case: the newest version
             continue
-        i = bisect_right(out, p, 1, key=_position)
+        i = bisect_right(out, p, 1, key=_POSITION)
         if i > 1 and out[i - 1][0] == p:
             continue  # the same version again
         out.insert(i, list(entry))
     if floor > low:
         low = out[0] = floor
-        keep = bisect_right(out, low, 1, key=_position) - 1  # the newest at or below it
+        keep = bisect_right(out, low, 1, key=_POSITION) - 1  # the newest at or below it
         if keep > 1:
             del out[1:keep]
     if len(out) - 1 > MAX_ENTRIES:

@@ -267,10 +267,10 @@ def test_the_one_key_shortcut_tells_a_key_from_its_lookalikes(r):
 
 
 def test_a_flat_sort_form_shares_its_prefix_strings_and_not_its_last():
-    """Keys decoded off the wire hold strings of their own; a tuple key's strings before
-    its last element (a view's name, a table's) are interned in the sort form, so an
-    ordered map compares equal prefixes by identity; a last element (mostly unique)
-    is not, and the table of interned strings does not grow with every key."""
+    """Keys decoded off the wire hold strings of their own; a tuple key's short strings
+    before its last element (a view's name, a table's) are shared in the sort form, so
+    an ordered map compares equal prefixes by identity; a last element (mostly unique)
+    is not, and the table of shared strings is bounded."""
     from rubberband.keys import sort_key
 
     a = sort_key(("~view", b"view-name-x".decode(), (b"group".decode(), 1)))
@@ -278,3 +278,8 @@ def test_a_flat_sort_form_shares_its_prefix_strings_and_not_its_last():
     assert a[4] is b[4] and a[7] is b[7]
     last = b"unique-key-x".decode()
     assert sort_key(("t", last))[4] is last
+    from rubberband import keys
+
+    for i in range(keys.SHARED_STRINGS + 10):
+        sort_key((f"field-{i}", i))
+    assert len(keys._SHARED) == keys.SHARED_STRINGS

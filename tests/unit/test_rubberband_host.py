@@ -209,3 +209,25 @@ def test_only_deliveries_of_single_keys_run_on_the_loop() -> None:
     many = write_header(part(("put", tuple((k, k) for k in range(65)))))
     assert not points_only(delivered(many))
     assert not points_only([object()])
+
+
+def test_a_feed_page_a_revisions_read_and_a_long_batch_keep_the_thread() -> None:
+    """A changes read or a revisions read may name one key yet walk a whole log or
+    many keys; a batch of more than a few deliveries may be long however small each
+    is: none runs on the loop."""
+    from ecast import Message
+    from ecast.core.endpoint import Delivery
+    from rubberband.proto import H
+    from rubberband.storage import INLINE_DELIVERIES, points_only
+
+    point = ((2, 5), (2, 5, 0))
+
+    def delivered(header: Any, n: int = 1) -> list[Any]:
+        return [Delivery(i, Message("client:c", ("c", i), header, None)) for i in range(n)]
+
+    assert points_only(delivered({H.READS: (point,), H.OFFSET: 0}))
+    assert not points_only(delivered({H.READS: (point,), H.OFFSET: 0, H.SINCE: 3}))
+    assert not points_only(delivered({H.READS: (point,), H.OFFSET: 0, H.REVISIONS: 1}))
+    assert points_only(delivered({H.WRITES: (point,)}, INLINE_DELIVERIES))
+    assert not points_only(delivered({H.WRITES: (point,)}, INLINE_DELIVERIES + 1))
+    assert not points_only(delivered({H.WRITES: ({"lo": 1}, {"hi": 2})}))

@@ -130,3 +130,26 @@ def test_a_value_that_only_looks_like_a_chain_is_refused_clearly() -> None:
     for bad in (["x"], [1, 5], [1, [2], {"a": 1}], [1, [2], [3, 4, 5]], [1, ["p"]], "s", 5):
         with pytest.raises(BadOperation, match="no version chain"):
             merge(bad, [[0, 1], [9, 1]], 0, key="k")
+
+
+def test_a_stored_value_of_any_shape_is_merged_or_refused_never_crashes() -> None:
+    """A client may put any value under any key, a view's included: whatever a merge
+    meets there it merges or refuses with BadOperation (any other exception stops
+    every replica of the range)."""
+    weird = [
+        [0, [float("inf"), 1], [5, 2]],
+        [0, [float("nan"), 1]],
+        [0, ["x", 1], [2, 3]],
+        [0, [2, 1], ["x"]],
+        [0, [10**30, 1]],
+        [0, [2.5, "a"], [7, "b"]],
+        (0, (1, {"a": 1}), (4, 2)),
+    ]
+    for chain in weird:
+        try:
+            merged = merge(chain, [[3, "z"], [9]], 1, key="k")
+        except BadOperation:
+            continue
+        assert merged[0] == 1 and [3, "z"] in merged and [9] in merged, (chain, merged)
+    merged = merge([0, [2.5, "a"], [7, "b"]], [[3, "z"]], 0)
+    assert merged == [0, [2.5, "a"], [3, "z"], [7, "b"]]  # a float position kept in order
