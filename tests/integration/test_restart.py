@@ -64,6 +64,18 @@ async def connect(d: Path, name: str) -> rbsdk.RubberbandClient:
     return await rbsdk.connect(st["routers"], name, credentials=st["client_credentials"])
 
 
+async def scans_equal(d: Path, name: str, model: dict[Any, Any], levels: tuple[str, ...]) -> None:
+    """A scan of the whole keyspace at each of ``levels`` (in turn, one client) equals
+    ``model``."""
+    rb = await connect(d, name)
+    try:
+        for level in levels:
+            got = dict(await rb.scan(None, None, isolation=level))
+            assert got == model, (level, len(got), len(model))
+    finally:
+        await rb.close()
+
+
 def test_200000_keys_and_20000_rows_come_back_after_a_power_cut_under_load(
     tmp_path: Path,
 ) -> None:
@@ -267,14 +279,8 @@ def test_a_cluster_cut_in_the_middle_of_a_migration_restarts_with_its_data(
     again = cli(*UP, "--state-dir", str(d))
     assert again.returncode == 0, again.stdout + again.stderr
 
-    async def check() -> None:
-        rb = await connect(d, "client:after")
-        for level in ("sequential", "sequential", "sequential", "snapshot", "basic"):
-            got = dict(await rb.scan(None, None, isolation=level))
-            assert got == model, (level, len(got), len(model))
-        await rb.close()
-
-    asyncio.run(check())
+    levels = ("sequential", "sequential", "sequential", "snapshot", "basic")
+    asyncio.run(scans_equal(d, "client:after", model, levels))
 
 
 def test_a_restart_cuts_a_torn_tail_and_refuses_a_damaged_log(cluster: Path) -> None:
@@ -298,14 +304,8 @@ def test_a_restart_cuts_a_torn_tail_and_refuses_a_damaged_log(cluster: Path) -> 
     # Brought level by the coordinating super: the one write its replicas had.
     assert "'storage:1': 1" in again.stdout, again.stdout
 
-    async def check() -> None:
-        rb = await connect(d, "client:b")
-        for level in ("sequential", "sequential", "sequential", "basic"):
-            got = dict(await rb.scan(None, None, isolation=level))
-            assert got == {i: f"v{i}" for i in range(200)}, level
-        await rb.close()
-
-    asyncio.run(check())
+    levels = ("sequential", "sequential", "sequential", "basic")
+    asyncio.run(scans_equal(d, "client:b", {i: f"v{i}" for i in range(200)}, levels))
     power_cut(d)
     seg = sorted((d / "data" / "storage2").glob("log-*.seg"))[0]
     data = bytearray(seg.read_bytes())
@@ -334,10 +334,8 @@ def test_a_restart_with_a_holders_disk_gone_restarts_without_it(cluster: Path) -
     assert "storage:5" in st["standby"], st
 
     async def check(name: str) -> None:
+        await scans_equal(d, name, model, ("sequential",) * 3 + ("snapshot", "basic"))
         rb = await connect(d, name)
-        for level in ("sequential", "sequential", "sequential", "snapshot", "basic"):
-            got = dict(await rb.scan(None, None, isolation=level))
-            assert got == model, (level, len(got), len(model))
         await rb.put(1, "after")
         model[1] = "after"
         await rb.close()
@@ -366,13 +364,6 @@ def test_holders_restarted_under_new_names_come_back_with_their_data(cluster: Pa
             model[10_000 + k] = "last"
         await rb.close()
 
-    async def check() -> None:
-        rb = await connect(d, "client:after")
-        for level in ("sequential", "basic", "basic", "basic", "snapshot"):
-            got = dict(await rb.scan(None, None, isolation=level))
-            assert got == model, (level, len(got), len(model))
-        await rb.close()
-
     asyncio.run(write())
     ring = status(d)["ring"]
     power_cut(d)
@@ -384,12 +375,13 @@ def test_holders_restarted_under_new_names_come_back_with_their_data(cluster: Pa
     now = status(d)["ring"]
     assert [r["id"] for r in now] == [r["id"] for r in ring]
     assert not {r["name"] for r in now} & {r["name"] for r in ring}  # every name new
-    asyncio.run(check())
+    levels = ("sequential", "basic", "basic", "basic", "snapshot")
+    asyncio.run(scans_equal(d, "client:after", model, levels))
     power_cut(d)
     again = cli(*UP, "--state-dir", str(d))
     assert again.returncode == 0, again.stdout + again.stderr
     assert [(r["name"], r["id"]) for r in status(d)["ring"]] == [(r["name"], r["id"]) for r in now]
-    asyncio.run(check())
+    asyncio.run(scans_equal(d, "client:after", model, levels))
 
 
 def test_a_cluster_in_memory_starts_anew_in_its_directory(tmp_path: Path) -> None:
