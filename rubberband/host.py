@@ -403,8 +403,9 @@ class StorageHost(_Host):
         # acknowledged write is on disk at every replica.
         durable = getattr(self.core.engine, "durable", False) is True
         # An engine whose operations on single keys are short runs a batch of nothing
-        # else on the loop: the thread hop cost the storage processes 11 us a write of
-        # their 72 (all replicas, 6,000 writes/s); scans and the rest keep the thread.
+        # else on the loop: the thread hop cost the storage processes about a fifth of
+        # their CPU a write (6,000 writes/s, docs/benchmarks.md); scans and the rest
+        # keep the thread.
         points = not durable and getattr(self.core.engine, "inline_points", False) is True
         thread_until = 0.0  # after a slow step on the loop, the thread's turn for a while
         while self.stopped is None:
