@@ -65,7 +65,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--lookup", help="read an index view: the rows of this secondary key")
     ap.add_argument("--lo", help="read: rows from this key")
     ap.add_argument("--hi", help="read: rows below this key")
-    ap.add_argument("--poll", type=float, default=0.05, help="maintain: idle poll, seconds")
+    ap.add_argument("--poll", type=float, default=0.05,
+                    help="maintain: the longest pause between empty pages, seconds")  # fmt: skip
     ap.add_argument("--shard", metavar="I/N",
                     help="maintain: keep only the groups of views (and parts of split views) "
                     "of shard I of N (0 <= I < N): N maintainers split them")  # fmt: skip

@@ -259,6 +259,31 @@ def test_a_step_without_an_answer_is_asked_again_and_nothing_starts_over() -> No
     assert figures.failures == 1 and type(request) is Read and request.with_position
 
 
+def test_empty_pages_pause_short_then_longer_and_a_change_resets_the_pause() -> None:
+    """A page without changes is followed by a pause that starts short and doubles up
+    to ``poll``; a page with a change brings it back to the shortest, so a base write
+    after a quiet spell waits a few milliseconds for the maintainer, not ``poll``."""
+    from rubberband.views.steps import IDLE_FIRST
+
+    c = Cluster()
+    c.base(0, {"g": 1, "x": 1})
+    steps = maintain_group_steps(Group([VIEWS[0]]), poll=0.05)
+    request = next(steps)
+    pauses: list[float] = []
+    for i in range(200):
+        if type(request) is Sleep:
+            pauses.append(request.seconds)
+            if len(pauses) == 8:
+                c.base(2, {"g": 2, "x": 2})  # a change: the next page has it
+        request = steps.send((c.answer(request), float(i)))
+        if len(pauses) == 12:
+            break
+    first = [IDLE_FIRST * 2**i for i in range(5)]
+    assert pauses[:5] == pytest.approx(first)
+    assert pauses[5:8] == [0.05, 0.05, 0.05]
+    assert pauses[8:12] == pytest.approx(first[:4])
+
+
 SPLIT = view_def("by_g_split", "index", SOURCE, on="g", parts=[(1,), (3,)])
 """An index in three parts by secondary key: ``g < 1``, ``1 <= g < 3``, ``g >= 3``."""
 
