@@ -24,7 +24,9 @@ from rubberband.views.define import ViewDef, rows_bounds
 from rubberband.views.steps import (
     Both,
     Group,
+    Pipe,
     Read,
+    Settle,
     Sleep,
     Steps,
     Write,
@@ -122,6 +124,8 @@ class Waiting:
     writes: set[int] = field(default_factory=set)
     reply: Any = None
     error: BaseException | None = None
+    pipe: bool = False
+    """A :class:`~rubberband.views.steps.Pipe`'s: failed, it leaves nothing in flight."""
 
 
 class Driven:
@@ -135,6 +139,8 @@ class Driven:
         self.wake_at: float | None = None
         self.halted = False
         self._fresh = True
+        self.flight: set[int] = set()  # the last Pipe's write, not yet stable
+        self.flight_error: BaseException | None = None
 
     def resume(self, reply: Any, now: float, error: BaseException | None = None) -> None:
         self.waiting, self.wake_at = None, None
@@ -158,22 +164,38 @@ class Driven:
                 self.done(None, e)
                 return
             try:
-                self._perform(request, now)
-                return
+                if self._perform(request, now):
+                    return
+                error, reply = self.flight_error, None  # a Settle with nothing to wait for
+                self.flight_error = None
             except RubberbandError as e:  # refused at the call
                 error, reply = e, None
 
-    def _perform(self, request: Any, now: float) -> None:
+    def _perform(self, request: Any, now: float) -> bool:
+        """Carry out ``request``; False: it is done already (a :class:`Settle` with
+        no write in flight)."""
         if type(request) is Sleep:
             self.wake_at = now + request.seconds
         elif type(request) is Read:
             self.waiting = Waiting(self._read(request, now), request.with_position)
         elif type(request) is Write:
             self.waiting = Waiting(None, False, self._write(request, now))
-        else:
-            assert type(request) is Both
+        elif type(request) is Both:
             rids = self._write(request.write, now)
             self.waiting = Waiting(self._read(request.read, now), request.read.with_position, rids)
+        elif type(request) is Pipe:
+            last, error = self.flight, self.flight_error
+            self.flight = self._write(request.write, now) if request.write.ops else set()
+            self.flight_error = None
+            read = self._read(request.read, now)
+            self.waiting = Waiting(read, request.read.with_position, last, error=error, pipe=True)
+        else:
+            assert type(request) is Settle
+            if not self.flight:
+                return False
+            self.waiting = Waiting(None, False, self.flight, error=self.flight_error)
+            self.flight, self.flight_error = set(), None
+        return True
 
     def _read(self, request: Read, now: float) -> int:
         core = self.node.client
@@ -195,6 +217,10 @@ class Driven:
         return rids
 
     def upcall(self, item: Any, now: float) -> None:
+        if type(item) is WriteDone and item.request in self.flight:
+            self.flight.discard(item.request)
+            self.flight_error = self.flight_error or item.error
+            return
         w = self.waiting
         if w is None:
             return
@@ -214,6 +240,8 @@ class Driven:
         # flight, and their answers must still find their waiter); the first failure
         # is what the steps get.
         if w.read is None and not w.writes:
+            if w.pipe and w.error is not None:
+                self.flight, self.flight_error = set(), None  # the steps make it again
             self.resume(w.reply, now, w.error)
 
     def tick(self, now: float) -> None:

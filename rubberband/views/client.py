@@ -43,8 +43,10 @@ from rubberband.views.steps import (
     Figures,
     Group,
     Layout,
+    Pipe,
     Read,
     Session,
+    Settle,
     Sleep,
     Steps,
     TableRows,
@@ -191,6 +193,7 @@ async def drive(
     the routers take the client for dead."""
     reply: Any = None
     error: BaseException | None = None
+    flight: asyncio.Task[None] | None = None  # the last Pipe's write (see Pipe)
     while stop is None or not stop.is_set():
         if threaded:
             request = await asyncio.to_thread(_advance, steps, reply, error)
@@ -214,6 +217,16 @@ async def drive(
                     if isinstance(outcome, BaseException):
                         raise outcome
                 got = done[1]
+            elif type(request) is Pipe:
+                last, flight = flight, _sent(rb, request.write)
+                try:
+                    got = await _with_flight(last, _read(rb, request.read))
+                except BaseException:
+                    flight = None  # the steps make its write again
+                    raise
+            elif type(request) is Settle:
+                last, flight = flight, None
+                got = await _with_flight(last, None)
             elif stop is None:
                 got = await asyncio.sleep(request.seconds)
             else:
@@ -232,6 +245,35 @@ async def drive(
         reply = (got, time.monotonic())
     steps.close()
     return None
+
+
+def _sent(rb: Any, write: Write) -> asyncio.Task[None] | None:
+    """``write`` sent, its outcome awaited later; None for no ops.  Its messages are in
+    the client's session before anything the steps send after it: ``write_batch``
+    submits before its first wait (``write`` may wait for room in the send window
+    first, and two waiting writes could go out in either order), and the task runs
+    that far before the steps can be answered."""
+    if not write.ops:
+        return None
+    task = asyncio.ensure_future(_batch(rb, write.ops))
+    task.add_done_callback(_seen)  # a write given up by the steps fails unread
+    return task
+
+
+def _seen(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def _with_flight(flight: asyncio.Task[None] | None, read: Any) -> Any:
+    """``read``'s answer once ``flight`` is stable too (both run to their end, the
+    first failure raised)."""
+    calls = [c for c in (flight, read) if c is not None]
+    done = await asyncio.gather(*calls, return_exceptions=True)
+    for outcome in done:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return done[-1] if read is not None else None
 
 
 async def _read(rb: Any, request: Read) -> Any:
@@ -256,7 +298,11 @@ async def _write(rb: Any, request: Write) -> None:
     if len(request.ops) == 1:
         await rb.write(request.ops[0])
         return
-    for outcome in await rb.write_batch(list(request.ops)):
+    await _batch(rb, request.ops)
+
+
+async def _batch(rb: Any, ops: tuple[Any, ...]) -> None:
+    for outcome in await rb.write_batch(list(ops)):
         if outcome is not None:
             raise outcome
 

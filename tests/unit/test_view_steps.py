@@ -24,7 +24,16 @@ from rubberband.views import view_def
 from rubberband.views.compute import recompute_over
 from rubberband.views.define import VIEW, meta_key, stable_key
 from rubberband.views.maintain import PROGRESS_WITH_ROWS
-from rubberband.views.steps import Both, Group, Read, Sleep, Write, maintain_group_steps
+from rubberband.views.steps import (
+    Both,
+    Group,
+    Pipe,
+    Read,
+    Settle,
+    Sleep,
+    Write,
+    maintain_group_steps,
+)
 
 SOURCE = (0, 40)
 VIEWS = [
@@ -58,6 +67,10 @@ class Cluster:
         self.data: dict[Any, tuple[Any, Any]] = {}
         self.log: list[Event] = []
         self.writes: list[list[tuple[Any, Any]]] = []  # each Write's entries, in order
+        self.confirmed = 0
+        """Writes ``[0, confirmed)`` were answered stable: a Pipe's write is, only once
+        the next Pipe (or a Settle) is answered."""
+        self.known: list[int] = []  # per write: how many were confirmed when it was sent
 
     def base(self, key: int, value: Any) -> None:
         self.t += 1
@@ -73,10 +86,18 @@ class Cluster:
         if type(request) is Both:
             self.answer(request.write)
             return self.answer(request.read)
+        if type(request) is Pipe:
+            self.answer(request.write)  # in flight: not known stable, the one before is
+            self.confirmed = len(self.writes) - (1 if request.write.ops else 0)
+            return self.answer(request.read)
         self.t += 1
-        if type(request) is Sleep:
+        if type(request) in (Sleep, Settle):
+            self.confirmed = len(self.writes)
             return None
         if type(request) is Write:
+            if not request.ops:
+                return None
+            self.known.append(self.confirmed)
             entries = []
             for name, pairs, floor in request.ops:
                 assert name == "version"
@@ -86,6 +107,7 @@ class Cluster:
                     self.data[ek] = (key, merge(old, [entry], floor, key))
                     entries.append((key, entry))
             self.writes.append(entries)
+            self.confirmed = len(self.writes)
             return None
         op = request.op
         if type(op) is Changes:
@@ -158,6 +180,13 @@ def progress_checks(c: Cluster) -> list[str]:
             if key[:1] == (VIEW,) and len(key) == 2 and key not in names:
                 ordered[key[1]] = max(ordered.get(key[1], -1), entry[0])
         stable = now
+    for j, entries in enumerate(c.writes):  # rows under a stable progress known stable
+        for key, entry in entries:
+            if key in names:
+                for i in range(c.known[j], j):
+                    if any(k[:2] == (VIEW, names[key]) and len(k) == 3 and e[0] <= entry[0]
+                           for k, e in c.writes[i]):  # fmt: skip
+                        problems.append(f"write {j}: stable {entry[0]} before write {i} was")
     return problems
 
 
