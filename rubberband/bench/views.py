@@ -6,13 +6,14 @@ the memory engine, replication 3) with one ``rubberband views maintain`` process
 1. **Base writes/s with 0, 1, 3 and 10 views** (index, aggregate, selection, projection
    and join in turn), each write of a 64-byte dict value alone in its message, from
    ``--procs`` load processes of ``--clients`` writers each; a fresh cluster per count.
-2. **Staleness at half the peak rate**: with an index and an aggregate view, writers
-   held to half the rate measured without views while a prober, every 20 ms, writes a
-   row of a secondary key of its own and times how long after the acknowledgement the
-   index view shows it (snapshot reads every 2 ms: the staleness a writer sees), then
-   reads the aggregate at sequential level (the wait for the maintainer to reach the
-   read's position plus one read); also the view's distance behind a sequential read
-   now, in positions (``rubberband views status``'s ``behind``).
+2. **Staleness at half the peak rate**: with an index and an aggregate view (then
+   with the index view alone), writers held to half the rate measured without views
+   while a prober, every 20 ms, writes a row of a secondary key of its own and times
+   how long after the acknowledgement the index view shows it (snapshot reads every 2
+   ms: the staleness a writer sees), then reads the aggregate (the index alone: the
+   index) at sequential level (the wait for the maintainer to reach the read's
+   position plus one read); also the view's distance behind a sequential read now, in
+   positions (``rubberband views status``'s ``behind``).
 3. **Secondary-key lookups per second** at ``--rows`` rows: through an index view (one
    range read each), against a full scan of the base range filtered by the client, and
    against SQLite with an index on that column (in this process, no network).
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from rubberband.tools.cli import run as _cli
+from rubberband.views.define import meta_key
 
 ROWS = 1_000_000
 """Base keys ``0 .. ROWS`` the writers pick from."""
@@ -149,8 +151,6 @@ async def _client(c: Cluster, name: str) -> Any:
 
 async def _ready(rb: Any, name: str, timeout: float) -> float:
     """When the view's maintainer first published its progress (its backfill done)."""
-    from rubberband.views.define import meta_key
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = await rb.read(("get", (meta_key(name),)), "sequential")
@@ -181,20 +181,21 @@ async def _visible(rb: Any, i: int) -> float:
     return time.monotonic() - acked
 
 
-async def _probe(c: Cluster, seconds: float) -> dict[str, Any]:
+async def _probe(c: Cluster, seconds: float, sequential: str) -> dict[str, Any]:
     rb = await _client(c, "probe")
     lat: list[float] = []
     seen: list[float] = []
     behind: list[int] = []
-    view = rb.view("v1")
+    view = rb.view(sequential)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         seen.append(await _visible(rb, len(seen)))
         t = time.monotonic()
         await view.get([0], "sequential")
         lat.append(time.monotonic() - t)
-        got, now = await rb.read(("get", (("~view", "v1"),)), "sequential", with_position=True)
-        chain = got.get(("~view", "v1"))
+        got, now = await rb.read(("get", (meta_key(sequential),)), "sequential",
+                                 with_position=True)  # fmt: skip
+        chain = got.get(meta_key(sequential))
         if chain and len(chain) > 1:
             behind.append(now - chain[-1][0])
         await asyncio.sleep(0.02)
@@ -263,8 +264,8 @@ async def _lookups(c: Cluster, rows: int, lookups: int) -> dict[str, Any]:
     }
 
 
-async def _staleness(c: Cluster, a: argparse.Namespace, rate: float) -> Any:
-    probe = asyncio.create_task(_probe(c, a.duration))
+async def _staleness(c: Cluster, a: argparse.Namespace, rate: float, views: int) -> Any:
+    probe = asyncio.create_task(_probe(c, a.duration, f"v{views - 1}"))
     half = await asyncio.to_thread(_load, c.d, a.procs, a.clients, a.duration, rate)
     return half, await probe
 
@@ -309,12 +310,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"views {n:>2}: {r['writes_per_s']:>7,} writes/s  p50 {r['p50_ms']} ms  "
                   f"p99 {r['p99_ms']} ms{cost}", flush=True)  # fmt: skip
     peak = result["writes"].get(0, next(iter(result["writes"].values())))["writes_per_s"]
-    with Cluster(base) as c:
-        c.maintain()
-        asyncio.run(_define(c, 2))  # v1: the aggregate
-        half, fresh = asyncio.run(_staleness(c, a, peak / 2))
-        result["staleness"] = {"writes": half, **fresh}
-        print(f"staleness at {half['writes_per_s']:,} writes/s: {result['staleness']}", flush=True)
+    for views, key in ((2, "staleness"), (1, "staleness_index_alone")):
+        with Cluster(base) as c:
+            c.maintain()
+            asyncio.run(_define(c, views))  # v0: the index, v1: the aggregate
+            half, fresh = asyncio.run(_staleness(c, a, peak / 2, views))
+            result[key] = {"writes": half, **fresh}
+            print(f"{key} at {half['writes_per_s']:,} writes/s: {result[key]}", flush=True)
     with Cluster(base) as c:
         c.maintain()
         result["lookups"] = asyncio.run(_lookups(c, a.rows, a.lookups))
