@@ -197,16 +197,19 @@ class Maintainer:
                 ("version", progress, floor)]  # fmt: skip
 
     @staticmethod
-    def in_order(writes: list[Any]) -> tuple[Any, Any]:
-        """A page's writes (one of rows at most, then the progress) as two: the rows
-        and the progress ordered reads wait for, in one write (one message, so atomic
-        in the total order: a sequential or snapshot read that sees it sees the rows,
+    def in_order(writes: list[Any]) -> tuple[tuple[Any, ...], Any]:
+        """A page's writes (rows, then the progress) as two: the rows with the
+        progress ordered reads wait for in the last rows' write (one message, so atomic
+        in the total order; sent in one batch after the other rows' messages, it is
+        ordered after them: a sequential or snapshot read that sees it sees every row,
         a round trip sooner than the stable progress), and the progress basic reads
-        trust, to be made once that write is stable (a basic read asks each segment's
-        replica apart, and one could see the progress before a row's replica had it)."""
+        trust, to be made once those writes are stable (a basic read asks each
+        segment's replica apart, and one could see the progress before a row's replica
+        had it)."""
         *rows, progress = writes
         ordered, stable = progress[1]
-        mine = (*rows[0][1], ordered) if rows else (ordered,)
+        last = (*rows[-1][1], ordered) if rows else (ordered,)
         if mutations.on(PROGRESS_WITH_ROWS):
-            mine = (*mine, stable)
-        return ("version", mine, progress[2]), ("version", (stable,), progress[2])
+            last = (*last, stable)
+        ops = (*rows[:-1], ("version", last, progress[2]))
+        return ops, ("version", (stable,), progress[2])

@@ -301,13 +301,13 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
             since = min(m.since[side] for m in members.values() if m.view.over is None)
             read = Read(Changes(since, lo, hi), "sequential")
             made = [name for name, w in writes.items() if w]
-            if all(len(writes[n]) <= 2 for n in made) and len(made) <= IN_FLIGHT:
-                # A page's rows go out with the next page's read, in one write with
+            if sum(max(1, len(writes[n]) - 1) for n in made) <= PIPE_MESSAGES:
+                # A page's rows go out with the next page's read, the last of them with
                 # the progress ordered reads wait for, and are known stable a round
                 # later; their stable progress goes out the round after that (a basic
                 # read that sees it then sees the rows, whichever replicas it asks).
                 split = {n: Maintainer.in_order(writes[n]) for n in made}
-                ops = (*(op for op, _ in held), *(rows for rows, _ in split.values()))
+                ops = (*(op for op, _ in held), *(op for rows, _ in split.values() for op in rows))
                 mine = [(split[n][1], _progress(members[n], writes_asked)) for n in made]
                 page, now, held, flight = yield from _pipe(group, flight, held, ops, mine, read)
             else:
@@ -477,6 +477,11 @@ def _start_over(view: ViewDef, figures: Figures, parent: Maintainer, page_rows: 
     return m, now
 
 
+PIPE_MESSAGES = 16
+"""Messages of rows a page's writes may have to go out with the next page's read (a
+maintainer that fell behind reads pages of thousands of changes; up to this many
+messages they are pipelined all the same, so it catches up at the pace it fell behind,
+where writing them a few at a time, each waited for, let it fall further behind)."""
 IN_FLIGHT = 4
 """Row writes a maintainer has in flight at once.  A backfill of 200,000 rows sent as one
 batch of 100 messages kept the client re-encoding its send window for minutes; a few

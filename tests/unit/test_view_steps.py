@@ -10,7 +10,9 @@ base."""
 from __future__ import annotations
 
 import random
+from importlib import import_module
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
@@ -35,6 +37,7 @@ from rubberband.views.steps import (
     maintain_group_steps,
 )
 
+MAINTAIN = import_module("rubberband.views.maintain")  # the package's `maintain` is a function
 SOURCE = (0, 40)
 VIEWS = [
     view_def("by_g", "index", SOURCE, on="g"),
@@ -66,7 +69,7 @@ class Cluster:
         self.t = 0
         self.data: dict[Any, tuple[Any, Any]] = {}
         self.log: list[Event] = []
-        self.writes: list[list[tuple[Any, Any]]] = []  # each Write's entries, in order
+        self.writes: list[list[tuple[Any, Any]]] = []  # each written op's entries, in order
         self.confirmed = 0
         """Writes ``[0, confirmed)`` were answered stable: a Pipe's write is, only once
         the next Pipe (or a Settle) is answered."""
@@ -87,26 +90,25 @@ class Cluster:
             self.answer(request.write)
             return self.answer(request.read)
         if type(request) is Pipe:
-            self.answer(request.write)  # in flight: not known stable, the one before is
-            self.confirmed = len(self.writes) - (1 if request.write.ops else 0)
+            before = len(self.writes)  # the last Pipe's write is known stable now
+            self.answer(request.write)  # in flight: not known stable
+            self.confirmed = before
             return self.answer(request.read)
         self.t += 1
         if type(request) in (Sleep, Settle):
             self.confirmed = len(self.writes)
             return None
         if type(request) is Write:
-            if not request.ops:
-                return None
-            self.known.append(self.confirmed)
-            entries = []
-            for name, pairs, floor in request.ops:
+            for name, pairs, floor in request.ops:  # each a message, in order
                 assert name == "version"
+                self.known.append(self.confirmed)
+                entries = []
                 for key, entry in pairs:
                     ek = encode_key(key)
                     old = self.data.get(ek, (key, None))[1]
                     self.data[ek] = (key, merge(old, [entry], floor, key))
                     entries.append((key, entry))
-            self.writes.append(entries)
+                self.writes.append(entries)
             self.confirmed = len(self.writes)
             return None
         op = request.op
@@ -190,10 +192,14 @@ def progress_checks(c: Cluster) -> list[str]:
     return problems
 
 
+@pytest.mark.parametrize("batch_keys", [MAINTAIN.BATCH_KEYS, 2])
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 10**6))
-def test_progress_comes_after_its_rows_and_every_view_is_exact(seed: int) -> None:
-    c = run(seed)
+def test_progress_comes_after_its_rows_and_every_view_is_exact(batch_keys: int, seed: int) -> None:
+    """Also with a page's rows in many messages (two rows each), the last carrying the
+    ordered progress, sent in one batch with the next page's read."""
+    with patch.object(MAINTAIN, "BATCH_KEYS", batch_keys):
+        c = run(seed)
     assert not progress_checks(c)[:3]
     for view in VIEWS:
         chain = [v for v in VIEWS if v.name in _chain(view)]
