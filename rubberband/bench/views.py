@@ -281,18 +281,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="rubberband bench views", description=__doc__.split("\n\n")[0]
     )
-    ap.add_argument("--views", default="0,1,3,10", help="view counts to measure writes with")
+    ap.add_argument("--views", default="0,1,3,10",
+                    help="view counts to measure writes with ('': none)")  # fmt: skip
+    ap.add_argument("--staleness-rate", type=float, default=0.0,
+                    help="writes/s to measure staleness at (default: half the peak)")  # fmt: skip
+    ap.add_argument("--staleness-views", default="2,1",
+                    help="staleness with 2 views (index, aggregate), 1 (index)")  # fmt: skip
     ap.add_argument("--procs", type=int, default=2, help="load processes")
     ap.add_argument("--clients", type=int, default=64, help="writers per load process")
     ap.add_argument("--duration", type=float, default=8.0)
-    ap.add_argument("--rows", type=int, default=100_000, help="rows for the lookups")
+    ap.add_argument("--rows", type=int, default=100_000, help="rows for the lookups (0: none)")
     ap.add_argument("--lookups", type=int, default=2_000)
     ap.add_argument("--dir", default=None, help="where the clusters' state goes")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(args)
     base = Path(a.dir or tempfile.gettempdir())
     result: dict[str, Any] = {"writes": {}}
-    for n in [int(x) for x in a.views.split(",")]:
+    for n in [int(x) for x in a.views.split(",") if x.strip()]:
         with Cluster(base) as c:
             if n:
                 c.maintain()
@@ -309,18 +314,25 @@ def main(argv: list[str] | None = None) -> int:
                 cost = f"  cost {100 * r['cost']:.0f} % of the writes without views"
             print(f"views {n:>2}: {r['writes_per_s']:>7,} writes/s  p50 {r['p50_ms']} ms  "
                   f"p99 {r['p99_ms']} ms{cost}", flush=True)  # fmt: skip
-    peak = result["writes"].get(0, next(iter(result["writes"].values())))["writes_per_s"]
-    for views, key in ((2, "staleness"), (1, "staleness_index_alone")):
+    rate = a.staleness_rate
+    if not rate and result["writes"]:
+        rate = result["writes"].get(0, next(iter(result["writes"].values())))["writes_per_s"] / 2
+    keys = {2: "staleness", 1: "staleness_index_alone"}
+    for views in [int(x) for x in a.staleness_views.split(",") if x.strip()] if rate else []:
+        if views not in keys:
+            ap.error("--staleness-views takes 1 and 2")
         with Cluster(base) as c:
             c.maintain()
             asyncio.run(_define(c, views))  # v0: the index, v1: the aggregate
-            half, fresh = asyncio.run(_staleness(c, a, peak / 2, views))
-            result[key] = {"writes": half, **fresh}
-            print(f"{key} at {half['writes_per_s']:,} writes/s: {result[key]}", flush=True)
-    with Cluster(base) as c:
-        c.maintain()
-        result["lookups"] = asyncio.run(_lookups(c, a.rows, a.lookups))
-        print(f"lookups: {result['lookups']}", flush=True)
+            half, fresh = asyncio.run(_staleness(c, a, rate, views))
+            result[keys[views]] = {"writes": half, **fresh}
+            print(f"{keys[views]} at {half['writes_per_s']:,} writes/s: {result[keys[views]]}",
+                  flush=True)  # fmt: skip
+    if a.rows:
+        with Cluster(base) as c:
+            c.maintain()
+            result["lookups"] = asyncio.run(_lookups(c, a.rows, a.lookups))
+            print(f"lookups: {result['lookups']}", flush=True)
     if a.json:
         print(json.dumps(result))
     return 0
