@@ -18,9 +18,10 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -33,6 +34,7 @@ from rubberband.super import SuperCore
 from rubberband.supervision import LeaveDone, Leaving, Reconfigured, Stalled, Voted, pong
 
 log = logging.getLogger("rubberband")
+T = TypeVar("T")
 
 BATCH = 512
 INBOX_HIGH = 4 * BATCH
@@ -381,9 +383,15 @@ class StorageHost(_Host):
 
     async def _status(self) -> dict[str, Any]:
         """The core's status, read on the engine thread (the core is not shared)."""
+        return await self.inspect(self.core.status)
+
+    async def inspect(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the engine thread between two steps: the core and the engine
+        are not shared, and a reader on the loop (``/metrics``, ``/health``) could walk
+        their tables while a step changes them."""
         loop = asyncio.get_running_loop()
         async with self._busy:
-            return await loop.run_in_executor(self._pool, self.core.status)
+            return await loop.run_in_executor(self._pool, fn)
 
     async def run(self) -> str:
         """Until the process must stop; returns why."""

@@ -18,13 +18,14 @@ Rubberband's daemons use it too (through ``ecast``'s public exports).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 import socket
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -315,19 +316,23 @@ class Metrics:
 
 async def serve_http(
     address: str,
-    metrics: Callable[[], str],
-    health: Callable[[], dict[str, Any]],
+    metrics: Callable[[], str | Awaitable[str]],
+    health: Callable[[], dict[str, Any] | Awaitable[dict[str, Any]]],
     healthy: Callable[[dict[str, Any]], bool],
     extra: Callable[[Any], None] | None = None,
 ) -> Any:
     """``/metrics`` and ``/health`` on ``address``; ``extra(server)`` may add routes.
-    The server (:class:`ecast.tools.http.HttpServer`): its ``cleanup`` stops it."""
+    ``metrics`` and ``health`` may return awaitables (a process whose state lives on
+    another thread reads it there).  The server (:class:`ecast.tools.http.HttpServer`):
+    its ``cleanup`` stops it."""
 
     async def get_metrics(_req: Request) -> Response:
-        return text_response(metrics())
+        got = metrics()
+        return text_response(await got if inspect.isawaitable(got) else got)
 
     async def get_health(_req: Request) -> Response:
-        h = health()
+        got = health()
+        h = await got if inspect.isawaitable(got) else got
         return json_response(h, status=200 if healthy(h) else 503)
 
     server = HttpServer()

@@ -395,6 +395,22 @@ def storage_health(core: StorageCore, host: StorageHost | None = None) -> dict[s
     return status
 
 
+HEALTH_WAIT = 2.0
+"""Seconds ``/health`` waits for the engine thread to finish its step before it says
+``busy`` (503): a readiness probe gets an answer in time, and a step that long is news."""
+
+
+async def storage_health_between_steps(core: StorageCore, host: StorageHost) -> dict[str, Any]:
+    """:func:`storage_health` read on the engine thread between two steps (the core
+    and the engine are not shared: a read on the loop could walk their tables while a
+    step changes them), or ``busy`` after :data:`HEALTH_WAIT`."""
+    try:
+        return await asyncio.wait_for(host.inspect(lambda: storage_health(core, host)),
+                                      HEALTH_WAIT)  # fmt: skip
+    except TimeoutError:
+        return {"status": "busy", "reasons": [f"a step has run for over {HEALTH_WAIT:g} s"]}
+
+
 ADMIN_TOKEN_CHARS = frozenset(string.ascii_letters + string.digits + "-_.~+/=")
 
 
@@ -517,8 +533,8 @@ async def run_storage(args: argparse.Namespace) -> int:
     if args.metrics:
         runner = await kit.serve_http(
             args.metrics,
-            lambda: storage_metrics(core, client, host),
-            lambda: storage_health(core, host),
+            lambda: host.inspect(lambda: storage_metrics(core, client, host)),
+            lambda: storage_health_between_steps(core, host),
             lambda h: h["status"] == "ok",
         )
     try:

@@ -231,3 +231,33 @@ def test_a_feed_page_a_revisions_read_and_a_long_batch_keep_the_thread() -> None
     assert points_only(delivered({H.WRITES: (point,)}, INLINE_DELIVERIES))
     assert not points_only(delivered({H.WRITES: (point,)}, INLINE_DELIVERIES + 1))
     assert not points_only(delivered({H.WRITES: ({"lo": 1}, {"hi": 2})}))
+
+
+async def test_metrics_and_health_read_the_core_on_the_engine_thread_between_steps() -> None:
+    """``/metrics`` and ``/health`` read the core's tables and the engine's figures,
+    which a step on the engine thread changes: they wait for the step and read on that
+    thread; a step that outlasts ``HEALTH_WAIT`` makes ``/health`` say busy, not hang."""
+    import threading
+
+    from rubberband.tools import daemons
+
+    h = host(FakeClient(0))
+    async with h._busy:  # a step runs
+        read = asyncio.ensure_future(h.inspect(lambda: threading.current_thread().name))
+        health = asyncio.ensure_future(daemons.storage_health_between_steps(h.core, h))
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert not read.done() and not health.done()
+    assert (await read).startswith("engine")
+    assert (await health)["status"] == "ok"
+    metrics = await h.inspect(lambda: daemons.storage_metrics(h.core, None, h))
+    assert "rubberband_active" in metrics
+    saved = daemons.HEALTH_WAIT
+    daemons.HEALTH_WAIT = 0.05
+    try:
+        async with h._busy:
+            busy = await daemons.storage_health_between_steps(h.core, h)
+    finally:
+        daemons.HEALTH_WAIT = saved
+    assert busy["status"] == "busy" and "step" in busy["reasons"][0]
+    assert (await daemons.storage_health_between_steps(h.core, h))["status"] == "ok"
