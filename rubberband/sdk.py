@@ -38,7 +38,7 @@ import asyncio
 import collections
 import importlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import ecast
@@ -283,13 +283,26 @@ class RubberbandClient:
         common key keep their order in the batch, and the whole batch is ordered after
         every write of an earlier call from this client.  ``timeout`` (default: the
         E-Cast client's ``ack_timeout``) bounds the wait for all the acknowledgements."""
+        return await self.write_batch_nowait(ops, timeout, bundle)
+
+    def write_batch_nowait(
+        self, ops: list[Any], timeout: float | None = None, bundle: int = BUNDLE_LIMIT
+    ) -> Coroutine[Any, Any, list[Exception | None]]:
+        """:meth:`write_batch`, its messages submitted before this returns (raises at
+        once, sending nothing, for a bad op): whatever this client sends next is
+        ordered after them.  Await the result for the outcomes."""
         ops = list(ops)
         wait = timeout if timeout else self.ecast.ack_timeout
         messages, fx = self.core.write_batch(ops, self._loop.time(), bundle, wait)
         self.writes_sent += 1
         futs = [(indices, self._future(rid), rid) for indices, rid in messages]
         carry_out(fx, self)
-        outcomes: list[Exception | None] = [None] * len(ops)
+        return self._outcomes(futs, len(ops))
+
+    async def _outcomes(
+        self, futs: list[tuple[tuple[int, ...], asyncio.Future[Any], Any]], n: int
+    ) -> list[Exception | None]:
+        outcomes: list[Exception | None] = [None] * n
         for indices, fut, rid in futs:
             try:
                 await self._await(fut, rid)

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from rubberband.errors import BadOperation, RubberbandError
@@ -218,8 +218,9 @@ async def drive(
                         raise outcome
                 got = done[1]
             elif type(request) is Pipe:
-                last, flight = flight, _sent(rb, request.write)
+                last, flight = flight, None
                 try:
+                    flight = _sent(rb, request.write)
                     got = await _with_flight(last, _read(rb, request.read))
                 except BaseException:
                     flight = None  # the steps make its write again
@@ -248,16 +249,22 @@ async def drive(
 
 
 def _sent(rb: Any, write: Write) -> asyncio.Task[None] | None:
-    """``write`` sent, its outcome awaited later; None for no ops.  Its messages are in
-    the client's session before anything the steps send after it: ``write_batch``
-    submits before its first wait (``write`` may wait for room in the send window
-    first, and two waiting writes could go out in either order), and the task runs
-    that far before the steps can be answered."""
+    """``write`` sent now, its outcome awaited later; None for no ops.  Its messages
+    are in the client's session before this returns, so before anything the steps send
+    after it, and a write refused at the call (a bad op: nothing of it is sent) raises
+    here, before the steps send the next page's progress."""
     if not write.ops:
         return None
-    task = asyncio.ensure_future(_batch(rb, write.ops))
+    outcomes = rb.write_batch_nowait(list(write.ops))
+    task = asyncio.ensure_future(_failed(outcomes))
     task.add_done_callback(_seen)  # a write given up by the steps fails unread
     return task
+
+
+async def _failed(outcomes: Awaitable[list[Exception | None]]) -> None:
+    for outcome in await outcomes:
+        if outcome is not None:
+            raise outcome
 
 
 def _seen(task: asyncio.Task[None]) -> None:
@@ -302,9 +309,7 @@ async def _write(rb: Any, request: Write) -> None:
 
 
 async def _batch(rb: Any, ops: tuple[Any, ...]) -> None:
-    for outcome in await rb.write_batch(list(ops)):
-        if outcome is not None:
-            raise outcome
+    await _failed(rb.write_batch(list(ops)))
 
 
 # ------------------------------------------------------------------ maintaining

@@ -32,6 +32,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+import msgpack
+
 from ecast.core import mutations
 from rubberband.changelog import Event
 from rubberband.keys import EKey, encode_key
@@ -45,6 +47,12 @@ PROGRESS_WITH_ROWS = mutations.declare(
 BATCH_KEYS = 500
 """Row versions per write message (a message stays small, tens of kilobytes; a batch of
 a backfill that needs more is split, its progress written with the last part)."""
+BATCH_BYTES = 4 << 20
+"""Bytes of row values per write message, at most (about: one row beyond it): a
+message must fit E-Cast's frame (16 MiB), and 500 rows of a projection of large base
+values would not.  Refused at the call, a message would be caught before anything after
+it is sent; refused once queued, it could leave a later message's progress without
+its rows."""
 
 
 class Maintainer:
@@ -192,8 +200,7 @@ class Maintainer:
         ordered, stable = progress_keys(self.view.name, self._part)
         entry = [self.position, said]
         progress = ((ordered, entry), (stable, entry))
-        parts = [entries[i : i + BATCH_KEYS] for i in range(0, len(entries), BATCH_KEYS)]
-        return [*(("version", tuple(part), floor) for part in parts),
+        return [*(("version", tuple(part), floor) for part in _parts(entries)),
                 ("version", progress, floor)]  # fmt: skip
 
     @staticmethod
@@ -213,3 +220,32 @@ class Maintainer:
             last = (*last, stable)
         ops = (*rows[:-1], ("version", last, progress[2]))
         return ops, ("version", (stable,), progress[2])
+
+
+def _parts(entries: list[tuple[Any, list[Any]]]) -> list[list[tuple[Any, list[Any]]]]:
+    """``entries`` cut into messages of at most :data:`BATCH_KEYS` rows and about
+    :data:`BATCH_BYTES` bytes of values."""
+    parts: list[list[tuple[Any, list[Any]]]] = []
+    part: list[tuple[Any, list[Any]]] = []
+    size = 0
+    for entry in entries:
+        n = _size(entry[1])
+        if part and (len(part) >= BATCH_KEYS or size + n > BATCH_BYTES):
+            parts.append(part)
+            part, size = [], 0
+        part.append(entry)
+        size += n
+    if part:
+        parts.append(part)
+    return parts
+
+
+def _size(version: list[Any]) -> int:
+    """A row version's value's size, encoded (0 if it does not encode: the write's
+    own encoding says why)."""
+    if len(version) < 2:
+        return 0
+    try:
+        return len(msgpack.packb(version[1]))
+    except (TypeError, ValueError, OverflowError):
+        return 0

@@ -279,9 +279,9 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
     pause = IDLE_FIRST
     while True:
         _forget(group, members, writes)
-        held = [(op, p) for op, p in held if members.get(p.name) is p.maintainer]
-        flight = flight._replace(made=[(op, p) for op, p in flight.made
-                                       if members.get(p.name) is p.maintainer])  # fmt: skip
+        held = _kept(held, members)
+        flight = flight._replace(made=_kept(flight.made, members),
+                                 publish=_kept(flight.publish, members))  # fmt: skip
         for name, view in _by_depth(group.views):
             if name in members:
                 continue
@@ -345,6 +345,12 @@ class Flight(NamedTuple):
 
 
 Held = list[tuple[Any, "Progress"]]
+
+
+def _kept(made: Held, members: dict[str, Maintainer]) -> Held:
+    """The progress writes of views still kept by the maintainer that made them (a
+    view dropped or defined anew meanwhile has a new one, whose figures they are not)."""
+    return [(op, p) for op, p in made if members.get(p.name) is p.maintainer]
 
 
 def _pipe(

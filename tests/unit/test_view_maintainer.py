@@ -113,3 +113,19 @@ def test_split_points_are_checked_and_a_view_over_a_view_is_not_split() -> None:
     with pytest.raises(BadOperation, match="one part"):
         view_def("w", "selection", (None, None), over="v", base=[(0, 10)], parts=[1])
     assert view_def("v", "index", (0, 10), on="g", parts=[[2, "x"]]).parts == ((2, "x"),)
+
+
+def test_a_pages_rows_are_cut_into_messages_by_count_and_by_bytes() -> None:
+    """Rows of large values travel in messages of about ``BATCH_BYTES``: 500 rows of a
+    projection of 64 KB values would not fit E-Cast's frame in one."""
+    from rubberband.views.maintain import BATCH_BYTES, BATCH_KEYS, _parts
+
+    small = [((i,), [1, {"n": i}]) for i in range(BATCH_KEYS + 1)]
+    assert [len(p) for p in _parts(small)] == [BATCH_KEYS, 1]
+    big = [((i,), [1, "x" * (64 << 10)]) for i in range(200)]
+    parts = _parts(big)
+    assert [e for p in parts for e in p] == big  # every row once, in order
+    assert all(sum(len(e[1][1]) for e in p) <= BATCH_BYTES for p in parts)
+    assert len(parts) == 4  # 63 values of 64 KiB (and their headers) in 4 MiB
+    absent = [((0,), [5])]  # a row's absence: no value
+    assert _parts(absent) == [absent]

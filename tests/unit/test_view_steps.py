@@ -9,6 +9,7 @@ base."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from importlib import import_module
 from typing import Any
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 
 from ecast.core import mutations
 from rubberband.changelog import Changes, Event, Page
+from rubberband.errors import BadOperation
 from rubberband.keys import encode_key
 from rubberband.versions import as_of, merge
 from rubberband.views import view_def
@@ -468,3 +470,68 @@ def test_a_part_that_started_over_past_the_others_is_waited_for_not_refused() ->
     with pytest.raises(StopIteration) as done:
         steps.send((caught_up, 0.3))
     assert done.value.value == ([((7,), "x")], 210)
+
+
+class RefusingClient:
+    """The asyncio driver's client over the model: a batch holding a value marked BAD
+    is refused at the call, nothing of it sent (a value over the key-value limit)."""
+
+    def __init__(self, c: Cluster) -> None:
+        self.c = c
+        self.refused = 0
+
+    async def read(self, op: Any, isolation: str, within: Any = None,
+                   with_position: bool = False) -> Any:  # fmt: skip
+        await asyncio.sleep(0.001)
+        return self.c.answer(Read(op, isolation, within, with_position))
+
+    def _submit(self, ops: list[Any]) -> None:
+        if "BAD" in repr(ops):
+            self.refused += 1
+            raise BadOperation("the value is over the key-value limit")
+        self.c.answer(Write(tuple(ops)))  # in the total order from the call, in order
+
+    async def write(self, op: Any) -> None:
+        self._submit([op])
+        await asyncio.sleep(0.002)
+
+    async def write_batch(self, ops: list[Any]) -> list[Any]:
+        return await self.write_batch_nowait(ops)
+
+    def write_batch_nowait(self, ops: list[Any]) -> Any:
+        self._submit(ops)
+
+        async def outcomes() -> list[Any]:
+            await asyncio.sleep(0.002)  # stable a little later: the next page goes first
+            return [None] * len(ops)
+
+        return outcomes()
+
+
+async def test_a_write_refused_at_the_call_leaves_the_view_exact_at_its_progress() -> None:
+    """The asyncio driver sends a page's rows while it reads the next page; a batch
+    refused at the call must fail that round, before the next page's write carries a
+    progress over rows that were never written."""
+    from rubberband.views.client import drive
+
+    c = Cluster()
+    for k in range(0, 40, 2):
+        c.base(k, {"g": k % 4, "x": k})
+    rb = RefusingClient(c)
+    stop = asyncio.Event()
+    steps = maintain_group_steps(Group([VIEWS[0]]), poll=0.01, page_rows=3)
+    task = asyncio.ensure_future(drive(rb, steps, stop))
+    for i in range(60):
+        await asyncio.sleep(0.0005)
+        for j in range(3):
+            c.base((i * 3 + j) % 40, {"g": (i + j) % 4, "x": i})
+        if i == 30:
+            c.base(7, {"g": 1, "x": "BAD"})  # its index row cannot be written
+    await asyncio.sleep(0.3)
+    stop.set()
+    await task
+    assert rb.refused
+    ((_, meta),) = [kv for kv in c.data.values() if kv[0] == meta_key(VIEWS[0].name)]
+    reached = meta[-1][0]
+    want = {ek: v for ek, (_k, v) in recompute_over([VIEWS[0]], [c.base_at(reached)]).items()}
+    assert c.view_rows(VIEWS[0].name, reached) == want
