@@ -294,7 +294,7 @@ async def _read(rb: Any, request: Read) -> Any:
                 f"a view over table {op.table!r} needs a client whose engine has tables "
                 "(the scan engine's operations)"
             )
-        select, pairs = hook(op.table, op.key, op.lo, op.hi)
+        select, pairs = hook(op.table, op.key, op.lo, op.hi, keys_only=op.keys_only)
         result, position = await rb.read(select, request.isolation, with_position=True)
         return pairs(result), position
     return await rb.read(op, request.isolation, within=request.within,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, NamedTuple
 
 from rubberband.changelog import Changes
@@ -214,7 +215,7 @@ def _start(view: ViewDef, figures: Figures, page_rows: int) -> Steps:
         if table is None:
             pages = yield from _pages(lo, hi, page_rows)
         else:
-            pages = yield from _table_page(table, lo, hi)
+            pages = yield from _table_pages(table, lo, hi, page_rows)
         snapshots.append([(rows, position) for rows, position, _now in pages])
         now = pages[-1][2]
     now = yield from _write(m.start(old, snapshots, now), now)
@@ -246,24 +247,48 @@ def _pages(lo: Any, hi: Any, page_rows: int) -> Steps:
 
 
 class TableRows(NamedTuple):
-    """A read of a table's rows with keys in ``[lo, hi)``: the driver asks the engine's
-    client-side operations to build it (Rubberband builds no engine's operations); the
-    reply is ``[(row key, row), ...]`` in any order."""
+    """A read of a table's rows with keys in ``[lo, hi)`` (None: unbounded): the driver
+    asks the engine's client-side operations to build it (Rubberband builds no engine's
+    operations); the reply is ``[(row key, row), ...]`` in any order (``keys_only``:
+    the rows hold their key column alone)."""
 
     table: str
     key: str
     lo: Any
     hi: Any
+    keys_only: bool = False
 
 
-def _table_page(table: tuple[str, str], lo: Any, hi: Any) -> Steps:
-    """A table's rows in ``[lo, hi)`` as one page at one position, named as the feed
-    names them (a select has no key order to page by; the maintainer holds the view's
-    rows in memory anyway)."""
-    (rows, position), now = yield Read(TableRows(table[0], table[1], lo, hi), "sequential",
-                                       None, True)  # fmt: skip
-    named = [(row_key(table[0], k), {"row": row}) for k, row in rows]
-    return [(named, position, now)]
+def _table_pages(table: tuple[str, str], lo: Any, hi: Any, page_rows: int) -> Steps:
+    """A table's rows in ``[lo, hi)`` in pages of about ``page_rows``, each at its own
+    position, named as the feed names them: ``[(rows, position, now)]``.  A select has
+    no key order to page by, so the keys come first (a select of the key column alone,
+    a tenth or less of the rows' bytes), and the pages are the key ranges between every
+    ``page_rows``-th of them: a table whose rows do not fit one answer (16 MiB a holder)
+    backfills all the same.  Pages at different positions are what the key-value
+    backfill reads too (:meth:`~rubberband.views.maintain.Maintainer.start`)."""
+    (keyed, _), now = yield Read(TableRows(table[0], table[1], lo, hi, True), "sequential",
+                                 None, True)  # fmt: skip
+    bounds = [lo, *_every(sorted_keys([k for k, _row in keyed]), page_rows), hi]
+    pages = []
+    for a, b in pairwise(bounds):
+        (rows, position), now = yield Read(TableRows(table[0], table[1], a, b), "sequential",
+                                           None, True)  # fmt: skip
+        pages.append(([(row_key(table[0], k), {"row": row}) for k, row in rows], position, now))
+    return pages
+
+
+def sorted_keys(keys: list[Any]) -> list[Any]:
+    """A key column's values in the order its comparisons use (one type a column)."""
+    try:
+        return sorted(keys)
+    except TypeError:
+        return sorted(keys, key=encode_key)
+
+
+def _every(keys: list[Any], n: int) -> list[Any]:
+    """Every ``n``-th of ``keys`` (sorted), none at the first: the pages' split points."""
+    return keys[n::n] if n > 0 else []
 
 
 def same_key(a: Any, b: Any) -> bool:

@@ -205,18 +205,19 @@ class ScanOps:
         return Tables(client, self)
 
     def rows_read(
-        self, table: str, key: str, lo: Any, hi: Any
+        self, table: str, key: str, lo: Any, hi: Any, keys_only: bool = False
     ) -> tuple[dict[str, Any], Callable[[Any], list[tuple[Any, dict[str, Any]]]]]:
         """The select of ``table``'s rows with keys in ``[lo, hi)`` (None: unbounded),
         and how to read its answer as ``(key, row)`` pairs: the hook a view over a
-        table backfills with (:mod:`rubberband.views`)."""
+        table backfills with (:mod:`rubberband.views`); ``keys_only``: the key column
+        alone (how a backfill finds where to cut its pages)."""
         self.keys[table] = key
         where = [(key, op, bound) for op, bound in ((">=", lo), ("<", hi)) if bound is not None]
 
         def pairs(result: Any) -> list[tuple[Any, dict[str, Any]]]:
             return [(row[key], row) for row in self.rows(result)]
 
-        return self.select(table, where), pairs
+        return self.select(table, where, [key] if keys_only else None), pairs
 
     @staticmethod
     def rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:

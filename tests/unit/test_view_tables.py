@@ -160,3 +160,82 @@ def test_a_view_over_a_table_on_an_engine_without_tables_says_why_it_cannot_star
     with caplog.at_level(logging.WARNING, logger="rubberband.views"):
         asyncio.run(go())
     assert "needs a client whose engine has tables" in caplog.text
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(0, 25), page=st.integers(1, 6), seed=st.integers(0, 1000))
+def test_a_table_backfills_in_pages_each_at_its_own_position(
+    rows: int, page: int, seed: int
+) -> None:
+    """A table's rows are read as its keys first, then the key ranges between every
+    ``page``-th key, each at a position of its own, the table written between any two
+    reads: the view the maintainer starts from equals the view recomputed at its start
+    (so a table too big for one answer backfills), and a page holds ``page`` rows and
+    what was written since the keys were read."""
+    import random
+
+    from rubberband.changelog import Changes, Page
+    from rubberband.views.steps import Both, Pipe, Read, TableRows, Write, maintain_group_steps
+
+    rng = random.Random(seed)
+    view = VIEWS[1]  # the aggregate over table rows with keys in [0, 20)
+    base: dict[Any, Any] = {}
+    for k in range(rows):
+        _change(base, True, k, (k % 3, k))
+    t, log, states = 1, [], {1: dict(base)}
+    written: dict[Any, list[Any]] = {}
+    sizes: list[int] = []  # rows in each page
+    listed: list[int] = []  # keys in each listing
+
+    def in_range(k: Any, lo: Any, hi: Any) -> bool:
+        return (lo is None or k >= lo) and (hi is None or k < hi)
+
+    def answer(request: Any) -> Any:
+        if type(request) in (Both, Pipe):
+            answer(request.write)
+            return answer(request.read)
+        if type(request) is Write:
+            for _op, entries, _floor in request.ops:
+                for key, entry in entries:
+                    written.setdefault(key, []).append(entry)
+            return None
+        if type(request) is not Read:
+            return None
+        op = request.op
+        if type(op) is TableRows:
+            got = [(name[2], v["row"]) for name, v in base.items()
+                   if type(name) is tuple and in_range(name[2], op.lo, op.hi)]  # fmt: skip
+            if op.keys_only:
+                listed.append(len(got))
+                return [(k, {"id": k}) for k, _row in got], t
+            sizes.append(len(got))
+            return got, t
+        if type(op) is Changes:
+            return Page(t, [e for e in log if e.position > op.since])
+        return ([], t) if request.with_position else []  # the view's old rows: none
+
+    steps = maintain_group_steps(Group([view]), poll=0.01, page_rows=page)
+    request = next(steps)
+    while meta_key(view.name) not in written:
+        t += 1  # every request at a position of its own, as in the total order
+        reply = answer(request)
+        t += 1
+        key = rng.randrange(0, 30)
+        new = None if rng.random() < 0.3 else (rng.randrange(3), rng.randrange(10))
+        log.append(Event(t, (_change(base, True, key, new),)))
+        states[t] = dict(base)
+        request = steps.send((reply, float(t)))
+    reached = written[meta_key(view.name)][0][0]  # the first progress: the start and after
+    at = max(p for p in states if p <= reached)  # the table as of it
+    want = {ek: v for ek, (_k, v) in recompute(view, [states[at]]).items()}
+    got = {}
+    for k, chain in written.items():
+        if len(k) == 3 and k[1] == view.name:
+            entry = [e for e in chain if e[0] <= reached][-1]
+            if len(entry) == 2:
+                got[encode_key(k[2])] = entry[1]
+    assert got == want
+    # One page a ``page`` keys listed; each holds those and the rows written since the
+    # listing (one write between any two requests).
+    assert listed and len(sizes) == 1 + len(range(page, listed[0], page))
+    assert all(n <= page + i + 1 for i, n in enumerate(sizes))
