@@ -390,8 +390,24 @@ class StorageHost(_Host):
         are not shared, and a reader on the loop (``/metrics``, ``/health``) could walk
         their tables while a step changes them."""
         loop = asyncio.get_running_loop()
-        async with self._busy:
-            return await loop.run_in_executor(self._pool, fn)
+        await self._busy.acquire()
+        try:
+            job = loop.run_in_executor(self._pool, fn)
+        except RuntimeError:  # the pool is shut down: no step runs any more
+            self._busy.release()
+            return fn()
+        except BaseException:
+            self._busy.release()
+            raise
+        # The lock goes when the read ends, not when its caller stops waiting (a
+        # timeout): a step on the loop must not run beside a read still on the thread.
+        job.add_done_callback(self._inspected)
+        return await asyncio.shield(job)
+
+    def _inspected(self, job: asyncio.Future[Any]) -> None:
+        self._busy.release()
+        if not job.cancelled():
+            job.exception()  # seen, if the caller stopped waiting
 
     async def run(self) -> str:
         """Until the process must stop; returns why."""

@@ -24,7 +24,7 @@ import ecast
 from ecast import daemon_kit as kit
 from rubberband.host import StorageHost
 from rubberband.storage import StorageCore
-from rubberband.tools.daemons import make_engine, storage_health
+from rubberband.tools.daemons import make_engine, storage_health_between_steps
 
 log = logging.getLogger("rubberband")
 
@@ -55,8 +55,8 @@ async def run(args: argparse.Namespace) -> int:
     await asyncio.gather(*(one(n) for n in names))
     log.info("event=joined names=%d engine=%s", len(names), args.engine)
 
-    def health() -> dict[str, Any]:
-        each = {h.core.me: storage_health(h.core, h) for h in hosts}
+    async def health() -> dict[str, Any]:
+        each = {h.core.me: await storage_health_between_steps(h.core, h) for h in hosts}
         bad = {n: h["status"] for n, h in each.items() if h["status"] != "ok"}
         return {"status": "ok" if not bad else "degraded", "not_ok": bad, "processes": each}
 

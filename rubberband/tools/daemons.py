@@ -400,6 +400,11 @@ HEALTH_WAIT = 2.0
 ``busy`` (503): a readiness probe gets an answer in time, and a step that long is news."""
 
 
+METRICS_WAIT = 5.0
+"""Seconds ``/metrics`` waits for the engine thread before it answers with
+``rubberband_busy`` alone (a scraper's usual timeout is 10 s)."""
+
+
 async def storage_health_between_steps(core: StorageCore, host: StorageHost) -> dict[str, Any]:
     """:func:`storage_health` read on the engine thread between two steps (the core
     and the engine are not shared: a read on the loop could walk their tables while a
@@ -409,6 +414,21 @@ async def storage_health_between_steps(core: StorageCore, host: StorageHost) -> 
                                       HEALTH_WAIT)  # fmt: skip
     except TimeoutError:
         return {"status": "busy", "reasons": [f"a step has run for over {HEALTH_WAIT:g} s"]}
+
+
+async def storage_metrics_between_steps(
+    core: StorageCore, client: ecast.Client | None, host: StorageHost
+) -> str:
+    """:func:`storage_metrics` read between two steps, as ``/health`` is; after
+    :data:`METRICS_WAIT`, ``rubberband_busy 1`` alone (figures of a process stuck in a
+    step would be the ones from before it)."""
+    try:
+        return await asyncio.wait_for(host.inspect(lambda: storage_metrics(core, client, host)),
+                                      METRICS_WAIT)  # fmt: skip
+    except TimeoutError:
+        m = kit.Metrics()
+        m.add("rubberband_busy", 1, f"the engine thread is in one step over {METRICS_WAIT:g} s")
+        return m.text()
 
 
 ADMIN_TOKEN_CHARS = frozenset(string.ascii_letters + string.digits + "-_.~+/=")
@@ -533,7 +553,7 @@ async def run_storage(args: argparse.Namespace) -> int:
     if args.metrics:
         runner = await kit.serve_http(
             args.metrics,
-            lambda: host.inspect(lambda: storage_metrics(core, client, host)),
+            lambda: storage_metrics_between_steps(core, client, host),
             lambda: storage_health_between_steps(core, host),
             lambda h: h["status"] == "ok",
         )

@@ -11,9 +11,9 @@ ships, as it does for every other core.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any, NamedTuple
 
 from rubberband.changelog import Changes
@@ -22,6 +22,7 @@ from rubberband.errors import (
     BadOperation,
     Compacted,
     Indeterminate,
+    Rejected,
     RubberbandError,
     Unavailable,
 )
@@ -265,15 +266,32 @@ def _table_pages(table: tuple[str, str], lo: Any, hi: Any, page_rows: int) -> St
     no key order to page by, so the keys come first (a select of the key column alone,
     a tenth or less of the rows' bytes), and the pages are the key ranges between every
     ``page_rows``-th of them: a table whose rows do not fit one answer (16 MiB a holder)
-    backfills all the same.  Pages at different positions are what the key-value
-    backfill reads too (:meth:`~rubberband.views.maintain.Maintainer.start`)."""
+    backfills all the same, and a page refused as too large to send (rows bigger than
+    most) is halved until it fits.  Pages at different positions are what the
+    key-value backfill reads too (:meth:`~rubberband.views.maintain.Maintainer.start`)."""
     (keyed, _), now = yield Read(TableRows(table[0], table[1], lo, hi, True), "sequential",
                                  None, True)  # fmt: skip
-    bounds = [lo, *_every(sorted_keys([k for k, _row in keyed]), page_rows), hi]
+    keys = sorted_keys([k for k, _row in keyed])
+    n = len(keys)
+
+    def bound(i: int, end: Any) -> Any:
+        return end if i in (0, n) else keys[i]
+
+    todo = deque((i, min(i + page_rows, n)) for i in range(0, n, max(1, page_rows)))
+    todo = todo or deque([(0, 0)])
     pages = []
-    for a, b in pairwise(bounds):
-        (rows, position), now = yield Read(TableRows(table[0], table[1], a, b), "sequential",
-                                           None, True)  # fmt: skip
+    while todo:
+        i, j = todo.popleft()
+        read = TableRows(table[0], table[1], bound(i, lo), bound(j, hi))
+        try:
+            (rows, position), now = yield Read(read, "sequential", None, True)
+        except Rejected:
+            if j - i < 2:  # one row too large to send: nothing to split
+                raise
+            # Refused (too large to send: rows bigger than most): halve it.
+            m = (i + j) // 2
+            todo.extendleft([(m, j), (i, m)])
+            continue
         pages.append(([(row_key(table[0], k), {"row": row}) for k, row in rows], position, now))
     return pages
 
@@ -284,11 +302,6 @@ def sorted_keys(keys: list[Any]) -> list[Any]:
         return sorted(keys)
     except TypeError:
         return sorted(keys, key=encode_key)
-
-
-def _every(keys: list[Any], n: int) -> list[Any]:
-    """Every ``n``-th of ``keys`` (sorted), none at the first: the pages' split points."""
-    return keys[n::n] if n > 0 else []
 
 
 def same_key(a: Any, b: Any) -> bool:

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from rubberband.host import BATCH, DELIVERIES, DIRECT, INBOX_HIGH, WAKE, StorageHost
 from rubberband.proto import BasicRead, Chunk, Pull
 from rubberband.storage import StorageCore
@@ -261,3 +263,40 @@ async def test_metrics_and_health_read_the_core_on_the_engine_thread_between_ste
         daemons.HEALTH_WAIT = saved
     assert busy["status"] == "busy" and "step" in busy["reasons"][0]
     assert (await daemons.storage_health_between_steps(h.core, h))["status"] == "ok"
+
+
+async def test_a_read_given_up_on_keeps_the_engine_until_it_ends() -> None:
+    """A ``/health`` that stops waiting leaves its read running on the engine thread:
+    no step may start beside it, so the lock stays held until the read ends; after the
+    pool is shut down (the process stopping) a read runs where it is asked."""
+    import threading
+
+    h = host(FakeClient(0))
+    release = threading.Event()
+
+    def slow() -> str:
+        release.wait(5)
+        return "done"
+
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(h.inspect(slow), 0.05)
+    assert h._busy.locked()  # the read still runs: no step now
+    release.set()
+    await until(lambda: not h._busy.locked())
+    h._pool.shutdown(wait=True)
+    assert await h.inspect(lambda: threading.current_thread().name) == "MainThread"
+
+
+async def test_metrics_during_a_long_step_say_busy_and_nothing_older() -> None:
+    from rubberband.tools import daemons
+
+    h = host(FakeClient(0))
+    saved = daemons.METRICS_WAIT
+    daemons.METRICS_WAIT = 0.05
+    try:
+        async with h._busy:  # a step that outlasts the wait
+            text = await daemons.storage_metrics_between_steps(h.core, None, h)
+    finally:
+        daemons.METRICS_WAIT = saved
+    assert "rubberband_busy 1" in text and "rubberband_active" not in text
+    assert "rubberband_active" in await daemons.storage_metrics_between_steps(h.core, None, h)
