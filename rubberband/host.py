@@ -313,7 +313,7 @@ class StorageHost(_Host):
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="engine")
         self._busy = asyncio.Lock()
         """Held while the core steps (on the loop or the engine thread) and while
-        :meth:`_status` reads it on the engine thread: a step on the loop never runs
+        :meth:`inspect` reads it on the engine thread: a step on the loop never runs
         beside that read."""
         self._leaving: Leaving | None = None
         self._left: asyncio.Future[LeaveDone] | None = None

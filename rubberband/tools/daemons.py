@@ -31,7 +31,7 @@ import string
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -395,40 +395,43 @@ def storage_health(core: StorageCore, host: StorageHost | None = None) -> dict[s
     return status
 
 
+T = TypeVar("T")
+
 HEALTH_WAIT = 2.0
 """Seconds ``/health`` waits for the engine thread to finish its step before it says
 ``busy`` (503): a readiness probe gets an answer in time, and a step that long is news."""
-
-
 METRICS_WAIT = 5.0
 """Seconds ``/metrics`` waits for the engine thread before it answers with
 ``rubberband_busy`` alone (a scraper's usual timeout is 10 s)."""
 
 
-async def storage_health_between_steps(core: StorageCore, host: StorageHost) -> dict[str, Any]:
-    """:func:`storage_health` read on the engine thread between two steps (the core
-    and the engine are not shared: a read on the loop could walk their tables while a
-    step changes them), or ``busy`` after :data:`HEALTH_WAIT`."""
+async def _between_steps(host: StorageHost, read: Callable[[], T], wait: float, busy: T) -> T:
+    """``read()`` on the engine thread between two steps (the core and the engine are
+    not shared: a read on the loop could walk their tables while a step changes them),
+    or ``busy`` once one step has held the thread ``wait`` seconds."""
     try:
-        return await asyncio.wait_for(host.inspect(lambda: storage_health(core, host)),
-                                      HEALTH_WAIT)  # fmt: skip
+        return await asyncio.wait_for(host.inspect(read), wait)
     except TimeoutError:
-        return {"status": "busy", "reasons": [f"a step has run for over {HEALTH_WAIT:g} s"]}
+        return busy
+
+
+async def storage_health_between_steps(core: StorageCore, host: StorageHost) -> dict[str, Any]:
+    """:func:`storage_health` between two steps, or ``busy`` after :data:`HEALTH_WAIT`."""
+    busy = {"status": "busy", "reasons": [f"a step has run for over {HEALTH_WAIT:g} s"]}
+    return await _between_steps(host, lambda: storage_health(core, host), HEALTH_WAIT, busy)
 
 
 async def storage_metrics_between_steps(
     core: StorageCore, client: ecast.Client | None, host: StorageHost
 ) -> str:
-    """:func:`storage_metrics` read between two steps, as ``/health`` is; after
-    :data:`METRICS_WAIT`, ``rubberband_busy 1`` alone (figures of a process stuck in a
-    step would be the ones from before it)."""
-    try:
-        return await asyncio.wait_for(host.inspect(lambda: storage_metrics(core, client, host)),
-                                      METRICS_WAIT)  # fmt: skip
-    except TimeoutError:
-        m = kit.Metrics()
-        m.add("rubberband_busy", 1, f"the engine thread is in one step over {METRICS_WAIT:g} s")
-        return m.text()
+    """:func:`storage_metrics` between two steps; after :data:`METRICS_WAIT`,
+    ``rubberband_busy 1`` alone (figures of a process stuck in a step would be the ones
+    from before it)."""
+    m = kit.Metrics()
+    m.add("rubberband_busy", 1, f"the engine thread is in one step over {METRICS_WAIT:g} s")
+    return await _between_steps(
+        host, lambda: storage_metrics(core, client, host), METRICS_WAIT, m.text()
+    )
 
 
 ADMIN_TOKEN_CHARS = frozenset(string.ascii_letters + string.digits + "-_.~+/=")

@@ -208,26 +208,18 @@ async def drive(
             elif type(request) is Write:
                 got = await _write(rb, request)
             elif type(request) is Both:
-                # Both run to the end (a failed one does not cancel the other: a
-                # cancelled call would leave its message in flight, unanswered).
-                done = await asyncio.gather(
-                    _write(rb, request.write), _read(rb, request.read), return_exceptions=True
-                )
-                for outcome in done:
-                    if isinstance(outcome, BaseException):
-                        raise outcome
-                got = done[1]
+                got = await _read_after(_write(rb, request.write), _read(rb, request.read))
             elif type(request) is Pipe:
                 last, flight = flight, None
                 try:
                     flight = _sent(rb, request.write)
-                    got = await _with_flight(last, _read(rb, request.read))
+                    got = await _read_after(last, _read(rb, request.read))
                 except BaseException:
                     flight = None  # the steps make its write again
                     raise
             elif type(request) is Settle:
                 last, flight = flight, None
-                got = await _with_flight(last, None)
+                got = await _read_after(last, None)
             elif stop is None:
                 got = await asyncio.sleep(request.seconds)
             else:
@@ -272,10 +264,11 @@ def _seen(task: asyncio.Task[None]) -> None:
         task.exception()
 
 
-async def _with_flight(flight: asyncio.Task[None] | None, read: Any) -> Any:
-    """``read``'s answer once ``flight`` is stable too (both run to their end, the
-    first failure raised)."""
-    calls = [c for c in (flight, read) if c is not None]
+async def _read_after(write: Awaitable[None] | None, read: Awaitable[Any] | None) -> Any:
+    """``read``'s answer once ``write`` is stable too; either may be None.  Both run
+    to their end (a failed one does not cancel the other: a cancelled call would leave
+    its message in flight, unanswered), and the first failure is raised."""
+    calls = [c for c in (write, read) if c is not None]
     done = await asyncio.gather(*calls, return_exceptions=True)
     for outcome in done:
         if isinstance(outcome, BaseException):
@@ -305,11 +298,7 @@ async def _write(rb: Any, request: Write) -> None:
     if len(request.ops) == 1:
         await rb.write(request.ops[0])
         return
-    await _batch(rb, request.ops)
-
-
-async def _batch(rb: Any, ops: tuple[Any, ...]) -> None:
-    await _failed(rb.write_batch(list(ops)))
+    await _failed(rb.write_batch(list(request.ops)))
 
 
 # ------------------------------------------------------------------ maintaining
