@@ -310,6 +310,12 @@ class ChangeLog:
             entry.extend(changes)
         self.record(at, now, entry)
 
+    def positions_after(self, since: int) -> int:
+        """How many positions after ``since`` the log holds: what a feed's page from
+        there walks at most (the storage process judges by it whether the page is
+        short enough to read on its event loop)."""
+        return len(self._t) - bisect_right(self._t, since, self._head)
+
     def _live(self, since: int, upto: int) -> range:
         """Indices of the entries at positions in ``(since, upto)``."""
         lo = bisect_right(self._t, since, self._head)

@@ -191,8 +191,10 @@ class Engine(Protocol):
     thread hop per batch (the null engine does).  One whose operations on a few single
     keys are short (no I/O, no long walk: the memory engine) sets ``inline_points =
     True``: a batch of nothing but such reads and writes then runs on the loop, and
-    everything else (scans, copies, keyspace changes) on the thread.  A durable engine
-    keeps the thread (its batches end with a sync)."""
+    everything else (scans, copies, keyspace changes) on the thread; it may also say how
+    many single keys an operation names (``point_keys(op)``, -1: not only single keys),
+    for a write of many keys whose header names one range around them.  A durable
+    engine keeps the thread (its batches end with a sync)."""
 
     placement: Placement
 

@@ -29,7 +29,7 @@ from ecast import Client, Effects, MessageTooLarge, NodeId, daemon_kit
 from rubberband.driver import carry_out
 from rubberband.outputs import Submit
 from rubberband.proto import Answer, Answers, BasicRead, Left, Ping, Whole
-from rubberband.storage import StorageCore, points_only
+from rubberband.storage import StorageCore, short_batches
 from rubberband.super import SuperCore
 from rubberband.supervision import LeaveDone, Leaving, Reconfigured, Stalled, Voted, pong
 
@@ -438,7 +438,8 @@ class StorageHost(_Host):
                 if inline or (
                     points
                     and loop.time() >= thread_until
-                    and all(i[0] == DELIVERIES and points_only(i[1]) for i in items)
+                    and all(i[0] == DELIVERIES for i in items)
+                    and short_batches(self.core, [i[1] for i in items])
                 ):
                     started = loop.time()
                     fx = self._step(items)

@@ -27,7 +27,7 @@ exists.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ from ecast import KIND, PART, SUSPECT, Delivery, Direct, Effects, Message, NodeI
 from ecast.core import mutations
 from rubberband.applying import Apply, answer_bundle
 from rubberband.bundles import Segments
-from rubberband.changelog import ChangeLog, revised_op
+from rubberband.changelog import FROM_NOW, ChangeLog, revised_op
 from rubberband.config import CLIENT, STORAGE, SUPER
 from rubberband.engine import BadOperation, Engine, Placement, changed_key
 from rubberband.keys import (
@@ -676,33 +676,95 @@ def _tuple(value: Any) -> Any:
     return value
 
 
-POINTS_INLINE = 64
-"""Ranges a delivered message may name and still count as a few single keys."""
+INLINE_KEYS = 2_048
+"""Single keys a batch run on the loop may name in all, its headers' point ranges
+summed: a view's rows come 500 to a message, each a few microseconds of work, so a
+batch of them is as short as a few base writes were per delivery."""
 INLINE_DELIVERIES = 128
 """Deliveries a batch run on the loop holds at most: a single-key write is not always
 short (an append copies its list), and the loop must come back to the heartbeats."""
+INLINE_FEED = 256
+"""Positions a feed's page may walk from its ``since`` and still run on the loop: a
+maintainer that keeps up asks every few milliseconds for the few positions since its
+last page; one that fell behind walks the log on the thread."""
 
 
-def points_only(deliveries: list[Any]) -> bool:
-    """Is each delivery a read or a write of a few single keys (its header's ranges all
-    points)?  A batch of such is short on an engine that says so (``inline_points``,
+def points_only(
+    deliveries: list[Any],
+    feed: Callable[[int], int] | None = None,
+    weigh: Callable[[Any], int] | None = None,
+) -> bool:
+    """Is each delivery a read or a write of single keys, a few thousand in all?  A
+    batch of such is short on an engine that says so (``inline_points``,
     :class:`rubberband.engine.Engine`); a range, a keyspace message or a membership
-    change may not be, nor anything unexpected."""
-    try:
-        return len(deliveries) <= INLINE_DELIVERIES and all(
-            _points(d.message.header) for d in deliveries
-        )
-    except Exception:  # a header of any shape: not judged, and the thread takes it
-        return False
+    change may not be, nor anything unexpected.  The keys are counted from the header's
+    ranges when they are all points; a write of many keys names one hull instead
+    (:meth:`rubberband.messages.Messages.routable`), and then ``weigh``, the engine's
+    ``point_keys``, counts its operation's keys (None: such a write keeps the thread).
+    ``feed``: how many positions the change log holds after a position, so a feed's page
+    that walks only a few counts as short (None: every feed page keeps the thread)."""
+    return points_room(deliveries, INLINE_KEYS, feed, weigh) >= 0
 
 
-def _points(header: Any) -> bool:
-    if type(header) is not dict or H.SINCE in header or H.REVISIONS in header:
-        return False  # a feed's page or a revisions read walks more than its keys
-    ranges = header.get(H.WRITES) or header.get(H.READS)
-    if type(ranges) not in (list, tuple) or not 0 < len(ranges) <= POINTS_INLINE:
-        return False
-    for lo, hi in ranges:
-        if len(hi) != len(lo) + 1 or hi[-1] != 0 or hi[: len(lo)] != lo:
+def short_batches(core: StorageCore, batches: list[list[Any]]) -> bool:
+    """Are these batches of deliveries short enough for ``core`` to run on the event
+    loop, for an engine that says single keys are short (:func:`points_only`, summed
+    over all of them)?"""
+    room, feed = INLINE_KEYS, core.changes.positions_after
+    weigh = getattr(core.engine, "point_keys", None)
+    for deliveries in batches:
+        room = points_room(deliveries, room, feed, weigh)
+        if room < 0:
             return False
     return True
+
+
+def points_room(
+    deliveries: list[Any],
+    room: int,
+    feed: Callable[[int], int] | None = None,
+    weigh: Callable[[Any], int] | None = None,
+) -> int:
+    """``room`` less the single keys ``deliveries`` name (:func:`points_only`); negative
+    if they are not all short, or too many."""
+    try:
+        if len(deliveries) > INLINE_DELIVERIES:
+            return -1
+        for d in deliveries:
+            room -= _points(d.message, feed, weigh)
+            if room < 0:
+                return -1
+        return room
+    except Exception:  # a header of any shape: not judged, and the thread takes it
+        return -1
+
+
+_LONG = INLINE_KEYS + 1
+"""What a delivery that may walk more than its keys counts for: over any budget."""
+
+
+def _points(m: Any, feed: Callable[[int], int] | None, weigh: Callable[[Any], int] | None) -> int:
+    """The single keys a delivered message names, or :data:`_LONG`."""
+    header = m.header
+    if type(header) is not dict or H.REVISIONS in header:
+        return _LONG  # a revisions read walks more than its keys
+    since = header.get(H.SINCE)
+    if since is not None:  # a feed's page walks the log's positions after ``since``
+        if since == FROM_NOW:
+            return 1  # answered empty, at once
+        if feed is None or type(since) is not int:
+            return _LONG
+        walked = feed(since)
+        return walked if walked <= INLINE_FEED else _LONG
+    ranges = header.get(H.WRITES) or header.get(H.READS)
+    if type(ranges) not in (list, tuple) or not ranges:
+        return _LONG
+    for lo, hi in ranges:
+        if len(hi) != len(lo) + 1 or hi[-1] != 0 or hi[: len(lo)] != lo:
+            # A hull: a write of many single keys says so in its operation alone (a
+            # bundle's operations are packed: not read here).
+            if weigh is None or H.WRITES not in header or H.COUNT in header:
+                return _LONG
+            keys = weigh(m.payload)
+            return keys if keys >= 0 else _LONG
+    return len(ranges)

@@ -236,12 +236,26 @@ class _Cursor:
         self._items = []
 
 
+_POINT_OPS = frozenset({"put", "add", "version", "delete", "get"})
+"""Operations on single keys whose cost per key is flat (:meth:`MemoryEngine.point_keys`)."""
+
+
 class MemoryEngine(ReportsChanges):
     """Ordered key-value data in memory, keyed by (placement, encoded key)."""
 
     inline_points = True
     """A read or write of a few keys takes microseconds: a batch of them runs on the
     storage process's event loop (:class:`rubberband.engine.Engine`)."""
+
+    @staticmethod
+    def point_keys(op: Any) -> int:
+        """The single keys ``op`` reads or writes, each in a few microseconds; -1 for an
+        operation that may take longer (a range, an append, which copies its list)."""
+        if type(op) is tuple and len(op) >= 2 and op[0] in _POINT_OPS:
+            keys = op[1]
+            if type(keys) in (tuple, list):
+                return len(keys)
+        return -1
 
     def __init__(self, placement: Placement | None = None) -> None:
         self.placement = placement or Placement()

@@ -189,7 +189,7 @@ def test_only_deliveries_of_single_keys_run_on_the_loop() -> None:
     from ecast.core.endpoint import Delivery
     from rubberband.engine import Placement
     from rubberband.proto import keyspace_header, read_header, write_header
-    from rubberband.storage import points_only
+    from rubberband.storage import INLINE_KEYS, points_only
     from storage_adapters.memory import KVOps
 
     ops, placement = KVOps(), Placement()
@@ -208,19 +208,92 @@ def test_only_deliveries_of_single_keys_run_on_the_loop() -> None:
     assert not points_only(puts + scan)
     assert not points_only(puts + delivered(write_header(part(("delete_range", 0, 9)))))
     assert not points_only(delivered(keyspace_header(1, ("expand", "storage:2", (2, 5)), {})))
-    many = write_header(part(("put", tuple((k, k) for k in range(65)))))
+    most = write_header(part(("put", tuple((k, k) for k in range(INLINE_KEYS)))))
+    assert points_only(delivered(most))  # a view's rows come hundreds to a message
+    many = write_header(part(("put", tuple((k, k) for k in range(INLINE_KEYS + 1)))))
     assert not points_only(delivered(many))
+    assert not points_only(delivered(most) + puts)  # the keys summed over the batch
     assert not points_only([object()])
 
 
-def test_a_feed_page_a_revisions_read_and_a_long_batch_keep_the_thread() -> None:
-    """A changes read or a revisions read may name one key yet walk a whole log or
-    many keys; a batch of more than a few deliveries may be long however small each
-    is: none runs on the loop."""
+def test_a_write_of_many_keys_under_one_hull_is_weighed_by_its_operation() -> None:
+    """A view's rows, hundreds to a message, name one range around them in the header
+    (``Messages.routable``): the engine counts the operation's keys (``point_keys``),
+    and the write runs on the loop like as many single-key writes would; a range
+    operation under a hull, a bundle, or an engine that cannot count keeps the thread."""
     from ecast import Message
     from ecast.core.endpoint import Delivery
+    from rubberband.messages import EXACT_RANGES, Messages
     from rubberband.proto import H
-    from rubberband.storage import INLINE_DELIVERIES, points_only
+    from rubberband.storage import INLINE_KEYS, points_only
+    from rubberband.views.define import row_key
+    from storage_adapters.memory import KVOps, MemoryEngine
+
+    messages = Messages(KVOps())
+    weigh = MemoryEngine.point_keys
+
+    def delivered(op: Any) -> list[Any]:
+        payload, header = messages.write_message(op)
+        return [Delivery(1, Message("client:c", ("c", 1), header, payload))]
+
+    rows = tuple((row_key("v", (g, g * 7)), [5, {"n": g}]) for g in range(500))
+    hull = delivered(("version", rows, 0))
+    assert len(hull[0].message.header[H.WRITES]) == 1 < 500  # one range around them
+    assert points_only(hull, weigh=weigh)
+    assert not points_only(hull)
+    assert points_only(hull * 4, weigh=weigh) and not points_only(hull * 5, weigh=weigh)
+    assert 2_000 <= INLINE_KEYS < 2_500
+    puts = delivered(("put", tuple((k, k) for k in range(EXACT_RANGES + 1))))
+    assert points_only(puts, weigh=weigh)
+    appends = delivered(("append", tuple((k, k) for k in range(EXACT_RANGES + 1))))
+    assert not points_only(appends, weigh=weigh)  # copies its lists
+    wide = delivered(("delete_range", 0, 10))
+    assert not points_only(wide, weigh=weigh)
+    bundle = Message("client:c", ("c", 2), {**hull[0].message.header, H.COUNT: 2}, b"")
+    assert not points_only([Delivery(2, bundle)], weigh=weigh)
+
+
+def test_a_storage_process_sums_a_steps_keys_and_counts_its_feed_pages_positions() -> None:
+    """The storage core judges a step from its own engine and change log: a view's
+    rows and a maintainer's page that walks the few positions since its last one run
+    on the loop; the same page from far behind, or keys over the budget summed over
+    the step's batches, keep the thread."""
+    from ecast import Message
+    from ecast.core.endpoint import Delivery
+    from rubberband.messages import Messages
+    from rubberband.proto import H
+    from rubberband.storage import INLINE_FEED, INLINE_KEYS, short_batches
+    from rubberband.views.define import row_key
+    from storage_adapters.memory import KVOps
+
+    core = host(FakeClient(0)).core
+    for t in range(1, INLINE_FEED + 11):
+        core.changes.record(t, 0.0, [(t, "put", t)])
+    payload, header = Messages(KVOps()).write_message(
+        ("version", tuple((row_key("v", (g, g)), [5, g]) for g in range(INLINE_KEYS // 2)), 0)
+    )
+    rows = [Delivery(1, Message("client:m", ("m", 1), header, payload))]
+
+    def page(since: int) -> list[Any]:
+        h = {H.READS: ((b"", b"\xff"),), H.OFFSET: 0, H.SINCE: since, H.REQUEST: 1}
+        return [Delivery(2, Message("client:m", ("m", 2), h, None))]
+
+    assert short_batches(core, [rows, page(INLINE_FEED + 10 - 5)])
+    assert not short_batches(core, [rows, page(5)])  # a page from far behind
+    assert short_batches(core, [rows, rows])
+    assert not short_batches(core, [rows, rows, page(INLINE_FEED + 10 - 5)])
+
+
+def test_a_long_feed_page_a_revisions_read_and_a_long_batch_keep_the_thread() -> None:
+    """A changes read or a revisions read may name one key yet walk a whole log or
+    many keys; a batch of more than a few deliveries may be long however small each
+    is: none runs on the loop.  A feed's page that walks only the few positions since
+    the reader's last page (a view's maintainer that keeps up) does."""
+    from ecast import Message
+    from ecast.core.endpoint import Delivery
+    from rubberband.changelog import FROM_NOW
+    from rubberband.proto import H
+    from rubberband.storage import INLINE_DELIVERIES, INLINE_FEED, points_only
 
     point = ((2, 5), (2, 5, 0))
 
@@ -229,6 +302,12 @@ def test_a_feed_page_a_revisions_read_and_a_long_batch_keep_the_thread() -> None
 
     assert points_only(delivered({H.READS: (point,), H.OFFSET: 0}))
     assert not points_only(delivered({H.READS: (point,), H.OFFSET: 0, H.SINCE: 3}))
+    held = {3: INLINE_FEED, 2: INLINE_FEED + 1}  # positions after each ``since``
+    page = {H.READS: ((b"", b"\xff"),), H.OFFSET: 0}
+    assert points_only(delivered({**page, H.SINCE: 3}), held.__getitem__)
+    assert not points_only(delivered({**page, H.SINCE: 2}), held.__getitem__)
+    assert points_only(delivered({**page, H.SINCE: FROM_NOW}), held.__getitem__)
+    assert not points_only(delivered({**page, H.SINCE: "3"}), held.__getitem__)
     assert not points_only(delivered({H.READS: (point,), H.OFFSET: 0, H.REVISIONS: 1}))
     assert points_only(delivered({H.WRITES: (point,)}, INLINE_DELIVERIES))
     assert not points_only(delivered({H.WRITES: (point,)}, INLINE_DELIVERIES + 1))
