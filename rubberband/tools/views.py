@@ -205,6 +205,7 @@ async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
     server = await _serve_metrics(args.metrics, figures) if args.metrics else None
     started = time.monotonic()
     maintained: set[str] = set()
+    told: dict[str, Any] = {}  # the figures whose stop was logged (a view defined anew: new ones)
     shard = _shard(args.shard)
     while not stop.is_set():
         with contextlib.suppress(*failures()):
@@ -233,6 +234,10 @@ async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
                 maintained.add(name)
                 logging.getLogger("rubberband.views").info("maintaining view %s", name)
         _report(rb, figures, time.monotonic())
+        for name, f in sorted(figures.items()):
+            if f.stopped and told.get(name) is not f:
+                told[name] = f  # once: it stays stopped until defined anew or restarted
+                logging.getLogger("rubberband.views").error("%s", f.stopped)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
     for _group, halt, _task in running.values():
@@ -289,7 +294,11 @@ async def _serve_metrics(where: str, figures: dict[str, Any]) -> Any:
     return await daemon_kit.serve_http(
         where,
         lambda: metrics_text(figures, time.monotonic()),
-        lambda: {"status": "ok", "views": sorted(figures)},
+        lambda: {
+            "status": "ok",
+            "views": sorted(figures),
+            "stopped": {v: f.stopped for v, f in sorted(figures.items()) if f.stopped},
+        },
         lambda _h: True,
     )
 
@@ -302,6 +311,7 @@ METRICS = (
     ("versions", "counter", "row versions written"),
     ("starts", "counter", "starts from a snapshot (the first, and each start over)"),
     ("failures", "counter", "steps that failed (a start over follows)"),
+    ("halted", "gauge", "1: the view stopped at its position (why: /health)"),
 )
 
 

@@ -55,6 +55,18 @@ it is sent; refused once queued, it could leave a later message's progress witho
 its rows."""
 
 
+ROW_BYTES = 1 << 20
+"""A view row's value, encoded, at most: the key-value engines' limit on a value
+(``storage_adapters.memory.MAX_VALUE_BYTES``), which refuses a write of a larger one at
+the call.  A view that must write a larger row (a join of two large values, an
+aggregate of many) stops at the progress before it (:attr:`Maintainer.stopped`)
+instead of failing its group's every round."""
+
+
+class RowTooLarge(Exception):
+    """A row version over :data:`ROW_BYTES` (its reason, for the operator)."""
+
+
 class Maintainer:
     """One view's maintenance.  Feed it :meth:`start` once, then :meth:`page` for each
     page of each source's feed; each returns the writes to make, in order (the last
@@ -82,6 +94,10 @@ class Maintainer:
         self._splits = [encode_key(p) for p in view.parts]
         """A split view's unit keeps the rows of its part alone (it computes them all:
         a row's part is known only once its key is)."""
+        self.stopped = ""
+        """Why the view stopped, if it did: a row it must write is over
+        :data:`ROW_BYTES`.  It writes nothing more: read as of its progress, it stays
+        exact; the rows after it are never written in part."""
 
     # ------------------------------------------------------------------ inputs
     def start(
@@ -110,7 +126,7 @@ class Maintainer:
 
     def page(self, side: int, position: int, events: Sequence[Event], now: float) -> list[Any]:
         """A page of source ``side``'s feed: its ``events`` before ``position``."""
-        if position <= self.since[side]:
+        if position <= self.since[side] or self.stopped:
             return []
         self.since[side] = position
         self._pending[side].extend(events)
@@ -118,6 +134,9 @@ class Maintainer:
 
     # ------------------------------------------------------------------ internals
     def _advance(self, now: float) -> list[Any]:
+        if self.stopped:
+            return []
+        written = self.position
         horizon = min(self.since)
         entries: list[tuple[Any, list[Any]]] = []
         if self.position < 0:
@@ -138,9 +157,16 @@ class Maintainer:
             self.position = horizon
         elif not entries:
             return []
+        try:
+            writes = self._writes(entries)
+        except RowTooLarge as e:
+            at = f"at position {written}" if written >= 0 else "before its start"
+            self.stopped = f"view {self.view.name!r} stopped {at}: {e}"
+            self.position = written  # what the view says: nothing after it is written
+            return []
         self._mark(now)
         self.versions += len(entries)
-        return self._writes(entries)
+        return writes
 
     def _pending_up_to(self, horizon: int) -> list[tuple[Any, list[Any]]]:
         """Apply every pending event at or before ``horizon``, in position order; the
@@ -230,6 +256,11 @@ def _parts(entries: list[tuple[Any, list[Any]]]) -> list[list[tuple[Any, list[An
     size = 0
     for entry in entries:
         n = _size(entry[1])
+        if n > ROW_BYTES:
+            raise RowTooLarge(
+                f"row {entry[0][2]!r:.60} at position {entry[1][0]} is {n:,} bytes encoded, "
+                f"over the {ROW_BYTES:,}-byte limit of a row"
+            )
         if part and (len(part) >= BATCH_KEYS or size + n > BATCH_BYTES):
             parts.append(part)
             part, size = [], 0

@@ -127,6 +127,13 @@ class Figures:
     seen: int = -1
     """The newest position of the base the maintainer has read (its last page's): how
     far the view is behind, in positions, is ``seen - position``."""
+    stopped: str = ""
+    """Why the view stopped, if it did (:attr:`Maintainer.stopped`): it is not kept
+    until it is defined anew or its maintainer restarts."""
+
+    @property
+    def halted(self) -> int:
+        return 1 if self.stopped else 0
 
 
 class Group:
@@ -321,7 +328,7 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
         flight = flight._replace(made=_kept(flight.made, members),
                                  publish=_kept(flight.publish, members))  # fmt: skip
         for name, view in _by_depth(group.views):
-            if name in members:
+            if name in members or group.figures[name].stopped:
                 continue
             if view.over is None:
                 members[name], now = yield from _start(view, group.figures[name], page_rows)
@@ -330,6 +337,7 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
             if parent is not None and parent.position >= 0:  # else: once it has started
                 figures = group.figures[name]
                 members[name], now = yield from _start_over(view, figures, parent, page_rows)
+        _stopped(group, members, writes)
         if not members:
             _, now = yield Sleep(poll)
             continue
@@ -492,6 +500,24 @@ def _forget(group: Group, members: dict[str, Maintainer], writes: dict[str, Any]
                 and m.view.over not in members]  # fmt: skip
     for m in members.values():
         m.emitted = [] if any(c.view.over == m.view.name for c in members.values()) else None
+
+
+def _stopped(group: Group, members: dict[str, Maintainer], writes: dict[str, Any]) -> None:
+    """The members whose view stopped (a row over the limit) leave the loop, and the
+    views over them: the group's other views go on (before, one such row failed every
+    round of the whole group, which then started over from snapshots, again and
+    again)."""
+    gone = {n: m.stopped for n, m in members.items() if m.stopped}
+    while gone:
+        for name, why in gone.items():
+            del members[name]
+            writes.pop(name, None)
+            figures = group.figures.get(name)
+            if figures is not None:
+                figures.stopped = why
+        gone = {n: f"view {n!r} is over view {m.view.over!r}, which stopped"
+                for n, m in members.items()
+                if m.view.over is not None and m.view.over not in members}  # fmt: skip
 
 
 def _over(members: dict[str, Maintainer], writes: dict[str, list[Any]], now: float) -> None:

@@ -296,6 +296,52 @@ def test_a_step_without_an_answer_is_asked_again_and_nothing_starts_over() -> No
     assert figures.failures == 1 and type(request) is Read and request.with_position
 
 
+def test_a_view_with_a_row_over_the_limit_stops_alone_and_stays_exact() -> None:
+    """A selection must write a base value of over a mebibyte as its row, which the
+    key-value engines refuse: that view stops at its progress before the row (exact
+    there, saying why in its figures), the view over it stops with it, and the index
+    over the same source goes on without a start over (one such row used to fail every
+    round of the whole group, which then started over from snapshots for ever)."""
+    views = [
+        view_def("by_g", "index", SOURCE, on="g", columns=["x"]),
+        view_def("all", "selection", SOURCE, where=[("x", ">=", 0)]),
+        view_def("n", "aggregate", (None, None), over="all", base=[SOURCE],
+                 aggregates={"rows": ["count", None]}),
+    ]  # fmt: skip
+    rng = random.Random(3)
+    c = Cluster()
+    for k in range(0, 40, 2):
+        c.base(k, {"g": rng.randrange(4), "x": rng.randrange(100)})
+    group = Group(views)
+    gen = maintain_group_steps(group, poll=0.01, page_rows=3)
+    request = next(gen)
+    big_at = None
+    for i in range(300):
+        if i == 100:
+            c.base(7, {"g": 1, "x": 5, "pad": "x" * MAINTAIN.ROW_BYTES})
+            big_at = c.t
+        for _ in range(rng.choice((0, 1, 2))):
+            c.base(rng.randrange(40), {"g": rng.randrange(4), "x": rng.randrange(100)})
+        request = gen.send((c.answer(request), float(i)))
+    for i in range(300, 340):
+        request = gen.send((c.answer(request), float(i)))
+    fig = group.figures
+    assert fig["by_g"].position >= c.t - 100 and not fig["by_g"].stopped
+    assert fig["by_g"].starts == 1 and fig["by_g"].failures == 0
+    assert "over the 1,048,576-byte limit" in fig["all"].stopped and fig["all"].halted == 1
+    assert "over view 'all', which stopped" in fig["n"].stopped
+    for name in ("by_g", "all"):
+        view = next(v for v in views if v.name == name)
+        ((_, meta),) = [kv for ek, kv in c.data.items() if kv[0] == meta_key(name)]
+        reached = meta[-1][0]
+        assert (reached < big_at) == (name == "all")
+        assert 0 < fig[name].position <= reached  # published once stable
+        want = {ek: v for ek, (_k, v) in recompute_over([view], [c.base_at(reached)]).items()}
+        assert c.view_rows(name, reached) == want, name
+    assert not any(len(e) == 2 and len(str(e[1])) > MAINTAIN.ROW_BYTES
+                   for w in c.writes for _k, e in w)  # fmt: skip
+
+
 def test_empty_pages_pause_short_then_longer_and_a_change_resets_the_pause() -> None:
     """A page without changes is followed by a pause that starts short and doubles up
     to ``poll``; a page with a change brings it back to the shortest, so a base write

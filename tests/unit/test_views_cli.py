@@ -21,6 +21,9 @@ def test_each_metric_family_keeps_its_series_together_with_staleness_per_view() 
     never = next(ln for ln in lines if ln.startswith('rubberband_view_staleness_seconds{view="a"}'))
     assert math.isnan(float(never.split()[-1]))  # no progress yet: unknown, not fresh
     assert "# TYPE rubberband_view_starts_total counter" in lines
+    stopped = metrics_text({"c": Figures(stopped="view 'c' stopped at position 3: ...")}, 1.0)
+    assert 'rubberband_view_halted{view="c"} 1' in stopped.splitlines()
+    assert 'rubberband_view_halted{view="b"} 0' in lines
 
 
 @pytest.mark.parametrize(
