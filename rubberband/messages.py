@@ -47,13 +47,9 @@ from rubberband.proto import (
 Isolation = Literal["sequential", "snapshot", "basic"]
 ISOLATION_LEVELS = ("sequential", "snapshot", "basic")
 
-EXACT_RANGES = 1
-"""Ranges a header names exactly; an operation of more (a write of several keys: a
-view's rows, a bulk put) names one hull per piece of the ring instead
-(:meth:`routable`): the same holders, and a router's and a storage process's work per
-range (validated, routed, cut by what each holds) paid once per piece instead of once
-per key.  It was 32 until 2026-12-01; writes of 32 keys beside 4,000 single-key
-writes/s then cost the storage processes 4 % more a write (``docs/benchmarks.md``)."""
+EXACT_RANGES = 32
+"""Ranges a header names exactly; an operation of more (a write of many keys: a view's
+rows, a bulk put) names one hull per piece of the ring instead (:meth:`routable`)."""
 
 
 class Messages:
