@@ -310,11 +310,19 @@ class ChangeLog:
             entry.extend(changes)
         self.record(at, now, entry)
 
-    def positions_after(self, since: int) -> int:
-        """How many positions after ``since`` the log holds: what a feed's page from
-        there walks at most (the storage process judges by it whether the page is
-        short enough to read on its event loop)."""
-        return len(self._t) - bisect_right(self._t, since, self._head)
+    def changes_after(self, since: int, most: int) -> int:
+        """How many changes the log holds after ``since``, counted until past ``most``:
+        what a feed's page from there walks (every change of every position is tested
+        against the reader's ranges, whoever's key it is).  The storage process judges
+        by it whether the page is short enough to read on its event loop; a bulk write
+        of 100,000 keys is one position and 100,000 changes."""
+        n = 0
+        changes = self._changes
+        for i in range(bisect_right(self._t, since, self._head), len(self._t)):
+            n += len(changes[i])
+            if n > most:
+                break
+        return n
 
     def _live(self, since: int, upto: int) -> range:
         """Indices of the entries at positions in ``(since, upto)``."""

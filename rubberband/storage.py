@@ -684,9 +684,9 @@ INLINE_DELIVERIES = 128
 """Deliveries a batch run on the loop holds at most: a single-key write is not always
 short (an append copies its list), and the loop must come back to the heartbeats."""
 INLINE_FEED = 256
-"""Positions a feed's page may walk from its ``since`` and still run on the loop: a
-maintainer that keeps up asks every few milliseconds for the few positions since its
-last page; one that fell behind walks the log on the thread."""
+"""Changes a feed's page may walk from its ``since`` and still run on the loop: a
+maintainer that keeps up asks every few milliseconds for the few changes since its
+last page; one that fell behind (or a bulk write) walks the log on the thread."""
 
 
 def points_only(
@@ -701,7 +701,7 @@ def points_only(
     ranges when they are all points; a write of many keys names one hull instead
     (:meth:`rubberband.messages.Messages.routable`), and then ``weigh``, the engine's
     ``point_keys``, counts its operation's keys (None: such a write keeps the thread).
-    ``feed``: how many positions the change log holds after a position, so a feed's page
+    ``feed``: how many changes the change log holds after a position, so a feed's page
     that walks only a few counts as short (None: every feed page keeps the thread)."""
     return points_room(deliveries, INLINE_KEYS, feed, weigh) >= 0
 
@@ -710,7 +710,11 @@ def short_batches(core: StorageCore, batches: list[list[Any]]) -> bool:
     """Are these batches of deliveries short enough for ``core`` to run on the event
     loop, for an engine that says single keys are short (:func:`points_only`, summed
     over all of them)?"""
-    room, feed = INLINE_KEYS, core.changes.positions_after
+    room, log = INLINE_KEYS, core.changes
+
+    def feed(since: int) -> int:
+        return log.changes_after(since, INLINE_FEED)
+
     weigh = getattr(core.engine, "point_keys", None)
     for deliveries in batches:
         room = points_room(deliveries, room, feed, weigh)
@@ -749,7 +753,7 @@ def _points(m: Any, feed: Callable[[int], int] | None, weigh: Callable[[Any], in
     if type(header) is not dict or H.REVISIONS in header:
         return _LONG  # a revisions read walks more than its keys
     since = header.get(H.SINCE)
-    if since is not None:  # a feed's page walks the log's positions after ``since``
+    if since is not None:  # a feed's page walks the log's changes after ``since``
         if since == FROM_NOW:
             return 1  # answered empty, at once
         if feed is None or type(since) is not int:

@@ -282,6 +282,10 @@ def test_a_storage_process_sums_a_steps_keys_and_counts_its_feed_pages_positions
     assert not short_batches(core, [rows, page(5)])  # a page from far behind
     assert short_batches(core, [rows, rows])
     assert not short_batches(core, [rows, rows, page(INLINE_FEED + 10 - 5)])
+    bulk = INLINE_FEED + 20  # one bulk write: one position, many changes
+    core.changes.record(bulk, 0.0, [(k, "put", k) for k in range(1_000, 1_001 + INLINE_FEED)])
+    assert short_batches(core, [page(bulk)])  # nothing since
+    assert not short_batches(core, [page(bulk - 1)])  # one position, but its changes
 
 
 def test_a_long_feed_page_a_revisions_read_and_a_long_batch_keep_the_thread() -> None:
@@ -302,7 +306,7 @@ def test_a_long_feed_page_a_revisions_read_and_a_long_batch_keep_the_thread() ->
 
     assert points_only(delivered({H.READS: (point,), H.OFFSET: 0}))
     assert not points_only(delivered({H.READS: (point,), H.OFFSET: 0, H.SINCE: 3}))
-    held = {3: INLINE_FEED, 2: INLINE_FEED + 1}  # positions after each ``since``
+    held = {3: INLINE_FEED, 2: INLINE_FEED + 1}  # changes after each ``since``
     page = {H.READS: ((b"", b"\xff"),), H.OFFSET: 0}
     assert points_only(delivered({**page, H.SINCE: 3}), held.__getitem__)
     assert not points_only(delivered({**page, H.SINCE: 2}), held.__getitem__)
