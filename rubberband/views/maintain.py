@@ -30,6 +30,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -65,6 +66,38 @@ instead of failing its group's every round."""
 
 class RowTooLarge(Exception):
     """A row version over :data:`ROW_BYTES` (its reason, for the operator)."""
+
+
+@dataclass
+class Figures:
+    """A maintainer's figures (its daemon's ``/metrics``): progress, and how fresh it is."""
+
+    position: int = -1
+    floor: int = 0
+    rows: int = 0
+    events: int = 0
+    versions: int = 0
+    starts: int = 0
+    """Times it started from a snapshot (the first, and each start over)."""
+    failures: int = 0
+    published_at: float = 0.0
+    """When the last progress was written."""
+    fresh_as_of: float = 0.0
+    """When the pages that progress reflects were asked for: the view then was behind
+    the base by at most the time since."""
+    seen: int = -1
+    """The newest position of the base the maintainer has read (its last page's): how
+    far the view is behind, in positions, is ``seen - position``."""
+    stopped: str = ""
+    """Why the view stopped, if it did (:attr:`Maintainer.stopped`, or the view it is
+    over stopped): it is not kept until it (or that view) is defined anew or its
+    maintainer restarts."""
+    stopped_by: str = ""
+    """The view whose row is over the limit: this one, or one it is over."""
+
+    @property
+    def halted(self) -> int:
+        return 1 if self.stopped else 0
 
 
 class Maintainer:
@@ -137,6 +170,7 @@ class Maintainer:
         if self.stopped:
             return []
         written = self.position
+        emitted = len(self.emitted) if self.emitted is not None else 0
         horizon = min(self.since)
         entries: list[tuple[Any, list[Any]]] = []
         if self.position < 0:
@@ -163,6 +197,8 @@ class Maintainer:
             at = f"at position {written}" if written >= 0 else "before its start"
             self.stopped = f"view {self.view.name!r} stopped {at}: {e}"
             self.position = written  # what the view says: nothing after it is written
+            if self.emitted is not None:  # nor do the views over it see those rows
+                del self.emitted[emitted:]
             return []
         self._mark(now)
         self.versions += len(entries)

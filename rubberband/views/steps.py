@@ -43,7 +43,7 @@ from rubberband.views.define import (
 from rubberband.views.define import (
     row_key as view_row_key,
 )
-from rubberband.views.maintain import Maintainer
+from rubberband.views.maintain import Figures, Maintainer
 
 
 class Read(NamedTuple):
@@ -107,35 +107,6 @@ nothing harmful; starting over a view of a million rows took 47 s of backfill.""
 
 
 # ------------------------------------------------------------------ maintaining
-@dataclass
-class Figures:
-    """A maintainer's figures (its daemon's ``/metrics``): progress, and how fresh it is."""
-
-    position: int = -1
-    floor: int = 0
-    rows: int = 0
-    events: int = 0
-    versions: int = 0
-    starts: int = 0
-    """Times it started from a snapshot (the first, and each start over)."""
-    failures: int = 0
-    published_at: float = 0.0
-    """When the last progress was written."""
-    fresh_as_of: float = 0.0
-    """When the pages that progress reflects were asked for: the view then was behind
-    the base by at most the time since."""
-    seen: int = -1
-    """The newest position of the base the maintainer has read (its last page's): how
-    far the view is behind, in positions, is ``seen - position``."""
-    stopped: str = ""
-    """Why the view stopped, if it did (:attr:`Maintainer.stopped`): it is not kept
-    until it is defined anew or its maintainer restarts."""
-
-    @property
-    def halted(self) -> int:
-        return 1 if self.stopped else 0
-
-
 class Group:
     """Views over the same sources, kept by one loop that reads each source's feed once
     for all of them (a page's decoding is most of a maintainer's cost).  The driver may
@@ -322,11 +293,14 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
     flight = Flight()
     now = writes_asked = 0.0
     pause = IDLE_FIRST
+    halted: dict[str, Maintainer] = {}  # stopped: their last progress writes still go
     while True:
+        _stops(group, members, writes, halted)
         _forget(group, members, writes)
-        held = _kept(held, members)
-        flight = flight._replace(made=_kept(flight.made, members),
-                                 publish=_kept(flight.publish, members))  # fmt: skip
+        kept = {**halted, **members}
+        held = _kept(held, kept)
+        flight = flight._replace(made=_kept(flight.made, kept),
+                                 publish=_kept(flight.publish, kept))  # fmt: skip
         for name, view in _by_depth(group.views):
             if name in members or group.figures[name].stopped:
                 continue
@@ -334,10 +308,10 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
                 members[name], now = yield from _start(view, group.figures[name], page_rows)
                 continue
             parent = members.get(view.over)
-            if parent is not None and parent.position >= 0:  # else: once it has started
+            if parent is not None and parent.position >= 0 and not parent.stopped:
                 figures = group.figures[name]
                 members[name], now = yield from _start_over(view, figures, parent, page_rows)
-        _stopped(group, members, writes)
+        _stops(group, members, writes, halted)
         if not members:
             _, now = yield Sleep(poll)
             continue
@@ -502,22 +476,31 @@ def _forget(group: Group, members: dict[str, Maintainer], writes: dict[str, Any]
         m.emitted = [] if any(c.view.over == m.view.name for c in members.values()) else None
 
 
-def _stopped(group: Group, members: dict[str, Maintainer], writes: dict[str, Any]) -> None:
-    """The members whose view stopped (a row over the limit) leave the loop, and the
-    views over them: the group's other views go on (before, one such row failed every
-    round of the whole group, which then started over from snapshots, again and
-    again)."""
-    gone = {n: m.stopped for n, m in members.items() if m.stopped}
-    while gone:
-        for name, why in gone.items():
-            del members[name]
+def _stops(
+    group: Group, members: dict[str, Maintainer], writes: dict[str, Any],
+    halted: dict[str, Maintainer],
+) -> None:  # fmt: skip
+    """The members whose view stopped (a row over the limit) leave the loop for
+    ``halted`` (their last progress writes still go out), and so do the views over
+    them, which stop with them and start again once that view is kept again: the
+    group's other views go on (before, one such row failed every round of the whole
+    group, which then started over from snapshots, again and again)."""
+    for name in [n for n, m in halted.items() if group.views.get(n) != m.view]:
+        del halted[name]  # dropped, or defined anew
+    for name, view in _by_depth(group.views):
+        figures, m = group.figures[name], members.get(name)
+        if m is not None and m.stopped:
+            figures.stopped, figures.stopped_by = m.stopped, name
+        elif figures.stopped_by != name and view.over is not None:
+            above = group.figures.get(view.over)
+            if above is not None and above.stopped:
+                figures.stopped = f"view {name!r} is over view {view.over!r}, which stopped"
+                figures.stopped_by = above.stopped_by
+            else:
+                figures.stopped = figures.stopped_by = ""
+        if figures.stopped and m is not None:
+            halted[name] = members.pop(name)
             writes.pop(name, None)
-            figures = group.figures.get(name)
-            if figures is not None:
-                figures.stopped = why
-        gone = {n: f"view {n!r} is over view {m.view.over!r}, which stopped"
-                for n, m in members.items()
-                if m.view.over is not None and m.view.over not in members}  # fmt: skip
 
 
 def _over(members: dict[str, Maintainer], writes: dict[str, list[Any]], now: float) -> None:
