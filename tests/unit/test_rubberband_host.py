@@ -253,11 +253,12 @@ def test_a_write_of_many_keys_under_one_hull_is_weighed_by_its_operation() -> No
     assert not points_only([Delivery(2, bundle)], weigh=weigh)
 
 
-def test_a_storage_process_sums_a_steps_keys_and_counts_its_feed_pages_positions() -> None:
+def test_a_storage_process_sums_a_steps_keys_and_counts_its_feed_pages_changes() -> None:
     """The storage core judges a step from its own engine and change log: a view's
-    rows and a maintainer's page that walks the few positions since its last one run
-    on the loop; the same page from far behind, or keys over the budget summed over
-    the step's batches, keep the thread."""
+    rows and a maintainer's page that walks the few changes since its last one run on
+    the loop; the same page from far behind, a page after a bulk write (one position,
+    many changes), or keys over the budget summed over the step's batches, keep the
+    thread."""
     from ecast import Message
     from ecast.core.endpoint import Delivery
     from rubberband.messages import Messages
