@@ -69,6 +69,7 @@ from rubberband.proto import (
     ready_header,
 )
 from rubberband.restart import answer_level, drop_kept, restored
+from rubberband.versions import is_version_op
 
 CHUNK_BYTES = 256 * 1024
 _NOW = 1 << 62
@@ -703,7 +704,7 @@ def points_only(
     ``point_keys``, counts its operation's keys (None: such a write keeps the thread).
     ``feed``: how many changes the change log holds after a position, so a feed's page
     that walks only a few counts as short (None: every feed page keeps the thread)."""
-    return points_room(deliveries, INLINE_KEYS, feed, weigh) >= 0
+    return points_room([deliveries], INLINE_KEYS, feed, weigh) >= 0
 
 
 def short_batches(core: StorageCore, batches: list[list[Any]]) -> bool:
@@ -715,29 +716,31 @@ def short_batches(core: StorageCore, batches: list[list[Any]]) -> bool:
     def feed(since: int) -> int:
         return log.changes_after(since, INLINE_FEED)
 
-    weigh = getattr(core.engine, "point_keys", None)
-    for deliveries in batches:
-        room = points_room(deliveries, room, feed, weigh)
-        if room < 0:
-            return False
-    return True
+    return points_room(batches, room, feed, getattr(core.engine, "point_keys", None)) >= 0
 
 
 def points_room(
-    deliveries: list[Any],
+    batches: list[list[Any]],
     room: int,
     feed: Callable[[int], int] | None = None,
     weigh: Callable[[Any], int] | None = None,
 ) -> int:
-    """``room`` less the single keys ``deliveries`` name (:func:`points_only`); negative
-    if they are not all short, or too many."""
+    """``room`` less the single keys a step's ``batches`` of deliveries name
+    (:func:`points_only`); negative if they are not all short, or too many.  A feed's
+    page also walks the changes of the step's writes before it (they are logged before
+    pages are answered)."""
+    written = 0
     try:
-        if len(deliveries) > INLINE_DELIVERIES:
-            return -1
-        for d in deliveries:
-            room -= _points(d.message, feed, weigh)
-            if room < 0:
+        for deliveries in batches:
+            if len(deliveries) > INLINE_DELIVERIES:
                 return -1
+            for d in deliveries:
+                n = _points(d.message, feed, weigh, written)
+                room -= n
+                if room < 0:
+                    return -1
+                if H.WRITES in d.message.header and not is_version_op(d.message.payload):
+                    written += n  # (a view's rows are not logged)
         return room
     except Exception:  # a header of any shape: not judged, and the thread takes it
         return -1
@@ -747,8 +750,11 @@ _LONG = INLINE_KEYS + 1
 """What a delivery that may walk more than its keys counts for: over any budget."""
 
 
-def _points(m: Any, feed: Callable[[int], int] | None, weigh: Callable[[Any], int] | None) -> int:
-    """The single keys a delivered message names, or :data:`_LONG`."""
+def _points(
+    m: Any, feed: Callable[[int], int] | None, weigh: Callable[[Any], int] | None, written: int
+) -> int:
+    """The single keys a delivered message names, or :data:`_LONG` (a feed's page:
+    the changes it walks, ``written`` of them the step's own)."""
     header = m.header
     if type(header) is not dict or H.REVISIONS in header:
         return _LONG  # a revisions read walks more than its keys
@@ -758,7 +764,7 @@ def _points(m: Any, feed: Callable[[int], int] | None, weigh: Callable[[Any], in
             return 1  # answered empty, at once
         if feed is None or type(since) is not int:
             return _LONG
-        walked = feed(since)
+        walked = feed(since) + written
         return walked if walked <= INLINE_FEED else _LONG
     ranges = header.get(H.WRITES) or header.get(H.READS)
     if type(ranges) not in (list, tuple) or not ranges:

@@ -283,6 +283,11 @@ def test_a_storage_process_sums_a_steps_keys_and_counts_its_feed_pages_changes()
     assert not short_batches(core, [rows, page(5)])  # a page from far behind
     assert short_batches(core, [rows, rows])
     assert not short_batches(core, [rows, rows, page(INLINE_FEED + 10 - 5)])
+    puts = Messages(KVOps()).write_message(("put", tuple((k, k) for k in range(INLINE_FEED + 1))))
+    bulk_now = [Delivery(3, Message("client:c", ("c", 3), puts[1], puts[0]))]
+    tail = INLINE_FEED + 10
+    assert short_batches(core, [rows, page(tail)])  # a view's rows are not logged
+    assert not short_batches(core, [bulk_now, page(tail)])  # the step's own changes
     bulk = INLINE_FEED + 20  # one bulk write: one position, many changes
     core.changes.record(bulk, 0.0, [(k, "put", k) for k in range(1_000, 1_001 + INLINE_FEED)])
     assert short_batches(core, [page(bulk)])  # nothing since
