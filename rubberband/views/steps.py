@@ -293,14 +293,17 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
     flight = Flight()
     now = writes_asked = 0.0
     pause = IDLE_FIRST
-    halted: dict[str, Maintainer] = {}  # stopped: their last progress writes still go
+    halted: dict[str, Maintainer] = {}  # stopped, until their last progress writes went
     while True:
         _stops(group, members, writes, halted)
         _forget(group, members, writes)
+        halted = {n: m for n, m in halted.items() if group.views.get(n) == m.view}
         kept = {**halted, **members}
         held = _kept(held, kept)
         flight = flight._replace(made=_kept(flight.made, kept),
                                  publish=_kept(flight.publish, kept))  # fmt: skip
+        owed = {p.name for _, p in (*held, *flight.made, *flight.publish)}
+        halted = {n: m for n, m in halted.items() if n in owed and n not in members}
         for name, view in _by_depth(group.views):
             if name in members or group.figures[name].stopped:
                 continue
@@ -312,7 +315,10 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
                 figures = group.figures[name]
                 members[name], now = yield from _start_over(view, figures, parent, page_rows)
         _stops(group, members, writes, halted)
-        if not members:
+        if not members:  # the last progress of views that stopped still goes out
+            now, held, flight = yield from _land(group, flight, held, now)
+            now = yield from _write_through(group, members, held, {}, writes_asked, now)
+            held = []
             _, now = yield Sleep(poll)
             continue
         idle = True
@@ -485,10 +491,10 @@ def _stops(
     them, which stop with them and start again once that view is kept again: the
     group's other views go on (before, one such row failed every round of the whole
     group, which then started over from snapshots, again and again)."""
-    for name in [n for n, m in halted.items() if group.views.get(n) != m.view]:
-        del halted[name]  # dropped, or defined anew
     for name, view in _by_depth(group.views):
         figures, m = group.figures[name], members.get(name)
+        if m is not None and m.view != view:
+            m = None  # defined anew meanwhile: the old one is forgotten, not halted
         if m is not None and m.stopped:
             figures.stopped, figures.stopped_by = m.stopped, name
         elif figures.stopped_by != name and view.over is not None:

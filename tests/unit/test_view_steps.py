@@ -304,7 +304,7 @@ OVER_ALL = view_def("n", "aggregate", (None, None), over="all", base=[SOURCE],
 def _with_a_big_row(views: list[Any], at: dict[int, Any], rounds: int = 300) -> tuple[Any, ...]:
     """The steps of ``views`` while base rows change, a row of over a mebibyte written
     at round 100, and ``at[i](group)`` done at round ``i``: ``(cluster, group, the big
-    row's position)``; ``at[i]`` is given the group and the cluster."""
+    row's position, the steps)``; ``at[i]`` is given the group and the cluster."""
     rng = random.Random(3)
     c = Cluster()
     for k in range(0, 40, 2):
@@ -322,7 +322,7 @@ def _with_a_big_row(views: list[Any], at: dict[int, Any], rounds: int = 300) -> 
         for _ in range(rng.choice((0, 1, 2)) if i < rounds else 0):
             c.base(rng.randrange(40), {"g": rng.randrange(4), "x": rng.randrange(100)})
         request = gen.send((c.answer(request), float(i)))
-    return c, group, big_at
+    return c, group, big_at, gen
 
 
 def _progress(c: Cluster, key: Any) -> int:
@@ -338,7 +338,7 @@ def test_a_view_with_a_row_over_the_limit_stops_alone_and_stays_exact() -> None:
     (one such row used to fail every round of the whole group, which then started over
     from snapshots for ever)."""
     views = [view_def("by_g", "index", SOURCE, on="g", columns=["x"]), ALL, OVER_ALL]
-    c, group, big_at = _with_a_big_row(views, {})
+    c, group, big_at, _ = _with_a_big_row(views, {})
     fig = group.figures
     assert fig["by_g"].position >= c.t - 100 and not fig["by_g"].stopped
     assert fig["by_g"].starts == 1 and fig["by_g"].failures == 0
@@ -368,7 +368,7 @@ def test_a_view_over_a_stopped_view_waits_for_it_and_starts_when_it_is_defined_a
         g.remove("all")
         g.add(anew)
 
-    c, group, _ = _with_a_big_row([ALL], {100: lambda g, c: g.add(OVER_ALL), 200: again})
+    c, group, _, _ = _with_a_big_row([ALL], {100: lambda g, c: g.add(OVER_ALL), 200: again})
     assert not any(k[:2] == (VIEW, "n") for w in c.writes[: before[0]] for k, _e in w)
     fig = group.figures
     assert not fig["all"].stopped and not fig["n"].stopped
@@ -376,9 +376,68 @@ def test_a_view_over_a_stopped_view_waits_for_it_and_starts_when_it_is_defined_a
     reached = _progress(c, meta_key("n"))
     want = recompute_over([anew, OVER_ALL], [c.base_at(reached)])
     assert c.view_rows("n", reached) == {ek: v for ek, (_k, v) in want.items()}
-    _, group, _ = _with_a_big_row([ALL], {150: lambda g, c: g.add(OVER_ALL)}, rounds=200)
+    _, group, _, _ = _with_a_big_row([ALL], {150: lambda g, c: g.add(OVER_ALL)}, rounds=200)
     assert "over view 'all', which stopped" in group.figures["n"].stopped
     assert group.figures["n"].starts == 0
+
+
+def _loop_state(gen: Any) -> dict[str, Any] | None:
+    """The maintainer loop's variables, inside the generators it runs in."""
+    while gen is not None:
+        if gen.gi_code.co_name == "_maintain":
+            return dict(gen.gi_frame.f_locals)
+        gen = gen.gi_yieldfrom
+    return None
+
+
+def test_a_view_stopped_and_defined_anew_before_the_loop_saw_it_runs_anew() -> None:
+    """A join stops on its left side's page and is defined anew (without the big row)
+    while the right side's page is read: the new definition starts and is not taken
+    for stopped, and the old one's progress is not published as the new one's."""
+    join = view_def("j", "join", (0, 20), on="g", right=(20, 40), right_on="g")
+    anew = view_def("j", "join", (0, 20), on="g", right=(20, 40), right_on="g",
+                    where=[("x", "<", 500)])  # fmt: skip
+    done: list[int] = []
+    for big in range(100, 140):
+        rng = random.Random(3)
+        c = Cluster()
+        for k in range(0, 40, 2):
+            c.base(k, {"g": rng.randrange(4), "x": rng.randrange(100)})
+        group = Group([join])
+        gen = maintain_group_steps(group, poll=0.01, page_rows=3)
+        request = next(gen)
+        for i in range(340):
+            if i == big:
+                c.base(7, {"g": 1, "x": 1000, "pad": "x" * MAINTAIN.ROW_BYTES})
+            state = _loop_state(gen)
+            m = state["members"].get("j") if state else None
+            if not done and m is not None and m.stopped:
+                done.append(i)
+                group.remove("j")
+                group.add(anew)
+            for _ in range(rng.choice((0, 1, 2)) if i < 300 else 0):
+                c.base(rng.randrange(40), {"g": rng.randrange(4), "x": rng.randrange(100)})
+            request = gen.send((c.answer(request), float(i)))
+        if done:
+            break
+    assert done, "the window was not reached"
+    assert not group.figures["j"].stopped and group.figures["j"].starts == 1
+    reached = _progress(c, meta_key("j"))
+    assert group.figures["j"].position == reached > c.t - 100
+    want = recompute_over([anew], [c.base_at(reached)] * 2)  # each side of the base
+    assert c.view_rows("j", reached) == {ek: v for ek, (_k, v) in want.items()}
+
+
+def test_views_that_all_stopped_still_write_their_last_progress_and_are_let_go() -> None:
+    """With every view of the group stopped the loop only waits: the last progress of
+    each (ordered and stable alike) goes out first, and the stopped maintainers (their
+    rows and pending changes) are not kept once it has."""
+    c, group, _, gen = _with_a_big_row([ALL, OVER_ALL], {})
+    for name in ("all", "n"):
+        assert group.figures[name].stopped
+        assert _progress(c, stable_key(name)) == _progress(c, meta_key(name))
+    state = _loop_state(gen)
+    assert state is not None and not state["halted"] and not state["members"]
 
 
 def test_empty_pages_pause_short_then_longer_and_a_change_resets_the_pause() -> None:
