@@ -777,4 +777,7 @@ def _points(
                 return _LONG
             keys = weigh(m.payload)
             return keys if keys >= 0 else _LONG
+    count = header.get(H.COUNT)  # a bundle: as many operations, on these keys
+    if count is not None:
+        return max(len(ranges), count) if type(count) is int and count > 0 else _LONG
     return len(ranges)

@@ -251,6 +251,10 @@ def test_a_write_of_many_keys_under_one_hull_is_weighed_by_its_operation() -> No
     assert not points_only(wide, weigh=weigh)
     bundle = Message("client:c", ("c", 2), {**hull[0].message.header, H.COUNT: 2}, b"")
     assert not points_only([Delivery(2, bundle)], weigh=weigh)
+    point = delivered(("put", ((5, 5),)))[0].message.header[H.WRITES]  # all to one key
+    for count, short in ((INLINE_KEYS, True), (INLINE_KEYS + 1, False), ("2", False)):
+        one = Message("client:c", ("c", 3), {H.WRITES: point, H.COUNT: count}, b"")
+        assert points_only([Delivery(3, one)], weigh=weigh) is short, count
 
 
 def test_a_storage_process_sums_a_steps_keys_and_counts_its_feed_pages_changes() -> None:
