@@ -704,46 +704,44 @@ def points_only(
     ``point_keys``, counts its operation's keys (None: such a write keeps the thread).
     ``feed``: how many changes the change log holds after a position, so a feed's page
     that walks only a few counts as short (None: every feed page keeps the thread)."""
-    return points_room([deliveries], INLINE_KEYS, feed, weigh) >= 0
+    return _short_step([deliveries], feed, weigh)
 
 
 def short_batches(core: StorageCore, batches: list[list[Any]]) -> bool:
     """Are these batches of deliveries short enough for ``core`` to run on the event
     loop, for an engine that says single keys are short (:func:`points_only`, summed
     over all of them)?"""
-    room, log = INLINE_KEYS, core.changes
+    log = core.changes
 
     def feed(since: int) -> int:
         return log.changes_after(since, INLINE_FEED)
 
-    return points_room(batches, room, feed, getattr(core.engine, "point_keys", None)) >= 0
+    return _short_step(batches, feed, getattr(core.engine, "point_keys", None))
 
 
-def points_room(
+def _short_step(
     batches: list[list[Any]],
-    room: int,
-    feed: Callable[[int], int] | None = None,
-    weigh: Callable[[Any], int] | None = None,
-) -> int:
-    """``room`` less the single keys a step's ``batches`` of deliveries name
-    (:func:`points_only`); negative if they are not all short, or too many.  A feed's
-    page also walks the changes of the step's writes before it (they are logged before
-    pages are answered)."""
-    written = 0
+    feed: Callable[[int], int] | None,
+    weigh: Callable[[Any], int] | None,
+) -> bool:
+    """Do a step's ``batches`` of deliveries name at most :data:`INLINE_KEYS` single
+    keys, all short (:func:`points_only`)?  A feed's page also walks the changes of the
+    step's writes before it (they are logged before pages are answered)."""
+    room, written = INLINE_KEYS, 0
     try:
         for deliveries in batches:
             if len(deliveries) > INLINE_DELIVERIES:
-                return -1
+                return False
             for d in deliveries:
                 n = _points(d.message, feed, weigh, written)
                 room -= n
                 if room < 0:
-                    return -1
+                    return False
                 if H.WRITES in d.message.header and not is_version_op(d.message.payload):
                     written += n  # (a view's rows are not logged)
-        return room
+        return True
     except Exception:  # a header of any shape: not judged, and the thread takes it
-        return -1
+        return False
 
 
 _LONG = INLINE_KEYS + 1
