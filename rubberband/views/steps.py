@@ -316,9 +316,8 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
                 members[name], now = yield from _start_over(view, figures, parent, page_rows)
         _stops(group, members, writes, halted)
         if not members:  # the last progress of views that stopped still goes out
-            now, held, flight = yield from _land(group, flight, held, now)
-            now = yield from _write_through(group, members, held, {}, writes_asked, now)
-            held = []
+            now = yield from _catch_up(group, members, flight, held, {}, writes_asked, now)
+            held, flight = [], Flight()
             _, now = yield Sleep(poll)
             continue
         idle = True
@@ -337,9 +336,8 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
                 mine = [(split[n][1], _progress(members[n], writes_asked)) for n in made]
                 page, now, held, flight = yield from _pipe(group, flight, held, ops, mine, read)
             else:
-                now, held, flight = yield from _land(group, flight, held, now)
-                now = yield from _write_through(group, members, held, writes, writes_asked, now)
-                held = []
+                now = yield from _catch_up(group, members, flight, held, writes, writes_asked, now)
+                held, flight = [], Flight()
                 page, now = yield from _retry(read)
             writes, writes_asked = {}, asked
             for figures in group.figures.values():
@@ -351,9 +349,8 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
             _over(members, writes, now)
             idle = idle and not page.events
         if idle:
-            now, held, flight = yield from _land(group, flight, held, now)
-            now = yield from _write_through(group, members, held, writes, writes_asked, now)
-            held, writes = [], {}
+            now = yield from _catch_up(group, members, flight, held, writes, writes_asked, now)
+            held, flight, writes = [], Flight(), {}
             _, now = yield Sleep(min(pause, poll))
             pause = min(pause * 2, poll)
         else:
@@ -407,6 +404,17 @@ def _land(group: Group, flight: Flight, held: Held, now: float) -> Steps:
             _, now = yield from _retry(Write(flight.ops))
         _publish(group, flight.publish, now)
     return now, [*held, *flight.made], Flight()
+
+
+def _catch_up(
+    group: Group, members: dict[str, Maintainer], flight: Flight, held: Held,
+    writes: dict[str, list[Any]], asked: float, now: float,
+) -> Steps:  # fmt: skip
+    """The write in flight waited for, then everything held back and each view's rows
+    written through (:func:`_write_through`): nothing is left in flight or held.
+    Returns the time."""
+    now, held, _ = yield from _land(group, flight, held, now)
+    return (yield from _write_through(group, members, held, writes, asked, now))
 
 
 def _write_through(
