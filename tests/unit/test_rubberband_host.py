@@ -177,6 +177,58 @@ async def test_a_loop_that_fails_stops_the_process_instead_of_leaving_it_half_al
         task.cancel()
 
 
+async def test_a_step_that_waited_on_the_loop_keeps_the_loop_and_one_that_worked_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a step that took more than ``SLOW_INLINE`` on the loop, the engine thread
+    takes the steps for ``INLINE_BACKOFF``: judged by the CPU the step used, not the wall
+    time it took.  On a machine with more busy processes than cores a short step
+    preempted mid-way took 20-35 ms, and each such step sent a storage process's steps
+    to the thread, paying the hop, for ten seconds."""
+    import threading
+    import time
+
+    from ecast import Effects
+    from rubberband import host as host_module
+
+    worked = threading.Event()
+
+    class OneByOne(FakeClient):  # and the deliveries after 6 once 6 has run
+        async def delivery_batch(self, max_items: int = 512) -> list[Any]:
+            if self.taken >= self.n:
+                await asyncio.Event().wait()
+            while self.taken == 7 and not worked.is_set():
+                await asyncio.sleep(0.001)
+            return await super().delivery_batch(1)
+
+    monkeypatch.setattr(host_module, "short_batches", lambda core, batches: True)
+    h = host(OneByOne(12))
+    steps: list[tuple[list[int], bool]] = []  # (deliveries, on the loop's thread)
+    loop_thread = threading.get_ident()
+
+    def step(items: list[Any]) -> Effects:
+        ids = [d.i for item in items for d in item[1]]
+        steps.append((ids, threading.get_ident() == loop_thread))
+        if 2 in ids:  # waits (no CPU) three times the limit, as a preempted process does
+            time.sleep(3 * host_module.SLOW_INLINE)
+        if 6 in ids:  # works past the limit
+            end = time.thread_time() + 1.5 * host_module.SLOW_INLINE
+            while time.thread_time() < end:
+                pass
+            worked.set()
+        return Effects()
+
+    h._step = step  # type: ignore[method-assign]
+    h._start(h._read_deliveries(), h._work())
+    await until(lambda: sum(len(ids) for ids, _ in steps) == 12)
+    assert [i for ids, _ in steps for i in ids] == list(range(12))
+    at = next(n for n, (ids, _) in enumerate(steps) if 6 in ids)
+    assert all(on_loop for _, on_loop in steps[: at + 1]), steps  # the wait kept the loop
+    assert not any(on_loop for _, on_loop in steps[at + 1 :]), steps  # the work did not
+    for task in h._tasks:
+        task.cancel()
+
+
 def test_only_deliveries_of_single_keys_run_on_the_loop() -> None:
     """A batch runs on the event loop (an engine with ``inline_points``) only if every
     item is a delivered read or write of single keys, as the client's operations name
