@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, NamedTuple
 
+from rubberband.changelog import Changes
 from rubberband.errors import BadOperation, RubberbandError
 from rubberband.keys import encode_key, normalize, point
 from rubberband.views.define import (
@@ -183,22 +184,41 @@ def _advance(steps: Steps, reply: Any, error: BaseException | None) -> Any:
         return _Done(done.value)
 
 
+SHORT_PAGE = 256
+"""Changes a feed page may hold for the step after it to run on the event loop."""
+SLOW_STEP = 0.02
+"""Seconds of CPU a step may take on the loop before the next ones go to the thread."""
+THREAD_FOR = 10.0
+"""Seconds the thread then takes every step, before the loop tries again."""
+
+
 async def drive(
     rb: Any, steps: Steps, stop: asyncio.Event | None = None, threaded: bool = False
 ) -> Any:
     """Carry out ``steps`` (:mod:`rubberband.views.steps`) with ``rb``'s calls until
-    they return (or ``stop`` is set); what they return.  ``threaded``: the steps run
-    on a worker thread, so a long computation (a maintainer's start over a million
-    rows: 20 s) never holds the event loop, whose client heartbeats would stop and
-    the routers take the client for dead."""
+    they return (or ``stop`` is set); what they return.  ``threaded``: a long step
+    runs on a worker thread, so a long computation (a maintainer's start over a
+    million rows: 20 s) never holds the event loop, whose client heartbeats would stop
+    and the routers take the client for dead.  Long: the step after a snapshot's or a
+    table's page (a start computes the view from them) or after a feed page of more
+    than :data:`SHORT_PAGE` changes, and every step for :data:`THREAD_FOR` after one
+    on the loop took more than :data:`SLOW_STEP` of CPU.  The rest, a page of a few
+    dozen changes, run on the loop: each hop to the thread and back cost a maintainer
+    about a tenth of its CPU and a wake-up of each side per page."""
+    loop = asyncio.get_running_loop()
     reply: Any = None
     error: BaseException | None = None
     flight: asyncio.Task[None] | None = None  # the last Pipe's write (see Pipe)
+    request: Any = None
+    thread_until = 0.0
     while stop is None or not stop.is_set():
-        if threaded:
+        if threaded and (loop.time() < thread_until or _long(request, reply)):
             request = await asyncio.to_thread(_advance, steps, reply, error)
         else:
+            started = time.thread_time()
             request = _advance(steps, reply, error)
+            if threaded and time.thread_time() - started > SLOW_STEP:
+                thread_until = loop.time() + THREAD_FOR
         if type(request) is _Done:
             return request.value
         error = None
@@ -238,6 +258,19 @@ async def drive(
         reply = (got, time.monotonic())
     steps.close()
     return None
+
+
+def _long(request: Any, reply: Any) -> bool:
+    """Is the step that takes ``request``'s ``reply`` long (see :func:`drive`)?"""
+    kind = type(request)
+    if kind in (Pipe, Both):
+        request = request.read
+    elif kind is not Read:
+        return False  # a write's outcome, a pause: the next request follows at once
+    if type(request.op) is not Changes:
+        return True  # a snapshot's or a table's page
+    page = reply[0] if type(reply) is tuple else None
+    return len(getattr(page, "events", ())) > SHORT_PAGE
 
 
 def _sent(rb: Any, write: Write) -> asyncio.Task[None] | None:

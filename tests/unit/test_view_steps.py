@@ -679,3 +679,50 @@ async def test_a_write_refused_at_the_call_leaves_the_view_exact_at_its_progress
     reached = meta[-1][0]
     want = {ek: v for ek, (_k, v) in recompute_over([VIEWS[0]], [c.base_at(reached)]).items()}
     assert c.view_rows(VIEWS[0].name, reached) == want
+
+
+async def test_a_maintainers_short_steps_run_on_the_loop_and_long_ones_on_the_thread() -> None:
+    """The driver runs a maintainer's step on the event loop after a feed page of a few
+    changes (a hop to the thread and back cost about a tenth of its CPU), on the thread
+    after a snapshot's page or a long feed page, and every step on the thread for a
+    while after one on the loop used more than ``SLOW_STEP`` of CPU."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from rubberband.changelog import Changes
+    from rubberband.views import client as views_client
+
+    loop_thread = threading.get_ident()
+    sizes = iter([3, views_client.SHORT_PAGE + 1, 3, 3])
+
+    class Pages:
+        async def read(self, op: Any, isolation: str, within: Any = None,
+                       with_position: bool = False) -> Any:  # fmt: skip
+            if type(op) is Changes:
+                return SimpleNamespace(events=[None] * next(sizes), position=9)
+            return [(1, "row")], 9
+
+    def steps() -> Any:
+        feed = Read(Changes(0, 0, 10), "sequential")
+        where = []
+        yield feed  # a short page
+        where.append(threading.get_ident() == loop_thread)
+        yield feed  # a long page
+        where.append(threading.get_ident() == loop_thread)
+        yield Read(("scan", 0, 10), "sequential", None, True)  # a snapshot's page
+        where.append(threading.get_ident() == loop_thread)
+        yield feed  # a short page: this step works past the limit, on the loop
+        where.append(threading.get_ident() == loop_thread)
+        end = time.thread_time() + 1.5 * views_client.SLOW_STEP
+        while time.thread_time() < end:
+            pass
+        yield feed  # a short page, after a slow step
+        where.append(threading.get_ident() == loop_thread)
+        return where
+
+    got = await views_client.drive(Pages(), steps(), threaded=True)
+    assert got == [True, False, False, True, False]
+    # Unthreaded (a view read's steps), every step runs where the driver runs.
+    sizes = iter([3, views_client.SHORT_PAGE + 1, 3, 3])
+    assert await views_client.drive(Pages(), steps()) == [True] * 5
