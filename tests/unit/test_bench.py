@@ -88,3 +88,23 @@ def test_a_busy_machine_is_measured_and_told_before_a_benchmark(
     monkeypatch.setattr(harness, "cpu_busy", lambda seconds=0.5: 0.1)
     assert harness.check_idle() == 0.1
     assert capsys.readouterr().err == ""
+
+
+def test_the_views_bench_reports_the_median_run_of_each_count_and_its_cost() -> None:
+    """``rubberband bench views --repeat N``: on a machine whose speed drifts between
+    runs, one run of each count said a view cost 5 % once and 48 % the next; the median
+    of interleaved runs, with every run shown, says what a view costs."""
+    from rubberband.bench.views import _median_run
+
+    def run(w: int) -> dict[str, float]:
+        return {"writes_per_s": w, "p50_ms": w / 100, "cost": 0.9}
+
+    without = [run(4000), run(5300), run(4100)]
+    one = [run(3900), run(2750), run(2700)]
+    r = _median_run(one, without)
+    assert r["writes_per_s"] == 2750 and r["p50_ms"] == 27.5  # the median run, whole
+    assert r["runs"] == [3900, 2750, 2700]  # in the order they ran
+    assert r["cost"] == round(1 - 2750 / 4100, 3)  # against the median run without views
+    base = _median_run(without, without)
+    assert base["writes_per_s"] == 4100 and "cost" not in base
+    assert "cost" not in _median_run(one, None)
