@@ -156,7 +156,9 @@ def fake_machine(tmp: Path, uid: int, sudo: bool) -> dict[str, str]:
     """A PATH without the tests' programs, whose ``apt-get`` logs its arguments and
     "installs" a package by putting its program on the PATH, and a virtual environment
     whose ``python`` only logs how it was run (the suite itself is not run here)."""
-    d = bin_dir(tmp, "dirname", "sh", "grep", "mktemp", "tail", "rm", "cat", "tee", "touch", "env", "nice")
+    d = bin_dir(
+        tmp, "dirname", "sh", "grep", "mktemp", "tail", "rm", "cat", "tee", "touch", "env", "nice"
+    )
     log = tmp / "calls.log"
     programs = {
         "openjdk-17-jre-headless": ("java", "echo 'openjdk version \"17.0.9\"' >&2\n"),
