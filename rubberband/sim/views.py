@@ -21,6 +21,7 @@ from rubberband.client import ReadDone, WriteDone
 from rubberband.errors import RubberbandError
 from rubberband.views import LEVELS, view_def
 from rubberband.views.define import ViewDef, rows_bounds
+from rubberband.views.reads import read_steps
 from rubberband.views.steps import (
     Both,
     Group,
@@ -32,7 +33,6 @@ from rubberband.views.steps import (
     Write,
     groups,
     maintain_group_steps,
-    read_steps,
 )
 
 if TYPE_CHECKING:

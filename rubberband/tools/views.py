@@ -162,7 +162,7 @@ async def _status(rb: Any, view: Any) -> dict[str, Any]:
     """A view's progress and staleness: positions behind a sequential read now (of its
     part furthest behind, for a view split in parts)."""
     from rubberband.views.define import progress_keys, units
-    from rubberband.views.steps import combined_progress
+    from rubberband.views.reads import combined_progress
 
     parts = [u.part or 0 for u in units(view)]
     keys = [progress_keys(view.name, part)[0] for part in parts]

@@ -39,21 +39,19 @@ from rubberband.views.define import (
     rows_bounds,
     view_def,
 )
+from rubberband.views.reads import Layout, Session, read_steps
 from rubberband.views.steps import (
     Both,
     Figures,
     Group,
-    Layout,
     Pipe,
     Read,
-    Session,
     Settle,
     Sleep,
     Steps,
     TableRows,
     Write,
     maintain_group_steps,
-    read_steps,
 )
 
 log = logging.getLogger("rubberband.views")

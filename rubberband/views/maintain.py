@@ -255,7 +255,7 @@ class Maintainer:
         # The progress says where this maintainer started: a row version below it was
         # written by another one (a stale maintainer behind it, perhaps after this one
         # read the view's old rows) and is no part of this one's view, which wrote every
-        # row it holds at its start (:func:`rubberband.views.steps.progress_of`).
+        # row it holds at its start (:func:`rubberband.views.reads.progress_of`).
         said = [floor, self._start]
         if self._part is not None:  # the split points the part is of: readers check them
             said.append(list(self.view.parts))

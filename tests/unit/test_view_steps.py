@@ -232,7 +232,7 @@ def test_an_any_read_asks_for_the_rows_only_once_it_has_the_progress() -> None:
     """Basic reads ask each replica apart: the rows must be asked after the progress is
     known (a row's replica then has every version up to it), never in one read with it,
     whose answers may come from replicas asked at different times."""
-    from rubberband.views.steps import read_steps
+    from rubberband.views.reads import read_steps
 
     steps = read_steps("by_g", ("scan", "lo", "hi"), None, "any", 0.0, 5.0)
     first = next(steps)
@@ -248,7 +248,7 @@ def test_a_row_a_stale_maintainer_wrote_below_the_current_ones_start_is_not_in_t
     """Maintainer B started at 100 and wrote every row it holds at 100; a maintainer
     behind it (A) then wrote a row true at 90 and died before writing its absence at 95.
     B never knew the row: a read at 110 must not show it."""
-    from rubberband.views.steps import read_steps
+    from rubberband.views.reads import read_steps
 
     steps = read_steps("by_g", ("scan", "lo", "hi"), None, "snapshot", 0.0, 5.0)
     first = next(steps)
@@ -502,7 +502,7 @@ def test_a_split_view_is_exact_part_by_part_and_read_as_one(seed: int) -> None:
     names the split points; a read of the whole view (the reader learns the parts from
     part 0's progress) is exact at the slowest part's position."""
     from rubberband.views.define import part_of, progress_keys
-    from rubberband.views.steps import read_steps
+    from rubberband.views.reads import read_steps
 
     c = run_units(seed)
     reached = []
@@ -540,7 +540,7 @@ def test_a_read_waits_for_the_slowest_part_and_takes_each_parts_start() -> None:
     of part 0 below part 0's maintainer's start is another maintainer's, not the
     view's, while the same position is within part 1's."""
     from rubberband.views.define import progress_keys
-    from rubberband.views.steps import Layout, read_steps
+    from rubberband.views.reads import Layout, read_steps
 
     name, layout = "v", Layout(((5,),))
     p0, p1 = progress_keys(name, 0)[0], progress_keys(name, 1)[0]
@@ -561,7 +561,7 @@ def test_a_read_waits_for_the_slowest_part_and_takes_each_parts_start() -> None:
 
 def test_a_reader_that_knew_other_split_points_reads_again() -> None:
     from rubberband.views.define import progress_keys
-    from rubberband.views.steps import Layout, read_steps
+    from rubberband.views.reads import Layout, read_steps
 
     name, layout = "v", Layout()
     p0, p1 = progress_keys(name, 0)[0], progress_keys(name, 1)[0]
@@ -580,7 +580,7 @@ def test_a_reader_that_knew_parts_a_view_no_longer_has_reads_it_whole() -> None:
     """The view was dropped and defined anew unsplit: part 1's progress is gone, and
     part 0's says so; the reader must not wait for part 1."""
     from rubberband.views.define import progress_keys
-    from rubberband.views.steps import Layout, read_steps
+    from rubberband.views.reads import Layout, read_steps
 
     name, layout = "v", Layout(((5,),))
     p0 = progress_keys(name, 0)[0]
@@ -599,7 +599,7 @@ def test_a_part_that_started_over_past_the_others_is_waited_for_not_refused() ->
     """Part 1's maintainer started over at 200 (its floor), part 0 is at 150: a
     snapshot read waits until every part it needs is past the highest floor."""
     from rubberband.views.define import progress_keys
-    from rubberband.views.steps import Layout, read_steps
+    from rubberband.views.reads import Layout, read_steps
 
     name, layout = "v", Layout(((5,),))
     p0, p1 = progress_keys(name, 0)[0], progress_keys(name, 1)[0]
