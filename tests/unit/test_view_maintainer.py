@@ -129,3 +129,51 @@ def test_a_pages_rows_are_cut_into_messages_by_count_and_by_bytes() -> None:
     assert len(parts) == 4  # 63 values of 64 KiB (and their headers) in 4 MiB
     absent = [((0,), [5])]  # a row's absence: no value
     assert _parts(absent) == [absent]
+
+
+def test_dead_rows_are_dropped_after_an_epoch_is_written_and_known_stable_for_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A row that left the view stays as a short chain (its absence) until its
+    maintainer drops it: once every row it holds was written at an epoch at or after
+    the absence (its start, or a rewrite when the dead outnumber the live), the epoch
+    is written once those rows are stable, and the drop goes out ``RECLAIM_AFTER``
+    after the epoch is known stable (a basic read spans at most a quarter of that)."""
+    from importlib import import_module
+
+    from rubberband.views.define import epoch_key, row_key
+
+    maintain = import_module("rubberband.views.maintain")  # (the package's is a function)
+
+    monkeypatch.setattr(maintain, "REBASE_ROWS", 3)
+    after = maintain.RECLAIM_AFTER
+    m = Maintainer(VIEW)
+    old = [(row_key("by_g", (9, 50)), [0, [4, {}], [6]]), (row_key("by_g", (1, 1)), [0, [4, {}]])]
+    m.start(old, [[([(1, {"g": 1}), (2, {"g": 1})], 10)]], 0.0)
+    assert sorted(k for k, _ in m.dead.values()) == [row_key("by_g", (9, 50))]
+    assert not [op for op in m.page(0, 12, [], 1.0) if op[0] != "version" or len(op[1]) != 2]
+    m.published(12, 1.5)  # the start's rows and progress are stable: the epoch goes out
+    ops = m.page(0, 14, [], 2.0)
+    assert ops[0] == ("version", ((epoch_key("by_g"), [10]),), 10)
+    assert not m.page(0, 16, [], 3.0)[:-1]  # nothing to drop before the epoch is stable
+    m.published(16, 4.0)
+    assert not [op for op in m.page(0, 18, [], 4.0 + after - 0.5) if op[0] == "reclaim"]
+    drops = [op for op in m.page(0, 20, [], 4.0 + after) if op[0] == "reclaim"]
+    assert drops == [("reclaim", (row_key("by_g", (9, 50)),), 10)] and not m.dead
+    # Rows leave the view (a key changes its g): dead at their positions, past the
+    # epoch.  Once they outnumber the live rows (and 3), every live row is written at
+    # the position reached, the new epoch: the progress says it started there.
+    events = [Event(21 + i, ((k, "put", {"g": 2 + i}),)) for i, k in enumerate((1, 2, 1, 2))]
+    ops = m.page(0, 30, events, 70.0)
+    assert len(m.dead) == 4 and m.floor == 30
+    rows = {k: v for op in ops[:-1] for k, v in op[1]}
+    assert rows[row_key("by_g", (4, 1))] == [30, {"g": 4}]  # written anew at 30, as is
+    assert rows[row_key("by_g", (5, 2))] == [30, {"g": 5}]
+    assert ops[-1][1][0][1][1][1] == 30  # the progress's start: the new epoch
+    m.published(30, 71.0)
+    assert m.page(0, 32, [], 72.0)[0] == ("version", ((epoch_key("by_g"), [30]),), 30)
+    m.published(32, 73.0)
+    drops = [op for op in m.page(0, 34, [], 73.0 + after) if op[0] == "reclaim"]
+    assert [set(op[1]) for op in drops] == [{row_key("by_g", (g, k)) for g, k in
+                                            ((1, 1), (1, 2), (2, 1), (3, 2))}]  # fmt: skip
+    assert drops[0][2] == 30 and not m.dead
