@@ -11,10 +11,8 @@ read must equal the view recomputed there (:func:`rubberband.checkers.views.chec
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from ecast import NodeId
@@ -41,8 +39,6 @@ if TYPE_CHECKING:
     from rubberband.sim.process import RbNode
     from rubberband.sim.run import RubberbandRun
 
-MAINTAIN = import_module("rubberband.views.maintain")  # the package's `maintain` is a function
-READS = import_module("rubberband.views.reads")
 MAINTAINERS: tuple[NodeId, ...] = ("client:vm1", "client:vm2")
 LATE_MAINTAINER: NodeId = "client:vm3"
 READER: NodeId = "client:vr"
@@ -107,26 +103,6 @@ join value) and the bulky puts (``{"g": 0..4, ...}``: index entries, sums, extre
 join pairs); and a chain of views over views (rows, then its rows grouped by ``g``, then
 the groups of two rows or more)."""
 BY_NAME = {v.name: v for v in VIEWS}
-
-
-@contextlib.contextmanager
-def dropping(on: bool) -> Iterator[None]:
-    """Within, if ``on``, maintainers drop the rows that left their views at the
-    simulator's scale: a new epoch as soon as two rows are dead (and more than the view
-    holds), the drop a virtual second after the epoch is known stable, and a basic
-    read's rows within a quarter second of its progress (the daemons': 10,000 rows,
-    60 s, 15 s)."""
-    scaled = ((MAINTAIN, "REBASE_ROWS", 2), (MAINTAIN, "RECLAIM_AFTER", 1.0),
-              (READS, "ANY_WINDOW", 0.25))  # fmt: skip
-    kept = [(module, name, getattr(module, name)) for module, name, _ in scaled]
-    try:
-        if on:
-            for module, name, value in scaled:
-                setattr(module, name, value)
-        yield
-    finally:
-        for module, name, value in kept:
-            setattr(module, name, value)
 
 
 def beneath(view: ViewDef) -> list[ViewDef]:

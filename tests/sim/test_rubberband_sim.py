@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 from collections import Counter
-from importlib import import_module
 from typing import Any
 
 import pytest
@@ -149,31 +148,6 @@ def test_views_stay_exact_through_the_faults_beside_a_crashed_and_a_restarted_ma
     assert reached["leader_takeover"] or reached["expand_under_load"], dict(reached)
 
 
-def test_views_stay_exact_while_their_maintainers_drop_the_rows_that_left_them(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The same runs (two maintainers at once, one crashed mid-run and a third started
-    late) with the bulky puts moving a few keys between groups all along, so rows leave
-    the views, and maintainers that write their live rows anew at an epoch as soon as
-    two are dead and drop them a virtual second after the epoch is stable
-    (``churn``): every read at every level still equals its view recomputed where it
-    says, and rows were dropped."""
-    maintain = import_module("rubberband.views.maintain")  # the package's is a function
-    dropped: list[Any] = []
-    reclaims = maintain.Maintainer._reclaims
-
-    def counted(self: Any, now: float) -> list[Any]:
-        out = reclaims(self, now)
-        dropped.extend(key for op in out if op[0] == "reclaim" for key in op[1])
-        return out
-
-    monkeypatch.setattr(maintain.Maintainer, "_reclaims", counted)
-    _, busy = run_schedules(range(1, 4), views=True, churn=True)
-    assert busy == 3 and dropped
-    assert maintain.REBASE_ROWS == 10_000  # the daemons' own again after the runs
-
-
-BUNDLE_SCHEDULES = 40
 BUNDLE_SCHEDULES = 40
 
 
