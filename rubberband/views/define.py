@@ -335,15 +335,6 @@ def progress_keys(name: str, part: int | None = None) -> tuple[Any, Any]:
     return (VIEW, name + "\x00", part, 0), (VIEW, name + "\x00", part, 1)
 
 
-def epoch_key(name: str, part: int | None = None) -> tuple[Any, ...]:
-    """A part's epoch: a version chain whose floor is the highest position at which a
-    maintainer of the part wrote every row it held (its start, or a later rewrite), so
-    that a row version older than it is no part of the view whichever maintainer's
-    progress a reader takes (:mod:`rubberband.views.maintain`, "Reclaiming").  Past the
-    stable progress key, before :func:`keys_end` (no part's progress key ends in 2)."""
-    return (VIEW, name + "\x00", part or 0, 2)
-
-
 def keys_end(name: str) -> tuple[str, str]:
     """Past every key of the view: its rows and every part's progress."""
     return (VIEW, name + "\x01")

@@ -39,7 +39,7 @@ from ecast.core import mutations
 from rubberband.changelog import Event
 from rubberband.keys import EKey, encode_key
 from rubberband.views.compute import ABSENT, Rows, base_change, in_source
-from rubberband.views.define import ViewDef, epoch_key, meta_key, progress_keys, row_key
+from rubberband.views.define import ViewDef, meta_key, progress_keys, row_key
 
 PROGRESS_WITH_ROWS = mutations.declare(
     "progress_with_rows", "views",
@@ -62,19 +62,6 @@ ROW_BYTES = 1 << 20
 the call.  A view that must write a larger row (a join of two large values, an
 aggregate of many) stops at the progress before it (:attr:`Maintainer.stopped`)
 instead of failing its group's every round."""
-
-
-REBASE_ROWS = 10_000
-"""Dead rows (absent since some position) a maintainer lets build up, at least, before
-it writes its live rows anew at a new epoch in order to drop the dead ones; and more
-than it holds live, so rewriting costs at most one row version per row dropped."""
-RECLAIM_AFTER = 60.0
-"""Seconds from an epoch's being known written to the drop of the rows dead by it: a
-basic (``any``) read whose rows came more than a quarter of this after its progress is
-read again (:data:`rubberband.views.reads.ANY_WINDOW`), so none takes its rows after a
-drop and its position from before."""
-RECLAIM_KEYS = 4 * 500
-"""Keys one page's writes ask to drop, at most (in messages of :data:`BATCH_KEYS`)."""
 
 
 class RowTooLarge(Exception):
@@ -144,17 +131,6 @@ class Maintainer:
         """Why the view stopped, if it did: a row it must write is over
         :data:`ROW_BYTES`.  It writes nothing more: read as of its progress, it stays
         exact; the rows after it are never written in part."""
-        self.dead: dict[EKey, tuple[Any, int]] = {}
-        """Its rows whose last version written is an absence: the row key and since when."""
-        self._epoch = 0
-        """Every row it holds has a version at or after this: its start, or its last
-        rewrite of them all (:meth:`_rebase`)."""
-        self._epoch_due = -1  # the epoch to write, once the stable progress reaches it
-        self._epoch_sent = -1  # the progress of the page whose writes carried it
-        self._reclaim_from: float | None = None  # when that write was known stable
-        self._reclaiming: list[Any] = []  # row keys to drop, dead by the epoch
-        self.stable = -1
-        """The newest of its progress known stable (:meth:`published`)."""
 
     # ------------------------------------------------------------------ inputs
     def start(
@@ -207,19 +183,16 @@ class Maintainer:
                 (row_key(name, k), [start, v]) for k, v in self.rows.rows.values() if self._mine(k)
             ]
             there = {encode_key(k) for k, _ in entries}
-            gone = [(key, [start]) for key in self._old if encode_key(key) not in there]
-            self.dead = {encode_key(key): (key, start) for key, _ in gone}
-            entries += gone
-            self.position = self.floor = self._epoch = self._epoch_due = start
+            entries += [(key, [start]) for key in self._old if encode_key(key) not in there]
+            self.position = self.floor = start
             self._marks.append((now, start))
         if horizon > self.position:
             entries += self._pending_up_to(horizon)
             self.position = horizon
-            entries += self._rebase()
         elif not entries:
             return []
         try:
-            writes = [*self._reclaims(now), *self._writes(entries)]
+            writes = self._writes(entries)
         except RowTooLarge as e:
             at = f"at position {written}" if written >= 0 else "before its start"
             self.stopped = f"view {self.view.name!r} stopped {at}: {e}"
@@ -255,61 +228,11 @@ class Maintainer:
                     (k, "delete", None) if v is ABSENT else (k, "put", v)
                     for k, v in changed.values()
                 )))  # fmt: skip
-            made = [
+            out += [
                 (row_key(name, k), [position] if v is ABSENT else [position, v])
                 for k, v in changed.values()
                 if self._mine(k)
             ]
-            for key, version in made:
-                if len(version) == 1:
-                    self.dead[encode_key(key)] = (key, position)
-                else:
-                    self.dead.pop(encode_key(key), None)
-            out += made
-        return out
-
-    # ------------------------------------------------------------------ reclaiming
-    def published(self, position: int, now: float) -> None:
-        """Its progress up to ``position`` is known stable (every write made with it
-        and before it is at every replica)."""
-        self.stable = max(self.stable, position)
-        if self._reclaim_from is None and 0 <= self._epoch_sent <= position:
-            self._reclaim_from = now
-
-    def _rebase(self) -> list[tuple[Any, list[Any]]]:
-        """Every live row written anew at the position just reached, the new epoch, once
-        the dead rows outnumber :data:`REBASE_ROWS` and the live ones, every part's (and
-        no earlier epoch is still on its way to its drop)."""
-        busy = self._epoch_due >= 0 or self._epoch_sent >= 0 or self._reclaiming
-        if busy or len(self.dead) < max(REBASE_ROWS, len(self.rows.rows)):
-            return []
-        live = [(k, v) for k, v in self.rows.rows.values() if self._mine(k)]
-        # Its progress says so from now on: a version older than the epoch is no part
-        # of the view, so no position before it can be read (the floor rises to it).
-        name, at = self.view.name, self.position
-        self._start = self._epoch = self._epoch_due = at
-        self.floor = max(self.floor, at)
-        return [(row_key(name, k), [at, v]) for k, v in live]
-
-    def _reclaims(self, now: float) -> list[Any]:
-        """What a page's writes carry for reclaiming: the epoch once the rows written at
-        it are stable, then (the epoch stable for :data:`RECLAIM_AFTER`) the drops of
-        the rows dead by it, :data:`RECLAIM_KEYS` a page."""
-        out: list[Any] = []
-        if 0 <= self._epoch_due <= self.stable:
-            e = self._epoch_due
-            out.append(("version", ((epoch_key(self.view.name, self._part), [e]),), e))
-            self._epoch_due, self._epoch_sent = -1, self.position
-        if self._reclaim_from is not None and now - self._reclaim_from >= RECLAIM_AFTER:
-            upto = self._epoch
-            self._reclaiming += [key for key, t in self.dead.values() if t <= upto]
-            self.dead = {ek: kt for ek, kt in self.dead.items() if kt[1] > upto}
-            self._epoch_sent, self._reclaim_from = -1, None
-        if self._reclaiming:
-            keys = self._reclaiming[:RECLAIM_KEYS]
-            del self._reclaiming[:RECLAIM_KEYS]
-            out += [("reclaim", tuple(keys[i : i + BATCH_KEYS]), self._epoch)
-                    for i in range(0, len(keys), BATCH_KEYS)]  # fmt: skip
         return out
 
     def _mine(self, vkey: Any) -> bool:
@@ -354,12 +277,10 @@ class Maintainer:
         had it)."""
         *rows, progress = writes
         ordered, stable = progress[1]
-        last: tuple[Any, ...] = (ordered,)
-        if rows and rows[-1][0] == "version" and rows[-1][2] == progress[2]:
-            last = (*rows.pop()[1], ordered)  # not an epoch's, whose floor is its own
+        last = (*rows[-1][1], ordered) if rows else (ordered,)
         if mutations.on(PROGRESS_WITH_ROWS):
             last = (*last, stable)
-        ops = (*rows, ("version", last, progress[2]))
+        ops = (*rows[:-1], ("version", last, progress[2]))
         return ops, ("version", (stable,), progress[2])
 
 

@@ -15,7 +15,6 @@ from rubberband.errors import BadOperation, Compacted, Indeterminate
 from rubberband.keys import encode_key, normalize, overlaps, point
 from rubberband.versions import as_of
 from rubberband.views.define import (
-    epoch_key,
     keys_end,
     meta_key,
     part_of,
@@ -37,12 +36,6 @@ class Session:
     floor: int = -1
 
 
-ANY_WINDOW = 15.0
-"""Seconds an ``any`` read's rows may come after its progress: a slower one is read
-again.  A maintainer drops the rows dead by an epoch only
-:data:`rubberband.views.maintain.RECLAIM_AFTER` (four times this) after the epoch is
-written, so rows answered within this window of a progress read before that write hold
-every row the progress's position needs."""
 POLL_CAP = 0.01
 """Seconds at most between a waiting view read's polls of the progress: a sequential
 read waits a few of the maintainer's round trips, and a coarser poll added up to its
@@ -101,7 +94,6 @@ def _read(
     while True:
         parts = layout.parts
         needed = _needed(name, op, within, parts)
-        epochs = [epoch_key(name, i) for i in needed]
         if level == "any":
             # Basic reads ask each segment's replica apart, each as it is when asked:
             # the progress first, then the rows, asked only once it is known.  Rows are
@@ -110,17 +102,13 @@ def _read(
             # version up to the progress (one read of both could take the progress from
             # a replica asked later than a row's, a retry's answer, and be older).
             keys = [progress_keys(name, i)[1] for i in needed]
-            progress, asked = yield Read(("get", (*keys, *epochs)), "basic")
+            progress, now = yield Read(("get", tuple(keys)), "basic")
             got, now = yield Read(op, "basic", within)
-            if now - asked > ANY_WINDOW:  # a drop may have come between the two
-                if now > deadline:
-                    raise Indeterminate(f"view {name!r}: its rows came too long after its progress")
-                continue
             chains = _rows_only(name, dict(got))  # a get's {key: chain}, a scan's pairs
             metas = dict(progress)
         else:
             keys = [progress_keys(name, i)[0] for i in needed]
-            wide, where = _with(name, op, within, [*keys, *epochs], parts)
+            wide, where = _with(name, op, within, keys, parts)
             got, now = yield Read(wide, _ISOLATION.get(level, "snapshot"), where)
             metas = dict(got)
             chains = _rows_only(name, metas)
@@ -131,7 +119,7 @@ def _read(
             continue
         said = combined_progress(needed, [metas.get(k) for k in keys])
         if said is not None:
-            reached, floor, starts, _parts = _after_epochs(said, needed, metas, epochs)
+            reached, floor, starts, _parts = said
             at = target if level == "sequential" else reached
             # A part that started over past another part's progress: its floor is
             # above the position they have all reached; wait for the others (at a
@@ -151,25 +139,6 @@ def _read(
             )
         _, now = yield Sleep(pause)
         pause = min(pause * 2, POLL_CAP)
-
-
-def _after_epochs(
-    said: tuple[int, int, dict[int, int], tuple[Any, ...]],
-    needed: list[int],
-    metas: dict[Any, Any],
-    epochs: list[Any],
-) -> tuple[int, int, dict[int, int], tuple[Any, ...]]:
-    """The progress ``said`` with each part's epoch (its chain's floor: the highest any
-    maintainer of the part wrote) as the part's start and the floor: a row version
-    older than it is no part of the view, whichever maintainer's progress the read
-    took, and its rows dead by it may be gone (:mod:`rubberband.views.maintain`)."""
-    reached, floor, starts, layout = said
-    for part, key in zip(needed, epochs, strict=True):
-        chain = metas.get(key)
-        if type(chain) in (list, tuple) and chain and type(chain[0]) is int:
-            starts[part] = max(starts.get(part, 0), chain[0])
-            floor = max(floor, chain[0])
-    return reached, floor, starts, layout
 
 
 def _needed(name: str, op: Any, within: Any, parts: tuple[Any, ...]) -> list[int]:
@@ -192,6 +161,8 @@ def _with(name: str, op: Any, within: Any, keys: list[Any], parts: tuple[Any, ..
     if op[0] == "get":
         rows = [k for k in op[1] if k != keys[0]]
         return ("get", (*keys, *rows)), within
+    if not parts:
+        return op, within
     wider = ("scan", op[1], keys_end(name), *op[3:])
     if within is None:
         return wider, None

@@ -448,7 +448,6 @@ def _publish(group: Group, made: list[tuple[Any, Progress]], now: float) -> None
 
 
 def _set(figures: Figures, p: Progress, now: float) -> None:
-    p.maintainer.published(p.position, now)
     figures.position, figures.floor, figures.rows = p.position, p.floor, p.rows
     figures.events, figures.versions = p.events, p.versions
     figures.published_at, figures.fresh_as_of = now, p.asked

@@ -23,10 +23,10 @@ from ecast.core import mutations
 from rubberband.changelog import Changes, Event, Page
 from rubberband.errors import BadOperation
 from rubberband.keys import encode_key
-from rubberband.versions import as_of, dead_by, merge
+from rubberband.versions import as_of, merge
 from rubberband.views import view_def
 from rubberband.views.compute import recompute_over
-from rubberband.views.define import VIEW, epoch_key, keys_end, meta_key, stable_key
+from rubberband.views.define import VIEW, meta_key, stable_key
 from rubberband.views.maintain import PROGRESS_WITH_ROWS
 from rubberband.views.steps import (
     Both,
@@ -102,11 +102,6 @@ class Cluster:
             return None
         if type(request) is Write:
             for name, pairs, floor in request.ops:  # each a message, in order
-                if name == "reclaim":  # pairs: keys, floor: the position
-                    for key in pairs:
-                        if dead_by(self.data.get(encode_key(key), (key, None))[1], floor):
-                            del self.data[encode_key(key)]
-                    continue
                 assert name == "version"
                 self.known.append(self.confirmed)
                 entries = []
@@ -241,7 +236,7 @@ def test_an_any_read_asks_for_the_rows_only_once_it_has_the_progress() -> None:
 
     steps = read_steps("by_g", ("scan", "lo", "hi"), None, "any", 0.0, 5.0)
     first = next(steps)
-    assert first == Read(("get", (stable_key("by_g"), epoch_key("by_g"))), "basic")
+    assert first == Read(("get", (stable_key("by_g"),)), "basic")
     second = steps.send(({stable_key("by_g"): [0, [7, 0]]}, 0.1))
     assert second == Read(("scan", "lo", "hi"), "basic", None)
     with pytest.raises(StopIteration) as done:
@@ -257,7 +252,7 @@ def test_a_row_a_stale_maintainer_wrote_below_the_current_ones_start_is_not_in_t
 
     steps = read_steps("by_g", ("scan", "lo", "hi"), None, "snapshot", 0.0, 5.0)
     first = next(steps)
-    assert first.op == ("scan", "lo", keys_end("by_g"))  # the progress keys and epoch too
+    assert first.op == ("scan", "lo", "hi")
     meta = [0, [120, [100, 100]]]
     rows = [
         (("~view", "by_g", (1, 1)), [50, [90, "stale"]]),
@@ -267,56 +262,6 @@ def test_a_row_a_stale_maintainer_wrote_below_the_current_ones_start_is_not_in_t
     with pytest.raises(StopIteration) as done:
         steps.send(([(meta_key("by_g"), meta), *rows], 0.1))
     assert done.value.value == ([((1, 2), "b's"), ((1, 3), "newer")], 120)
-
-
-def test_a_row_version_below_another_maintainers_epoch_is_not_in_the_view() -> None:
-    """The read takes B's progress (started at 100), but maintainer C wrote every row it
-    holds anew at 130, the part's epoch: a version older than 130 is no part of the view
-    (a stale maintainer's late version of a row C dropped as dead), and no position
-    before 130 can be read any more."""
-    from rubberband.views.reads import read_steps
-
-    meta = [0, [140, [100, 100]]]
-    rows = [
-        (("~view", "by_g", (1, 1)), [50, [90, "stale"]]),  # dead by 130 and dropped: back
-        (("~view", "by_g", (1, 2)), [100, [100, "b's"], [130, "b's"]]),
-        (("~view", "by_g", (1, 3)), [100, [100, "b's"], [130, "b's"], [135, "newer"]]),
-        (epoch_key("by_g"), [130, [130]]),
-    ]
-    steps = read_steps("by_g", ("scan", "lo", "hi"), None, "snapshot", 0.0, 5.0)
-    next(steps)
-    with pytest.raises(StopIteration) as done:
-        steps.send(([(meta_key("by_g"), meta), *rows], 0.1))
-    assert done.value.value == ([((1, 2), "b's"), ((1, 3), "newer")], 140)
-    # B's progress alone, below the epoch: the read waits for a progress past it.
-    steps = read_steps("by_g", ("scan", "lo", "hi"), None, "snapshot", 0.0, 5.0)
-    next(steps)
-    assert type(steps.send(([(meta_key("by_g"), [0, [120, [100, 100]]]), *rows], 0.1))) is Sleep
-    steps = read_steps("by_g", ("scan", "lo", "hi"), None, "any", 0.0, 5.0)
-    next(steps)
-    steps.send(({stable_key("by_g"): [0, [120, [100, 100]]], epoch_key("by_g"): [130, [130]]}, 0.1))
-    assert type(steps.send((rows[:3], 0.2))) is Sleep
-
-
-def test_an_any_read_whose_rows_came_long_after_its_progress_is_read_again() -> None:
-    """A maintainer drops the rows dead by an epoch ``RECLAIM_AFTER`` after writing it:
-    an ``any`` read whose rows came more than ``ANY_WINDOW`` (a quarter of that) after
-    its progress could hold rows from after a drop for a position before it."""
-    from rubberband.views.maintain import RECLAIM_AFTER
-    from rubberband.views.reads import ANY_WINDOW, read_steps
-
-    assert 4 * ANY_WINDOW <= RECLAIM_AFTER
-    steps = read_steps("by_g", ("scan", "lo", "hi"), None, "any", 0.0, 100.0)
-    progress = Read(("get", (stable_key("by_g"), epoch_key("by_g"))), "basic")
-    assert next(steps) == progress
-    said = {stable_key("by_g"): [0, [7, [0, 0]]]}
-    steps.send((said, 1.0))
-    row = [(("~view", "by_g", (1, 2)), [0, [5, "row"]])]
-    assert steps.send((row, 1.0 + ANY_WINDOW + 0.1)) == progress  # again, from the progress
-    steps.send((said, 20.0))
-    with pytest.raises(StopIteration) as done:
-        steps.send((row, 20.0 + ANY_WINDOW - 0.1))
-    assert done.value.value == ([((1, 2), "row")], 7)
 
 
 def test_a_step_without_an_answer_is_asked_again_and_nothing_starts_over() -> None:
@@ -476,9 +421,6 @@ def test_a_view_stopped_and_defined_anew_before_the_loop_saw_it_runs_anew() -> N
         if done:
             break
     assert done, "the window was not reached"
-    while type(request) is not Sleep:  # at a pause: the round's progress all published
-        i += 1
-        request = gen.send((c.answer(request), float(i)))
     assert not group.figures["j"].stopped and group.figures["j"].starts == 1
     reached = _progress(c, meta_key("j"))
     assert group.figures["j"].position == reached > c.t - 100
@@ -623,12 +565,11 @@ def test_a_reader_that_knew_other_split_points_reads_again() -> None:
 
     name, layout = "v", Layout()
     p0, p1 = progress_keys(name, 0)[0], progress_keys(name, 1)[0]
-    e0, e1 = epoch_key(name, 0), epoch_key(name, 1)
     steps = read_steps(name, ("get", (p0, (VIEW, name, (7,)))), None, "snapshot", 0.0, 5.0,
                        layout=layout)  # fmt: skip
-    assert next(steps).op == ("get", (p0, e0, (VIEW, name, (7,))))
+    assert next(steps).op == ("get", (p0, (VIEW, name, (7,))))
     again = steps.send(({p0: [0, [100, [10, 0, [[5]]]]]}, 0.1))
-    assert layout.parts == ((5,),) and again.op == ("get", (p0, p1, e0, e1, (VIEW, name, (7,))))
+    assert layout.parts == ((5,),) and again.op == ("get", (p0, p1, (VIEW, name, (7,))))
     with pytest.raises(StopIteration) as done:
         steps.send(({p0: [0, [100, [10, 0, [[5]]]]], p1: [0, [80, [10, 0, [[5]]]]],
                      (VIEW, name, (7,)): [0, [60, "x"]]}, 0.2))  # fmt: skip
@@ -648,8 +589,7 @@ def test_a_reader_that_knew_parts_a_view_no_longer_has_reads_it_whole() -> None:
     next(steps)
     answer = {p0: [0, [100, [10, 0]]], (VIEW, name, (7,)): [0, [60, "x"]]}
     again = steps.send((answer, 0.1))
-    want = ("get", (p0, epoch_key(name, 0), (VIEW, name, (7,))))
-    assert layout.parts == () and again.op == want
+    assert layout.parts == () and again.op == ("get", (p0, (VIEW, name, (7,))))
     with pytest.raises(StopIteration) as done:
         steps.send((answer, 0.2))
     assert done.value.value == ([((7,), "x")], 100)
