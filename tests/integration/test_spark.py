@@ -285,7 +285,7 @@ def test_a_change_stream_lands_every_acknowledged_write_once_across_a_failed_tas
     marker = tmp_path / "failed"
     out, ck = tmp_path / "out", tmp_path / "ck"
 
-    async def writes(first: int, n: int, pause: float = 0.0) -> int:
+    async def writes(first: int, n: int, pause: float = 0.0, query: Any = None) -> int:
         rb = await client(kv_cluster)
         try:
             page = await rb.changes(None)
@@ -294,10 +294,19 @@ def test_a_change_stream_lands_every_acknowledged_write_once_across_a_failed_tas
                 await asyncio.gather(*(rb.put(f"f:{j % 37:02d}", j) for j in range(i, i + 9)))
                 await rb.put_many({f"f:m{i}": i + 9, f"f:n{i}": i + 9})
                 await asyncio.sleep(pause)
+                if query is not None and (i // 10) % 5 == 4:
+                    await a_batch_more(query)
             await rb.delete(f"f:{first % 37:02d}")
             return int(page.position)
         finally:
             await rb.close()
+
+    async def a_batch_more(q: Any) -> None:
+        """Every 50 writes, a micro-batch more read beside them (a minute at most): on a
+        machine three times slower, 40 pauses of 0.1 s passed within five batches."""
+        seen, deadline = len(q.recentProgress), time.monotonic() + 60
+        while len(q.recentProgress) <= seen and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
 
     def fail_once(v: str) -> str:
         from pyspark import TaskContext
@@ -331,7 +340,7 @@ def test_a_change_stream_lands_every_acknowledged_write_once_across_a_failed_tas
     deadline = time.monotonic() + 120
     while not q.recentProgress and time.monotonic() < deadline:
         time.sleep(0.1)
-    asyncio.run(writes(400, 400, pause=0.1))  # while micro-batches read
+    asyncio.run(writes(400, 400, pause=0.1, query=q))  # while micro-batches read
     batches = len(q.recentProgress)
     q.stop()
     assert batches > 5, "the writes did not go on while batches were read"
