@@ -23,10 +23,9 @@ from rubberband.views.define import (
     stored_key,
 )
 from rubberband.views.define import row_key as view_row_key
-from rubberband.views.steps import _ISOLATION, LEVELS, Read, Sleep, Steps
+from rubberband.views.steps import LEVELS, Read, Sleep, Steps
 
 
-# ------------------------------------------------------------------ reading
 @dataclass
 class Session:
     """What read-your-writes remembers of a client: its writes when it last read, and
@@ -109,7 +108,7 @@ def _read(
         else:
             keys = [progress_keys(name, i)[0] for i in needed]
             wide, where = _with(name, op, within, keys, parts)
-            got, now = yield Read(wide, _ISOLATION.get(level, "snapshot"), where)
+            got, now = yield Read(wide, "snapshot", where)  # every ordered level
             metas = dict(got)
             chains = _rows_only(name, metas)
         first = metas.get(keys[0])  # part 0's: it says how the view is split

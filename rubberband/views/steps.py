@@ -85,7 +85,6 @@ class Sleep(NamedTuple):
 Steps = Generator[Read | Write | Both | Pipe | Settle | Sleep, tuple[Any, float], Any]
 
 LEVELS = ("sequential", "read-your-writes", "snapshot", "any")
-_ISOLATION = {"snapshot": "snapshot"}
 RETRY = 1.0
 """Seconds a maintainer waits after a failed step before it asks again, or starts over."""
 RETRIES = 10
