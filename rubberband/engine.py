@@ -18,7 +18,8 @@ worker thread, never two at once, and must behave as if it ran them one after an
 * ``delete(ranges)``: drop everything in ``ranges``.
 * ``stats()``: size and load, reported to the supers.
 * ``("version", ...)`` (key-value engines that hold views): merge version entries into
-  version chains with :func:`merge` (:mod:`rubberband.versions`).
+  version chains with :func:`merge` (:mod:`rubberband.versions`); and ``("reclaim",
+  keys, upto)``: drop each key whose chain :func:`dead_by` says is dead by ``upto``.
 * ``positions = True`` (optional): ``apply`` and ``apply_logged`` get ``(op, ranges,
   t)`` items, ``t`` the position in the total order of the delivery that carried the
   operation (-1 for a read answered outside the order, a basic read).  A durable engine
@@ -84,7 +85,7 @@ from rubberband.keys import (
     stable_hash32,
     union,
 )
-from rubberband.versions import check_version_op, is_chain, merge
+from rubberband.versions import check_reclaim_op, check_version_op, dead_by, is_chain, merge
 
 __all__ = [
     "EVERYTHING",
@@ -107,8 +108,10 @@ __all__ = [
     "SendCursor",
     "after",
     "changed_key",
+    "check_reclaim_op",
     "check_version_op",
     "contains",
+    "dead_by",
     "encode_key",
     "intersect",
     "is_chain",

@@ -42,8 +42,32 @@ _POSITION = itemgetter(0)
 
 
 def is_version_op(op: Any) -> bool:
-    """Is ``op`` a ``version`` write (a view's rows)?"""
-    return type(op) is tuple and len(op) == 3 and op[0] == "version"
+    """Is ``op`` a write of a view's rows (``version`` or ``reclaim``)?"""
+    return type(op) is tuple and len(op) == 3 and op[0] in _ROWS_OPS
+
+
+_ROWS_OPS = frozenset({"version", "reclaim"})
+
+
+def check_reclaim_op(op: Any) -> tuple[list[Any], int]:
+    """A ``reclaim`` operation's keys and position, or :class:`BadOperation`::
+
+        ("reclaim", (key, ...), upto)
+
+    drops each key whose chain's newest version is an absence at or before ``upto``
+    (:func:`dead_by`); a key that holds anything else is left as it is."""
+    if len(op) != 3 or type(op[2]) is not int or op[2] < 0:
+        raise BadOperation("reclaim takes keys and a position (an int >= 0)")
+    if type(op[1]) not in (list, tuple):
+        raise BadOperation("reclaim takes a list of keys")
+    return list(op[1]), op[2]
+
+
+def dead_by(chain: Any, upto: int) -> bool:
+    """Is ``chain`` a version chain whose key has been absent since a position at or
+    before ``upto``?  Its maintainer drops such a chain once no reader can ask for a
+    position before that absence (:mod:`rubberband.views.maintain`, "Reclaiming")."""
+    return is_chain(chain) and len(chain) > 1 and len(chain[-1]) == 1 and chain[-1][0] <= upto
 
 
 def check_version_op(op: Any) -> tuple[list[tuple[Any, list[Any]]], int]:

@@ -67,7 +67,9 @@ from rubberband.engine import (
     Placement,
     RangeSet,
     ReportsChanges,
+    check_reclaim_op,
     check_version_op,
+    dead_by,
     encode_key,
     merge,
     refuse_row_key,
@@ -426,6 +428,12 @@ class MemcachedEngine(ReportsChanges):
             mine = [(self._slot(k), k, e) for k, e in pairs]
             mine = [(s, k, e) for s, k, e in mine if inside(ranges, s[0])]
             return lambda: self._version(mine, floor)
+        if name == "reclaim":
+            keys, upto = check_reclaim_op(op)
+            if len(keys) > MAX_KEYS:
+                raise BadOperation(f"reclaim names more than {MAX_KEYS} keys")
+            reclaimed = self._mine(keys, ranges)
+            return lambda: self._reclaim(reclaimed, upto)
         if name in ("delete", "get"):
             keys = list(op[1])
             if len(keys) > MAX_KEYS:
@@ -484,6 +492,11 @@ class MemcachedEngine(ReportsChanges):
             return e
         self._store(packed, new)
         return None
+
+    def _reclaim(self, mine: list[tuple[Slot, Any]], upto: int) -> None:
+        self.counts["writes"] += 1
+        values = self._fetch([s for s, _k in mine if s in self._index])
+        self._remove([s for s, b in values.items() if dead_by(msgpack.unpackb(b, raw=False), upto)])
 
     def _add(self, mine: list[tuple[Slot, Any, int]]) -> Any:
         self.counts["writes"] += 1

@@ -54,8 +54,10 @@ from rubberband.engine import (
     RangeSet,
     ReportsChanges,
     after,
+    check_reclaim_op,
     check_version_op,
     contains,
+    dead_by,
     encode_key,
     merge,
     normalize,
@@ -65,7 +67,7 @@ from rubberband.engine import (
     sort_key,
 )
 
-WRITES = frozenset({"put", "append", "add", "delete", "delete_range", "version"})
+WRITES = frozenset({"put", "append", "add", "delete", "delete_range", "version", "reclaim"})
 READS = frozenset({"get", "scan"})
 MAX_KEYS = 100_000
 """Keys one operation may name."""
@@ -123,6 +125,10 @@ class KVOps:
                 for k, entry in pairs:
                     if len(entry) == 2:
                         check_value(k, entry[1])
+            elif name == "reclaim":
+                keys = check_reclaim_op(op)[0]
+                if len(keys) > MAX_KEYS:
+                    raise BadOperation(f"reclaim names more than {MAX_KEYS} keys")
             elif name in ("put", "append", "add"):
                 pairs = op[1]
                 if len(pairs) > MAX_KEYS or not all(len(p) == 2 for p in pairs):
@@ -236,7 +242,7 @@ class _Cursor:
         self._items = []
 
 
-_POINT_OPS = frozenset({"put", "add", "version", "delete", "get"})
+_POINT_OPS = frozenset({"put", "add", "version", "reclaim", "delete", "get"})
 """Operations on single keys whose cost per key is flat (:meth:`MemoryEngine.point_keys`)."""
 
 
@@ -367,6 +373,16 @@ class MemoryEngine(ReportsChanges):
         self._data.update(new)
         if self._changes is not None:
             self._changes.extend((key, "put", chain) for key, chain in new.values())
+
+    def _reclaim(self, op: Any, ranges: RangeSet) -> None:
+        keys, upto = check_reclaim_op(op)
+        for key in keys:
+            slot = self._slot(key)
+            old = self._data.get(slot) if inside(ranges, slot) else None
+            if old is not None and dead_by(old[1], upto):
+                del self._data[slot]
+                if self._changes is not None:
+                    self._changes.append((key, "delete", None))
 
     def _delete(self, op: Any, ranges: RangeSet) -> None:
         for key in op[1]:

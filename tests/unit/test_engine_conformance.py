@@ -639,3 +639,34 @@ def test_conformance_a_key_value_engine_merges_versions_as_the_reference_does(
     (result,) = e.apply([(bad, d.ops.part_fun(bad, e.placement).ranges)])
     assert isinstance(result, BadOperation) and "holds a str" in str(result), result
     assert dict(e.items()).get(3) == model.get(3)  # nothing of the refused op applied
+
+
+@pytest.mark.parametrize("driver", LOGGED, indirect=True)
+def test_conformance_a_key_value_engine_reclaims_only_chains_dead_by_the_position(
+    driver: Any,
+) -> None:
+    """The views' ``reclaim`` operation drops a key only when its chain's newest version
+    is an absence at or before the position named; a live row, a row absent only after
+    it, a plain value and a missing key stay as they are, and each drop is a change."""
+    d = driver
+    e = getattr(d, "_logged", None)
+    if e is None:
+        e = d._logged = d.engine()
+    e.delete(EVERYTHING)
+
+    def run(op: Any) -> tuple[Any, Any]:
+        (result,), (changes,) = e.apply_logged([(op, d.ops.part_fun(op, e.placement).ranges)])
+        return result, changes
+
+    chains = {1: [[3, "a"], [5]], 2: [[3, "a"], [9]], 3: [[3, "a"]], 4: [[5]], 5: [[4, "b"], [6]]}
+    for k, entries in chains.items():
+        assert run(("version", tuple((k, entry) for entry in entries), 0))[0] is None
+    run(("put", ((6, "plain"),)))
+    before = dict(e.items())
+    result, changes = run(("reclaim", (1, 2, 3, 4, 5, 6, 7), 6))
+    assert result is None, result
+    assert sorted(k for k, how, _ in changes if how == "delete") == [1, 4, 5]
+    assert dict(e.items()) == {k: v for k, v in before.items() if k not in (1, 4, 5)}
+    for bad in (("reclaim", (1,), -1), ("reclaim", 1, 5), ("reclaim", (1,))):
+        with pytest.raises(BadOperation):
+            d.ops.part_fun(bad, e.placement)
