@@ -13,7 +13,7 @@ from rubberband.changelog import feed_answer, revised_op
 from rubberband.engine import BadOperation
 from rubberband.keys import NOTHING, RangeSet, covers
 from rubberband.proto import Answer, Answers, H, Whole
-from rubberband.versions import is_version_op
+from rubberband.versions import is_version_op, too_old
 
 if TYPE_CHECKING:
     from rubberband.storage import StorageCore
@@ -76,13 +76,16 @@ class Apply:
             self._item(m, mine, t)
         items = self.items
         changed: Any = None
+        refused = self._refused()
         try:
             if core._wholes:
-                self._wholes()
+                self._wholes(refused)
             if core._positions:
                 ops: list[Any] = [(op, r, t) for _, op, r, _, _, t in items]
             else:
                 ops = [(op, r) for _, op, r, _, _, _ in items]
+            if refused:
+                ops = [op for j, op in enumerate(ops) if j not in refused]
             if core._logged:
                 results, changed = core.engine.apply_logged(ops)  # type: ignore[attr-defined]
             else:
@@ -90,6 +93,8 @@ class Apply:
         except Exception as e:
             core.stop(f"engine failed: {type(e).__name__}: {e}")
             return
+        if refused and len(results) == len(ops):
+            results, changed = _spliced(results, changed, refused, len(items))
         if len(results) != len(items) or (changed is not None and len(changed) != len(items)):
             core.stop("engine returned a wrong number of results")
             return
@@ -99,21 +104,37 @@ class Apply:
         for m, mine, t in self.feeds:
             self._feed(m, mine, t)
 
-    def _wholes(self) -> None:
+    def _refused(self) -> dict[int, BadOperation]:
+        """The version writes delivered too far behind the positions they hold, by item
+        index (:func:`~rubberband.versions.too_old`): refused whole, never applied, so
+        a stale maintainer cannot bring back a row its view dropped."""
+        out = {}
+        for j, (m, op, _, _, _, t) in enumerate(self.items):
+            if type(op) is tuple and op and op[0] == "version" and H.READS not in m.header:
+                why = too_old(op, t)
+                if why is not None:
+                    out[j] = BadOperation(why)
+        return out
+
+    def _wholes(self, refused: dict[int, BadOperation]) -> None:
         """Hand an engine that keeps them (``whole``) every write of each message that
         reaches beyond this replica's ranges: after a crash of the whole cluster, the
         replicas that missed the message are brought level from any one that has it,
-        all of it (a replica applies only its part of a write)."""
+        all of it (a replica applies only its part of a write; none that was refused)."""
         engine: Any = self.core.engine
+        skip = {(id(self.items[j][0]), self.items[j][4]) for j in refused}
         for m, mine, t in self.batch:
             h = m.header
             full = h.get(H.WRITES)
             if H.READS in h or full is None or covers(mine, full):
                 continue
             if H.COUNT not in h:
-                engine.whole(t, ((m.payload, full),))
+                if (id(m), -1) not in skip:
+                    engine.whole(t, ((m.payload, full),))
             elif (subs := unbundle(m)) is not None:
-                engine.whole(t, subs)
+                kept = [sub for i, sub in enumerate(subs) if (id(m), i) not in skip]
+                if kept:
+                    engine.whole(t, kept)
 
     def _record(self, changed: list[Any]) -> dict[int, Any]:
         """Log the batch's changes in position order, and look each revisions read's
@@ -226,3 +247,16 @@ class Apply:
                 core.send(m.sender, Whole(rid, t, tuple(answers)))
             elif answers or id(m) not in writes:
                 core.send(m.sender, Answers(rid, t, True, tuple(answers)))
+
+
+def _spliced(
+    results: list[Any], changed: Any, refused: dict[int, BadOperation], n: int
+) -> tuple[list[Any], Any]:
+    """The engine's ``results`` (and ``changed``) of the items it ran, with the
+    ``refused`` ones' refusals (and no changes) put back in their places among ``n``."""
+    done = iter(results)
+    out = [refused[j] if j in refused else next(done) for j in range(n)]
+    if changed is None:
+        return out, None
+    made = iter(changed)
+    return out, [() if j in refused else next(made) for j in range(n)]

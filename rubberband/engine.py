@@ -20,6 +20,8 @@ worker thread, never two at once, and must behave as if it ran them one after an
 * ``("version", ...)`` (key-value engines that hold views): merge version entries into
   version chains with :func:`merge` (:mod:`rubberband.versions`); and ``("reclaim",
   keys, upto)``: drop each key whose chain :func:`dead_by` says is dead by ``upto``.
+  The storage process refuses, before the engine sees it, a version write delivered
+  too far behind the positions it holds (:func:`rubberband.versions.too_old`).
 * ``positions = True`` (optional): ``apply`` and ``apply_logged`` get ``(op, ranges,
   t)`` items, ``t`` the position in the total order of the delivery that carried the
   operation (-1 for a read answered outside the order, a basic read).  A durable engine

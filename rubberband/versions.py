@@ -10,7 +10,7 @@ changed it, and a floor below which the chain no longer answers::
 An engine that holds views implements the ``version`` operation with :func:`merge` (the
 memory and Memcached engines do); it merges entries into chains:
 
-    ("version", ((key, [position, value] | [position]), ...), floor)
+    ("version", ((key, [position, value] | [position]), ...), floor[, low])
 
 Merging is idempotent and order-free: an entry at a position the chain already has is
 the same entry (a view's rows at a base position are a function of the base history, so
@@ -21,6 +21,26 @@ still running beside its replacement, can never corrupt a chain, only repeat it.
 Raising the floor drops the versions no reader can ask for any more: every version
 below the floor except the newest one at or below it (the value *at* the floor).  A
 chain also raises its own floor to keep at most :data:`MAX_ENTRIES` versions.
+
+**Reclaiming.** A row that left its view keeps its chain, ending in an absence; a view
+over a field that keeps changing would keep one for every (field, key) pair there ever
+was.  ``("reclaim", keys, upto)`` drops the keys whose chain has been absent since
+``upto`` or before (:func:`dead_by`).  Two rules make the drop safe (``docs/views.md``,
+"Reclaiming dead rows"):
+
+* *Readers never look below it*: its maintainer names an ``upto`` no higher than a floor
+  it has published, stable, and readers take the floor of a view's progress key as the
+  highest floor any maintainer wrote to it (the chain's own floor, which only rises),
+  so no stale maintainer can lower it again.
+* *No writer brings it back*: a stale maintainer (paused, partitioned) could write a
+  version from before the absence into the dropped key, and the row would be back.  So
+  a storage process refuses, whole, a ``version`` write that holds a position more than
+  :data:`WINDOW` below the position at which it is delivered (:func:`too_old`), and the
+  maintainer names an ``upto`` at least ``WINDOW`` below a progress it has written.  A
+  version that could bring a dropped row back is older than that, so refused.  ``low``
+  is the oldest position among the maintainer's writes not yet known applied, this one
+  included: a write refused leaves every later one of the same maintainer refused too,
+  so no progress is ever taken without its rows.
 """
 
 from __future__ import annotations
@@ -29,7 +49,13 @@ from bisect import bisect_right
 from operator import itemgetter
 from typing import Any
 
+from ecast.core import mutations
 from rubberband.errors import BadOperation
+
+STALE_VERSIONS_TAKEN = mutations.declare(
+    "stale_versions_taken", "storage",
+    "a version write delivered far behind the positions it holds is applied, not refused",
+)  # fmt: skip
 
 MAX_ENTRIES = 1_000
 """Versions one chain keeps at most: beyond, its floor rises to its 1,000th newest (as
@@ -40,10 +66,19 @@ recent positions only."""
 
 _POSITION = itemgetter(0)
 
+WINDOW = 1 << 23
+"""Positions a ``version`` write may lag behind the position it is delivered at: older,
+it is refused (:func:`too_old`).  8,388,608 messages: about five minutes at 30,000
+messages a second, hours at a light load.  A maintainer that far behind starts over from
+a new snapshot (its feed would be compacted first at the default retention); a view's
+start must write its rows within it (a backfill of ten million rows at 50,000 rows a
+second does, beside 30,000 other messages a second).  Dead rows are dropped only this
+far behind their maintainer's progress, so it also bounds how long they stay."""
+
 
 def is_version_op(op: Any) -> bool:
     """Is ``op`` a write of a view's rows (``version`` or ``reclaim``)?"""
-    return type(op) is tuple and len(op) == 3 and op[0] in _ROWS_OPS
+    return type(op) is tuple and len(op) in (3, 4) and op[0] in _ROWS_OPS
 
 
 _ROWS_OPS = frozenset({"version", "reclaim"})
@@ -72,8 +107,10 @@ def dead_by(chain: Any, upto: int) -> bool:
 
 def check_version_op(op: Any) -> tuple[list[tuple[Any, list[Any]]], int]:
     """A ``version`` operation's (key, entry) pairs and floor, or :class:`BadOperation`."""
-    if len(op) != 3 or type(op[2]) is not int or op[2] < 0:
+    if len(op) not in (3, 4) or type(op[2]) is not int or op[2] < 0:
         raise BadOperation("version takes (key, entry) pairs and a floor position (an int >= 0)")
+    if len(op) == 4 and (type(op[3]) is not int or op[3] < 0):
+        raise BadOperation("a version's low position is an int >= 0")
     pairs = []
     for pair in op[1]:
         if type(pair) not in (list, tuple) or len(pair) != 2:
@@ -87,6 +124,25 @@ def check_version_op(op: Any) -> tuple[list[tuple[Any, list[Any]]], int]:
             raise BadOperation(f"a version's position is an int >= 0, not {entry[0]!r:.40}")
         pairs.append((key, list(entry)))
     return pairs, op[2]
+
+
+def too_old(op: Any, t: int) -> str | None:
+    """Why a storage process refuses ``op``, a ``version`` write delivered at position
+    ``t``, or None: a position in it (or its ``low``) more than :data:`WINDOW` below
+    ``t``.  A malformed op is left to the engine, which refuses it as such."""
+    try:
+        low = min(entry[0] for _key, entry in op[1])
+        if len(op) == 4:
+            low = min(low, op[3])
+        if low < t - WINDOW and not mutations.on(STALE_VERSIONS_TAKEN):
+            return (
+                f"version write holds position {low}, more than {WINDOW:,} positions "
+                f"below {t}, where it was delivered: its maintainer is too far behind "
+                "(it starts over from a new snapshot)"
+            )
+    except (TypeError, ValueError, LookupError):
+        return None
+    return None
 
 
 def is_chain(value: Any) -> bool:

@@ -48,6 +48,39 @@ def grown(n: int, f: int = 3, seed: int = 0, keys: int = 0) -> Model:
     return m
 
 
+def test_a_version_write_far_behind_its_delivery_is_refused_alike_by_every_replica() -> None:
+    """A stale maintainer's versions, delivered more than the window below the
+    positions they hold, are refused whole at every replica (nothing of them applied),
+    so a row its view dropped cannot come back; recent ones are applied."""
+    from unittest.mock import patch
+
+    from rubberband import versions
+
+    m = grown(4)
+    with patch.object(versions, "WINDOW", 5):
+        for k in range(10):
+            m.write(("put", ((k, k),)))
+        old, now = ("~view", "v", 1), ("~view", "v", 2)
+        stale = ("version", ((old, [m.t - 8, "row"]), (now, [m.t, "row"])), 0)
+        mid, dests = m.send(
+            "client:c", {H.WRITES: m.ops.part_fun(stale, m.placement).ranges}, stale
+        )
+        m.settle()
+        errors = m.results[mid]
+        assert len(errors) == len(dests) == 3
+        assert all("more than 5 positions below" in e[3] for e in errors), errors
+        low = ("version", ((now, [m.t, "row"]),), 0, m.t - 8)  # its oldest write in flight
+        where = {H.WRITES: m.ops.part_fun(low, m.placement).ranges}
+        mid, dests = m.send("client:c", where, low)
+        m.settle()
+        assert len(m.results[mid]) == 3
+        fresh = ("version", ((now, [m.t, "row"]),), 0, m.t - 2)
+        m.write(fresh)
+        m.settle()
+    held = [dict(c.engine.items()) for c in m.storage.values()]  # type: ignore[attr-defined]
+    assert sum(now in h for h in held) == 3 and not any(old in h for h in held)
+
+
 def test_storage_names_are_checked() -> None:
     with pytest.raises(ValueError, match="storage:"):
         StorageCore("client:x", MemoryEngine())
