@@ -309,6 +309,7 @@ METRICS = (
     ("rows", "gauge", "rows the view holds"),
     ("events", "counter", "base writes applied since the maintainer started"),
     ("versions", "counter", "row versions written"),
+    ("reclaimed", "counter", "rows that left the view, sent to be dropped"),
     ("starts", "counter", "starts from a snapshot (the first, and each start over)"),
     ("failures", "counter", "steps that failed (a start over follows)"),
     ("halted", "gauge", "1: the view stopped at its position (why: /health)"),

@@ -335,6 +335,15 @@ def progress_keys(name: str, part: int | None = None) -> tuple[Any, Any]:
     return (VIEW, name + "\x00", part, 0), (VIEW, name + "\x00", part, 1)
 
 
+def reclaim_key(name: str) -> tuple[str, str, int]:
+    """The view's reclaim floor: the floor of its chain is the highest position below
+    which a maintainer may have dropped dead rows (:mod:`rubberband.versions`,
+    "Reclaiming"); every reader takes it as a floor of the view.  A chain's floor only
+    rises, so no stale maintainer can lower it.  Just past the stable progress, before
+    the other parts' progress."""
+    return (VIEW, name + "\x00", -1)
+
+
 def keys_end(name: str) -> tuple[str, str]:
     """Past every key of the view: its rows and every part's progress."""
     return (VIEW, name + "\x01")

@@ -23,6 +23,14 @@ and no longer does is written absent at ``S``, and the view's floor rises to ``S
 Version merging is idempotent, so a maintainer that restarts repeats nothing harmful,
 and a stale one still running beside its replacement writes only versions the
 replacement writes too.
+
+A row that leaves the view keeps its chain, ending in its absence, until its maintainer
+drops it (:mod:`rubberband.versions`, "Reclaiming"): once a progress ``W`` of its own,
+with floor ``F``, is stable, it writes the view's reclaim floor ``U = min(F, W -
+WINDOW)`` (:func:`~rubberband.views.define.reclaim_key`), and once that is stable, drops
+the rows it wrote absent at ``U`` or before.  Its writes carry the oldest position among
+those not yet known applied, so a storage process that refuses one as too old refuses
+every later one too.
 """
 
 from __future__ import annotations
@@ -36,10 +44,11 @@ from typing import Any
 import msgpack
 
 from ecast.core import mutations
+from rubberband import versions
 from rubberband.changelog import Event
 from rubberband.keys import EKey, encode_key
 from rubberband.views.compute import ABSENT, Rows, base_change, in_source
-from rubberband.views.define import ViewDef, meta_key, progress_keys, row_key
+from rubberband.views.define import ViewDef, meta_key, progress_keys, reclaim_key, row_key
 
 PROGRESS_WITH_ROWS = mutations.declare(
     "progress_with_rows", "views",
@@ -77,6 +86,8 @@ class Figures:
     rows: int = 0
     events: int = 0
     versions: int = 0
+    reclaimed: int = 0
+    """Rows that left the view, sent to be dropped (module docstring)."""
     starts: int = 0
     """Times it started from a snapshot (the first, and each start over)."""
     failures: int = 0
@@ -131,6 +142,16 @@ class Maintainer:
         """Why the view stopped, if it did: a row it must write is over
         :data:`ROW_BYTES`.  It writes nothing more: read as of its progress, it stays
         exact; the rows after it are never written in part."""
+        self.written_floor = 0
+        """The floor its last writes said (:attr:`floor` may have risen since)."""
+        self.dead: deque[tuple[int, Any]] = deque()
+        """``(position, row key)`` of each row it wrote absent, in position order."""
+        self.reclaimed = 0
+        """Dead rows it has asked to drop."""
+        self._sent: deque[tuple[int, int]] = deque()  # (W, oldest) of writes not yet applied
+        self._upto = -1  # the reclaim floor written and stable: dead rows at or below go
+        self._want = -1  # the reclaim floor its stable progress allows
+        self._floor_sent: tuple[int, int] | None = None  # (U, W) of its write not yet applied
 
     # ------------------------------------------------------------------ inputs
     def start(
@@ -165,6 +186,16 @@ class Maintainer:
         self._pending[side].extend(events)
         return self._advance(now)
 
+    def published(self, position: int, floor: int) -> None:
+        """Its progress ``position`` with ``floor`` is stable: every write it made up to
+        there was applied.  Moves the dead rows it may drop (module docstring)."""
+        while self._sent and self._sent[0][0] <= position:
+            self._sent.popleft()
+        if self._floor_sent is not None and self._floor_sent[1] <= position:
+            self._upto = max(self._upto, self._floor_sent[0])
+            self._floor_sent = None
+        self._want = max(self._want, min(floor, position - versions.WINDOW))
+
     # ------------------------------------------------------------------ internals
     def _advance(self, now: float) -> list[Any]:
         if self.stopped:
@@ -191,6 +222,7 @@ class Maintainer:
             self.position = horizon
         elif not entries:
             return []
+        self.dead.extend((entry[0], key) for key, entry in entries if len(entry) == 1)
         try:
             writes = self._writes(entries)
         except RowTooLarge as e:
@@ -262,8 +294,29 @@ class Maintainer:
         ordered, stable = progress_keys(self.view.name, self._part)
         entry = [self.position, said]
         progress = ((ordered, entry), (stable, entry))
-        return [*(("version", tuple(part), floor) for part in _parts(entries)),
-                ("version", progress, floor)]  # fmt: skip
+        parts = _parts(entries)
+        self.written_floor = floor
+        self._sent.append((self.position, min((e[0] for _, e in entries), default=self.position)))
+        low = min(oldest for _, oldest in self._sent)
+        rows = [("version", tuple(part), floor, low) for part in parts]
+        # (with rows only: :meth:`in_order` adds the ordered progress to the last row write)
+        return [*(self._reclaims(low) if rows else ()), *rows, ("version", progress, floor, low)]
+
+    def _reclaims(self, low: int) -> list[Any]:
+        """The drops of the dead rows at or below the stable reclaim floor, and the
+        write of a higher one if its stable progress allows it (module docstring)."""
+        out: list[Any] = []
+        dead, keys = self.dead, []
+        while dead and dead[0][0] <= self._upto:
+            keys.append(dead.popleft()[1])
+        for i in range(0, len(keys), BATCH_KEYS):
+            out.append(("reclaim", tuple(keys[i : i + BATCH_KEYS]), self._upto))
+        self.reclaimed += len(keys)
+        if self._floor_sent is None and self._want > self._upto:
+            self._floor_sent = (self._want, self.position)
+            out.append(("version", ((reclaim_key(self.view.name), [self.position]),),
+                        self._want, low))  # fmt: skip
+        return out
 
     @staticmethod
     def in_order(writes: list[Any]) -> tuple[tuple[Any, ...], Any]:
@@ -280,8 +333,8 @@ class Maintainer:
         last = (*rows[-1][1], ordered) if rows else (ordered,)
         if mutations.on(PROGRESS_WITH_ROWS):
             last = (*last, stable)
-        ops = (*rows[:-1], ("version", last, progress[2]))
-        return ops, ("version", (stable,), progress[2])
+        ops = (*rows[:-1], ("version", last, *progress[2:]))
+        return ops, ("version", (stable,), *progress[2:])
 
 
 def _parts(entries: list[tuple[Any, list[Any]]]) -> list[list[tuple[Any, list[Any]]]]:

@@ -19,6 +19,7 @@ from rubberband.views.define import (
     meta_key,
     part_of,
     progress_keys,
+    reclaim_key,
     rows_bounds,
     stored_key,
 )
@@ -101,13 +102,13 @@ def _read(
             # version up to the progress (one read of both could take the progress from
             # a replica asked later than a row's, a retry's answer, and be older).
             keys = [progress_keys(name, i)[1] for i in needed]
-            progress, now = yield Read(("get", tuple(keys)), "basic")
+            progress, now = yield Read(("get", (*keys, reclaim_key(name))), "basic")
             got, now = yield Read(op, "basic", within)
             chains = _rows_only(name, dict(got))  # a get's {key: chain}, a scan's pairs
             metas = dict(progress)
         else:
             keys = [progress_keys(name, i)[0] for i in needed]
-            wide, where = _with(name, op, within, keys, parts)
+            wide, where = _with(name, op, within, [*keys, reclaim_key(name)])
             got, now = yield Read(wide, "snapshot", where)  # every ordered level
             metas = dict(got)
             chains = _rows_only(name, metas)
@@ -119,6 +120,8 @@ def _read(
         said = combined_progress(needed, [metas.get(k) for k in keys])
         if said is not None:
             reached, floor, starts, _parts = said
+            dropped = metas.get(reclaim_key(name))  # dead rows dropped below its floor
+            floor = max(floor, dropped[0]) if dropped else floor
             at = target if level == "sequential" else reached
             # A part that started over past another part's progress: its floor is
             # above the position they have all reached; wait for the others (at a
@@ -155,13 +158,11 @@ def _needed(name: str, op: Any, within: Any, parts: tuple[Any, ...]) -> list[int
                   if overlaps(asked, ((bounds[i], bounds[i + 1]),))]  # fmt: skip
 
 
-def _with(name: str, op: Any, within: Any, keys: list[Any], parts: tuple[Any, ...]) -> Any:
+def _with(name: str, op: Any, within: Any, keys: list[Any]) -> Any:
     """``op`` (and ``within``) reading the progress ``keys`` too, as one read."""
     if op[0] == "get":
         rows = [k for k in op[1] if k != keys[0]]
         return ("get", (*keys, *rows)), within
-    if not parts:
-        return op, within
     wider = ("scan", op[1], keys_end(name), *op[3:])
     if within is None:
         return wider, None

@@ -432,15 +432,17 @@ class Progress(NamedTuple):
     versions: int
     asked: float
     maintainer: Maintainer
+    reclaimed: int = 0
 
 
 def _progress(m: Maintainer, asked: float) -> Progress:
-    return Progress(unit_name(m.view), m.position, m.floor, len(m.rows.rows), m.events, m.versions,
-                    asked, m)  # fmt: skip
+    return Progress(unit_name(m.view), m.position, m.written_floor, len(m.rows.rows), m.events,
+                    m.versions, asked, m, m.reclaimed)  # fmt: skip
 
 
 def _publish(group: Group, made: list[tuple[Any, Progress]], now: float) -> None:
     for _op, p in made:
+        p.maintainer.published(p.position, p.floor)
         figures = group.figures.get(p.name)
         if figures is not None:  # else the view left its group meanwhile
             _set(figures, p, now)
@@ -448,21 +450,25 @@ def _publish(group: Group, made: list[tuple[Any, Progress]], now: float) -> None
 
 def _set(figures: Figures, p: Progress, now: float) -> None:
     figures.position, figures.floor, figures.rows = p.position, p.floor, p.rows
-    figures.events, figures.versions = p.events, p.versions
+    figures.events, figures.versions, figures.reclaimed = p.events, p.versions, p.reclaimed
     figures.published_at, figures.fresh_as_of = now, p.asked
 
 
 def _by_depth(views: dict[str, ViewDef]) -> list[tuple[str, ViewDef]]:
-    """``views`` with every view after the one it is defined over (if in the group)."""
+    """``views`` with every view after the one it is defined over (if in the group),
+    and right after it: a view over another starts from its rows at its position, and
+    writes them as versions there, so it starts before another view's backfill takes
+    the order far past that position (a version write too far behind is refused:
+    :data:`rubberband.versions.WINDOW`)."""
 
-    def depth(view: ViewDef) -> int:
-        seen = {view.name}
-        while view.over is not None and view.over in views and view.over not in seen:
-            seen.add(view.over)
+    def path(view: ViewDef) -> list[str]:
+        names = [view.name]
+        while view.over is not None and view.over in views and view.over not in names:
             view = views[view.over]
-        return len(seen)
+            names.insert(0, view.name)
+        return names
 
-    return sorted(list(views.items()), key=lambda nv: depth(nv[1]))
+    return sorted(list(views.items()), key=lambda nv: path(nv[1]))
 
 
 def _forget(group: Group, members: dict[str, Maintainer], writes: dict[str, Any]) -> None:

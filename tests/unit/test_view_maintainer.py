@@ -78,7 +78,7 @@ def test_a_paged_snapshot_starts_the_view_exact_at_every_later_position(
     versions: dict[Any, list[Any]] = {}
 
     def take(writes_out: list[Any]) -> None:
-        for _name, entries, _floor in writes_out:
+        for _name, entries, *_ in writes_out:
             for key, entry in entries:
                 if key not in (meta_key(VIEW.name), stable_key(VIEW.name)):  # not a row
                     versions.setdefault(encode_key(key[2]), []).append((key, entry))

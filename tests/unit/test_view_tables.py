@@ -92,7 +92,7 @@ def test_a_table_view_is_exact_at_every_position_from_one_select_and_the_rows_fe
     versions: dict[Any, list[Any]] = {}
 
     def take(out: list[Any]) -> None:
-        for _name, entries, _floor in out:
+        for _name, entries, *_ in out:
             for k, entry in entries:
                 if k not in (meta_key(view.name), stable_key(view.name)):
                     versions.setdefault(encode_key(k[2]), []).append(entry)
@@ -203,7 +203,7 @@ def test_a_table_backfills_in_pages_each_at_its_own_position(
             answer(request.write)
             return answer(request.read)
         if type(request) is Write:
-            for _op, entries, _floor in request.ops:
+            for _op, entries, *_ in request.ops:
                 for key, entry in entries:
                     written.setdefault(key, []).append(entry)
             return None
