@@ -9,7 +9,7 @@ import sys
 from rubberband.sim import MUTATIONS, RB_FAULTS, SCENARIOS, RbRunConfig, run_rubberband
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m rubberband.sim", description=__doc__)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--routers", type=int, default=3)
@@ -48,8 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--feed", action="store_true", help="a client follows the change feed too")
     ap.add_argument("--views", action="store_true",
                     help="views kept by maintainers, read at every level")  # fmt: skip
+    ap.add_argument("--churn", action="store_true",
+                    help="with --views: rows leave the views, maintainers drop them")  # fmt: skip
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     faults = tuple(f for f in args.faults.split(",") if f)
     unknown = [f for f in faults if f not in RB_FAULTS]
     if unknown:
@@ -74,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         codec=args.codec,
         feed=args.feed,
         views=args.views,
+        churn=args.churn,
     )
     if args.mutation:
         import os

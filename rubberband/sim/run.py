@@ -54,6 +54,7 @@ from rubberband.sim.views import (
     MAINTAINERS,
     READER,
     ViewProcess,
+    dropping,
     views_after_healing,
 )
 from rubberband.sim.workload import KEYS, Client, Op, key_of
@@ -132,6 +133,10 @@ class RbRunConfig(GroupRunConfig):
     (one crashed and a third started mid-run), read at every level by one more client
     and checked against the base at each read's position; implies ``feed`` (the base's
     history) and holds every write until the feed has started."""
+    churn: bool = False
+    """With ``views``: the bulky puts go to a few keys of the views' base, each with a
+    random ``g``, so rows leave the views all along, and maintainers drop them at the
+    simulator's scale (:func:`rubberband.sim.views.dropping`)."""
     mutation: str | None = None
     router: RouterParams = field(default_factory=RouterParams)
     endpoint: EndpointParams = field(default_factory=EndpointParams)
@@ -451,7 +456,10 @@ class RubberbandRun(Nemesis, EcastGroupRun):
         )
 
     def run(self) -> RbRunResult:
-        with mutations.planted({self.cfg.mutation} if self.cfg.mutation else ()):
+        with (
+            mutations.planted({self.cfg.mutation} if self.cfg.mutation else ()),
+            dropping(self.cfg.churn),
+        ):
             return self._run()
 
     def _run(self) -> RbRunResult:

@@ -11,11 +11,13 @@ read must equal the view recomputed there (:func:`rubberband.checkers.views.chec
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ecast import NodeId
+from rubberband import versions
 from rubberband.checkers.views import ViewRead, check_view_reads
 from rubberband.client import ReadDone, WriteDone
 from rubberband.errors import RubberbandError
@@ -103,6 +105,25 @@ join value) and the bulky puts (``{"g": 0..4, ...}``: index entries, sums, extre
 join pairs); and a chain of views over views (rows, then its rows grouped by ``g``, then
 the groups of two rows or more)."""
 BY_NAME = {v.name: v for v in VIEWS}
+
+
+CHURN_WINDOW = 1_000
+"""The window (:data:`rubberband.versions.WINDOW`) under ``churn``: a run orders a few
+thousand messages, a maintainer's writes are known applied within a few hundred."""
+
+
+@contextlib.contextmanager
+def dropping(on: bool) -> Iterator[None]:
+    """Within, if ``on``, maintainers drop the rows that left their views at the
+    simulator's scale: version writes are refused, and dead rows dropped, at
+    :data:`CHURN_WINDOW` positions (the daemons': millions)."""
+    kept = versions.WINDOW
+    try:
+        if on:
+            versions.WINDOW = CHURN_WINDOW
+        yield
+    finally:
+        versions.WINDOW = kept
 
 
 def beneath(view: ViewDef) -> list[ViewDef]:

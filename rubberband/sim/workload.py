@@ -100,10 +100,11 @@ class Client:
             # Load bulky data first, so that migrations take a while (and have a middle
             # to crash in); these puts are not part of the list-append history.
             self.bulk_left -= 1
-            k = rng.randrange(10_000)
+            k = 3_001 + 160 * rng.randrange(24) if run.cfg.churn else rng.randrange(10_000)
             if k % (10_000 // KEYS) == 37:
                 k += 1  # never a list-append key
-            value: Any = {"g": k % 5, "pad": "x" * 110} if run.cfg.views else "x" * 120
+            g = rng.randrange(5) if run.cfg.churn else k % 5  # churn: rows leave the views
+            value: Any = {"g": g, "pad": "x" * 110} if run.cfg.views else "x" * 120
             self._start(Op("put", k, value), now)
             return
         if not run.may_issue():
