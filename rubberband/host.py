@@ -27,6 +27,7 @@ import msgpack
 
 from ecast import Client, Effects, MessageTooLarge, NodeId, daemon_kit
 from rubberband.driver import carry_out
+from rubberband.inline import LoopGate
 from rubberband.outputs import Submit
 from rubberband.proto import Answer, Answers, BasicRead, Left, Ping, Whole
 from rubberband.storage import StorageCore, short_batches
@@ -298,17 +299,6 @@ class _Host:
                 await t
 
 
-SLOW_INLINE = 0.02
-"""Seconds of CPU a batch may take on the loop before the next ones go to the engine
-thread.  CPU, not wall time: on a machine with more busy processes than cores a short
-step took 20-35 ms of wall time when the process was preempted mid-way, a few times a
-minute, and each sent every step to the thread for ``INLINE_BACKOFF`` (with a view at
-4,000 writes/s, two thirds of a storage process's busy time was on the thread and an
-eighth of it in handing results back to the loop)."""
-INLINE_BACKOFF = 10.0
-"""Seconds the engine thread then takes every batch, before the loop tries again."""
-
-
 class StorageHost(_Host):
     """Runs a :class:`StorageCore` under an E-Cast client that joined as ``storage:...``."""
 
@@ -436,20 +426,19 @@ class StorageHost(_Host):
         # their CPU a write (6,000 writes/s, docs/benchmarks.md); scans and the rest
         # keep the thread.
         points = not durable and getattr(self.core.engine, "inline_points", False) is True
-        thread_until = 0.0  # after a slow step on the loop, the thread's turn for a while
+        gate = LoopGate(loop.time)  # after a slow step on the loop, the thread's turn
         while self.stopped is None:
             items = await self._batch()
             async with self._busy:
-                if inline or (
+                if inline:
+                    fx = self._step(items)
+                elif (
                     points
-                    and loop.time() >= thread_until
+                    and gate.open()
                     and all(i[0] == DELIVERIES for i in items)
                     and short_batches(self.core, [i[1] for i in items])
                 ):
-                    started = time.thread_time()
-                    fx = self._step(items)
-                    if not inline and time.thread_time() - started > SLOW_INLINE:
-                        thread_until = loop.time() + INLINE_BACKOFF
+                    fx = gate.run(self._step, items)
                 else:
                     fx = await loop.run_in_executor(self._pool, self._step, items)
             if durable and self.stopped is None:

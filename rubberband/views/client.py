@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 from rubberband.changelog import Changes
 from rubberband.errors import BadOperation, RubberbandError
+from rubberband.inline import LoopGate
 from rubberband.keys import encode_key, normalize, point
 from rubberband.views.define import (
     CATALOG,
@@ -184,10 +185,6 @@ def _advance(steps: Steps, reply: Any, error: BaseException | None) -> Any:
 
 SHORT_PAGE = 256
 """Changes a feed page may hold for the step after it to run on the event loop."""
-SLOW_STEP = 0.02
-"""Seconds of CPU a step may take on the loop before the next ones go to the thread."""
-THREAD_FOR = 10.0
-"""Seconds the thread then takes every step, before the loop tries again."""
 
 
 async def drive(
@@ -199,8 +196,8 @@ async def drive(
     million rows: 20 s) never holds the event loop, whose client heartbeats would stop
     and the routers take the client for dead.  Long: the step after a snapshot's or a
     table's page (a start computes the view from them) or after a feed page of more
-    than :data:`SHORT_PAGE` changes, and every step for :data:`THREAD_FOR` after one
-    on the loop took more than :data:`SLOW_STEP` of CPU.  The rest, a page of a few
+    than :data:`SHORT_PAGE` changes, and every step for a while after one on the loop
+    used too much CPU (:class:`~rubberband.inline.LoopGate`).  The rest, a page of a few
     dozen changes, run on the loop: each hop to the thread and back cost a maintainer
     about a tenth of its CPU and a wake-up of each side per page."""
     loop = asyncio.get_running_loop()
@@ -208,15 +205,14 @@ async def drive(
     error: BaseException | None = None
     flight: asyncio.Task[None] | None = None  # the last Pipe's write (see Pipe)
     request: Any = None
-    thread_until = 0.0
+    gate = LoopGate(loop.time)
     while stop is None or not stop.is_set():
-        if threaded and (loop.time() < thread_until or _long(request, reply)):
+        if threaded and (not gate.open() or _long(request, reply)):
             request = await asyncio.to_thread(_advance, steps, reply, error)
+        elif threaded:
+            request = gate.run(_advance, steps, reply, error)
         else:
-            started = time.thread_time()
             request = _advance(steps, reply, error)
-            if threaded and time.thread_time() - started > SLOW_STEP:
-                thread_until = loop.time() + THREAD_FOR
         if type(request) is _Done:
             return request.value
         error = None

@@ -723,11 +723,12 @@ async def test_a_maintainers_short_steps_run_on_the_loop_and_long_ones_on_the_th
     """The driver runs a maintainer's step on the event loop after a feed page of a few
     changes (a hop to the thread and back cost about a tenth of its CPU), on the thread
     after a snapshot's page or a long feed page, and every step on the thread for a
-    while after one on the loop used more than ``SLOW_STEP`` of CPU."""
+    while after one on the loop used more than ``inline.SLOW`` of CPU."""
     import threading
     import time
     from types import SimpleNamespace
 
+    from rubberband import inline
     from rubberband.changelog import Changes
     from rubberband.views import client as views_client
 
@@ -752,7 +753,7 @@ async def test_a_maintainers_short_steps_run_on_the_loop_and_long_ones_on_the_th
         where.append(threading.get_ident() == loop_thread)
         yield feed  # a short page: this step works past the limit, on the loop
         where.append(threading.get_ident() == loop_thread)
-        end = time.thread_time() + 1.5 * views_client.SLOW_STEP
+        end = time.thread_time() + 1.5 * inline.SLOW
         while time.thread_time() < end:
             pass
         yield feed  # a short page, after a slow step
