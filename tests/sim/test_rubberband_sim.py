@@ -232,6 +232,7 @@ ELSEWHERE = {
     "trust_any_answer": "tests/unit/test_rubberband_client.py (no simulated process lies)",
     "history_twice": "tests/unit/test_changes.py (a repair's copy into a range already logged)",
     "progress_with_rows": "tests/unit/test_view_steps.py (the order of a maintainer's writes)",
+    "stale_versions_taken": "tests/unit/test_view_steps.py (a stale maintainer's late write)",
     **{m: "bundled schedules (above)" for m in BUNDLED},
 }
 
