@@ -909,3 +909,21 @@ def test_a_stale_maintainers_late_write_never_brings_a_dropped_row_back() -> Non
             c, back = _stale_run(seed)
             caught += back > 0 and not exact(c)
     assert caught, "the planted stale_versions_taken went unnoticed"
+
+
+def test_an_any_read_whose_rows_came_long_after_its_progress_reads_again() -> None:
+    """Rows read more than ``ANY_WITHIN`` after the progress and the reclaim floor may
+    miss a row dropped meanwhile (a row live at that progress): the read starts over
+    instead of answering."""
+    from rubberband.views.reads import ANY_WITHIN, read_steps
+
+    def rows_after(seconds: float) -> Any:
+        steps = read_steps("by_g", ("scan", "lo", "hi"), None, "any", 0.0, 60.0)
+        next(steps)
+        steps.send(({stable_key("by_g"): [0, [7, 0]]}, 1.0))
+        return steps.send(([(("~view", "by_g", (1, 2)), [0, [5, "row"]])], 1.0 + seconds))
+
+    assert type(rows_after(ANY_WITHIN + 1)) is Sleep
+    with pytest.raises(StopIteration) as done:
+        rows_after(ANY_WITHIN - 1)
+    assert done.value.value == ([((1, 2), "row")], 7)
