@@ -26,8 +26,7 @@ from typing import Any, TypeVar
 import msgpack
 
 from ecast import Client, Effects, MessageTooLarge, NodeId, daemon_kit
-from rubberband.driver import carry_out
-from rubberband.inline import LoopGate
+from rubberband.driver import LoopGate, carry_out
 from rubberband.outputs import Submit
 from rubberband.proto import Answer, Answers, BasicRead, Left, Ping, Whole
 from rubberband.storage import StorageCore, short_batches

@@ -25,8 +25,8 @@ from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from rubberband.changelog import Changes
+from rubberband.driver import LoopGate
 from rubberband.errors import BadOperation, RubberbandError
-from rubberband.inline import LoopGate
 from rubberband.keys import encode_key, normalize, point
 from rubberband.views.define import (
     CATALOG,
@@ -197,7 +197,7 @@ async def drive(
     and the routers take the client for dead.  Long: the step after a snapshot's or a
     table's page (a start computes the view from them) or after a feed page of more
     than :data:`SHORT_PAGE` changes, and every step for a while after one on the loop
-    used too much CPU (:class:`~rubberband.inline.LoopGate`).  The rest, a page of a few
+    used too much CPU (:class:`~rubberband.driver.LoopGate`).  The rest, a page of a few
     dozen changes, run on the loop: each hop to the thread and back cost a maintainer
     about a tenth of its CPU and a wake-up of each side per page."""
     loop = asyncio.get_running_loop()

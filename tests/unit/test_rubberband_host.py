@@ -180,8 +180,8 @@ async def test_a_loop_that_fails_stops_the_process_instead_of_leaving_it_half_al
 async def test_a_step_that_waited_on_the_loop_keeps_the_loop_and_one_that_worked_does_not(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """After a step that took more than ``inline.SLOW`` on the loop, the engine thread
-    takes the steps for ``inline.BACKOFF``: judged by the CPU the step used, not the wall
+    """After a step that took more than ``driver.SLOW`` on the loop, the engine thread
+    takes the steps for ``driver.BACKOFF``: judged by the CPU the step used, not the wall
     time it took.  On a machine with more busy processes than cores a short step
     preempted mid-way took 20-35 ms, and each such step sent a storage process's steps
     to the thread, paying the hop, for ten seconds."""
@@ -189,8 +189,8 @@ async def test_a_step_that_waited_on_the_loop_keeps_the_loop_and_one_that_worked
     import time
 
     from ecast import Effects
+    from rubberband import driver
     from rubberband import host as host_module
-    from rubberband import inline
 
     worked = threading.Event()
 
@@ -211,9 +211,9 @@ async def test_a_step_that_waited_on_the_loop_keeps_the_loop_and_one_that_worked
         ids = [d.i for item in items for d in item[1]]
         steps.append((ids, threading.get_ident() == loop_thread))
         if 2 in ids:  # waits (no CPU) three times the limit, as a preempted process does
-            time.sleep(3 * inline.SLOW)
+            time.sleep(3 * driver.SLOW)
         if 6 in ids:  # works past the limit
-            end = time.thread_time() + 1.5 * inline.SLOW
+            end = time.thread_time() + 1.5 * driver.SLOW
             while time.thread_time() < end:
                 pass
             worked.set()
