@@ -148,7 +148,7 @@ class Maintainer:
         """``(position, row key)`` of each row it wrote absent, in position order."""
         self.reclaimed = 0
         """Dead rows it has asked to drop."""
-        self._sent: deque[tuple[int, int]] = deque()  # (W, oldest) of writes not yet applied
+        self._sent: deque[tuple[int, int]] = deque()  # (W, low) of writes not yet applied
         self._upto = -1  # the reclaim floor written and stable: dead rows at or below go
         self._want = -1  # the reclaim floor its stable progress allows
         self._floor_sent: tuple[int, int] | None = None  # (U, W) of its write not yet applied
@@ -296,8 +296,11 @@ class Maintainer:
         progress = ((ordered, entry), (stable, entry))
         parts = _parts(entries)
         self.written_floor = floor
-        self._sent.append((self.position, min((e[0] for _, e in entries), default=self.position)))
-        low = min(oldest for _, oldest in self._sent)
+        # The oldest position of this write and of every earlier one not yet known
+        # applied (each of those said its own, so a refused one's low carries on).
+        oldest = min((e[0] for _, e in entries), default=self.position)
+        low = min([oldest, *(low for _, low in self._sent)])
+        self._sent.append((self.position, low))
         rows = [("version", tuple(part), floor, low) for part in parts]
         # (with rows only: :meth:`in_order` adds the ordered progress to the last row write)
         return [*(self._reclaims(low) if rows else ()), *rows, ("version", progress, floor, low)]
@@ -312,7 +315,9 @@ class Maintainer:
         for i in range(0, len(keys), BATCH_KEYS):
             out.append(("reclaim", tuple(keys[i : i + BATCH_KEYS]), self._upto))
         self.reclaimed += len(keys)
-        if self._floor_sent is None and self._want > self._upto:
+        if self._floor_sent is None and self._want > self._upto + (versions.WINDOW >> 8):
+            # (in steps of a 256th of the window: each floor write adds a version to the
+            # floor's chain, and a chain keeps at most MAX_ENTRIES of them)
             self._floor_sent = (self._want, self.position)
             out.append(("version", ((reclaim_key(self.view.name), [self.position]),),
                         self._want, low))  # fmt: skip
@@ -334,7 +339,8 @@ class Maintainer:
         if mutations.on(PROGRESS_WITH_ROWS):
             last = (*last, stable)
         ops = (*rows[:-1], ("version", last, *progress[2:]))
-        return ops, ("version", (stable,), *progress[2:])
+        # (the stable progress goes out only once those are known applied: no low)
+        return ops, ("version", (stable,), progress[2])
 
 
 def _parts(entries: list[tuple[Any, list[Any]]]) -> list[list[tuple[Any, list[Any]]]]:
