@@ -186,7 +186,7 @@ def _start(view: ViewDef, figures: Figures, page_rows: int) -> Steps:
         snapshots.append([(rows, position) for rows, position, _now in pages])
         now = pages[-1][2]
     now = yield from _write(m.start(old, snapshots, now), now)
-    _set(figures, _progress(m, asked), now)
+    _started(m, figures, asked, now)
     return m, now
 
 
@@ -295,13 +295,22 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
         for name, view in _by_depth(group.views):
             if name in members or group.figures[name].stopped:
                 continue
-            if view.over is None:
-                members[name], now = yield from _start(view, group.figures[name], page_rows)
+            parent = members.get(view.over) if view.over is not None else None
+            if view.over is not None and (parent is None or parent.position < 0 or parent.stopped):
                 continue
-            parent = members.get(view.over)
-            if parent is not None and parent.position >= 0 and not parent.stopped:
-                figures = group.figures[name]
+            # One start a round, after every write the others made is known applied:
+            # they follow their feeds between two starts, so none falls behind by more
+            # than one backfill (a version write too far behind is refused:
+            # rubberband.versions.WINDOW).
+            if members:
+                now = yield from _catch_up(group, members, flight, held, writes, writes_asked, now)
+                held, flight, writes = [], Flight(), {}
+            figures = group.figures[name]
+            if parent is None:
+                members[name], now = yield from _start(view, figures, page_rows)
+            else:
                 members[name], now = yield from _start_over(view, figures, parent, page_rows)
+            break
         _stops(group, members, writes, halted)
         if not members:  # the last progress of views that stopped still goes out
             now = yield from _catch_up(group, members, flight, held, {}, writes_asked, now)
@@ -435,6 +444,13 @@ class Progress(NamedTuple):
     reclaimed: int = 0
 
 
+def _started(m: Maintainer, figures: Figures, asked: float, now: float) -> None:
+    """A start's writes are made (each waited for): its progress is published."""
+    p = _progress(m, asked)
+    m.published(p.position, p.floor)
+    _set(figures, p, now)
+
+
 def _progress(m: Maintainer, asked: float) -> Progress:
     return Progress(unit_name(m.view), m.position, m.written_floor, len(m.rows.rows), m.events,
                     m.versions, asked, m, m.reclaimed)  # fmt: skip
@@ -534,7 +550,7 @@ def _start_over(view: ViewDef, figures: Figures, parent: Maintainer, page_rows: 
     snapshot = [(list(parent.rows.rows.values()), parent.position)]
     parent.emitted = []
     now = yield from _write(m.start(old, [snapshot], now), now)
-    _set(figures, _progress(m, asked), now)
+    _started(m, figures, asked, now)
     return m, now
 
 
