@@ -43,14 +43,6 @@ own length to the wait (it was 50 ms: a view read at half the peak write rate to
 110 ms)."""
 
 
-ANY_WITHIN = 10.0
-"""Seconds an ``any`` read's rows may come after its progress and reclaim floor; later,
-it reads again.  A maintainer drops a row only :data:`rubberband.versions.WINDOW`
-positions (millions) behind a progress that was stable before, and no cluster orders
-that many in 10 s: so rows read within it still hold every row live at the progress
-read before them."""
-
-
 @dataclass
 class Layout:
     """What a reader knows of a view's split points (each part has a progress of its
@@ -99,7 +91,6 @@ def _read(
             session.writes_seen = writes
         target = session.floor
     pause = 0.002
-    slow = False
     while True:
         parts = layout.parts
         needed = _needed(name, op, within, parts)
@@ -111,11 +102,14 @@ def _read(
             # version up to the progress (one read of both could take the progress from
             # a replica asked later than a row's, a retry's answer, and be older).
             keys = [progress_keys(name, i)[1] for i in needed]
-            progress, asked = yield Read(("get", (*keys, reclaim_key(name))), "basic")
+            progress, now = yield Read(("get", tuple(keys)), "basic")
             got, now = yield Read(op, "basic", within)
             chains = _rows_only(name, dict(got))  # a get's {key: chain}, a scan's pairs
-            metas = dict(progress)
-            slow = now - asked > ANY_WITHIN
+            # The reclaim floor last: a row dropped before the rows' replica answered was
+            # dropped only once that floor was at every replica of it, so this read sees
+            # it (read with the progress, it could come from before the drop's floor).
+            dropped, now = yield Read(("get", (reclaim_key(name),)), "basic")
+            metas = {**dict(progress), **dict(dropped)}
         else:
             keys = [progress_keys(name, i)[0] for i in needed]
             wide, where = _with(name, op, within, [*keys, reclaim_key(name)])
@@ -128,7 +122,7 @@ def _read(
             layout.parts = told  # split otherwise than this reader knew: read again
             continue
         said = combined_progress(needed, [metas.get(k) for k in keys])
-        if said is not None and not slow:
+        if said is not None:
             reached, floor, starts, _parts = said
             dropped = metas.get(reclaim_key(name))  # dead rows dropped below its floor
             floor = max(floor, dropped[0]) if dropped else floor
