@@ -79,7 +79,7 @@ class Apply:
         refused = self._refused()
         try:
             if core._wholes:
-                self._wholes(refused)
+                self._wholes()
             if core._positions:
                 ops: list[Any] = [(op, r, t) for _, op, r, _, _, t in items]
             else:
@@ -110,29 +110,27 @@ class Apply:
         a stale maintainer cannot bring back a row its view dropped."""
         out = {}
         for j, (m, op, _, _, _, t) in enumerate(self.items):
-            if type(op) is tuple and op and op[0] == "version" and H.READS not in m.header:
-                why = too_old(op, t)
-                if why is not None:
-                    out[j] = BadOperation(why)
+            if H.READS not in m.header and (why := _too_old(op, t)):
+                out[j] = BadOperation(why)
         return out
 
-    def _wholes(self, refused: dict[int, BadOperation]) -> None:
+    def _wholes(self) -> None:
         """Hand an engine that keeps them (``whole``) every write of each message that
         reaches beyond this replica's ranges: after a crash of the whole cluster, the
         replicas that missed the message are brought level from any one that has it,
         all of it (a replica applies only its part of a write; none that was refused)."""
         engine: Any = self.core.engine
-        skip = {(id(self.items[j][0]), self.items[j][4]) for j in refused}
         for m, mine, t in self.batch:
             h = m.header
             full = h.get(H.WRITES)
             if H.READS in h or full is None or covers(mine, full):
                 continue
             if H.COUNT not in h:
-                if (id(m), -1) not in skip:
+                if not _too_old(m.payload, t):
                     engine.whole(t, ((m.payload, full),))
             elif (subs := unbundle(m)) is not None:
-                kept = [sub for i, sub in enumerate(subs) if (id(m), i) not in skip]
+                # every write of it, this replica's or not: a refused one is no part of it
+                kept = [sub for sub in subs if type(sub) is not tuple or not _too_old(sub[0], t)]
                 if kept:
                     engine.whole(t, kept)
 
@@ -260,3 +258,11 @@ def _spliced(
         return out, None
     made = iter(changed)
     return out, [() if j in refused else next(made) for j in range(n)]
+
+
+def _too_old(op: Any, t: int) -> str | None:
+    """Why a write at position ``t`` is refused as a version write too far behind, or
+    None (:func:`~rubberband.versions.too_old`)."""
+    if type(op) is tuple and op and op[0] == "version":
+        return too_old(op, t)
+    return None
