@@ -148,6 +148,9 @@ class Maintainer:
         """``(position, row key)`` of each row it wrote absent, in position order."""
         self.reclaimed = 0
         """Dead rows it has asked to drop."""
+        self.housekeeping = 0
+        """How many of its last writes (the first ones) are drops and its reclaim floor:
+        a few bytes each, not rows (a maintainer's pipeline counts rows' messages)."""
         self._sent: deque[tuple[int, int]] = deque()  # (W, low) of writes not yet applied
         self._upto = -1  # the reclaim floor written and stable: dead rows at or below go
         self._want = -1  # the reclaim floor its stable progress allows
@@ -195,6 +198,14 @@ class Maintainer:
             self._upto = max(self._upto, self._floor_sent[0])
             self._floor_sent = None
         self._want = max(self._want, min(floor, position - versions.WINDOW))
+
+    def draining(self) -> bool:
+        """Must its writes in flight be waited for before it writes more?  Each write
+        names the oldest position of every write before it not yet known applied, and
+        under steady load some always is: so that position would stay where it was
+        until the window refused them all.  Waited for every half window, it starts
+        afresh."""
+        return bool(self._sent) and self.position - self._sent[-1][1] > versions.WINDOW >> 1
 
     # ------------------------------------------------------------------ internals
     def _advance(self, now: float) -> list[Any]:
@@ -303,7 +314,9 @@ class Maintainer:
         self._sent.append((self.position, low))
         rows = [("version", tuple(part), floor, low) for part in parts]
         # (with rows only: :meth:`in_order` adds the ordered progress to the last row write)
-        return [*(self._reclaims(low) if rows else ()), *rows, ("version", progress, floor, low)]
+        extra = self._reclaims(low) if rows else []
+        self.housekeeping = len(extra)
+        return [*extra, *rows, ("version", progress, floor, low)]
 
     def _reclaims(self, low: int) -> list[Any]:
         """The drops of the dead rows at or below the stable reclaim floor, and the
@@ -315,9 +328,11 @@ class Maintainer:
         for i in range(0, len(keys), BATCH_KEYS):
             out.append(("reclaim", tuple(keys[i : i + BATCH_KEYS]), self._upto))
         self.reclaimed += len(keys)
-        if self._floor_sent is None and self._want > self._upto + (versions.WINDOW >> 8):
-            # (in steps of a 256th of the window: each floor write adds a version to the
-            # floor's chain, and a chain keeps at most MAX_ENTRIES of them)
+        step = max(versions.WINDOW, self.position - self._want) >> 7
+        if self._floor_sent is None and self._want > self._upto + step:
+            # (in steps of a 128th of the floor's lag behind the progress: each floor
+            # write adds a version to the floor's chain, which keeps at most
+            # MAX_ENTRIES of them, and every part of a split view writes it)
             self._floor_sent = (self._want, self.position)
             out.append(("version", ((reclaim_key(self.view.name), [self.position]),),
                         self._want, low))  # fmt: skip

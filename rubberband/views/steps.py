@@ -282,6 +282,7 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
     now = writes_asked = 0.0
     pause = IDLE_FIRST
     halted: dict[str, Maintainer] = {}  # stopped, until their last progress writes went
+    level = True  # no feed page of the last round was cut: the members reached the head
     while True:
         _stops(group, members, writes, halted)
         _forget(group, members, writes)
@@ -292,38 +293,30 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
                                  publish=_kept(flight.publish, kept))  # fmt: skip
         owed = {p.name for _, p in (*held, *flight.made, *flight.publish)}
         halted = {n: m for n, m in halted.items() if n in owed and n not in members}
-        for name, view in _by_depth(group.views):
-            if name in members or group.figures[name].stopped:
-                continue
-            parent = members.get(view.over) if view.over is not None else None
-            if view.over is not None and (parent is None or parent.position < 0 or parent.stopped):
-                continue
-            # One start a round, after every write the others made is known applied:
-            # they follow their feeds between two starts, so none falls behind by more
-            # than one backfill (a version write too far behind is refused:
-            # rubberband.versions.WINDOW).
+        due = _due(group, members) if level or not members else None
+        if due is not None:
+            # One start a round, after every write the others made is known applied,
+            # and once they have reached the head again (no page cut): none falls
+            # behind by more than one backfill (a version write too far behind is
+            # refused: rubberband.versions.WINDOW).
             if members:
                 now = yield from _catch_up(group, members, flight, held, writes, writes_asked, now)
                 held, flight, writes = [], Flight(), {}
-            figures = group.figures[name]
-            if parent is None:
-                members[name], now = yield from _start(view, figures, page_rows)
-            else:
-                members[name], now = yield from _start_over(view, figures, parent, page_rows)
-            break
+            members[due[0]], now = yield from _begin(*due, group.figures[due[0]], page_rows)
         _stops(group, members, writes, halted)
         if not members:  # the last progress of views that stopped still goes out
             now = yield from _catch_up(group, members, flight, held, {}, writes_asked, now)
             held, flight = [], Flight()
             _, now = yield Sleep(poll)
             continue
-        idle = True
+        idle, level = True, True
         asked = now  # the pages of this round are asked for from now on
         for side, (lo, hi) in enumerate(group.sources or ()):
             since = min(m.since[side] for m in members.values() if m.view.over is None)
             read = Read(Changes(since, lo, hi), "sequential")
             made = [name for name, w in writes.items() if w]
-            if sum(max(1, len(writes[n]) - 1) for n in made) <= PIPE_MESSAGES:
+            rows = sum(max(1, len(writes[n]) - 1 - members[n].housekeeping) for n in made)
+            if rows <= PIPE_MESSAGES:
                 # A page's rows go out with the next page's read, the last of them with
                 # the progress ordered reads wait for, and are known stable a round
                 # later; their stable progress goes out the round after that (a basic
@@ -345,13 +338,38 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
                     writes[name] = m.page(side, page.position, events, now)
             _over(members, writes, now)
             idle = idle and not page.events
-        if idle:
+            level = level and not (page.events and page.position == page.events[-1].position)
+        if idle or any(m.draining() for m in members.values()):
             now = yield from _catch_up(group, members, flight, held, writes, writes_asked, now)
             held, flight, writes = [], Flight(), {}
+        if idle:
             _, now = yield Sleep(min(pause, poll))
             pause = min(pause * 2, poll)
         else:
             pause = IDLE_FIRST
+
+
+def _due(group: Group, members: dict[str, Maintainer]) -> Any:
+    """The next view to start, ``(name, view, the view it is over if kept)``, or None:
+    each after the one it is over, once that one has a position."""
+    for name, view in _by_depth(group.views):
+        if name in members or group.figures[name].stopped:
+            continue
+        if view.over is None:
+            return name, view, None
+        parent = members.get(view.over)
+        if parent is not None and parent.position >= 0 and not parent.stopped:
+            return name, view, parent
+    return None
+
+
+def _begin(
+    _name: str, view: ViewDef, parent: Maintainer | None, figures: Figures, page_rows: int
+) -> Steps:
+    """A view's start, from a snapshot of its base or from the view it is over."""
+    if parent is None:
+        return (yield from _start(view, figures, page_rows))
+    return (yield from _start_over(view, figures, parent, page_rows))
 
 
 class Flight(NamedTuple):

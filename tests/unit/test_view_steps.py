@@ -936,3 +936,46 @@ def test_an_any_read_takes_the_reclaim_floor_read_after_its_rows() -> None:
     again = steps.send(({reclaim_key("by_g"): [9, [30]]}, 0.3))
     assert type(again) is Sleep
     assert steps.send((None, 0.4)) == Read(("get", (stable_key("by_g"),)), "basic")
+
+
+class CutPages(Cluster):
+    """Feed pages cut at ``cut`` changes, as a holder cuts them at ``PAGE_CHANGES``."""
+
+    def __init__(self, cut: int) -> None:
+        super().__init__()
+        self.cut = cut
+
+    def answer(self, request: Any) -> Any:
+        if type(request) is Read and type(request.op) is Changes:
+            self.t += 1
+            events = [e for e in self.log if request.op.since < e.position]
+            if len(events) > self.cut:
+                return Page(events[self.cut - 1].position, events[: self.cut])
+            return Page(self.t, events)
+        return super().answer(request)
+
+
+@pytest.mark.parametrize(("views", "window", "cut"), [(1, 400, 10**6), (6, 600, 20)])
+def test_maintainers_under_steady_load_are_never_refused(views: int, window: int, cut: int) -> None:
+    """Base writes every step, so no page is ever empty: one view whose writes are
+    always in flight (their oldest position must still move on, or the window refuses
+    them all), and six views started one after another while pages are cut (each
+    starts once the others have reached the head again).  Nothing is refused, nothing
+    starts over, every view reaches the head."""
+    defs = [view_def(f"v{i}", "index", SOURCE, on="g") for i in range(views)]
+    rng = random.Random(1)
+    with patch.object(VERSIONS, "WINDOW", window):
+        c = CutPages(cut)
+        for k in range(40):
+            c.base(k, {"g": rng.randrange(4), "x": 1})
+        group = Group(defs)
+        gen = maintain_group_steps(group, poll=0.01, page_rows=3)
+        request = next(gen)
+        for i in range(1500):
+            for _ in range(4):
+                c.base(rng.randrange(40), {"g": rng.randrange(4), "x": 1})
+            request = step(gen, c, request, float(i))
+    assert c.refused == 0
+    for figures in group.figures.values():
+        assert (figures.starts, figures.failures) == (1, 0)
+        assert figures.position > c.t - 200
