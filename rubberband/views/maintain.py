@@ -65,6 +65,10 @@ it is sent; refused once queued, it could leave a later message's progress witho
 its rows."""
 
 
+RECLAIMS = 4 * BATCH_KEYS
+"""Dead rows one page's writes drop at most (four messages of keys, about 19 KB each):
+a view defined anew with a narrower selection leaves every old row dead at its start,
+and a million of them would otherwise go out in one pipelined batch."""
 ROW_BYTES = 1 << 20
 """A view row's value, encoded, at most: the key-value engines' limit on a value
 (``storage_adapters.memory.MAX_VALUE_BYTES``), which refuses a write of a larger one at
@@ -199,13 +203,17 @@ class Maintainer:
             self._floor_sent = None
         self._want = max(self._want, min(floor, position - versions.WINDOW))
 
-    def draining(self) -> bool:
+    def draining(self, head: int) -> bool:
         """Must its writes in flight be waited for before it writes more?  Each write
         names the oldest position of every write before it not yet known applied, and
         under steady load some always is: so that position would stay where it was
-        until the window refused them all.  Waited for every half window, it starts
-        afresh."""
-        return bool(self._sent) and self.position - self._sent[-1][1] > versions.WINDOW >> 1
+        until the window refused them all.  Waited for once it is a quarter window
+        behind this maintainer and half a window behind ``head`` (the newest position
+        its group knows, where its writes are delivered), it starts afresh."""
+        if not self._sent:
+            return False
+        low = self._sent[-1][1]
+        return self.position - low > versions.WINDOW >> 2 and head - low > versions.WINDOW >> 1
 
     # ------------------------------------------------------------------ internals
     def _advance(self, now: float) -> list[Any]:
@@ -323,16 +331,17 @@ class Maintainer:
         write of a higher one if its stable progress allows it (module docstring)."""
         out: list[Any] = []
         dead, keys = self.dead, []
-        while dead and dead[0][0] <= self._upto:
+        while dead and dead[0][0] <= self._upto and len(keys) < RECLAIMS:
             keys.append(dead.popleft()[1])
         for i in range(0, len(keys), BATCH_KEYS):
             out.append(("reclaim", tuple(keys[i : i + BATCH_KEYS]), self._upto))
         self.reclaimed += len(keys)
-        step = max(versions.WINDOW, self.position - self._want) >> 7
+        step = max(versions.WINDOW, self.position - self._want) * (len(self.view.parts) + 1) >> 8
         if self._floor_sent is None and self._want > self._upto + step:
-            # (in steps of a 128th of the floor's lag behind the progress: each floor
-            # write adds a version to the floor's chain, which keeps at most
-            # MAX_ENTRIES of them, and every part of a split view writes it)
+            # (each floor write adds a version to the floor's chain, which keeps at most
+            # MAX_ENTRIES, and every part of a split view writes it: in steps of the
+            # floor's lag behind the progress, times the parts, over 256, the chain
+            # holds about 256 versions above its floor)
             self._floor_sent = (self._want, self.position)
             out.append(("version", ((reclaim_key(self.view.name), [self.position]),),
                         self._want, low))  # fmt: skip

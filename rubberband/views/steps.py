@@ -283,6 +283,7 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
     pause = IDLE_FIRST
     halted: dict[str, Maintainer] = {}  # stopped, until their last progress writes went
     level = True  # no feed page of the last round was cut: the members reached the head
+    waited = 0  # rounds since the last start
     while True:
         _stops(group, members, writes, halted)
         _forget(group, members, writes)
@@ -293,8 +294,10 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
                                  publish=_kept(flight.publish, kept))  # fmt: skip
         owed = {p.name for _, p in (*held, *flight.made, *flight.publish)}
         halted = {n: m for n, m in halted.items() if n in owed and n not in members}
-        due = _due(group, members) if level or not members else None
+        waited += 1
+        due = _due(group, members) if level or waited > START_WAIT or not members else None
         if due is not None:
+            waited = 0
             # One start a round, after every write the others made is known applied,
             # and once they have reached the head again (no page cut): none falls
             # behind by more than one backfill (a version write too far behind is
@@ -339,7 +342,8 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
             _over(members, writes, now)
             idle = idle and not page.events
             level = level and not (page.events and page.position == page.events[-1].position)
-        if idle or any(m.draining() for m in members.values()):
+        head = max((m.position for m in members.values()), default=-1)
+        if idle or any(m.draining(head) for m in members.values()):
             now = yield from _catch_up(group, members, flight, held, writes, writes_asked, now)
             held, flight, writes = [], Flight(), {}
         if idle:
@@ -572,6 +576,10 @@ def _start_over(view: ViewDef, figures: Figures, parent: Maintainer, page_rows: 
     return m, now
 
 
+START_WAIT = 64
+"""Rounds a maintainer waits at most, after a view's start, for its other views to
+reach the head (no feed page cut) before it starts the next: under a load of bulk
+writes every page is cut, and the next view would otherwise never start."""
 PIPE_MESSAGES = 16
 """Messages of rows a page's writes may have to go out with the next page's read (a
 maintainer that fell behind reads pages of thousands of changes; up to this many

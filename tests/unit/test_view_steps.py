@@ -979,3 +979,50 @@ def test_maintainers_under_steady_load_are_never_refused(views: int, window: int
     for figures in group.figures.values():
         assert (figures.starts, figures.failures) == (1, 0)
         assert figures.position > c.t - 200
+
+
+class BulkPages(Cluster):
+    """Each feed page cut once 20 changes are taken, a position taken whole (as a
+    holder cuts them): under writes of 30 keys each, every page is cut."""
+
+    def bulk(self, rng: random.Random) -> None:
+        self.t += 1
+        changes = []
+        for k in rng.sample(range(40), 30):
+            value = {"g": rng.randrange(4), "x": 1}
+            self.data[encode_key(k)] = (k, value)
+            changes.append((k, "put", value))
+        self.log.append(Event(self.t, tuple(changes)))
+
+    def answer(self, request: Any) -> Any:
+        if type(request) is Read and type(request.op) is Changes:
+            self.t += 1
+            out: list[Event] = []
+            room = 20
+            for e in self.log:
+                if e.position > request.op.since:
+                    if room <= 0:
+                        return Page(out[-1].position, out)
+                    out.append(e)
+                    room -= len(e.changes)
+            return Page(self.t, out)
+        return super().answer(request)
+
+
+def test_a_view_added_under_bulk_writes_starts() -> None:
+    """Every feed page is cut, so the views already kept never look level with the
+    head: a view added then still starts (after a bounded wait), and both keep up."""
+    rng = random.Random(1)
+    c = BulkPages()
+    for k in range(40):
+        c.base(k, {"g": rng.randrange(4), "x": 1})
+    group = Group([view_def("v0", "index", SOURCE, on="g")])
+    gen = maintain_group_steps(group, poll=0.01, page_rows=3)
+    request = next(gen)
+    for i in range(600):
+        if i == 50:
+            group.add(view_def("v1", "index", SOURCE, on="g"))
+        c.bulk(rng)
+        request = step(gen, c, request, float(i))
+    assert group.figures["v1"].starts == 1
+    assert all(f.position > c.t - 300 for f in group.figures.values())
