@@ -110,7 +110,7 @@ class Apply:
         a stale maintainer cannot bring back a row its view dropped."""
         out = {}
         for j, (m, op, _, _, _, t) in enumerate(self.items):
-            if H.READS not in m.header and (why := _too_old(op, t)):
+            if H.READS not in m.header and (why := too_old(op, t)):
                 out[j] = BadOperation(why)
         return out
 
@@ -126,11 +126,11 @@ class Apply:
             if H.READS in h or full is None or covers(mine, full):
                 continue
             if H.COUNT not in h:
-                if not _too_old(m.payload, t):
+                if not too_old(m.payload, t):
                     engine.whole(t, ((m.payload, full),))
             elif (subs := unbundle(m)) is not None:
                 # every write of it, this replica's or not: a refused one is no part of it
-                kept = [sub for sub in subs if type(sub) is not tuple or not _too_old(sub[0], t)]
+                kept = [sub for sub in subs if type(sub) is not tuple or not too_old(sub[0], t)]
                 if kept:
                     engine.whole(t, kept)
 
@@ -258,11 +258,3 @@ def _spliced(
         return out, None
     made = iter(changed)
     return out, [() if j in refused else next(made) for j in range(n)]
-
-
-def _too_old(op: Any, t: int) -> str | None:
-    """Why a write at position ``t`` is refused as a version write too far behind, or
-    None (:func:`~rubberband.versions.too_old`)."""
-    if type(op) is tuple and op and op[0] == "version":
-        return too_old(op, t)
-    return None

@@ -29,9 +29,9 @@ was.  ``("reclaim", keys, upto)`` drops the keys whose chain has been absent sin
 "Reclaiming dead rows"):
 
 * *Readers never look below it*: its maintainer names an ``upto`` no higher than a floor
-  it has published, stable, and readers take the floor of a view's progress key as the
-  highest floor any maintainer wrote to it (the chain's own floor, which only rises),
-  so no stale maintainer can lower it again.
+  it has published, stable, and writes ``upto`` first as the view's reclaim floor (the
+  floor of a chain of its own, which only rises: no stale maintainer can lower it);
+  every read takes that as a floor of the view.
 * *No writer brings it back*: a stale maintainer (paused, partitioned) could write a
   version from before the absence into the dropped key, and the row would be back.  So
   a storage process refuses, whole, a ``version`` write that holds a position more than
@@ -127,9 +127,12 @@ def check_version_op(op: Any) -> tuple[list[tuple[Any, list[Any]]], int]:
 
 
 def too_old(op: Any, t: int) -> str | None:
-    """Why a storage process refuses ``op``, a ``version`` write delivered at position
-    ``t``, or None: a position in it (or its ``low``) more than :data:`WINDOW` below
-    ``t``.  A malformed op is left to the engine, which refuses it as such."""
+    """Why a storage process refuses ``op``, a write delivered at position ``t``, or
+    None: a ``version`` write holding a position (or a ``low``) more than
+    :data:`WINDOW` below ``t``.  A malformed op is left to the engine, which refuses it
+    as such."""
+    if type(op) is not tuple or not op or op[0] != "version":
+        return None
     try:
         low = min(entry[0] for _key, entry in op[1])
         if len(op) == 4:
