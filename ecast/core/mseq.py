@@ -70,14 +70,15 @@ class ConfigGuard:
 class MSeq:
     __slots__ = ("configs", "entries", "floor", "guard", "next_t", "stable", "starts")
 
-    def __init__(self, config: Config, guard: ConfigGuard | None = None) -> None:
-        self.next_t = 0
-        self.floor = 0
+    def __init__(self, config: Config, guard: ConfigGuard | None = None, origin: int = 0) -> None:
+        self.next_t = origin
+        """The position of the next message (a group's first is at its ``origin``)."""
+        self.floor = origin
         """Every message with ``t < floor`` is stable and collected."""
         self.entries: dict[int, Message] = {}
         self.stable: set[int] = set()
         """Stable timestamps at or above ``floor`` (waiting for the ones below them)."""
-        self.starts: list[int] = [0]
+        self.starts: list[int] = [origin]
         self.configs: list[Config] = [config]
         self.guard = guard or ConfigGuard()
 

@@ -49,10 +49,13 @@ class Reference:
     """t -> message, where its sender and header are known."""
     from_routers: bool
     """The m-seq is the routers' (complete); else rebuilt from what processes saw."""
+    first: int
+    """The lowest t known: the group's origin (a group founded again after a restart
+    of every router starts above the last one's positions, ``RouterParams.origin``)."""
     top: int
     """The highest t known (-1: none)."""
     unknown: list[int]
-    """t below ``top`` whose message is unknown (not even its id), sorted."""
+    """t from ``first`` to ``top`` whose message is unknown (not even its id), sorted."""
     dest: dict[int, frozenset[NodeId]] | None
     """t -> destination set, where the message is known; None without a config."""
     suspected: dict[NodeId, int | None]
@@ -97,8 +100,10 @@ def build_reference(history: History, config: Config | None = None) -> Reference
         ids, messages, known_at = _from_routers(history, problems)
     else:
         ids, messages, known_at = _rebuild(history, problems)
-    top = max(ids, default=-1)
-    unknown = [t for t in range(top + 1) if t not in ids] if len(ids) <= top else []
+    first, top = min(ids, default=0), max(ids, default=-1)
+    unknown = []
+    if len(ids) <= top - first:
+        unknown = [t for t in range(first, top + 1) if t not in ids]
     index: dict[MsgId, int] = {}
     for t in sorted(ids):
         mid = ids[t]
@@ -113,6 +118,7 @@ def build_reference(history: History, config: Config | None = None) -> Reference
         index=index,
         messages=messages,
         from_routers=from_routers,
+        first=first,
         top=top,
         unknown=unknown,
         dest=None,
@@ -159,8 +165,10 @@ def _from_routers(
         for t, when in log.first_seen.items():
             if t not in known_at or when < known_at[t]:
                 known_at[t] = when
-    top = max(mseq, default=-1)
-    missing = [t for t in range(top + 1) if t not in mseq] if len(mseq) <= top else []
+    first, top = min(mseq, default=0), max(mseq, default=-1)
+    missing = []
+    if len(mseq) <= top - first:
+        missing = [t for t in range(first, top + 1) if t not in mseq]
     if missing:
         problems.append(
             ("prefix-agreement", f"no router learned t={missing[0]} (of {len(missing)})")
@@ -212,11 +220,11 @@ def _replay(ref: Reference, config: Config) -> None:
     guard = ConfigGuard()  # a config that raises has the routers' defined outcome
     dest: dict[int, frozenset[NodeId]] = {}
     suspected = ref.suspected
-    starts, configs = [0], [config]
+    starts, configs = [ref.first], [config]
     messages = ref.messages
     first_unreplayed = None
     inferred = ref.inferred
-    for t in range(ref.top + 1):
+    for t in range(ref.first, ref.top + 1):
         m = messages.get(t)
         if m is None:
             m = inferred.get(t)

@@ -66,6 +66,7 @@ def ecast_config(
     mutations: frozenset[str] = frozenset(),
     codec: bool = False,
     durable_confirms: bool = False,
+    origin: int = 0,
 ) -> EcastRunConfig:
     return EcastRunConfig(
         net=NetParams(codec=codec),
@@ -78,7 +79,7 @@ def ecast_config(
         faults=faults,
         fault_time=fault_time,
         ufab=UfabParams(clump_trigger=3 if clumping else 1, clump_delay=0.010 if clumping else 0.0),
-        router=RouterParams(delayed_acks=delayed_acks, all_leaders=all_leaders),
+        router=RouterParams(delayed_acks=delayed_acks, all_leaders=all_leaders, origin=origin),
         endpoint=EndpointParams(confirm_when_durable=durable_confirms),
         mutations=planted_bugs.check(mutations),
     )
@@ -138,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         default=False,
         help="processes confirm deliveries once written down (a tick later), not on arrival",
     )
+    e.add_argument(
+        "--origin", type=int, default=0, help="the position of the group's first message"
+    )
     u = ap.add_argument_group("ufabcast layer")
     u.add_argument("--commands", type=int, default=300)
     u.add_argument("--max-active", type=int, default=32768)
@@ -172,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             mutations=mutations,
             codec=args.codec,
             durable_confirms=args.durable_confirms,
+            origin=args.origin,
         )
         runner: Any = run_ecast
     else:

@@ -54,6 +54,13 @@ from ecast.tools.daemon_kit import (
 
 log = logging.getLogger("ecast.daemon")
 
+
+def origin_problem(value: str) -> str | None:
+    if value == "clock" or (value.isdigit() and int(value) < 2**62):
+        return None
+    return f"{value!r} is neither 'clock' nor an integer from 0 to 2**62"
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("id", str, None, "router id, unique for ever (a restart takes a new one); required"),
     Setting("listen", str, None, "HOST:PORT for routers and clients; required", check=address),
@@ -68,6 +75,16 @@ SETTINGS: tuple[Setting, ...] = (
         "(joiners install the group's)",
     ),
     Setting("config-arg", str, [], "KEY=VALUE for the config's initial(); repeatable", repeat=True),
+    Setting(
+        "origin",
+        str,
+        "clock",
+        "the position of the first message of a group this router bootstraps: 'clock' "
+        "(microseconds since 1970: above every position an earlier group gave, so a "
+        "position never names two messages across restarts of the whole group) or an "
+        "integer",
+        check=origin_problem,
+    ),
     Setting("metrics", str, None, "HOST:PORT for /metrics and /health", check=address),
     Setting(
         "credentials",
@@ -379,6 +396,7 @@ class RouterDaemon:
 
     def _params(self) -> RouterParams:
         a = self.args
+        origin = time.time_ns() // 1000 if a.origin == "clock" else int(a.origin)
         ufab = UfabParams(
             heartbeat_interval=a.heartbeat,
             failure_timeout=a.failure_timeout,
@@ -396,6 +414,7 @@ class RouterDaemon:
             client_lease=a.client_lease,
             max_client_lease=max(a.max_client_lease, a.client_lease),
             max_message=a.max_frame - 64 * 1024,
+            origin=origin,
         )
 
     async def run(self) -> int:

@@ -39,6 +39,8 @@ schedule = st.fixed_dictionaries(
         "clumping": st.booleans(),
         "delayed_acks": st.booleans(),
         "durable_confirms": st.booleans(),
+        # A group founded again after a restart of every router numbers from the clock.
+        "origin": st.sampled_from([0, 0, 1_800_000_000_000_000]),
     }
 )
 

@@ -62,6 +62,12 @@ class RouterParams:
     expelled_memory: int = 65536
     """How many suspected process names every router remembers, to tell a process that
     comes back that it was suspected (it never resumes silently)."""
+    origin: int = 0
+    """The position of the first message of a group this router founds (a joiner takes
+    its group's).  A group founded again after every router went (a restart of a whole
+    cluster whose processes keep state: durable engines, feed offsets in a client's
+    checkpoint) starts above every position the last one gave, so that no position ever
+    names two messages; the daemon takes the clock in microseconds (``--origin``)."""
     all_leaders: bool = False
     """Every router forwards and proposes stability (a test mode: safety must hold)."""
 

@@ -103,7 +103,8 @@ class Router:
         """The only config class a peer's snapshot may name."""
         self.guard = ConfigGuard()
         self.ufab = Ufabcast(me, self.p.ufab, members=routers, seeds=seeds)
-        self.state = RouterState(config, self.guard, self.p.expelled_memory)
+        # A joiner's state comes from a peer's snapshot; a founder numbers from the origin.
+        self.state = RouterState(config, self.guard, self.p.expelled_memory, self.p.origin)
         self.lead: Forwarding | None = None
         self.stopped = False
         self.apps: dict[NodeId, None] = {}

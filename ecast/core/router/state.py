@@ -57,9 +57,13 @@ class RouterState:
     )
 
     def __init__(
-        self, config: Config, guard: ConfigGuard | None = None, expelled_memory: int = 65536
+        self,
+        config: Config,
+        guard: ConfigGuard | None = None,
+        expelled_memory: int = 65536,
+        origin: int = 0,
     ) -> None:
-        self.mseq = MSeq(config, guard)
+        self.mseq = MSeq(config, guard, origin)
         self.sessions: dict[Session, int] = {}
         """Session -> next expected sequence number."""
         self.acks: dict[Session, dict[int, tuple[int, bool]]] = {}
