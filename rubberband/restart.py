@@ -314,8 +314,19 @@ def restored(core: Any, t: int, epoch: int | None) -> None:
     """The restore of the ring was delivered at ``t`` to a storage process: its engine
     kept its ranges on disk, brought level with the other replicas, and its positions
     start again with this group's, in the restore's ``epoch``; what it holds beyond its
-    ranges goes."""
+    ranges goes.  Positions must rise across the restart (the new group's founding
+    router numbers from the clock, ``--origin``): a holder whose engine holds a
+    position at or above ``t`` stops rather than answer two writes at one position
+    (its views, feed offsets and read positions would mix the two groups')."""
     core.kept = None
+    last = getattr(core.engine, "position", None)
+    if type(last) is int and last >= t:
+        core.stop(
+            f"the restored cluster's positions start at or below {last}, this engine's "
+            f"newest (the restore came at {t}): start the routers' group with --origin "
+            f"above {last}"
+        )
+        return
     getattr(core.engine, "new_epoch", lambda _: None)(epoch)
     rest = difference(EVERYTHING, core.owned)
     if rest:

@@ -533,3 +533,34 @@ def test_holders_whose_epochs_cannot_be_told_apart_are_not_levelled(tmp_path: An
             lev.on_tail(dst, a, 0.0, Effects())
     assert not lev.done and "epochs differ" in (lev.error or "")
     d.close()
+
+
+class _Positioned(MemoryEngine):
+    """A durable engine's part of the restore: the newest position it holds."""
+
+    position = 900
+    epochs: list[Any] = []
+
+    def new_epoch(self, epoch: Any) -> None:
+        self.epochs.append(epoch)
+
+
+@pytest.mark.parametrize(("at", "stops"), [(900, True), (901, False)])
+def test_a_holder_stops_rather_than_reuse_positions_its_engine_already_holds(
+    at: int, stops: bool
+) -> None:
+    """The new group numbers from its founding router's origin; a restore that comes
+    at or below the newest position a holder's engine holds would give two writes one
+    position, so the holder stops, naming it, and starts no epoch."""
+    engine = _Positioned()
+    engine.epochs = []
+    core = StorageCore("storage:1", engine, kept=("storage:1",))
+    core.joined({"rubberband": joined("super:a", *HOLDERS).to_state()})
+    restore = Message("super:a", (("s", 0, ""), 1), restore_header(recorded()), None)
+    fx = core.deliver([(at, restore)])
+    assert (core.stopped is not None) == stops, core.stopped
+    if stops:
+        assert "900" in str(core.stopped) and "--origin" in str(core.stopped)
+        assert engine.epochs == [] and any("origin" in str(d) for d in fx.deliver)
+    else:
+        assert len(engine.epochs) == 1 and core.owned
