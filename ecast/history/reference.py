@@ -76,7 +76,8 @@ class Reference:
     def config_at(self, t: int) -> Config | None:
         if not self.configs:
             return None
-        return self.configs[bisect_right(self.config_starts, t) - 1]
+        # (before the first position, a frontier below the group's origin: the first)
+        return self.configs[max(0, bisect_right(self.config_starts, t) - 1)]
 
     def unknown_between(self, lo: int, hi: int) -> int:
         """How many unknown timestamps lie strictly between ``lo`` and ``hi``."""

@@ -82,6 +82,8 @@ def test_a_bad_file_is_one_line_and_exit_status_2(
         (["--config", "ecast.core.config:NoSuchClass"], "has no class NoSuchClass"),
         (["--config", "no-colon"], "package.module:Class"),
         (["--config", "json:JSONDecoder"], "is not a Config"),
+        (["--origin", "yesterday"], "neither 'clock' nor an integer"),
+        (["--origin", str(2**53)], "from 0 to 2**53"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_status_2(
