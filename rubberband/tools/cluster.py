@@ -176,8 +176,25 @@ def up(args: argparse.Namespace) -> int:
         ),
     )
     if record is not None:
-        return restored(record, t0, args.timeout, lambda: admin_request(str(d), "/status"))
+        return restored(
+            record,
+            t0,
+            args.timeout,
+            lambda: admin_request(str(d), "/status"),
+            lambda: _stopped_storage(d),
+        )
     return _expand_all(d, args, addresses, t0)
+
+
+def _stopped_storage(d: Path) -> list[str]:
+    """Storage processes of the cluster that exited, each with the reason its log gives."""
+    out = []
+    for key, p in json.loads((d / "processes.json").read_text()).items():
+        if key.startswith("storage") and not local.running(p["pid"]):
+            lines = Path(p["log"]).read_text(errors="replace").splitlines()
+            said = [x for x in lines if "event=stopped" in x or "Error" in x]
+            out.append(f"{key}: {(said or lines or ['(no log)'])[-1]}")
+    return out
 
 
 def _holders_back(d: Path, args: argparse.Namespace, record: Any) -> tuple[list[int], list[int]]:

@@ -91,15 +91,32 @@ def check_holders(
     return lost
 
 
+HOLDERS_SETTLE = 1.0
+"""Seconds ``cluster up`` waits after the ring is restored before it checks that every
+storage process took it (they deliver the restore about when the supers do)."""
+
+
 def restored(
-    record: Any, t0: float, timeout: float, status: Callable[[], tuple[int, dict[str, Any]]]
+    record: Any,
+    t0: float,
+    timeout: float,
+    status: Callable[[], tuple[int, dict[str, Any]]],
+    stopped: Callable[[], list[str]] = list,
 ) -> int:
-    """Wait until the supers put the recorded ring back (``status``: a super's)."""
+    """Wait until the supers put the recorded ring back (``status``: a super's), and
+    a moment more for the holders to take it (``stopped``: the storage processes that
+    exited, with why: a holder stops rather than reuse positions, for one)."""
     deadline = time.monotonic() + timeout
     body: dict[str, Any] = {}
     while time.monotonic() < deadline:
         code, body = status()
         if code == 200 and body.get("version", 0) >= 1 and body.get("ring"):
+            time.sleep(HOLDERS_SETTLE)
+            gone = stopped()
+            if gone:
+                print("rubberband cluster up: the ring was restored but storage processes "
+                      f"stopped: {'; '.join(gone)}", file=sys.stderr)  # fmt: skip
+                return 1
             print(
                 f"cluster restarted in {time.monotonic() - t0:.1f} s from its disks: ring of "
                 f"{len(record[3])} restored (it was at version {record[2]}); items each "
