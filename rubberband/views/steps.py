@@ -305,7 +305,8 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
             if members:
                 now = yield from _catch_up(group, members, flight, held, writes, writes_asked, now)
                 held, flight, writes = [], Flight(), {}
-            members[due[0]], now = yield from _begin(*due, group.figures[due[0]], page_rows)
+            name, view, parent = due
+            members[name], now = yield from _begin(view, parent, group.figures[name], page_rows)
         _stops(group, members, writes, halted)
         if not members:  # the last progress of views that stopped still goes out
             now = yield from _catch_up(group, members, flight, held, {}, writes_asked, now)
@@ -367,9 +368,7 @@ def _due(group: Group, members: dict[str, Maintainer]) -> Any:
     return None
 
 
-def _begin(
-    _name: str, view: ViewDef, parent: Maintainer | None, figures: Figures, page_rows: int
-) -> Steps:
+def _begin(view: ViewDef, parent: Maintainer | None, figures: Figures, page_rows: int) -> Steps:
     """A view's start, from a snapshot of its base or from the view it is over."""
     if parent is None:
         return (yield from _start(view, figures, page_rows))
