@@ -25,8 +25,10 @@ the router group are healthy:
   or a router joining or parting.
 * ``power-cut`` (``--engine log`` or ``scan-log``): every router, super and storage
   process SIGKILLed at once, then ``rubberband cluster up`` restarts the cluster from its
-  disks; clients reconnect to the new routers.  Acknowledged writes are durable: the checkers judge
-  the history across the cut as across any other fault.
+  disks; clients reconnect to the new routers, and so does a view's maintainer, which
+  outlives the cut as a client on another machine would (its feed from before the cut
+  is compacted: it rebuilds the view).  Acknowledged writes are durable: the checkers
+  judge the history across the cut as across any other fault.
 
 A new standby is provisioned whenever fewer than two are left.  After the faults every
 fault is healed, the ring settles, and every key is read once more; the Elle-style
@@ -58,6 +60,7 @@ from typing import Any
 from ecast import local
 from jepsen_like.net import Net
 from rubberband.tools.cli import run as _cli
+from rubberband.tools.restart import member
 
 KEYS = 12
 """Keys in use at a time, one per twelfth of the key space."""
@@ -793,8 +796,7 @@ class RubberbandNemesis:
     def _power_cut(self) -> dict[str, Any] | None:
         at = self._elapsed()
         victims = [p["pid"] for p in self._recorded().values()
-                   if set(p.get("argv", ())) & {"router", "super", "storage"}
-                   and local.running(p["pid"])]  # fmt: skip
+                   if member(p) and local.running(p["pid"])]  # fmt: skip
         for pid in victims:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

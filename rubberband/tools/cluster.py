@@ -47,6 +47,7 @@ from rubberband.tools.restart import (
     recorded_keyspace,
     restart_numbers,
     restored,
+    stopped_storage,
 )
 
 
@@ -176,25 +177,10 @@ def up(args: argparse.Namespace) -> int:
         ),
     )
     if record is not None:
-        return restored(
-            record,
-            t0,
-            args.timeout,
-            lambda: admin_request(str(d), "/status"),
-            lambda: _stopped_storage(d),
-        )
+        started = [n.replace(":", "") for n in storage]
+        status = lambda: admin_request(str(d), "/status")  # noqa: E731
+        return restored(record, t0, args.timeout, status, lambda: stopped_storage(d, started))
     return _expand_all(d, args, addresses, t0)
-
-
-def _stopped_storage(d: Path) -> list[str]:
-    """Storage processes of the cluster that exited, each with the reason its log gives."""
-    out = []
-    for key, p in json.loads((d / "processes.json").read_text()).items():
-        if key.startswith("storage") and not local.running(p["pid"]):
-            lines = Path(p["log"]).read_text(errors="replace").splitlines()
-            said = [x for x in lines if "event=stopped" in x or "Error" in x]
-            out.append(f"{key}: {(said or lines or ['(no log)'])[-1]}")
-    return out
 
 
 def _holders_back(d: Path, args: argparse.Namespace, record: Any) -> tuple[list[int], list[int]]:

@@ -4,6 +4,7 @@ ring to be put back (docs/operations.md, "Restarting a whole cluster")."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -17,6 +18,13 @@ KEYSPACE_FILE = "keyspace-s{}.msgpack"
 """Where super ``super:sN`` of a local cluster records the ring (``--keyspace-file``)."""
 
 
+def member(entry: dict[str, Any]) -> bool:
+    """Is a recorded process a member of the cluster (a router, super or storage
+    process)?  Others recorded beside them, a view's maintainer, are its clients: one
+    that outlived a power cut goes on against the restarted cluster."""
+    return bool({"router", "super", "storage"} & set(entry.get("argv", ())))
+
+
 def recorded_keyspace(d: Path) -> Any:
     """The newest ring the supers of ``d`` recorded, if a cluster on a durable engine
     lived there and every process of it is gone; None for a new cluster, whose supers
@@ -28,7 +36,9 @@ def recorded_keyspace(d: Path) -> Any:
         for f in files:
             f.unlink()
         return None
-    live = [n for n, e in local.StateDir.recorded(d).items() if local.running(e["pid"])]
+    live = [
+        n for n, e in local.StateDir.recorded(d).items() if member(e) and local.running(e["pid"])
+    ]
     if live:
         raise SystemExit(f"rubberband cluster up: {d} has a live cluster ({', '.join(live)})")
     return max(records, key=lambda r: r[2])
@@ -89,6 +99,19 @@ def check_holders(
         print(f"the disks of storage {lost} are gone: their ranges restart on the other "
               "holders, and a standby takes their place once a super repairs them")  # fmt: skip
     return lost
+
+
+def stopped_storage(d: Path, started: list[str]) -> list[str]:
+    """Storage processes this start ``started`` (their keys in ``processes.json``)
+    that exited since, each with the reason its log gives (the others recorded there
+    belong to the cluster before: a standby it had is not started again)."""
+    out = []
+    for key, p in json.loads((d / "processes.json").read_text()).items():
+        if key in started and not local.running(p["pid"]):
+            lines = Path(p["log"]).read_text(errors="replace").splitlines()
+            said = [x for x in lines if "event=stopped" in x or "Error" in x]
+            out.append(f"{key}: {(said or lines or ['(no log)'])[-1]}")
+    return out
 
 
 HOLDERS_SETTLE = 1.0
