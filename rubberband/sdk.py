@@ -495,7 +495,9 @@ class RubberbandClient:
         return getattr(api, name)
 
     # ================================================================== lifetime
-    async def close(self) -> None:
+    async def close(self, timeout: float = 10.0) -> None:
+        """Leave, after waiting up to ``timeout`` for what was submitted to be
+        acknowledged (a client giving up on a lost cluster waits less)."""
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
@@ -504,7 +506,7 @@ class RubberbandClient:
         for fut in self._done.values():
             if not fut.done():
                 fut.set_exception(ecast.ClosedError("the client was closed"))
-        await self.ecast.detach()
+        await self.ecast.detach(timeout)
 
     async def __aenter__(self) -> RubberbandClient:
         return self

@@ -17,6 +17,13 @@ from typing import Any
 from rubberband.tools.client import Usage, connect, failures, jsonable, key, value, where
 
 COMMANDS = ("create", "drop", "list", "status", "read", "maintain")
+RECONNECT_AFTER = 15.0
+"""Seconds a maintainer goes without an answer from the cluster (or with its client
+stopped: suspected after a pause) before it connects anew, reading the state
+directory's routers again: the cluster may have been restarted whole (a power cut,
+new routers), which a client of the old group never reaches.  Its views then go on
+from their progress, or start over from a snapshot where the feed was compacted
+(across a restart it is).  Longer than a leader's failover, which it rides out."""
 KINDS = ("selection", "projection", "index", "aggregate", "join")
 
 
@@ -158,6 +165,41 @@ async def run(args: argparse.Namespace) -> Any:
         await rb.close()
 
 
+async def _halt(running: dict[str, Any]) -> None:
+    """Every group's loop stopped (a step waiting for a lost cluster's answer: cut)."""
+    for _group, halt, _task in running.values():
+        halt.set()
+    tasks = [t for _g, _h, t in running.values()]
+    if tasks:
+        _done, late = await asyncio.wait(tasks, timeout=5.0)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    running.clear()
+
+
+async def _reconnect(
+    rb: Any, args: argparse.Namespace, running: dict[str, Any], figures: dict[str, Any],
+    stop: asyncio.Event,
+) -> Any:  # fmt: skip
+    """A new client, once one connects (``RECONNECT_AFTER``); the groups of the old one
+    stopped, their figures dropped (the loop starts every view again)."""
+    logging.getLogger("rubberband.views").warning(
+        "no answer from the cluster for %.0f s, or the client stopped (%s): connecting anew",
+        RECONNECT_AFTER, rb.ecast.terminated or "unreachable",
+    )  # fmt: skip
+    await _halt(running)
+    figures.clear()
+    with contextlib.suppress(Exception):
+        await rb.close(timeout=1.0)
+    while not stop.is_set():
+        with contextlib.suppress(*failures()):
+            return (await connect(args))[0]
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+    return rb
+
+
 async def _status(rb: Any, view: Any) -> dict[str, Any]:
     """A view's progress and staleness: positions behind a sequential read now (of its
     part furthest behind, for a view split in parts)."""
@@ -207,9 +249,15 @@ async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
     maintained: set[str] = set()
     told: dict[str, Any] = {}  # the figures whose stop was logged (a view defined anew: new ones)
     shard = _shard(args.shard)
+    answered = time.monotonic()
     while not stop.is_set():
+        if rb.ecast.terminated is not None or time.monotonic() - answered > RECONNECT_AFTER:
+            rb = await _reconnect(rb, args, running, figures, stop)
+            answered = time.monotonic()
+            continue
         with contextlib.suppress(*failures()):
             named = [v for v in await rb.views() if not args.names or v.name in args.names]
+            answered = time.monotonic()
             views = {unit_name(u): u for v in named for u in units(v) if in_shard(u, shard)}
             for key, (group, halt, task) in list(running.items()):
                 for name in [n for n in group.views if views.get(n) != group.views[n]]:
@@ -240,9 +288,9 @@ async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
                 logging.getLogger("rubberband.views").error("%s", f.stopped)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
-    for _group, halt, _task in running.values():
-        halt.set()
-    await asyncio.gather(*(t for _g, _h, t in running.values()), return_exceptions=True)
+    await _halt(running)
+    with contextlib.suppress(Exception):
+        await rb.close()
     if server is not None:
         await server.cleanup()
     return {"maintained": sorted(maintained), "seconds": round(time.monotonic() - started, 1)}

@@ -112,7 +112,7 @@ class FakeEcast:
     def peers(self) -> list[str]:
         return [SUPER]
 
-    async def detach(self) -> None:
+    async def detach(self, timeout: float = 10.0) -> None:
         self.detached = True
 
 
