@@ -179,6 +179,9 @@ class Leveller:
         self._planned: dict[str, int] = {}
         self.next_epoch = 1
         """The epoch the restore starts (one past the newest any holder is in)."""
+        self.highest = -1
+        """The newest position any holder holds (once claims are known): the restore
+        must come after it, or positions would repeat."""
 
     def step(self, now: float, fx: Effects) -> None:
         """Start a round if none is under way (or the last one went quiet)."""
@@ -232,6 +235,7 @@ class Leveller:
         self._epoch = max(epochs | {0})
         self.next_epoch = self._epoch + 1
         self._low = min((self._position(p) for p in rename.values()), default=0)
+        self.highest = max((self._position(p) for p in rename.values()), default=-1)
         for p in sorted(rename.values()):
             self._tails[p], self._next[p] = [], 0
             fx.send.append((p, Direct(LevelAsk(self.round, self._low))))
@@ -315,9 +319,11 @@ def restored(core: Any, t: int, epoch: int | None) -> None:
     kept its ranges on disk, brought level with the other replicas, and its positions
     start again with this group's, in the restore's ``epoch``; what it holds beyond its
     ranges goes.  Positions must rise across the restart (the new group's founding
-    router numbers from the clock, ``--origin``): a holder whose engine holds a
-    position at or above ``t`` stops rather than answer two writes at one position
-    (its views, feed offsets and read positions would mix the two groups')."""
+    router numbers from the clock, ``--origin``): the coordinating super restores only
+    once its group is past every position the holders hold (:attr:`Leveller.highest`),
+    and a holder whose engine holds one at or above ``t`` all the same stops rather than
+    answer two writes at one position (its views, feed offsets and read positions would
+    mix the two groups')."""
     core.kept = None
     last = getattr(core.engine, "position", None)
     if type(last) is int and last >= t:

@@ -93,6 +93,8 @@ class SuperCore:
         self.restore_wait = restore_wait
         self._restore_since: float | None = None
         self._given_up: tuple[str, ...] = ()
+        self.position = -1
+        """The newest position delivered to this super."""
         """Recorded holders given up as lost (no process claimed them in time)."""
         self.watch = Watch(self, heartbeat, suspect_after)
         self.reconfigurations = Reconfigurations(self, auto_repair, repair_after)
@@ -108,6 +110,7 @@ class SuperCore:
             if d.unsafe:
                 continue
             m = d.message
+            self.position = d.t
             if m.sender == me and m.kind == "join":
                 self.joined(m.payload)
             else:
@@ -161,10 +164,13 @@ class SuperCore:
     def record(self) -> Any:
         """What a restart needs of the keyspace: ``(f, partitioning, version, ring,
         partial)``, ``partial`` the holders whose data may lack ranges (receivers of
-        unfinished reconfigurations, incomplete processes); None before our join.  The
-        host writes it down at every change."""
+        unfinished reconfigurations, incomplete processes); None before our join, and
+        while a recorded ring waits to be restored (written then, this group's empty
+        ring would take the place of the only record of it: a restart that failed
+        before its restore lost the ring, and the next dropped every holder's data).
+        The host writes it down at every change."""
         c = self.config
-        if c is None:
+        if c is None or self.restore is not None:
             return None
         partial = set(c.incomplete)
         for p in c.pending.values():
@@ -206,6 +212,14 @@ class SuperCore:
             return
         if not lev.done:
             lev.step(now, fx)
+            return
+        if lev.highest >= self.position:
+            # The group numbers its positions below what the holders hold (a clock set
+            # back, a smaller --origin): restored now, two writes would share a
+            # position.  The holders wait with their data; /status says why.
+            lev.error = (f"the holders hold positions up to {lev.highest} and this group "
+                         f"is at {self.position}: restart the routers' group with --origin "
+                         f"above {lev.highest}")  # fmt: skip
             return
         if now - self._restore_asked < RESTORE_AGAIN:
             return

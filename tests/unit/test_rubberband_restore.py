@@ -86,6 +86,7 @@ def test_the_coordinator_asks_once_every_holder_is_back_and_stops_once_restored(
     record = recorded()
     core = SuperCore("super:a", restore=record)
     core.config = joined("super:a", *HOLDERS[:3])
+    core.position = 1  # its own join, delivered: past the holders' positions (0)
     fx = core.on_tick(0.0)  # who holds which holder's data?
     assert not _submits(fx) and _asks(fx) == [(h, LevelAsk(1, None)) for h in HOLDERS[:3]]
     for h in HOLDERS[:3]:
@@ -121,6 +122,7 @@ def test_holders_restarted_under_new_names_get_the_ring_of_the_data_they_hold() 
     core = SuperCore("super:a", restore=record)
     new = [f"{h}-b" for h in HOLDERS]
     core.config = joined("super:a", *new, "storage:spare")
+    core.position = 8  # its own join, delivered: past the holders' positions (7)
     fx = core.on_tick(0.0)
     assert [dst for dst, _ in _asks(fx)] == sorted([*new, "storage:spare"])
     for h in sorted([*new, "storage:spare"]):
@@ -436,6 +438,7 @@ def test_a_holder_whose_data_never_comes_back_is_restored_as_lost_in_time() -> N
     record = recorded()
     core = SuperCore("super:a", restore=record, restore_wait=60.0)
     core.config = joined("super:a", *HOLDERS[:3], "storage:fresh")
+    core.position = 1  # its own join, delivered: past the holders' positions (0)
     claims = {h: (h,) for h in HOLDERS[:3]} | {"storage:fresh": ()}
 
     def answer(fx: Effects, now: float) -> Effects:
@@ -453,6 +456,7 @@ def test_a_holder_whose_data_never_comes_back_is_restored_as_lost_in_time() -> N
     assert submit.header[H.OP][3] == ("storage:3",)  # lost
     core = SuperCore("super:a", restore=record, restore_wait=60.0)  # three disks gone
     core.config = joined("super:a", HOLDERS[0], "storage:fresh")
+    core.position = 1  # its own join, delivered: past the holders' positions (0)
     claims = {HOLDERS[0]: (HOLDERS[0],), "storage:fresh": ()}
     answer(core.on_tick(0.0), 0.0)
     fx = answer(core.on_tick(100.0), 100.0)
@@ -564,3 +568,23 @@ def test_a_holder_stops_rather_than_reuse_positions_its_engine_already_holds(
         assert engine.epochs == [] and any("origin" in str(d) for d in fx.deliver)
     else:
         assert len(engine.epochs) == 1 and core.owned
+
+
+def test_the_coordinator_restores_only_once_its_group_is_past_the_holders_positions() -> None:
+    """Holders that hold positions up to 50 and a group at 20 (its routers numbered
+    from below them): the ring is not restored, and the super says why; once the
+    group's deliveries pass 50, it is, at a position above every one held."""
+    core = SuperCore("super:a", restore=recorded())
+    core.config = joined("super:a", *HOLDERS)
+    core.position = 20
+    fx = core.on_tick(0.0)
+    for after in (None, 50):  # positions, then tails (nothing after the lowest to level)
+        answers = [core.on_direct(h, _tail(1, 50, (h,), after), 0.0) for h in HOLDERS]
+        fx = answers[-1]
+    assert not _submits(fx)
+    error = core.status()["levelling_error"]
+    assert "up to 50" in error and "at 20" in error and "--origin" in error
+    assert not _submits(core.on_tick(RESTORE_AGAIN))
+    assert core.record() is None  # the record of the ring stays the one to restore
+    core.position = 51
+    assert [x.header[H.OP][0] for x in _submits(core.on_tick(2 * RESTORE_AGAIN))] == ["restore"]
