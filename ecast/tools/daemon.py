@@ -58,9 +58,9 @@ log = logging.getLogger("ecast.daemon")
 def origin_problem(value: str) -> str | None:
     # Below 2**53: positions stay exact as JavaScript numbers (the web console) and far
     # below the 2**62 that stands for "after every position".
-    if value == "clock" or (value.isdigit() and int(value) < 2**53):
+    if value == "clock" or (value.isascii() and value.isdigit() and int(value) < 2**53):
         return None
-    return f"{value!r} is neither 'clock' nor an integer from 0 to 2**53"
+    return f"{value!r} is neither 'clock' nor an integer from 0 to below 2**53"
 
 
 SETTINGS: tuple[Setting, ...] = (

@@ -18,12 +18,13 @@ from rubberband.tools.client import Usage, connect, failures, jsonable, key, val
 
 COMMANDS = ("create", "drop", "list", "status", "read", "maintain")
 RECONNECT_AFTER = 15.0
-"""Seconds a maintainer goes without an answer from the cluster (or with its client
-stopped: suspected after a pause) before it connects anew, reading the state
-directory's routers again: the cluster may have been restarted whole (a power cut,
-new routers), which a client of the old group never reaches.  Its views then go on
-from their progress, or start over from a snapshot where the feed was compacted
-(across a restart it is).  Longer than a leader's failover, which it rides out."""
+"""Seconds a maintainer goes without an answer from the cluster and without a router
+of its group reachable (or at once, with its client stopped: suspected after a pause)
+before it connects anew, reading the state directory's routers again: the cluster
+may have been restarted whole (a power cut, new routers), which a client of the old
+group never reaches.  Its views then go on from their progress, or start over from a
+snapshot where the feed was compacted (across a restart it is).  Longer than a
+leader's failover, which it rides out."""
 KINDS = ("selection", "projection", "index", "aggregate", "join")
 
 
@@ -165,6 +166,16 @@ async def run(args: argparse.Namespace) -> Any:
         await rb.close()
 
 
+def _lost(rb: Any, quiet: float) -> bool:
+    """Has the client lost the cluster: stopped, or no router of its group reachable
+    and no answer for ``RECONNECT_AFTER`` (``quiet``: seconds since the catalog was
+    last read)?  Failing reads with a router reachable (a segment under repair) are
+    the cluster's answers, not its absence: the views go on."""
+    if rb.ecast.terminated is not None:
+        return True
+    return quiet > RECONNECT_AFTER and rb.ecast.state != "connected"
+
+
 async def _halt(running: dict[str, Any]) -> None:
     """Every group's loop stopped (a step waiting for a lost cluster's answer: cut)."""
     for _group, halt, _task in running.values():
@@ -251,7 +262,7 @@ async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
     shard = _shard(args.shard)
     answered = time.monotonic()
     while not stop.is_set():
-        if rb.ecast.terminated is not None or time.monotonic() - answered > RECONNECT_AFTER:
+        if _lost(rb, time.monotonic() - answered):
             rb = await _reconnect(rb, args, running, figures, stop)
             answered = time.monotonic()
             continue

@@ -83,7 +83,8 @@ def test_a_bad_file_is_one_line_and_exit_status_2(
         (["--config", "no-colon"], "package.module:Class"),
         (["--config", "json:JSONDecoder"], "is not a Config"),
         (["--origin", "yesterday"], "neither 'clock' nor an integer"),
-        (["--origin", str(2**53)], "from 0 to 2**53"),
+        (["--origin", str(2**53)], "below 2**53"),
+        (["--origin", "\u00b2"], "neither 'clock' nor an integer"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_status_2(
