@@ -128,7 +128,8 @@ def restored(
 ) -> int:
     """Wait until the supers put the recorded ring back (``status``: a super's), and
     a moment more for the holders to take it (``stopped``: the storage processes that
-    exited, with why: a holder stops rather than reuse positions, for one)."""
+    exited, with why: a holder that meets a restore at or below its newest position,
+    for one, which the super's own check should keep from happening)."""
     deadline = time.monotonic() + timeout
     body: dict[str, Any] = {}
     while time.monotonic() < deadline:

@@ -366,7 +366,7 @@ METRICS = (
     ("position", "gauge", "the position up to which every base write is in the view"),
     ("floor", "gauge", "the oldest position the view can still be read at"),
     ("rows", "gauge", "rows the view holds"),
-    ("events", "counter", "base writes applied since the maintainer started"),
+    ("events", "counter", "base writes applied since the maintainer started or connected anew"),
     ("versions", "counter", "row versions written"),
     ("reclaimed", "counter", "rows that left the view, sent to be dropped"),
     ("starts", "counter", "starts from a snapshot (the first, and each start over)"),
