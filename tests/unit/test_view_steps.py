@@ -779,6 +779,32 @@ async def test_a_maintainers_short_steps_run_on_the_loop_and_long_ones_on_the_th
     assert await views_client.drive(Pages(), steps()) == [True] * 5
 
 
+def test_the_feed_page_that_starts_a_view_is_read_as_long_and_later_pages_are_not() -> None:
+    """A view is computed whole from its snapshot's pages at the first feed page that
+    reaches them (a million rows: many seconds), so that page's read is marked long
+    (the driver runs the step after it off the loop, whose heartbeats would stop and the
+    routers take the maintainer for dead); the pages after it are short again."""
+    from rubberband.changelog import Changes
+
+    c = Cluster()
+    for k in range(0, 40, 2):
+        c.base(k, {"g": k % 4, "x": k})
+    gen = maintain_group_steps(Group([VIEWS[0]]), poll=0.01, page_rows=3)
+    request, feeds = next(gen), []
+    for i in range(30):
+        read = request.read if type(request) in (Pipe, Both) else request
+        if type(read) is Read and type(read.op) is Changes:
+            feeds.append((read.long, _started_views(c)))
+        c.base(i % 40, {"g": i % 4, "x": i})
+        request = step(gen, c, request, float(i))
+    assert feeds[0] == (True, False), feeds
+    assert all(not long for long, started in feeds if started), feeds
+
+
+def _started_views(c: Cluster) -> bool:
+    return any(kv[0] == meta_key(VIEWS[0].name) for kv in c.data.values())
+
+
 VERSIONS = import_module("rubberband.versions")
 
 
