@@ -14,9 +14,13 @@ the memory engine, replication 3) with one ``rubberband views maintain`` process
    index) at sequential level (the wait for the maintainer to reach the read's
    position plus one read); also the view's distance behind a sequential read now, in
    positions (``rubberband views status``'s ``behind``).
-3. **Secondary-key lookups per second** at ``--rows`` rows: through an index view (one
-   range read each), against a full scan of the base range filtered by the client, and
-   against SQLite with an index on that column (in this process, no network).
+3. **Secondary-key lookups per second** at ``--rows`` rows, each secondary key held by
+   ``--rows-per-lookup`` rows (001's experiment, V-A: one, every secondary key unique),
+   32 lookups at a time: on a scan-engine table (``scan-memory``), through an index view
+   over its rows against the scan engine's own select ``where g = ?`` (a full scan of
+   every holder's share, shared by the selects waiting); on key-value data (the memory
+   engine), through an index view against a scan of the base range filtered by the
+   client; and SQLite with an index on that column (in this process, no network).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from rubberband.views.define import meta_key
 ROWS = 1_000_000
 """Base keys ``0 .. ROWS`` the writers pick from."""
 GROUPS = 1_000
+SCAN_PAGE = 50_000
+"""Rows a full scan of key-value data reads at once."""
 AGGREGATES = {"c": ["count", None], "s": ["sum", "n"], "hi": ["max", "n"]}
 
 
@@ -118,12 +124,14 @@ def _load(d: Path, procs: int, clients: int, seconds: float, rate: float) -> dic
 
 # ------------------------------------------------------------------ the cluster
 class Cluster:
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, engine: str = "memory") -> None:
         self.d = Path(tempfile.mkdtemp(prefix="rbviews-", dir=base))
+        self.engine = engine
         self.maintainer: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Cluster:
-        out = _cli("cluster", "up", "--state-dir", str(self.d), "--no-auto-repair", timeout=300)
+        out = _cli("cluster", "up", "--state-dir", str(self.d), "--no-auto-repair",
+                   "--engine", self.engine, timeout=300)  # fmt: skip
         if out.returncode != 0:
             raise RuntimeError(out.stderr[-2000:])
         return self
@@ -144,13 +152,14 @@ class Cluster:
         _cli("cluster", "down", "--state-dir", str(self.d), timeout=120)
 
 
-async def _client(c: Cluster, name: str) -> Any:
+async def _client(c: Cluster, name: str, ops: Any = None) -> Any:
     import rubberband
 
     st = c.st()
     name = f"client:{name}-{os.getpid()}"
     auth = st["client_credentials"]
-    return await rubberband.connect(st["routers"], name, credentials=auth, answer_timeout=30.0)
+    return await rubberband.connect(st["routers"], name, credentials=auth, answer_timeout=60.0,
+                                    ops=ops)  # fmt: skip
 
 
 async def _ready(rb: Any, name: str, timeout: float) -> float:
@@ -218,53 +227,126 @@ async def _probe(c: Cluster, seconds: float, sequential: str) -> dict[str, Any]:
     }
 
 
-async def _lookups(c: Cluster, rows: int, lookups: int) -> dict[str, Any]:
-    rb = await _client(c, "lookups")
+def _base_rows(rows: int, per: int) -> list[tuple[int, int, int]]:
+    """``(key, g, n)`` for the lookups: ``per`` rows of each secondary key ``g`` (001's
+    experiment, section V-A: one, every secondary key unique), spread over the keys."""
     rng = random.Random(1)
-    data = {k: {"g": rng.randrange(GROUPS), "n": k % 1000} for k in range(rows)}
-    items = list(data.items())
-    for i in range(0, len(items), 2_000):
-        await rb.put_many(dict(items[i : i + 2_000]))
-    created = time.monotonic()
-    await rb.create_view("by_g", (0, rows), "index", on="g", columns=["n"])
-    backfill = await _ready(rb, "by_g", 600.0) - created
-    wanted = [rng.randrange(GROUPS) for _ in range(lookups)]
-    view = rb.view("by_g")
-    t = time.monotonic()
-    sem = asyncio.Semaphore(32)
+    shuffled = list(range(rows))
+    rng.shuffle(shuffled)
+    return [(k, shuffled[k] // per, k % 1000) for k in range(rows)]
 
-    async def look(g: int) -> int:
+
+async def _at_once(calls: list[Any], n: int = 32) -> tuple[float, list[Any]]:
+    """Seconds to run ``calls`` (coroutine functions) ``n`` at a time, and their answers."""
+    sem = asyncio.Semaphore(n)
+
+    async def one(call: Any) -> Any:
         async with sem:
-            return len(await view.lookup(g, "snapshot"))
+            return await call()
 
-    found = await asyncio.gather(*(look(g) for g in wanted))
-    index_s = time.monotonic() - t
     t = time.monotonic()
-    scans = max(1, lookups // 100)
-    matched = 0
-    for g in wanted[:scans]:
-        got = await rb.scan(0, rows, isolation="snapshot")
-        matched += sum(1 for _k, v in got if v["g"] == g)
-    scan_s = (time.monotonic() - t) / scans
-    await rb.close()
+    got = await asyncio.gather(*(one(c) for c in calls))
+    return time.monotonic() - t, got
+
+
+def _wanted(groups: int, lookups: int) -> list[int]:
+    """The secondary keys looked up, at random (the same in every run)."""
+    rng = random.Random(2)
+    return [rng.randrange(groups) for _ in range(lookups)]
+
+
+def _sqlite(data: list[tuple[int, int, int]], wanted: list[int]) -> float:
+    """Lookups per second in SQLite with an index on ``g``, in this process."""
     db = sqlite3.connect(":memory:")
     db.execute("create table t (k integer primary key, g integer, n integer)")
-    db.executemany("insert into t values (?, ?, ?)", ((k, v["g"], v["n"]) for k, v in items))
+    db.executemany("insert into t values (?, ?, ?)", data)
     db.execute("create index t_g on t (g)")
     t = time.monotonic()
     for g in wanted:
         db.execute("select k, n from t where g = ?", (g,)).fetchall()
-    sqlite_s = time.monotonic() - t
+    return len(wanted) / (time.monotonic() - t)
+
+
+async def _lookups(c: Cluster, rows: int, lookups: int, per: int) -> dict[str, Any]:
+    """Key-value base (memory engine): the index view against a scan of the base range
+    filtered by the client (a key-value engine has no predicates of its own)."""
+    rb = await _client(c, "lookups")
+    data = _base_rows(rows, per)
+    for i in range(0, rows, 2_000):
+        await rb.put_many({k: {"g": g, "n": n} for k, g, n in data[i : i + 2_000]})
+    created = time.monotonic()
+    await rb.create_view("by_g", (0, rows), "index", on="g", columns=["n"])
+    backfill = await _ready(rb, "by_g", 900.0) - created
+    wanted = _wanted(rows // per, lookups)
+    view = rb.view("by_g")
+    index_s, found = await _at_once([lambda g=g: view.lookup(g, "snapshot") for g in wanted])
+    scans = max(1, lookups // 100)
+    t = time.monotonic()
+    matched = 0
+    for g in wanted[:scans]:
+        start: Any = 0
+        while True:  # in pages: one answer of a million rows held the client's loop so
+            # long that the routers took it for dead
+            got = await rb.read(("scan", start, rows, SCAN_PAGE + 1), "snapshot")
+            matched += sum(1 for _k, v in got[:SCAN_PAGE] if v["g"] == g)
+            if len(got) <= SCAN_PAGE:
+                break
+            start = got[SCAN_PAGE][0]
+    scan_s = (time.monotonic() - t) / scans
+    await rb.close()
     return {
         "rows": rows,
         "backfill_s": round(backfill, 1),
         "backfill_rows_per_s": round(rows / backfill),
         "index_view_lookups_per_s": round(lookups / index_s),
-        "rows_per_lookup": round(sum(found) / len(found), 1),
+        "rows_per_lookup": round(sum(map(len, found)) / len(found), 1),
         "full_scan_lookups_per_s": round(1 / scan_s, 2),
-        "sqlite_indexed_lookups_per_s": round(lookups / sqlite_s),
+        "sqlite_indexed_lookups_per_s": round(_sqlite(data, wanted)),
         "index_over_scan": round(scan_s / (index_s / lookups), 1),
         "rows_per_scan_lookup": round(matched / scans, 1),
+    }
+
+
+async def _table_lookups(c: Cluster, rows: int, lookups: int, per: int) -> dict[str, Any]:
+    """A scan-engine table (``scan-memory``): an index view over its rows against the
+    scan engine's own select ``where g = ?`` (Clock Scan: every holder scans its share
+    once for all the selects waiting, 2.4.3), both at snapshot level, 32 at a time; the
+    answers of the first lookups are compared between the two."""
+    from storage_adapters.scan.kv import ScanKVOps
+
+    rb = await _client(c, "table-lookups", ops=ScanKVOps({"t": "k"}))
+    data = _base_rows(rows, per)
+    t = await rb.create_table("t", {"k": "int", "g": "int", "n": "int"}, key="k")
+    batches = [data[i : i + 5_000] for i in range(0, rows, 5_000)]
+    load_s, _ = await _at_once(
+        [lambda b=b: t.insert([{"k": k, "g": g, "n": n} for k, g, n in b]) for b in batches], 4
+    )
+    created = time.monotonic()
+    await rb.create_view("t_by_g", (None, None), "index", on="g", columns=["n"], table=("t", "k"))
+    backfill = await _ready(rb, "t_by_g", 900.0) - created
+    wanted = _wanted(rows // per, lookups)
+    view = rb.view("t_by_g")
+    index_s, found = await _at_once([lambda g=g: view.lookup(g, "snapshot") for g in wanted])
+    scans = wanted[: max(32, lookups // 10)]
+    scan_s, selected = await _at_once(
+        [lambda g=g: t.select([("g", "=", g)], ["k", "n"], isolation="snapshot") for g in scans]
+    )
+    for got, rows_ in zip(found[:32], selected[:32], strict=False):
+        if sorted(k for k, _ in got) != sorted(r["k"] for r in rows_):
+            raise AssertionError("the index view and the scan engine's select disagree")
+    one_s, _ = await _at_once([lambda: t.select([("g", "=", scans[0])], isolation="snapshot")], 1)
+    await rb.close()
+    return {
+        "rows": rows,
+        "load_rows_per_s": round(rows / load_s),
+        "backfill_s": round(backfill, 1),
+        "backfill_rows_per_s": round(rows / backfill),
+        "index_view_lookups_per_s": round(lookups / index_s),
+        "rows_per_lookup": round(sum(map(len, found)) / len(found), 1),
+        "scan_engine_select_lookups_per_s": round(len(scans) / scan_s, 1),
+        "scan_engine_select_alone_ms": round(1000 * one_s, 1),
+        "sqlite_indexed_lookups_per_s": round(_sqlite(data, wanted)),
+        "index_over_scan": round((lookups / index_s) / (len(scans) / scan_s), 1),
     }
 
 
@@ -344,6 +426,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--rows", type=int, default=100_000, help="rows for the lookups (0: none)")
     ap.add_argument("--lookups", type=int, default=2_000)
+    ap.add_argument(
+        "--rows-per-lookup",
+        type=int,
+        default=1,
+        help="rows of each secondary key (001's experiment: 1, every one unique)",
+    )
+    ap.add_argument("--lookups-on", default="table,kv",
+                    help="the lookups' base: a scan-engine table (against the scan "
+                    "engine's select), key-value data (against a scan by the client)")  # fmt: skip
     ap.add_argument("--dir", default=None, help="where the clusters' state goes")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--repeat", type=int, default=1,
@@ -368,11 +459,15 @@ def main(argv: list[str] | None = None) -> int:
             result[keys[views]] = {"writes": half, **fresh}
             print(f"{keys[views]} at {half['writes_per_s']:,} writes/s: {result[keys[views]]}",
                   flush=True)  # fmt: skip
-    if a.rows:
-        with Cluster(base) as c:
+    for on in [x for x in a.lookups_on.split(",") if x.strip()] if a.rows else []:
+        if on not in ("table", "kv"):
+            ap.error("--lookups-on takes table and kv")
+        key = {"table": "lookups_table", "kv": "lookups"}[on]
+        with Cluster(base, "scan-memory" if on == "table" else "memory") as c:
             c.maintain()
-            result["lookups"] = asyncio.run(_lookups(c, a.rows, a.lookups))
-            print(f"lookups: {result['lookups']}", flush=True)
+            run = _table_lookups if on == "table" else _lookups
+            result[key] = asyncio.run(run(c, a.rows, a.lookups, a.rows_per_lookup))
+            print(f"{key}: {result[key]}", flush=True)
     if a.json:
         print(json.dumps(result))
     return 0
