@@ -300,7 +300,7 @@ async def _lookups(c: Cluster, rows: int, lookups: int, per: int) -> dict[str, A
         "backfill_rows_per_s": round(rows / backfill),
         "index_view_lookups_per_s": round(lookups / index_s),
         "rows_per_lookup": round(sum(map(len, found)) / len(found), 1),
-        "full_scan_lookups_per_s": round(1 / scan_s, 2),
+        "full_scan_lookups_per_s": round(1 / scan_s, 2),  # one at a time: each is long
         "sqlite_indexed_lookups_per_s": round(_sqlite(data, wanted)),
         "index_over_scan": round(scan_s / (index_s / lookups), 1),
         "rows_per_scan_lookup": round(matched / scans, 1),
@@ -332,7 +332,9 @@ async def _table_lookups(c: Cluster, rows: int, lookups: int, per: int) -> dict[
         [lambda g=g: t.select([("g", "=", g)], ["k", "n"], isolation="snapshot") for g in scans]
     )
     for got, rows_ in zip(found[:32], selected[:32], strict=False):
-        if sorted(k for k, _ in got) != sorted(r["k"] for r in rows_):
+        if not got or sorted((k, r["n"]) for k, r in got) != sorted(
+            (r["k"], r["n"]) for r in rows_
+        ):
             raise AssertionError("the index view and the scan engine's select disagree")
     one_s, _ = await _at_once([lambda: t.select([("g", "=", scans[0])], isolation="snapshot")], 1)
     await rb.close()
@@ -443,6 +445,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(args)
     if a.repeat < 1:
         ap.error("--repeat takes 1 or more")
+    bases = [x.strip() for x in a.lookups_on.split(",") if x.strip()]
+    if not set(bases) <= {"table", "kv"}:
+        ap.error("--lookups-on takes table and kv")
+    if a.rows and not 1 <= a.rows_per_lookup <= a.rows:
+        ap.error("--rows-per-lookup takes 1 to --rows")
     base = Path(a.dir or tempfile.gettempdir())
     result: dict[str, Any] = {"writes": _writes(a, base)}
     rate = a.staleness_rate
@@ -459,9 +466,7 @@ def main(argv: list[str] | None = None) -> int:
             result[keys[views]] = {"writes": half, **fresh}
             print(f"{keys[views]} at {half['writes_per_s']:,} writes/s: {result[keys[views]]}",
                   flush=True)  # fmt: skip
-    for on in [x for x in a.lookups_on.split(",") if x.strip()] if a.rows else []:
-        if on not in ("table", "kv"):
-            ap.error("--lookups-on takes table and kv")
+    for on in bases if a.rows else []:
         key = {"table": "lookups_table", "kv": "lookups"}[on]
         with Cluster(base, "scan-memory" if on == "table" else "memory") as c:
             c.maintain()

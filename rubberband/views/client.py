@@ -195,10 +195,10 @@ async def drive(
     runs on a worker thread, so a long computation (a maintainer's start over a
     million rows: 20 s) never holds the event loop, whose client heartbeats would stop
     and the routers take the client for dead.  Long: the step after a snapshot's or a
-    table's page, the first feed page after them (a start computes the view from them:
-    ``Read.long``) or a feed page of more than :data:`SHORT_PAGE` changes, and every
-    step for a while after one on the loop used too much CPU
-    (:class:`~rubberband.driver.LoopGate`).  The rest, a page of a few
+    table's page, a feed page while a view of the group has not started (a start
+    computes the view from those pages: ``Read.long``) or a feed page of more than
+    :data:`SHORT_PAGE` changes, and every step for a while after one on the loop used
+    too much CPU (:class:`~rubberband.driver.LoopGate`).  The rest, a page of a few
     dozen changes, run on the loop: each hop to the thread and back cost a maintainer
     about a tenth of its CPU and a wake-up of each side per page."""
     loop = asyncio.get_running_loop()

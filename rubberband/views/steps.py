@@ -103,6 +103,10 @@ class Group:
     change ``views`` at any time: the loop starts a new view from its own snapshot at its
     next page, and drops a removed one; ``figures`` has each view's."""
 
+    # The loop's steps may run on a worker thread while the driver adds and removes
+    # views on the event loop: both dicts are replaced, never changed, so a step
+    # iterates the one it took whole, and a view it finds in one may be gone from the
+    # other (looked up with ``get``).
     def __init__(self, views: Iterable[ViewDef] = ()) -> None:
         self.views: dict[str, ViewDef] = {}
         self.figures: dict[str, Figures] = {}
@@ -111,7 +115,7 @@ class Group:
 
     @property
     def sources(self) -> tuple[tuple[Any, Any], ...] | None:
-        for view in list(self.views.values()):  # a copy: the driver may change the views
+        for view in self.views.values():
             return view.sources
         return None
 
@@ -121,14 +125,14 @@ class Group:
         if self.views and group_of(view) != group_of(next(iter(self.views.values()))):
             raise ValueError(f"view {view.name!r} has other sources than its group's")
         kept = units(view)
-        for unit in kept:
-            name = unit_name(unit)
-            self.views[name] = unit
-            self.figures[name] = figures if figures is not None and len(kept) == 1 else Figures()
+        one = figures if figures is not None and len(kept) == 1 else None
+        named = {unit_name(unit): unit for unit in kept}
+        self.figures = {**self.figures, **{n: Figures() if one is None else one for n in named}}
+        self.views = {**self.views, **named}
 
     def remove(self, name: str) -> None:
-        self.views.pop(name, None)
-        self.figures.pop(name, None)
+        self.views = {n: v for n, v in self.views.items() if n != name}
+        self.figures = {n: f for n, f in self.figures.items() if n != name}
 
 
 def group_of(view: ViewDef) -> str:
@@ -307,8 +311,8 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
             if members:
                 now = yield from _catch_up(group, members, flight, held, writes, writes_asked, now)
                 held, flight, writes = [], Flight(), {}
-            name, view, parent = due
-            members[name], now = yield from _begin(view, parent, group.figures[name], page_rows)
+            name, view, parent, figures = due
+            members[name], now = yield from _begin(view, parent, figures, page_rows)
         _stops(group, members, writes, halted)
         if not members:  # the last progress of views that stopped still goes out
             now = yield from _catch_up(group, members, flight, held, {}, writes_asked, now)
@@ -360,16 +364,17 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
 
 
 def _due(group: Group, members: dict[str, Maintainer]) -> Any:
-    """The next view to start, ``(name, view, the view it is over if kept)``, or None:
-    each after the one it is over, once that one has a position."""
+    """The next view to start, ``(name, view, the view it is over if kept, its
+    figures)``, or None: each after the one it is over, once that one has a position."""
     for name, view in _by_depth(group.views):
-        if name in members or group.figures[name].stopped:
+        figures = group.figures.get(name)
+        if name in members or figures is None or figures.stopped:
             continue
         if view.over is None:
-            return name, view, None
+            return name, view, None, figures
         parent = members.get(view.over)
         if parent is not None and parent.position >= 0 and not parent.stopped:
-            return name, view, parent
+            return name, view, parent, figures
     return None
 
 
@@ -536,7 +541,9 @@ def _stops(
     group's other views go on (before, one such row failed every round of the whole
     group, which then started over from snapshots, again and again)."""
     for name, view in _by_depth(group.views):
-        figures, m = group.figures[name], members.get(name)
+        figures, m = group.figures.get(name), members.get(name)
+        if figures is None:
+            continue  # removed meanwhile: forgotten at the next round
         if m is not None and m.view != view:
             m = None  # defined anew meanwhile: the old one is forgotten, not halted
         if m is not None and m.stopped:

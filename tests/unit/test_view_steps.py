@@ -778,6 +778,17 @@ async def test_a_maintainers_short_steps_run_on_the_loop_and_long_ones_on_the_th
     sizes = iter([3, views_client.SHORT_PAGE + 1, 3, 3])
     assert await views_client.drive(Pages(), steps()) == [True] * 5
 
+    def starting() -> Any:  # a short page read as long: a view starts after it
+        where = []
+        yield Read(Changes(0, 0, 10), "sequential")
+        where.append(threading.get_ident() == loop_thread)
+        yield Read(Changes(0, 0, 10), "sequential", long=True)
+        where.append(threading.get_ident() == loop_thread)
+        return where
+
+    sizes = iter([3, 3])
+    assert await views_client.drive(Pages(), starting(), threaded=True) == [True, False]
+
 
 def test_the_feed_page_that_starts_a_view_is_read_as_long_and_later_pages_are_not() -> None:
     """A view is computed whole from its snapshot's pages at the first feed page that
@@ -798,7 +809,30 @@ def test_the_feed_page_that_starts_a_view_is_read_as_long_and_later_pages_are_no
         c.base(i % 40, {"g": i % 4, "x": i})
         request = step(gen, c, request, float(i))
     assert feeds[0] == (True, False), feeds
+    assert not feeds[1][0], feeds  # the view started at the first page
     assert all(not long for long, started in feeds if started), feeds
+
+
+def test_a_group_changed_by_the_driver_leaves_a_steps_dicts_as_it_took_them() -> None:
+    """The driver adds and removes views on the event loop while a step of the group's
+    loop may run on a worker thread: the step's dicts never change under it (it saw
+    "dictionary changed size during iteration" before), and a view found in one but
+    gone from the other is passed over, not a ``KeyError``."""
+    from rubberband.views.steps import _due, _stops
+
+    g = Group(VIEWS[:2])
+    views, figures = g.views, g.figures
+    for name in views:  # the driver's changes, in the middle of an iteration
+        g.remove("by_g")
+        g.add(VIEWS[0])
+    assert views.keys() == figures.keys() == {"by_g", "per_g"}
+    g.remove("per_g")
+    assert "per_g" in views and "per_g" not in g.views and "per_g" in figures
+    g.views = views  # as a step may see them: the view's figures already gone
+    _stops(g, {}, {}, {})
+    due = _due(g, {})
+    assert due is not None and due[0] == "by_g" and due[3] is g.figures["by_g"]
+    assert _due(g, {"by_g": None}) is None  # type: ignore[dict-item]
 
 
 def _started_views(c: Cluster) -> bool:
