@@ -312,9 +312,7 @@ async def _table_lookups(c: Cluster, rows: int, lookups: int, per: int) -> dict[
     scan engine's own select ``where g = ?`` (Clock Scan: every holder scans its share
     once for all the selects waiting, 2.4.3), both at snapshot level, 32 at a time; the
     answers of the first lookups are compared between the two."""
-    from storage_adapters.scan.kv import ScanKVOps
-
-    rb = await _client(c, "table-lookups", ops=ScanKVOps({"t": "k"}))
+    rb = await _client(c, "table-lookups", ops="storage_adapters.scan.kv:ScanKVOps")
     data = _base_rows(rows, per)
     t = await rb.create_table("t", {"k": "int", "g": "int", "n": "int"}, key="k")
     batches = [data[i : i + 5_000] for i in range(0, rows, 5_000)]

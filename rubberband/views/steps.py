@@ -323,10 +323,9 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
         asked = now  # the pages of this round are asked for from now on
         for side, (lo, hi) in enumerate(group.sources or ()):
             since = min(m.since[side] for m in members.values() if m.view.over is None)
-            # A view not started yet is computed whole from its snapshot pages at the
-            # first page that reaches them (a million rows: many seconds).
-            long = any(m.position < 0 for m in members.values())
-            read = Read(Changes(since, lo, hi), "sequential", long=long)
+            # (a view not started yet is computed at the page that reaches its snapshot)
+            read = Read(Changes(since, lo, hi), "sequential",
+                        long=any(m.position < 0 for m in members.values()))  # fmt: skip
             made = [name for name, w in writes.items() if w]
             rows = sum(max(1, len(writes[n]) - 1 - members[n].housekeeping) for n in made)
             if rows <= PIPE_MESSAGES:

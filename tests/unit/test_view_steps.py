@@ -822,7 +822,7 @@ def test_a_group_changed_by_the_driver_leaves_a_steps_dicts_as_it_took_them() ->
 
     g = Group(VIEWS[:2])
     views, figures = g.views, g.figures
-    for name in views:  # the driver's changes, in the middle of an iteration
+    for _name in views:  # the driver's changes, in the middle of an iteration
         g.remove("by_g")
         g.add(VIEWS[0])
     assert views.keys() == figures.keys() == {"by_g", "per_g"}
