@@ -93,9 +93,9 @@ class SuperCore:
         self.restore_wait = restore_wait
         self._restore_since: float | None = None
         self._given_up: tuple[str, ...] = ()
+        """Recorded holders given up as lost (no process claimed them in time)."""
         self.position = -1
         """The newest position delivered to this super."""
-        """Recorded holders given up as lost (no process claimed them in time)."""
         self.watch = Watch(self, heartbeat, suspect_after)
         self.reconfigurations = Reconfigurations(self, auto_repair, repair_after)
         self.views = ViewReports()
