@@ -84,6 +84,7 @@ from rubberband.keys import (
     normalize,
     sort_bound,
     sort_key,
+    sort_pairs,
     stable_hash32,
     union,
 )
@@ -124,6 +125,7 @@ __all__ = [
     "row_key",
     "sort_bound",
     "sort_key",
+    "sort_pairs",
     "union",
 ]
 

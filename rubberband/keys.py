@@ -37,6 +37,7 @@ import math
 import threading
 from bisect import bisect_right
 from collections.abc import Iterable
+from operator import itemgetter
 from typing import Any
 
 import msgpack
@@ -111,6 +112,23 @@ def encode_key(key: Key, _depth: int = 0) -> EKey:
     raise BadKey(
         f"{t.__name__} is not a key type (use None, bool, int, float, str, bytes or tuples)"
     )
+
+
+_BY_THEMSELVES = (frozenset({int, float}), frozenset({str}), frozenset({bytes}))
+"""Sets of key types whose keys sort by themselves as their sort forms do: one rank of
+:func:`encode_key` each, ordered within it as Python orders them (a bool is a rank of
+its own, and no key is NaN)."""
+
+
+def sort_pairs(pairs: list[tuple[Any, Any]]) -> None:
+    """Sort ``(key, value)`` pairs in place by key order.  Keys all of one plain type
+    sort by themselves: a client combining a scan of a million rows spent a second
+    making each key's sort form."""
+    kinds = {type(p[0]) for p in pairs}
+    if any(kinds <= same for same in _BY_THEMSELVES):
+        pairs.sort(key=itemgetter(0))
+    else:
+        pairs.sort(key=lambda p: encode_key(p[0]))
 
 
 # ------------------------------------------------------------------ flat sort forms

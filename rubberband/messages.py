@@ -331,6 +331,7 @@ class Messages:
             offset = self._offset
         ranges = normalize((lo, hi) for lo, hi in self._hulls(g for _, g in reads).values())
         payload = self._packer.pack(tuple((op, g.ranges) for op, g in reads))
+        _bundled(g for _, g in reads)
         return payload, bundle_header(ranges, offset, len(reads))
 
     def read_messages(
@@ -372,6 +373,7 @@ class Messages:
         if hulls is None:
             hulls = self._hulls(gathers[i] for i in group)
         ranges = normalize((lo, hi) for lo, hi in hulls.values())
+        _bundled(gathers[i] for i in group)
         out.append((tuple(group), payload, bundle_header(ranges, offset, len(group))))
 
     def basic_targets(
@@ -400,14 +402,25 @@ class Messages:
                 k: t for r, res in gather.pieces for k, t in res[1] if contains(r, ekey(k))
             }
             pieces = [(r, res[0]) for r, res in gather.pieces]
-            return self.ops.combine(op.op, [self._restrict(r, res) for r, res in pieces]), revisions
-        return self.ops.combine(op, [self._restrict(r, res) for r, res in gather.pieces])
+            return self.ops.combine(op.op, self._answers(gather.exact, pieces)), revisions
+        return self.ops.combine(op, self._answers(gather.exact, gather.pieces))
 
-    def _restrict(self, ranges: RangeSet, result: Any) -> Any:
+    def _answers(self, exact: bool, pieces: list[tuple[RangeSet, Any]]) -> list[Any]:
         """Engines answer for the ranges they were given; the client keeps each range
-        once, so an engine's ``restrict`` (if any) trims an answer to ``ranges``."""
+        once, so where an answer's piece is less than it covered (not ``exact``,
+        :attr:`Gather.exact`) an engine's ``restrict`` (if any) trims it to its piece."""
         restrict = getattr(self.ops, "restrict", None)
-        return result if restrict is None else restrict(result, ranges, self.placement)
+        if exact or restrict is None:
+            return [res for _r, res in pieces]
+        return [restrict(res, r, self.placement) for r, res in pieces]
+
+
+def _bundled(gathers: Iterable[Gather]) -> None:
+    """These reads go in a bundle: a responder's engine runs each on the bundle's whole
+    piece (:func:`rubberband.bundles.read_items`), which may hold keys beyond the read's
+    own ranges, so their answers are trimmed (:attr:`Gather.exact`)."""
+    for g in gathers:
+        g.exact = False
 
 
 def _widen(hulls: dict[int, list[Any]], k: int, lo: Any, hi: Any) -> None:

@@ -65,6 +65,7 @@ from rubberband.engine import (
     rejection,
     sort_bound,
     sort_key,
+    sort_pairs,
 )
 
 WRITES = frozenset({"put", "append", "add", "delete", "delete_range", "version", "reclaim"})
@@ -176,7 +177,7 @@ class KVOps:
             return out
         if op[0] == "scan":
             rows = [row for a in answers for row in a]
-            rows.sort(key=lambda kv: encode_key(kv[0]))
+            sort_pairs(rows)
             return rows[: op[3]] if len(op) > 3 else rows
         return None
 

@@ -283,3 +283,33 @@ def test_a_flat_sort_form_shares_its_prefix_strings_and_not_its_last():
     for i in range(keys.SHARED_STRINGS + 10):
         sort_key((f"field-{i}", i))
     assert len(keys._SHARED) == keys.SHARED_STRINGS
+
+
+_one_type = st.sampled_from(
+    [
+        st.integers(min_value=K.MIN_INT, max_value=K.MAX_INT),
+        st.one_of(st.integers(-3, 3), st.floats(-3, 3)),  # one rank: a float beside an int
+        st.text(max_size=4),
+        st.binary(max_size=4),
+        key_values,  # any mix: tuples, bools, None
+    ]
+).flatmap(lambda keys: st.lists(keys, max_size=30))
+
+
+@given(_one_type, st.randoms(use_true_random=False))
+def test_sorted_pairs_are_in_key_order_whatever_their_keys(keys, rnd):
+    pairs = [(k, i) for i, k in enumerate(keys)]
+    rnd.shuffle(pairs)
+    by_form = sorted(pairs, key=lambda p: K.encode_key(p[0]))
+    K.sort_pairs(pairs)
+    # Equal keys (1 and 1.0) may keep either order; the keys' order is the same.
+    assert [K.encode_key(k) for k, _ in pairs] == [K.encode_key(k) for k, _ in by_form]
+    assert sorted(pairs, key=lambda p: (K.encode_key(p[0]), p[1])) == sorted(
+        by_form, key=lambda p: (K.encode_key(p[0]), p[1])
+    )
+
+
+def test_sorted_pairs_of_mixed_plain_types_keep_the_ranks():
+    pairs = [("a", 0), (2, 1), (b"z", 2), (True, 3), (1.5, 4), (None, 5)]
+    K.sort_pairs(pairs)
+    assert [k for k, _ in pairs] == [None, True, 1.5, 2, "a", b"z"]

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from rubberband.client import Gather
 from rubberband.keys import clip, intersect, key_range, normalize
+from rubberband.messages import Messages
 
 WHOLE = normalize([key_range(0, 100)])
 LOW = normalize([key_range(0, 50)])
@@ -57,3 +58,47 @@ def test_clip_is_intersect_of_one_range(ranges: list[Any], rng: Any) -> None:
     rs = normalize(ranges)
     want = intersect(normalize([rng]), rs) if rng[0] < rng[1] else ()
     assert clip(rng, rs) == want
+
+
+def test_answers_each_all_their_own_need_no_trimming_and_an_overlap_does() -> None:
+    g = Gather("op", WHOLE)
+    g.add(WHOLE, "all", None, 7, True)
+    assert g.exact  # one answer for all of it
+    g = Gather("op", WHOLE)
+    g.add(LOW, "low", None, 3, True)
+    g.add(HIGH, "high", None, 3, True)
+    assert g.complete and g.exact  # two halves, each all its own
+    g = Gather("op", WHOLE)
+    g.add(LOW, "low", None, 3, True)
+    g.add(WHOLE, "whole", None, 3, True)
+    assert g.complete and not g.exact  # the second answer's low half is another's
+    g = Gather("op", LOW)
+    g.add(WHOLE, "more", None, 3, True)
+    assert g.complete and not g.exact  # an answer for more than the read asked
+
+
+class _Ops:
+    """Operations whose ``restrict`` keeps the rows of its ranges, and is counted."""
+
+    def __init__(self) -> None:
+        self.restricted = 0
+
+    def combine(self, op: Any, answers: list[Any]) -> Any:
+        return sorted(row for a in answers for row in a)
+
+    def restrict(self, result: Any, ranges: Any, placement: Any) -> Any:
+        self.restricted += 1
+        return [k for k in result if any(lo <= (2, k) < hi for lo, hi in ranges)]
+
+
+def test_a_read_trims_only_an_answer_that_another_overlapped() -> None:
+    ops = _Ops()
+    client = Messages(ops)
+    g = Gather(("scan", 0, 100), WHOLE)
+    g.add(LOW, list(range(50)), None, 3, True)
+    g.add(HIGH, list(range(50, 100)), None, 3, True)
+    assert client.result(g) == list(range(100)) and ops.restricted == 0
+    g = Gather(("scan", 0, 100), WHOLE)
+    g.add(LOW, list(range(50)), None, 3, True)
+    g.add(WHOLE, list(range(100)), None, 3, True)  # its low half is the first answer's
+    assert client.result(g) == list(range(100)) and ops.restricted == 2
