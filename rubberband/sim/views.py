@@ -27,6 +27,7 @@ from rubberband.views.reads import read_steps
 from rubberband.views.steps import (
     Both,
     Group,
+    KeyPage,
     Pipe,
     Read,
     Settle,
@@ -35,6 +36,7 @@ from rubberband.views.steps import (
     Write,
     groups,
     maintain_group_steps,
+    page_read,
 )
 
 if TYPE_CHECKING:
@@ -162,6 +164,7 @@ class Driven:
         self._fresh = True
         self.flight: set[int] = set()  # the last Pipe's write, not yet stable
         self.flight_error: BaseException | None = None
+        self.page_ends: dict[int, Any] = {}  # a KeyPage read's: where the next one starts
 
     def resume(self, reply: Any, now: float, error: BaseException | None = None) -> None:
         self.waiting, self.wake_at = None, None
@@ -221,7 +224,13 @@ class Driven:
     def _read(self, request: Read, now: float) -> int:
         core = self.node.client
         assert core is not None
-        rid, fx = core.read(request.op, request.isolation, now, within=request.within)
+        op, within, end = request.op, request.within, None
+        if type(op) is KeyPage:  # as the asyncio driver builds it, from this client's keyspace
+            ks = core.keyspace
+            op, within, end = page_read(op, core.placement.ordered, ks.segments() if ks else ())
+        rid, fx = core.read(op, request.isolation, now, within=within)
+        if type(request.op) is KeyPage:
+            self.page_ends[rid] = end
         self.node.feed(fx)
         return rid
 
@@ -247,10 +256,13 @@ class Driven:
             return
         if type(item) is ReadDone and item.request == w.read:
             w.read = None
+            result = item.result
+            if item.request in self.page_ends:  # a KeyPage's rows, with where it ended
+                result = (result, self.page_ends.pop(item.request))
             if item.error is not None:
                 w.error = w.error or item.error
             else:
-                w.reply = (item.result, item.position) if w.with_position else item.result
+                w.reply = (result, item.position) if w.with_position else result
         elif type(item) is WriteDone and item.request in w.writes:
             w.writes.discard(item.request)
             if item.error is not None:

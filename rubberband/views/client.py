@@ -45,6 +45,7 @@ from rubberband.views.steps import (
     Both,
     Figures,
     Group,
+    KeyPage,
     Pipe,
     Read,
     Settle,
@@ -53,6 +54,7 @@ from rubberband.views.steps import (
     TableRows,
     Write,
     maintain_group_steps,
+    page_read,
 )
 
 log = logging.getLogger("rubberband.views")
@@ -318,6 +320,10 @@ async def _read(rb: Any, request: Read) -> Any:
         select, pairs = hook(op.table, op.key, op.lo, op.hi, keys_only=op.keys_only)
         result, position = await rb.read(select, request.isolation, with_position=True)
         return pairs(result), position
+    if type(op) is KeyPage:
+        scan, within, end = page_read(op, rb.placement.ordered, rb.segments())
+        rows, position = await rb.read(scan, request.isolation, within=within, with_position=True)
+        return (rows, end), position
     return await rb.read(op, request.isolation, within=request.within,
                          with_position=request.with_position)  # fmt: skip
 

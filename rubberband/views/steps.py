@@ -24,7 +24,7 @@ from rubberband.errors import (
     RubberbandError,
     Unavailable,
 )
-from rubberband.keys import encode_key
+from rubberband.keys import MAX_EKEY, MIN_EKEY, encode_key
 from rubberband.views.define import (
     ViewDef,
     part_bounds,
@@ -201,22 +201,63 @@ PAGE_ROWS = 10_000
 table of a million rows did not."""
 
 
+class KeyPage(NamedTuple):
+    """A page of the keys in ``[lo, hi)`` (``hi`` None: unbounded): a sequential scan of
+    at most ``rows`` of them from ``lo``, kept to the one primary segment (as the
+    driver's client knows the keyspace) that holds ``place`` (placement space; None:
+    ``lo``'s place), built by :func:`page_read`.  The reply is ``((rows, end),
+    position)``, ``end`` the place the next segment starts at, or None where the page
+    reached ``hi``.
+
+    Why one segment: every holder a read reaches answers a scan with a limit with that
+    many rows of each segment it holds, so a page of 10,000 rows over four segments,
+    each held by three processes, came back as up to 120,000 rows, and a view's backfill
+    read its source a dozen times over."""
+
+    lo: Any
+    hi: Any
+    rows: int
+    place: Any = None
+
+
+def page_read(page: KeyPage, ordered: bool, segments: Iterable[Any]) -> tuple[Any, Any, Any]:
+    """``(op, within, end)``: the scan that reads ``page``, the placement ranges it is
+    kept to (None: all of it), and the place the next segment starts (None: none before
+    ``hi``).  Under hash partitioning every bucket holds part of any key range: the
+    scan is not kept to one."""
+    op = ("scan", page.lo, page.hi, page.rows)
+    if not ordered:
+        return op, None, None
+    start = page.place
+    if start is None:
+        start = MIN_EKEY if page.lo is None else encode_key(page.lo)
+    stop = MAX_EKEY if page.hi is None else encode_key(page.hi)
+    for segment in segments:
+        for a, b in segment:
+            if a <= start < b:
+                return (op, ((start, stop),), None) if stop <= b else (op, ((start, b),), b)
+    return op, None, None  # a keyspace the client does not know yet: all of it at once
+
+
 def _pages(lo: Any, hi: Any, page_rows: int) -> Steps:
     """``[lo, hi)`` read in pages of ``page_rows``, each a sequential scan at its own
-    position from just after the last page's last key: ``[(rows, position, now)]``."""
+    position from just after the last page's last key, within one segment
+    (:class:`KeyPage`): ``[(rows, position, now)]``."""
     pages: list[tuple[list[Any], int, float]] = []
-    start = lo
+    start, place = lo, None
     while True:
-        (rows, position), now = yield Read(("scan", start, hi, page_rows + 1), "sequential",
-                                           None, True)  # fmt: skip
+        ((rows, end), position), now = yield Read(KeyPage(start, hi, page_rows + 1, place),
+                                                  "sequential", None, True)  # fmt: skip
         rows = list(rows)
         if pages and rows and same_key(rows[0][0], start):
             rows = rows[1:]  # the last page's last key, where this page began
-        full = len(rows) >= page_rows
         pages.append((rows[:page_rows], position, now))
-        if not full:
+        if len(rows) >= page_rows:
+            start, place = rows[page_rows - 1][0], None
+        elif end is None:
             return pages
-        start = rows[page_rows - 1][0]
+        else:
+            place = end  # the rest of this segment was in the page: on to the next
 
 
 class TableRows(NamedTuple):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 from importlib import import_module
+from itertools import pairwise
 from typing import Any
 from unittest.mock import patch
 
@@ -21,8 +22,9 @@ from hypothesis import strategies as st
 
 from ecast.core import mutations
 from rubberband.changelog import Changes, Event, Page
+from rubberband.engine import Placement
 from rubberband.errors import BadOperation
-from rubberband.keys import encode_key
+from rubberband.keys import MAX_EKEY, MIN_EKEY, encode_key
 from rubberband.versions import as_of, dead_by, merge, too_old
 from rubberband.views import view_def
 from rubberband.views.compute import recompute_over
@@ -31,12 +33,14 @@ from rubberband.views.maintain import PROGRESS_WITH_ROWS
 from rubberband.views.steps import (
     Both,
     Group,
+    KeyPage,
     Pipe,
     Read,
     Settle,
     Sleep,
     Write,
     maintain_group_steps,
+    page_read,
 )
 
 MAINTAIN = import_module("rubberband.views.maintain")  # the package's `maintain` is a function
@@ -79,6 +83,9 @@ class Cluster:
         self.refused = 0  # version writes refused as too far behind
         self.failed: BadOperation | None = None  # a Pipe's write refused, not yet told
         self.dropped: set[Any] = set()  # dead rows a reclaim dropped
+        self.segments = [((MIN_EKEY, encode_key(9)),), ((encode_key(9), encode_key(25)),),
+                         ((encode_key(25), MAX_EKEY),)]  # fmt: skip
+        """Three segments, as a client knows them: a snapshot's pages stay in one."""
 
     def apply(self, op: Any) -> str | None:
         """A write message at the position ``t``, as a storage process applies it: a
@@ -154,12 +161,18 @@ class Cluster:
             events = [e for e in self.log if op.since < e.position
                       and lo <= encode_key(e.changes[0][0]) < hi]  # fmt: skip
             return Page(self.t, events)
+        end, within = None, request.within
+        if type(op) is KeyPage:
+            op, within, end = page_read(op, True, self.segments)
         if op[0] == "get":  # a view read's
             got = {k: self.data[encode_key(k)][1] for k in op[1] if encode_key(k) in self.data}
             return (got, self.t) if request.with_position else got
         lo, hi, limit = op[1], op[2], op[3] if len(op) > 3 else None
         rows = [kv for ek, kv in sorted(self.data.items())
-                if encode_key(lo) <= ek < encode_key(hi)][:limit]  # fmt: skip
+                if encode_key(lo) <= ek < encode_key(hi)
+                and (within is None or any(a <= ek < b for a, b in within))][:limit]  # fmt: skip
+        if type(request.op) is KeyPage:
+            return (rows, end), self.t
         return (rows, self.t) if request.with_position else rows
 
     def view_rows(self, name: str, at: int) -> dict[Any, Any]:
@@ -324,7 +337,9 @@ def test_a_step_without_an_answer_is_asked_again_and_nothing_starts_over() -> No
     steps = maintain_group_steps(group, poll=0.05)
     request = next(steps)
     while not (type(request) is Read and type(request.op).__name__ == "Changes"):
-        reply = ([], 5) if type(request) is Read else None  # empty view, empty base at 5
+        reply = None
+        if type(request) is Read:  # empty view, empty base at 5, one segment
+            reply = (([], None), 5) if type(request.op) is KeyPage else ([], 5)
         request = steps.send((reply, 1.0))
     figures = group.figures["v"]
     assert figures.starts == 1
@@ -670,9 +685,14 @@ class RefusingClient:
     """The asyncio driver's client over the model: a batch holding a value marked BAD
     is refused at the call, nothing of it sent (a value over the key-value limit)."""
 
+    placement = Placement()
+
     def __init__(self, c: Cluster) -> None:
         self.c = c
         self.refused = 0
+
+    def segments(self) -> list[Any]:
+        return self.c.segments
 
     async def read(self, op: Any, isolation: str, within: Any = None,
                    with_position: bool = False) -> Any:  # fmt: skip
@@ -1089,3 +1109,54 @@ def test_a_view_added_under_bulk_writes_starts() -> None:
         request = step(gen, c, request, float(i))
     assert group.figures["v1"].starts == 1
     assert all(f.position > c.t - 300 for f in group.figures.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sets(st.integers(0, 60), max_size=40),
+    st.sets(st.integers(1, 60), max_size=5),
+    st.integers(1, 7),
+    st.integers(0, 30),
+    st.one_of(st.none(), st.integers(30, 70)),
+)
+def test_a_snapshot_reads_each_key_once_one_segment_a_page(
+    keys: set[int], splits: set[int], page_rows: int, lo: int, hi: int | None
+) -> None:
+    """A source's snapshot in pages (:class:`KeyPage`): each page's read is kept to one
+    segment, and the pages hold every key of ``[lo, hi)`` once, in key order."""
+    from rubberband.views.steps import _pages
+
+    bounds = [MIN_EKEY, *sorted(encode_key(k) for k in splits), MAX_EKEY]
+    segments = [((a, b),) for a, b in pairwise(bounds)]
+    data = sorted(keys)
+    steps = _pages(lo, hi, page_rows)
+    request, reads = next(steps), 0
+    try:
+        while True:
+            op, within, end = page_read(request.op, True, segments)
+            assert within is not None and any(
+                seg[0][0] <= within[0][0] and within[0][1] <= seg[0][1] for seg in segments
+            )
+            rows = [(k, k) for k in data if k >= op[1] and (hi is None or k < hi)
+                    and within[0][0] <= encode_key(k) < within[0][1]][: op[3]]  # fmt: skip
+            assert len(rows) <= page_rows + 1
+            reads += 1
+            request = steps.send((((rows, end), reads), 0.0))
+    except StopIteration as done:
+        pages = done.value
+    got = [k for rows, _position, _now in pages for k, _v in rows]
+    assert got == [k for k in data if k >= lo and (hi is None or k < hi)]
+    assert reads <= len(got) // page_rows + len(segments) + 1
+
+
+def test_a_page_is_kept_to_the_segment_of_its_place_and_says_where_the_next_starts() -> None:
+    segments = [((MIN_EKEY, encode_key(10)),), ((encode_key(10), MAX_EKEY),)]
+    op, within, end = page_read(KeyPage(3, 20, 5), True, segments)
+    assert op == ("scan", 3, 20, 5)
+    assert within == ((encode_key(3), encode_key(10)),) and end == encode_key(10)
+    op, within, end = page_read(KeyPage(3, 20, 5, end), True, segments)
+    assert within == ((encode_key(10), encode_key(20)),) and end is None
+    assert page_read(KeyPage(None, None, 5), True, segments)[1:] == (
+        ((MIN_EKEY, encode_key(10)),), encode_key(10))  # fmt: skip
+    assert page_read(KeyPage(3, 20, 5), False, segments) == (("scan", 3, 20, 5), None, None)
+    assert page_read(KeyPage(3, 20, 5), True, []) == (("scan", 3, 20, 5), None, None)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rubberband.changelog import Event
-from rubberband.engine import row_key
+from rubberband.engine import Placement, row_key
 from rubberband.errors import BadOperation
 from rubberband.keys import encode_key
 from rubberband.views.compute import recompute
@@ -147,6 +147,10 @@ def test_a_view_over_a_table_on_an_engine_without_tables_says_why_it_cannot_star
 
     class NoTables:
         core = SimpleNamespace(ops=object())  # a key-value engine's operations
+        placement = Placement()
+
+        def segments(self) -> list[Any]:
+            return []
 
         async def read(self, op: Any, isolation: str, within: Any = None,
                        with_position: bool = False) -> Any:  # fmt: skip
@@ -183,7 +187,15 @@ def test_a_table_backfills_in_pages_each_at_its_own_position(
 
     from rubberband.changelog import Changes, Page
     from rubberband.errors import Rejected
-    from rubberband.views.steps import Both, Pipe, Read, TableRows, Write, maintain_group_steps
+    from rubberband.views.steps import (
+        Both,
+        KeyPage,
+        Pipe,
+        Read,
+        TableRows,
+        Write,
+        maintain_group_steps,
+    )
 
     rng = random.Random(seed)
     view = VIEWS[1]  # the aggregate over table rows with keys in [0, 20)
@@ -222,7 +234,9 @@ def test_a_table_backfills_in_pages_each_at_its_own_position(
             return got, t
         if type(op) is Changes:
             return Page(t, [e for e in log if e.position > op.since])
-        return ([], t) if request.with_position else []  # the view's old rows: none
+        if type(op) is KeyPage:
+            return ([], None), t  # the view's old rows: none
+        return ([], t) if request.with_position else []
 
     steps = maintain_group_steps(Group([view]), poll=0.01, page_rows=page)
     request = next(steps)
