@@ -93,6 +93,21 @@ def encode_key(key: Key, _depth: int = 0) -> EKey:
         if not MIN_INT <= key <= MAX_INT:
             raise BadKey(f"integer key {key} outside the 64-bit range msgpack carries")
         return (2, key)
+    if t is tuple:
+        if _depth >= MAX_TUPLE_DEPTH:
+            raise BadKey(f"tuple keys nest at most {MAX_TUPLE_DEPTH} deep")
+        # Strings and integers inline: a view row's key, ("~view", name, k), is encoded
+        # several times a row by a maintainer, and a call per element was most of it.
+        out = []
+        for k in key:
+            tk = type(k)
+            if tk is str:
+                out.append((3, k))
+            elif tk is int and MIN_INT <= k <= MAX_INT:
+                out.append((2, k))
+            else:
+                out.append(encode_key(k, _depth + 1))
+        return (5, tuple(out))
     if t is bytes:
         return (4, key)
     if key is None:
@@ -103,10 +118,6 @@ def encode_key(key: Key, _depth: int = 0) -> EKey:
         if math.isnan(key):
             raise BadKey("NaN is not a key: it is not ordered")
         return (2, key)
-    if t is tuple:
-        if _depth >= MAX_TUPLE_DEPTH:
-            raise BadKey(f"tuple keys nest at most {MAX_TUPLE_DEPTH} deep")
-        return (5, tuple([encode_key(k, _depth + 1) for k in key]))
     if key is MIN or key is MAX:
         return key._e  # type: ignore[no-any-return]
     raise BadKey(
