@@ -177,7 +177,11 @@ def merge(chain: Any, entries: list[list[Any]], floor: int, key: Any = None) -> 
 
 def _merge(chain: Any, entries: list[list[Any]], floor: int) -> list[Any]:
     if chain is None:  # new: absent before its first version (and the writer's floor)
-        out: list[Any] = [min(floor, *(e[0] for e in entries)) if entries else floor]
+        low = floor
+        for e in entries:  # (a generator under min() was half a new row's merge)
+            if e[0] < low:
+                low = e[0]
+        out: list[Any] = [low]
     elif type(chain) in (list, tuple) and chain and type(chain[0]) is int:
         out = list(chain)
         if len(out) > 1 and type(out[1]) is not list:  # decoded off the wire: tuples
