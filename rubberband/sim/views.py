@@ -251,14 +251,14 @@ class Driven:
             self.flight.discard(item.request)
             self.flight_error = self.flight_error or item.error
             return
+        paged = type(item) is ReadDone and item.request in self.page_ends
+        end = self.page_ends.pop(item.request) if paged else None  # (a stale read's too)
         w = self.waiting
         if w is None:
             return
         if type(item) is ReadDone and item.request == w.read:
             w.read = None
-            result = item.result
-            if item.request in self.page_ends:  # a KeyPage's rows, with where it ended
-                result = (result, self.page_ends.pop(item.request))
+            result = (item.result, end) if paged else item.result  # a KeyPage's: where it ended
             if item.error is not None:
                 w.error = w.error or item.error
             else:

@@ -236,7 +236,8 @@ def page_read(page: KeyPage, ordered: bool, segments: Iterable[Any]) -> tuple[An
         for a, b in segment:
             if a <= start < b:
                 return (op, ((start, stop),), None) if stop <= b else (op, ((start, b),), b)
-    return op, None, None  # a keyspace the client does not know yet: all of it at once
+    # A keyspace the client does not know (yet, or any more): the rest at once.
+    return op, (None if page.place is None else ((start, stop),)), None
 
 
 def _pages(lo: Any, hi: Any, page_rows: int) -> Steps:
@@ -249,8 +250,9 @@ def _pages(lo: Any, hi: Any, page_rows: int) -> Steps:
         ((rows, end), position), now = yield Read(KeyPage(start, hi, page_rows + 1, place),
                                                   "sequential", None, True)  # fmt: skip
         rows = list(rows)
-        if pages and rows and same_key(rows[0][0], start):
-            rows = rows[1:]  # the last page's last key, where this page began
+        if place is None and pages and rows and same_key(rows[0][0], start):
+            rows = rows[1:]  # the last page's last key, where this page began (a page
+            # from a segment's start begins past it: its first row may be key None)
         pages.append((rows[:page_rows], position, now))
         if len(rows) >= page_rows:
             start, place = rows[page_rows - 1][0], None

@@ -1160,3 +1160,32 @@ def test_a_page_is_kept_to_the_segment_of_its_place_and_says_where_the_next_star
         ((MIN_EKEY, encode_key(10)),), encode_key(10))  # fmt: skip
     assert page_read(KeyPage(3, 20, 5), False, segments) == (("scan", 3, 20, 5), None, None)
     assert page_read(KeyPage(3, 20, 5), True, []) == (("scan", 3, 20, 5), None, None)
+
+
+def test_a_page_from_a_segments_start_keeps_its_first_row_even_the_key_none() -> None:
+    """A backfill from ``lo`` None over a ring with an id at key None's place: the row
+    of key None opens the second segment's page and is not taken for a repeat."""
+    from rubberband.views.steps import _pages
+
+    segments = [((MIN_EKEY, encode_key(None)), (encode_key(50), MAX_EKEY)),
+                ((encode_key(None), encode_key(50)),)]  # fmt: skip
+    data = [None, 1, 2, 3, 60]
+    steps = _pages(None, None, 10)
+    request, t = next(steps), 0
+    try:
+        while True:
+            op, within, end = page_read(request.op, True, segments)
+            rows = [(k, k) for k in data if any(a <= encode_key(k) < b for a, b in within)]
+            t += 1
+            request = steps.send((((rows[: op[3]], end), t), 0.0))
+    except StopIteration as done:
+        pages = done.value
+    assert sorted((k for rows, _p, _n in pages for k, _v in rows), key=encode_key) == data
+
+
+def test_a_page_whose_place_no_segment_holds_reads_the_rest_from_that_place() -> None:
+    place = encode_key(30)
+    _op, within, end = page_read(KeyPage(3, None, 5, place), True, [])
+    assert within == ((place, MAX_EKEY),) and end is None  # keys before it were read
+    _op, within, end = page_read(KeyPage(3, 40, 5, place), True, [((MIN_EKEY, encode_key(9)),)])
+    assert within == ((place, encode_key(40)),) and end is None
