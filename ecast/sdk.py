@@ -388,10 +388,18 @@ class Client:
     # ------------------------------------------------------------------ upcalls
     def _on_upcalls(self, node: Node, upcalls: list[Any]) -> None:
         batch: list[Ack] = []
+        delivered = 0
+        queue = self._queue
         for up in upcalls:
             t = type(up)
             if t is Delivery:
-                self._on_delivery(up)
+                # Most upcalls, one per message delivered: queued here, with one wakeup
+                # and one flow-control check for the whole batch (below).
+                h = up.message.header
+                if type(h) is dict and h.get(KIND) is not None and not up.unsafe:
+                    self._track_membership(h[KIND], up.message)
+                queue.append(up)
+                delivered += 1
             elif t is Acked:
                 fut = self._acks.pop(up.id, None)
                 if fut is not None:
@@ -430,6 +438,11 @@ class Client:
                     self.shed_listener(up.ids)
             elif t is Terminated:
                 self._on_terminated(up.reason, up.at)
+        if delivered:
+            self.received += delivered
+            self._queued.set()
+            if not self._paused and len(queue) >= self._queue_size:
+                self._pause_routers(True)
         if batch and self.ack_listener is not None:
             self.ack_listener(batch)
         ep = self.endpoint
@@ -438,17 +451,6 @@ class Client:
                 self._joined.set()
             if ep.max_message is not None:
                 self._welcomed.set()
-
-    def _on_delivery(self, d: Delivery) -> None:
-        m = d.message
-        kind = m.kind
-        if kind is not None and not d.unsafe:
-            self._track_membership(kind, m)
-        self._queue.append(d)
-        self.received += 1
-        self._queued.set()
-        if not self._paused and len(self._queue) >= self._queue_size:
-            self._pause_routers(True)
 
     def _track_membership(self, kind: str, m: Any) -> None:
         if kind == JOIN:
