@@ -72,9 +72,13 @@ class Apply:
 
     def run(self) -> None:
         core = self.core
-        for m, mine, t in self.batch:
-            self._item(m, mine, t)
         items = self.items
+        for m, mine, t in self.batch:
+            h = m.header
+            if H.READS in h or H.COUNT in h:
+                self._item(m, mine, t)
+            else:  # a write of its own (most items): its op, on its part
+                items.append((m, m.payload, mine, mine, -1, t))
         changed: Any = None
         refused = self._refused()
         try:
@@ -110,6 +114,9 @@ class Apply:
         a stale maintainer cannot bring back a row its view dropped."""
         out = {}
         for j, (m, op, _, _, _, t) in enumerate(self.items):
+            # Only a version write can be: the others are passed over without a call.
+            if type(op) is not tuple or not op or op[0] != "version":
+                continue
             if H.READS not in m.header and (why := too_old(op, t)):
                 out[j] = BadOperation(why)
         return out
@@ -150,7 +157,7 @@ class Apply:
                 core.changes.record_all(pending, core.now)
                 pending = []
                 revised[j] = core.changes.revisions_of(m.payload[1], item[3] or NOTHING)
-            elif c and not is_version_op(item[1]):
+            elif c and ((op := item[1])[0] == "put" or not is_version_op(op)):
                 pending.append((item[5], c))
         core.changes.record_all(pending, core.now)
         return revised

@@ -301,14 +301,18 @@ class ChangeLog:
     def record_all(self, changed: Sequence[tuple[int, Any]], now: float) -> None:
         """An engine batch's changes, ``(t, ((key, kind, value), ...))`` in ``t`` order:
         one entry per position (a bundle of writes is one message, one position)."""
-        at = -1
-        entry: list[Any] = []
-        for t, changes in changed:
-            if t != at:
-                self.record(at, now, entry)
-                at, entry = t, []
-            entry.extend(changes)
-        self.record(at, now, entry)
+        n = len(changed)
+        i = 0
+        while i < n:
+            t, changes = changed[i]
+            i += 1
+            if i < n and changed[i][0] == t:  # several items at one position: a bundle
+                entry = list(changes)
+                while i < n and changed[i][0] == t:
+                    entry += changed[i][1]
+                    i += 1
+                changes = entry
+            self.record(t, now, changes)
 
     def changes_after(self, since: int, most: int) -> int:
         """How many changes the log holds after ``since``, counted until past ``most``:

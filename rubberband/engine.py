@@ -99,6 +99,7 @@ __all__ = [
     "ROWS",
     "BadKey",
     "BadOperation",
+    "Change",
     "EKey",
     "Engine",
     "Event",

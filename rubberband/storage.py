@@ -302,16 +302,18 @@ class StorageCore:
     def _deliver(self, items: Iterable[tuple[int, Message]]) -> None:
         batch: list[tuple[Message, RangeSet, int]] = []
         t = self.delivered
+        mine_of = self._mine
         for t, msg in items:  # the last position is kept below
             if self.stopped is not None:
                 break
             h = msg.header
             kind = h.get(KIND) if type(h) is dict else None
             if kind is None:
-                mine = self._mine(h)
+                mine = mine_of(h)
                 if mine is None:
                     continue
-                if self._blocked(mine, t):
+                # (most deliveries: nothing queued, nothing received, nothing to ask)
+                if (self._queued_ranges or self.migration.incoming) and self._blocked(mine, t):
                     if H.READS in h:
                         self.stats.reads_held += 1
                     self._enqueue(_Queued(mine, msg=msg, t=t))

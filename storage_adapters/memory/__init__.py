@@ -48,6 +48,7 @@ from rubberband.engine import (
     MIN_EKEY,
     BadKey,
     BadOperation,
+    Change,
     EKey,
     Part,
     Placement,
@@ -210,6 +211,29 @@ def within_bounds(op: Any, items: list[tuple[Any, Any]]) -> list[tuple[Any, Any]
     return [kv for _ek, kv in inside]
 
 
+def _one_put_slot(op: Any) -> EKey | None:
+    """The slot of the key of ``("put", ((key, value),))`` when the key is an integer
+    msgpack carries or a string (its flat sort form, :func:`sort_key`), else None."""
+    if type(op) is not tuple or len(op) != 2 or op[0] != "put":
+        return None
+    pairs = op[1]
+    if (type(pairs) is not tuple and type(pairs) is not list) or len(pairs) != 1:
+        return None
+    kv = pairs[0]
+    if (type(kv) is not tuple and type(kv) is not list) or len(kv) != 2:
+        return None
+    key = kv[0]
+    if type(key) is str:
+        return (3, key)
+    if type(key) is int and _MIN_INT <= key <= _MAX_INT:
+        return (2, key)
+    return None
+
+
+_MIN_INT, _MAX_INT = -(2**63), 2**64 - 1
+"""The integers msgpack carries (:func:`rubberband.keys.sort_key` refuses others)."""
+
+
 def inside(ranges: RangeSet, place: EKey) -> bool:
     """Whether ``place`` is in ``ranges``: the operation's part this replica applies."""
     if len(ranges) == 1:  # most writes: a holder's part of a one-key write, or a bundle's
@@ -306,6 +330,54 @@ class MemoryEngine(ReportsChanges):
     # ------------------------------------------------------------------ the protocol
     def apply(self, batch: Sequence[tuple[Any, RangeSet]]) -> list[Any]:
         return [self._one(op, ranges) for op, ranges in batch]
+
+    def apply_logged(
+        self, batch: Sequence[tuple[Any, RangeSet]]
+    ) -> tuple[list[Any], list[tuple[Change, ...]]]:
+        """:meth:`ReportsChanges.apply_logged`, with a put of one integer or string key
+        under range partitioning written out: most writes are one, and the general road
+        (each operation alone through :meth:`apply`, its ranges flattened, the key's
+        slot found, its change listed) was half of this engine's time per write.  A
+        subclass that changes how an operation is applied takes the general road."""
+        if not self._fast_puts():
+            return ReportsChanges.apply_logged(self, batch)
+        results: list[Any] = []
+        changed: list[tuple[Change, ...]] = []
+        data = self._data
+        counts = self.counts
+        for one in batch:
+            op, ranges = one[0], one[1]
+            slot = _one_put_slot(op) if len(ranges) == 1 else None
+            if slot is None:  # anything else: the general road
+                r, c = ReportsChanges.apply_logged(self, (one,))
+                results += r
+                changed += c
+                continue
+            counts["writes"] += 1
+            lo, hi = ranges[0]
+            if sort_bound(lo) <= slot < sort_bound(hi):
+                key, value = op[1][0]
+                if dict.__contains__(data, slot):  # no new key: the order stands
+                    dict.__setitem__(data, slot, (key, value))
+                else:
+                    data[slot] = (key, value)
+                changed.append(((key, "put", value),))
+            else:
+                changed.append(())
+            results.append(None)
+        return results, changed
+
+    def _fast_puts(self) -> bool:
+        """Whether this engine applies a put as :class:`MemoryEngine` does."""
+        cls = type(self)
+        return (
+            type(self._data) is SortedDict
+            and self._ordered
+            and cls.apply is MemoryEngine.apply
+            and cls._one is MemoryEngine._one
+            and cls._put is MemoryEngine._put
+            and cls._slot is MemoryEngine._slot
+        )
 
     def _one(self, op: Any, ranges: RangeSet) -> Any:
         ranges = self._flat(ranges)
