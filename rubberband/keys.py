@@ -476,9 +476,15 @@ def is_range_set(value: Any, limit: int = 4096) -> bool:
                 and type(hi[0]) is int
                 and hi[1] == lo[1]
                 and type(hi[1]) is type(lo[1])
-                and is_ekey(lo)
             ):
-                return True
+                # An integer or a string key is checked here, any other by is_ekey.
+                rank, v = lo
+                if type(rank) is int and (
+                    (rank == 2 and type(v) is int and MIN_INT <= v <= MAX_INT)
+                    or (rank == 3 and type(v) is str)
+                    or is_ekey(lo)
+                ):
+                    return True
     prev = None
     for r in value:
         if type(r) is not tuple or len(r) != 2:

@@ -354,8 +354,12 @@ class MemoryEngine(ReportsChanges):
                 changed += c
                 continue
             counts["writes"] += 1
-            lo, hi = ranges[0]
-            if sort_bound(lo) <= slot < sort_bound(hi):
+            lo, hi = ranges[0]  # a scalar's bounds are their own sort forms
+            if lo[0] == 5:
+                lo = sort_bound(lo)
+            if hi[0] == 5:
+                hi = sort_bound(hi)
+            if lo <= slot < hi:
                 key, value = op[1][0]
                 if dict.__contains__(data, slot):  # no new key: the order stands
                     dict.__setitem__(data, slot, (key, value))

@@ -220,7 +220,10 @@ def _lookalike(lo: tuple, pick: int, z: object) -> tuple:
     """``lo`` and a bound one past it whose parts are equal to ``lo``'s but perhaps of
     another type (``1 == True == 1.0``): only the exact one is ``after(lo)``."""
     rank, v = lo
-    ranks = [rank, float(rank), bool(rank)] if type(rank) in (int, bool) else [rank]
+    if type(rank) in (int, bool):
+        ranks = [rank, float(rank), bool(rank)]
+    else:  # a float rank under an int one: the bound is exact, the key is not
+        ranks = [rank, int(rank)] if type(rank) is float else [rank]
     vs = [v]
     if type(v) in (int, bool) and abs(v) < 2**53:
         vs += [float(v), bool(v)]
@@ -264,6 +267,18 @@ def test_the_one_key_shortcut_agrees_with_the_rule(r):
 @settings(max_examples=300)
 def test_the_one_key_shortcut_tells_a_key_from_its_lookalikes(r):
     assert K.is_range_set((r,)) == _general((r,))
+
+
+@pytest.mark.parametrize(
+    "lo",
+    [(2.0, 5), (True, 5), (2, 2**64), (2, -(2**63) - 1), (3, b"x"), (2, True), (3.0, "x")],
+)
+def test_the_one_key_shortcut_refuses_a_key_of_the_wrong_types(lo):
+    """Its own checks of integer and string keys: a rank or a value equal to a right
+    one, of another type, or an integer msgpack does not carry, is no key."""
+    hi = (2 if lo[0] == 2 else 3, lo[1], 0)
+    assert not K.is_range_set(((lo, hi),))
+    assert K.is_range_set((((2, 5), (2, 5, 0)),)) and K.is_range_set((((3, "x"), (3, "x", 0)),))
 
 
 def test_a_flat_sort_form_shares_its_prefix_strings_and_not_its_last():
