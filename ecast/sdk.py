@@ -591,6 +591,10 @@ class Client:
         if timeout is not None and timeout < 0:
             timeout = self.ack_timeout
         ep = self.endpoint
+        if ep is None or not ep.queued or not self._alive():
+            # Room now (most calls, one per write of a busy client): no task and no
+            # timer of ``wait_for`` around a wait that would end at once.
+            return
 
         async def wait() -> None:
             while ep is not None and ep.queued and self._alive():
