@@ -73,14 +73,22 @@ class Apply:
     def run(self) -> None:
         core = self.core
         items = self.items
+        # Plain: every item a write of its own that asks for no answer and is no view's
+        # rows (most batches under writes): nothing can be refused, and only a rejected
+        # write is answered, so neither pass over the items is made for it.
+        plain = True
         for m, mine, t in self.batch:
             h = m.header
             if H.READS in h or H.COUNT in h:
                 self._item(m, mine, t)
+                plain = False
             else:  # a write of its own (most items): its op, on its part
-                items.append((m, m.payload, mine, mine, -1, t))
+                op = m.payload
+                items.append((m, op, mine, mine, -1, t))
+                if plain and (H.ANSWER in h or (type(op) is tuple and op and op[0] == "version")):
+                    plain = False
         changed: Any = None
-        refused = self._refused()
+        refused = self._refused() if not plain else {}
         try:
             if core._wholes:
                 self._wholes()
@@ -104,7 +112,8 @@ class Apply:
             return
         core.stats.applied += len(self.batch)
         revised = self._record(changed) if changed is not None else {}
-        self._answer(results, revised)
+        if not plain or results.count(None) != len(results):
+            self._answer(results, revised)
         for m, mine, t in self.feeds:
             self._feed(m, mine, t)
 
