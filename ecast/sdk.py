@@ -441,7 +441,8 @@ class Client:
         if delivered:
             self.received += delivered
             self._queued.set()
-            if not self._paused and len(queue) >= self._queue_size:
+            # (not once it ended: the queue's end marker is no delivery to read)
+            if not self._paused and self.terminated is None and len(queue) >= self._queue_size:
                 self._pause_routers(True)
         if batch and self.ack_listener is not None:
             self.ack_listener(batch)

@@ -166,7 +166,7 @@ class Apply:
                 core.changes.record_all(pending, core.now)
                 pending = []
                 revised[j] = core.changes.revisions_of(m.payload[1], item[3] or NOTHING)
-            elif c and ((op := item[1])[0] == "put" or not is_version_op(op)):
+            elif c and not is_version_op(item[1]):
                 pending.append((item[5], c))
         core.changes.record_all(pending, core.now)
         return revised

@@ -353,8 +353,8 @@ class MemoryEngine(ReportsChanges):
                 results += r
                 changed += c
                 continue
-            counts["writes"] += 1
             lo, hi = ranges[0]  # a scalar's bounds are their own sort forms
+            counts["writes"] += 1
             if lo[0] == 5:
                 lo = sort_bound(lo)
             if hi[0] == 5:
@@ -374,8 +374,10 @@ class MemoryEngine(ReportsChanges):
     def _fast_puts(self) -> bool:
         """Whether this engine applies a put as :class:`MemoryEngine` does."""
         cls = type(self)
+        mine = vars(self)
         return (
             type(self._data) is SortedDict
+            and not ("apply" in mine or "_one" in mine or "_put" in mine or "_slot" in mine)
             and self._ordered
             and cls.apply is MemoryEngine.apply
             and cls._one is MemoryEngine._one

@@ -89,3 +89,18 @@ def test_an_engine_that_applies_otherwise_takes_the_general_road() -> None:
     put = (("put", ((1, "a"),)), (((2, 1), (2, 1, 0)),))
     assert e.apply_logged([put]) == ([None], [((1, "put", "a"),)])
     assert seen == [put]
+
+
+def test_an_engine_whose_apply_is_wrapped_in_place_takes_the_general_road() -> None:
+    e = MemoryEngine()
+    seen: list[Any] = []
+    plain = e.apply
+
+    def apply(batch: Any) -> list[Any]:
+        seen.extend(batch)
+        return plain(batch)
+
+    e.apply = apply  # type: ignore[method-assign]
+    put = (("put", ((1, "a"),)), (((2, 1), (2, 1, 0)),))
+    assert e.apply_logged([put]) == ([None], [((1, "put", "a"),)])
+    assert seen == [put]
