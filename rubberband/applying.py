@@ -183,10 +183,7 @@ class Apply:
         core = self.core
         h = m.header
         items = self.items
-        if H.READS not in h:
-            if H.COUNT not in h:
-                items.append((m, m.payload, mine, mine, -1, t))
-                return
+        if H.READS not in h:  # a bundle of writes (a write of its own is taken by run)
             subs = unbundle(m)
             writes = None if subs is None else write_items(subs, mine)
             if writes is None:
