@@ -45,7 +45,9 @@ from sortedcontainers import SortedDict
 from rubberband.engine import (
     INVALID,
     MAX_EKEY,
+    MAX_INT,
     MIN_EKEY,
+    MIN_INT,
     BadKey,
     BadOperation,
     Change,
@@ -225,13 +227,9 @@ def _one_put_slot(op: Any) -> EKey | None:
     key = kv[0]
     if type(key) is str:
         return (3, key)
-    if type(key) is int and _MIN_INT <= key <= _MAX_INT:
+    if type(key) is int and MIN_INT <= key <= MAX_INT:
         return (2, key)
     return None
-
-
-_MIN_INT, _MAX_INT = -(2**63), 2**64 - 1
-"""The integers msgpack carries (:func:`rubberband.keys.sort_key` refuses others)."""
 
 
 def inside(ranges: RangeSet, place: EKey) -> bool:
@@ -338,7 +336,7 @@ class MemoryEngine(ReportsChanges):
         under range partitioning written out: most writes are one, and the general road
         (each operation alone through :meth:`apply`, its ranges flattened, the key's
         slot found, its change listed) was half of this engine's time per write.  A
-        subclass that changes how an operation is applied takes the general road."""
+        subclass or an instance that applies operations otherwise takes the general road."""
         if not self._fast_puts():
             return ReportsChanges.apply_logged(self, batch)
         results: list[Any] = []
