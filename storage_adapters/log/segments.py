@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from storage_adapters.log.records import HEADER, MAX_RECORD, Damaged, pack, unpack
+from storage_adapters.log.records import HEADER, MAX_RECORD, Damaged, packer, unpack
 
 Ptr = tuple[int, int, int]
 """``(segment number, offset, size)`` of a record."""
@@ -50,6 +50,7 @@ class Log:
         self.interval = interval
         self._fds: dict[int, int] = {}
         self._buf = bytearray()
+        self._pack = packer()
         self.active = 0
         self._written = 0  # bytes of the active segment handed to the OS
         self._synced_at = 0.0
@@ -92,7 +93,7 @@ class Log:
 
     # ---------------------------------------------------------------- writing
     def append(self, body: Any) -> Ptr:
-        rec = pack(body)
+        rec = self._pack(body)
         if len(rec) > MAX_RECORD:
             raise ValueError(f"a record of {len(rec):,} bytes")
         if self._written + len(self._buf) >= self.segment_bytes:

@@ -213,10 +213,17 @@ def within_bounds(op: Any, items: list[tuple[Any, Any]]) -> list[tuple[Any, Any]
     return [kv for _ek, kv in inside]
 
 
-def _one_put_slot(op: Any) -> EKey | None:
-    """The slot of the key of ``("put", ((key, value),))`` when the key is an integer
-    msgpack carries or a string (its flat sort form, :func:`sort_key`), else None."""
-    if type(op) is not tuple or len(op) != 2 or op[0] != "put":
+OUTSIDE: Any = object()
+"""What :func:`one_put` says of a put of one key that lies outside its operation's part."""
+
+
+def one_put(one: Sequence[Any]) -> Any:
+    """For an item ``(op, ranges[, t])`` of ``apply``: the slot of the key of ``("put",
+    ((key, value),))`` under one range (its flat sort form, :func:`sort_key`) when the
+    key is an integer msgpack carries or a string and lies in the range;
+    :data:`OUTSIDE` when such a key lies outside it; None for anything else."""
+    op, ranges = one[0], one[1]
+    if type(op) is not tuple or len(op) != 2 or op[0] != "put" or len(ranges) != 1:
         return None
     pairs = op[1]
     if (type(pairs) is not tuple and type(pairs) is not list) or len(pairs) != 1:
@@ -226,10 +233,17 @@ def _one_put_slot(op: Any) -> EKey | None:
         return None
     key = kv[0]
     if type(key) is str:
-        return (3, key)
-    if type(key) is int and MIN_INT <= key <= MAX_INT:
-        return (2, key)
-    return None
+        slot: EKey = (3, key)
+    elif type(key) is int and MIN_INT <= key <= MAX_INT:
+        slot = (2, key)
+    else:
+        return None
+    lo, hi = ranges[0]  # a scalar's bounds are their own sort forms
+    if lo[0] == 5:
+        lo = sort_bound(lo)
+    if hi[0] == 5:
+        hi = sort_bound(hi)
+    return slot if lo <= slot < hi else OUTSIDE
 
 
 def inside(ranges: RangeSet, place: EKey) -> bool:
@@ -335,49 +349,66 @@ class MemoryEngine(ReportsChanges):
         """:meth:`ReportsChanges.apply_logged`, with a put of one integer or string key
         under range partitioning written out: most writes are one, and the general road
         (each operation alone through :meth:`apply`, its ranges flattened, the key's
-        slot found, its change listed) was half of this engine's time per write.  A
-        subclass or an instance that applies operations otherwise takes the general road."""
-        if not self._fast_puts():
+        slot found, its change listed) was half of this engine's time per write.  The
+        engine's :meth:`_put_store` stores such a put; without one (a subclass or an
+        instance that applies operations otherwise), every operation takes the general
+        road."""
+        store = self._put_store()
+        if store is None:
             return ReportsChanges.apply_logged(self, batch)
         results: list[Any] = []
         changed: list[tuple[Change, ...]] = []
-        data = self._data
         counts = self.counts
         for one in batch:
-            op, ranges = one[0], one[1]
-            slot = _one_put_slot(op) if len(ranges) == 1 else None
+            slot = one_put(one)
             if slot is None:  # anything else: the general road
                 r, c = ReportsChanges.apply_logged(self, (one,))
                 results += r
                 changed += c
                 continue
-            lo, hi = ranges[0]  # a scalar's bounds are their own sort forms
             counts["writes"] += 1
-            if lo[0] == 5:
-                lo = sort_bound(lo)
-            if hi[0] == 5:
-                hi = sort_bound(hi)
-            if lo <= slot < hi:
-                key, value = op[1][0]
-                if dict.__contains__(data, slot):  # no new key: the order stands
-                    dict.__setitem__(data, slot, (key, value))
-                else:
-                    data[slot] = (key, value)
-                changed.append(((key, "put", value),))
-            else:
+            try:
+                changed.append(store(slot, one))
+            except INVALID as e:  # a value the store cannot hold: as _one refuses it
+                counts["rejected"] += 1
                 changed.append(())
+                results.append(rejection(one[0], e))
+                continue
             results.append(None)
         return results, changed
 
-    def _fast_puts(self) -> bool:
-        """Whether this engine applies a put as :class:`MemoryEngine` does."""
+    def _put_store(self) -> Any:
+        """``store(slot, item)``, which applies an item :func:`one_put` found a slot (or
+        :data:`OUTSIDE`) for as :meth:`apply` would and returns its changes, or
+        raises, the put not applied, what :meth:`apply` would refuse it for; None when
+        this engine may apply a put otherwise."""
+        if not self._fast_puts(MemoryEngine, SortedDict):
+            return None
+        data = self._data
+        contains, setitem = dict.__contains__, dict.__setitem__
+
+        def store(slot: Any, one: Any) -> tuple[Change, ...]:
+            if slot is OUTSIDE:
+                return ()
+            key, value = one[0][1][0]
+            if contains(data, slot):  # no new key: the order stands
+                setitem(data, slot, (key, value))
+            else:
+                data[slot] = (key, value)
+            return ((key, "put", value),)
+
+        return store
+
+    def _fast_puts(self, home: type[MemoryEngine], data: type) -> bool:
+        """Whether this engine applies a put as ``home`` does, into a map of type
+        ``data`` (nothing of it overridden by a subclass or on the instance)."""
         cls = type(self)
         mine = vars(self)
         return (
-            type(self._data) is SortedDict
+            type(self._data) is data
             and not ("apply" in mine or "_one" in mine or "_put" in mine or "_slot" in mine)
             and self._ordered
-            and cls.apply is MemoryEngine.apply
+            and cls.apply is home.apply
             and cls._one is MemoryEngine._one
             and cls._put is MemoryEngine._put
             and cls._slot is MemoryEngine._slot

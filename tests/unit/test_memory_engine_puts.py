@@ -1,4 +1,5 @@
-"""The memory engine's written-out single-key put answers as its general road does."""
+"""The memory and log engines' written-out single-key put answers as their general road
+does: the same results, changes, map and (the log) records at the same positions."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from hypothesis import strategies as st
 
 from rubberband.engine import ReportsChanges
 from rubberband.keys import after, encode_key
+from storage_adapters.log import LogEngine
 from storage_adapters.memory import MemoryEngine
 
 KEYS = st.one_of(
@@ -67,7 +69,7 @@ def _state(e: MemoryEngine) -> Any:
 @given(batches(), batches())
 def test_a_put_of_one_key_written_out_is_the_general_roads(first: Any, second: Any) -> None:
     fast, general = MemoryEngine(), MemoryEngine()
-    assert fast._fast_puts()
+    assert fast._put_store() is not None
     for batch in (first, second):
         got = fast.apply_logged(batch)
         want = ReportsChanges.apply_logged(general, batch)
@@ -85,7 +87,7 @@ def test_an_engine_that_applies_otherwise_takes_the_general_road() -> None:
             return super().apply(batch)
 
     e = Watched()
-    assert not e._fast_puts()
+    assert e._put_store() is None
     put = (("put", ((1, "a"),)), (((2, 1), (2, 1, 0)),))
     assert e.apply_logged([put]) == ([None], [((1, "put", "a"),)])
     assert seen == [put]
@@ -104,3 +106,55 @@ def test_an_engine_whose_apply_is_wrapped_in_place_takes_the_general_road() -> N
     put = (("put", ((1, "a"),)), (((2, 1), (2, 1, 0)),))
     assert e.apply_logged([put]) == ([None], [((1, "put", "a"),)])
     assert seen == [put]
+
+
+@st.composite
+def positioned(draw: Any) -> list[tuple[Any, Any, int]]:
+    """A batch as a durable engine gets it, each item with its position: rising, as
+    deliveries come, or (``shuffle``) in any order, which the records must follow as
+    the general road stamps them."""
+    batch = draw(batches())
+    ts = sorted(draw(st.lists(st.integers(1, 10**6), min_size=len(batch), max_size=len(batch))))
+    if draw(st.booleans()):
+        ts = draw(st.permutations(ts))
+    return [(op, ranges, t) for (op, ranges), t in zip(batch, ts, strict=True)]
+
+
+def _log_state(e: LogEngine) -> Any:
+    return list(e._data.live.items()), dict(e.counts), e.position, e.tail(0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(positioned(), positioned())
+def test_the_log_engines_written_out_put_is_its_general_roads(first: Any, second: Any) -> None:
+    fast, general = LogEngine(fsync="interval"), LogEngine(fsync="interval")
+    try:
+        assert fast._put_store() is not None
+        for batch in (first, second):
+            got = fast.apply_logged(batch)
+            with general.group():
+                want = ReportsChanges.apply_logged(general, batch)
+            assert [repr(r) for r in got[0]] == [repr(r) for r in want[0]]
+            assert got[1] == want[1]
+            assert _log_state(fast) == _log_state(general)
+    finally:
+        fast.close()
+        general.close()
+
+
+def test_a_log_engine_that_applies_otherwise_takes_the_general_road() -> None:
+    class Watched(LogEngine):
+        def apply(self, batch: Any) -> list[Any]:
+            seen.extend(batch)
+            return super().apply(batch)
+
+    seen: list[Any] = []
+    e = Watched(fsync="interval")
+    try:
+        assert e._put_store() is None
+        put = (("put", ((1, "a"),)), (((2, 1), (2, 1, 0)),), 7)
+        assert e.apply_logged([put]) == ([None], [((1, "put", "a"),)])
+        assert seen == [put]
+        assert e.tail(0) == [(7, "put", (1, "a"))]
+    finally:
+        e.close()
