@@ -462,14 +462,24 @@ class StorageHost(_Host):
         core = self.core
         fx = Effects()
         directs: list[tuple[NodeId, Any]] = []
+        # Adjacent batches of deliveries go to the core as one: one engine batch, and on
+        # a durable engine one group commit.  The SDK hands deliveries over a packet at
+        # a time, and on the log engine at 2,000 writes/s a step took 3.5 of them, each
+        # synced alone, and a write's median latency was twice what it is now.
+        run: list[Any] = []
         for item in items:
             if item[0] == DELIVERIES:
                 if directs:  # in order: a basic read before a keyspace change stays so
                     fx.extend(core.on_directs(directs))
                     directs = []
-                fx.extend(core.on_deliveries(item[1]))
+                run += item[1]
             else:
+                if run:
+                    fx.extend(core.on_deliveries(run))
+                    run = []
                 directs.append((item[1], item[2]))
+        if run:
+            fx.extend(core.on_deliveries(run))
         if directs:
             fx.extend(core.on_directs(directs))
         now = time.monotonic()

@@ -446,3 +446,50 @@ async def test_metrics_during_a_long_step_say_busy_and_nothing_older() -> None:
         daemons.METRICS_WAIT = saved
     assert "rubberband_busy 1" in text and "rubberband_active" not in text
     assert "rubberband_active" in await daemons.storage_metrics_between_steps(h.core, None, h)
+
+
+def test_a_steps_adjacent_delivery_batches_reach_the_engine_as_one() -> None:
+    """The SDK hands deliveries over a packet at a time, and a step takes several: they
+    go to the engine as one batch (on a durable engine one group commit, one sync), and
+    a direct message between them still comes after the deliveries before it and before
+    the ones after it."""
+    from ecast import Message
+    from ecast.core.endpoint import Delivery
+    from rubberband.keys import EVERYTHING
+    from rubberband.messages import Messages
+    from storage_adapters.memory import KVOps
+
+    batches: list[list[Any]] = []
+
+    class Counted(MemoryEngine):
+        def apply_logged(self, batch: Any) -> Any:
+            batches.append([op[1][0][0] for op, *_ in batch])
+            return super().apply_logged(batch)
+
+    h = StorageHost(FakeClient(0), StorageCore("storage:1", Counted()))  # type: ignore[arg-type]
+    h.core.joined({"rubberband": [1, "range", 0, [], [], [], [], [], [], [], []]})
+    h.core.owned = EVERYTHING
+    order: list[Any] = []
+    on_directs = h.core.on_directs
+
+    def directs(items: Any) -> Any:
+        order.append(("direct", len(batches)))
+        return on_directs(items)
+
+    h.core.on_directs = directs  # type: ignore[method-assign]
+
+    def put(t: int) -> Delivery:
+        payload, header = Messages(KVOps()).write_message(("put", ((t, t),)))
+        return Delivery(t, Message("client:c", (("c", 0, ""), t), header, payload))
+
+    h._feed(
+        [
+            (DELIVERIES, [put(1), put(2)]),
+            (DELIVERIES, [put(3)]),
+            (DIRECT, "client:c", object()),
+            (DELIVERIES, [put(4)]),
+            (DELIVERIES, [put(5)]),
+        ]
+    )
+    assert batches == [[1, 2, 3], [4, 5]]
+    assert order == [("direct", 1)]
