@@ -1,13 +1,11 @@
 """An in-memory, ordered key-value engine: the engine behind Rubberband's key-value SDK.
 
 Values are anything msgpack carries; a key is any Rubberband key.  Items are kept in a
-map ordered by *placement* (the key under range partitioning, its 32-bit hash under hash
+sorted map by *placement* (the key under range partitioning, its 32-bit hash under hash
 partitioning, dissertation 5.3) and then by key, so a range of placement space is one
-slice of the map whatever the partitioning; the order is brought up to date when a
-range is read, not at every put (:mod:`storage_adapters.memory.ordered`).  The map's
-keys are flat sort forms (:func:`rubberband.keys.sort_key`), not nested encoded keys:
-ordering compares a key with a dozen others, and a view row's nested key made that
-most of a write's cost.
+slice of the map whatever the partitioning.  The map's keys are flat sort forms
+(:func:`rubberband.keys.sort_key`), not nested encoded keys: every insert compares a new
+key with a dozen others, and a view row's nested key made that most of a write's cost.
 
 Operations (tuples, as they travel in payloads):
 
@@ -42,6 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgpack
+from sortedcontainers import SortedDict
 
 from rubberband.engine import (
     INVALID,
@@ -71,7 +70,6 @@ from rubberband.engine import (
     sort_key,
     sort_pairs,
 )
-from storage_adapters.memory.ordered import SortedOnRead
 
 WRITES = frozenset({"put", "append", "add", "delete", "delete_range", "version", "reclaim"})
 READS = frozenset({"get", "scan"})
@@ -304,7 +302,7 @@ class MemoryEngine(ReportsChanges):
 
     def __init__(self, placement: Placement | None = None) -> None:
         self.placement = placement or Placement()
-        self._data = SortedOnRead()
+        self._data: SortedDict = SortedDict()
         self.counts = {"writes": 0, "reads": 0, "rejected": 0}
 
     @property
@@ -384,18 +382,19 @@ class MemoryEngine(ReportsChanges):
         :data:`OUTSIDE`) for as :meth:`apply` would and returns its changes, or
         raises, the put not applied, what :meth:`apply` would refuse it for; None when
         this engine may apply a put otherwise."""
-        if not self._fast_puts(MemoryEngine, SortedOnRead):
+        if not self._fast_puts(MemoryEngine, SortedDict):
             return None
         data = self._data
-        contains, setitem, new = dict.__contains__, dict.__setitem__, data._new.add
+        contains, setitem = dict.__contains__, dict.__setitem__
 
         def store(slot: Any, one: Any) -> tuple[Change, ...]:
             if slot is OUTSIDE:
                 return ()
             key, value = one[0][1][0]
-            if not contains(data, slot):  # in the order at its next read
-                new(slot)
-            setitem(data, slot, (key, value))
+            if contains(data, slot):  # no new key: the order stands
+                setitem(data, slot, (key, value))
+            else:
+                data[slot] = (key, value)
             return ((key, "put", value),)
 
         return store
