@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
-from sortedcontainers import SortedDict, SortedList
+from sortedcontainers import SortedDict
 
 from storage_adapters.log.segments import Log, Ptr
 
@@ -43,68 +43,11 @@ CACHE_ITEMS = 50_000
 """Values the read buffer holds (least recently used out)."""
 
 
-class LiveMap(dict):  # type: ignore[type-arg]
-    """The live index: slot -> newest version, a dict whose order of slots is brought up
-    to date only when something asks for it (a range, every item in order).
-
-    A write of a new key into a sorted map paid a sorted insert, about a fifth of a
-    storage process's time on the log engine under writes to random keys; most of those
-    writes are never read by range before the next one.  So a new slot waits in
-    ``_new`` and joins the order (one sorted merge for all of them) at the next ordered
-    read; a removed slot leaves the order at once (rare: deletes and drops)."""
-
-    __slots__ = ("_new", "_order")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._order: SortedList = SortedList()
-        self._new: set[Any] = set()
-
-    def __setitem__(self, slot: Any, entry: Any) -> None:
-        if not dict.__contains__(self, slot):
-            self._new.add(slot)
-        dict.__setitem__(self, slot, entry)
-
-    def __delitem__(self, slot: Any) -> None:
-        dict.__delitem__(self, slot)
-        if slot in self._new:
-            self._new.discard(slot)
-        else:
-            self._order.remove(slot)
-
-    def clear(self) -> None:
-        dict.clear(self)
-        self._order.clear()
-        self._new.clear()
-
-    def ordered(self) -> SortedList:
-        """Every slot, in order (a view: read it before the map changes again)."""
-        if self._new:
-            self._order.update(self._new)
-            self._new.clear()
-        return self._order
-
-    def irange(self, lo: Any, hi: Any, inclusive: tuple[bool, bool] = (True, True)) -> Any:
-        return self.ordered().irange(lo, hi, inclusive=inclusive)
-
-    def pop(self, *_: Any) -> Any:
-        raise TypeError("LiveMap.pop: delete with del, which keeps the order")
-
-    def popitem(self) -> Any:
-        raise TypeError("LiveMap.popitem: delete with del, which keeps the order")
-
-    def setdefault(self, *_: Any) -> Any:
-        raise TypeError("LiveMap.setdefault: assign, which keeps the order")
-
-    def update(self, *_: Any, **__: Any) -> None:
-        raise TypeError("LiveMap.update: assign each, which keeps the order")
-
-
 class LogIndex:
     def __init__(self, log: Log, slot_of: Any) -> None:
         self.log = log
         self.slot_of = slot_of
-        self.live = LiveMap()
+        self.live: SortedDict = SortedDict()
         self.old: SortedDict = SortedDict()
         """slot -> [(from lsn, until lsn, key, ptr | None), ...]: versions open cursors see."""
         self.cursors: dict[int, int] = {}
@@ -163,8 +106,7 @@ class LogIndex:
         return self.live.irange(lo, hi, inclusive=inclusive)
 
     def values(self) -> list[tuple[Any, Any]]:
-        live = self.live
-        return [(e[0], self.value(e[2:])) for e in map(live.__getitem__, live.ordered())]
+        return [(e[0], self.value(e[2:])) for e in self.live.values()]
 
     def clear(self) -> None:
         self.live.clear()
@@ -193,10 +135,10 @@ class LogIndex:
         if entry is None:
             if prev is not None:
                 del self.live[slot]
-        else:
-            if prev is None:  # a new key: in the order at the next ordered read
-                self.live._new.add(slot)
+        elif prev is not None:  # a key already there: its place in the order stands
             dict.__setitem__(self.live, slot, entry)
+        else:
+            self.live[slot] = entry
             self.live_bytes[entry[2]] = self.live_bytes.get(entry[2], 0) + entry[4]
         if prev is not None:
             self.live_bytes[prev[2]] -= prev[4]
