@@ -135,10 +135,11 @@ class LogIndex:
         if entry is None:
             if prev is not None:
                 del self.live[slot]
-        elif prev is not None:  # a key already there: its place in the order stands
-            dict.__setitem__(self.live, slot, entry)
         else:
-            self.live[slot] = entry
+            if prev is not None:  # a key already there: its place in the order stands
+                dict.__setitem__(self.live, slot, entry)
+            else:
+                self.live[slot] = entry
             self.live_bytes[entry[2]] = self.live_bytes.get(entry[2], 0) + entry[4]
         if prev is not None:
             self.live_bytes[prev[2]] -= prev[4]
