@@ -440,7 +440,9 @@ class StorageHost(_Host):
                     fx = gate.run(self._step, items)
                 else:
                     fx = await loop.run_in_executor(self._pool, self._step, items)
-            if durable and self.stopped is None:
+            # (a core the engine failed in has stopped: what it did not sync is never
+            # confirmed as synced)
+            if durable and self.stopped is None and self.core.stopped is None:
                 last = [item[1][-1].t for item in items if item[0] == DELIVERIES and item[1]]
                 if last:
                     self.client.durable(max(last))

@@ -493,3 +493,50 @@ def test_a_steps_adjacent_delivery_batches_reach_the_engine_as_one() -> None:
     )
     assert batches == [[1, 2, 3], [4, 5]]
     assert order == [("direct", 1)]
+
+
+async def test_a_durable_engine_that_fails_a_batch_confirms_none_of_it() -> None:
+    """A storage process on a durable engine confirms deliveries (E-Cast then
+    acknowledges their writers) only once the batch is on disk: when the engine fails
+    the batch, the process stops and confirms nothing of it."""
+    from ecast import Message
+    from ecast.core.endpoint import Delivery
+    from rubberband.keys import EVERYTHING
+    from rubberband.messages import Messages
+    from storage_adapters.log import LogEngine
+    from storage_adapters.memory import KVOps
+
+    class Full(LogEngine):
+        def apply_logged(self, batch: Any) -> Any:
+            raise OSError("disk full")
+
+    def put(t: int) -> Delivery:
+        payload, header = Messages(KVOps()).write_message(("put", ((t, t),)))
+        return Delivery(t, Message("client:c", (("c", 0, ""), t), header, payload))
+
+    class Durable(FakeClient):
+        def __init__(self) -> None:
+            super().__init__(0)
+            self.batches = [[put(1), put(2)], [put(3)]]
+            self.confirmed: list[int] = []
+
+        async def delivery_batch(self, max_items: int = 512) -> list[Any]:
+            await asyncio.sleep(0)
+            if self.batches:
+                return self.batches.pop(0)
+            await asyncio.sleep(3600)
+            return []
+
+        def durable(self, t: int) -> None:
+            self.confirmed.append(t)
+
+    client, engine = Durable(), Full(fsync="interval")
+    try:
+        h = StorageHost(client, StorageCore("storage:1", engine))  # type: ignore[arg-type]
+        h.core.joined({"rubberband": [1, "range", 0, [], [], [], [], [], [], [], []]})
+        h.core.owned = EVERYTHING
+        why = await asyncio.wait_for(h.run(), 10)
+    finally:
+        engine.close()
+    assert "engine failed" in why and "disk full" in why
+    assert client.confirmed == []
