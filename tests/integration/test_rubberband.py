@@ -892,7 +892,9 @@ def test_cluster_add_and_remove_routers_supers_and_standby_storage(cluster: Path
 def test_admin_place_puts_a_new_clusters_standbys_on_the_empty_ring_once(cluster: Path) -> None:
     """What the deploy templates run: ``admin place N`` waits for N standbys, expands each
     with ids spread evenly, and places nothing once the ring holds any (so a deploy may
-    run it on every start)."""
+    run it on every start), a standby that joined later included.  (Three standbys
+    first: with four started at once, which three had joined when the command looked
+    was a race of process starts, and a run placed storage:4 before storage:3 joined.)"""
     d = str(cluster)
     waiting = subprocess.Popen(
         [PY, "-m", "rubberband.tools.cli", "admin", "--state-dir", d, "--timeout", "60",
@@ -902,7 +904,7 @@ def test_admin_place_puts_a_new_clusters_standbys_on_the_empty_ring_once(cluster
     try:
         time.sleep(1)
         assert waiting.poll() is None  # no standby yet: it waits
-        added = cli("cluster", "add", "--storage", "4", "--state-dir", d)
+        added = cli("cluster", "add", "--storage", "3", "--state-dir", d)
         assert added.returncode == 0, added.stdout + added.stderr
         out, err = waiting.communicate(timeout=90)
     finally:
@@ -914,6 +916,12 @@ def test_admin_place_puts_a_new_clusters_standbys_on_the_empty_ring_once(cluster
     assert [(r["name"], int(r["id"])) for r in ring] == [
         (f"storage:{i}", (i - 1) * step) for i in (1, 2, 3)
     ]
+    later = cli("cluster", "add", "--storage", "1", "--state-dir", d)
+    assert later.returncode == 0, later.stdout + later.stderr
+    deadline = time.monotonic() + 30
+    while "storage:4" not in status(cluster)["standby"]:
+        assert time.monotonic() < deadline, "storage:4 never joined in standby"
+        time.sleep(0.5)
     again = cli("admin", "--state-dir", d, "place", "4")
     assert again.returncode == 0 and "nothing placed" in again.stdout, again.stdout + again.stderr
     assert len(status(cluster)["ring"]) == 3
