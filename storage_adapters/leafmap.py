@@ -1,0 +1,218 @@
+"""A dict that also walks its keys in order, paying for the order in sorts, not inserts.
+
+A sorted map (``sortedcontainers.SortedDict``) finds each new key's place as it comes:
+a bisection of its leaf with generic comparisons and a list insert, in Python, 9 µs at
+200,000 keys and 16 µs at a million on this project's machine (most of a storage
+process's cost per new key).  :class:`LeafMap` keeps the same shape, sorted leaves of
+about :data:`LOAD` keys under a list of their upper bounds, but a new key is only
+*appended* to its leaf: the leaf is sorted when it is next read or split, in one
+``list.sort``, whose comparisons are specialised to the keys' type.  A new key costs a
+bisection of the bounds and an append (about 5 µs at 200,000 keys, 6 at a million),
+and no read or write waits for more than one leaf's sort.
+
+A removed key stays in its leaf as a *ghost*: skipped when read, dropped when the leaf
+is next sorted, or from every leaf when ghosts reach half the live keys.  A ghost added
+again keeps its place.
+
+Only the map's own writing methods keep the order: ``d[k] = v``, ``del d[k]``,
+``pop``, ``update``, ``add_new`` and ``clear``; the others that would add keys are
+refused.  ``dict.__setitem__(d, k, v)`` on a key ``d`` already holds is allowed (the
+order does not change), and is how a hot loop overwrites.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
+from typing import Any
+
+LOAD = 1000
+"""Keys a leaf holds after a split (it splits at twice as many)."""
+_CHUNK = 64
+"""Keys a walk copies out of a leaf at a time (a scan with a limit stops early)."""
+
+
+class LeafMap(dict):  # type: ignore[type-arg]
+    """A dict whose keys can also be walked in order (:meth:`irange`)."""
+
+    __slots__ = ("_bounds", "_ghosts", "_leaves", "_load", "_moves", "_unsorted")
+
+    def __init__(self, load: int = LOAD) -> None:
+        super().__init__()
+        if load < 1:
+            raise ValueError("a leaf holds at least one key")
+        self._load = load
+        self._bounds: list[Any] = []
+        """Leaf ``i`` holds keys above ``_bounds[i - 1]`` and up to ``_bounds[i]``
+        (a bound need not be a key any more: a leaf's largest may have gone)."""
+        self._leaves: list[list[Any]] = []
+        """Every key held, and every ghost, once; none empty."""
+        self._unsorted: set[int] = set()
+        """``id`` of each leaf appended to out of order since it was last sorted."""
+        self._ghosts: set[Any] = set()
+        """Keys in a leaf that the dict no longer holds."""
+        self._moves = 0
+        """Counts changes that move keys within or between leaves (a sort, a split, a
+        sweep), so that an open walk finds its place again; an append moves none."""
+
+    # ------------------------------------------------------------------ writes
+    def add_new(self, key: Any, value: Any) -> None:
+        """Set a key this dict does not hold (the caller has checked)."""
+        dict.__setitem__(self, key, value)
+        ghosts = self._ghosts
+        if ghosts and key in ghosts:
+            ghosts.discard(key)  # still in its leaf: its place stands
+            return
+        bounds = self._bounds
+        pos = bisect_right(bounds, key)
+        if pos == len(bounds):  # above every bound: the last leaf, still in order
+            if not bounds:
+                self._leaves.append([key])
+                bounds.append(key)
+                return
+            pos -= 1
+            bounds[pos] = key
+            leaf = self._leaves[pos]
+            leaf.append(key)
+        else:
+            leaf = self._leaves[pos]
+            leaf.append(key)
+            self._unsorted.add(id(leaf))
+        if len(leaf) > 2 * self._load:
+            self._split(pos)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if dict.__contains__(self, key):
+            dict.__setitem__(self, key, value)
+        else:
+            self.add_new(key, value)
+
+    def update(self, items: Any = (), /, **kw: Any) -> None:  # type: ignore[override]
+        if kw:
+            raise TypeError("LeafMap.update takes no keyword arguments")
+        for key, value in items.items() if hasattr(items, "items") else items:
+            self[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        dict.__delitem__(self, key)
+        self._ghost(key)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        if dict.__contains__(self, key):
+            value = dict.pop(self, key)
+            self._ghost(key)
+            return value
+        if default:
+            return default[0]
+        raise KeyError(key)
+
+    def clear(self) -> None:
+        dict.clear(self)
+        self._moves += 1
+        self._bounds = []
+        self._leaves = []
+        self._unsorted = set()
+        self._ghosts = set()
+
+    def _refused(self, *args: Any, **kw: Any) -> Any:
+        raise TypeError("LeafMap keeps its order only through [], del, pop, update, clear")
+
+    setdefault = popitem = __ior__ = _refused  # type: ignore[assignment]
+
+    # ------------------------------------------------------------------ leaves
+    def _ghost(self, key: Any) -> None:
+        ghosts = self._ghosts
+        ghosts.add(key)
+        if len(ghosts) > max(self._load, len(self) // 2):
+            self._sweep()
+
+    def _sweep(self) -> None:
+        """Drop every ghost from every leaf (a filter keeps a sorted leaf sorted)."""
+        self._moves += 1
+        for pos in range(len(self._leaves) - 1, -1, -1):
+            leaf = self._leaves[pos]
+            leaf[:] = [k for k in leaf if k in self]
+            if not leaf:
+                self._remove(pos)
+        self._ghosts = set()
+
+    def _sorted(self, pos: int) -> list[Any]:
+        """Leaf ``pos``, sorted and without ghosts (it may go: then the next one)."""
+        leaf = self._leaves[pos]
+        if id(leaf) not in self._unsorted:
+            return leaf
+        self._unsorted.discard(id(leaf))
+        self._moves += 1
+        leaf.sort()
+        if self._ghosts:
+            gone = [k for k in leaf if k not in self]
+            if gone:
+                self._ghosts.difference_update(gone)
+                leaf[:] = [k for k in leaf if k in self]
+                if not leaf:
+                    self._remove(pos)
+                    return self._sorted(pos) if pos < len(self._leaves) else []
+        return leaf
+
+    def _remove(self, pos: int) -> None:
+        self._unsorted.discard(id(self._leaves[pos]))
+        del self._leaves[pos]
+        del self._bounds[pos]
+
+    def _split(self, pos: int) -> None:
+        leaf = self._sorted(pos)
+        load = self._load
+        if len(leaf) > 2 * load:
+            self._moves += 1
+            self._leaves.insert(pos + 1, leaf[load:])
+            del leaf[load:]
+            self._bounds.insert(pos, leaf[-1])
+
+    # ------------------------------------------------------------------ order
+    def irange(
+        self, lo: Any = None, hi: Any = None, inclusive: tuple[bool, bool] = (True, False)
+    ) -> Iterator[Any]:
+        """The keys from ``lo`` to ``hi`` (None: unbounded) in order, without ghosts.
+        Writes may come between two keys given: a key added behind the walk is missed,
+        none is given twice, and one removed is not given unless it was removed while
+        the walk was inside its chunk of :data:`_CHUNK` keys."""
+        above = bisect_left if inclusive[0] else bisect_right
+        below = bisect_right if inclusive[1] else bisect_left
+        while True:
+            bounds = self._bounds
+            pos = 0 if lo is None else above(bounds, lo)  # the first leaf that may hold lo
+            if pos == len(bounds):
+                return
+            leaf = self._sorted(pos)
+            if not leaf:
+                return
+            bound = self._bounds[pos]  # every key up to it is in this leaf, now
+            i = 0 if lo is None else above(leaf, lo)
+            j = len(leaf) if hi is None else below(leaf, hi)
+            last = j == len(leaf) and (hi is None or bound < hi)
+            moves = self._moves
+            for s in range(i, j, _CHUNK):  # a slice touches every key it copies
+                chunk = leaf[s : min(s + _CHUNK, j)]
+                if self._ghosts:
+                    yield from [key for key in chunk if key in self]
+                else:
+                    yield from chunk
+                if self._moves != moves:  # the leaf was sorted or cut: find our place again
+                    lo, above = chunk[-1], bisect_right
+                    break
+            else:
+                if not last:
+                    return
+                lo, above = bound, bisect_right  # resume past this leaf
+
+    def ordered_keys(self) -> list[Any]:
+        """Every key, in order."""
+        return list(self.irange())
+
+    def ordered_values(self) -> list[Any]:
+        """Every value, in the order of the keys."""
+        return [self[k] for k in self.irange()]
+
+    def stats(self) -> dict[str, int]:
+        return {"leaves": len(self._leaves), "unsorted": len(self._unsorted),
+                "ghosts": len(self._ghosts)}  # fmt: skip

@@ -1,0 +1,98 @@
+"""The leaf map against a dict and ``sorted``: the same items, and every walk in order,
+whatever mix of writes and walks (small leaves, so splits, sweeps and emptied leaves
+come often)."""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from storage_adapters.leafmap import LeafMap
+
+KEY = st.tuples(st.integers(0, 3), st.integers(0, 60))
+BOUND = st.one_of(st.none(), KEY)
+STEP = st.one_of(
+    st.tuples(st.just("set"), KEY, st.integers()),
+    st.tuples(st.just("new"), KEY, st.integers()),
+    st.tuples(st.just("del"), KEY),
+    st.tuples(st.just("pop"), KEY),
+    st.tuples(st.just("update"), st.lists(st.tuples(KEY, st.integers()), max_size=8)),
+    st.tuples(st.just("walk"), BOUND, BOUND, st.booleans(), st.booleans()),
+    st.tuples(st.just("clear")),
+)
+
+
+def expected_walk(model: dict[Any, Any], lo: Any, hi: Any, inc: tuple[bool, bool]) -> list[Any]:
+    keys = sorted(model)
+    above = bisect.bisect_left if inc[0] else bisect.bisect_right
+    below = bisect.bisect_right if inc[1] else bisect.bisect_left
+    return keys[0 if lo is None else above(keys, lo) : len(keys) if hi is None else below(keys, hi)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 5), st.lists(STEP, max_size=120))
+def test_a_leaf_map_is_a_dict_walked_in_order(load: int, steps: list[Any]) -> None:
+    m, model = LeafMap(load), {}
+    for step in steps:
+        kind = step[0]
+        if kind == "set":
+            m[step[1]] = model[step[1]] = step[2]
+        elif kind == "new" and step[1] not in model:
+            m.add_new(step[1], step[2])
+            model[step[1]] = step[2]
+        elif kind == "del":
+            if step[1] in model:
+                del m[step[1]]
+                del model[step[1]]
+            else:
+                with pytest.raises(KeyError):
+                    del m[step[1]]
+        elif kind == "pop":
+            assert m.pop(step[1], "none") == model.pop(step[1], "none")
+        elif kind == "update":
+            m.update(step[1])
+            model.update(step[1])
+        elif kind == "walk":
+            inc = (step[3], step[4])
+            assert list(m.irange(step[1], step[2], inclusive=inc)) == expected_walk(
+                model, step[1], step[2], inc
+            )
+        elif kind == "clear":
+            m.clear()
+            model.clear()
+        assert dict(m) == model
+    assert m.ordered_keys() == sorted(model)
+    assert m.ordered_values() == [model[k] for k in sorted(model)]
+    held = sorted(k for leaf in m._leaves for k in leaf)
+    assert held == sorted(set(held)), "a key in two places"
+    assert set(held) == set(model) | m._ghosts and not set(model) & m._ghosts
+
+
+def test_a_walk_with_writes_between_gives_no_key_twice_and_every_key_held_throughout() -> None:
+    m = LeafMap(4)
+    for k in range(0, 200, 2):
+        m[k] = k
+    walk = m.irange(None, None)
+    seen = [next(walk) for _ in range(30)]
+    for k in range(1, 200, 2):  # new keys on both sides of the walk: leaves split
+        m[k] = k
+    for k in range(100, 140):
+        m.pop(k, None)
+    seen += list(walk)
+    assert seen == sorted(set(seen))
+    held_throughout = [k for k in range(0, 200, 2) if not 100 <= k < 140]
+    assert set(held_throughout) <= set(seen)
+    assert not [k for k in seen if 100 <= k < 140], "removed far ahead of the walk, and given"
+    assert m.ordered_keys() == sorted(m)
+
+
+def test_a_leaf_map_refuses_writes_that_would_skip_its_order() -> None:
+    m = LeafMap()
+    for write in (lambda: m.setdefault(1, 2), m.popitem, lambda: m.update(a=1)):
+        with pytest.raises(TypeError):
+            write()
+    assert not m and m.ordered_keys() == []
