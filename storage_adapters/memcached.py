@@ -58,7 +58,6 @@ from typing import Any
 
 import msgpack
 from pymemcache.client.base import Client as _Memcache
-from sortedcontainers import SortedDict
 
 from rubberband.engine import (
     INVALID,
@@ -75,6 +74,7 @@ from rubberband.engine import (
     refuse_row_key,
     rejection,
 )
+from storage_adapters.leafmap import LeafMap
 from storage_adapters.memory import (
     MAX_KEYS,
     MAX_VALUE_BYTES,
@@ -234,7 +234,7 @@ class MemcachedEngine(ReportsChanges):
                 f"bytes: too few for a value at the key-value limit of {MAX_VALUE_BYTES:,} "
                 "bytes with its key (start it with -I 2m, or item_limit_mb=2)"
             )
-        self._index: SortedDict = SortedDict()
+        self._index = LeafMap()
         """(placement, encoded key) -> key, for every key this replica holds."""
         self._cursors: set[_Snapshot] = set()
         self.counts = {"writes": 0, "reads": 0, "rejected": 0, "saved_for_send": 0}
@@ -582,7 +582,7 @@ class MemcachedEngine(ReportsChanges):
 
     def items(self) -> list[tuple[Any, Any]]:
         """Every (key, value) in placement order: what replicas compare."""
-        slots = list(self._index)
+        slots = self._index.ordered_keys()
         values = self._fetch(slots)
         return [(self._index[s], msgpack.unpackb(values[s], raw=False)) for s in slots]
 

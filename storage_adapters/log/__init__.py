@@ -379,7 +379,7 @@ class LogEngine(MemoryEngine):
         olds = sorted(self.path.glob("ckpt-*.idx"))
         n = int(olds[-1].name[5:13]) + 1 if olds else 1
         final = self.path / CKPT.format(n)
-        entries = [(e[0], e[2], e[3], e[4]) for e in index.live.values()]
+        entries = [(e[0], e[2], e[3], e[4]) for e in index.live.ordered_values()]
         head = {"segment": log_.active, "offset": log_.size(log_.active), "t": index.t,
                 "epoch": index.epoch, "items": len(entries)}  # fmt: skip
         if self._store is not None:

@@ -12,7 +12,7 @@ Every superseded version that some open cursor can see moves to ``old``; when th
 last cursor that could see it closes, it is dropped.  So the oldest LSN any cursor
 holds is the explicit point compaction may not cut behind (:attr:`LogIndex.cut`).
 
-The index quacks like the sorted map :class:`~storage_adapters.memory.MemoryEngine`
+The index quacks like the ordered map :class:`~storage_adapters.memory.MemoryEngine`
 keeps its items in (``get``, ``[]``, assignment, ``pop``, ``irange``...): the engine
 reuses every key-value operation of the memory engine unchanged, and only where items
 live differs.
@@ -28,6 +28,7 @@ from typing import Any
 
 from sortedcontainers import SortedDict
 
+from storage_adapters.leafmap import LeafMap
 from storage_adapters.log.segments import Log, Ptr
 
 PUT, DELETE, DROP, WHOLE, EPOCH, COMMIT, STORE = 0, 1, 2, 3, 4, 5, 6
@@ -47,7 +48,7 @@ class LogIndex:
     def __init__(self, log: Log, slot_of: Any) -> None:
         self.log = log
         self.slot_of = slot_of
-        self.live: SortedDict = SortedDict()
+        self.live = LeafMap()
         self.old: SortedDict = SortedDict()
         """slot -> [(from lsn, until lsn, key, ptr | None), ...]: versions open cursors see."""
         self.cursors: dict[int, int] = {}
@@ -105,8 +106,8 @@ class LogIndex:
     def irange(self, lo: Any, hi: Any, inclusive: tuple[bool, bool] = (True, False)) -> Any:
         return self.live.irange(lo, hi, inclusive=inclusive)
 
-    def values(self) -> list[tuple[Any, Any]]:
-        return [(e[0], self.value(e[2:])) for e in self.live.values()]
+    def ordered_values(self) -> list[tuple[Any, Any]]:
+        return [(e[0], self.value(e[2:])) for e in self.live.ordered_values()]
 
     def clear(self) -> None:
         self.live.clear()
@@ -139,7 +140,7 @@ class LogIndex:
             if prev is not None:  # a key already there: its place in the order stands
                 dict.__setitem__(self.live, slot, entry)
             else:
-                self.live[slot] = entry
+                self.live.add_new(slot, entry)
             self.live_bytes[entry[2]] = self.live_bytes.get(entry[2], 0) + entry[4]
         if prev is not None:
             self.live_bytes[prev[2]] -= prev[4]

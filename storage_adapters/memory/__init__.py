@@ -1,11 +1,14 @@
 """An in-memory, ordered key-value engine: the engine behind Rubberband's key-value SDK.
 
 Values are anything msgpack carries; a key is any Rubberband key.  Items are kept in a
-sorted map by *placement* (the key under range partitioning, its 32-bit hash under hash
-partitioning, dissertation 5.3) and then by key, so a range of placement space is one
-slice of the map whatever the partitioning.  The map's keys are flat sort forms
-(:func:`rubberband.keys.sort_key`), not nested encoded keys: every insert compares a new
-key with a dozen others, and a view row's nested key made that most of a write's cost.
+map walked in order of *placement* (the key under range partitioning, its 32-bit hash
+under hash partitioning, dissertation 5.3) and then by key, so a range of placement
+space is one slice of the map whatever the partitioning.  The map
+(:class:`~storage_adapters.leafmap.LeafMap`) is a dict whose new keys are sorted into
+place in bulk when next read, not one by one as they come.  Its keys are flat sort
+forms (:func:`rubberband.keys.sort_key`), not nested encoded keys: ordering compares
+each new key with a dozen others, and a view row's nested key made that most of a
+write's cost.
 
 Operations (tuples, as they travel in payloads):
 
@@ -40,7 +43,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgpack
-from sortedcontainers import SortedDict
 
 from rubberband.engine import (
     INVALID,
@@ -70,6 +72,7 @@ from rubberband.engine import (
     sort_key,
     sort_pairs,
 )
+from storage_adapters.leafmap import LeafMap
 
 WRITES = frozenset({"put", "append", "add", "delete", "delete_range", "version", "reclaim"})
 READS = frozenset({"get", "scan"})
@@ -302,7 +305,7 @@ class MemoryEngine(ReportsChanges):
 
     def __init__(self, placement: Placement | None = None) -> None:
         self.placement = placement or Placement()
-        self._data: SortedDict = SortedDict()
+        self._data = LeafMap()
         self.counts = {"writes": 0, "reads": 0, "rejected": 0}
 
     @property
@@ -382,10 +385,10 @@ class MemoryEngine(ReportsChanges):
         :data:`OUTSIDE`) for as :meth:`apply` would and returns its changes, or
         raises, the put not applied, what :meth:`apply` would refuse it for; None when
         this engine may apply a put otherwise."""
-        if not self._fast_puts(MemoryEngine, SortedDict):
+        if not self._fast_puts(MemoryEngine, LeafMap):
             return None
         data = self._data
-        contains, setitem = dict.__contains__, dict.__setitem__
+        contains, setitem, add_new = dict.__contains__, dict.__setitem__, data.add_new
 
         def store(slot: Any, one: Any) -> tuple[Change, ...]:
             if slot is OUTSIDE:
@@ -394,7 +397,7 @@ class MemoryEngine(ReportsChanges):
             if contains(data, slot):  # no new key: the order stands
                 setitem(data, slot, (key, value))
             else:
-                data[slot] = (key, value)
+                add_new(slot, (key, value))
             return ((key, "put", value),)
 
         return store
@@ -557,7 +560,7 @@ class MemoryEngine(ReportsChanges):
 
     def items(self) -> list[tuple[Any, Any]]:
         """Every (key, value) in placement order: what replicas compare."""
-        return list(self._data.values())
+        return self._data.ordered_values()
 
 
 def deltas(pairs: Any) -> list[tuple[Any, int]]:
