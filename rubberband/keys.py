@@ -431,12 +431,46 @@ def difference(a: RangeSet, b: RangeSet) -> RangeSet:
     return tuple(out)
 
 
+_TOP: EKey = (*MAX_EKEY, 1)
+"""Above every bound: ``(x, _TOP)`` sorts after every range that starts at ``x``."""
+
+
+_FEW = 4
+"""A range set of at most this many ranges is checked against a longer one by bisection
+(a storage process's queue holds the points of thousands of waiting writes, and each
+delivery is checked against them)."""
+
+
 def covers(a: RangeSet, b: RangeSet) -> bool:
     """Whether ``a`` contains all of ``b``."""
+    if len(b) <= _FEW < len(a):
+        return all(_covers_one(a, lo, hi) for lo, hi in b)
     return not difference(b, a)
 
 
+def _covers_one(rs: RangeSet, lo: EKey, hi: EKey) -> bool:
+    """Whether ``rs`` (normalized: no two ranges touch) contains ``[lo, hi)``."""
+    if not lo < hi:
+        return True
+    i = bisect_right(rs, (lo, _TOP)) - 1
+    return i >= 0 and hi <= rs[i][1]  # (rs[i] starts at or before lo)
+
+
+def _overlaps_one(rs: RangeSet, lo: EKey, hi: EKey) -> bool:
+    """Whether ``rs`` (normalized) meets ``[lo, hi)``."""
+    if not lo < hi:
+        return False
+    i = bisect_right(rs, (lo, _TOP)) - 1  # the last range starting at or before lo
+    if i >= 0 and lo < rs[i][1]:
+        return True
+    return i + 1 < len(rs) and rs[i + 1][0] < hi
+
+
 def overlaps(a: RangeSet, b: RangeSet) -> bool:
+    if len(a) <= _FEW < len(b):
+        return any(_overlaps_one(b, lo, hi) for lo, hi in a)
+    if len(b) <= _FEW < len(a):
+        return any(_overlaps_one(a, lo, hi) for lo, hi in b)
     i = j = 0
     while i < len(a) and j < len(b):
         if a[i][0] < b[j][1] and b[j][0] < a[i][1]:
@@ -449,7 +483,7 @@ def overlaps(a: RangeSet, b: RangeSet) -> bool:
 
 
 def contains(rs: RangeSet, ekey: EKey) -> bool:
-    i = bisect_right(rs, (ekey, (*MAX_EKEY, 1))) - 1
+    i = bisect_right(rs, (ekey, _TOP)) - 1
     return i >= 0 and rs[i][0] <= ekey < rs[i][1]
 
 

@@ -328,3 +328,24 @@ def test_sorted_pairs_of_mixed_plain_types_keep_the_ranks():
     pairs = [("a", 0), (2, 1), (b"z", 2), (True, 3), (1.5, 4), (None, 5)]
     K.sort_pairs(pairs)
     assert [k for k, _ in pairs] == [None, True, 1.5, 2, "a", b"z"]
+
+
+wide = st.integers(min_value=0, max_value=60)
+long_range_sets = st.lists(st.tuples(wide, st.integers(1, 3)), max_size=30).map(
+    lambda starts: _rs((a, a + n) for a, n in starts)  # short ones: many stay apart
+)
+short_range_sets = st.lists(st.tuples(wide, wide), max_size=4).map(_rs)
+
+
+@given(long_range_sets, short_range_sets)
+@settings(max_examples=400)
+def test_few_ranges_against_many_are_checked_by_bisection_alike(many, few):
+    """A handful of ranges against a long set (a write against the points of a storage
+    process's queue) takes the bisection: the same answers as the sets say."""
+
+    def members(rs):
+        return {x for x in range(61) if K.contains(rs, (2, x))}
+
+    for a, b in ((many, few), (few, many)):
+        assert K.covers(a, b) == (members(b) <= members(a))
+        assert K.overlaps(a, b) == bool(members(a) & members(b))
