@@ -434,14 +434,14 @@ class StorageCore:
         self.queue.append(item)
         # An item inside a range still being received (a receive begun before it) needs
         # no entry of its own: whatever overlaps it overlaps that receive too, and waits
-        # for it anyway.  Entering every one made each write to a busy range re-sort a
-        # union of thousands of points, so a receiver under load fell further behind
-        # with every write and its migration never finished.
+        # for it anyway (nor does one inside what earlier waiting items hold).  Entering
+        # every one made each write to a busy range re-sort a union of thousands of
+        # points, so a receiver under load fell behind and its migration never finished.
         t, ranges = item.t, item.ranges
-        for rec in self.migration.incoming.values():
-            if rec.t < t and covers(rec.ranges, ranges):
-                break
-        else:
+        incoming = self.migration.incoming.values()
+        if not any(r.t < t and covers(r.ranges, ranges) for r in incoming) and not covers(
+            self._queued_ranges, ranges
+        ):
             self._queued_ranges = union(self._queued_ranges, ranges)
         if len(self.queue) > self.stats.queued_max:
             self.stats.queued_max = len(self.queue)
