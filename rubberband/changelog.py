@@ -31,8 +31,9 @@ with its history.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterable, Sequence
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import msgpack
@@ -230,36 +231,79 @@ class ChangeLog:
         key's last change at ``t`` only.  Usually after every position recorded; a write
         held back while its range was received runs after later writes to other ranges,
         and takes its place in position order (a read bisects by position)."""
-        if not changes:
-            return
-        if len(changes) > 1:
-            # A key changed twice at one position (a bundle of writes, a key named
-            # twice): its last change is what that position did to it.
-            last = {_same(c[0]): c for c in changes}
-            if len(last) < len(changes):
-                changes = _last_changes(changes)
-        self._revise(t, changes)
-        size = _size(changes)
-        if not self._t or self._t[-1] < t or mutations.on(OUT_OF_ORDER):
-            self._t.append(t)
-            self._at.append(now)
-            self._changes.append(tuple(changes))
-            self._sizes.append(size)
-        else:
-            i = bisect_right(self._t, t, self._head)
-            self._t.insert(i, t)
-            self._at.insert(i, now)
-            self._changes.insert(i, tuple(changes))
-            self._sizes.insert(i, size)
-        self._count += len(changes)
-        self._bytes += size
-        self.recorded += len(changes)
-        if (
-            self._count > self.max_changes
-            or self._bytes > self.max_bytes
-            or self._at[self._head] < now - self.max_age
-        ):
-            self.trim(now)
+        self._record_many([(t, changes)], now)
+
+    def _record_many(self, entries: Sequence[tuple[int, Any]], now: float) -> None:
+        """Entries ``(t, changes)`` each as :meth:`record` takes one, in their order.
+
+        One older than the newest held (a write held back while its range was
+        received, drained after later writes) waits outside the lists, and all of
+        them are merged in at once: inserted one by one, each moved every newer
+        entry, and a drain of thousands took seconds.  What they hold is what they
+        would hold inserted one by one: each entry is counted as it comes, and the
+        oldest entries dropped as then, a waiting one among them (a write held back
+        for longer than the log keeps changes is dropped before it was ever merged)."""
+        late: list[tuple[int, float, tuple[Any, ...], int]] = []  # by position
+        ts, ats, logged, sizes = self._t, self._at, self._changes, self._sizes
+        for t, changes in entries:
+            if not changes:
+                continue
+            if len(changes) > 1:
+                # A key changed twice at one position (a bundle of writes, a key named
+                # twice): its last change is what that position did to it.
+                last = {_same(c[0]): c for c in changes}
+                if len(last) < len(changes):
+                    changes = _last_changes(changes)
+            self._revise(t, changes)
+            size = _size(changes)
+            row = (t, now, tuple(changes), size)
+            if not ts or ts[-1] < t or mutations.on(OUT_OF_ORDER):
+                ts.append(t)
+                ats.append(now)
+                logged.append(row[2])
+                sizes.append(size)
+            else:
+                insort(late, row, key=_first)  # (after the waiting at its position)
+            self._count += len(changes)
+            self._bytes += size
+            self.recorded += len(changes)
+            oldest = now - self.max_age
+            while True:  # trim's loop, with the waiting entries where they would be
+                head = self._head
+                first = bool(late) and (head >= len(ts) or late[0][0] < ts[head])
+                over = self._count > self.max_changes or self._bytes > self.max_bytes
+                # (a waiting entry at the head is as young as this batch: not too old)
+                if not over and (first or head >= len(ts) or not ats[head] < oldest):
+                    break
+                if first:  # the oldest entry is a waiting one: it goes, never merged
+                    gone = late.pop(0)
+                    self._count -= len(gone[2])
+                    self._bytes -= gone[3]
+                    self.floor = gone[0]
+                    continue
+                if head >= len(ts):
+                    break
+                self._count -= len(logged[head])
+                self._bytes -= sizes[head]
+                self.floor = ts[head]
+                self._head = head + 1
+        if late:
+            self._merge(late)
+        self.trim(now)  # (the dropped front cut in bulk)
+
+    def _merge(self, rows: list[tuple[int, float, tuple[Any, ...], int]]) -> None:
+        """Rows older than the newest held, sorted by position, into the lists: each
+        after those held at its position (as ``bisect_right`` puts one)."""
+        ts = self._t
+        i = bisect_right(ts, rows[0][0], self._head)
+        # Two runs sorted by position: one merge, in C (stable: a held entry stays
+        # before a waiting one at the same position).
+        held = zip(ts[i:], self._at[i:], self._changes[i:], self._sizes[i:], strict=True)
+        merged = sorted([*held, *rows], key=_first)
+        columns = (ts, self._at, self._changes, self._sizes)
+        for column, values in zip(columns, zip(*merged, strict=True), strict=True):
+            del column[i:]
+            column += values
 
     def _revise(self, t: int, changes: Iterable[Sequence[Any]]) -> None:
         """Each changed key's revision is ``t`` now (a delete: it has none); a key's
@@ -309,6 +353,7 @@ class ChangeLog:
         revisions = self.revisions
         n = len(changed)
         i = 0
+        late: list[tuple[int, Any]] = []  # bundles, and positions older than the newest
         oldest = now - self.max_age
         while i < n:
             t, changes = changed[i]
@@ -318,11 +363,17 @@ class ChangeLog:
                 while i < n and changed[i][0] == t:
                     entry += changed[i][1]
                     i += 1
-                self.record(t, now, entry)
+                late.append((t, entry))
                 continue
             if len(changes) != 1 or (ts and ts[-1] >= t):
-                self.record(t, now, changes)
+                late.append((t, changes))
                 continue
+            if late:  # in the batch's order: a trim after them sees what it would
+                self._record_many(late, now)
+                late = []
+                if ts and ts[-1] >= t:  # (a bundle among them came after this position)
+                    late.append((t, changes))
+                    continue
             key, kind, _ = change = changes[0]
             if type(key) is int or type(key) is str:  # its own revision entry: ``t``
                 old = revisions.get(key)
@@ -347,6 +398,8 @@ class ChangeLog:
                 or ats[self._head] < oldest
             ):
                 self.trim(now)
+        if late:
+            self._record_many(late, now)
 
     def changes_after(self, since: int, most: int) -> int:
         """How many changes the log holds after ``since``, counted until past ``most``:
@@ -579,6 +632,9 @@ def _size(changes: Iterable[Sequence[Any]]) -> int:
         else:
             n += 100
     return n
+
+
+_first = itemgetter(0)
 
 
 def _last_changes(changes: Sequence[tuple[Any, str, Any]]) -> list[tuple[Any, str, Any]]:

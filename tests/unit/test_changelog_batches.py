@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 from hypothesis import given, settings
@@ -60,3 +61,56 @@ def test_a_batch_is_logged_as_its_positions_one_at_a_time(batches: Any, most: in
         for t, changes in groups:
             slow.record(t, float(n), changes)
         assert _held(fast) == _held(slow)
+
+
+class _InsertedOneByOne:
+    """The change log's retention as it was first written: each entry inserted at its
+    position (after those held there), then the oldest dropped while too many or too
+    old."""
+
+    def __init__(self, most: int, age: float) -> None:
+        self.most, self.age = most, age
+        self.t: list[int] = []
+        self.at: list[float] = []
+        self.sizes: list[int] = []
+        self.floor: int | None = None
+
+    def record(self, t: int, now: float, n: int) -> None:
+        i = bisect.bisect_right(self.t, t)
+        self.t.insert(i, t)
+        self.at.insert(i, now)
+        self.sizes.insert(i, n)
+        while self.t and (sum(self.sizes) > self.most or self.at[0] < now - self.age):
+            self.floor = self.t.pop(0)
+            self.at.pop(0)
+            self.sizes.pop(0)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(0, 40), st.integers(1, 3)), max_size=12),
+        min_size=1,
+        max_size=8,
+    ),
+    st.integers(1, 12),
+    st.sampled_from([0.5, 1.5, 600.0]),
+)
+def test_positions_older_than_the_newest_are_held_as_if_inserted_one_by_one(
+    batches: Any, most: int, age: float
+) -> None:
+    """Held-back writes drained after later ones are merged into the log in bulk; what
+    it holds and what it dropped are what inserting them one at a time gave."""
+    log, ref = ChangeLog(max_changes=most, max_age=age), _InsertedOneByOne(most, age)
+    for n, batch in enumerate(batches):
+        # (two entries at one position next to each other are one bundle: kept apart)
+        batch = [e for i, e in enumerate(batch) if i == 0 or e[0] != batch[i - 1][0]]
+        entries = [(t, tuple((f"k{j}", "put", j) for j in range(k))) for t, k in batch]
+        log.record_all(entries, float(n))
+        for t, k in batch:
+            ref.record(t, float(n), k)
+        assert log._t[log._head :] == ref.t
+        assert [len(c) for c in log._changes[log._head :]] == ref.sizes
+        assert log._at[log._head :] == ref.at
+        if ref.floor is not None:
+            assert log.floor == ref.floor
