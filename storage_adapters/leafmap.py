@@ -64,7 +64,7 @@ class LeafMap(dict):  # type: ignore[type-arg]
             ghosts.discard(key)  # still in its leaf: its place stands
             return
         bounds = self._bounds
-        pos = bisect_right(bounds, key)
+        pos = bisect_left(bounds, key)  # leaf i holds keys up to bounds[i], itself too
         if pos == len(bounds):  # above every bound: the last leaf, still in order
             if not bounds:
                 self._leaves.append([key])
@@ -173,9 +173,9 @@ class LeafMap(dict):  # type: ignore[type-arg]
         self, lo: Any = None, hi: Any = None, inclusive: tuple[bool, bool] = (True, False)
     ) -> Iterator[Any]:
         """The keys from ``lo`` to ``hi`` (None: unbounded) in order, without ghosts.
-        Writes may come between two keys given: a key added behind the walk is missed,
-        none is given twice, and one removed is not given unless it was removed while
-        the walk was inside its chunk of :data:`_CHUNK` keys."""
+        Writes may come between two keys given: a key added while the walk is open
+        may be missed, none is given twice, and one removed is not given unless it
+        was removed while the walk was inside its chunk of :data:`_CHUNK` keys."""
         above = bisect_left if inclusive[0] else bisect_right
         below = bisect_right if inclusive[1] else bisect_left
         while True:

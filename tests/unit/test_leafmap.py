@@ -5,6 +5,7 @@ come often)."""
 from __future__ import annotations
 
 import bisect
+import random
 from typing import Any
 
 import pytest
@@ -96,3 +97,36 @@ def test_a_leaf_map_refuses_writes_that_would_skip_its_order() -> None:
         with pytest.raises(TypeError):
             write()
     assert not m and m.ordered_keys() == []
+
+
+def test_a_key_put_back_at_a_bound_its_ghost_left_is_walked() -> None:
+    """A leaf's bound outlives its key (removed, its ghost dropped by a sort): the key
+    put back belongs to that leaf still, and every walk finds it."""
+    m = LeafMap(2)
+    for k in range(10):
+        m[k] = k
+    bound = m._bounds[0]
+    m[-0.5] = "unsorts the first leaf"
+    del m[bound]
+    assert bound not in list(m.irange())  # the sort drops its ghost
+    m[bound] = "back"
+    assert list(m.irange()) == sorted(m)
+    assert list(m.irange(bound, bound + 3)) == [bound, bound + 1, bound + 2]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_long_random_runs_of_puts_removes_and_walks_agree_with_a_dict(seed: int) -> None:
+    """Many more steps than the property test: a key's leaf, bound and ghost go through
+    every state (put, removed, swept or sorted away, put back) many times over."""
+    rng = random.Random(seed)
+    m, model = LeafMap(rng.randint(1, 4)), {}
+    for _ in range(3_000):
+        k, roll = rng.randrange(40), rng.random()
+        if roll < 0.45:
+            m[k] = model[k] = rng.random()
+        elif roll < 0.8:
+            assert m.pop(k, None) == model.pop(k, None)
+        else:
+            lo, hi = sorted((rng.randrange(41), rng.randrange(41)))
+            assert list(m.irange(lo, hi)) == [x for x in sorted(model) if lo <= x < hi]
+    assert m.ordered_keys() == sorted(model)
