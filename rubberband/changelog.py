@@ -289,7 +289,8 @@ class ChangeLog:
                 self._head = head + 1
         if late:
             self._merge(late)
-        self.trim(now)  # (the dropped front cut in bulk)
+        if entries and any(changes for _, changes in entries):  # (nothing recorded: no trim)
+            self.trim(now)  # (the dropped front cut in bulk)
 
     def _merge(self, rows: list[tuple[int, float, tuple[Any, ...], int]]) -> None:
         """Rows older than the newest held, sorted by position, into the lists: each
