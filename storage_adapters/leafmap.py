@@ -15,7 +15,7 @@ is next sorted, or from every leaf when ghosts reach half the live keys.  A ghos
 again keeps its place.
 
 Only the map's own writing methods keep the order: ``d[k] = v``, ``del d[k]``,
-``pop``, ``update``, ``add_new`` and ``clear``; the others that would add keys are
+``pop``, ``update``, ``add_new``, ``remove_range`` and ``clear``; the others that would add keys are
 refused.  ``dict.__setitem__(d, k, v)`` on a key ``d`` already holds is allowed (the
 order does not change), and is how a hot loop overwrites.
 """
@@ -105,6 +105,37 @@ class LeafMap(dict):  # type: ignore[type-arg]
         if default:
             return default[0]
         raise KeyError(key)
+
+    def remove_range(self, lo: Any, hi: Any) -> list[tuple[Any, Any]]:
+        """Remove every key from ``lo`` to ``hi`` (excluded); their ``(key, value)``
+        pairs, in order.  A leaf's part goes in one slice: removed one by one, the
+        100,000 keys a migration moves away held their storage process for up to a
+        second after it."""
+        out: list[tuple[Any, Any]] = []
+        above = bisect_left
+        while True:
+            bounds = self._bounds
+            pos = above(bounds, lo)  # the first leaf that may hold a key from lo
+            if pos == len(bounds):
+                return out
+            leaf = self._sorted(pos)
+            if not leaf:
+                return out
+            bound = self._bounds[pos]
+            i, j = above(leaf, lo), bisect_left(leaf, hi)
+            if i < j:
+                for key in leaf[i:j]:
+                    if dict.__contains__(self, key):
+                        out.append((key, dict.pop(self, key)))
+                    else:
+                        self._ghosts.discard(key)  # out of its leaf now
+                del leaf[i:j]
+                self._moves += 1
+                if not leaf:
+                    self._remove(pos)
+            if not bound < hi:
+                return out
+            lo, above = bound, bisect_right  # resume past this leaf
 
     def clear(self) -> None:
         dict.clear(self)

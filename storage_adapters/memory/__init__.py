@@ -503,10 +503,20 @@ class MemoryEngine(ReportsChanges):
                 self._changes.append((key, "delete", None))
 
     def _delete_range(self, op: Any, ranges: RangeSet) -> None:
-        for slot, (key, _) in self._range_items(ranges):
-            del self._data[slot]
+        for _slot, (key, _) in self._remove_ranges(ranges):
             if self._changes is not None:
                 self._changes.append((key, "delete", None))
+
+    def _remove_ranges(self, ranges: RangeSet) -> list[tuple[Any, Any]]:
+        """Remove every item in ``ranges`` (flat); their ``(slot, item)``, in order: a
+        leaf map's slices at once, another map's items one by one."""
+        remove = getattr(self._data, "remove_range", None)
+        if remove is not None:
+            return [pair for lo, hi in ranges for pair in remove(lo, hi)]
+        gone = self._range_items(ranges)
+        for slot, _ in gone:
+            del self._data[slot]
+        return gone
 
     def _get(self, op: Any, ranges: RangeSet) -> dict[Any, Any]:
         out = {}
@@ -549,8 +559,7 @@ class MemoryEngine(ReportsChanges):
         self._data.update(items)
 
     def delete(self, ranges: RangeSet) -> None:
-        for slot, _ in self._range_items(self._flat(ranges)):
-            del self._data[slot]
+        self._remove_ranges(self._flat(ranges))
 
     def stats(self) -> dict[str, int | float]:
         return {"items": len(self._data), "bytes": 0, **self.counts}

@@ -124,8 +124,12 @@ def test_long_random_runs_of_puts_removes_and_walks_agree_with_a_dict(seed: int)
         k, roll = rng.randrange(40), rng.random()
         if roll < 0.45:
             m[k] = model[k] = rng.random()
-        elif roll < 0.8:
+        elif roll < 0.75:
             assert m.pop(k, None) == model.pop(k, None)
+        elif roll < 0.8:
+            lo, hi = sorted((rng.randrange(41), rng.randrange(41)))
+            gone = [(x, model.pop(x)) for x in sorted(model) if lo <= x < hi]
+            assert m.remove_range(lo, hi) == gone
         else:
             lo, hi = sorted((rng.randrange(41), rng.randrange(41)))
             assert list(m.irange(lo, hi)) == [x for x in sorted(model) if lo <= x < hi]
