@@ -245,9 +245,12 @@ class ChangeLog:
         for longer than the log keeps changes is dropped before it was ever merged)."""
         late: list[tuple[int, float, tuple[Any, ...], int]] = []  # by position
         ts, ats, logged, sizes = self._t, self._at, self._changes, self._sizes
+        oldest = now - self.max_age
+        recorded = False
         for t, changes in entries:
             if not changes:
                 continue
+            recorded = True
             if len(changes) > 1:
                 # A key changed twice at one position (a bundle of writes, a key named
                 # twice): its last change is what that position did to it.
@@ -267,7 +270,6 @@ class ChangeLog:
             self._count += len(changes)
             self._bytes += size
             self.recorded += len(changes)
-            oldest = now - self.max_age
             while True:  # trim's loop, with the waiting entries where they would be
                 head = self._head
                 first = bool(late) and (head >= len(ts) or late[0][0] < ts[head])
@@ -289,8 +291,8 @@ class ChangeLog:
                 self._head = head + 1
         if late:
             self._merge(late)
-        if entries and any(changes for _, changes in entries):  # (nothing recorded: no trim)
-            self.trim(now)  # (the dropped front cut in bulk)
+        if recorded:  # (the dropped front cut in bulk; nothing recorded, nothing trimmed)
+            self.trim(now)
 
     def _merge(self, rows: list[tuple[int, float, tuple[Any, ...], int]]) -> None:
         """Rows older than the newest held, sorted by position, into the lists: each

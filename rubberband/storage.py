@@ -438,10 +438,10 @@ class StorageCore:
         # every one made each write to a busy range re-sort a union of thousands of
         # points, so a receiver under load fell behind and its migration never finished.
         t, ranges = item.t, item.ranges
-        incoming = self.migration.incoming.values()
-        if not any(r.t < t and covers(r.ranges, ranges) for r in incoming) and not covers(
-            self._queued_ranges, ranges
-        ):
+        held = covers(self._queued_ranges, ranges) or any(
+            r.t < t and covers(r.ranges, ranges) for r in self.migration.incoming.values()
+        )
+        if not held:
             self._queued_ranges = union(self._queued_ranges, ranges)
         if len(self.queue) > self.stats.queued_max:
             self.stats.queued_max = len(self.queue)

@@ -15,9 +15,9 @@ is next sorted, or from every leaf when ghosts reach half the live keys.  A ghos
 again keeps its place.
 
 Only the map's own writing methods keep the order: ``d[k] = v``, ``del d[k]``,
-``pop``, ``update``, ``add_new``, ``remove_range`` and ``clear``; the others that would add keys are
-refused.  ``dict.__setitem__(d, k, v)`` on a key ``d`` already holds is allowed (the
-order does not change), and is how a hot loop overwrites.
+``pop``, ``update``, ``add_new``, ``remove_range`` and ``clear``; the others that would
+add keys are refused.  ``dict.__setitem__(d, k, v)`` on a key ``d`` already holds is
+allowed (the order does not change), and is how a hot loop overwrites.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class LeafMap(dict):  # type: ignore[type-arg]
         self._ghosts = set()
 
     def _refused(self, *args: Any, **kw: Any) -> Any:
-        raise TypeError("LeafMap keeps its order only through [], del, pop, update, clear")
+        raise TypeError("LeafMap keeps its order only through its own writing methods")
 
     setdefault = popitem = __ior__ = _refused  # type: ignore[assignment]
 
