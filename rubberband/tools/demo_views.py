@@ -68,6 +68,9 @@ class BankViews:
         self.maintainer: subprocess.Popen[bytes] | None = None
         self.restarts = 0
         self._feeds: list[asyncio.Task[None]] = []
+        self.settled = asyncio.Event()
+        """Set once the workload's every operation has returned: a feed's page read
+        after it holds every write a view read can have seen."""
 
     # ------------------------------------------------------------------ set-up
     async def setup(self) -> None:
@@ -110,11 +113,14 @@ class BankViews:
         self, since: int, lo: Any, hi: Any, events: list[Any], table: str | None
     ) -> None:
         """A change feed (the accounts', or ``table``'s rows in ``[lo, hi)``), every
-        write once, until the demo stops and a page comes back empty (a read that fails
-        is retried: the feed goes on from where it was)."""
+        write once, until a page read after :attr:`settled` comes back empty (a read
+        that fails is retried: the feed goes on from where it was).  Not at the demo's
+        stop: a write still in flight then, seen by a read still in flight, would be
+        missing from the history the reads are checked against."""
         rb = await self.demo.connect("bank-feed")
         try:
             while True:
+                final = self.settled.is_set()
                 try:
                     page = await rb.changes(since, lo, hi)
                 except Exception:
@@ -125,7 +131,7 @@ class BankViews:
                     continue
                 events.extend(page.events if table is None else _rows_of(table, page.events))
                 since = page.position
-                if self.demo.stop.is_set() and not page.events:
+                if final and not page.events:
                     return
                 await asyncio.sleep(0.05)
         finally:
@@ -205,8 +211,10 @@ class BankViews:
 
     # ------------------------------------------------------------------ checks
     async def verify(self) -> dict[str, Any]:
+        """The checks, once every worker of the workload has returned."""
         from rubberband.checkers.views import check_view_reads
 
+        self.settled.set()
         for feed in self._feeds:
             try:
                 await asyncio.wait_for(feed, 30)

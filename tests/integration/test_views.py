@@ -71,14 +71,16 @@ def _value(rng: random.Random) -> dict[str, Any]:
     return {"g": rng.choice("abcd"), "j": rng.randrange(8), "n": rng.randrange(-50, 100)}
 
 
-async def _follow(rb: Any, start: int, events: list[Any], stop: asyncio.Event) -> None:
-    """The base's change feed from ``start`` into ``events``, until ``stop`` is set and
-    a page comes back empty."""
+async def _follow(rb: Any, start: int, events: list[Any], settled: asyncio.Event) -> None:
+    """The base's change feed from ``start`` into ``events``, until a page read after
+    ``settled`` is set (every writer and reader has returned) comes back empty: a write
+    in flight when the workload stops can be in a read still in flight."""
     while True:
+        final = settled.is_set()
         page = await rb.changes(start, 0, KEYS)
         events.extend(page.events)
         start = page.position
-        if stop.is_set() and not page.events:
+        if final and not page.events:
             return
         await asyncio.sleep(0.02)
 
@@ -105,13 +107,13 @@ def test_views_stay_exact_at_every_level_through_maintainer_storage_and_leader_k
     rng = random.Random(7)
     reads: dict[str, list[ViewRead]] = {v.name: [] for v in VIEWS}
     events: list[Any] = []
-    stop = asyncio.Event()
+    stop, settled = asyncio.Event(), asyncio.Event()
     own: list[str] = []
 
     async def follow(start: int) -> None:
         rb = await _client(rb_dir, "client:base-feed")
         try:
-            await _follow(rb, start, events, stop)
+            await _follow(rb, start, events, settled)
         finally:
             await rb.close()
 
@@ -197,6 +199,7 @@ def test_views_stay_exact_at_every_level_through_maintainer_storage_and_leader_k
             stop.set()
             writes = await writer
             await reader
+            settled.set()
             await asyncio.wait_for(feed, 30)
             metrics = await _off(_get, f"http://127.0.0.1:{port}/metrics")
         finally:
@@ -255,7 +258,7 @@ def test_views_under_hash_partitioning_read_exact_rows_from_every_bucket(hash_di
     reads: dict[str, list[ViewRead]] = {v.name: [] for v in views}
     events: list[Any] = []
     errors: list[str] = []
-    stop = asyncio.Event()
+    stop, settled = asyncio.Event(), asyncio.Event()
 
     async def read_views(rb: Any) -> None:
         n = 0
@@ -314,7 +317,7 @@ def test_views_under_hash_partitioning_read_exact_rows_from_every_bucket(hash_di
             assert not rb.placement.ordered
             await rb.put_many({k: _value(rng) for k in range(KEYS)})
             base, start = await rb.read(("scan", 0, KEYS), with_position=True)
-            feed = asyncio.ensure_future(_follow(rb, start, events, stop))
+            feed = asyncio.ensure_future(_follow(rb, start, events, settled))
             # The maintainer runs already: each view joins its group as it is defined
             # (all three read one feed), the last one while writes go on.
             for v in views[:2]:
@@ -329,6 +332,7 @@ def test_views_under_hash_partitioning_read_exact_rows_from_every_bucket(hash_di
             await asyncio.sleep(5)
             stop.set()
             await asyncio.gather(*tasks)
+            settled.set()
             await asyncio.wait_for(feed, 30)
             with pytest.raises(BadOperation, match="busy are defined over 'per_g'"):
                 await rb.drop_view("per_g")
