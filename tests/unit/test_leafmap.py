@@ -71,6 +71,17 @@ def test_a_leaf_map_is_a_dict_walked_in_order(load: int, steps: list[Any]) -> No
     held = sorted(k for leaf in m._leaves for k in leaf)
     assert held == sorted(set(held)), "a key in two places"
     assert set(held) == set(model) | m._ghosts and not set(model) & m._ghosts
+    assert_under_bounds(m)
+
+
+def assert_under_bounds(m: LeafMap) -> None:
+    """Each leaf holds keys above the bound before it and up to its own, none empty."""
+    bounds = m._bounds
+    assert len(bounds) == len(m._leaves)
+    for i, leaf in enumerate(m._leaves):
+        assert leaf, f"leaf {i} is empty"
+        assert all(k <= bounds[i] for k in leaf), (i, bounds[i], leaf)
+        assert i == 0 or all(bounds[i - 1] < k for k in leaf), (i, bounds[i - 1], leaf)
 
 
 def test_a_walk_with_writes_between_gives_no_key_twice_and_every_key_held_throughout() -> None:
@@ -133,4 +144,29 @@ def test_long_random_runs_of_puts_removes_and_walks_agree_with_a_dict(seed: int)
         else:
             lo, hi = sorted((rng.randrange(41), rng.randrange(41)))
             assert list(m.irange(lo, hi)) == [x for x in sorted(model) if lo <= x < hi]
+    assert m.ordered_keys() == sorted(model)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_large_leaves_keep_every_key_under_its_bound(seed: int) -> None:
+    """Leaves of realistic sizes, keys arriving out of order and leaving: every key
+    stays under its leaf's bound, walks between the writes agree with the dict, and the
+    leaves stay within twice the load."""
+    rng = random.Random(seed)
+    load = rng.choice([40, 70, 100])
+    m, model = LeafMap(load), {}
+    for n in range(6_000):
+        k, roll = rng.randrange(5_000), rng.random()
+        if roll < 0.7:
+            m[k] = model[k] = n
+        elif roll < 0.9:
+            assert m.pop(k, None) == model.pop(k, None)
+        elif roll < 0.995:
+            lo = rng.randrange(5_000)
+            assert list(m.irange(lo, lo + 40)) == [x for x in sorted(model) if lo <= x < lo + 40]
+        else:
+            assert_under_bounds(m)
+    assert_under_bounds(m)
+    assert all(len(leaf) <= 2 * load for leaf in m._leaves)
+    assert len(m._leaves) > 10  # cut many times
     assert m.ordered_keys() == sorted(model)
