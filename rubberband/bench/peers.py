@@ -5,13 +5,15 @@ The workload: writes of ``--payload``-byte values (256) to random keys, replicat
 three servers, by one pipelined client in a process of its own that keeps
 ``--concurrency`` writes in flight (256), for ``--duration`` seconds after a warm-up.
 
-* **Rubberband**: 3 routers, 3 storage processes on the memory engine, replication 3;
-  the client is :mod:`rubberband.bench.load` (key-value ``put``), sending its writes as
+* **Rubberband**: 3 routers, 3 storage processes on the memory engine, replication 3,
+  each storage process an OS process of its own (as ``rubberband cluster up`` runs them,
+  and as etcd's members run; the other experiments pack many in one); the client is
+  :mod:`rubberband.bench.load` (key-value ``put``), sending its writes as
   ``write_batch`` does (the writes of one segment together, ``--write-bundle``), and
   each in a message of its own in the row ``rubberband_alone``.  **rubberband_durable**
   (and ``rubberband_durable_alone``): the same on the durable log engine with
-  ``fsync=always``, each storage process confirming a batch only once it is synced, so
-  a write is acknowledged once it is on disk at all three replicas, as etcd's is.
+  ``fsync=always``, each storage process confirming a batch only once it is synced, so a
+  write is acknowledged once it is on disk at all three replicas, as etcd's is.
 * **etcd** (Debian ``etcd-server``): 3 members on loopback ports, data on disk; the
   client is etcd's own protocol, gRPC ``KV/Put`` (``grpcio``, the request encoded by
   hand), one HTTP/2 connection per member.  **etcd_tmpfs**: the same with every data
@@ -502,7 +504,10 @@ def rubberband_run(
     from rubberband.bench.harness import Bench, state_dir
 
     bundle = bundle or args.write_bundle
-    with Bench(state_dir(args.state_dir), storage=3, replication=3, engine=engine) as b:
+    # One OS process per storage process: packed in one, the three shared one
+    # interpreter lock, and on the log engine their batches waited for it while a
+    # core idled (7,456 writes/s bundled, 9,216 apart, 2026-12-02).
+    with Bench(state_dir(args.state_dir), storage=3, replication=3, engine=engine, packs=3) as b:
         r = b.run_load(1, 1, ops="kv", window=args.concurrency, payload=args.payload,
                        duration=args.duration, warmup=args.warmup, rate=rate,
                        write_bundle=bundle)  # fmt: skip
