@@ -504,11 +504,8 @@ def rubberband_run(
     from rubberband.bench.harness import Bench, state_dir
 
     bundle = bundle or args.write_bundle
-    # One OS process per storage process, as a deployment runs them.  Packed in one
-    # (2026-12-02), the three shared an interpreter lock: the log engine's bundled
-    # writes waited for it while a core idled (7,456/s packed, 9,216 apart), and
-    # memory writes each alone in a message gained from sharing one process's loop
-    # (7,552 and 6,816/s packed, 5,600 and 6,080 apart).
+    # One OS process per storage process, as a deployment runs them (docs/decisions.md,
+    # "The peers benchmark runs each storage process in an OS process of its own").
     with Bench(state_dir(args.state_dir), storage=3, replication=3, engine=engine, packs=3) as b:
         r = b.run_load(1, 1, ops="kv", window=args.concurrency, payload=args.payload,
                        duration=args.duration, warmup=args.warmup, rate=rate,

@@ -115,8 +115,7 @@ class BankViews:
         """A change feed (the accounts', or ``table``'s rows in ``[lo, hi)``), every
         write once, until a page read after :attr:`settled` comes back empty (a read
         that fails is retried: the feed goes on from where it was).  Not at the demo's
-        stop: a write still in flight then, seen by a read still in flight, would be
-        missing from the history the reads are checked against."""
+        stop: a write a view read saw may land after it."""
         rb = await self.demo.connect("bank-feed")
         try:
             while True:

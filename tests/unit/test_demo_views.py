@@ -58,3 +58,42 @@ def test_a_write_landing_after_the_stop_is_in_the_feed() -> None:
 
     events = asyncio.run(go())
     assert [e.changes for e in events] == [((("acct", 1), "put", 5),)]
+
+
+def test_a_page_read_begun_before_the_workload_settled_does_not_end_the_feed() -> None:
+    """Whether the workload had settled is taken before a page's read, not after: a
+    read begun before the last write, answered empty once everything has settled,
+    must not end the feed (the write comes after its position)."""
+
+    class Gated(_Log):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate: asyncio.Event | None = None
+            self.asked = asyncio.Event()
+
+        async def changes(self, since: int, lo: Any, hi: Any) -> Page:
+            self.position += 1
+            page = Page(self.position, [e for e in self.events if e.position > since])
+            if self.gate is not None:  # held, answered as of when it was asked
+                gate, self.gate = self.gate, None
+                self.asked.set()
+                await gate.wait()
+            await asyncio.sleep(0)
+            return page
+
+    async def go() -> list[Event]:
+        log = Gated()
+        bank = BankViews(_Demo(log), seed=1)
+        events: list[Event] = []
+        bank.demo.stop.set()
+        held = log.gate = asyncio.Event()
+        feed = asyncio.ensure_future(bank._follow(log.position, None, None, events, None))
+        await log.asked.wait()  # a page's read is on its way
+        log.write(("acct", 2), 7)  # the last transfer, after that read's position
+        bank.settled.set()
+        held.set()  # the read answers: empty
+        await asyncio.wait_for(feed, 5)
+        return events
+
+    events = asyncio.run(go())
+    assert [e.changes for e in events] == [((("acct", 2), "put", 7),)]

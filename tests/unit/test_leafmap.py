@@ -149,7 +149,7 @@ def test_long_random_runs_of_puts_removes_and_walks_agree_with_a_dict(seed: int)
 
 @pytest.mark.parametrize("seed", range(4))
 def test_large_leaves_keep_every_key_under_its_bound(seed: int) -> None:
-    """Leaves of realistic sizes, keys arriving out of order and leaving: every key
+    """Larger leaves (40 to 100 keys), keys arriving out of order and leaving: every key
     stays under its leaf's bound, walks between the writes agree with the dict, and the
     leaves stay within twice the load."""
     rng = random.Random(seed)
