@@ -337,9 +337,11 @@ class RubberbandClient:
 
     async def changes(self, since: int | None, lo: Any = None, hi: Any = None) -> Page:
         """The changes of the keys in ``[lo, hi)`` after position ``since``, as one read
-        in the total order: every write before the read's own position is in it (or the
-        read raises :class:`~rubberband.errors.Compacted`), and ``page.position`` is
-        where the next page starts."""
+        in the total order: every write up to ``page.position`` is in it (or the read
+        raises :class:`~rubberband.errors.Compacted`), and the next page starts there.
+        That is the read's own position, or an earlier one where a holder's answer was
+        cut (:data:`~rubberband.changelog.PAGE_CHANGES`): a page without changes is
+        never cut, so it covers every write before the read."""
         return await self.read(Changes(since, lo, hi))  # type: ignore[no-any-return]
 
     async def watch(
