@@ -111,6 +111,11 @@ class LeafMap(dict):  # type: ignore[type-arg]
         pairs, in order.  A leaf's part goes in one slice: removed one by one, the
         100,000 keys a migration moves away held their storage process for up to a
         second after it."""
+        out = self._remove_range(lo, hi)
+        self._sweep_if_haunted()  # fewer keys live: the ghosts elsewhere may be too many
+        return out
+
+    def _remove_range(self, lo: Any, hi: Any) -> list[tuple[Any, Any]]:
         out: list[tuple[Any, Any]] = []
         above = bisect_left
         while True:
@@ -152,9 +157,12 @@ class LeafMap(dict):  # type: ignore[type-arg]
 
     # ------------------------------------------------------------------ leaves
     def _ghost(self, key: Any) -> None:
-        ghosts = self._ghosts
-        ghosts.add(key)
-        if len(ghosts) > max(self._load, len(self) // 2):
+        self._ghosts.add(key)
+        self._sweep_if_haunted()
+
+    def _sweep_if_haunted(self) -> None:
+        """Sweep once ghosts outnumber half the live keys (and a leaf's load)."""
+        if len(self._ghosts) > max(self._load, len(self) // 2):
             self._sweep()
 
     def _sweep(self) -> None:

@@ -144,6 +144,8 @@ def test_long_random_runs_of_puts_removes_and_walks_agree_with_a_dict(seed: int)
         else:
             lo, hi = sorted((rng.randrange(41), rng.randrange(41)))
             assert list(m.irange(lo, hi)) == [x for x in sorted(model) if lo <= x < hi]
+        # ghosts never outnumber the live keys by more than the sweep allows
+        assert len(m._ghosts) <= max(m._load, len(m) // 2), (len(m._ghosts), len(m))
     assert m.ordered_keys() == sorted(model)
 
 
