@@ -50,6 +50,9 @@ class Bench:
     names: list[str] = field(default_factory=list)
     loads: int = 0
     """Load processes started so far: each takes fresh client names."""
+    load_procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    """Every load process started: those still running when the bench ends (an
+    experiment that raised) are killed with the cluster, not left writing to the next."""
 
     def placement(self) -> dict[str, Any]:
         return {
@@ -123,6 +126,10 @@ class Bench:
         return dict(json.loads(out.stdout)) if out.returncode == 0 else {}
 
     def down(self) -> None:
+        for p in self.load_procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         _cli("cluster", "down", "--state-dir", str(self.d), timeout=120)
 
     def __enter__(self) -> Bench:
@@ -152,6 +159,7 @@ class Bench:
                    "--out", str(self.d / f"load{self.loads}.json"), *flags]  # fmt: skip
             pipe = subprocess.PIPE
             out.append(subprocess.Popen(cmd, stdin=pipe, stdout=pipe, stderr=pipe, text=True))
+            self.load_procs.append(out[-1])
         for p in out:
             line = p.stdout.readline() if p.stdout else ""
             if '"ready"' not in line:

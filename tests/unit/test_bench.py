@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -57,6 +58,31 @@ def test_a_load_option_of_zero_is_passed_and_only_false_or_none_leave_a_flag_out
         {"snapshot_share": 0.0, "rate": 0, "unsafe": True, "bundle": None, "check": False}
     )
     assert flags == ["--snapshot-share", "0.0", "--rate", "0", "--unsafe"]
+
+
+def test_a_bench_that_ends_with_an_error_kills_its_load_processes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An experiment that raises (a reconfiguration refused) leaves the ``with`` block
+    with its load processes still writing: the bench kills them as it takes the cluster
+    down, or they write on beside the next experiment's measurements."""
+    import subprocess
+    import sys
+
+    from rubberband.bench import harness
+
+    downs: list[tuple[str, ...]] = []
+    monkeypatch.setattr(harness, "_cli", lambda *a, **kw: downs.append(a))
+    monkeypatch.setattr(harness.Bench, "up", lambda self: None)
+    load = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    with pytest.raises(RuntimeError), harness.Bench(tmp_path) as b:
+        b.load_procs += [load, done]
+        raise RuntimeError("reconfiguration refused")
+    assert load.poll() is not None, "the load process still runs"
+    assert done.returncode == 0
+    assert downs and downs[0][:2] == ("cluster", "down")
 
 
 def test_a_busy_machine_is_measured_and_told_before_a_benchmark(
