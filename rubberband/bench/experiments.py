@@ -538,7 +538,7 @@ def _per(trace: list[Any], start: float, width: float) -> list[tuple[float, floa
 # ------------------------------------------------------------------ elasticity
 
 
-def elasticity(argv: list[str] | None = None) -> int:
+def _elasticity_args(argv: list[str] | None) -> argparse.Namespace:
     ap = parser("elasticity", "A trace while the keyspace expands and contracts (4.17, 5.12).")
     ap.add_argument("--engine", default="scan-kv", help="an engine that keeps data")
     ap.add_argument("--start", type=int, default=4, help="storage processes on the ring first")
@@ -547,12 +547,20 @@ def elasticity(argv: list[str] | None = None) -> int:
     ap.add_argument("--keys", type=int, default=100_000, help="loaded before the trace")
     ap.add_argument("--step-gap", type=float, default=3.0, help="seconds between steps")
     ap.add_argument("--rate", type=float, default=1000.0, help="writes/s offered (open loop)")
+    ap.add_argument("--packed", action="store_true",
+                    help="every storage process in one OS process (default: each apart, as "
+                    "`rubberband cluster up` runs them)")  # fmt: skip
     ap.set_defaults(duration=0.0)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def elasticity(argv: list[str] | None = None) -> int:
+    args = _elasticity_args(argv)
     total = args.start + args.steps
     steps: list[dict[str, Any]] = []
     with cluster(args, storage=total, replication=args.replication, engine=args.engine,
-                 key_space=args.keys, expand=args.start) as b:  # fmt: skip
+                 key_space=args.keys, expand=args.start,
+                 packs=1 if args.packed else total) as b:  # fmt: skip
         ops = "kv" if args.engine == "memory" else "scan-kv"
         _preload(b, args.keys, args.payload, ops)
         # Long enough for slow migrations; the run is stopped once the steps are done.

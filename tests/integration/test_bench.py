@@ -140,6 +140,9 @@ def test_elasticity_moves_data_and_keeps_writing(tmp_path: Path) -> None:
     assert expand["items_moved"] > 0 and contract["items_moved"] > 0
     assert expand["bytes_moved"] > 0
     assert out["steady_per_s"] > 0 and expand["lowest_per_s"] is not None
+    # Each storage process in an OS process of its own, as a deployment runs them: packed
+    # in one, they shared one core and the last contraction stalled writes.
+    assert out["placement"]["storage"] == "4 logical processes in 4 OS processes", out
 
 
 def test_cost_per_role_and_per_destset(tmp_path: Path) -> None:
