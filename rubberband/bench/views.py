@@ -10,10 +10,11 @@ the memory engine, replication 3) with one ``rubberband views maintain`` process
    with the index view alone), writers held to half the rate measured without views
    while a prober, every 20 ms, writes a row of a secondary key of its own and times
    how long after the acknowledgement the index view shows it (snapshot reads every 2
-   ms: the staleness a writer sees), then reads the aggregate (the index alone: the
-   index) at sequential level (the wait for the maintainer to reach the read's
-   position plus one read); also the view's distance behind a sequential read now, in
-   positions (``rubberband views status``'s ``behind``).
+   ms: the staleness a writer sees, and each lookup's own time under that load), then
+   reads the aggregate (the index alone: the index) at sequential level (the wait for
+   the maintainer to reach the read's position plus one read); also the view's
+   distance behind a sequential read now, in positions (``rubberband views status``'s
+   ``behind``).
 3. **Secondary-key lookups per second** at ``--rows`` rows, each secondary key held by
    ``--rows-per-lookup`` rows (001's experiment, V-A: one, every secondary key unique),
    32 lookups at a time: on a scan-engine table (``scan-memory``), through an index view
@@ -182,16 +183,22 @@ async def _define(c: Cluster, n: int) -> None:
     await rb.close()
 
 
-async def _visible(rb: Any, i: int) -> float:
+async def _visible(rb: Any, i: int, lookups: list[float]) -> float:
     """Seconds from a base write's acknowledgement until the index view ``v0`` shows it
-    (snapshot reads every 2 ms): the view's staleness as a writer sees it."""
+    (snapshot reads every 2 ms): the view's staleness as a writer sees it.  Each
+    lookup's own time goes to ``lookups``: a row that became visible is seen about a
+    lookup and a half later, and under load a lookup is no longer a millisecond."""
     g = GROUPS + i  # a secondary key of its own: no load writer's row has it
     await rb.put(i % ROWS, {"g": g, "n": i, "pad": "probe"})
     acked = time.monotonic()
     view = rb.view("v0")
-    while not await view.lookup(g, "snapshot"):
+    while True:
+        t = time.monotonic()
+        found = await view.lookup(g, "snapshot")
+        lookups.append(time.monotonic() - t)
+        if found:
+            return time.monotonic() - acked
         await asyncio.sleep(0.002)
-    return time.monotonic() - acked
 
 
 async def _probe(c: Cluster, seconds: float, sequential: str) -> dict[str, Any]:
@@ -199,10 +206,11 @@ async def _probe(c: Cluster, seconds: float, sequential: str) -> dict[str, Any]:
     lat: list[float] = []
     seen: list[float] = []
     behind: list[int] = []
+    looked: list[float] = []
     view = rb.view(sequential)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        seen.append(await _visible(rb, len(seen)))
+        seen.append(await _visible(rb, len(seen), looked))
         t = time.monotonic()
         await view.get([0], "sequential")
         lat.append(time.monotonic() - t)
@@ -216,9 +224,12 @@ async def _probe(c: Cluster, seconds: float, sequential: str) -> dict[str, Any]:
     lat.sort()
     seen.sort()
     behind.sort()
+    looked.sort()
     return {
         "write_to_view_p50_ms": round(1000 * seen[len(seen) // 2], 1),
         "write_to_view_p99_ms": round(1000 * seen[int(len(seen) * 0.99)], 1),
+        "lookup_p50_ms": round(1000 * looked[len(looked) // 2], 1),
+        "lookup_p99_ms": round(1000 * looked[int(len(looked) * 0.99)], 1),
         "sequential_view_read_p50_ms": round(1000 * lat[len(lat) // 2], 1),
         "sequential_view_read_p99_ms": round(1000 * lat[int(len(lat) * 0.99)], 1),
         "behind_positions_p50": behind[len(behind) // 2] if behind else None,
