@@ -54,12 +54,31 @@ class Place:
 
 def running(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie or a vanished process does not): for
-    processes this one did not start, whose exit status it cannot wait for."""
+    processes this one did not start, whose exit status it cannot wait for.
+
+    A process's main thread can be a zombie while its other threads still exit (one
+    killed inside an ``fdatasync`` finishes it first), and its files, with the locks on
+    them, go only with its last thread: a log engine's directory read right after its
+    storage process "ran" no more was still locked.  So a zombie with a live thread
+    still runs."""
+    if _state(f"/proc/{pid}/stat") not in _GONE:
+        return True
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1]
+        threads = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return False
-    return stat.split()[0] != "Z"
+    return any(_state(f"/proc/{pid}/task/{t}/stat") not in _GONE for t in threads)
+
+
+_GONE = ("Z", "X", None)
+"""Thread states of a process that no longer runs (None: the entry is gone)."""
+
+
+def _state(path: str) -> str | None:
+    try:
+        return Path(path).read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _ephemeral_low() -> int:

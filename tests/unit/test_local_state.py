@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from ecast import local
 
@@ -58,3 +61,31 @@ def test_a_processes_kernel_state_says_what_it_waits_on() -> None:
         child.kill()
         child.wait()
     assert "FileNotFoundError" in kernel_state(child.pid)
+
+
+_SYS_EXIT = {"x86_64": 60, "aarch64": 93}.get(platform.machine())
+"""``exit(2)`` (the calling thread's, not the process's) on the machines this runs on."""
+
+
+@pytest.mark.skipif(_SYS_EXIT is None, reason="thread exit syscall number unknown here")
+def test_a_process_whose_main_thread_is_a_zombie_runs_while_another_thread_does() -> None:
+    """The main thread gone first (a zombie), another still running: the process still
+    holds its files, so it still runs; once that thread ends, it does not."""
+    code = (
+        "import ctypes, threading, time\n"
+        "threading.Thread(target=time.sleep, args=(1.5,)).start()\n"
+        f"ctypes.CDLL(None).syscall({_SYS_EXIT}, 0)\n"  # only the main thread exits
+    )
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 10
+        while "stat='Z'" not in local.kernel_state(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "stat='Z'" in local.kernel_state(child.pid), local.kernel_state(child.pid)
+        assert local.running(child.pid), "a zombie main thread with a live thread runs"
+        while local.running(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not local.running(child.pid), "every thread ended: the process runs no more"
+    finally:
+        child.kill()
+        child.wait()
