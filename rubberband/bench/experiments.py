@@ -548,8 +548,9 @@ def _elasticity_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--step-gap", type=float, default=3.0, help="seconds between steps")
     ap.add_argument("--rate", type=float, default=1000.0, help="writes/s offered (open loop)")
     ap.add_argument("--packed", action="store_true",
-                    help="every storage process in one OS process (default: each apart, as "
-                    "`rubberband cluster up` runs them)")  # fmt: skip
+                    help="storage processes packed 16 to an OS process, as the other "
+                    "experiments run them (default: each apart, as `rubberband cluster up` "
+                    "does)")  # fmt: skip
     ap.set_defaults(duration=0.0)
     return ap.parse_args(argv)
 
@@ -560,7 +561,7 @@ def elasticity(argv: list[str] | None = None) -> int:
     steps: list[dict[str, Any]] = []
     with cluster(args, storage=total, replication=args.replication, engine=args.engine,
                  key_space=args.keys, expand=args.start,
-                 packs=1 if args.packed else total) as b:  # fmt: skip
+                 packs=0 if args.packed else total) as b:  # fmt: skip
         ops = "kv" if args.engine == "memory" else "scan-kv"
         _preload(b, args.keys, args.payload, ops)
         # Long enough for slow migrations; the run is stopped once the steps are done.
