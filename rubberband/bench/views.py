@@ -201,6 +201,12 @@ async def _visible(rb: Any, i: int, lookups: list[float]) -> float:
         await asyncio.sleep(0.002)
 
 
+def _ms(seconds: list[float], q: float) -> float:
+    """The ``q`` quantile of ``seconds``, in milliseconds."""
+    ordered = sorted(seconds)
+    return round(1000 * ordered[int(len(ordered) * q)], 1)
+
+
 async def _probe(c: Cluster, seconds: float, sequential: str) -> dict[str, Any]:
     rb = await _client(c, "probe")
     lat: list[float] = []
@@ -221,17 +227,14 @@ async def _probe(c: Cluster, seconds: float, sequential: str) -> dict[str, Any]:
             behind.append(now - chain[-1][0])
         await asyncio.sleep(0.02)
     await rb.close()
-    lat.sort()
-    seen.sort()
     behind.sort()
-    looked.sort()
     return {
-        "write_to_view_p50_ms": round(1000 * seen[len(seen) // 2], 1),
-        "write_to_view_p99_ms": round(1000 * seen[int(len(seen) * 0.99)], 1),
-        "lookup_p50_ms": round(1000 * looked[len(looked) // 2], 1),
-        "lookup_p99_ms": round(1000 * looked[int(len(looked) * 0.99)], 1),
-        "sequential_view_read_p50_ms": round(1000 * lat[len(lat) // 2], 1),
-        "sequential_view_read_p99_ms": round(1000 * lat[int(len(lat) * 0.99)], 1),
+        "write_to_view_p50_ms": _ms(seen, 0.5),
+        "write_to_view_p99_ms": _ms(seen, 0.99),
+        "lookup_p50_ms": _ms(looked, 0.5),
+        "lookup_p99_ms": _ms(looked, 0.99),
+        "sequential_view_read_p50_ms": _ms(lat, 0.5),
+        "sequential_view_read_p99_ms": _ms(lat, 0.99),
         "behind_positions_p50": behind[len(behind) // 2] if behind else None,
         "behind_positions_p99": behind[int(len(behind) * 0.99)] if behind else None,
         "reads": len(lat),
