@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rubberband.bench.harness import check_idle, machine
 from rubberband.tools.cli import run as _cli
 from rubberband.views.define import meta_key
 
@@ -269,6 +270,17 @@ def _wanted(groups: int, lookups: int) -> list[int]:
     return [rng.randrange(groups) for _ in range(lookups)]
 
 
+def _check_found(data: list[tuple[int, int, int]], wanted: list[int], found: list[Any]) -> None:
+    """Every lookup's answer is exactly the rows of its secondary key, ``(key, n)``: a
+    benchmark of lookups that answered wrongly would measure nothing."""
+    rows: dict[int, list[tuple[int, int]]] = {}
+    for k, g, n in data:
+        rows.setdefault(g, []).append((k, n))
+    for g, got in zip(wanted, found, strict=True):
+        if sorted((k, r["n"]) for k, r in got) != sorted(rows.get(g, [])):
+            raise AssertionError(f"the index view's lookup of {g} answered {got!r:.200}")
+
+
 def _sqlite(data: list[tuple[int, int, int]], wanted: list[int]) -> float:
     """Lookups per second in SQLite with an index on ``g``, in this process."""
     db = sqlite3.connect(":memory:")
@@ -294,6 +306,7 @@ async def _lookups(c: Cluster, rows: int, lookups: int, per: int) -> dict[str, A
     wanted = _wanted(rows // per, lookups)
     view = rb.view("by_g")
     index_s, found = await _at_once([lambda g=g: view.lookup(g, "snapshot") for g in wanted])
+    _check_found(data, wanted, found)
     scans = max(1, lookups // 100)
     t = time.monotonic()
     matched = 0
@@ -339,6 +352,7 @@ async def _table_lookups(c: Cluster, rows: int, lookups: int, per: int) -> dict[
     wanted = _wanted(rows // per, lookups)
     view = rb.view("t_by_g")
     index_s, found = await _at_once([lambda g=g: view.lookup(g, "snapshot") for g in wanted])
+    _check_found(data, wanted, found)
     scans = wanted[: max(32, lookups // 10)]
     scan_s, selected = await _at_once(
         [lambda g=g: t.select([("g", "=", g)], ["k", "n"], isolation="snapshot") for g in scans]
@@ -449,7 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lookups-on", default="table,kv",
                     help="the lookups' base: a scan-engine table (against the scan "
                     "engine's select), key-value data (against a scan by the client)")  # fmt: skip
-    ap.add_argument("--dir", default=None, help="where the clusters' state goes")
+    ap.add_argument("--state-dir", "--dir", dest="dir", default=None,
+                    help="where the clusters' directories go")  # fmt: skip
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--repeat", type=int, default=1,
                     help="measure the view counts this many times, interleaved (0, 1, 0, 1, "
@@ -463,7 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.rows and not 1 <= a.rows_per_lookup <= a.rows:
         ap.error("--rows-per-lookup takes 1 to --rows")
     base = Path(a.dir or tempfile.gettempdir())
-    result: dict[str, Any] = {"writes": _writes(a, base)}
+    base.mkdir(parents=True, exist_ok=True)
+    check_idle()
+    result: dict[str, Any] = {"experiment": "views", "writes": _writes(a, base)}
     rate = a.staleness_rate
     if not rate and result["writes"]:
         rate = result["writes"].get(0, next(iter(result["writes"].values())))["writes_per_s"] / 2
@@ -486,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
             result[key] = asyncio.run(run(c, a.rows, a.lookups, a.rows_per_lookup))
             print(f"{key}: {result[key]}", flush=True)
     if a.json:
-        print(json.dumps(result))
+        print(json.dumps({**result, "machine": machine()}))
     return 0
 
 

@@ -29,15 +29,20 @@ def bench(tmp_path: Path, *args: str, timeout: float = 240) -> dict[str, Any]:
             timeout=timeout)  # fmt: skip
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
+    nothing_left(tmp_path / "clusters")
+    if out.get("experiment") != "cost":
+        assert png.stat().st_size > 5_000, "no figure drawn"
+    return dict(out)
+
+
+def nothing_left(clusters: Path) -> None:
+    """No process of any cluster under ``clusters`` still runs."""
     leftover = []
-    for d in (tmp_path / "clusters").iterdir():
+    for d in clusters.iterdir():
         for name, r in local.StateDir.recorded(d).items():
             if local.running(r["pid"]):
                 leftover.append(name)
     assert not leftover, f"still running: {leftover}"
-    if out.get("experiment") != "cost":
-        assert png.stat().st_size > 5_000, "no figure drawn"
-    return dict(out)
 
 
 def writes_ok(row: dict[str, Any]) -> None:
@@ -178,3 +183,33 @@ def test_peers_measure_every_system_or_say_why_not(tmp_path: Path) -> None:
     assert durable["throughput_per_s"] > 0 and durable["over_etcd"] > 0, durable
     assert durable["client"].endswith("fsync always")
     assert out["rubberband_durable_at_etcd_peak"]["p99_ms"] > 0
+
+
+def test_views_cost_staleness_and_lookups_that_answer_right(tmp_path: Path) -> None:
+    # Every part at a tiny size: writes with no view and with one, the staleness probe,
+    # and lookups on both bases (the bench checks each lookup's rows against its data).
+    p = cli("bench", "views", "--views", "0,1", "--staleness-rate", "300",
+            "--staleness-views", "1", "--rows", "600", "--lookups", "64", "--duration", "1.5",
+            "--procs", "1", "--clients", "16", "--state-dir", str(tmp_path / "clusters"),
+            "--json", timeout=400)  # fmt: skip
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    nothing_left(tmp_path / "clusters")
+    assert out["experiment"] == "views" and out["machine"]["cpus"] >= 1
+    without, one = out["writes"]["0"], out["writes"]["1"]
+    for r in (without, one):
+        assert r["writes_per_s"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"], r
+    assert one["cost"] == pytest.approx(1 - one["writes_per_s"] / without["writes_per_s"],
+                                        abs=0.001)  # fmt: skip
+    fresh = out["staleness_index_alone"]
+    assert fresh["writes"]["writes_per_s"] > 0 and fresh["reads"] > 0, fresh
+    assert 0 < fresh["write_to_view_p50_ms"] <= fresh["write_to_view_p99_ms"], fresh
+    assert 0 < fresh["lookup_p50_ms"] <= fresh["lookup_p99_ms"], fresh
+    assert 0 < fresh["sequential_view_read_p50_ms"] <= fresh["sequential_view_read_p99_ms"]
+    assert 0 <= fresh["behind_positions_p50"] <= fresh["behind_positions_p99"], fresh
+    kv, table = out["lookups"], out["lookups_table"]
+    for r in (kv, table):
+        assert r["rows"] == 600 and r["rows_per_lookup"] == 1.0, r
+        assert r["index_view_lookups_per_s"] > 0 and r["sqlite_indexed_lookups_per_s"] > 0, r
+    assert kv["full_scan_lookups_per_s"] > 0 and kv["rows_per_scan_lookup"] == 1.0, kv
+    assert table["scan_engine_select_lookups_per_s"] > 0, table

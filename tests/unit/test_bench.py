@@ -134,3 +134,18 @@ def test_the_views_bench_reports_the_median_run_of_each_count_and_its_cost() -> 
     base = _median_run(without, without)
     assert base["writes_per_s"] == 4100 and "cost" not in base
     assert "cost" not in _median_run(one, None)
+
+
+def test_the_views_bench_refuses_a_lookup_that_answers_other_rows() -> None:
+    """The lookups' speed counts only if each answer is its key's rows, all of them."""
+    from rubberband.bench.views import _check_found
+
+    data = [(1, 7, 10), (2, 8, 20), (3, 7, 30)]  # (key, secondary key, n)
+    _check_found(data, [7, 8], [[(3, {"n": 30}), (1, {"n": 10})], [(2, {"n": 20})]])
+    for wrong in (
+        [[(1, {"n": 10})], [(2, {"n": 20})]],  # a row missing
+        [[(1, {"n": 10}), (3, {"n": 30})], [(2, {"n": 21})]],  # a stale value
+        [[(1, {"n": 10}), (3, {"n": 30})], [(2, {"n": 20}), (1, {"n": 10})]],  # one too many
+    ):
+        with pytest.raises(AssertionError, match="lookup of"):
+            _check_found(data, [7, 8], wrong)
