@@ -22,6 +22,7 @@ allowed (the order does not change), and is how a hot loop overwrites.
 
 from __future__ import annotations
 
+import random
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from typing import Any
@@ -251,6 +252,25 @@ class LeafMap(dict):  # type: ignore[type-arg]
     def ordered_values(self) -> list[Any]:
         """Every value, in the order of the keys."""
         return [self[k] for k in self.irange()]
+
+    def sample(self, n: int, rng: random.Random) -> list[Any]:
+        """About ``n`` values at random, each key as likely as any other, for estimates
+        (a map of ``n`` or fewer: every value).  A leaf at random and a place in it up
+        to the largest leaf's size, drawn again when the place is past the leaf's end
+        or holds a ghost: leaves differ in size (a sweep thins some), and a leaf drawn
+        first would favour the keys of small ones."""
+        if len(self) <= n:
+            return list(self.values())
+        leaves, ghosts, get, out = self._leaves, self._ghosts, dict.get, []
+        most = max(map(len, leaves))
+        for _ in range(8 * n):
+            leaf = leaves[rng.randrange(len(leaves))]
+            i = rng.randrange(most)
+            if i < len(leaf) and leaf[i] not in ghosts:
+                out.append(get(self, leaf[i]))
+                if len(out) == n:
+                    break
+        return out
 
     def stats(self) -> dict[str, int]:
         return {"leaves": len(self._leaves), "unsorted": len(self._unsorted),

@@ -172,3 +172,17 @@ def test_large_leaves_keep_every_key_under_its_bound(seed: int) -> None:
     assert all(len(leaf) <= 2 * load for leaf in m._leaves)
     assert len(m._leaves) > 10  # cut many times
     assert m.ordered_keys() == sorted(model)
+
+
+def test_a_sample_draws_live_values_about_evenly() -> None:
+    d = LeafMap(load=50)
+    for k in range(20_000):
+        d[k] = k
+    for k in range(0, 20_000, 2):
+        del d[k]  # ghosts, until the leaves are next sorted
+    assert sorted(d.sample(len(d), random.Random(0))) == list(range(1, 20_000, 2))  # all
+    got = d.sample(4_000, random.Random(1))
+    assert len(got) == 4_000 and all(v % 2 for v in got)  # live values only
+    low = sum(v < 10_000 for v in got) / len(got)
+    assert 0.45 < low < 0.55, low  # the first half of the keys drawn half the time
+    assert LeafMap().sample(8, random.Random(2)) == []

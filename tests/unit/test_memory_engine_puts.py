@@ -158,3 +158,13 @@ def test_a_log_engine_that_applies_otherwise_takes_the_general_road() -> None:
         assert e.tail(0) == [(7, "put", (1, "a"))]
     finally:
         e.close()
+
+
+def test_the_bytes_a_memory_engine_reports_are_its_items_encoded_size() -> None:
+    # (the elasticity benchmark turns them into the bytes each migration moved)
+    e = MemoryEngine()
+    assert e.stats()["bytes"] == 0
+    e.apply([(("put", tuple((k, "v" * 100) for k in range(5_000))), (((2, 0), (9,)),))])
+    assert e.stats()["items"] == 5_000
+    # each item is (key, value) encoded: about 3 bytes of array and key, 102 of value
+    assert 5_000 * 100 < e.stats()["bytes"] < 5_000 * 110, e.stats()
