@@ -472,9 +472,9 @@ def _process(key: str, p: dict[str, Any]) -> dict[str, Any]:
 def down(args: argparse.Namespace) -> int:
     """Stop the application processes first, so they part while the routers still run
     (a storage process or super that outlives the routers waits out its part's timeout),
-    then the routers, which get 2 s: routers leaving all at once cannot order their own
-    parts once a majority is gone, and a group that goes away entirely has nothing left
-    to hand over (routers keep no disk state).  SIGKILL whatever is left.  Storage
+    then the routers one at a time, 2 s for them all (routers keep no disk state, and a
+    group that goes away entirely has nothing left to hand over; the last one, alone
+    with every message stable, stops at once).  SIGKILL whatever is left.  Storage
     processes get SIGINT, not SIGTERM: the whole cluster goes, so moving their ranges
     to each other first (SIGTERM's drain) would be work for nothing."""
     import signal
@@ -487,11 +487,16 @@ def down(args: argparse.Namespace) -> int:
     def sig(p: dict[str, Any]) -> int:
         return signal.SIGINT if "storage" in p.get("argv", ()) else signal.SIGTERM
 
-    for group, grace in (
-        ([p for p in recorded.values() if not is_router(p)], 10.0),
-        ([p for p in recorded.values() if is_router(p)], 2.0),
-    ):
-        for p in _stop(group, sig, grace):
+    for p in _stop([p for p in recorded.values() if not is_router(p)], sig, 10.0):
+        os.kill(p["pid"], signal.SIGKILL)
+    # One router at a time, each part agreed by the routers left: stopped together, the
+    # last ones were left in a group whose majority had gone, and waited out the grace.
+    deadline = time.monotonic() + 2.0
+    routers = [p for p in recorded.values() if is_router(p)]
+    for p in routers:
+        _stop([p], sig, max(0.0, deadline - time.monotonic()))
+    for p in routers:
+        if local.running(p["pid"]):
             os.kill(p["pid"], signal.SIGKILL)
     print(f"stopped {len(recorded)} processes")
     return 0

@@ -382,3 +382,26 @@ async def test_dropped_connections_are_resumed_without_loss_or_duplicates(
     # handshake's counts resend only what the peer misses. Loss or duplicates fail above.)
     for c in clients:
         await c.client.close()
+
+
+def test_a_lone_router_with_nothing_owed_stops_at_once_on_sigterm(tmp_path: Path) -> None:
+    # Its own part is never executed (a group's last member cannot part), so it used to
+    # wait out --leave-timeout: a whole cluster stopped router after router did, at the end.
+    c = Cluster(tmp_path)
+    try:
+        r = c.start("r1", None, "--leave-timeout", "60")
+        c.wait_healthy("r1")
+
+        async def one_message() -> None:
+            rec = await connect(c, "app:lone")
+            fut = await rec.client.enqueue(b"x")
+            await asyncio.wait_for(fut, 10)
+            await rec.client.close()
+
+        asyncio.run(one_message())
+        t0 = time.monotonic()
+        r.daemon.terminate(timeout=50)
+        assert time.monotonic() - t0 < 20, "waited for a part that is never executed"
+        assert "event=stopped router=r1 code=0" in r.daemon.log_text()
+    finally:
+        c.stop_all()
