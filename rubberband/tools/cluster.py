@@ -472,11 +472,11 @@ def _process(key: str, p: dict[str, Any]) -> dict[str, Any]:
 def down(args: argparse.Namespace) -> int:
     """Stop the application processes first, so they part while the routers still run
     (a storage process or super that outlives the routers waits out its part's timeout),
-    then the routers one at a time, 2 s for them all (routers keep no disk state, and a
-    group that goes away entirely has nothing left to hand over; the last one, alone
-    with every message stable, stops at once).  SIGKILL whatever is left.  Storage
-    processes get SIGINT, not SIGTERM: the whole cluster goes, so moving their ranges
-    to each other first (SIGTERM's drain) would be work for nothing."""
+    then the routers one at a time, each part agreed by those left (stopped together,
+    the last ones were stranded in a group whose majority had gone), 2 s for them all;
+    the last, alone with every message stable, stops at once.  SIGKILL whatever is left.
+    Storage processes get SIGINT, not SIGTERM: the whole cluster goes, so moving their
+    ranges to each other first (SIGTERM's drain) would be work for nothing."""
     import signal
 
     recorded = local.StateDir.recorded(args.state_dir)
@@ -487,16 +487,11 @@ def down(args: argparse.Namespace) -> int:
     def sig(p: dict[str, Any]) -> int:
         return signal.SIGINT if "storage" in p.get("argv", ()) else signal.SIGTERM
 
-    for p in _stop([p for p in recorded.values() if not is_router(p)], sig, 10.0):
-        os.kill(p["pid"], signal.SIGKILL)
-    # One router at a time, each part agreed by the routers left: stopped together, the
-    # last ones were left in a group whose majority had gone, and waited out the grace.
-    deadline = time.monotonic() + 2.0
     routers = [p for p in recorded.values() if is_router(p)]
-    for p in routers:
-        _stop([p], sig, max(0.0, deadline - time.monotonic()))
-    for p in routers:
-        if local.running(p["pid"]):
+    others = [p for p in recorded.values() if p not in routers]
+    for parts, grace in (([others], 10.0), ([[p] for p in routers], 2.0)):
+        end = time.monotonic() + grace
+        for p in [p for part in parts for p in _stop(part, sig, end - time.monotonic())]:
             os.kill(p["pid"], signal.SIGKILL)
     print(f"stopped {len(recorded)} processes")
     return 0
