@@ -429,8 +429,10 @@ class Workload:
             self.stop.set()
             nemesis.heal()
         # Every operation ends within its own timeouts (the SDK's); a client still busy
-        # after WORKERS_GRACE is cancelled, its operation unknown (never waited for).
+        # after WORKERS_GRACE is cancelled, its operation unknown (never waited for), and
+        # the run fails on liveness.
         _, busy = await asyncio.wait(workers, timeout=WORKERS_GRACE)
+        stuck = [f"c{i}" for i, w in enumerate(workers) if w in busy]
         for w in busy:
             w.cancel()
         phases = {"workload_s": round(time.monotonic() - self.t0, 1)}
@@ -452,7 +454,7 @@ class Workload:
         await loop.run_in_executor(None, nemesis.sample_held)
         return {"history": self.history, "faults": nemesis.faults,
                 "reads_held": nemesis.reads_held, "resumed_alive": nemesis.resumed_alive(),
-                "phases": phases, "unread": unread,
+                "phases": phases, "unread": unread, "stuck": stuck,
                 "ring": [r["name"] for r in _status(self.d).get("ring", [])]}  # fmt: skip
 
 

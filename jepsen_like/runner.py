@@ -347,6 +347,14 @@ def _rubberband(
             f"voted-out or expelled processes kept running after they resumed: "
             f"{got['resumed_alive']}"
         )
+    if got.get("stuck"):
+        from jepsen_like.rubberband_run import WORKERS_GRACE
+
+        violations.append(
+            f"liveness: the operation in flight of client slot(s) {got['stuck']} had not "
+            f"ended {WORKERS_GRACE:g} s after the workload did (an SDK call ends within "
+            "its own timeouts)"
+        )
     unread = [r for r in history if _final(r) and r["type"] == "info"]
     if unread:
         # After every fault was healed the ring serves every key: a final read that

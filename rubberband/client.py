@@ -427,8 +427,11 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
         if g is None:
             return
         if g.complete or (g.pieces and mutations.on(FIRST_ANSWER_COMPLETES)):
-            if r.level == "sequential" and r.acked is None:
-                return  # complete once the read is also stable (ordered for sure)
+            if r.level == "sequential" and r.acked is None:  # complete once also stable
+                if now >= r.deadline:  # (the routers died first: a power cut, a cut-off)
+                    self._finish(r, error=Indeterminate(f"{op_name(r.op)}: answered, but not "
+                                 f"known to be ordered in {self.answer_timeout:g} s"))  # fmt: skip
+                return
             if g.refused:
                 if r.level == "snapshot" and r.attempts > 1:
                     r.attempts -= 1

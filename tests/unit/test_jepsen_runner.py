@@ -153,3 +153,30 @@ def test_the_rubberband_nemesis_waits_for_receivers_and_incomplete_holders(
     assert not nemesis.ring_healthy(routers_too=False)
     status["ring"] = []  # no super answered: wait
     assert not nemesis.ring_healthy(routers_too=False)
+
+
+def test_an_operation_that_outlives_every_timeout_fails_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A client slot still in one operation long after the workload ended (the runner
+    gave up on it) is a liveness failure, not an indeterminate operation: a sequential
+    read answered just before a power cut once waited for its acknowledgement for ever,
+    and the run passed."""
+    from jepsen_like import rubberband_run
+
+    history = [
+        {"process": "c0", "type": "invoke", "f": "read", "value": None, "index": 0,
+         "time": 1.0, "level": "sequential"},
+    ]  # fmt: skip
+    got = {"history": history, "faults": [], "reads_held": {}, "resumed_alive": [],
+           "phases": {"workload_s": 91.0}, "unread": [], "stuck": ["c0"], "ring": []}  # fmt: skip
+    monkeypatch.setattr(rubberband_run, "run_rubberband", lambda out, plan: got)
+    code = runner.run(["--workload", "bank", "--nemesis", "kill", "--time", "1", "--seed", "1",
+                       "--dir", str(tmp_path)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 1 and "1 violation(s)" in out, out
+    assert "violation: liveness: the operation in flight of client slot(s) ['c0']" in out
+    got["stuck"] = []
+    runner.run(["--workload", "bank", "--nemesis", "kill", "--time", "1", "--seed", "1",
+                "--dir", str(tmp_path)])  # fmt: skip
+    assert "liveness" not in capsys.readouterr().out

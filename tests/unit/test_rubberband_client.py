@@ -196,6 +196,21 @@ def test_a_read_nobody_answers_fails_indeterminate_after_its_timeout() -> None:
     assert rig.core.counts["retries"] >= 2  # tried again every retry_after meanwhile
 
 
+def test_a_sequential_read_answered_but_never_acknowledged_ends_at_its_deadline() -> None:
+    """Its holders answered, but the routers died before the read was stable (a power
+    cut, a client cut off from the routers): it waited for the acknowledgement for
+    ever, past every timeout, and its caller with it."""
+    m = Model(f=3).ring_of(4)
+    m.write(("put", ((5, "five"),)))
+    m.settle()
+    rig = Rig(m, answer_timeout=1.0, retry_after=0.3)
+    rig.lose_acks = True
+    rid = rig.read(("get", (5,)), "sequential")
+    done = rig.until_done(rid, limit=5.0)
+    assert isinstance(done.error, Indeterminate) and 1.0 <= rig.now < 1.2, (done, rig.now)
+    assert "not known to be ordered" in str(done.error)
+
+
 def test_parts_answered_to_two_tries_are_not_one_read() -> None:
     """A snapshot read's earlier try stays awaited beside its new one, but parts from
     two tries are never one answer (two positions): the read completes with the first
