@@ -571,7 +571,10 @@ class MemoryEngine(ReportsChanges):
         estimated from :data:`SIZE_SAMPLE` of them at random."""
         data = self._data
         sample = data.sample(SIZE_SAMPLE, self._rng)
-        size = sum(len(msgpack.packb(item, use_bin_type=True)) for item in sample)
+        try:
+            size = sum(len(msgpack.packb(item, use_bin_type=True)) for item in sample)
+        except (TypeError, ValueError, OverflowError):  # not sent as it is held: unknown
+            sample, size = [], 0
         held = round(size * len(data) / len(sample)) if sample else 0
         return {"items": len(data), "bytes": held, **self.counts}
 
