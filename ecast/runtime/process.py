@@ -23,7 +23,7 @@ DEVELOPMENT_WARNING = (
 )
 
 
-def tune_process() -> None:
+def tune_process(*, keeps_data: bool = False) -> None:
     """Settings for a process whose main work is running E-Cast nodes (daemons, workers).
 
     uvloop when it is installed.  And a garbage collector that runs rarely: the protocol
@@ -32,9 +32,10 @@ def tune_process() -> None:
     hundreds of times a second, its older collections walking every unstable message and
     Paxos log entry.  At 5,000 messages/s that took p99 latency from 15 ms to 30 ms
     (docs/benchmarks.md).  What exists at start-up (modules, classes) is frozen out of
-    every collection, and so is whatever survives a collection
-    (:func:`_freeze_survivors`): no older collection ever walks the data a process
-    keeps.  Applications that embed the SDK decide for themselves.
+    every collection; in a process that ``keeps_data`` (a storage process, a view
+    maintainer), so is whatever survives a collection (:func:`_freeze_survivors`): no
+    older collection ever walks the data it keeps.  Applications that embed the SDK
+    decide for themselves.
     """
     with contextlib.suppress(ImportError):
         import uvloop
@@ -42,7 +43,7 @@ def tune_process() -> None:
         uvloop.install()
     gc.freeze()
     gc.set_threshold(50_000, 50, 1_000)
-    if _freeze_survivors not in gc.callbacks:
+    if keeps_data and _freeze_survivors not in gc.callbacks:
         gc.callbacks.append(_freeze_survivors)
     keep_heap()
 
@@ -56,7 +57,9 @@ def _freeze_survivors(phase: str, info: dict[str, int]) -> None:
     collections 30 ms each), and none of those collections found garbage.  Objects
     frozen are still freed when their last reference goes; only a cycle that outlives
     one collection is never collected, and these processes make none (a census of
-    every storage process of the demo found no cyclic garbage, docs/decisions.md)."""
+    every storage process of the demo found no cyclic garbage, docs/decisions.md).
+    Routers keep no such data, and a link's failure can leave cycles (an exception
+    in a future) that live a while: theirs are collected as before."""
     if phase == "stop":
         gc.freeze()
 

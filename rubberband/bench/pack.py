@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default="127.0.0.1")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    ecast.tune_process()
+    ecast.tune_process(keeps_data=True)  # storage processes
     return asyncio.run(run(args))
 
 

@@ -782,7 +782,8 @@ def main_for(kind: str, argv: list[str] | None = None) -> int:
         kit.setup_logging(args.log_level)
         log.info("event=start %s", kit.effective(args, settings))
         runner = run_storage if kind == "storage" else run_super
-        ecast.tune_process()  # uvloop, and a collector that does not walk the data
+        # uvloop, and a collector that does not walk the data
+        ecast.tune_process(keeps_data=kind == "storage")
         try:
             return asyncio.run(runner(args))
         except (ecast.Error, OSError) as e:

@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "maintain":  # a daemon: its work is messages, as a router's
         import ecast
 
-        ecast.tune_process()
+        ecast.tune_process(keeps_data=True)  # a view's rows, held for its pages
     try:
         out = asyncio.run(run(args))
     except Usage as e:

@@ -54,7 +54,7 @@ def test_a_burst_of_freed_packets_stays_in_the_heap() -> None:
 COLLECTOR = """
 import gc, weakref
 from ecast.runtime.process import tune_process
-tune_process()
+tune_process(keeps_data=True)
 old = []
 gc.callbacks.append(lambda phase, info: phase == "start" and info["generation"] and
                     old.append(info["generation"]))
