@@ -147,13 +147,11 @@ KILL_WAIT = 60.0
 
 def kernel_state(pid: int) -> str:
     """A process's state and what it waits on, from ``/proc`` (best effort)."""
-    out = []
-    for name in ("stat", "wchan", "stack"):
+    out = [f"stat={_state(f'/proc/{pid}/stat') or '(gone)'!r}"]  # the state letter
+    for name in ("wchan", "stack"):
         try:
             text = Path(f"/proc/{pid}/{name}").read_text().strip()
-            if name == "stat":  # "pid (comm) S ...": the state letter
-                text = text.rsplit(")", 1)[-1].split()[0]
-        except (OSError, IndexError) as e:
+        except OSError as e:
             text = f"({type(e).__name__})"
         out.append(f"{name}={text[:300]!r}")
     return " ".join(out)
