@@ -190,7 +190,7 @@ def test_views_cost_staleness_and_lookups_that_answer_right(tmp_path: Path) -> N
     # and lookups on both bases (the bench checks each lookup's rows against its data).
     p = cli("bench", "views", "--views", "0,1", "--staleness-rate", "300",
             "--staleness-views", "1", "--rows", "600", "--lookups", "64", "--duration", "1.5",
-            "--procs", "1", "--clients", "16", "--state-dir", str(tmp_path / "clusters"),
+            "--procs", "1", "--clients", "64", "--state-dir", str(tmp_path / "clusters"),
             "--json", timeout=400)  # fmt: skip
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
