@@ -78,10 +78,11 @@ def _views(n: int) -> list[tuple[str, tuple[Any, Any], str, dict[str, Any]]]:
 TICK = 0.001
 """Seconds between a paced load process's looks at the writes it owes: those due go out
 in one ``write_batch`` call, each write alone in its message (the cluster's work is
-that of as many ``put`` calls).  An awaited ``put`` per write cost a load process 55 µs
-a write at 3,650 writes/s (py-spy: the SDK's path per call, not the wake-ups), a fifth
-of this 2-core machine at half the peak, taken from the cluster whose staleness the
-run measures; in production the clients are not on the cluster's cores."""
+that of as many ``put`` calls).  Writers awaiting a ``put`` each took the load
+processes a fifth of this 2-core machine at 7,300 writes/s (55 µs a write; batches:
+45) and more at the peak, where refilling the window in batches let the cluster reach
+23,000-25,000 writes/s instead of 14,500: CPU taken from the cluster under test, whose
+clients in production are not on its cores (docs/benchmarks.md)."""
 
 
 async def _worker(st: dict[str, Any], clients: int, seconds: float, rate: float, seed: int) -> Any:
