@@ -84,6 +84,11 @@ processes a fifth of this 2-core machine at 7,300 writes/s (55 µs a write; batc
 23,000-25,000 writes/s instead of 14,500: CPU taken from the cluster under test, whose
 clients in production are not on its cores (docs/benchmarks.md)."""
 
+CHUNK = 16
+"""Writes per ``write_batch`` call at most.  A batch ends when its last write is stable,
+so a window sent as one batch emptied before any of it was sent again (the window went
+256, 0, 256: rounds in lockstep, the rate a round's latency, not the cluster's peak)."""
+
 
 async def _worker(st: dict[str, Any], clients: int, seconds: float, rate: float, seed: int) -> Any:
     """``clients`` writes in flight at most, as many as ``rate`` owes by now (every
@@ -116,10 +121,11 @@ async def _worker(st: dict[str, Any], clients: int, seconds: float, rate: float,
     end = start + seconds
     while (now := time.monotonic()) < end:
         n = min(int((now - start) * rate) - sent if rate else clients, clients - got["in_flight"])
-        if n > 0:
-            got["in_flight"] += n
-            sent += n
-            f = asyncio.ensure_future(batch(n))
+        for i in range(0, max(0, n), CHUNK):
+            m = min(CHUNK, n - i)
+            got["in_flight"] += m
+            sent += m
+            f = asyncio.ensure_future(batch(m))
             flying.add(f)
             f.add_done_callback(flying.discard)
         if rate:
