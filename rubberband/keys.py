@@ -197,21 +197,24 @@ def _spell(key: tuple[Any, ...], out: list[Any], depth: int) -> None:
     third less."""
     if depth >= MAX_TUPLE_DEPTH:
         raise BadKey(f"tuple keys nest at most {MAX_TUPLE_DEPTH} deep")
-    last = len(key) - 1
-    for i, k in enumerate(key):
+    last = key[-1] if key else None
+    append = out.append  # (two appends cost less than extending by a new pair)
+    for k in key:
         t = type(k)
-        if t is int:
+        if t is str:
+            append(3)
+            append(k if k is last else _shared(k))  # (the last itself: never shared)
+        elif t is int:
             if not MIN_INT <= k <= MAX_INT:
                 raise BadKey(f"integer key {k} outside the 64-bit range msgpack carries")
-            out += (2, k)
-        elif t is str:
-            out += (3, k if i == last else _shared(k))
+            append(2)
+            append(k)
         elif t is tuple:
-            out.append(5)
+            append(5)
             _spell(k, out, depth + 1)
         else:
             out += encode_key(k)
-    out.append(END)
+    append(END)
 
 
 def sort_bound(ekey: EKey) -> EKey:

@@ -122,7 +122,7 @@ def check_version_op(op: Any) -> tuple[list[tuple[Any, list[Any]]], int]:
             )
         if type(entry[0]) is not int or entry[0] < 0:
             raise BadOperation(f"a version's position is an int >= 0, not {entry[0]!r:.40}")
-        pairs.append((key, list(entry)))
+        pairs.append((key, entry))  # (a merge copies what it keeps)
     return pairs, op[2]
 
 

@@ -476,19 +476,39 @@ class MemoryEngine(ReportsChanges):
                 self._changes.append((key, "put", new[1]))
 
     def _version(self, op: Any, ranges: RangeSet) -> None:
+        # A view's rows come 500 to a message, each a key this process holds once per
+        # replica: the per-row steps are written out (0.4 µs of a row's 4 went to
+        # ``setdefault``'s spare list and to ``update``'s generic per-item insert).
         pairs, floor = check_version_op(op)
-        entries: dict[tuple[EKey, EKey], tuple[Any, list[Any]]] = {}
+        slot_of, data = self._slot, self._data
+        one = ranges[0] if len(ranges) == 1 else None
+        entries: dict[EKey, tuple[Any, list[Any]]] = {}
         for key, entry in pairs:
-            slot = self._slot(key)
-            if inside(ranges, slot):
-                entries.setdefault(slot, (key, []))[1].append(entry)
-        new = {}
+            slot = slot_of(key)
+            if (one[0] <= slot < one[1]) if one is not None else inside(ranges, slot):
+                got = entries.get(slot)
+                if got is None:
+                    entries[slot] = (key, [entry])
+                else:
+                    got[1].append(entry)
+        get = data.get
+        new = []
         for slot, (key, mine) in entries.items():  # all checked first: the operation is atomic
-            old = self._data.get(slot)
-            new[slot] = (key, merge(old[1] if old else None, mine, floor, key))
-        self._data.update(new)
+            old = get(slot)
+            chain = merge(None if old is None else old[1], mine, floor, key)
+            new.append((slot, old is None, (key, chain)))
+        if type(data) is LeafMap:  # a key it held keeps its place: no order to find
+            setitem, add_new = dict.__setitem__, data.add_new
+            for slot, fresh, item in new:
+                if fresh:
+                    add_new(slot, item)
+                else:
+                    setitem(data, slot, item)
+        else:
+            for slot, _fresh, item in new:
+                data[slot] = item
         if self._changes is not None:
-            self._changes.extend((key, "put", chain) for key, chain in new.values())
+            self._changes.extend((item[0], "put", item[1]) for _s, _f, item in new)
 
     def _reclaim(self, op: Any, ranges: RangeSet) -> None:
         keys, upto = check_reclaim_op(op)
