@@ -23,7 +23,7 @@ request, and a range answered twice is taken once (replicas agree at one positio
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
@@ -105,10 +105,16 @@ class Messages:
             return ranges
         ks = self.keyspace
         ids = ks.ids if ks is not None else ()
-        hulls: dict[int, list[Any]] = {}
-        for lo, hi in ranges:
-            _widen(hulls, bisect_right(ids, lo), lo, hi)
-        out = normalize((lo, hi) for lo, hi in hulls.values())
+        # A range set is sorted and disjoint: the ranges starting in one piece (between
+        # two ids) are a run, found by one bisection a piece, not a call a range.
+        hulls: list[tuple[Any, Any]] = []
+        i, n = 0, len(ranges)
+        while i < n:
+            k = bisect_right(ids, ranges[i][0])
+            j = bisect_left(ranges, (ids[k],), i + 1) if k < len(ids) else n
+            hulls.append((ranges[i][0], ranges[j - 1][1]))
+            i = j
+        out = normalize(hulls)
         if len(out) > MAX_RANGES:
             out = ((ranges[0][0], ranges[-1][1]),)
         return out

@@ -176,6 +176,11 @@ class KVOps:
             raise BadOperation(f"malformed {name}: {op!r:.80}") from None
         if not places:
             raise BadOperation(f"{name} names no key")
+        if len(places) > 8:
+            # Put in order by their flat forms first, so that ``normalize`` sorts a sorted
+            # list: a view's 500 row keys, nested tuples compared level by level, took
+            # 2.5 µs a key to sort as they were, 1.3 with this (a maintainer's header).
+            places.sort(key=sort_bound)
         return Part(kind, normalize((p, after(p)) for p in places))
 
     def combine(self, op: Any, answers: Sequence[Any]) -> Any:
