@@ -25,6 +25,7 @@ from rubberband.views import LEVELS, view_def
 from rubberband.views.define import ViewDef, rows_bounds
 from rubberband.views.reads import read_steps
 from rubberband.views.steps import (
+    Ahead,
     Both,
     Group,
     KeyPage,
@@ -165,6 +166,8 @@ class Driven:
         self.flight: set[int] = set()  # the last Pipe's write, not yet stable
         self.flight_error: BaseException | None = None
         self.page_ends: dict[int, Any] = {}  # a KeyPage read's: where the next one starts
+        self.ahead: tuple[Read, int] | None = None  # a read sent ahead (see Ahead), its id
+        self.early: dict[int, tuple[ReadDone, bool, Any]] = {}  # its answer, not yet taken
 
     def resume(self, reply: Any, now: float, error: BaseException | None = None) -> None:
         self.waiting, self.wake_at = None, None
@@ -188,8 +191,21 @@ class Driven:
                 self.done(None, e)
                 return
             try:
+                if type(request) is Ahead:
+                    self.early.clear()  # (one sent ahead before and not taken: unread)
+                    self.ahead = (request.read, self._read(request.read, now))
+                    error, reply = None, None
+                    continue
                 if self._perform(request, now):
-                    return
+                    w = self.waiting
+                    if w is None or w.read is not None or w.writes:
+                        return
+                    # Nothing left to wait for (a read answered while it was ahead).
+                    self.waiting = None
+                    if w.pipe and w.error is not None:
+                        self.flight, self.flight_error = set(), None  # the steps make it again
+                    error, reply = w.error, w.reply
+                    continue
                 error, reply = self.flight_error, None  # a Settle with nothing to wait for
                 self.flight_error = None
             except RubberbandError as e:  # refused at the call
@@ -201,17 +217,17 @@ class Driven:
         if type(request) is Sleep:
             self.wake_at = now + request.seconds
         elif type(request) is Read:
-            self.waiting = Waiting(self._read(request, now), request.with_position)
+            self.waiting = Waiting(self._ask(request, now), request.with_position)
         elif type(request) is Write:
             self.waiting = Waiting(None, False, self._write(request, now))
         elif type(request) is Both:
             rids = self._write(request.write, now)
-            self.waiting = Waiting(self._read(request.read, now), request.read.with_position, rids)
+            self.waiting = Waiting(self._ask(request.read, now), request.read.with_position, rids)
         elif type(request) is Pipe:
             last, error = self.flight, self.flight_error
             self.flight = self._write(request.write, now) if request.write.ops else set()
             self.flight_error = None
-            read = self._read(request.read, now)
+            read = self._ask(request.read, now)
             self.waiting = Waiting(read, request.read.with_position, last, error=error, pipe=True)
         else:
             assert type(request) is Settle
@@ -219,7 +235,18 @@ class Driven:
                 return False
             self.waiting = Waiting(None, False, self.flight, error=self.flight_error)
             self.flight, self.flight_error = set(), None
+        w = self.waiting
+        if w is not None and w.read is not None and w.read in self.early:
+            _answered(w, *self.early.pop(w.read))
         return True
+
+    def _ask(self, request: Read, now: float) -> int:
+        """The id of ``request``'s read: the one sent ahead if it is this read."""
+        sent, self.ahead = self.ahead, None
+        if sent is not None and sent[0] is request:
+            return sent[1]
+        self.early.clear()
+        return self._read(request, now)
 
     def _read(self, request: Read, now: float) -> int:
         core = self.node.client
@@ -254,15 +281,13 @@ class Driven:
         paged = type(item) is ReadDone and item.request in self.page_ends
         end = self.page_ends.pop(item.request) if paged else None  # (a stale read's too)
         w = self.waiting
+        if type(item) is ReadDone and self.ahead is not None and item.request == self.ahead[1]:
+            self.early[item.request] = (item, paged, end)  # taken by the step asking for it
+            return
         if w is None:
             return
         if type(item) is ReadDone and item.request == w.read:
-            w.read = None
-            result = (item.result, end) if paged else item.result  # a KeyPage's: where it ended
-            if item.error is not None:
-                w.error = w.error or item.error
-            else:
-                w.reply = (result, item.position) if w.with_position else result
+            _answered(w, item, paged, end)
         elif type(item) is WriteDone and item.request in w.writes:
             w.writes.discard(item.request)
             if item.error is not None:
@@ -280,6 +305,17 @@ class Driven:
     def tick(self, now: float) -> None:
         if self.wake_at is not None and now >= self.wake_at:
             self.resume(None, now)
+
+
+def _answered(w: Waiting, item: ReadDone, paged: bool, end: Any) -> None:
+    """``w``'s read answered by ``item`` (``paged``: a KeyPage read's, which ended at
+    ``end``)."""
+    w.read = None
+    result = (item.result, end) if paged else item.result
+    if item.error is not None:
+        w.error = w.error or item.error
+    else:
+        w.reply = (result, item.position) if w.with_position else result
 
 
 class ViewProcess:

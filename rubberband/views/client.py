@@ -42,6 +42,7 @@ from rubberband.views.define import (
 )
 from rubberband.views.reads import Layout, Session, read_steps
 from rubberband.views.steps import (
+    Ahead,
     Both,
     Figures,
     Group,
@@ -207,8 +208,18 @@ async def drive(
     reply: Any = None
     error: BaseException | None = None
     flight: asyncio.Task[None] | None = None  # the last Pipe's write (see Pipe)
+    ahead: tuple[Read, asyncio.Future[Any]] | None = None  # a read sent ahead (see Ahead)
     request: Any = None
     gate = LoopGate(loop.time)
+
+    def answer(read: Read) -> Awaitable[Any]:
+        """``read``'s answer: the one sent ahead if it is this read, else asked now."""
+        nonlocal ahead
+        sent, ahead = ahead, None
+        if sent is not None and sent[0] is read:
+            return sent[1]
+        return _read(rb, read)  # (one sent ahead and not taken: its answer goes unread)
+
     while stop is None or not stop.is_set():
         if threaded and (not gate.open() or _long(request, reply)):
             request = await asyncio.to_thread(_advance, steps, reply, error)
@@ -221,16 +232,20 @@ async def drive(
         error = None
         try:
             if type(request) is Read:
-                got = await _read(rb, request)
+                got = await answer(request)
             elif type(request) is Write:
                 got = await _write(rb, request)
             elif type(request) is Both:
-                got = await _read_after(_write(rb, request.write), _read(rb, request.read))
+                got = await _read_after(_write(rb, request.write), answer(request.read))
+            elif type(request) is Ahead:
+                task = asyncio.ensure_future(_read(rb, request.read))
+                task.add_done_callback(_seen)  # (not taken, it fails unread)
+                ahead, got = (request.read, task), None
             elif type(request) is Pipe:
                 last, flight = flight, None
                 try:
                     flight = _sent(rb, request.write)
-                    got = await _read_after(last, _read(rb, request.read))
+                    got = await _read_after(last, answer(request.read))
                 except BaseException:
                     flight = None  # the steps make its write again
                     raise
@@ -260,12 +275,16 @@ async def drive(
 def _long(request: Any, reply: Any) -> bool:
     """Is the step that takes ``request``'s ``reply`` long (see :func:`drive`)?"""
     kind = type(request)
+    if kind is Ahead:
+        return request.changes > SHORT_PAGE  # the step after computes that page
     if kind in (Pipe, Both):
         request = request.read
     elif kind is not Read:
         return False  # a write's outcome, a pause: the next request follows at once
     if type(request.op) is not Changes or request.long:
         return True  # a snapshot's or a table's page, or a view's start after it
+    if request.ahead:
+        return False  # the step after sends the next read ahead, the one after computes
     page = reply[0] if type(reply) is tuple else None
     return len(getattr(page, "events", ())) > SHORT_PAGE
 

@@ -45,6 +45,9 @@ class Read(NamedTuple):
     with_position: bool = False
     long: bool = False
     """The step after the reply computes much: a driver runs it off its event loop."""
+    ahead: bool = False
+    """The step after the reply is short whatever the page: it sends the next page's
+    read ahead (:class:`Ahead`) and computes this one the step after."""
 
 
 class Write(NamedTuple):
@@ -76,6 +79,20 @@ class Pipe(NamedTuple):
     read: Read
 
 
+class Ahead(NamedTuple):
+    """Send ``read`` now and go on (the reply is None at once): the next :class:`Read`,
+    :class:`Pipe` or :class:`Both` whose read is this very object waits for its answer
+    instead of sending it again, and one with another read leaves it unanswered.  A
+    maintainer asks for its next page before it computes the rows of the last: that
+    read is then ordered before those rows, not behind their application at every
+    storage process, and its round trip overlaps the computing (which was two fifths
+    of a round at the views benchmark's half peak).  ``changes``: the page the next
+    step computes (a driver runs a long one off its event loop)."""
+
+    read: Read
+    changes: int
+
+
 class Settle(NamedTuple):
     """Wait for the last :class:`Pipe`'s write to be stable (its failure is thrown)."""
 
@@ -84,7 +101,7 @@ class Sleep(NamedTuple):
     seconds: float
 
 
-Steps = Generator[Read | Write | Both | Pipe | Settle | Sleep, tuple[Any, float], Any]
+Steps = Generator[Read | Write | Both | Pipe | Ahead | Settle | Sleep, tuple[Any, float], Any]
 
 LEVELS = ("sequential", "read-your-writes", "snapshot", "any")
 RETRY = 1.0
@@ -332,17 +349,10 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
     pause = IDLE_FIRST
     halted: dict[str, Maintainer] = {}  # stopped, until their last progress writes went
     level = True  # no feed page of the last round was cut: the members reached the head
+    ahead: tuple[Read | None, float] = (None, 0.0)  # the next page's read sent, and when
     waited = 0  # rounds since the last start
     while True:
-        _stops(group, members, writes, halted)
-        _forget(group, members, writes)
-        halted = {n: m for n, m in halted.items() if group.views.get(n) == m.view}
-        kept = {**halted, **members}
-        held = _kept(held, kept)
-        flight = flight._replace(made=_kept(flight.made, kept),
-                                 publish=_kept(flight.publish, kept))  # fmt: skip
-        owed = {p.name for _, p in (*held, *flight.made, *flight.publish)}
-        halted = {n: m for n, m in halted.items() if n in owed and n not in members}
+        halted, held, flight = _tidy(group, members, writes, halted, held, flight)
         waited += 1
         due = _due(group, members) if level or waited > START_WAIT or not members else None
         if due is not None:
@@ -364,11 +374,12 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
             continue
         idle, level = True, True
         asked = now  # the pages of this round are asked for from now on
-        for side, (lo, hi) in enumerate(group.sources or ()):
-            since = min(m.since[side] for m in members.values() if m.view.over is None)
-            # (a view not started yet is computed at the page that reaches its snapshot)
-            read = Read(Changes(since, lo, hi), "sequential",
-                        long=any(m.position < 0 for m in members.values()))  # fmt: skip
+        sources = group.sources or ()
+        for side, (lo, hi) in enumerate(sources):
+            read = _feed_read(members, side, lo, hi, len(sources) == 1)
+            if read == ahead[0]:
+                read, asked = ahead[0], min(asked, ahead[1])  # its page: as of when sent
+            ahead = (None, now)
             made = [name for name, w in writes.items() if w]
             rows = sum(max(1, len(writes[n]) - 1 - members[n].housekeeping) for n in made)
             if rows <= PIPE_MESSAGES:
@@ -387,6 +398,8 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
             writes, writes_asked = {}, asked
             for figures in group.figures.values():
                 figures.seen = max(figures.seen, page.position)
+            if read.ahead and page.events:
+                ahead = yield from _ask_ahead(members, side, read, page)
             for name, m in members.items():
                 if m.view.over is None:
                     events = [e for e in page.events if e.position > m.since[side]]
@@ -403,6 +416,50 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
             pause = min(pause * 2, poll)
         else:
             pause = IDLE_FIRST
+
+
+def _tidy(
+    group: Group, members: dict[str, Maintainer], writes: dict[str, list[Any]],
+    halted: dict[str, Maintainer], held: Held, flight: Flight,
+) -> tuple[dict[str, Maintainer], Held, Flight]:  # fmt: skip
+    """A round's start: views stopped, dropped or defined anew taken out of
+    ``members``, and the progress writes of views no longer kept by the maintainer that
+    made them dropped; ``(halted, held, flight)``, ``halted`` keeping the stopped views
+    whose last progress writes are still owed."""
+    _stops(group, members, writes, halted)
+    _forget(group, members, writes)
+    halted = {n: m for n, m in halted.items() if group.views.get(n) == m.view}
+    kept = {**halted, **members}
+    held = _kept(held, kept)
+    flight = flight._replace(made=_kept(flight.made, kept), publish=_kept(flight.publish, kept))
+    owed = {p.name for _, p in (*held, *flight.made, *flight.publish)}
+    return {n: m for n, m in halted.items() if n in owed and n not in members}, held, flight
+
+
+def _feed_read(members: dict[str, Maintainer], side: int, lo: Any, hi: Any, one: bool) -> Read:
+    """The read of source ``side``'s next feed page, from where the members' feeds are
+    (a view not started yet is computed at the page that reaches its snapshot: a long
+    step); ``one``: the group has one source, so its next read can go ahead."""
+    since = min(m.since[side] for m in members.values() if m.view.over is None)
+    starting = any(m.position < 0 for m in members.values())
+    return Read(Changes(since, lo, hi), "sequential", long=starting, ahead=one and not starting)
+
+
+def _ask_ahead(
+    members: dict[str, Maintainer], side: int, read: Read, page: Any
+) -> Generator[Ahead, tuple[Any, float], tuple[Read, float]]:
+    """The read of the page after ``page``, sent before ``page`` is computed
+    (:class:`Ahead`), and when: each member's feed continues from ``page`` or from
+    where it already was, as :meth:`Maintainer.page` leaves it.  Should the next
+    round's read differ (a view started or stopped meanwhile), that one is sent: this
+    answer is only ever the one the loop would have asked for."""
+    since = min(
+        (max(m.since[side], page.position) for m in members.values() if m.view.over is None),
+        default=page.position,
+    )
+    nxt = read._replace(op=read.op._replace(since=since))
+    _, sent = yield Ahead(nxt, len(page.events))
+    return nxt, sent
 
 
 def _due(group: Group, members: dict[str, Maintainer]) -> Any:

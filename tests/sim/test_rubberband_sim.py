@@ -130,7 +130,7 @@ def test_a_change_feed_followed_through_the_faults_misses_nothing_and_repeats_no
     assert reached["leader_takeover"] and reached["expand_under_load"], dict(reached)
 
 
-VIEW_SCHEDULES = 6
+VIEW_SCHEDULES = 8
 
 
 @pytest.mark.parametrize("chunk", range(2))
