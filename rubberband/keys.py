@@ -166,10 +166,55 @@ def sort_key(key: Key) -> EKey:
     if t is str:
         return (3, key)
     if t is tuple:
+        if len(key) == 3 and type(key[0]) is str and type(key[1]) is str:
+            got = _named(key)
+            if got is not None:
+                return got
         out: list[Any] = [5]
         _spell(key, out, 0)
         return tuple(out)
     return encode_key(key)
+
+
+_PREFIXES: dict[str, dict[str, tuple[Any, ...]]] = {}
+"""The flat forms' starts ``(5, 3, a, 3, b)`` of keys ``(a, b, ...)``, both strings
+shared (:data:`_SHARED`), :data:`SHARED_STRINGS` of them at most."""
+_PREFIXED = [0]
+
+
+def _named(key: tuple[Any, ...]) -> EKey | None:
+    """:func:`sort_key` of a key ``(str, str, k)`` with ``k`` an int, a string or a
+    flat tuple of those (a view's row, a table's), or None for :func:`_spell`: the two
+    names' start is built once, and a storage process makes a view row's form, as it
+    applies the row at each replica, in half the time."""
+    a, b, k = key
+    inner = _PREFIXES.get(a)
+    start = inner.get(b) if inner is not None else None
+    if start is None:
+        start = (5, 3, _shared(a), 3, _shared(b))
+        shared = start[2] is _SHARED.get(a) is not None and start[4] is _SHARED.get(b)
+        if shared and _PREFIXED[0] < SHARED_STRINGS:
+            _PREFIXES.setdefault(start[2], {})[start[4]] = start
+            _PREFIXED[0] += 1
+    t = type(k)
+    if t is int:
+        return (*start, 2, k, END) if MIN_INT <= k <= MAX_INT else None
+    if t is str:
+        return (*start, 3, k, END)
+    if t is not tuple:
+        return None
+    out = [*start, 5]
+    last = k[-1] if k else None
+    for e in k:
+        te = type(e)
+        if te is int and MIN_INT <= e <= MAX_INT:
+            out += (2, e)
+        elif te is str:
+            out += (3, e if e is last else _shared(e))
+        else:
+            return None  # (the general road spells it, or says why it is no key)
+    out += (END, END)
+    return tuple(out)
 
 
 SHARED_STRINGS = 4096

@@ -176,6 +176,10 @@ def merge(chain: Any, entries: list[list[Any]], floor: int, key: Any = None) -> 
 
 
 def _merge(chain: Any, entries: list[list[Any]], floor: int) -> list[Any]:
+    if chain is None and len(entries) == 1:
+        # A new row's one version (most of a view's rows): what the road below makes of
+        # it, a version below the floor kept as the one the floor reads.
+        return [floor, list(entries[0])]
     if chain is None:  # new: absent before its first version (and the writer's floor)
         low = floor
         for e in entries:  # (a generator under min() was half a new row's merge)

@@ -349,3 +349,41 @@ def test_few_ranges_against_many_are_checked_by_bisection_alike(many, few):
     for a, b in ((many, few), (few, many)):
         assert K.covers(a, b) == (members(b) <= members(a))
         assert K.overlaps(a, b) == bool(members(a) & members(b))
+
+
+named_last = st.one_of(
+    st.integers(min_value=K.MIN_INT - 5, max_value=K.MAX_INT + 5),
+    st.text(max_size=4),
+    st.tuples(),
+    st.lists(
+        st.one_of(st.integers(min_value=K.MIN_INT - 5, max_value=K.MAX_INT + 5),
+                  st.text(max_size=4), st.none(), st.floats(allow_nan=True)),
+        max_size=3,
+    ).map(tuple),
+    key_values,
+)  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(max_size=5), st.text(max_size=5), named_last)
+def test_a_named_key_is_spelled_as_every_tuple_is(a, b, last):
+    """Keys ``(str, str, k)`` (a view's rows, a table's) take a road of their own in
+    :func:`K.sort_key`: the same form as the general one, refused alike, and the two
+    names shared as any prefix string is."""
+    key = (a, b, last)
+    try:
+        out: list = [5]
+        K._spell(key, out, 0)
+        general: tuple | None = tuple(out)
+    except K.BadKey:
+        general = None
+    if general is None:
+        with pytest.raises(K.BadKey):
+            K.sort_key(key)
+        return
+    assert K.sort_key(key) == general
+    again = K.sort_key((a.encode().decode(), b.encode().decode(), last))
+    if len(a) <= 64 and a in K._SHARED:
+        assert again[2] is K._SHARED[a]
+    if len(b) <= 64 and b in K._SHARED:
+        assert again[4] is K._SHARED[b]

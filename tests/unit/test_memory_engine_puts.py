@@ -168,3 +168,21 @@ def test_the_bytes_a_memory_engine_reports_are_its_items_encoded_size() -> None:
     assert e.stats()["items"] == 5_000
     # each item is (key, value) encoded: about 3 bytes of array and key, 102 of value
     assert 5_000 * 100 < e.stats()["bytes"] < 5_000 * 110, e.stats()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(
+    st.integers(0, 40), st.text(max_size=2), st.tuples(st.integers(0, 3), st.text(max_size=1)),
+    st.tuples(st.just("~view"), st.sampled_from(["v", "w"]),
+              st.tuples(st.integers(0, 3), st.integers(0, 3))),
+), min_size=1, max_size=40))  # fmt: skip
+def test_a_write_of_many_keys_names_the_points_normalize_makes(keys: list[Any]) -> None:
+    """Past eight keys a write's points are put in order by their flat forms and rid
+    of repeats instead of normalized: the same range set, repeats and all."""
+    from rubberband.engine import Placement
+    from rubberband.keys import normalize
+    from storage_adapters.memory import KVOps
+
+    op = ("put", tuple((k, 1) for k in keys))
+    places = [encode_key(k) for k in keys]
+    assert KVOps().part_fun(op, Placement()).ranges == normalize((p, after(p)) for p in places)

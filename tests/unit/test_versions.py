@@ -153,3 +153,15 @@ def test_a_stored_value_of_any_shape_is_merged_or_refused_never_crashes() -> Non
         assert merged[0] == 1 and [3, "z"] in merged and [9] in merged, (chain, merged)
     merged = merge([0, [2.5, "a"], [7, "b"]], [[3, "z"]], 0)
     assert merged == [0, [2.5, "a"], [3, "z"], [7, "b"]]  # a float position kept in order
+
+
+@given(
+    p=st.integers(0, 30),
+    value=st.one_of(st.none(), st.integers(0, 5)),
+    floor=st.integers(0, 30),
+)
+def test_a_new_rows_one_version_is_merged_as_any_batch_is(p: int, value: Any, floor: int) -> None:
+    """A new row's single version takes a short road; the same entry twice takes the
+    general one (a repeat is dropped there): both make the same chain."""
+    e = entry(p, value)
+    assert merge(None, [e], floor) == merge(None, [e, list(e)], floor)
