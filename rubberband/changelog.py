@@ -54,7 +54,7 @@ from rubberband.keys import (
     overlaps,
     sort_key,
 )
-from rubberband.proto import H
+from rubberband.proto import Answer, H, Peek
 
 COMPACTED = "compacted: continue from position "
 """How a holder's answer says a feed was compacted (the position follows)."""
@@ -84,6 +84,10 @@ _PLAIN = (int, str)
 """Row keys whose row change key is its own revisions' dict key (no bool among them)."""
 REVISIONS_PART = 10_000
 """Revisions one part of a copy's history carries (a key and a position each)."""
+PEEK_CHANGES = 256
+"""Changes a peek (:class:`Changed`) tests at most before it answers True: a peek
+costs what a few hundred tests cost even when other tables' writes fill the log (the
+follower then reads in order, which moves its ``since`` on)."""
 PAGE_CHANGES = 20_000
 """Key changes a holder puts in one answer at most: a feed read after a long pause (or a
 Spark micro-batch over a backlog) is answered in pages, each well under the 16 MiB frame
@@ -96,6 +100,20 @@ class Changes(NamedTuple):
     unbounded)."""
 
     since: int | None
+    lo: Any = None
+    hi: Any = None
+
+
+class Changed(NamedTuple):
+    """A basic read's operation: has any key in ``[lo, hi)`` changed after position
+    ``since``, as far as the replicas asked know?  A hint, not a page: the answer is
+    True also where a replica cannot tell cheaply (its log starts after ``since``, or
+    :data:`PEEK_CHANGES` others' changes lie after it).  An idle follower of a feed asks
+    this of one replica a segment, straight, instead of putting a read in the total
+    order every few milliseconds (each such read woke every router and holder), and
+    reads the feed in order when the answer is True."""
+
+    since: int
     lo: Any = None
     hi: Any = None
 
@@ -591,6 +609,25 @@ class ChangeLog:
                 room -= len(mine)
         return out
 
+    def changed_after(self, since: int, ranges: RangeSet, keys: Any = None) -> bool:
+        """Has a key in ``ranges`` (and in the encoded key range ``keys``, if any) a
+        change here after ``since``, or can this log not tell (some may be gone, or were
+        made before the ranges came here, or past :data:`PEEK_CHANGES` are to test)?"""
+        if since < self.held_after(ranges):
+            return True
+        place, room = self.place, PEEK_CHANGES
+        changes = self._changes
+        for i in range(bisect_right(self._t, since, self._head), len(self._t)):
+            for key, _kind, _value in changes[i]:
+                if contains(ranges, place(key)) and (
+                    keys is None or keys[0] <= encode_key(changed_key(key)) < keys[1]
+                ):
+                    return True
+                room -= 1
+                if room <= 0:
+                    return True
+        return False
+
     def figures(self) -> dict[str, int]:
         return {"changes": self._count, "bytes": self._bytes, "floor": self.floor,
                 "recorded": self.recorded}  # fmt: skip
@@ -612,6 +649,21 @@ def feed_answer(
     if type(found) is str:
         return mine, None, found
     return mine, found, None
+
+
+def peek_answer(log: ChangeLog | None, msg: Peek, mine: RangeSet, version: int) -> Answer:
+    """A holder's answer to a peek (:class:`Changed`) for ``mine``, the ranges it holds
+    in full: True where a change of them is logged after ``msg.since`` or ``log``
+    cannot tell (None: no log kept); an error for a malformed peek."""
+    keys, since = msg.keys, msg.since
+    ok = keys is None or (type(keys) in (list, tuple) and len(keys) == 2)
+    if not ok or type(since) is not int or since < 0:
+        return Answer(msg.request, NOTHING, None, "malformed peek", version, True)
+    try:
+        changed = log is None or log.changed_after(since, mine, keys)
+    except TypeError:  # bounds of another type than the ring's keys
+        return Answer(msg.request, NOTHING, None, "malformed peek", version, True)
+    return Answer(msg.request, mine, changed, None, version, True)
 
 
 def _revision_ident(key: Any) -> Any:
@@ -712,6 +764,7 @@ def key_filter(op: Any) -> Any:
 __all__ = [
     "COMPACTED",
     "ChangeLog",
+    "Changed",
     "Changes",
     "Event",
     "Page",
@@ -720,5 +773,6 @@ __all__ = [
     "key_filter",
     "merge",
     "page",
+    "peek_answer",
     "revised_op",
 ]

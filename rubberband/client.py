@@ -49,7 +49,7 @@ from typing import Any
 
 from ecast import Direct, Effects, NodeId
 from ecast.core import mutations
-from rubberband.changelog import FROM_NOW, Changes, Event, Page, Revisions
+from rubberband.changelog import FROM_NOW, Changed, Changes, Event, Page, Revisions, key_filter
 from rubberband.config import STORAGE
 from rubberband.errors import (
     BadOperation,
@@ -69,6 +69,7 @@ from rubberband.proto import (
     BasicRead,
     Described,
     H,
+    Peek,
     Stale,
     Whole,
 )
@@ -83,6 +84,7 @@ from rubberband.read_batches import (
 
 __all__ = [
     "ISOLATION_LEVELS",
+    "Changed",
     "Changes",
     "ClientCore",
     "Event",
@@ -317,6 +319,8 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
         gather = self.gather(op, within)  # raises BadOperation, before anything
         if type(op) is Changes and level != "sequential":
             raise BadOperation("a change feed is read in order (sequential), at a position")
+        if type(op) is Changed and level != "basic":
+            raise BadOperation("a peek at the change logs is a basic read")
         if type(op) is Revisions and level == "basic":
             raise BadOperation("revisions are read at a position: sequential or snapshot")
         self._begin()
@@ -390,8 +394,14 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
         self.asked[tid] = frozenset(targets)
         r.tried |= frozenset(targets)
         self._retry_at(r, now + self.retry_after)
+        op = r.op
+        if type(op) is Changed:
+            keys = key_filter(op)
+            for target, ranges in targets.items():
+                fx.send.append((target, Direct(Peek(tid, op.since, ranges, keys, self.version))))
+            return
         for target, ranges in targets.items():
-            fx.send.append((target, Direct(BasicRead(tid, r.op, ranges, self.version))))
+            fx.send.append((target, Direct(BasicRead(tid, op, ranges, self.version))))
 
     def _retry_at(self, r: _Read, at: float) -> None:
         r.retry_at = at

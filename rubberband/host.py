@@ -28,7 +28,7 @@ import msgpack
 from ecast import Client, Effects, MessageTooLarge, NodeId, daemon_kit
 from rubberband.driver import LoopGate, carry_out
 from rubberband.outputs import Submit
-from rubberband.proto import Answer, Answers, BasicRead, Left, Ping, Whole
+from rubberband.proto import Answer, Answers, BasicRead, Left, Peek, Ping, Whole
 from rubberband.storage import StorageCore, short_batches
 from rubberband.super import SuperCore
 from rubberband.supervision import LeaveDone, Leaving, Reconfigured, Stalled, Voted, pong
@@ -329,8 +329,9 @@ class StorageHost(_Host):
         # A basic read answers from the current state: a write its client (or anyone)
         # saw acknowledged must be in it.  Under backpressure deliveries wait in the
         # SDK, confirmed, while direct messages go on: a basic read overtook them, and
-        # a view read at level `any` saw a progress and rows older than it.
-        return type(payload) is BasicRead
+        # a view read at level `any` saw a progress and rows older than it.  A peek at
+        # the change log likewise: a change delivered must be in its answer.
+        return type(payload) is BasicRead or type(payload) is Peek
 
     def _intercept(self, src: NodeId, payload: Any) -> bool:
         if type(payload) is Left:

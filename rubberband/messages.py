@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import msgpack
 
-from rubberband.changelog import Changes, Revisions, changes_ranges, page
+from rubberband.changelog import Changed, Changes, Revisions, changes_ranges, page
 from rubberband.engine import BadOperation, Placement, changed_key
 from rubberband.errors import Rejected, Unavailable
 from rubberband.gather import Gather, Holders, op_name
@@ -221,6 +221,10 @@ class Messages:
         read that may travel in a bundle); raises :class:`BadOperation` for a bad op."""
         if type(op) is Changes:
             return Gather(op, changes_ranges(op, self.placement.ordered))
+        if type(op) is Changed:
+            if type(op.since) is not int:
+                raise BadOperation(f"a peek names a position (an int, 0 or more), not {op.since!r}")
+            return Gather(op, changes_ranges(op, self.placement.ordered))
         if type(op) is Revisions:
             keys = op.keys
             if type(keys) not in (list, tuple) or not keys:
@@ -402,6 +406,8 @@ class Messages:
             return page(gather.pieces, gather.position, gather.error, self.change_place)
         if gather.error is not None:
             raise Rejected(gather.error)
+        if type(op) is Changed:
+            return any(res is not False for _r, res in gather.pieces)
         if type(op) is Revisions:  # each answer: [result, [[key, position], ...]]
             ekey = self.change_place
             revisions = {

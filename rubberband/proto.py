@@ -82,6 +82,20 @@ class BasicRead:
 
 
 @dataclass(frozen=True, slots=True)
+class Peek:
+    """client -> storage: a basic read of the change log, routed by the client's
+    keyspace ``version`` as :class:`BasicRead` is: has a key of ``ranges`` (and of the
+    encoded key range ``keys``, None: any) changed after position ``since``?  Answered
+    by an :class:`Answer` whose result is a bool (``rubberband.changelog.Changed``)."""
+
+    request: int
+    since: int
+    ranges: tuple[Any, ...]
+    keys: Any
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
 class Stale:
     """storage -> client: a basic read routed by another keyspace version than ours:
     learn the keyspace again (from a super) and read again."""
@@ -277,6 +291,7 @@ MESSAGES: tuple[type, ...] = (
     LevelTail,
     LevelApply,
     Levelled,
+    Peek,
 )
 """Every direct message, in the order of their wire codes (64 on)."""
 FIRST_CODE = 64

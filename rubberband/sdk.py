@@ -44,6 +44,7 @@ from typing import Any
 import ecast
 from rubberband.client import (
     BUNDLE_LIMIT,
+    Changed,
     Changes,
     ClientCore,
     Event,
@@ -56,6 +57,7 @@ from rubberband.client import (
     WriteDone,
 )
 from rubberband.driver import carry_out
+from rubberband.errors import RubberbandError
 from rubberband.outputs import Submit
 
 log = logging.getLogger("rubberband.sdk")
@@ -64,6 +66,10 @@ __all__ = ["BUNDLE_LIMIT", "DEFAULT_OPS", "RubberbandClient", "connect", "load_o
 
 DEFAULT_OPS = "storage_adapters.memory:KVOps"
 """The operations of the key-value engine, named by path: Rubberband imports no engine."""
+WATCH_READ_EVERY = 1.0
+"""Seconds an idle :meth:`RubberbandClient.watch` goes at most without a read in the
+total order: peeks are hints, and the read in order is what fails over (or raises)
+when the cluster cannot answer; one small message a second, not one a ``poll``."""
 
 
 class RubberbandClient:
@@ -344,6 +350,13 @@ class RubberbandClient:
         never cut, so it covers every write before the read."""
         return await self.read(Changes(since, lo, hi))  # type: ignore[no-any-return]
 
+    async def changed(self, since: int, lo: Any = None, hi: Any = None) -> bool:
+        """Has a key in ``[lo, hi)`` changed after position ``since``?  A basic read of
+        each segment's change log at one replica, outside the total order: a hint for
+        a follower waiting for changes (True also where a replica cannot tell), never a
+        page: read the changes in order (:meth:`changes`) when it says True."""
+        return bool(await self.read(Changed(since, lo, hi), "basic"))
+
     async def watch(
         self, lo: Any = None, hi: Any = None, since: int | None = None, poll: float = 0.05
     ) -> AsyncIterator[Event]:
@@ -353,8 +366,9 @@ class RubberbandClient:
         failover (each page is a read, and reads fail over).  A page that fails as a
         read fails (no answer within ``answer_timeout``: the cluster is unavailable)
         raises here; resume, then or after a restart, with ``since`` = the last event's
-        position.  Idle, it reads a page every ``poll`` seconds (one small E-Cast
-        message each)."""
+        position.  Idle, it asks the replicas every ``poll`` seconds whether anything
+        changed (:meth:`changed`, no place in the total order) and reads the next page
+        once something did, or after :data:`WATCH_READ_EVERY` seconds in any case."""
         position = since
         while True:
             got = await self.changes(position, lo, hi)
@@ -362,7 +376,23 @@ class RubberbandClient:
                 yield event
             position = got.position
             if not got.events:
-                await asyncio.sleep(poll)
+                await self._until_changed(position, lo, hi, poll)
+
+    async def _until_changed(self, since: int, lo: Any, hi: Any, poll: float) -> None:
+        """Wait, peeking every ``poll`` seconds, until a key in ``[lo, hi)`` changed
+        after ``since``, a peek failed (the read in order then fails over, or says
+        why), or :data:`WATCH_READ_EVERY` seconds passed."""
+        loop = self._loop
+        until = loop.time() + WATCH_READ_EVERY
+        while True:
+            await asyncio.sleep(poll)
+            if loop.time() >= until:
+                return
+            try:
+                if await self.changed(since, lo, hi):
+                    return
+            except RubberbandError:
+                return
 
     async def read_batch(
         self,

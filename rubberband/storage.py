@@ -35,7 +35,7 @@ from ecast import KIND, PART, SUSPECT, Delivery, Direct, Effects, Message, NodeI
 from ecast.core import mutations
 from rubberband.applying import Apply, answer_bundle
 from rubberband.bundles import Segments
-from rubberband.changelog import FROM_NOW, ChangeLog, revised_op
+from rubberband.changelog import FROM_NOW, ChangeLog, peek_answer, revised_op
 from rubberband.config import CLIENT, STORAGE, SUPER
 from rubberband.engine import BadOperation, Engine, Placement, changed_key
 from rubberband.keys import (
@@ -63,6 +63,7 @@ from rubberband.proto import (
     History,
     LevelApply,
     LevelAsk,
+    Peek,
     Pull,
     Refuse,
     Stale,
@@ -282,6 +283,12 @@ class StorageCore:
         if t is BasicRead:
             self.senders.add(src)
             self._basic(src, msg)
+        elif t is Peek:
+            self.senders.add(src)
+            mine = basic_cover(self, src, msg) if is_range_set(msg.ranges) else None
+            if mine is not None:
+                log = self.changes if self._logged else None
+                self.send(src, peek_answer(log, msg, mine, self.version))
         elif t is Pull:
             mig.on_pull(src, msg)
         elif t is Chunk:
@@ -391,18 +398,9 @@ class StorageCore:
         if mutations.on(SKIP_VERSION_CHECK):
             self._answer(src, msg.request, msg.op, msg.ranges, self.version)
             return
-        if msg.version != self.version or self.keyspace is None:
-            self.send(src, Stale(msg.request, self.version))
-            return
-        if self.incomplete:
-            mine = NOTHING
-        else:
-            mine = intersect(msg.ranges, self.owned)
-            if self.migration.incoming:  # most reads: nothing is being received
-                mine = difference(mine, self.migration.receiving)
-        if self.queue:
-            mine = difference(mine, self._queued_ranges)
-        self._answer(src, msg.request, msg.op, mine, self.version)
+        mine = basic_cover(self, src, msg)
+        if mine is not None:
+            self._answer(src, msg.request, msg.op, mine, self.version)
 
     def _mine(self, h: Any) -> RangeSet | None:
         ranges = h.get(H.WRITES) if type(h) is dict else None
@@ -677,6 +675,23 @@ def _tuple(value: Any) -> Any:
     if type(value) in (list, tuple):
         return tuple(_tuple(v) for v in value)
     return value
+
+
+def basic_cover(core: StorageCore, src: NodeId, msg: BasicRead | Peek) -> RangeSet | None:
+    """What a basic read (or peek) routed by ``msg.version`` may be answered for: the
+    ranges held in full, none queued behind a copy; None: refused as :class:`Stale`
+    (the client routed it by another keyspace version)."""
+    if msg.version != core.version or core.keyspace is None:
+        core.send(src, Stale(msg.request, core.version))
+        return None
+    if core.incomplete:
+        return NOTHING
+    mine = intersect(msg.ranges, core.owned)
+    if core.migration.incoming:  # most reads: nothing is being received
+        mine = difference(mine, core.migration.receiving)
+    if core.queue:
+        mine = difference(mine, core._queued_ranges)
+    return mine
 
 
 INLINE_KEYS = 2_048

@@ -215,3 +215,43 @@ def test_a_tables_feed_chains_every_rows_images_through_the_faults(rb_dir: Path)
     images = {tuple(v["row"].items()) for e in events for _, kind, v in e.changes if kind == "put"}
     missing = [row for row in acked if tuple(row.items()) not in images]
     assert not missing, f"{len(missing)} acknowledged upserts not in the feed: {missing[:3]}"
+
+
+def test_an_idle_watch_peeks_at_the_replicas_and_orders_one_read_a_second(rb_dir: Path) -> None:
+    """A follower with nothing to follow costs the routers nothing a poll: it peeks at
+    the storage processes' change logs (a basic read) and reads in the total order once
+    something changed, or once a second; a write made while it idles still reaches it
+    within a few polls."""
+    from rubberband.sdk import WATCH_READ_EVERY
+
+    async def go() -> tuple[int, float, list[Any]]:
+        rb = await _client(rb_dir, "client:idle-watcher")
+        writer = await _client(rb_dir, "client:idle-writer")
+        got: list[Any] = []
+        try:
+            start = (await rb.changes(None)).position
+            seq = rb.ecast.endpoint.next_seq
+            arrived = asyncio.Event()
+
+            async def follow() -> None:
+                async for event in rb.watch(since=start, poll=0.02):
+                    got.append(event)
+                    arrived.set()
+
+            watcher = asyncio.ensure_future(follow())
+            await asyncio.sleep(3.0)
+            ordered = rb.ecast.endpoint.next_seq - seq  # in 3 s at 50 polls a second
+            t0 = time.monotonic()
+            await writer.put("idle-key", "v")
+            await asyncio.wait_for(arrived.wait(), 5)
+            late = time.monotonic() - t0
+            watcher.cancel()
+            return ordered, late, got
+        finally:
+            await rb.close()
+            await writer.close()
+
+    ordered, late, got = asyncio.run(go())
+    assert ordered <= 3.0 / WATCH_READ_EVERY + 2, f"{ordered} reads in the order in 3 s"
+    assert [e.changes for e in got] == [(("idle-key", "put", "v"),)]
+    assert late < 0.5, f"a write reached the idle watch after {late:.2f} s"

@@ -8,9 +8,19 @@ from typing import Any
 import pytest
 
 from ecast.core import mutations
-from rubberband.changelog import HISTORY_TWICE, ChangeLog, Changes, Event, Page, merge
+from rubberband.changelog import (
+    HISTORY_TWICE,
+    PEEK_CHANGES,
+    Changed,
+    ChangeLog,
+    Changes,
+    Event,
+    Page,
+    merge,
+)
 from rubberband.errors import BadOperation, Compacted, Rejected
 from rubberband.keys import EVERYTHING, encode_key
+from rubberband.proto import Answer, Peek, Stale
 from storage_adapters.memory import MemoryEngine
 from tests.rubberband_client_rig import Rig
 from tests.rubberband_model import Model
@@ -18,6 +28,13 @@ from tests.rubberband_model import Model
 
 def page(rig: Rig, since: int | None, lo: Any = None, hi: Any = None) -> Page:
     done = rig.until_done(rig.read(Changes(since, lo, hi), "sequential"))
+    if done.error is not None:
+        raise done.error
+    return done.result  # type: ignore[no-any-return]
+
+
+def peek(rig: Rig, since: int, lo: Any = None, hi: Any = None) -> bool:
+    done = rig.until_done(rig.read(Changed(since, lo, hi), "basic"))
     if done.error is not None:
         raise done.error
     return done.result  # type: ignore[no-any-return]
@@ -342,3 +359,103 @@ def test_the_change_log_drops_by_bytes_and_a_table_rows_images_weigh_more() -> N
     for t in range(1, 11):
         small.record(t, 0.0, [(t, "put", t)])
     assert small.floor == -1 and small.figures()["changes"] == 10  # ints: all kept
+
+
+def test_a_peek_says_whether_a_range_changed_after_a_position_outside_the_order() -> None:
+    """A follower that waits for changes asks the replicas straight: each answers from
+    its log, nothing is ordered, and the answer is the feed's (a page read there has
+    events exactly when the peek said so)."""
+    m, rig, start = logged(4)
+    ordered = m.t
+    assert peek(rig, start) is False
+    assert m.t == ordered  # no message in the total order
+    m.write(("put", ((150, "x"),)))
+    m.settle()
+    ordered = m.t
+    assert peek(rig, start) is True
+    assert peek(rig, start, 100, 200) is True
+    assert peek(rig, start, 0, 100) is False
+    assert peek(rig, start, 300, 400) is False
+    assert peek(rig, ordered) is False  # the write is at or before it
+    assert m.t == ordered
+    nxt = page(rig, start)
+    assert nxt.events and peek(rig, nxt.position) is False
+    m.write(("delete", (350,)))  # holds nothing: changes nothing, as the feed says
+    m.settle()
+    assert peek(rig, nxt.position) is False and page(rig, nxt.position).events == []
+    with pytest.raises(BadOperation):
+        rig.read(Changed(start), "sequential")  # a hint, never a read in the order
+    with pytest.raises(BadOperation):
+        rig.read(Changed(None), "basic")  # type: ignore[arg-type]
+
+
+def test_a_peek_that_a_log_cannot_answer_says_changed() -> None:
+    """A hint may say True for nothing but never False for a change: a log that starts
+    after ``since`` (compacted, or the range came later) cannot tell, nor can one that
+    would test more than PEEK_CHANGES others' changes."""
+    log = ChangeLog()
+    place = encode_key
+    assert log.changed_after(0, EVERYTHING) is False
+    log.record(5, 0.0, [(1, "put", "a")])
+    inside = ((place(0), place(10)),)
+    outside = ((place(100), place(200)),)
+    assert log.changed_after(4, inside) is True
+    assert log.changed_after(5, inside) is False
+    assert log.changed_after(4, outside) is False
+    assert log.changed_after(4, EVERYTHING, (place(100), place(200))) is False  # key filter
+    assert log.changed_after(4, EVERYTHING, (place(0), place(2))) is True
+    log.gained(outside, 7)  # the range came here at 7: its earlier changes are elsewhere
+    assert log.changed_after(6, outside) is True
+    assert log.changed_after(7, outside) is False
+    many = ChangeLog()
+    many.record(1, 0.0, [(k, "put", k) for k in range(PEEK_CHANGES + 1)])
+    assert many.changed_after(0, ((place(10**6), place(10**7)),)) is True
+    few = ChangeLog()
+    few.record(1, 0.0, [(k, "put", k) for k in range(PEEK_CHANGES - 1)])
+    assert few.changed_after(0, ((place(10**6), place(10**7)),)) is False
+    short = ChangeLog(max_changes=1)
+    short.record(1, 0.0, [(1, "put", 1)])
+    short.record(2, 0.0, [(2, "put", 2)])  # the first dropped: the floor is 1
+    short.trim(0.0)
+    assert short.changed_after(0, outside) is True
+    assert short.changed_after(1, outside) is False
+
+
+def test_a_storage_process_answers_a_peek_as_a_basic_read_and_refuses_a_malformed_one() -> None:
+    m, _rig, start = logged(1)
+    core = m.storage[next(iter(m.storage))]
+    everything = EVERYTHING
+    fx = core.on_direct("client:c", Peek(7, start, everything, None, core.version + 1))
+    assert [type(d.payload) for _, d in fx.send] == [Stale]
+    fx = core.on_direct("client:c", Peek(8, start, everything, None, core.version))
+    (answer,) = [d.payload for _, d in fx.send]
+    assert type(answer) is Answer and answer.result is False and answer.error is None
+    assert answer.covered == core.owned
+    m.write(("put", ((5, "x"),)))  # so that the key range is compared with a change
+    m.settle()
+    for bad in (Peek(9, start, everything, "keys", core.version),
+                Peek(9, start, everything, (1, 2, 3), core.version),
+                Peek(9, start, everything, (1, 2), core.version),  # not encoded keys
+                Peek(9, -1, everything, None, core.version)):  # fmt: skip
+        (answer,) = [d.payload for _, d in core.on_direct("client:c", bad).send]
+        assert answer.error == "malformed peek" and answer.covered == ()
+    assert not core.on_direct("client:c", Peek(9, start, "not ranges", None, core.version)).send
+    assert core.stopped is None
+
+
+def test_a_peek_after_a_migration_sees_the_changes_the_copy_carried() -> None:
+    """The new holder of a range answers from the history the copy brought (or, where
+    it holds the range's changes only from later, says it cannot tell): never False for
+    a change the feed holds."""
+    m = Model(f=1).ring_of(1)
+    rig = Rig(m)
+    start = page(rig, None).position
+    m.write(("put", ((150, "x"),)))
+    m.settle()
+    expand_to_new_holder(m, rig)
+    assert peek(rig, start, 100, 200) is True
+    assert peek(rig, start, 0, 100) is False
+    assert peek(rig, m.t, 100, 200) is False
+    m.write(("put", ((150, "y"),)))
+    m.settle()
+    assert peek(rig, m.t - 1, 100, 200) is True

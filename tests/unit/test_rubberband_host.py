@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rubberband.host import BATCH, DELIVERIES, DIRECT, INBOX_HIGH, WAKE, StorageHost
-from rubberband.proto import BasicRead, Chunk, Pull
+from rubberband.proto import BasicRead, Chunk, Peek, Pull
 from rubberband.storage import StorageCore
 from storage_adapters.memory import MemoryEngine
 
@@ -107,16 +107,19 @@ async def test_migration_messages_go_ahead_of_waiting_deliveries() -> None:
     reader.cancel()
 
 
-async def test_a_basic_read_waits_for_the_deliveries_received_before_it() -> None:
-    """Under backpressure confirmed deliveries wait in the SDK: a basic read that came
-    after them must not overtake them (a write acknowledged to its client would be
-    missing from the read); migration traffic still goes first."""
+@pytest.mark.parametrize(
+    "read", [BasicRead(1, ("get", (1,)), (), 0), Peek(1, 0, (), None, 0)], ids=["read", "peek"]
+)
+async def test_a_basic_read_waits_for_the_deliveries_received_before_it(read: Any) -> None:
+    """Under backpressure confirmed deliveries wait in the SDK: a basic read (or a peek
+    at the change log) that came after them must not overtake them (a write
+    acknowledged to its client would be missing from the read, a change from the
+    peek); migration traffic still goes first."""
     client = FakeClient(3 * INBOX_HIGH)
     h = host(client)
     reader = asyncio.ensure_future(h._read_deliveries())
     await until(lambda: h._waiting >= INBOX_HIGH)
     direct = asyncio.ensure_future(h._read_direct())
-    read = BasicRead(1, ("get", (1,)), (), 0)
     client.direct.put_nowait(("client:c", read))
     client.direct.put_nowait(("storage:2", Pull((5, 0), 1)))
     await until(client.direct.empty)
