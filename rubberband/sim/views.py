@@ -22,7 +22,7 @@ from rubberband.checkers.views import ViewRead, check_view_reads
 from rubberband.client import ReadDone, WriteDone
 from rubberband.errors import RubberbandError
 from rubberband.views import LEVELS, view_def
-from rubberband.views.define import ViewDef, rows_bounds
+from rubberband.views.define import ViewDef, catalog_key, rows_bounds
 from rubberband.views.reads import read_steps
 from rubberband.views.steps import (
     Ahead,
@@ -392,7 +392,7 @@ class ViewProcess:
                 return
             self.started = True
             if self.reader:
-                self._next_read(now)
+                self._define(now)
             else:
                 for views in groups(VIEWS):  # as `rubberband views maintain` groups them
                     steps = maintain_group_steps(Group(views), POLL, PAGE_ROWS)
@@ -400,6 +400,23 @@ class ViewProcess:
             return
         for d in list(self.driven):
             d.tick(now)
+
+    def _define(self, now: float) -> None:
+        """Write the views' definitions where ``create_view`` does, then read: a
+        sequential read shows from them that nothing changed since a view's progress
+        rather than wait for an idle maintainer (the maintainers keep ``VIEWS``)."""
+
+        def define() -> Steps:
+            ops = tuple(("put", ((catalog_key(v.name), v.to_dict()),)) for v in VIEWS)
+            yield Write(ops)
+
+        def done(_got: Any, error: Any) -> None:
+            if error is not None:  # through the faults: again, later
+                self._start(define(), done, self.node._now + READ_EVERY)
+            else:
+                self._next_read(self.node._now)
+
+        self._start(define(), done, now)
 
     def _next_read(self, now: float) -> None:
         self._n += 1

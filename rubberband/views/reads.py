@@ -8,13 +8,18 @@ of a row's versions it takes, and which rows count, is decided here (:func:`_as_
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-from rubberband.errors import BadOperation, Compacted, Indeterminate
+from ecast.core import mutations
+from rubberband.changelog import Changed, Changes, Revisions
+from rubberband.errors import BadOperation, Compacted, Indeterminate, RubberbandError
 from rubberband.keys import encode_key, normalize, overlaps, point
 from rubberband.versions import as_of
 from rubberband.views.define import (
+    catalog_key,
+    from_dict,
     keys_end,
     meta_key,
     part_of,
@@ -50,6 +55,9 @@ class Layout:
     it by every read (a view dropped and defined anew with other parts)."""
 
     parts: tuple[Any, ...] = ()
+    sources: tuple[tuple[Any, Any], ...] | None = None
+    """The view's sources when a reader last read its definition: what it peeks at
+    before it reads in order (:func:`unchanged_since`); a hint, checked each time."""
 
 
 def read_steps(
@@ -91,6 +99,7 @@ def _read(
             session.writes_seen = writes
         target = session.floor
     pause = 0.002
+    tried = -2  # the progress an attempt to show nothing changed since failed from
     while True:
         parts = layout.parts
         needed = _needed(name, op, within, parts)
@@ -136,6 +145,13 @@ def _read(
                 if session is not None and level == "read-your-writes":
                     session.floor = max(session.floor, reached)
                 return _as_of(chains, at, starts, parts), at
+            if target > reached >= floor and reached != tried and level != "any":
+                tried = reached  # an idle maintainer's: the view at the target if unchanged
+                same, now = yield from unchanged_since(name, reached, layout)
+                if same:
+                    if session is not None and level == "read-your-writes":
+                        session.floor = max(session.floor, target)
+                    return _as_of(chains, target, starts, parts), target
         if now + pause > deadline:
             raise Indeterminate(
                 f"view {name!r} has not reached position {target} in time"
@@ -145,6 +161,80 @@ def _read(
             )
         _, now = yield Sleep(pause)
         pause = min(pause * 2, POLL_CAP)
+
+
+UNCHANGED_UNCHECKED = mutations.declare(
+    "unchanged_unchecked", "views",
+    "a reader takes a view at its target without reading its sources' feeds",
+)  # fmt: skip
+DEFINITIONS_DEEP = 8
+"""Views over views a reader follows at most to their base when it shows that nothing
+changed (:func:`unchanged_since`); deeper, it waits for the maintainer."""
+
+
+def unchanged_since(
+    name: str, since: int, layout: Layout | None = None
+) -> Generator[Read, tuple[Any, float], tuple[bool, float]]:
+    """Did nothing view ``name`` depends on change after position ``since``: neither
+    its definition (nor those of the views it is over) nor any key of its sources?
+    Then the view at any position from ``since`` to now is the view at ``since``.
+    ``(answer, now)``; False also when it cannot tell (a definition with no known
+    revision, a feed compacted past ``since``, a failed read).
+
+    Cheapest first: a peek at the sources' change logs (no place in the order; the
+    sources ``layout`` remembers, a hint) fails fast under writes.  Then what decides:
+    each definition's revision, and each source's feed page from ``since``, read in
+    order after the reader's own position, so nothing changed up to a position past
+    it."""
+    now = 0.0
+    peeked = layout.sources if layout is not None else None
+    try:
+        if peeked is not None:
+            changed, now = yield from _changed(since, peeked, now)
+            if changed:
+                return False, now
+        definition = None
+        wanted: str | None = name
+        for _ in range(DEFINITIONS_DEEP):
+            key = catalog_key(wanted)
+            (got, revisions), now = yield Read(Revisions(("get", (key,)), (key,)), "sequential")
+            value, revised = dict(got).get(key), revisions.get(key)
+            if value is None or revised is None or revised > since:
+                return False, now
+            view = from_dict(value)
+            definition = definition or view
+            wanted = view.over
+            if wanted is None:
+                break
+        if definition is None or wanted is not None:
+            return False, now
+        sources = definition.sources
+        if layout is not None:
+            layout.sources = sources
+        if mutations.on(UNCHANGED_UNCHECKED):
+            return True, now
+        if sources != peeked:
+            changed, now = yield from _changed(since, sources, now)
+            if changed:
+                return False, now
+        for lo, hi in sources:
+            page, now = yield Read(Changes(since, lo, hi), "sequential")
+            if page.events:
+                return False, now
+    except RubberbandError:
+        return False, now
+    return True, now
+
+
+def _changed(
+    since: int, sources: tuple[tuple[Any, Any], ...], now: float
+) -> Generator[Read, tuple[Any, float], tuple[bool, float]]:
+    """Does a peek at a source's change logs say it changed after ``since``?"""
+    for lo, hi in sources:
+        changed, now = yield Read(Changed(since, lo, hi), "basic")
+        if changed:
+            return True, now
+    return False, now
 
 
 def _needed(name: str, op: Any, within: Any, parts: tuple[Any, ...]) -> list[int]:

@@ -225,6 +225,7 @@ CAUGHT_BY: dict[str, tuple[dict[str, Any], str]] = {
     "changes_out_of_order": ({"feed": True}, "change feeds: a write held back behind a copy"),
     "aggregate_counted_twice": ({"views": True}, "views: an aggregate's old values kept"),
     "join_without_reverse": ({"views": True}, "views: a join's reverse side"),
+    "unchanged_unchecked": ({"views": True}, "views: a read taken at its target unproven"),
 }
 """Each planted bug of Rubberband's cores, and the short runs that must catch it."""
 ELSEWHERE = {

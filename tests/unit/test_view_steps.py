@@ -21,14 +21,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ecast.core import mutations
-from rubberband.changelog import Changes, Event, Page
+from rubberband.changelog import Changed, Changes, Event, Page, Revisions
 from rubberband.engine import Placement
-from rubberband.errors import BadOperation
+from rubberband.errors import BadOperation, Compacted
 from rubberband.keys import MAX_EKEY, MIN_EKEY, encode_key
 from rubberband.versions import as_of, dead_by, merge, too_old
 from rubberband.views import view_def
 from rubberband.views.compute import recompute_over
-from rubberband.views.define import VIEW, keys_end, meta_key, reclaim_key, stable_key
+from rubberband.views.define import (
+    VIEW,
+    catalog_key,
+    keys_end,
+    meta_key,
+    reclaim_key,
+    stable_key,
+)
 from rubberband.views.maintain import PROGRESS_WITH_ROWS
 from rubberband.views.steps import (
     Ahead,
@@ -86,6 +93,8 @@ class Cluster:
         self.dropped: set[Any] = set()  # dead rows a reclaim dropped
         self.ahead: Any = None  # a read sent ahead (Ahead), not yet answered
         self.pipes = [0, 0]  # Pipes, and those whose read was sent ahead
+        self.catalog: dict[Any, tuple[dict[str, Any], int]] = {}
+        """Each defined view's definition and the position it was written at."""
         self.segments = [((MIN_EKEY, encode_key(9)),), ((encode_key(9), encode_key(25)),),
                          ((encode_key(25), MAX_EKEY),)]  # fmt: skip
         """Three segments, as a client knows them: a snapshot's pages stay in one."""
@@ -115,6 +124,11 @@ class Cluster:
             self.data[ek] = (key, merge(old, [entry], floor, key))
             entries.append((key, entry))
         return None
+
+    def define(self, view: Any) -> None:
+        """``view``'s definition written to the catalog (as ``create_view`` does)."""
+        self.t += 1
+        self.catalog[catalog_key(view.name)] = (view.to_dict(), self.t)
 
     def base(self, key: int, value: Any) -> None:
         self.t += 1
@@ -166,6 +180,13 @@ class Cluster:
                 raise BadOperation(refused)
             return None
         op = request.op
+        if type(op) is Changed:  # a peek: as every replica is up to date here
+            lo, hi = encode_key(op.lo), encode_key(op.hi)
+            return any(op.since < e.position and lo <= encode_key(e.changes[0][0]) < hi
+                       for e in self.log)  # fmt: skip
+        if type(op) is Revisions:
+            got = {k: self.catalog[k][0] for k in op.keys if k in self.catalog}
+            return got, {k: self.catalog[k][1] for k in got}
         if type(op) is Changes:
             lo, hi = encode_key(op.lo), encode_key(op.hi)
             events = [e for e in self.log if op.since < e.position
@@ -1232,3 +1253,188 @@ def test_a_page_whose_place_no_segment_holds_reads_the_rest_from_that_place() ->
     assert within == ((place, MAX_EKEY),) and end is None  # keys before it were read
     _op, within, end = page_read(KeyPage(3, 40, 5, place), True, [((MIN_EKEY, encode_key(9)),)])
     assert within == ((place, encode_key(40)),) and end is None
+
+
+def _idle_run(
+    c: Cluster, seconds: float, write_at: float | None = None, views: Any = VIEWS[:1]
+) -> list[Any]:
+    """A maintainer of ``views`` driven by ``c`` on a clock (each request 2 ms, each
+    pause its length) until the views caught up and then ``seconds`` more; a base write
+    at ``write_at`` of those; the requests of the idle part, with their times."""
+    steps = maintain_group_steps(Group(list(views)), poll=0.05)
+    request, now, idle_from, out = next(steps), 0.0, None, []
+    while idle_from is None or now < idle_from + seconds:
+        if idle_from is None and type(request) is Read and type(request.op) is Changed:
+            idle_from = now  # the first peek: caught up
+        if idle_from is not None:
+            out.append((now - idle_from, request))
+            if write_at is not None and now - idle_from >= write_at:
+                c.base(3, {"g": 3, "x": 3})
+                write_at = None
+        now += request.seconds if type(request) is Sleep else 0.002
+        request = step(steps, c, request, now)
+    return out
+
+
+def test_an_idle_maintainer_peeks_and_reads_in_order_once_a_second() -> None:
+    """With nothing to follow, a maintainer pauses and peeks at its source (a basic
+    read, outside the order); it reads its feed in order only once a second, or as soon
+    as a peek finds a change."""
+    from rubberband.views.steps import IDLE_READ_EVERY
+
+    c = Cluster()
+    c.base(0, {"g": 1, "x": 1})
+    idle = _idle_run(c, 5.0)
+    ordered = [r for _t, r in idle if type(r) in (Read, Pipe) and not _peek(r)]
+    peeks = [r for _t, r in idle if _peek(r)]
+    assert len(ordered) <= 5.0 / IDLE_READ_EVERY + 1 and len(peeks) >= 5 / 0.05 - 5
+    assert all(r.isolation == "basic" for r in peeks)
+    c = Cluster()
+    c.base(0, {"g": 1, "x": 1})
+    idle = _idle_run(c, 0.6, write_at=0.3)
+    after = [(t, r) for t, r in idle if t >= 0.3]
+    found = next(i for i, (_t, r) in enumerate(after) if _peek(r))
+    t, read = after[found + 1]  # the peek that found the write, then the page read in order
+    assert not _peek(read) and type(_read_of(read).op) is Changes and t < 0.3 + 0.06
+    assert sorted(c.view_rows(VIEWS[0].name, c.t).values(), key=str) == [
+        {"g": 1, "x": 1},
+        {"g": 3, "x": 3},
+    ]
+
+
+def _peek(request: Any) -> bool:
+    return type(request) is Read and type(request.op) is Changed
+
+
+def _read_of(request: Any) -> Read:
+    return request.read if type(request) in (Pipe, Both) else request  # type: ignore[no-any-return]
+
+
+def _read_idle(
+    c: Cluster, layout: Any = None, limit: int = 40, name: str = VIEWS[0].name
+) -> tuple[Any, list[Any]]:
+    """A sequential read of view ``name`` answered by ``c`` with no maintainer
+    running: what it returned (None: it was still waiting after ``limit`` requests),
+    and its requests."""
+    from rubberband.views.reads import read_steps
+
+    steps = read_steps(name, ("scan", (VIEW, name), (VIEW, name + "\x00")), None, "sequential",
+                       0.0, 5.0, layout=layout)  # fmt: skip
+    request, seen = next(steps), []
+    for _ in range(limit):
+        seen.append(request)
+        try:
+            reply = c.answer(request)
+        except Compacted as e:
+            request = steps.throw(e)
+            continue
+        try:
+            request = steps.send((reply, 1.0))
+        except StopIteration as done:
+            return done.value, seen
+    return None, seen
+
+
+def _idle_cluster() -> tuple[Cluster, int]:
+    """A cluster whose index view ``VIEWS[0]`` is defined and kept up to date, then
+    left: the maintainer's progress, and base writes elsewhere after it."""
+    c = Cluster()
+    c.define(VIEWS[0])
+    for k in range(0, 40, 3):
+        c.base(k, {"g": k % 4, "x": k})
+    _idle_run(c, 0.1)
+    progress = _progress(c, meta_key(VIEWS[0].name))
+    for k in (100, 101, 102):  # outside the view's source
+        c.base(k, {"g": 0, "x": 0})
+    return c, progress
+
+
+def test_a_sequential_read_of_an_idle_view_shows_nothing_changed_rather_than_wait() -> None:
+    """Its maintainer reads in order once a second when idle: a sequential read whose
+    position is past the view's progress reads the definition's revision and the
+    source's feed from that progress, in order, and, nothing changed, takes the view
+    at its own position without a pause; a read at a position after a source change
+    or a new definition waits for the maintainer."""
+    from rubberband.views.reads import Layout
+
+    c, progress = _idle_cluster()
+    layout = Layout()
+    got, seen = _read_idle(c, layout)
+    assert got is not None and not any(type(r) is Sleep for r in seen)
+    rows, at = got
+    assert at > progress and at > max(e.position for e in c.log)  # its own position
+    want = c.view_rows(VIEWS[0].name, progress)
+    assert {encode_key(k): v for k, v in rows} == want and len(want) == 14
+    kinds = [type(r.op).__name__ for r in seen if type(r) is Read and type(r.op) is not tuple]
+    assert kinds == ["Revisions", "Changed", "Changes"]
+    assert layout.sources == (SOURCE,)
+    # A source change after the progress: the peek (of the sources the reader knew)
+    # says so, nothing more is read in order, and the read waits.
+    c.base(5, {"g": 9, "x": 9})
+    got, seen = _read_idle(c, layout)
+    assert got is None and any(type(r) is Sleep for r in seen)
+    kinds = [type(r.op).__name__ for r in seen if type(r) is Read and type(r.op) is not tuple]
+    assert kinds == ["Changed"]
+    # A definition written after the progress (the view defined anew): it waits.
+    c, _ = _idle_cluster()
+    c.define(VIEWS[0])
+    got, seen = _read_idle(c)
+    assert got is None and any(type(r) is Sleep for r in seen)
+
+
+def test_a_reader_that_cannot_read_the_feed_since_the_progress_waits() -> None:
+    """A feed compacted past the view's progress (or any failed read) is no proof:
+    the read waits for the maintainer, it does not fail."""
+
+    class Compacting(Cluster):
+        def answer(self, request: Any) -> Any:
+            if type(request) is Read and type(request.op) is Changes:
+                raise Compacted(self.t)
+            return super().answer(request)
+
+    c, _ = _idle_cluster()
+    c.__class__ = Compacting
+    got, seen = _read_idle(c)
+    assert got is None and any(type(r) is Sleep for r in seen)
+
+
+def test_a_peek_from_a_replica_behind_is_no_proof() -> None:
+    """A peek asks one replica, which may not have applied the last source change
+    yet: only the feed read in order after the reader's position decides."""
+
+    class Behind(Cluster):
+        def answer(self, request: Any) -> Any:
+            if type(request) is Read and type(request.op) is Changed:
+                return False
+            return super().answer(request)
+
+    c, _ = _idle_cluster()
+    c.base(5, {"g": 9, "x": 9})
+    c.__class__ = Behind
+    got, seen = _read_idle(c)
+    assert got is None and any(type(r) is Sleep for r in seen)
+
+
+def test_a_view_over_a_view_is_shown_unchanged_through_each_definition_to_its_base() -> None:
+    """A view over a view depends on both definitions: the reader reads each one's
+    revision down to the base, and a parent defined anew after the progress makes it
+    wait."""
+    c = Cluster()
+    for view in VIEWS:
+        c.define(view)
+    for k in range(0, 40):
+        c.base(k, {"g": k % 2, "x": k})
+    _idle_run(c, 0.1, views=VIEWS)
+    top = VIEWS[2].name
+    progress = _progress(c, meta_key(top))
+    c.base(100, {"g": 0, "x": 0})
+    got, seen = _read_idle(c, name=top)
+    assert got is not None
+    rows, at = got
+    want = c.view_rows(top, progress)
+    assert {encode_key(k): v for k, v in rows} == want and len(want) == 2 and at > progress
+    asked = [r.op.keys for r in seen if type(r) is Read and type(r.op) is Revisions]
+    assert asked == [(catalog_key(top),), (catalog_key(VIEWS[1].name),)]
+    c.define(VIEWS[1])  # the view it is over, defined anew
+    got, _seen = _read_idle(c, name=top)
+    assert got is None
