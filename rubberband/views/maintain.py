@@ -54,6 +54,13 @@ PROGRESS_WITH_ROWS = mutations.declare(
     "progress_with_rows", "views",
     "a view's stable progress is written in the same message as the rows under it",
 )  # fmt: skip
+QUIET = 1
+"""A progress's mark (its fourth element): the maintainer's last pages had no change."""
+QUIET_PAGES = 3
+"""Pages in a row without a change, of every source, before a progress is marked
+:data:`QUIET`: a lone empty page happens under writes too, and a reader past a marked
+progress first peeks at the sources (``rubberband.views.reads.unchanged_since``),
+which under load waits behind a storage process's deliveries."""
 BATCH_KEYS = 500
 """Row versions per write message (a message stays small, tens of kilobytes; a batch of
 a backfill that needs more is split, its progress written with the last part)."""
@@ -130,6 +137,7 @@ class Maintainer:
         """``W``: every base write up to it is in the view (-1: not started)."""
         self.floor = 0
         self._pending: list[deque[Event]] = [deque() for _ in range(n)]
+        self._empty = [0] * n  # per source: its last pages in a row without a change
         self._marks: deque[tuple[float, int]] = deque()  # (time, W) for the floor
         self._start = 0
         self._old: list[Any] = []
@@ -191,6 +199,7 @@ class Maintainer:
             return []
         self.since[side] = position
         self._pending[side].extend(events)
+        self._empty[side] = 0 if events else self._empty[side] + 1
         return self._advance(now)
 
     def published(self, position: int, floor: int) -> None:
@@ -307,9 +316,13 @@ class Maintainer:
         # written by another one (a stale maintainer behind it, perhaps after this one
         # read the view's old rows) and is no part of this one's view, which wrote every
         # row it holds at its start (:func:`rubberband.views.reads.progress_of`).
-        said = [floor, self._start]
+        said: list[Any] = [floor, self._start]
         if self._part is not None:  # the split points the part is of: readers check them
             said.append(list(self.view.parts))
+        if not entries and min(self._empty) >= QUIET_PAGES:
+            # Its sources' last pages had no change: a sequential read past this
+            # progress need not wait for the next page (rubberband.views.reads.quiet).
+            said += [[], QUIET] if len(said) == 2 else [QUIET]
         ordered, stable = progress_keys(self.view.name, self._part)
         entry = [self.position, said]
         progress = ((ordered, entry), (stable, entry))

@@ -29,6 +29,7 @@ from rubberband.views.define import (
     stored_key,
 )
 from rubberband.views.define import row_key as view_row_key
+from rubberband.views.maintain import QUIET
 from rubberband.views.steps import LEVELS, Read, Sleep, Steps
 
 
@@ -145,7 +146,7 @@ def _read(
                 if session is not None and level == "read-your-writes":
                     session.floor = max(session.floor, reached)
                 return _as_of(chains, at, starts, parts), at
-            if target > reached >= floor and reached != tried and level != "any":
+            if target > reached >= floor and reached != tried and quiet(metas, keys):
                 tried = reached  # an idle maintainer's: the view at the target if unchanged
                 same, now = yield from unchanged_since(name, reached, layout)
                 if same:
@@ -291,6 +292,20 @@ def _layout(entry: Any) -> tuple[Any, ...]:
     if type(value) in (list, tuple) and len(value) > 2:
         return tuple(stored_key(p) for p in value[2])
     return ()
+
+
+def quiet(metas: dict[Any, Any], keys: list[Any]) -> bool:
+    """Do the progress chains under ``keys`` each end in a progress its maintainer
+    marked :data:`~rubberband.views.maintain.QUIET` (the pages it reflects had no
+    change)?  Only then does a sequential read past it try to show that nothing
+    changed since (:func:`unchanged_since`): under writes, the maintainer is about to
+    move on, and the check would only delay the read's next look at the progress."""
+    for key in keys:
+        chain = metas.get(key)
+        value = chain[-1][1] if chain is not None and len(chain) > 1 else None
+        if type(value) not in (list, tuple) or len(value) < 4 or value[3] != QUIET:
+            return False
+    return True
 
 
 def progress_of(entry: Any) -> tuple[int, int, int]:

@@ -428,16 +428,20 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
 def _idle(
     group: Group, members: dict[str, Maintainer], now: float, poll: float, pause: float
 ) -> Generator[Sleep | Read, tuple[Any, float], tuple[float, float]]:
-    """Pause, doubling the pause up to ``poll``, and peek at each source's change log
-    after each pause, until a source changed (or a peek failed: the ordered read then
-    says why), :data:`IDLE_READ_EVERY` passed, or a view is to start, stop or change.
+    """Pause; once the pause has doubled up to ``poll`` (the sources quiet for as
+    long), peek at each source's change log after each pause, until a source changed
+    (or a peek failed: the ordered read then says why), :data:`IDLE_READ_EVERY`
+    passed, or a view is to start, stop or change.  A peek asks a storage process
+    that, under writes, answers only after its queued deliveries: a brief lull reads
+    the next page in order instead, as before the peeks.
     A peek that finds nothing refreshes the members' :attr:`Figures.fresh_as_of`:
     their progress is published (the loop caught up) and nothing changed since."""
     until = now + IDLE_READ_EVERY
     sources = group.sources or ()
     while True:
         _, now = yield Sleep(min(pause, poll))
-        pause = min(pause * 2, poll)
+        if pause < poll:  # a lull, perhaps under writes: the next page is read in order
+            return now, min(pause * 2, poll)
         bases = [m for m in members.values() if m.view.over is None]
         redefined = any(group.views.get(n) != m.view for n, m in members.items())
         if now >= until or not bases or redefined or _due(group, members) is not None:

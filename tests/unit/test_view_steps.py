@@ -1287,7 +1287,7 @@ def test_an_idle_maintainer_peeks_and_reads_in_order_once_a_second() -> None:
     idle = _idle_run(c, 5.0)
     ordered = [r for _t, r in idle if type(r) in (Read, Pipe) and not _peek(r)]
     peeks = [r for _t, r in idle if _peek(r)]
-    assert len(ordered) <= 5.0 / IDLE_READ_EVERY + 1 and len(peeks) >= 5 / 0.05 - 5
+    assert len(ordered) <= 5.0 / IDLE_READ_EVERY + 1 and len(peeks) >= 5 / 0.06  # a poll each
     assert all(r.isolation == "basic" for r in peeks)
     c = Cluster()
     c.base(0, {"g": 1, "x": 1})
@@ -1337,12 +1337,13 @@ def _read_idle(
 
 def _idle_cluster() -> tuple[Cluster, int]:
     """A cluster whose index view ``VIEWS[0]`` is defined and kept up to date, then
-    left: the maintainer's progress, and base writes elsewhere after it."""
+    left: the maintainer's progress (marked quiet), and base writes elsewhere after
+    it."""
     c = Cluster()
     c.define(VIEWS[0])
     for k in range(0, 40, 3):
         c.base(k, {"g": k % 4, "x": k})
-    _idle_run(c, 0.1)
+    _idle_run(c, 1.2)  # past its once-a-second page: a progress marked quiet
     progress = _progress(c, meta_key(VIEWS[0].name))
     for k in (100, 101, 102):  # outside the view's source
         c.base(k, {"g": 0, "x": 0})
@@ -1424,7 +1425,7 @@ def test_a_view_over_a_view_is_shown_unchanged_through_each_definition_to_its_ba
         c.define(view)
     for k in range(0, 40):
         c.base(k, {"g": k % 2, "x": k})
-    _idle_run(c, 0.1, views=VIEWS)
+    _idle_run(c, 1.2, views=VIEWS)
     top = VIEWS[2].name
     progress = _progress(c, meta_key(top))
     c.base(100, {"g": 0, "x": 0})
@@ -1438,3 +1439,38 @@ def test_a_view_over_a_view_is_shown_unchanged_through_each_definition_to_its_ba
     c.define(VIEWS[1])  # the view it is over, defined anew
     got, _seen = _read_idle(c, name=top)
     assert got is None
+
+
+def test_only_a_progress_after_pages_without_change_is_marked_quiet() -> None:
+    """The mark says the maintainer's last pages had no change: a page with a change
+    of the source (a row of the view or not) leaves it off, and so do the first empty
+    pages after one (a lull under writes); QUIET_PAGES empty pages in a row set it."""
+    from rubberband.views.maintain import QUIET, QUIET_PAGES, Maintainer
+
+    view = view_def("evens", "selection", SOURCE, where=[("x", "<", 10)])
+    m = Maintainer(view)
+    m.start([], [[([(1, {"x": 1})], 5)]], 0.0)
+
+    def mark(writes: list[Any]) -> Any:
+        value = writes[-1][1][0][1][1]  # the progress's [floor, start, ...]
+        return value[3] if len(value) > 3 else None
+
+    assert mark(m.page(0, 8, [Event(7, ((2, "put", {"x": 2}),))], 0.1)) is None
+    assert mark(m.page(0, 10, [Event(9, ((3, "put", {"x": 99}),))], 0.2)) is None  # no row
+    marks = [mark(m.page(0, 11 + i, [], 0.3)) for i in range(QUIET_PAGES + 1)]
+    assert marks == [None] * (QUIET_PAGES - 1) + [QUIET, QUIET]
+    assert mark(m.page(0, 20, [Event(19, ((4, "put", {"x": 99}),))], 0.4)) is None
+    assert mark(m.page(0, 21, [], 0.5)) is None
+
+
+def test_a_sequential_read_past_a_progress_not_marked_quiet_waits_without_checking() -> None:
+    """Under writes the maintainer is about to move on: a reader does not peek or read
+    the feed (each would delay its next look at the progress), it waits."""
+    c, _ = _idle_cluster()
+    ek = encode_key(meta_key(VIEWS[0].name))
+    key, chain = c.data[ek]
+    *older, (w, said) = chain
+    c.data[ek] = (key, [*older, [w, said[:2]]])  # the same progress, unmarked
+    got, seen = _read_idle(c)
+    assert got is None and any(type(r) is Sleep for r in seen)
+    assert not [r for r in seen if type(r) is Read and type(r.op) in (Changed, Revisions)]
