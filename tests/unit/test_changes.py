@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from ecast.core import mutations
 from rubberband.changelog import (
@@ -459,3 +461,41 @@ def test_a_peek_after_a_migration_sees_the_changes_the_copy_carried() -> None:
     m.write(("put", ((150, "y"),)))
     m.settle()
     assert peek(rig, m.t - 1, 100, 200) is True
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    since=st.one_of(st.integers(-3, 40), st.integers(-(2**70), 2**70)),
+    ranges=st.one_of(
+        st.just(EVERYTHING),
+        st.just(((encode_key(0), encode_key(100)),)),
+        st.lists(st.tuples(st.binary(max_size=4), st.binary(max_size=4)), max_size=3).map(tuple),
+        st.text(max_size=3),
+    ),
+    keys=st.one_of(
+        st.none(),
+        st.just((encode_key(0), encode_key(10))),
+        st.tuples(st.binary(max_size=4), st.binary(max_size=4)),
+        st.lists(st.one_of(st.integers(), st.text(max_size=2), st.none()), max_size=3),
+        st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+    ),
+    stale=st.booleans(),
+)
+@example(since=0, ranges=EVERYTHING, keys=[1, 2], stale=False)  # compared with a key: refused
+def test_any_peek_is_answered_or_dropped_and_never_stops_a_storage_process(
+    since: int, ranges: Any, keys: Any, stale: bool
+) -> None:
+    """Whatever a peer puts in a peek's fields (past the codec's types), the storage
+    process answers True, False, stale or "malformed peek", or drops a peek whose
+    ranges are no range set; it never stops."""
+    m, _rig, _start = logged(2)
+    m.write(("put", ((5, "x"), (150, "y"))))
+    m.settle()
+    for core in m.storage.values():
+        version = core.version + (1 if stale else 0)
+        for _, d in core.on_direct("client:c", Peek(3, since, ranges, keys, version)).send:
+            a = d.payload
+            assert type(a) is Stale or (
+                type(a) is Answer and (a.result in (True, False) or a.error == "malformed peek")
+            )
+        assert core.stopped is None
