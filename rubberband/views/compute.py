@@ -52,10 +52,6 @@ def _sort_key(value: Any) -> Any:
         return None
 
 
-def _keyable(value: Any) -> bool:
-    return _sort_key(value) is not None
-
-
 _COMPARE = {
     "=": lambda a, b: a == b,
     "!=": lambda a, b: a != b,
@@ -86,17 +82,34 @@ def in_source(view: ViewDef, side: int, key: Any) -> bool:
     table's rows are named ``(ROWS, table, row key)``, key-value data by its key."""
     if view.over is not None:
         return True  # its base is the other view's rows, every one
+    return source_place(view, side, key, source_bounds(view, side)) is not None
+
+
+def source_bounds(view: ViewDef, side: int) -> tuple[EKey | None, EKey | None]:
+    """Source ``side``'s bounds, encoded (None: unbounded), for :func:`source_place`."""
+    lo, hi = view.sources[side]
+    return (None if lo is None else encode_key(lo)), (None if hi is None else encode_key(hi))
+
+
+def source_place(
+    view: ViewDef, side: int, key: Any, bounds: tuple[EKey | None, EKey | None]
+) -> EKey | None:
+    """:func:`in_source` as the encoded base key that :meth:`Rows.change` takes (None:
+    not the source's), with the source's ``bounds`` encoded once: a maintainer encoded
+    both bounds and the key for each change, then the key again to change its rows."""
+    if view.over is not None:
+        return encode_key(key)
     table = view.table_of(side)
     if table is None:
         if type(key) is tuple and key[:1] in ((VIEW,), (CATALOG,), (ROWS,)):
-            return False  # the views' own rows and tables' rows are no key-value base
+            return None  # the views' own rows and tables' rows are no key-value base
     elif type(key) is tuple and len(key) == 3 and key[0] == ROWS and key[1] == table[0]:
         key = key[2]
     else:
-        return False
-    lo, hi = view.sources[side]
+        return None
+    lo, hi = bounds
     e = encode_key(key)
-    return (lo is None or encode_key(lo) <= e) and (hi is None or e < encode_key(hi))
+    return e if (lo is None or lo <= e) and (hi is None or e < hi) else None
 
 
 def base_change(view: ViewDef, side: int, key: Any, how: str, value: Any) -> tuple[Any, Any]:
@@ -147,14 +160,17 @@ class Rows:
         self._groups: dict[EKey, _Group] = {}
         self._sides: dict[EKey, tuple[dict[EKey, Any], dict[EKey, Any]]] = {}  # join value ->
 
-    def change(self, side: int, key: Any, value: Any) -> dict[EKey, tuple[Any, Any]]:
+    def change(
+        self, side: int, key: Any, value: Any, ek: EKey | None = None
+    ) -> dict[EKey, tuple[Any, Any]]:
         """Base ``key`` of source ``side`` is now ``value`` (:data:`ABSENT`: deleted):
-        the view rows that changed, ``{encoded row key: (row key, value or ABSENT)}``."""
+        the view rows that changed, ``{encoded row key: (row key, value or ABSENT)}``
+        (``ek``: ``key`` encoded, if known)."""
         out: dict[EKey, tuple[Any, Any]] = {}
         kind = self.view.kind
         if value is not ABSENT and not matches(self.view, value):
             value = ABSENT
-        ek = encode_key(key)
+        ek = encode_key(key) if ek is None else ek
         if kind in ("selection", "projection"):
             self._set(out, key, ABSENT if value is ABSENT else shown(self.view, value), ek)
         elif kind == "index":
@@ -181,12 +197,16 @@ class Rows:
     def _index(self, out: dict[EKey, Any], key: Any, ek: EKey, value: Any) -> None:
         of = self._of[0]
         old = of.pop(ek, None)
-        new = None
+        new = new_ek = None
         if value is not ABSENT:
             sv = _get(value, self.view.on)
-            if _keyable(sv):
+            sek = _sort_key(sv)
+            if sek is not None:
                 new = (sv, key)
-        new_ek = None if new is None else encode_key(new)
+                # A pair of scalars is encoded as its two encoded forms (keys nest
+                # only so deep: a tuple is encoded whole).
+                scalars = type(sv) is not tuple and type(key) is not tuple
+                new_ek = (5, (sek, ek)) if scalars else encode_key(new)
         if old is not None and old[1] != new_ek:
             self._set(out, old[0], ABSENT, old[1])
         if new is not None:

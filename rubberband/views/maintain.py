@@ -47,7 +47,7 @@ from ecast.core import mutations
 from rubberband import versions
 from rubberband.changelog import Event
 from rubberband.keys import EKey, encode_key
-from rubberband.views.compute import ABSENT, Rows, base_change, in_source
+from rubberband.views.compute import ABSENT, Rows, base_change, source_bounds, source_place
 from rubberband.views.define import ViewDef, meta_key, progress_keys, reclaim_key, row_key
 
 PROGRESS_WITH_ROWS = mutations.declare(
@@ -274,14 +274,15 @@ class Maintainer:
                 e = q.popleft()
                 ready.setdefault(e.position, []).append((side, e))
         out: list[tuple[Any, list[Any]]] = []
+        view, change = self.view, self.rows.change
+        bounds = [source_bounds(view, side) for side in range(len(self._pending))]
         for position in sorted(ready):
             changed: dict[EKey, tuple[Any, Any]] = {}
             for side, event in ready[position]:
                 for key, how, value in event.changes:
-                    if in_source(self.view, side, key):
-                        changed.update(
-                            self.rows.change(side, *base_change(self.view, side, key, how, value))
-                        )
+                    ek = source_place(view, side, key, bounds[side])
+                    if ek is not None:
+                        changed.update(change(side, *base_change(view, side, key, how, value), ek))
             self.events += 1
             if self.emitted is not None and changed:
                 self.emitted.append(Event(position, tuple(

@@ -233,3 +233,32 @@ def test_a_bad_definition_is_refused_naming_what_is_wrong(
 ) -> None:
     with pytest.raises(BadOperation, match=says):
         view_def(**kwargs)
+
+
+scalars = st.one_of(
+    st.integers(-(2**64), 2**64), st.text(max_size=3), st.booleans(), st.none(),
+    st.floats(allow_nan=False), st.binary(max_size=3),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(secondary=st.one_of(scalars, st.tuples(scalars)), key=st.one_of(scalars, st.tuples(scalars)))
+def test_an_index_row_is_named_as_any_key_of_its_value_and_base_key_is(
+    secondary: Any, key: Any
+) -> None:
+    """An index row's key is ``(secondary value, base key)``, its encoded form built from
+    the two encoded forms it already has: it is exactly the pair's, and a value that is
+    no key makes no row."""
+    view = view_def("ix", "index", (None, None), on="g")
+    rows = Rows(view)
+    try:
+        ek = encode_key(key)
+    except BadKey:
+        return
+    changed = rows.change(0, key, {"g": secondary}, ek)
+    try:
+        want = encode_key((secondary, key))
+    except BadKey:
+        assert changed == {}
+        return
+    assert list(changed) == [want] and changed[want][0] == (secondary, key)
