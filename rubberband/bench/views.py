@@ -236,7 +236,18 @@ async def _visible(rb: Any, i: int, lookups: list[float]) -> float:
         lookups.append(time.monotonic() - t)
         if found:
             return time.monotonic() - acked
+        if t - acked > VISIBLE_WITHIN:
+            raise RuntimeError(
+                f"the index view v0 did not show a write acknowledged {t - acked:.0f} s ago "
+                "(is its maintainer running? its log is maintainer.log in the state dir)"
+            )
         await asyncio.sleep(0.002)
+
+
+VISIBLE_WITHIN = 120.0
+"""Seconds a probe's write may take to show in the index before the run fails: a
+maintainer that stopped made the run wait for ever (once, for ten minutes, before a
+`timeout` killed it)."""
 
 
 def _ms(seconds: list[float], q: float) -> float:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, NamedTuple
 
-from rubberband.changelog import Changes
+from rubberband.changelog import Changed, Changes
 from rubberband.driver import LoopGate
 from rubberband.errors import BadOperation, RubberbandError
 from rubberband.keys import encode_key, normalize, point
@@ -281,6 +281,8 @@ def _long(request: Any, reply: Any) -> bool:
         request = request.read
     elif kind is not Read:
         return False  # a write's outcome, a pause: the next request follows at once
+    if type(request.op) is Changed:
+        return False  # a peek's yes or no: the next request follows at once
     if type(request.op) is not Changes or request.long:
         return True  # a snapshot's or a table's page, or a view's start after it
     if request.ahead:

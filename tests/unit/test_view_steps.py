@@ -873,6 +873,14 @@ async def test_a_maintainers_short_steps_run_on_the_loop_and_long_ones_on_the_th
     sizes = iter([3, 3])
     assert await views_client.drive(Pages(), starting(), threaded=True) == [True, False]
 
+    def peeking() -> Any:  # an idle maintainer's peek: a yes or no, nothing to compute
+        where = []
+        yield Read(Changed(0, 0, 10), "basic")
+        where.append(threading.get_ident() == loop_thread)
+        return where
+
+    assert await views_client.drive(Pages(), peeking(), threaded=True) == [True]
+
 
 def test_the_feed_page_that_starts_a_view_is_read_as_long_and_later_pages_are_not() -> None:
     """A view is computed whole from its snapshot's pages at the first feed page that
