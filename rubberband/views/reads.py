@@ -30,7 +30,7 @@ from rubberband.views.define import (
 )
 from rubberband.views.define import row_key as view_row_key
 from rubberband.views.maintain import QUIET
-from rubberband.views.steps import LEVELS, Read, Sleep, Steps
+from rubberband.views.steps import LEVELS, Read, Sleep, Steps, peek
 
 
 @dataclass
@@ -148,7 +148,7 @@ def _read(
                 return _as_of(chains, at, starts, parts), at
             if target > reached >= floor and reached != tried and quiet(metas, keys):
                 tried = reached  # an idle maintainer's: the view at the target if unchanged
-                same, now = yield from unchanged_since(name, reached, layout)
+                same, now = yield from unchanged_since(name, reached, now, layout)
                 if same:
                     if session is not None and level == "read-your-writes":
                         session.floor = max(session.floor, target)
@@ -174,24 +174,24 @@ changed (:func:`unchanged_since`); deeper, it waits for the maintainer."""
 
 
 def unchanged_since(
-    name: str, since: int, layout: Layout | None = None
+    name: str, since: int, now: float, layout: Layout | None = None
 ) -> Generator[Read, tuple[Any, float], tuple[bool, float]]:
     """Did nothing view ``name`` depends on change after position ``since``: neither
     its definition (nor those of the views it is over) nor any key of its sources?
     Then the view at any position from ``since`` to now is the view at ``since``.
-    ``(answer, now)``; False also when it cannot tell (a definition with no known
-    revision, a feed compacted past ``since``, a failed read).
+    ``(answer, now)`` (``now``: the time when asked); False also when it cannot tell
+    (a definition with no known revision, a feed compacted past ``since``, a failed
+    read).
 
     Cheapest first: a peek at the sources' change logs (no place in the order; the
     sources ``layout`` remembers, a hint) fails fast under writes.  Then what decides:
     each definition's revision, and each source's feed page from ``since``, read in
     order after the reader's own position, so nothing changed up to a position past
     it."""
-    now = 0.0
     peeked = layout.sources if layout is not None else None
     try:
         if peeked is not None:
-            changed, now = yield from _changed(since, peeked, now)
+            changed, now = yield from peek([Changed(since, lo, hi) for lo, hi in peeked], now)
             if changed:
                 return False, now
         definition = None
@@ -215,7 +215,7 @@ def unchanged_since(
         if mutations.on(UNCHANGED_UNCHECKED):
             return True, now
         if sources != peeked:
-            changed, now = yield from _changed(since, sources, now)
+            changed, now = yield from peek([Changed(since, lo, hi) for lo, hi in sources], now)
             if changed:
                 return False, now
         for lo, hi in sources:
@@ -225,17 +225,6 @@ def unchanged_since(
     except RubberbandError:
         return False, now
     return True, now
-
-
-def _changed(
-    since: int, sources: tuple[tuple[Any, Any], ...], now: float
-) -> Generator[Read, tuple[Any, float], tuple[bool, float]]:
-    """Does a peek at a source's change logs say it changed after ``since``?"""
-    for lo, hi in sources:
-        changed, now = yield Read(Changed(since, lo, hi), "basic")
-        if changed:
-            return True, now
-    return False, now
 
 
 def _needed(name: str, op: Any, within: Any, parts: tuple[Any, ...]) -> list[int]:

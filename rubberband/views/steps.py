@@ -447,18 +447,30 @@ def _idle(
         if now >= until or not bases or redefined or _due(group, members) is not None:
             return now, pause
         asked = now
+        ops = [Changed(min(m.since[side] for m in bases), lo, hi)
+               for side, (lo, hi) in enumerate(sources)]  # fmt: skip
         try:
-            for side, (lo, hi) in enumerate(sources):
-                since = min(m.since[side] for m in bases)
-                changed, now = yield Read(Changed(since, lo, hi), "basic")
-                if changed:
-                    return now, pause
+            changed, now = yield from peek(ops, now)
         except RubberbandError:
+            return now, pause
+        if changed:
             return now, pause
         for name in members:
             figures = group.figures.get(name)
             if figures is not None:
                 figures.fresh_as_of = max(figures.fresh_as_of, asked)
+
+
+def peek(
+    ops: Iterable[Changed], now: float
+) -> Generator[Read, tuple[Any, float], tuple[bool, float]]:
+    """Does a peek at the change logs (a basic read of each of ``ops``, no place in
+    the total order) say a source changed?  ``(answer, now)``; the first yes ends it."""
+    for op in ops:
+        changed, now = yield Read(op, "basic")
+        if changed:
+            return True, now
+    return False, now
 
 
 def _tidy(
