@@ -52,6 +52,15 @@ def _sort_key(value: Any) -> Any:
         return None
 
 
+def _row_form(vkey: Any) -> EKey | None:
+    """``vkey`` encoded as it sits in its row's key, ``(VIEW, name, vkey)``, one level
+    down (None if it cannot: a key nested as deep as keys go is no row's key)."""
+    try:
+        return encode_key(vkey, 1)
+    except BadKey:
+        return None
+
+
 _COMPARE = {
     "=": lambda a, b: a == b,
     "!=": lambda a, b: a != b,
@@ -172,7 +181,9 @@ class Rows:
             value = ABSENT
         ek = encode_key(key) if ek is None else ek
         if kind in ("selection", "projection"):
-            self._set(out, key, ABSENT if value is ABSENT else shown(self.view, value), ek)
+            row = ek if ek[0] != 5 else _row_form(key)  # (a tuple may nest too deep)
+            if row is not None:
+                self._set(out, key, ABSENT if value is ABSENT else shown(self.view, value), row)
         elif kind == "index":
             self._index(out, key, ek, value)
         elif kind == "aggregate":
@@ -182,7 +193,9 @@ class Rows:
         return out
 
     def _set(self, out: dict[EKey, Any], vkey: Any, value: Any, ek: EKey | None = None) -> None:
-        ek = encode_key(vkey) if ek is None else ek
+        ek = _row_form(vkey) if ek is None else ek
+        if ek is None:
+            return  # no row can have it (a join's value nested too deep)
         if value is ABSENT:
             if ek in self.rows:
                 del self.rows[ek]
@@ -202,11 +215,12 @@ class Rows:
             sv = _get(value, self.view.on)
             sek = _sort_key(sv)
             if sek is not None:
-                new = (sv, key)
                 # A pair of scalars is encoded as its two encoded forms (keys nest
                 # only so deep: a tuple is encoded whole).
                 scalars = type(sv) is not tuple and type(key) is not tuple
-                new_ek = (5, (sek, ek)) if scalars else encode_key(new)
+                new_ek = (5, (sek, ek)) if scalars else _row_form((sv, key))
+                if new_ek is not None:
+                    new = (sv, key)
         if old is not None and old[1] != new_ek:
             self._set(out, old[0], ABSENT, old[1])
         if new is not None:
@@ -223,7 +237,7 @@ class Rows:
         if value is not ABSENT:
             by = self.view.group_by
             group = None if by is None else _get(value, by)  # no group_by: one group
-            gek = _sort_key(group)
+            gek = _row_form(group)
             if gek is not None:
                 fields = {  # field None: the value itself (but COUNT of None counts rows)
                     c: _get(value, c)

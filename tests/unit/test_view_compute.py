@@ -262,3 +262,34 @@ def test_an_index_row_is_named_as_any_key_of_its_value_and_base_key_is(
         assert changed == {}
         return
     assert list(changed) == [want] and changed[want][0] == (secondary, key)
+
+
+def test_a_value_nested_too_deep_for_a_rows_key_makes_no_row() -> None:
+    """A row's key is ``(VIEW, name, row key)``, so what it holds sits a level or two
+    down: a value that is a key alone but would nest deeper there is no index entry, no
+    group and no join value, as a value that is no key at all (an index on it raised
+    in the maintainer; the other kinds made a write every try refused)."""
+    from rubberband.keys import encode_key
+    from rubberband.views.define import row_key
+
+    def nested(depth: int) -> Any:
+        value: Any = 1
+        for _ in range(depth):
+            value = (value,)
+        return value
+
+    every = (None, None)
+    index = Rows(view_def("i", "index", every, on="g"))
+    group = Rows(view_def("a", "aggregate", every, group_by="g", aggregates={"n": ["count", None]}))
+    select = Rows(view_def("s", "selection", every))
+    join = Rows(view_def("j", "join", (0, 10), on="g", right=(10, 20), right_on="g"))
+    assert index.change(0, 1, {"g": nested(6)}) and not index.change(0, 2, {"g": nested(7)})
+    assert group.change(0, 1, {"g": nested(7)}) and not group.change(0, 2, {"g": nested(8)})
+    assert select.change(0, nested(7), 1) and not select.change(0, nested(8), 1)
+    join.change(0, 1, {"g": nested(6)})
+    join.change(0, 2, {"g": nested(7)})
+    assert join.change(1, 11, {"g": nested(6)}) and not join.change(1, 12, {"g": nested(7)})
+    assert not join.change(1, 12, ABSENT)  # its rows were never there to go
+    for rows in (index, group, select, join):
+        for vkey, _value in rows.rows.values():
+            encode_key(row_key(rows.view.name, vkey))  # every row's key is a key
