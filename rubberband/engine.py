@@ -84,6 +84,7 @@ from rubberband.keys import (
     encode_key,
     intersect,
     normalize,
+    points,
     sort_bound,
     sort_key,
     sort_pairs,
@@ -110,6 +111,7 @@ __all__ = [
     "Key",
     "Operations",
     "Part",
+    "Placed",
     "Placement",
     "RangeSet",
     "ReportsChanges",
@@ -125,6 +127,7 @@ __all__ = [
     "is_chain",
     "merge",
     "normalize",
+    "points",
     "refuse_row_key",
     "rejection",
     "row_key",
@@ -177,6 +180,24 @@ class Part(NamedTuple):
 
     kind: Literal["read", "write"]
     ranges: RangeSet
+
+
+class Placed(tuple):  # type: ignore[type-arg]
+    """A write that carries the ranges it touches (``ranges``, placement space under
+    range partitioning), computed by its maker where that costs little: a view's
+    maintainer knows each row key's encoded form when it writes the row, and
+    ``part_fun`` finding them again from the keys was a quarter of its time (the key
+    encoded, sorted, its value's size measured).  A client takes the ranges as they are
+    under range partitioning and asks ``part_fun`` otherwise; on the wire it is the
+    plain tuple.  Its maker answers for the ranges being ``part_fun``'s, and for the
+    operation being one ``part_fun`` would accept."""
+
+    ranges: RangeSet
+
+    def __new__(cls, op: tuple[Any, ...], ranges: RangeSet) -> Placed:
+        self = super().__new__(cls, op)
+        self.ranges = ranges
+        return self
 
 
 class Operations(Protocol):

@@ -348,6 +348,35 @@ def point(key: Key) -> Range:
     return (e, (*e, 0))
 
 
+def points(places: list[EKey]) -> RangeSet:
+    """The point ranges of encoded keys ``places`` as :func:`normalize` makes them,
+    found in the order of their flat forms.  Distinct points never touch (``after(p)``
+    is no key), so once sorted and rid of repeats they are a range set as they stand:
+    ``normalize`` compared each with its neighbour and sorted them again, nested tuples
+    compared level by level, which was half of a view maintainer's header (500 row
+    keys a message)."""
+    flats = [sort_bound(p) for p in places]
+    out: list[Range] = []
+    last = None
+    for i in sorted(range(len(places)), key=flats.__getitem__):
+        flat = flats[i]
+        if flat != last:  # (equal flat forms: the same key again)
+            last = flat
+            p = places[i]
+            out.append((p, after(p)))
+    return tuple(out)
+
+
+def with_point(ranges: RangeSet, place: EKey) -> RangeSet:
+    """``ranges`` with the point of encoded key ``place`` added: one bisection where
+    :func:`normalize` would sort them all again."""
+    r = (place, after(place))
+    i = bisect_right(ranges, r)
+    if (i and place < ranges[i - 1][1]) or (i < len(ranges) and ranges[i][0] == place):
+        return ranges  # held already
+    return (*ranges[:i], r, *ranges[i:])
+
+
 def key_range(lo: Key = MIN, hi: Key = MAX) -> Range:
     """``[lo, hi)`` of user keys (``MIN``/``MAX`` for open ends); empty ranges are refused."""
     a, b = encode_key(lo), encode_key(hi)

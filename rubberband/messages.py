@@ -30,7 +30,7 @@ from typing import Any, Literal
 import msgpack
 
 from rubberband.changelog import Changed, Changes, Revisions, changes_ranges, page
-from rubberband.engine import BadOperation, Placement, changed_key
+from rubberband.engine import BadOperation, Placed, Placement, changed_key
 from rubberband.errors import Rejected, Unavailable
 from rubberband.gather import Gather, Holders, op_name
 from rubberband.keys import MAX_EKEY, RangeSet, after, contains, covers, intersect, normalize
@@ -91,7 +91,8 @@ class Messages:
     # ------------------------------------------------------------------ messages
     def write_message(self, op: Any) -> tuple[Any, dict[str, Any]]:
         """``(payload, header)`` of a write; raises :class:`BadOperation` for a bad op."""
-        return op, write_header(self.routable(self._write_ranges(op)))
+        header = write_header(self.routable(self._write_ranges(op)))
+        return (tuple(op) if type(op) is Placed else op), header
 
     def routable(self, ranges: RangeSet) -> RangeSet:
         """The ranges a header names for an operation of ``ranges``: those, or past
@@ -120,6 +121,10 @@ class Messages:
         return out
 
     def _write_ranges(self, op: Any) -> RangeSet:
+        if type(op) is Placed:
+            if self.placement.ordered:
+                return op.ranges
+            op = tuple(op)
         part = self.ops.part_fun(op, self.placement)
         if part.kind != "write":
             raise BadOperation(f"{op_name(op)!r} is a read, not a write")
@@ -151,6 +156,8 @@ class Messages:
         a bundle may reach more holders than one segment's, and each applies what it
         holds."""
         parts = [self._write_ranges(op) for op in ops]
+        # (a placed write travels as the plain tuple it is: a receiver reads types)
+        ops = [tuple(op) if type(op) is Placed else op for op in ops]
         ks = self.keyspace
         if ks is None or not len(ks) or limit <= 1:
             return [((i,), ops[i], write_header(self.routable(r))) for i, r in enumerate(parts)]

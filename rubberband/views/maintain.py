@@ -46,7 +46,9 @@ import msgpack
 from ecast.core import mutations
 from rubberband import versions
 from rubberband.changelog import Event
-from rubberband.keys import EKey, encode_key
+from rubberband.engine import Placed
+from rubberband.errors import BadKey
+from rubberband.keys import EKey, encode_key, points, with_point
 from rubberband.views.compute import ABSENT, Rows, base_change, source_bounds, source_place
 from rubberband.views.define import ViewDef, meta_key, progress_keys, reclaim_key, row_key
 
@@ -147,6 +149,8 @@ class Maintainer:
         """Set to a list, it collects the view's own row changes, an event per base
         position (the input of the views defined over this one)."""
         self._part = view.part
+        self._prefix = encode_key(row_key(view.name, 0))[1][:2]
+        """The encoded elements a row key starts with (:meth:`_place`)."""
         self._splits = [encode_key(p) for p in view.parts]
         """A split view's unit keeps the rows of its part alone (it computes them all:
         a row's part is known only once its key is)."""
@@ -232,27 +236,32 @@ class Maintainer:
         emitted = len(self.emitted) if self.emitted is not None else 0
         horizon = min(self.since)
         entries: list[tuple[Any, list[Any]]] = []
+        places: list[EKey | None] = []  # each entry's row key, encoded (None: not known)
         if self.position < 0:
             start = self._start
             if horizon < start:
                 return []
-            self._pending_up_to(start)  # the state at the start: written whole, below
+            self._pending_up_to(start, [])  # the state at the start: written whole, below
             name = self.view.name
-            entries = [
-                (row_key(name, k), [start, v]) for k, v in self.rows.rows.values() if self._mine(k)
-            ]
+            for ek, (k, v) in self.rows.rows.items():
+                if self._mine(k):
+                    entries.append((row_key(name, k), [start, v]))
+                    places.append(self._place(ek, k))
             there = {encode_key(k) for k, _ in entries}
-            entries += [(key, [start]) for key in self._old if encode_key(key) not in there]
+            for key in self._old:
+                if encode_key(key) not in there:
+                    entries.append((key, [start]))
+                    places.append(encode_key(key))
             self.position = self.floor = start
             self._marks.append((now, start))
         if horizon > self.position:
-            entries += self._pending_up_to(horizon)
+            entries += self._pending_up_to(horizon, places)
             self.position = horizon
         elif not entries:
             return []
         self.dead.extend((entry[0], key) for key, entry in entries if len(entry) == 1)
         try:
-            writes = self._writes(entries)
+            writes = self._writes(entries, places)
         except RowTooLarge as e:
             at = f"at position {written}" if written >= 0 else "before its start"
             self.stopped = f"view {self.view.name!r} stopped {at}: {e}"
@@ -264,9 +273,11 @@ class Maintainer:
         self.versions += len(entries)
         return writes
 
-    def _pending_up_to(self, horizon: int) -> list[tuple[Any, list[Any]]]:
+    def _pending_up_to(
+        self, horizon: int, places: list[EKey | None]
+    ) -> list[tuple[Any, list[Any]]]:
         """Apply every pending event at or before ``horizon``, in position order; the
-        row versions they make."""
+        row versions they make (their row keys, encoded, appended to ``places``)."""
         name = self.view.name
         ready: dict[int, list[tuple[int, Event]]] = {}
         for side, q in enumerate(self._pending):
@@ -289,12 +300,23 @@ class Maintainer:
                     (k, "delete", None) if v is ABSENT else (k, "put", v)
                     for k, v in changed.values()
                 )))  # fmt: skip
-            out += [
-                (row_key(name, k), [position] if v is ABSENT else [position, v])
-                for k, v in changed.values()
-                if self._mine(k)
-            ]
+            for ek, (k, v) in changed.items():
+                if self._mine(k):
+                    out.append((row_key(name, k), [position] if v is ABSENT else [position, v]))
+                    places.append(self._place(ek, k))
         return out
+
+    def _place(self, ek: EKey, vkey: Any) -> EKey | None:
+        """The encoded form of row key ``row_key(name, vkey)``, ``ek`` being ``vkey``'s:
+        composed when ``vkey`` is a scalar or a tuple of scalars (nested no deeper than
+        a row key may be), else encoded; None if it is no key (the write's ``part_fun``
+        says why)."""
+        if ek[0] != 5 or all(e[0] != 5 for e in ek[1]):
+            return (5, (*self._prefix, ek))
+        try:
+            return encode_key(row_key(self.view.name, vkey))
+        except BadKey:
+            return None
 
     def _mine(self, vkey: Any) -> bool:
         return self._part is None or bisect_right(self._splits, encode_key(vkey)) == self._part
@@ -308,10 +330,11 @@ class Maintainer:
         if marks[0][0] <= cut:
             self.floor = max(self.floor, marks[0][1])
 
-    def _writes(self, entries: list[tuple[Any, list[Any]]]) -> list[Any]:
-        """Version writes of ``entries``, then the progress alone (both keys): made
-        once the rows are stable, a basic read that sees it sees the rows at any
-        replica.  :meth:`in_order` makes the ordered progress sooner."""
+    def _writes(self, entries: list[tuple[Any, list[Any]]], places: list[EKey | None]) -> list[Any]:
+        """Version writes of ``entries`` (:class:`~rubberband.engine.Placed` by
+        ``places``, their keys encoded, when each is known), then the progress alone
+        (both keys): made once the rows are stable, a basic read that sees it sees the
+        rows at any replica.  :meth:`in_order` makes the ordered progress sooner."""
         floor = self.floor
         # The progress says where this maintainer started: a row version below it was
         # written by another one (a stale maintainer behind it, perhaps after this one
@@ -334,7 +357,13 @@ class Maintainer:
         oldest = min((e[0] for _, e in entries), default=self.position)
         low = min([oldest, *(low for _, low in self._sent)])
         self._sent.append((self.position, low))
-        rows = [("version", tuple(part), floor, low) for part in parts]
+        rows: list[Any] = [("version", tuple(part), floor, low) for part in parts]
+        if None not in places:
+            i = 0
+            for n, op in enumerate(rows):
+                j = i + len(op[1])
+                rows[n] = Placed(op, points(places[i:j]))  # type: ignore[arg-type]
+                i = j
         # (with rows only: :meth:`in_order` adds the ordered progress to the last row write)
         extra = self._reclaims(low) if rows else []
         self.housekeeping = len(extra)
@@ -376,7 +405,13 @@ class Maintainer:
         last = (*rows[-1][1], ordered) if rows else (ordered,)
         if mutations.on(PROGRESS_WITH_ROWS):
             last = (*last, stable)
-        ops = (*rows[:-1], ("version", last, *progress[2:]))
+        op: Any = ("version", last, *progress[2:])
+        if rows and type(rows[-1]) is Placed:
+            ranges = rows[-1].ranges
+            for key, _entry in last[len(rows[-1][1]) :]:
+                ranges = with_point(ranges, encode_key(key))
+            op = Placed(op, ranges)
+        ops = (*rows[:-1], op)
         # (the stable progress goes out only once those are known applied: no low)
         return ops, ("version", (stable,), progress[2])
 

@@ -67,6 +67,7 @@ from rubberband.engine import (
     encode_key,
     merge,
     normalize,
+    points,
     refuse_row_key,
     rejection,
     sort_bound,
@@ -177,7 +178,7 @@ class KVOps:
         if not places:
             raise BadOperation(f"{name} names no key")
         if len(places) > 8:
-            return Part(kind, _points(places))
+            return Part(kind, points(places))
         return Part(kind, normalize((p, after(p)) for p in places))
 
     def combine(self, op: Any, answers: Sequence[Any]) -> Any:
@@ -205,24 +206,6 @@ class KVOps:
         if type(result) in (list, tuple):
             return [kv for kv in result if inside(ranges, placement.ekey(kv[0]))]
         return result
-
-
-def _points(places: list[EKey]) -> RangeSet:
-    """The point ranges of ``places`` as :func:`normalize` makes them, found in the
-    order of their flat forms.  Distinct points never touch (``after(p)`` is no key),
-    so once sorted and rid of repeats they are a range set as they stand: ``normalize``
-    compared each with its neighbour and sorted them again, nested tuples compared level
-    by level, which was half of a view maintainer's header (500 row keys a message)."""
-    flats = [sort_bound(p) for p in places]
-    out: list[tuple[EKey, EKey]] = []
-    last = None
-    for i in sorted(range(len(places)), key=flats.__getitem__):
-        flat = flats[i]
-        if flat != last:  # (equal flat forms: the same key again)
-            last = flat
-            p = places[i]
-            out.append((p, after(p)))
-    return tuple(out)
 
 
 def within_bounds(op: Any, items: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:

@@ -129,3 +129,104 @@ def test_a_pages_rows_are_cut_into_messages_by_count_and_by_bytes() -> None:
     assert len(parts) == 4  # 63 values of 64 KiB (and their headers) in 4 MiB
     absent = [((0,), [5])]  # a row's absence: no value
     assert _parts(absent) == [absent]
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = (value,)
+    return value
+
+
+group_values = st.one_of(
+    st.integers(-3, 3),
+    st.text(max_size=3),
+    st.floats(allow_nan=False, width=32),
+    st.booleans(),
+    st.none(),
+    st.binary(max_size=2),
+    st.tuples(st.integers(0, 3), st.text(max_size=2)),
+    st.integers(5, 8).map(_nested),  # too deep for a row's key from 7 (index) or 8
+)
+MAINTAINED = [
+    view_def("sel", "selection", (0, 30), where=[("n", ">=", 2)]),
+    view_def("idx", "index", (0, 30), on="g", columns=["n"]),
+    view_def("agg", "aggregate", (0, 30), group_by="g", aggregates={"n": ["count", None]}),
+    view_def("join", "join", (0, 20), on="g", right=(10, 30), right_on="g", columns=["n"]),
+    view_def("part", "index", (0, 30), on="g", parts=[[1, 0]]),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    view=st.sampled_from(MAINTAINED),
+    old=st.lists(st.integers(0, 5), max_size=3),
+    changes=st.lists(
+        st.tuples(
+            st.integers(0, 1), st.integers(0, 29), st.none() | group_values, st.integers(0, 4)
+        ),
+        max_size=25,
+    ),
+    per_page=st.integers(1, 6),
+)
+def test_a_maintainers_rows_carry_the_ranges_its_engine_would_find(
+    view: Any, old: list[int], changes: list[tuple[int, int, Any, int]], per_page: int
+) -> None:
+    """A maintainer's row writes carry their ranges (``Placed``): the ones ``part_fun``
+    finds from their keys, on the writes as :meth:`Maintainer.in_order` sends them
+    too.  A value nested too deep to sit in a row's key makes no row (before, an index
+    on it raised in the maintainer, and other kinds made a write refused at every
+    try)."""
+    from rubberband.engine import Placed, Placement
+    from rubberband.views.define import row_key
+    from storage_adapters.memory import KVOps
+
+    ops, ranged = KVOps(), Placement()
+    sides = len(view.sources)
+    m = Maintainer(view)
+    writes = [m.start([(row_key(view.name, ("old", k)), [0, 1]) for k in old],
+                      [[([], 1)]] * sides, 0.0)]  # fmt: skip
+    position = 1
+    for i in range(0, len(changes), per_page):
+        position += 1
+        events: list[list[Event]] = [[] for _ in range(sides)]
+        for side, key, g, n in changes[i : i + per_page]:
+            change = (key, "delete", None) if g is None else (key, "put", {"g": g, "n": n})
+            events[side % sides].append(Event(position, (change,)))
+        for side in range(sides):
+            writes.append(m.page(side, position + 1, events[side], 0.0))
+    for made in writes:
+        if not made:
+            continue
+        for op in [*made, *Maintainer.in_order(made)[0]]:
+            if type(op) is Placed:
+                assert op.ranges == ops.part_fun(tuple(op), ranged).ranges
+            else:
+                assert not any(key[:2] == ("~view", view.name) and len(key) == 3
+                               for key, _entry in op[1]), op  # fmt: skip
+
+
+def test_a_placed_write_goes_where_it_says_under_range_partitioning_alone() -> None:
+    """A maintainer's rows are placed; under hash partitioning a client asks
+    ``part_fun`` whatever a write says."""
+    from rubberband.engine import Placed, Placement
+    from rubberband.keys import point
+    from rubberband.messages import Messages
+    from storage_adapters.memory import KVOps
+
+    m = Maintainer(VIEW)
+    m.start([], [[([], 1)]], 0.0)
+    made = m.page(0, 3, [Event(2, ((4, "put", {"g": 1}),))], 0.0)
+    rows, _stable = Maintainer.in_order(made)
+    assert [type(op) for op in made] == [Placed, tuple] and type(rows[-1]) is Placed
+    assert rows[-1].ranges == KVOps().part_fun(tuple(rows[-1]), Placement()).ranges
+
+    op = Placed(("version", (((0,), [3, 1]),), 0), (point("elsewhere"),))
+    assert op == ("version", (((0,), [3, 1]),), 0)
+    assert Messages(KVOps())._write_ranges(op) == (point("elsewhere"),)
+    payloads = [Messages(KVOps()).write_message(op)[0],
+                *(m[1] for m in Messages(KVOps()).writes_of([op, op], 16, 1 << 20))]  # fmt: skip
+    assert [type(p) for p in payloads] == [tuple] * 3  # on the wire: a plain write
+    hashed = Placement("hash")
+    want = KVOps().part_fun(tuple(op), hashed).ranges
+    assert Messages(KVOps(), hashed)._write_ranges(op) == want != (point("elsewhere"),)

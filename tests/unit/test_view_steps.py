@@ -103,6 +103,7 @@ class Cluster:
         """A write message at the position ``t``, as a storage process applies it: a
         version write too far behind refused whole (:func:`too_old`), a reclaim's dead
         chains dropped."""
+        op = tuple(op)  # as the wire carries it: a maintainer's Placed is a plain tuple
         name, pairs, floor, *_ = op
         entries: list[tuple[Any, Any]] = []
         self.writes.append(entries)
