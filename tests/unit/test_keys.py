@@ -387,3 +387,16 @@ def test_a_named_key_is_spelled_as_every_tuple_is(a, b, last):
         assert again[2] is K._SHARED[a]
     if len(b) <= 64 and b in K._SHARED:
         assert again[4] is K._SHARED[b]
+
+
+@settings(max_examples=300)
+@given(st.lists(key_values, max_size=12), key_values)
+def test_points_and_a_point_added_are_what_normalize_makes(ks, k):
+    """``points`` (a write's point ranges, sorted by flat forms) and ``with_point`` (one
+    more, by bisection) give what ``normalize`` gives, repeats and equal keys
+    (``1`` and ``1.0``) included."""
+    places = [K.encode_key(x) for x in ks]
+    got = K.points(places)
+    assert got == K.normalize((p, K.after(p)) for p in places)
+    p = K.encode_key(k)
+    assert K.with_point(got, p) == K.normalize([*got, (p, K.after(p))])
