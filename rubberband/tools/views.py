@@ -167,22 +167,25 @@ async def run(args: argparse.Namespace) -> Any:
 
 
 def _lost(rb: Any, quiet: float) -> bool:
-    """Has the client lost the cluster: stopped, or no router of its group reachable
-    and no answer for ``RECONNECT_AFTER`` (``quiet``: seconds since the catalog was
-    last read)?  Failing reads with a router reachable (a segment under repair) are
-    the cluster's answers, not its absence: the views go on."""
-    if rb.ecast.terminated is not None:
+    """Has the client lost the cluster: stopped, unavailable (no router of its group
+    reachable for the client's ``unavailable_after``, 10 s: a whole cluster restarted
+    is not coming back at the addresses it knows), or no router reachable and no
+    answer for ``RECONNECT_AFTER`` (``quiet``: seconds since the catalog was last
+    read)?  Failing reads with a router reachable (a segment under repair) are the
+    cluster's answers, not its absence: the views go on."""
+    if rb.ecast.terminated is not None or rb.ecast.state == "unavailable":
         return True
     return quiet > RECONNECT_AFTER and rb.ecast.state != "connected"
 
 
-async def _halt(running: dict[str, Any]) -> None:
-    """Every group's loop stopped (a step waiting for a lost cluster's answer: cut)."""
+async def _halt(running: dict[str, Any], grace: float = 5.0) -> None:
+    """Every group's loop stopped (a step still waiting after ``grace`` seconds for an
+    answer: cut; a lost cluster's never comes)."""
     for _group, halt, _task in running.values():
         halt.set()
     tasks = [t for _g, _h, t in running.values()]
     if tasks:
-        _done, late = await asyncio.wait(tasks, timeout=5.0)
+        _done, late = await asyncio.wait(tasks, timeout=grace)
         for task in late:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -195,17 +198,26 @@ async def _reconnect(
 ) -> Any:  # fmt: skip
     """A new client, once one connects (``RECONNECT_AFTER``); the groups of the old one
     stopped, their figures dropped (the loop starts every view again)."""
-    logging.getLogger("rubberband.views").warning(
-        "no answer from the cluster for %.0f s, or the client stopped (%s): connecting anew",
-        RECONNECT_AFTER, rb.ecast.terminated or "unreachable",
+    why = rb.ecast.terminated or (
+        "no router reachable" if rb.ecast.state == "unavailable"
+        else f"no answer for {RECONNECT_AFTER:.0f} s and a router down"
     )  # fmt: skip
-    await _halt(running)
+    logging.getLogger("rubberband.views").warning("cluster lost (%s): connecting anew", why)
+    await _halt(running, grace=1.0)  # (their cluster is lost: nothing to finish)
     figures.clear()
     with contextlib.suppress(Exception):
         await rb.close(timeout=1.0)
+    log = logging.getLogger("rubberband.views")
     while not stop.is_set():
-        with contextlib.suppress(*failures()):
-            return (await connect(args))[0]
+        began = time.monotonic()
+        try:
+            new = (await connect(args))[0]
+        except failures() as e:
+            log.warning("connecting anew failed after %.1f s (%s): trying again",
+                        time.monotonic() - began, str(e)[:200] or type(e).__name__)  # fmt: skip
+        else:
+            log.info("connected anew in %.1f s", time.monotonic() - began)
+            return new
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
     return rb

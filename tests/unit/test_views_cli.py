@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -99,3 +100,22 @@ def test_the_parts_of_a_split_view_go_to_shards_of_their_own() -> None:
         shards = [[i for i in range(n) if in_shard(u, (i, n))] for u in units(view)]
         assert all(len(s) == 1 for s in shards)
         assert len({s[0] for s in shards}) == min(n, 3)
+
+
+def test_a_maintainer_connects_anew_once_its_client_finds_no_router_for_long() -> None:
+    """Its own client's verdict (unavailable: no router reachable for 10 s) is enough;
+    otherwise it waits for ``RECONNECT_AFTER`` without an answer and a router down, so
+    a leader's failover (routers reachable) is ridden out however long a read fails."""
+    from types import SimpleNamespace
+
+    from rubberband.tools.views import RECONNECT_AFTER, _lost
+
+    def rb(state: str, terminated: str | None = None) -> Any:
+        return SimpleNamespace(ecast=SimpleNamespace(state=state, terminated=terminated))
+
+    later = RECONNECT_AFTER + 1
+    assert _lost(rb("unavailable"), 0.0)
+    assert _lost(rb("connected", terminated="suspected"), 0.0)
+    assert not _lost(rb("reconnecting"), RECONNECT_AFTER - 1)
+    assert _lost(rb("reconnecting"), later)
+    assert not _lost(rb("connected"), 10 * later)
