@@ -202,12 +202,12 @@ async def _reconnect(
         "no router reachable" if rb.ecast.state == "unavailable"
         else f"no answer for {RECONNECT_AFTER:.0f} s and a router down"
     )  # fmt: skip
-    logging.getLogger("rubberband.views").warning("cluster lost (%s): connecting anew", why)
+    log = logging.getLogger("rubberband.views")
+    log.warning("cluster lost (%s): connecting anew", why)
     await _halt(running, grace=1.0)  # (their cluster is lost: nothing to finish)
     figures.clear()
     with contextlib.suppress(Exception):
         await rb.close(timeout=1.0)
-    log = logging.getLogger("rubberband.views")
     while not stop.is_set():
         began = time.monotonic()
         try:
