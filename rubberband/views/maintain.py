@@ -47,7 +47,6 @@ from ecast.core import mutations
 from rubberband import versions
 from rubberband.changelog import Event
 from rubberband.engine import Placed
-from rubberband.errors import BadKey
 from rubberband.keys import EKey, encode_key, points, with_point
 from rubberband.views.compute import ABSENT, Rows, base_change, source_bounds, source_place
 from rubberband.views.define import ViewDef, meta_key, progress_keys, reclaim_key, row_key
@@ -236,7 +235,7 @@ class Maintainer:
         emitted = len(self.emitted) if self.emitted is not None else 0
         horizon = min(self.since)
         entries: list[tuple[Any, list[Any]]] = []
-        places: list[EKey | None] = []  # each entry's row key, encoded (None: not known)
+        places: list[EKey] = []  # each entry's row key, encoded
         if self.position < 0:
             start = self._start
             if horizon < start:
@@ -244,14 +243,15 @@ class Maintainer:
             self._pending_up_to(start, [])  # the state at the start: written whole, below
             name = self.view.name
             for ek, (k, v) in self.rows.rows.items():
-                if self._mine(k):
+                if self._mine(ek):
                     entries.append((row_key(name, k), [start, v]))
-                    places.append(self._place(ek, k))
-            there = {encode_key(k) for k, _ in entries}
+                    places.append(self._place(ek))
+            there = set(places)
             for key in self._old:
-                if encode_key(key) not in there:
+                place = encode_key(key)
+                if place not in there:
                     entries.append((key, [start]))
-                    places.append(encode_key(key))
+                    places.append(place)
             self.position = self.floor = start
             self._marks.append((now, start))
         if horizon > self.position:
@@ -273,9 +273,7 @@ class Maintainer:
         self.versions += len(entries)
         return writes
 
-    def _pending_up_to(
-        self, horizon: int, places: list[EKey | None]
-    ) -> list[tuple[Any, list[Any]]]:
+    def _pending_up_to(self, horizon: int, places: list[EKey]) -> list[tuple[Any, list[Any]]]:
         """Apply every pending event at or before ``horizon``, in position order; the
         row versions they make (their row keys, encoded, appended to ``places``)."""
         name = self.view.name
@@ -301,25 +299,19 @@ class Maintainer:
                     for k, v in changed.values()
                 )))  # fmt: skip
             for ek, (k, v) in changed.items():
-                if self._mine(k):
+                if self._mine(ek):
                     out.append((row_key(name, k), [position] if v is ABSENT else [position, v]))
-                    places.append(self._place(ek, k))
+                    places.append(self._place(ek))
         return out
 
-    def _place(self, ek: EKey, vkey: Any) -> EKey | None:
-        """The encoded form of row key ``row_key(name, vkey)``, ``ek`` being ``vkey``'s:
-        composed when ``vkey`` is a scalar or a tuple of scalars (nested no deeper than
-        a row key may be), else encoded; None if it is no key (the write's ``part_fun``
-        says why)."""
-        if ek[0] != 5 or all(e[0] != 5 for e in ek[1]):
-            return (5, (*self._prefix, ek))
-        try:
-            return encode_key(row_key(self.view.name, vkey))
-        except BadKey:
-            return None
+    def _place(self, ek: EKey) -> EKey:
+        """The encoded form of the row key of a row :class:`Rows` keeps under ``ek``:
+        its key encoded as it sits in the row key (``compute._row_form``), so composed."""
+        return (5, (*self._prefix, ek))
 
-    def _mine(self, vkey: Any) -> bool:
-        return self._part is None or bisect_right(self._splits, encode_key(vkey)) == self._part
+    def _mine(self, ek: EKey) -> bool:
+        """Is the row kept under ``ek`` in this unit's part?"""
+        return self._part is None or bisect_right(self._splits, ek) == self._part
 
     def _mark(self, now: float) -> None:
         marks = self._marks
@@ -330,11 +322,11 @@ class Maintainer:
         if marks[0][0] <= cut:
             self.floor = max(self.floor, marks[0][1])
 
-    def _writes(self, entries: list[tuple[Any, list[Any]]], places: list[EKey | None]) -> list[Any]:
+    def _writes(self, entries: list[tuple[Any, list[Any]]], places: list[EKey]) -> list[Any]:
         """Version writes of ``entries`` (:class:`~rubberband.engine.Placed` by
-        ``places``, their keys encoded, when each is known), then the progress alone
-        (both keys): made once the rows are stable, a basic read that sees it sees the
-        rows at any replica.  :meth:`in_order` makes the ordered progress sooner."""
+        ``places``, their keys encoded), then the progress alone (both keys): made once
+        the rows are stable, a basic read that sees it sees the rows at any replica.
+        :meth:`in_order` makes the ordered progress sooner."""
         floor = self.floor
         # The progress says where this maintainer started: a row version below it was
         # written by another one (a stale maintainer behind it, perhaps after this one
@@ -357,13 +349,12 @@ class Maintainer:
         oldest = min((e[0] for _, e in entries), default=self.position)
         low = min([oldest, *(low for _, low in self._sent)])
         self._sent.append((self.position, low))
-        rows: list[Any] = [("version", tuple(part), floor, low) for part in parts]
-        if None not in places:
-            i = 0
-            for n, op in enumerate(rows):
-                j = i + len(op[1])
-                rows[n] = Placed(op, points(places[i:j]))  # type: ignore[arg-type]
-                i = j
+        rows: list[Any] = []
+        i = 0
+        for part in parts:
+            j = i + len(part)
+            rows.append(Placed(("version", tuple(part), floor, low), points(places[i:j])))
+            i = j
         # (with rows only: :meth:`in_order` adds the ordered progress to the last row write)
         extra = self._reclaims(low) if rows else []
         self.housekeeping = len(extra)
