@@ -38,6 +38,7 @@ from rubberband.placement import BadKeyspace, Keyspace
 from rubberband.placement import Unavailable as NoHolder
 from rubberband.proto import (
     MAX_RANGES,
+    H,
     bundle_header,
     read_header,
     write_bundle_header,
@@ -91,8 +92,24 @@ class Messages:
     # ------------------------------------------------------------------ messages
     def write_message(self, op: Any) -> tuple[Any, dict[str, Any]]:
         """``(payload, header)`` of a write; raises :class:`BadOperation` for a bad op."""
-        header = write_header(self.routable(self._write_ranges(op)))
-        return (tuple(op) if type(op) is Placed else op), header
+        return self._alone(tuple(op) if type(op) is Placed else op, self._write_ranges(op))
+
+    def _alone(self, op: Any, ranges: RangeSet) -> tuple[Any, dict[str, Any]]:
+        """``(payload, header)`` of a write that travels alone.  One of more than
+        :data:`EXACT_RANGES` keys (a view's rows, a bulk put) travels packed
+        (``H.PACKED``): its operation's bytes, which the routers pass on as they are,
+        where they decoded and encoded each of its keys at every hop (half a
+        microsecond a key each time); its holders unpack it as it is delivered.  A few
+        keys travel as the operation itself: packing it apart would cost them more."""
+        header = write_header(self.routable(ranges))
+        if len(ranges) <= EXACT_RANGES:
+            return op, header
+        try:
+            payload = self._packer.pack(op)
+        except (TypeError, ValueError, OverflowError):
+            return op, header  # (E-Cast's encoder says what it cannot carry)
+        header[H.PACKED] = 1
+        return payload, header
 
     def routable(self, ranges: RangeSet) -> RangeSet:
         """The ranges a header names for an operation of ``ranges``: those, or past
@@ -160,7 +177,7 @@ class Messages:
         ops = [tuple(op) if type(op) is Placed else op for op in ops]
         ks = self.keyspace
         if ks is None or not len(ks) or limit <= 1:
-            return [((i,), ops[i], write_header(self.routable(r))) for i, r in enumerate(parts)]
+            return [((i,), *self._alone(ops[i], r)) for i, r in enumerate(parts)]
         answered = alone if alone is not None else getattr(self.ops, "answered", None)
         ids = ks.ids
         uppers = (*ids, MAX_EKEY)
@@ -184,7 +201,7 @@ class Messages:
                     k = -1
             if k < 0:  # travels alone, behind everything begun before it
                 flush()
-                out.append(((i,), ops[i], write_header(self.routable(ranges))))
+                out.append(((i,), *self._alone(ops[i], ranges)))
                 continue
             group = groups.get(k)
             if group is None:

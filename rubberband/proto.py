@@ -317,6 +317,9 @@ class H:
     """A write whose client waits for a holder's answer (its validity depends on data)."""
     COUNT = "count"
     """A bundle: how many reads or writes its payload carries."""
+    PACKED = "packed"
+    """A write of many keys whose payload is its operation packed (msgpack bytes), so
+    that the routers pass it on without decoding and encoding each of its keys."""
     VERSION = "version"
     """Keyspace version (keyspace, ready and incomplete messages)."""
     OP = "op"

@@ -34,7 +34,7 @@ from typing import Any
 from ecast import KIND, PART, SUSPECT, Delivery, Direct, Effects, Message, NodeId
 from ecast.core import mutations
 from rubberband.applying import Apply, answer_bundle
-from rubberband.bundles import Segments
+from rubberband.bundles import Segments, unpack_writes, unpacked
 from rubberband.changelog import FROM_NOW, ChangeLog, peek_answer, revised_op
 from rubberband.config import CLIENT, STORAGE, SUPER
 from rubberband.engine import BadOperation, Engine, Placement, changed_key
@@ -313,6 +313,7 @@ class StorageCore:
         for t, msg in items:  # the last position is kept below
             if self.stopped is not None:
                 break
+            msg = unpacked(msg)  # (a packed write as if it had come unpacked)
             h = msg.header
             kind = h.get(KIND) if type(h) is dict else None
             if kind is None:
@@ -743,13 +744,14 @@ def _short_step(
 ) -> bool:
     """Do a step's ``batches`` of deliveries name at most :data:`INLINE_KEYS` single
     keys, all short (:func:`points_only`)?  A feed's page also walks the changes of the
-    step's writes before it (they are logged before pages are answered)."""
+    step's writes before it (they are logged before pages are answered).  A packed
+    write is unpacked in its place first, so that its operation is weighed."""
     room, written = INLINE_KEYS, 0
     try:
         for deliveries in batches:
             if len(deliveries) > INLINE_DELIVERIES:
                 return False
-            for d in deliveries:
+            for d in unpack_writes(deliveries):
                 n = _points(d.message, feed, weigh, written)
                 room -= n
                 if room < 0:

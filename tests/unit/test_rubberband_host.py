@@ -295,7 +295,11 @@ def test_a_write_of_many_keys_under_one_hull_is_weighed_by_its_operation() -> No
     rows = tuple((row_key("v", (g, g * 7)), [5, {"n": g}]) for g in range(500))
     hull = delivered(("version", rows, 0))
     assert len(hull[0].message.header[H.WRITES]) == 1 < 500  # one range around them
-    assert points_only(hull, weigh=weigh)
+    assert type(hull[0].message.payload) is bytes  # packed: its keys are not read...
+    packed = Message("client:c", ("c", 1), hull[0].message.header, b"\xc1")
+    assert not points_only([Delivery(1, packed)], weigh=weigh)  # (bytes that are no op)
+    assert points_only(hull, weigh=weigh)  # ... until it is judged, unpacked in its place
+    assert hull[0].message.payload[::2] == ("version", 0) and len(hull[0].message.payload[1]) == 500
     assert not points_only(hull)
     assert points_only(hull * 4, weigh=weigh) and not points_only(hull * 5, weigh=weigh)
     assert 2_000 <= INLINE_KEYS < 2_500

@@ -869,6 +869,46 @@ def test_a_malformed_write_bundle_is_applied_nowhere_and_lies_change_nothing() -
     assert not m.stopped
 
 
+def test_a_write_of_many_keys_travels_packed_and_lands_as_its_operation() -> None:
+    """A write of more than ``EXACT_RANGES`` keys travels as its operation's bytes,
+    which the routers pass on whole; every holder applies it as the operation itself,
+    alone or in a batch.  A few keys travel as the operation.  Bytes that are no
+    operation are refused at every replica, as any payload that is no operation; the flag on a
+    payload that is not bytes is that payload, as if sent unpacked."""
+    from rubberband.messages import EXACT_RANGES
+
+    m = grown(4)
+    client = kv_client(m)
+    many = ("put", tuple((k, f"m{k}") for k in range(0, 400, 7)))  # every segment
+    payload, header = client.write_message(many)
+    assert header[H.PACKED] == 1 and type(payload) is bytes
+    assert msgpack.unpackb(payload, use_list=False) == many
+    assert client.writes_of([many, ("put", ((3, 3),))], 8, 1 << 16)[0][1:] == (payload, header)
+    dests = m.submit("client:c", header, payload)
+    m.expect(many)
+    m.settle()
+    assert len(dests) == 4 and m.replica_violations() == []
+    few = ("put", tuple((k, -k) for k in range(EXACT_RANGES)))
+    assert client.write_message(few) == (few, {H.WRITES: m.ops.part_fun(few, m.placement).ranges})
+    wide = ("put", tuple((k, 1 << 70) for k in range(EXACT_RANGES + 1)))  # no msgpack int
+    assert client.write_message(wide)[0] == wide  # (E-Cast's encoder says why)
+    unpacked = ("put", tuple((k, f"u{k}") for k in range(0, 400, 7)))  # the same keys
+    m.submit("client:c", header, unpacked)
+    m.expect(unpacked)
+    m.settle()
+    assert m.replica_violations() == []
+    header = {**header, H.REQUEST: "pk"}
+    for bad in (b"\xc1", b"\x93\x01", b"\x91" * 100_000):  # no msgpack, cut, too deep
+        m.replies.clear()
+        dests = m.submit("client:c", header, bad)
+        assert len(dests) == 4 and len(m.replies["pk"]) == 4
+        assert all(type(r) is Answer and "not a key-value operation" in r.error
+                   for r in m.replies["pk"])  # fmt: skip
+    m.settle()
+    assert m.replica_violations() == []  # nothing of any of them applied
+    assert not m.stopped
+
+
 def test_an_answer_for_part_of_a_bundled_read_names_the_part() -> None:
     """A responder answers what it holds of each read: all of it (``covered`` None) or
     the part it holds, named, so the client gathers the rest elsewhere."""
