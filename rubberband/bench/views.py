@@ -47,7 +47,11 @@ from rubberband.tools.cli import run as _cli
 from rubberband.views.define import meta_key
 
 ROWS = 1_000_000
-"""Base keys ``0 .. ROWS`` the writers pick from."""
+"""Base keys ``0 .. ROWS`` the writers pick from (by default: ``--keys``)."""
+KEYS_LEAST = 10_000
+"""The fewest base keys a run may write (``--keys``): the staleness probes write keys
+``0, 1, ...`` (each with a secondary key of its own), a few hundred in a run, all of
+them inside the views' sources."""
 GROUPS = 1_000
 SCAN_PAGE = 50_000
 """Rows a full scan of key-value data reads at once."""
@@ -58,18 +62,19 @@ def _value(rng: random.Random) -> dict[str, Any]:
     return {"g": rng.randrange(GROUPS), "n": rng.randrange(1000), "pad": "x" * 24}
 
 
-def _views(n: int) -> list[tuple[str, tuple[Any, Any], str, dict[str, Any]]]:
+def _views(n: int, keys: int = ROWS) -> list[tuple[str, tuple[Any, Any], str, dict[str, Any]]]:
+    """``n`` views over the base keys below ``keys`` (a join of their two halves)."""
     kinds = [
         ("index", {"on": "g", "columns": ["n"]}),
         ("aggregate", {"group_by": "g", "aggregates": AGGREGATES}),
         ("selection", {"where": [["n", ">=", 500]]}),
         ("projection", {"columns": ["g"]}),
-        ("join", {"on": "g", "right": (ROWS // 2, ROWS), "right_on": "g", "columns": ["n"]}),
+        ("join", {"on": "g", "right": (keys // 2, keys), "right_on": "g", "columns": ["n"]}),
     ]
     out = []
     for i in range(n):
         kind, spec = kinds[i % len(kinds)]
-        source = (0, ROWS // 2) if kind == "join" else (0, ROWS)
+        source = (0, keys // 2) if kind == "join" else (0, keys)
         out.append((f"v{i}", source, kind, spec))
     return out
 
@@ -90,10 +95,13 @@ so a window sent as one batch emptied before any of it was sent again (the windo
 256, 0, 256: rounds in lockstep, the rate a round's latency, not the cluster's peak)."""
 
 
-async def _worker(st: dict[str, Any], clients: int, seconds: float, rate: float, seed: int) -> Any:
+async def _worker(
+    st: dict[str, Any], clients: int, seconds: float, rate: float, seed: int, keys: int
+) -> Any:
     """``clients`` writes in flight at most, as many as ``rate`` owes by now (every
-    :data:`TICK`), or as many as there is room for (closed loop, ``rate`` 0).  A write's
-    latency is its batch's: from the call until every write of it is stable."""
+    :data:`TICK`), or as many as there is room for (closed loop, ``rate`` 0), each to a
+    key below ``keys``.  A write's latency is its batch's: from the call until every
+    write of it is stable."""
     import rubberband
 
     rb = await rubberband.connect(st["routers"], f"client:bv{os.getpid()}",
@@ -104,7 +112,7 @@ async def _worker(st: dict[str, Any], clients: int, seconds: float, rate: float,
     room = asyncio.Event()
 
     async def batch(n: int) -> None:
-        ops = [("put", ((rng.randrange(ROWS), _value(rng)),)) for _ in range(n)]
+        ops = [("put", ((rng.randrange(keys), _value(rng)),)) for _ in range(n)]
         t = time.monotonic()
         outcomes = await rb.write_batch(ops, bundle=1)
         took = time.monotonic() - t
@@ -142,11 +150,14 @@ async def _worker(st: dict[str, Any], clients: int, seconds: float, rate: float,
             "p99": lat[int(len(lat) * 0.99)] if lat else None}  # fmt: skip
 
 
-def _load(d: Path, procs: int, clients: int, seconds: float, rate: float) -> dict[str, Any]:
+def _load(
+    d: Path, procs: int, clients: int, seconds: float, rate: float, keys: int = ROWS
+) -> dict[str, Any]:
     argv = [sys.executable, "-m", "rubberband.bench.views", "--worker", str(d), str(clients),
             str(seconds), str(rate / procs if rate else 0)]  # fmt: skip
     ps = [
-        subprocess.Popen([*argv, str(i)], stdout=subprocess.PIPE, text=True) for i in range(procs)
+        subprocess.Popen([*argv, str(i), str(keys)], stdout=subprocess.PIPE, text=True)
+        for i in range(procs)
     ]
     outs = [
         json.loads(p.communicate(timeout=seconds + 120)[0].strip().splitlines()[-1]) for p in ps
@@ -212,11 +223,11 @@ async def _ready(rb: Any, name: str, timeout: float) -> float:
     raise TimeoutError(f"view {name} was not backfilled in {timeout:.0f} s")
 
 
-async def _define(c: Cluster, n: int) -> None:
+async def _define(c: Cluster, n: int, keys: int = ROWS) -> None:
     rb = await _client(c, "define")
-    for name, source, kind, spec in _views(n):
+    for name, source, kind, spec in _views(n, keys):
         await rb.create_view(name, source, kind, **spec)
-    for name, *_ in _views(n):  # every view backfilled before the load
+    for name, *_ in _views(n, keys):  # every view backfilled before the load
         await _ready(rb, name, 120.0)
     await rb.close()
 
@@ -428,7 +439,7 @@ async def _table_lookups(c: Cluster, rows: int, lookups: int, per: int) -> dict[
 
 async def _staleness(c: Cluster, a: argparse.Namespace, rate: float, views: int) -> Any:
     probe = asyncio.create_task(_probe(c, a.duration, f"v{views - 1}"))
-    half = await asyncio.to_thread(_load, c.d, a.procs, a.clients, a.duration, rate)
+    half = await asyncio.to_thread(_load, c.d, a.procs, a.clients, a.duration, rate, a.keys)
     return half, await probe
 
 
@@ -456,8 +467,8 @@ def _writes(a: argparse.Namespace, base: Path) -> dict[int, Any]:
             with Cluster(base) as c:
                 if n:
                     c.maintain()
-                    asyncio.run(_define(c, n))
-                r = _load(c.d, a.procs, a.clients, a.duration, 0.0)
+                    asyncio.run(_define(c, n, a.keys))
+                r = _load(c.d, a.procs, a.clients, a.duration, 0.0, a.keys)
             runs[n].append(r)
             without = runs[0][i] if 0 in runs and len(runs[0]) > i else None
             cost = ""
@@ -480,14 +491,19 @@ def _writes(a: argparse.Namespace, base: Path) -> dict[int, Any]:
     return out
 
 
+def _worker_main(args: list[str]) -> int:
+    """A load process (:func:`_load` starts it): its figures as one JSON line."""
+    d, clients, seconds, rate, seed, keys = args[:6]
+    st = json.loads((Path(d) / "cluster.json").read_text())
+    out = asyncio.run(_worker(st, int(clients), float(seconds), float(rate), int(seed), int(keys)))
+    print(json.dumps(out), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["--worker"]:
-        d, clients, seconds, rate, seed = args[1:6]
-        st = json.loads((Path(d) / "cluster.json").read_text())
-        out = asyncio.run(_worker(st, int(clients), float(seconds), float(rate), int(seed)))
-        print(json.dumps(out), flush=True)
-        return 0
+        return _worker_main(args[1:])
     ap = argparse.ArgumentParser(
         prog="rubberband bench views", description=__doc__.split("\n\n")[0]
     )
@@ -502,6 +518,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="writes in flight per load process at most (enough that the "
                     "cluster, not the window, sets the peak)")  # fmt: skip
     ap.add_argument("--duration", type=float, default=8.0)
+    ap.add_argument("--keys", type=int, default=ROWS,
+                    help="base keys the writers pick from: each run starts from an empty "
+                    "table, so a few (50,000) make most writes updates, as on a full "
+                    "table, where an index view writes two rows a change")  # fmt: skip
     ap.add_argument("--rows", type=int, default=100_000, help="rows for the lookups (0: none)")
     ap.add_argument("--lookups", type=int, default=2_000)
     ap.add_argument(
@@ -522,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(args)
     if a.repeat < 1:
         ap.error("--repeat takes 1 or more")
+    if not KEYS_LEAST <= a.keys <= ROWS:
+        ap.error(f"--keys takes {KEYS_LEAST:,} to {ROWS:,}")
     bases = [x.strip() for x in a.lookups_on.split(",") if x.strip()]
     if not set(bases) <= {"table", "kv"}:
         ap.error("--lookups-on takes table and kv")
@@ -530,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(a.dir or tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
     check_idle()
-    result: dict[str, Any] = {"experiment": "views", "writes": _writes(a, base)}
+    result: dict[str, Any] = {"experiment": "views", "keys": a.keys, "writes": _writes(a, base)}
     rate = a.staleness_rate
     if not rate and result["writes"]:
         rate = result["writes"].get(0, next(iter(result["writes"].values())))["writes_per_s"] / 2
@@ -540,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--staleness-views takes 1 and 2")
         with Cluster(base) as c:
             c.maintain()
-            asyncio.run(_define(c, views))  # v0: the index, v1: the aggregate
+            asyncio.run(_define(c, views, a.keys))  # v0: the index, v1: the aggregate
             half, fresh = asyncio.run(_staleness(c, a, rate, views))
             result[keys[views]] = {"writes": half, **fresh}
             print(f"{keys[views]} at {half['writes_per_s']:,} writes/s: {result[keys[views]]}",

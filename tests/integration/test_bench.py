@@ -187,15 +187,17 @@ def test_peers_measure_every_system_or_say_why_not(tmp_path: Path) -> None:
 
 def test_views_cost_staleness_and_lookups_that_answer_right(tmp_path: Path) -> None:
     # Every part at a tiny size: writes with no view and with one, the staleness probe,
-    # and lookups on both bases (the bench checks each lookup's rows against its data).
+    # and lookups on both bases (the bench checks each lookup's rows against its data);
+    # 10,000 keys, so that the index view also moves rows (writes that update a key).
     p = cli("bench", "views", "--views", "0,1", "--staleness-rate", "300",
             "--staleness-views", "1", "--rows", "600", "--lookups", "64", "--duration", "1.5",
             "--procs", "1", "--clients", "64", "--state-dir", str(tmp_path / "clusters"),
-            "--json", timeout=400)  # fmt: skip
+            "--keys", "10000", "--json", timeout=400)  # fmt: skip
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     nothing_left(tmp_path / "clusters")
     assert out["experiment"] == "views" and out["machine"]["cpus"] >= 1
+    assert out["keys"] == 10_000
     without, one = out["writes"]["0"], out["writes"]["1"]
     for r in (without, one):
         assert r["writes_per_s"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"], r
