@@ -313,13 +313,14 @@ class StorageCore:
         for t, msg in items:  # the last position is kept below
             if self.stopped is not None:
                 break
-            msg = unpacked(msg)  # (a packed write as if it had come unpacked)
             h = msg.header
             kind = h.get(KIND) if type(h) is dict else None
             if kind is None:
                 mine = mine_of(h)
                 if mine is None:
                     continue
+                if H.PACKED in h:  # as if it had come unpacked
+                    msg = unpacked(msg)
                 # (most deliveries: nothing queued, nothing received, nothing to ask)
                 if (self._queued_ranges or self.migration.incoming) and self._blocked(mine, t):
                     if H.READS in h:
@@ -742,10 +743,9 @@ def _short_step(
     feed: Callable[[int], int] | None,
     weigh: Callable[[Any], int] | None,
 ) -> bool:
-    """Do a step's ``batches`` of deliveries name at most :data:`INLINE_KEYS` single
-    keys, all short (:func:`points_only`)?  A feed's page also walks the changes of the
-    step's writes before it (they are logged before pages are answered).  A packed
-    write is unpacked in its place first, so that its operation is weighed."""
+    """Do a step's ``batches`` (packed writes unpacked in their place) name at most
+    :data:`INLINE_KEYS` single keys, all short (:func:`points_only`)?  A feed's page
+    also walks the changes of the step's writes before it (logged before pages are)."""
     room, written = INLINE_KEYS, 0
     try:
         for deliveries in batches:
