@@ -39,16 +39,33 @@ WriteItem = tuple[int, Any, RangeSet]
 """``(index, op, part)``: write ``index`` of a bundle, applied to ``part`` only."""
 
 
+def _no_extension(code: int, data: bytes) -> Any:
+    """A client's packed bytes carry plain data only.  An extension value stored as
+    one would go out again in answers and feed pages, where E-Cast's codec reads
+    extension codes as its typed messages: a reader's decoder would refuse the frame,
+    and its link would send that frame again on every reconnect, stuck for good."""
+    raise ValueError(f"extension type {code} in a client's packed bytes")
+
+
+def _unpack(blob: bytes) -> Any:
+    """``blob`` decoded as the wire decodes a payload (tuples for arrays, any key in a
+    map), refusing extension values (:func:`_no_extension`)."""
+    return msgpack.unpackb(
+        blob, use_list=False, raw=False, strict_map_key=False, ext_hook=_no_extension
+    )
+
+
 def unpacked(msg: Message) -> Message:
     """A packed write (``H.PACKED``) with its operation in place of its bytes, as if it
     had come unpacked.  Anything else stays as it is: any other message, bytes that are
-    no msgpack value (every engine refuses a payload that is no operation, and tells
-    its sender), or a packed write's payload that is not bytes (as if sent unpacked)."""
+    no msgpack value or hold an extension value (every engine refuses a payload that is
+    no operation, and tells its sender), or a packed write's payload that is not bytes
+    (as if sent unpacked)."""
     blob, h = msg.payload, msg.header
     if type(blob) is not bytes or type(h) is not dict or H.PACKED not in h:
         return msg
     try:
-        op = msgpack.unpackb(blob, use_list=False, raw=False, strict_map_key=False)
+        op = _unpack(blob)
     except Exception:
         return msg
     return msg._replace(payload=op)
@@ -72,7 +89,7 @@ def unbundle(msg: Message) -> tuple[Any, ...] | None:
     if type(blob) is not bytes or type(n) is not int:
         return None
     try:
-        subs = msgpack.unpackb(blob, use_list=False, raw=False, strict_map_key=False)
+        subs = _unpack(blob)
     except Exception:
         return None
     return subs if type(subs) is tuple and len(subs) == n else None

@@ -845,6 +845,8 @@ def test_a_malformed_write_bundle_is_applied_nowhere_and_lies_change_nothing() -
         msgpack.packb((subs[0], (("put", ((6, 60),)), "not ranges"))),
         msgpack.packb((subs[0], (("put", ((6, 60),)), ((5, 7),)))),  # ints are not keys
         msgpack.packb((subs[0], ("put", ((6, 60),)))),  # not an (op, ranges) pair
+        # an extension value: stored, it would go out in answers as a typed message
+        msgpack.packb((subs[0], (("put", ((6, msgpack.ExtType(64, b"\x90")),)), subs[1][1]))),
         subs,  # not bytes
         b"\xc1",  # not msgpack
         b"\x91" * 100_000,  # nested deeper than any decoder's stack
@@ -873,8 +875,9 @@ def test_a_write_of_many_keys_travels_packed_and_lands_as_its_operation() -> Non
     """A write of more than ``EXACT_RANGES`` keys travels as its operation's bytes,
     which the routers pass on whole; every holder applies it as the operation itself,
     alone or in a batch.  A few keys travel as the operation.  Bytes that are no
-    operation are refused at every replica, as any payload that is no operation; the flag on a
-    payload that is not bytes is that payload, as if sent unpacked."""
+    operation (or hold an extension value) are refused at every replica, as any
+    payload that is no operation; the flag on a payload that is not bytes is that
+    payload, as if sent unpacked."""
     from rubberband.messages import EXACT_RANGES
 
     m = grown(4)
@@ -898,7 +901,10 @@ def test_a_write_of_many_keys_travels_packed_and_lands_as_its_operation() -> Non
     m.settle()
     assert m.replica_violations() == []
     header = {**header, H.REQUEST: "pk"}
-    for bad in (b"\xc1", b"\x93\x01", b"\x91" * 100_000):  # no msgpack, cut, too deep
+    ext = msgpack.packb(("put", tuple((k, msgpack.ExtType(64, b"\x90")) for k in range(0, 400, 7))))
+    # no msgpack, cut short, nested too deep, an extension value (stored, it would go
+    # out in answers and feed pages as if it were one of E-Cast's typed messages)
+    for bad in (b"\xc1", b"\x93\x01", b"\x91" * 100_000, ext):
         m.replies.clear()
         dests = m.submit("client:c", header, bad)
         assert len(dests) == 4 and len(m.replies["pk"]) == 4
