@@ -193,10 +193,18 @@ class Placed(tuple):  # type: ignore[type-arg]
     operation being one ``part_fun`` would accept."""
 
     ranges: RangeSet
+    places: tuple[EKey, ...] | None
+    """Each of the operation's ``(key, ...)`` pairs' key, encoded, in the pairs' order,
+    when the pairs need not be applied in one message (a view's rows, whose readers
+    wait for a progress written after them): a client then sends the pairs of each
+    piece of the ring apart, to its holders alone (``Messages.writes_of``)."""
 
-    def __new__(cls, op: tuple[Any, ...], ranges: RangeSet) -> Placed:
+    def __new__(
+        cls, op: tuple[Any, ...], ranges: RangeSet, places: tuple[EKey, ...] | None = None
+    ) -> Placed:
         self = super().__new__(cls, op)
         self.ranges = ranges
+        self.places = places
         return self
 
 

@@ -33,7 +33,16 @@ from rubberband.changelog import Changed, Changes, Revisions, changes_ranges, pa
 from rubberband.engine import BadOperation, Placed, Placement, changed_key
 from rubberband.errors import Rejected, Unavailable
 from rubberband.gather import Gather, Holders, op_name
-from rubberband.keys import MAX_EKEY, RangeSet, after, contains, covers, intersect, normalize
+from rubberband.keys import (
+    MAX_EKEY,
+    RangeSet,
+    after,
+    contains,
+    covers,
+    intersect,
+    normalize,
+    points,
+)
 from rubberband.placement import BadKeyspace, Keyspace
 from rubberband.placement import Unavailable as NoHolder
 from rubberband.proto import (
@@ -169,15 +178,17 @@ class Messages:
         ordered after the writes of earlier batches.  A write of several ranges, of a
         range across segments, or one for which ``alone`` is true (default: those the
         client waits to hear about, ``ops.answered``) travels alone, after every bundle
-        begun before it.  Grouped by the client's copy of the keyspace: with a stale copy
-        a bundle may reach more holders than one segment's, and each applies what it
-        holds."""
+        begun before it (a view's rows in a message per piece of the ring:
+        :meth:`_pieces`).  Grouped by the client's copy of the keyspace: with a stale
+        copy a bundle may reach more holders than one segment's, and each applies what
+        it holds."""
         parts = [self._write_ranges(op) for op in ops]
+        placed = ops
         # (a placed write travels as the plain tuple it is: a receiver reads types)
         ops = [tuple(op) if type(op) is Placed else op for op in ops]
         ks = self.keyspace
         if ks is None or not len(ks) or limit <= 1:
-            return [((i,), *self._alone(ops[i], r)) for i, r in enumerate(parts)]
+            return [m for i, r in enumerate(parts) for m in self._pieces(i, ops[i], r, placed[i])]
         answered = alone if alone is not None else getattr(self.ops, "answered", None)
         ids = ks.ids
         uppers = (*ids, MAX_EKEY)
@@ -201,7 +212,7 @@ class Messages:
                     k = -1
             if k < 0:  # travels alone, behind everything begun before it
                 flush()
-                out.append(((i,), *self._alone(ops[i], ranges)))
+                out.extend(self._pieces(i, ops[i], ranges, placed[i]))
                 continue
             group = groups.get(k)
             if group is None:
@@ -211,6 +222,39 @@ class Messages:
                 out.extend(self._write_bundles(ops, parts, group, max_bytes))
                 groups[k] = []
         flush()
+        return out
+
+    def _pieces(
+        self, i: int, op: Any, ranges: RangeSet, placed: Any
+    ) -> list[tuple[tuple[int, ...], Any, dict[str, Any]]]:
+        """Write ``i`` as it travels alone: one message, or, for a placed write whose
+        pairs need not be applied together (``Placed.places``: a view's rows), one
+        message for the pairs of each piece of the ring, to that piece's holders
+        alone, the piece of its last pair last (a view's progress, which its readers
+        take as the sign that every row before it is there).  Whole, every holder of
+        any of its rows decoded all of them: each of 16 storage processes 500 rows for
+        the 94 it holds."""
+        places = placed.places if type(placed) is Placed and self.placement.ordered else None
+        ks = self.keyspace
+        if places is None or ks is None or len(places) != len(op[1]):
+            return [((i,), *self._alone(op, ranges))]
+        ids = ks.ids
+        pieces: dict[int, list[int]] = {}
+        for j, place in enumerate(places):
+            k = bisect_right(ids, place)
+            got = pieces.get(k)
+            if got is None:
+                pieces[k] = [j]
+            else:
+                got.append(j)
+        if len(pieces) < 2:
+            return [((i,), *self._alone(op, ranges))]
+        last = bisect_right(ids, places[-1])
+        out = []
+        for k in [*(k for k in sorted(pieces) if k != last), last]:
+            js = pieces[k]
+            part = (op[0], tuple(op[1][j] for j in js), *op[2:])
+            out.append(((i,), *self._alone(part, points([places[j] for j in js]))))
         return out
 
     def _write_bundles(

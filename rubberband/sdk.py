@@ -312,11 +312,10 @@ class RubberbandClient:
         for indices, fut, rid in futs:
             try:
                 await self._await(fut, rid)
-                error: Exception | None = None
             except Exception as e:
-                error = e
-            for i in indices:
-                outcomes[i] = error
+                for i in indices:  # (a write sent in pieces: its first failure)
+                    if outcomes[i] is None:
+                        outcomes[i] = e
         return outcomes
 
     async def read(

@@ -353,7 +353,8 @@ class Maintainer:
         i = 0
         for part in parts:
             j = i + len(part)
-            rows.append(Placed(("version", tuple(part), floor, low), points(places[i:j])))
+            mine = tuple(places[i:j])
+            rows.append(Placed(("version", tuple(part), floor, low), points(mine), mine))
             i = j
         # (with rows only: :meth:`in_order` adds the ordered progress to the last row write)
         extra = self._reclaims(low) if rows else []
@@ -398,10 +399,12 @@ class Maintainer:
             last = (*last, stable)
         op: Any = ("version", last, *progress[2:])
         if rows and type(rows[-1]) is Placed:
-            ranges = rows[-1].ranges
+            ranges, places = rows[-1].ranges, rows[-1].places
             for key, _entry in last[len(rows[-1][1]) :]:
-                ranges = with_point(ranges, encode_key(key))
-            op = Placed(op, ranges)
+                place = encode_key(key)
+                ranges = with_point(ranges, place)
+                places = None if places is None else (*places, place)
+            op = Placed(op, ranges, places)  # (its last pair a progress: sent last)
         ops = (*rows[:-1], op)
         # (the stable progress goes out only once those are known applied: no low)
         return ops, ("version", (stable,), progress[2])

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from rubberband.changelog import Event
 from rubberband.keys import encode_key
+from rubberband.proto import H
 from rubberband.views.compute import recompute
 from rubberband.views.define import meta_key, stable_key, view_def
 from rubberband.views.maintain import Maintainer
@@ -201,6 +202,7 @@ def test_a_maintainers_rows_carry_the_ranges_its_engine_would_find(
         for op in [*made, *Maintainer.in_order(made)[0]]:
             if type(op) is Placed:
                 assert op.ranges == ops.part_fun(tuple(op), ranged).ranges
+                assert op.places == tuple(encode_key(key) for key, _entry in op[1])
             else:
                 assert not any(key[:2] == ("~view", view.name) and len(key) == 3
                                for key, _entry in op[1]), op  # fmt: skip
@@ -230,3 +232,64 @@ def test_a_placed_write_goes_where_it_says_under_range_partitioning_alone() -> N
     hashed = Placement("hash")
     want = KVOps().part_fun(tuple(op), hashed).ranges
     assert Messages(KVOps(), hashed)._write_ranges(op) == want != (point("elsewhere"),)
+
+
+def test_a_pages_rows_travel_a_message_a_piece_of_the_ring_the_progress_last() -> None:
+    """Every holder of any of a message's keys decodes all of it: a page's rows go out
+    one message per piece of the ring, each to that piece's holders alone, and the
+    piece with the progress (the last pair, which readers take as the sign that every
+    row before it is there) last.  Each part is the page's write restricted to its
+    piece, and the storage processes end up with what one message would have left."""
+    import msgpack
+
+    from rubberband.client import ClientCore
+    from rubberband.engine import Placed
+    from rubberband.views.define import row_key
+    from storage_adapters.memory import KVOps
+    from tests.rubberband_model import Model
+
+    def ring(ids: list[Any]) -> Model:
+        m = Model(f=2)
+        for i, at in enumerate(ids):
+            m.join_storage(f"storage:{i}")
+            m.reconfigure(("expand", f"storage:{i}", at))
+            m.settle()
+        return m
+
+    maintainer = Maintainer(VIEW)
+    maintainer.start([], [[([], 1)]], 0.0)
+    events = [Event(2 + k, ((k, "put", {"g": k % 10}),)) for k in range(60)]
+    made = maintainer.page(0, 70, events, 0.0)
+    rows, _stable = Maintainer.in_order(made)
+    (op,) = rows
+    assert type(op) is Placed and op.places == tuple(encode_key(k) for k, _ in op[1])
+    cuts = [0, row_key("by_g", (3, 0)), row_key("by_g", (7, 0)), meta_key("by_g")]
+    whole, split = ring(cuts), ring(cuts)
+    for m, pieces in ((whole, False), (split, True)):
+        client = ClientCore(KVOps())
+        client.learn(m.config.version, m.config.keyspace.to_state())
+        if not pieces:
+            client.keyspace = None  # (no ring known: one message, as before)
+        sent = client.writes_of([op], 32, 1 << 20)
+        assert all(indices == (0,) for indices, _, _ in sent)
+        parts = [msgpack.unpackb(p, use_list=False) if type(p) is bytes else p
+                 for _, p, _ in sent]  # fmt: skip
+        if pieces:
+            assert len(sent) == 3  # g 0-2, 3-6 and 7-9 with the progress
+            assert sorted(pair for part in parts for pair in part[1]) == sorted(op[1])
+            assert parts[-1][1][-1] == op[1][-1] and parts[-1][1][-1][0] == meta_key("by_g")
+            for part, (_, _, header) in zip(parts, sent, strict=True):
+                assert part[::2] == op[::2] and part[3:] == op[3:]
+                assert header[H.WRITES] == client.routable(
+                    KVOps().part_fun(part, m.placement).ranges
+                )
+        else:
+            assert len(sent) == 1
+        for _, payload, header in sent:
+            dests = m.submit("client:m", header, payload)
+            assert len(dests) == (2 if pieces else 4), dests
+        m.settle()
+    # (as the wire would carry them: the model hands a part's lists over as they are)
+    held = [msgpack.packb(sorted(s.engine.items())) for s in whole.storage.values()]
+    assert held == [msgpack.packb(sorted(s.engine.items())) for s in split.storage.values()]
+    assert sum(len(s.engine.items()) for s in split.storage.values()) == 2 * len(op[1])
