@@ -188,11 +188,17 @@ class Messages:
         ops = [tuple(op) if type(op) is Placed else op for op in ops]
         ks = self.keyspace
         if ks is None or not len(ks) or limit <= 1:
-            return [m for i, r in enumerate(parts) for m in self._pieces(i, ops[i], r, placed[i])]
+            out: list[tuple[tuple[int, ...], Any, dict[str, Any]]] = []
+            for i, r in enumerate(parts):
+                if len(r) <= EXACT_RANGES:  # (most: a few keys, as they stand)
+                    out.append(((i,), ops[i], write_header(r)))
+                else:
+                    out.extend(self._pieces(i, ops[i], r, placed[i]))
+            return out
         answered = alone if alone is not None else getattr(self.ops, "answered", None)
         ids = ks.ids
         uppers = (*ids, MAX_EKEY)
-        out: list[tuple[tuple[int, ...], Any, dict[str, Any]]] = []
+        out = []
         groups: dict[int, list[int]] = {}
         """Indices waiting to travel, by piece of the ring (``bisect_right(ids, key)``:
         the two ends of the wrapping segment are two pieces, each with its own bundle)."""
@@ -236,7 +242,7 @@ class Messages:
         the 94 it holds."""
         places = placed.places if type(placed) is Placed and self.placement.ordered else None
         ks = self.keyspace
-        if places is None or ks is None or len(places) != len(op[1]):
+        if places is None or ks is None or len(places) != len(op[1]) or len(ranges) <= 1:
             return [((i,), *self._alone(op, ranges))]
         ids = ks.ids
         pieces: dict[int, list[int]] = {}
