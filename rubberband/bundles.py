@@ -75,10 +75,10 @@ def unpack_writes(deliveries: list[Any]) -> list[Any]:
     """``deliveries`` (:class:`ecast.Delivery`), each packed write among them unpacked
     in its place: the judge of a short step (``rubberband.storage.points_only``) weighs
     the operation, and the core then takes it as it is (it unpacks any other)."""
-    for i, d in enumerate(deliveries):
-        m = unpacked(d.message)
-        if m is not d.message:
-            deliveries[i] = d._replace(message=m)
+    for i, d in enumerate(deliveries):  # (a pass on a hot path: no call for the others)
+        h = d.message.header
+        if type(h) is dict and H.PACKED in h:
+            deliveries[i] = d._replace(message=unpacked(d.message))
     return deliveries
 
 
