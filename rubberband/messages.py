@@ -190,8 +190,8 @@ class Messages:
         if ks is None or not len(ks) or limit <= 1:
             out: list[tuple[tuple[int, ...], Any, dict[str, Any]]] = []
             for i, r in enumerate(parts):
-                if len(r) <= EXACT_RANGES:  # (most: a few keys, as they stand)
-                    out.append(((i,), ops[i], write_header(r)))
+                if len(r) <= EXACT_RANGES and type(placed[i]) is not Placed:
+                    out.append(((i,), ops[i], write_header(r)))  # (most: as they stand)
                 else:
                     out.extend(self._pieces(i, ops[i], r, placed[i]))
             return out
@@ -242,10 +242,11 @@ class Messages:
         the 94 it holds."""
         places = placed.places if type(placed) is Placed and self.placement.ordered else None
         ks = self.keyspace
-        if places is None or ks is None or len(places) != len(op[1]) or len(ranges) <= 1:
+        if places is None or ks is None or len(places) != len(op[1]):
             return [((i,), *self._alone(op, ranges))]
         ids = ks.ids
         pieces: dict[int, list[int]] = {}
+        k = 0
         for j, place in enumerate(places):
             k = bisect_right(ids, place)
             got = pieces.get(k)
@@ -255,7 +256,7 @@ class Messages:
                 got.append(j)
         if len(pieces) < 2:
             return [((i,), *self._alone(op, ranges))]
-        last = bisect_right(ids, places[-1])
+        last = k  # the last pair's piece
         out = []
         for k in [*(k for k in sorted(pieces) if k != last), last]:
             js = pieces[k]
