@@ -80,14 +80,18 @@ def _views(n: int, keys: int = ROWS) -> list[tuple[str, tuple[Any, Any], str, di
 
 
 # ------------------------------------------------------------------ a load process
-TICK = 0.001
+TICK = 0.005
 """Seconds between a paced load process's looks at the writes it owes: those due go out
-in one ``write_batch`` call, each write alone in its message (the cluster's work is
-that of as many ``put`` calls).  Writers awaiting a ``put`` each took the load
-processes a fifth of this 2-core machine at 7,300 writes/s (55 µs a write; batches:
-45) and more at the peak, where refilling the window in batches let the cluster reach
+in ``write_batch`` calls, each write alone in its message (the cluster's work is that
+of as many ``put`` calls).  Writers awaiting a ``put`` each took the load processes a
+fifth of this 2-core machine at 7,300 writes/s (55 µs a write; batches: 45) and more
+at the peak, where refilling the window in batches let the cluster reach
 23,000-25,000 writes/s instead of 14,500: CPU taken from the cluster under test, whose
-clients in production are not on its cores (docs/benchmarks.md)."""
+clients in production are not on its cores (docs/benchmarks.md).  A call costs about
+a packet each way, so a look every millisecond (5 writes a call at 5,000 writes/s a
+process) cost 51 µs of the load process's CPU a write, and every 5 ms 27 µs.  At
+10,000 writes/s the load processes took 0.37 of the two cores, then 0.26; at the
+views benchmark's half peak a write showed in the index about twice as soon."""
 
 CHUNK = 16
 """Writes per ``write_batch`` call at most.  A batch ends when its last write is stable,
@@ -493,6 +497,9 @@ def _writes(a: argparse.Namespace, base: Path) -> dict[int, Any]:
 
 def _worker_main(args: list[str]) -> int:
     """A load process (:func:`_load` starts it): its figures as one JSON line."""
+    from ecast import tune_process
+
+    tune_process()  # uvloop and a rare collector, as every other benchmark's load process
     d, clients, seconds, rate, seed, keys = args[:6]
     st = json.loads((Path(d) / "cluster.json").read_text())
     out = asyncio.run(_worker(st, int(clients), float(seconds), float(rate), int(seed), int(keys)))
