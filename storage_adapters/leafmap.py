@@ -10,8 +10,14 @@ about :data:`LOAD` keys under a list of their upper bounds, but a new key is onl
 bisection of the bounds and an append (about 5 µs at 200,000 keys, 6 at a million),
 and no read or write waits for more than one leaf's sort.
 
+A leaf read after a few appends (a lookup under writes) is not sorted whole: its
+sorted part stays, and each appended key is put in its place by bisection.  A walk of
+the 300 keys of one secondary value in an index view's 300,000 rows took 167 µs after
+one insert into its leaf when the whole leaf was sorted, 28.8 µs so (21.7 µs with no
+insert; after 4 inserts 199 µs against 38.0, after 16 257 against 68.4).
+
 A removed key stays in its leaf as a *ghost*: skipped when read, dropped when the leaf
-is next sorted, or from every leaf when ghosts reach half the live keys.  A ghost added
+is next sorted whole, or from every leaf when ghosts reach half the live keys.  A ghost added
 again keeps its place.
 
 Only the map's own writing methods keep the order: ``d[k] = v``, ``del d[k]``,
@@ -23,13 +29,17 @@ allowed (the order does not change), and is how a hot loop overwrites.
 from __future__ import annotations
 
 import random
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterator
 from typing import Any
 
 LOAD = 1000
 """Keys a leaf holds after a split (it splits at twice as many)."""
 _CHUNK = 64
+_PLACED = 32
+"""Keys appended to a sorted leaf that a read puts in place one by one (a bisection
+and a list insert each); more, and the read sorts the leaf whole (a sort walks every
+key once at least: 145 µs for 1,200 keys of a view's rows)."""
 """Keys a walk copies out of a leaf at a time (a scan with a limit stops early)."""
 
 
@@ -48,8 +58,9 @@ class LeafMap(dict):  # type: ignore[type-arg]
         (a bound need not be a key any more: a leaf's largest may have gone)."""
         self._leaves: list[list[Any]] = []
         """Every key held, and every ghost, once; none empty."""
-        self._unsorted: set[int] = set()
-        """``id`` of each leaf appended to out of order since it was last sorted."""
+        self._unsorted: dict[int, int] = {}
+        """``id`` of each leaf appended to out of order since it was last sorted, and how
+        many of its first keys are still in order (every key after them was appended)."""
         self._ghosts: set[Any] = set()
         """Keys in a leaf that the dict no longer holds."""
         self._moves = 0
@@ -77,8 +88,10 @@ class LeafMap(dict):  # type: ignore[type-arg]
             leaf.append(key)
         else:
             leaf = self._leaves[pos]
+            unsorted = self._unsorted
+            if id(leaf) not in unsorted:
+                unsorted[id(leaf)] = len(leaf)
             leaf.append(key)
-            self._unsorted.add(id(leaf))
         if len(leaf) > 2 * self._load:
             self._split(pos)
 
@@ -148,7 +161,7 @@ class LeafMap(dict):  # type: ignore[type-arg]
         self._moves += 1
         self._bounds = []
         self._leaves = []
-        self._unsorted = set()
+        self._unsorted = {}
         self._ghosts = set()
 
     def _refused(self, *args: Any, **kw: Any) -> Any:
@@ -169,20 +182,33 @@ class LeafMap(dict):  # type: ignore[type-arg]
     def _sweep(self) -> None:
         """Drop every ghost from every leaf (a filter keeps a sorted leaf sorted)."""
         self._moves += 1
+        unsorted = self._unsorted
         for pos in range(len(self._leaves) - 1, -1, -1):
             leaf = self._leaves[pos]
+            ordered = unsorted.get(id(leaf))
+            if ordered is not None:  # the keys kept of its sorted part are its sorted part
+                unsorted[id(leaf)] = sum(1 for k in leaf[:ordered] if k in self)
             leaf[:] = [k for k in leaf if k in self]
             if not leaf:
                 self._remove(pos)
         self._ghosts = set()
 
     def _sorted(self, pos: int) -> list[Any]:
-        """Leaf ``pos``, sorted and without ghosts (it may go: then the next one)."""
+        """Leaf ``pos``, sorted; without ghosts when it was sorted whole (then it may
+        go, and this is the next one)."""
         leaf = self._leaves[pos]
-        if id(leaf) not in self._unsorted:
+        ordered = self._unsorted.pop(id(leaf), None)
+        if ordered is None:
             return leaf
-        self._unsorted.discard(id(leaf))
         self._moves += 1
+        if len(leaf) - ordered <= _PLACED:
+            # A few appended: each to its place.  Its ghosts stay (a walk skips them):
+            # finding them would walk the whole leaf, the cost this saves.
+            tail = leaf[ordered:]
+            del leaf[ordered:]
+            for key in tail:
+                insort(leaf, key)
+            return leaf
         leaf.sort()
         if self._ghosts:
             gone = [k for k in leaf if k not in self]
@@ -195,7 +221,7 @@ class LeafMap(dict):  # type: ignore[type-arg]
         return leaf
 
     def _remove(self, pos: int) -> None:
-        self._unsorted.discard(id(self._leaves[pos]))
+        self._unsorted.pop(id(self._leaves[pos]), None)
         del self._leaves[pos]
         del self._bounds[pos]
 

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from storage_adapters import leafmap
 from storage_adapters.leafmap import LeafMap
 
 KEY = st.tuples(st.integers(0, 3), st.integers(0, 60))
@@ -35,8 +36,18 @@ def expected_walk(model: dict[Any, Any], lo: Any, hi: Any, inc: tuple[bool, bool
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(1, 5), st.lists(STEP, max_size=120))
-def test_a_leaf_map_is_a_dict_walked_in_order(load: int, steps: list[Any]) -> None:
+@given(st.integers(1, 5), st.lists(STEP, max_size=120), st.sampled_from([0, 1, 3, 1_000]))
+def test_a_leaf_map_is_a_dict_walked_in_order(load: int, steps: list[Any], placed: int) -> None:
+    """``placed``: keys appended that a read puts in place one by one (0: every read of
+    an unsorted leaf sorts it whole; 1,000: none does, but a split)."""
+    kept, leafmap._PLACED = leafmap._PLACED, placed
+    try:
+        _walked_in_order(load, steps)
+    finally:
+        leafmap._PLACED = kept
+
+
+def _walked_in_order(load: int, steps: list[Any]) -> None:
     m, model = LeafMap(load), {}
     for step in steps:
         kind = step[0]
@@ -66,12 +77,21 @@ def test_a_leaf_map_is_a_dict_walked_in_order(load: int, steps: list[Any]) -> No
             m.clear()
             model.clear()
         assert dict(m) == model
+        assert_leaves_in_order(m)
     assert m.ordered_keys() == sorted(model)
     assert m.ordered_values() == [model[k] for k in sorted(model)]
     held = sorted(k for leaf in m._leaves for k in leaf)
     assert held == sorted(set(held)), "a key in two places"
     assert set(held) == set(model) | m._ghosts and not set(model) & m._ghosts
     assert_under_bounds(m)
+
+
+def assert_leaves_in_order(m: LeafMap) -> None:
+    """A leaf not marked unsorted is sorted; a marked one, up to the keys it says are."""
+    for i, leaf in enumerate(m._leaves):
+        ordered = m._unsorted.get(id(leaf), len(leaf))
+        assert leaf[:ordered] == sorted(leaf[:ordered]), (i, ordered, leaf)
+    assert set(m._unsorted) <= {id(leaf) for leaf in m._leaves}
 
 
 def assert_under_bounds(m: LeafMap) -> None:
@@ -146,6 +166,7 @@ def test_long_random_runs_of_puts_removes_and_walks_agree_with_a_dict(seed: int)
             assert list(m.irange(lo, hi)) == [x for x in sorted(model) if lo <= x < hi]
         # ghosts never outnumber the live keys by more than the sweep allows
         assert len(m._ghosts) <= max(m._load, len(m) // 2), (len(m._ghosts), len(m))
+        assert_leaves_in_order(m)
     assert m.ordered_keys() == sorted(model)
 
 
