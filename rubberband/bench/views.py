@@ -23,7 +23,9 @@ the memory engine, replication 3) with one ``rubberband views maintain`` process
    over its rows against the scan engine's own select ``where g = ?`` (a full scan of
    every holder's share, shared by the selects waiting); on key-value data (the memory
    engine), through an index view against a scan of the base range filtered by the
-   client; and SQLite with an index on that column (in this process, no network).
+   client, and through the index view again while a writer puts rows into the leaves
+   the lookups read; and SQLite with an index on that column (in this process, no
+   network).
 """
 
 from __future__ import annotations
@@ -364,12 +366,14 @@ async def _lookups(c: Cluster, rows: int, lookups: int, per: int) -> dict[str, A
     for i in range(0, rows, 2_000):
         await rb.put_many({k: {"g": g, "n": n} for k, g, n in data[i : i + 2_000]})
     created = time.monotonic()
-    await rb.create_view("by_g", (0, rows), "index", on="g", columns=["n"])
+    # (the source reaches past the rows: the lookups under writes insert there)
+    await rb.create_view("by_g", (0, 2 * rows), "index", on="g", columns=["n"])
     backfill = await _ready(rb, "by_g", 900.0) - created
     wanted = _wanted(rows // per, lookups)
     view = rb.view("by_g")
     index_s, found = await _at_once([lambda g=g: view.lookup(g, "snapshot") for g in wanted])
     _check_found(data, wanted, found)
+    under = await _lookups_under_writes(rb, data, wanted, rows, rows // per)
     scans = max(1, lookups // 100)
     t = time.monotonic()
     matched = 0
@@ -389,11 +393,52 @@ async def _lookups(c: Cluster, rows: int, lookups: int, per: int) -> dict[str, A
         "backfill_s": round(backfill, 1),
         "backfill_rows_per_s": round(rows / backfill),
         "index_view_lookups_per_s": round(lookups / index_s),
+        **under,
         "rows_per_lookup": round(sum(map(len, found)) / len(found), 1),
         "full_scan_lookups_per_s": round(1 / scan_s, 2),  # one at a time: each is long
         "sqlite_indexed_lookups_per_s": round(_sqlite(data, wanted)),
         "index_over_scan": round(scan_s / (index_s / lookups), 1),
         "rows_per_scan_lookup": round(matched / scans, 1),
+    }
+
+
+UNDER_WRITES_BATCH = 100
+"""Rows each of the writer's calls inserts while the lookups run again."""
+
+
+async def _lookups_under_writes(
+    rb: Any, data: list[tuple[int, int, int]], wanted: list[int], rows: int, groups: int
+) -> dict[str, Any]:
+    """The same lookups again while a writer puts rows past the base's, one call of
+    :data:`UNDER_WRITES_BATCH` after another (keys ``rows`` to ``2 * rows``, then over
+    again), each row with a secondary value half-way between two looked up (``g +
+    0.5``): the view's rows land in the very leaves the lookups read, and no lookup's
+    answer changes (each is checked)."""
+    rng = random.Random(3)
+    done = asyncio.Event()
+    written = 0
+
+    async def writer() -> None:
+        nonlocal written
+        while not done.is_set():
+            first = rows + written % rows
+            n = min(UNDER_WRITES_BATCH, 2 * rows - first)
+            rows_ = {first + i: {"g": rng.randrange(groups) + 0.5, "n": 0} for i in range(n)}
+            await rb.put_many(rows_)
+            written += n
+
+    started = time.monotonic()
+    task = asyncio.create_task(writer())
+    await asyncio.sleep(0.5)  # the writes under way first
+    view = rb.view("by_g")
+    took, found = await _at_once([lambda g=g: view.lookup(g, "snapshot") for g in wanted])
+    done.set()
+    await task
+    rate = written / (time.monotonic() - started)
+    _check_found(data, wanted, found)
+    return {
+        "index_view_lookups_under_writes_per_s": round(len(wanted) / took),
+        "rows_written_per_s_meanwhile": round(rate),
     }
 
 

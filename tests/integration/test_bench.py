@@ -217,4 +217,6 @@ def test_views_cost_staleness_and_lookups_that_answer_right(tmp_path: Path) -> N
         assert r["rows"] == 600 and r["rows_per_lookup"] == 1.0, r
         assert r["index_view_lookups_per_s"] > 0 and r["sqlite_indexed_lookups_per_s"] > 0, r
     assert kv["full_scan_lookups_per_s"] > 0 and kv["rows_per_scan_lookup"] == 1.0, kv
+    assert kv["index_view_lookups_under_writes_per_s"] > 0, kv  # (their rows are checked)
+    assert kv["rows_written_per_s_meanwhile"] > 0, kv
     assert table["scan_engine_select_lookups_per_s"] > 0, table
