@@ -604,6 +604,9 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(a.dir or tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
     check_idle()
+    from ecast import tune_process
+
+    tune_process()  # the probes and lookups are clients: uvloop and a rare collector
     result: dict[str, Any] = {"experiment": "views", "keys": a.keys, "writes": _writes(a, base)}
     rate = a.staleness_rate
     if not rate and result["writes"]:
