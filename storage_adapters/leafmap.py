@@ -12,13 +12,14 @@ and no read or write waits for more than one leaf's sort.
 
 A leaf read after a few appends (a lookup under writes) is not sorted whole: its
 sorted part stays, and each appended key is put in its place by bisection.  A walk of
-the 300 keys of one secondary value in an index view's 300,000 rows took 167 µs after
-one insert into its leaf when the whole leaf was sorted, 28.8 µs so (21.7 µs with no
-insert; after 4 inserts 199 µs against 38.0, after 16 257 against 68.4).
+the 300 keys of one secondary value in an index view's 300,000 rows, after one insert
+into its leaf, took 167 µs sorting the leaf whole and 28.8 µs placing the one key
+(21.7 µs with no insert; after 4 inserts 199 µs against 38.0, after 16 257 against
+68.4; 2026-12-04).
 
 A removed key stays in its leaf as a *ghost*: skipped when read, dropped when the leaf
-is next sorted whole, or from every leaf when ghosts reach half the live keys.  A ghost added
-again keeps its place.
+is next sorted whole, or from every leaf when ghosts reach half the live keys.  A ghost
+added again keeps its place.
 
 Only the map's own writing methods keep the order: ``d[k] = v``, ``del d[k]``,
 ``pop``, ``update``, ``add_new``, ``remove_range`` and ``clear``; the others that would
@@ -36,11 +37,11 @@ from typing import Any
 LOAD = 1000
 """Keys a leaf holds after a split (it splits at twice as many)."""
 _CHUNK = 64
+"""Keys a walk copies out of a leaf at a time (a scan with a limit stops early)."""
 _PLACED = 32
 """Keys appended to a sorted leaf that a read puts in place one by one (a bisection
 and a list insert each); more, and the read sorts the leaf whole (a sort walks every
 key once at least: 145 µs for 1,200 keys of a view's rows)."""
-"""Keys a walk copies out of a leaf at a time (a scan with a limit stops early)."""
 
 
 class LeafMap(dict):  # type: ignore[type-arg]
