@@ -39,7 +39,7 @@ def expected_walk(model: dict[Any, Any], lo: Any, hi: Any, inc: tuple[bool, bool
 @given(st.integers(1, 5), st.lists(STEP, max_size=120), st.sampled_from([0, 1, 3, 1_000]))
 def test_a_leaf_map_is_a_dict_walked_in_order(load: int, steps: list[Any], placed: int) -> None:
     """``placed``: keys appended that a read puts in place one by one (0: every read of
-    an unsorted leaf sorts it whole; 1,000: none does, but a split)."""
+    an unsorted leaf sorts it whole; 1,000: none does, these leaves being small)."""
     kept, leafmap._PLACED = leafmap._PLACED, placed
     try:
         _walked_in_order(load, steps)
