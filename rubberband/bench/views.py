@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ecast import tune_process
 from rubberband.bench.harness import check_idle, machine
 from rubberband.tools.cli import run as _cli
 from rubberband.views.define import meta_key
@@ -542,8 +543,6 @@ def _writes(a: argparse.Namespace, base: Path) -> dict[int, Any]:
 
 def _worker_main(args: list[str]) -> int:
     """A load process (:func:`_load` starts it): its figures as one JSON line."""
-    from ecast import tune_process
-
     tune_process()  # uvloop and a rare collector, as every other benchmark's load process
     d, clients, seconds, rate, seed, keys = args[:6]
     st = json.loads((Path(d) / "cluster.json").read_text())
@@ -604,8 +603,6 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(a.dir or tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
     check_idle()
-    from ecast import tune_process
-
     tune_process()  # the probes and lookups are clients: uvloop and a rare collector
     result: dict[str, Any] = {"experiment": "views", "keys": a.keys, "writes": _writes(a, base)}
     rate = a.staleness_rate
