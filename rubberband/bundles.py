@@ -4,7 +4,7 @@ shared by every path that answers (sequential, snapshot, basic).
 
 A bundle's payload is the msgpack bytes of a tuple of ``(op, ranges)`` pairs, opaque to
 the routers (``rubberband.proto.bundle_header``); its header's ranges are what the
-routers routed by, and what :meth:`StorageCore._mine` checked.  The reads' own ranges
+routers routed by, and what :func:`rubberband.storage.held_part` checked.  The reads' own ranges
 are the client's word: nothing is answered outside the header's ranges whatever they
 say, so a client that lies about a read's ranges misleads only itself.
 
@@ -73,7 +73,7 @@ def unpacked(msg: Message) -> Message:
 
 def unpack_writes(deliveries: list[Any]) -> list[Any]:
     """``deliveries`` (:class:`ecast.Delivery`), each packed write among them unpacked
-    in its place: the judge of a short step (``rubberband.storage.points_only``) weighs
+    in its place: the judge of a short step (``rubberband.steps.points_only``) weighs
     the operation, and the core then takes it as it is (it unpacks any other)."""
     for i, d in enumerate(deliveries):  # (a pass on a hot path: no call for the others)
         h = d.message.header

@@ -439,6 +439,18 @@ def union(a: RangeSet, b: RangeSet) -> RangeSet:
     return normalize((*a, *b))
 
 
+class Bounds:
+    """A normalized range set's lower and upper bounds, apart: the one range that may
+    hold a given bound is found by one bisection of plain bounds."""
+
+    __slots__ = ("his", "los", "ranges")
+
+    def __init__(self, ranges: RangeSet) -> None:
+        self.ranges = ranges
+        self.los = [lo for lo, _ in ranges]
+        self.his = [hi for _, hi in ranges]
+
+
 def intersect(a: RangeSet, b: RangeSet) -> RangeSet:
     """Both normalized; a linear merge.  One range of ``a`` inside one of ``b`` (a
     storage process intersecting a one-key operation with what it owns, for every

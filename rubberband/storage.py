@@ -27,19 +27,21 @@ exists.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from bisect import bisect_right
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ecast import KIND, PART, SUSPECT, Delivery, Direct, Effects, Message, NodeId
 from ecast.core import mutations
 from rubberband.applying import Apply, answer_bundle
-from rubberband.bundles import Segments, unpack_writes, unpacked
-from rubberband.changelog import FROM_NOW, ChangeLog, peek_answer, revised_op
+from rubberband.bundles import Segments, unpacked
+from rubberband.changelog import ChangeLog, peek_answer, revised_op
 from rubberband.config import CLIENT, STORAGE, SUPER
 from rubberband.engine import BadOperation, Engine, Placement, changed_key
 from rubberband.keys import (
     NOTHING,
+    Bounds,
     RangeSet,
     covers,
     difference,
@@ -70,7 +72,7 @@ from rubberband.proto import (
     ready_header,
 )
 from rubberband.restart import answer_level, drop_kept, restored
-from rubberband.versions import is_version_op
+from rubberband.steps import short_batches as short_batches  # the host's judge of a step
 
 CHUNK_BYTES = 256 * 1024
 _NOW = 1 << 62
@@ -146,6 +148,7 @@ class StorageCore:
         self.version = 0
         self.owned: RangeSet = NOTHING
         """What we answer for as of the last keyspace message delivered."""
+        self.held = Bounds(NOTHING)  # ``owned``'s bounds, as of some time (held_part)
         self.broken: RangeSet = NOTHING
         """Ranges whose transfer was aborted: incomplete until a super repairs us."""
         self.incomplete = False
@@ -309,14 +312,13 @@ class StorageCore:
     def _deliver(self, items: Iterable[tuple[int, Message]]) -> None:
         batch: list[tuple[Message, RangeSet, int]] = []
         t = self.delivered
-        mine_of = self._mine
         for t, msg in items:  # the last position is kept below
             if self.stopped is not None:
                 break
             h = msg.header
             kind = h.get(KIND) if type(h) is dict else None
             if kind is None:
-                mine = mine_of(h)
+                mine = held_part(self, h)
                 if mine is None:
                     continue
                 if H.PACKED in h:  # as if it had come unpacked
@@ -351,7 +353,7 @@ class StorageCore:
         h = msg.header
         if self.stopped is not None or type(h) is not dict or H.READS not in h:
             return
-        mine = self._mine(h)
+        mine = held_part(self, h)
         if mine is None:
             return
         rid = h.get(H.REQUEST, msg.id)
@@ -403,14 +405,6 @@ class StorageCore:
         mine = basic_cover(self, src, msg)
         if mine is not None:
             self._answer(src, msg.request, msg.op, mine, self.version)
-
-    def _mine(self, h: Any) -> RangeSet | None:
-        ranges = h.get(H.WRITES) if type(h) is dict else None
-        if ranges is None and type(h) is dict:
-            ranges = h.get(H.READS)
-        if type(ranges) is not tuple or not is_range_set(ranges):
-            return None
-        return intersect(ranges, self.owned)
 
     # ================================================================== the queue
     def _blocked(self, ranges: RangeSet, t: int) -> bool:
@@ -617,6 +611,28 @@ class StorageCore:
         return status_of(self)
 
 
+def held_part(core: StorageCore, h: Any) -> RangeSet | None:
+    """What ``core`` holds of the ranges a delivered write or read names (None: a header
+    that names none, or not as a range set)."""
+    ranges = h.get(H.WRITES) if type(h) is dict else None
+    if ranges is None and type(h) is dict:
+        ranges = h.get(H.READS)
+    if type(ranges) is not tuple or not is_range_set(ranges):
+        return None
+    owned = core.owned
+    if len(ranges) == 1:
+        # Most deliveries name one key, held whole by the owned range that starts at or
+        # below it: one bisection of plain bounds, where ``intersect`` compares ranges.
+        held = core.held
+        if held.ranges is not owned:
+            held = core.held = Bounds(owned)
+        lo, hi = ranges[0]
+        i = bisect_right(held.los, lo) - 1
+        if i >= 0 and hi <= held.his[i]:
+            return ranges
+    return intersect(ranges, owned)
+
+
 def figures_of(core: StorageCore) -> dict[str, Any]:
     """What this process's heartbeat answers report to the supers (4.2.3): operations
     applied so far (the supers turn it into a rate), the engine's items and bytes,
@@ -694,107 +710,3 @@ def basic_cover(core: StorageCore, src: NodeId, msg: BasicRead | Peek) -> RangeS
     if core.queue:
         mine = difference(mine, core._queued_ranges)
     return mine
-
-
-INLINE_KEYS = 2_048
-"""Single keys a batch run on the loop may name in all, its headers' point ranges
-summed: a view's rows come 500 to a message, each a few microseconds of work, so a
-batch of them is as short as a few base writes were per delivery."""
-INLINE_DELIVERIES = 128
-"""Deliveries a batch run on the loop holds at most: a single-key write is not always
-short (an append copies its list), and the loop must come back to the heartbeats."""
-INLINE_FEED = 256
-"""Changes a feed's page may walk from its ``since`` and still run on the loop: a
-maintainer that keeps up asks every few milliseconds for the few changes since its
-last page; one that fell behind (or a bulk write) walks the log on the thread."""
-
-
-def points_only(
-    deliveries: list[Any],
-    feed: Callable[[int], int] | None = None,
-    weigh: Callable[[Any], int] | None = None,
-) -> bool:
-    """Is each delivery a read or a write of single keys, a few thousand in all?  A
-    batch of such is short on an engine that says so (``inline_points``,
-    :class:`rubberband.engine.Engine`); a range, a keyspace message or a membership
-    change may not be, nor anything unexpected.  The keys are counted from the header's
-    ranges when they are all points; a write of many keys names one hull instead
-    (:meth:`rubberband.messages.Messages.routable`), and then ``weigh``, the engine's
-    ``point_keys``, counts its operation's keys (None: such a write keeps the thread).
-    ``feed``: how many changes the change log holds after a position, so a feed's page
-    that walks only a few counts as short (None: every feed page keeps the thread)."""
-    return _short_step([deliveries], feed, weigh)
-
-
-def short_batches(core: StorageCore, batches: list[list[Any]]) -> bool:
-    """Are these batches of deliveries short enough for ``core`` to run on the event
-    loop, for an engine that says single keys are short (:func:`points_only`, summed
-    over all of them)?"""
-    log = core.changes
-
-    def feed(since: int) -> int:
-        return log.changes_after(since, INLINE_FEED)
-
-    return _short_step(batches, feed, getattr(core.engine, "point_keys", None))
-
-
-def _short_step(
-    batches: list[list[Any]],
-    feed: Callable[[int], int] | None,
-    weigh: Callable[[Any], int] | None,
-) -> bool:
-    """Do a step's ``batches`` (packed writes unpacked in their place) name at most
-    :data:`INLINE_KEYS` single keys, all short (:func:`points_only`)?  A feed's page
-    also walks the changes of the step's writes before it (logged before pages are)."""
-    room, written = INLINE_KEYS, 0
-    try:
-        for deliveries in batches:
-            if len(deliveries) > INLINE_DELIVERIES:
-                return False
-            for d in unpack_writes(deliveries):
-                n = _points(d.message, feed, weigh, written)
-                room -= n
-                if room < 0:
-                    return False
-                if H.WRITES in d.message.header and not is_version_op(d.message.payload):
-                    written += n  # (a view's rows are not logged)
-        return True
-    except Exception:  # a header of any shape: not judged, and the thread takes it
-        return False
-
-
-_LONG = INLINE_KEYS + 1
-"""What a delivery that may walk more than its keys counts for: over any budget."""
-
-
-def _points(
-    m: Any, feed: Callable[[int], int] | None, weigh: Callable[[Any], int] | None, written: int
-) -> int:
-    """The single keys a delivered message names, or :data:`_LONG` (a feed's page:
-    the changes it walks, ``written`` of them the step's own)."""
-    header = m.header
-    if type(header) is not dict or H.REVISIONS in header:
-        return _LONG  # a revisions read walks more than its keys
-    since = header.get(H.SINCE)
-    if since is not None:  # a feed's page walks the log's changes after ``since``
-        if since == FROM_NOW:
-            return 1  # answered empty, at once
-        if feed is None or type(since) is not int:
-            return _LONG
-        walked = feed(since) + written
-        return walked if walked <= INLINE_FEED else _LONG
-    ranges = header.get(H.WRITES) or header.get(H.READS)
-    if type(ranges) not in (list, tuple) or not ranges:
-        return _LONG
-    for lo, hi in ranges:
-        if len(hi) != len(lo) + 1 or hi[-1] != 0 or hi[: len(lo)] != lo:
-            # A hull: a write of many single keys says so in its operation alone (a
-            # bundle's operations are packed: not read here).
-            if weigh is None or H.WRITES not in header or H.COUNT in header:
-                return _LONG
-            keys = weigh(m.payload)
-            return keys if keys >= 0 else _LONG
-    count = header.get(H.COUNT)  # a bundle: as many operations, on these keys
-    if count is not None:
-        return max(len(ranges), count) if type(count) is int and count > 0 else _LONG
-    return len(ranges)

@@ -245,7 +245,7 @@ def test_only_deliveries_of_single_keys_run_on_the_loop() -> None:
     from ecast.core.endpoint import Delivery
     from rubberband.engine import Placement
     from rubberband.proto import keyspace_header, read_header, write_header
-    from rubberband.storage import INLINE_KEYS, points_only
+    from rubberband.steps import INLINE_KEYS, points_only
     from storage_adapters.memory import KVOps
 
     ops, placement = KVOps(), Placement()
@@ -281,7 +281,7 @@ def test_a_write_of_many_keys_under_one_hull_is_weighed_by_its_operation() -> No
     from ecast.core.endpoint import Delivery
     from rubberband.messages import EXACT_RANGES, Messages
     from rubberband.proto import H
-    from rubberband.storage import INLINE_KEYS, points_only
+    from rubberband.steps import INLINE_KEYS, points_only
     from rubberband.views.define import row_key
     from storage_adapters.memory import KVOps, MemoryEngine
 
@@ -327,7 +327,7 @@ def test_a_storage_process_sums_a_steps_keys_and_counts_its_feed_pages_changes()
     from ecast.core.endpoint import Delivery
     from rubberband.messages import Messages
     from rubberband.proto import H
-    from rubberband.storage import INLINE_FEED, INLINE_KEYS, short_batches
+    from rubberband.steps import INLINE_FEED, INLINE_KEYS, short_batches
     from rubberband.views.define import row_key
     from storage_adapters.memory import KVOps
 
@@ -367,7 +367,7 @@ def test_a_long_feed_page_a_revisions_read_and_a_long_batch_keep_the_thread() ->
     from ecast.core.endpoint import Delivery
     from rubberband.changelog import FROM_NOW
     from rubberband.proto import H
-    from rubberband.storage import INLINE_DELIVERIES, INLINE_FEED, points_only
+    from rubberband.steps import INLINE_DELIVERIES, INLINE_FEED, points_only
 
     point = ((2, 5), (2, 5, 0))
 

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from ecast import Message
 from rubberband.client import ClientCore, Rejected
 from rubberband.engine import BadOperation
-from rubberband.keys import normalize
+from rubberband.keys import intersect, normalize
 from rubberband.outputs import Stop
 from rubberband.proto import Abort, Answer, Answers, BasicRead, Chunk, H, Pull, Refuse, Stale, Whole
-from rubberband.storage import StorageCore
+from rubberband.storage import StorageCore, held_part
 from rubberband.super import Refused
 from storage_adapters.memory import KVOps, MemoryEngine
 from tests.rubberband_model import Model
@@ -996,3 +996,32 @@ def test_pulls_before_the_keyspace_message_are_kept_only_from_storage_and_bounde
     assert core.early_pulls[(now + 5, 1)] == ("storage:2", 0)
     m.write(("put", ((1, "x"),)))  # positions go by: what they passed goes
     assert all(tid[0] > core.delivered for tid in core.early_pulls)
+
+
+_bound_ints = st.integers(min_value=0, max_value=12)
+_owned_sets = st.lists(st.tuples(_bound_ints, _bound_ints), max_size=5).map(
+    lambda pairs: normalize(((2, a), (2, b)) for a, b in pairs if a < b)
+)
+_one_range = st.one_of(
+    _bound_ints.map(lambda k: ((2, k), (2, k, 0))),  # a key, as most deliveries name
+    st.tuples(_bound_ints, _bound_ints)
+    .filter(lambda p: p[0] < p[1])
+    .map(lambda p: ((2, p[0]), (2, p[1]))),
+)
+
+
+@given(_owned_sets, _one_range, st.booleans())
+@settings(max_examples=400)
+def test_the_part_of_one_range_a_process_holds_is_what_intersect_says(
+    owned: Any, rng: Any, as_read: bool
+) -> None:
+    """A delivery of one range finds what this process holds of it by one bisection of
+    the owned ranges' bounds, taken again whenever they change: equal to the general
+    intersection, whole ranges held, straddled, and missed alike."""
+    core = StorageCore("storage:1", MemoryEngine())
+    core.owned = owned
+    header = {H.READS: (rng,), H.OFFSET: 0} if as_read else {H.WRITES: (rng,)}
+    core.owned = normalize((*owned, rng))
+    assert held_part(core, header) == (rng,)
+    core.owned = owned  # then less: what it held is no longer all its own
+    assert held_part(core, header) == intersect((rng,), owned)
