@@ -94,7 +94,6 @@ class Client:
 
     def __init__(self, rb: Any, args: argparse.Namespace, stats: Stats, seed: int) -> None:
         from rubberband.client import BUNDLE_BYTES, BUNDLE_LIMIT
-        from rubberband.keys import after
 
         self.rb = rb
         self.args = args
@@ -108,7 +107,6 @@ class Client:
         )
         """A uniformly random key of the key space: the load generator's own cost is
         not Rubberband's, and it shares the same two cores."""
-        self.after = after
         self.ekey = rb.placement.ekey
         # The null engine carries bytes; the key-value engines store values as their
         # engines do (the scan engine's columns hold text).
@@ -147,7 +145,7 @@ class Client:
         e = self.ekey(k)
         if kind != "write":
             return ("point", e)  # the null engine's read of one key (``NullOps``)
-        return ("write", ((e, self.after(e)),), self.blob)
+        return ("set", e, self.blob)  # the null engine's write of one key (``NullOps``)
 
     def read_ops(self, n: int) -> list[Any]:
         """``n`` reads of one key each, in one loop: the null engine's reads are made a

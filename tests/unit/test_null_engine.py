@@ -44,3 +44,34 @@ def test_point_reads_travel_lighter_and_every_one_is_answered_whole() -> None:
                 for i in range(len(whole.results)):
                     answered[indices[i]] = answered.get(indices[i], 0) + 1
     assert answered == dict.fromkeys(range(len(keys)), 1)
+
+
+def test_a_write_of_one_key_names_it_once_and_reaches_its_holders_as_a_ranged_write() -> None:
+    """``("set", ekey, payload)`` is routed as ``("write", ((ekey, after(ekey)),),
+    payload)`` is, to the same holders, each applying it once, and its operation packs
+    half the objects: the header already names the key's range."""
+    m = Model(f=3).ring_of(4)
+    for core in m.storage.values():
+        core.engine = NullEngine(m.placement)
+        core._logged = False  # (the model built them on the memory engine, which logs)
+    client = ClientCore(NullOps())
+    client.learn(m.config.version, m.config.keyspace.to_state())
+    blob = b"x" * 16
+    for k in range(0, 400, 7):
+        e = m.placement.ekey(k)
+        point, header = client.write_message(("set", e, blob))
+        ranged, ranged_header = client.write_message(("write", ((e, after(e)),), blob))
+        assert header == ranged_header
+        assert _objects(point) == 6 < _objects(ranged) == 12
+        before = {d: core.engine.applied for d, core in m.storage.items()}
+        dests = m.submit("client:c", header, point)
+        assert dests == m.submit("client:c", ranged_header, ranged) and len(dests) == 3
+        for d, core in m.storage.items():
+            assert core.engine.applied - before[d] == (2 if d in dests else 0)
+
+
+def _objects(value: Any) -> int:
+    """msgpack objects in ``value``, containers and their items alike."""
+    if type(value) is tuple:
+        return 1 + sum(_objects(v) for v in value)
+    return 1
