@@ -12,7 +12,7 @@ from rubberband.bundles import read_items, unbundle, write_items
 from rubberband.changelog import feed_answer, revised_op
 from rubberband.engine import BadOperation
 from rubberband.keys import NOTHING, RangeSet, covers
-from rubberband.proto import Answer, Answers, H, Whole
+from rubberband.proto import Answer, Answers, H, Whole, written
 from rubberband.versions import is_version_op, too_old
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ class Apply:
         engine: Any = self.core.engine
         for m, mine, t in self.batch:
             h = m.header
-            full = h.get(H.WRITES)
+            full = written(h)
             if H.READS in h or full is None or covers(mine, full):
                 continue
             if H.COUNT not in h:

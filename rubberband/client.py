@@ -72,6 +72,7 @@ from rubberband.proto import (
     Peek,
     Stale,
     Whole,
+    written,
 )
 from rubberband.read_batches import (
     BASIC_TIMER,
@@ -247,11 +248,12 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
         payload, header = self.write_message(op)  # raises BadOperation, before anything
         fx = self._begin()
         rid = next(self._ids)
-        if not header[H.WRITES]:  # changes nothing anywhere (zero rows): done at once
+        ranges = written(header)
+        if not ranges:  # changes nothing anywhere (zero rows): done at once
             fx.deliver.append(WriteDone(rid, None))
             return rid, self._end(now)
         answered = self._answered(op)
-        w = _Write(rid, op, header[H.WRITES], answered, now + self._write_timeout(timeout))
+        w = _Write(rid, op, ranges, answered, now + self._write_timeout(timeout))
         if answered:
             header[H.REQUEST] = rid
             header[H.ANSWER] = 1
@@ -279,14 +281,15 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
         for indices, payload, header in messages:
             rid = next(self._ids)
             out.append((indices, rid))
-            if not header[H.WRITES]:  # changes nothing anywhere: done at once
+            ranges = written(header)
+            if not ranges:  # changes nothing anywhere: done at once
                 fx.deliver.append(WriteDone(rid, None))
                 continue
             answered = len(indices) == 1 and self._answered(ops[indices[0]])
             if answered:
                 header[H.REQUEST] = rid
                 header[H.ANSWER] = 1
-            self.writes[rid] = _Write(rid, ops[indices[0]], header[H.WRITES], answered, deadline)
+            self.writes[rid] = _Write(rid, ops[indices[0]], ranges, answered, deadline)
             heapq.heappush(self._timers, (deadline, _WRITE, rid))
             fx.deliver.append(Submit(header, payload, rid))
         return out, self._end(now)

@@ -66,7 +66,7 @@ from typing import Any
 
 from ecast import EMPTY, JOIN, KIND, PART, ROUTERS, SUSPECT, Membership, Message, NodeId
 from ecast.core import mutations
-from rubberband.keys import EKey, RangeSet, is_ekey, is_range_set
+from rubberband.keys import EKey, RangeSet, is_ekey, is_key_quick, is_range_set
 from rubberband.optimizer import BadInstruction, Copy, instructions_from_wire
 from rubberband.placement import BadKeyspace, Keyspace, Routing, Unavailable
 from rubberband.proto import INCOMPLETE, KEYSPACE, MAX_RANGES, READY, H
@@ -549,6 +549,11 @@ class RubberbandConfig(Membership):
                 if type(w) is not tuple or len(w) > MAX_RANGES or not is_range_set(w):
                     return EMPTY
                 return self.write_routing().write_set(w)
+            k = h.get(H.KEY)
+            if k is not None:  # a write of one key: routed as its range is
+                if H.READS in h or H.COUNT in h or not is_key_quick(k):
+                    return EMPTY
+                return self.write_routing().write_set(((k, (*k, 0)),))
             r = h.get(H.READS)
             o = h.get(H.OFFSET, 0)
             if type(r) is not tuple or len(r) > MAX_RANGES or type(o) is not int:

@@ -329,6 +329,18 @@ def is_ekey(value: Any, _depth: int = 0) -> bool:
     return False
 
 
+def is_key_quick(value: Any) -> bool:
+    """:func:`is_ekey`, with an integer's or a string's key checked inline: a write of one
+    key names it alone (``H.KEY``), checked by the routers and each holder."""
+    if type(value) is tuple and len(value) == 2:
+        rank, v = value
+        if rank == 2 and type(rank) is int and type(v) is int:
+            return MIN_INT <= v <= MAX_INT
+        if rank == 3 and type(rank) is int:
+            return type(v) is str
+    return is_ekey(value)
+
+
 def is_bound(value: Any) -> bool:
     """An encoded key, or the exclusive bound ``after(k)`` of one."""
     if type(value) is tuple and len(value) >= 2 and value[-1] == 0 and type(value[-1]) is int:

@@ -22,6 +22,7 @@ from typing import Any
 
 import ecast
 from ecast import KIND, SUSPECT, WHO, NodeId
+from rubberband.keys import is_key_quick
 
 TransferId = tuple[int, int]
 """A migration's transfer: the keyspace message's position and the instruction's index."""
@@ -307,6 +308,9 @@ class H:
 
     WRITES = "writes"
     """The ranges a write touches (routed to every holder of them)."""
+    KEY = "key"
+    """The one key a write of one key touches, instead of ``WRITES``: its range
+    ``(key, after(key))`` named the key twice, packed and unpacked at every hop."""
     READS = "reads"
     """The ranges a read covers (routed to a cover of them, 4.3)."""
     OFFSET = "offset"
@@ -349,7 +353,23 @@ client names fewer by widening (``rubberband.messages.Messages.routable``)."""
 
 
 def write_header(ranges: Any) -> dict[str, Any]:
+    """A write's header: ``KEY`` for a write of one key (most), ``WRITES`` otherwise."""
+    if len(ranges) == 1:
+        lo, hi = ranges[0]
+        if is_key_quick(lo) and hi == (*lo, 0):
+            return {H.KEY: lo}
     return {H.WRITES: ranges}
+
+
+def written(header: dict[str, Any]) -> Any:
+    """The ranges a write's header (ours, or checked: :func:`rubberband.storage.held_part`)
+    names, whichever way it names them; None for a header that names none."""
+    ranges = header.get(H.WRITES)
+    if ranges is None:
+        key = header.get(H.KEY)
+        if key is not None:
+            return ((key, (*key, 0)),)
+    return ranges
 
 
 def read_header(ranges: Any, offset: int) -> dict[str, Any]:

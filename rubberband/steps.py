@@ -80,7 +80,8 @@ def _short_step(
                 room -= n
                 if room < 0:
                     return False
-                if H.WRITES in d.message.header and not is_version_op(d.message.payload):
+                header = d.message.header
+                if (H.WRITES in header or H.KEY in header) and not is_version_op(d.message.payload):
                     written += n  # (a view's rows are not logged)
         return True
     except Exception:  # a header of any shape: not judged, and the thread takes it
@@ -107,6 +108,8 @@ def _points(
             return _LONG
         walked = feed(since) + written
         return walked if walked <= INLINE_FEED else _LONG
+    if H.KEY in header:
+        return 1
     ranges = header.get(H.WRITES) or header.get(H.READS)
     if type(ranges) not in (list, tuple) or not ranges:
         return _LONG

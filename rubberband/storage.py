@@ -46,6 +46,7 @@ from rubberband.keys import (
     covers,
     difference,
     intersect,
+    is_key_quick,
     is_range_set,
     overlaps,
     union,
@@ -614,10 +615,18 @@ class StorageCore:
 def held_part(core: StorageCore, h: Any) -> RangeSet | None:
     """What ``core`` holds of the ranges a delivered write or read names (None: a header
     that names none, or not as a range set)."""
-    ranges = h.get(H.WRITES) if type(h) is dict else None
-    if ranges is None and type(h) is dict:
-        ranges = h.get(H.READS)
-    if type(ranges) is not tuple or not is_range_set(ranges):
+    if type(h) is not dict:
+        return None
+    ranges = h.get(H.WRITES)
+    if ranges is None:
+        key = h.get(H.KEY)
+        if key is not None:  # a write of one key (the routers refuse it beside reads)
+            if not is_key_quick(key):
+                return None
+            ranges = ((key, (*key, 0)),)
+        elif type(ranges := h.get(H.READS)) is not tuple or not is_range_set(ranges):
+            return None
+    elif type(ranges) is not tuple or not is_range_set(ranges):
         return None
     owned = core.owned
     if len(ranges) == 1:

@@ -22,6 +22,7 @@ from rubberband.proto import (
     ready_header,
     vote_header,
     write_header,
+    written,
 )
 
 _seq = itertools.count(1)
@@ -172,6 +173,14 @@ def test_malformed_data_headers_route_nowhere() -> None:
         {H.READS: ((encode_key(1), encode_key(5)),), H.OFFSET: "x"},
         {H.READS: 5},
         {H.WRITES: (("a", "b"),)},
+        {H.KEY: 5},
+        {H.KEY: [2, 5]},  # a list, not a tuple
+        {H.KEY: (2, 2**64)},  # an integer beyond the keys'
+        {H.KEY: (2, float("nan"))},
+        {H.KEY: (2, True)},
+        {H.KEY: (2,)},
+        {H.KEY: encode_key(5), H.READS: ((encode_key(1), encode_key(9)),), H.OFFSET: 0},
+        {H.KEY: encode_key(5), H.COUNT: 2},
         "not a dict",
         None,
         {},
@@ -330,7 +339,7 @@ def messages(draw: st.DrawFn, c: RubberbandConfig) -> Message:
         return msg(sender, ready_header(draw(st.integers(0, c.version + 1))))
     if kind in ("w", "r"):
         a, b = sorted((draw(keys), draw(keys)))
-        ranges = (key_range(a, b + 1),)
+        ranges = (key_range(a, b + 1),) if draw(st.booleans()) else (point(a),)
         h = write_header(ranges) if kind == "w" else read_header(ranges, draw(st.integers(0, 5)))
         return msg(sender, h)
     ks = c.keyspace
@@ -364,11 +373,11 @@ def test_any_history_keeps_the_invariants(data: st.DataObject) -> None:
         assert not (dests & c.retired())
         assert dests <= c.members() | c.suspects(m) | {m.sender}
         h = m.header
-        if H.WRITES in h and dests:
-            holders = {p for p in c.active() if overlaps(c.keyspace.partition(p), h[H.WRITES])}
+        if (H.WRITES in h or H.KEY in h) and dests:
+            holders = {p for p in c.active() if overlaps(c.keyspace.partition(p), written(h))}
             assert dests == holders - c.excluded()
-        if "r" in h and dests:
-            cover = c.read_cover(h["r"], h["o"])
+        if H.READS in h and dests:
+            cover = c.read_cover(h[H.READS], h[H.OFFSET])
             assert set(cover) == dests
             assert not (dests & c.incomplete)
         # Configuration state is a value: it survives the wire exactly.

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rubberband.host import BATCH, DELIVERIES, DIRECT, INBOX_HIGH, WAKE, StorageHost
-from rubberband.proto import BasicRead, Chunk, Peek, Pull
+from rubberband.proto import BasicRead, Chunk, Peek, Pull, written
 from rubberband.storage import StorageCore
 from storage_adapters.memory import MemoryEngine
 
@@ -311,7 +311,7 @@ def test_a_write_of_many_keys_under_one_hull_is_weighed_by_its_operation() -> No
     assert not points_only(wide, weigh=weigh)
     bundle = Message("client:c", ("c", 2), {**hull[0].message.header, H.COUNT: 2}, b"")
     assert not points_only([Delivery(2, bundle)], weigh=weigh)
-    point = delivered(("put", ((5, 5),)))[0].message.header[H.WRITES]  # all to one key
+    point = written(delivered(("put", ((5, 5),)))[0].message.header)  # all to one key
     for count, short in ((INLINE_KEYS, True), (INLINE_KEYS + 1, False), ("2", False)):
         one = Message("client:c", ("c", 3), {H.WRITES: point, H.COUNT: count}, b"")
         assert points_only([Delivery(3, one)], weigh=weigh) is short, count

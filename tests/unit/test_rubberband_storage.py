@@ -13,9 +13,21 @@ from hypothesis import strategies as st
 from ecast import Message
 from rubberband.client import ClientCore, Rejected
 from rubberband.engine import BadOperation
-from rubberband.keys import intersect, normalize
+from rubberband.keys import encode_key, intersect, key_range, normalize, point
 from rubberband.outputs import Stop
-from rubberband.proto import Abort, Answer, Answers, BasicRead, Chunk, H, Pull, Refuse, Stale, Whole
+from rubberband.proto import (
+    Abort,
+    Answer,
+    Answers,
+    BasicRead,
+    Chunk,
+    H,
+    Pull,
+    Refuse,
+    Stale,
+    Whole,
+    write_header,
+)
 from rubberband.storage import StorageCore, held_part
 from rubberband.super import Refused
 from storage_adapters.memory import KVOps, MemoryEngine
@@ -808,7 +820,7 @@ def test_a_write_bundle_reaches_one_segments_holders_and_keeps_each_keys_order()
     assert m.replica_violations() == []
     assert not m.stopped
     assert client.writes_of(ops[:5], 1, 1 << 16) == [
-        ((i,), op, {H.WRITES: m.ops.part_fun(op, m.placement).ranges})
+        ((i,), op, write_header(m.ops.part_fun(op, m.placement).ranges))
         for i, op in enumerate(ops[:5])
     ]
 
@@ -892,7 +904,7 @@ def test_a_write_of_many_keys_travels_packed_and_lands_as_its_operation() -> Non
     m.settle()
     assert len(dests) == 4 and m.replica_violations() == []
     few = ("put", tuple((k, -k) for k in range(EXACT_RANGES)))
-    assert client.write_message(few) == (few, {H.WRITES: m.ops.part_fun(few, m.placement).ranges})
+    assert client.write_message(few) == (few, write_header(m.ops.part_fun(few, m.placement).ranges))
     wide = ("put", tuple((k, 1 << 70) for k in range(EXACT_RANGES + 1)))  # no msgpack int
     assert client.write_message(wide)[0] == wide  # (E-Cast's encoder says why)
     unpacked = ("put", tuple((k, f"u{k}") for k in range(0, 400, 7)))  # the same keys
@@ -1025,3 +1037,26 @@ def test_the_part_of_one_range_a_process_holds_is_what_intersect_says(
     assert held_part(core, header) == (rng,)
     core.owned = owned  # then less: what it held is no longer all its own
     assert held_part(core, header) == intersect((rng,), owned)
+
+
+def test_a_write_of_one_key_is_held_as_its_range_and_a_malformed_key_is_not_applied() -> None:
+    """A write of one key names it alone (``H.KEY``): each holder takes it as the range
+    of that key; a key that is none (the routers refuse it too) is passed over, and
+    the process goes on."""
+    engine = MemoryEngine()
+    core = StorageCore("storage:1", engine)
+    core.joined({"rubberband": [3, "range", 0, [], [], [], [], [], [], [], []]})
+    core.owned = normalize(((encode_key(0), encode_key(100)),))
+    assert write_header((point(7),)) == {H.KEY: encode_key(7)}
+    assert write_header((key_range(7, 9),)) == {H.WRITES: (key_range(7, 9),)}
+    assert held_part(core, {H.KEY: encode_key(7)}) == (point(7),)
+    assert held_part(core, {H.KEY: encode_key(700)}) == ()  # not ours
+    bad_keys = (5, [2, 7], (2, 2**64), (2, float("nan")), (2, True), (2,), ((2, 7),))
+    for t, key in enumerate(bad_keys, 1):
+        assert held_part(core, {H.KEY: key}) is None
+        msg = Message("client:c", (("c", 0, ""), t), {H.KEY: key}, ("put", ((7, "bad"),)))
+        fx = core.deliver([(t, msg)])
+        assert not fx.deliver and core.stopped is None
+    good = Message("client:c", (("c", 0, ""), 99), write_header((point(7),)), ("put", ((7, "ok"),)))
+    core.deliver([(len(bad_keys) + 1, good)])
+    assert engine.apply([(("get", (7,)), (point(7),))]) == [{7: "ok"}]

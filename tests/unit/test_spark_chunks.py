@@ -19,7 +19,7 @@ from rubberband.engine import MAX_EKEY as MAX
 from rubberband.engine import MIN_EKEY as MIN
 from rubberband.engine import Placement
 from rubberband.keys import stable_hash32
-from rubberband.proto import H
+from rubberband.proto import written
 from rubberband.spark.chunks import BadRows, Chunker, Target, remainder_messages
 from storage_adapters.memory import KVOps
 from storage_adapters.scan.client import ScanOps
@@ -82,7 +82,7 @@ def test_every_row_is_sent_once_by_the_tasks_or_the_driver() -> None:
         for payload, header in c.feed(part):
             sent.extend(payload["data"][payload["columns"].index("id")])
             assert TABLE_OPS.part_fun(payload, placement).ranges  # a valid operation
-            ((lo, hi),) = header[H.WRITES]
+            ((lo, hi),) = written(header)
             for place in (placement.ekey(k) for k in payload["data"][0]):
                 assert lo <= place < hi  # the header covers every row it carries
         parts.append((c.columns, c.remainder()))
@@ -106,7 +106,7 @@ def test_hash_buckets_keep_a_message_on_one_arc() -> None:
         assert kind == "append"
         arcs = {stable_hash32(k) * 8 >> 32 for k, _ in pairs}
         assert len(arcs) == 1
-        ((lo, hi),) = header[H.WRITES]
+        ((lo, hi),) = written(header)
         assert hi[1] - lo[1] < 2**32 // 8
         assert KVOps().part_fun((kind, pairs), placement).ranges
 
@@ -137,7 +137,7 @@ def test_bad_rows_are_refused_with_the_reason() -> None:
 
 def _apply(engine, messages, placement):  # type: ignore[no-untyped-def]
     """Apply messages as a replica holding their ranges would (the header's ranges)."""
-    results = engine.apply([(p, h[H.WRITES]) for p, h in messages])
+    results = engine.apply([(p, written(h)) for p, h in messages])
     for r in results:
         assert not isinstance(r, Exception), r
     return results
