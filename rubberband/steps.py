@@ -108,9 +108,9 @@ def _points(
             return _LONG
         walked = feed(since) + written
         return walked if walked <= INLINE_FEED else _LONG
-    if H.KEY in header:
-        return 1
     ranges = header.get(H.WRITES) or header.get(H.READS)
+    if ranges is None and H.KEY in header:
+        return 1  # a write of one key (beside ranges, the ranges count, as they route)
     if type(ranges) not in (list, tuple) or not ranges:
         return _LONG
     for lo, hi in ranges:

@@ -386,6 +386,9 @@ def test_a_long_feed_page_a_revisions_read_and_a_long_batch_keep_the_thread() ->
     assert points_only(delivered({H.WRITES: (point,)}, INLINE_DELIVERIES))
     assert not points_only(delivered({H.WRITES: (point,)}, INLINE_DELIVERIES + 1))
     assert not points_only(delivered({H.WRITES: ({"lo": 1}, {"hi": 2})}))
+    assert points_only(delivered({H.KEY: point[0]}, INLINE_DELIVERIES))  # a key named alone
+    # Beside ranges, the ranges count, as they are what the routers and holders go by.
+    assert not points_only(delivered({H.KEY: point[0], H.WRITES: (((2, 0), (2, 9)),)}))
 
 
 async def test_metrics_and_health_read_the_core_on_the_engine_thread_between_steps() -> None:
