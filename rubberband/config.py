@@ -553,7 +553,7 @@ class RubberbandConfig(Membership):
             if k is not None:  # a write of one key: routed as its range is
                 if H.READS in h or H.COUNT in h or not is_key_quick(k):
                     return EMPTY
-                return self.write_routing().write_set(((k, (*k, 0)),))
+                return self.write_routing().key_set(k)
             r = h.get(H.READS)
             o = h.get(H.OFFSET, 0)
             if type(r) is not tuple or len(r) > MAX_RANGES or type(o) is not int:

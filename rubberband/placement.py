@@ -347,6 +347,13 @@ class Routing:
             picks.append(tuple(chosen[s] for s in piece_segment))
         self._picks = tuple(picks)
 
+    def key_set(self, ekey: EKey) -> frozenset[str]:
+        """:meth:`write_set` of the one key ``ekey`` (a write that names its key alone,
+        most writes): the piece that holds it, by one bisection.  Exact because every
+        id is an encoded key, and an encoded key above ``ekey`` is at or above
+        ``after(ekey)``."""
+        return self._wsets[bisect_right(self._ids, ekey)]
+
     def write_set(self, ranges: RangeSet) -> frozenset[str]:
         """Every unexcluded process whose partition overlaps ``ranges`` (ROWA writes)."""
         ids = self._ids

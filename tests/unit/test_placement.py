@@ -96,6 +96,7 @@ def test_point_write_set_is_every_holder_of_the_key_but_excluded(ks, k, excluded
     exclude = frozenset(excluded)
     assert ks.write_set((K.point(K.decode_key(k)),), exclude) == holders(ks, k) - exclude
     assert ks.routing(exclude).write_set(((k, K.after(k)),)) == holders(ks, k) - exclude
+    assert ks.routing(exclude).key_set(k) == holders(ks, k) - exclude  # (H.KEY's routing)
 
 
 @given(keyspaces(), range_sets(), st.sets(st.sampled_from([f"p{i}" for i in range(8)])))
@@ -290,3 +291,32 @@ def test_state_round_trips_through_msgpack(ks):
     back = Keyspace.from_state(wire)
     assert back == ks and hash(back) == hash(ks)
     assert [back.partition(p) for p in back.processes] == [ks.partition(p) for p in ks.processes]
+
+
+_any_keys = st.one_of(
+    st.integers(-5, 5),
+    st.floats(-5, 5, allow_nan=False),
+    st.text(max_size=2),
+    st.binary(max_size=2),
+    st.booleans(),
+    st.none(),
+    st.tuples(st.integers(-2, 2), st.text(max_size=1)),
+    st.tuples(st.integers(-2, 2)),
+)
+
+
+@given(
+    st.integers(1, 3),
+    st.lists(_any_keys, max_size=7),
+    st.booleans(),
+    st.lists(_any_keys, min_size=1, max_size=20),
+)
+def test_a_keys_write_set_is_its_points(f, id_keys, at_min, keys):
+    """``key_set``, by which the routers route a write that names its key alone, is
+    ``write_set`` of that key's range, whatever the keys' types and the ids' (one at
+    MIN included)."""
+    ids = sorted({K.encode_key(k) for k in id_keys} | ({K.MIN_EKEY} if at_min else set()))
+    ks = Keyspace(f, [(e, f"p{i}") for i, e in enumerate(ids)])
+    routing = ks.routing(frozenset({"p1"}))
+    for e in [K.encode_key(k) for k in keys] + ids + [K.MIN_EKEY]:
+        assert routing.key_set(e) == routing.write_set(((e, K.after(e)),)), e
