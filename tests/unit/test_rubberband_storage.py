@@ -1022,17 +1022,21 @@ _one_range = st.one_of(
 )
 
 
-@given(_owned_sets, _one_range, st.booleans())
+@given(_owned_sets, _one_range, st.sampled_from(["reads", "writes", "header"]))
 @settings(max_examples=400)
 def test_the_part_of_one_range_a_process_holds_is_what_intersect_says(
-    owned: Any, rng: Any, as_read: bool
+    owned: Any, rng: Any, how: str
 ) -> None:
     """A delivery of one range finds what this process holds of it by one bisection of
     the owned ranges' bounds, taken again whenever they change: equal to the general
-    intersection, whole ranges held, straddled, and missed alike."""
+    intersection, whole ranges held, straddled, and missed alike, whether the range is
+    read, written, or written as the client's header names it (a key alone)."""
     core = StorageCore("storage:1", MemoryEngine())
-    core.owned = owned
-    header = {H.READS: (rng,), H.OFFSET: 0} if as_read else {H.WRITES: (rng,)}
+    header = {
+        "reads": {H.READS: (rng,), H.OFFSET: 0},
+        "writes": {H.WRITES: (rng,)},
+        "header": write_header((rng,)),
+    }[how]
     core.owned = normalize((*owned, rng))
     assert held_part(core, header) == (rng,)
     core.owned = owned  # then less: what it held is no longer all its own
