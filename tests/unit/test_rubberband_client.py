@@ -296,6 +296,23 @@ def test_a_stable_append_nobody_answers_is_indeterminate_after_the_answer_timeou
     assert 0.5 <= rig.now < 0.7, rig.now  # stable at once here; the 30 s never waited
 
 
+def test_an_appends_answer_is_taken_from_a_holder_of_its_key_only() -> None:
+    """A write whose holder must answer (an append) takes the answer of a process that
+    holds its key, whatever the header names it by, and no other's: a storage process
+    that holds none of it is no answer, and the caller waits out the answer timeout."""
+    m = Model(f=1).ring_of(4)
+    rig = Rig(m)
+    rig.core.answer_timeout = 0.5
+    rid = rig.write(("append", ((5, "x"),)))
+    assert rig.until_done(rid) == WriteDone(rid, None) and rig.now < 0.1
+    rig.mute_answers = True
+    rid = rig.write(("append", ((5, "y"),)))
+    liar = next(p for p in m.config.keyspace.processes if p != _holder(m, 5))
+    rig.run(rig.core.on_direct(liar, Answer(rid, None, None, None, m.t, True), rig.now))
+    done = rig.until_done(rid)
+    assert isinstance(done.error, Indeterminate) and rig.core.refused_answers == 1, done
+
+
 # ---------------------------------------------------------------------- read batches
 def _batch_of_reads(
     silent: bool, shed: bool = False, grouped: bool = False
