@@ -178,12 +178,14 @@ class _Read:
 
 
 class _Write:
-    __slots__ = ("answer", "answered", "deadline", "id", "op", "ranges", "stable")
+    __slots__ = ("answer", "answered", "deadline", "header", "id", "op", "stable")
 
-    def __init__(self, rid: int, op: Any, ranges: Any, answered: bool, deadline: float) -> None:
+    def __init__(self, rid: int, op: Any, header: Any, answered: bool, deadline: float) -> None:
         self.id = rid
         self.op = op
-        self.ranges = ranges
+        self.header = header
+        """Its message's header: the ranges it names (``written``) are read only when a
+        holder answers, and a write of one key names the key alone."""
         self.answered = answered
         self.deadline = deadline
         self.stable = False
@@ -248,12 +250,11 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
         payload, header = self.write_message(op)  # raises BadOperation, before anything
         fx = self._begin()
         rid = next(self._ids)
-        ranges = written(header)
-        if not ranges:  # changes nothing anywhere (zero rows): done at once
+        if _changes_nothing(header):  # (zero rows): done at once
             fx.deliver.append(WriteDone(rid, None))
             return rid, self._end(now)
         answered = self._answered(op)
-        w = _Write(rid, op, ranges, answered, now + self._write_timeout(timeout))
+        w = _Write(rid, op, header, answered, now + self._write_timeout(timeout))
         if answered:
             header[H.REQUEST] = rid
             header[H.ANSWER] = 1
@@ -281,15 +282,14 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
         for indices, payload, header in messages:
             rid = next(self._ids)
             out.append((indices, rid))
-            ranges = written(header)
-            if not ranges:  # changes nothing anywhere: done at once
+            if _changes_nothing(header):  # done at once
                 fx.deliver.append(WriteDone(rid, None))
                 continue
             answered = len(indices) == 1 and self._answered(ops[indices[0]])
             if answered:
                 header[H.REQUEST] = rid
                 header[H.ANSWER] = 1
-            self.writes[rid] = _Write(rid, ops[indices[0]], ranges, answered, deadline)
+            self.writes[rid] = _Write(rid, ops[indices[0]], header, answered, deadline)
             heapq.heappush(self._timers, (deadline, _WRITE, rid))
             fx.deliver.append(Submit(header, payload, rid))
         return out, self._end(now)
@@ -595,10 +595,8 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
         rid = a.request
         w = self.writes.get(rid)
         if w is not None:
-            if (
-                not any(overlaps(p, w.ranges) for p in self.holders.parts(src))
-                and held is not anyone
-            ):
+            ranges = written(w.header)
+            if not any(overlaps(p, ranges) for p in self.holders.parts(src)) and held is not anyone:
                 self._set_aside(src, a, recheck)
             elif w.answer is _NOTHING:
                 w.answer = a.error
@@ -668,6 +666,11 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
 
     def in_flight(self) -> int:
         return len(self._single) + len(self.writes) + len(self._bundles) + len(self.batch_reads)
+
+
+def _changes_nothing(header: dict[str, Any]) -> bool:
+    """Whether a write's header names no range anywhere (an operation of zero rows)."""
+    return H.KEY not in header and not header[H.WRITES]
 
 
 def _expired(w: _Write, answer_timeout: float) -> Indeterminate:
