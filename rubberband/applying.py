@@ -18,6 +18,8 @@ from rubberband.versions import is_version_op, too_old
 if TYPE_CHECKING:
     from rubberband.storage import StorageCore
 
+_READS, _COUNT, _ANSWER = H.READS, H.COUNT, H.ANSWER
+
 MALFORMED_BUNDLE = "a bundle is a tuple of (op, ranges) pairs, as many as its count"
 """The error every read of a malformed bundle gets (and a write bundle's sender: no
 write of it is applied)."""
@@ -72,32 +74,50 @@ class Apply:
 
     def run(self) -> None:
         core = self.core
-        items = self.items
+        batch = self.batch
         # Plain: every item a write of its own that asks for no answer and is no view's
-        # rows (most batches under writes): nothing can be refused, and only a rejected
-        # write is answered, so neither pass over the items is made for it.
+        # rows (``versions.is_version_op``; most batches under writes): nothing can be
+        # refused, every change is logged, only a rejected write is answered, and the
+        # engine's operations are taken from the batch as it is.
         plain = True
-        for m, mine, t in self.batch:
+        for m, _, _ in batch:
             h = m.header
-            if H.READS in h or H.COUNT in h:
-                self._item(m, mine, t)
+            op = m.payload
+            if (
+                _READS in h
+                or _COUNT in h
+                or _ANSWER in h
+                or (type(op) is tuple and op and (op[0] == "version" or op[0] == "reclaim"))
+            ):
                 plain = False
-            else:  # a write of its own (most items): its op, on its part
-                op = m.payload
-                items.append((m, op, mine, mine, -1, t))
-                if plain and (H.ANSWER in h or (type(op) is tuple and op and op[0] == "version")):
-                    plain = False
+                break
+        refused: dict[int, BadOperation] = {}
         changed: Any = None
-        refused = self._refused() if not plain else {}
-        try:
-            if core._wholes:
-                self._wholes()
+        if plain:
+            n = len(batch)
             if core._positions:
-                ops: list[Any] = [(op, r, t) for _, op, r, _, _, t in items]
+                ops: list[Any] = [(m.payload, r, t) for m, r, t in batch]
+            else:
+                ops = [(m.payload, r) for m, r, _ in batch]
+        else:
+            items = self.items
+            for m, mine, t in batch:
+                h = m.header
+                if _READS in h or _COUNT in h:
+                    self._item(m, mine, t)
+                else:  # a write of its own (most items): its op, on its part
+                    items.append((m, m.payload, mine, mine, -1, t))
+            n = len(items)
+            refused = self._refused()
+            if core._positions:
+                ops = [(op, r, t) for _, op, r, _, _, t in items]
             else:
                 ops = [(op, r) for _, op, r, _, _, _ in items]
             if refused:
                 ops = [op for j, op in enumerate(ops) if j not in refused]
+        try:
+            if core._wholes:
+                self._wholes()
             if core._logged:
                 results, changed = core.engine.apply_logged(ops)  # type: ignore[attr-defined]
             else:
@@ -106,14 +126,21 @@ class Apply:
             core.stop(f"engine failed: {type(e).__name__}: {e}")
             return
         if refused and len(results) == len(ops):
-            results, changed = _spliced(results, changed, refused, len(items))
-        if len(results) != len(items) or (changed is not None and len(changed) != len(items)):
+            results, changed = _spliced(results, changed, refused, n)
+        if len(results) != n or (changed is not None and len(changed) != n):
             core.stop("engine returned a wrong number of results")
             return
-        core.stats.applied += len(self.batch)
+        core.stats.applied += len(batch)
+        if plain:
+            if changed is not None:  # no reads among them: every change, in order
+                pending = [(t, c) for (_, _, t), c in zip(batch, changed, strict=True) if c]
+                core.changes.record_all(pending, core.now)
+            if results.count(None) != n:  # some write was rejected: answer it
+                self.items = [(m, m.payload, r, r, -1, t) for m, r, t in batch]
+                self._answer(results, {})
+            return
         revised = self._record(changed) if changed is not None else {}
-        if not plain or results.count(None) != len(results):
-            self._answer(results, revised)
+        self._answer(results, revised)
         for m, mine, t in self.feeds:
             self._feed(m, mine, t)
 

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ecast import KIND, PART, SUSPECT, Delivery, Direct, Effects, Message, NodeId
+from ecast import JOIN, KIND, PART, SUSPECT, Delivery, Direct, Effects, Message, NodeId
 from ecast.core import mutations
 from rubberband.applying import Apply, answer_bundle
 from rubberband.bundles import Segments, unpacked
@@ -78,6 +78,7 @@ from rubberband.steps import short_batches as short_batches  # the host's judge 
 CHUNK_BYTES = 256 * 1024
 _NOW = 1 << 62
 """A position after everything delivered so far (what blocks an answer given now)."""
+_AFTER = (0,)  # ``key + _AFTER`` is ``keys.after(key)``
 
 DELETE_BEFORE_SEND = mutations.declare(
     "delete_before_send", "storage", "a keyspace message's deletes run before its sends open"
@@ -234,32 +235,14 @@ class StorageCore:
         stream, and our own join hands us the keyspace."""
         fx = self._begin()
         self.now = now
-        run: list[tuple[int, Message]] = []
-        senders = self.senders
-        for d in deliveries:
-            m = d.message
-            senders.add(m.sender)
-            if d.unsafe:
-                if run:
-                    self._deliver(run)
-                    run = []
-                self._deliver_unsafe(m, d.frontier, d.accepted)
-            elif m.sender == self.me and m.kind == "join":
-                if run:
-                    self._deliver(run)
-                    run = []
-                fx.extend(self.joined(m.payload))
-                self._fx = fx
-            else:
-                run.append((d.t, m))
-        if run:
-            self._deliver(run)
+        self._deliver(deliveries)
         return fx
 
     def deliver(self, items: Iterable[tuple[int, Message]]) -> Effects:
-        """Safe deliveries ``(t, message)`` in ``t`` order (E-Cast guarantees it)."""
+        """Safe deliveries ``(t, message)`` in ``t`` order (E-Cast guarantees it); our
+        own join among them is passed over (:meth:`joined` takes its state)."""
         fx = self._begin()
-        self._deliver(items)
+        self._deliver([Delivery(t, m) for t, m in items], joins=False)
         return fx
 
     def deliver_unsafe(self, msg: Message, frontier: int | None, accepted: bool) -> Effects:
@@ -310,22 +293,31 @@ class StorageCore:
         return Effects()
 
     # ================================================================== delivering
-    def _deliver(self, items: Iterable[tuple[int, Message]]) -> None:
+    def _deliver(self, deliveries: Iterable[Delivery], joins: bool = True) -> None:
+        # One pass over the deliveries: under writes nearly every one is a write of one
+        # key that joins the engine batch, and a loop step costs about as much as the
+        # write's own work here (a storage process's CPU is most of a write's cost above
+        # an E-Cast message's).
+        if self.stopped is not None:
+            return
         batch: list[tuple[Message, RangeSet, int]] = []
+        senders = self.senders
+        gated = self._queued_ranges or self.migration.incoming
         t = self.delivered
-        for t, msg in items:  # the last position is kept below
-            if self.stopped is not None:
-                break
+        for d in deliveries:
+            msg = d.message
+            senders.add(msg.sender)
             h = msg.header
             kind = h.get(KIND) if type(h) is dict else None
-            if kind is None:
+            if kind is None and not d.unsafe:
+                t = d.t
                 mine = held_part(self, h)
                 if mine is None:
                     continue
                 if H.PACKED in h:  # as if it had come unpacked
                     msg = unpacked(msg)
                 # (most deliveries: nothing queued, nothing received, nothing to ask)
-                if (self._queued_ranges or self.migration.incoming) and self._blocked(mine, t):
+                if gated and self._blocked(mine, t):
                     if H.READS in h:
                         self.stats.reads_held += 1
                     self._enqueue(_Queued(mine, msg=msg, t=t))
@@ -335,12 +327,23 @@ class StorageCore:
             if batch:
                 self._apply(batch)
                 batch = []
-            if kind == KEYSPACE and msg.sender.startswith(SUPER):
-                self._keyspace(t, msg)
-            elif kind == SUSPECT and msg.sender.startswith(SUPER):
-                self._suspected(h.get("who"))
-            elif kind == PART and msg.sender != self.me and msg.sender.startswith(STORAGE):
-                self._gone(msg.sender)
+            if d.unsafe:
+                self._deliver_unsafe(msg, d.frontier, d.accepted)
+            elif kind == JOIN and joins and msg.sender == self.me:
+                fx = self._fx
+                fx.extend(self.joined(msg.payload))
+                self._fx = fx
+            else:
+                t = d.t
+                if kind == KEYSPACE and msg.sender.startswith(SUPER):
+                    self._keyspace(t, msg)
+                elif kind == SUSPECT and msg.sender.startswith(SUPER):
+                    self._suspected(h.get("who"))
+                elif kind == PART and msg.sender != self.me and msg.sender.startswith(STORAGE):
+                    self._gone(msg.sender)
+            if self.stopped is not None:
+                break
+            gated = self._queued_ranges or self.migration.incoming
         if batch and self.stopped is None:
             self._apply(batch)
         self.delivered = t
@@ -617,29 +620,31 @@ def held_part(core: StorageCore, h: Any) -> RangeSet | None:
     that names none, or not as a range set)."""
     if type(h) is not dict:
         return None
-    ranges = h.get(H.WRITES)
-    if ranges is None:
-        key = h.get(H.KEY)
-        if key is not None:  # a write of one key (the routers refuse it beside reads)
-            if not is_key_quick(key):
-                return None
-            ranges = ((key, (*key, 0)),)
-        elif type(ranges := h.get(H.READS)) is not tuple or not is_range_set(ranges):
+    key = h.get(H.KEY)
+    if key is not None and h.get(H.WRITES) is None:
+        # A write of one key (most deliveries; the routers refuse it beside reads).
+        if not is_key_quick(key):
             return None
-    elif type(ranges) is not tuple or not is_range_set(ranges):
-        return None
-    owned = core.owned
-    if len(ranges) == 1:
-        # Most deliveries name one key, held whole by the owned range that starts at or
-        # below it: one bisection of plain bounds, where ``intersect`` compares ranges.
-        held = core.held
-        if held.ranges is not owned:
-            held = core.held = Bounds(owned)
+        lo, hi = key, key + _AFTER  # concatenated: unpacking ``key`` took twice as long
+        ranges: RangeSet = ((lo, hi),)
+    else:  # ranges written (they win over a key beside them), else ranges read
+        ranges = h.get(H.WRITES)
+        if ranges is None:
+            ranges = h.get(H.READS)
+        if type(ranges) is not tuple or not is_range_set(ranges):
+            return None
+        if len(ranges) != 1:
+            return intersect(ranges, core.owned)
         lo, hi = ranges[0]
-        i = bisect_right(held.los, lo) - 1
-        if i >= 0 and hi <= held.his[i]:
-            return ranges
-    return intersect(ranges, owned)
+    # Most deliveries name one key, held whole by the owned range that starts at or
+    # below it: one bisection of plain bounds, where ``intersect`` compares ranges.
+    held = core.held
+    if held.ranges is not core.owned:
+        held = core.held = Bounds(core.owned)
+    i = bisect_right(held.los, lo) - 1
+    if i >= 0 and hi <= held.his[i]:
+        return ranges
+    return intersect(ranges, core.owned)
 
 
 def figures_of(core: StorageCore) -> dict[str, Any]:

@@ -328,23 +328,26 @@ def test_rubberband_cost_times_a_write_with_and_without_the_change_log() -> None
 
 
 def test_a_views_rows_are_no_change_of_the_feed_nor_a_revision() -> None:
-    """``version`` writes (a view's rows, read as the view) are not logged: a feed over
-    every key shows the base writes only, and the rows have no revision; the rows are
-    written all the same."""
+    """``version`` and ``reclaim`` writes (a view's rows, read as the view) are not
+    logged: a feed over every key shows the base writes only, and the rows have no
+    revision; the rows are written (and a dead one reclaimed) all the same."""
     from rubberband.changelog import Revisions
 
     m = Model(f=3).ring_of(4)
     rig = Rig(m)
     start = page(rig, None).position
-    row = ("~view", "v", 5)
+    row, dead = ("~view", "v", 5), ("~view", "v", 6)
     m.write(("put", ((5, "five"),)))
-    m.write(("version", ((row, [9, "five"]),), 0))
+    m.write(("version", ((row, [9, "five"]), (dead, [9, "six"]), (dead, [10])), 0))
+    m.write(("reclaim", (dead,), 10))
     m.settle()
     events = page(rig, start).events
     assert [e.changes for e in events] == [((5, "put", "five"),)]
-    done = rig.until_done(rig.read(Revisions(("get", (5, row)), (5, row)), "sequential"))
+    done = rig.until_done(
+        rig.read(Revisions(("get", (5, row, dead)), (5, row, dead)), "sequential")
+    )
     values, revised = done.result
-    assert values[row][-1] == [9, "five"] and set(revised) == {5}
+    assert values[row][-1] == [9, "five"] and dead not in values and set(revised) == {5}
 
 
 def test_the_change_log_drops_by_bytes_and_a_table_rows_images_weigh_more() -> None:
