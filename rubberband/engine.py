@@ -69,6 +69,7 @@ from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from rubberband.errors import BadOperation
 from rubberband.keys import (
+    AFTER_TAIL,
     EVERYTHING,
     MAX_EKEY,
     MAX_INT,
@@ -94,6 +95,7 @@ from rubberband.keys import (
 from rubberband.versions import check_reclaim_op, check_version_op, dead_by, is_chain, merge
 
 __all__ = [
+    "AFTER_TAIL",
     "EVERYTHING",
     "INVALID",
     "MAX_EKEY",

@@ -355,6 +355,11 @@ def after(ekey: EKey) -> EKey:
     return (*ekey, 0)
 
 
+AFTER_TAIL = (0,)
+"""``ekey + AFTER_TAIL == after(ekey)``, inline where a write of one key is handled (a
+client, a router, a holder once a write): a call and an unpacking cost twice as much."""
+
+
 def point(key: Key) -> Range:
     e = encode_key(key)
     return (e, (*e, 0))

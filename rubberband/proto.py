@@ -22,7 +22,7 @@ from typing import Any
 
 import ecast
 from ecast import KIND, SUSPECT, WHO, NodeId
-from rubberband.keys import is_key_quick
+from rubberband.keys import AFTER_TAIL, is_key_quick
 
 TransferId = tuple[int, int]
 """A migration's transfer: the keyspace message's position and the instruction's index."""
@@ -356,7 +356,7 @@ def write_header(ranges: Any) -> dict[str, Any]:
     """A write's header: ``KEY`` for a write of one key (most), ``WRITES`` otherwise."""
     if len(ranges) == 1:
         lo, hi = ranges[0]
-        if is_key_quick(lo) and hi == (*lo, 0):
+        if is_key_quick(lo) and hi == lo + AFTER_TAIL:
             return {H.KEY: lo}
     return {H.WRITES: ranges}
 
@@ -368,7 +368,7 @@ def written(header: dict[str, Any]) -> Any:
     if ranges is None:
         key = header.get(H.KEY)
         if key is not None:
-            return ((key, (*key, 0)),)
+            return ((key, key + AFTER_TAIL),)
     return ranges
 
 

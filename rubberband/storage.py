@@ -40,6 +40,7 @@ from rubberband.changelog import ChangeLog, peek_answer, revised_op
 from rubberband.config import CLIENT, STORAGE, SUPER
 from rubberband.engine import BadOperation, Engine, Placement, changed_key
 from rubberband.keys import (
+    AFTER_TAIL,
     NOTHING,
     Bounds,
     RangeSet,
@@ -78,7 +79,6 @@ from rubberband.steps import short_batches as short_batches  # the host's judge 
 CHUNK_BYTES = 256 * 1024
 _NOW = 1 << 62
 """A position after everything delivered so far (what blocks an answer given now)."""
-_AFTER = (0,)  # ``key + _AFTER`` is ``keys.after(key)``
 
 DELETE_BEFORE_SEND = mutations.declare(
     "delete_before_send", "storage", "a keyspace message's deletes run before its sends open"
@@ -625,7 +625,7 @@ def held_part(core: StorageCore, h: Any) -> RangeSet | None:
         # A write of one key (most deliveries; the routers refuse it beside reads).
         if not is_key_quick(key):
             return None
-        lo, hi = key, key + _AFTER  # concatenated: unpacking ``key`` took twice as long
+        lo, hi = key, key + AFTER_TAIL  # concatenated: unpacking ``key`` took twice as long
         ranges: RangeSet = ((lo, hi),)
     else:  # ranges written (they win over a key beside them), else ranges read
         ranges = h.get(H.WRITES)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rubberband.engine import Part, Placement, RangeSet, after
+from rubberband.engine import AFTER_TAIL, BadOperation, Part, Placement, RangeSet
 
 _new = tuple.__new__
 
@@ -33,10 +33,11 @@ class NullOps:
         # ``tuple.__new__``: a NamedTuple's generated ``__new__`` cost a benchmark
         # client a third of this call, made once per read.
         kind, where = op[0], op[1]
-        if kind == "point":
-            return _new(Part, ("read", ((where, after(where)),)))
-        if kind == "set":
-            return _new(Part, ("write", ((where, after(where)),)))
+        if kind == "point" or kind == "set":
+            if type(where) is not tuple:
+                raise BadOperation(f"{kind} takes an encoded key, not {where!r:.60}")
+            end = where + AFTER_TAIL
+            return _new(Part, ("read" if kind == "point" else "write", ((where, end),)))
         return _new(Part, ("read" if kind == "read" else "write", where))
 
     def combine(self, op: Any, answers: Sequence[Any]) -> Any:

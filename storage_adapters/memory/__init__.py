@@ -46,6 +46,7 @@ from typing import Any
 import msgpack
 
 from rubberband.engine import (
+    AFTER_TAIL,
     INVALID,
     MAX_EKEY,
     MAX_INT,
@@ -78,6 +79,8 @@ from storage_adapters.leafmap import LeafMap
 
 WRITES = frozenset({"put", "append", "add", "delete", "delete_range", "version", "reclaim"})
 READS = frozenset({"get", "scan"})
+_NAMES = WRITES | READS
+_new = tuple.__new__  # ``_new(Part, (kind, ranges))``: a NamedTuple without its __new__
 MAX_KEYS = 100_000
 """Keys one operation may name."""
 MAX_VALUE_BYTES = 1 << 20
@@ -124,7 +127,23 @@ class KVOps:
     """The client half: what an operation touches, and how replicas' answers combine."""
 
     def part_fun(self, op: Any, placement: Placement) -> Part:
-        if type(op) not in (tuple, list) or not op or op[0] not in WRITES | READS:
+        # Made by a client once per operation.  A put of one plain key (most writes)
+        # takes a short way; anything it does not take, or finds wrong, takes the general
+        # one, which says what is wrong.  The general path cost a put 2 us of the 2.8 its
+        # message took to build (py-spy, timeit).
+        if type(op) is tuple and len(op) == 2 and op[0] == "put":
+            pairs = op[1]
+            if type(pairs) in (tuple, list) and len(pairs) == 1:
+                pair = pairs[0]
+                if type(pair) in (tuple, list) and len(pair) == 2 and type(pair[0]) is not tuple:
+                    try:
+                        check_value(pair[0], pair[1])
+                        e = placement.ekey(pair[0])
+                    except (BadKey, BadOperation, TypeError):
+                        pass
+                    else:
+                        return _new(Part, ("write", ((e, e + AFTER_TAIL),)))
+        if type(op) not in (tuple, list) or not op or type(op[0]) is not str or op[0] not in _NAMES:
             raise BadOperation(f"not a key-value operation: {op!r:.80}")
         name = op[0]
         kind: Any = "write" if name in WRITES else "read"
@@ -143,8 +162,11 @@ class KVOps:
                     raise BadOperation(f"reclaim names more than {MAX_KEYS} keys")
             elif name in ("put", "append", "add"):
                 pairs = op[1]
-                if len(pairs) > MAX_KEYS or not all(len(p) == 2 for p in pairs):
+                if len(pairs) > MAX_KEYS:
                     raise BadOperation(f"{name} takes (key, value) pairs")
+                for p in pairs:
+                    if len(p) != 2:
+                        raise BadOperation(f"{name} takes (key, value) pairs")
                 keys = [p[0] for p in pairs]
                 if name != "add":
                     for k, v in pairs:
@@ -175,6 +197,9 @@ class KVOps:
             raise BadOperation(str(e)) from None
         except TypeError:
             raise BadOperation(f"malformed {name}: {op!r:.80}") from None
+        if len(places) == 1:
+            p = places[0]
+            return _new(Part, (kind, ((p, p + AFTER_TAIL),)))
         if not places:
             raise BadOperation(f"{name} names no key")
         if len(places) > 8:

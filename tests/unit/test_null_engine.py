@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import pytest
+
 from ecast import Message
 from rubberband.client import ClientCore
 from rubberband.keys import after
@@ -75,3 +77,16 @@ def _objects(value: Any) -> int:
     if type(value) is tuple:
         return 1 + sum(_objects(v) for v in value)
     return 1
+
+
+def test_a_point_operation_on_anything_but_an_encoded_key_is_refused() -> None:
+    """The client refuses it (``BadOperation``): a key the header cannot name as a range
+    (a string, a list) would otherwise fail deep in the client as a ``TypeError``."""
+    from rubberband.engine import BadOperation, Placement
+
+    ops = NullOps()
+    for kind in ("point", "set"):
+        assert ops.part_fun((kind, (2, 5), b""), Placement()).ranges == (((2, 5), (2, 5, 0)),)
+        for bad in ("ab", [2, 5], 5, None):
+            with pytest.raises(BadOperation, match="an encoded key"):
+                ops.part_fun((kind, bad, b""), Placement())
