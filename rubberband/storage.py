@@ -79,6 +79,7 @@ from rubberband.steps import short_batches as short_batches  # the host's judge 
 CHUNK_BYTES = 256 * 1024
 _NOW = 1 << 62
 """A position after everything delivered so far (what blocks an answer given now)."""
+_KEY = H.KEY
 
 DELETE_BEFORE_SEND = mutations.declare(
     "delete_before_send", "storage", "a keyspace message's deletes run before its sends open"
@@ -247,7 +248,7 @@ class StorageCore:
 
     def deliver_unsafe(self, msg: Message, frontier: int | None, accepted: bool) -> Effects:
         fx = self._begin()
-        self._deliver_unsafe(msg, frontier, accepted)
+        answer_unsafe(self, msg, frontier, accepted)
         return fx
 
     def on_direct(self, src: NodeId, msg: Any, now: float = 0.0) -> Effects:
@@ -303,15 +304,25 @@ class StorageCore:
         batch: list[tuple[Message, RangeSet, int]] = []
         senders = self.senders
         gated = self._queued_ranges or self.migration.incoming
+        los, his = self._bounds()
         t = self.delivered
         for d in deliveries:
-            msg = d.message
+            dt, msg, unsafe = d[0], d[1], d[2]  # (a Delivery's t, message, unsafe)
             senders.add(msg.sender)
             h = msg.header
             kind = h.get(KIND) if type(h) is dict else None
-            if kind is None and not d.unsafe:
-                t = d.t
-                mine = held_part(self, h)
+            if kind is None and not unsafe:
+                t = dt
+                # held_part's one-key road, written out for a header that names one key
+                # and nothing else: the call took a storage core on the null engine from
+                # 0.67 to 0.75 us a delivery.
+                key = h.get(_KEY)
+                if key is not None and len(h) == 1 and is_key_quick(key):
+                    hi = key + AFTER_TAIL
+                    i = bisect_right(los, key) - 1
+                    mine = ((key, hi),) if i >= 0 and hi <= his[i] else held_part(self, h)
+                else:
+                    mine = held_part(self, h)
                 if mine is None:
                     continue
                 if H.PACKED in h:  # as if it had come unpacked
@@ -327,8 +338,8 @@ class StorageCore:
             if batch:
                 self._apply(batch)
                 batch = []
-            if d.unsafe:
-                self._deliver_unsafe(msg, d.frontier, d.accepted)
+            if unsafe:
+                answer_unsafe(self, msg, d.frontier, d.accepted)
             elif kind == JOIN and joins and msg.sender == self.me:
                 fx = self._fx
                 fx.extend(self.joined(msg.payload))
@@ -344,35 +355,20 @@ class StorageCore:
             if self.stopped is not None:
                 break
             gated = self._queued_ranges or self.migration.incoming
+            los, his = self._bounds()  # (a keyspace message changes what we own)
         if batch and self.stopped is None:
             self._apply(batch)
         self.delivered = t
         if self.migration.early_pulls:
             self.migration.expire_early_pulls()
 
-    def _deliver_unsafe(self, msg: Message, frontier: int | None, accepted: bool) -> None:
-        """A snapshot read (4.5.2): answered at once if this process delivered exactly what
-        the router had sent it when it routed the read (``accepted``) and holds every
-        range of it in full; otherwise refused, and the client retries the whole read."""
-        h = msg.header
-        if self.stopped is not None or type(h) is not dict or H.READS not in h:
-            return
-        mine = held_part(self, h)
-        if mine is None:
-            return
-        rid = h.get(H.REQUEST, msg.id)
-        if not accepted or self.incomplete or self._blocked(mine, _NOW):
-            self.send(msg.sender, Answer(rid, mine, None, None, frontier, False))
-        elif H.COUNT in h:
-            answer_bundle(self, msg, mine, frontier)
-        elif H.REVISIONS in h:
-            op = revised_op(msg.payload, self._logged)
-            if type(op) is str:
-                self.send(msg.sender, Answer(rid, mine, None, op, frontier, True))
-            else:
-                self._answer(msg.sender, rid, op, mine, frontier, msg.payload[1])
-        else:
-            self._answer(msg.sender, rid, msg.payload, mine, frontier)
+    def _bounds(self) -> tuple[list[Any], list[Any]]:
+        """The owned ranges' lower and upper bounds (``held``, made again if ``owned``
+        is new since)."""
+        held = self.held
+        if held.ranges is not self.owned:
+            held = self.held = Bounds(self.owned)
+        return held.los, held.his
 
     def _answer(
         self, to: NodeId, rid: Any, op: Any, mine: RangeSet, position: Any, keys: Any = None
@@ -615,6 +611,31 @@ class StorageCore:
         return status_of(self)
 
 
+def answer_unsafe(core: StorageCore, msg: Message, frontier: int | None, accepted: bool) -> None:
+    """A snapshot read (4.5.2): answered at once if this process delivered exactly what
+    the router had sent it when it routed the read (``accepted``) and holds every
+    range of it in full; otherwise refused, and the client retries the whole read."""
+    h = msg.header
+    if core.stopped is not None or type(h) is not dict or H.READS not in h:
+        return
+    mine = held_part(core, h)
+    if mine is None:
+        return
+    rid = h.get(H.REQUEST, msg.id)
+    if not accepted or core.incomplete or core._blocked(mine, _NOW):
+        core.send(msg.sender, Answer(rid, mine, None, None, frontier, False))
+    elif H.COUNT in h:
+        answer_bundle(core, msg, mine, frontier)
+    elif H.REVISIONS in h:
+        op = revised_op(msg.payload, core._logged)
+        if type(op) is str:
+            core.send(msg.sender, Answer(rid, mine, None, op, frontier, True))
+        else:
+            core._answer(msg.sender, rid, op, mine, frontier, msg.payload[1])
+    else:
+        core._answer(msg.sender, rid, msg.payload, mine, frontier)
+
+
 def held_part(core: StorageCore, h: Any) -> RangeSet | None:
     """What ``core`` holds of the ranges a delivered write or read names (None: a header
     that names none, or not as a range set)."""
@@ -638,11 +659,9 @@ def held_part(core: StorageCore, h: Any) -> RangeSet | None:
         lo, hi = ranges[0]
     # Most deliveries name one key, held whole by the owned range that starts at or
     # below it: one bisection of plain bounds, where ``intersect`` compares ranges.
-    held = core.held
-    if held.ranges is not core.owned:
-        held = core.held = Bounds(core.owned)
-    i = bisect_right(held.los, lo) - 1
-    if i >= 0 and hi <= held.his[i]:
+    los, his = core._bounds()
+    i = bisect_right(los, lo) - 1
+    if i >= 0 and hi <= his[i]:
         return ranges
     return intersect(ranges, core.owned)
 

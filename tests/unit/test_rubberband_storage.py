@@ -1043,6 +1043,74 @@ def test_the_part_of_one_range_a_process_holds_is_what_intersect_says(
     assert held_part(core, header) == intersect((rng,), owned)
 
 
+@given(
+    st.lists(_owned_sets, min_size=1, max_size=3),
+    st.lists(st.lists(_one_range, max_size=12), min_size=1, max_size=3),
+)
+@settings(max_examples=300)
+def test_each_write_of_a_batch_is_applied_on_the_part_its_process_holds(
+    owneds: list[Any], batches: list[list[Any]]
+) -> None:
+    """A batch of deliveries finds what its process holds of each write as
+    :func:`held_part` does (a header naming one key alone takes a written-out road),
+    with the owned ranges as they are at each batch: each write reaches the engine on
+    the part of it the process holds, empty if none."""
+    from storage_adapters.null import NullEngine
+
+    class Recording(NullEngine):
+        def apply(self, batch: Any) -> list[Any]:
+            seen.extend(batch)
+            return super().apply(batch)
+
+    seen: list[Any] = []
+    core = StorageCore("storage:1", Recording())
+    core.joined({"rubberband": [3, "range", 0, [], [], [], [], [], [], [], []]})
+    t = 0
+    for owned, ranges in zip(owneds, batches, strict=False):
+        core.owned = owned  # a new object each batch, as a keyspace message makes
+        seen.clear()
+        items, want = [], []
+        for rng in ranges:
+            t += 1
+            header = write_header((rng,))
+            op = ("write", (rng,), b"")
+            items.append((t, Message("client:c", (("c", 0, ""), t), header, op)))
+            want.append((op, intersect((rng,), owned)))  # (held_part's, tested above)
+        core.deliver(items)
+        assert seen == want
+
+
+def test_writes_after_a_keyspace_message_in_the_same_batch_see_what_it_gave() -> None:
+    """A keyspace message in the middle of a batch changes what the process holds for
+    the writes after it in that batch, not only from the next batch on: gained, and
+    then lost again to a process placed below it (one replica)."""
+    from rubberband.proto import keyspace_header
+    from storage_adapters.null import NullEngine
+
+    class Recording(NullEngine):
+        def apply(self, batch: Any) -> list[Any]:
+            seen.extend(ranges for _, ranges in batch)
+            return super().apply(batch)
+
+    seen: list[Any] = []
+    core = StorageCore("storage:1", Recording())
+    core.joined({"rubberband": [1, "range", 0, [], [], [], [], [], [], [], []]})
+    assert core.owned == ()
+
+    def write(t: int, k: int) -> tuple[int, Message]:
+        return (t, Message("client:c", (("c", 0, ""), t), write_header((point(k),)), ("x",)))
+
+    def expand(t: int, who: str, at: int) -> tuple[int, Message]:
+        h = keyspace_header(t, ("expand", who, encode_key(at)), ())
+        return (t, Message("super:s", (("s", 0, ""), t), h, None))
+
+    core.deliver([write(1, 30), expand(2, "storage:1", 50), write(3, 30)])
+    core.deliver([write(4, 30), expand(5, "storage:2", 10), write(6, 30), write(7, 7)])
+    assert core.stopped is None
+    # 30: not held, then held, then no longer (storage:2 holds from 10 to 50); 7 held
+    assert seen == [(), (point(30),), (point(30),), (), (point(7),)]
+
+
 def test_a_write_of_one_key_is_held_as_its_range_and_a_malformed_key_is_not_applied() -> None:
     """A write of one key names it alone (``H.KEY``): each holder takes it as the range
     of that key; a key that is none (the routers refuse it too) is passed over, and
