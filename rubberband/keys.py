@@ -356,8 +356,9 @@ def after(ekey: EKey) -> EKey:
 
 
 AFTER_TAIL = (0,)
-"""``ekey + AFTER_TAIL == after(ekey)``, inline where a write of one key is handled (a
-client, a router, a holder once a write): a call and an unpacking cost twice as much."""
+"""``ekey + AFTER_TAIL == after(ekey)``, inline where a write of one key is handled once
+a write (the engines' client halves, a write's header, a holder's look-up): a call and
+an unpacking cost twice as much."""
 
 
 def point(key: Key) -> Range:
