@@ -345,7 +345,7 @@ class StorageCore:
                 fx.extend(self.joined(msg.payload))
                 self._fx = fx
             else:
-                t = d.t
+                t = dt
                 if kind == KEYSPACE and msg.sender.startswith(SUPER):
                     self._keyspace(t, msg)
                 elif kind == SUSPECT and msg.sender.startswith(SUPER):
