@@ -52,6 +52,7 @@ from rubberband.engine import (
     MAX_INT,
     MIN_EKEY,
     MIN_INT,
+    ROWS,
     BadKey,
     BadOperation,
     Change,
@@ -506,13 +507,24 @@ class MemoryEngine(ReportsChanges):
     def _version(self, op: Any, ranges: RangeSet) -> None:
         # A view's rows come 500 to a message, each a key this process holds once per
         # replica: the per-row steps are written out (0.4 µs of a row's 4 went to
-        # ``setdefault``'s spare list and to ``update``'s generic per-item insert).
+        # ``setdefault``'s spare list and to ``update``'s generic per-item insert).  An
+        # ordered engine of this class's ``_slot`` finds a row's slot as it does
+        # (``sort_key``, a table row's key refused), and a new row's one version is
+        # made as ``merge`` makes it: without the two calls a row cost a storage core
+        # 4.9 µs instead of 5.1 (500-row messages into 300,000 rows, 2026-12-04).
         pairs, floor = check_version_op(op)
-        slot_of, data = self._slot, self._data
+        data = self._data
+        slot_of = self._slot
+        flat = self._ordered and getattr(slot_of, "__func__", None) is MemoryEngine._slot
         one = ranges[0] if len(ranges) == 1 else None
         entries: dict[EKey, tuple[Any, list[Any]]] = {}
         for key, entry in pairs:
-            slot = slot_of(key)
+            if not flat:
+                slot = slot_of(key)
+            elif type(key) is tuple and len(key) == 3 and key[0] == ROWS:
+                slot = slot_of(key)  # (which refuses it)
+            else:
+                slot = sort_key(key)
             if (one[0] <= slot < one[1]) if one is not None else inside(ranges, slot):
                 got = entries.get(slot)
                 if got is None:
@@ -523,8 +535,11 @@ class MemoryEngine(ReportsChanges):
         new = []
         for slot, (key, mine) in entries.items():  # all checked first: the operation is atomic
             old = get(slot)
-            chain = merge(None if old is None else old[1], mine, floor, key)
-            new.append((slot, old is None, (key, chain)))
+            if old is None and len(mine) == 1:
+                new.append((slot, True, (key, [floor, list(mine[0])])))
+            else:
+                chain = merge(None if old is None else old[1], mine, floor, key)
+                new.append((slot, old is None, (key, chain)))
         if type(data) is LeafMap:  # a key it held keeps its place: no order to find
             setitem, add_new = dict.__setitem__, data.add_new
             for slot, fresh, item in new:
