@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -563,6 +563,32 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
         self._begin()
         self._now = now
         self._answer(src, msg)
+        return self._end(now)
+
+    def on_directs(
+        self,
+        src: NodeId,
+        msgs: Iterable[Any],
+        now: float,
+        on_error: Callable[[Any, Exception], None] | None = None,
+    ) -> Effects:
+        """Several direct messages from ``src``, in their order, as :meth:`on_direct`
+        takes each, with one set of effects: a loaded client gets tens of thousands of
+        answers a second, dozens to a packet, and made effects, a wake-up and a driver's
+        pass for each.  One whose handling raises (a malformed answer the checks did not
+        catch, a ``done`` callback that failed) goes to ``on_error`` with its error and
+        the rest are still taken, with the effects made so far; without ``on_error``
+        the error propagates."""
+        self._begin()
+        self._now = now
+        for msg in msgs:
+            if on_error is None:
+                self._answer(src, msg)
+                continue
+            try:
+                self._answer(src, msg)
+            except Exception as e:
+                on_error(msg, e)
         return self._end(now)
 
     def _answer(self, src: NodeId, msg: Any, recheck: bool = True) -> None:

@@ -92,7 +92,7 @@ class RubberbandClient:
         self._closed = False
         self.writes_sent = 0
         """Write calls made (a view read at read-your-writes level reads past them)."""
-        client.direct_listener = self._on_direct
+        client.direct_batch_listener = self._on_directs
         client.shed_listener = self._on_shed
         client.ack_listener = self._on_acks
         client.reject_listener = self._on_rejected
@@ -195,12 +195,16 @@ class RubberbandClient:
         self.core.supers = self._supers()
         carry_out(self.core.on_tick(self._loop.time()), self)
 
-    def _on_direct(self, src: str, payload: Any) -> None:
-        try:
-            carry_out(self.core.on_direct(src, payload, self._loop.time()), self)
-        except Exception:
+    def _on_directs(self, src: str, payloads: list[Any]) -> None:
+        def bad(payload: Any, error: Exception) -> None:
             # A malformed answer or a ``done`` callback that raised must not stop the
             # answers that follow.
+            log.error("event=bad_answer from=%s error=%r payload=%.200r", src, error, payload,
+                      exc_info=error)  # fmt: skip
+
+        try:
+            carry_out(self.core.on_directs(src, payloads, self._loop.time(), bad), self)
+        except Exception:
             log.exception("event=bad_answer from=%s", src)
 
     def _on_acks(self, acks: list[Any]) -> None:

@@ -54,6 +54,9 @@ class Rig:
         """Seconds each answer takes to reach the client (a loaded cluster's)."""
         self.delayed: list[tuple[float, str, Any]] = []
         self.wake_at: float | None = None
+        self.batched = True
+        """Answers from one process in a row go to the core in one call, as the SDK
+        hands it a frame's (``on_directs``); False: one at a time (``on_direct``)."""
 
     # ------------------------------------------------------------------ the driver's IO
     def send(self, dst: str, direct: Any) -> None:
@@ -120,7 +123,13 @@ class Rig:
         while self.inbox or self.acks:
             while self.inbox:
                 src, msg = self.inbox.popleft()
-                self.run(core.on_direct(src, msg, self.now))
+                if not self.batched:
+                    self.run(core.on_direct(src, msg, self.now))
+                    continue
+                run = [msg]
+                while self.inbox and self.inbox[0][0] == src:
+                    run.append(self.inbox.popleft()[1])
+                self.run(core.on_directs(src, run, self.now))
             while self.acks and not self.inbox:
                 token, delivered = self.acks.popleft()
                 self.run(core.on_acked(token, delivered, self.now))

@@ -214,7 +214,7 @@ class Runtime:
         core: Core,
         *,
         on_deliver: DeliverFn | None = None,
-        on_direct: Callable[[NodeId, Any], None] | None = None,
+        on_directs: Callable[[NodeId, list[Any]], None] | None = None,
         advertise: bool = False,
         keep_connected: Callable[[], list[NodeId]] | None = None,
     ) -> Node:
@@ -232,7 +232,7 @@ class Runtime:
             node_id,
             core,
             on_deliver=on_deliver,
-            on_direct=on_direct,
+            on_directs=on_directs,
             advertise=advertise,
             keep_connected=keep_connected,
         )

@@ -47,7 +47,7 @@ class Node:
         core: Core,
         *,
         on_deliver: DeliverFn | None = None,
-        on_direct: Callable[[NodeId, Any], None] | None = None,
+        on_directs: Callable[[NodeId, list[Any]], None] | None = None,
         advertise: bool = False,
         keep_connected: Callable[[], list[NodeId]] | None = None,
     ) -> None:
@@ -57,8 +57,10 @@ class Node:
         self.incarnation = new_incarnation()
         self.link = LinkLayer(node_id, self.incarnation, TCP_LINK)
         self.on_deliver = on_deliver
-        self.on_direct = on_direct
-        """Takes ``Direct`` payloads from other application processes; without it they go
+        self.on_directs = on_directs
+        """Takes ``Direct`` payloads from other application processes, those of one frame
+        from one peer in one call (in their order: a client that gets thousands of
+        answers a second takes each frame's in one step of its core); without it they go
         to the core like any other message."""
         self.advertise = advertise
         """Gossip the address directory to peers (routers do)."""
@@ -167,10 +169,11 @@ class Node:
     def _side_channel(self, src: NodeId, msgs: list[Any]) -> list[Any]:
         """Take out what the runtime consumes itself (directories, direct payloads when
         the host takes them)."""
-        on_direct = self.on_direct
+        on_directs = self.on_directs
         if not any(type(m) is Directory or type(m) is Direct for m in msgs):
             return msgs
         rest = []
+        payloads = []
         for m in msgs:
             if type(m) is Directory:
                 self.runtime.directory_from(src, m.entries)
@@ -178,12 +181,14 @@ class Node:
                 payload = m.payload
                 if type(payload) is Packed:  # from a colocated node: never encoded
                     payload = payload.unpacked()
-                if on_direct is not None:
-                    on_direct(src, payload)
+                if on_directs is not None:
+                    payloads.append(payload)
                 else:
                     rest.append(m if payload is m.payload else Direct(payload))
             else:
                 rest.append(m)
+        if payloads:
+            on_directs(src, payloads)  # type: ignore[misc]
         return rest
 
     def _feed_batch(self, batch: list[tuple[NodeId, list[Any]]]) -> None:

@@ -399,6 +399,33 @@ async def test_a_direct_listener_takes_each_message_as_it_arrives(group: LocalCl
         assert await b.receive_direct(timeout=10) == ("li-a", {"n": 10})
 
 
+async def test_a_direct_batch_listener_takes_a_frames_messages_in_one_call(
+    group: LocalCluster,
+) -> None:
+    """With ``direct_batch_listener`` set, the direct messages sent in one go arrive in
+    their order, several to a call, ahead of ``direct_listener`` and never in the
+    receive queue."""
+    async with colocated(group, "bl-a", "bl-b") as (a, b):
+        calls: list[tuple[str, list[object]]] = []
+        arrived = asyncio.Event()
+
+        def batch(sender: str, payloads: list[object]) -> None:
+            calls.append((sender, list(payloads)))
+            if sum(len(p) for _, p in calls) == 50:
+                arrived.set()
+
+        b.direct_batch_listener = batch
+        b.direct_listener = lambda sender, payload: pytest.fail("one at a time")
+        for n in range(50):
+            a.send_direct_nowait("bl-b", {"n": n})
+        await asyncio.wait_for(arrived.wait(), 10)
+        assert [p for _, ps in calls for p in ps] == [{"n": n} for n in range(50)]
+        assert {sender for sender, _ in calls} == {"bl-a"}
+        assert len(calls) < 50  # (sent in one go: a frame carries many)
+        with pytest.raises(TimeoutError):
+            await b.receive_direct(timeout=0.2)
+
+
 async def test_a_new_process_under_a_name_gets_the_direct_messages_sent_to_it(
     group: LocalCluster,
 ) -> None:

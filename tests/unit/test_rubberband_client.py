@@ -315,16 +315,18 @@ def test_an_appends_answer_is_taken_from_a_holder_of_its_key_only() -> None:
 
 # ---------------------------------------------------------------------- read batches
 def _batch_of_reads(
-    silent: bool, shed: bool = False, grouped: bool = False
-) -> tuple[dict[int, Any], Rig, list[int]]:
-    """200 bundled snapshot reads; what each was told, and the sizes of the groups told
-    (``grouped``)."""
+    silent: bool, shed: bool = False, grouped: bool = False, level: str = "snapshot",
+    batched: bool = True,
+) -> tuple[dict[int, Any], Rig, list[int]]:  # fmt: skip
+    """200 bundled reads (``level``); what each was told, and the sizes of the groups
+    told (``grouped``)."""
     m = Model(f=3).ring_of(4)
     for k in range(0, 400, 2):
         m.write(("put", ((k, f"v{k}"),)))
     m.settle()
     rig = Rig(m, answer_timeout=0.3)
     rig.silent = silent
+    rig.batched = batched
     got: dict[int, Any] = {}
     groups: list[int] = []
 
@@ -347,7 +349,7 @@ def _batch_of_reads(
 
     ops = [("get", (k,)) for k in range(200)]
     callback = done_group if grouped else done
-    _, fx = rig.core.read_batch(ops, "snapshot", callback, rig.now, bundle=16, grouped=grouped)
+    _, fx = rig.core.read_batch(ops, level, callback, rig.now, bundle=16, grouped=grouped)
     rig.run(fx)
     if shed:
         for s in rig.submitted:
@@ -456,6 +458,54 @@ def test_malformed_answers_and_a_raising_callback_do_not_stop_other_reads() -> N
     rig.run(fx)
     rig.pump()
     assert len(got) == 20 and None not in got and {5: "five"} in got
+
+
+@pytest.mark.parametrize("level", ["snapshot", "sequential", "basic"])
+def test_answers_taken_a_frame_at_a_time_tell_what_one_at_a_time_tells(level: str) -> None:
+    """``on_directs`` (the SDK hands the core each frame's answers from one process in
+    one call) completes every read of a batch as ``on_direct`` does, one by one."""
+    one, rig_one, _ = _batch_of_reads(False, level=level, batched=False)
+    many, rig_many, _ = _batch_of_reads(False, level=level, batched=True)
+    assert one == many
+    assert len(many) == 200 and "timeout" not in many.values()
+    assert _left(rig_many) == _left(rig_one) == ({}, {}, {})
+
+
+def test_an_answer_whose_handling_raises_does_not_stop_the_rest_of_its_frame() -> None:
+    """One of a frame's answers makes the core raise: ``on_error`` gets it, the answers
+    after it in the same call are still taken, and the effects of the call (made before
+    and after) are carried out; without ``on_error`` the error propagates."""
+    m = Model(f=3).ring_of(3)
+    m.write(("put", ((5, "five"),)))
+    m.settle()
+    rig = Rig(m)
+    got: list[Any] = []
+    _, fx = rig.core.read_batch([("get", (5 + k,)) for k in range(20)], "snapshot",
+                                lambda op, g: got.append(op), 0.0)  # fmt: skip
+    rig.run(fx)
+    frames: dict[str, list[Any]] = {}
+    for src, msg in rig.inbox:
+        frames.setdefault(src, []).append(msg)
+    rig.inbox.clear()
+    core = rig.core
+    real = core._answer
+    bad = object()
+
+    def answer(src: str, msg: Any, recheck: bool = True) -> None:
+        if msg is bad:
+            raise RuntimeError("an answer the checks did not catch")
+        real(src, msg, recheck)
+
+    core._answer = answer  # type: ignore[method-assign]
+    errors: list[Any] = []
+    for src, msgs in frames.items():
+        half = len(msgs) // 2
+        with_bad = [*msgs[:half], bad, *msgs[half:]]
+        rig.run(core.on_directs(src, with_bad, 0.0, lambda m, e: errors.append((m, str(e)))))
+    assert errors == [(bad, "an answer the checks did not catch")] * len(frames)
+    assert sorted(op[1][0] for op in got) == list(range(5, 25))
+    with pytest.raises(RuntimeError):
+        core.on_directs(next(iter(frames)), [bad], 0.0)
 
 
 def test_a_bundled_read_answered_in_pieces_completes_once_and_whole() -> None:

@@ -5,6 +5,7 @@ model (``tests/unit/test_rubberband_client.py`` checks the core's decisions)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -41,7 +42,7 @@ class FakeEcast:
         self.undelivered: set[int] = set()
         self.lost: set[int] = set()
         self.unanswered: set[int] = set()
-        self.direct_listener: Any = None
+        self.direct_batch_listener: Any = None
         self.ack_listener: Any = None
         self.shed_listener: Any = None
         self.reject_listener: Any = None
@@ -92,15 +93,16 @@ class FakeEcast:
         self.m.to_clients.clear()
         if n is not None and n in self.unanswered:
             return
-        for src, msg in mine:
-            loop.call_soon(self.direct_listener, src, msg)
+        # (a peer's answers in a row come in one batch, as a frame carries them)
+        for src, run in itertools.groupby(mine, key=lambda pair: pair[0]):
+            loop.call_soon(self.direct_batch_listener, src, [msg for _, msg in run])
 
     def send_direct_nowait(self, dst: str, payload: Any) -> None:
         loop = asyncio.get_running_loop()
         if dst == SUPER and type(payload) is Describe:
             c = self.m.config
             answer = Described(payload.request, c.version, c.keyspace.to_state(), "range")
-            loop.call_soon(self.direct_listener, SUPER, answer)
+            loop.call_soon(self.direct_batch_listener, SUPER, [answer])
             return
         self.m._outputs(dst, self.m.storage[dst].on_direct(self.name, payload))
         self._answers(None)
