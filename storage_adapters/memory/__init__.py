@@ -389,16 +389,31 @@ class MemoryEngine(ReportsChanges):
         slot found, its change listed) was half of this engine's time per write.  The
         engine's :meth:`_put_store` stores such a put; without one (a subclass or an
         instance that applies operations otherwise), every operation takes the general
-        road."""
+        road.  A read changes nothing: where this class's :meth:`apply` would run it,
+        it runs as :meth:`apply` runs it, without the road's change list around it (a
+        bundled read of one key cost a storage core 2.3-2.4 µs instead of 3.0,
+        2026-12-04)."""
         store = self._put_store()
         if store is None:
             return ReportsChanges.apply_logged(self, batch)
         results: list[Any] = []
         changed: list[tuple[Change, ...]] = []
         counts = self.counts
+        one_op = self._one if type(self).apply is MemoryEngine.apply else None
         for one in batch:
             slot = one_put(one)
             if slot is None:  # anything else: the general road
+                op = one[0]
+                if (
+                    one_op is not None
+                    and type(op) is tuple
+                    and op
+                    and type(op[0]) is str
+                    and op[0] in READS
+                ):
+                    results.append(one_op(op, one[1]))
+                    changed.append(())
+                    continue
                 r, c = ReportsChanges.apply_logged(self, (one,))
                 results += r
                 changed += c

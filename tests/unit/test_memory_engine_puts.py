@@ -1,5 +1,6 @@
-"""The memory and log engines' written-out single-key put answers as their general road
-does: the same results, changes, map and (the log) records at the same positions."""
+"""The memory and log engines' written-out single-key put (and the memory engine's
+reads, taken without the general road's change list) answer as their general road does:
+the same results, changes, map and (the log) records at the same positions."""
 
 from __future__ import annotations
 
@@ -48,15 +49,24 @@ def batches(draw: Any) -> list[tuple[Any, Any]]:
     for _ in range(draw(st.integers(1, 12))):
         key = draw(KEYS)
         value = draw(st.one_of(st.integers(), st.text(max_size=4), st.none()))
-        shape = draw(st.integers(0, 6))
+        shape = draw(st.integers(0, 11))
         if shape <= 3:
             op: Any = ("put", ((key, value),))
         elif shape == 4:
             op = ["put", [[key, value]]]  # lists, as a test or a driver may pass
         elif shape == 5:
             op = ("put", ((key, value), (draw(KEYS), value)))
-        else:
+        elif shape == 6:
             op = ("delete", (key,))
+        elif shape == 7:  # reads, which change nothing: the short way too
+            op = ("get", (key, draw(KEYS)))
+        elif shape == 8:
+            op = ("scan", ((2, -5), (9,)), draw(st.sampled_from([None, 1, 2])))
+        elif shape == 9:
+            op = draw(st.sampled_from([("get",), ("get", "not keys"), ("scan", None),
+                                       (["get"], (key,)), ["get", [key]]]))  # fmt: skip
+        else:
+            op = ("append", ((key, value),))
         out.append((op, _ranges(draw, key)))
     return out
 
