@@ -196,6 +196,10 @@ _NOTHING: Any = object()
 _READ, _WRITE = 0, 1  # timer kinds (a batch's: read_batches.BATCH_TIMER)
 
 
+OnError = Callable[[Any, Exception], None]
+"""A driver's hook for an answer whose handling raised (:meth:`ClientCore.on_directs`)."""
+
+
 class ClientCore(BatchReads, LearnsKeyspace, Messages):
     """A Rubberband client's protocol: its keyspace, its requests, their answers."""
 
@@ -509,6 +513,18 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
         """A submission of ours is stable: ``delivered`` says whether any holder took it
         (False: some range of it has no holder left)."""
         self._begin()
+        self._acked(token, delivered, now)
+        return self._end(now)
+
+    def on_acks(self, acks: Iterable[tuple[Any, bool]], now: float) -> Effects:
+        """:meth:`on_acked` for a batch of ``(token, delivered)``, with one set of
+        effects (E-Cast hands a client its acknowledgements in batches)."""
+        self._begin()
+        for token, delivered in acks:
+            self._acked(token, delivered, now)
+        return self._end(now)
+
+    def _acked(self, token: Any, delivered: bool, now: float) -> None:
         w = self.writes.get(token)
         if w is not None:
             if not delivered:
@@ -522,7 +538,7 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
                 elif now + self.answer_timeout < w.deadline:  # see _expired
                     w.deadline = now + self.answer_timeout
                     heapq.heappush(self._timers, (w.deadline, _WRITE, w.id))
-            return self._end(now)
+            return
         r = self._single.get(token)
         if r is not None and r.try_id == token:
             r.acked = True
@@ -538,7 +554,6 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
                 # at once: the suspicion may still be on its way to the order.
                 r.lost = True
                 self._retry_at(r, now + UNDELIVERED_RETRY)
-        return self._end(now)
 
     def on_rejected(self, token: Any, error: Exception, now: float) -> Effects:
         """E-Cast refused a submission of ours (no room, its session closed, forbidden):
@@ -566,28 +581,19 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
         return self._end(now)
 
     def on_directs(
-        self,
-        src: NodeId,
-        msgs: Iterable[Any],
-        now: float,
-        on_error: Callable[[Any, Exception], None] | None = None,
+        self, src: NodeId, msgs: Iterable[Any], now: float, on_error: OnError | None = None
     ) -> Effects:
-        """Several direct messages from ``src``, in their order, as :meth:`on_direct`
-        takes each, with one set of effects: a loaded client gets tens of thousands of
-        answers a second, dozens to a packet, and made effects, a wake-up and a driver's
-        pass for each.  One whose handling raises (a malformed answer the checks did not
-        catch, a ``done`` callback that failed) goes to ``on_error`` with its error and
-        the rest are still taken, with the effects made so far; without ``on_error``
-        the error propagates."""
+        """:meth:`on_direct` for a frame's answers from ``src``, with one set of effects
+        (a loaded client gets dozens to a packet).  One whose handling raises goes to
+        ``on_error`` and the rest are still taken; without it, the error propagates."""
         self._begin()
         self._now = now
         for msg in msgs:
-            if on_error is None:
-                self._answer(src, msg)
-                continue
             try:
                 self._answer(src, msg)
             except Exception as e:
+                if on_error is None:
+                    raise
                 on_error(msg, e)
         return self._end(now)
 

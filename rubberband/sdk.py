@@ -208,13 +208,10 @@ class RubberbandClient:
             log.exception("event=bad_answer from=%s", src)
 
     def _on_acks(self, acks: list[Any]) -> None:
-        tokens = self._tokens
-        now = self._loop.time()
-        core = self.core
-        for ack in acks:
-            token = tokens.pop(ack.id, None)
-            if token is not None:
-                carry_out(core.on_acked(token, ack.delivered, now), self)
+        pop = self._tokens.pop
+        mine = [(token, ack.delivered) for ack in acks if (token := pop(ack.id, None)) is not None]
+        if mine:
+            carry_out(self.core.on_acks(mine, self._loop.time()), self)
 
     def _on_rejected(self, mid: Any, error: Exception) -> None:
         token = self._tokens.pop(mid, None)

@@ -56,7 +56,8 @@ class Rig:
         self.wake_at: float | None = None
         self.batched = True
         """Answers from one process in a row go to the core in one call, as the SDK
-        hands it a frame's (``on_directs``); False: one at a time (``on_direct``)."""
+        hands it a frame's (``on_directs``), and the acknowledgements waiting too
+        (``on_acks``); False: one at a time (``on_direct``, ``on_acked``)."""
 
     # ------------------------------------------------------------------ the driver's IO
     def send(self, dst: str, direct: Any) -> None:
@@ -130,6 +131,10 @@ class Rig:
                 while self.inbox and self.inbox[0][0] == src:
                     run.append(self.inbox.popleft()[1])
                 self.run(core.on_directs(src, run, self.now))
+            if self.batched and self.acks and not self.inbox:
+                acks = list(self.acks)  # (as E-Cast hands a client its acks: in batches)
+                self.acks.clear()
+                self.run(core.on_acks(acks, self.now))
             while self.acks and not self.inbox:
                 token, delivered = self.acks.popleft()
                 self.run(core.on_acked(token, delivered, self.now))

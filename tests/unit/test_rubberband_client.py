@@ -270,6 +270,30 @@ def test_a_write_is_stable_then_done_and_an_undelivered_one_is_unavailable() -> 
     assert isinstance(rig.until_done(rid).error, Unavailable)
 
 
+@pytest.mark.parametrize("answered", [False, True])
+def test_acknowledgements_taken_in_one_call_end_writes_as_one_at_a_time(answered: bool) -> None:
+    """``on_acks`` (a batch of E-Cast's acknowledgements in one call) ends each write of
+    a batch as ``on_acked`` does, one by one: stable, or unavailable where the holders
+    of its key were suspected, or (appends, ``answered``) once answered."""
+    told: list[list[Any]] = []
+    for batched in (False, True):
+        m = Model(f=1).ring_of(4)
+        m.suspect(_holder(m, 5))
+        m.settle()
+        rig = Rig(m)
+        rig.batched = batched
+        name = "append" if answered else "put"
+        ops = [(name, ((k, "v"),)) for k in range(0, 400, 10)]
+        messages, fx = rig.core.write_batch(ops, rig.now, bundle=1)
+        rig.run(fx)
+        rig.pump()
+        dones = [rig.done(rid) for _, rid in messages]
+        assert None not in dones
+        told.append([type(d.error).__name__ if d.error else None for d in dones])
+    assert told[0] == told[1]
+    assert None in told[1] and "Unavailable" in told[1]
+
+
 def test_a_write_never_acknowledged_is_indeterminate_after_its_deadline() -> None:
     m = Model(f=3).ring_of(4)
     rig = Rig(m)
