@@ -40,15 +40,24 @@ def answer_bundle(core: StorageCore, msg: Message, mine: RangeSet, position: Any
     except Exception as e:
         core.stop(f"engine failed: {type(e).__name__}: {e}")
         return
-    whole = whole and len(results) == len(items)
+    _answer_reads(core, msg, items, whole and len(results) == len(items), results, position)
+
+
+def _answer_reads(
+    core: StorageCore, msg: Message, items: list[Any], whole: bool, results: list[Any], at: Any
+) -> int:
+    """A bundle's answer: its results whole, or read by read with what each covers (a
+    rejection read by read).  How many of its reads were rejected."""
+    rid = msg.header.get(H.REQUEST, msg.id)
     if whole and not any(isinstance(r, BadOperation) for r in results):
-        core.send(msg.sender, Whole(rid, position, tuple(results)))
-        return
+        core.send(msg.sender, Whole(rid, at, tuple(results)))
+        return 0
     rows = tuple(
         (i, c, None, str(res)) if isinstance(res, BadOperation) else (i, c, res, None)
         for (i, _, _, c), res in zip(items, results, strict=True)
     )
-    core.send(msg.sender, Answers(rid, position, True, rows))
+    core.send(msg.sender, Answers(rid, at, True, rows))
+    return len({row[0] for row in rows if row[3] is not None})
 
 
 class Apply:
@@ -91,6 +100,8 @@ class Apply:
             ):
                 plain = False
                 break
+        if not plain and self._reads():
+            return
         refused: dict[int, BadOperation] = {}
         changed: Any = None
         if plain:
@@ -143,6 +154,49 @@ class Apply:
         self._answer(results, revised)
         for m, mine, t in self.feeds:
             self._feed(m, mine, t)
+
+    def _reads(self) -> bool:
+        """A batch of read bundles and nothing else (sequential reads under load): each
+        answered from one engine call for the batch, without the per-read items, the
+        refusal pass and the answer bookkeeping of a mixed batch (reads change nothing,
+        so their order within the batch is free).  False, with nothing done, for any
+        other batch, or on a copy with gaps."""
+        core = self.core
+        batch = self.batch
+        if core.incomplete:
+            return False
+        for m, _, _ in batch:
+            h = m.header
+            if _COUNT not in h or _READS not in h:
+                return False
+        bundles = []
+        ops: list[Any] = []
+        positions = core._positions
+        for m, mine, t in batch:
+            subs = unbundle(m)
+            items, whole = (None, False) if subs is None else read_items(subs, core._pieces(mine))
+            if items is None:
+                rid = m.header.get(H.REQUEST, m.id)
+                core.send(m.sender, Answer(rid, NOTHING, None, MALFORMED_BUNDLE, None, True))
+                continue
+            bundles.append((m, t, items, whole, len(ops)))
+            if positions:
+                ops += [(op, piece, t) for _, op, piece, _ in items]
+            else:
+                ops += [(op, piece) for _, op, piece, _ in items]
+        try:
+            results = core.engine.apply(ops)
+        except Exception as e:
+            core.stop(f"engine failed: {type(e).__name__}: {e}")
+            return True
+        if len(results) != len(ops):
+            core.stop("engine returned a wrong number of results")
+            return True
+        core.stats.applied += len(batch)
+        for m, t, items, whole, start in bundles:
+            mine = results[start : start + len(items)]
+            core.stats.rejected += _answer_reads(core, m, items, whole, mine, t)
+        return True
 
     def _refused(self) -> dict[int, BadOperation]:
         """The version writes delivered too far behind the positions they hold, by item
