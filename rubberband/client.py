@@ -512,9 +512,7 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
     def on_acked(self, token: Any, delivered: bool, now: float) -> Effects:
         """A submission of ours is stable: ``delivered`` says whether any holder took it
         (False: some range of it has no holder left)."""
-        self._begin()
-        self._acked(token, delivered, now)
-        return self._end(now)
+        return self.on_acks(((token, delivered),), now)
 
     def on_acks(self, acks: Iterable[tuple[Any, bool]], now: float) -> Effects:
         """:meth:`on_acked` for a batch of ``(token, delivered)``, with one set of
@@ -575,10 +573,7 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
 
     # ================================================================== answers
     def on_direct(self, src: NodeId, msg: Any, now: float) -> Effects:
-        self._begin()
-        self._now = now
-        self._answer(src, msg)
-        return self._end(now)
+        return self.on_directs(src, (msg,), now)
 
     def on_directs(
         self, src: NodeId, msgs: Iterable[Any], now: float, on_error: OnError | None = None
