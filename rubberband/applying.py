@@ -28,19 +28,33 @@ write of it is applied)."""
 def answer_bundle(core: StorageCore, msg: Message, mine: RangeSet, position: Any) -> None:
     """A snapshot read's bundle of reads, answered at once (4.5.2)."""
     rid = msg.header.get(H.REQUEST, msg.id)
-    subs = unbundle(msg)
-    items, whole = (None, False) if subs is None else read_items(subs, core._pieces(mine))
+    items, whole = _bundle_items(core, msg, mine)
     if items is None:
         core.send(msg.sender, Answer(rid, mine, None, MALFORMED_BUNDLE, position, True))
         return
     try:
-        t = position if type(position) is int else -1
-        batch = [(op, piece, t) if core._positions else (op, piece) for _, op, piece, _ in items]
-        results = core.engine.apply(batch)
+        results = core.engine.apply(
+            _read_ops(core, items, position if type(position) is int else -1)
+        )
     except Exception as e:
         core.stop(f"engine failed: {type(e).__name__}: {e}")
         return
     _answer_reads(core, msg, items, whole and len(results) == len(items), results, position)
+
+
+def _bundle_items(core: StorageCore, msg: Message, mine: RangeSet) -> tuple[Any, bool]:
+    """A read bundle's items on what this process holds, and whether each read is one
+    item, whole (:func:`~rubberband.bundles.read_items`); None for a malformed one."""
+    subs = unbundle(msg)
+    return (None, False) if subs is None else read_items(subs, core._pieces(mine))
+
+
+def _read_ops(core: StorageCore, items: list[Any], t: int) -> list[Any]:
+    """The engine's operations for a bundle's read items (with their position ``t`` for
+    an engine that stamps positions)."""
+    if core._positions:
+        return [(op, piece, t) for _, op, piece, _ in items]
+    return [(op, piece) for _, op, piece, _ in items]
 
 
 def _answer_reads(
@@ -171,19 +185,14 @@ class Apply:
                 return False
         bundles = []
         ops: list[Any] = []
-        positions = core._positions
         for m, mine, t in batch:
-            subs = unbundle(m)
-            items, whole = (None, False) if subs is None else read_items(subs, core._pieces(mine))
+            items, whole = _bundle_items(core, m, mine)
             if items is None:
                 rid = m.header.get(H.REQUEST, m.id)
                 core.send(m.sender, Answer(rid, NOTHING, None, MALFORMED_BUNDLE, None, True))
                 continue
             bundles.append((m, t, items, whole, len(ops)))
-            if positions:
-                ops += [(op, piece, t) for _, op, piece, _ in items]
-            else:
-                ops += [(op, piece) for _, op, piece, _ in items]
+            ops += _read_ops(core, items, t)
         try:
             results = core.engine.apply(ops)
         except Exception as e:
@@ -276,8 +285,7 @@ class Apply:
             items.extend((m, op, part, part, i, t) for i, op, part in writes)
         elif H.COUNT in h:
             rid = h.get(H.REQUEST, m.id)
-            subs = None if core.incomplete else unbundle(m)
-            reads, whole = (None, False) if subs is None else read_items(subs, core._pieces(mine))
+            reads, whole = (None, False) if core.incomplete else _bundle_items(core, m, mine)
             if reads is None:  # nothing answered from a copy with gaps, or malformed
                 error = None if core.incomplete else MALFORMED_BUNDLE
                 core.send(m.sender, Answer(rid, NOTHING, None, error, None, True))
