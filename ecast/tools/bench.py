@@ -1058,25 +1058,30 @@ BUSY_WARNING = 0.25
 """A machine busier than this before a benchmark starts gets a warning."""
 
 
-def cpu_busy(seconds: float = 0.5) -> float | None:
-    """The share of all CPUs' time spent busy over the next ``seconds`` (``/proc/stat``:
-    everything but idle and I/O wait); None where there is no ``/proc/stat``."""
+def cpu_times() -> tuple[int, int] | None:
+    """All CPUs' time so far and the idle part of it, in ticks (``/proc/stat``: idle
+    and I/O wait are idle); None where there is no ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is inside user)
+    return sum(fields[:8]), fields[3] + fields[4]
 
-    def times() -> tuple[int, int] | None:
-        try:
-            with open("/proc/stat") as f:
-                fields = [int(x) for x in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        # user nice system idle iowait irq softirq steal (guest time is inside user)
-        return sum(fields[:8]), fields[3] + fields[4]
 
-    a = times()
-    time.sleep(seconds)
-    b = times()
+def busy_between(a: tuple[int, int] | None, b: tuple[int, int] | None) -> float | None:
+    """The share of all CPUs' time spent busy from :func:`cpu_times` ``a`` to ``b``."""
     if a is None or b is None or b[0] <= a[0]:
         return None
     return round(1 - (b[1] - a[1]) / (b[0] - a[0]), 3)
+
+
+def cpu_busy(seconds: float = 0.5) -> float | None:
+    """The share of all CPUs' time spent busy over the next ``seconds``."""
+    a = cpu_times()
+    time.sleep(seconds)
+    return busy_between(a, cpu_times())
 
 
 def warn_if_busy(busy: float | None) -> None:

@@ -222,30 +222,42 @@ class Bench:
         ops = out["throughput_per_s"] * duration
         roles: dict[str, float] = {}
         for n, c in cores.items():
-            role = _role(n)
+            role = process_role(n)
             roles[role] = roles.get(role, 0.0) + c * duration
         out["cpu_us_per_op"] = {r: round(1e6 * v / ops, 1) for r, v in roles.items()} if ops else {}
         return out
 
     def cpu(self, loads: list[subprocess.Popen[str]] = ()) -> dict[str, float]:  # type: ignore[assignment]
         """CPU seconds so far of every process of the cluster and of ``loads``."""
-        pids = {n: r["pid"] for n, r in local.StateDir.recorded(self.d).items()}
+        pids = cluster_pids(self.d)
         pids |= {f"load{i + 1}": p.pid for i, p in enumerate(loads)}
-        out = {}
-        tick = os.sysconf("SC_CLK_TCK")
-        for n, pid in pids.items():
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            out[n] = (int(fields[11]) + int(fields[12])) / tick
-        return out
+        return process_cpu(pids)
 
 
-def _role(process: str) -> str:
-    """``r1`` -> routers, ``s1`` -> super, ``pack1`` -> storage, ``load1`` -> clients."""
-    if process.startswith("pack"):
+def cluster_pids(d: Path) -> dict[str, int]:
+    """The process id of each process of the local cluster in state directory ``d``,
+    by its name there (``r1``, ``s1``, ``storage1``, ``pack1``)."""
+    return {n: r["pid"] for n, r in local.StateDir.recorded(d).items()}
+
+
+def process_cpu(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far (user and system) of each of ``pids`` still running, by name."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for n, pid in pids.items():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[n] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def process_role(process: str) -> str:
+    """``r1`` -> routers, ``s1`` -> super, ``pack1`` and ``storage1`` -> storage,
+    ``load1`` -> clients."""
+    if process.startswith(("pack", "storage")):
         return "storage"
     if process.startswith("load"):
         return "clients"

@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from ecast import tune_process
-from rubberband.bench.harness import check_idle, machine
+from ecast.tools.bench import busy_between, cpu_times
+from rubberband.bench.harness import check_idle, cluster_pids, machine, process_cpu, process_role
 from rubberband.tools.cli import run as _cli
 from rubberband.views.define import meta_key
 
@@ -132,6 +133,7 @@ async def _worker(
 
     flying: set[asyncio.Future[None]] = set()
     sent = 0
+    cpu = time.process_time()
     start = time.monotonic()
     end = start + seconds
     while (now := time.monotonic()) < end:
@@ -150,9 +152,10 @@ async def _worker(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(room.wait(), end - now)
     await asyncio.gather(*flying)
+    cpu = time.process_time() - cpu
     await rb.close()
     lat.sort()
-    return {"writes": got["writes"], "failed": got["failed"],
+    return {"writes": got["writes"], "failed": got["failed"], "cpu_s": cpu,
             "p50": lat[len(lat) // 2] if lat else None,
             "p99": lat[int(len(lat) * 0.99)] if lat else None}  # fmt: skip
 
@@ -176,6 +179,7 @@ def _load(
         "failed": sum(o["failed"] for o in outs),
         "p50_ms": round(1000 * p50[len(p50) // 2], 1) if p50 else None,
         "p99_ms": round(1000 * max(p99), 1) if p99 else None,
+        "cpu_s": sum(o["cpu_s"] for o in outs),
     }
 
 
@@ -488,9 +492,27 @@ async def _table_lookups(c: Cluster, rows: int, lookups: int, per: int) -> dict[
 
 
 async def _staleness(c: Cluster, a: argparse.Namespace, rate: float, views: int) -> Any:
+    """The load at ``rate`` and the probe's figures, with the cores each role used
+    meanwhile and how busy the machine's CPUs were: a view that falls behind on a
+    machine with no core to spare is slow for want of CPU, not of a round trip."""
+    pids = cluster_pids(c.d) | {"probe": os.getpid()}
+    if c.maintainer is not None:
+        pids["maintainer"] = c.maintainer.pid
+    before, machine_before, t = process_cpu(pids), cpu_times(), time.monotonic()
     probe = asyncio.create_task(_probe(c, a.duration, f"v{views - 1}"))
     half = await asyncio.to_thread(_load, c.d, a.procs, a.clients, a.duration, rate, a.keys)
-    return half, await probe
+    fresh = await probe
+    took = time.monotonic() - t
+    after, busy = process_cpu(pids), busy_between(machine_before, cpu_times())
+    cores: dict[str, float] = {"load": half.pop("cpu_s") / a.duration}
+    for name, used in after.items():
+        if name in before:
+            role = name if name in ("probe", "maintainer") else process_role(name)
+            cores[role] = cores.get(role, 0.0) + (used - before[name]) / took
+    fresh["cpu_cores"] = {r: round(v, 2) for r, v in sorted(cores.items())}
+    fresh["machine_busy"] = busy
+    fresh["machine_cores"] = os.cpu_count()
+    return half, fresh
 
 
 def _median_run(runs: list[dict[str, Any]], without: list[dict[str, Any]] | None) -> Any:

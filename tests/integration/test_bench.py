@@ -212,6 +212,13 @@ def test_views_cost_staleness_and_lookups_that_answer_right(tmp_path: Path) -> N
     assert 0 < fresh["lookup_p50_ms"] <= fresh["lookup_p99_ms"], fresh
     assert 0 < fresh["sequential_view_read_p50_ms"] <= fresh["sequential_view_read_p99_ms"]
     assert 0 <= fresh["behind_positions_p50"] <= fresh["behind_positions_p99"], fresh
+    # The cores each role used meanwhile: every role of the cluster, the maintainer, the
+    # probe and the load; none more than the machine has, and the machine's busy share.
+    cores = fresh["cpu_cores"]
+    assert set(cores) == {"routers", "storage", "super", "maintainer", "probe", "load"}, cores
+    assert cores["routers"] > 0 and cores["storage"] > 0 and cores["load"] > 0, cores
+    assert all(0 <= c <= fresh["machine_cores"] for c in cores.values()), cores
+    assert 0 < fresh["machine_busy"] <= 1, fresh
     kv, table = out["lookups"], out["lookups_table"]
     for r in (kv, table):
         assert r["rows"] == 600 and r["rows_per_lookup"] == 1.0, r
