@@ -16,7 +16,10 @@ the memory engine, replication 3) with one ``rubberband views maintain`` process
    reads the aggregate (the index alone: the index) at sequential level (the wait for
    the maintainer to reach the read's position plus one read); also the view's
    distance behind a sequential read now, in positions (``rubberband views status``'s
-   ``behind``).
+   ``behind``); and the cores each role used meanwhile (``cpu_cores``: routers,
+   storage, super, maintainer, this process's probe, the load processes) with the
+   share of the machine's CPUs busy (``machine_busy``): a view whose lag grows through
+   the run on a machine with no core to spare is short of CPU, not of round trips.
 3. **Secondary-key lookups per second** at ``--rows`` rows, each secondary key held by
    ``--rows-per-lookup`` rows (001's experiment, V-A: one, every secondary key unique),
    32 lookups at a time: on a scan-engine table (``scan-memory``), through an index view
