@@ -370,6 +370,8 @@ def machine() -> dict[str, Any]:
 
 
 cpu_busy = ecast.bench.cpu_busy
+cpu_times = ecast.bench.cpu_times
+busy_between = ecast.bench.busy_between
 _busy: list[float] = []
 """The share measured by :func:`check_idle`, once per process."""
 

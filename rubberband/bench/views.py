@@ -48,8 +48,15 @@ from pathlib import Path
 from typing import Any
 
 from ecast import tune_process
-from ecast.tools.bench import busy_between, cpu_times
-from rubberband.bench.harness import check_idle, cluster_pids, machine, process_cpu, process_role
+from rubberband.bench.harness import (
+    busy_between,
+    check_idle,
+    cluster_pids,
+    cpu_times,
+    machine,
+    process_cpu,
+    process_role,
+)
 from rubberband.tools.cli import run as _cli
 from rubberband.views.define import meta_key
 

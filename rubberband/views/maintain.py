@@ -111,6 +111,15 @@ class Figures:
     seen: int = -1
     """The newest position of the base the maintainer has read (its last page's): how
     far the view is behind, in positions, is ``seen - position``."""
+    page_seconds: float = 0.0
+    """Seconds between its last two feed pages: a round of its loop (a page read, its
+    rows computed and written).  Rounds that grow with :attr:`page_changes` say the
+    maintainer is falling behind: each longer round leaves more changes for the next
+    page, whose read waits behind more rows where the machine has no core to spare."""
+    page_changes: int = 0
+    """Base changes its last feed page held."""
+    page_at: float = 0.0
+    """When its last feed page came."""
     stopped: str = ""
     """Why the view stopped, if it did (:attr:`Maintainer.stopped`, or the view it is
     over stopped): it is not kept until it (or that view) is defined anew or its

@@ -404,8 +404,7 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
                 held, flight = [], Flight()
                 page, now = yield from _retry(read)
             writes, writes_asked = {}, asked
-            for figures in group.figures.values():
-                figures.seen = max(figures.seen, page.position)
+            _paged(group, page, now)
             if read.ahead and page.events:
                 ahead = yield from _ask_ahead(members, side, read, page)
             for name, m in members.items():
@@ -423,6 +422,18 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
             now, pause = yield from _idle(group, members, now, poll, pause)
         else:
             pause = IDLE_FIRST
+
+
+def _paged(group: Group, page: Any, now: float) -> None:
+    """A feed page came at ``now``: the members' figures of how far the base is read,
+    how long the round took and how many changes the page held."""
+    changes = sum(len(e.changes) for e in page.events)
+    for figures in group.figures.values():
+        figures.seen = max(figures.seen, page.position)
+        if figures.page_at:
+            figures.page_seconds = round(now - figures.page_at, 6)
+        figures.page_at = now
+        figures.page_changes = changes
 
 
 def _idle(

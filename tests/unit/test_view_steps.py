@@ -592,6 +592,40 @@ def test_empty_pages_pause_short_then_longer_and_a_change_resets_the_pause() -> 
     assert pauses[8:12] == pytest.approx(first[:4])
 
 
+def test_a_maintainers_figures_say_how_long_its_rounds_are_and_how_big_its_pages() -> None:
+    """``page_seconds`` is the time between the last two feed pages and
+    ``page_changes`` the changes in the last one: together they show a maintainer whose
+    rounds grow as its pages do (falling behind), which its position alone does not."""
+    c = Cluster()
+    for k in range(0, 40, 2):
+        c.base(k, {"g": k % 4, "x": k})
+    group = Group([VIEWS[0]])
+    gen = maintain_group_steps(group, poll=0.01, page_rows=3)
+    request = next(gen)
+    pages: list[tuple[float, int]] = []
+    now = 0.0
+    for i in range(120):
+        for k in range(i % 5):  # pages of 0 to 4 changes, the times between them growing
+            c.base((7 * i + k) % 40, {"g": k, "x": i})
+        if i % 3 == 0:  # a write of three keys: one event, three changes
+            c.t += 1
+            changes = tuple((k, "put", {"g": 1, "x": i}) for k in (1, 3, 5))
+            c.data.update({encode_key(k): (k, v) for k, _how, v in changes})
+            c.log.append(Event(c.t, changes))
+        now += 0.00037 * (1 + i % 7)
+        reply = c.answer(request)
+        if type(reply) is Page:
+            pages.append((now, sum(len(e.changes) for e in reply.events)))
+        request = _sent_ahead(gen, c, gen.send((reply, now)), now)
+        if len(pages) >= 2:
+            f = group.figures[VIEWS[0].name]
+            assert f.page_changes == pages[-1][1]
+            assert f.page_seconds == pytest.approx(pages[-1][0] - pages[-2][0])
+            assert f.page_at == now == pages[-1][0] or type(reply) is not Page
+    assert len(pages) > 20 and len({n for _t, n in pages}) > 2
+    assert len({round(b[0] - a[0], 6) for a, b in pairwise(pages)}) > 2
+
+
 SPLIT = view_def("by_g_split", "index", SOURCE, on="g", parts=[(1,), (3,)])
 """An index in three parts by secondary key: ``g < 1``, ``1 <= g < 3``, ``g >= 3``."""
 
