@@ -76,6 +76,8 @@ MAX_CHANGES = 100_000
 """Changes a storage process keeps by default (each key changed counts one)."""
 MAX_AGE = 600.0
 """Seconds a storage process keeps a change by default."""
+TRIM_SLACK = 5
+"""A log past a bound by ``bound >> TRIM_SLACK`` (a 32nd) is trimmed back to it."""
 MAX_BYTES = 256 * 1024 * 1024
 """About how many bytes of changes a storage process keeps by default (estimated,
 :func:`_size`): a table row's change holds its images, and 100,000 of a 22-column row
@@ -392,7 +394,12 @@ class ChangeLog:
         n = len(changed)
         i = 0
         late: list[tuple[int, Any]] = []  # bundles, and positions older than the newest
-        oldest = now - self.max_age
+        # Trimmed once a bound is passed by a 32nd (:data:`TRIM_SLACK`), down to the
+        # bounds: trimmed at every change past them, a full log spent a third of its
+        # recording on one trim call a change.  It keeps never less than it is told to.
+        most_changes = self.max_changes + (self.max_changes >> TRIM_SLACK)
+        most_bytes = self.max_bytes + (self.max_bytes >> TRIM_SLACK)
+        oldest = now - self.max_age - self.max_age / (1 << TRIM_SLACK)
         while i < n:
             t, changes = changed[i]
             i += 1
@@ -430,11 +437,7 @@ class ChangeLog:
             self._count += 1
             self._bytes += size
             self.recorded += 1
-            if (
-                self._count > self.max_changes
-                or self._bytes > self.max_bytes
-                or ats[self._head] < oldest
-            ):
+            if self._count > most_changes or self._bytes > most_bytes or ats[self._head] < oldest:
                 self.trim(now)
         if late:
             self._record_many(late, now)

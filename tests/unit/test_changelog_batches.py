@@ -114,3 +114,44 @@ def test_positions_older_than_the_newest_are_held_as_if_inserted_one_by_one(
         assert log._at[log._head :] == ref.at
         if ref.floor is not None:
             assert log.floor == ref.floor
+
+
+def test_a_full_log_is_trimmed_back_to_its_bounds_once_past_them_by_a_32nd() -> None:
+    """Trimmed at every change past a bound, a full log spent a third of its recording
+    on trim calls; trimmed once a 32nd past it, back to the bound, it never keeps less
+    than it is told to (a feed can always resume within the configured window) and at
+    most a 32nd more, by count, by bytes and by age."""
+    log = ChangeLog(max_changes=64, max_age=64.0)
+    t = 0
+
+    def write(n: int, now: float) -> None:
+        nonlocal t
+        batch = []
+        for _ in range(n):
+            t += 1
+            batch.append((t, ((t, "put", "x"),)))
+        log.record_all(batch, now)
+
+    write(64, 0.0)
+    assert log._count == 64 and log.floor == -1
+    write(2, 0.0)  # 66: within the slack of 64 >> 5 = 2
+    assert log._count == 66 and log.floor == -1
+    write(1, 0.0)  # 67: past it, back to 64 (the three oldest dropped)
+    assert log._count == 64 and log.floor == 3 and log._t[log._head] == 4
+    for _ in range(100):
+        write(1, 0.0)
+        assert 64 <= log._count <= 66
+        assert log.floor == t - log._count  # every change after the floor is held
+
+    by_bytes = ChangeLog(max_changes=10_000, max_bytes=101 * 64)  # a change of "x": 101
+    for i in range(200):
+        by_bytes.record_all([(i + 1, ((i, "put", "x"),))], 0.0)
+        assert 64 <= by_bytes._count <= 66 or i < 63
+
+    log = ChangeLog(max_changes=10_000, max_age=64.0)
+    t = 0
+    for now in range(100):
+        write(1, float(now))
+        held = log._at[log._head :]
+        assert held[0] >= now - 66.0  # at most a 32nd of the age past it
+        assert held[0] <= max(0.0, now - 64.0)  # and never less than the age kept
