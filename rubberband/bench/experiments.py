@@ -194,16 +194,24 @@ def write_vs_storage(argv: list[str] | None = None) -> int:
     ap.add_argument("--replication", type=_ints, default=_ints("1,3,5"))
     ap.add_argument("--routers", type=int, default=3)
     ap.add_argument("--window", type=int, default=1024)
+    ap.add_argument("--engine", choices=("null", "memory"), default="null",
+                    help="the storage processes' engine: the null engine (the protocol "
+                    "alone) or the memory engine (a sorted map and a change log)")  # fmt: skip
     args = ap.parse_args(argv)
+    ops = {"null": None, "memory": "kv"}[args.engine]  # (None: the load's null-engine writes)
     rows = []
     for f in args.replication:
         for n in args.storage:
             if n < f:
                 continue
-            with cluster(args, routers=args.routers, storage=n, replication=f) as b:
-                r = b.run_load(1, 1, **load_options(args, window=args.window))
+            with cluster(args, routers=args.routers, storage=n, replication=f,
+                         engine=args.engine) as b:  # fmt: skip
+                r = b.run_load(1, 1, **load_options(args, window=args.window, ops=ops))
                 placement = b.placement()
-            row = {"storage": n, "replication": f, **r, "placement": placement}
+                if ops is not None:  # an engine that keeps data: the writes are in it
+                    r["items_held"] = _items_held(b)
+            row = {"storage": n, "replication": f, "engine": args.engine, **r,
+                   "placement": placement}  # fmt: skip
             row["ecast"] = baseline(args, routers=args.routers, storage=n, replication=f)
             ratio(row)
             rows.append(row)
@@ -656,6 +664,17 @@ def _bytes(b: Bench) -> dict[str, tuple[int, int]]:
     """(items, bytes) each storage process's engine holds (the supers' heartbeat figures)."""
     load = b.status().get("load", {})
     return {p: (int(v.get("items") or 0), int(v.get("bytes") or 0)) for p, v in load.items()}
+
+
+def _items_held(b: Bench, wait: float = 5.0) -> int:
+    """Items the storage processes' engines hold in all, once their heartbeats say any
+    (a second apart): a run whose writes the engine refused holds none."""
+    deadline = time.monotonic() + wait
+    while True:
+        held = sum(items for items, _ in _bytes(b).values())
+        if held or time.monotonic() > deadline:
+            return held
+        time.sleep(0.2)
 
 
 def _widest_gap(b: Bench, space: int) -> int:

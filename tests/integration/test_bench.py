@@ -66,6 +66,17 @@ def test_write_vs_storage_with_its_ecast_baseline(tmp_path: Path) -> None:
     assert out["machine"]["cpus"] >= 1
 
 
+def test_write_vs_storage_on_the_memory_engine(tmp_path: Path) -> None:
+    # The same writes into a sorted map with a change log: the load sends puts (the
+    # null engine's writes would be refused there as errors).
+    out = bench(tmp_path, "write-vs-storage", "--storage", "3", "--replication", "3",
+                "--engine", "memory", *TINY)  # fmt: skip
+    (row,) = out["rows"]
+    writes_ok(row)
+    assert row["engine"] == "memory" and row["ecast"] is None
+    assert row["items_held"] > 0, row  # the puts are in the engines, not refused
+
+
 def test_write_vs_clients_reports_fairness(tmp_path: Path) -> None:
     out = bench(tmp_path, "write-vs-clients", "--storage", "3", "--clients", "1,6", *TINY)
     one, six = out["rows"]
