@@ -396,7 +396,7 @@ class ChangeLog:
         late: list[tuple[int, Any]] = []  # bundles, and positions older than the newest
         # Trimmed once a bound is passed by a 32nd (:data:`TRIM_SLACK`), down to the
         # bounds: trimmed at every change past them, a full log spent a third of its
-        # recording on one trim call a change.  It keeps never less than it is told to.
+        # recording on one trim call a change.  It never keeps less than it is told to.
         most_changes = self.max_changes + (self.max_changes >> TRIM_SLACK)
         most_bytes = self.max_bytes + (self.max_bytes >> TRIM_SLACK)
         oldest = now - self.max_age - self.max_age / (1 << TRIM_SLACK)

@@ -118,8 +118,8 @@ class Figures:
     page, whose read waits behind more rows where the machine has no core to spare."""
     page_changes: int = 0
     """Base changes its last feed page held."""
-    page_at: float = 0.0
-    """When its last feed page came."""
+    page_at: float | None = None
+    """When its last feed page came (None: none yet)."""
     stopped: str = ""
     """Why the view stopped, if it did (:attr:`Maintainer.stopped`, or the view it is
     over stopped): it is not kept until it (or that view) is defined anew or its
