@@ -432,7 +432,7 @@ class ChangeLog:
             size = _size(changes)
             ts.append(t)
             ats.append(now)
-            logged.append((change,))
+            logged.append(changes if type(changes) is tuple else (change,))
             sizes.append(size)
             self._count += 1
             self._bytes += size
