@@ -24,7 +24,7 @@ INLINE_KEYS = 2_048
 """Single keys a batch run on the loop may name in all, its headers' point ranges
 summed: a view's rows come 500 to a message, each a few microseconds of work, so a
 batch of them is as short as a few base writes were per delivery."""
-INLINE_DELIVERIES = 2_048
+INLINE_DELIVERIES = INLINE_KEYS
 """Deliveries a batch run on the loop holds at most, as many as the keys it may name: a
 single-key write that is not short (an append copies its list) counts as long by
 itself, and at a few microseconds a key the loop is back to its heartbeats within a
