@@ -20,6 +20,11 @@ the memory engine, replication 3) with one ``rubberband views maintain`` process
    storage, super, maintainer, this process's probe, the load processes) with the
    share of the machine's CPUs busy (``machine_busy``): a view whose lag grows through
    the run on a machine with no core to spare is short of CPU, not of round trips.
+   Then the same load with no view (``at_rate_without_views``): the base writes'
+   latency and each role's cores at that rate without a view to keep.  A write shows
+   in a view no sooner than its own acknowledgement plus a row write's, so the base
+   write's p99 there bounds the staleness the views can reach; the cores are what the
+   views cost at that rate, where the first part measures what they cost at the peak.
 3. **Secondary-key lookups per second** at ``--rows`` rows, each secondary key held by
    ``--rows-per-lookup`` rows (001's experiment, V-A: one, every secondary key unique),
    32 lookups at a time: on a scan-engine table (``scan-memory``), through an index view
@@ -504,14 +509,15 @@ async def _table_lookups(c: Cluster, rows: int, lookups: int, per: int) -> dict[
 async def _staleness(c: Cluster, a: argparse.Namespace, rate: float, views: int) -> Any:
     """The load at ``rate`` and the probe's figures, with the cores each role used
     meanwhile and how busy the machine's CPUs were: a view that falls behind on a
-    machine with no core to spare is slow for want of CPU, not of a round trip."""
-    pids = cluster_pids(c.d) | {"probe": os.getpid()}
+    machine with no core to spare is slow for want of CPU, not of a round trip.  With
+    no view (``views`` 0) the load alone: no maintainer, no probe."""
+    pids = cluster_pids(c.d) | ({"probe": os.getpid()} if views else {})
     if c.maintainer is not None:
         pids["maintainer"] = c.maintainer.pid
     before, machine_before, t = process_cpu(pids), cpu_times(), time.monotonic()
-    probe = asyncio.create_task(_probe(c, a.duration, f"v{views - 1}"))
+    probe = asyncio.create_task(_probe(c, a.duration, f"v{views - 1}")) if views else None
     half = await asyncio.to_thread(_load, c.d, a.procs, a.clients, a.duration, rate, a.keys)
-    fresh = await probe
+    fresh = await probe if probe is not None else {}
     took = time.monotonic() - t
     after, busy = process_cpu(pids), busy_between(machine_before, cpu_times())
     cores: dict[str, float] = {"load": half.pop("cpu_s") / a.duration}
@@ -594,8 +600,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="view counts to measure writes with ('': none)")  # fmt: skip
     ap.add_argument("--staleness-rate", type=float, default=0.0,
                     help="writes/s to measure staleness at (default: half the peak)")  # fmt: skip
-    ap.add_argument("--staleness-views", default="2,1",
-                    help="staleness with 2 views (index, aggregate), 1 (index)")  # fmt: skip
+    ap.add_argument("--staleness-views", default="2,1,0",
+                    help="staleness with 2 views (index, aggregate), 1 (index); 0: the "
+                    "same load with no view, for its base writes and cores")  # fmt: skip
     ap.add_argument("--procs", type=int, default=2, help="load processes")
     ap.add_argument("--clients", type=int, default=256,
                     help="writes in flight per load process at most (enough that the "
@@ -640,13 +647,14 @@ def main(argv: list[str] | None = None) -> int:
     rate = a.staleness_rate
     if not rate and result["writes"]:
         rate = result["writes"].get(0, next(iter(result["writes"].values())))["writes_per_s"] / 2
-    keys = {2: "staleness", 1: "staleness_index_alone"}
+    keys = {2: "staleness", 1: "staleness_index_alone", 0: "at_rate_without_views"}
     for views in [int(x) for x in a.staleness_views.split(",") if x.strip()] if rate else []:
         if views not in keys:
-            ap.error("--staleness-views takes 1 and 2")
+            ap.error("--staleness-views takes 0, 1 and 2")
         with Cluster(base) as c:
-            c.maintain()
-            asyncio.run(_define(c, views, a.keys))  # v0: the index, v1: the aggregate
+            if views:
+                c.maintain()
+                asyncio.run(_define(c, views, a.keys))  # v0: the index, v1: the aggregate
             half, fresh = asyncio.run(_staleness(c, a, rate, views))
             result[keys[views]] = {"writes": half, **fresh}
             print(f"{keys[views]} at {half['writes_per_s']:,} writes/s: {result[keys[views]]}",

@@ -201,7 +201,7 @@ def test_views_cost_staleness_and_lookups_that_answer_right(tmp_path: Path) -> N
     # and lookups on both bases (the bench checks each lookup's rows against its data);
     # 10,000 keys, so that the index view also moves rows (writes that update a key).
     p = cli("bench", "views", "--views", "0,1", "--staleness-rate", "300",
-            "--staleness-views", "1", "--rows", "600", "--lookups", "64", "--duration", "1.5",
+            "--staleness-views", "1,0", "--rows", "600", "--lookups", "64", "--duration", "1.5",
             "--procs", "1", "--clients", "64", "--state-dir", str(tmp_path / "clusters"),
             "--keys", "10000", "--json", timeout=400)  # fmt: skip
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -230,6 +230,14 @@ def test_views_cost_staleness_and_lookups_that_answer_right(tmp_path: Path) -> N
     assert cores["routers"] > 0 and cores["storage"] > 0 and cores["load"] > 0, cores
     assert all(0 <= c <= fresh["machine_cores"] for c in cores.values()), cores
     assert 0 < fresh["machine_busy"] <= 1, fresh
+    # The same load with no view: its base writes and the cluster's cores, without a
+    # maintainer or a probe (what a view costs at that rate is the difference).
+    bare = out["at_rate_without_views"]
+    assert 200 <= bare["writes"]["writes_per_s"] <= 300 and bare["writes"]["failed"] == 0, bare
+    assert 0 < bare["writes"]["p50_ms"] <= bare["writes"]["p99_ms"], bare
+    assert set(bare["cpu_cores"]) == {"routers", "storage", "super", "load"}, bare
+    assert bare["cpu_cores"]["routers"] > 0 and bare["cpu_cores"]["storage"] > 0, bare
+    assert "write_to_view_p50_ms" not in bare and 0 < bare["machine_busy"] <= 1, bare
     kv, table = out["lookups"], out["lookups_table"]
     for r in (kv, table):
         assert r["rows"] == 600 and r["rows_per_lookup"] == 1.0, r
