@@ -24,7 +24,8 @@ the memory engine, replication 3) with one ``rubberband views maintain`` process
    latency and each role's cores at that rate without a view to keep.  A write shows
    in a view no sooner than its own acknowledgement plus a row write's, so the base
    write's p99 there bounds the staleness the views can reach; the cores are what the
-   views cost at that rate, where the first part measures what they cost at the peak.
+   views cost at that rate, where the first part measures what they cost at the peak
+   (``index_cores_at_rate``: the index alone's, per role and in all).
 3. **Secondary-key lookups per second** at ``--rows`` rows, each secondary key held by
    ``--rows-per-lookup`` rows (001's experiment, V-A: one, every secondary key unique),
    32 lookups at a time: on a scan-engine table (``scan-memory``), through an index view
@@ -531,6 +532,20 @@ async def _staleness(c: Cluster, a: argparse.Namespace, rate: float, views: int)
     return half, fresh
 
 
+def _upkeep(result: dict[str, Any]) -> dict[str, float] | None:
+    """The cores the index view took at the staleness rate, per role and in all: the
+    staleness run's against the same load's with no view (None without both).  The
+    probe and the maintainer are the view's; a role that used fewer with the view
+    counts negative (the routers batch more at the higher latency)."""
+    with_view, bare = result.get("staleness_index_alone"), result.get("at_rate_without_views")
+    if with_view is None or bare is None:
+        return None
+    a, b = with_view["cpu_cores"], bare["cpu_cores"]
+    out = {r: round(a.get(r, 0.0) - b.get(r, 0.0), 2) for r in sorted({*a, *b})}
+    out["all"] = round(sum(a.values()) - sum(b.values()), 2)
+    return out
+
+
 def _median_run(runs: list[dict[str, Any]], without: list[dict[str, Any]] | None) -> Any:
     """The median of ``runs`` (writes/s, with every run's), and its cost against the
     median run ``without`` views: on a machine whose speed drifts between runs by more
@@ -659,6 +674,10 @@ def main(argv: list[str] | None = None) -> int:
             result[keys[views]] = {"writes": half, **fresh}
             print(f"{keys[views]} at {half['writes_per_s']:,} writes/s: {result[keys[views]]}",
                   flush=True)  # fmt: skip
+    upkeep = _upkeep(result)
+    if upkeep is not None:
+        result["index_cores_at_rate"] = upkeep
+        print(f"index_cores_at_rate: {upkeep}", flush=True)
     for on in bases if a.rows else []:
         key = {"table": "lookups_table", "kv": "lookups"}[on]
         with Cluster(base, "scan-memory" if on == "table" else "memory") as c:

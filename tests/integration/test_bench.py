@@ -238,6 +238,12 @@ def test_views_cost_staleness_and_lookups_that_answer_right(tmp_path: Path) -> N
     assert set(bare["cpu_cores"]) == {"routers", "storage", "super", "load"}, bare
     assert bare["cpu_cores"]["routers"] > 0 and bare["cpu_cores"]["storage"] > 0, bare
     assert "write_to_view_p50_ms" not in bare and 0 < bare["machine_busy"] <= 1, bare
+    upkeep = out["index_cores_at_rate"]  # the index's own cores at that rate: the difference
+    for role in ("routers", "storage", "load"):
+        assert upkeep[role] == pytest.approx(cores[role] - bare["cpu_cores"][role], abs=0.011)
+    assert upkeep["maintainer"] == cores["maintainer"] and upkeep["probe"] == cores["probe"]
+    assert upkeep["all"] == pytest.approx(sum(cores.values()) - sum(bare["cpu_cores"].values()),
+                                          abs=0.011)  # fmt: skip
     kv, table = out["lookups"], out["lookups_table"]
     for r in (kv, table):
         assert r["rows"] == 600 and r["rows_per_lookup"] == 1.0, r
