@@ -386,6 +386,7 @@ METRICS = (
     ("halted", "gauge", "1: the view stopped at its position (why: /health)"),
     ("page_seconds", "gauge", "seconds between the maintainer's last two feed pages (its round)"),
     ("page_changes", "gauge", "base changes in the maintainer's last feed page"),
+    ("pages", "counter", "feed pages the maintainer read: one a round of its loop"),
 )
 
 

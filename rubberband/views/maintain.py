@@ -120,6 +120,11 @@ class Figures:
     """Base changes its last feed page held."""
     page_at: float | None = None
     """When its last feed page came (None: none yet)."""
+    pages: int = 0
+    """Feed pages it has read: one a round of its loop.  Its rate against that of
+    :attr:`events` is the changes a round takes in: a view's upkeep costs a round's
+    fixed work (the read, the progress writes) besides each change's, and at a low
+    write rate rounds come as fast as round trips allow."""
     stopped: str = ""
     """Why the view stopped, if it did (:attr:`Maintainer.stopped`, or the view it is
     over stopped): it is not kept until it (or that view) is defined anew or its

@@ -434,6 +434,7 @@ def _paged(group: Group, page: Any, now: float) -> None:
             figures.page_seconds = round(now - figures.page_at, 6)
         figures.page_at = now
         figures.page_changes = changes
+        figures.pages += 1
 
 
 def _idle(

@@ -622,6 +622,7 @@ def test_a_maintainers_figures_say_how_long_its_rounds_are_and_how_big_its_pages
             assert f.page_changes == pages[-1][1]
             assert f.page_seconds == pytest.approx(pages[-1][0] - pages[-2][0])
             assert f.page_at == now == pages[-1][0] or type(reply) is not Page
+            assert f.pages == len(pages)  # every page read counted once: its rounds
     assert len(pages) > 20 and len({n for _t, n in pages}) > 2
     assert len({round(b[0] - a[0], 6) for a, b in pairwise(pages)}) > 2
 
