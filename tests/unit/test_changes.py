@@ -322,8 +322,8 @@ def test_a_write_held_back_behind_a_copy_takes_its_place_in_position_order() -> 
 def test_rubberband_cost_times_a_write_with_and_without_the_change_log() -> None:
     from rubberband.tools.cost import storage_cost
 
-    got = storage_cost(repeat=1, writes=300)  # asserts every write was applied
-    assert set(got) == {"put, change log kept", "put, no change log"}
+    got = storage_cost(repeat=1, writes=300, held=500)  # asserts every write was applied
+    assert set(got) == {"put, change log kept", "put, no change log", "put of a new key, 500 held"}
     assert all(us > 0 for us in got.values())
 
 
