@@ -532,6 +532,30 @@ async def _staleness(c: Cluster, a: argparse.Namespace, rate: float, views: int)
     return half, fresh
 
 
+STALENESS_RUNS = {"2": "staleness", "1": "staleness_index_alone", "0": "at_rate_without_views"}
+"""The staleness runs by view count (``--staleness-views``), as the result names them."""
+
+
+def _freshness(
+    a: argparse.Namespace, base: Path, rate: float, counts: list[str], result: dict[str, Any]
+) -> None:
+    """The staleness runs at ``rate``, each on a fresh cluster, into ``result``, and the
+    index's own cores at that rate where both its run and the run without views were."""
+    for count in counts:
+        views, key = int(count), STALENESS_RUNS[count]
+        with Cluster(base) as c:
+            if views:
+                c.maintain()
+                asyncio.run(_define(c, views, a.keys))  # v0: the index, v1: the aggregate
+            half, fresh = asyncio.run(_staleness(c, a, rate, views))
+            result[key] = {"writes": half, **fresh}
+            print(f"{key} at {half['writes_per_s']:,} writes/s: {result[key]}", flush=True)
+    upkeep = _upkeep(result)
+    if upkeep is not None:
+        result["index_cores_at_rate"] = upkeep
+        print(f"index_cores_at_rate: {upkeep}", flush=True)
+
+
 def _upkeep(result: dict[str, Any]) -> dict[str, float] | None:
     """The cores the index view took at the staleness rate, per role and in all: the
     staleness run's against the same load's with no view (None without both).  The
@@ -649,6 +673,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--repeat takes 1 or more")
     if not KEYS_LEAST <= a.keys <= ROWS:
         ap.error(f"--keys takes {KEYS_LEAST:,} to {ROWS:,}")
+    counts = [x.strip() for x in a.staleness_views.split(",") if x.strip()]
+    if not set(counts) <= set(STALENESS_RUNS):
+        ap.error("--staleness-views takes 0, 1 and 2")
     bases = [x.strip() for x in a.lookups_on.split(",") if x.strip()]
     if not set(bases) <= {"table", "kv"}:
         ap.error("--lookups-on takes table and kv")
@@ -662,22 +689,8 @@ def main(argv: list[str] | None = None) -> int:
     rate = a.staleness_rate
     if not rate and result["writes"]:
         rate = result["writes"].get(0, next(iter(result["writes"].values())))["writes_per_s"] / 2
-    keys = {2: "staleness", 1: "staleness_index_alone", 0: "at_rate_without_views"}
-    for views in [int(x) for x in a.staleness_views.split(",") if x.strip()] if rate else []:
-        if views not in keys:
-            ap.error("--staleness-views takes 0, 1 and 2")
-        with Cluster(base) as c:
-            if views:
-                c.maintain()
-                asyncio.run(_define(c, views, a.keys))  # v0: the index, v1: the aggregate
-            half, fresh = asyncio.run(_staleness(c, a, rate, views))
-            result[keys[views]] = {"writes": half, **fresh}
-            print(f"{keys[views]} at {half['writes_per_s']:,} writes/s: {result[keys[views]]}",
-                  flush=True)  # fmt: skip
-    upkeep = _upkeep(result)
-    if upkeep is not None:
-        result["index_cores_at_rate"] = upkeep
-        print(f"index_cores_at_rate: {upkeep}", flush=True)
+    if rate:
+        _freshness(a, base, rate, counts, result)
     for on in bases if a.rows else []:
         key = {"table": "lookups_table", "kv": "lookups"}[on]
         with Cluster(base, "scan-memory" if on == "table" else "memory") as c:
