@@ -559,8 +559,9 @@ def _freshness(
 def _upkeep(result: dict[str, Any]) -> dict[str, float] | None:
     """The cores the index view took at the staleness rate, per role and in all: the
     staleness run's against the same load's with no view (None without both).  The
-    probe and the maintainer are the view's; a role that used fewer with the view
-    counts negative (the routers batch more at the higher latency)."""
+    maintainer's and the probe's (its lookups of the view, a reader's) count whole; a
+    role that used fewer with the view counts negative (the routers batch more at the
+    higher latency)."""
     with_view, bare = result.get("staleness_index_alone"), result.get("at_rate_without_views")
     if with_view is None or bare is None:
         return None
