@@ -26,9 +26,11 @@ three servers, by one pipelined client in a process of its own that keeps
 * **PySyncObj**: 3 nodes with a replicated dict; the client is a read-only node that
   forwards ``set`` to the leader (PySyncObj has no other client).
 
-Then both Rubberband and etcd are offered etcd's peak rate (open loop), to compare
-latency at the same load.  A system that fails (not installed, crashed, no answer) gets
-its error in its row, never a number.  The last line is one JSON object:
+Each row says how many times its writes/s Rubberband's were in the same run: bundled
+(``Rubberband x``, ``rubberband_ratio``) and each write alone (``alone x``,
+``alone_ratio``).  Then both Rubberband and etcd are offered etcd's peak rate (open
+loop), to compare latency at the same load.  A system that fails (not installed,
+crashed, no answer) gets its error in its row, never a number.  The last line is one JSON object:
 ``{"rubberband": {...}, "etcd": {...}, "etcd_tmpfs": {...}, "zookeeper": {...},
 "pysyncobj": {...}, "concurrency": C, ...}``.
 """
@@ -615,12 +617,13 @@ def main(argv: list[str] | None = None) -> int:
     peak = results.get("etcd", {}).get("throughput_per_s")
     if peak and "rubberband" in results:
         results.update(_at_etcd_peak(args, peak))
+    for mine, key in (("rubberband", "rubberband_ratio"), ("rubberband_alone", "alone_ratio")):
+        # Each system against Rubberband's writes, bundled and each alone, in this run.
+        ours = results.get(mine, {}).get("throughput_per_s")
+        for system, r in results.items():  # (not the open-loop rows at etcd's peak rate)
+            if ours and r.get("throughput_per_s") and not system.endswith("at_etcd_peak"):
+                r[key] = round(ours / r["throughput_per_s"], 2)
     rows = [{"system": k, **v} for k, v in results.items()]
-    for row in rows:
-        if row.get("throughput_per_s") and results.get("rubberband", {}).get("throughput_per_s"):
-            row["rubberband_ratio"] = round(
-                results["rubberband"]["throughput_per_s"] / row["throughput_per_s"], 2
-            )
     for name in ("rubberband_durable", "rubberband_durable_alone"):
         # Disk against disk: the durable rows over etcd's, the same run.
         ours = results.get(name, {}).get("throughput_per_s")
@@ -644,7 +647,8 @@ def main(argv: list[str] | None = None) -> int:
            [("system", "system"), ("writes/s", "throughput_per_s"),
             ("writes/msg", "writes_per_message"), ("p50 ms", "p50_ms"),
             ("p99 ms", "p99_ms"), ("errors", "errors"), ("Rubberband x", "rubberband_ratio"),
-            ("client", "client"), ("error", "error")], draw if args.png else None)  # fmt: skip
+            ("alone x", "alone_ratio"), ("client", "client"), ("error", "error")],
+           draw if args.png else None)  # fmt: skip
     if args.json:
         disks = (
             "etcd and ZooKeeper write to disk (etcd_tmpfs: to a RAM disk); Rubberband "

@@ -189,6 +189,12 @@ def test_peers_measure_every_system_or_say_why_not(tmp_path: Path) -> None:
     assert out["rubberband_alone"]["writes_per_message"] == 1
     assert out["etcd"]["throughput_per_s"] > 0
     assert out["etcd"]["client"].startswith("gRPC KV/Put"), out["etcd"]  # its fastest client
+    # How many times etcd's writes/s Rubberband's were in this run, bundled and alone.
+    ours, alone, theirs = (out[s]["throughput_per_s"] for s in ("rubberband", "rubberband_alone",
+                                                                 "etcd"))  # fmt: skip
+    assert out["etcd"]["rubberband_ratio"] == round(ours / theirs, 2), out["etcd"]
+    assert out["etcd"]["alone_ratio"] == round(alone / theirs, 2), out["etcd"]
+    assert "alone_ratio" not in out["rubberband_at_etcd_peak"]  # (open loop: a rate given)
     assert out["rubberband_at_etcd_peak"]["p99_ms"] > 0
     durable = out["rubberband_durable_alone"]  # on disk at every replica, as etcd's writes
     assert durable["throughput_per_s"] > 0 and durable["over_etcd"] > 0, durable
