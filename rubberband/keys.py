@@ -284,6 +284,18 @@ def _flatten(elements: tuple[EKey, ...], out: list[Any]) -> None:
     out.append(END)
 
 
+def json_key(value: Any, _depth: int = 0) -> Key:
+    """A key as JSON gives it (the admin API's, a command line's): its arrays as tuples,
+    since JSON has no tuple and a list is no key, so that an operator can name a key
+    among a view's rows, ``("~view", name, ...)``; anything else as it is
+    (:func:`encode_key` judges it)."""
+    if type(value) is list:
+        if _depth >= MAX_TUPLE_DEPTH:
+            raise BadKey(f"tuple keys nest at most {MAX_TUPLE_DEPTH} deep")
+        return tuple(json_key(v, _depth + 1) for v in value)
+    return value
+
+
 def decode_key(ekey: EKey) -> Key:
     rank = ekey[0]
     if rank == 2 or rank == 3 or rank == 4 or rank == 1:

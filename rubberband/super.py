@@ -24,7 +24,7 @@ from ecast import Direct, Effects, NodeId
 from rubberband.config import CLIENT, STORAGE, RubberbandConfig
 from rubberband.engine import Placement
 from rubberband.errors import Refused
-from rubberband.keys import EKey, decode_key, describe, difference, encode_key
+from rubberband.keys import EKey, decode_key, describe, difference, encode_key, json_key
 from rubberband.optimizer import Plan, optimize
 from rubberband.outputs import Submit
 from rubberband.placement import BadReconfiguration, Keyspace
@@ -502,4 +502,5 @@ def _view_rows(views: Any) -> list[dict[str, Any]] | None:
 
 
 def _ekey(key: Any) -> EKey:
-    return encode_key(key)
+    """An admin request's key, encoded: a JSON array is a tuple key (a view's rows)."""
+    return encode_key(json_key(key))

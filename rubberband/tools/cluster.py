@@ -40,6 +40,7 @@ import msgpack
 import ecast
 from ecast import local
 from ecast.core import mutations
+from rubberband.keys import json_key
 from rubberband.tools.daemons import DURABLE
 from rubberband.tools.restart import (
     KEYSPACE_FILE,
@@ -693,7 +694,8 @@ def aligned(rows: list[list[str]]) -> list[str]:
 
 
 def _plan_text(r: dict[str, Any]) -> str:
-    what = f"{r['op']} {' '.join(map(str, r['args']))}"
+    shown = [a if isinstance(a, str) else json.dumps(a) for a in r["args"]]  # keys as typed
+    what = f"{r['op']} {' '.join(shown)}"
     if not r.get("submitted"):
         head = f"dry run: {what} from version {r['version_from']} (nothing changed)"
     else:
@@ -793,8 +795,16 @@ def _natural(name: str) -> tuple[Any, ...]:
 
 
 def _key(text: str) -> Any:
-    """A key on the command line: an integer if it reads as one, else the string."""
+    """A key on the command line: an integer if it reads as one, a tuple if it reads as
+    a JSON array (``'["~view", "by_city", ["M"]]'``: a place among a view's rows, which
+    sort after every integer and string key), else the string."""
     try:
         return int(text)
     except ValueError:
-        return text
+        pass
+    if text.startswith("["):
+        try:
+            return json_key(json.loads(text))
+        except json.JSONDecodeError:
+            pass
+    return text

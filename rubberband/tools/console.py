@@ -73,7 +73,8 @@ PAGE = """<!doctype html>
    <select id="op"><option>expand</option><option>contract</option><option>replace</option>
    <option>rebalance</option></select>
    <input id="a1" placeholder="process (storage:N)" size="16">
-   <input id="a2" placeholder="key, or new process" size="16">
+   <input id="a2" placeholder="key, or new process" size="16"
+    title='a number, a string, or a JSON array: ["~view", "name", ["M"]] among a view&#39;s rows'>
    <button type="button" id="plan">dry run</button>
    <button type="submit" id="run">run</button>
   </form>
@@ -258,8 +259,10 @@ async function refresh() {
     list.appendChild(d);
   }
 }
+// An argument as typed: a tuple key (a JSON array) as JSON, not joined by commas.
+function shown(a) { return typeof a === "string" ? a : JSON.stringify(a); }
 function describe(e) {
-  const asked = e.op ? e.op + " " + (e.args || []).join(" ") : "";
+  const asked = e.op ? e.op + " " + (e.args || []).map(shown).join(" ") : "";
   switch (e.what) {
     case "reconfigured": return asked + ": version " + e.version;
     case "refused": return asked + " refused: " + e.error;
@@ -275,11 +278,19 @@ function describe(e) {
   }
 }
 function planText(r) {
-  const what = r.op + " " + r.args.join(" ");
+  const what = r.op + " " + r.args.map(shown).join(" ");
   const head = r.submitted ? what + ": version " + r.version_from + " -> " + r.version
     : "dry run: " + what + " from version " + r.version_from + " (nothing changed)";
   return [head, ...(r.instructions || []).map(l => "  " + l)].join("\\n") +
     (r.lost ? "\\n  DATA LOST: some ranges had no holder left" : "");
+}
+// A key typed as a JSON array is a tuple key (a place among a view's rows), as the
+// admin command line reads it; anything else is the text.
+function jsonKey(text) {
+  if (text.startsWith("[")) {
+    try { return JSON.parse(text); } catch (e) { /* the text itself */ }
+  }
+  return text;
 }
 async function reconfigure(dryRun) {
   const op = document.getElementById("op").value;
@@ -287,13 +298,14 @@ async function reconfigure(dryRun) {
   const a2 = document.getElementById("a2").value.trim();
   const args = [a1];
   if (op === "replace") args.push(a2);
-  else if (op !== "contract") args.push(/^-?\\d+$/.test(a2) ? Number(a2) : a2);
+  else if (op !== "contract") args.push(/^-?\\d+$/.test(a2) ? Number(a2) : jsonKey(a2));
   const out = document.getElementById("result");
-  if (!dryRun && !confirm("Run " + op + " " + args.join(" ") + " on the cluster? Data moves " +
+  const asked = op + " " + args.map(shown).join(" ");
+  if (!dryRun && !confirm("Run " + asked + " on the cluster? Data moves " +
       "between storage processes; a dry run shows the plan first.")) {
     out.textContent = "not run"; return;
   }
-  out.textContent = (dryRun ? "planning " : "running ") + op + " " + args.join(" ") + " ...";
+  out.textContent = (dryRun ? "planning " : "running ") + asked + " ...";
   try {
     const r = await fetch("/reconfigure", {method: "POST", headers: headers(),
       body: JSON.stringify({op: op, args: args, dry_run: dryRun, wait: true})});

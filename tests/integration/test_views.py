@@ -22,6 +22,7 @@ import pytest
 from ecast import local
 from rubberband.checkers.views import ViewRead, check_view_reads
 from rubberband.errors import BadOperation, RubberbandError
+from rubberband.tools.cli import run as cli
 from rubberband.views import LEVELS, view_def
 from rubberband.views.define import unit_name, units
 from tests.integration.test_rubberband_scenarios import (  # the same cluster as there
@@ -29,6 +30,7 @@ from tests.integration.test_rubberband_scenarios import (  # the same cluster as
     _kill_leader,
     _kill_until_replaced,
     _off,
+    _status,
     cluster,  # noqa: F401  (a fixture: 4 storage processes on the ring, 2 standing by)
 )
 
@@ -174,6 +176,13 @@ def test_views_stay_exact_at_every_level_through_maintainer_storage_and_leader_k
         await asyncio.sleep(2)
         await _kill_until_replaced(rb_dir)
         maintainers[0] = _maintainer(rb_dir, rb_dir / "maintainer-a.log", shard="0/2")
+        # The last standby placed among the aggregate's rows, by a tuple key in JSON
+        # (no integer or string key falls among a view's rows): those of groups from
+        # "b" on move to it while the views are written and read.
+        standby = (await _off(_status, rb_dir))["standby"][0]
+        out = await _off(cli, "admin", "--state-dir", str(rb_dir), "expand", standby,
+                         '["~view", "per_g", "b"]')  # fmt: skip
+        assert out.returncode == 0, out.stdout + out.stderr
         await asyncio.sleep(2)
         await _kill_leader(rb_dir)
         await asyncio.sleep(4)
@@ -218,6 +227,7 @@ def test_views_stay_exact_at_every_level_through_maintainer_storage_and_leader_k
         return writes
 
     writes = asyncio.run(go())
+    assert "('~view', 'per_g', 'b')" in [r["id"] for r in _status(rb_dir)["ring"]]
     assert writes > 100, writes
     assert not own, own[:3]
     for name, rs in reads.items():

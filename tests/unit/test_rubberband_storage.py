@@ -429,6 +429,34 @@ def test_the_super_mirrors_the_routers_config_and_refuses_what_must_not_run() ->
     }
 
 
+def test_an_admin_key_named_in_json_places_a_process_among_a_views_rows() -> None:
+    """JSON has no tuples: an admin request's array is a tuple key, so a boundary can
+    fall among a view's rows (``("~view", name, ...)``, which sort after every integer
+    and string key: no other key could split them) and their writes go to both sides'
+    holders; a list too deep for a key is refused with the reason."""
+    m = grown(3, keys=20)
+    m.join_storage("storage:5")
+    m.reconfigure(("expand", "storage:5", ["~view", "by_g", ["c", 7]]))
+    m.settle()
+    ek = encode_key(("~view", "by_g", ("c", 7)))
+    assert ek in m.config.keyspace.ids and m.replica_violations() == []
+    assert "('~view', 'by_g', ('c', 7))" in [r["id"] for r in m.super.status()["ring"]]
+    below, above = (("~view", "by_g", (g, 1)) for g in ("b", "d"))
+    for key in (below, above):
+        m.write(("put", ((key, key[2][0]),)))
+    m.settle()
+    assert m.replica_violations() == []
+    ks = m.config.keyspace
+    holders = [set(ks.holders_of_segment(ks.segment_of(encode_key(k)))) for k in (below, above)]
+    assert holders[0] != holders[1], holders  # the view's rows now live apart
+    deep: Any = "x"
+    for _ in range(12):
+        deep = [deep]
+    m.join_storage("storage:6")
+    with pytest.raises(Refused, match="nest at most"):
+        m.super.plan("expand", "storage:6", deep)
+
+
 # ------------------------------------------------------------------ the three read levels
 def read_all(m: Model, level: str, op: Any) -> Any:
     """One read at ``level`` through the client core, as the SDK does it."""
