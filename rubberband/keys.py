@@ -33,6 +33,7 @@ never touching (``normalize`` merges adjacent ranges), so equal sets are equal t
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import threading
 from bisect import bisect_right
@@ -294,6 +295,22 @@ def json_key(value: Any, _depth: int = 0) -> Key:
             raise BadKey(f"tuple keys nest at most {MAX_TUPLE_DEPTH} deep")
         return tuple(json_key(v, _depth + 1) for v in value)
     return value
+
+
+def text_key(text: str) -> Key:
+    """A key as a command line gives it: an integer if it reads as one, a tuple if it
+    reads as a JSON array (:func:`json_key`: ``'["~view", "by_city", ["M"]]'``, a place
+    among a view's rows), else the text itself."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    if text.startswith("["):
+        try:
+            return json_key(json.loads(text))
+        except json.JSONDecodeError:
+            pass
+    return text
 
 
 def decode_key(ekey: EKey) -> Key:

@@ -43,6 +43,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rubberband.keys import text_key as key
 from rubberband.tools.cluster import aligned
 
 OPS = {
@@ -65,14 +66,6 @@ def value(text: str) -> Any:
     """A value on the command line: JSON if it parses, else the text itself."""
     try:
         return json.loads(text)
-    except ValueError:
-        return text
-
-
-def key(text: str) -> Any:
-    """A key: an integer if it reads as one, else the text."""
-    try:
-        return int(text)
     except ValueError:
         return text
 

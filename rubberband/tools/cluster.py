@@ -40,7 +40,7 @@ import msgpack
 import ecast
 from ecast import local
 from ecast.core import mutations
-from rubberband.keys import json_key
+from rubberband.keys import text_key
 from rubberband.tools.daemons import DURABLE
 from rubberband.tools.restart import (
     KEYSPACE_FILE,
@@ -630,7 +630,7 @@ def admin_main(argv: list[str] | None = None) -> int:
         return _place(supers, token, args)
     op_args: list[Any] = list(args.args)
     if args.op in ("expand", "rebalance"):
-        op_args[1] = _key(op_args[1])
+        op_args[1] = text_key(op_args[1])
     code, body = request(
         supers,
         token,
@@ -792,19 +792,3 @@ def _place(supers: list[str], token: str, args: argparse.Namespace) -> int:
 def _natural(name: str) -> tuple[Any, ...]:
     """``storage:2`` before ``storage:10``."""
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
-
-
-def _key(text: str) -> Any:
-    """A key on the command line: an integer if it reads as one, a tuple if it reads as
-    a JSON array (``'["~view", "by_city", ["M"]]'``: a place among a view's rows, which
-    sort after every integer and string key), else the string."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    if text.startswith("["):
-        try:
-            return json_key(json.loads(text))
-        except json.JSONDecodeError:
-            pass
-    return text

@@ -595,6 +595,10 @@ def test_the_client_command_reads_and_writes_key_values(cluster: Path) -> None:
     assert refused.returncode == 1 and "holds a dict" in refused.stderr
     usage = client_cli(cluster, "select", "t")
     assert usage.returncode == 2 and "needs the scan engine" in usage.stderr
+    # A key that reads as a JSON array is a tuple key (as `rubberband admin` reads one).
+    assert client_cli(cluster, "put", '["eu", 42]', '"tuple"').returncode == 0
+    out = client_cli(cluster, "get", '["eu", 42]', "[eu", "--json")
+    assert json.loads(out.stdout)["rows"] == [[["eu", 42], "tuple"]], out.stdout
 
 
 @pytest.mark.parametrize("cluster", [("--engine", "scan")], indirect=True)

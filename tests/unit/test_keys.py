@@ -406,9 +406,7 @@ def test_a_key_given_in_json_has_its_arrays_as_tuples_and_a_command_line_reads_o
     """An operator names a place among a view's rows (tuple keys) in JSON, which has
     no tuples: arrays become tuples at every level, other values stay as they are, and
     a list too deep for a key is refused as ``encode_key`` refuses the tuple."""
-    from rubberband.tools.cluster import _key
-
-    json_key = K.json_key
+    json_key, text_key = K.json_key, K.text_key
     assert json_key(["~view", "by_city", ["M", 3]]) == ("~view", "by_city", ("M", 3))
     assert json_key(5) == 5 and json_key("abc") == "abc" and json_key([]) == ()
     deep: object = 1
@@ -416,7 +414,7 @@ def test_a_key_given_in_json_has_its_arrays_as_tuples_and_a_command_line_reads_o
         deep = [deep]
     with pytest.raises(K.BadKey, match="nest at most"):
         json_key(deep)
-    # The admin command line: an integer, a JSON array (a tuple key), else the text.
-    assert _key("42") == 42 and _key("b03000") == "b03000"
-    assert _key('["~view", "by_city", ["M"]]') == ("~view", "by_city", ("M",))
-    assert _key("[not json") == "[not json"
+    # A command line's (admin, client): an integer, a JSON array (a tuple key), else text.
+    assert text_key("42") == 42 and text_key("b03000") == "b03000"
+    assert text_key('["~view", "by_city", ["M"]]') == ("~view", "by_city", ("M",))
+    assert text_key("[not json") == "[not json"
