@@ -310,6 +310,8 @@ def text_key(text: str) -> Key:
             return json_key(json.loads(text))
         except json.JSONDecodeError:
             pass
+        except RecursionError:  # (nested deeper than the JSON decoder goes)
+            raise BadKey(f"tuple keys nest at most {MAX_TUPLE_DEPTH} deep") from None
     return text
 
 

@@ -40,6 +40,7 @@ import msgpack
 import ecast
 from ecast import local
 from ecast.core import mutations
+from rubberband.errors import BadKey
 from rubberband.keys import text_key
 from rubberband.tools.daemons import DURABLE
 from rubberband.tools.restart import (
@@ -630,21 +631,14 @@ def admin_main(argv: list[str] | None = None) -> int:
         return _place(supers, token, args)
     op_args: list[Any] = list(args.args)
     if args.op in ("expand", "rebalance"):
-        op_args[1] = text_key(op_args[1])
-    code, body = request(
-        supers,
-        token,
-        "/reconfigure",
-        {
-            "op": args.op,
-            "args": op_args,
-            "dry_run": args.dry_run,
-            "force": args.force,
-            "wait": not args.no_wait,
-            "timeout": args.timeout,
-        },
-        timeout=args.timeout + 10,
-    )
+        try:
+            op_args[1] = text_key(op_args[1])
+        except BadKey as e:
+            print(f"refused: {e}", file=sys.stderr)
+            return 2
+    asked = {"op": args.op, "args": op_args, "dry_run": args.dry_run, "force": args.force,
+             "wait": not args.no_wait, "timeout": args.timeout}  # fmt: skip
+    code, body = request(supers, token, "/reconfigure", asked, timeout=args.timeout + 10)
     return _show(code, body, args.json, _plan_text)
 
 

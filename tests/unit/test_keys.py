@@ -418,3 +418,5 @@ def test_a_key_given_in_json_has_its_arrays_as_tuples_and_a_command_line_reads_o
     assert text_key("42") == 42 and text_key("b03000") == "b03000"
     assert text_key('["~view", "by_city", ["M"]]') == ("~view", "by_city", ("M",))
     assert text_key("[not json") == "[not json"
+    with pytest.raises(K.BadKey, match="nest at most"):  # deeper than JSON decodes
+        text_key("[" * 100_000 + "]" * 100_000)
