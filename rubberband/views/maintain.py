@@ -118,8 +118,8 @@ class Figures:
     page, whose read waits behind more rows where the machine has no core to spare."""
     page_changes: int = 0
     """Base changes its last feed page held."""
-    page_at: float | None = None
-    """When its last feed page came (None: none yet)."""
+    page_at: float = 0.0
+    """When its last feed page came (once :attr:`pages` says one did)."""
     pages: int = 0
     """Feed pages it has read: one a round of its loop.  Its rate against that of
     :attr:`events` is the changes a round takes in: a view's upkeep costs a round's

@@ -430,7 +430,7 @@ def _paged(group: Group, page: Any, now: float) -> None:
     changes = sum(len(e.changes) for e in page.events)
     for figures in group.figures.values():
         figures.seen = max(figures.seen, page.position)
-        if figures.page_at is not None:
+        if figures.pages:  # (a time of 0.0 is a time: the pages say whether one came)
             figures.page_seconds = round(now - figures.page_at, 6)
         figures.page_at = now
         figures.page_changes = changes
