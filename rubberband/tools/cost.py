@@ -123,10 +123,11 @@ def storage_cost(repeat: int, writes: int = 20_000, held: int = 100_000) -> dict
     caches, cost about 40 % more than an overwrite).  Best of ``repeat`` fresh cores."""
     rng = random.Random(1)
     fresh = [rng.getrandbits(30) for _ in range(held + writes)]
+    held_keys = [i % 5000 for i in range(writes)]
     out: dict[str, float] = {}
     runs = (
-        ("put, change log kept", 100_000, [i % 5000 for i in range(writes)], []),
-        ("put, no change log", 0, [i % 5000 for i in range(writes)], []),
+        ("put, change log kept", 100_000, held_keys, []),
+        ("put, no change log", 0, held_keys, []),
         (f"put of a new key, {held:,} held", 100_000, fresh[held:], fresh[:held]),
     )
     for name, kept, keys, before in runs:
