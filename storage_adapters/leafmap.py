@@ -32,6 +32,7 @@ from __future__ import annotations
 import random
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterator
+from operator import itemgetter
 from typing import Any
 
 LOAD = 1000
@@ -42,6 +43,7 @@ _PLACED = 32
 """Keys appended to a sorted leaf that a read puts in place one by one (a bisection
 and a list insert each); more, and the read sorts the leaf whole (a sort walks every
 key once at least: 145 µs for 1,200 keys of a view's rows)."""
+_second = itemgetter(1)
 
 
 class LeafMap(dict):  # type: ignore[type-arg]
@@ -210,7 +212,7 @@ class LeafMap(dict):  # type: ignore[type-arg]
             for key in tail:
                 insort(leaf, key)
             return leaf
-        leaf.sort()
+        self._sort(pos, leaf)
         if self._ghosts:
             gone = [k for k in leaf if k not in self]
             if gone:
@@ -220,6 +222,27 @@ class LeafMap(dict):  # type: ignore[type-arg]
                     self._remove(pos)
                     return self._sorted(pos) if pos < len(self._leaves) else []
         return leaf
+
+    def _sort(self, pos: int, leaf: list[Any]) -> None:
+        """Sort leaf ``pos`` whole.  A leaf between two bounds that are pairs of one
+        rank, ``(r, a)`` and ``(r, b)``, holds keys of rank ``r`` only, each at least a
+        pair; when every one is a pair (the memory engine's integer and string keys
+        under range partitioning), their order is their second elements' order, and
+        sorting by those skips a tuple comparison each time: 101 µs instead of 267 for
+        a leaf of 2,001 integer keys at its split, the check included (2026-12-05)."""
+        if pos:
+            lo, hi = self._bounds[pos - 1], self._bounds[pos]
+            if (
+                type(lo) is tuple
+                and type(hi) is tuple
+                and len(lo) == 2
+                and len(hi) == 2
+                and lo[0] == hi[0]
+                and sum(map(len, leaf)) == 2 * len(leaf)
+            ):
+                leaf.sort(key=_second)
+                return
+        leaf.sort()
 
     def _remove(self, pos: int) -> None:
         self._unsorted.pop(id(self._leaves[pos]), None)

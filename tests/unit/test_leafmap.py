@@ -15,7 +15,10 @@ from hypothesis import strategies as st
 from storage_adapters import leafmap
 from storage_adapters.leafmap import LeafMap
 
-KEY = st.tuples(st.integers(0, 3), st.integers(0, 60))
+PAIR = st.tuples(st.integers(0, 3), st.integers(0, 60))
+KEY = st.one_of(PAIR, PAIR, st.tuples(st.integers(0, 3), st.integers(0, 60), st.integers(0, 2)))
+"""Mostly pairs of one rank (a leaf of them sorts by their second elements), and some
+longer keys sharing their ranks (which such a leaf must notice)."""
 BOUND = st.one_of(st.none(), KEY)
 STEP = st.one_of(
     st.tuples(st.just("set"), KEY, st.integers()),
@@ -193,6 +196,36 @@ def test_large_leaves_keep_every_key_under_its_bound(seed: int) -> None:
     assert all(len(leaf) <= 2 * load for leaf in m._leaves)
     assert len(m._leaves) > 10  # cut many times
     assert m.ordered_keys() == sorted(model)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("placed", [0, 32])
+def test_leaves_of_pairs_and_longer_keys_of_one_rank_sort_in_key_order(
+    seed: int, placed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memory engine's keys: pairs ``(2, int)`` and ``(3, str)``, sorted by their
+    second elements when a leaf holds nothing else; and longer keys of the same rank
+    (``(2, 5, 1)`` beside ``(2, 5)``: a tie of second elements) among them, which must
+    sort as tuples do.  With no key placed by bisection (``placed`` 0), every read
+    and every split sorts its leaf whole."""
+    monkeypatch.setattr(leafmap, "_PLACED", placed)
+    rng = random.Random(seed)
+    m, model = LeafMap(30), {}
+    for n in range(6_000):
+        x = rng.randrange(400)
+        roll = rng.random()
+        if roll < 0.6:
+            k: tuple[Any, ...] = (2, x) if rng.random() < 0.8 else (3, f"{x:04}")
+        elif roll < 0.7:
+            k = (2, x, rng.randrange(3))
+        else:
+            assert m.pop((2, x), None) == model.pop((2, x), None)
+            continue
+        m[k] = model[k] = n
+        if n % 500 == 0:
+            assert m.ordered_keys() == sorted(model)
+    assert m.ordered_keys() == sorted(model)
+    assert_under_bounds(m)
 
 
 def test_a_sample_draws_live_values_about_evenly() -> None:
