@@ -200,13 +200,14 @@ def test_large_leaves_keep_every_key_under_its_bound(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("placed", [0, 32])
-def test_leaves_of_pairs_and_longer_keys_of_one_rank_sort_in_key_order(
+def test_leaves_sort_in_key_order_whatever_their_bounds_share(
     seed: int, placed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The memory engine's keys: pairs ``(2, int)`` and ``(3, str)``, sorted by their
-    second elements when a leaf holds nothing else; and longer keys of the same rank
+    second elements when a leaf holds nothing else; longer keys of the same rank
     (``(2, 5, 1)`` beside ``(2, 5)``: a tie of second elements) among them, which must
-    sort as tuples do.  With no key placed by bisection (``placed`` 0), every read
+    sort as tuples do; and a view's rows, sorted past the start their leaf's bounds
+    share (some a prefix of others).  With no key placed by bisection (``placed`` 0), every read
     and every split sorts its leaf whole."""
     monkeypatch.setattr(leafmap, "_PLACED", placed)
     rng = random.Random(seed)
@@ -218,6 +219,8 @@ def test_leaves_of_pairs_and_longer_keys_of_one_rank_sort_in_key_order(
             k: tuple[Any, ...] = (2, x) if rng.random() < 0.8 else (3, f"{x:04}")
         elif roll < 0.7:
             k = (2, x, rng.randrange(3))
+        elif roll < 0.8:  # a view's rows: a long shared start, then a secondary value
+            k = (5, 3, "~view", 3, "v", 5, 2, x // 100, 2, x % 100, *(-2,) * rng.randrange(2))
         else:
             assert m.pop((2, x), None) == model.pop((2, x), None)
             continue
