@@ -234,6 +234,19 @@ def test_the_console_shows_every_process_the_ring_its_history_and_runs_an_expand
         _name, who, position, behind, stale, rows, age = row
         assert who.startswith("client:") and int(position) > 0 and int(behind) >= 0
         assert 0 <= float(stale) < 30 and int(rows) == 1 and float(age) < 5, row
+        # A place among the view's rows, typed as a JSON array, is a tuple key: the
+        # plan names it as typed, and a dry run changes nothing.
+        version = text(browser, "fact-version")
+        Select(browser.find_element(By.ID, "op")).select_by_visible_text("rebalance")
+        browser.find_element(By.ID, "a1").clear()
+        browser.find_element(By.ID, "a1").send_keys("storage:5")
+        browser.find_element(By.ID, "a2").clear()
+        browser.find_element(By.ID, "a2").send_keys('["~view", "totals", 0]')
+        browser.find_element(By.ID, "plan").click()
+        until("the tuple key's plan", lambda: "(nothing changed)" in text(browser, "result"))
+        plan = text(browser, "result")
+        assert plan.startswith('dry run: rebalance storage:5 ["~view","totals",0] from'), plan
+        assert text(browser, "fact-version") == version
     finally:
         maintainer.kill()
         maintainer.wait()
