@@ -234,11 +234,11 @@ class LeafMap(dict):  # type: ignore[type-arg]
         instead of 508, 232 instead of 517 when they share a secondary value, and
         690-796 instead of 985 scattered over a heap of 600,000 rows as a storage
         process's are (where these sorts at leaf splits were 9 % of a view holder's CPU
-        under an index view's peak load, py-spy).  Pairs
-        of one rank, ``(r, a)`` and ``(r, b)`` (the memory engine's integer and string
-        keys under range partitioning), when every key is a pair, are ordered by their
-        second elements alone: 101 µs instead of 267 for 2,001 integer keys, the check
-        included (2026-12-05)."""
+        under an index view's peak load, py-spy).  Pairs of one rank, ``(r, a)`` and
+        ``(r, b)`` (the memory engine's integer and string keys under range
+        partitioning), when every key is a pair, are ordered by their second elements
+        alone: 101 µs instead of 267 for 2,001 integer keys, the check included
+        (2026-12-05)."""
         if pos:
             lo, hi = self._bounds[pos - 1], self._bounds[pos]
             if type(lo) is tuple and type(hi) is tuple and lo and hi and lo[0] == hi[0]:

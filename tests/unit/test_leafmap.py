@@ -207,8 +207,8 @@ def test_leaves_sort_in_key_order_whatever_their_bounds_share(
     second elements when a leaf holds nothing else; longer keys of the same rank
     (``(2, 5, 1)`` beside ``(2, 5)``: a tie of second elements) among them, which must
     sort as tuples do; and a view's rows, sorted past the start their leaf's bounds
-    share (some a prefix of others).  With no key placed by bisection (``placed`` 0), every read
-    and every split sorts its leaf whole."""
+    share (some a prefix of others).  With no key placed by bisection (``placed``
+    0), every read and every split sorts its leaf whole."""
     monkeypatch.setattr(leafmap, "_PLACED", placed)
     rng = random.Random(seed)
     m, model = LeafMap(30), {}
