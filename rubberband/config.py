@@ -66,7 +66,15 @@ from typing import Any
 
 from ecast import EMPTY, JOIN, KIND, PART, ROUTERS, SUSPECT, Membership, Message, NodeId
 from ecast.core import mutations
-from rubberband.keys import EKey, RangeSet, is_ekey, is_key_quick, is_range_set
+from rubberband.keys import (
+    EKey,
+    RangeSet,
+    difference,
+    is_ekey,
+    is_key_quick,
+    is_range_set,
+    union,
+)
 from rubberband.optimizer import BadInstruction, Copy, instructions_from_wire
 from rubberband.placement import BadKeyspace, Keyspace, Routing, Unavailable
 from rubberband.proto import INCOMPLETE, KEYSPACE, MAX_RANGES, READY, H
@@ -130,6 +138,7 @@ class RubberbandConfig(Membership):
         "_write_routing",
         "incomplete",
         "keyspace",
+        "lacking",
         "partitioning",
         "pending",
         "version",
@@ -150,6 +159,7 @@ class RubberbandConfig(Membership):
         votes: dict[NodeId, frozenset[NodeId]] | None = None,
         incomplete: frozenset[NodeId] = _NONE,
         seniority: tuple[NodeId, ...] | None = None,
+        lacking: dict[NodeId, RangeSet] | None = None,
     ) -> None:
         super().__init__(supers | storage | clients, retired)
         self.keyspace = keyspace
@@ -165,6 +175,10 @@ class RubberbandConfig(Membership):
         self.pending: dict[int, Pending] = pending or {}
         self.votes: dict[NodeId, frozenset[NodeId]] = votes or {}
         self.incomplete = incomplete
+        self.lacking: dict[NodeId, RangeSet] = lacking or {}
+        """The ranges each incomplete process lacks, where it said which (an incomplete
+        process without an entry, a restored holder, lacks everything it holds): it may
+        still send the rest of what it holds (:meth:`sources_in_part`)."""
         self._write_routing: Routing | None = None
         self._read_routing: Routing | None = None
 
@@ -194,6 +208,7 @@ class RubberbandConfig(Membership):
             [[v, sorted(p.waiting), sorted(p.receivers)] for v, p in sorted(self.pending.items())],
             [[p, sorted(v)] for p, v in sorted(self.votes.items())],
             sorted(self.incomplete),
+            [[p, [list(r) for r in rs]] for p, rs in sorted(self.lacking.items())],
         ]
 
     @classmethod
@@ -211,7 +226,16 @@ class RubberbandConfig(Membership):
                 pending,
                 votes,
                 incomplete,
+                *more,
             ) = state
+            if len(more) > 1:
+                raise ValueError("too many fields")
+            lacking = {}
+            for p, rs in more[0] if more else ():
+                ranges = tuple((_tuple(lo), _tuple(hi)) for lo, hi in rs)
+                if p not in incomplete or not is_range_set(ranges):
+                    raise ValueError(f"the ranges {p!r} lacks")
+                lacking[str(p)] = ranges
             keyspace = Keyspace(f, ((_tuple(e), str(p)) for e, p in ring))
             return cls(
                 keyspace,
@@ -225,6 +249,7 @@ class RubberbandConfig(Membership):
                 pending={int(v): Pending(frozenset(w), frozenset(r)) for v, w, r in pending},
                 votes={p: frozenset(v) for p, v in votes},
                 incomplete=frozenset(incomplete),
+                lacking=lacking,
             )
         except (TypeError, ValueError, BadKeyspace) as e:
             raise ValueError(f"not a RubberbandConfig state: {e}") from None
@@ -240,6 +265,7 @@ class RubberbandConfig(Membership):
             "pending": self.pending,
             "votes": self.votes,
             "incomplete": self.incomplete,
+            "lacking": self.lacking,
         }
         keyspace = changes.pop("keyspace", self.keyspace)
         fields.update(changes)
@@ -296,6 +322,15 @@ class RubberbandConfig(Membership):
     def excluded(self) -> frozenset[NodeId]:
         """Processes on the ring that are no longer members (suspected or parted)."""
         return frozenset(p for p in self.keyspace.processes if p not in self._storage)
+
+    def sources_in_part(self) -> dict[NodeId, RangeSet]:
+        """Incomplete members that said what they lack: a plan may copy the rest of what
+        they hold from them.  Kept whole-process, one crash in a contraction that broke
+        four receivers left a range no source a plan could use, though every holder had
+        it whole but for other ranges (the simulator, seed 1054 with views)."""
+        return {
+            p: rs for p, rs in self.lacking.items() if p in self._storage and p in self.keyspace
+        }
 
     def joiner_state(self) -> Any:
         """A joining process mirrors the whole configuration (supers need all of it,
@@ -431,13 +466,21 @@ class RubberbandConfig(Membership):
 
     def _apply_incomplete(self, sender: NodeId, h: dict[str, Any]) -> RubberbandConfig:
         """A receiver whose source was suspected mid-transfer: it never gets ready and
-        must not serve reads until a super repairs it (replace, or contract)."""
+        must not serve reads until a super repairs it (replace, or contract).  The
+        ranges it names are what it lacks; the rest of what it holds it may still send
+        (malformed ranges: it lacks everything)."""
         if sender not in self.keyspace:
             # It left the ring meanwhile and holds nothing: only stop waiting for it.
             return self._without_waiting(frozenset((sender,)))
-        if sender in self.incomplete:
-            return self
-        return self._with(incomplete=self.incomplete | {sender})
+        ranges = h.get(H.RANGES)
+        lacking = dict(self.lacking)
+        if sender in self.incomplete and sender not in lacking:
+            return self  # it lacks everything already
+        if is_range_set(ranges):
+            lacking[sender] = union(lacking.get(sender, ()), ranges)
+        else:
+            lacking.pop(sender, None)
+        return self._with(incomplete=self.incomplete | {sender}, lacking=lacking)
 
     def _without_waiting(self, gone: frozenset[NodeId]) -> RubberbandConfig:
         pending = {}
@@ -448,7 +491,7 @@ class RubberbandConfig(Membership):
         return self if pending == self.pending else self._with(pending=pending)
 
     def _apply_keyspace(self, msg: Message, h: dict[str, Any]) -> RubberbandConfig:
-        plan = self._keyspace_plan(h)
+        plan = _keyspace_plan(self, h)
         if plan is None:
             return self
         keyspace, involved, receivers = plan
@@ -461,79 +504,28 @@ class RubberbandConfig(Membership):
             if waiting:
                 pending[ver] = Pending(waiting, p.receivers - dropped)
         v = self.version + 1
-        waiting = involved & self._storage
-        if waiting:
-            pending[v] = Pending(waiting, receivers & self._storage)
         # A process leaving the ring (contract, replace) is no longer incomplete.
         incomplete = frozenset(p for p in self.incomplete if p in keyspace)
+        # One that stays never says ready (it is not whole), though it may have sent
+        # what it still holds whole: nobody waits for it.
+        waiting = (involved & self._storage) - incomplete
+        if waiting:
+            pending[v] = Pending(waiting, receivers & self._storage)
+        # What an incomplete process gains it gains without data (it receives no copies).
+        lacking = {
+            p: union(rs, difference(keyspace.partition(p), self.keyspace.partition(p)))
+            for p, rs in self.lacking.items()
+            if p in incomplete
+        }
         incomplete, retired = _after_restore(h[H.OP], keyspace, incomplete, self._retired)
         return self._with(
-            keyspace=keyspace, version=v, pending=pending, incomplete=incomplete, retired=retired
+            keyspace=keyspace,
+            version=v,
+            pending=pending,
+            incomplete=incomplete,
+            retired=retired,
+            lacking=lacking,
         )
-
-    def _keyspace_plan(
-        self, h: dict[str, Any]
-    ) -> tuple[Keyspace, frozenset[NodeId], frozenset[NodeId]] | None:
-        """The new keyspace, the storage processes involved and the receivers, or None
-        for a stale, malformed or impossible keyspace message (ignored everywhere)."""
-        if h.get(H.VERSION) != self.version or type(h.get(H.VERSION)) is not int:
-            return None
-        op = h.get(H.OP)
-        if type(op) is not tuple or not op or op[0] not in OPS:
-            return None
-        try:
-            instructions = instructions_from_wire(h.get(H.INSTRUCTIONS, ()))
-        except BadInstruction:
-            return None
-        ks = self.keyspace
-        storage = self._storage
-        try:
-            name = op[1]
-            if op[0] == "expand" and len(op) == 3:
-                if name not in storage or name in ks or not is_ekey(op[2]):
-                    return None
-                new = ks.expand(_tuple(op[2]), name)
-                moved = frozenset((name,))
-            elif op[0] == "contract" and len(op) == 2:
-                new = ks.contract(name)
-                moved = frozenset((name,))
-            elif op[0] == "replace" and len(op) == 3:
-                newcomer = op[2]
-                if newcomer not in storage or newcomer in ks:
-                    return None
-                new = ks.replace(name, newcomer)
-                moved = frozenset((name, newcomer))
-            elif op[0] == "rebalance" and len(op) == 3:
-                if not is_ekey(op[2]):
-                    return None
-                new = ks.rebalance(name, _tuple(op[2]))
-                moved = frozenset((name,))
-            elif op[0] == "restore" and len(op) in (2, 3, 4, 5) and not instructions:
-                new, moved = _restored(self, op), _NONE
-                if new is None:
-                    return None
-            else:
-                return None
-        except (BadKeyspace, TypeError, IndexError):
-            return None
-        named: set[NodeId] = set(moved)
-        receivers: set[NodeId] = set()
-        for ins in instructions:
-            # Every process an instruction names must still be a member: a plan made
-            # before a vote and ordered after it would copy from, or to, a gone process.
-            if isinstance(ins, Copy):
-                if ins.src not in ks or ins.dst not in new:
-                    return None
-                if ins.src not in storage or ins.dst not in storage:
-                    return None
-                named.add(ins.src)
-                named.add(ins.dst)
-                receivers.add(ins.dst)
-            else:
-                if ins.process not in ks or ins.process not in storage:
-                    return None
-                named.add(ins.process)
-        return new, frozenset(named), frozenset(receivers)
 
     def destset(self, msg: Message) -> frozenset[NodeId]:
         h = msg.header
@@ -584,7 +576,7 @@ class RubberbandConfig(Membership):
         if kind == KEYSPACE:
             if sender not in supers:
                 return EMPTY
-            if self._keyspace_plan(h) is None:
+            if _keyspace_plan(self, h) is None:
                 return EMPTY
             # Every storage process mirrors the keyspace (its partition, the version its
             # basic reads are checked against); the involved ones find instructions.
@@ -607,6 +599,7 @@ class RubberbandConfig(Membership):
             and other.pending == self.pending
             and other.votes == self.votes
             and other.incomplete == self.incomplete
+            and other.lacking == self.lacking
         )
 
     def __hash__(self) -> int:
@@ -617,6 +610,71 @@ class RubberbandConfig(Membership):
             f"RubberbandConfig(v{self.version}, f={self.f}, ring={list(self.keyspace.processes)}, "
             f"standby={sorted(self.standby())}, supers={sorted(self._supers)})"
         )
+
+
+def _keyspace_plan(
+    c: RubberbandConfig, h: dict[str, Any]
+) -> tuple[Keyspace, frozenset[NodeId], frozenset[NodeId]] | None:
+    """The new keyspace, the storage processes involved and the receivers, or None
+    for a stale, malformed or impossible keyspace message (ignored everywhere)."""
+    if h.get(H.VERSION) != c.version or type(h.get(H.VERSION)) is not int:
+        return None
+    op = h.get(H.OP)
+    if type(op) is not tuple or not op or op[0] not in OPS:
+        return None
+    try:
+        instructions = instructions_from_wire(h.get(H.INSTRUCTIONS, ()))
+    except BadInstruction:
+        return None
+    ks = c.keyspace
+    storage = c._storage
+    try:
+        name = op[1]
+        if op[0] == "expand" and len(op) == 3:
+            if name not in storage or name in ks or not is_ekey(op[2]):
+                return None
+            new = ks.expand(_tuple(op[2]), name)
+            moved = frozenset((name,))
+        elif op[0] == "contract" and len(op) == 2:
+            new = ks.contract(name)
+            moved = frozenset((name,))
+        elif op[0] == "replace" and len(op) == 3:
+            newcomer = op[2]
+            if newcomer not in storage or newcomer in ks:
+                return None
+            new = ks.replace(name, newcomer)
+            moved = frozenset((name, newcomer))
+        elif op[0] == "rebalance" and len(op) == 3:
+            if not is_ekey(op[2]):
+                return None
+            new = ks.rebalance(name, _tuple(op[2]))
+            moved = frozenset((name,))
+        elif op[0] == "restore" and len(op) in (2, 3, 4, 5) and not instructions:
+            new, moved = _restored(c, op), _NONE
+            if new is None:
+                return None
+        else:
+            return None
+    except (BadKeyspace, TypeError, IndexError):
+        return None
+    named: set[NodeId] = set(moved)
+    receivers: set[NodeId] = set()
+    for ins in instructions:
+        # Every process an instruction names must still be a member: a plan made
+        # before a vote and ordered after it would copy from, or to, a gone process.
+        if isinstance(ins, Copy):
+            if ins.src not in ks or ins.dst not in new:
+                return None
+            if ins.src not in storage or ins.dst not in storage:
+                return None
+            named.add(ins.src)
+            named.add(ins.dst)
+            receivers.add(ins.dst)
+        else:
+            if ins.process not in ks or ins.process not in storage:
+                return None
+            named.add(ins.process)
+    return new, frozenset(named), frozenset(receivers)
 
 
 def _after_restore(

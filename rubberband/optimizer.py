@@ -48,7 +48,7 @@ from its end, one at a time, until the product fits; :attr:`Ranking.total` and
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +60,7 @@ from rubberband.keys import (
     intersect,
     is_range_set,
     normalize,
+    overlaps,
 )
 from rubberband.placement import BadReconfiguration, Keyspace
 
@@ -225,7 +226,13 @@ class _Problem:
 
     __slots__ = ("base", "destinations", "groups_of", "new", "old", "order", "suspected")
 
-    def __init__(self, old: Keyspace, new: Keyspace, suspected: frozenset[str]) -> None:
+    def __init__(
+        self,
+        old: Keyspace,
+        new: Keyspace,
+        suspected: frozenset[str],
+        partial: Mapping[str, RangeSet] | None = None,
+    ) -> None:
         if old.f != new.f:
             raise BadReconfiguration(f"replication factor changes from {old.f} to {new.f}")
         self.old, self.new, self.suspected = old, new, suspected
@@ -247,7 +254,12 @@ class _Problem:
                     continue
                 alive = tuple(
                     sorted(
-                        (q for q in old.holders_of_segment(s) if q not in suspected),
+                        (
+                            q
+                            for q in old.holders_of_segment(s)
+                            if q not in suspected
+                            or (partial and q in partial and not overlaps(partial[q], atom))
+                        ),
                         key=self.order.__getitem__,
                     )
                 )
@@ -391,16 +403,19 @@ def optimize(
     new: Keyspace,
     suspected: frozenset[str] = frozenset(),
     *,
+    partial: Mapping[str, RangeSet] | None = None,
     max_solutions: int = MAX_SOLUTIONS,
     keep_alternatives: int = 3,
 ) -> Plan:
     """The instruction list that moves data from ``old`` to ``new`` (Algorithm 13).
 
     ``suspected`` processes neither send, receive nor delete, and count as failed in the
-    rank.  Deterministic in its arguments.  Raises :class:`BadReconfiguration` when the
-    two keyspaces have different replication factors.
+    rank; those of them in ``partial`` (incomplete processes, with the ranges each
+    lacks) may still send what they hold outside those ranges.  Deterministic in its
+    arguments.  Raises :class:`BadReconfiguration` when the two keyspaces have different
+    replication factors.
     """
-    problem = _Problem(old, new, suspected)
+    problem = _Problem(old, new, suspected, partial)
     options = [problem.source_sets(d) for d in problem.destinations]
     total = 1
     for o in options:

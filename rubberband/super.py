@@ -322,8 +322,8 @@ class SuperCore:
             if isinstance(e, Refused):
                 raise
             raise Refused(str(e)) from None
-        # An incomplete process can be no source and gets no copies: a range handed to
-        # it is a replica short until it is repaired.  Repair first, unless forced.
+        # An incomplete process gets no copies: a range handed to it is a replica short
+        # until it is repaired.  Repair first, unless forced.
         for p in sorted(c.incomplete):
             if p in after and not force:
                 gained = difference(after.partition(p), ks.partition(p))
@@ -332,8 +332,9 @@ class SuperCore:
                         f"{p} is incomplete and would take on {describe(gained)} without "
                         "data: replace or contract it first (or force)"
                     )
-        # Sources must hold all their data: suspected and incomplete processes do not.
-        plan = optimize(ks, after, c.excluded() | c.incomplete)
+        # A source must hold what it sends: a suspected process holds nothing we can
+        # reach, an incomplete one what it did not say it lacks.
+        plan = optimize(ks, after, c.excluded() | c.incomplete, partial=c.sources_in_part())
         if plan.lost and not force:
             raise Refused(
                 f"every holder of {describe(plan.lost)} is suspected: that data is lost; "

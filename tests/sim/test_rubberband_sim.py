@@ -173,6 +173,19 @@ def test_views_stay_exact_while_their_maintainers_drop_the_rows_that_left_them(
     assert versions.WINDOW == 1 << 23  # the daemons' own again after the runs
 
 
+def test_a_crash_mid_contraction_that_breaks_four_receivers_loses_nothing() -> None:
+    """Seed 1054 with views: storage:2 dies while it is contracted, every receive it fed
+    breaks (and the sends of those receivers: 4.4.2's flood), and four of the five ring
+    members are incomplete, each for a few ranges only.  The operator's replacements
+    after healing must copy every range from a holder that has it whole, incomplete
+    for other ranges or not; kept per process, a plan had no source for ranges every
+    holder of which was incomplete elsewhere, and the forced repairs lost acknowledged
+    appends."""
+    result = run_rubberband(RbRunConfig(seed=1054, ops=OPS, views=True))
+    assert not result.violations, result.violations
+    assert sum("replace suspected" in f for _, f in result.faults) >= 4  # the situation
+
+
 BUNDLE_SCHEDULES = 40
 
 

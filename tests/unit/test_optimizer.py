@@ -154,6 +154,28 @@ def test_data_whose_every_holder_is_suspected_is_reported_lost_not_copied():
     assert any("LOST" in line for line in plan.describe())
 
 
+def test_an_incomplete_holder_sends_what_it_does_not_lack_and_nothing_else():
+    """A holder that said which ranges it lacks (``partial``) is still suspected for
+    everything else, receiving no copy and deleting nothing, but it may send a range
+    outside those: here it is the only one left of [0, 10)."""
+    old = Keyspace(2, [(E(i * 10), p) for i, p in enumerate("abcd")])
+    new = old.replace("b", "x")
+    broken = frozenset({"a", "b"})
+    overlapping = optimize(old, new, broken, partial={"a": rs((5, 8))})
+    assert overlapping.lost == rs((0, 10))  # what it lacks it cannot send
+    plan = optimize(old, new, broken, partial={"a": rs((10, 20))})
+    assert not plan.lost
+    assert sorted((c.src, c.dst, c.ranges) for c in copies(plan)) == [
+        ("a", "x", rs((0, 10))),
+        ("c", "x", rs((10, 20))),
+    ]
+    assert deletes(plan) == []  # b is still suspected: it deletes nothing
+    # The replaced process itself, incomplete elsewhere, sends what it holds whole.
+    itself = optimize(old, new, broken, partial={"b": rs((10, 20))})
+    assert not itself.lost
+    assert ("b", "x", rs((0, 10))) in [(c.src, c.dst, c.ranges) for c in copies(itself)]
+
+
 def test_the_first_expand_copies_nothing():
     empty = Keyspace(3)
     plan = optimize(empty, empty.expand(E(1), "a"))

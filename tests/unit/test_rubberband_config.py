@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ecast import ROUTERS, Message
+from rubberband import keys as K
 from rubberband.config import RubberbandConfig
 from rubberband.keys import encode_key, key_range, overlaps, point
 from rubberband.optimizer import optimize
@@ -224,6 +225,38 @@ def test_incomplete_receivers_never_serve_reads() -> None:
     assert after == c and d == frozenset()
 
 
+def test_an_incomplete_process_is_kept_with_the_ranges_it_lacks() -> None:
+    """What an incomplete process says it lacks, and what it gains while incomplete
+    (without data), is what a plan may not take from it; the rest it may send.  A state
+    without those ranges (an older one), or a report that names none, means it lacks
+    everything, as every incomplete process did before."""
+    c = cluster(4, f=3)
+    c, _ = step(c, "storage:1", incomplete_header(c.version, (point(150),)))
+    c, _ = step(c, "storage:1", incomplete_header(c.version, (point(160),)))
+    assert c.incomplete == {"storage:1"}
+    assert c.lacking == {"storage:1": K.union((point(150),), (point(160),))}
+    assert c.sources_in_part() == c.lacking
+    wire = msgpack.unpackb(msgpack.packb(c.to_state()), use_list=False)
+    assert RubberbandConfig.from_state(wire) == c
+    older = RubberbandConfig.from_state(wire[:-1])
+    assert older.incomplete == {"storage:1"} and older.lacking == {}
+    with pytest.raises(ValueError):  # ranges for a process that is not incomplete
+        RubberbandConfig.from_state((*wire[:-1], (("storage:2", wire[-1][0][1]),)))
+    # Named no ranges it can be held to: it lacks everything, and stays so.
+    c, _ = step(c, "storage:3", incomplete_header(c.version, "everything"))
+    c, _ = step(c, "storage:3", incomplete_header(c.version, (point(350),)))
+    assert "storage:3" in c.incomplete and "storage:3" not in c.lacking
+    # What it gains while incomplete (a neighbour contracted), it gains without data.
+    before = c.keyspace.partition("storage:1")
+    c = _apply_plan(c, _super(c), "contract", ("storage:2",), force=True)
+    gained = K.difference(c.keyspace.partition("storage:1"), before)
+    assert gained and K.difference(gained, c.lacking["storage:1"]) == K.NOTHING
+    # A repaired process leaves the ring and lacks nothing any more.
+    c, _ = step(c, "storage:9", {"kind": "join"})
+    c = _apply_plan(c, _super(c), "replace", ("storage:1", "storage:9"), force=True)
+    assert "storage:1" not in c.incomplete and "storage:1" not in c.lacking
+
+
 def test_suspects_need_half_of_the_supers() -> None:
     c = cluster(4, supers=3)
     c2, dests = step(c, "super:a", vote_header("storage:1"))
@@ -396,8 +429,10 @@ def _super(c: RubberbandConfig, me: str = "super:a") -> Any:
     return s
 
 
-def _apply_plan(c: RubberbandConfig, s: Any, op: str, args: tuple) -> RubberbandConfig:
-    c, _ = step(c, s.me, s.plan(op, *args).header)
+def _apply_plan(
+    c: RubberbandConfig, s: Any, op: str, args: tuple, force: bool = False
+) -> RubberbandConfig:
+    c, _ = step(c, s.me, s.plan(op, *args, force=force).header)
     for v in list(c.pending):
         for p in sorted(c.pending[v].waiting):
             c, _ = step(c, p, ready_header(v))
