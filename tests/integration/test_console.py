@@ -103,6 +103,14 @@ def processes(b: webdriver.Chrome) -> list[tuple[str, str, str]]:
     return [tuple(r) for r in rows]
 
 
+def fill(browser: webdriver.Chrome, op: str, a1: str, a2: str) -> None:
+    """The reconfiguration form: its operation and both arguments, as typed."""
+    Select(browser.find_element(By.ID, "op")).select_by_visible_text(op)
+    for field, value in (("a1", a1), ("a2", a2)):
+        browser.find_element(By.ID, field).clear()
+        browser.find_element(By.ID, field).send_keys(value)
+
+
 def colors_in(png: Image.Image, element: Any) -> Counter[tuple[int, int, int]]:
     """The pixels of ``element``'s box in a screenshot, by color."""
     r = element.rect
@@ -171,11 +179,7 @@ def test_the_console_shows_every_process_the_ring_its_history_and_runs_an_expand
     assert [r["name"] for r in status["ring"]][-1] == "storage:5"
 
     # A refused request shows its reason and changes nothing.
-    Select(browser.find_element(By.ID, "op")).select_by_visible_text("replace")
-    browser.find_element(By.ID, "a1").clear()
-    browser.find_element(By.ID, "a1").send_keys("storage:1")
-    browser.find_element(By.ID, "a2").clear()
-    browser.find_element(By.ID, "a2").send_keys("storage:2")
+    fill(browser, "replace", "storage:1", "storage:2")
     browser.find_element(By.ID, "run").click()
     until("the question", lambda: browser.switch_to.alert.text)
     browser.switch_to.alert.accept()
@@ -237,11 +241,7 @@ def test_the_console_shows_every_process_the_ring_its_history_and_runs_an_expand
         # A place among the view's rows, typed as a JSON array, is a tuple key: the
         # plan names it as typed, and a dry run changes nothing.
         version = text(browser, "fact-version")
-        Select(browser.find_element(By.ID, "op")).select_by_visible_text("rebalance")
-        browser.find_element(By.ID, "a1").clear()
-        browser.find_element(By.ID, "a1").send_keys("storage:5")
-        browser.find_element(By.ID, "a2").clear()
-        browser.find_element(By.ID, "a2").send_keys('["~view", "totals", 0]')
+        fill(browser, "rebalance", "storage:5", '["~view", "totals", 0]')
         browser.find_element(By.ID, "plan").click()
         until("the tuple key's plan", lambda: "(nothing changed)" in text(browser, "result"))
         plan = text(browser, "result")
