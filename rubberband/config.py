@@ -67,6 +67,7 @@ from typing import Any
 from ecast import EMPTY, JOIN, KIND, PART, ROUTERS, SUSPECT, Membership, Message, NodeId
 from ecast.core import mutations
 from rubberband.keys import (
+    NOTHING,
     EKey,
     RangeSet,
     difference,
@@ -328,9 +329,7 @@ class RubberbandConfig(Membership):
         they hold from them.  Kept whole-process, one crash in a contraction that broke
         four receivers left a range no source a plan could use, though every holder had
         it whole but for other ranges (the simulator, seed 1054 with views)."""
-        return {
-            p: rs for p, rs in self.lacking.items() if p in self._storage and p in self.keyspace
-        }
+        return {p: rs for p, rs in self.lacking.items() if p in self._storage}
 
     def joiner_state(self) -> Any:
         """A joining process mirrors the whole configuration (supers need all of it,
@@ -472,12 +471,12 @@ class RubberbandConfig(Membership):
         if sender not in self.keyspace:
             # It left the ring meanwhile and holds nothing: only stop waiting for it.
             return self._without_waiting(frozenset((sender,)))
+        if sender in self.incomplete and sender not in self.lacking:
+            return self  # it lacks everything already
         ranges = h.get(H.RANGES)
         lacking = dict(self.lacking)
-        if sender in self.incomplete and sender not in lacking:
-            return self  # it lacks everything already
         if is_range_set(ranges):
-            lacking[sender] = union(lacking.get(sender, ()), ranges)
+            lacking[sender] = union(lacking.get(sender, NOTHING), ranges)
         else:
             lacking.pop(sender, None)
         return self._with(incomplete=self.incomplete | {sender}, lacking=lacking)
