@@ -33,8 +33,9 @@ header                                                      message
 
 The keys are :class:`rubberband.proto.H`'s, and the builders of every header are there.
 ``ranges`` is a normalized range set of encoded keys (:mod:`rubberband.keys`), ``op`` one
-of ``["expand", name, id]``, ``["contract", name]``, ``["replace", old, new]``,
-``["rebalance", name, id]``, ``["restore", ring, partial, lost, epoch]`` (a recorded
+of ``["expand", name, id]``, ``["contract", name, ...]`` (one or more names, taken
+off together), ``["replace", old, new]``, ``["rebalance", name, id]``,
+``["restore", ring, partial, lost, epoch]`` (a recorded
 ring into an empty one, the holders in ``partial`` incomplete, those in ``lost``
 retired, the holders' positions numbered in ``epoch`` from then on: the restart of a
 whole cluster),
@@ -634,9 +635,11 @@ def _keyspace_plan(
                 return None
             new = ks.expand(_tuple(op[2]), name)
             moved = frozenset((name,))
-        elif op[0] == "contract" and len(op) == 2:
-            new = ks.contract(name)
-            moved = frozenset((name,))
+        elif op[0] == "contract" and len(set(op[1:])) == len(op) - 1:
+            new = ks
+            for gone in op[1:]:  # several at once: none is handed the others' ranges
+                new = new.contract(gone)
+            moved = frozenset(op[1:])
         elif op[0] == "replace" and len(op) == 3:
             newcomer = op[2]
             if newcomer not in storage or newcomer in ks:

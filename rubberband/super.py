@@ -24,7 +24,7 @@ from ecast import Direct, Effects, NodeId
 from rubberband.config import CLIENT, STORAGE, RubberbandConfig
 from rubberband.engine import Placement
 from rubberband.errors import Refused
-from rubberband.keys import EKey, decode_key, describe, difference, encode_key, json_key
+from rubberband.keys import EKey, RangeSet, decode_key, describe, difference, encode_key, json_key
 from rubberband.optimizer import Plan, optimize
 from rubberband.outputs import Submit
 from rubberband.placement import BadReconfiguration, Keyspace
@@ -292,16 +292,8 @@ class SuperCore:
                 after = ks.expand(ek, name)
                 wire_op: tuple[Any, ...] = ("expand", name, ek)
             elif op == "contract":
-                (name,) = args
-                if name not in ks:
-                    raise Refused(f"{name} is not on the ring")
-                if len(ks) - 1 < c.f and name in c.storage():
-                    raise Refused(
-                        f"contracting {name} leaves {len(ks) - 1} storage processes, fewer than "
-                        f"the replication factor {c.f}: replace it instead"
-                    )
-                after = ks.contract(name)
-                wire_op = ("contract", name)
+                after = self._contracted(c, args)
+                wire_op = ("contract", *args)
             elif op == "replace":
                 old, new = args
                 if old not in ks:
@@ -324,14 +316,12 @@ class SuperCore:
             raise Refused(str(e)) from None
         # An incomplete process gets no copies: a range handed to it is a replica short
         # until it is repaired.  Repair first, unless forced.
-        for p in sorted(c.incomplete):
-            if p in after and not force:
-                gained = difference(after.partition(p), ks.partition(p))
-                if gained:
-                    raise Refused(
-                        f"{p} is incomplete and would take on {describe(gained)} without "
-                        "data: replace or contract it first (or force)"
-                    )
+        for p, gained in _gains_of_incomplete(c, after).items():
+            if not force:
+                raise Refused(
+                    f"{p} is incomplete and would take on {describe(gained)} without "
+                    "data: replace or contract it first, or with it (or force)"
+                )
         # A source must hold what it sends: a suspected process holds nothing we can
         # reach, an incomplete one what it did not say it lacks.
         plan = optimize(ks, after, c.excluded() | c.incomplete, partial=c.sources_in_part())
@@ -357,9 +347,12 @@ class SuperCore:
         finishes, so waiting for it would wait for ever).  Each broken
         holder is replaced by a standby process (fresh copies from the complete
         replicas), or, with no standby left, contracted while the ring keeps at least
-        ``f`` processes.  A repair that would lose data is refused by :meth:`plan`
-        (never forced here): another broken holder's may go first, or an operator must
-        decide."""
+        ``f`` processes; together with every incomplete process that would inherit
+        its ranges (it would get them without data, which :meth:`plan` refuses: two
+        incomplete neighbours and no standby would otherwise wait for an operator for
+        ever, the simulator's seed 2334 with automatic repair).  A repair that would lose
+        data is refused by :meth:`plan` (never forced here): another broken holder's may
+        go first, or an operator must decide."""
         c = self.config
         if c is None or c.coordinator() != self.me:
             return []
@@ -378,7 +371,7 @@ class SuperCore:
             if spares:
                 repair: tuple[str, tuple[Any, ...]] = ("replace", (victim, spares[0]))
             elif len(ring) - 1 >= c.f:
-                repair = ("contract", (victim,))
+                repair = ("contract", _with_incomplete_heirs(c, victim))
             else:
                 continue
             try:
@@ -387,6 +380,27 @@ class SuperCore:
                 continue
             return [repair]
         return []
+
+    @staticmethod
+    def _contracted(c: RubberbandConfig, names: tuple[Any, ...]) -> Keyspace:
+        """The ring without ``names``, taken off together: a range of one goes to its
+        next successor that stays, never to another of them."""
+        ks = c.keyspace
+        if not names or not all(type(n) is str for n in names) or len(set(names)) != len(names):
+            raise Refused("contract takes one or more distinct names of processes on the ring")
+        for name in names:
+            if name not in ks:
+                raise Refused(f"{name} is not on the ring")
+        left = len(ks) - len(names)
+        if left < c.f and any(name in c.storage() for name in names):
+            raise Refused(
+                f"contracting {' and '.join(names)} leaves {left} storage processes, fewer "
+                f"than the replication factor {c.f}: replace instead"
+            )
+        after = ks
+        for name in names:
+            after = after.contract(name)
+        return after
 
     @staticmethod
     def _standby(c: RubberbandConfig, name: str) -> None:
@@ -505,3 +519,30 @@ def _view_rows(views: Any) -> list[dict[str, Any]] | None:
 def _ekey(key: Any) -> EKey:
     """An admin request's key, encoded: a JSON array is a tuple key (a view's rows)."""
     return encode_key(json_key(key))
+
+
+def _gains_of_incomplete(c: RubberbandConfig, after: Keyspace) -> dict[NodeId, RangeSet]:
+    """What each incomplete process would take on in ``after`` (gets no copies: without
+    data)."""
+    ks = c.keyspace
+    gains = {}
+    for p in sorted(c.incomplete):
+        if p in after:
+            gained = difference(after.partition(p), ks.partition(p))
+            if gained:
+                gains[p] = gained
+    return gains
+
+
+def _with_incomplete_heirs(c: RubberbandConfig, victim: NodeId) -> tuple[NodeId, ...]:
+    """``victim`` and the incomplete processes that contracting it (and them) would hand
+    ranges to, so that the contraction hands none of them anything."""
+    names = [victim]
+    while True:
+        after = c.keyspace
+        for name in names:
+            after = after.contract(name)
+        heirs = [p for p in _gains_of_incomplete(c, after) if p not in names]
+        if not heirs:
+            return tuple(names)
+        names += heirs

@@ -592,7 +592,8 @@ def admin_main(argv: list[str] | None = None) -> int:
                     "partitioning's ids are spread over integer keys 0 .. this")  # fmt: skip
     ap.add_argument(
         "op", choices=["status", "expand", "contract", "replace", "rebalance", "wait", "place"],
-        help="status; expand NAME KEY; contract NAME; replace OLD NEW; rebalance NAME KEY; "
+        help="status; expand NAME KEY; contract NAME [NAME ...] (together); replace OLD "
+        "NEW; rebalance NAME KEY; "
         "view ... (first: rubberband views' commands); "
         "wait [VERSION] (no VERSION: until no reconfiguration is pending); place N (a new "
         "cluster's first N standby storage processes, ids spread evenly; nothing once the "
@@ -620,7 +621,7 @@ def admin_main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     if args.op == "wait" and not args.args:
         return _wait(supers, token, args)
-    if len(args.args) != arity[args.op]:
+    if len(args.args) != arity[args.op] and not (args.op == "contract" and args.args):
         ap.error(f"{args.op} takes {arity[args.op]} argument(s): {ap._actions[-2].help}")
     if args.op == "status":
         code, body = request(supers, token, "/status", timeout=args.timeout)

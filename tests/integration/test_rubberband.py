@@ -692,6 +692,7 @@ def test_the_admin_cli_end_to_end_on_the_scan_engine(tmp_path: Path) -> None:
             ("replace", "storage:3", "storage:4"),  # not a standby
             ("rebalance", "storage:3", "999999"),  # would reorder the ring
             ("contract", "storage:99"),  # unknown process
+            ("contract", "storage:3", "storage:3"),  # one name twice
         ]
         for request in impossible:
             out = admin(*request)
@@ -700,8 +701,8 @@ def test_the_admin_cli_end_to_end_on_the_scan_engine(tmp_path: Path) -> None:
                 out,
             )
             assert st()["version"] == version, request
-        out = cli("admin", "--state-dir", str(d), "contract", "storage:3", "storage:4")
-        assert out.returncode == 2 and "takes 1 argument" in out.stderr
+        out = cli("admin", "--state-dir", str(d), "replace", "storage:3")
+        assert out.returncode == 2 and "takes 2 argument" in out.stderr
         bad = subprocess.run(
             [PY, "-m", "rubberband.tools.cli", "admin", "--super", st_super(d), "status"],
             capture_output=True, text=True, timeout=60,

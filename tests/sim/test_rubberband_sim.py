@@ -186,6 +186,17 @@ def test_a_crash_mid_contraction_that_breaks_four_receivers_loses_nothing() -> N
     assert sum("replace suspected" in f for _, f in result.faults) >= 4  # the situation
 
 
+def test_two_incomplete_neighbours_without_a_standby_are_repaired_together() -> None:
+    """Seed 2334 with automatic repair: storage:4 and storage:5 are both incomplete and
+    the standbys are taken.  Contracting either alone would hand the other ranges it gets
+    no data for, which the super refuses; it used to wait for an operator for ever (the
+    run never became quiet).  It now takes both off the ring in one reconfiguration."""
+    result = run_rubberband(RbRunConfig(seed=2334, ops=OPS, auto_repair=True))
+    assert not result.violations, result.violations
+    together = "'op': 'contract', 'args': ['storage:4', 'storage:5']"
+    assert any(together in f for _, f in result.faults)  # the situation
+
+
 BUNDLE_SCHEDULES = 40
 
 

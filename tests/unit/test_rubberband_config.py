@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from ecast import ROUTERS, Message
 from rubberband import keys as K
 from rubberband.config import RubberbandConfig
+from rubberband.errors import Refused
 from rubberband.keys import encode_key, key_range, overlaps, point
 from rubberband.optimizer import optimize
 from rubberband.proto import (
@@ -255,6 +256,39 @@ def test_an_incomplete_process_is_kept_with_the_ranges_it_lacks() -> None:
     c, _ = step(c, "storage:9", {"kind": "join"})
     c = _apply_plan(c, _super(c), "replace", ("storage:1", "storage:9"), force=True)
     assert "storage:1" not in c.incomplete and "storage:1" not in c.lacking
+
+
+def test_incomplete_neighbours_without_a_standby_are_contracted_together() -> None:
+    """Contracting either of two incomplete neighbours would hand the other ranges it
+    gets no data for (refused): with no standby, the repair takes both off at once, and
+    their ranges go to processes that receive copies (the simulator's seed 2334 with
+    automatic repair waited for an operator for ever)."""
+    c = cluster(6, f=3)
+    c, _ = step(c, "storage:3", incomplete_header(c.version, (point(350),)))
+    c, _ = step(c, "storage:4", incomplete_header(c.version, (point(450),)))
+    s = _super(c)
+    with pytest.raises(Refused, match="storage:4 is incomplete"):
+        s.plan("contract", "storage:3")
+    with pytest.raises(Refused, match="storage:3 is incomplete"):
+        s.plan("contract", "storage:4")
+    todo = s.repairs()
+    assert todo == [("contract", ("storage:3", "storage:4"))]
+    proposal = s.plan(*todo[0][:1], *todo[0][1])
+    assert not proposal.plan.lost
+    c = _apply_plan(c, s, *todo[0])
+    assert not c.pending and not c.incomplete and not c.lacking
+    assert c.keyspace.processes == ("storage:0", "storage:1", "storage:2", "storage:5")
+    assert _super(c).repairs() == []
+    # Below the replication factor, or the same name twice, is refused as one name is.
+    with pytest.raises(Refused, match="fewer than the replication factor"):
+        _super(c).plan("contract", "storage:0", "storage:1")
+    for names in (("storage:0", "storage:0"), (), (["storage:0"],)):
+        with pytest.raises(Refused, match="distinct names"):
+            _super(c).plan("contract", *names)
+    # A keyspace message naming a process twice is malformed: every replica ignores it.
+    plan = optimize(c.keyspace, c.keyspace.contract("storage:0"), frozenset())
+    twice = keyspace_header(c.version, ("contract", "storage:0", "storage:0"), plan.to_wire())
+    assert step(c, "super:a", twice)[0] == c
 
 
 def test_suspects_need_half_of_the_supers() -> None:
