@@ -12,7 +12,8 @@ throughput and heartbeat round trips (kept by the super, so the charts are full 
 loading), and the history of reconfigurations, repairs, suspicions and keyspace
 versions; each materialized view's progress, positions behind and staleness in
 seconds, as its maintainer reports it every second.  Its form submits ``expand``,
-``contract``, ``replace`` and ``rebalance`` to ``/reconfigure``: a dry run shows the
+``contract`` (one or more processes, taken off together), ``replace`` and ``rebalance``
+to ``/reconfigure``: a dry run shows the
 plan, a run asks for confirmation first, and both print the plan as text.  The token
 stays in the browser tab's session storage.
 """
@@ -72,7 +73,8 @@ PAGE = """<!doctype html>
   <form id="reconfigure">
    <select id="op"><option>expand</option><option>contract</option><option>replace</option>
    <option>rebalance</option></select>
-   <input id="a1" placeholder="process (storage:N)" size="16">
+   <input id="a1" placeholder="process (storage:N)" size="16"
+    title="contract: one or more processes, taken off the ring together">
    <input id="a2" placeholder="key, or new process" size="16"
     title='a number, a string, or a JSON array: ["~view", "name", ["M"]] among a view&#39;s rows'>
    <button type="button" id="plan">dry run</button>
@@ -296,7 +298,8 @@ async function reconfigure(dryRun) {
   const op = document.getElementById("op").value;
   const a1 = document.getElementById("a1").value.trim();
   const a2 = document.getElementById("a2").value.trim();
-  const args = [a1];
+  // contract takes one or more processes off the ring together (spaces or commas).
+  const args = op === "contract" ? a1.split(/[\\s,]+/).filter(Boolean) : [a1];
   if (op === "replace") args.push(a2);
   else if (op !== "contract") args.push(/^-?\\d+$/.test(a2) ? Number(a2) : jsonKey(a2));
   const out = document.getElementById("result");

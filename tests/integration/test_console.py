@@ -247,6 +247,15 @@ def test_the_console_shows_every_process_the_ring_its_history_and_runs_an_expand
         plan = text(browser, "result")
         assert plan.startswith('dry run: rebalance storage:5 ["~view","totals",0] from'), plan
         assert text(browser, "fact-version") == version
+        # Two processes taken off together, typed in one field: one plan for both.
+        fill(browser, "contract", "storage:1, storage:2", "")
+        browser.find_element(By.ID, "plan").click()
+        until(
+            "the plan of two",
+            lambda: text(browser, "result").startswith("dry run: contract storage:1 storage:2 "),
+        )
+        assert "(nothing changed)" in text(browser, "result")
+        assert text(browser, "fact-version") == version
     finally:
         maintainer.kill()
         maintainer.wait()
