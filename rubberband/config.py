@@ -636,9 +636,7 @@ def _keyspace_plan(
             new = ks.expand(_tuple(op[2]), name)
             moved = frozenset((name,))
         elif op[0] == "contract" and len(set(op[1:])) == len(op) - 1:
-            new = ks
-            for gone in op[1:]:  # several at once: none is handed the others' ranges
-                new = new.contract(gone)
+            new = ks.contract(*op[1:])  # several at once: none inherits from another
             moved = frozenset(op[1:])
         elif op[0] == "replace" and len(op) == 3:
             newcomer = op[2]

@@ -220,12 +220,12 @@ class Keyspace:
         self._check_free(ekey)
         return Keyspace(self.f, (*self.ring(), (ekey, process)))
 
-    def contract(self, process: str) -> Keyspace:
-        """``process`` leaves the ring.  Always allowed by the algebra; a super should
-        refuse when :meth:`would_underreplicate` (the last copies could be lost)."""
-        i = self.position(process)
-        ring = self.ring()
-        return Keyspace(self.f, ring[:i] + ring[i + 1 :])
+    def contract(self, *processes: str) -> Keyspace:
+        """``processes`` leave the ring, together: a range of one goes to its next
+        successor that stays.  Always allowed by the algebra; a super should refuse
+        when :meth:`would_underreplicate` (the last copies could be lost)."""
+        gone = {self.position(p) for p in processes}
+        return Keyspace(self.f, [r for i, r in enumerate(self.ring()) if i not in gone])
 
     def would_underreplicate(self, process: str) -> bool:
         """Whether contracting ``process`` leaves fewer than ``f`` processes."""

@@ -714,9 +714,7 @@ def _next_keyspace(ks: Keyspace, op: Any) -> Keyspace:
     if op[0] == "expand":
         return ks.expand(_tuple(op[2]), op[1])
     if op[0] == "contract":
-        for name in op[1:]:
-            ks = ks.contract(name)
-        return ks
+        return ks.contract(*op[1:])
     if op[0] == "replace":
         return ks.replace(op[1], op[2])
     if op[0] == "restore":

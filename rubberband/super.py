@@ -316,12 +316,12 @@ class SuperCore:
             raise Refused(str(e)) from None
         # An incomplete process gets no copies: a range handed to it is a replica short
         # until it is repaired.  Repair first, unless forced.
-        for p, gained in _gains_of_incomplete(c, after).items():
-            if not force:
-                raise Refused(
-                    f"{p} is incomplete and would take on {describe(gained)} without "
-                    "data: replace or contract it first, or with it (or force)"
-                )
+        if not force and (gains := _gains_of_incomplete(c, after)):
+            p, gained = next(iter(gains.items()))
+            raise Refused(
+                f"{p} is incomplete and would take on {describe(gained)} without "
+                "data: replace or contract it first, or with it (or force)"
+            )
         # A source must hold what it sends: a suspected process holds nothing we can
         # reach, an incomplete one what it did not say it lacks.
         plan = optimize(ks, after, c.excluded() | c.incomplete, partial=c.sources_in_part())
@@ -397,10 +397,7 @@ class SuperCore:
                 f"contracting {' and '.join(names)} leaves {left} storage processes, fewer "
                 f"than the replication factor {c.f}: replace instead"
             )
-        after = ks
-        for name in names:
-            after = after.contract(name)
-        return after
+        return ks.contract(*names)
 
     @staticmethod
     def _standby(c: RubberbandConfig, name: str) -> None:
@@ -539,10 +536,7 @@ def _with_incomplete_heirs(c: RubberbandConfig, victim: NodeId) -> tuple[NodeId,
     ranges to, so that the contraction hands none of them anything."""
     names = [victim]
     while True:
-        after = c.keyspace
-        for name in names:
-            after = after.contract(name)
-        heirs = [p for p in _gains_of_incomplete(c, after) if p not in names]
+        heirs = [p for p in _gains_of_incomplete(c, c.keyspace.contract(*names)) if p not in names]
         if not heirs:
             return tuple(names)
         names += heirs

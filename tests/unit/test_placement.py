@@ -208,6 +208,14 @@ def test_transformations_keep_the_invariants(ks, new_id, data):
         victim = data.draw(st.sampled_from(ks.processes))
         outcomes.append(ks.contract(victim))
         assert ks.would_underreplicate(victim) == (len(ks) - 1 < ks.f)
+        # Several taken off together: the ring one at a time would leave.
+        gone = data.draw(st.lists(st.sampled_from(ks.processes), unique=True))
+        together = ks.contract(*gone)
+        one_by_one = ks
+        for p in gone:
+            one_by_one = one_by_one.contract(p)
+        assert together == one_by_one and not set(gone) & set(together.processes)
+        outcomes.append(together)
         replaced = ks.replace(victim, "fresh")
         assert replaced.id_of("fresh") == ks.id_of(victim) and victim not in replaced
         outcomes.append(replaced)
