@@ -504,7 +504,7 @@ class StorageCore:
         if not (isinstance(op, list | tuple) and op and op[0] == "restore"):
             drop_kept(self)
         try:
-            new = _next_keyspace(ks, op)
+            new = next_keyspace(ks, op)
             instructions = instructions_from_wire(h.get(H.INSTRUCTIONS, ()))
         except Exception as e:
             self.stop(f"cannot follow keyspace message {op!r:.80}: {e}")
@@ -709,7 +709,7 @@ def status_of(core: StorageCore) -> dict[str, Any]:
     }
 
 
-def _next_keyspace(ks: Keyspace, op: Any) -> Keyspace:
+def next_keyspace(ks: Keyspace, op: Any) -> Keyspace:
     """The keyspace after ``op`` (the config applied it, so it is valid)."""
     if op[0] == "expand":
         return ks.expand(_tuple(op[2]), op[1])

@@ -1,17 +1,19 @@
 """What the simulator reads off the protocol to check it (not to drive it): the copies a
-keyspace message plans, whether a basic read's answer overreaches what its process
-holds, which keys a segment holds.  The drivers never decide on these; the checks of a
-run (:mod:`rubberband.sim.run`) do."""
+keyspace message plans and what its ring would lose to a failure, whether a basic
+read's answer overreaches what its process holds, which keys a segment holds.  The
+drivers never decide on these; the checks of a run (:mod:`rubberband.sim.run`) and its
+nemesis (:mod:`rubberband.sim.nemesis`) do."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from ecast import Effects
-from rubberband.keys import NOTHING, describe, difference, encode_key
+from rubberband.keys import NOTHING, RangeSet, describe, difference, encode_key, intersect, union
 from rubberband.optimizer import Copy, instructions_from_wire
+from rubberband.placement import Keyspace
 from rubberband.proto import KEYSPACE, Answer, BasicRead, H
-from rubberband.storage import StorageCore
+from rubberband.storage import StorageCore, next_keyspace
 
 
 def keyspace_version(header: Any) -> int | None:
@@ -22,17 +24,29 @@ def keyspace_version(header: Any) -> int | None:
     return None
 
 
-def planned_copies(header: Any) -> tuple[int, list[tuple[str, str]]] | None:
-    """The version a keyspace message makes and its copies ``(source, receiver)``."""
+class Planned(NamedTuple):
+    """A keyspace message a super sent, not yet applied."""
+
+    version: int
+    """The version it makes."""
+    copies: list[Copy]
+    """Its copies."""
+    op: Any
+    """Its operation (``("expand", name, id)``...), as the message carries it."""
+
+    @property
+    def edges(self) -> list[tuple[str, str]]:
+        """Its copies as ``(source, receiver)``."""
+        return [(c.src, c.dst) for c in self.copies]
+
+
+def planned_copies(header: Any) -> Planned | None:
+    """What a keyspace message will do once applied (None: not a keyspace message)."""
     v = keyspace_version(header)
     if v is None:
         return None
-    edges = [
-        (i.src, i.dst)
-        for i in instructions_from_wire(header.get(H.INSTRUCTIONS, ()))
-        if isinstance(i, Copy)
-    ]
-    return v + 1, edges
+    instructions = instructions_from_wire(header.get(H.INSTRUCTIONS, ()))
+    return Planned(v + 1, [i for i in instructions if isinstance(i, Copy)], header.get(H.OP))
 
 
 def basic_read_overreach(s: StorageCore, payload: Any, fx: Effects) -> list[str]:
@@ -55,3 +69,31 @@ def basic_read_overreach(s: StorageCore, payload: Any, fx: Effects) -> list[str]
 def in_segment(key: Any, segment: Any) -> bool:
     e = encode_key(key)
     return any(lo <= e < hi for lo, hi in segment)
+
+
+def coming_ring(ks: Keyspace, planned: Planned) -> Keyspace | None:
+    """The ring ``planned`` makes of ``ks`` once applied (None: the config refuses it, so
+    it is never applied)."""
+    try:
+        return next_keyspace(ks, planned.op)
+    except Exception:
+        return None
+
+
+def lost_in(ring: Keyspace, planned: Planned, failed: set[str]) -> RangeSet:
+    """What ``ring`` (the one ``planned`` makes) would hold nowhere whole with the
+    processes ``failed`` gone: a receiver lacks what it receives from a failed source
+    (only that: it holds the rest, or gets it from another), and a range is lost where
+    every holder of its segment lacks it."""
+    lacks: dict[str, RangeSet] = {}
+    for copy in planned.copies:
+        if copy.src in failed:
+            lacks[copy.dst] = union(lacks.get(copy.dst, NOTHING), copy.ranges)
+    lost: RangeSet = NOTHING
+    for i, segment in enumerate(ring.segments()):
+        left = segment
+        for h in ring.holders_of_segment(i):
+            if h not in failed:
+                left = intersect(left, lacks.get(h, NOTHING))
+        lost = union(lost, left)
+    return lost

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ecast import NodeId
-from rubberband.sim.checks import in_segment
+from rubberband.sim.checks import Planned, coming_ring, in_segment, lost_in
 from rubberband.storage import StorageCore
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ class Nemesis:
     procs: dict[NodeId, Any]
     workloads: dict[NodeId, Any]
     situations: dict[str, int]
-    planned: list[tuple[int, list[tuple[NodeId, NodeId]]]]
+    planned: list[Planned]
 
     if TYPE_CHECKING:  # the run's, which this part uses
 
@@ -134,10 +134,17 @@ class Nemesis:
         # range is gone, the one loss Rubberband does not promise to survive: never.
         weak = {p for p in c.keyspace.processes if self._storage(p).incoming}
         weak |= {p for p in c.keyspace.processes if self._storage(p).incomplete}
+        self.planned = [p for p in self.planned if p.version > c.version or p.version in c.pending]
         ks = c.keyspace
-        self.planned = [(v, e) for v, e in self.planned if v > c.version or v in c.pending]
+        # Keyspace messages planned from this version, sent and not applied yet: the
+        # ring each will make (its copies' receivers holders there without the data).
+        coming = [
+            (ring, planned)
+            for planned in self.planned
+            if planned.version == c.version + 1 and (ring := coming_ring(ks, planned)) is not None
+        ]
 
-        def safe(victim: NodeId) -> bool:
+        def flood(victim: NodeId, planned: list[Planned]) -> set[NodeId]:
             hit = set(weak)
             todo = [victim]
             while todo:
@@ -148,12 +155,25 @@ class Nemesis:
                 core = self._storage(p)
                 todo += [o.dst for o in core.outgoing.values()]
                 todo += [q.action[2] for q in core.queue if q.action and q.action[0] == "send"]
-                todo += [dst for _, edges in self.planned for src, dst in edges if src == p]
-            return all(
-                sum(1 for h in ks.holders_of_segment(i) if h in hit) < c.f for i in range(len(ks))
-            )
+                todo += [dst for plan in planned for src, dst in plan.edges if src == p]
+            return hit
 
-        alive = [p for p in alive if safe(p)]
+        def safe(victim: NodeId, ahead: bool = True) -> bool:
+            hit = flood(victim, self.planned)
+            if any(
+                sum(1 for h in ks.holders_of_segment(i) if h in hit) >= c.f for i in range(len(ks))
+            ):
+                return False
+            if not ahead or not coming:
+                return True
+            # (a coming message's copies are counted range by range in its own ring)
+            now = flood(victim, [p for p in self.planned if p.version <= c.version])
+            return all(not lost_in(ring, planned, now) for ring, planned in coming)
+
+        spared = [p for p in alive if not safe(p)]
+        if coming and any(safe(p, ahead=False) for p in spared):
+            self.situations["crash_spared_for_planned_copy"] += 1
+        alive = [p for p in alive if p not in spared]
         if not alive:
             return
         sending = [p for p in alive if self._storage(p).outgoing]

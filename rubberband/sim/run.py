@@ -45,7 +45,13 @@ from rubberband.client import ClientCore
 from rubberband.config import RubberbandConfig
 from rubberband.outputs import Submit
 from rubberband.sdk import load_ops
-from rubberband.sim.checks import basic_read_overreach, in_segment, keyspace_version, planned_copies
+from rubberband.sim.checks import (
+    Planned,
+    basic_read_overreach,
+    in_segment,
+    keyspace_version,
+    planned_copies,
+)
 from rubberband.sim.feed import FEED, Follower, feed_violations
 from rubberband.sim.nemesis import Nemesis
 from rubberband.sim.process import RbNode
@@ -83,6 +89,7 @@ SITUATIONS = (
     "leader_takeover",
     "snapshot_rejected_then_accepted",
     "automatic_repair",
+    "crash_spared_for_planned_copy",
 )
 
 
@@ -197,7 +204,7 @@ class RubberbandRun(Nemesis, EcastGroupRun):
         self.stopped: dict[NodeId, str] = {}
         self.anomalies: list[str] = []
         self._next_quiet_check = 0.0
-        self.planned: list[tuple[int, list[tuple[NodeId, NodeId]]]] = []
+        self.planned: list[Planned] = []
         """Copies of submitted plans not yet finished: what a crash would break."""
         self.terminated: dict[NodeId, str] = {}
         self.final_phase = False
