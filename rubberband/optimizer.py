@@ -14,7 +14,13 @@ The problem, solved the same way by every super (no randomness, no set iteration
   old keyspace whose old partitions cover the missing ranges (no proper subset covers).
   The missing ranges are cut at old segment bounds into *atoms*, each held whole by one
   old replication group, so covering is a bitmask test.  Atoms whose old holders are all
-  suspected are *lost*: reported in :attr:`Plan.lost`, not copied.
+  suspected are *lost*: reported in :attr:`Plan.lost`, not copied.  A holder still
+  receiving data of an unfinished reconfiguration (*busy*) sources an atom only when no
+  other holder can: the rank below floods along this plan's edges alone, not along the
+  copies in flight that feed a busy holder, so a plan through one would look as safe as
+  one that is not, while the failure of that copy's source broke its receivers too
+  (found by the simulator: a contraction planned while its victim still received a
+  replacement's copy took it as the source, and the copy's source failing lost data).
 * *Solutions*: the Cartesian product of the destinations' source sets.
 * *Rank*: a solution is a graph with an edge source -> destination.  Every single failure
   of a node is simulated; it floods along edges (a destination whose source fails is left
@@ -232,6 +238,7 @@ class _Problem:
         new: Keyspace,
         suspected: frozenset[str],
         partial: Mapping[str, RangeSet] | None = None,
+        busy: frozenset[str] = frozenset(),
     ) -> None:
         if old.f != new.f:
             raise BadReconfiguration(f"replication factor changes from {old.f} to {new.f}")
@@ -263,6 +270,8 @@ class _Problem:
                         key=self.order.__getitem__,
                     )
                 )
+                if busy and any(q not in busy for q in alive):
+                    alive = tuple(q for q in alive if q not in busy)
                 if alive:
                     atoms.append(atom)
                     holders.append(alive)
@@ -404,6 +413,7 @@ def optimize(
     suspected: frozenset[str] = frozenset(),
     *,
     partial: Mapping[str, RangeSet] | None = None,
+    busy: frozenset[str] = frozenset(),
     max_solutions: int = MAX_SOLUTIONS,
     keep_alternatives: int = 3,
 ) -> Plan:
@@ -411,11 +421,13 @@ def optimize(
 
     ``suspected`` processes neither send, receive nor delete, and count as failed in the
     rank; those of them in ``partial`` (incomplete processes, with the ranges each
-    lacks) may still send what they hold outside those ranges.  Deterministic in its
-    arguments.  Raises :class:`BadReconfiguration` when the two keyspaces have different
-    replication factors.
+    lacks) may still send what they hold outside those ranges.  ``busy`` processes
+    (receivers of an unfinished reconfiguration) send an atom only if no other holder
+    can (module docstring, *Source sets*).  Deterministic in its arguments.  Raises
+    :class:`BadReconfiguration` when the two keyspaces have different replication
+    factors.
     """
-    problem = _Problem(old, new, suspected, partial)
+    problem = _Problem(old, new, suspected, partial, busy)
     options = [problem.source_sets(d) for d in problem.destinations]
     total = 1
     for o in options:

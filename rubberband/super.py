@@ -324,7 +324,10 @@ class SuperCore:
             )
         # A source must hold what it sends: a suspected process holds nothing we can
         # reach, an incomplete one what it did not say it lacks.
-        plan = optimize(ks, after, c.excluded() | c.incomplete, partial=c.sources_in_part())
+        busy = frozenset(q for p in c.pending.values() for q in p.receivers)
+        plan = optimize(
+            ks, after, c.excluded() | c.incomplete, partial=c.sources_in_part(), busy=busy
+        )
         if plan.lost and not force:
             raise Refused(
                 f"every holder of {describe(plan.lost)} is suspected: that data is lost; "

@@ -173,17 +173,20 @@ def test_views_stay_exact_while_their_maintainers_drop_the_rows_that_left_them(
     assert versions.WINDOW == 1 << 23  # the daemons' own again after the runs
 
 
-def test_a_crash_mid_contraction_that_breaks_four_receivers_loses_nothing() -> None:
-    """Seed 1054 with views: storage:2 dies while it is contracted, every receive it fed
-    breaks (and the sends of those receivers: 4.4.2's flood), and four of the five ring
-    members are incomplete, each for a few ranges only.  The operator's replacements
-    after healing must copy every range from a holder that has it whole, incomplete
-    for other ranges or not; kept per process, a plan had no source for ranges every
-    holder of which was incomplete elsewhere, and the forced repairs lost acknowledged
-    appends."""
-    result = run_rubberband(RbRunConfig(seed=1054, ops=OPS, views=True))
+def test_a_crash_mid_contraction_that_breaks_its_receivers_loses_nothing() -> None:
+    """Seed 1255 with views: storage:2 dies while it is contracted, and every receive it
+    fed breaks (and the sends of those receivers: 4.4.2's flood): storage:1, storage:5
+    and storage:7 are incomplete, each for a few ranges only.  The operator's
+    replacements after healing must copy every range from a holder that has it whole,
+    incomplete for other ranges or not; kept per process, a plan had no source for
+    ranges every holder of which was incomplete elsewhere, and the forced repairs lost
+    acknowledged appends (seed 1054 showed it, until plans stopped taking a process
+    still receiving as a source and its crash broke fewer)."""
+    result = run_rubberband(RbRunConfig(seed=1255, ops=OPS, views=True))
     assert not result.violations, result.violations
-    assert sum("replace suspected" in f for _, f in result.faults) >= 4  # the situation
+    faults = [f for _, f in result.faults]
+    assert faults.index("contract storage:2") < faults.index("crash storage storage:2")
+    assert sum("replace suspected" in f for f in faults) >= 4  # the situation
 
 
 def test_two_incomplete_neighbours_without_a_standby_are_repaired_together() -> None:
@@ -214,6 +217,17 @@ def test_two_replicas_lose_nothing_when_a_planned_copy_is_counted(seed: int, fee
     result = run_rubberband(RbRunConfig(seed=seed, ops=OPS, replication=2, feed=feed))
     assert not result.violations, result.violations
     assert result.situations["crash_spared_for_planned_copy"]  # the situation
+
+
+def test_a_contraction_planned_mid_copy_takes_no_receiver_as_its_source() -> None:
+    """Seed 12075: storage:8 still receives the copies of its replace when storage:8 is
+    contracted; the plan took it as the source of two copies, and the crash of the one
+    process feeding it broke those too, so forced repairs lost acknowledged appends.
+    A process still receiving now sends only what no other holder can
+    (``tests/unit/test_rubberband_config.py`` checks the plan itself)."""
+    result = run_rubberband(RbRunConfig(seed=12075, ops=OPS))
+    assert not result.violations, result.violations
+    assert any(f == "contract storage:8" for _, f in result.faults)  # the situation
 
 
 BUNDLE_SCHEDULES = 40
@@ -265,7 +279,10 @@ CAUGHT_BY: dict[str, tuple[dict[str, Any], str]] = {
     "aborted_receive_ready": ({}, "migration: an aborted receive says ready"),
     "skip_version_check": ({}, "basic reads routed by a stale keyspace"),
     "history_dropped": ({"feed": True}, "change feeds across a migration"),
-    "changes_out_of_order": ({"feed": True}, "change feeds: a write held back behind a copy"),
+    "changes_out_of_order": (
+        {"feed": True, "scenario": "expand", "faults": ()},  # writes held back, every run
+        "change feeds: a write held back behind a copy",
+    ),
     "aggregate_counted_twice": ({"views": True}, "views: an aggregate's old values kept"),
     "join_without_reverse": ({"views": True}, "views: a join's reverse side"),
     "unchanged_unchecked": (

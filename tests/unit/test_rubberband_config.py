@@ -15,7 +15,7 @@ from rubberband import keys as K
 from rubberband.config import RubberbandConfig
 from rubberband.errors import Refused
 from rubberband.keys import encode_key, key_range, overlaps, point
-from rubberband.optimizer import optimize
+from rubberband.optimizer import Copy, optimize
 from rubberband.proto import (
     H,
     incomplete_header,
@@ -534,6 +534,33 @@ def test_an_incomplete_receiver_is_repaired_without_waiting_for_it() -> None:
     assert todo == [("replace", ("storage:8", "storage:9"))]
     c = _apply_plan(c, _super(c), *todo[0])
     assert not c.pending and not c.incomplete and "storage:8" not in c.keyspace
+
+
+def test_a_process_still_receiving_is_no_source_while_another_holder_can_send() -> None:
+    """storage:8 replaces storage:1 and is still receiving its copies when a contraction
+    of storage:8 is planned.  The plan's rank sees only its own copies, not the ones in
+    flight to storage:8, and took storage:8 as the source of two (fewer senders): the
+    failure of a source of storage:8's copies then broke storage:0 and storage:3 too
+    (the simulator lost appends this way, seed 12075).  Holders that receive nothing
+    send instead."""
+    c = cluster(5, f=3)
+    c, _ = step(c, "storage:8", {"kind": "join"})
+    c, _ = step(c, "super:a", _super(c).plan("replace", "storage:1", "storage:8").header)
+    assert c.pending[c.version].receivers == {"storage:8"}
+    plan = _super(c).plan("contract", "storage:8").plan
+    copies = [i for i in plan.instructions if isinstance(i, Copy)]
+    assert {i.dst for i in copies} == {"storage:0", "storage:2", "storage:3"}
+    assert "storage:8" not in {i.src for i in copies}
+    assert not plan.lost
+    # Where every holder of an atom is busy, one of them still sends it.
+    busy = frozenset(c.keyspace.processes)
+    forced = optimize(c.keyspace, c.keyspace.contract("storage:8"), busy=busy)
+    assert {i.dst for i in forced.instructions if isinstance(i, Copy)} == {
+        "storage:0",
+        "storage:2",
+        "storage:3",
+    }
+    assert not forced.lost
 
 
 def test_without_a_standby_a_failed_holder_is_contracted_while_f_remain() -> None:
