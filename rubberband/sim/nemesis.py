@@ -185,8 +185,7 @@ class Nemesis:
         self._note(f"crash storage {victim}")
         if self.cfg.auto_repair:
             # The super repairs; an operator only keeps a standby process ready for it.
-            if not any(self.sim.nodes[p].alive for p in c.standby()):
-                self.add_storage()
+            self._keep_a_standby(c)
             return
         self.sim.at(self.sim.now + self.cfg.suspect_after + 0.5, lambda: self._repair(victim))
 
@@ -255,10 +254,25 @@ class Nemesis:
         self._note(f"crash storage {victim}")
         c = self._config()
         if self.cfg.auto_repair:
-            if c is not None and not any(self.sim.nodes[p].alive for p in c.standby()):
-                self.add_storage()
+            if c is not None:
+                self._keep_a_standby(c)
             return
         self.sim.at(self.sim.now + self.cfg.suspect_after + 0.5, lambda: self._repair(victim))
+
+    def _keep_a_standby(self, c: RubberbandConfig) -> None:
+        """Start a storage process unless a live standby is left for the super's repair:
+        one that no keyspace message sent and not yet applied puts on the ring (an
+        expand, or a replace, takes one)."""
+        taken = {
+            planned.op[1] if planned.op[0] == "expand" else planned.op[2]
+            for planned in self.planned
+            if planned.version > c.version
+            and isinstance(planned.op, list | tuple)
+            and len(planned.op) >= 3
+            and planned.op[0] in ("expand", "replace")
+        }
+        if not any(self.sim.nodes[p].alive and p not in taken for p in c.standby()):
+            self.add_storage()
 
     def _storage(self, pid: NodeId) -> StorageCore:
         core = self.procs[pid].storage

@@ -190,14 +190,28 @@ def test_a_crash_mid_contraction_that_breaks_its_receivers_loses_nothing() -> No
 
 
 def test_two_incomplete_neighbours_without_a_standby_are_repaired_together() -> None:
-    """Seed 2334 with automatic repair: storage:4 and storage:5 are both incomplete and
-    the standbys are taken.  Contracting either alone would hand the other ranges it gets
-    no data for, which the super refuses; it used to wait for an operator for ever (the
-    run never became quiet).  It now takes both off the ring in one reconfiguration."""
-    result = run_rubberband(RbRunConfig(seed=2334, ops=OPS, auto_repair=True))
+    """Seed 2208 with automatic repair: storage:5 and storage:6 are both incomplete and
+    no standby is left.  Contracting either alone would hand the other ranges it gets no
+    data for, which the super refuses; it used to wait for an operator for ever (seed
+    2334 showed it, until the simulated operator stopped counting as ready a standby
+    that an expand in flight takes).  It now takes both off the ring in one
+    reconfiguration, then replaces the crashed storage:1."""
+    result = run_rubberband(RbRunConfig(seed=2208, ops=OPS, auto_repair=True))
     assert not result.violations, result.violations
-    together = "'op': 'contract', 'args': ['storage:4', 'storage:5']"
+    together = "'op': 'contract', 'args': ['storage:5', 'storage:6']"
     assert any(together in f for _, f in result.faults)  # the situation
+
+
+def test_the_operator_keeps_a_standby_no_expand_in_flight_takes() -> None:
+    """Seed 12033 with views and automatic repair: storage:3 crashes while an expand of
+    the last standby, storage:7, is in flight.  The simulated operator saw that standby
+    and started none; the expand took it, a contraction and the crash left three of the
+    five ring members incomplete, and with f = 3 no contraction could repair them: the
+    run never became quiet.  A standby that a keyspace message in flight puts on the
+    ring no longer counts."""
+    result = run_rubberband(RbRunConfig(seed=12033, ops=OPS, views=True, auto_repair=True))
+    assert not result.violations, result.violations
+    assert result.situations["automatic_repair"]
 
 
 TWO_REPLICAS = ((11000, True), (11006, False), (11033, True))
