@@ -7,6 +7,7 @@ import json
 import sys
 
 from rubberband.sim import MUTATIONS, RB_FAULTS, SCENARIOS, RbRunConfig, run_rubberband
+from rubberband.sim.run import unsupported
 
 
 def parser() -> argparse.ArgumentParser:
@@ -88,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         from ecast.core import mutations
 
         os.environ.setdefault(mutations.ENV, "1")  # this command exists to plant bugs
+    why = unsupported(cfg)
+    if why is not None:
+        print(why, file=sys.stderr)
+        return 2
     res = run_rubberband(cfg)
     out = res.to_json()
     if args.json:

@@ -182,10 +182,25 @@ class RbRunResult:
         }
 
 
+def unsupported(cfg: RbRunConfig) -> str | None:
+    """Why the simulator cannot run ``cfg`` (None: it can)."""
+    if (cfg.feed or cfg.views) and not hasattr(load_ops(cfg.engine), "apply_logged"):
+        # (its storage processes keep no change log: every feed read is refused)
+        return (
+            f"change feeds and views need an engine that reports its changes, not "
+            f"{cfg.engine} (storage_adapters.scan.memory_kv:ScanMemoryEngine keeps scan "
+            "tables beside key-value data that does)"
+        )
+    return None
+
+
 class RubberbandRun(Nemesis, EcastGroupRun):
     leader_crash_situation = "leader_takeover"
 
     def __init__(self, cfg: RbRunConfig) -> None:
+        why = unsupported(cfg)
+        if why is not None:
+            raise ValueError(why)
         cfg.net = replace(cfg.net, codec=cfg.codec)
         super().__init__(cfg, SITUATIONS)
         self.cfg = cfg

@@ -420,3 +420,12 @@ def test_the_command_line_reports_and_fails_on_a_violation() -> None:
         timeout=60,
     )
     assert unknown.returncode == 2 and "unknown faults" in unknown.stderr
+    # An engine without a change log cannot feed a change feed: said at once, where every
+    # schedule used to fail with "the base's change feed never started".
+    no_log = subprocess.run(
+        [sys.executable, "-m", "rubberband.sim", "--feed", "--engine", SCAN_ENGINE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert no_log.returncode == 2 and "reports its changes" in no_log.stderr
