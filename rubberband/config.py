@@ -314,9 +314,14 @@ class RubberbandConfig(Membership):
 
     def busy(self) -> frozenset[NodeId]:
         """Receivers of unfinished reconfigurations: reads avoid them."""
-        out: frozenset[NodeId] = _NONE
         if mutations.on(READS_TO_BUSY):
-            return out
+            return _NONE
+        return self.receiving()
+
+    def receiving(self) -> frozenset[NodeId]:
+        """Receivers of unfinished reconfigurations (a plan's sources only as a last
+        resort: ``rubberband.optimizer``)."""
+        out: frozenset[NodeId] = _NONE
         for p in self.pending.values():
             out |= p.receivers
         return out

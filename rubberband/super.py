@@ -324,9 +324,8 @@ class SuperCore:
             )
         # A source must hold what it sends: a suspected process holds nothing we can
         # reach, an incomplete one what it did not say it lacks.
-        busy = frozenset(q for p in c.pending.values() for q in p.receivers)
         plan = optimize(
-            ks, after, c.excluded() | c.incomplete, partial=c.sources_in_part(), busy=busy
+            ks, after, c.excluded() | c.incomplete, partial=c.sources_in_part(), busy=c.receiving()
         )
         if plan.lost and not force:
             raise Refused(
