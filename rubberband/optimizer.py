@@ -13,7 +13,9 @@ The problem, solved the same way by every super (no randomness, no set iteration
 * *Source sets*: for each destination, every minimal set of unsuspected processes of the
   old keyspace whose old partitions cover the missing ranges (no proper subset covers).
   The missing ranges are cut at old segment bounds into *atoms*, each held whole by one
-  old replication group, so covering is a bitmask test.  Atoms whose old holders are all
+  old replication group, so covering is a bitmask test; and at the bounds of what an
+  incomplete holder lacks (``partial``), so that it holds each atom whole or not at all
+  and sources the ones it holds.  Atoms whose old holders are all
   suspected are *lost*: reported in :attr:`Plan.lost`, not copied.  A holder still
   receiving data of an unfinished reconfiguration (*busy*) sources an atom only when no
   other holder can: the rank below floods along this plan's edges alone, not along the
@@ -219,8 +221,9 @@ class Plan:
 class _Destination:
     name: str
     atoms: tuple[RangeSet, ...]
-    """The missing ranges cut at old segment bounds, ascending: an old process holds an
-    atom whole or not at all, so a cover is a bitmask test."""
+    """The missing ranges cut at old segment bounds and at the bounds of what incomplete
+    holders lack, ascending: an old process holds an atom whole or not at all, so a
+    cover is a bitmask test."""
     holders: tuple[tuple[str, ...], ...]
     """Per atom, its unsuspected old holders in old-ring order (the candidate sources)."""
     lost: RangeSet
@@ -256,27 +259,30 @@ class _Problem:
                 continue
             atoms, holders, lost = [], [], []
             for s, segment in enumerate(old.segments()):
-                atom = intersect(missing, segment)
-                if not atom:
+                whole = intersect(missing, segment)
+                if not whole:
                     continue
-                alive = tuple(
-                    sorted(
-                        (
-                            q
-                            for q in old.holders_of_segment(s)
-                            if q not in suspected
-                            or (partial and q in partial and not overlaps(partial[q], atom))
-                        ),
-                        key=self.order.__getitem__,
+                group = old.holders_of_segment(s)
+                lacks = [partial[q] for q in group if partial and q in partial and q in suspected]
+                for atom in _pieces(whole, lacks):
+                    alive = tuple(
+                        sorted(
+                            (
+                                q
+                                for q in group
+                                if q not in suspected
+                                or (partial and q in partial and not overlaps(partial[q], atom))
+                            ),
+                            key=self.order.__getitem__,
+                        )
                     )
-                )
-                if busy and any(q not in busy for q in alive):
-                    alive = tuple(q for q in alive if q not in busy)
-                if alive:
-                    atoms.append(atom)
-                    holders.append(alive)
-                else:
-                    lost.extend(atom)
+                    if busy and any(q not in busy for q in alive):
+                        alive = tuple(q for q in alive if q not in busy)
+                    if alive:
+                        atoms.append(atom)
+                        holders.append(alive)
+                    else:
+                        lost.extend(atom)
             dests.append(_Destination(p, tuple(atoms), tuple(holders), normalize(lost)))
         self.destinations = tuple(dests)
         nodes = {d.name for d in dests} | {q for d in dests for hs in d.holders for q in hs}
@@ -391,6 +397,25 @@ class _Problem:
                     raise BadReconfiguration(
                         f"no source of {d.name} in {sources} holds {describe(atom)}"
                     )
+
+
+def _pieces(atom: RangeSet, lacks: list[RangeSet]) -> list[RangeSet]:
+    """``atom`` cut so that each of ``lacks`` (what an incomplete holder of its segment
+    lacks) covers a piece whole or not at all, pieces in key order: an incomplete
+    holder can then source every piece it holds.  Cut only at segment bounds, a segment
+    whose third holder failed while its two others each lacked a different part of it
+    had no source, though together they held all of it (the simulator, seed 20051 with
+    two supers and automatic repair: no repair could be planned, and forcing one would
+    have dropped the data)."""
+    pieces = [atom]
+    for lack in lacks:
+        if not overlaps(lack, atom):
+            continue
+        cut: list[RangeSet] = []
+        for piece in pieces:
+            cut.extend(p for p in (intersect(piece, lack), difference(piece, lack)) if p)
+        pieces = cut
+    return sorted(pieces, key=lambda p: p[0][0])
 
 
 def _irredundant(chosen: tuple[str, ...], masks: dict[str, int]) -> bool:

@@ -244,6 +244,19 @@ def test_a_contraction_planned_mid_copy_takes_no_receiver_as_its_source() -> Non
     assert any(f == "contract storage:8" for _, f in result.faults)  # the situation
 
 
+def test_incomplete_holders_that_together_hold_a_segment_are_repaired_from_both() -> None:
+    """Seed 20051 with two supers and automatic repair: storage:4 crashed while it sent
+    a contraction's copies to storage:1 and storage:5, which each lacked a different
+    part of one segment whose third holder was storage:4.  Together they held all of
+    it, but the plans took a segment as one piece, found no holder of it whole, and
+    refused every repair as losing data: the run never became quiet.  Each now sends
+    the part it holds (``tests/unit/test_optimizer.py`` checks the plan itself)."""
+    result = run_rubberband(RbRunConfig(seed=20051, ops=OPS, supers=2, auto_repair=True))
+    assert not result.violations, result.violations
+    assert any(f == "crash storage storage:4" for _, f in result.faults)  # the situation
+    assert result.situations["automatic_repair"]
+
+
 TWO_REPLICA_SCHEDULES = 40
 
 

@@ -162,7 +162,9 @@ def test_an_incomplete_holder_sends_what_it_does_not_lack_and_nothing_else():
     new = old.replace("b", "x")
     broken = frozenset({"a", "b"})
     overlapping = optimize(old, new, broken, partial={"a": rs((5, 8))})
-    assert overlapping.lost == rs((0, 10))  # what it lacks it cannot send
+    assert overlapping.lost == rs((5, 8))  # what it lacks it cannot send; the rest it can
+    sent = [(c.src, c.dst, c.ranges) for c in copies(overlapping)]
+    assert ("a", "x", rs((0, 5), (8, 10))) in sent
     plan = optimize(old, new, broken, partial={"a": rs((10, 20))})
     assert not plan.lost
     assert sorted((c.src, c.dst, c.ranges) for c in copies(plan)) == [
@@ -174,6 +176,25 @@ def test_an_incomplete_holder_sends_what_it_does_not_lack_and_nothing_else():
     itself = optimize(old, new, broken, partial={"b": rs((10, 20))})
     assert not itself.lost
     assert ("b", "x", rs((0, 10))) in [(c.src, c.dst, c.ranges) for c in copies(itself)]
+
+
+def test_incomplete_holders_together_send_a_segment_none_of_them_holds_whole():
+    """[10, 20) is held by b, c and d.  d failed; b and c are incomplete, b lacking its
+    upper half and c its lower half.  Together they hold all of it: each sends the half
+    it has, where a segment taken whole had no source and was reported lost."""
+    old = Keyspace(3, [(E(i * 10), p) for i, p in enumerate("abcdef")])
+    new = old.replace("b", "x")
+    broken = frozenset({"b", "c", "d"})
+    plan = optimize(old, new, broken, partial={"b": rs((15, 20)), "c": rs((10, 15))})
+    assert not plan.lost
+    sent = {c.src: K.intersect(c.ranges, rs((10, 20))) for c in copies(plan)}
+    assert sent["b"] == rs((10, 15)) and sent["c"] == rs((15, 20))
+    assert "d" not in sent  # failed, and not incomplete: it sends nothing
+    got = K.normalize(r for c in copies(plan) for r in c.ranges)
+    assert got == new.partition("x")
+    # Each lacks what the other holds, and what neither holds is still lost.
+    both = optimize(old, new, broken, partial={"b": rs((12, 20)), "c": rs((10, 15))})
+    assert both.lost == rs((12, 15))
 
 
 def test_the_first_expand_copies_nothing():
