@@ -307,6 +307,55 @@ def test_the_plan_ignores_the_order_sets_are_built_in(case, rnd):
     assert again == optimize(old, new, suspected)
 
 
+@st.composite
+def with_incomplete_holders(draw):
+    """A reconfiguration whose suspected processes are in part incomplete: each of those
+    lacks some ranges (what a broken receive left it without) and holds the rest."""
+    old, new, suspected = draw(reconfigurations())
+    partial = {}
+    for p in sorted(suspected & set(old.processes)):
+        if draw(st.booleans()):
+            cuts = sorted(draw(st.sets(st.integers(0, 41), min_size=2, max_size=6)))
+            pairs = [(cuts[i], cuts[i + 1]) for i in range(0, len(cuts) - 1, 2)]
+            partial[p] = rs(*pairs)
+    return old, new, suspected, partial
+
+
+@given(with_incomplete_holders())
+@settings(max_examples=300)
+def test_incomplete_holders_send_what_they_hold_and_only_what_nobody_holds_is_lost(case):
+    """Against a model of the data: a failed process holds nothing, an incomplete one
+    its old partition but what it lacks.  Every copy's source holds what it sends, every
+    process ends with its new partition of the data that survives, and a range is lost
+    exactly where no holder has it (not where no holder has all of a segment)."""
+    old, new, suspected, partial = case
+    plan = optimize(old, new, suspected, partial=partial)
+    held = {
+        p: _keys(K.difference(old.partition(p), partial.get(p, ())))
+        for p in old.processes
+        if p not in suspected or p in partial
+    }
+    surviving = set().union(*held.values())
+    state = {p: set(v) for p, v in held.items() if p not in suspected}
+    for ins in plan.instructions:
+        if isinstance(ins, Copy):
+            assert ins.dst not in suspected
+            assert ins.src in held, "a failed process sends"
+            sent = _keys(ins.ranges)
+            assert not _keys(K.intersect(ins.ranges, partial.get(ins.src, ()))), "sends a gap"
+            assert K.covers(old.partition(ins.src), ins.ranges), "a source sends what it lacks"
+            state.setdefault(ins.dst, set()).update(held[ins.src] & sent)
+        else:
+            assert ins.process not in suspected
+            state[ins.process] -= _keys(ins.ranges)
+    for p in (set(old.processes) | set(new.processes)) - suspected:
+        assert state.get(p, set()) == _keys(new.partition(p)) & surviving, p
+    needed = set()
+    for p in set(new.processes) - suspected:
+        needed |= _keys(K.difference(new.partition(p), old.partition(p)))
+    assert _keys(plan.lost) == (needed - surviving if len(old) else set())
+
+
 _SCRIPT = textwrap.dedent(
     """
     from rubberband import keys as K
