@@ -15,14 +15,15 @@ The problem, solved the same way by every super (no randomness, no set iteration
   The missing ranges are cut at old segment bounds into *atoms*, each held whole by one
   old replication group, so covering is a bitmask test; and at the bounds of what an
   incomplete holder lacks (``partial``), so that it holds each atom whole or not at all
-  and sources the ones it holds.  Atoms whose old holders are all
-  suspected are *lost*: reported in :attr:`Plan.lost`, not copied.  A holder still
-  receiving data of an unfinished reconfiguration (*busy*) sources an atom only when no
-  other holder can: the rank below floods along this plan's edges alone, not along the
-  copies in flight that feed a busy holder, so a plan through one would look as safe as
-  one that is not, while the failure of that copy's source broke its receivers too
-  (found by the simulator: a contraction planned while its victim still received a
-  replacement's copy took it as the source, and the copy's source failing lost data).
+  and sources the ones it holds.  Atoms that no old holder can send (each suspected,
+  or incomplete and lacking it) are *lost*: reported in :attr:`Plan.lost`, not copied.
+  A holder still receiving data of an unfinished reconfiguration (*busy*) sources an
+  atom only when no other holder can: the rank below floods along this plan's edges
+  alone, not along the copies in flight that feed a busy holder, so a plan through one
+  would look as safe as one that is not, while the failure of that copy's source broke
+  its receivers too (found by the simulator: a contraction planned while its victim
+  still received a replacement's copy took it as the source, and the copy's source
+  failing lost data).
 * *Solutions*: the Cartesian product of the destinations' source sets.
 * *Rank*: a solution is a graph with an edge source -> destination.  Every single failure
   of a node is simulated; it floods along edges (a destination whose source fails is left
@@ -194,7 +195,8 @@ class Plan:
     """Every copy, then every delete: a source sends what it held before the message."""
     ranking: Ranking
     lost: RangeSet
-    """Ranges new holders need that only suspected processes held: gone, not copied."""
+    """Ranges new holders need that no holder left has (each suspected, or incomplete and
+    lacking them): gone, not copied."""
 
     def to_wire(self) -> tuple[tuple[Any, ...], ...]:
         return tuple(i.to_wire() for i in self.instructions)
@@ -208,7 +210,7 @@ class Plan:
             else:
                 lines.append(f"delete {i.process} {describe(i.ranges)}")
         if self.lost:
-            lines.append(f"LOST (every holder suspected): {describe(self.lost)}")
+            lines.append(f"LOST (no holder left has it): {describe(self.lost)}")
         r = self.ranking
         lines.append(f"chosen: {r.chosen.describe()}")
         lines.append(f"ranked {r.considered} of {r.total} solutions")

@@ -9,7 +9,7 @@ at the same position in the history.
 :meth:`SuperCore.plan` turns an administrator's request into a keyspace message stamped
 with the version it was computed from, with the instruction list of the optimizer
 (Algorithm 13) and the refusals a careful operator wants: a contract below the replication
-factor, a reconfiguration that would lose data (every holder of some range suspected)
+factor, a reconfiguration that would lose data (no holder of some range left)
 unless forced, a process that is not standby or not on the ring.  A keyspace message that
 E-Cast acknowledges without delivery was stale (another reconfiguration came first); the
 host plans it again from the newer configuration.
@@ -329,8 +329,9 @@ class SuperCore:
         )
         if plan.lost and not force:
             raise Refused(
-                f"every holder of {describe(plan.lost)} is suspected: that data is lost; "
-                "force the reconfiguration to go on without it"
+                f"no holder of {describe(plan.lost)} is left (each failed, or is incomplete "
+                "and lacks it): that data is lost; force the reconfiguration to go on "
+                "without it"
             )
         header = keyspace_header(c.version, wire_op, plan.to_wire())
         return Proposal(header, plan, ks, after)
