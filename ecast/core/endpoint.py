@@ -201,6 +201,10 @@ class Endpoint:
         self.me = me
         self.role_of: RoleOf = role_of or everyone_is_a_router
         self.known_routers: set[NodeId] = set(routers)
+        self._stalled: dict[NodeId, int] = {}
+        """Times we left each router for want of progress since we last made progress or
+        heard from it: a router that says one we left twice leads does not send us back
+        there (:meth:`_on_leader`; once is a leader's hiccup, and going back is right)."""
         self.ignored_unknown_router = 0
         """``Leader`` and ``Suspected`` messages from routers this endpoint does not know."""
         self.p = params or EndpointParams()
@@ -414,6 +418,8 @@ class Endpoint:
         self._begin(now)
         if src == self.target:
             self._heard_target = now
+            if self._stalled:
+                self._stalled.pop(src, None)
         elif self.succession and src == self.succession[0] and self.terminated is None:
             # The leader is back in reach after we moved on from it (its deliveries, acks
             # or keep-alive answers come straight from it): talk to it again.  Its lease
@@ -471,6 +477,7 @@ class Endpoint:
                 self.cwnd = min(self.p.max_window, self.cwnd * 2)
                 self._admit()
             if self.waiting() and now - self._last_progress > self.p.progress_timeout:
+                self._left_stalled()
                 self._switch(self._next_router())
             elif (
                 now - self._heard_target > self.p.progress_timeout + self._keepalive
@@ -478,6 +485,7 @@ class Endpoint:
             ):
                 # Idle, and our router has not answered a keep-alive: it may be gone, and a
                 # new leader does not know a process that never joined.  Try the next.
+                self._left_stalled()
                 self._switch(self._next_router())
         return self._end()
 
@@ -515,7 +523,7 @@ class Endpoint:
         stats = self.stats
         stats["delivered"] += fresh
         stats["duplicates"] += dups
-        self._last_progress = self._now
+        self._progressed()
         if fresh or not mutations.on(NO_DUPLICATE_CONFIRM):
             upto = top
             if self.p.confirm_when_durable and not parted and top > self.durable_t:
@@ -552,11 +560,11 @@ class Endpoint:
                     out.append(_tnew(Acked, ack))
             elif sid[0] == self.control_session and self.control.pop(sid[1], None) is not None:
                 out.append(_tnew(Acked, ack))
-                self._last_progress = self._now
+                self._progressed()
                 if sid == self._part_id:
                     self.lingering = False  # nobody will wait for us any more
         if acked:
-            self._last_progress = self._now
+            self._progressed()
             if self._slow_start:
                 self._acked_round += acked
                 if self._acked_round >= self.cwnd:
@@ -582,7 +590,7 @@ class Endpoint:
         done = [k for k in self.closing_sessions if k[0] == msg.namespace and k[1] <= msg.epoch]
         for k in done:
             del self.closing_sessions[k]
-        self._last_progress = self._now
+        self._progressed()
         self._deliver(msg)  # the upcall is the reply itself
 
     def _on_leader(self, msg: Leader) -> None:
@@ -597,6 +605,7 @@ class Endpoint:
                 and self.succession[:1] == (lead,)
                 and lead != self.target
                 and lead not in self.unreachable  # we left it because it is gone
+                and self._stalled.get(lead, 0) < 2  # or it made no progress, twice
             ):
                 self._switch(lead)
             return
@@ -728,14 +737,31 @@ class Endpoint:
             routes.append(sub)
 
     def _next_router(self) -> NodeId:
-        """The router after ours in succession order, skipping any we cannot reach."""
-        order = self.succession or (self.target,)
+        """The router after ours in succession order, skipping any we cannot reach; after
+        the last of the succession, every other router we ever knew (the list we started
+        with, earlier announcements).  A router removed from the group while it was
+        partitioned or slow may live on in its old view, never told it is out (the
+        routers that knew have stopped since): it announces that view's succession, and a
+        process that took it cycled among the old members for ever, though its own list
+        named members of the current view (the simulator: ``--seed 5341`` with half the
+        messages unsafe and 2.5 faults a second)."""
+        others = tuple(sorted(self.known_routers.difference(self.succession)))
+        order = (self.succession + others) or (self.target,)
         start = order.index(self.target) + 1 if self.target in order else 0
         for i in range(len(order)):
             r = order[(start + i) % len(order)]
             if r not in self.unreachable:
                 return r
         return order[start % len(order)]
+
+    def _left_stalled(self) -> None:
+        self._stalled[self.target] = self._stalled.get(self.target, 0) + 1
+
+    def _progressed(self) -> None:
+        """A delivery, an acknowledgement or a closed session came: our router works."""
+        self._last_progress = self._now
+        if self._stalled:
+            self._stalled.clear()
 
     def _switch(self, router: NodeId) -> None:
         """Talk to ``router`` from now on; it gets the whole window again (3.4.3), control

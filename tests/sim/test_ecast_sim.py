@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from ecast.core import mutations
 from ecast.history import LIVENESS, SAFETY, Ack, Submit
 from ecast.sim.__main__ import ecast_config, replay_command
-from ecast.sim.ecast_run import ECAST_SITUATIONS, EcastRun, run_ecast
+from ecast.sim.ecast_run import ECAST_SITUATIONS, EcastRun, EcastRunConfig, run_ecast
 from tests import ecast_scenarios as sc
 from tests import report
 
@@ -174,6 +174,19 @@ PINNED = [
 def test_pinned_schedule_passes_every_checker(kw: dict) -> None:
     result = run_ecast(ecast_config(**kw))
     assert not result.violations, replay_command("ecast", **kw)
+
+
+def test_processes_told_an_old_view_by_a_removed_router_reach_the_current_group() -> None:
+    """Seed 5341 with half the messages unsafe and 2.5 faults a second: r2 was removed
+    from the group while it was slow, and the routers that knew have stopped since, so
+    it lives on in view 0 and names r1 (stopped) as the leader.  Three processes that
+    talked to it cycled between r1 and r2 until the run ended, their messages never
+    acknowledged, though their router lists named r4 and r5 of the current view.  They
+    now try every router they know once the old succession made no progress
+    (``tests/unit/test_ecast.py`` checks the endpoint alone)."""
+    result = run_ecast(EcastRunConfig(seed=5341, unsafe_fraction=0.5, fault_rate=2.5))
+    assert not result.violations, result.violations
+    assert result.situations["handover_sequence"] and result.situations["false_suspicion"]
 
 
 def test_a_closing_process_is_acknowledged_by_the_router_that_collected_its_part() -> None:

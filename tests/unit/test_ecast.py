@@ -285,6 +285,38 @@ def test_an_endpoint_whose_router_is_unreachable_moves_on_at_once() -> None:
     assert ep.target == "r2"
 
 
+def test_an_endpoint_told_an_old_view_by_a_removed_router_still_reaches_the_group() -> None:
+    """r2 was removed from the group while it was slow and never learnt it: it lives on
+    in view 0, whose other members have stopped, and names r1 as the leader.  The
+    process, which knows r4 (a member of the current view) from its list, goes back to
+    r1 once when r2 says so (a leader's hiccup looks the same), but not after r1 made no
+    progress twice; once every router of the old succession made none it tries r4,
+    which says who leads now."""
+    ep = Endpoint("e", ["r2", "r4"], EndpointParams())
+    ep.submit("x", None, 0.0)
+    ep.on_message("r2", Leader(0, ("r1", "r2", "r3")), 0.0)
+    assert ep.target == "r1"
+    now, path = 0.0, []
+    for _ in range(8):
+        now += ep.p.progress_timeout + 0.1
+        fx = ep.on_tick(now)
+        path.append(ep.target)
+        if ep.target == "r2":  # the removed router answers with its old view again
+            ep.on_message("r2", Leader(0, ("r1", "r2", "r3")), now + 0.01)
+            path.append(ep.target)
+        if ep.target == "r4":
+            assert ("r4", "Route") in [(d, type(m).__name__) for d, m in fx.send]
+            break
+    assert path == ["r2", "r1", "r2", "r2", "r3", "r4"], path
+    ep.on_message("r4", Leader(8, ("r4", "r5", "r7")), now + 0.02)
+    assert ep.target == "r4" and ep.succession == ("r4", "r5", "r7")
+    # A leader that answers again is gone back to when a follower names it.
+    ep.on_tick(now + ep.p.progress_timeout + 0.1)  # no progress at r4 either (a hiccup)
+    assert ep.target == "r5"
+    ep.on_message("r5", Leader(8, ("r4", "r5", "r7")), now + ep.p.progress_timeout + 0.2)
+    assert ep.target == "r4"
+
+
 def test_endpoint_window_starts_at_one_doubles_and_halves_on_congestion() -> None:
     ep = Endpoint("e", ["r1"], EndpointParams())
     for i in range(40):
