@@ -179,10 +179,10 @@ def test_pinned_schedule_passes_every_checker(kw: dict) -> None:
 def test_processes_told_an_old_view_by_a_removed_router_reach_the_current_group() -> None:
     """Seed 5341 with half the messages unsafe and 2.5 faults a second: r2 was removed
     from the group while it was slow, and the routers that knew have stopped since, so
-    it lives on in view 0 and names r1 (stopped) as the leader.  Three processes that
-    talked to it cycled between r1 and r2 until the run ended, their messages never
-    acknowledged, though their router lists named r4 and r5 of the current view.  They
-    now try every router they know once the old succession made no progress
+    it lives on in view 0 and names r1 (stopped) as the leader.  The processes that
+    talked to it cycled between r1 and r2 until the run ended, two of them with messages
+    never acknowledged, though their router lists named r4 and r5 of the current view.
+    They now try every router they know once the old succession made no progress
     (``tests/unit/test_ecast.py`` checks the endpoint alone)."""
     result = run_ecast(EcastRunConfig(seed=5341, unsafe_fraction=0.5, fault_rate=2.5))
     assert not result.violations, result.violations
