@@ -248,6 +248,7 @@ class _Problem:
         if old.f != new.f:
             raise BadReconfiguration(f"replication factor changes from {old.f} to {new.f}")
         self.old, self.new, self.suspected = old, new, suspected
+        partial = partial or {}
         n_old = len(old)
         self.order = {p: (0, i) for i, p in enumerate(old.processes)}
         for i, p in enumerate(new.processes):
@@ -265,15 +266,16 @@ class _Problem:
                 if not whole:
                     continue
                 group = old.holders_of_segment(s)
-                lacks = [partial[q] for q in group if partial and q in partial and q in suspected]
-                for atom in _pieces(whole, lacks):
+                # The incomplete holders of the segment, with what each lacks.
+                lacking = {q: partial[q] for q in group if q in suspected and q in partial}
+                for atom in _pieces(whole, list(lacking.values())):
                     alive = tuple(
                         sorted(
                             (
                                 q
                                 for q in group
                                 if q not in suspected
-                                or (partial and q in partial and not overlaps(partial[q], atom))
+                                or (q in lacking and not overlaps(lacking[q], atom))
                             ),
                             key=self.order.__getitem__,
                         )
