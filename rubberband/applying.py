@@ -20,9 +20,23 @@ if TYPE_CHECKING:
 
 _READS, _COUNT, _ANSWER = H.READS, H.COUNT, H.ANSWER
 
-MALFORMED_BUNDLE = "a bundle is a tuple of (op, ranges) pairs, as many as its count"
+MALFORMED_BUNDLE = (
+    "a bundle is a tuple of (op, ranges) pairs, as many as its count, and a read "
+    "bundle's operations all reads"
+)
 """The error every read of a malformed bundle gets (and a write bundle's sender: no
 write of it is applied)."""
+
+
+def not_a_read(op: Any) -> str:
+    """The error a read message gets whose operation is no read of the engine's
+    (:meth:`rubberband.engine.Engine.is_read`).  A read goes to one replica of each
+    range, or to a replica outside the order: run there, a write would change that
+    replica alone, and the replicas would disagree from then on."""
+    return (
+        f"not a read: {op!r:.60} (a read reaches one replica of each range; a write "
+        "must be sent as a write)"
+    )
 
 
 def answer_bundle(core: StorageCore, msg: Message, mine: RangeSet, position: Any) -> None:
@@ -46,7 +60,13 @@ def _bundle_items(core: StorageCore, msg: Message, mine: RangeSet) -> tuple[Any,
     """A read bundle's items on what this process holds, and whether each read is one
     item, whole (:func:`~rubberband.bundles.read_items`); None for a malformed one."""
     subs = unbundle(msg)
-    return (None, False) if subs is None else read_items(subs, core._pieces(mine))
+    if subs is None:
+        return None, False
+    is_read = core.engine.is_read
+    for sub in subs:  # (a malformed pair is read_items' to refuse)
+        if type(sub) is tuple and len(sub) == 2 and not is_read(sub[0]):
+            return None, False
+    return read_items(subs, core._pieces(mine))
 
 
 def _read_ops(core: StorageCore, items: list[Any], t: int) -> list[Any]:
@@ -102,8 +122,10 @@ class Apply:
         # rows (``versions.is_version_op``; most batches under writes): nothing can be
         # refused, every change is logged, only a rejected write is answered, and the
         # engine's operations are taken from the batch as it is.
+        # A write of more than one key may reach more than one segment: it takes the
+        # general road, which applies it segment by segment (:meth:`_write`).
         plain = True
-        for m, _, _ in batch:
+        for m, mine, _ in batch:
             h = m.header
             op = m.payload
             if (
@@ -111,6 +133,8 @@ class Apply:
                 or _COUNT in h
                 or _ANSWER in h
                 or (type(op) is tuple and op and (op[0] == "version" or op[0] == "reclaim"))
+                or len(mine) != 1
+                or not _one_key(mine[0])
             ):
                 plain = False
                 break
@@ -131,7 +155,7 @@ class Apply:
                 if _READS in h or _COUNT in h:
                     self._item(m, mine, t)
                 else:  # a write of its own (most items): its op, on its part
-                    items.append((m, m.payload, mine, mine, -1, t))
+                    self._write(m, m.payload, mine, -1, t)
             n = len(items)
             refused = self._refused()
             if core._positions:
@@ -282,7 +306,8 @@ class Apply:
                 return
             self.bundles[id(m)] = [m, [], False, t]
             self.writes.add(id(m))
-            items.extend((m, op, part, part, i, t) for i, op, part in writes)
+            for i, op, part in writes:
+                self._write(m, op, part, i, t)
         elif H.COUNT in h:
             rid = h.get(H.REQUEST, m.id)
             reads, whole = (None, False) if core.incomplete else _bundle_items(core, m, mine)
@@ -302,10 +327,33 @@ class Apply:
                     rid = h.get(H.REQUEST, m.id)
                     core.send(m.sender, Answer(rid, mine, None, op, t, True))
                     return
+            if not core.engine.is_read(op):
+                rid = h.get(H.REQUEST, m.id)
+                core.send(m.sender, Answer(rid, mine, None, not_a_read(op), t, True))
+                return
             if not core.incomplete:
                 items.extend((m, op, p, p, -1, t) for p in core._pieces(mine))
             else:
                 items.append((m, op, mine, mine, -1, t))
+
+    def _write(self, m: Message, op: Any, part: RangeSet, i: int, t: int) -> None:
+        """Item(s) for write ``op`` (index ``i`` of a bundle, -1 alone) on ``part``: one
+        per segment of the ring it reaches.
+
+        Every holder of a segment holds all of it, but the holders of one segment need
+        not hold the next: run whole, a write whose validity depends on the data (an
+        append to a key that holds no list, a version of a row that is no chain, a
+        table's insert of a row that exists) was refused at a replica holding a bad key
+        and applied at one holding only its other keys, and the replicas of those keys
+        disagreed for good (a hypothesis test of random client messages found it).  Run
+        per segment, each piece's outcome depends on that segment's data alone, the same
+        at every holder: a write is all or nothing within each segment it reaches."""
+        if len(part) == 1 and _one_key(part[0]):
+            self.items.append((m, op, part, part, i, t))
+            return
+        core = self.core
+        for piece in core._pieces(part):
+            self.items.append((m, op, piece, piece, i, t))
 
     def _answer(self, results: list[Any], revised: dict[int, Any]) -> None:
         core = self.core
@@ -347,6 +395,12 @@ class Apply:
                 core.send(m.sender, Whole(rid, t, tuple(answers)))
             elif answers or id(m) not in writes:
                 core.send(m.sender, Answers(rid, t, True, tuple(answers)))
+
+
+def _one_key(r: tuple[Any, Any]) -> bool:
+    """Does range ``r`` (placement space) hold one key alone, ``[k, k + (0,))``?"""
+    lo, hi = r
+    return len(hi) == len(lo) + 1 and hi[-1] == 0
 
 
 def _spliced(

@@ -59,7 +59,7 @@ from rubberband.errors import (
     Unavailable,
 )
 from rubberband.gather import Gather, Holders, op_name
-from rubberband.keys import is_range_set, overlaps
+from rubberband.keys import NOTHING, covers, is_range_set, overlaps, union
 from rubberband.learning import LearnsKeyspace, Refreshed
 from rubberband.messages import ISOLATION_LEVELS, Isolation, Messages
 from rubberband.outputs import Submit
@@ -178,7 +178,7 @@ class _Read:
 
 
 class _Write:
-    __slots__ = ("answer", "answered", "deadline", "header", "id", "op", "stable")
+    __slots__ = ("answer", "answered", "covered", "deadline", "header", "id", "op", "stable")
 
     def __init__(self, rid: int, op: Any, header: Any, answered: bool, deadline: float) -> None:
         self.id = rid
@@ -190,6 +190,10 @@ class _Write:
         self.deadline = deadline
         self.stable = False
         self.answer: Any = _NOTHING
+        self.covered: Any = NOTHING
+        """What the holders' answers of success cover so far: a write that reaches
+        several segments of the ring is applied, and answered, segment by segment, and
+        has succeeded only once every part of it has."""
 
 
 _NOTHING: Any = object()
@@ -626,6 +630,10 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
             if not any(overlaps(p, ranges) for p in self.holders.parts(src)) and held is not anyone:
                 self._set_aside(src, a, recheck)
             elif w.answer is _NOTHING:
+                if a.error is None:  # this part applied: the others may still fail
+                    w.covered = union(w.covered, a.covered or NOTHING)
+                    if not covers(w.covered, ranges):
+                        return
                 w.answer = a.error
                 if w.stable:
                     self._write_done(w, _write_error(w))

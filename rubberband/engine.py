@@ -246,6 +246,14 @@ class Engine(Protocol):
         instance (returned, not raised) for an op rejected as invalid."""
         ...
 
+    def is_read(self, op: Any) -> bool:
+        """Whether ``op`` is one of this engine's reads, which change nothing.  A read
+        reaches one replica of each range (or none through the order: basic and
+        snapshot reads), so the storage process runs an operation sent as a read only
+        if this says so; a write there would change that replica alone and set it apart
+        from the others for good.  False for anything it does not know."""
+        ...
+
     def open_send(self, ranges: RangeSet) -> SendCursor: ...
 
     def receive(self, chunk: Any, ranges: RangeSet) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 
 from ecast import JOIN, KIND, PART, SUSPECT, Delivery, Direct, Effects, Message, NodeId
 from ecast.core import mutations
-from rubberband.applying import Apply, answer_bundle
+from rubberband.applying import Apply, answer_bundle, not_a_read
 from rubberband.bundles import Segments, unpacked
 from rubberband.changelog import ChangeLog, peek_answer, revised_op
 from rubberband.config import CLIENT, STORAGE, SUPER
@@ -146,6 +146,11 @@ class StorageCore:
             raise ValueError(f"a storage process is named {STORAGE}..., not {me!r}")
         self.me = me
         self.engine = engine
+        if not callable(getattr(engine, "is_read", None)):
+            raise TypeError(
+                f"{type(engine).__name__} has no is_read(op): a storage process runs "
+                "an operation sent as a read only if its engine says it reads"
+            )
         self.keyspace: Keyspace | None = None
         """The keyspace mirror, from our join on (None before it)."""
         self.version = 0
@@ -375,6 +380,9 @@ class StorageCore:
     ) -> None:
         """Answer ``op`` piece by piece; with ``keys`` (a revisions read), each piece's
         answer carries their revisions beside its result."""
+        if not self.engine.is_read(op):
+            self.send(to, Answer(rid, mine, None, not_a_read(op), position, True))
+            return
         pieces = self._pieces(mine)
         try:
             batch = [(op, piece, -1) if self._positions else (op, piece) for piece in pieces]

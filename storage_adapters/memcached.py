@@ -83,6 +83,7 @@ from storage_adapters.memory import (
     KVOps,
     deltas,
     inside,
+    is_read,
     within_bounds,
 )
 
@@ -190,6 +191,8 @@ class _Snapshot:
 
 class MemcachedEngine(ReportsChanges):
     """Ordered key-value data: the key order in the process, the values in memcached."""
+
+    is_read = staticmethod(is_read)
 
     def __init__(
         self,

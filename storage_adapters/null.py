@@ -64,6 +64,12 @@ class NullEngine:
         self.applied += len(batch)
         return [None] * len(batch)
 
+    @staticmethod
+    def is_read(op: Any) -> bool:
+        """:class:`NullOps`'s reads (nothing here changes, but a write sent as a read is
+        refused as on every engine)."""
+        return type(op) in (tuple, list) and len(op) > 1 and op[0] in ("read", "point")
+
     def open_send(self, ranges: RangeSet) -> _Empty:
         return _Empty()
 

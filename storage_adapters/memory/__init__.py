@@ -81,6 +81,14 @@ from storage_adapters.leafmap import LeafMap
 WRITES = frozenset({"put", "append", "add", "delete", "delete_range", "version", "reclaim"})
 READS = frozenset({"get", "scan"})
 _NAMES = WRITES | READS
+
+
+def is_read(op: Any) -> bool:
+    """Whether ``op`` is a key-value read (``get`` or ``scan``): :meth:`Engine.is_read`
+    of every engine of these operations."""
+    return type(op) in (tuple, list) and len(op) > 1 and type(op[0]) is str and op[0] in READS
+
+
 _new = tuple.__new__  # ``_new(Part, (kind, ranges))``: a NamedTuple without its __new__
 MAX_KEYS = 100_000
 """Keys one operation may name."""
@@ -325,6 +333,8 @@ class MemoryEngine(ReportsChanges):
     inline_points = True
     """A read or write of a few keys takes microseconds: a batch of them runs on the
     storage process's event loop (:class:`rubberband.engine.Engine`)."""
+
+    is_read = staticmethod(is_read)
 
     @staticmethod
     def point_keys(op: Any) -> int:

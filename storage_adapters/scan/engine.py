@@ -37,6 +37,7 @@ from storage_adapters.scan.ops import (
     Select,
     Write,
     compile_op,
+    is_select,
     op_kind,
 )
 from storage_adapters.scan.plan import Stats, domain_of, make_plan
@@ -52,6 +53,8 @@ MAX_BLOCK_ROWS = 1 << 20
 
 class ScanEngine:
     """Main-memory tables answered by shared scans; one instance per storage process."""
+
+    is_read = staticmethod(is_select)
 
     def __init__(
         self,

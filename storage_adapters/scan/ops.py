@@ -90,6 +90,12 @@ class Write:
 Compiled = CreateTable | DropTable | Select | Write
 
 
+def is_select(op: Any) -> bool:
+    """Whether ``op`` is a table read (``select``): :meth:`Engine.is_read` of the
+    engines with tables."""
+    return isinstance(op, Mapping) and op.get("op") == "select"
+
+
 def op_kind(op: Any) -> str:
     if not isinstance(op, Mapping):
         raise BadOperation(f"an operation is a dict with an 'op' field, not {type(op).__name__}")

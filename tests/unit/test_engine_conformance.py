@@ -368,6 +368,20 @@ def test_conformance_a_scan_with_a_limit_answers_the_first_keys_in_order(
         d.ops.part_fun(("scan", None, None, 0), placement)
 
 
+def test_conformance_an_engine_knows_its_reads_from_its_writes(driver: Any) -> None:
+    """A storage process runs an operation sent as a read only if ``is_read`` says so
+    (a read reaches one replica): every read of the engine is one, no write and nothing
+    malformed is."""
+    d = driver
+    e = d.engine()
+    reads = [d.get([1, 2]), d.get([3])]
+    writes = [d.put([(1, "a")]), d.delete([1])]
+    assert all(e.is_read(op) for op in reads), reads
+    assert not any(e.is_read(op) for op in writes), writes
+    for junk in (None, (), [], ("get",), (["get"], (1,)), {"op": ["select"]}, b"get", "get"):
+        assert not e.is_read(junk), junk
+
+
 def test_conformance_bad_operations_are_rejected_alike_with_a_clear_message(driver: Any) -> None:
     d = driver
     a, b = d.engine(), d.engine()

@@ -11,7 +11,7 @@ import pytest
 
 from ecast.core import mutations
 from rubberband.client import Changes, ReadDone, WriteDone
-from rubberband.errors import Indeterminate, Unavailable
+from rubberband.errors import Indeterminate, Rejected, Unavailable
 from rubberband.messages import EXACT_RANGES
 from rubberband.proto import MAX_RANGES, Answer, Answers, H, Whole
 from storage_adapters.scan import ScanOps
@@ -318,6 +318,48 @@ def test_a_stable_append_nobody_answers_is_indeterminate_after_the_answer_timeou
     assert isinstance(done.error, Indeterminate), done
     assert "no holder answered in 0.5 s" in str(done.error)
     assert 0.5 <= rig.now < 0.7, rig.now  # stable at once here; the 30 s never waited
+
+
+class _DeafRig(Rig):
+    """Answers from the processes in ``deaf`` never arrive."""
+
+    deaf: frozenset[str] = frozenset()
+
+    def _collect(self) -> None:
+        self.m.to_clients[:] = [x for x in self.m.to_clients if x[0] not in self.deaf]
+        super()._collect()
+
+
+def _holders(m: Model, key: int) -> frozenset[str]:
+    place = m.placement.ekey(key)
+    ks = m.config.keyspace
+    return frozenset(p for _, p in ks.ring() if any(lo <= place < hi for lo, hi in ks.partition(p)))
+
+
+def test_a_write_of_two_segments_succeeds_only_once_both_are_answered() -> None:
+    """A write that reaches two segments is applied, and answered, segment by segment:
+    with only one segment's holders heard from, its other part might have been refused,
+    so the write is not reported done (before, the first answer decided it)."""
+    m = Model(f=3).ring_of(5)
+    rig = _DeafRig(m, answer_timeout=0.5)
+    rig.deaf = _holders(m, 250)
+    assert _holders(m, -1) - rig.deaf  # the other segment's holders still answer
+    rid = rig.write(("append", ((-1, "y"), (250, "w"))))
+    done = rig.until_done(rid)
+    assert isinstance(done.error, Indeterminate), done
+    rig.deaf = frozenset()
+    rid = rig.write(("append", ((-1, "y"), (250, "w"))))
+    assert rig.until_done(rid).error is None
+
+
+def test_a_write_refused_in_one_of_its_segments_is_rejected() -> None:
+    m = Model(f=3).ring_of(5)
+    m.write(("put", ((250, "a string"),)))
+    m.settle()
+    rig = Rig(m)
+    rid = rig.write(("append", ((-1, "y"), (250, "w"))))
+    done = rig.until_done(rid)
+    assert isinstance(done.error, Rejected) and "append to 250" in str(done.error), done
 
 
 def test_an_appends_answer_is_taken_from_a_holder_of_its_key_only() -> None:

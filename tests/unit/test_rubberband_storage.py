@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ecast import Message
+from rubberband.applying import MALFORMED_BUNDLE
 from rubberband.client import ClientCore, Rejected
 from rubberband.engine import BadOperation
 from rubberband.keys import encode_key, intersect, key_range, normalize, point
@@ -578,6 +579,86 @@ def test_a_rejected_operation_raises_at_the_client() -> None:
         client.result(g)
 
 
+# ------------------------------------------------------------------ writes sent as reads
+WRITES_SENT_AS_READS: list[Any] = [
+    ("put", ((5, "x"),)),
+    ("append", ((150, 9),)),
+    ("delete", (5,)),
+    ("delete_range", 0, 300),
+    ("version", (((("~view", "v", 1)), (3, "row")),), 0),
+    ("explode",),
+]
+
+
+def _stored(m: Model) -> dict[str, list[Any]]:
+    return {name: list(core.engine.items()) for name, core in sorted(m.storage.items())}
+
+
+@pytest.mark.parametrize("level", ["sequential", "bundle", "snapshot", "basic"])
+def test_a_write_sent_as_a_read_is_refused_and_changes_no_replica(level: str) -> None:
+    """A read reaches one replica of each range (basic and snapshot reads reach it
+    outside the order): a write run there changed that replica alone, and its holders
+    disagreed for good.  Every road a read takes refuses an operation that is no read
+    of the engine, and says so."""
+    m = grown(5)
+    m.write(("put", ((5, "a"), (150, [1]))))
+    m.settle()
+    before = _stored(m)
+    ranges = m.ops.part_fun(("scan", 0, 300), m.placement).ranges
+    for op in WRITES_SENT_AS_READS:
+        header: dict[str, Any] = {H.READS: ranges, H.OFFSET: 0, H.REQUEST: "r"}
+        payload: Any = op
+        if level == "bundle":
+            header[H.COUNT] = 2
+            payload = msgpack.packb(((("get", (5,)), ranges), (op, ranges)))
+        got: list[Any] = []
+        if level in ("sequential", "bundle"):
+            m.replies.clear()
+            m.submit("client:c", header, payload)
+            m.settle()
+            got = m.replies["r"]
+        elif level == "snapshot":
+            msg = Message("client:c", (("u", 0, "client:c"), next(m.seq)), header, payload)
+            for d in sorted(m.config.destset(msg)):
+                got += answers(m.storage[d].deliver_unsafe(msg, m.t, True))
+        else:
+            for core in m.storage.values():
+                got += answers(
+                    core.on_direct("client:c", BasicRead(1, op, ranges, m.config.version))
+                )
+        errors = [a.error for a in got if type(a) is Answer]
+        assert errors and all(
+            (MALFORMED_BUNDLE if level == "bundle" else "not a read") in e for e in errors
+        ), (op, got)
+    assert _stored(m) == before
+
+
+def test_a_write_refused_in_one_segment_is_applied_alike_by_every_holder_of_another() -> None:
+    """An append to two keys in two segments, one of which holds no list: the holders of
+    both segments refused all of it, the holder of only the other segment applied its
+    part, and the replicas of that key disagreed from then on.  A write is applied
+    segment by segment: the good key's part everywhere, the bad key's nowhere, and the
+    client is told of the refusal."""
+    m = grown(5)
+    m.write(("put", ((5, "a"), (150, [1]))))
+    m.settle()
+    op = ("append", ((5, "z"), (-1, "y")))
+    client = kv_client(m)
+    payload, header = client.write_message(op)
+    header = {**header, H.REQUEST: "w", H.ANSWER: 1}
+    m.submit("client:c", header, payload)
+    m.settle()
+    holders = {name for name in m.storage if any(
+        lo <= encode_key(-1) < hi for lo, hi in m.config.keyspace.partition(name))}  # fmt: skip
+    assert len(holders) == 3
+    for name in holders:
+        assert dict(m.storage[name].engine.items())[-1] == ["y"], name
+    assert all(dict(c.engine.items())[5] == "a" for c in m.storage.values() if 5 in
+               dict(c.engine.items()))  # fmt: skip
+    errors = {a.error for a in m.replies["w"]}
+    assert errors == {None, "append to 5, which holds a str"}
+
+
 # ------------------------------------------------------------------ read bundles
 def bundled_reads(
     m: Model, level: str, ops: list[Any], limit: int = 8, kinds: Counter[str] | None = None
@@ -947,7 +1028,9 @@ def test_a_write_of_many_keys_travels_packed_and_lands_as_its_operation() -> Non
     for bad in (b"\xc1", b"\x93\x01", b"\x91" * 100_000, ext):
         m.replies.clear()
         dests = m.submit("client:c", header, bad)
-        assert len(dests) == 4 and len(m.replies["pk"]) == 4
+        # refused by each holder for each of the three segments it holds: a write is
+        # applied, or refused, segment by segment
+        assert len(dests) == 4 and len(m.replies["pk"]) == 4 * 3
         assert all(type(r) is Answer and "not a key-value operation" in r.error
                    for r in m.replies["pk"])  # fmt: skip
     m.settle()

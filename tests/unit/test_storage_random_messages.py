@@ -1,0 +1,112 @@
+"""Random client messages, well formed or not, never set replicas apart.
+
+A client (honest and buggy, or hostile) chooses every part of a message: its operation,
+the ranges its header names, whether it travels as a read or a write, packed or not.
+Whatever it sends, every holder of a key must end with the same value for it, no
+storage process may stop, and none may hold a key outside its partition.  Two faults
+this found: a write sent as a read ran at the one replica the read reached, and a write
+whose validity depends on the data (an append to a key that holds no list) was refused
+at a replica holding the bad key and applied at one holding only its other keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rubberband.engine import Placement, encode_key
+from rubberband.proto import H
+from storage_adapters.memory import KVOps
+from tests.rubberband_model import Model
+
+KEYS = st.one_of(
+    st.integers(-5, 450),
+    st.text(max_size=3),
+    st.tuples(st.just("~view"), st.text(max_size=2), st.integers(0, 5)),
+    st.tuples(st.integers(0, 9)),
+    st.none(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.booleans(),
+    st.binary(max_size=3),
+)
+VALUES = st.one_of(
+    st.none(),
+    st.integers(-3, 3),
+    st.text(max_size=3),
+    st.lists(st.integers(0, 3), max_size=3),
+    st.dictionaries(st.text(max_size=2), st.integers(0, 3), max_size=2),
+)
+ENTRIES = st.one_of(
+    st.tuples(st.integers(-2, 50)),
+    st.tuples(st.integers(-2, 50), VALUES),
+    st.lists(st.integers(0, 50), max_size=3),
+)
+PAIRS = st.lists(st.tuples(KEYS, VALUES), max_size=4)
+OPS = st.one_of(
+    st.tuples(st.sampled_from(["put", "append", "add"]), PAIRS),
+    st.tuples(st.sampled_from(["delete", "get"]), st.lists(KEYS, max_size=4)),
+    st.tuples(st.sampled_from(["scan", "delete_range"]), KEYS, KEYS),
+    st.tuples(st.just("scan"), KEYS, KEYS, st.integers(-1, 5)),
+    st.tuples(
+        st.just("version"), st.lists(st.tuples(KEYS, ENTRIES), max_size=3), st.integers(-1, 60)
+    ),
+    st.tuples(st.just("reclaim"), st.lists(KEYS, max_size=3), st.integers(-1, 60)),
+)
+AS_ITSELF, AS_ANOTHER, AS_EVERYTHING, ANSWERED = range(4)
+"""How a message's header is made: from its own operation (as a client does), from
+another operation (a read's header on a write, a write's on a read, other keys), naming
+the whole ring, or from its own operation asking for an answer."""
+
+_OPS = KVOps()
+_PLACEMENT = Placement()
+
+
+def _header(op: Any, other: Any, how: int, request: int) -> dict[str, Any]:
+    try:
+        part = _OPS.part_fun(other if how == AS_ANOTHER else op, _PLACEMENT)
+    except Exception:
+        return {H.WRITES: (((2, 0), (2, 500)),)} if how == AS_EVERYTHING else {}
+    if part.kind == "write":
+        return {
+            H.WRITES: part.ranges,
+            **({H.REQUEST: request, H.ANSWER: 1} if how == ANSWERED else {}),
+        }
+    return {H.READS: part.ranges, H.REQUEST: request, H.OFFSET: 0}
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.tuples(OPS, OPS, st.integers(0, 3), st.booleans()), min_size=1, max_size=5))
+def test_random_client_messages_leave_every_key_alike_at_its_holders(
+    messages: list[tuple[Any, Any, int, bool]],
+) -> None:
+    m = Model(f=3).ring_of(5)
+    m.write(("put", ((5, "a"), (150, [1]))))
+    for i, (op, other, how, packed) in enumerate(messages):
+        header = _header(op, other, how, i + 1)
+        payload: Any = op
+        if packed:
+            payload = msgpack.packb(op, use_bin_type=True)
+            header[H.PACKED] = 1
+        m.submit("client:c", header, payload)
+        m.settle()
+    assert not m.stopped
+    ks = m.config.keyspace
+    held: dict[str, dict[Any, Any]] = {}
+    for name in ks.processes:
+        core = m.storage[name]
+        assert not core.incomplete
+        # by encoded key: 0, 0.0 and False are three keys here, one in a dict
+        held[name] = {encode_key(k): v for k, v in core.engine.items()}
+    values: dict[Any, tuple[str, Any]] = {}
+    for name, got in held.items():
+        part = ks.partition(name)
+        for k, v in got.items():
+            assert any(lo <= k < hi for lo, hi in part), (name, k, "outside its partition")
+            first = values.setdefault(k, (name, v))
+            assert first[1] == v, (k, first, (name, v))
+    for name, got in held.items():
+        for k, (who, _) in values.items():
+            if any(lo <= k < hi for lo, hi in ks.partition(name)):
+                assert k in got, (name, "lacks", k, "which", who, "holds")
