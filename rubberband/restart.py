@@ -58,7 +58,7 @@ def plan(
     known = sorted(wholes.keys() | keys.keys() | writes.keys())
     out = {}
     for name, position in positions.items():
-        mine = _Mine(keyspace.partition(name), placement)
+        mine = _Mine(keyspace.partition(name), placement, keyspace.segments())
         out[name] = [
             item
             for t in known
@@ -91,12 +91,20 @@ def _ranges(logged: Any) -> Any:
 class _Mine:
     """A replica's ranges, and whether a key lies in them."""
 
-    def __init__(self, owned: Any, placement: Any) -> None:
+    def __init__(self, owned: Any, placement: Any, segments: Any = ()) -> None:
         self.owned = owned
         self.placement = placement
+        self.segments = [p for p in (intersect(seg, owned) for seg in segments) if p]
 
     def has(self, key: Any) -> bool:
         return contains(self.owned, self.placement.ekey(key))
+
+    def pieces(self, part: Any) -> list[Any]:
+        """``part`` cut at the ring's segments: a write is applied segment by segment,
+        as a storage process applies it (``rubberband.applying``), so a levelled
+        replica refuses the same parts of it as the replicas that delivered it."""
+        cut = [p for p in (intersect(part, seg) for seg in self.segments) if p]
+        return cut or [part]
 
 
 def _message(
@@ -109,7 +117,7 @@ def _message(
     for op, ranges in whole if whole is not None else writes:
         part = intersect(_ranges(ranges), mine.owned)
         if part:
-            out.append((op, part, t))
+            out += [(op, piece, t) for piece in mine.pieces(part)]
     if whole is None:
         out += [
             (("put", ((k, v),)) if kind == "put" else ("delete", (k,)), mine.owned, t)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ecast import Effects, Message
-from rubberband.keys import encode_key
+from rubberband.keys import EVERYTHING, encode_key
 from rubberband.outputs import Submit
 from rubberband.proto import (
     H,
@@ -294,6 +294,31 @@ def test_replicas_are_brought_level_with_every_message_any_of_them_applied(
     for e in d.engines.values():
         assert e.position == 0 and e.tail(-1) == []  # a new epoch
     d.close()
+
+
+def test_a_levelled_replica_applies_a_write_segment_by_segment_as_its_holders_did() -> None:
+    """A storage process applies a write that reaches several segments once per
+    segment (each part all or nothing by its own segment's data); a replica levelled
+    after a crash of the whole cluster gets the message's part for each segment apart,
+    so an append with a bad key in one segment is refused there alone, as it was at the
+    replicas that delivered it."""
+    from rubberband.keys import intersect
+    from rubberband.placement import Keyspace
+
+    ks = Keyspace(3, [(encode_key(i * 100), f"storage:{i}") for i in range(4)])
+    op = ("append", ((50, "y"), (150, "z")))
+    full = KVOps().part_fun(op, MemoryEngine().placement).ranges
+    tails = {"storage:0": [(1, "whole", ((op, full),))]}
+    (items,) = plan({"storage:2": 0}, tails, ks, MemoryEngine().placement).values()
+    segments = ks.segments()
+    assert len(items) == 2
+    for _, ranges, t in items:
+        assert t == 1 and sum(1 for seg in segments if intersect(ranges, seg)) == 1
+    engine = MemoryEngine()
+    engine.apply([(("put", ((150, "a string"),)), EVERYTHING)])
+    results = engine.apply([(o, r) for o, r, _ in items])
+    assert dict(engine.items())[50] == ["y"] and dict(engine.items())[150] == "a string"
+    assert results[0] is None and "append to 150" in str(results[1])
 
 
 class _Holder:
