@@ -659,6 +659,44 @@ def test_a_write_refused_in_one_segment_is_applied_alike_by_every_holder_of_anot
     assert errors == {None, "append to 5, which holds a str"}
 
 
+def test_an_insert_refused_in_one_segment_leaves_every_holder_of_another_alike() -> None:
+    """A table insert of a key that exists is refused whole by the scan engine: across
+    two segments, the holders of the existing row's segment refused the new row of the
+    other segment too, and its other holders took it.  Per segment, every holder of the
+    new row takes it, and the refusal names the existing key."""
+    from storage_adapters.scan import ScanOps
+    from storage_adapters.scan.memory_kv import ScanMemoryEngine
+
+    m = grown(5)
+    for core in m.storage.values():  # empty, and nothing migrates from here on
+        core.engine = ScanMemoryEngine(m.placement, block_rows=32)
+    ops = ScanOps()
+
+    def send(op: Any, request: str) -> list[Any]:
+        header = {**write_header(ops.part_fun(op, m.placement).ranges), H.REQUEST: request,
+                  H.ANSWER: 1}  # fmt: skip
+        m.submit("client:c", header, op)
+        m.settle()
+        return [a.error for a in m.replies[request]]
+
+    assert set(
+        send(ops.create_table("t", [("k", "int64 not null"), ("v", "int32")], "k"), "c")
+    ) == {None}
+    assert set(send(ops.insert("t", [{"k": 150, "v": 1}]), "i1")) == {None}
+    errors = set(send(ops.insert("t", [{"k": -1, "v": 2}, {"k": 150, "v": 3}]), "i2"))
+    assert None in errors and any(e and "150" in e for e in errors), errors
+    rows = {}
+    for name, core in m.storage.items():
+        (got,) = core.engine.apply([(ops.select("t", columns=["k", "v"]), core.owned)])
+        assert got["columns"] == ["k", "v"], got
+        rows[name] = sorted(zip(*got["data"], strict=True))
+    for name, got in rows.items():
+        part = m.config.keyspace.partition(name)
+        want = [(k, v) for k, v in ((-1, 2), (150, 1)) if any(
+            lo <= m.placement.ekey(k) < hi for lo, hi in part)]  # fmt: skip
+        assert got == want, (name, got)
+
+
 # ------------------------------------------------------------------ read bundles
 def bundled_reads(
     m: Model, level: str, ops: list[Any], limit: int = 8, kinds: Counter[str] | None = None
