@@ -155,7 +155,13 @@ async def run(args: argparse.Namespace) -> Any:
                 await rb.drop_view(name)
             return {"dropped": args.names}
         if args.command == "list":
-            return {"views": [v.to_dict() for v in await rb.views()]}
+            from rubberband.views.client import list_views
+
+            malformed: list[tuple[Any, str]] = []
+            out: dict[str, Any] = {"views": [v.to_dict() for v in await list_views(rb, malformed)]}
+            if malformed:  # catalog entries some client wrote that are no definition
+                out["malformed"] = [{"key": k, "error": e} for k, e in malformed]
+            return out
         if args.command == "status":
             return {"views": [await _status(rb, v) for v in await rb.views()
                               if not args.names or v.name in args.names]}  # fmt: skip
@@ -254,7 +260,7 @@ async def _read(rb: Any, args: argparse.Namespace) -> Any:
 async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
     """Maintain the named views (all, when none is named), starting those defined later
     and stopping those dropped, until SIGTERM or SIGINT."""
-    from rubberband.views.client import maintain_group
+    from rubberband.views.client import list_views, maintain_group
     from rubberband.views.define import unit_name, units
     from rubberband.views.steps import Figures, Group, group_of
 
@@ -273,14 +279,23 @@ async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
     told: dict[str, Any] = {}  # the figures whose stop was logged (a view defined anew: new ones)
     shard = _shard(args.shard)
     answered = time.monotonic()
+    warned: set[str] = set()  # malformed catalog entries logged
     while not stop.is_set():
         if _lost(rb, time.monotonic() - answered):
             rb = await _reconnect(rb, args, running, figures, stop)
             answered = time.monotonic()
             continue
         with contextlib.suppress(*failures()):
-            named = [v for v in await rb.views() if not args.names or v.name in args.names]
+            malformed: list[tuple[Any, str]] = []
+            defined = await list_views(rb, malformed)
+            named = [v for v in defined if not args.names or v.name in args.names]
             answered = time.monotonic()
+            for k, why in malformed:
+                if repr(k) not in warned:  # (left out; every other view goes on)
+                    warned.add(repr(k))
+                    logging.getLogger("rubberband.views").error(
+                        "catalog entry %r is no view definition: %s", k, why
+                    )
             views = {unit_name(u): u for v in named for u in units(v) if in_shard(u, shard)}
             for key, (group, halt, task) in list(running.items()):
                 for name in [n for n in group.views if views.get(n) != group.views[n]]:

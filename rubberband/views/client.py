@@ -74,7 +74,7 @@ async def create_view(
         got = await rb.read(("get", (catalog_key(from_),)), "sequential")
         if not got:
             raise BadOperation(f"there is no view {from_!r} to define {name!r} over")
-        parent = from_dict(got[catalog_key(from_)])
+        parent = from_dict(got[catalog_key(from_)], catalog_key(from_))
         if parent.parts:
             raise BadOperation(f"view {from_!r} is split in parts: a view over it is not kept")
         view = view_def(name, kind, (None, None), over=from_, base=parent.sources,
@@ -105,9 +105,20 @@ async def drop_view(rb: Any, name: str) -> None:
     await rb.delete_range(rows_bounds(name)[0], keys_end(name))  # rows, every progress
 
 
-async def list_views(rb: Any) -> list[ViewDef]:
+async def list_views(rb: Any, malformed: list[tuple[Any, str]] | None = None) -> list[ViewDef]:
+    """Every view's definition.  The catalog is data: a client may write anything under
+    its keys, and a maintainer that took every entry for a definition stopped at the
+    first that was not, with every view it kept.  Such entries are left out (and, with
+    ``malformed``, listed there with what is wrong with each)."""
     rows = await rb.read(("scan", (CATALOG,), (CATALOG + "\x00",)), "sequential")
-    return [from_dict(value) for _key, value in rows]
+    views = []
+    for key, value in rows:
+        try:
+            views.append(from_dict(value, key))
+        except BadOperation as e:
+            if malformed is not None:
+                malformed.append((key, str(e)))
+    return views
 
 
 class View:

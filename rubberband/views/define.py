@@ -232,7 +232,24 @@ def _name(name: Any) -> None:
         )
 
 
-def from_dict(d: dict[str, Any]) -> ViewDef:
+def from_dict(d: Any, key: Any = None) -> ViewDef:
+    """A stored definition (``to_dict``'s) read back, or :class:`BadOperation`.  The
+    catalog is data any client can write: a value that is no definition, or one stored
+    under another view's key (``key``), is refused here, never taken for a view or
+    raised as some other error that would stop a maintainer."""
+    if type(d) is not dict:
+        raise BadOperation(f"a stored view definition is a dict, not {type(d).__name__}")
+    if key is not None and stored_key(key) != catalog_key(d.get("name")):  # type: ignore[arg-type]
+        raise BadOperation(f"the definition under {key!r:.60} names another view")
+    try:
+        return _from_dict(d)
+    except BadOperation:
+        raise
+    except (TypeError, KeyError, ValueError, IndexError, AttributeError) as e:
+        raise BadOperation(f"a malformed view definition: {type(e).__name__}: {e}") from None
+
+
+def _from_dict(d: dict[str, Any]) -> ViewDef:
     return view_def(
         d["name"],
         d["kind"],

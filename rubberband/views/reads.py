@@ -202,7 +202,10 @@ def unchanged_since(
             value, revised = dict(got).get(key), revisions.get(key)
             if value is None or revised is None or revised > since:
                 return False, now
-            view = from_dict(value)
+            try:
+                view = from_dict(value, key)
+            except BadOperation:  # not a definition: nothing to show the view unchanged
+                return False, now
             definition = definition or view
             wanted = view.over
             if wanted is None:

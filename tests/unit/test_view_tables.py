@@ -278,3 +278,36 @@ def test_a_table_backfills_in_pages_each_at_its_own_position(
         # (Without the halving the view never starts: the refusals repeat for ever.)
         assert all(n <= limit for n in sizes)
         assert len(sizes) >= -(-listed[-1] // page)  # the last listing's pages at least
+
+
+def test_a_catalog_entry_that_is_no_definition_is_left_out_and_named() -> None:
+    """Any client can write under the catalog's keys: ``list_views`` (what a maintainer
+    asks each second) took every entry for a definition, and the first that was not
+    raised a TypeError or KeyError that stopped the maintainer with every view it kept."""
+    import asyncio
+
+    from rubberband.views.client import list_views
+    from rubberband.views.define import catalog_key
+
+    good = VIEWS[0]
+    entries = [
+        (catalog_key(good.name), good.to_dict()),
+        (catalog_key("junk"), "not a definition"),
+        (catalog_key("empty"), {}),
+        (catalog_key("mimic"), good.to_dict()),  # another view's definition, copied
+        (catalog_key("kind"), {**good.to_dict(), "name": "kind", "kind": ["index"]}),
+        (list(catalog_key(good.name)), good.to_dict()),  # a key as the wire gives it back
+    ]
+
+    class Catalog:
+        async def read(self, op: Any, level: str) -> Any:
+            return entries
+
+    malformed: list[Any] = []
+    views = asyncio.run(list_views(Catalog(), malformed))
+    assert views == [good, good]
+    assert [k[1] for k, _ in malformed] == ["junk", "empty", "mimic", "kind"]
+    assert all(type(why) is str and why for _, why in malformed)
+    for _, value in entries[1:5]:
+        with pytest.raises(BadOperation):
+            from_dict(value, catalog_key("x"))
