@@ -18,7 +18,7 @@ from rubberband.versions import is_version_op, too_old
 if TYPE_CHECKING:
     from rubberband.storage import StorageCore
 
-_READS, _COUNT, _ANSWER = H.READS, H.COUNT, H.ANSWER
+_READS, _COUNT, _ANSWER, _WRITES = H.READS, H.COUNT, H.ANSWER, H.WRITES
 
 MALFORMED_BUNDLE = (
     "a bundle is a tuple of (op, ranges) pairs, as many as its count, and a read "
@@ -134,7 +134,7 @@ class Apply:
                 or _ANSWER in h
                 or (type(op) is tuple and op and (op[0] == "version" or op[0] == "reclaim"))
                 or len(mine) != 1
-                or not _one_key(mine[0])
+                or (_WRITES in h and not _one_key(mine[0]))  # (else a header of one key)
             ):
                 plain = False
                 break
