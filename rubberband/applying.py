@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ecast import Message
+from ecast.core import mutations
 from rubberband.bundles import read_items, unbundle, write_items
 from rubberband.changelog import feed_answer, revised_op
 from rubberband.engine import BadOperation
@@ -19,6 +20,10 @@ if TYPE_CHECKING:
     from rubberband.storage import StorageCore
 
 _READS, _COUNT, _ANSWER, _WRITES = H.READS, H.COUNT, H.ANSWER, H.WRITES
+
+WRITES_WHOLE = mutations.declare(
+    "writes_whole", "storage", "a write that reaches several segments is applied whole"
+)
 
 MALFORMED_BUNDLE = (
     "a bundle is a tuple of (op, ranges) pairs, as many as its count, and a read "
@@ -348,7 +353,7 @@ class Apply:
         disagreed for good (a hypothesis test of random client messages found it).  Run
         per segment, each piece's outcome depends on that segment's data alone, the same
         at every holder: a write is all or nothing within each segment it reaches."""
-        if len(part) == 1 and _one_key(part[0]):
+        if (len(part) == 1 and _one_key(part[0])) or mutations.on(WRITES_WHOLE):
             self.items.append((m, op, part, part, i, t))
             return
         core = self.core

@@ -51,6 +51,8 @@ def parser() -> argparse.ArgumentParser:
                     help="views kept by maintainers, read at every level")  # fmt: skip
     ap.add_argument("--churn", action="store_true",
                     help="with --views: rows leave the views, maintainers drop them")  # fmt: skip
+    ap.add_argument("--mixed-appends", action="store_true",
+                    help="some bulky writes append to two keys, mostly refused in one")  # fmt: skip
     ap.add_argument("--json", action="store_true")
     return ap
 
@@ -82,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         feed=args.feed,
         views=args.views,
         churn=args.churn,
+        mixed_appends=args.mixed_appends,
     )
     if args.mutation:
         import os

@@ -144,6 +144,12 @@ class RbRunConfig(GroupRunConfig):
     """With ``views``: the bulky puts go to a few keys of the views' base, each with a
     random ``g``, so rows leave the views all along, and maintainers drop them at the
     simulator's scale (:func:`rubberband.sim.views.dropping`)."""
+    mixed_appends: bool = False
+    """A quarter of the bulky puts are appends to two bulky keys instead, most of which
+    hold a string (refused there) and many of which lie in two segments: a write is
+    applied segment by segment, and every holder of each segment must end alike (the
+    replicas' check), through the faults and migrations.  Outside the list-append
+    history, as the puts are; off by default, as it changes every schedule's draws."""
     mutation: str | None = None
     router: RouterParams = field(default_factory=RouterParams)
     endpoint: EndpointParams = field(default_factory=EndpointParams)
@@ -307,7 +313,7 @@ class RubberbandRun(Nemesis, EcastGroupRun):
         return True
 
     def record(self, pid: NodeId, outcome: str, op: Op) -> None:
-        if op.kind == "put":
+        if op.kind == "put" or op.kind == "mixed":
             return  # bulk data, outside the list-append history
         if op.final and outcome not in ("invoke", "ok"):
             # Read again (a client whose router died finds another within E-Cast's

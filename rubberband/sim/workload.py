@@ -39,7 +39,7 @@ def key_of(i: int) -> int:
 class Op:
     """A client's operation in flight."""
 
-    kind: str  # append | read | scan | put
+    kind: str  # append | read | scan | put | mixed (an append to ``key`` and ``hi``)
     key: int
     value: Any = None
     level: str = "sequential"
@@ -105,6 +105,12 @@ class Client:
                 k += 1  # never a list-append key
             g = rng.randrange(5) if run.cfg.churn else k % 5  # churn: rows leave the views
             value: Any = {"g": g, "pad": "x" * 110} if run.cfg.views else "x" * 120
+            if run.cfg.mixed_appends and rng.random() < 0.25:
+                other = rng.randrange(10_000)
+                if other % (10_000 // KEYS) == 37 or other == k:
+                    other += 1
+                self._start(Op("mixed", k, "m", hi=other), now)
+                return
             self._start(Op("put", k, value), now)
             return
         if not run.may_issue():
@@ -135,6 +141,10 @@ class Client:
         assert core is not None
         op.tries += 1
         bundle = self.run.cfg.bundle
+        if op.kind == "mixed":
+            op.request, fx = core.write(("append", ((op.key, "m"), (op.hi, "m"))), now)
+            self.node.feed(fx)
+            return
         if op.kind in ("append", "put"):
             write = (op.kind, ((op.key, op.value),))
             if bundle and op.kind == "append":
@@ -226,4 +236,4 @@ class Client:
         if op.kind in ("read", "scan") and op.level == "sequential" and outcome == "ok":
             self.run.read_latencies.append((op.started, now - op.started))
         self.op = None
-        self.next_op_at = now if op.kind == "put" else now + self.run.think
+        self.next_op_at = now if op.kind in ("put", "mixed") else now + self.run.think

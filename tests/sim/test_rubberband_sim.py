@@ -130,6 +130,22 @@ def test_a_change_feed_followed_through_the_faults_misses_nothing_and_repeats_no
     assert reached["leader_takeover"] and reached["expand_under_load"], dict(reached)
 
 
+MIXED_SCHEDULES = 24
+
+
+def test_writes_refused_in_one_segment_leave_every_replica_alike_through_the_faults() -> None:
+    """A quarter of the bulky writes are appends to two keys, most refused in one
+    segment (a key there holds a string) and applied in another, through crashes,
+    partitions, migrations and the super's repairs: a write is applied segment by
+    segment, and every replica of every segment ends alike (refused whole at a replica
+    holding the bad key and applied at one holding only the other, the replicas of the
+    other key differed: planted as ``writes_whole``, below)."""
+    reached, busy = run_schedules(range(1, MIXED_SCHEDULES + 1), mixed_appends=True,
+                                  auto_repair=True)  # fmt: skip
+    assert busy >= 0.9 * MIXED_SCHEDULES
+    assert reached["expand_under_load"] or reached["source_crash_mid_migration"], dict(reached)
+
+
 VIEW_SCHEDULES = 8
 
 
@@ -320,6 +336,10 @@ CAUGHT_BY: dict[str, tuple[dict[str, Any], str]] = {
     "changes_out_of_order": (
         {"feed": True, "scenario": "expand", "faults": ()},  # writes held back, every run
         "change feeds: a write held back behind a copy",
+    ),
+    "writes_whole": (
+        {"mixed_appends": True},
+        "a write refused whole across segments (the replicas of one differ)",
     ),
     "aggregate_counted_twice": ({"views": True}, "views: an aggregate's old values kept"),
     "join_without_reverse": ({"views": True}, "views: a join's reverse side"),
