@@ -92,7 +92,14 @@ from rubberband.keys import (
     stable_hash32,
     union,
 )
-from rubberband.versions import check_reclaim_op, check_version_op, dead_by, is_chain, merge
+from rubberband.versions import (
+    check_reclaim_op,
+    check_version_op,
+    dead_by,
+    is_chain,
+    merge,
+    refuse_view_keys,
+)
 
 __all__ = [
     "AFTER_TAIL",
@@ -131,6 +138,7 @@ __all__ = [
     "normalize",
     "points",
     "refuse_row_key",
+    "refuse_view_keys",
     "rejection",
     "row_key",
     "sort_bound",

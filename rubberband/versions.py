@@ -76,6 +76,37 @@ second does, beside 30,000 other messages a second).  Dead rows are dropped only
 far behind their maintainer's progress, so it also bounds how long they stay."""
 
 
+VIEW = "~view"
+"""The first element of every key of a view's rows and progress (``("~view", name,
+...)``, :mod:`rubberband.views.define`)."""
+
+PLAIN_WRITES = frozenset({"put", "append", "add", "delete"})
+"""The key-value writes of single keys, which may not name a key of a view's."""
+
+
+def refuse_view_keys(op: Any) -> None:
+    """:class:`BadOperation` for a plain write (``put``, ``append``, ``add``, ``delete``)
+    of a key of a view's, ``("~view", ...)``.  Those hold version chains, written by
+    their maintainers alone (``version``, ``reclaim``) and dropped with their view (a
+    range delete): a chain overwritten by a plain value refused every later row the
+    maintainer wrote there, and the view's loop started over every second, with every
+    view that shares its feed.  Any other operation passes."""
+    if (
+        type(op) not in (tuple, list)
+        or len(op) < 2
+        or type(op[0]) is not str
+        or op[0] not in PLAIN_WRITES
+    ):
+        return
+    for item in op[1]:
+        key = item if op[0] == "delete" else item[0]
+        if type(key) is tuple and key and key[0] == VIEW:
+            raise BadOperation(
+                f"{op[0]} of {key!r:.60}: keys ({VIEW!r}, ...) hold views' rows, written "
+                "by their maintainers alone"
+            )
+
+
 def is_version_op(op: Any) -> bool:
     """Is ``op`` a write of a view's rows (``version`` or ``reclaim``)?"""
     return type(op) is tuple and len(op) in (3, 4) and op[0] in _ROWS_OPS

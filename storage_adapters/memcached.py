@@ -72,6 +72,7 @@ from rubberband.engine import (
     encode_key,
     merge,
     refuse_row_key,
+    refuse_view_keys,
     rejection,
 )
 from storage_adapters.leafmap import LeafMap
@@ -403,6 +404,7 @@ class MemcachedEngine(ReportsChanges):
         name = op[0] if type(op) in (tuple, list) and op else None
         if name not in WRITES and name not in READS:
             raise BadOperation(f"not a key-value operation: {op!r:.80}")
+        refuse_view_keys(op)
         if name == "add":
             if len(op) != 2:
                 raise BadOperation("add takes (key, delta) pairs, and no TTL")

@@ -14,7 +14,7 @@ from typing import Any
 
 from ecast import Message
 from rubberband.config import RubberbandConfig
-from rubberband.engine import Placement
+from rubberband.engine import Placement, merge
 from rubberband.keys import encode_key
 from rubberband.outputs import Stop, Submit
 from rubberband.proto import Answer, H, vote_header
@@ -160,10 +160,20 @@ class Model:
             for k, v in op[1]:
                 self.reference[k] = v
         elif op[0] == "append":
-            if any(type(self.reference.get(k, [])) is not list for k, _ in op[1]):
-                return  # every replica rejects an append to a non-list, whole
+            # Applied segment by segment: a segment's part is refused whole where one of
+            # its keys holds no list, the other segments' parts are applied.
+            ks = self.config.keyspace
+            parts: dict[int, list[Any]] = defaultdict(list)
             for k, v in op[1]:
-                self.reference[k] = [*self.reference.get(k, ()), v]
+                parts[ks.segment_of(self.placement.ekey(k)) if ks else 0].append((k, v))
+            for pairs in parts.values():
+                if any(type(self.reference.get(k, [])) is not list for k, _ in pairs):
+                    continue
+                for k, v in pairs:
+                    self.reference[k] = [*self.reference.get(k, ()), v]
+        elif op[0] == "version":
+            for k, entry in op[1]:
+                self.reference[k] = merge(self.reference.get(k), [list(entry)], op[2], k)
         elif op[0] == "delete":
             for k in op[1]:
                 self.reference.pop(k, None)

@@ -290,18 +290,14 @@ async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
             defined = await list_views(rb, malformed)
             named = [v for v in defined if not args.names or v.name in args.names]
             answered = time.monotonic()
-            for k, why in malformed:
-                if repr(k) not in warned:  # (left out; every other view goes on)
-                    warned.add(repr(k))
-                    logging.getLogger("rubberband.views").error(
-                        "catalog entry %r is no view definition: %s", k, why
-                    )
+            _warn_malformed(malformed, warned)
             views = {unit_name(u): u for v in named for u in units(v) if in_shard(u, shard)}
             for key, (group, halt, task) in list(running.items()):
                 for name in [n for n in group.views if views.get(n) != group.views[n]]:
                     group.remove(name)  # dropped (or defined anew: it starts again)
                     figures.pop(name, None)
                 if not group.views or task.done():
+                    _warn_failed(group, task)  # (it starts again below: said, not silent)
                     halt.set()
                     del running[key]
                     for name in group.views:
@@ -332,6 +328,28 @@ async def _maintain(rb: Any, args: argparse.Namespace) -> Any:
     if server is not None:
         await server.cleanup()
     return {"maintained": sorted(maintained), "seconds": round(time.monotonic() - started, 1)}
+
+
+def _warn_malformed(malformed: list[tuple[Any, str]], warned: set[str]) -> None:
+    """Log each catalog entry that is no definition once (it is left out; every other
+    view goes on)."""
+    for k, why in malformed:
+        if repr(k) not in warned:
+            warned.add(repr(k))
+            logging.getLogger("rubberband.views").error(
+                "catalog entry %r is no view definition: %s", k, why
+            )
+
+
+def _warn_failed(group: Any, task: asyncio.Task[None]) -> None:
+    """Log why a group's loop ended with an error (its views start again from a
+    snapshot; before, they did so without a word)."""
+    if task.done() and not task.cancelled() and task.exception() is not None:
+        e = task.exception()
+        logging.getLogger("rubberband.views").error(
+            "the loop of views %s failed (%s: %s): starting them again",
+            ", ".join(sorted(group.views)), type(e).__name__, str(e)[:300],
+        )  # fmt: skip
 
 
 def _shard(text: str | None) -> tuple[int, int]:

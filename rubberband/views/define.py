@@ -52,8 +52,8 @@ from typing import Any
 
 from rubberband.errors import BadKey, BadOperation
 from rubberband.keys import MAX, encode_key
+from rubberband.versions import VIEW
 
-VIEW = "~view"
 CATALOG = "~views"
 KINDS = ("selection", "projection", "index", "aggregate", "join")
 OPS = ("=", "!=", "<", "<=", ">", ">=")

@@ -71,6 +71,7 @@ from rubberband.engine import (
     normalize,
     points,
     refuse_row_key,
+    refuse_view_keys,
     rejection,
     sort_bound,
     sort_key,
@@ -156,6 +157,7 @@ class KVOps:
             raise BadOperation(f"not a key-value operation: {op!r:.80}")
         name = op[0]
         kind: Any = "write" if name in WRITES else "read"
+        refuse_view_keys(op)  # (at the call: a put is not answered, so not refused later)
         try:
             if name == "version":
                 pairs = check_version_op(op)[0]
@@ -484,6 +486,7 @@ class MemoryEngine(ReportsChanges):
                 raise BadOperation(f"not a key-value operation: {op!r:.80}")
             if name in WRITES:
                 self.counts["writes"] += 1
+                refuse_view_keys(op)
             else:
                 self.counts["reads"] += 1
             return getattr(self, "_" + name)(op, ranges)

@@ -333,6 +333,10 @@ def test_views_under_hash_partitioning_read_exact_rows_from_every_bucket(hash_di
             # keeps every view (it stopped at the first, with every view it kept).
             await rb.put(("~views", "junk"), "not a definition")
             await rb.put(("~views", "mimic"), VIEWS[1].to_dict())
+            # A plain value over a view's row would refuse every later version of it, and
+            # the view's loop (with per_g's, which shares its feed) started over each second.
+            with pytest.raises(BadOperation, match="maintainers alone"):
+                await rb.put(("~view", "by_g", ("a", 1)), "junk")
             # The maintainer runs already: each view joins its group as it is defined
             # (all three read one feed), the last one while writes go on.
             for v in views[:2]:

@@ -382,6 +382,28 @@ def test_conformance_an_engine_knows_its_reads_from_its_writes(driver: Any) -> N
         assert not e.is_read(junk), junk
 
 
+def test_conformance_a_views_keys_take_no_plain_write(driver: Any) -> None:
+    """Keys ``("~view", ...)`` hold version chains, written by maintainers alone: a
+    plain value put there refused every later row, and the view's loop (with every view
+    sharing its feed) started over each second.  Every key-value engine refuses a plain
+    write of one, with the reason, and still takes the key's versions."""
+    d = driver
+    if not isinstance(d, KVDriver):
+        pytest.skip("tables have no view keys")
+    e = d.engine()
+    d.setup(e)
+    key = ("~view", "v", 1)
+    for op in (("put", ((key, "x"),)), ("append", ((key, 1),)), ("add", ((key, 1),)),
+               ("delete", (key,)), ("put", ((1, "a"), (key, "x")))):  # fmt: skip
+        (got,) = e.apply([(op, EVERYTHING)])
+        assert isinstance(got, BadOperation), (op, got)
+        assert "maintainers alone" in str(got) or d.name == "scan-kv", got  # (integer keys)
+    assert d.content(e) == {}
+    if d.name != "scan-kv":
+        (got,) = e.apply([(("version", ((key, (3, "row")),), 0), EVERYTHING)])
+        assert got is None, got
+
+
 def test_conformance_bad_operations_are_rejected_alike_with_a_clear_message(driver: Any) -> None:
     d = driver
     a, b = d.engine(), d.engine()

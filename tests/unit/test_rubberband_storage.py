@@ -443,8 +443,8 @@ def test_an_admin_key_named_in_json_places_a_process_among_a_views_rows() -> Non
     assert ek in m.config.keyspace.ids and m.replica_violations() == []
     assert "('~view', 'by_g', ('c', 7))" in [r["id"] for r in m.super.status()["ring"]]
     below, above = (("~view", "by_g", (g, 1)) for g in ("b", "d"))
-    for key in (below, above):
-        m.write(("put", ((key, key[2][0]),)))
+    for key in (below, above):  # as a maintainer writes a row: a version of it
+        m.write(("version", ((key, (1, key[2][0])),), 0))
     m.settle()
     assert m.replica_violations() == []
     ks = m.config.keyspace
