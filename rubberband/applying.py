@@ -12,11 +12,12 @@ from ecast.core import mutations
 from rubberband.bundles import read_items, unbundle, write_items
 from rubberband.changelog import feed_answer, revised_op
 from rubberband.engine import BadOperation
-from rubberband.keys import NOTHING, RangeSet, covers
+from rubberband.keys import NOTHING, RangeSet, covers, intersect
 from rubberband.proto import Answer, Answers, H, Whole, written
 from rubberband.versions import is_version_op, too_old
 
 if TYPE_CHECKING:
+    from rubberband.placement import Keyspace
     from rubberband.storage import StorageCore
 
 _READS, _COUNT, _ANSWER, _WRITES = H.READS, H.COUNT, H.ANSWER, H.WRITES
@@ -102,11 +103,20 @@ def _answer_reads(
 class Apply:
     """One engine batch of delivered messages, and the answers it makes."""
 
-    __slots__ = ("batch", "bundles", "core", "feeds", "items", "writes")
+    __slots__ = ("batch", "bundles", "core", "cuts", "feeds", "items", "writes")
 
-    def __init__(self, core: StorageCore, batch: list[tuple[Message, RangeSet, int]]) -> None:
+    def __init__(
+        self,
+        core: StorageCore,
+        batch: list[tuple[Message, RangeSet, int]],
+        cuts: dict[int, Keyspace] | None = None,
+    ) -> None:
         self.core = core
         self.batch = batch
+        self.cuts = cuts
+        """The keyspace each message that waited for a copy was delivered under (by
+        ``id``), where it is not the process's now: its writes are cut at that ring's
+        segments (:meth:`_write`)."""
         self.items: list[tuple[Message, Any, RangeSet, RangeSet | None, int, int]] = []
         """``(message, op, ranges, covered, index, t)``: the engine runs ``op`` on
         ``ranges``, the answer covers ``covered`` (None: all of a bundled read); index -1
@@ -356,8 +366,12 @@ class Apply:
         if (len(part) == 1 and _one_key(part[0])) or mutations.on(WRITES_WHOLE):
             self.items.append((m, op, part, part, i, t))
             return
-        core = self.core
-        for piece in core._pieces(part):
+        then = self.cuts.get(id(m)) if self.cuts else None
+        if then is None:  # delivered under the keyspace of now
+            pieces = self.core._pieces(part)
+        else:  # it waited for a copy, across a keyspace change: cut where the ring was
+            pieces = [p for p in (intersect(part, seg) for seg in then.segments()) if p] or [part]
+        for piece in pieces:
             self.items.append((m, op, piece, piece, i, t))
 
     def _answer(self, results: list[Any], revised: dict[int, Any]) -> None:

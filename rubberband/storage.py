@@ -103,6 +103,10 @@ class _Queued:
     msg: Message | None = None
     t: int = 0
     action: tuple[Any, ...] = ()
+    keyspace: Keyspace | None = None
+    """The keyspace as of the message's position: a write is applied segment by
+    segment, cut where the ring was then, as every replica that did not wait cut it
+    (a later keyspace may cut it elsewhere)."""
 
 
 @dataclass
@@ -336,7 +340,7 @@ class StorageCore:
                 if gated and self._blocked(mine, t):
                     if H.READS in h:
                         self.stats.reads_held += 1
-                    self._enqueue(_Queued(mine, msg=msg, t=t))
+                    self._enqueue(_Queued(mine, msg=msg, t=t, keyspace=self.keyspace))
                 else:
                     batch.append((msg, mine, t))
                 continue
@@ -479,6 +483,7 @@ class StorageCore:
         queue, self.queue = self.queue, []
         self._queued_ranges = NOTHING
         batch: list[tuple[Message, RangeSet, int]] = []
+        cuts: dict[int, Keyspace] = {}  # each message's keyspace, where it is not ours now
         for item in queue:
             if self.stopped is not None:
                 return
@@ -487,20 +492,22 @@ class StorageCore:
                 continue
             if item.msg is not None:
                 batch.append((item.msg, item.ranges, item.t))
+                if item.keyspace is not None and item.keyspace is not self.keyspace:
+                    cuts[id(item.msg)] = item.keyspace
                 continue
             if batch:
-                self._apply(batch)
-                batch = []
+                self._apply(batch, cuts)
+                batch, cuts = [], {}
             self._run_action(item.action)
         if batch and self.stopped is None:
-            self._apply(batch)
+            self._apply(batch, cuts)
 
     def queued_sends(self) -> set[Any]:
         return {q.action[1] for q in self.queue if q.action[:1] == ("send",)}
 
     # ================================================================== applying
-    def _apply(self, batch: list[tuple[Message, RangeSet, int]]) -> None:
-        Apply(self, batch).run()
+    def _apply(self, batch: list[tuple[Message, RangeSet, int]], cuts: Any = None) -> None:
+        Apply(self, batch, cuts).run()  # (cuts: see drain)
 
     # ================================================================== reconfiguration
     def _keyspace(self, t: int, msg: Message) -> None:

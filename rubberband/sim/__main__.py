@@ -51,6 +51,8 @@ def parser() -> argparse.ArgumentParser:
                     help="views kept by maintainers, read at every level")  # fmt: skip
     ap.add_argument("--churn", action="store_true",
                     help="with --views: rows leave the views, maintainers drop them")  # fmt: skip
+    ap.add_argument("--chunk-bytes", type=int, default=400,
+                    help="a migration's chunks: smaller ones make copies last longer")  # fmt: skip
     ap.add_argument("--mixed-appends", action="store_true",
                     help="some bulky writes append to two keys, mostly refused in one")  # fmt: skip
     ap.add_argument("--json", action="store_true")
@@ -85,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         views=args.views,
         churn=args.churn,
         mixed_appends=args.mixed_appends,
+        chunk_bytes=args.chunk_bytes,
     )
     if args.mutation:
         import os

@@ -146,6 +146,18 @@ def test_writes_refused_in_one_segment_leave_every_replica_alike_through_the_fau
     assert reached["expand_under_load"] or reached["source_crash_mid_migration"], dict(reached)
 
 
+def test_a_write_that_waited_for_a_copy_is_cut_where_the_ring_was_at_its_position() -> None:
+    """storage:6 received a copy when an append to 9037 (a string) and 5679 came, and
+    held it back; when it applied it, after a keyspace change, it cut the write at the
+    new ring's segments, where 5679 and 9037 no longer lay in one, and applied 5679's
+    part, which storage:1 and storage:2 had refused with 9037's: its replicas differed
+    (``replicas of segment 8 ... differ``).  A held write is cut where the ring was at
+    its position."""
+    extra = {"mixed_appends": True, "bundle": True, "chunk_bytes": 60}
+    result = run_rubberband(RbRunConfig(seed=41267, ops=OPS, **extra))
+    assert not result.violations, (result.violations, replay(41267, **extra))
+
+
 VIEW_SCHEDULES = 8
 
 
