@@ -157,8 +157,8 @@ class KVOps:
             raise BadOperation(f"not a key-value operation: {op!r:.80}")
         name = op[0]
         kind: Any = "write" if name in WRITES else "read"
-        refuse_view_keys(op)  # (at the call: a put is not answered, so not refused later)
         try:
+            refuse_view_keys(op)  # (at the call: a put is not answered, so not refused later)
             if name == "version":
                 pairs = check_version_op(op)[0]
                 if len(pairs) > MAX_KEYS:
