@@ -45,7 +45,7 @@ _OVERHEAD = 256
 
 
 class _PinnedBlock:
-    __slots__ = ("block", "cols", "hash", "live", "n", "nulls")
+    __slots__ = ("block", "cols", "hash", "live", "n", "nulls", "pinned")
 
     def __init__(self, block: Block) -> None:
         self.block = block
@@ -54,9 +54,19 @@ class _PinnedBlock:
         self.live = block.live
         self.n = block.n
         self.hash = block.hash
+        self.pinned = True
         block.pins += 1
 
     def release(self) -> None:
+        """Unpin, once: a cursor releases a block when it has read it and again with its
+        table (or when closed).  Counted twice, a cursor took another's pin away: with
+        two sends from one process over one block, a write then changed the arrays the
+        other still read, and its copy carried a write made after the copy's position
+        (the simulator, seed 43241 with ``--mixed-appends`` on the scan engine and
+        60-byte chunks: the receiver applied that write a second time)."""
+        if not self.pinned:
+            return
+        self.pinned = False
         if self.block.cols is self.cols and self.block.pins:
             self.block.pins -= 1
 

@@ -158,6 +158,18 @@ def test_a_write_that_waited_for_a_copy_is_cut_where_the_ring_was_at_its_positio
     assert not result.violations, (result.violations, replay(41267, **extra))
 
 
+def test_two_sends_over_one_block_of_the_scan_engine_each_copy_their_position() -> None:
+    """storage:6 sent four copies at once on the scan engine; one cursor released its
+    blocks twice and took another's pin, and that copy carried an append made after its
+    position, which the receiver, holding the append back behind the copy, applied a
+    second time (``replicas of segment 3 ... differ``)."""
+    extra = {"mixed_appends": True, "engine": "storage_adapters.scan.kv:ScanKVEngine",
+             "chunk_bytes": 60}  # fmt: skip
+    for seed in (43169, 43241):
+        result = run_rubberband(RbRunConfig(seed=seed, ops=OPS, **extra))
+        assert not result.violations, (result.violations, replay(seed, **extra))
+
+
 VIEW_SCHEDULES = 8
 
 

@@ -81,6 +81,21 @@ def test_a_cursor_sends_the_rows_as_of_its_opening_whatever_is_written_after() -
     assert "later" not in receiver.tables  # created after the cursor opened
 
 
+def test_two_cursors_over_one_block_each_keep_it_as_of_their_opening() -> None:
+    """A cursor released each block it had read and then every block again with its
+    table: the second release took another cursor's pin, a write changed the arrays that
+    cursor still read, and its copy carried a row written after it opened (two sends
+    from one storage process, the simulator's seed 43241 on the scan engine)."""
+    e = loaded(20)  # one block
+    before = content(e)
+    a, b = e.open_send(EVERYTHING), e.open_send(EVERYTHING)
+    drain(a, ScanEngine(), 1 << 20)  # read and released whole, twice over
+    assert e.apply([(OPS.update("t", [("k", "=", 3)], {"s": "after"}), EVERYTHING)])
+    receiver = ScanEngine()
+    drain(b, receiver, 1 << 20)
+    assert content(receiver) == before
+
+
 def test_writes_after_opening_copy_only_the_blocks_they_touch() -> None:
     e = loaded(320, block_rows=32)  # ten blocks
     cursor = e.open_send(EVERYTHING)
