@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from ecast import Message
 from ecast.core import mutations
-from rubberband.bundles import read_items, unbundle, write_items
+from rubberband.bundles import cut, read_items, unbundle, write_items
 from rubberband.changelog import feed_answer, revised_op
 from rubberband.engine import BadOperation
-from rubberband.keys import NOTHING, RangeSet, covers, intersect
+from rubberband.keys import NOTHING, RangeSet, covers
 from rubberband.proto import Answer, Answers, H, Whole, written
 from rubberband.versions import is_version_op, too_old
 
@@ -366,11 +366,9 @@ class Apply:
         if (len(part) == 1 and _one_key(part[0])) or mutations.on(WRITES_WHOLE):
             self.items.append((m, op, part, part, i, t))
             return
+        # One that waited for a copy, across a keyspace change: cut where the ring was.
         then = self.cuts.get(id(m)) if self.cuts else None
-        if then is None:  # delivered under the keyspace of now
-            pieces = self.core._pieces(part)
-        else:  # it waited for a copy, across a keyspace change: cut where the ring was
-            pieces = [p for p in (intersect(part, seg) for seg in then.segments()) if p] or [part]
+        pieces = self.core._pieces(part) if then is None else cut(part, then.segments())
         for piece in pieces:
             self.items.append((m, op, piece, piece, i, t))
 

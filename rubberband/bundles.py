@@ -95,6 +95,14 @@ def unbundle(msg: Message) -> tuple[Any, ...] | None:
     return subs if type(subs) is tuple and len(subs) == n else None
 
 
+def cut(ranges: RangeSet, segments: Any) -> list[RangeSet]:
+    """``ranges`` cut at ``segments`` (range sets, a ring's segments or what is held of
+    them): the non-empty pieces in their order, or ``ranges`` whole if none meets it.
+    Reads are answered, and writes applied, piece by piece."""
+    pieces = [p for p in (intersect(ranges, seg) for seg in segments) if p]
+    return pieces or [ranges]
+
+
 class Segments:
     """What this process holds, cut at the ring's segments (cached per keyspace).
 
@@ -124,8 +132,7 @@ class Segments:
                 for slo, shi in seg:
                     if slo <= lo and hi <= shi:
                         return [mine]
-        pieces = [p for p in (intersect(mine, seg) for seg in self._held) if p]
-        return pieces or [mine]
+        return cut(mine, self._held)
 
 
 def read_items(subs: tuple[Any, ...], pieces: list[RangeSet]) -> tuple[list[ReadItem] | None, bool]:

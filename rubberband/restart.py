@@ -31,6 +31,7 @@ from typing import Any
 import msgpack
 
 from ecast import Direct, Effects
+from rubberband.bundles import cut
 from rubberband.keys import EVERYTHING, contains, covers, difference, intersect, normalize, union
 from rubberband.placement import Keyspace
 from rubberband.proto import LevelApply, LevelAsk, Levelled, LevelTail
@@ -103,8 +104,7 @@ class _Mine:
         """``part`` cut at the ring's segments: a write is applied segment by segment,
         as a storage process applies it (``rubberband.applying``), so a levelled
         replica refuses the same parts of it as the replicas that delivered it."""
-        cut = [p for p in (intersect(part, seg) for seg in self.segments) if p]
-        return cut or [part]
+        return cut(part, self.segments)
 
 
 def _message(

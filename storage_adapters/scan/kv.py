@@ -30,10 +30,9 @@ from rubberband.engine import (
     rejection,
 )
 from storage_adapters.memory import READS, WRITES, KVOps, deltas
-from storage_adapters.memory import is_read as is_kv_read
 from storage_adapters.scan.client import ScanOps
 from storage_adapters.scan.engine import ScanEngine
-from storage_adapters.scan.ops import is_select
+from storage_adapters.scan.ops import is_table_or_kv_read
 
 TABLE = "kv"
 _OPS = ScanOps({TABLE: "k"})
@@ -145,9 +144,7 @@ class ScanKVEngine:
     def __init__(self, placement: Placement | None = None, **scan_options: Any) -> None:
         self.scan = ScanEngine(placement, **scan_options)
 
-    @staticmethod
-    def is_read(op: Any) -> bool:
-        return is_select(op) if isinstance(op, dict) else is_kv_read(op)
+    is_read = staticmethod(is_table_or_kv_read)
 
     @property
     def placement(self) -> Placement:

@@ -24,9 +24,8 @@ from typing import Any
 
 from rubberband.engine import BadOperation, Placement, RangeSet
 from storage_adapters.memory import MemoryEngine
-from storage_adapters.memory import is_read as is_kv_read
 from storage_adapters.scan.engine import ScanEngine
-from storage_adapters.scan.ops import is_select
+from storage_adapters.scan.ops import is_table_or_kv_read
 
 TABLES, DATA = "tables", "data"
 """How a chunk of a copy says which store it is of."""
@@ -73,9 +72,7 @@ def run_on(
 class ScanMemoryEngine:
     """Tables on a :class:`ScanEngine`, key-value data on a :class:`MemoryEngine`."""
 
-    @staticmethod
-    def is_read(op: Any) -> bool:
-        return is_select(op) if isinstance(op, dict) else is_kv_read(op)
+    is_read = staticmethod(is_table_or_kv_read)
 
     def __init__(self, placement: Placement | None = None, **scan_options: Any) -> None:
         self.scan = ScanEngine(placement, **scan_options)

@@ -38,6 +38,7 @@ from typing import Any, Literal
 import numpy as np
 
 from rubberband.engine import BadOperation
+from storage_adapters.memory import is_read as is_kv_read
 from storage_adapters.scan.predicates import Atom, parse_where
 from storage_adapters.scan.schema import Schema, column_values, stored_scalar
 
@@ -94,6 +95,12 @@ def is_select(op: Any) -> bool:
     """Whether ``op`` is a table read (``select``): :meth:`Engine.is_read` of the
     engines with tables."""
     return isinstance(op, Mapping) and op.get("op") == "select"
+
+
+def is_table_or_kv_read(op: Any) -> bool:
+    """A select of a table, or a key-value ``get`` or ``scan``: :meth:`Engine.is_read`
+    of the engines that hold both."""
+    return is_select(op) if isinstance(op, dict) else is_kv_read(op)
 
 
 def op_kind(op: Any) -> str:
