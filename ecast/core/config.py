@@ -164,7 +164,8 @@ class Membership:
         raise NotImplementedError
 
     def _left(self, gone: frozenset[NodeId]) -> Membership:
-        """``gone`` (members) left: drop them everywhere, add them to the retired."""
+        """``gone`` left (members, or processes a suspect named before they joined):
+        drop them everywhere, add them to the retired."""
         raise NotImplementedError
 
     def _may_join(self, p: NodeId, header: dict[str, Any]) -> bool:
@@ -210,7 +211,11 @@ class Membership:
                 return self
             return self._left(frozenset((sender,)))
         if kind == SUSPECT:
-            gone = self.suspects(msg) & self._members
+            # Everyone it names is retired, members or not: the routers expel them all
+            # (``suspects``), and a process a lease suspect named before its join was
+            # learned would otherwise join after it, a destination no router ever
+            # suspects again, waited for by every later message.
+            gone = self.suspects(msg) - self._retired
             return self._left(gone) if gone else self
         return self._apply_other(msg, kind if type(kind) is str else None)
 
