@@ -278,6 +278,7 @@ class Endpoint:
             "unsafe_accepted": 0,
             "unsafe_rejected": 0,
             "unsafe_shed": 0,
+            "beyond_succession": 0,  # switches to a router the succession does not name
         }
 
     # ================================================================== application API
@@ -751,8 +752,12 @@ class Endpoint:
         for i in range(len(order)):
             r = order[(start + i) % len(order)]
             if r not in self.unreachable:
-                return r
-        return order[start % len(order)]
+                break
+        else:
+            r = order[start % len(order)]
+        if r in others:
+            self.stats["beyond_succession"] += 1
+        return r
 
     def _left_stalled(self) -> None:
         self._stalled[self.target] = self._stalled.get(self.target, 0) + 1

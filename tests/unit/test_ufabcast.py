@@ -452,3 +452,26 @@ def test_the_log_is_collected_a_round_trip_after_everyone_executed_it_not_a_hear
     commits = [m.collected for s, d, m in net.sent if s == "a" and type(m) is Commit]
     assert commits == sorted(commits) and commits[-1] == 2
     assert net.violations() == []
+
+
+def test_a_router_cut_off_from_the_rest_holds_its_parts_until_it_hears_a_majority() -> None:
+    """c crashes right after a and b are cut apart.  Parting b (a's first suspect) would
+    wait in the log for b's own vote and, decided once the cut heals, leave the view a
+    and c with c dead: no router could change it again.  a holds its parts while it hears
+    no majority of the view without them, and parts c alone once the cut heals."""
+    net = ManualNet(["a", "b", "c"], params())
+    net.propose("a", "m0")
+    net.settle(0.5)
+    cut = {("a", "b"), ("b", "a")}
+    net.settle(0.1, hold=cut)
+    net.crash("c")
+    net.settle(1.5, hold=cut)
+    assert net.core("a").detector.suspected == {"b", "c"}
+    assert not net.core("a").proposer.reconfigs and not net.core("b").proposer.reconfigs
+    net.settle(3.0)  # the cut heals: what waited on its links crosses
+    for r in ("a", "b"):
+        assert net.core(r).view.members == ("a", "b"), r  # type: ignore[union-attr]
+    net.propose("b", "m1")
+    net.settle(0.5)
+    assert net.executed("a")[-1] == net.executed("b")[-1] == "m1"
+    assert not net.violations(liveness=False)

@@ -118,7 +118,9 @@ def test_phase_one_reproposes_the_highest_accepted_value_and_fills_holes() -> No
     accepted = ((0, (0, "a"), ("x",)), (2, (0, "a"), ("z",)))
     fx = b.on_message("c", Promise(0, prepare.ballot, 0, accepted), 0.0)  # type: ignore[attr-defined]
     values = {m.instance: m.value for _, m in _sent(fx, Accept)}  # type: ignore[attr-defined]
-    assert values == {0: ("x",), 1: NOOP, 2: ("z",)}
+    # b suspects a and hears c (its clock starts at b's first tick): its part of a goes
+    # after the instances phase 1 must re-propose.
+    assert values == {0: ("x",), 1: NOOP, 2: ("z",), 3: (PartCmd("b", "a"),)}
 
 
 def test_a_higher_ballot_makes_a_leader_step_down_and_back_off() -> None:

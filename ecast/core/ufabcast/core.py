@@ -769,11 +769,13 @@ class Ufabcast:
         view = self.view
         assert view is not None
         p = self.p
-        for m in self.detector.detect(
-            view.members, self.me, self._now, p.failure_timeout, p.heartbeat_interval
-        ):
-            self._submit_reconfig(PartCmd(self.me, m))
-        self.stats["stalls_excused"] = self.detector.stalls_excused
+        detector = self.detector
+        detector.detect(view.members, self.me, self._now, p.failure_timeout, p.heartbeat_interval)
+        self.stats["stalls_excused"] = detector.stalls_excused
+        if detector.suspected:
+            fresh = min(2 * p.heartbeat_interval, p.failure_timeout)
+            for m in detector.to_part(view.members, self.me, self._now, fresh, view.majority):
+                self._submit_reconfig(PartCmd(self.me, m))
 
     def _send_heartbeats(self) -> None:
         view = self.view

@@ -1,10 +1,20 @@
 """Failure detection among the routers of a view (3.5.5).
 
 A member silent for the failure timeout is suspected, and the router proposes to part
-it.  Hearing from it again (any message) withdraws the suspicion locally; the part, once
-proposed, stands.  A tick much later than the heartbeat period means this process itself
-stalled (starved of CPU, paused), and what peers sent meanwhile may still wait unread,
-so the stall is not counted as their silence.
+it, but only while it hears from a majority of the view without its suspects: every
+part it proposes then leaves a view whose members it hears.  Hearing from a suspect
+again (any message) withdraws the suspicion locally; the part, once proposed, stands.
+
+Why the majority: a part that cannot be decided without its target waits in the log
+until the target is back, and is then decided by the target's own vote.  With three
+routers, one crashed and the other two cut apart, each of the two suspected the other;
+once the cut healed, the part of the live one was decided, and left a view of two with
+its other member dead, which no router could ever change again.  Holding the part
+while the rest of the view is not heard instead parts the dead one once the cut heals.
+
+A tick much later than the heartbeat period means this process itself stalled (starved
+of CPU, paused), and what peers sent meanwhile may still wait unread, so the stall is
+not counted as their silence.
 """
 
 from __future__ import annotations
@@ -62,6 +72,25 @@ class FailureDetector:
                 self.suspected.add(m)
                 newly.append(m)
         return newly
+
+    def to_part(
+        self, members: Iterable[NodeId], me: NodeId, now: float, fresh: float, majority: int
+    ) -> list[NodeId]:
+        """The suspects to propose parting now: all of them, if this router heard within
+        ``fresh`` from enough unsuspected members to make, with itself, a ``majority`` of
+        the view; none otherwise."""
+        suspects = []
+        heard_from = 1  # this router
+        for m in members:
+            if m == me:
+                continue
+            if m in self.suspected:
+                suspects.append(m)
+                continue
+            heard = self.last_heard.get(m)
+            if heard is not None and now - heard <= fresh:
+                heard_from += 1
+        return suspects if heard_from >= majority else []
 
     def next_deadline(self, timeout: float) -> float | None:
         best = None
