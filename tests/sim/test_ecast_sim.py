@@ -167,6 +167,20 @@ PINNED = [
         "clumping": False,
         "delayed_acks": True,
     },
+    # Once routers held their parts while they heard no majority: a command the router
+    # about to lead handed on came back to it in the same tenure and was refused for
+    # good, or two routers each believed the other led (never quiet).
+    {
+        "seed": 2107941,
+        "routers": 3,
+        "submitters": 3,
+        "receivers": 1,
+        "replication": 0,
+        "messages": 190,
+        "clumping": True,
+        "delayed_acks": True,
+        "durable_confirms": True,
+    },
 ]
 
 

@@ -145,6 +145,22 @@ def _cli(seed: int, hashseed: str) -> dict:
     return data
 
 
+@pytest.mark.parametrize(
+    "kw",
+    [
+        # Two routers each believed the other led, and neither ran phase 1.
+        {"seed": 26731, "routers": 3, "commands": 50, "max_active": 4, "clumping": False},
+        # A part the router about to lead handed on came back in the same tenure and
+        # was refused for good: the dead r1 stayed a member.
+        {"seed": 145, "routers": 4, "commands": 145, "max_active": 32768, "clumping": False},
+    ],
+    ids=lambda kw: f"seed{kw['seed']}",
+)
+def test_pinned_schedule_passes_every_checker(kw: dict) -> None:
+    result = run_ufabcast(ufab_config(**kw))
+    assert not result.violations, replay_command(**kw)
+
+
 def test_a_seed_replays_byte_identically_under_any_hash_seed() -> None:
     first = _cli(7, "0")
     again = _cli(7, "0")

@@ -475,3 +475,27 @@ def test_a_router_cut_off_from_the_rest_holds_its_parts_until_it_hears_a_majorit
     net.settle(0.5)
     assert net.executed("a")[-1] == net.executed("b")[-1] == "m1"
     assert not net.violations(liveness=False)
+
+
+def test_two_routers_that_each_believe_the_other_leads_settle_on_one() -> None:
+    """a heard b's ballot last and believes b leads; b stepped down for c's higher
+    ballot, suspects c, and so believes a (the first member).  Neither ran phase 1, and
+    a's commands went to b, which sent them back nowhere (simulator: ``--layer ufabcast
+    --seed 26731 --routers 3 --commands 50 --max-active 4 --no-clumping`` never executed
+    again).  A router that gets commands from the one it believes leads takes over."""
+    net = ManualNet(["a", "b", "c"], params())
+    net.propose("a", "m0")
+    net.settle(0.1)
+    net.crash("c")
+    a, b = net.core("a"), net.core("b")
+    a.leader.lead = None
+    a.leader.max_round = 1
+    a.leader.hint_ballot = (1, "b")
+    b.leader.max_round = 1
+    b.leader.hint_ballot = (1, "c")
+    b.detector.suspected.add("c")
+    assert a.leader.believed() == "b" and b.leader.believed() == "a"
+    net.propose("a", "m1")
+    net.settle(0.5)
+    assert net.executed("a")[-1] == net.executed("b")[-1] == "m1"
+    assert b.stats["leadership_claimed"] >= 1

@@ -175,3 +175,19 @@ def test_commands_of_a_router_after_its_own_part_are_ignored() -> None:
     fx = a._end()
     assert "c" in a.views.retired and a.stats["ignored_parted"] == 1
     assert not [u for u in fx.deliver if getattr(u, "payload", None) == "late"]
+
+
+def test_commands_a_queue_hands_on_are_taken_again_if_they_come_back() -> None:
+    """A router about to lead queued a part, handed it on when leadership seemed to go
+    elsewhere, and led after all in the same tenure: the part came back and was refused
+    as already queued, every resend too, and the dead router stayed a member for good
+    (the ufabcast simulator, ``--seed 145 --routers 4 --commands 145 --no-clumping``)."""
+    from ecast.core.ufabcast.proposer import ClumpQueue
+
+    q = ClumpQueue()
+    part = PartCmd("b", "a")
+    app = AppCmd("b", 3, "x")
+    assert q.add(part, ("PartCmd", "a"), 0.0) and q.add(app, ("b", 3), 0.0)
+    assert q.take() == [part, app]
+    assert q.add(part, ("PartCmd", "a"), 1.0) and q.add(app, ("b", 3), 1.0)
+    assert not q.add(part, ("PartCmd", "a"), 1.0)  # a resend crossing it: one instance

@@ -163,6 +163,7 @@ class Ufabcast:
             "catchups": 0,
             "limit_blocked": 0,
             "relayed": 0,
+            "leadership_claimed": 0,
             "resends": 0,
             "void_discarded": 0,
             "stalls_excused": 0,
@@ -595,10 +596,17 @@ class Ufabcast:
                 leader.enqueue(c)
             return
         target = leader.believed()
+        if target == src:
+            # The router we believe leads sends us its commands: it believes we lead, and
+            # neither would ever run phase 1 (each heard a different ballot last, or its
+            # holder's suspicion sent each to another member).  We take over.
+            self.stats["leadership_claimed"] += 1
+            leader.claim()
+            target = self.me
         if target == self.me:
             for c in msg.cmds:
                 leader.enqueue(c)  # we are about to lead; keep them for then
-        elif msg.ttl > 0 and target != src:
+        elif msg.ttl > 0:
             self.stats["relayed"] += 1
             self._send(target, Forward(msg.cmds, msg.ttl - 1))
 

@@ -27,7 +27,7 @@ from ecast.core.ufabcast.messages import (
 )
 from ecast.core.ufabcast.params import EXECUTE_PARTED, SKIP_PHASE1
 from ecast.core.ufabcast.paxos import LOWEST, Acceptor, Tenure
-from ecast.core.ufabcast.proposer import ClumpQueue
+from ecast.core.ufabcast.proposer import ClumpQueue, command_key
 
 if TYPE_CHECKING:
     from ecast.core.ufabcast.core import Ufabcast
@@ -92,6 +92,11 @@ class Leadership:
             if m == c.me or m not in suspected:
                 return m
         return c.me
+
+    def claim(self) -> None:
+        """Believe we lead, at a round above every one seen: :meth:`maybe_lead` then runs
+        phase 1 (after any backoff), and a conflicting claim backs off as usual."""
+        self.hint_ballot = (self.max_round + 1, self.core.me)
 
     def new_view(self, view: View, acc: Acceptor) -> None:
         """Leadership starts afresh in every view; its first member holds round 0."""
@@ -204,12 +209,9 @@ class Leadership:
         if type(cmd) is AppCmd:
             if cmd.seq < c.fifo.released_below(cmd.proposer):
                 return  # already executed here
-            key: tuple[Any, Any] = (cmd.proposer, cmd.seq)
-        else:
-            if c.views.redundant(cmd):  # type: ignore[arg-type]
-                return
-            key = (type(cmd).__name__, cmd.router)  # type: ignore[union-attr]
-        self.queue.add(cmd, key, c._now)
+        elif c.views.redundant(cmd):  # type: ignore[arg-type]
+            return
+        self.queue.add(cmd, command_key(cmd), c._now)
 
     def flush(self) -> None:
         """Propose what waits, once a clump is due (3.5.7): enough commands, a pipeline

@@ -92,6 +92,14 @@ class Proposer:
         self.reconfigs = []
 
 
+def command_key(cmd: Command) -> tuple[Any, Any]:
+    """What makes two commands the same for a leader's queue: an application command's
+    proposer and sequence number, a join's or part's kind and router."""
+    if type(cmd) is AppCmd:
+        return (cmd.proposer, cmd.seq)
+    return (type(cmd).__name__, cmd.router)  # type: ignore[union-attr]
+
+
 class ClumpQueue:
     """Commands waiting for the leader to put them into an instance (message clumping).
 
@@ -119,9 +127,16 @@ class ClumpQueue:
         return True
 
     def take(self) -> list[Command]:
-        """Everything waiting, to hand to another router; the tenure's memory stays."""
+        """Everything waiting, to hand to another router.  The tenure's memory of what it
+        proposed stays, but not of what it hands on: were those commands forwarded back
+        in the same tenure (this router became the leader after all), they would be
+        refused for good, and a part of a dead router never proposed (the ufabcast
+        simulator, ``--seed 145 --routers 4 --commands 145 --no-clumping``)."""
         cmds, self.cmds = self.cmds, []
         self.since = None
+        if self.ids:
+            for cmd in cmds:
+                self.ids.discard(command_key(cmd))
         return cmds
 
     def keep(self, cmds: list[Command], now: float) -> None:
