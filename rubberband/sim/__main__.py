@@ -36,6 +36,11 @@ def parser() -> argparse.ArgumentParser:
         help="the super repairs broken holders on its own (the nemesis does not)",
     )
     ap.add_argument(
+        "--no-standby",
+        action="store_true",
+        help="with --auto-repair: start no standby after a crash (the super contracts)",
+    )
+    ap.add_argument(
         "--bundle",
         action="store_true",
         help="reads and appends travel in bundles of two (read_batch's, write_batch's)",
@@ -81,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         answer_timeout=args.answer_timeout,
         engine=args.engine,
         auto_repair=args.auto_repair,
+        keep_standby=not args.no_standby,
         bundle=args.bundle,
         codec=args.codec,
         feed=args.feed,

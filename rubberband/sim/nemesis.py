@@ -263,6 +263,8 @@ class Nemesis:
         """Start a storage process unless a live standby is left for the super's repair:
         one that no keyspace message sent and not yet applied puts on the ring (an
         expand, or a replace, takes one)."""
+        if not self.cfg.keep_standby:
+            return
         taken = {
             planned.op[1] if planned.op[0] == "expand" else planned.op[2]
             for planned in self.planned
