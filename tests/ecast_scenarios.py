@@ -258,3 +258,39 @@ def leaver_acknowledged_late_by_a_later_leader() -> EcastNet:
     n.settle(n.router_params.client_lease + 2.0)
     n.notes["suspects issued"] = sum(n.router(r).stats["suspects_issued"] for r in ("r2", "r3"))
     return n
+
+
+def zombie_router(newcomer_greeted_it: bool = True) -> EcastNet:
+    """r1 is parted while cut off; r4 joins, and r2 and r3 leave for good.  No member of
+    r1's old view is left to tell r1 it is out, and a new process ``s`` greets r1.
+
+    ``newcomer_greeted_it``: r4 greeted r1 first, then r2, and s was given the
+    founders' names only (the simulator's seed 2196 with half the messages unsafe and 3
+    faults a second: s cycled among r1, r2 and r3 with its join unacknowledged, and
+    never quiesced).  Otherwise r4 greeted r2 alone, so nothing will tell r1, and s was
+    given r4's name too, after the founders' (seed 5341 at 2.5 faults a second: the
+    zombie announced its old view, and its processes cycled among the old members)."""
+    n = net()
+    cut = {(a, b) for a in ("r1",) for b in ("r2", "r3")}
+    cut |= {(b, a) for a, b in cut}
+    n.settle(0.1)
+    n.settle(2.0, hold=cut)
+    n.notes["r1 parted"] = "r1" not in n.router("r2").ufab.view.members  # type: ignore[union-attr]
+    n.add_router("r4", seeds=["r1", "r2"] if newcomer_greeted_it else ["r2"])
+    cut.add(("r1", "r4"))  # r4's greeting reaches r1; nothing r1 says reaches r4 yet
+    n.settle(2.0, hold=cut)
+    n.notes["r4 greeted r1"] = any(
+        s == "r4" and d == "r1" and type(m).__name__ == "JoinRequest" for s, d, m in n.sent
+    )
+    for r in ("r2", "r3"):
+        n.call(r, lambda h, now: h.router.leave(now))
+        n.settle(1.0, hold=cut)
+        n.crash(r)
+    n.notes["group"] = n.router("r4").ufab.view.members  # type: ignore[union-attr]
+    n.add_app("s", routers=None if newcomer_greeted_it else ["r1", "r2", "r3", "r4"])
+    n.submit("s", "x")
+    n.settle(1.0)
+    n.notes["r1 stopped"] = n.router("r1").stopped
+    # Without r1's pointer s leaves each of r1, r2 and r3 after its progress timeout.
+    n.settle(2.0 if newcomer_greeted_it else 4 * n.endpoint_params.progress_timeout)
+    return n

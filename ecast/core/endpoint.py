@@ -421,10 +421,18 @@ class Endpoint:
             self._heard_target = now
             if self._stalled:
                 self._stalled.pop(src, None)
-        elif self.succession and src == self.succession[0] and self.terminated is None:
+        elif (
+            self.succession
+            and src == self.succession[0]
+            and self.terminated is None
+            and src not in self._stalled
+        ):
             # The leader is back in reach after we moved on from it (its deliveries, acks
             # or keep-alive answers come straight from it): talk to it again.  Its lease
-            # book is the one that counts.
+            # book is the one that counts.  Not if we left it for want of progress and
+            # made none since: a router parted while away may lead its old view for
+            # ever, answering keep-alives and deciding nothing, and pulled its process
+            # back after every move.
             self._switch(src)
             self._heard_target = now
         for msg in msgs:

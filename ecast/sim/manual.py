@@ -263,8 +263,15 @@ class EcastNet(ScriptedNet):
         the names in ``credentials`` besides."""
         return name == peer or name in self.credentials.get(peer, ())
 
-    def add_app(self, pid: NodeId, role: str = "member", join: bool = True) -> Endpoint:
-        ep = Endpoint(pid, self.founders, self.endpoint_params, role_of=self.role_of)
+    def add_app(
+        self,
+        pid: NodeId,
+        role: str = "member",
+        join: bool = True,
+        routers: list[NodeId] | None = None,
+    ) -> Endpoint:
+        """A process given ``routers`` to talk to (the founders by default)."""
+        ep = Endpoint(pid, routers or self.founders, self.endpoint_params, role_of=self.role_of)
         self.add(pid, AppHost(pid, ep, self.history.log(pid), role))
         if join:
             self.call(pid, lambda h, now: h.record_submission(*h.ep.join(now, role=role), now))

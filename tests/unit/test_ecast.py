@@ -806,3 +806,32 @@ def test_a_follower_names_a_new_views_leader_to_the_processes_that_talk_to_it() 
     n.settle(3.0)
     told = [m for s, d, m in n.sent[mark:] if s == "r3" and d == "a" and type(m) is Leader]
     assert told and "r1" not in told[-1].succession, told
+
+
+def test_a_router_parted_while_away_learns_it_from_a_newcomer_and_points_its_processes_there() -> (
+    None
+):
+    n = sc.zombie_router()
+    assert n.notes["r1 parted"] and n.notes["r4 greeted r1"]
+    assert n.notes["group"] == ("r4",)
+    assert n.notes["r1 stopped"]  # r4 answered r1's heartbeat with Parted
+    assert n.router("r1").successor is not None
+    assert n.router("r1").successor.members == ("r4",)
+    s = n.endpoint("s")
+    assert s.target == "r4" and "r4" in s.known_routers
+    assert n.delivered("s")[-1] == "x"
+    assert s.window == {}  # x is stable
+    assert n.violations() == []
+
+
+def test_processes_of_a_router_no_one_can_tell_it_was_parted_reach_the_group_they_know() -> None:
+    """The way out when no newcomer greeted the zombie: its processes try, after the
+    old succession made no progress, every router they know."""
+    n = sc.zombie_router(newcomer_greeted_it=False)
+    assert n.notes["r1 parted"] and not n.notes["r4 greeted r1"]
+    assert not n.router("r1").stopped  # nobody can tell it
+    s = n.endpoint("s")
+    assert s.stats["beyond_succession"] >= 1 and s.target == "r4"
+    assert n.delivered("s")[-1] == "x"
+    assert s.window == {}
+    assert n.violations() == []

@@ -298,7 +298,7 @@ def test_a_retiring_router_stopped_by_a_batch_ignores_the_rest_of_it() -> None:
     c = net.core("c")
     assert c.retiring and c.view is not None
     later = c.view.number + 1
-    c.on_messages("a", (Parted(later), Parted(later), Parted(later)), net.now)
+    c.on_messages("a", (Parted(later, ("a",)),) * 3, net.now)
     assert c.finished and not c.retiring
 
 

@@ -65,7 +65,7 @@ from ecast.core.ufabcast import (
     Ufabcast,
     ViewChanged,
 )
-from ecast.core.ufabcast.messages import UFAB_MESSAGES
+from ecast.core.ufabcast.messages import UFAB_MESSAGES, View
 
 _UFAB_TYPES = frozenset(UFAB_MESSAGES)
 _APP_TYPES = frozenset({Confirm, Route, RouteUnsafe, Hello, CloseSessions, Detach, KeepAlive})
@@ -107,6 +107,8 @@ class Router:
         self.state = RouterState(config, self.guard, self.p.expelled_memory, self.p.origin)
         self.lead: Forwarding | None = None
         self.stopped = False
+        self.successor: View | None = None
+        """Where the group is, if a router of a later view told us we were parted."""
         self.apps: dict[NodeId, None] = {}
         """Application processes that contacted us (ordered, for announcements)."""
         self.heard: dict[NodeId, float] = {}
@@ -202,8 +204,11 @@ class Router:
             ufab_msgs = [m for m in msgs if type(m) in _UFAB_TYPES]
             if ufab_msgs:
                 self._absorb(self.ufab.on_messages(src, ufab_msgs, now))
-            if len(ufab_msgs) != len(msgs) and not self.stopped:
-                self._from_app(src, [m for m in msgs if type(m) not in _UFAB_TYPES])
+            if len(ufab_msgs) != len(msgs):
+                if not self.stopped:
+                    self._from_app(src, [m for m in msgs if type(m) not in _UFAB_TYPES])
+                elif self.successor is not None:
+                    self._send(src, Leader(self.successor.number, self.successor.members))
         return self._end()
 
     def on_tick(self, now: float) -> Effects:
@@ -324,6 +329,14 @@ class Router:
             elif t is Stopped:
                 self.stopped = True
                 self.lead = None
+                if up.successor is not None:
+                    # Parted while away, and told so by a router of a later view: our
+                    # processes may know no router of that view (the ones they were
+                    # given may all have left since).  Point them there.
+                    self.successor = up.successor
+                    announce = Leader(up.successor.number, up.successor.members)
+                    for p in self.apps:
+                        self._send(p, announce)
 
     def _end(self) -> Effects:
         fx = self._fx

@@ -84,6 +84,8 @@ from ecast.core.ufabcast.retirement import Retirement
 from ecast.core.ufabcast.views import Views
 
 _INF = float("inf")
+MAX_OUTSIDERS = 8
+"""Routers outside its view that a router remembers having greeted it."""
 
 
 class Ufabcast:
@@ -133,6 +135,9 @@ class Ufabcast:
         self.catchup = CatchUp()
         self.next_hb = 0.0
         self._hint_sent: dict[NodeId, float] = {}
+        self._outsiders: dict[NodeId, None] = {}
+        """Routers outside our view that asked us to let them join (the latest few): the
+        routers we ask where the group is while we hear no majority of our view."""
         # -- joining
         self.seeds = tuple(seeds or ())
         self._join_attempt = 0
@@ -469,13 +474,13 @@ class Ufabcast:
         for m in self.retirement.audience(view.members, self.me):
             self._send(m, msg)
 
-    def _stop(self, reason: str) -> None:
+    def _stop(self, reason: str, successor: View | None = None) -> None:
         was_stopped = self.stopped
         self.stopped = True
         self.retirement = None
         self.stop_reason = self.stop_reason or reason
         if not was_stopped:
-            self._deliver(Stopped(reason))
+            self._deliver(Stopped(reason, successor))
         # A stopped router owes nobody anything: let the runtime drop every channel.
         assert self._fx is not None
         peers = (
@@ -582,9 +587,10 @@ class Ufabcast:
         if last is not None and self._now - last < self.p.heartbeat_interval:
             return
         self._hint_sent[src] = self._now
+        view = self.view
         if src in self.views.retired:
-            self._send(src, Parted(self.view.number if self.view is not None else 0))
-        elif self.view is not None:
+            self._send(src, Parted(view.number, view.members) if view else Parted(0, ()))
+        elif view is not None:
             self._send(src, Heartbeat(self.view.number, self.log.next_exec - 1))
 
     def _on_forward(self, src: NodeId, msg: Forward) -> None:
@@ -755,6 +761,11 @@ class Ufabcast:
             # Already joined (an earlier snapshot may have been lost): send a fresh one.
             self.views.owe_snapshot(src, self.log.next_exec - 1)
         else:
+            outsiders = self._outsiders
+            outsiders.pop(src, None)
+            outsiders[src] = None
+            if len(outsiders) > MAX_OUTSIDERS:
+                del outsiders[next(iter(outsiders))]
             self._submit_reconfig(JoinCmd(self.me, src))
 
     def _on_snapshot(self, src: NodeId, msg: Snapshot) -> None:
@@ -762,7 +773,9 @@ class Ufabcast:
             self.views.install_snapshot(msg)
 
     def _on_parted(self, src: NodeId, msg: Parted) -> None:
-        self._stop("parted")
+        view = self.view
+        later = msg.members and (view is None or msg.view > view.number)
+        self._stop("parted", View(msg.view, msg.members, 0) if later else None)
 
     # ================================================================== timers
     def _join_tick(self) -> None:
@@ -793,6 +806,17 @@ class Ufabcast:
         for m in view.members:
             if m != self.me:
                 self._send(m, msg)
+        if self._outsiders and not self.detector.hears_majority(
+            view.members, self.me, self._now, self.p.failure_timeout, view.majority
+        ):
+            # Cut off from our view, or its members all left: we may have been parted
+            # while away, and then none of them will ever tell us.  A router outside the
+            # view that asked us to let it join may be in the group now; if the group
+            # parted us it answers ``Parted`` with where the group is (``_hint_peer``).
+            retired = self.views.retired
+            for m in self._outsiders:
+                if m not in view.members and m not in retired:
+                    self._send(m, msg)
 
     def _collect_garbage(self) -> None:
         """Forget instances every member has executed (3.5.5)."""

@@ -52,8 +52,8 @@ class FailureDetector:
 
     def detect(
         self, members: Iterable[NodeId], me: NodeId, now: float, timeout: float, heartbeat: float
-    ) -> list[NodeId]:
-        """Members that became suspected at this tick."""
+    ) -> None:
+        """Suspect the members silent for ``timeout``."""
         last, self._last_tick = self._last_tick, now
         stall = 0.0 if last is None else now - last - 2 * heartbeat
         if stall > 0:
@@ -61,7 +61,6 @@ class FailureDetector:
             for m, heard in self.last_heard.items():
                 if heard is not None:
                     self.last_heard[m] = min(now, heard + stall)
-        newly = []
         for m in members:
             if m == me or m in self.suspected:
                 continue
@@ -70,8 +69,6 @@ class FailureDetector:
                 self.last_heard[m] = now
             elif now - heard > timeout:
                 self.suspected.add(m)
-                newly.append(m)
-        return newly
 
     def to_part(
         self, members: Iterable[NodeId], me: NodeId, now: float, fresh: float, majority: int
@@ -79,18 +76,23 @@ class FailureDetector:
         """The suspects to propose parting now: all of them, if this router heard within
         ``fresh`` from enough unsuspected members to make, with itself, a ``majority`` of
         the view; none otherwise."""
-        suspects = []
+        if not self.hears_majority(members, me, now, fresh, majority):
+            return []
+        return [m for m in members if m in self.suspected and m != me]
+
+    def hears_majority(
+        self, members: Iterable[NodeId], me: NodeId, now: float, within: float, majority: int
+    ) -> bool:
+        """True if this router heard within ``within`` from enough unsuspected members to
+        make, with itself, a ``majority`` of the view."""
         heard_from = 1  # this router
         for m in members:
-            if m == me:
-                continue
-            if m in self.suspected:
-                suspects.append(m)
+            if m == me or m in self.suspected:
                 continue
             heard = self.last_heard.get(m)
-            if heard is not None and now - heard <= fresh:
+            if heard is not None and now - heard <= within:
                 heard_from += 1
-        return suspects if heard_from >= majority else []
+        return heard_from >= majority
 
     def next_deadline(self, timeout: float) -> float | None:
         best = None

@@ -182,6 +182,11 @@ class Parted:
     """The sender's view.  A retiring router whose new view has since been replaced
     needs no more confirmations: that later view was decided by a majority of the one it
     left for, so they all executed its stop sign (see :mod:`.retirement`)."""
+    members: tuple[NodeId, ...]
+    """The sender's view's members: where the group is.  A router parted while it was cut
+    off, whose old view's members have all left since, learns it is out only from a
+    router outside that view, and points its application processes there (their own
+    lists may name only routers that are gone)."""
 
 
 UFAB_MESSAGES = (
@@ -243,3 +248,6 @@ class Installed:
 @dataclass(frozen=True, slots=True)
 class Stopped:
     reason: str
+    successor: View | None = None
+    """The group as the router that told us we were parted had it (its view number and
+    members; ``start`` unknown, 0): where our application processes should go."""
