@@ -20,7 +20,10 @@ from tests.jepsen_rig import EVERY, caught, check_again, needs_net, valid
 # past its lease (5 s of wall clock) while the faults hold its heartbeats back (the
 # leader's link slowed, then draining; a partition with the old leader): beside another
 # daemon test, twice in a row (2026-11-30), clients were suspected and 11,456 and 18,321
-# messages were left indeterminate (every checker still passed).
+# messages were left indeterminate (every checker still passed).  Once more in CI on
+# 2026-12-06 (b1eecfc, beside the unit suite): a client cut off with the old leader got
+# no acknowledgement from the split to its suspicion 9 s later, 13,573 indeterminate;
+# eight runs beside two busy loops, four at b1eecfc and four at 29f563e, all passed.
 @pytest.mark.exclusive
 @needs_net
 def test_a_multicast_run_under_every_fault_checks_valid(tmp_path: Path) -> None:
@@ -30,7 +33,10 @@ def test_a_multicast_run_under_every_fault_checks_valid(tmp_path: Path) -> None:
     assert report["seed"] == 5 and json.loads((tmp_path / "report.json").read_text())["seed"] == 5
     kinds = report["faults"]["by_kind"]
     assert len(kinds) >= 3 and sum(kinds.values()) >= 6, (kinds, text)
-    assert report["acknowledged"] == report["submitted"] > 0
+    # A client suspected past its lease restarts under a fresh name (client_incarnations
+    # above 2) and leaves its unacknowledged messages indeterminate: say so when it fails.
+    why = {k: report.get(k) for k in ("indeterminate", "client_incarnations", "faults")}
+    assert report["acknowledged"] == report["submitted"] > 0, why
     assert report["checks_ran"] >= 8 and report["history_events"] > report["submitted"]
     assert (tmp_path / "report.png").stat().st_size > 10_000
     assert report["per_second"] and max(p["ok"] for p in report["per_second"]) > 0
