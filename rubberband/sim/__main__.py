@@ -38,7 +38,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--no-standby",
         action="store_true",
-        help="with --auto-repair: start no standby after a crash (the super contracts)",
+        help="with --auto-repair: start no standby after a crash (the super contracts), "
+        "only once the super can plan no repair",
     )
     ap.add_argument(
         "--bundle",

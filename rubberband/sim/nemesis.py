@@ -28,6 +28,8 @@ class Nemesis:
     workloads: dict[NodeId, Any]
     situations: dict[str, int]
     planned: list[Planned]
+    _stuck_checks: int = 0
+    _watch_until = -1.0
 
     if TYPE_CHECKING:  # the run's, which this part uses
 
@@ -262,8 +264,14 @@ class Nemesis:
     def _keep_a_standby(self, c: RubberbandConfig) -> None:
         """Start a storage process unless a live standby is left for the super's repair:
         one that no keyspace message sent and not yet applied puts on the ring (an
-        expand, or a replace, takes one)."""
+        expand, or a replace, takes one).  Without ``keep_standby``, only once the super
+        has nothing it can do without one (:meth:`_standby_when_stuck`)."""
         if not self.cfg.keep_standby:
+            watching = self._watch_until >= self.sim.now
+            self._watch_until = self.sim.now + 10.0
+            if not watching:
+                self._stuck_checks = 0
+                self.sim.at(self.sim.now + self.cfg.suspect_after, self._standby_when_stuck)
             return
         taken = {
             planned.op[1] if planned.op[0] == "expand" else planned.op[2]
@@ -275,6 +283,31 @@ class Nemesis:
         }
         if not any(self.sim.nodes[p].alive and p not in taken for p in c.standby()):
             self.add_storage()
+
+    def _standby_when_stuck(self) -> None:
+        """As an operator paged by a super that cannot repair: broken holders on the ring
+        (failed, or incomplete), no live standby, and no repair the super will plan
+        (``SuperCore.repairs``), at three looks 0.2 s apart: start a standby.  Contracting
+        is the super's own way out, so a cluster left with fewer than ``f + 2`` ring
+        members that two of them are broken needs a new process from someone."""
+        if self.sim.now > self._watch_until:
+            return  # 10 s after the last crash: long repaired, or never will be
+        self.sim.at(self.sim.now + 0.2, self._standby_when_stuck)
+        c = self._config()
+        sup = self._super()
+        if c is None or sup is None or sup.super is None:
+            return
+        ring = c.keyspace.processes
+        broken = [p for p in ring if p in c.incomplete or p not in c.storage()]
+        spare = any(self.sim.nodes[p].alive for p in c.standby())
+        if not broken or spare or sup.super.repairs() or sup.super.reconfigurations.requests:
+            self._stuck_checks = 0
+        else:
+            self._stuck_checks += 1
+            if self._stuck_checks >= 3:
+                self._stuck_checks = 0
+                self._note(f"operator starts a standby: the super cannot repair {broken}")
+                self.add_storage()
 
     def _storage(self, pid: NodeId) -> StorageCore:
         core = self.procs[pid].storage

@@ -125,9 +125,10 @@ class RbRunConfig(GroupRunConfig):
     """With ``auto_repair``: how long a holder stays broken before the super acts."""
     keep_standby: bool = True
     """With ``auto_repair``: the nemesis, as an operator, starts a standby process after
-    each storage crash unless one is left for the super's repair.  Without it, standbys
-    come only from expands and replaces, and a super with none left repairs by
-    contracting (together with the incomplete holders that would inherit ranges)."""
+    each storage crash unless one is left for the super's repair.  Without it, a super
+    with none left repairs by contracting (together with the incomplete holders that
+    would inherit ranges), and the nemesis starts a standby only once broken holders stay
+    on the ring with no repair the super can plan."""
     engine: str = "storage_adapters.memory:MemoryEngine"
     """The storage engine, by path (any engine answering the key-value operations:
     ``storage_adapters.scan.kv:ScanKVEngine`` runs the same schedules on the scan engine)."""
