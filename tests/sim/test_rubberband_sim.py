@@ -260,6 +260,17 @@ def test_two_incomplete_neighbours_without_a_standby_are_repaired_together() -> 
     assert any(together in f for _, f in result.faults)  # the situation
 
 
+def test_without_a_standby_the_operator_starts_one_when_the_super_cannot_repair() -> None:
+    """Seed 1760 without a standby: storage:3 crashes 15 ms after the operator asked to
+    contract it, and both receivers of its copies are left incomplete on a ring of four
+    with f = 3.  Contracting them together would leave two processes, and nothing else
+    repairs them: the run waited for ever.  The simulated operator now starts a standby
+    once the super can plan no repair, and the super replaces them."""
+    result = run_rubberband(RbRunConfig(seed=1760, ops=OPS, auto_repair=True, keep_standby=False))
+    assert not result.violations, result.violations
+    assert any("operator starts a standby" in f for _, f in result.faults)  # the situation
+
+
 def test_the_operator_keeps_a_standby_no_expand_in_flight_takes() -> None:
     """Seed 12033 with views and automatic repair: storage:3 crashes while an expand of
     the last standby, storage:7, is in flight.  The simulated operator saw that standby
