@@ -271,8 +271,7 @@ def zombie_router(newcomer_greeted_it: bool = True) -> EcastNet:
     given r4's name too, after the founders' (seed 5341 at 2.5 faults a second: the
     zombie announced its old view, and its processes cycled among the old members)."""
     n = net()
-    cut = {(a, b) for a in ("r1",) for b in ("r2", "r3")}
-    cut |= {(b, a) for a, b in cut}
+    cut = {("r1", "r2"), ("r2", "r1"), ("r1", "r3"), ("r3", "r1")}
     n.settle(0.1)
     n.settle(2.0, hold=cut)
     n.notes["r1 parted"] = "r1" not in n.router("r2").ufab.view.members  # type: ignore[union-attr]

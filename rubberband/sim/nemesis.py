@@ -288,8 +288,8 @@ class Nemesis:
         """As an operator paged by a super that cannot repair: broken holders on the ring
         (failed, or incomplete), no live standby, and no repair the super will plan
         (``SuperCore.repairs``), at three looks 0.2 s apart: start a standby.  Contracting
-        is the super's own way out, so a cluster left with fewer than ``f + 2`` ring
-        members that two of them are broken needs a new process from someone."""
+        is the super's own way out, and it has none when two of fewer than ``f + 2`` ring
+        members are broken: then only a new process repairs them."""
         if self.sim.now > self._watch_until:
             return  # 10 s after the last crash: long repaired, or never will be
         self.sim.at(self.sim.now + 0.2, self._standby_when_stuck)

@@ -811,6 +811,8 @@ def test_a_follower_names_a_new_views_leader_to_the_processes_that_talk_to_it() 
 def test_a_router_parted_while_away_learns_it_from_a_newcomer_and_points_its_processes_there() -> (
     None
 ):
+    """r1 hears no majority of its view (r2 and r3 left), so it asks r4, which greeted it:
+    r4 answers Parted with its view, and r1 sends its process there."""
     n = sc.zombie_router()
     assert n.notes["r1 parted"] and n.notes["r4 greeted r1"]
     assert n.notes["group"] == ("r4",)
