@@ -818,7 +818,7 @@ def test_a_router_parted_while_away_learns_it_from_a_newcomer_and_points_its_pro
     assert n.notes["group"] == ("r4",)
     assert n.notes["r1 stopped"]  # r4 answered r1's heartbeat with Parted
     assert n.router("r1").successor is not None
-    assert n.router("r1").successor.members == ("r4",)
+    assert n.router("r1").successor.succession == ("r4",)
     s = n.endpoint("s")
     assert s.target == "r4" and "r4" in s.known_routers
     assert n.delivered("s")[-1] == "x"

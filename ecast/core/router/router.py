@@ -65,7 +65,7 @@ from ecast.core.ufabcast import (
     Ufabcast,
     ViewChanged,
 )
-from ecast.core.ufabcast.messages import UFAB_MESSAGES, View
+from ecast.core.ufabcast.messages import UFAB_MESSAGES
 
 _UFAB_TYPES = frozenset(UFAB_MESSAGES)
 _APP_TYPES = frozenset({Confirm, Route, RouteUnsafe, Hello, CloseSessions, Detach, KeepAlive})
@@ -107,8 +107,9 @@ class Router:
         self.state = RouterState(config, self.guard, self.p.expelled_memory, self.p.origin)
         self.lead: Forwarding | None = None
         self.stopped = False
-        self.successor: View | None = None
-        """Where the group is, if a router of a later view told us we were parted."""
+        self.successor: Leader | None = None
+        """Where the group is, if a router of a later view told us we were parted: the
+        announcement our processes get (at once, and whenever they greet us)."""
         self.apps: dict[NodeId, None] = {}
         """Application processes that contacted us (ordered, for announcements)."""
         self.heard: dict[NodeId, float] = {}
@@ -208,7 +209,7 @@ class Router:
                 if not self.stopped:
                     self._from_app(src, [m for m in msgs if type(m) not in _UFAB_TYPES])
                 elif self.successor is not None:
-                    self._send(src, Leader(self.successor.number, self.successor.members))
+                    self._send(src, self.successor)
         return self._end()
 
     def on_tick(self, now: float) -> Effects:
@@ -333,10 +334,9 @@ class Router:
                     # Parted while away, and told so by a router of a later view: our
                     # processes may know no router of that view (the ones they were
                     # given may all have left since).  Point them there.
-                    self.successor = up.successor
-                    announce = Leader(up.successor.number, up.successor.members)
+                    self.successor = Leader(up.successor.view, up.successor.members)
                     for p in self.apps:
-                        self._send(p, announce)
+                        self._send(p, self.successor)
 
     def _end(self) -> Effects:
         fx = self._fx

@@ -474,7 +474,7 @@ class Ufabcast:
         for m in self.retirement.audience(view.members, self.me):
             self._send(m, msg)
 
-    def _stop(self, reason: str, successor: View | None = None) -> None:
+    def _stop(self, reason: str, successor: Parted | None = None) -> None:
         was_stopped = self.stopped
         self.stopped = True
         self.retirement = None
@@ -591,7 +591,7 @@ class Ufabcast:
         if src in self.views.retired:
             self._send(src, Parted(view.number, view.members) if view else Parted(0, ()))
         elif view is not None:
-            self._send(src, Heartbeat(self.view.number, self.log.next_exec - 1))
+            self._send(src, Heartbeat(view.number, self.log.next_exec - 1))
 
     def _on_forward(self, src: NodeId, msg: Forward) -> None:
         if not self.installed:
@@ -775,7 +775,7 @@ class Ufabcast:
     def _on_parted(self, src: NodeId, msg: Parted) -> None:
         view = self.view
         later = msg.members and (view is None or msg.view > view.number)
-        self._stop("parted", View(msg.view, msg.members, 0) if later else None)
+        self._stop("parted", msg if later else None)
 
     # ================================================================== timers
     def _join_tick(self) -> None:

@@ -248,6 +248,6 @@ class Installed:
 @dataclass(frozen=True, slots=True)
 class Stopped:
     reason: str
-    successor: View | None = None
-    """The group as the router that told us we were parted had it (its view number and
-    members; ``start`` unknown, 0): where our application processes should go."""
+    successor: Parted | None = None
+    """The ``Parted`` that stopped us, when it named a later view than ours: where the
+    group is, and where our application processes should go."""
