@@ -271,6 +271,17 @@ def test_without_a_standby_the_operator_starts_one_when_the_super_cannot_repair(
     assert any("operator starts a standby" in f for _, f in result.faults)  # the situation
 
 
+def test_a_run_whose_router_group_lost_its_majority_owes_no_liveness() -> None:
+    """Seed 3634 without a standby: a cut isolates r1 for 0.91 s; 57 ms after it heals
+    r3 crashes (the nemesis saw a majority of view 0 up), and 33 ms later r2, not yet
+    having heard r1 again, proposes to part it.  r1's own vote decides the part: view 1
+    is r2 and the dead r3, and no router can decide anything again.  As in E-Cast's
+    simulators, liveness is then not owed (3.5.4) and only safety is checked."""
+    result = run_rubberband(RbRunConfig(seed=3634, ops=OPS, auto_repair=True, keep_standby=False))
+    assert not result.violations, result.violations
+    assert result.situations["no_router_quorum"] == 1  # the situation
+
+
 def test_the_operator_keeps_a_standby_no_expand_in_flight_takes() -> None:
     """Seed 12033 with views and automatic repair: storage:3 crashes while an expand of
     the last standby, storage:7, is in flight.  The simulated operator saw that standby
