@@ -104,24 +104,43 @@ def role_of(name: str) -> str | None:
 
 
 class Pending:
-    """One unfinished reconfiguration: who must still say ``ready``, and which of them
-    receive data (busy: reads avoid them)."""
+    """One unfinished reconfiguration: who must still say ``ready``, which of them
+    receive data (busy: reads avoid them), and its copies (source, receiver, ranges):
+    those to a receiver not ready yet are in flight, and their source failing breaks
+    the receiver (a plan must not count on it: ``rubberband.exposure``)."""
 
-    __slots__ = ("receivers", "waiting")
+    __slots__ = ("copies", "receivers", "waiting")
 
-    def __init__(self, waiting: frozenset[NodeId], receivers: frozenset[NodeId]) -> None:
+    def __init__(
+        self,
+        waiting: frozenset[NodeId],
+        receivers: frozenset[NodeId],
+        copies: tuple[tuple[NodeId, NodeId, RangeSet], ...] = (),
+    ) -> None:
         self.waiting = waiting
         self.receivers = receivers
+        self.copies = copies
+
+    def without(self, gone: frozenset[NodeId]) -> Pending | None:
+        """Not waiting for ``gone`` any more; None when nobody is left to wait for."""
+        waiting = self.waiting - gone
+        if not waiting:
+            return None
+        return Pending(waiting, self.receivers - gone, self.copies)
+
+    def in_flight(self) -> tuple[tuple[NodeId, NodeId, RangeSet], ...]:
+        return tuple(c for c in self.copies if c[1] in self.receivers)
 
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, Pending)
             and other.waiting == self.waiting
             and other.receivers == self.receivers
+            and other.copies == self.copies
         )
 
     def __hash__(self) -> int:
-        return hash((self.waiting, self.receivers))
+        return hash((self.waiting, self.receivers, self.copies))
 
     def __repr__(self) -> str:
         return f"Pending(waiting={sorted(self.waiting)}, receivers={sorted(self.receivers)})"
@@ -207,7 +226,15 @@ class RubberbandConfig(Membership):
             sorted(self._storage),
             sorted(self._clients),
             sorted(self._retired),
-            [[v, sorted(p.waiting), sorted(p.receivers)] for v, p in sorted(self.pending.items())],
+            [
+                [
+                    v,
+                    sorted(p.waiting),
+                    sorted(p.receivers),
+                    [[a, b, [list(r) for r in rs]] for a, b, rs in p.copies],
+                ]
+                for v, p in sorted(self.pending.items())
+            ],
             [[p, sorted(v)] for p, v in sorted(self.votes.items())],
             sorted(self.incomplete),
             [[p, [list(r) for r in rs]] for p, rs in sorted(self.lacking.items())],
@@ -248,7 +275,7 @@ class RubberbandConfig(Membership):
                 storage=frozenset(storage),
                 clients=frozenset(clients),
                 retired=frozenset(retired),
-                pending={int(v): Pending(frozenset(w), frozenset(r)) for v, w, r in pending},
+                pending={int(v): _pending_from_state(*p) for v, *p in pending},
                 votes={p: frozenset(v) for p, v in votes},
                 incomplete=frozenset(incomplete),
                 lacking=lacking,
@@ -326,6 +353,10 @@ class RubberbandConfig(Membership):
             out |= p.receivers
         return out
 
+    def copies_in_flight(self) -> tuple[tuple[NodeId, NodeId, RangeSet], ...]:
+        """Copies of unfinished reconfigurations whose receiver is not ready yet."""
+        return tuple(c for p in self.pending.values() for c in p.in_flight())
+
     def excluded(self) -> frozenset[NodeId]:
         """Processes on the ring that are no longer members (suspected or parted)."""
         return frozenset(p for p in self.keyspace.processes if p not in self._storage)
@@ -375,11 +406,7 @@ class RubberbandConfig(Membership):
         return self._with(clients=self._clients | {p})
 
     def _left(self, gone: frozenset[NodeId]) -> RubberbandConfig:
-        pending = {}
-        for v, p in self.pending.items():
-            waiting = p.waiting - gone
-            if waiting:
-                pending[v] = Pending(waiting, p.receivers - gone)
+        pending = self._pending_without(gone)
         votes = {p: v - gone for p, v in self.votes.items() if p not in gone and v - gone}
         return self._with(
             supers=self._supers - gone,
@@ -462,9 +489,9 @@ class RubberbandConfig(Membership):
         if p is None or sender not in p.waiting:
             return self
         pending = dict(self.pending)
-        waiting = p.waiting - {sender}
-        if waiting:
-            pending[v] = Pending(waiting, p.receivers - {sender})  # type: ignore[index]
+        rest = p.without(frozenset((sender,)))
+        if rest is not None:
+            pending[v] = rest  # type: ignore[index]
         else:
             del pending[v]  # type: ignore[arg-type]
         return self._with(pending=pending)
@@ -488,26 +515,25 @@ class RubberbandConfig(Membership):
         return self._with(incomplete=self.incomplete | {sender}, lacking=lacking)
 
     def _without_waiting(self, gone: frozenset[NodeId]) -> RubberbandConfig:
-        pending = {}
-        for v, p in self.pending.items():
-            waiting = p.waiting - gone
-            if waiting:
-                pending[v] = Pending(waiting, p.receivers - gone)
+        pending = self._pending_without(gone)
         return self if pending == self.pending else self._with(pending=pending)
+
+    def _pending_without(self, gone: frozenset[NodeId]) -> dict[int, Pending]:
+        out = {}
+        for v, p in self.pending.items():
+            rest = p.without(gone)
+            if rest is not None:
+                out[v] = rest
+        return out
 
     def _apply_keyspace(self, msg: Message, h: dict[str, Any]) -> RubberbandConfig:
         plan = _keyspace_plan(self, h)
         if plan is None:
             return self
-        keyspace, involved, receivers = plan
+        keyspace, involved, receivers, copies = plan
         # An incomplete process that leaves the ring will never finish what it could not
         # finish before: the reconfigurations waiting for it are done without it.
-        dropped = frozenset(p for p in self.incomplete if p not in keyspace)
-        pending = {}
-        for ver, p in self.pending.items():
-            waiting = p.waiting - dropped
-            if waiting:
-                pending[ver] = Pending(waiting, p.receivers - dropped)
+        pending = self._pending_without(frozenset(p for p in self.incomplete if p not in keyspace))
         v = self.version + 1
         # A process leaving the ring (contract, replace) is no longer incomplete.
         incomplete = frozenset(p for p in self.incomplete if p in keyspace)
@@ -515,7 +541,7 @@ class RubberbandConfig(Membership):
         # what it still holds whole: nobody waits for it.
         waiting = (involved & self._storage) - incomplete
         if waiting:
-            pending[v] = Pending(waiting, receivers & self._storage)
+            pending[v] = Pending(waiting, receivers & self._storage, copies)
         # What an incomplete process gains it gains without data (it receives no copies).
         lacking = {
             p: union(rs, difference(keyspace.partition(p), self.keyspace.partition(p)))
@@ -619,9 +645,14 @@ class RubberbandConfig(Membership):
 
 def _keyspace_plan(
     c: RubberbandConfig, h: dict[str, Any]
-) -> tuple[Keyspace, frozenset[NodeId], frozenset[NodeId]] | None:
-    """The new keyspace, the storage processes involved and the receivers, or None
-    for a stale, malformed or impossible keyspace message (ignored everywhere)."""
+) -> (
+    tuple[
+        Keyspace, frozenset[NodeId], frozenset[NodeId], tuple[tuple[NodeId, NodeId, RangeSet], ...]
+    ]
+    | None
+):
+    """The new keyspace, the storage processes involved, the receivers and the copies, or
+    None for a stale, malformed or impossible keyspace message (ignored everywhere)."""
     if h.get(H.VERSION) != c.version or type(h.get(H.VERSION)) is not int:
         return None
     op = h.get(H.OP)
@@ -664,6 +695,7 @@ def _keyspace_plan(
         return None
     named: set[NodeId] = set(moved)
     receivers: set[NodeId] = set()
+    copies = []
     for ins in instructions:
         # Every process an instruction names must still be a member: a plan made
         # before a vote and ordered after it would copy from, or to, a gone process.
@@ -675,11 +707,25 @@ def _keyspace_plan(
             named.add(ins.src)
             named.add(ins.dst)
             receivers.add(ins.dst)
+            copies.append((ins.src, ins.dst, ins.ranges))
         else:
             if ins.process not in ks or ins.process not in storage:
                 return None
             named.add(ins.process)
-    return new, frozenset(named), frozenset(receivers)
+    return new, frozenset(named), frozenset(receivers), tuple(copies)
+
+
+def _pending_from_state(waiting: Any, receivers: Any, copies: Any = ()) -> Pending:
+    """A pending reconfiguration from a state; one recorded before copies were kept
+    has none (nothing counted in flight: the planner's check is then only as good as
+    before)."""
+    out = []
+    for src, dst, rs in copies:
+        ranges = tuple((_tuple(lo), _tuple(hi)) for lo, hi in rs)
+        if not is_range_set(ranges):
+            raise ValueError(f"the ranges {src!r} copies to {dst!r}")
+        out.append((str(src), str(dst), ranges))
+    return Pending(frozenset(waiting), frozenset(receivers), tuple(out))
 
 
 def _after_restore(

@@ -10,6 +10,7 @@
     invalid, refused at the call (:class:`BadKey`, a key that cannot be a key) or by
     every replica alike (:class:`Rejected`).  Deterministic: never retry as it is.
   - :class:`Refused` (also a ``ValueError``): a reconfiguration that must not run.
+    - :class:`MustWait`: not yet (copies in flight); a request waits for them.
   - :class:`Compacted`: a change feed asked from a position whose changes are no longer
     kept; its ``position`` says where the feed can continue from.
 """
@@ -51,6 +52,12 @@ class Rejected(BadOperation):
 
 class Refused(RubberbandError, ValueError):
     """A reconfiguration request that must not run; the message says why."""
+
+
+class MustWait(Refused):
+    """A reconfiguration that must not run *yet*: while copies of an unfinished one are
+    in flight, one failure would lose data under it.  A request waits and is planned
+    again as the configuration moves, until its timeout; a dry run reports it."""
 
 
 class Compacted(RubberbandError):

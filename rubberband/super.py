@@ -23,7 +23,8 @@ from typing import Any
 from ecast import Direct, Effects, NodeId
 from rubberband.config import CLIENT, STORAGE, RubberbandConfig
 from rubberband.engine import Placement
-from rubberband.errors import Refused
+from rubberband.errors import MustWait, Refused
+from rubberband.exposure import exposure
 from rubberband.keys import EKey, RangeSet, decode_key, describe, difference, encode_key, json_key
 from rubberband.optimizer import Plan, optimize
 from rubberband.outputs import Submit
@@ -274,7 +275,9 @@ class SuperCore:
     # ------------------------------------------------------------------ planning
     def plan(self, op: str, *args: Any, force: bool = False) -> Proposal:
         """``expand NAME KEY``, ``contract NAME``, ``replace OLD NEW``, ``rebalance NAME
-        KEY`` (KEY a user key); raises :class:`Refused` with the reason."""
+        KEY`` (KEY a user key); raises :class:`Refused` with the reason, or its
+        :class:`MustWait` when only copies still in flight make the plan unsafe
+        (``rubberband.exposure``: a request waits and plans again)."""
         c = self.config
         if c is None:
             raise Refused("this super has not joined yet")
@@ -324,14 +327,27 @@ class SuperCore:
             )
         # A source must hold what it sends: a suspected process holds nothing we can
         # reach, an incomplete one what it did not say it lacks.
-        plan = optimize(
-            ks, after, c.excluded() | c.incomplete, partial=c.sources_in_part(), busy=c.receiving()
-        )
+        suspected = c.excluded() | c.incomplete
+        plan = optimize(ks, after, suspected, partial=c.sources_in_part(), busy=c.receiving())
         if plan.lost and not force:
             raise Refused(
                 f"no holder of {describe(plan.lost)} is left (each failed, or is incomplete "
                 "and lacks it): that data is lost; force the reconfiguration to go on "
                 "without it"
+            )
+        flight = c.copies_in_flight()
+        gone = frozenset(src for src, _, _ in flight if src not in c.storage())
+        if not force and (
+            exposed := exposure(
+                ks, after, plan.instructions, suspected | gone, c.sources_in_part(), flight
+            )
+        ):
+            failed, ranges = exposed
+            who = "no further failure" if failed is None else f"the failure of {failed} alone"
+            raise MustWait(
+                f"while copies of an unfinished reconfiguration are in flight, {who} would "
+                f"leave {describe(ranges)} with no complete holder under this plan (and not "
+                "without it, nor once they are done): wait for them, or force"
             )
         header = keyspace_header(c.version, wire_op, plan.to_wire())
         return Proposal(header, plan, ks, after)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ecast import Direct, Effects, NodeId
 from ecast.core import mutations
 from rubberband.config import CLIENT
-from rubberband.errors import Refused
+from rubberband.errors import MustWait, Refused
 from rubberband.outputs import Submit, Suspect
 from rubberband.proto import REPORTED_CLIENTS, H, Leave, Left, Ping, Pong
 
@@ -192,6 +192,10 @@ class _Request:
     """Stale at this version: plan again once the replica passed it."""
     reply_to: NodeId | None = None
     """A storage process that asked to leave (``Leave``): told with ``Left``."""
+    waits_on: Any = None
+    """The configuration under which the plan had to wait (:class:`MustWait`): plan
+    again once it changed."""
+    waits_why: str = ""
 
 
 class Reconfigurations:
@@ -206,7 +210,7 @@ class Reconfigurations:
         self.broken_since: dict[tuple[str, tuple[Any, ...]], float] = {}
         self.repair_paused_until = 0.0
         self.repairing: Any = None
-        self.counts = {"repairs": 0, "repairs_refused": 0, "reconfigurations": 0}
+        self.counts = {"repairs": 0, "repairs_refused": 0, "reconfigurations": 0, "waited": 0}
         self.pending_since: dict[int, float] = {}
         """When each pending keyspace version was first seen pending."""
         self.seconds: list[float] = []
@@ -272,14 +276,20 @@ class Reconfigurations:
             "lost": bool(proposal.plan.lost),
         }
 
-    def _plan(self, r: _Request, fx: Effects) -> None:
+    def _plan(self, r: _Request, fx: Effects, waited: bool = False) -> None:
         if r.attempts <= 0:
             why = f"the configuration kept changing under the plans of {r.op}; try again"
             self._end(r, None, Refused(why), fx)
             return
-        r.attempts -= 1
+        if not waited:  # waiting for copies in flight is no failed attempt
+            r.attempts -= 1
         try:
             proposal = self.core.plan(r.op, *r.args, force=r.force)
+        except MustWait as e:
+            if not r.waits_why:
+                self.counts["waited"] += 1  # requests that waited for copies in flight
+            r.waits_on, r.waits_why = self.core.config, str(e)
+            return
         except Exception as e:
             self._end(r, None, e, fx)
             return
@@ -307,6 +317,13 @@ class Reconfigurations:
             self.pending_since = {v: self.pending_since.get(v, now) for v in c.pending}
         for r in list(self.requests.values()):
             if c is None:
+                continue
+            if r.waits_on is not None:
+                if now > r.deadline:
+                    self._end(r, None, TimeoutError(f"still waiting: {r.waits_why}"), fx)
+                elif c is not r.waits_on:
+                    r.waits_on = None
+                    self._plan(r, fx, waited=True)
                 continue
             if r.stale_from is not None:
                 if c.version > r.stale_from:

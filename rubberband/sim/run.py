@@ -227,12 +227,15 @@ def _expand_violations(avail: dict[str, Any], target: float) -> list[str]:
 
 
 def _count_situations(situations: dict[str, int], nodes: list[RbNode]) -> None:
-    """What the processes counted themselves: clients' refused snapshots and retries."""
+    """What the processes counted themselves: clients' refused snapshots and retries, and
+    the reconfigurations supers held back for copies in flight."""
     clients = [n.client for n in nodes if n.client]
+    supers = [n.super for n in nodes if n.super]
     situations["snapshot_rejected_then_accepted"] += sum(
         c.counts.get("snapshot_refused", 0) for c in clients
     )
     situations["read_retries"] = sum(c.counts.get("retries", 0) for c in clients)
+    situations["plan_waited_for_copies"] = sum(s.reconfigurations.counts["waited"] for s in supers)
 
 
 class RubberbandRun(Nemesis, EcastGroupRun):

@@ -261,12 +261,16 @@ def test_two_incomplete_neighbours_without_a_standby_are_repaired_together() -> 
 
 
 def test_without_a_standby_the_operator_starts_one_when_the_super_cannot_repair() -> None:
-    """Seed 1760 without a standby: storage:3 crashes 15 ms after the operator asked to
-    contract it, and both receivers of its copies are left incomplete on a ring of four
-    with f = 3.  Contracting them together would leave two processes, and nothing else
-    repairs them: the run waited for ever.  The simulated operator now starts a standby
-    once the super can plan no repair, and the super replaces them."""
-    result = run_rubberband(RbRunConfig(seed=1760, ops=OPS, auto_repair=True, keep_standby=False))
+    """Seed 478 with four storage processes and no standby: storage:4 crashes 78 ms
+    after the operator asked to contract it, and both receivers of its copies
+    (storage:1 and storage:2) are left incomplete on a ring of four with f = 3.
+    Contracting them together would leave two processes, and nothing else repairs them:
+    without the operator the run waits for ever.  The simulated operator starts a
+    standby once the super can plan no repair, and the super replaces them.  (Seed 1760
+    of six processes showed it first; the super's waiting for copies in flight moved
+    its schedule.)"""
+    cfg = RbRunConfig(seed=478, ops=OPS, auto_repair=True, keep_standby=False, storage=4)
+    result = run_rubberband(cfg)
     assert not result.violations, result.violations
     assert any("operator starts a standby" in f for _, f in result.faults)  # the situation
 
@@ -292,6 +296,28 @@ def test_the_operator_keeps_a_standby_no_expand_in_flight_takes() -> None:
     result = run_rubberband(RbRunConfig(seed=12033, ops=OPS, views=True, auto_repair=True))
     assert not result.violations, result.violations
     assert result.situations["automatic_repair"]
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        RbRunConfig(seed=698, ops=OPS, auto_repair=True, storage=5),
+        RbRunConfig(seed=4320, ops=OPS, auto_repair=True),
+    ],
+    ids=["698-storage5", "4320"],
+)
+def test_a_plan_waits_while_copies_in_flight_would_let_one_failure_lose_a_range(
+    cfg: RbRunConfig,
+) -> None:
+    """Two contractions in a row: the second was planned while the first's receivers
+    still received a range from a source that had just crashed (unsuspected yet), and
+    its victim, the one other complete holder, deleted the range at once: no complete
+    holder was left, and the run never became quiet.  The super now waits with such a
+    plan until the copies in flight are done or the configuration changes
+    (``rubberband.exposure``)."""
+    result = run_rubberband(cfg)
+    assert not result.violations, result.violations
+    assert result.situations["plan_waited_for_copies"]  # the situation
 
 
 TWO_REPLICAS = ((11000, True), (11006, False), (11033, True))
