@@ -26,11 +26,11 @@ contracting a broken holder deletes nothing a live holder keeps.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from rubberband.keys import MAX_EKEY, MIN_EKEY, EKey, RangeSet, contains, normalize
-from rubberband.optimizer import Copy, Instruction
+from rubberband.keys import MAX_EKEY, MIN_EKEY, EKey, RangeSet, contains, describe, normalize
+from rubberband.optimizer import Copy, Instruction, Plan, optimize
 from rubberband.placement import Keyspace
 
 InFlight = tuple[tuple[str, str, RangeSet], ...]
@@ -44,6 +44,8 @@ def exposure(
     suspected: frozenset[str],
     partial: Mapping[str, RangeSet],
     in_flight: InFlight,
+    *,
+    settled: bool = True,
 ) -> tuple[str | None, RangeSet] | None:
     """The first process (None: no failure at all, then in old-ring, new-ring, then
     copy-source order) whose failure alone, with the plan (``old`` -> ``new`` by
@@ -51,9 +53,10 @@ def exposure(
     the plan, and would keep one under the plan once the copies in flight were done; and
     those ranges.  None when there is none.
 
-    The last condition keeps to what waiting cures: moving a range always risks it
-    between the deletes and the copies' end (with ``f = 1`` the receiver's failure
-    loses it), a risk the optimizer's rank weighs and the dissertation accepts.
+    The last condition (dropped with ``settled=False``) keeps to what waiting cures:
+    moving a range always risks it between the deletes and the copies' end (with
+    ``f = 1`` the receiver's failure loses it), a risk the optimizer's rank weighs and
+    the dissertation accepts.
 
     ``suspected`` processes hold nothing (a source of a copy in flight that is off the
     ring and no longer a member belongs there), but those in ``partial`` (incomplete,
@@ -70,17 +73,92 @@ def exposure(
         if failed in suspected:
             continue
         view = _Holding(suspected, partial, in_flight, failed)
-        settled = _Holding(suspected, partial, (), failed)
+        done = _Holding(suspected, partial, (), failed)
         lost = [
             (lo, hi)
             for lo, hi in atoms
             if view.held_before(old, lo)
             and not view.held_after(old, new, lo, copies)
-            and settled.held_after(old, new, lo, copies)
+            and (not settled or done.held_after(old, new, lo, copies))
         ]
         if lost:
             return failed, normalize(lost)
     return None
+
+
+def judge(
+    old: Keyspace,
+    new: Keyspace,
+    suspected: frozenset[str],
+    partial: Mapping[str, RangeSet],
+    in_flight: InFlight,
+) -> Callable[[tuple[Instruction, ...]], bool]:
+    """For ``optimize(..., safe=...)``: whether an instruction list loses no range on
+    any single failure that would not lose it without the plan, counting the copies in
+    flight.  The rank floods whole processes and ties plans this tells apart: with two
+    replicas, a rebalance whose two candidate sources both still received other ranges
+    ranked them alike, and took the one whose failure lost the moved range (the
+    simulator, seed 440 with automatic repair)."""
+
+    def safe(instructions: tuple[Instruction, ...]) -> bool:
+        return (
+            exposure(old, new, instructions, suspected, partial, in_flight, settled=False) is None
+        )
+
+    return safe
+
+
+def why_wait(
+    old: Keyspace,
+    new: Keyspace,
+    plan: Plan,
+    suspected: frozenset[str],
+    gone: frozenset[str],
+    partial: Mapping[str, RangeSet],
+    in_flight: InFlight,
+    stuck: frozenset[str],
+) -> str | None:
+    """Why ``plan`` (the optimizer's, with ``suspected``) must wait for the copies in
+    flight (none to an incomplete receiver: those never finish); None when it need not.
+    ``gone``: sources of those copies that are no longer members; ``stuck``: incomplete
+    receivers, still receiving when the others are done.
+
+    Two ways waiting cures: the plan loses a range on one failure only while the copies
+    are in flight (:func:`exposure`); or it does so at all, and only because the holders
+    still receiving were passed over as sources, while the plan made once they are done
+    would not (the simulator, seed 440 with two replicas and automatic repair: a
+    rebalance took the one holder not receiving as the source, unaware that it had just
+    crashed; the other holder, receiving, deleted the range at once)."""
+    if not in_flight:
+        return None
+    dead = suspected | gone
+    partial = {p: r for p, r in partial.items() if p not in gone}
+    exposed = exposure(old, new, plan.instructions, dead, partial, in_flight)
+    if exposed:
+        return _lost(exposed, "under this plan (and not without it, nor once they are done)")
+    exposed = exposure(old, new, plan.instructions, dead, partial, in_flight, settled=False)
+    if exposed is None:
+        return None
+    safe = judge(old, new, dead, partial, ())
+    later = optimize(old, new, suspected, partial=partial, busy=stuck, safe=safe)
+    if later.instructions == plan.instructions:
+        return None
+    if exposure(old, new, later.instructions, dead, partial, (), settled=False) is not None:
+        return None
+    return _lost(
+        exposed,
+        "under this plan, whose sources pass over holders still receiving; the plan "
+        "made once they are done runs no such risk",
+    )
+
+
+def _lost(exposed: tuple[str | None, RangeSet], why: str) -> str:
+    failed, ranges = exposed
+    who = "no further failure" if failed is None else f"the failure of {failed} alone"
+    return (
+        f"while copies of an unfinished reconfiguration are in flight, {who} would leave "
+        f"{describe(ranges)} with no complete holder {why}: wait for them, or force"
+    )
 
 
 class _Holding:
@@ -112,7 +190,13 @@ class _Holding:
             if q in before:
                 if self.holds(q, key, ()):
                     return True
-            elif any(self.holds(s, key, ()) for s, d, rs in copies if d == q and contains(rs, key)):
+            elif (
+                q != self.failed
+                and q not in self.suspected
+                and any(
+                    self.holds(s, key, ()) for s, d, rs in copies if d == q and contains(rs, key)
+                )
+            ):
                 return True
         return False
 

@@ -57,7 +57,7 @@ from its end, one at a time, until the product fits; :attr:`Ranking.total` and
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +78,8 @@ MAX_SOLUTIONS = 4096
 sources each, so ``f <= 5`` (3,125 solutions, tens of milliseconds) is never bounded."""
 MAX_SOURCE_SETS = 64
 """Minimal source sets kept per destination."""
+MAX_SAFETY_CHECKS = 32
+"""Equally ranked solutions offered to ``optimize``'s ``safe`` at most."""
 _SEARCH_STEPS = 20000
 """Nodes the source-set search visits per destination before it stops."""
 
@@ -445,6 +447,7 @@ def optimize(
     busy: frozenset[str] = frozenset(),
     max_solutions: int = MAX_SOLUTIONS,
     keep_alternatives: int = 3,
+    safe: Callable[[tuple[Instruction, ...]], bool] | None = None,
 ) -> Plan:
     """The instruction list that moves data from ``old`` to ``new`` (Algorithm 13).
 
@@ -452,9 +455,12 @@ def optimize(
     rank; those of them in ``partial`` (incomplete processes, with the ranges each
     lacks) may still send what they hold outside those ranges.  ``busy`` processes
     (receivers of an unfinished reconfiguration) send an atom only if no other holder
-    can (module docstring, *Source sets*).  Deterministic in its arguments.  Raises
-    :class:`BadReconfiguration` when the two keyspaces have different replication
-    factors.
+    can (module docstring, *Source sets*).  ``safe``, when given, breaks the rank's ties
+    first: among the solutions whose worst case is the best one's, the first (in the
+    usual order) whose instructions it accepts is chosen (``rubberband.exposure`` judges
+    them range by range, where the rank floods whole processes).  Deterministic in its
+    arguments.  Raises :class:`BadReconfiguration` when the two keyspaces have different
+    replication factors.
     """
     problem = _Problem(old, new, suspected, partial, busy)
     options = [problem.source_sets(d) for d in problem.destinations]
@@ -468,6 +474,12 @@ def optimize(
         for choice in itertools.product(*options)
     ]
     ranked.sort(key=problem.tie_key)
+    if safe is not None:
+        ties = [r for r in ranked[:MAX_SAFETY_CHECKS] if r.worst_case == ranked[0].worst_case]
+        for i, r in enumerate(ties):
+            if safe(problem.instructions(r.solution)):
+                ranked.insert(0, ranked.pop(i))
+                break
     best = ranked[0]
     ranking = Ranking(best, tuple(ranked[1 : 1 + keep_alternatives]), len(ranked), total)
     return Plan(problem.instructions(best.solution), ranking, problem.lost())

@@ -24,7 +24,7 @@ from ecast import Direct, Effects, NodeId
 from rubberband.config import CLIENT, STORAGE, RubberbandConfig
 from rubberband.engine import Placement
 from rubberband.errors import MustWait, Refused
-from rubberband.exposure import exposure
+from rubberband.exposure import judge, why_wait
 from rubberband.keys import EKey, RangeSet, decode_key, describe, difference, encode_key, json_key
 from rubberband.optimizer import Plan, optimize
 from rubberband.outputs import Submit
@@ -328,27 +328,25 @@ class SuperCore:
         # A source must hold what it sends: a suspected process holds nothing we can
         # reach, an incomplete one what it did not say it lacks.
         suspected = c.excluded() | c.incomplete
-        plan = optimize(ks, after, suspected, partial=c.sources_in_part(), busy=c.receiving())
+        # Copies to an incomplete receiver never finish: nothing to wait for.  Its lacks
+        # (or its suspicion) already say what it does not hold.
+        flight = tuple(x for x in c.copies_in_flight() if x[1] not in c.incomplete)
+        gone = frozenset(src for src, _, _ in flight if src not in c.storage())
+        partial = c.sources_in_part()
+        safe = judge(ks, after, suspected | gone, partial, flight)
+        plan = optimize(ks, after, suspected, partial=partial, busy=c.receiving(), safe=safe)
         if plan.lost and not force:
             raise Refused(
                 f"no holder of {describe(plan.lost)} is left (each failed, or is incomplete "
                 "and lacks it): that data is lost; force the reconfiguration to go on "
                 "without it"
             )
-        flight = c.copies_in_flight()
-        gone = frozenset(src for src, _, _ in flight if src not in c.storage())
         if not force and (
-            exposed := exposure(
-                ks, after, plan.instructions, suspected | gone, c.sources_in_part(), flight
+            why := why_wait(
+                ks, after, plan, suspected, gone, partial, flight, c.receiving() & c.incomplete
             )
         ):
-            failed, ranges = exposed
-            who = "no further failure" if failed is None else f"the failure of {failed} alone"
-            raise MustWait(
-                f"while copies of an unfinished reconfiguration are in flight, {who} would "
-                f"leave {describe(ranges)} with no complete holder under this plan (and not "
-                "without it, nor once they are done): wait for them, or force"
-            )
+            raise MustWait(why)
         header = keyspace_header(c.version, wire_op, plan.to_wire())
         return Proposal(header, plan, ks, after)
 

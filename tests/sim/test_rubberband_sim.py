@@ -303,8 +303,9 @@ def test_the_operator_keeps_a_standby_no_expand_in_flight_takes() -> None:
     [
         RbRunConfig(seed=698, ops=OPS, auto_repair=True, storage=5),
         RbRunConfig(seed=4320, ops=OPS, auto_repair=True),
+        RbRunConfig(seed=725, ops=OPS, auto_repair=True, replication=2),
     ],
-    ids=["698-storage5", "4320"],
+    ids=["698-storage5", "4320", "725-replication2"],
 )
 def test_a_plan_waits_while_copies_in_flight_would_let_one_failure_lose_a_range(
     cfg: RbRunConfig,
@@ -318,6 +319,16 @@ def test_a_plan_waits_while_copies_in_flight_would_let_one_failure_lose_a_range(
     result = run_rubberband(cfg)
     assert not result.violations, result.violations
     assert result.situations["plan_waited_for_copies"]  # the situation
+
+
+def test_with_two_replicas_a_rebalance_takes_the_source_whose_failure_loses_nothing() -> None:
+    """Seed 440 with two replicas: a rebalance re-planned while both holders of the range
+    it moves still received other ranges.  The rank floods whole processes and tied its
+    two sources; it took storage:1, which had just crashed (unsuspected), and the other
+    holder deleted the range at once: lost, and the run never became quiet.  Ties now go
+    to the plan that loses no range on any single failure (``exposure.judge``)."""
+    result = run_rubberband(RbRunConfig(seed=440, ops=OPS, auto_repair=True, replication=2))
+    assert not result.violations, result.violations
 
 
 TWO_REPLICAS = ((11000, True), (11006, False), (11033, True))

@@ -11,7 +11,7 @@ from rubberband.config import RubberbandConfig
 from rubberband.errors import MustWait
 from rubberband.exposure import exposure
 from rubberband.keys import encode_key
-from rubberband.optimizer import Copy, optimize
+from rubberband.optimizer import Copy, Delete, optimize
 from rubberband.outputs import Submit
 from rubberband.placement import Keyspace
 from rubberband.proto import incomplete_header, ready_header, vote_header
@@ -76,20 +76,36 @@ def test_a_source_already_suspected_is_a_loss_with_no_further_failure() -> None:
     after = ks.contract("storage:4")
     assert exposure(ks, after, bad, suspected, {}, c.copies_in_flight()) == (None, r[300])
     assert exposure(ks, after, bad, suspected, {}, ()) is None
-    plan = _super(c).plan("contract", "storage:4").plan
+    # The optimizer feeds storage:2 from storage:4; storage:2's own failure would then
+    # lose the range, which storage:4 keeps without the plan: that plan waits too.
+    plan = _super(c).plan("contract", "storage:4", force=True).plan
     assert Copy("storage:4", "storage:2", r[300]) in plan.instructions
+    with pytest.raises(MustWait, match=r"failure of storage:2 alone would leave \[300, 400\)"):
+        _super(c).plan("contract", "storage:4")
 
 
 def test_a_contracted_source_that_failed_feeds_nobody() -> None:
     """storage:0, contracted and still sending its ranges, is voted out: storage:4 will
     never have [0, 100) whole, though storage:0 is on no ring.  Contracting storage:2
-    would leave storage:1 the one complete holder of [0, 100) besides storage:3's new
-    copy of it; counted as holding, storage:4 hid that storage:1 failing loses it."""
+    as the rank alone plans it leaves storage:1 the one complete holder of [0, 100)
+    (storage:3's new copy comes from storage:1); counted as holding, storage:4 hid that
+    storage:1 failing loses it.  The super plans around it."""
     c = _contracted_0()
-    assert _super(c).plan("contract", "storage:2")
     c, _ = step(c, "super:a", vote_header("storage:0"))
-    with pytest.raises(MustWait, match=r"failure of storage:1 alone would leave \[0, 100\)"):
-        _super(c).plan("contract", "storage:2")
+    ks, suspected = c.keyspace, c.excluded() | c.incomplete
+    after = ks.contract("storage:2")
+    ranked = optimize(ks, after, suspected, busy=c.receiving()).instructions
+    flight = c.copies_in_flight()
+    dead = suspected | {"storage:0"}
+    assert exposure(ks, after, ranked, dead, {}, flight) == ("storage:1", _r(0))
+    assert exposure(ks, after, ranked, suspected, {}, flight) is None  # storage:0 "holds"
+    chosen = _super(c).plan("contract", "storage:2").plan.instructions
+    assert chosen != ranked
+    assert exposure(ks, after, chosen, dead, {}, flight, settled=False) is None
+
+
+def _r(lo: int) -> tuple:
+    return ((encode_key(lo), encode_key(lo + 100)),)
 
 
 def test_a_receiver_that_said_what_it_lacks_counts_as_holding_the_rest() -> None:
@@ -154,3 +170,17 @@ def test_a_request_that_must_wait_is_planned_again_once_the_copies_are_done() ->
     (done,) = [d for d in s.on_tick(10.5).deliver if isinstance(d, Reconfigured)]
     assert isinstance(done.error, TimeoutError)
     assert "still waiting" in str(done.error) and "storage:3" in str(done.error)
+
+
+def test_a_new_holder_whose_own_failure_is_simulated_holds_nothing() -> None:
+    """Two replicas: b and c hold [100, 200), c still receiving it from a.  Contracting b
+    hands the range to a, fed by b: a's failure breaks c's copy too, while without the
+    plan b keeps the range (the simulator, seed 725 with two replicas, where the new
+    holder had crashed unsuspected).  A receiver of the plan's copy counted as holding
+    whatever happened to it hid this."""
+    ks = Keyspace(2, [(encode_key(x), n) for x, n in ((0, "a"), (100, "b"), (200, "c"))])
+    after = ks.contract("b")
+    plan = (Copy("b", "a", _r(100)), Delete("b", _r(100)))
+    flight = (("a", "c", _r(100)),)
+    assert exposure(ks, after, plan, frozenset(), {}, flight) == ("a", _r(100))
+    assert exposure(ks, after, plan, frozenset(), {}, ()) is None
