@@ -17,10 +17,11 @@ a range was left).
 plan, along the copies in flight and the plan's own, and reports the first failure that
 would lose a range only because the plan runs before the copies in flight are done.
 ``SuperCore.plan`` then raises :class:`~rubberband.errors.MustWait` unless forced: a
-request waits, planned again as the configuration moves, until its timeout.  A
-repair is never refused by it: a repair is planned only when every receiver still
-waited for is incomplete (its copies count as broken already), and replacing or
-contracting a broken holder deletes nothing a live holder keeps.
+request waits, planned again as the configuration moves, until its timeout
+(:func:`why_wait`).  The same judgement breaks the rank's ties (:func:`judge`).  A
+repair never waits: a repair is planned only when every receiver still waited for is
+incomplete, and copies to an incomplete receiver never finish, so none is waited for
+(its lacks already say what it does not hold).
 """
 
 from __future__ import annotations
@@ -125,10 +126,9 @@ def why_wait(
 
     Two ways waiting cures: the plan loses a range on one failure only while the copies
     are in flight (:func:`exposure`); or it does so at all, and only because the holders
-    still receiving were passed over as sources, while the plan made once they are done
-    would not (the simulator, seed 440 with two replicas and automatic repair: a
-    rebalance took the one holder not receiving as the source, unaware that it had just
-    crashed; the other holder, receiving, deleted the range at once)."""
+    still receiving were passed over as sources (the busy rule), while the plan made
+    once they are done would not (the simulator, seed 450 with two replicas and
+    automatic repair)."""
     if not in_flight:
         return None
     dead = suspected | gone
