@@ -372,6 +372,29 @@ class _Problem:
         )
         return (ranked.worst_case, ranked.senders, ranked.edges, positions)
 
+    def departing(self) -> tuple[Solution, tuple[Instruction, ...]]:
+        """Each part of an atom from a holder that deletes it (what no holder deletes,
+        from its first holder): with two replicas, the one plan where no single failure
+        loses a part, as the holder that keeps it and the one that sends it differ (a
+        minimal cover sends a whole atom from one process, whose failure also takes the
+        part another holder deleted)."""
+        choices, copies = [], []
+        for d in self.destinations:
+            parts: dict[str, list[Range]] = {}
+            for atom, hs in zip(d.atoms, d.holders, strict=True):
+                rest = atom
+                for q in hs:
+                    gone = difference(rest, self.new.partition(q))
+                    if gone:
+                        parts.setdefault(q, []).extend(gone)
+                        rest = difference(rest, gone)
+                if rest:
+                    parts.setdefault(hs[0], []).extend(rest)
+            sources = tuple(sorted(parts, key=self.order.__getitem__))
+            choices.append((d.name, sources))
+            copies.extend(Copy(q, d.name, normalize(parts[q])) for q in sources)
+        return Solution(tuple(choices)), (*copies, *self._deletes())
+
     def instructions(self, solution: Solution) -> tuple[Instruction, ...]:
         copies: list[Instruction] = []
         by_name = {d.name: d for d in self.destinations}
@@ -383,6 +406,9 @@ class _Problem:
                 src = next(q for q in hs if q in mine)
                 parts.setdefault(src, []).extend(atom)
             copies.extend(Copy(src, dst, normalize(parts[src])) for src in sources if src in parts)
+        return (*copies, *self._deletes())
+
+    def _deletes(self) -> list[Instruction]:
         deletes: list[Instruction] = []
         for p in self.old.processes:
             if p in self.suspected:
@@ -390,7 +416,7 @@ class _Problem:
             gone = difference(self.old.partition(p), self.new.partition(p))
             if gone:
                 deletes.append(Delete(p, gone))
-        return (*copies, *deletes)
+        return deletes
 
     def check(self, solution: Solution) -> None:
         """Refuse a hand-made solution that does not feed exactly the destinations."""
@@ -455,11 +481,15 @@ def optimize(
     rank; those of them in ``partial`` (incomplete processes, with the ranges each
     lacks) may still send what they hold outside those ranges.  ``busy`` processes
     (receivers of an unfinished reconfiguration) send an atom only if no other holder
-    can (module docstring, *Source sets*).  ``safe``, when given, breaks the rank's ties
-    first: among the solutions whose worst case is the best one's, the first (in the
-    usual order) whose instructions it accepts is chosen (``rubberband.exposure`` judges
-    them range by range, where the rank floods whole processes).  Deterministic in its
-    arguments.  Raises :class:`BadReconfiguration` when the two keyspaces have different
+    can (module docstring, *Source sets*).  ``safe``, when given, breaks the rank's ties:
+    of the solutions whose worst case is the best one's (at most
+    :data:`MAX_SAFETY_CHECKS`), the first whose instructions it accepts is chosen; when
+    it accepts none, the plan that sends each part from a holder that deletes it
+    (:meth:`_Problem.departing`, not a minimal cover) if it ranks as well and it accepts
+    that, else the best-ranked.  ``rubberband.exposure`` judges plans range by range (no
+    single failure loses data); the rank counts the replicas a failure leaves
+    incomplete, which serve no reads until repaired, so it stays first.  Deterministic
+    in its arguments.  Raises :class:`BadReconfiguration` when the two keyspaces have different
     replication factors.
     """
     problem = _Problem(old, new, suspected, partial, busy)
@@ -475,11 +505,18 @@ def optimize(
     ]
     ranked.sort(key=problem.tie_key)
     if safe is not None:
-        ties = [r for r in ranked[:MAX_SAFETY_CHECKS] if r.worst_case == ranked[0].worst_case]
+        top = ranked[0].worst_case
+        ties = [r for r in ranked[:MAX_SAFETY_CHECKS] if r.worst_case == top]
         for i, r in enumerate(ties):
             if safe(problem.instructions(r.solution)):
                 ranked.insert(0, ranked.pop(i))
                 break
+        else:
+            alt, instructions = problem.departing()
+            best = problem.rank(alt)
+            if best.worst_case <= top and safe(instructions):
+                ranking = Ranking(best, tuple(ranked[:keep_alternatives]), len(ranked) + 1, total)
+                return Plan(instructions, ranking, problem.lost())
     best = ranked[0]
     ranking = Ranking(best, tuple(ranked[1 : 1 + keep_alternatives]), len(ranked), total)
     return Plan(problem.instructions(best.solution), ranking, problem.lost())

@@ -303,9 +303,8 @@ def test_the_operator_keeps_a_standby_no_expand_in_flight_takes() -> None:
     [
         RbRunConfig(seed=698, ops=OPS, auto_repair=True, storage=5),
         RbRunConfig(seed=4320, ops=OPS, auto_repair=True),
-        RbRunConfig(seed=725, ops=OPS, auto_repair=True, replication=2),
     ],
-    ids=["698-storage5", "4320", "725-replication2"],
+    ids=["698-storage5", "4320"],
 )
 def test_a_plan_waits_while_copies_in_flight_would_let_one_failure_lose_a_range(
     cfg: RbRunConfig,
@@ -321,20 +320,31 @@ def test_a_plan_waits_while_copies_in_flight_would_let_one_failure_lose_a_range(
     assert result.situations["plan_waited_for_copies"]  # the situation
 
 
-def test_with_two_replicas_a_rebalance_takes_the_source_whose_failure_loses_nothing() -> None:
-    """Seed 440 with two replicas: a rebalance re-planned while both holders of the range
-    it moves still received other ranges.  The rank floods whole processes and tied its
-    two sources; it took storage:1, which had just crashed (unsuspected), and the other
-    holder deleted the range at once: lost, and the run never became quiet.  Ties now go
-    to the plan that loses no range on any single failure (``exposure.judge``)."""
-    result = run_rubberband(RbRunConfig(seed=440, ops=OPS, auto_repair=True, replication=2))
+@pytest.mark.parametrize("seed", [440, 725, 123])
+def test_with_two_replicas_plans_lose_nothing_to_one_undetected_failure(seed: int) -> None:
+    """Two replicas and automatic repair, a storage process crashed and not suspected
+    yet when a plan takes it as a source, and the range's other holder deletes it at
+    once: lost, and the run never became quiet.
+    - 440: a rebalance whose two candidate sources both still received other ranges;
+      the rank, flooding whole processes, tied them and took the crashed one.
+    - 725: the plan's new holder was the crashed process; counted as holding what it
+      receives, it hid that its failure also broke a copy in flight.
+    - 123: an expand whose two minimal covers each send, from one process, a part
+      that the other holder deletes (it failed once the rank's ties went by safety).
+    Plans are now judged range by range (``rubberband.exposure``): the best-ranked safe
+    one, else the one sending each part from the holder that deletes it."""
+    result = run_rubberband(RbRunConfig(seed=seed, ops=OPS, auto_repair=True, replication=2))
     assert not result.violations, result.violations
 
 
-TWO_REPLICAS = ((11000, True), (11006, False), (11033, True))
-"""Seeds (with a change feed followed or not) in which, before the nemesis counted the
-ring of a keyspace message still in flight, it crashed the source of the copy that
-message planned."""
+TWO_REPLICAS = ((11066, True), (11101, False))
+"""Seeds (with a change feed followed or not) in which the nemesis spares a storage
+process because a keyspace message still in flight plans a copy from it.  The first
+seeds (11000, 11006 and 11033) crashed such a source before the nemesis counted that
+ring, and lost data; plans now send each part from the holder that deletes it where
+the rank allows (``rubberband.exposure``), so a source's crash loses less, the situation
+is rarer (two in 1,200 schedules), and in these two the crash would no longer lose
+data: they keep the rule exercised."""
 
 
 @pytest.mark.parametrize(("seed", "feed"), TWO_REPLICAS)

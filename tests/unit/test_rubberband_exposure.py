@@ -9,7 +9,7 @@ import pytest
 
 from rubberband.config import RubberbandConfig
 from rubberband.errors import MustWait
-from rubberband.exposure import exposure
+from rubberband.exposure import exposure, judge
 from rubberband.keys import encode_key
 from rubberband.optimizer import Copy, Delete, optimize
 from rubberband.outputs import Submit
@@ -184,3 +184,22 @@ def test_a_new_holder_whose_own_failure_is_simulated_holds_nothing() -> None:
     flight = (("a", "c", _r(100)),)
     assert exposure(ks, after, plan, frozenset(), {}, flight) == ("a", _r(100))
     assert exposure(ks, after, plan, frozenset(), {}, ()) is None
+
+
+def test_with_two_replicas_each_part_comes_from_the_holder_that_deletes_it() -> None:
+    """An expand at 2500 between storage:2 (2000) and storage:3 (3000), two replicas:
+    each minimal cover sends all of [2000, 3000) from one of them, and that one's
+    failure loses the half the other deletes.  Judged range by range, the plan sends
+    each half from the holder that deletes it."""
+    ks = Keyspace(2, [(encode_key(i * 1000), f"storage:{i}") for i in range(5)])
+    after = ks.expand(encode_key(2500), "storage:6")
+    ranked = optimize(ks, after).instructions
+    assert {i.src for i in ranked if isinstance(i, Copy)} == {"storage:2"}
+    assert exposure(ks, after, ranked, frozenset(), {}, (), settled=False) is not None
+    plan = optimize(ks, after, safe=judge(ks, after, frozenset(), {}, ()))
+    half = {x: ((encode_key(x), encode_key(x + 500)),) for x in (2000, 2500)}
+    assert set(plan.instructions) >= {
+        Copy("storage:3", "storage:6", half[2000]),
+        Copy("storage:2", "storage:6", half[2500]),
+    }
+    assert exposure(ks, after, plan.instructions, frozenset(), {}, (), settled=False) is None
