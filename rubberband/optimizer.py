@@ -36,6 +36,11 @@ The problem, solved the same way by every super (no randomness, no set iteration
   then the source sets of the destinations (in new-ring order) compared as tuples of old
   ring positions, lowest first.  The dissertation tosses a coin for the last tie; a coin
   would make supers disagree, so the ring decides.
+* *Safety* (``safe``, the super's ``rubberband.exposure.judge``): before those ties,
+  the first of the best-ranked solutions that no single failure makes lose a range,
+  judged range by range with the copies of unfinished reconfigurations; if none, the
+  plan sending each part from a holder that deletes it, when it ranks as well.  With
+  two replicas the rank's whole-process flood ties plans that differ in exactly this.
 
 Groups that contain no process able to take part in any solution have the same counts in
 every case of every solution; adding a common multiset to descending sequences does not
@@ -489,8 +494,8 @@ def optimize(
     that, else the best-ranked.  ``rubberband.exposure`` judges plans range by range (no
     single failure loses data); the rank counts the replicas a failure leaves
     incomplete, which serve no reads until repaired, so it stays first.  Deterministic
-    in its arguments.  Raises :class:`BadReconfiguration` when the two keyspaces have different
-    replication factors.
+    in its arguments.  Raises :class:`BadReconfiguration` when the two keyspaces have
+    different replication factors.
     """
     problem = _Problem(old, new, suspected, partial, busy)
     options = [problem.source_sets(d) for d in problem.destinations]
@@ -515,7 +520,8 @@ def optimize(
             alt, instructions = problem.departing()
             best = problem.rank(alt)
             if best.worst_case <= top and safe(instructions):
-                ranking = Ranking(best, tuple(ranked[:keep_alternatives]), len(ranked) + 1, total)
+                alternatives = tuple(ranked[:keep_alternatives])
+                ranking = Ranking(best, alternatives, len(ranked) + 1, total + 1)
                 return Plan(instructions, ranking, problem.lost())
     best = ranked[0]
     ranking = Ranking(best, tuple(ranked[1 : 1 + keep_alternatives]), len(ranked), total)
