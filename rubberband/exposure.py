@@ -169,7 +169,7 @@ class _Holding:
         suspected: frozenset[str],
         partial: Mapping[str, RangeSet],
         in_flight: InFlight,
-        failed: str,
+        failed: str | None,
     ) -> None:
         self.suspected, self.partial, self.failed = suspected, partial, failed
         self.feeds: dict[str, list[tuple[str, RangeSet]]] = {}
