@@ -331,8 +331,9 @@ def test_with_two_replicas_plans_lose_nothing_to_one_undetected_failure(seed: in
       receives, it hid that its failure also broke a copy in flight.
     - 123: an expand whose two minimal covers each send, from one process, a part
       that the other holder deletes (it failed once the rank's ties went by safety).
-    Plans are now judged range by range (``rubberband.exposure``): the best-ranked safe
-    one, else the one sending each part from the holder that deletes it."""
+    Plans are now judged range by range (``rubberband.exposure``): of those the rank
+    ties, a safe one; else the one sending each part from the holder that deletes it,
+    when it ranks as well."""
     result = run_rubberband(RbRunConfig(seed=seed, ops=OPS, auto_repair=True, replication=2))
     assert not result.violations, result.violations
 
