@@ -320,7 +320,7 @@ def test_a_plan_waits_while_copies_in_flight_would_let_one_failure_lose_a_range(
     assert result.situations["plan_waited_for_copies"]  # the situation
 
 
-@pytest.mark.parametrize("seed", [440, 725, 123])
+@pytest.mark.parametrize("seed", [440, 450, 725, 123])
 def test_with_two_replicas_plans_lose_nothing_to_one_undetected_failure(seed: int) -> None:
     """Two replicas and automatic repair, a storage process crashed and not suspected
     yet when a plan takes it as a source, and the range's other holder deletes it at
@@ -329,6 +329,8 @@ def test_with_two_replicas_plans_lose_nothing_to_one_undetected_failure(seed: in
       the rank, flooding whole processes, tied them and took the crashed one.
     - 725: the plan's new holder was the crashed process; counted as holding what it
       receives, it hid that its failure also broke a copy in flight.
+    - 450: the busy rule passed over the holder still receiving as a source; the plan
+      made once its copy was done was safe, so the plan now waits for it.
     - 123: an expand whose two minimal covers each send, from one process, a part
       that the other holder deletes (it failed once the rank's ties went by safety).
     Plans are now judged range by range (``rubberband.exposure``): of those the rank
