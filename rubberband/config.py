@@ -354,8 +354,12 @@ class RubberbandConfig(Membership):
         return out
 
     def copies_in_flight(self) -> tuple[tuple[NodeId, NodeId, RangeSet], ...]:
-        """Copies of unfinished reconfigurations whose receiver is not ready yet."""
-        return tuple(c for p in self.pending.values() for c in p.in_flight())
+        """Copies of unfinished reconfigurations whose receiver is not ready yet and not
+        incomplete: a copy to an incomplete receiver never finishes, and its lacks (or
+        its suspicion) already say what it does not hold."""
+        return tuple(
+            c for p in self.pending.values() for c in p.in_flight() if c[1] not in self.incomplete
+        )
 
     def excluded(self) -> frozenset[NodeId]:
         """Processes on the ring that are no longer members (suspected or parted)."""

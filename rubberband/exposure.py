@@ -74,13 +74,13 @@ def exposure(
         if failed in suspected:
             continue
         view = _Holding(suspected, partial, in_flight, failed)
-        done = _Holding(suspected, partial, (), failed)
+        done = _Holding(suspected, partial, (), failed) if settled else None
         lost = [
             (lo, hi)
             for lo, hi in atoms
             if view.held_before(old, lo)
             and not view.held_after(old, new, lo, copies)
-            and (not settled or done.held_after(old, new, lo, copies))
+            and (done is None or done.held_after(old, new, lo, copies))
         ]
         if lost:
             return failed, normalize(lost)
@@ -132,7 +132,6 @@ def why_wait(
     if not in_flight:
         return None
     dead = suspected | gone
-    partial = {p: r for p, r in partial.items() if p not in gone}
     exposed = exposure(old, new, plan.instructions, dead, partial, in_flight)
     if exposed:
         return _lost(exposed, "under this plan (and not without it, nor once they are done)")
@@ -143,7 +142,7 @@ def why_wait(
     later = optimize(old, new, suspected, partial=partial, busy=stuck, safe=safe)
     if later.instructions == plan.instructions:
         return None
-    if exposure(old, new, later.instructions, dead, partial, (), settled=False) is not None:
+    if not safe(later.instructions):
         return None
     return _lost(
         exposed,

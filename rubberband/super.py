@@ -328,9 +328,7 @@ class SuperCore:
         # A source must hold what it sends: a suspected process holds nothing we can
         # reach, an incomplete one what it did not say it lacks.
         suspected = c.excluded() | c.incomplete
-        # Copies to an incomplete receiver never finish: nothing to wait for.  Its lacks
-        # (or its suspicion) already say what it does not hold.
-        flight = tuple(x for x in c.copies_in_flight() if x[1] not in c.incomplete)
+        flight = c.copies_in_flight()  # none to an incomplete receiver: nothing to wait for
         gone = frozenset(src for src, _, _ in flight if src not in c.storage())
         partial = c.sources_in_part()
         safe = judge(ks, after, suspected | gone, partial, flight)
