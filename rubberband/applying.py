@@ -11,10 +11,11 @@ from ecast import Message
 from ecast.core import mutations
 from rubberband.bundles import cut, read_items, unbundle, write_items
 from rubberband.changelog import feed_answer, revised_op
+from rubberband.config import MAINTAINER
 from rubberband.engine import BadOperation
-from rubberband.keys import NOTHING, RangeSet, covers
+from rubberband.keys import NOTHING, RangeSet, covers, is_range_set
 from rubberband.proto import Answer, Answers, H, Whole, written
-from rubberband.versions import is_version_op, too_old
+from rubberband.versions import is_version_op, rows_writer_only, too_old
 
 if TYPE_CHECKING:
     from rubberband.placement import Keyspace
@@ -100,6 +101,40 @@ def _answer_reads(
     return len({row[0] for row in rows if row[3] is not None})
 
 
+_GUARDED = frozenset({"version", "reclaim", "delete_range"})
+"""The operations a sender's role or a position may refuse or restrict (checked by name
+first: most writes are none of them)."""
+
+
+def _whole(sender: str, sub: Any, t: int) -> Any:
+    """``(op, ranges)`` as every replica applies it, for an engine's record of whole
+    writes: None if refused, its ranges without views' rows if only those are barred."""
+    if type(sub) is not tuple or len(sub) != 2:
+        return sub  # (a malformed bundle: no replica applies any of it)
+    op, ranges = sub
+    if refusal(sender, op, t):
+        return None
+    if type(op) is tuple and op and op[0] == "delete_range" and is_range_set(ranges):
+        ranges = rows_writer_only(sender, MAINTAINER, op, ranges)
+        return (op, ranges) if ranges else None
+    return sub
+
+
+def refusal(sender: str, op: Any, t: int) -> str | None:
+    """Why a write is refused whole at every replica and never applied, or None: a
+    ``version`` or ``reclaim`` (views' rows) from a process that is not a maintainer,
+    whose credential proved its name (a client that wrote a row's version made a view
+    show a state no base position had, and readers trusted it); or a version write
+    delivered too far behind the positions it holds (:func:`~rubberband.versions.too_old`:
+    a stale maintainer cannot bring back a row its view dropped).  Both read only the
+    operation, its sender and its position, which every replica has alike."""
+    if type(op) is not tuple or not op or op[0] not in _GUARDED or op[0] == "delete_range":
+        return None
+    if not sender.startswith(MAINTAINER):
+        return f"{op[0]} writes views' rows, which only maintainers ({MAINTAINER}*) write"
+    return too_old(op, t) if op[0] == "version" else None
+
+
 class Apply:
     """One engine batch of delivered messages, and the answers it makes."""
 
@@ -147,7 +182,7 @@ class Apply:
                 _READS in h
                 or _COUNT in h
                 or _ANSWER in h
-                or (type(op) is tuple and op and (op[0] == "version" or op[0] == "reclaim"))
+                or (type(op) is tuple and op and op[0] in _GUARDED)
                 or len(mine) != 1
                 or (_WRITES in h and not _one_key(mine[0]))  # (else a header of one key)
             ):
@@ -247,15 +282,13 @@ class Apply:
         return True
 
     def _refused(self) -> dict[int, BadOperation]:
-        """The version writes delivered too far behind the positions they hold, by item
-        index (:func:`~rubberband.versions.too_old`): refused whole, never applied, so
-        a stale maintainer cannot bring back a row its view dropped."""
+        """The writes refused whole, never applied (:func:`refusal`), by item index."""
         out = {}
         for j, (m, op, _, _, _, t) in enumerate(self.items):
-            # Only a version write can be: the others are passed over without a call.
-            if type(op) is not tuple or not op or op[0] != "version":
+            # Only a guarded write can be: the others are passed over without a call.
+            if type(op) is not tuple or not op or op[0] not in _GUARDED:
                 continue
-            if H.READS not in m.header and (why := too_old(op, t)):
+            if H.READS not in m.header and (why := refusal(m.sender, op, t)):
                 out[j] = BadOperation(why)
         return out
 
@@ -271,13 +304,14 @@ class Apply:
             if H.READS in h or full is None or covers(mine, full):
                 continue
             if H.COUNT not in h:
-                if not too_old(m.payload, t):
-                    engine.whole(t, ((m.payload, full),))
+                kept = [_whole(m.sender, (m.payload, full), t)]
             elif (subs := unbundle(m)) is not None:
                 # every write of it, this replica's or not: a refused one is no part of it
-                kept = [sub for sub in subs if type(sub) is not tuple or not too_old(sub[0], t)]
-                if kept:
-                    engine.whole(t, kept)
+                kept = [_whole(m.sender, sub, t) for sub in subs]
+            else:
+                continue
+            if any(kept):
+                engine.whole(t, [sub for sub in kept if sub])
 
     def _record(self, changed: list[Any]) -> dict[int, Any]:
         """Log the batch's changes in position order, and look each revisions read's
@@ -363,6 +397,10 @@ class Apply:
         disagreed for good (a hypothesis test of random client messages found it).  Run
         per segment, each piece's outcome depends on that segment's data alone, the same
         at every holder: a write is all or nothing within each segment it reaches."""
+        if type(op) is tuple and op and op[0] == "delete_range":
+            part = rows_writer_only(m.sender, MAINTAINER, op, part)
+            if not part:
+                return  # all of it views' rows (unanswered: a range delete is not)
         if (len(part) == 1 and _one_key(part[0])) or mutations.on(WRITES_WHOLE):
             self.items.append((m, op, part, part, i, t))
             return

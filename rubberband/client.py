@@ -50,7 +50,7 @@ from typing import Any
 from ecast import Direct, Effects, NodeId
 from ecast.core import mutations
 from rubberband.changelog import FROM_NOW, Changed, Changes, Event, Page, Revisions, key_filter
-from rubberband.config import STORAGE
+from rubberband.config import CLIENTS, STORAGE
 from rubberband.errors import (
     BadOperation,
     Indeterminate,
@@ -119,6 +119,12 @@ FIRST_ANSWER_COMPLETES = mutations.declare(
 TRUST_ANY_ANSWER = mutations.declare(
     "trust_any_answer", "client", "answers taken from any storage process, holder or not"
 )
+
+
+def is_client_name(name: str) -> bool:
+    """Whether ``name`` is one a client may take: ``client:...``, or ``maintainer:...``
+    for one that keeps views (the routers take data from no other role)."""
+    return name.startswith(CLIENTS)
 
 
 @dataclass(frozen=True, slots=True)

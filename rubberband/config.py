@@ -7,11 +7,13 @@ value, deterministic, and never raises on a header: headers come from applicatio
 processes.
 
 **Roles come from names.**  A process's role is the prefix of its name: ``super:``,
-``storage:`` or ``client:``.  Names are proven by E-Cast's credentials (a client's
-credential covers ``client:*`` names only), so authorization by role is authorization by
-proven identity: only supers submit keyspace messages and suspect votes, only storage
-processes submit ``ready`` and ``incomplete``, only clients submit data.  Everything else,
-from anyone, gets an empty destination set and changes nothing.
+``storage:``, ``client:`` or ``maintainer:``.  Names are proven by E-Cast's credentials (a
+client's credential covers ``client:*`` names only), so authorization by role is
+authorization by proven identity: only supers submit keyspace messages and suspect votes,
+only storage processes submit ``ready`` and ``incomplete``, only clients and maintainers
+submit data.  Everything else, from anyone, gets an empty destination set and changes
+nothing.  A maintainer is a client that may also write views' rows; the storage processes
+refuse those writes from anyone else (:func:`rubberband.versions.refuse_rows_writer`).
 
 **Headers** (the client computes ranges with the engine's ``part_fun``; routers never parse
 payloads, which cost the dissertation 10-20 % of throughput, 5.6.3):
@@ -84,7 +86,11 @@ from rubberband.proto import INCOMPLETE, KEYSPACE, MAX_RANGES, READY, H
 SUPER = "super:"
 STORAGE = "storage:"
 CLIENT = "client:"
-ROLES = (SUPER, STORAGE, CLIENT)
+MAINTAINER = "maintainer:"
+"""A client that keeps views: the one role whose writes of views' rows are applied."""
+CLIENTS = (CLIENT, MAINTAINER)
+"""The prefixes of the processes that submit data (``str.startswith`` takes the tuple)."""
+ROLES = (SUPER, STORAGE, CLIENT, MAINTAINER)
 READS_TO_BUSY = mutations.declare(
     "reads_to_busy", "config", "reads go to receivers still being filled, as if complete"
 )
@@ -96,7 +102,8 @@ _NONE: frozenset[NodeId] = frozenset()
 
 
 def role_of(name: str) -> str | None:
-    """``super:``, ``storage:`` or ``client:`` (the prefix of a name), else None."""
+    """``super:``, ``storage:``, ``client:`` or ``maintainer:`` (the prefix of a name),
+    else None."""
     for r in ROLES:
         if name.startswith(r) and len(name) > len(r):
             return r
@@ -424,8 +431,9 @@ class RubberbandConfig(Membership):
         )
 
     def accepts_router_suspect(self, p: NodeId) -> bool:
-        """Lease suspects count for clients; the supers decide about everyone else."""
-        return p.startswith(CLIENT)
+        """Lease suspects count for clients (maintainers too); the supers decide about
+        everyone else."""
+        return p.startswith(CLIENTS)
 
     def _threshold(self) -> int:
         """Votes needed: half of the current supers, at least one (4.2.3)."""
@@ -440,7 +448,7 @@ class RubberbandConfig(Membership):
             return EMPTY
         sender = msg.sender
         if sender == ROUTERS:
-            return frozenset(p for p in who if p.startswith(CLIENT))
+            return frozenset(p for p in who if p.startswith(CLIENTS))
         if sender not in self._supers or len(who) != 1:
             return EMPTY  # a vote names one process: a delivered vote is one that counted
         need = self._threshold()
@@ -569,7 +577,7 @@ class RubberbandConfig(Membership):
         sender = msg.sender
         kind = h.get(KIND)
         if kind is None:
-            if not sender.startswith(CLIENT) or sender in self._retired:
+            if not sender.startswith(CLIENTS) or sender in self._retired:
                 return EMPTY
             w = h.get(H.WRITES)
             if w is not None:

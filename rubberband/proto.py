@@ -209,7 +209,7 @@ class Left:
 
 @dataclass(frozen=True, slots=True)
 class ViewProgress:
-    """client (a views maintainer) -> super: how far each of its views is, for the
+    """maintainer (``maintainer:...``) -> super: how far each of its views is, for the
     console: ``(name, position, behind, staleness_s, rows)`` each (``behind``: positions
     between the view's progress and the newest page of the base it read; ``staleness_s``:
     seconds since the view was known to reflect every base write)."""

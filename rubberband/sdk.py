@@ -55,6 +55,7 @@ from rubberband.client import (
     Revisions,
     Unavailable,
     WriteDone,
+    is_client_name,
 )
 from rubberband.driver import carry_out
 from rubberband.errors import RubberbandError
@@ -568,13 +569,16 @@ async def connect(
     connect_timeout: float = 15.0,
     **ecast_options: Any,
 ) -> RubberbandClient:
-    """Connect a light client named ``client:...``.  ``ops`` are the engine's client-side
+    """Connect a light client named ``client:...`` (or ``maintainer:...``: a client that
+    may also write views' rows, as a view maintainer does).  ``ops`` are the engine's client-side
     operations (default: the key-value engine's); ``answer_timeout`` bounds every
     request, ``retry_after`` is how long a read waits for a responder before it tries
     another; ``ecast_options`` go to :func:`ecast.connect` (``secret``,
     ``credentials``, timeouts)."""
-    if not name.startswith("client:"):
-        raise ecast.InvalidName(f"a Rubberband client is named client:..., not {name!r}")
+    if not is_client_name(name):
+        raise ecast.InvalidName(
+            f"a Rubberband client is named client:... or maintainer:..., not {name!r}"
+        )
     client = await ecast.connect(routers, name=name, join=False, listen=listen, **ecast_options)
     ack = client.ack_timeout if client.ack_timeout is not None else 3600.0
     core = ClientCore(

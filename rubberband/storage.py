@@ -37,7 +37,7 @@ from ecast.core import mutations
 from rubberband.applying import Apply, answer_bundle, not_a_read
 from rubberband.bundles import Segments, unpacked
 from rubberband.changelog import ChangeLog, peek_answer, revised_op
-from rubberband.config import CLIENT, STORAGE, SUPER
+from rubberband.config import CLIENTS, STORAGE, SUPER
 from rubberband.engine import BadOperation, Engine, Placement, changed_key
 from rubberband.keys import (
     AFTER_TAIL,
@@ -688,7 +688,7 @@ def figures_of(core: StorageCore) -> dict[str, Any]:
     (at most ``REPORTED_CLIENTS`` names, and their number).  On the engine's thread:
     ``stats`` may sum over blocks or ask a server."""
     f: dict[str, Any] = {"applied": core.stats.applied}
-    clients = sorted(s for s in core.senders if s.startswith(CLIENT))
+    clients = sorted(s for s in core.senders if s.startswith(CLIENTS))
     core.senders = set()
     f["clients"] = clients[:REPORTED_CLIENTS]
     f["client_count"] = len(clients)

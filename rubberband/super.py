@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ecast import Direct, Effects, NodeId
-from rubberband.config import CLIENT, STORAGE, RubberbandConfig
+from rubberband.config import MAINTAINER, STORAGE, RubberbandConfig
 from rubberband.engine import Placement
 from rubberband.errors import MustWait, Refused
 from rubberband.exposure import judge, why_wait
@@ -135,7 +135,7 @@ class SuperCore:
                 fx.send.append((src, Direct(answer)))
         elif t is Leave and src.startswith(STORAGE):
             self.reconfigurations.leave(src, msg.request, msg.replace_with, now, fx)
-        elif t is ViewProgress and src.startswith(CLIENT):
+        elif t is ViewProgress and src.startswith(MAINTAINER):
             self.views.report(src, msg.views, now)
         elif (t is LevelTail or t is Levelled) and src.startswith(STORAGE):
             lev = self._leveller

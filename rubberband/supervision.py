@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ecast import Direct, Effects, NodeId
 from ecast.core import mutations
-from rubberband.config import CLIENT
+from rubberband.config import CLIENTS
 from rubberband.errors import MustWait, Refused
 from rubberband.outputs import Submit, Suspect
 from rubberband.proto import REPORTED_CLIENTS, H, Leave, Left, Ping, Pong
@@ -135,7 +135,7 @@ class Watch:
             at,
             frozenset(
                 n for n in names[:REPORTED_CLIENTS]
-                if type(n) is str and n.startswith(CLIENT) and len(n) <= MAX_NAME
+                if type(n) is str and n.startswith(CLIENTS) and len(n) <= MAX_NAME
             )
             if type(names) in (list, tuple)
             else frozenset(),

@@ -138,7 +138,7 @@ class Model:
     def write(self, op: Any, client: str = "client:c") -> None:
         part = self.ops.part_fun(op, self.placement)
         self.submit(client, {H.WRITES: part.ranges}, op)
-        self.expect(op)
+        self.expect(op, client)
 
     def write_batch(
         self, ops: list[Any], core: Any, limit: int = 8, max_bytes: int = 1 << 16
@@ -154,8 +154,12 @@ class Model:
             self.expect(op)
         return sent
 
-    def expect(self, op: Any) -> None:
-        """The reference takes ``op`` as every replica should."""
+    def expect(self, op: Any, sender: str = "client:c") -> None:
+        """The reference takes ``op`` from ``sender`` as every replica should (views'
+        rows are written by maintainers alone: ``rubberband.applying.refusal``)."""
+        maintainer = sender.startswith("maintainer:")
+        if op[0] in ("version", "reclaim") and not maintainer:
+            return
         if op[0] == "put":
             for k, v in op[1]:
                 self.reference[k] = v
@@ -180,7 +184,8 @@ class Model:
         elif op[0] == "delete_range":
             ((lo, hi),) = self.ops.part_fun(op, self.placement).ranges
             for k in [k for k in self.reference if lo <= self.placement.ekey(k) < hi]:
-                del self.reference[k]
+                if maintainer or type(k) is not tuple or not k or k[0] != "~view":
+                    del self.reference[k]
 
     def read(self, op: Any, offset: int = 0, client: str = "client:c") -> Any:
         part = self.ops.part_fun(op, self.placement)

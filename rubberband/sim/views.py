@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from rubberband.sim.process import RbNode
     from rubberband.sim.run import RubberbandRun
 
-MAINTAINERS: tuple[NodeId, ...] = ("client:vm1", "client:vm2")
-LATE_MAINTAINER: NodeId = "client:vm3"
+MAINTAINERS: tuple[NodeId, ...] = ("maintainer:vm1", "maintainer:vm2")
+LATE_MAINTAINER: NodeId = "maintainer:vm3"
 READER: NodeId = "client:vr"
 POLL = 0.2
 """Seconds between a maintainer's idle pages (fewer simulated messages than the SDK's)."""

@@ -107,7 +107,9 @@ def _table_text(columns: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines) + f"\n({len(rows)} row{'s' if len(rows) != 1 else ''})"
 
 
-def _connection(args: argparse.Namespace) -> tuple[list[str], dict[str, Any], str]:
+def _connection(
+    args: argparse.Namespace, role: str = "client"
+) -> tuple[list[str], dict[str, Any], str]:
     routers = [r for r in (args.routers or "").split(",") if r]
     auth: dict[str, Any] = {}
     engine = args.engine
@@ -117,7 +119,9 @@ def _connection(args: argparse.Namespace) -> tuple[list[str], dict[str, Any], st
             raise Usage(f"no cluster in {args.state_dir} (rubberband cluster up)")
         st = json.loads(f.read_text())
         routers = routers or st["routers"]
-        auth = {"credentials": st["client_credentials"]}
+        if f"{role}_credentials" not in st:  # a cluster started before maintainers had a role
+            raise Usage(f"{args.state_dir} holds no {role} credential: give --credentials")
+        auth = {"credentials": st[f"{role}_credentials"]}
         engine = engine or st.get("engine")
     if args.credentials:
         auth = {"credentials": args.credentials}
@@ -126,15 +130,17 @@ def _connection(args: argparse.Namespace) -> tuple[list[str], dict[str, Any], st
     return routers, auth, engine or "memory"
 
 
-async def connect(args: argparse.Namespace) -> tuple[Any, str]:
-    """A client for the cluster ``args`` name, and the cluster's engine."""
+async def connect(args: argparse.Namespace, role: str = "client") -> tuple[Any, str]:
+    """A client for the cluster ``args`` name, and the cluster's engine.  ``role``
+    ``maintainer``: one that may write views' rows (``rubberband views maintain`` and
+    ``drop``), under the state directory's maintainer credential."""
     import rubberband
 
-    routers, auth, engine = _connection(args)
+    routers, auth, engine = _connection(args, role)
     where = {k: getattr(args, k) for k in ("listen", "source") if getattr(args, k, None)}
     rb = await rubberband.connect(
         routers,
-        f"client:cli-{os.getpid()}-{os.urandom(3).hex()}",
+        f"{role}:cli-{os.getpid()}-{os.urandom(3).hex()}",
         ops=OPS.get(engine),
         **auth,
         **where,

@@ -167,6 +167,9 @@ def up(args: argparse.Namespace) -> int:
                 "router_args": cluster.args,
                 "storage_args": storage_args,
                 "client_credentials": str(state.issue("application", ["client:*"], "clients")),
+                "maintainer_credentials": str(
+                    state.issue("application", ["maintainer:*"], "maintainers")
+                ),
                 "admin_token": token,
                 "supers": supers,
                 "storage": storage,

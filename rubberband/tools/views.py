@@ -40,7 +40,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("names", nargs="*", help="view names")
     ap.add_argument("--state-dir", help="a rubberband cluster up directory")
     ap.add_argument("--routers", help="HOST:PORT,... (with --credentials)")
-    ap.add_argument("--credentials", help="a client credential file (client:*)")
+    ap.add_argument("--credentials", help="a credential file: client:* names, and for "
+                    "maintain and drop maintainer:* names")  # fmt: skip
     ap.add_argument("--json", action="store_true", help="JSON output, for scripts")
     ap.add_argument("--from", dest="base", nargs=2, metavar=("LO", "HI"),
                     help="create: the base key range [LO, HI) ('-' is unbounded)")  # fmt: skip
@@ -86,6 +87,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--listen", help="HOST:PORT this client serves on (default 127.0.0.1:0)")
     ap.add_argument("--source", help="the address it connects from (a host of several)")
     return ap
+
+
+def _role(args: argparse.Namespace) -> str:
+    """Who a command connects as: keeping a view writes its rows, and dropping one
+    deletes them, which only maintainers may (``docs/views.md``, "Who writes a view")."""
+    return "maintainer" if args.command in ("maintain", "drop") else "client"
 
 
 def _bound(text: str | None) -> Any:
@@ -145,7 +152,7 @@ async def run(args: argparse.Namespace) -> Any:
         raise Usage("read NAME [--level L] [--key K ...|--lookup V|--lo LO --hi HI]")
     if args.command == "drop" and not args.names:
         raise Usage("drop NAME [NAME ...]")
-    rb, _engine = await connect(args)
+    rb, _engine = await connect(args, _role(args))
     try:
         if args.command == "create":
             view = await rb.create_view(args.names[0], source, args.kind, **spec)
@@ -217,7 +224,7 @@ async def _reconnect(
     while not stop.is_set():
         began = time.monotonic()
         try:
-            new = (await connect(args))[0]
+            new = (await connect(args, _role(args)))[0]
         except failures() as e:
             log.warning("connecting anew failed after %.1f s (%s): trying again",
                         time.monotonic() - began, str(e)[:200] or type(e).__name__)  # fmt: skip

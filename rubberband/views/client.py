@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from rubberband.changelog import Changed, Changes
+from rubberband.config import MAINTAINER
 from rubberband.driver import LoopGate
 from rubberband.errors import BadOperation, RubberbandError
 from rubberband.keys import encode_key, normalize, point
@@ -95,14 +96,47 @@ def _ordered(rb: Any) -> bool:
     return placement is None or bool(placement.ordered)
 
 
+DROP_KEYS = 1000
+"""Keys a hash-partitioned view's drop writes absent (and reclaims) a message."""
+DROP_ROUNDS = 10
+"""Scans a hash-partitioned view's drop makes before it gives up on a view whose rows
+keep coming back (a maintainer that never sees the drop)."""
+
+
 async def drop_view(rb: Any, name: str) -> None:
     """Forget a view's definition and delete its rows (a maintainer stops on its own).
-    A view that others are defined over is refused (drop those first)."""
+    A view that others are defined over is refused (drop those first).  Only a
+    maintainer deletes views' rows (``docs/views.md``, "Who writes a view"): anyone
+    else is refused here, before anything changes."""
     over = sorted(v.name for v in await list_views(rb) if v.over == name)
     if over:
         raise BadOperation(f"views {', '.join(over)} are defined over {name!r}: drop them first")
+    if not rb.ecast.name.startswith(MAINTAINER):
+        raise BadOperation(
+            f"dropping view {name!r} deletes its rows, which only a maintainer may: connect "
+            f"as {MAINTAINER}... (`rubberband views drop` does, with the cluster's "
+            f"maintainer credential), not as {rb.ecast.name}"
+        )
     await rb.delete(catalog_key(name))
-    await rb.delete_range(rows_bounds(name)[0], keys_end(name))  # rows, every progress
+    lo, hi = rows_bounds(name)[0], keys_end(name)  # rows, every progress
+    if rb.placement.ordered:
+        await rb.delete_range(lo, hi)
+        return
+    # Hash partitioning has no range delete: each key is written absent above every
+    # version it holds, then reclaimed (dropped because its chain ends in that absence).
+    # A maintainer still keeping the view until it sees the drop may write after the
+    # scan: read again until nothing is left.
+    for _ in range(DROP_ROUNDS):
+        rows, at = await rb.read(("scan", lo, hi), "sequential", with_position=True)
+        if not rows:
+            return
+        keys = [k for k, _ in rows]
+        for i in range(0, len(keys), DROP_KEYS):
+            chunk = tuple(keys[i : i + DROP_KEYS])
+            await rb.write(("version", tuple((k, [at]) for k in chunk), 0))
+            await rb.write(("reclaim", chunk, at))
+        await asyncio.sleep(0.2 * (_ + 1))
+    raise RubberbandError(f"view {name!r}: its rows keep being written: is a maintainer stuck?")
 
 
 async def list_views(rb: Any, malformed: list[tuple[Any, str]] | None = None) -> list[ViewDef]:

@@ -183,7 +183,15 @@ def test_views_stay_exact_at_every_level_through_maintainer_storage_and_leader_k
         out = await _off(cli, "admin", "--state-dir", str(rb_dir), "expand", standby,
                          '["~view", "per_g", "b"]')  # fmt: skip
         assert out.returncode == 0, out.stdout + out.stderr
-        await asyncio.sleep(2)
+        await asyncio.sleep(1)
+        # A client's range delete over every view's rows deletes none of them (views'
+        # rows are their maintainers'), and the views stay exact.
+        hostile = await _client(rb_dir, "client:hostile")
+        try:
+            await hostile.delete_range(("~view",), ("~view\x00",))
+        finally:
+            await hostile.close()
+        await asyncio.sleep(1)
         await _kill_leader(rb_dir)
         await asyncio.sleep(4)
 
@@ -346,6 +354,14 @@ def test_views_under_hash_partitioning_read_exact_rows_from_every_bucket(hash_di
             await asyncio.sleep(2)
             await rb.create_view(late.name, late.source, late.kind, where=late.where)
             await asyncio.sleep(2)
+            # Views' rows are their maintainers' alone: a client's version of a row is
+            # refused at every replica (the reads are checked against the base
+            # throughout), and so is its drop of a view, which deletes rows.
+            junk = ("version", ((("~view", "by_g", ("a", 1)), [1, "junk"]),), 0)
+            with pytest.raises(BadOperation, match="only maintainers"):
+                await rb.write(junk)
+            with pytest.raises(BadOperation, match="only a maintainer may"):
+                await rb.drop_view(late.name)
             # A view over a view: the groups of 16 rows or more, kept in per_g's group.
             await rb.create_view(busy.name, "per_g", busy.kind, where=busy.where)
             await asyncio.sleep(5)
@@ -355,6 +371,13 @@ def test_views_under_hash_partitioning_read_exact_rows_from_every_bucket(hash_di
             await asyncio.wait_for(feed, 30)
             with pytest.raises(BadOperation, match="busy are defined over 'per_g'"):
                 await rb.drop_view("per_g")
+            maintainer.send_signal(signal.SIGKILL)  # (it would write busy's rows until it saw)
+            maintainer.wait()
+            # The admin command drops a view as a maintainer (the cluster's credential).
+            out = await _off(cli, "views", "drop", "--state-dir", str(hash_dir), "busy")
+            assert out.returncode == 0, out.stdout + out.stderr
+            assert "busy" not in [v.name for v in await rb.views()]
+            assert await rb.read(("scan", ("~view", "busy"), ("~view", "busy\x01"))) == []
         finally:
             maintainer.send_signal(signal.SIGKILL)
             await rb.close()

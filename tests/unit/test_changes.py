@@ -338,8 +338,8 @@ def test_a_views_rows_are_no_change_of_the_feed_nor_a_revision() -> None:
     start = page(rig, None).position
     row, dead = ("~view", "v", 5), ("~view", "v", 6)
     m.write(("put", ((5, "five"),)))
-    m.write(("version", ((row, [9, "five"]), (dead, [9, "six"]), (dead, [10])), 0))
-    m.write(("reclaim", (dead,), 10))
+    m.write(("version", ((row, [9, "five"]), (dead, [9, "six"]), (dead, [10])), 0), "maintainer:m")
+    m.write(("reclaim", (dead,), 10), "maintainer:m")
     m.settle()
     events = page(rig, start).events
     assert [e.changes for e in events] == [((5, "put", "five"),)]

@@ -75,12 +75,12 @@ def test_initial_refuses_bad_arguments() -> None:
 
 
 def test_roles_come_from_name_prefixes() -> None:
-    c = joined("super:a", "storage:1", "client:x")
+    c = joined("super:a", "storage:1", "client:x", "maintainer:m")
     assert c.supers() == {"super:a"}
     assert c.storage() == {"storage:1"}
-    assert c.clients() == {"client:x"}
+    assert c.clients() == {"client:x", "maintainer:m"}  # a maintainer is a client
     assert c.standby() == {"storage:1"}
-    for bad in ("alice", "super:", "storage", "@routers"):
+    for bad in ("alice", "super:", "storage", "@routers", "maintainer:"):
         after, dests = step(c, bad, {"kind": "join"})
         assert after == c and dests == frozenset(), bad
     # A join goes to the supers (they mirror the config) and the joiner.
@@ -160,8 +160,11 @@ def test_writes_go_to_every_holder_reads_to_a_cover() -> None:
     c2, _ = step(c, "client:x", {"kind": "part"})
     _, dests = step(c2, "client:x", write_header((point(150),)))
     assert dests == frozenset()
+    # A maintainer, a client that keeps views, sends data too.
+    _, dests = step(c, "maintainer:m", write_header((point(150),)))
+    assert dests == {"storage:1", "storage:2", "storage:3"}
     # Only clients send data.
-    for sender in ("storage:1", "super:a"):
+    for sender in ("storage:1", "super:a", "maintainers:m"):
         _, dests = step(c, sender, write_header((point(150),)))
         assert dests == frozenset()
 
@@ -322,9 +325,10 @@ def test_votes_of_departed_supers_do_not_count() -> None:
 
 def test_router_lease_suspects_count_for_clients_only() -> None:
     c = cluster(4)
-    h = {"kind": "suspect", "who": ["client:x", "storage:1", "super:a"], "lease": True}
-    after, dests = step(c, ROUTERS, h)
-    assert after.clients() == frozenset()
+    c, _ = step(c, "maintainer:m", {"kind": "join"})
+    who = ["client:x", "storage:1", "super:a", "maintainer:m"]
+    after, dests = step(c, ROUTERS, {"kind": "suspect", "who": who, "lease": True})
+    assert after.clients() == frozenset() and "maintainer:m" in after.retired()
     assert after.storage() == c.storage() and after.supers() == c.supers()
     assert "client:x" not in dests and c.supers() <= dests
 

@@ -76,7 +76,7 @@ def test_a_version_write_far_behind_its_delivery_is_refused_alike_by_every_repli
         old, now = ("~view", "v", 1), ("~view", "v", 2)
         stale = ("version", ((old, [m.t - 8, "row"]), (now, [m.t, "row"])), 0)
         mid, dests = m.send(
-            "client:c", {H.WRITES: m.ops.part_fun(stale, m.placement).ranges}, stale
+            "maintainer:c", {H.WRITES: m.ops.part_fun(stale, m.placement).ranges}, stale
         )
         m.settle()
         errors = m.results[mid]
@@ -84,14 +84,47 @@ def test_a_version_write_far_behind_its_delivery_is_refused_alike_by_every_repli
         assert all("more than 5 positions below" in e[3] for e in errors), errors
         low = ("version", ((now, [m.t, "row"]),), 0, m.t - 8)  # its oldest write in flight
         where = {H.WRITES: m.ops.part_fun(low, m.placement).ranges}
-        mid, dests = m.send("client:c", where, low)
+        mid, dests = m.send("maintainer:c", where, low)
         m.settle()
         assert len(m.results[mid]) == 3
         fresh = ("version", ((now, [m.t, "row"]),), 0, m.t - 2)
-        m.write(fresh)
+        m.write(fresh, "maintainer:c")
         m.settle()
     held = [dict(c.engine.items()) for c in m.storage.values()]  # type: ignore[attr-defined]
     assert sum(now in h for h in held) == 3 and not any(old in h for h in held)
+
+
+def test_only_maintainers_write_views_rows_and_a_clients_range_delete_spares_them() -> None:
+    """A client's ``version`` or ``reclaim`` is refused alike by every replica, saying
+    maintainers write views' rows; a maintainer's is applied.  A client's
+    ``delete_range`` over everything deletes the base keys and leaves the rows (the
+    views then follow the base); a maintainer's deletes both.  Before, any client could
+    write a row's version or delete rows, and readers trusted the view."""
+    m = grown(4)
+    rows = [("~view", "v", 1), ("~view", "v", 2)]
+    for k in range(0, 400, 50):
+        m.write(("put", ((k, f"v{k}"),)))
+    version = ("version", tuple((r, [m.t, "row"]) for r in rows), 0)
+    where = {H.WRITES: m.ops.part_fun(version, m.placement).ranges}
+    mid, dests = m.send("client:c", where, version)
+    m.settle()
+    errors = m.results[mid]
+    assert len(errors) == len(dests) == 3, errors
+    assert all("only maintainers" in e[3] for e in errors), errors
+    assert m.replica_violations() == []  # (the reference takes nothing from a client)
+    m.write(("version", tuple((r, [m.t, "row"]) for r in rows), 0), "maintainer:m")
+    m.settle()
+    reclaim = ("reclaim", tuple(rows), m.t)
+    m.write(reclaim, "client:c")  # refused: both rows stay
+    m.write(("delete_range", None, None), "client:c")
+    m.settle()
+    assert m.replica_violations() == []
+    held = {k for c in m.storage.values() for k, _ in c.engine.items()}  # type: ignore[attr-defined]
+    assert held == set(rows), held
+    m.write(("delete_range", None, None), "maintainer:m")
+    m.settle()
+    assert m.replica_violations() == []
+    assert not any(c.engine.items() for c in m.storage.values())  # type: ignore[attr-defined]
 
 
 def test_storage_names_are_checked() -> None:
@@ -444,7 +477,7 @@ def test_an_admin_key_named_in_json_places_a_process_among_a_views_rows() -> Non
     assert "('~view', 'by_g', ('c', 7))" in [r["id"] for r in m.super.status()["ring"]]
     below, above = (("~view", "by_g", (g, 1)) for g in ("b", "d"))
     for key in (below, above):  # as a maintainer writes a row: a version of it
-        m.write(("version", ((key, (1, key[2][0])),), 0))
+        m.write(("version", ((key, (1, key[2][0])),), 0), "maintainer:m")
     m.settle()
     assert m.replica_violations() == []
     ks = m.config.keyspace

@@ -54,6 +54,9 @@ OPS = st.one_of(
     ),
     st.tuples(st.just("reclaim"), st.lists(KEYS, max_size=3), st.integers(-1, 60)),
 )
+SENDERS = ("client:c", "maintainer:m")
+"""A client's views' rows are refused, or only its base keys deleted; a maintainer's are
+applied: both at every replica alike."""
 AS_ITSELF, AS_ANOTHER, AS_EVERYTHING, ANSWERED = range(4)
 """How a message's header is made: from its own operation (as a client does), from
 another operation (a read's header on a write, a write's on a read, other keys), naming
@@ -77,19 +80,25 @@ def _header(op: Any, other: Any, how: int, request: int) -> dict[str, Any]:
 
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.lists(st.tuples(OPS, OPS, st.integers(0, 3), st.booleans()), min_size=1, max_size=5))
+@given(
+    st.lists(
+        st.tuples(OPS, OPS, st.integers(0, 3), st.booleans(), st.sampled_from(SENDERS)),
+        min_size=1,
+        max_size=5,
+    )
+)
 def test_random_client_messages_leave_every_key_alike_at_its_holders(
-    messages: list[tuple[Any, Any, int, bool]],
+    messages: list[tuple[Any, Any, int, bool, str]],
 ) -> None:
     m = Model(f=3).ring_of(5)
     m.write(("put", ((5, "a"), (150, [1]))))
-    for i, (op, other, how, packed) in enumerate(messages):
+    for i, (op, other, how, packed, sender) in enumerate(messages):
         header = _header(op, other, how, i + 1)
         payload: Any = op
         if packed:
             payload = msgpack.packb(op, use_bin_type=True)
             header[H.PACKED] = 1
-        m.submit("client:c", header, payload)
+        m.submit(sender, header, payload)
         m.settle()
     assert not m.stopped
     ks = m.config.keyspace

@@ -286,7 +286,7 @@ def test_a_pages_rows_travel_a_message_a_piece_of_the_ring_the_progress_last() -
         else:
             assert len(sent) == 1
         for _, payload, header in sent:
-            dests = m.submit("client:m", header, payload)
+            dests = m.submit("maintainer:m", header, payload)
             assert len(dests) == (2 if pieces else 4), dests
         m.settle()
     # (as the wire would carry them: the model hands a part's lists over as they are)
