@@ -236,7 +236,7 @@ def test_the_console_shows_every_process_the_ring_its_history_and_runs_an_expand
             "const r = document.querySelector('#views tr[data-name=totals]');"
             "return r && [...r.cells].map(c => c.textContent)"), timeout=30)  # fmt: skip
         _name, who, position, behind, stale, rows, age = row
-        assert who.startswith("client:") and int(position) > 0 and int(behind) >= 0
+        assert who.startswith("maintainer:") and int(position) > 0 and int(behind) >= 0
         assert 0 <= float(stale) < 30 and int(rows) == 1 and float(age) < 5, row
         # A place among the view's rows, typed as a JSON array, is a tuple key: the
         # plan names it as typed, and a dry run changes nothing.
