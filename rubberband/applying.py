@@ -26,6 +26,9 @@ _READS, _COUNT, _ANSWER, _WRITES = H.READS, H.COUNT, H.ANSWER, H.WRITES
 WRITES_WHOLE = mutations.declare(
     "writes_whole", "storage", "a write that reaches several segments is applied whole"
 )
+ANY_ROWS_WRITER = mutations.declare(
+    "any_rows_writer", "storage", "views' rows written and deleted by any client"
+)
 
 MALFORMED_BUNDLE = (
     "a bundle is a tuple of (op, ranges) pairs, as many as its count, and a read "
@@ -130,7 +133,7 @@ def refusal(sender: str, op: Any, t: int) -> str | None:
     operation, its sender and its position, which every replica has alike."""
     if type(op) is not tuple or not op or op[0] not in _GUARDED or op[0] == "delete_range":
         return None
-    if not sender.startswith(MAINTAINER):
+    if not sender.startswith(MAINTAINER) and not mutations.on(ANY_ROWS_WRITER):
         return f"{op[0]} writes views' rows, which only maintainers ({MAINTAINER}*) write"
     return too_old(op, t) if op[0] == "version" else None
 
@@ -398,7 +401,8 @@ class Apply:
         per segment, each piece's outcome depends on that segment's data alone, the same
         at every holder: a write is all or nothing within each segment it reaches."""
         if type(op) is tuple and op and op[0] == "delete_range":
-            part = rows_writer_only(m.sender, MAINTAINER, op, part)
+            if not mutations.on(ANY_ROWS_WRITER):
+                part = rows_writer_only(m.sender, MAINTAINER, op, part)
             if not part:
                 return  # all of it views' rows (unanswered: a range delete is not)
         if (len(part) == 1 and _one_key(part[0])) or mutations.on(WRITES_WHOLE):

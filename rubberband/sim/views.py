@@ -56,6 +56,9 @@ PAGE_ROWS = 3
 position of its own, while the writes go on (the daemon's pages are 10,000 rows)."""
 READ_EVERY = 0.1
 """Virtual seconds between the reader's reads."""
+HOSTILE_EVERY = 7
+"""Reads between the reader's hostile writes: it is a plain client, and views' rows are
+their maintainers' (``rubberband.applying.refusal``)."""
 RETENTION = 0.5
 """Virtual seconds of versions kept (the chains stay short, as under real load)."""
 VIEWS = (
@@ -318,6 +321,18 @@ def _answered(w: Waiting, item: ReadDone, paged: bool, end: Any) -> None:
         w.reply = (result, item.position) if w.with_position else result
 
 
+def _hostile(view: ViewDef, at: int) -> Steps:
+    """What a plain client may try on a view: a junk version of a row, from a little
+    after ``at`` on, and a delete of every row.  The storage processes refuse the one
+    and spare the rows in the other, so every read stays exact; the planted
+    ``any_rows_writer`` takes both, and the reads' checks fail."""
+    start, end = rows_bounds(view.name)
+    junk = ("version", (((*start, ("junk",)), [at + 3, {"junk": True}]),), 0)
+    for op in (junk, ("delete_range", start, end)):
+        with contextlib.suppress(RubberbandError):  # refused, as it must be
+            yield Write((op,))
+
+
 class ViewProcess:
     """A simulated process that runs steps: every view's maintainer, or the reader."""
 
@@ -437,6 +452,8 @@ class ViewProcess:
                 if self.final and self.final[0] is view:
                     self.final.pop(0)
                     self.final_reads[view.name] = at
+                elif self.final is None and self._n % HOSTILE_EVERY == 0:
+                    self._start(_hostile(view, at), lambda *_: None, self.node._now)
             self._next_read(self.node._now + READ_EVERY)
 
         self._start(steps, done, now)

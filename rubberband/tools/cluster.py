@@ -426,6 +426,7 @@ def status(args: argparse.Namespace) -> int:
     out = {
         "routers": st["routers"],
         "client_credentials": st["client_credentials"],
+        "maintainer_credentials": st.get("maintainer_credentials"),
         "super": next(iter(st["supers"].values()), None),
         "processes": [_process(key, p) for key, p in sorted(recorded.items())],
         "ring": body.get("ring", []),

@@ -126,7 +126,8 @@ async def drop_view(rb: Any, name: str) -> None:
     # version it holds, then reclaimed (dropped because its chain ends in that absence).
     # A maintainer still keeping the view until it sees the drop may write after the
     # scan: read again until nothing is left.
-    for _ in range(DROP_ROUNDS):
+    for attempt in range(DROP_ROUNDS):
+        # (one scan of the whole view: a view too large for one answer fails here, whole)
         rows, at = await rb.read(("scan", lo, hi), "sequential", with_position=True)
         if not rows:
             return
@@ -135,7 +136,7 @@ async def drop_view(rb: Any, name: str) -> None:
             chunk = tuple(keys[i : i + DROP_KEYS])
             await rb.write(("version", tuple((k, [at]) for k in chunk), 0))
             await rb.write(("reclaim", chunk, at))
-        await asyncio.sleep(0.2 * (_ + 1))
+        await asyncio.sleep(0.2 * (attempt + 1))
     raise RubberbandError(f"view {name!r}: its rows keep being written: is a maintainer stuck?")
 
 

@@ -457,6 +457,7 @@ CAUGHT_BY: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "aggregate_counted_twice": ({"views": True}, "views: an aggregate's old values kept"),
     "join_without_reverse": ({"views": True}, "views: a join's reverse side"),
+    "any_rows_writer": ({"views": True}, "views: a plain client's junk row and row deletes"),
     "unchanged_unchecked": (
         {"views": True, "ops": 200, "think": 0.3},  # quiet spells: progress marked quiet
         "views: a read taken at its target unproven",
