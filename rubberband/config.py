@@ -13,7 +13,7 @@ authorization by proven identity: only supers submit keyspace messages and suspe
 only storage processes submit ``ready`` and ``incomplete``, only clients and maintainers
 submit data.  Everything else, from anyone, gets an empty destination set and changes
 nothing.  A maintainer is a client that may also write views' rows; the storage processes
-refuse those writes from anyone else (:func:`rubberband.versions.refuse_rows_writer`).
+refuse those writes from anyone else (:func:`rubberband.applying.refusal`).
 
 **Headers** (the client computes ranges with the engine's ``part_fun``; routers never parse
 payloads, which cost the dissertation 10-20 % of throughput, 5.6.3):

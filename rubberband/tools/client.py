@@ -119,9 +119,10 @@ def _connection(
             raise Usage(f"no cluster in {args.state_dir} (rubberband cluster up)")
         st = json.loads(f.read_text())
         routers = routers or st["routers"]
-        if f"{role}_credentials" not in st:  # a cluster started before maintainers had a role
+        if f"{role}_credentials" in st:
+            auth = {"credentials": st[f"{role}_credentials"]}
+        elif not args.credentials:  # a cluster started before maintainers had a role
             raise Usage(f"{args.state_dir} holds no {role} credential: give --credentials")
-        auth = {"credentials": st[f"{role}_credentials"]}
         engine = engine or st.get("engine")
     if args.credentials:
         auth = {"credentials": args.credentials}
