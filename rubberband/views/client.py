@@ -98,16 +98,22 @@ def _ordered(rb: Any) -> bool:
 
 DROP_KEYS = 1000
 """Keys a hash-partitioned view's drop writes absent (and reclaims) a message."""
+DROP_SETTLE = 1.5
+"""Seconds a drop waits after deleting a view's rows before it looks again: longer than
+a maintainer takes to see the definition gone (``rubberband views maintain`` reads the
+catalog once a second), so rows one wrote meanwhile are found and deleted."""
 DROP_ROUNDS = 10
-"""Scans a hash-partitioned view's drop makes before it gives up on a view whose rows
-keep coming back (a maintainer that never sees the drop)."""
+"""Deletes a drop makes before it gives up on a view whose rows keep coming back (a
+maintainer that does not see the drop)."""
 
 
 async def drop_view(rb: Any, name: str) -> None:
-    """Forget a view's definition and delete its rows (a maintainer stops on its own).
-    A view that others are defined over is refused (drop those first).  Only a
-    maintainer deletes views' rows (``docs/views.md``, "Who writes a view"): anyone
-    else is refused here, before anything changes."""
+    """Forget a view's definition and delete its rows, again until a look after
+    ``DROP_SETTLE`` finds none (a maintainer still keeping the view stops once it sees
+    the definition gone, and its last rows are deleted too).  A view that others are
+    defined over is refused (drop those first).  Only a maintainer deletes views' rows
+    (``docs/views.md``, "Who writes a view"): anyone else is refused here, before
+    anything changes."""
     over = sorted(v.name for v in await list_views(rb) if v.over == name)
     if over:
         raise BadOperation(f"views {', '.join(over)} are defined over {name!r}: drop them first")
@@ -118,26 +124,31 @@ async def drop_view(rb: Any, name: str) -> None:
             f"maintainer credential), not as {rb.ecast.name}"
         )
     await rb.delete(catalog_key(name))
-    lo, hi = rows_bounds(name)[0], keys_end(name)  # rows, every progress
+    for _ in range(DROP_ROUNDS):
+        if not await _delete_rows(rb, rows_bounds(name)[0], keys_end(name)):
+            return
+        await asyncio.sleep(DROP_SETTLE)
+    raise RubberbandError(f"view {name!r}: its rows keep being written: is a maintainer stuck?")
+
+
+async def _delete_rows(rb: Any, lo: Any, hi: Any) -> bool:
+    """Delete every key of a view's in ``[lo, hi)`` (its rows, every progress); whether
+    there was any."""
     if rb.placement.ordered:
+        if not await rb.read(("scan", lo, hi, 1), "sequential"):
+            return False
         await rb.delete_range(lo, hi)
-        return
+        return True
     # Hash partitioning has no range delete: each key is written absent above every
     # version it holds, then reclaimed (dropped because its chain ends in that absence).
-    # A maintainer still keeping the view until it sees the drop may write after the
-    # scan: read again until nothing is left.
-    for attempt in range(DROP_ROUNDS):
-        # (one scan of the whole view: a view too large for one answer fails here, whole)
-        rows, at = await rb.read(("scan", lo, hi), "sequential", with_position=True)
-        if not rows:
-            return
-        keys = [k for k, _ in rows]
-        for i in range(0, len(keys), DROP_KEYS):
-            chunk = tuple(keys[i : i + DROP_KEYS])
-            await rb.write(("version", tuple((k, [at]) for k in chunk), 0))
-            await rb.write(("reclaim", chunk, at))
-        await asyncio.sleep(0.2 * (attempt + 1))
-    raise RubberbandError(f"view {name!r}: its rows keep being written: is a maintainer stuck?")
+    # (One scan of the whole view: a view too large for one answer fails here, whole.)
+    rows, at = await rb.read(("scan", lo, hi), "sequential", with_position=True)
+    keys = [k for k, _ in rows]
+    for i in range(0, len(keys), DROP_KEYS):
+        chunk = tuple(keys[i : i + DROP_KEYS])
+        await rb.write(("version", tuple((k, [at]) for k in chunk), 0))
+        await rb.write(("reclaim", chunk, at))
+    return bool(keys)
 
 
 async def list_views(rb: Any, malformed: list[tuple[Any, str]] | None = None) -> list[ViewDef]:

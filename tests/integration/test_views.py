@@ -371,12 +371,18 @@ def test_views_under_hash_partitioning_read_exact_rows_from_every_bucket(hash_di
             await asyncio.wait_for(feed, 30)
             with pytest.raises(BadOperation, match="busy are defined over 'per_g'"):
                 await rb.drop_view("per_g")
-            maintainer.send_signal(signal.SIGKILL)  # (it would write busy's rows until it saw)
-            maintainer.wait()
-            # The admin command drops a view as a maintainer (the cluster's credential).
+            # The admin command drops a view as a maintainer (the cluster's credential),
+            # under writes, while the maintainer keeps it: the drop deletes the rows it
+            # writes until it has seen the definition gone (once a second).
+            stop.clear()
+            writing = asyncio.ensure_future(write(rb))
+            await asyncio.sleep(1)
             out = await _off(cli, "views", "drop", "--state-dir", str(hash_dir), "busy")
             assert out.returncode == 0, out.stdout + out.stderr
             assert "busy" not in [v.name for v in await rb.views()]
+            await asyncio.sleep(2)
+            stop.set()
+            await writing
             assert await rb.read(("scan", ("~view", "busy"), ("~view", "busy\x01"))) == []
         finally:
             maintainer.send_signal(signal.SIGKILL)
