@@ -95,6 +95,23 @@ def _role(args: argparse.Namespace) -> str:
     return "maintainer" if args.command in ("maintain", "drop") else "client"
 
 
+async def _connect(args: argparse.Namespace) -> tuple[Any, str]:
+    """:func:`connect` as :func:`_role` says, and a maintainer's refused credential
+    explained (a deployment from before the role gave its maintainer ``client:*``)."""
+    import ecast
+
+    role = _role(args)
+    try:
+        return await connect(args, role)
+    except ecast.AuthenticationError as e:
+        if role != "maintainer":
+            raise
+        raise ecast.AuthenticationError(
+            f"{e}; `views {args.command}` writes views' rows, which only maintainer:* names "
+            'may (docs/views.md, "Who writes a view")'
+        ) from None
+
+
 def _bound(text: str | None) -> Any:
     return None if text in (None, "-") else key(text)
 
@@ -152,7 +169,7 @@ async def run(args: argparse.Namespace) -> Any:
         raise Usage("read NAME [--level L] [--key K ...|--lookup V|--lo LO --hi HI]")
     if args.command == "drop" and not args.names:
         raise Usage("drop NAME [NAME ...]")
-    rb, _engine = await connect(args, _role(args))
+    rb, _engine = await _connect(args)
     try:
         if args.command == "create":
             view = await rb.create_view(args.names[0], source, args.kind, **spec)
@@ -224,7 +241,7 @@ async def _reconnect(
     while not stop.is_set():
         began = time.monotonic()
         try:
-            new = (await connect(args, _role(args)))[0]
+            new = (await _connect(args))[0]
         except failures() as e:
             log.warning("connecting anew failed after %.1f s (%s): trying again",
                         time.monotonic() - began, str(e)[:200] or type(e).__name__)  # fmt: skip

@@ -400,6 +400,17 @@ def test_views_under_hash_partitioning_read_exact_rows_from_every_bucket(hash_di
     asyncio.run(go())
 
 
+def test_a_maintainer_under_a_client_credential_is_refused_saying_why(rb_dir: Path) -> None:
+    """Views' rows are written by maintainers alone: ``views maintain`` connects as
+    ``maintainer:...``, which a ``client:*`` credential (what a deployment from before the
+    role gave its maintainer) does not cover; it stops at once and says what it needs."""
+    st = json.loads((rb_dir / "cluster.json").read_text())
+    out = cli("views", "maintain", "--routers", ",".join(st["routers"]),
+              "--credentials", st["client_credentials"], timeout=60)  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "covers client:*" in out.stderr and "only maintainer:* names" in out.stderr, out.stderr
+
+
 TABLE_VIEWS = [
     view_def("t_by_g", "index", (None, None), on="g", columns=["v"], table=("t", "id")),
     view_def(
