@@ -13,9 +13,9 @@ from rubberband.bundles import cut, read_items, unbundle, write_items
 from rubberband.changelog import feed_answer, revised_op
 from rubberband.config import MAINTAINER
 from rubberband.engine import BadOperation
-from rubberband.keys import NOTHING, RangeSet, covers, is_range_set
+from rubberband.keys import NOTHING, RangeSet, covers, difference, is_range_set
 from rubberband.proto import Answer, Answers, H, Whole, written
-from rubberband.versions import is_version_op, rows_writer_only, too_old
+from rubberband.versions import VIEW_KEYS, is_version_op, too_old
 
 if TYPE_CHECKING:
     from rubberband.placement import Keyspace
@@ -104,9 +104,23 @@ def _answer_reads(
     return len({row[0] for row in rows if row[3] is not None})
 
 
-_GUARDED = frozenset({"version", "reclaim", "delete_range"})
+_REFUSABLE = frozenset({"version", "reclaim"})
+"""The operations :func:`refusal` may refuse: views' rows."""
+_GUARDED = _REFUSABLE | {"delete_range"}
 """The operations a sender's role or a position may refuse or restrict (checked by name
 first: most writes are none of them)."""
+
+
+def _deletable(sender: str, ranges: RangeSet) -> RangeSet:
+    """What of ``ranges`` a ``delete_range`` from ``sender`` deletes: all of them for a
+    maintainer, the rest without views' rows for anyone else.  Views' rows are their
+    maintainers' (proven by their credentials): a client that deleted some made a view
+    show a state that no base position had, and every reader trusted it.  A client's
+    range delete is of base data, which the views then follow.  It reads the sender
+    alone, so every replica applies the same part of the write."""
+    if sender.startswith(MAINTAINER) or mutations.on(ANY_ROWS_WRITER):
+        return ranges
+    return difference(ranges, VIEW_KEYS)
 
 
 def _whole(sender: str, sub: Any, t: int) -> Any:
@@ -118,7 +132,7 @@ def _whole(sender: str, sub: Any, t: int) -> Any:
     if refusal(sender, op, t):
         return None
     if type(op) is tuple and op and op[0] == "delete_range" and is_range_set(ranges):
-        ranges = rows_writer_only(sender, MAINTAINER, op, ranges)
+        ranges = _deletable(sender, ranges)
         return (op, ranges) if ranges else None
     return sub
 
@@ -131,7 +145,7 @@ def refusal(sender: str, op: Any, t: int) -> str | None:
     delivered too far behind the positions it holds (:func:`~rubberband.versions.too_old`:
     a stale maintainer cannot bring back a row its view dropped).  Both read only the
     operation, its sender and its position, which every replica has alike."""
-    if type(op) is not tuple or not op or op[0] not in _GUARDED or op[0] == "delete_range":
+    if type(op) is not tuple or not op or op[0] not in _REFUSABLE:
         return None
     if not sender.startswith(MAINTAINER) and not mutations.on(ANY_ROWS_WRITER):
         return f"{op[0]} writes views' rows, which only maintainers ({MAINTAINER}*) write"
@@ -288,8 +302,8 @@ class Apply:
         """The writes refused whole, never applied (:func:`refusal`), by item index."""
         out = {}
         for j, (m, op, _, _, _, t) in enumerate(self.items):
-            # Only a guarded write can be: the others are passed over without a call.
-            if type(op) is not tuple or not op or op[0] not in _GUARDED:
+            # Only views' rows can be: the others are passed over without a call.
+            if type(op) is not tuple or not op or op[0] not in _REFUSABLE:
                 continue
             if H.READS not in m.header and (why := refusal(m.sender, op, t)):
                 out[j] = BadOperation(why)
@@ -401,8 +415,7 @@ class Apply:
         per segment, each piece's outcome depends on that segment's data alone, the same
         at every holder: a write is all or nothing within each segment it reaches."""
         if type(op) is tuple and op and op[0] == "delete_range":
-            if not mutations.on(ANY_ROWS_WRITER):
-                part = rows_writer_only(m.sender, MAINTAINER, op, part)
+            part = _deletable(m.sender, part)
             if not part:
                 return  # all of it views' rows (unanswered: a range delete is not)
         if (len(part) == 1 and _one_key(part[0])) or mutations.on(WRITES_WHOLE):

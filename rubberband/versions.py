@@ -51,7 +51,7 @@ from typing import Any
 
 from ecast.core import mutations
 from rubberband.errors import BadOperation
-from rubberband.keys import difference, encode_key
+from rubberband.keys import encode_key
 
 STALE_VERSIONS_TAKEN = mutations.declare(
     "stale_versions_taken", "storage",
@@ -108,26 +108,9 @@ def refuse_view_keys(op: Any) -> None:
             )
 
 
-ROWS: tuple[tuple[Any, Any]] = ((encode_key((VIEW,)), encode_key((VIEW + "\x00",))),)
-"""The range set every key ``(VIEW, ...)`` encodes inside, and no other key does."""
-
-
-def rows_writer_only(sender: str, maintainer: str, op: Any, ranges: Any) -> Any:
-    """What of ``ranges`` a write from ``sender`` may change: all of them, except that
-    a ``delete_range`` from a process not named ``maintainer...`` leaves views' rows
-    alone.  Views' rows are their maintainers' (proven by their credentials): a client
-    that deleted some made a view show a state that no base position had, and every
-    reader trusted it.  A client's range delete is of base data, which the views then
-    follow.  The rule reads the operation and its sender alone, so every replica
-    applies the same part of it."""
-    if (
-        type(op) is tuple
-        and len(op) == 3
-        and op[0] == "delete_range"
-        and not sender.startswith(maintainer)
-    ):
-        return difference(ranges, ROWS)
-    return ranges
+VIEW_KEYS: tuple[tuple[Any, Any]] = ((encode_key((VIEW,)), encode_key((VIEW + "\x00",))),)
+"""The range set every key ``(VIEW, ...)`` encodes inside, and no other key does: what
+a client's ``delete_range`` leaves alone (``rubberband.applying``)."""
 
 
 def is_version_op(op: Any) -> bool:

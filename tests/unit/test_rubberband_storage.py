@@ -14,7 +14,7 @@ from ecast import Message
 from rubberband.applying import MALFORMED_BUNDLE
 from rubberband.client import ClientCore, Rejected
 from rubberband.engine import BadOperation
-from rubberband.keys import encode_key, intersect, key_range, normalize, point
+from rubberband.keys import EVERYTHING, encode_key, intersect, key_range, normalize, point
 from rubberband.outputs import Stop
 from rubberband.proto import (
     Abort,
@@ -117,6 +117,9 @@ def test_only_maintainers_write_views_rows_and_a_clients_range_delete_spares_the
     reclaim = ("reclaim", tuple(rows), m.t)
     m.write(reclaim, "client:c")  # refused: both rows stay
     m.write(("delete_range", None, None), "client:c")
+    # A malformed one (no bounds) under a header naming the whole ring: the engine
+    # deletes by the ranges it is given, so it too must spare the rows.
+    m.submit("client:c", {H.WRITES: EVERYTHING}, ("delete_range",))
     m.settle()
     assert m.replica_violations() == []
     held = {k for c in m.storage.values() for k, _ in c.engine.items()}  # type: ignore[attr-defined]
