@@ -209,9 +209,10 @@ class Workload:
             r["error"] = f"{type(error).__name__}: {error}"[:300]
         self.history.append(r)
 
-    def connect(self, name: str, slot: str | None = None) -> Any:
-        """A light client ``client:jNAME``; with network faults it connects from, and
-        serves on, the address of its slot (one per client, kept across reconnects)."""
+    def connect(self, name: str, slot: str | None = None, role: str = "client") -> Any:
+        """A light client ``client:jNAME`` (``role`` ``maintainer``: ``maintainer:jNAME``,
+        which may define views); with network faults it connects from, and serves on,
+        the address of its slot (one per client, kept across reconnects)."""
         import rubberband.sdk as rbsdk
 
         where: dict[str, Any] = {}
@@ -219,13 +220,13 @@ class Workload:
             ip = self.plan.net.source(slot or name)
             where = {"listen": f"{ip}:0", "source": ip}
         routers = json.loads((self.d / "cluster.json").read_text())["routers"]
-        creds = self.st["client_credentials"]
+        creds = self.st[f"{role}_credentials"]
         if "power-cut" in self.plan.kinds:
             # A write to routers that all died waits out its acknowledgement timeout
             # before its client learns to go to the new ones: keep it short.
             where["ack_timeout"] = self.plan.answer_timeout
         return self._connected(rbsdk.connect(
-            routers, f"client:j{name}", credentials=creds,
+            routers, f"{role}:j{name}", credentials=creds,
             answer_timeout=self.plan.answer_timeout, **where,
         ), routers)  # fmt: skip
 
@@ -382,7 +383,7 @@ class Workload:
         return None
 
     async def load_data(self) -> None:
-        rb = await self.connect("setup")
+        rb = await self.connect("setup", role="maintainer")  # (it may define the view)
         load = list(filler().items())
         for i in range(0, len(load), 1000):
             await rb.put_many(dict(load[i : i + 1000]))

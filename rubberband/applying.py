@@ -15,19 +15,26 @@ from rubberband.config import MAINTAINER
 from rubberband.engine import BadOperation
 from rubberband.keys import NOTHING, RangeSet, covers, difference, is_range_set
 from rubberband.proto import Answer, Answers, H, Whole, written
-from rubberband.versions import VIEW_KEYS, is_version_op, too_old
+from rubberband.versions import (
+    CATALOG_KEYS,
+    MAINTAINED_KEYS,
+    is_version_op,
+    names_catalog,
+    too_old,
+)
 
 if TYPE_CHECKING:
     from rubberband.placement import Keyspace
     from rubberband.storage import StorageCore
 
 _READS, _COUNT, _ANSWER, _WRITES = H.READS, H.COUNT, H.ANSWER, H.WRITES
+_CATALOG_LO, _CATALOG_HI = CATALOG_KEYS[0]
 
 WRITES_WHOLE = mutations.declare(
     "writes_whole", "storage", "a write that reaches several segments is applied whole"
 )
 ANY_ROWS_WRITER = mutations.declare(
-    "any_rows_writer", "storage", "views' rows written and deleted by any client"
+    "any_rows_writer", "storage", "views' rows and definitions written by any client"
 )
 
 MALFORMED_BUNDLE = (
@@ -105,7 +112,8 @@ def _answer_reads(
 
 
 _REFUSABLE = frozenset({"version", "reclaim"})
-"""The operations :func:`refusal` may refuse: views' rows."""
+"""The operations :func:`refusal` may refuse whatever keys they name: views' rows (a
+plain write is refused only if it names a view's definition)."""
 _GUARDED = _REFUSABLE | {"delete_range"}
 """The operations a sender's role or a position may refuse or restrict (checked by name
 first: most writes are none of them)."""
@@ -113,23 +121,42 @@ first: most writes are none of them)."""
 
 def _deletable(sender: str, ranges: RangeSet) -> RangeSet:
     """What of ``ranges`` a ``delete_range`` from ``sender`` deletes: all of them for a
-    maintainer, the rest without views' rows for anyone else.  Views' rows are their
-    maintainers' (proven by their credentials): a client that deleted some made a view
-    show a state that no base position had, and every reader trusted it.  A client's
-    range delete is of base data, which the views then follow.  It reads the sender
-    alone, so every replica applies the same part of the write."""
+    maintainer, the rest without views' rows and definitions for anyone else.  Those
+    are their maintainers' (proven by their credentials): a client that deleted rows
+    made a view show a state that no base position had, and every reader trusted it.
+    A client's range delete is of base data, which the views then follow.  It reads
+    the sender alone, so every replica applies the same part of the write."""
     if sender.startswith(MAINTAINER) or mutations.on(ANY_ROWS_WRITER):
         return ranges
-    return difference(ranges, VIEW_KEYS)
+    return difference(ranges, MAINTAINED_KEYS)
 
 
-def _whole(sender: str, sub: Any, t: int) -> Any:
+def may_reach_catalog(header: dict[str, Any], ordered: bool) -> bool:
+    """May a write under ``header`` name a view's definition (a key ``(CATALOG,
+    ...)``)?  Under range partitioning only if the ranges the header names reach the
+    catalog's keys (an engine writes nothing outside them); under hash partitioning
+    they say nothing of keys, and it may.  Where it may, the operation itself says
+    (:func:`~rubberband.versions.names_catalog`).  It reads the whole message, never
+    the part of it a replica holds, so every replica decides alike (a batch takes the
+    short road at one replica and the general one at another)."""
+    if not ordered:
+        return True
+    ranges = written(header)
+    return type(ranges) is tuple and any(
+        type(r) is tuple and len(r) == 2 and r[0] < _CATALOG_HI and r[1] > _CATALOG_LO
+        for r in ranges
+    )
+
+
+def _whole(sender: str, sub: Any, t: int, catalog: bool) -> Any:
     """``(op, ranges)`` as every replica applies it, for an engine's record of whole
-    writes: None if refused, its ranges without views' rows if only those are barred."""
+    writes: None if refused, its ranges without views' rows and definitions if only
+    those are barred.  ``catalog``: the message's header reaches the catalog's keys
+    (:func:`may_reach_catalog`; its operation is looked at here)."""
     if type(sub) is not tuple or len(sub) != 2:
         return sub  # (a malformed bundle: no replica applies any of it)
     op, ranges = sub
-    if refusal(sender, op, t):
+    if refusal(sender, op, t, catalog and names_catalog(op)):
         return None
     if type(op) is tuple and op and op[0] == "delete_range" and is_range_set(ranges):
         ranges = _deletable(sender, ranges)
@@ -137,19 +164,28 @@ def _whole(sender: str, sub: Any, t: int) -> Any:
     return sub
 
 
-def refusal(sender: str, op: Any, t: int) -> str | None:
+def refusal(sender: str, op: Any, t: int, catalog: bool = False) -> str | None:
     """Why a write is refused whole at every replica and never applied, or None: a
-    ``version`` or ``reclaim`` (views' rows) from a process that is not a maintainer,
-    whose credential proved its name (a client that wrote a row's version made a view
-    show a state no base position had, and readers trusted it); or a version write
-    delivered too far behind the positions it holds (:func:`~rubberband.versions.too_old`:
-    a stale maintainer cannot bring back a row its view dropped).  Both read only the
-    operation, its sender and its position, which every replica has alike."""
-    if type(op) is not tuple or not op or op[0] not in _REFUSABLE:
+    ``version`` or ``reclaim`` (views' rows), or a plain write that names a view's
+    definition (``catalog``: :func:`may_reach_catalog` allowed it, and it does), from a
+    process that is not a maintainer, whose credential proved its name (a client that
+    wrote a row's version made a view show a state no base position had, and readers
+    trusted it; one that wrote a definition made readers trust sources the view is not
+    of, and maintainers keep, or stop keeping, a view nobody with the role defined); or
+    a version write delivered too far behind the positions it holds
+    (:func:`~rubberband.versions.too_old`: a stale maintainer cannot bring back a row
+    its view dropped).  All read only the operation, its sender, its header and its
+    position, which every replica has alike."""
+    if type(op) is not tuple or not op:
+        return None
+    name = op[0]
+    if name not in _REFUSABLE and not catalog:
         return None
     if not sender.startswith(MAINTAINER) and not mutations.on(ANY_ROWS_WRITER):
-        return f"{op[0]} writes views' rows, which only maintainers ({MAINTAINER}*) write"
-    return too_old(op, t) if op[0] == "version" else None
+        if catalog:
+            return f"{name} names a view's definition, which only maintainers ({MAINTAINER}*) write"
+        return f"{name} writes views' rows, which only maintainers ({MAINTAINER}*) write"
+    return too_old(op, t) if name == "version" else None
 
 
 class Apply:
@@ -185,26 +221,7 @@ class Apply:
     def run(self) -> None:
         core = self.core
         batch = self.batch
-        # Plain: every item a write of its own that asks for no answer and is no view's
-        # rows (``versions.is_version_op``; most batches under writes): nothing can be
-        # refused, every change is logged, only a rejected write is answered, and the
-        # engine's operations are taken from the batch as it is.
-        # A write of more than one key may reach more than one segment: it takes the
-        # general road, which applies it segment by segment (:meth:`_write`).
-        plain = True
-        for m, mine, _ in batch:
-            h = m.header
-            op = m.payload
-            if (
-                _READS in h
-                or _COUNT in h
-                or _ANSWER in h
-                or (type(op) is tuple and op and op[0] in _GUARDED)
-                or len(mine) != 1
-                or (_WRITES in h and not _one_key(mine[0]))  # (else a header of one key)
-            ):
-                plain = False
-                break
+        plain = _plain(batch, core.engine.placement.ordered, core.catalog_held)
         if not plain and self._reads():
             return
         refused: dict[int, BadOperation] = {}
@@ -301,11 +318,25 @@ class Apply:
     def _refused(self) -> dict[int, BadOperation]:
         """The writes refused whole, never applied (:func:`refusal`), by item index."""
         out = {}
+        ordered = self.core.engine.placement.ordered
+        # The messages (by ``id``) from others than maintainers that may name a view's
+        # definition: under range partitioning, almost never one.
+        catalog = {
+            id(m) for m, _, _ in self.batch
+            if not m.sender.startswith(MAINTAINER) and H.READS not in m.header
+            and may_reach_catalog(m.header, ordered)
+        }  # fmt: skip
         for j, (m, op, _, _, _, t) in enumerate(self.items):
-            # Only views' rows can be: the others are passed over without a call.
-            if type(op) is not tuple or not op or op[0] not in _REFUSABLE:
+            # Only views' rows and definitions can be: the rest pass without a call.
+            if type(op) is not tuple or not op:
                 continue
-            if H.READS not in m.header and (why := refusal(m.sender, op, t)):
+            if op[0] in _REFUSABLE:
+                named = False
+            elif catalog and id(m) in catalog and names_catalog(op):
+                named = True
+            else:
+                continue
+            if H.READS not in m.header and (why := refusal(m.sender, op, t, named)):
                 out[j] = BadOperation(why)
         return out
 
@@ -315,16 +346,18 @@ class Apply:
         replicas that missed the message are brought level from any one that has it,
         all of it (a replica applies only its part of a write; none that was refused)."""
         engine: Any = self.core.engine
+        ordered = engine.placement.ordered
         for m, mine, t in self.batch:
             h = m.header
             full = written(h)
             if H.READS in h or full is None or covers(mine, full):
                 continue
+            catalog = may_reach_catalog(h, ordered)
             if H.COUNT not in h:
-                kept = [_whole(m.sender, (m.payload, full), t)]
+                kept = [_whole(m.sender, (m.payload, full), t, catalog)]
             elif (subs := unbundle(m)) is not None:
                 # every write of it, this replica's or not: a refused one is no part of it
-                kept = [_whole(m.sender, sub, t) for sub in subs]
+                kept = [_whole(m.sender, sub, t, catalog) for sub in subs]
             else:
                 continue
             if any(kept):
@@ -467,6 +500,37 @@ class Apply:
                 core.send(m.sender, Whole(rid, t, tuple(answers)))
             elif answers or id(m) not in writes:
                 core.send(m.sender, Answers(rid, t, True, tuple(answers)))
+
+
+def _plain(batch: list[tuple[Message, RangeSet, int]], ordered: bool, held: bool) -> bool:
+    """Is every item of ``batch`` a write of its own that asks for no answer and is no
+    view's rows or definition (most batches under writes)?  Then nothing can be
+    refused, every change is logged, only a rejected write is answered, and the engine's
+    operations are taken from the batch as it is.  A write of more than one key may
+    reach more than one segment: it takes the general road, which applies it segment
+    by segment (:meth:`Apply._write`).  ``held``: whether this process ever held a
+    view's definition (``StorageCore.catalog_held``); until it has, the key of a write
+    of one key delivered here (its header's, ``may_reach_catalog``) names none."""
+    for m, mine, _ in batch:
+        h = m.header
+        op = m.payload
+        if (
+            _READS in h
+            or _COUNT in h
+            or _ANSWER in h
+            or (type(op) is tuple and op and op[0] in _GUARDED)
+            or len(mine) != 1
+            or (_WRITES in h and not _one_key(mine[0]))  # (else a header of one key)
+            or (
+                names_catalog(op)  # a view's definition? (the header tells no key)
+                if not ordered
+                else (held and _CATALOG_LO <= mine[0][0] < _CATALOG_HI)
+                if _WRITES not in h
+                else may_reach_catalog(h, True) and names_catalog(op)
+            )
+        ):
+            return False
+    return True
 
 
 def _one_key(r: tuple[Any, Any]) -> bool:

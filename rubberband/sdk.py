@@ -486,12 +486,15 @@ class RubberbandClient:
     # ================================================================== views
     async def create_view(self, name: str, from_: Any, kind: str, **spec: Any) -> Any:
         """Define a materialized view of the keys in ``from_ = (lo, hi)``, or over the
-        view named ``from_`` (:func:`rubberband.views.create_view`; ``docs/views.md``)."""
+        view named ``from_`` (:func:`rubberband.views.create_view`; ``docs/views.md``).
+        A client connected as ``maintainer:...`` may: views' definitions are theirs."""
         from rubberband.views import create_view
 
         return await create_view(self, name, from_, kind, **spec)
 
     async def drop_view(self, name: str) -> None:
+        """Forget a view and delete its rows (:func:`rubberband.views.drop_view`); a
+        client connected as ``maintainer:...`` may."""
         from rubberband.views import drop_view
 
         await drop_view(self, name)

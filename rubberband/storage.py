@@ -75,6 +75,7 @@ from rubberband.proto import (
 )
 from rubberband.restart import answer_level, drop_kept, restored
 from rubberband.steps import short_batches as short_batches  # the host's judge of a step
+from rubberband.versions import CATALOG_KEYS
 
 CHUNK_BYTES = 256 * 1024
 _NOW = 1 << 62
@@ -161,6 +162,7 @@ class StorageCore:
         self.owned: RangeSet = NOTHING
         """What we answer for as of the last keyspace message delivered."""
         self.held = Bounds(NOTHING)  # ``owned``'s bounds, as of some time (held_part)
+        self.catalog_held = False  # ``owned`` ever reached views' definitions (owned_bounds)
         self.broken: RangeSet = NOTHING
         """Ranges whose transfer was aborted: incomplete until a super repairs us."""
         self.incomplete = False
@@ -313,7 +315,7 @@ class StorageCore:
         batch: list[tuple[Message, RangeSet, int]] = []
         senders = self.senders
         gated = self._queued_ranges or self.migration.incoming
-        los, his = self._bounds()
+        los, his = owned_bounds(self)
         t = self.delivered
         for d in deliveries:
             dt, msg, unsafe = d[0], d[1], d[2]  # (a Delivery's t, message, unsafe)
@@ -364,20 +366,12 @@ class StorageCore:
             if self.stopped is not None:
                 break
             gated = self._queued_ranges or self.migration.incoming
-            los, his = self._bounds()  # (a keyspace message changes what we own)
+            los, his = owned_bounds(self)  # (a keyspace message changes what we own)
         if batch and self.stopped is None:
             self._apply(batch)
         self.delivered = t
         if self.migration.early_pulls:
             self.migration.expire_early_pulls()
-
-    def _bounds(self) -> tuple[list[Any], list[Any]]:
-        """The owned ranges' lower and upper bounds (``held``, made again if ``owned``
-        is new since)."""
-        held = self.held
-        if held.ranges is not self.owned:
-            held = self.held = Bounds(self.owned)
-        return held.los, held.his
 
     def _answer(
         self, to: NodeId, rid: Any, op: Any, mine: RangeSet, position: Any, keys: Any = None
@@ -674,11 +668,22 @@ def held_part(core: StorageCore, h: Any) -> RangeSet | None:
         lo, hi = ranges[0]
     # Most deliveries name one key, held whole by the owned range that starts at or
     # below it: one bisection of plain bounds, where ``intersect`` compares ranges.
-    los, his = core._bounds()
+    los, his = owned_bounds(core)
     i = bisect_right(los, lo) - 1
     if i >= 0 and hi <= his[i]:
         return ranges
     return intersect(ranges, core.owned)
+
+
+def owned_bounds(core: StorageCore) -> tuple[list[Any], list[Any]]:
+    """The owned ranges' lower and upper bounds (``held``, made again if ``owned`` is
+    new since), and whether ``owned`` ever reached views' definitions, the keys a write
+    of one key names through these (``held_part``; ``rubberband.applying``)."""
+    held = core.held
+    if held.ranges is not core.owned:
+        held = core.held = Bounds(core.owned)
+        core.catalog_held = core.catalog_held or bool(intersect(core.owned, CATALOG_KEYS))
+    return held.los, held.his
 
 
 def figures_of(core: StorageCore) -> dict[str, Any]:

@@ -112,6 +112,34 @@ VIEW_KEYS: tuple[tuple[Any, Any]] = ((encode_key((VIEW,)), encode_key((VIEW + "\
 """The range set every key ``(VIEW, ...)`` encodes inside, and no other key does: what
 a client's ``delete_range`` leaves alone (``rubberband.applying``)."""
 
+CATALOG = "~views"
+"""The first element of every key of views' definitions (``("~views", name)``,
+:mod:`rubberband.views.define`): written by maintainers alone, like the rows."""
+
+CATALOG_KEYS: tuple[tuple[Any, Any]] = ((encode_key((CATALOG,)), encode_key((CATALOG + "\x00",))),)
+"""The range set every key ``(CATALOG, ...)`` encodes inside, and no other key does."""
+
+MAINTAINED_KEYS: tuple[tuple[Any, Any], ...] = (*VIEW_KEYS, *CATALOG_KEYS)
+"""Views' rows and definitions: the keys only maintainers write (``VIEW_KEYS`` sorts
+first: ``"~view\x00"`` before ``"~views"``)."""
+
+
+def names_catalog(op: Any) -> bool:
+    """Does plain write ``op`` (``put``, ``append``, ``add``, ``delete``) name a key of
+    the catalog, ``(CATALOG, ...)``?  False for any other operation, or a malformed
+    one (which the engine refuses on its own)."""
+    if type(op) is not tuple or len(op) < 2 or op[0] not in PLAIN_WRITES:
+        return False
+    items = op[1]
+    if type(items) is not tuple and type(items) is not list:
+        return False
+    keyed = op[0] != "delete"
+    for item in items:
+        key = item[0] if keyed and type(item) in (tuple, list) and item else item
+        if type(key) is tuple and key and key[0] == CATALOG:
+            return True
+    return False
+
 
 def is_version_op(op: Any) -> bool:
     """Is ``op`` a write of a view's rows (``version`` or ``reclaim``)?"""

@@ -20,15 +20,18 @@ from rubberband.outputs import Stop, Submit
 from rubberband.proto import Answer, H, vote_header
 from rubberband.storage import StorageCore
 from rubberband.super import SuperCore
+from rubberband.versions import names_catalog
 from storage_adapters.memory import KVOps, MemoryEngine
 
 SUPER = "super:s"
 
 
 class Model:
-    def __init__(self, f: int = 3, seed: int = 0, chunk_bytes: int = 200) -> None:
+    def __init__(
+        self, f: int = 3, seed: int = 0, chunk_bytes: int = 200, partitioning: str = "range"
+    ) -> None:
         self.rng = random.Random(seed)
-        self.config = RubberbandConfig.initial(replication=f)
+        self.config = RubberbandConfig.initial(replication=f, partitioning=partitioning)
         self.t = 0
         self.seq = itertools.count(1)
         self.storage: dict[str, StorageCore] = {}
@@ -42,7 +45,7 @@ class Model:
         self.stopped: dict[str, str] = {}
         self.chunk_bytes = chunk_bytes
         self.ops = KVOps()
-        self.placement = Placement()
+        self.placement = Placement(partitioning)  # type: ignore[arg-type]
         self.reference: dict[Any, Any] = {}
         self.dead: set[str] = set()
         self.super = SuperCore(SUPER)
@@ -156,9 +159,10 @@ class Model:
 
     def expect(self, op: Any, sender: str = "client:c") -> None:
         """The reference takes ``op`` from ``sender`` as every replica should (views'
-        rows are written by maintainers alone: ``rubberband.applying.refusal``)."""
+        rows and definitions are written by maintainers alone:
+        ``rubberband.applying.refusal``)."""
         maintainer = sender.startswith("maintainer:")
-        if op[0] in ("version", "reclaim") and not maintainer:
+        if not maintainer and (op[0] in ("version", "reclaim") or names_catalog(op)):
             return
         if op[0] == "put":
             for k, v in op[1]:
@@ -184,7 +188,7 @@ class Model:
         elif op[0] == "delete_range":
             ((lo, hi),) = self.ops.part_fun(op, self.placement).ranges
             for k in [k for k in self.reference if lo <= self.placement.ekey(k) < hi]:
-                if maintainer or type(k) is not tuple or not k or k[0] != "~view":
+                if maintainer or type(k) is not tuple or not k or k[0] not in ("~view", "~views"):
                     del self.reference[k]
 
     def read(self, op: Any, offset: int = 0, client: str = "client:c") -> Any:
@@ -240,7 +244,7 @@ class Model:
             want = {
                 k: v
                 for k, v in self.reference.items()
-                if any(lo <= encode_key(k) < hi for lo, hi in part)
+                if any(lo <= self.placement.ekey(k) < hi for lo, hi in part)
             }
             if got != want:
                 missing = sorted(set(want) - set(got))[:5]

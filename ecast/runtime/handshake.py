@@ -49,7 +49,7 @@ from ecast.core.roles import ANY
 from ecast.security.credentials import MAX_CERTIFICATE, Credential, CredentialError, covers
 from ecast.wire.codec import DecodeError
 
-PROTOCOL_VERSION = 16
+PROTOCOL_VERSION = 17
 MAX_HANDSHAKE_FRAME = 8 * 1024
 """Largest frame a peer may send before it proved itself (a certificate is under 1 KiB)."""
 MAX_HOST = 256

@@ -229,12 +229,14 @@ class Cluster:
         _cli("cluster", "down", "--state-dir", str(self.d), timeout=120)
 
 
-async def _client(c: Cluster, name: str, ops: Any = None) -> Any:
+async def _client(c: Cluster, name: str, ops: Any = None, role: str = "client") -> Any:
+    """A client of the cluster; ``role`` ``maintainer`` for one that defines views
+    (their definitions are maintainers' to write, as their rows are)."""
     import rubberband
 
     st = c.st()
-    name = f"client:{name}-{os.getpid()}"
-    auth = st["client_credentials"]
+    name = f"{role}:{name}-{os.getpid()}"
+    auth = st[f"{role}_credentials"]
     return await rubberband.connect(st["routers"], name, credentials=auth, answer_timeout=60.0,
                                     ops=ops)  # fmt: skip
 
@@ -251,7 +253,7 @@ async def _ready(rb: Any, name: str, timeout: float) -> float:
 
 
 async def _define(c: Cluster, n: int, keys: int = ROWS) -> None:
-    rb = await _client(c, "define")
+    rb = await _client(c, "define", role="maintainer")
     for name, source, kind, spec in _views(n, keys):
         await rb.create_view(name, source, kind, **spec)
     for name, *_ in _views(n, keys):  # every view backfilled before the load
@@ -382,7 +384,7 @@ def _sqlite(data: list[tuple[int, int, int]], wanted: list[int]) -> float:
 async def _lookups(c: Cluster, rows: int, lookups: int, per: int) -> dict[str, Any]:
     """Key-value base (memory engine): the index view against a scan of the base range
     filtered by the client (a key-value engine has no predicates of its own)."""
-    rb = await _client(c, "lookups")
+    rb = await _client(c, "lookups", role="maintainer")
     data = _base_rows(rows, per)
     for i in range(0, rows, 2_000):
         await rb.put_many({k: {"g": g, "n": n} for k, g, n in data[i : i + 2_000]})
@@ -468,7 +470,9 @@ async def _table_lookups(c: Cluster, rows: int, lookups: int, per: int) -> dict[
     scan engine's own select ``where g = ?`` (Clock Scan: every holder scans its share
     once for all the selects waiting, 2.4.3), both at snapshot level, 32 at a time; the
     answers of the first lookups are compared between the two."""
-    rb = await _client(c, "table-lookups", ops="storage_adapters.scan.kv:ScanKVOps")
+    rb = await _client(
+        c, "table-lookups", ops="storage_adapters.scan.kv:ScanKVOps", role="maintainer"
+    )
     data = _base_rows(rows, per)
     t = await rb.create_table("t", {"k": "int", "g": "int", "n": "int"}, key="k")
     batches = [data[i : i + 5_000] for i in range(0, rows, 5_000)]

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ecast import NodeId
 from rubberband import versions
 from rubberband.checkers.views import ViewRead, check_view_reads
 from rubberband.client import ReadDone, WriteDone
-from rubberband.errors import RubberbandError
+from rubberband.errors import BadOperation, RubberbandError
 from rubberband.views import LEVELS, view_def
-from rubberband.views.define import ViewDef, catalog_key, rows_bounds
+from rubberband.views.define import CATALOG, ViewDef, catalog_key, from_dict, rows_bounds
 from rubberband.views.reads import read_steps
 from rubberband.views.steps import (
     Ahead,
@@ -57,8 +57,8 @@ position of its own, while the writes go on (the daemon's pages are 10,000 rows)
 READ_EVERY = 0.1
 """Virtual seconds between the reader's reads."""
 HOSTILE_EVERY = 7
-"""Reads between the reader's hostile writes: it is a plain client, and views' rows are
-their maintainers' (``rubberband.applying.refusal``)."""
+"""Reads between the reader's hostile writes: it is a plain client, and views' rows and
+definitions are their maintainers' (``rubberband.applying.refusal``)."""
 RETENTION = 0.5
 """Virtual seconds of versions kept (the chains stay short, as under real load)."""
 VIEWS = (
@@ -321,14 +321,37 @@ def _answered(w: Waiting, item: ReadDone, paged: bool, end: Any) -> None:
         w.reply = (result, item.position) if w.with_position else result
 
 
-def _hostile(view: ViewDef, at: int) -> Steps:
+def _definitions(catalog: dict[Any, Any]) -> dict[Any, Any]:
+    """The catalog's entries as definitions (the entry itself where it is none)."""
+    out = {}
+    for key, value in catalog.items():
+        try:
+            out[key] = from_dict(value, key)
+        except BadOperation:
+            out[key] = value
+    return out
+
+
+NOWHERE = (-2, -1)
+"""A base range no write of the simulator's reaches (its keys are from 0 up)."""
+
+
+def _hostile(view: ViewDef, at: int, n: int) -> Steps:
     """What a plain client may try on a view: a junk version of a row, from a little
-    after ``at`` on, and a delete of every row.  The storage processes refuse the one
-    and spare the rows in the other, so every read stays exact; the planted
-    ``any_rows_writer`` takes both, and the reads' checks fail."""
+    after ``at`` on, a delete of every row, and (the ``n``-th time, every other) a
+    definition of the view over a range nothing changes, or a delete of its definition.
+    The storage processes refuse the junk and the definitions and spare the rows in the
+    delete, so every read stays exact; the planted ``any_rows_writer`` takes them all.
+    Readers trust a definition: one whose sources never change makes a read past a
+    quiet progress take the view as unchanged while its base changed."""
     start, end = rows_bounds(view.name)
     junk = ("version", (((*start, ("junk",)), [at + 3, {"junk": True}]),), 0)
-    for op in (junk, ("delete_range", start, end)):
+    if n % 2:
+        bogus = replace(view, source=NOWHERE, base=(NOWHERE,) if view.over else ())
+        catalog: Any = ("put", ((catalog_key(view.name), bogus.to_dict()),))
+    else:
+        catalog = ("delete", (catalog_key(view.name),))
+    for op in (junk, ("delete_range", start, end), catalog):
         with contextlib.suppress(RubberbandError):  # refused, as it must be
             yield Write((op,))
 
@@ -347,6 +370,10 @@ class ViewProcess:
         self.final: list[Any] | None = None
         """After healing: the views the reader still has to read (None: not yet)."""
         self.final_reads: dict[str, int] = {}
+        self.defined = False
+        """Whether this maintainer wrote the views' definitions (at its first start)."""
+        self.catalog: dict[Any, Any] | None = None
+        """The catalog as the reader's last read found it, after healing."""
         self._n = 0
         node.on_upcall = lambda _node, item, now: [d.upcall(item, now) for d in list(self.driven)]
         node.next_wake = self._next_wake
@@ -376,10 +403,11 @@ class ViewProcess:
         return d
 
     def resume_final(self) -> None:
-        """Start again after healing; the reader reads each view once, sequentially."""
+        """Start again after healing; the reader reads each view once, sequentially,
+        then the catalog (which must hold what the maintainers defined)."""
         self.halted = False
         self.started = False
-        self.final = list(VIEWS)
+        self.final = [*VIEWS, CATALOG]
 
     @property
     def final_done(self) -> bool:
@@ -407,8 +435,11 @@ class ViewProcess:
                 return
             self.started = True
             if self.reader:
-                self._define(now)
+                self._next_read(now)  # (refused until a maintainer defined the views)
             else:
+                if not self.defined:  # (once: the catalog is checked after healing)
+                    self.defined = True
+                    self._define(now)
                 for views in groups(VIEWS):  # as `rubberband views maintain` groups them
                     steps = maintain_group_steps(Group(views), POLL, PAGE_ROWS)
                     self._start(steps, lambda *_: None, now)
@@ -417,9 +448,10 @@ class ViewProcess:
             d.tick(now)
 
     def _define(self, now: float) -> None:
-        """Write the views' definitions where ``create_view`` does, then read: a
-        sequential read shows from them that nothing changed since a view's progress
-        rather than wait for an idle maintainer (the maintainers keep ``VIEWS``)."""
+        """Write the views' definitions where ``create_view`` does (each maintainer
+        alike: only maintainers may, and any one may be down): a sequential read shows
+        from them that nothing changed since a view's progress rather than wait for an
+        idle maintainer (the maintainers keep ``VIEWS``)."""
 
         def define() -> Steps:
             ops = tuple(("put", ((catalog_key(v.name), v.to_dict()),)) for v in VIEWS)
@@ -428,8 +460,6 @@ class ViewProcess:
         def done(_got: Any, error: Any) -> None:
             if error is not None:  # through the faults: again, later
                 self._start(define(), done, self.node._now + READ_EVERY)
-            else:
-                self._next_read(self.node._now)
 
         self._start(define(), done, now)
 
@@ -441,6 +471,9 @@ class ViewProcess:
             if not self.final:
                 return
             view, level = self.final[0], "sequential"
+            if view is CATALOG:
+                self._read_catalog(now)
+                return
         start, end = rows_bounds(view.name)
         steps = read_steps(view.name, ("scan", start, end), None, level, now,
                            self.run.cfg.answer_timeout * 3)  # fmt: skip
@@ -453,16 +486,39 @@ class ViewProcess:
                     self.final.pop(0)
                     self.final_reads[view.name] = at
                 elif self.final is None and self._n % HOSTILE_EVERY == 0:
-                    self._start(_hostile(view, at), lambda *_: None, self.node._now)
+                    hostile = _hostile(view, at, self._n // HOSTILE_EVERY)
+                    self._start(hostile, lambda *_: None, self.node._now)
             self._next_read(self.node._now + READ_EVERY)
 
         self._start(steps, done, now)
+
+    def _read_catalog(self, now: float) -> None:
+        """The reader's last read: the views' definitions, which every hostile write of
+        its own left as the maintainers wrote them."""
+
+        def read() -> Steps:
+            rows, _now = yield Read(("scan", (CATALOG,), (CATALOG + "\x00",)), "sequential")
+            return rows
+
+        def done(got: Any, error: Any) -> None:
+            if error is not None:
+                self._next_read(self.node._now + READ_EVERY)
+                return
+            self.catalog = dict(got)
+            assert self.final is not None
+            self.final.pop(0)
+
+        self._start(read(), done, now)
 
     def violations(self) -> list[str]:
         out: list[str] = []
         follower = self.run.follower
         if follower is None or follower.first is None:
             return ["views: the base's change feed never started"]
+        if self.catalog is None:
+            out.append("liveness: the catalog was not read after healing")
+        elif _definitions(self.catalog) != {catalog_key(v.name): v for v in VIEWS}:
+            out.append(f"views: the catalog is not the maintainers': {self.catalog!r:.300}")
         for view in VIEWS:
             reads = self.reads[view.name]
             if view.name not in self.final_reads:

@@ -133,8 +133,9 @@ def _connection(
 
 async def connect(args: argparse.Namespace, role: str = "client") -> tuple[Any, str]:
     """A client for the cluster ``args`` name, and the cluster's engine.  ``role``
-    ``maintainer``: one that may write views' rows (``rubberband views maintain`` and
-    ``drop``), under the state directory's maintainer credential."""
+    ``maintainer``: one that may write views' definitions and rows (``rubberband views
+    create``, ``maintain`` and ``drop``), under the state directory's maintainer
+    credential."""
     import rubberband
 
     routers, auth, engine = _connection(args, role)

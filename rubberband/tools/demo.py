@@ -101,13 +101,15 @@ class Demo:
         )
         return dict(json.loads(out.stdout)) if out.returncode == 0 else {}
 
-    async def connect(self, name: str) -> Any:
+    async def connect(self, name: str, role: str = "client") -> Any:
+        """A client of the demo's cluster; ``role`` ``maintainer`` for one that defines
+        views (maintainers alone write views' definitions and rows)."""
         import rubberband
 
         st = self.st()
         return await rubberband.connect(
-            st["routers"], f"client:demo-{name}-{os.urandom(3).hex()}", ops=OPS,
-            credentials=st["client_credentials"], answer_timeout=2.0,
+            st["routers"], f"{role}:demo-{name}-{os.urandom(3).hex()}", ops=OPS,
+            credentials=st[f"{role}_credentials"], answer_timeout=2.0,
         )  # fmt: skip
 
     def timed(self, invoked: float, ok: bool) -> None:

@@ -76,7 +76,7 @@ class BankViews:
     async def setup(self) -> None:
         """The accounts, the views over them and the maintainer that backfills them;
         the change feed followed from the accounts' first state."""
-        rb = await self.demo.connect("bank-load")
+        rb = await self.demo.connect("bank-load", "maintainer")  # (it defines the views)
         try:
             await rb.put_many({("acct", i): START for i in range(ACCOUNTS)})
             rows, self.start = await rb.read(("scan", LO, HI), with_position=True)

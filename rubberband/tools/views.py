@@ -41,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--state-dir", help="a rubberband cluster up directory")
     ap.add_argument("--routers", help="HOST:PORT,... (with --credentials)")
     ap.add_argument("--credentials", help="a credential file: client:* names, and for "
-                    "maintain and drop maintainer:* names")  # fmt: skip
+                    "create, maintain and drop maintainer:* names")  # fmt: skip
     ap.add_argument("--json", action="store_true", help="JSON output, for scripts")
     ap.add_argument("--from", dest="base", nargs=2, metavar=("LO", "HI"),
                     help="create: the base key range [LO, HI) ('-' is unbounded)")  # fmt: skip
@@ -90,9 +90,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _role(args: argparse.Namespace) -> str:
-    """Who a command connects as: keeping a view writes its rows, and dropping one
-    deletes them, which only maintainers may (``docs/views.md``, "Who writes a view")."""
-    return "maintainer" if args.command in ("maintain", "drop") else "client"
+    """Who a command connects as: defining a view writes its definition, keeping one
+    its rows, and dropping one deletes both, which only maintainers may
+    (``docs/views.md``, "Who writes a view")."""
+    return "maintainer" if args.command in ("create", "maintain", "drop") else "client"
 
 
 async def _connect(args: argparse.Namespace) -> tuple[Any, str]:
@@ -107,8 +108,8 @@ async def _connect(args: argparse.Namespace) -> tuple[Any, str]:
         if role != "maintainer":
             raise
         raise ecast.AuthenticationError(
-            f"{e}; `views {args.command}` writes views' rows, which only maintainer:* names "
-            'may (docs/views.md, "Who writes a view")'
+            f"{e}; `views {args.command}` writes views' definitions or rows, which only "
+            'maintainer:* names may (docs/views.md, "Who writes a view")'
         ) from None
 
 

@@ -70,7 +70,10 @@ async def create_view(
     at one position and then follows the base's changes while writes go on.  ``from_``
     is the base range ``(lo, hi)``, or the name of a view to define this one over (the
     maintainer of that view's group keeps it).  ``table=(name, key column)``: the
-    range is of that table's rows (and ``right_table=`` a join's right side's)."""
+    range is of that table's rows (and ``right_table=`` a join's right side's).  Only a
+    maintainer writes views' definitions (``docs/views.md``, "Who writes a view"):
+    anyone else is refused here, before anything is sent."""
+    _as_maintainer(rb, f"defining view {name!r} writes the catalog of views")
     if isinstance(from_, str):
         got = await rb.read(("get", (catalog_key(from_),)), "sequential")
         if not got:
@@ -117,18 +120,24 @@ async def drop_view(rb: Any, name: str) -> None:
     over = sorted(v.name for v in await list_views(rb) if v.over == name)
     if over:
         raise BadOperation(f"views {', '.join(over)} are defined over {name!r}: drop them first")
-    if not rb.ecast.name.startswith(MAINTAINER):
-        raise BadOperation(
-            f"dropping view {name!r} deletes its rows, which only a maintainer may: connect "
-            f"as {MAINTAINER}... (`rubberband views drop` does, with the cluster's "
-            f"maintainer credential), not as {rb.ecast.name}"
-        )
+    _as_maintainer(rb, f"dropping view {name!r} deletes its definition and rows")
     await rb.delete(catalog_key(name))
     for _ in range(DROP_ROUNDS):
         if not await _delete_rows(rb, rows_bounds(name)[0], keys_end(name)):
             return
         await asyncio.sleep(DROP_SETTLE)
     raise RubberbandError(f"view {name!r}: its rows keep being written: is a maintainer stuck?")
+
+
+def _as_maintainer(rb: Any, what: str) -> None:
+    """:class:`BadOperation` unless ``rb`` is a maintainer: the storage processes would
+    refuse its writes of views' definitions and rows (``rubberband.applying.refusal``),
+    and a plain write's refusal reaches no caller."""
+    if not rb.ecast.name.startswith(MAINTAINER):
+        raise BadOperation(
+            f"{what}, which only a maintainer may: connect as {MAINTAINER}... (`rubberband "
+            f"views` does, with the cluster's maintainer credential), not as {rb.ecast.name}"
+        )
 
 
 async def _delete_rows(rb: Any, lo: Any, hi: Any) -> bool:
@@ -152,9 +161,10 @@ async def _delete_rows(rb: Any, lo: Any, hi: Any) -> bool:
 
 
 async def list_views(rb: Any, malformed: list[tuple[Any, str]] | None = None) -> list[ViewDef]:
-    """Every view's definition.  The catalog is data: a client may write anything under
-    its keys, and a maintainer that took every entry for a definition stopped at the
-    first that was not, with every view it kept.  Such entries are left out (and, with
+    """Every view's definition.  The catalog is data: maintainers alone write it, but
+    a buggy one (or a release from before the rule) may have written anything under its
+    keys, and a maintainer that took every entry for a definition stopped at the first
+    that was not, with every view it kept.  Such entries are left out (and, with
     ``malformed``, listed there with what is wrong with each)."""
     rows = await rb.read(("scan", (CATALOG,), (CATALOG + "\x00",)), "sequential")
     views = []

@@ -52,9 +52,8 @@ from typing import Any
 
 from rubberband.errors import BadKey, BadOperation
 from rubberband.keys import MAX, encode_key
-from rubberband.versions import VIEW
+from rubberband.versions import CATALOG, VIEW
 
-CATALOG = "~views"
 KINDS = ("selection", "projection", "index", "aggregate", "join")
 OPS = ("=", "!=", "<", "<=", ">", ">=")
 FUNCTIONS = ("count", "sum", "min", "max", "avg")

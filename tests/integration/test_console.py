@@ -218,7 +218,7 @@ def test_the_console_shows_every_process_the_ring_its_history_and_runs_an_expand
     # A materialized view's progress and staleness, as its maintainer reports them.
     async def define() -> None:
         rb = await rubberband.connect(
-            st["routers"], "client:console-views", credentials=st["client_credentials"]
+            st["routers"], "maintainer:console-views", credentials=st["maintainer_credentials"]
         )
         try:
             await rb.create_view("totals", (0, 1_000_000), "aggregate",

@@ -60,8 +60,11 @@ async def put_all(d: Path, model: dict[Any, Any], per_write: int) -> None:
 
 
 async def connect(d: Path, name: str) -> rbsdk.RubberbandClient:
+    """A client named ``name`` under the credential of its role (``client:`` or
+    ``maintainer:``)."""
     st = state(d)
-    return await rbsdk.connect(st["routers"], name, credentials=st["client_credentials"])
+    role = name.partition(":")[0]
+    return await rbsdk.connect(st["routers"], name, credentials=st[f"{role}_credentials"])
 
 
 async def scans_equal(d: Path, name: str, model: dict[Any, Any], levels: tuple[str, ...]) -> None:
@@ -418,7 +421,7 @@ def test_views_feeds_and_positions_carry_on_across_a_power_cut(cluster: Path) ->
     spec = {k: v for k, v in view.to_dict().items() if k not in ("name", "kind", "source")}
 
     async def before() -> tuple[int, list[Any]]:
-        rb = await connect(d, "client:before")
+        rb = await connect(d, "maintainer:before")  # (it defines the view)
         await rb.put_many({k: {"g": "ab"[k % 2], "n": k} for k in range(200)})
         await rb.create_view(view.name, view.source, view.kind, **spec)
         seen = []

@@ -71,8 +71,11 @@ def _status(d: Path) -> dict[str, Any]:
 
 
 async def _client(d: Path, name: str) -> rbsdk.RubberbandClient:
+    """A client of the cluster in ``d`` named ``name``, under the credential of its role
+    (``client:`` or ``maintainer:``)."""
     st = _state(d)
-    return await rbsdk.connect(st["routers"], name, credentials=st["client_credentials"])
+    role = name.partition(":")[0]
+    return await rbsdk.connect(st["routers"], name, credentials=st[f"{role}_credentials"])
 
 
 class Workload:

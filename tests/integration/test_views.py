@@ -196,7 +196,7 @@ def test_views_stay_exact_at_every_level_through_maintainer_storage_and_leader_k
         await asyncio.sleep(4)
 
     async def go() -> int:
-        rb = await _client(rb_dir, "client:setup")
+        rb = await _client(rb_dir, "maintainer:setup")  # (a maintainer defines views)
         await rb.put_many({k: _value(rng) for k in range(KEYS)})
         base, start = await rb.read(("scan", 0, KEYS), with_position=True)
         feed = asyncio.ensure_future(follow(start))
@@ -330,40 +330,53 @@ def test_views_under_hash_partitioning_read_exact_rows_from_every_bucket(hash_di
 
     async def go() -> None:
         rb = await _client(hash_dir, "client:hash-views")
+        admin = await _client(hash_dir, "maintainer:hash-views")  # defines the views
         maintainer = _maintainer(hash_dir, hash_dir / "maintainer.log")
         try:
             assert not rb.placement.ordered
             await rb.put_many({k: _value(rng) for k in range(KEYS)})
             base, start = await rb.read(("scan", 0, KEYS), with_position=True)
             feed = asyncio.ensure_future(_follow(rb, start, events, settled))
-            # Catalog entries that are no definition (any client can write them; one is
-            # per_g's under another name): the maintainer leaves them out, says so, and
-            # keeps every view (it stopped at the first, with every view it kept).
-            await rb.put(("~views", "junk"), "not a definition")
-            await rb.put(("~views", "mimic"), VIEWS[1].to_dict())
+            # Catalog entries that are no definition (a buggy maintainer's, or from a
+            # release before the catalog was maintainers' alone; one is per_g's under
+            # another name): the maintainer leaves them out, says so, and keeps every
+            # view (it stopped at the first, with every view it kept).
+            await admin.put(("~views", "junk"), "not a definition")
+            await admin.put(("~views", "mimic"), VIEWS[1].to_dict())
             # A plain value over a view's row would refuse every later version of it, and
             # the view's loop (with per_g's, which shares its feed) started over each second.
             with pytest.raises(BadOperation, match="maintainers alone"):
                 await rb.put(("~view", "by_g", ("a", 1)), "junk")
+            # Views' definitions are maintainers' alone: a client's definition is
+            # refused before anything is sent.
+            with pytest.raises(BadOperation, match="only a maintainer may"):
+                await rb.create_view(late.name, late.source, late.kind, where=late.where)
             # The maintainer runs already: each view joins its group as it is defined
             # (all three read one feed), the last one while writes go on.
             for v in views[:2]:
                 spec = {k: v for k, v in v.to_dict().items() if k not in ("name", "kind", "source")}
-                await rb.create_view(v.name, v.source, v.kind, **spec)
+                await admin.create_view(v.name, v.source, v.kind, **spec)
             tasks = [asyncio.ensure_future(c) for c in (write(rb), read_views(rb), read_late(rb))]
             await asyncio.sleep(2)
-            await rb.create_view(late.name, late.source, late.kind, where=late.where)
+            await admin.create_view(late.name, late.source, late.kind, where=late.where)
             await asyncio.sleep(2)
-            # Views' rows are their maintainers' alone: a client's version of a row is
-            # refused at every replica (the reads are checked against the base
-            # throughout), and so is its drop of a view, which deletes rows.
+            # Views' rows and definitions are their maintainers' alone: a client's version
+            # of a row is refused at every replica (the reads are checked against the
+            # base throughout), and so is its drop of a view, which deletes rows; its
+            # raw writes over a definition (a put is not answered) and its delete of
+            # one change nothing: the view stays defined as it was, and kept.
             junk = ("version", ((("~view", "by_g", ("a", 1)), [1, "junk"]),), 0)
             with pytest.raises(BadOperation, match="only maintainers"):
                 await rb.write(junk)
             with pytest.raises(BadOperation, match="only a maintainer may"):
                 await rb.drop_view(late.name)
+            redefined = {**late.to_dict(), "where": [["g", "=", "z"]]}
+            await rb.put(("~views", late.name), redefined)
+            await rb.delete(("~views", views[0].name))
+            defined = {v.name: v for v in await rb.views()}
+            assert defined[late.name] == late and defined[views[0].name] == views[0]
             # A view over a view: the groups of 16 rows or more, kept in per_g's group.
-            await rb.create_view(busy.name, "per_g", busy.kind, where=busy.where)
+            await admin.create_view(busy.name, "per_g", busy.kind, where=busy.where)
             await asyncio.sleep(5)
             stop.set()
             await asyncio.gather(*tasks)
@@ -387,6 +400,7 @@ def test_views_under_hash_partitioning_read_exact_rows_from_every_bucket(hash_di
         finally:
             maintainer.send_signal(signal.SIGKILL)
             await rb.close()
+            await admin.close()
         for v in views:
             under = [VIEWS[1]] if v is busy else []
             problems = check_view_reads(v, (dict(base), start), events, reads[v.name], under)
@@ -450,8 +464,9 @@ def test_views_over_a_table_stay_exact_through_updates_by_predicate_and_a_mainta
 
     async def connect(name: str) -> Any:
         st = json.loads((rb_dir / "cluster.json").read_text())
+        creds = st[f"{name.partition(':')[0]}_credentials"]
         return await rbsdk.connect(st["routers"], name, ops=ScanKVOps({"t": "id"}),
-                                   credentials=st["client_credentials"])  # fmt: skip
+                                   credentials=creds)  # fmt: skip
 
     def row() -> dict[str, Any]:
         return {"id": rng.randrange(200), "g": rng.choice("abcd"), "v": rng.randrange(-20, 50)}
@@ -493,7 +508,7 @@ def test_views_over_a_table_stay_exact_through_updates_by_predicate_and_a_mainta
                 await asyncio.sleep(0.1)
 
     async def go() -> tuple[int, dict[Any, Any], int]:
-        rb = await connect("client:table-views")
+        rb = await connect("maintainer:table-views")  # (it defines the views)
         t = await rb.create_table("t", {"id": "int", "g": "str", "v": "int"}, key="id")
         await t.insert([{"id": i, "g": "abcd"[i % 4], "v": i % 30} for i in range(200)])
         select, pairs = rb.core.ops.rows_read("t", "id", None, None)

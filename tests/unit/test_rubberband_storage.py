@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from ecast import Message
 from rubberband.applying import MALFORMED_BUNDLE
 from rubberband.client import ClientCore, Rejected
-from rubberband.engine import BadOperation
+from rubberband.engine import BadOperation, Placement
 from rubberband.keys import EVERYTHING, encode_key, intersect, key_range, normalize, point
 from rubberband.outputs import Stop
 from rubberband.proto import (
@@ -48,9 +48,10 @@ def bundle_of(client: ClientCore, reads: list[Any], offset: int | None = None) -
     return client.bundle(reads, offset)
 
 
-def grown(n: int, f: int = 3, seed: int = 0, keys: int = 0) -> Model:
-    """A settled model with ``n`` storage processes at ids 0, 100, 200, ..."""
-    m = Model(f=f, seed=seed)
+def grown(n: int, f: int = 3, seed: int = 0, keys: int = 0, partitioning: str = "range") -> Model:
+    """A settled model with ``n`` storage processes at ids 0, 100, 200, ... (places:
+    hashes under hash partitioning)"""
+    m = Model(f=f, seed=seed, partitioning=partitioning)
     for i in range(n):
         m.join_storage(f"storage:{i}")
     for i in range(n):
@@ -128,6 +129,76 @@ def test_only_maintainers_write_views_rows_and_a_clients_range_delete_spares_the
     m.settle()
     assert m.replica_violations() == []
     assert not any(c.engine.items() for c in m.storage.values())  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("partitioning", ["range", "hash"])
+def test_only_maintainers_write_views_definitions(partitioning: str) -> None:
+    """A client's plain write that names a view's definition (a key ``("~views",
+    name)``) is refused whole by every replica it reaches, saying maintainers write
+    them, even beside a base key held elsewhere; a client's range delete leaves the
+    catalog; a maintainer's writes and deletes are applied.  Before, any client could
+    redefine or forget any view, and maintainers kept what it wrote."""
+    m = grown(4, partitioning=partitioning)
+    defined = ("~views", "v")
+    m.write(("put", ((defined, {"name": "v"}),)), "maintainer:m")
+    m.settle()
+    foreign = ("~views", "w")
+    for op in (
+        ("put", ((defined, {"name": "v", "kind": "other"}),)),
+        ("put", ((5, "base"), (foreign, {"name": "w"}))),  # the base key's segment too
+        ("delete", (defined,)),
+        ("add", ((foreign, 1),)),
+    ):
+        where = write_header(m.ops.part_fun(op, m.placement).ranges)  # as a client's
+        mid, dests = m.send("client:c", where, op)
+        m.settle()
+        errors = [e for e in m.results[mid] if e[3]]
+        assert dests and len(errors) >= 3, (op, errors)
+        assert all("only maintainers" in e[3] for e in errors), errors
+    m.write(("put", ((6, "base"),)), "client:c")
+    if partitioning == "range":
+        m.write(("delete_range", None, None), "client:c")
+    m.settle()
+    assert m.replica_violations() == []
+    held = {k: v for c in m.storage.values() for k, v in c.engine.items()}  # type: ignore[attr-defined]
+    assert held.get(defined) == {"name": "v"} and foreign not in held and 5 not in held
+    assert (6 in held) == (partitioning == "hash")
+    m.write(("delete", (defined,)), "maintainer:m")
+    m.settle()
+    assert m.replica_violations() == []
+    assert not any(defined in dict(c.engine.items()) for c in m.storage.values())  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("header_keys", ["both", "base"])
+def test_a_write_naming_a_definition_is_decided_alike_alone_and_beside_a_read(
+    header_keys: str,
+) -> None:
+    """Whether a client's write that names a view's definition is refused reads its
+    whole message, never the part a replica holds: a storage process holding only the
+    base key of ``put((5, v), (("~views", "x"), w))`` refuses it both when the write
+    comes alone (the batch's short road) and beside a read (the general one).  Under a
+    header that names only the base key (a hostile client's), no replica may write the
+    definition, so both roads apply the base key."""
+    op = ("put", ((5, "base"), (("~views", "x"), {"name": "x"})))
+    ranges = KVOps().part_fun
+    where = ranges(op if header_keys == "both" else ("put", ((5, "base"),)), Placement()).ranges
+    held = []
+    for beside_a_read in (False, True):
+        m = Model(f=1).ring_of(2)  # storage:0 holds the integers below 100, alone
+        batch = [(op, {H.WRITES: where})]
+        if beside_a_read:
+            read = ("get", (7,))
+            batch.append((read, {H.READS: ranges(read, Placement()).ranges, H.OFFSET: 0}))
+        items = []
+        for payload, header in batch:
+            msg = Message("client:c", (("m", 0, "client:c"), next(m.seq)), header, payload)
+            m.config = m.config.apply(msg)  # (nothing of the configuration's)
+            m.t += 1
+            items.append((m.t, msg))
+        core = m.storage["storage:0"]
+        m._outputs("storage:0", core.deliver(items))
+        held.append(dict(core.engine.items()))  # type: ignore[attr-defined]
+    assert held[0] == held[1] == ({} if header_keys == "both" else {5: "base"}), held
 
 
 def test_storage_names_are_checked() -> None:

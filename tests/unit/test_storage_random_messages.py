@@ -25,6 +25,7 @@ KEYS = st.one_of(
     st.integers(-5, 450),
     st.text(max_size=3),
     st.tuples(st.just("~view"), st.text(max_size=2), st.integers(0, 5)),
+    st.tuples(st.just("~views"), st.text(max_size=2)),
     st.tuples(st.integers(0, 9)),
     st.none(),
     st.floats(allow_nan=False, allow_infinity=False),
@@ -55,8 +56,8 @@ OPS = st.one_of(
     st.tuples(st.just("reclaim"), st.lists(KEYS, max_size=3), st.integers(-1, 60)),
 )
 SENDERS = ("client:c", "maintainer:m")
-"""A client's views' rows are refused, or only its base keys deleted; a maintainer's are
-applied: both at every replica alike."""
+"""A client's views' rows and definitions are refused, or only its base keys deleted; a
+maintainer's are applied: both at every replica alike."""
 AS_ITSELF, AS_ANOTHER, AS_EVERYTHING, ANSWERED = range(4)
 """How a message's header is made: from its own operation (as a client does), from
 another operation (a read's header on a write, a write's on a read, other keys), naming
