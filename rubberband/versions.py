@@ -121,7 +121,7 @@ CATALOG_KEYS: tuple[tuple[Any, Any]] = ((encode_key((CATALOG,)), encode_key((CAT
 
 MAINTAINED_KEYS: tuple[tuple[Any, Any], ...] = (*VIEW_KEYS, *CATALOG_KEYS)
 """Views' rows and definitions: the keys only maintainers write (``VIEW_KEYS`` sorts
-first: ``"~view\x00"`` before ``"~views"``)."""
+first: its end, ``VIEW`` and a NUL, comes before ``CATALOG``)."""
 
 
 def names_catalog(op: Any) -> bool:
