@@ -128,10 +128,15 @@ def names_catalog(op: Any) -> bool:
     """Does plain write ``op`` (``put``, ``append``, ``add``, ``delete``) name a key of
     the catalog, ``(CATALOG, ...)``?  False for any other operation, or a malformed
     one (which the engine refuses on its own)."""
-    if type(op) is not tuple or len(op) < 2 or op[0] not in PLAIN_WRITES:
+    if type(op) is not tuple or len(op) < 2:  # (an engine may take more elements)
         return False
     items = op[1]
-    if type(items) is not tuple and type(items) is not list:
+    if op[0] == "put" and type(items) is tuple and len(items) == 1:  # most writes
+        pair = items[0]
+        if type(pair) is tuple and len(pair) == 2:
+            key = pair[0]
+            return type(key) is tuple and bool(key) and key[0] == CATALOG
+    if op[0] not in PLAIN_WRITES or (type(items) is not tuple and type(items) is not list):
         return False
     keyed = op[0] != "delete"
     for item in items:

@@ -148,8 +148,9 @@ def test_only_maintainers_write_views_definitions(partitioning: str) -> None:
         ("put", ((5, "base"), (foreign, {"name": "w"}))),  # the base key's segment too
         ("delete", (defined,)),
         ("add", ((foreign, 1),)),
+        ("put", ((defined, {"name": "v", "kind": "more"}),), "more"),  # (the engine takes it)
     ):
-        where = write_header(m.ops.part_fun(op, m.placement).ranges)  # as a client's
+        where = write_header(m.ops.part_fun(op[:2], m.placement).ranges)  # as a client's
         mid, dests = m.send("client:c", where, op)
         m.settle()
         errors = [e for e in m.results[mid] if e[3]]
