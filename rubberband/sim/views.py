@@ -244,7 +244,10 @@ class Driven:
         return True
 
     def _ask(self, request: Read, now: float) -> int:
-        """The id of ``request``'s read: the one sent ahead if it is this read."""
+        """The id of ``request``'s read: the one sent ahead if it is this read (an
+        ``aside`` read leaves the one sent ahead for its request)."""
+        if request.aside:
+            return self._read(request, now)
         sent, self.ahead = self.ahead, None
         if sent is not None and sent[0] is request:
             return sent[1]

@@ -37,6 +37,7 @@ from rubberband.views.define import (
     keys_end,
     meta_key,
     prefix_bounds,
+    progress_keys,
     row_key,
     rows_bounds,
     view_def,
@@ -85,9 +86,15 @@ async def create_view(
                         tables=parent.tables, **spec)  # fmt: skip
     else:
         view = view_def(name, kind, from_, **spec)
-    got = await rb.read(("get", (catalog_key(name),)), "sequential")
+    got, free = await rb.read(("get", (catalog_key(name),)), "sequential", with_position=True)
     if got:
         raise BadOperation(f"a view named {name!r} exists (drop it first)")
+    # Each progress chain starts absent at the position the name was found free: a
+    # maintainer of a dropped view of this name, stopped and woken since, writes only
+    # progress from before the drop, which the chains' floor then ignores (readers
+    # would have taken it, with its rows, for this view's until its maintainer wrote).
+    keys = [k for i in range(len(view.parts) + 1) for k in progress_keys(name, i)]
+    await rb.write(("version", tuple((k, [free]) for k in keys), free))
     await rb.put(catalog_key(name), view.to_dict())
     return view
 
@@ -104,7 +111,10 @@ DROP_KEYS = 1000
 DROP_SETTLE = 1.5
 """Seconds a drop waits after deleting a view's rows before it looks again: longer than
 a maintainer takes to see the definition gone (``rubberband views maintain`` reads the
-catalog once a second), so rows one wrote meanwhile are found and deleted."""
+catalog once a second), so rows one wrote meanwhile are found and deleted.  A drop
+returns no sooner after the definition went, and a maintainer's look at the catalog
+holds for less (``rubberband.views.steps.CONFIRMED_FOR``): whatever it writes of a
+view it found defined comes from pages ordered before any new view of that name."""
 DROP_ROUNDS = 10
 """Deletes a drop makes before it gives up on a view whose rows keep coming back (a
 maintainer that does not see the drop)."""
@@ -122,8 +132,13 @@ async def drop_view(rb: Any, name: str) -> None:
         raise BadOperation(f"views {', '.join(over)} are defined over {name!r}: drop them first")
     _as_maintainer(rb, f"dropping view {name!r} deletes its definition and rows")
     await rb.delete(catalog_key(name))
+    gone = time.monotonic()
     for _ in range(DROP_ROUNDS):
         if not await _delete_rows(rb, rows_bounds(name)[0], keys_end(name)):
+            # A view defined anew under this name comes DROP_SETTLE after the old one's
+            # definition went: a maintainer's look at the catalog lasts less
+            # (``rubberband.views.steps.CONFIRMED_FOR``).
+            await asyncio.sleep(max(0.0, gone + DROP_SETTLE - time.monotonic()))
             return
         await asyncio.sleep(DROP_SETTLE)
     raise RubberbandError(f"view {name!r}: its rows keep being written: is a maintainer stuck?")
@@ -282,7 +297,7 @@ async def drive(
     def answer(read: Read) -> Awaitable[Any]:
         """``read``'s answer: the one sent ahead if it is this read, else asked now."""
         nonlocal ahead
-        sent, ahead = ahead, None
+        sent, ahead = (None, ahead) if read.aside else (ahead, None)  # (see Read.aside)
         if sent is not None and sent[0] is read:
             return sent[1]
         return _read(rb, read)  # (one sent ahead and not taken: its answer goes unread)
@@ -348,8 +363,8 @@ def _long(request: Any, reply: Any) -> bool:
         request = request.read
     elif kind is not Read:
         return False  # a write's outcome, a pause: the next request follows at once
-    if type(request.op) is Changed:
-        return False  # a peek's yes or no: the next request follows at once
+    if type(request.op) is Changed or request.aside:
+        return False  # a peek's yes or no, a look at definitions: the next follows at once
     if type(request.op) is not Changes or request.long:
         return True  # a snapshot's or a table's page, or a view's start after it
     if request.ahead:

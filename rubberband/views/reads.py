@@ -127,7 +127,7 @@ def _read(
             metas = dict(got)
             chains = _rows_only(name, metas)
         first = metas.get(keys[0])  # part 0's: it says how the view is split
-        told = _layout(first[-1]) if first is not None and len(first) > 1 else parts
+        told = _layout(first[-1]) if _said(first) else parts
         if told != parts and now <= deadline:
             layout.parts = told  # split otherwise than this reader knew: read again
             continue
@@ -156,7 +156,7 @@ def _read(
         if now + pause > deadline:
             raise Indeterminate(
                 f"view {name!r} has not reached position {target} in time"
-                if metas.get(keys[0]) is not None
+                if _said(metas.get(keys[0]))
                 else f"view {name!r} has no maintainer's progress yet (is it defined, and is "
                 "`rubberband views maintain` running?)"
             )
@@ -268,7 +268,7 @@ def combined_progress(
     every one of them reached, the highest floor, each part's start, and the split
     points they say; None while one has none, or they say other split points than
     part 0's (a maintainer of an older definition)."""
-    if any(chain is None or len(chain) < 2 for chain in chains):
+    if not all(_said(chain) for chain in chains):
         return None
     said = [progress_of(chain[-1]) for chain in chains]
     layouts = [_layout(chain[-1]) for chain in chains]
@@ -277,6 +277,15 @@ def combined_progress(
     reached = min(s[0] for s in said)
     floor = max(s[1] for s in said)
     return reached, floor, {i: s[2] for i, s in zip(needed, said, strict=True)}, layouts[0]
+
+
+def _said(chain: Any) -> bool:
+    """Does a progress chain end in a progress?  It ends in an absence from
+    ``create_view``, which starts each of a view's progress chains absent at the
+    position it found the name free: a maintainer of an earlier view of that name,
+    stopped and woken after the drop, can then write no progress the new view's
+    readers would take (a version below a chain's floor is ignored)."""
+    return chain is not None and len(chain) > 1 and len(chain[-1]) > 1
 
 
 def _layout(entry: Any) -> tuple[Any, ...]:
@@ -294,7 +303,7 @@ def quiet(metas: dict[Any, Any], keys: list[Any]) -> bool:
     move on, and the check would only delay the read's next look at the progress."""
     for key in keys:
         chain = metas.get(key)
-        value = chain[-1][1] if chain is not None and len(chain) > 1 else None
+        value = chain[-1][1] if _said(chain) else None
         if type(value) not in (list, tuple) or len(value) < 4 or value[3] != QUIET:
             return False
     return True

@@ -32,76 +32,9 @@ from rubberband.views.define import (
     unit_name,
     units,
 )
+from rubberband.views.looks import Looks, confirm
 from rubberband.views.maintain import Figures, Maintainer
-
-
-class Read(NamedTuple):
-    """Read ``op`` at ``isolation`` (``within``: part of it); the reply is the result,
-    or ``(result, position)`` with ``with_position``."""
-
-    op: Any
-    isolation: str
-    within: Any = None
-    with_position: bool = False
-    long: bool = False
-    """The step after the reply computes much: a driver runs it off its event loop."""
-    ahead: bool = False
-    """The step after the reply is short whatever the page: it sends the next page's
-    read ahead (:class:`Ahead`) and computes this one the step after."""
-
-
-class Write(NamedTuple):
-    """Write every op (in one batch; their order between segments is free); the reply
-    comes once all are stable, or the first failure is thrown."""
-
-    ops: tuple[Any, ...]
-
-
-class Both(NamedTuple):
-    """A write and a read at once (neither waits for the other); the reply is the
-    read's, once the write is stable too, or the first failure is thrown."""
-
-    write: Write
-    read: Read
-
-
-class Pipe(NamedTuple):
-    """A write sent now and a read (a maintainer's next page): the reply is the read's,
-    once it is answered and the write of the *previous* ``Pipe`` is stable, or the first
-    failure of either is thrown.  A page's rows thus go out while the next page is read
-    and are waited for a round later: one round trip a page, not the longer of a read
-    and a write.  A failed ``Pipe`` leaves nothing in flight (the steps make its write
-    again).  A client's writes are ordered as it sends them and none is delivered
-    before an earlier one (E-Cast's gap-free sessions, 3.4.3), so a write that carries
-    a view's ordered progress is never seen before the rows written ahead of it."""
-
-    write: Write
-    read: Read
-
-
-class Ahead(NamedTuple):
-    """Send ``read`` now and go on (the reply is None at once): the next :class:`Read`,
-    :class:`Pipe` or :class:`Both` whose read is this very object waits for its answer
-    instead of sending it again, and one with another read leaves it unanswered.  A
-    maintainer asks for its next page before it computes the rows of the last: that
-    read is then ordered before those rows, not behind their application at every
-    storage process, and its round trip overlaps the computing (which was two fifths
-    of a round at the views benchmark's half peak).  ``changes``: the page the next
-    step computes (a driver runs a long one off its event loop)."""
-
-    read: Read
-    changes: int
-
-
-class Settle(NamedTuple):
-    """Wait for the last :class:`Pipe`'s write to be stable (its failure is thrown)."""
-
-
-class Sleep(NamedTuple):
-    seconds: float
-
-
-Steps = Generator[Read | Write | Both | Pipe | Ahead | Settle | Sleep, tuple[Any, float], Any]
+from rubberband.views.requests import Ahead, Both, Pipe, Read, Settle, Sleep, Steps, Write
 
 LEVELS = ("sequential", "read-your-writes", "snapshot", "any")
 RETRY = 1.0
@@ -215,7 +148,9 @@ def _start(view: ViewDef, figures: Figures, page_rows: int) -> Steps:
         else:
             pages = yield from _table_pages(table, lo, hi, page_rows)
         snapshots.append([(rows, position) for rows, position, _now in pages])
-        now = pages[-1][2]
+    doubted, now = yield from confirm([view])
+    if doubted:
+        return None, now
     now = yield from _write(m.start(old, snapshots, now), now)
     _started(m, figures, asked, now)
     return m, now
@@ -359,10 +294,12 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
     level = True  # no feed page of the last round was cut: the members reached the head
     ahead: tuple[Read | None, float] = (None, 0.0)  # the next page's read sent, and when
     waited = 0  # rounds since the last start
+    looks = Looks(RETRY)  # at the catalog, before writes
     while True:
         halted, held, flight = _tidy(group, members, writes, halted, held, flight)
         waited += 1
-        due = _due(group, members) if level or waited > START_WAIT or not members else None
+        due = (_due(group, members, looks, now)
+               if level or waited > START_WAIT or not members else None)  # fmt: skip
         if due is not None:
             waited = 0
             # One start a round, after every write the others made is known applied,
@@ -373,7 +310,9 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
                 now = yield from _catch_up(group, members, flight, held, writes, writes_asked, now)
                 held, flight, writes = [], Flight(), {}
             name, view, parent, figures = due
-            members[name], now = yield from _begin(view, parent, figures, page_rows)
+            began = now  # (its look at the catalog is sent after this)
+            started, now = yield from _begin(view, parent, figures, page_rows)
+            looks.begun(members, name, view, started, began, now)
         _stops(group, members, writes, halted)
         if not members:  # the last progress of views that stopped still goes out
             now = yield from _catch_up(group, members, flight, held, {}, writes_asked, now)
@@ -414,12 +353,13 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
             _over(members, writes, now)
             idle = idle and not page.events
             level = level and not (page.events and page.position == page.events[-1].position)
+        now = yield from looks.look(members, writes, now)
         head = max((m.position for m in members.values()), default=-1)
         if idle or any(m.draining(head) for m in members.values()):
             now = yield from _catch_up(group, members, flight, held, writes, writes_asked, now)
             held, flight, writes = [], Flight(), {}
         if idle:
-            now, pause = yield from _idle(group, members, now, poll, pause)
+            now, pause = yield from _idle(group, members, now, poll, pause, looks)
         else:
             pause = IDLE_FIRST
 
@@ -438,8 +378,9 @@ def _paged(group: Group, page: Any, now: float) -> None:
 
 
 def _idle(
-    group: Group, members: dict[str, Maintainer], now: float, poll: float, pause: float
-) -> Generator[Sleep | Read, tuple[Any, float], tuple[float, float]]:
+    group: Group, members: dict[str, Maintainer], now: float, poll: float, pause: float,
+    looks: Looks,
+) -> Generator[Sleep | Read, tuple[Any, float], tuple[float, float]]:  # fmt: skip
     """Pause; once the pause has doubled up to ``poll`` (the sources quiet for as
     long), peek at each source's change log after each pause, until a source changed
     (or a peek failed: the ordered read then says why), :data:`IDLE_READ_EVERY`
@@ -456,7 +397,7 @@ def _idle(
             return now, min(pause * 2, poll)
         bases = [m for m in members.values() if m.view.over is None]
         redefined = any(group.views.get(n) != m.view for n, m in members.items())
-        if now >= until or not bases or redefined or _due(group, members) is not None:
+        if now >= until or not bases or redefined or _due(group, members, looks, now):
             return now, pause
         asked = now
         ops = [Changed(min(m.since[side] for m in bases), lo, hi)
@@ -529,12 +470,16 @@ def _ask_ahead(
     return nxt, sent
 
 
-def _due(group: Group, members: dict[str, Maintainer]) -> Any:
+def _due(group: Group, members: dict[str, Maintainer], looks: Looks, now: float) -> Any:
     """The next view to start, ``(name, view, the view it is over if kept, its
-    figures)``, or None: each after the one it is over, once that one has a position."""
+    figures)``, or None: each after the one it is over, once that one has a position,
+    and none the catalog contradicted less than :data:`RETRY` ago
+    (:func:`~rubberband.views.looks.doubt`)."""
     for name, view in _by_depth(group.views):
         figures = group.figures.get(name)
         if name in members or figures is None or figures.stopped:
+            continue
+        if looks.doubted(name, view, now):
             continue
         if view.over is None:
             return name, view, None, figures
@@ -545,7 +490,10 @@ def _due(group: Group, members: dict[str, Maintainer]) -> Any:
 
 
 def _begin(view: ViewDef, parent: Maintainer | None, figures: Figures, page_rows: int) -> Steps:
-    """A view's start, from a snapshot of its base or from the view it is over."""
+    """A view's start, from a snapshot of its base or from the view it is over:
+    ``(maintainer, now)``, the maintainer None where the catalog no longer holds the
+    view's definition once its snapshot is read (:func:`~rubberband.views.looks.confirm`):
+    nothing written."""
     if parent is None:
         return (yield from _start(view, figures, page_rows))
     return (yield from _start_over(view, figures, parent, page_rows))
@@ -745,7 +693,10 @@ def _start_over(view: ViewDef, figures: Figures, parent: Maintainer, page_rows: 
     figures.starts += 1
     pages = yield from _pages(*rows_bounds(view.name), page_rows)
     old = [row for rows, _position, _now in pages for row in rows]
-    asked, now = pages[0][2], pages[-1][2]
+    asked = pages[0][2]
+    doubted, now = yield from confirm([view])
+    if doubted:
+        return None, now
     snapshot = [(list(parent.rows.rows.values()), parent.position)]
     parent.emitted = []
     now = yield from _write(m.start(old, [snapshot], now), now)

@@ -24,7 +24,7 @@ from rubberband.checkers.views import ViewRead, check_view_reads
 from rubberband.errors import BadOperation, RubberbandError
 from rubberband.tools.cli import run as cli
 from rubberband.views import LEVELS, view_def
-from rubberband.views.define import unit_name, units
+from rubberband.views.define import progress_keys, unit_name, units
 from tests.integration.test_rubberband_scenarios import (  # the same cluster as there
     _client,
     _kill_leader,
@@ -203,6 +203,12 @@ def test_views_stay_exact_at_every_level_through_maintainer_storage_and_leader_k
         for v in VIEWS:
             spec = {k: v for k, v in v.to_dict().items() if k not in ("name", "kind", "source")}
             await rb.create_view(v.name, v.source, v.kind, **spec)
+        # Each progress chain starts absent where the name was found free (no maintainer
+        # runs yet): an earlier view's stopped maintainer can write none a reader takes.
+        for v in VIEWS:
+            keys = [k for i in range(len(v.parts) + 1) for k in progress_keys(v.name, i)]
+            got = await rb.read(("get", tuple(keys)), "sequential")
+            assert all(len(got[k]) == 2 and list(got[k][1]) == [got[k][0]] for k in keys), got
         port = local.free_port()
         maintainers = [  # a and c split the views (by_g's two parts apart), b keeps all
             _maintainer(rb_dir, rb_dir / "maintainer-a.log", shard="0/2"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import replace
 from importlib import import_module
 from itertools import pairwise
 from typing import Any
@@ -74,6 +75,13 @@ VIEWS = [
         aggregates={"groups": ["count", None]},
     ),
 ]
+
+
+ROUND_TRIP = 0.002
+"""Seconds a request takes, in the tests whose clock is meant to run as a cluster's
+does: a maintainer then looks at its catalog once in many rounds
+(``rubberband.views.steps.CONFIRMED_FOR``), where a clock of a second a request
+makes it look every round."""
 
 
 class Cluster:
@@ -196,8 +204,9 @@ class Cluster:
         end, within = None, request.within
         if type(op) is KeyPage:
             op, within, end = page_read(op, True, self.segments)
-        if op[0] == "get":  # a view read's
+        if op[0] == "get":  # a view read's, or a maintainer's look at its definitions
             got = {k: self.data[encode_key(k)][1] for k in op[1] if encode_key(k) in self.data}
+            got.update({k: self.catalog[k][0] for k in op[1] if k in self.catalog})
             return (got, self.t) if request.with_position else got
         lo, hi, limit = op[1], op[2], op[3] if len(op) > 3 else None
         rows = [kv for ek, kv in sorted(self.data.items())
@@ -225,6 +234,23 @@ class Cluster:
         return {k: v for k, v in state.items() if v is not None}
 
 
+def defined(c: Cluster, views: Any) -> Group:
+    """A group of ``views``, each defined in ``c``'s catalog first as ``create_view``
+    leaves it: a maintainer writes only the views its catalog holds."""
+    views = list(views)
+    for view in views:
+        if catalog_key(view.name) not in c.catalog:
+            c.define(replace(view, part=None))
+    return Group(views)
+
+
+def _add(group: Group, c: Cluster, view: Any) -> None:
+    """``view`` defined in ``c``'s catalog, then added to ``group`` (as the driver
+    adds a view it found there)."""
+    c.define(view)
+    group.add(view)
+
+
 def step(gen: Any, c: Cluster, request: Any, now: float) -> Any:
     """``request`` answered by ``c`` (a refusal thrown in, as a client's outcome is),
     and the steps' next request."""
@@ -249,7 +275,7 @@ def run(seed: int, steps: int = 400) -> Cluster:
     c = Cluster()
     for k in range(0, 40, 2):
         c.base(k, {"g": rng.randrange(4), "x": rng.randrange(100)})
-    gen = maintain_group_steps(Group(VIEWS), poll=0.01, page_rows=3)
+    gen = maintain_group_steps(defined(c, VIEWS), poll=0.01, page_rows=3)
     request = next(gen)
     for i in range(steps):
         for _ in range(rng.choice((0, 0, 1, 3))):
@@ -383,12 +409,16 @@ def test_a_step_without_an_answer_is_asked_again_and_nothing_starts_over() -> No
     from rubberband.views.define import view_def
     from rubberband.views.steps import RETRIES, Group, Read, Sleep, Write, maintain_group_steps
 
-    group = Group([view_def("v", "selection", (0, 10))])
+    view = view_def("v", "selection", (0, 10))
+    group = Group([view])
     steps = maintain_group_steps(group, poll=0.05)
     request = next(steps)
+    catalog = {catalog_key("v"): view.to_dict()}  # a look at its definition finds it
     while not (type(request) is Read and type(request.op).__name__ == "Changes"):
-        reply = None
-        if type(request) is Read:  # empty view, empty base at 5, one segment
+        reply: Any = None
+        if type(request) is Read and request.aside:
+            reply = catalog
+        elif type(request) is Read:  # empty view, empty base at 5, one segment
             reply = (([], None), 5) if type(request.op) is KeyPage else ([], 5)
         request = steps.send((reply, 1.0))
     figures = group.figures["v"]
@@ -398,12 +428,12 @@ def test_a_step_without_an_answer_is_asked_again_and_nothing_starts_over() -> No
         assert type(steps.throw(Indeterminate("no answer"))) is Sleep
         assert steps.send((None, 2.0)) == page_read  # the same page, asked again
     request = steps.send((Page(9, []), 3.0))
-    while type(request) is Write:
-        request = steps.send((None, 3.0))
+    while type(request) is Write or (type(request) is Read and request.aside):
+        request = steps.send((catalog if type(request) is Read else None, 3.0))
     assert figures.starts == 1 and figures.failures == 0
     # A feed compacted under it: every view starts over from a new snapshot.
     while not (type(request) is Read and type(request.op).__name__ == "Changes"):
-        request = steps.send((None, 4.0))
+        request = steps.send((catalog if type(request) is Read else None, 4.0))
     request = steps.throw(Compacted(20))
     assert figures.failures == 1 and type(request) is Read and request.with_position
 
@@ -421,7 +451,7 @@ def _with_a_big_row(views: list[Any], at: dict[int, Any], rounds: int = 300) -> 
     c = Cluster()
     for k in range(0, 40, 2):
         c.base(k, {"g": rng.randrange(4), "x": rng.randrange(100)})
-    group = Group(views)
+    group = defined(c, views)
     gen = maintain_group_steps(group, poll=0.01, page_rows=3)
     request = next(gen)
     big_at = None
@@ -468,6 +498,51 @@ def test_a_view_with_a_row_over_the_limit_stops_alone_and_stays_exact() -> None:
                    for w in c.writes for _k, e in w)  # fmt: skip
 
 
+@pytest.mark.parametrize("clock", ["a second a request", "paused"])
+def test_a_maintainer_writes_nothing_of_a_definition_gone_past_the_new_ones_position(
+    clock: str,
+) -> None:
+    """The view is defined anew (a narrower selection) under the same name while its
+    maintainer's driver still has the old definition (it reads the catalog once a
+    second).  No row or progress of the view is written at a position past the new
+    definition's (readers would take it for the new view's), and once the driver has
+    the new definition the view is the new one's, exact.  With a clock of a second a
+    request, every round's pages are past :data:`CONFIRMED_FOR`; with requests of 2 ms,
+    the maintainer is stopped for two seconds, and the new definition comes meanwhile
+    (a drop and a new definition take that long: ``DROP_SETTLE``)."""
+    old = view_def("v", "selection", SOURCE)
+    anew = view_def("v", "selection", SOURCE, where=[("x", "<", 50)])
+    rng = random.Random(5)
+    c = Cluster()
+    for k in range(0, 40, 2):
+        c.base(k, {"g": 0, "x": rng.randrange(100)})
+    group = defined(c, [old])
+    gen = maintain_group_steps(group, poll=0.01, page_rows=3)
+    request, now, at, written = next(gen), 0.0, None, 0
+    for i in range(400):
+        if i == 150:
+            if clock == "paused":
+                now += 2.0
+            c.define(anew)
+            at, written = c.t, len(c.writes)
+        if i == 250:  # the driver read the catalog
+            group.remove("v")
+            group.add(anew)
+            before = len(c.writes)
+        for _ in range(rng.choice((0, 1, 2)) if i < 350 else 0):
+            c.base(rng.randrange(40), {"g": 0, "x": rng.randrange(100)})
+        now += 1.0 if clock != "paused" else ROUND_TRIP
+        request = step(gen, c, request, now)
+    assert at is not None
+    late = [(k, e) for w in c.writes[written:before] for k, e in w
+            if k[:2] == (VIEW, "v") or k[:2] == (VIEW, "v\x00")]  # fmt: skip
+    assert all(e[0] < at for _k, e in late), late[:3]
+    reached = _progress(c, meta_key("v"))
+    assert reached > c.t - 50
+    want = {ek: v for ek, (_k, v) in recompute_over([anew], [c.base_at(reached)]).items()}
+    assert c.view_rows("v", reached) == want and want
+
+
 def test_a_view_over_a_stopped_view_waits_for_it_and_starts_when_it_is_defined_anew() -> None:
     """A view defined over another just as that one stops (or after) never starts
     from rows it did not write, and says why it waits; once the stopped view is
@@ -477,11 +552,12 @@ def test_a_view_over_a_stopped_view_waits_for_it_and_starts_when_it_is_defined_a
 
     def again(g: Group, c: Cluster) -> None:
         before.append(len(c.writes))
+        c.define(anew)  # as the driver finds it in the catalog
         g.remove("all")
         g.add(anew)
 
     stops = _stop_round()
-    c, group, _, _ = _with_a_big_row([ALL], {stops: lambda g, c: g.add(OVER_ALL), 200: again})
+    c, group, _, _ = _with_a_big_row([ALL], {stops: lambda g, c: _add(g, c, OVER_ALL), 200: again})
     assert not any(k[:2] == (VIEW, "n") for w in c.writes[: before[0]] for k, _e in w)
     fig = group.figures
     assert not fig["all"].stopped and not fig["n"].stopped
@@ -489,7 +565,7 @@ def test_a_view_over_a_stopped_view_waits_for_it_and_starts_when_it_is_defined_a
     reached = _progress(c, meta_key("n"))
     want = recompute_over([anew, OVER_ALL], [c.base_at(reached)])
     assert c.view_rows("n", reached) == {ek: v for ek, (_k, v) in want.items()}
-    _, group, _, _ = _with_a_big_row([ALL], {150: lambda g, c: g.add(OVER_ALL)}, rounds=200)
+    _, group, _, _ = _with_a_big_row([ALL], {150: lambda g, c: _add(g, c, OVER_ALL)}, rounds=200)
     assert "over view 'all', which stopped" in group.figures["n"].stopped
     assert group.figures["n"].starts == 0
 
@@ -530,7 +606,7 @@ def test_a_view_stopped_and_defined_anew_before_the_loop_saw_it_runs_anew() -> N
         c = Cluster()
         for k in range(0, 40, 2):
             c.base(k, {"g": rng.randrange(4), "x": rng.randrange(100)})
-        group = Group([join])
+        group = defined(c, [join])
         gen = maintain_group_steps(group, poll=0.01, page_rows=3)
         request = next(gen)
         for i in range(340):
@@ -540,6 +616,7 @@ def test_a_view_stopped_and_defined_anew_before_the_loop_saw_it_runs_anew() -> N
             m = state["members"].get("j") if state else None
             if not done and m is not None and m.stopped:
                 done.append(i)
+                c.define(anew)
                 group.remove("j")
                 group.add(anew)
             for _ in range(rng.choice((0, 1, 2)) if i < 300 else 0):
@@ -575,7 +652,7 @@ def test_empty_pages_pause_short_then_longer_and_a_change_resets_the_pause() -> 
 
     c = Cluster()
     c.base(0, {"g": 1, "x": 1})
-    steps = maintain_group_steps(Group([VIEWS[0]]), poll=0.05)
+    steps = maintain_group_steps(defined(c, [VIEWS[0]]), poll=0.05)
     request = next(steps)
     pauses: list[float] = []
     for i in range(200):
@@ -599,7 +676,7 @@ def test_a_maintainers_figures_say_how_long_its_rounds_are_and_how_big_its_pages
     c = Cluster()
     for k in range(0, 40, 2):
         c.base(k, {"g": k % 4, "x": k})
-    group = Group([VIEWS[0]])
+    group = defined(c, [VIEWS[0]])
     gen = maintain_group_steps(group, poll=0.01, page_rows=3)
     request = next(gen)
     pages: list[tuple[float, int]] = []
@@ -642,7 +719,7 @@ def run_units(seed: int, steps: int = 300) -> Cluster:
         c.base(k, {"g": rng.randrange(5), "x": rng.randrange(100)})
     loops = []
     for unit in units(SPLIT):
-        gen = maintain_group_steps(Group([unit]), poll=0.01, page_rows=3)
+        gen = maintain_group_steps(defined(c, [unit]), poll=0.01, page_rows=3)
         loops.append([gen, next(gen), unit.part])
     c.written_by = []  # type: ignore[attr-defined]
     for i in range(steps + 60):
@@ -833,7 +910,7 @@ async def test_a_write_refused_at_the_call_leaves_the_view_exact_at_its_progress
         c.base(k, {"g": k % 4, "x": k})
     rb = RefusingClient(c)
     stop = asyncio.Event()
-    steps = maintain_group_steps(Group([VIEWS[0]]), poll=0.01, page_rows=3)
+    steps = maintain_group_steps(defined(c, [VIEWS[0]]), poll=0.01, page_rows=3)
     task = asyncio.ensure_future(drive(rb, steps, stop))
     for i in range(60):
         await asyncio.sleep(0.0005)
@@ -928,7 +1005,7 @@ def test_the_feed_page_that_starts_a_view_is_read_as_long_and_later_pages_are_no
     c = Cluster()
     for k in range(0, 40, 2):
         c.base(k, {"g": k % 4, "x": k})
-    gen = maintain_group_steps(Group([VIEWS[0]]), poll=0.01, page_rows=3)
+    gen = maintain_group_steps(defined(c, [VIEWS[0]]), poll=0.01, page_rows=3)
     request, feeds = next(gen), []
     for i in range(30):
         read = request.read if type(request) in (Pipe, Both) else request
@@ -946,6 +1023,7 @@ def test_a_group_changed_by_the_driver_leaves_a_steps_dicts_as_it_took_them() ->
     loop may run on a worker thread: the step's dicts never change under it (it saw
     "dictionary changed size during iteration" before), and a view found in one but
     gone from the other is passed over, not a ``KeyError``."""
+    from rubberband.views.looks import Looks
     from rubberband.views.steps import _due, _stops
 
     g = Group(VIEWS[:2])
@@ -958,9 +1036,9 @@ def test_a_group_changed_by_the_driver_leaves_a_steps_dicts_as_it_took_them() ->
     assert "per_g" in views and "per_g" not in g.views and "per_g" in figures
     g.views = views  # as a step may see them: the view's figures already gone
     _stops(g, {}, {}, {})
-    due = _due(g, {})
+    due = _due(g, {}, Looks(1.0), 0.0)
     assert due is not None and due[0] == "by_g" and due[3] is g.figures["by_g"]
-    assert _due(g, {"by_g": None}) is None  # type: ignore[dict-item]
+    assert _due(g, {"by_g": None}, Looks(1.0), 0.0) is None  # type: ignore[dict-item]
 
 
 def _started_views(c: Cluster) -> bool:
@@ -1048,8 +1126,8 @@ def _stale_run(seed: int) -> tuple[Cluster, int]:
     c = Cluster()
     for k in range(0, 40, 2):
         c.base(k, {"g": rng.randrange(4), "x": 1})
-    a = maintain_group_steps(Group([VIEWS[0]]), poll=0.01, page_rows=3)
-    b = maintain_group_steps(Group([VIEWS[0]]), poll=0.01, page_rows=3)
+    a = maintain_group_steps(defined(c, [VIEWS[0]]), poll=0.01, page_rows=3)
+    b = maintain_group_steps(defined(c, [VIEWS[0]]), poll=0.01, page_rows=3)
     ra, rb_ = next(a), next(b)
     for i in range(150):
         for _ in range(rng.choice((0, 1, 2))):
@@ -1159,13 +1237,13 @@ def test_maintainers_under_steady_load_are_never_refused(views: int, window: int
         c = CutPages(cut)
         for k in range(40):
             c.base(k, {"g": rng.randrange(4), "x": 1})
-        group = Group(defs)
+        group = defined(c, defs)
         gen = maintain_group_steps(group, poll=0.01, page_rows=3)
         request = next(gen)
         for i in range(1500):
             for _ in range(4):
                 c.base(rng.randrange(40), {"g": rng.randrange(4), "x": 1})
-            request = step(gen, c, request, float(i))
+            request = step(gen, c, request, i * ROUND_TRIP)
     assert c.refused == 0
     for figures in group.figures.values():
         assert (figures.starts, figures.failures) == (1, 0)
@@ -1207,14 +1285,14 @@ def test_a_view_added_under_bulk_writes_starts() -> None:
     c = BulkPages()
     for k in range(40):
         c.base(k, {"g": rng.randrange(4), "x": 1})
-    group = Group([view_def("v0", "index", SOURCE, on="g")])
+    group = defined(c, [view_def("v0", "index", SOURCE, on="g")])
     gen = maintain_group_steps(group, poll=0.01, page_rows=3)
     request = next(gen)
     for i in range(600):
         if i == 50:
-            group.add(view_def("v1", "index", SOURCE, on="g"))
+            _add(group, c, view_def("v1", "index", SOURCE, on="g"))
         c.bulk(rng)
-        request = step(gen, c, request, float(i))
+        request = step(gen, c, request, i * ROUND_TRIP)
     assert group.figures["v1"].starts == 1
     assert all(f.position > c.t - 300 for f in group.figures.values())
 
@@ -1305,7 +1383,7 @@ def _idle_run(
     """A maintainer of ``views`` driven by ``c`` on a clock (each request 2 ms, each
     pause its length) until the views caught up and then ``seconds`` more; a base write
     at ``write_at`` of those; the requests of the idle part, with their times."""
-    steps = maintain_group_steps(Group(list(views)), poll=0.05)
+    steps = maintain_group_steps(defined(c, views), poll=0.05)
     request, now, idle_from, out = next(steps), 0.0, None, []
     while idle_from is None or now < idle_from + seconds:
         if idle_from is None and type(request) is Read and type(request.op) is Changed:
@@ -1329,9 +1407,11 @@ def test_an_idle_maintainer_peeks_and_reads_in_order_once_a_second() -> None:
     c = Cluster()
     c.base(0, {"g": 1, "x": 1})
     idle = _idle_run(c, 5.0)
-    ordered = [r for _t, r in idle if type(r) in (Read, Pipe) and not _peek(r)]
+    ordered = [r for _t, r in idle if type(r) in (Read, Pipe) and type(_read_of(r).op) is Changes]
+    looks = [r for _t, r in idle if type(r) is Read and r.aside]  # at the catalog, to write
     peeks = [r for _t, r in idle if _peek(r)]
     assert len(ordered) <= 5.0 / IDLE_READ_EVERY + 1 and len(peeks) >= 5 / 0.06  # a poll each
+    assert len(looks) <= len(ordered) and all(r.isolation == "sequential" for r in looks)
     assert all(r.isolation == "basic" for r in peeks)
     c = Cluster()
     c.base(0, {"g": 1, "x": 1})
@@ -1355,14 +1435,15 @@ def _read_of(request: Any) -> Read:
 
 
 def _read_idle(
-    c: Cluster, layout: Any = None, limit: int = 40, name: str = VIEWS[0].name
-) -> tuple[Any, list[Any]]:
-    """A sequential read of view ``name`` answered by ``c`` with no maintainer
+    c: Cluster, layout: Any = None, limit: int = 40, name: str = VIEWS[0].name,
+    level: str = "sequential",
+) -> tuple[Any, list[Any]]:  # fmt: skip
+    """A read of view ``name`` at ``level`` answered by ``c`` with no maintainer
     running: what it returned (None: it was still waiting after ``limit`` requests),
     and its requests."""
     from rubberband.views.reads import read_steps
 
-    steps = read_steps(name, ("scan", (VIEW, name), (VIEW, name + "\x00")), None, "sequential",
+    steps = read_steps(name, ("scan", (VIEW, name), (VIEW, name + "\x00")), None, level,
                        0.0, 5.0, layout=layout)  # fmt: skip
     request, seen = next(steps), []
     for _ in range(limit):
@@ -1518,3 +1599,28 @@ def test_a_sequential_read_past_a_progress_not_marked_quiet_waits_without_checki
     got, seen = _read_idle(c)
     assert got is None and any(type(r) is Sleep for r in seen)
     assert not [r for r in seen if type(r) is Read and type(r.op) in (Changed, Revisions)]
+
+
+@pytest.mark.parametrize("level", ["snapshot", "any", "sequential"])
+def test_a_view_defined_anew_takes_no_progress_from_the_old_ones_maintainer(level: str) -> None:
+    """``create_view`` starts each progress chain absent at the position it found the
+    name free.  The old definition's maintainer, stopped before the drop and woken
+    after the new definition, writes a row and a progress from before the drop: the
+    chains' floor ignores that progress, so no reader takes the old rows for the new
+    view's, and each waits for the new view's maintainer (its read says why)."""
+    from rubberband.views.define import progress_keys, row_key
+
+    c = Cluster()
+    c.base(3, {"g": 1, "x": 1})
+    name = VIEWS[0].name
+    c.t = free = 20
+    c.apply(("version", tuple((k, [free]) for k in progress_keys(name)), free))
+    old = [(row_key(name, (1, 3)), [2, {"g": 1, "x": 1}]), (meta_key(name), [2, [0, 0]]),
+           (stable_key(name), [2, [0, 0]])]  # fmt: skip
+    c.apply(("version", tuple(old), 0))
+    got, seen = _read_idle(c, level=level)
+    assert got is None and len(seen) > 5  # still waiting
+    c.apply(("version", ((meta_key(name), [free + 1, [free + 1, free + 1]]),
+                         (stable_key(name), [free + 1, [free + 1, free + 1]])), 0))  # fmt: skip
+    got, _ = _read_idle(c, level=level)  # the new maintainer's start: nothing yet
+    assert got == ([], free + 1) if level != "sequential" else got is None  # (no later one)

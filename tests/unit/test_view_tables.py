@@ -16,7 +16,7 @@ from rubberband.engine import Placement, row_key
 from rubberband.errors import BadOperation
 from rubberband.keys import encode_key
 from rubberband.views.compute import recompute
-from rubberband.views.define import ViewDef, from_dict, meta_key, stable_key, view_def
+from rubberband.views.define import ViewDef, catalog_key, from_dict, meta_key, stable_key, view_def
 from rubberband.views.maintain import Maintainer
 from rubberband.views.steps import Group, group_of
 
@@ -236,6 +236,8 @@ def test_a_table_backfills_in_pages_each_at_its_own_position(
             return Page(t, [e for e in log if e.position > op.since])
         if type(op) is KeyPage:
             return ([], None), t  # the view's old rows: none
+        if request.aside:  # the maintainer's look at the catalog: the view is defined
+            return {catalog_key(view.name): view.to_dict()}
         return ([], t) if request.with_position else []
 
     steps = maintain_group_steps(Group([view]), poll=0.01, page_rows=page)
