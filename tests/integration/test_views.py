@@ -250,6 +250,86 @@ def test_views_stay_exact_at_every_level_through_maintainer_storage_and_leader_k
         assert len(rs) > 20, (name, len(rs))
 
 
+def test_a_view_defined_anew_while_its_maintainer_is_stopped_shows_only_the_new_one(
+    rb_dir: Path,
+) -> None:
+    """A maintainer is stopped (SIGSTOP) while it keeps a selection under writes; the
+    view is dropped and defined anew under its name with the opposite selection, and
+    the maintainer is woken while writes go on.  Every read of the view is the new
+    definition's, exact at its position, at every level: the woken maintainer looks at
+    the catalog before it writes again (its pages come long after its last look), so it
+    writes nothing of the old definition; it keeps the new one once its daemon has read
+    the catalog.  (This passes on the code before the look too: on waking, the daemon's
+    overdue catalog read races the loop's next page and mostly wins.  The unit tests of
+    the steps pin the race it can lose: ``test_a_maintainer_writes_nothing_of_a_
+    definition_gone_past_the_new_ones_position``.)"""
+    rng = random.Random(7)
+    old = view_def("sel", "selection", (0, KEYS), where=[("n", ">=", 0)])
+    anew = view_def("sel", "selection", (0, KEYS), where=[("n", "<", 0)])
+    reads: list[ViewRead] = []
+    events: list[Any] = []
+    stop, settled = asyncio.Event(), asyncio.Event()
+
+    async def write(rb: Any) -> None:
+        while not stop.is_set():
+            try:
+                await rb.put_many({rng.randrange(KEYS): _value(rng) for _ in range(2)})
+            except RubberbandError:
+                await asyncio.sleep(0.1)
+
+    async def read(rb: Any) -> None:
+        n = 0
+        while not stop.is_set():
+            n, level = n + 1, ["sequential", "snapshot", "any"][n % 3]
+            try:
+                rows, at = await rb.view("sel").scan(level=level, with_position=True)
+            except RubberbandError:
+                await asyncio.sleep(0.05)  # (no progress of the new view yet)
+                continue
+            reads.append(ViewRead(at, rows, level=level))
+
+    async def go() -> None:
+        admin = await _client(rb_dir, "maintainer:redefine")
+        rb, reader, feeder = [await _client(rb_dir, f"client:redefine-{i}") for i in range(3)]
+        await rb.put_many({k: _value(rng) for k in range(KEYS)})
+        await admin.create_view(old.name, old.source, old.kind, where=old.where)
+        first = _maintainer(rb_dir, rb_dir / "maintainer-first.log")
+        try:
+            for _ in range(30):  # its first progress
+                try:
+                    await rb.view("sel").scan(level="sequential")
+                    break
+                except RubberbandError:
+                    await asyncio.sleep(1)
+            writer = asyncio.ensure_future(write(rb))
+            await asyncio.sleep(1.5)
+            first.send_signal(signal.SIGSTOP)
+            await admin.drop_view("sel")
+            await admin.create_view(anew.name, anew.source, anew.kind, where=anew.where)
+            base, start = await rb.read(("scan", 0, KEYS), with_position=True)
+            feed = asyncio.ensure_future(_follow(feeder, start, events, settled))
+            reading = asyncio.ensure_future(read(reader))
+            await asyncio.sleep(2)
+            first.send_signal(signal.SIGCONT)
+            await asyncio.sleep(5)
+            stop.set()
+            await writer
+            await reading
+            settled.set()
+            await asyncio.wait_for(feed, 30)
+        finally:
+            first.send_signal(signal.SIGCONT)
+            first.send_signal(signal.SIGKILL)
+            for c in (admin, rb, reader, feeder):
+                await c.close()
+        problems = check_view_reads(anew, (dict(base), start), events, reads)
+        assert not problems, "\n".join(problems[:5])
+
+    asyncio.run(go())
+    assert {r.level for r in reads} == {"sequential", "snapshot", "any"}
+    assert len(reads) > 20 and any(r.rows for r in reads), len(reads)
+
+
 @pytest.fixture
 def hash_dir(tmp_path: Path) -> Any:
     """3 routers, 1 super, 3 storage processes, hash partitioning."""
