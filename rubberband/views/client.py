@@ -113,7 +113,7 @@ DROP_SETTLE = 1.5
 a maintainer takes to see the definition gone (``rubberband views maintain`` reads the
 catalog once a second), so rows one wrote meanwhile are found and deleted.  A drop
 returns no sooner after the definition went, and a maintainer's look at the catalog
-holds for less (``rubberband.views.steps.CONFIRMED_FOR``): whatever it writes of a
+holds for less (``rubberband.views.looks.CONFIRMED_FOR``): whatever it writes of a
 view it found defined comes from pages ordered before any new view of that name."""
 DROP_ROUNDS = 10
 """Deletes a drop makes before it gives up on a view whose rows keep coming back (a
@@ -137,7 +137,7 @@ async def drop_view(rb: Any, name: str) -> None:
         if not await _delete_rows(rb, rows_bounds(name)[0], keys_end(name)):
             # A view defined anew under this name comes DROP_SETTLE after the old one's
             # definition went: a maintainer's look at the catalog lasts less
-            # (``rubberband.views.steps.CONFIRMED_FOR``).
+            # (``rubberband.views.looks.CONFIRMED_FOR``).
             await asyncio.sleep(max(0.0, gone + DROP_SETTLE - time.monotonic()))
             return
         await asyncio.sleep(DROP_SETTLE)

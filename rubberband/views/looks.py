@@ -100,7 +100,7 @@ class Looks:
         at the definitions of the views to write that no look holds for
         (:data:`CONFIRMED_FOR`); the views it contradicts left out.  Returns the time."""
         made = [m.view for n, m in members.items() if writes.get(n)
-                and now - self.confirmed.get(n, -CONFIRMED_FOR) > CONFIRMED_FOR]  # fmt: skip
+                and now - self.confirmed.get(n, float("-inf")) > CONFIRMED_FOR]  # fmt: skip
         if made:
             sent = now
             doubted, now = yield from confirm(made)

@@ -58,7 +58,8 @@ class Pipe(NamedTuple):
 class Ahead(NamedTuple):
     """Send ``read`` now and go on (the reply is None at once): the next :class:`Read`,
     :class:`Pipe` or :class:`Both` whose read is this very object waits for its answer
-    instead of sending it again, and one with another read leaves it unanswered.  A
+    instead of sending it again, and one with another read leaves it unanswered (but
+    for an ``aside`` read, which leaves it ahead).  A
     maintainer asks for its next page before it computes the rows of the last: that
     read is then ordered before those rows, not behind their application at every
     storage process, and its round trip overlaps the computing (which was two fifths

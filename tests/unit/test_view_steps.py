@@ -80,7 +80,7 @@ VIEWS = [
 ROUND_TRIP = 0.002
 """Seconds a request takes, in the tests whose clock is meant to run as a cluster's
 does: a maintainer then looks at its catalog once in many rounds
-(``rubberband.views.steps.CONFIRMED_FOR``), where a clock of a second a request
+(``rubberband.views.looks.CONFIRMED_FOR``), where a clock of a second a request
 makes it look every round."""
 
 
