@@ -397,8 +397,8 @@ class ViewProcess:
     def _start(self, steps: Any, done: Callable[[Any, Any], None], now: float) -> Driven:
         def finished(got: Any, error: Any) -> None:
             self._drop(d)
-            if not self.halted:
-                done(got, error)
+            if not self.halted and not d.halted:  # (halted: nothing to hand on; the
+                done(got, error)  # process may have started again since, afresh)
 
         d = Driven(self.node, steps, finished)
         d.wake_at = now

@@ -249,6 +249,15 @@ def test_a_crash_mid_contraction_that_breaks_its_receivers_loses_nothing() -> No
     assert replaced - crashed == {"storage:2", "storage:3"}  # the situation
 
 
+def test_a_view_step_in_flight_when_the_run_halts_to_heal_is_dropped_not_handed_on() -> None:
+    """Seed 47 with views: a reader's read was in flight when every process halted for
+    healing and ended after the reader had started again; its end went to the callback
+    as if the read had answered nothing, and the run stopped on a TypeError.  A halted
+    step's end is dropped (the process started afresh)."""
+    result = run_rubberband(RbRunConfig(seed=47, ops=OPS, views=True))
+    assert not result.violations, result.violations
+
+
 def test_two_incomplete_neighbours_without_a_standby_are_repaired_together() -> None:
     """Two incomplete holders, and no standby left.  Contracting either alone would hand
     the other ranges it gets no data for, which the super refuses; it used to wait for
