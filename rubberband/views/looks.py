@@ -61,13 +61,23 @@ def doubt(
     """The ``doubted`` members left out with their writes, and the views over them: the
     driver drops or defines them anew within a second, and a definition the catalog
     held after all (a read that raced a redefinition back) starts again then."""
-    gone = [n for n in members if n in doubted]
+    for name, m in leave(members, writes, [n for n in members if n in doubted]).items():
+        doubts[name] = (m.view, until)
+
+
+def leave(
+    members: dict[str, Maintainer], writes: dict[str, Any], gone: list[str]
+) -> dict[str, Maintainer]:
+    """The members named in ``gone`` taken out of ``members`` with their writes, and
+    then each view over one taken out, deepest last: those taken out."""
+    out = {}
     while gone:
         for name in gone:
-            doubts[name] = (members.pop(name).view, until)
+            out[name] = members.pop(name)
             writes.pop(name, None)
         gone = [n for n, m in members.items() if m.view.over is not None
                 and m.view.over not in members]  # fmt: skip
+    return out
 
 
 class Looks:

@@ -32,7 +32,7 @@ from rubberband.views.define import (
     unit_name,
     units,
 )
-from rubberband.views.looks import Looks, confirm
+from rubberband.views.looks import Looks, confirm, leave
 from rubberband.views.maintain import Figures, Maintainer
 from rubberband.views.requests import Ahead, Both, Pipe, Read, Settle, Sleep, Steps, Write
 
@@ -634,13 +634,7 @@ def _by_depth(views: dict[str, ViewDef]) -> list[tuple[str, ViewDef]]:
 
 def _forget(group: Group, members: dict[str, Maintainer], writes: dict[str, Any]) -> None:
     """Drop the members whose view was dropped or defined anew, and those over them."""
-    gone = [n for n, m in members.items() if group.views.get(n) != m.view]
-    while gone:
-        for name in gone:
-            del members[name]
-            writes.pop(name, None)
-        gone = [n for n, m in members.items() if m.view.over is not None
-                and m.view.over not in members]  # fmt: skip
+    leave(members, writes, [n for n, m in members.items() if group.views.get(n) != m.view])
     for m in members.values():
         m.emitted = [] if any(c.view.over == m.view.name for c in members.values()) else None
 
