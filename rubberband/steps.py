@@ -29,7 +29,7 @@ INLINE_DELIVERIES = INLINE_KEYS
 single-key write that is not short (an append copies its list) counts as long by
 itself, and at a few microseconds a key the loop is back to its heartbeats within a
 few tens of milliseconds (:class:`~rubberband.driver.LoopGate` sends the steps to the
-thread for a while after a slower one).  At 128, the memory engine's steps under a
+thread for a while after two slower ones).  At 128, the memory engine's steps under a
 full load went to the engine thread: each write alone into 3 storage processes
 (``rubberband bench write-vs-storage --engine memory``) ran at 36,944 writes/s on the
 mean of four runs against 39,184 now, the storage processes 1.0 µs a write busier

@@ -282,7 +282,7 @@ async def drive(
     and the routers take the client for dead.  Long: the step after a snapshot's or a
     table's page, a feed page while a view of the group has not started (a start
     computes the view from those pages: ``Read.long``) or a feed page of more than
-    :data:`SHORT_PAGE` changes, and every step for a while after one on the loop used
+    :data:`SHORT_PAGE` changes, and every step for a while after two on the loop used
     too much CPU (:class:`~rubberband.driver.LoopGate`).  The rest, a page of a few
     dozen changes, run on the loop: each hop to the thread and back cost a maintainer
     about a tenth of its CPU and a wake-up of each side per page."""
