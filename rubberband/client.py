@@ -259,15 +259,16 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
     # ================================================================== writes
     def write(self, op: Any, now: float, timeout: float | None = None) -> tuple[int, Effects]:
         """A write; :class:`WriteDone` once it is stable and, for an operation whose
-        validity depends on the data (``ops.answered(op)``, such as an append), once a
-        holder answered (a rejection is then ``Rejected``)."""
+        validity depends on the data (``ops.answered(op)``, such as an append) or that
+        names a view's definition, once a holder answered (a rejection is then
+        ``Rejected``: :meth:`Messages.answered`)."""
         payload, header = self.write_message(op)  # raises BadOperation, before anything
         fx = self._begin()
         rid = next(self._ids)
         if _changes_nothing(header):  # (zero rows): done at once
             fx.deliver.append(WriteDone(rid, None))
             return rid, self._end(now)
-        answered = self._answered(op)
+        answered = self.answered(op)
         w = _Write(rid, op, header, answered, now + self._write_timeout(timeout))
         if answered:
             header[H.REQUEST] = rid
@@ -299,7 +300,7 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
             if _changes_nothing(header):  # done at once
                 fx.deliver.append(WriteDone(rid, None))
                 continue
-            answered = len(indices) == 1 and self._answered(ops[indices[0]])
+            answered = len(indices) == 1 and self.answered(ops[indices[0]])
             if answered:
                 header[H.REQUEST] = rid
                 header[H.ANSWER] = 1
@@ -307,10 +308,6 @@ class ClientCore(BatchReads, LearnsKeyspace, Messages):
             heapq.heappush(self._timers, (deadline, _WRITE, rid))
             fx.deliver.append(Submit(header, payload, rid))
         return out, self._end(now)
-
-    def _answered(self, op: Any) -> bool:
-        answered = getattr(self.ops, "answered", None)
-        return answered is not None and bool(answered(op))
 
     def _timeout(self, timeout: float | None) -> float:
         return self.answer_timeout if timeout is None else timeout

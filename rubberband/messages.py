@@ -53,6 +53,7 @@ from rubberband.proto import (
     write_bundle_header,
     write_header,
 )
+from rubberband.versions import names_catalog
 
 Isolation = Literal["sequential", "snapshot", "basic"]
 ISOLATION_LEVELS = ("sequential", "snapshot", "basic")
@@ -79,6 +80,15 @@ class Messages:
         self._packer = msgpack.Packer(use_bin_type=True)
         """Bundles' payloads: one Packer reused (``packb`` makes one per call, at three
         times the cost); a client core is used from one thread."""
+
+    def answered(self, op: Any) -> bool:
+        """Must a holder answer write ``op`` before it is reported done?  One whose
+        validity depends on the data (``ops.answered``: an append to a value that is no
+        list), and a plain write naming a view's definition, which every holder refuses
+        from anyone but a maintainer (:func:`~rubberband.applying.refusal`): left
+        unanswered, a client's redefinition was reported done and never applied."""
+        answered = getattr(self.ops, "answered", None)
+        return (answered is not None and bool(answered(op))) or names_catalog(op)
 
     # ------------------------------------------------------------------ configuration
     def learn(self, version: int, keyspace_state: Any, partitioning: str | None = None) -> bool:
@@ -195,7 +205,7 @@ class Messages:
                 else:
                     out.extend(self._pieces(i, ops[i], r, placed[i]))
             return out
-        answered = alone if alone is not None else getattr(self.ops, "answered", None)
+        answered = alone if alone is not None else self.answered
         ids = ks.ids
         uppers = (*ids, MAX_EKEY)
         out = []
@@ -211,7 +221,7 @@ class Messages:
 
         for i, ranges in enumerate(parts):
             k = -1
-            if len(ranges) == 1 and (answered is None or not answered(ops[i])):
+            if len(ranges) == 1 and not answered(ops[i]):
                 lo, hi = ranges[0]
                 k = bisect_right(ids, lo)
                 if hi > uppers[k]:

@@ -269,8 +269,9 @@ class RubberbandClient:
 
     async def write(self, op: Any, timeout: float | None = None) -> None:
         """Submit a write and wait until it is stable.  An operation whose validity
-        depends on the data (``self.core.ops.answered(op)``, such as an append) also
-        waits for a holder's answer, so a rejection raises :class:`Rejected` here."""
+        depends on the data (such as an append), or that names a view's definition,
+        also waits for a holder's answer (``self.core.answered(op)``), so a rejection
+        raises :class:`Rejected` here."""
         await self.ecast.room(timeout if timeout else -1.0)
         rid, fx = self.core.write(op, self._loop.time(), timeout)
         self.writes_sent += 1

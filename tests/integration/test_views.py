@@ -449,16 +449,19 @@ def test_views_under_hash_partitioning_read_exact_rows_from_every_bucket(hash_di
             # Views' rows and definitions are their maintainers' alone: a client's version
             # of a row is refused at every replica (the reads are checked against the
             # base throughout), and so is its drop of a view, which deletes rows; its
-            # raw writes over a definition (a put is not answered) and its delete of
-            # one change nothing: the view stays defined as it was, and kept.
+            # raw write over a definition and its delete of one are refused too, and
+            # say so (a put was reported done): the view stays defined as it was, and
+            # kept.
             junk = ("version", ((("~view", "by_g", ("a", 1)), [1, "junk"]),), 0)
             with pytest.raises(BadOperation, match="only maintainers"):
                 await rb.write(junk)
             with pytest.raises(BadOperation, match="only a maintainer may"):
                 await rb.drop_view(late.name)
             redefined = {**late.to_dict(), "where": [["g", "=", "z"]]}
-            await rb.put(("~views", late.name), redefined)
-            await rb.delete(("~views", views[0].name))
+            with pytest.raises(BadOperation, match="only maintainers"):
+                await rb.put(("~views", late.name), redefined)
+            with pytest.raises(BadOperation, match="only maintainers"):
+                await rb.delete(("~views", views[0].name))
             defined = {v.name: v for v in await rb.views()}
             assert defined[late.name] == late and defined[views[0].name] == views[0]
             # A view over a view: the groups of 16 rows or more, kept in per_g's group.

@@ -362,6 +362,40 @@ def test_a_write_refused_in_one_of_its_segments_is_rejected() -> None:
     assert isinstance(done.error, Rejected) and "append to 250" in str(done.error), done
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_clients_write_of_a_views_definition_is_rejected_not_reported_done(
+    batched: bool,
+) -> None:
+    """Every holder refuses a plain write naming a view's definition from anyone but a
+    maintainer; the client waits for a holder's answer to such a write and reports the
+    refusal (before, a put of one was reported done, and never applied).  A
+    maintainer's is applied and reported done; a base key's put is not waited on."""
+    m = Model(f=3).ring_of(5)
+    rig = Rig(m)
+    defined = ("~views", "v")
+    for op in (
+        ("put", ((defined, {"name": "v"}),)),
+        ("put", ((7, "base"), (("~views", "w"), {"name": "w"}))),
+        ("delete", (defined,)),
+    ):
+        if batched:
+            [(_indices, rid)], fx = rig.core.write_batch([op], rig.now)
+            rig.run(fx)
+        else:
+            rid = rig.write(op)
+        done = rig.until_done(rid)
+        assert isinstance(done.error, Rejected), (op, done)
+        assert "only maintainers" in str(done.error), done
+    assert not any(defined in dict(c.engine.items()) for c in m.storage.values())
+    assert rig.core.answered(("put", ((7, "base"),))) is False
+    rig.name = "maintainer:m"
+    done = rig.until_done(rig.write(("put", ((defined, {"name": "v"}),))))
+    assert done.error is None, done
+    assert all(dict(c.engine.items()).get(defined) == {"name": "v"}
+               for c in m.storage.values() if defined in dict(c.engine.items()))  # fmt: skip
+    assert sum(defined in dict(c.engine.items()) for c in m.storage.values()) == 3
+
+
 def test_an_appends_answer_is_taken_from_a_holder_of_its_key_only() -> None:
     """A write whose holder must answer (an append) takes the answer of a process that
     holds its key, whatever the header names it by, and no other's: a storage process
