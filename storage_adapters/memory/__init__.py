@@ -449,16 +449,17 @@ class MemoryEngine(ReportsChanges):
         if not self._fast_puts(MemoryEngine, LeafMap):
             return None
         data = self._data
-        contains, setitem, add_new = dict.__contains__, dict.__setitem__, data.add_new
+        setdefault, setitem, place_new = dict.setdefault, dict.__setitem__, data.place_new
 
         def store(slot: Any, one: Any) -> tuple[Change, ...]:
             if slot is OUTSIDE:
                 return ()
             key, value = one[0][1][0]
-            if contains(data, slot):  # no new key: the order stands
-                setitem(data, slot, (key, value))
-            else:
-                add_new(slot, (key, value))
+            item = (key, value)
+            if setdefault(data, slot, item) is item:  # a new key: its place to find
+                place_new(slot)
+            else:  # no new key: the order stands
+                setitem(data, slot, item)
             return ((key, "put", value),)
 
         return store

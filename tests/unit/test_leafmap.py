@@ -23,6 +23,7 @@ BOUND = st.one_of(st.none(), KEY)
 STEP = st.one_of(
     st.tuples(st.just("set"), KEY, st.integers()),
     st.tuples(st.just("new"), KEY, st.integers()),
+    st.tuples(st.just("setdefault"), KEY, st.integers()),
     st.tuples(st.just("del"), KEY),
     st.tuples(st.just("pop"), KEY),
     st.tuples(st.just("update"), st.lists(st.tuples(KEY, st.integers()), max_size=8)),
@@ -59,6 +60,13 @@ def _walked_in_order(load: int, steps: list[Any]) -> None:
         elif kind == "new" and step[1] not in model:
             m.add_new(step[1], step[2])
             model[step[1]] = step[2]
+        elif kind == "setdefault":  # the memory engine's put: set, and place if new
+            value = (step[2],)
+            if dict.setdefault(m, step[1], value) is value:
+                m.place_new(step[1])
+            else:
+                dict.__setitem__(m, step[1], value)
+            model[step[1]] = value
         elif kind == "del":
             if step[1] in model:
                 del m[step[1]]
