@@ -40,6 +40,7 @@ from rubberband.views.define import (
     progress_keys,
     row_key,
     rows_bounds,
+    units,
     view_def,
 )
 from rubberband.views.reads import Layout, Session, read_steps
@@ -93,7 +94,7 @@ async def create_view(
     # maintainer of a dropped view of this name, stopped and woken since, writes only
     # progress from before the drop, which the chains' floor then ignores (readers
     # would have taken it, with its rows, for this view's until its maintainer wrote).
-    keys = [k for i in range(len(view.parts) + 1) for k in progress_keys(name, i)]
+    keys = [k for unit in units(view) for k in progress_keys(name, unit.part)]
     await rb.write(("version", tuple((k, [free]) for k in keys), free))
     await rb.put(catalog_key(name), view.to_dict())
     return view
