@@ -156,9 +156,12 @@ replica (an engine catches these only around its own reading of the operation)."
 
 
 def rejection(op: Any, error: Exception) -> BadOperation:
-    """``error``, raised while reading ``op``, as the rejection every replica returns."""
+    """``error``, raised while reading ``op``, as the rejection every replica returns.
+    Without its traceback: the rejection is an answer, kept in the batch's results, and
+    a traceback holds the frames that hold those results, a cycle of garbage for every
+    rejected operation, which only the cyclic collector would free."""
     if isinstance(error, BadOperation):
-        return error
+        return error.with_traceback(None)
     return BadOperation(f"{op!r:.60}: {error}")
 
 
