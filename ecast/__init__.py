@@ -84,6 +84,7 @@ _EXPORTS: dict[str, str] = {
     "Runtime": "ecast.runtime",
     "Node": "ecast.runtime",
     "tune_process": "ecast.runtime",
+    "step_kept": "ecast.runtime",
     "load_auth": "ecast.runtime",
     "read_secret": "ecast.runtime",
     "private_file_problem": "ecast.security.secret",

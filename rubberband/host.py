@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import msgpack
 
-from ecast import Client, Effects, MessageTooLarge, NodeId, daemon_kit
+from ecast import Client, Effects, MessageTooLarge, NodeId, daemon_kit, step_kept
 from rubberband.driver import LoopGate, carry_out
 from rubberband.outputs import Submit
 from rubberband.proto import Answer, Answers, BasicRead, Left, Peek, Ping, Whole
@@ -431,7 +431,7 @@ class StorageHost(_Host):
             items = await self._batch()
             async with self._busy:
                 if inline:
-                    fx = self._step(items)
+                    fx = step_kept(self._step, items)
                 elif (
                     points
                     and gate.open()

@@ -2,7 +2,13 @@
 
 from ecast.runtime.mux import QUANTUM, Runtime
 from ecast.runtime.node import CONGESTED, TCP_LINK, Node
-from ecast.runtime.process import load_auth, new_incarnation, read_secret, tune_process
+from ecast.runtime.process import (
+    load_auth,
+    new_incarnation,
+    read_secret,
+    step_kept,
+    tune_process,
+)
 
 __all__ = [
     "CONGESTED",
@@ -13,5 +19,6 @@ __all__ = [
     "load_auth",
     "new_incarnation",
     "read_secret",
+    "step_kept",
     "tune_process",
 ]

@@ -80,3 +80,39 @@ def test_the_collector_never_walks_the_kept_data_again_and_still_frees_cycles() 
     assert older == "0", out.stdout
     assert int(frozen) >= 2_900_000, out.stdout
     assert freed == "True", "a young cycle must still be collected"
+
+
+STEP = """
+import gc, sys, weakref
+from ecast.runtime.process import step_kept, tune_process
+if sys.argv[1] == "keeps":
+    tune_process(keeps_data=True)
+class Node:
+    pass
+a, b = Node(), Node()
+a.other, b.other = b, a  # the loop's garbage: a cycle dropped before the step
+gone = weakref.ref(a)
+del a, b
+start = gc.get_freeze_count()
+kept = step_kept(lambda n: [[i] for i in range(n)], 30_000)  # what a step keeps
+print(gone() is None, gc.get_freeze_count() - start, len(gc.get_objects(0)))
+more = [[i] for i in range(60_000)]  # past the threshold: a young collection
+print(len(gc.get_objects(0)) < 60_000, gc.get_freeze_count() - start)
+"""
+
+
+@pytest.mark.parametrize("mode", ["keeps", "default"])
+def test_a_kept_step_frees_the_loops_cycles_first_and_freezes_what_it_made(mode: str) -> None:
+    out = subprocess.run([sys.executable, "-c", STEP, mode], capture_output=True, text=True,
+                         check=True)  # fmt: skip
+    freed, frozen, young, collected, later = out.stdout.split()
+    if mode == "keeps":
+        # The cycle is freed by the collection before the step (its 30,000 lists stay
+        # under the young threshold of 50,000: no collection runs inside it), and what
+        # the step made is frozen at its end, never walked; a later collection walks
+        # only what was made after it.
+        assert freed == "True", out.stdout
+        assert int(frozen) >= 30_000 and int(young) < 1_000, out.stdout
+        assert collected == "True" and int(later) >= 80_000, out.stdout
+    else:  # a process not tuned to keep data: the step just runs
+        assert int(frozen) == 0 and int(later) == 0, out.stdout

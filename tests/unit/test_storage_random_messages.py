@@ -7,7 +7,7 @@ storage process may stop, and none may hold a key outside its partition.  Two fa
 this found: a write sent as a read ran at the one replica the read reached, and a write
 whose validity depends on the data (an append to a key that holds no list) was refused
 at a replica holding the bad key and applied at one holding only its other keys.  Nor may
-any message make cyclic garbage in a storage process's step."""
+any message make cyclic garbage in a storage process's step, which runs frozen."""
 
 from __future__ import annotations
 
@@ -127,9 +127,11 @@ def test_random_client_messages_leave_every_key_alike_at_its_holders(
 
 
 def test_a_rejected_write_makes_no_cyclic_garbage() -> None:
-    """A rejection kept the traceback of its raise, whose frames held the batch's
-    results, which held the rejection: 362 objects of cyclic garbage for three rejected
-    writes here, left for the collector to walk and free."""
+    """A storage process's steps on the loop run frozen: what they make is never walked
+    by the collector (``ecast.step_kept``), so a cycle made in one would never be freed.
+    A rejection kept the traceback of its raise, whose frames held the batch's results,
+    which held the rejection: 362 objects of cyclic garbage for three rejected writes
+    here."""
     m = Model(f=3).ring_of(5)
     m.write(("put", ((5, "a"), (150, [1]))))
     rejected = [("append", ((5, "x"),)), ("add", ((5, 1),)), ("version", (((9,), [3]),), 0)]
