@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from ecast import Effects, NodeId, step_kept
+from ecast import Effects, NodeId
 from rubberband.outputs import Stop, Submit, Suspect
 
 
@@ -122,11 +122,6 @@ class LoopGate:
         return self._clock() >= self._until
 
     def run(self, step: Callable[..., T], *args: Any) -> T:
-        # What the step makes is frozen, never walked by the collector (a young
-        # collection runs first, which the step's CPU does not count).
-        return step_kept(self._timed, step, *args)
-
-    def _timed(self, step: Callable[..., T], *args: Any) -> T:
         started = time.thread_time()
         try:
             return step(*args)

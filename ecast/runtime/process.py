@@ -35,9 +35,9 @@ def tune_process(*, keeps_data: bool = False) -> None:
     (docs/benchmarks.md).  What exists at start-up (modules, classes) is frozen out of
     every collection; in a process that ``keeps_data`` (a storage process, a view
     maintainer), so is whatever survives a collection (:func:`_freeze_survivors`): no
-    older collection ever walks the data it keeps, and what its steps on the loop make
-    is frozen unwalked (:func:`step_kept`).  Applications that embed the SDK
-    decide for themselves.
+    older collection ever walks the data it keeps, and what a storage process's steps
+    on the loop make is frozen unwalked (:func:`step_kept`).  Applications that embed
+    the SDK decide for themselves.
     """
     with contextlib.suppress(ImportError):
         import uvloop
@@ -82,10 +82,14 @@ def step_kept(step: Callable[..., T], *args: Any) -> T:
     process keeps (an engine's items, the change log's entries) are made in its steps.
     So a young collection runs just before the step, which frees the loop's cyclic
     garbage and freezes what survives, as any collection does; and the objects the step
-    made are frozen after it, unwalked.  The cores make no cyclic garbage in a step,
-    whatever they are sent (tests/unit/test_process_tuning.py): a cycle they made
-    would never be freed.  Only a step on the loop: while a worker thread runs one, the
-    loop makes objects too, and those must meet a collection first."""
+    made are frozen after it, unwalked.  The step must make no cyclic garbage, which
+    would never be freed (a storage core makes none, whatever it is sent:
+    tests/unit/test_storage_random_messages.py).  Only a step on the loop: while a
+    worker thread runs one, the loop makes objects too, and those must meet a
+    collection first.  And only where the loop makes little that the step then drops:
+    a view maintainer's step follows a feed page decoded on the loop, thousands of
+    changes that the collection before the step walked where most had died unwalked,
+    and its collector took a fifth to a half more CPU; maintainers do without it."""
     if _freeze_survivors not in gc.callbacks:
         return step(*args)
     gc.collect(0)

@@ -10,9 +10,7 @@ base."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import random
-from collections import Counter
 from dataclasses import replace
 from importlib import import_module
 from itertools import pairwise
@@ -53,7 +51,6 @@ from rubberband.views.steps import (
     maintain_group_steps,
     page_read,
 )
-from tests.garbage import garbage_kept
 
 MAINTAIN = import_module("rubberband.views.maintain")  # the package's `maintain` is a function
 SOURCE = (0, 40)
@@ -320,26 +317,6 @@ def progress_checks(c: Cluster) -> list[str]:
                            for k, e in c.writes[i]):  # fmt: skip
                         problems.append(f"write {j}: stable {entry[0]} before write {i} was")
     return problems
-
-
-def test_a_maintainers_steps_make_no_cyclic_garbage() -> None:
-    """A maintainer's steps on the loop run frozen, as a storage process's do: what
-    they make is never walked by the collector (``ecast.runtime.process.step_kept``),
-    so a cycle made in one would never be freed."""
-    rng = random.Random(5)
-    c = Cluster()
-    for k in range(0, 40, 2):
-        c.base(k, {"g": rng.randrange(4), "x": rng.randrange(100)})
-    gen = maintain_group_steps(defined(c, VIEWS), poll=0.01, page_rows=3)
-    request = next(gen)
-    with garbage_kept() as garbage:
-        for i in range(300):
-            for _ in range(rng.choice((0, 1, 3))):
-                value = None if rng.random() < 0.2 else {"g": rng.randrange(4), "x": 1}
-                c.base(rng.randrange(40), value)
-            request = step(gen, c, request, float(i))
-        assert gc.collect() == 0, Counter(type(o).__name__ for o in garbage).most_common(5)
-    assert len(c.writes) > 100  # the views kept up all along
 
 
 @pytest.mark.parametrize("batch_keys", [MAINTAIN.BATCH_KEYS, 2])
