@@ -431,7 +431,7 @@ class StorageHost(_Host):
             items = await self._batch()
             async with self._busy:
                 if inline:
-                    fx = step_kept(self._step, items)
+                    fx = self._step(items)
                 elif (
                     points
                     and gate.open()

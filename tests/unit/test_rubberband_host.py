@@ -215,9 +215,23 @@ async def test_a_step_that_waited_on_the_loop_keeps_the_loop_and_two_that_worked
     h = host(OneByOne(12))
     steps: list[tuple[list[int], bool]] = []  # (deliveries, on the loop's thread)
     loop_thread = threading.get_ident()
+    kept = [False]  # inside ``step_kept`` (what a step on the loop makes is frozen)
+    through: list[bool] = []
+
+    real = host_module.step_kept
+
+    def recording(run: Any, *args: Any) -> Any:
+        kept[0] = True
+        try:
+            return real(run, *args)
+        finally:
+            kept[0] = False
+
+    monkeypatch.setattr(host_module, "step_kept", recording)
 
     def step(items: list[Any]) -> Effects:
         ids = [d.i for item in items for d in item[1]]
+        through.append(kept[0])
         steps.append((ids, threading.get_ident() == loop_thread))
         if 2 in ids:  # waits (no CPU) three times the limit, as a preempted process does
             time.sleep(3 * driver.SLOW)
@@ -236,6 +250,7 @@ async def test_a_step_that_waited_on_the_loop_keeps_the_loop_and_two_that_worked
     # the wait kept the loop, and so did the first slow step
     assert all(on_loop for _, on_loop in steps[: at + 1]), steps
     assert not any(on_loop for _, on_loop in steps[at + 1 :]), steps  # the second did not
+    assert through == [on_loop for _, on_loop in steps]  # kept: the loop's steps alone
     for task in h._tasks:
         task.cancel()
 
