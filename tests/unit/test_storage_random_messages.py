@@ -84,19 +84,22 @@ def _header(op: Any, other: Any, how: int, request: int) -> dict[str, Any]:
     return {H.READS: part.ranges, H.REQUEST: request, H.OFFSET: 0}
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
-@given(
-    st.lists(
-        st.tuples(OPS, OPS, st.integers(0, 3), st.booleans(), st.sampled_from(SENDERS)),
-        min_size=1,
-        max_size=5,
-    )
+MESSAGES = st.lists(
+    st.tuples(OPS, OPS, st.integers(0, 3), st.booleans(), st.sampled_from(SENDERS)),
+    min_size=1,
+    max_size=5,
 )
-def test_random_client_messages_leave_every_key_alike_at_its_holders(
-    messages: list[tuple[Any, Any, int, bool, str]],
-) -> None:
+"""A client's messages: ``(op, another op, how its header is made, packed, sender)``."""
+
+
+def _model() -> Model:
     m = Model(f=3).ring_of(5)
     m.write(("put", ((5, "a"), (150, [1]))))
+    return m
+
+
+def _send(m: Model, messages: list[tuple[Any, Any, int, bool, str]]) -> None:
+    """Each of ``messages`` submitted and settled, in order."""
     for i, (op, other, how, packed, sender) in enumerate(messages):
         header = _header(op, other, how, i + 1)
         payload: Any = op
@@ -105,6 +108,15 @@ def test_random_client_messages_leave_every_key_alike_at_its_holders(
             header[H.PACKED] = 1
         m.submit(sender, header, payload)
         m.settle()
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(MESSAGES)
+def test_random_client_messages_leave_every_key_alike_at_its_holders(
+    messages: list[tuple[Any, Any, int, bool, str]],
+) -> None:
+    m = _model()
+    _send(m, messages)
     assert not m.stopped
     ks = m.config.keyspace
     held: dict[str, dict[Any, Any]] = {}
@@ -132,8 +144,7 @@ def test_a_rejected_write_makes_no_cyclic_garbage() -> None:
     A rejection kept the traceback of its raise, whose frames held the batch's results,
     which held the rejection: 362 objects of cyclic garbage for three rejected writes
     here."""
-    m = Model(f=3).ring_of(5)
-    m.write(("put", ((5, "a"), (150, [1]))))
+    m = _model()
     rejected = [("append", ((5, "x"),)), ("add", ((5, 1),)), ("version", (((9,), [3]),), 0)]
     with garbage_kept() as garbage:
         for i, op in enumerate(rejected):
@@ -146,25 +157,11 @@ def test_a_rejected_write_makes_no_cyclic_garbage() -> None:
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
-@given(
-    st.lists(
-        st.tuples(OPS, OPS, st.integers(0, 3), st.booleans(), st.sampled_from(SENDERS)),
-        min_size=1,
-        max_size=5,
-    )
-)
+@given(MESSAGES)
 def test_random_client_messages_make_no_cyclic_garbage(
     messages: list[tuple[Any, Any, int, bool, str]],
 ) -> None:
-    m = Model(f=3).ring_of(5)
-    m.write(("put", ((5, "a"), (150, [1]))))
+    m = _model()
     with garbage_kept() as garbage:
-        for i, (op, other, how, packed, sender) in enumerate(messages):
-            header = _header(op, other, how, i + 1)
-            payload: Any = op
-            if packed:
-                payload = msgpack.packb(op, use_bin_type=True)
-                header[H.PACKED] = 1
-            m.submit(sender, header, payload)
-            m.settle()
+        _send(m, messages)
         assert gc.collect() == 0, Counter(type(o).__name__ for o in garbage).most_common(5)
