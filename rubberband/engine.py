@@ -157,11 +157,14 @@ replica (an engine catches these only around its own reading of the operation)."
 
 def rejection(op: Any, error: Exception) -> BadOperation:
     """``error``, raised while reading ``op``, as the rejection every replica returns.
-    Without its traceback: the rejection is an answer, kept in the batch's results, and
-    a traceback holds the frames that hold those results, a cycle of garbage for every
-    rejected operation, which only the cyclic collector would free."""
+    Without its traceback, nor the exception it was raised while handling: the
+    rejection is an answer, kept in the batch's results, and a traceback holds the
+    frames that hold those results (a context's too, through its frames' callers), a
+    cycle of garbage for every rejected operation, which only the cyclic collector
+    would free."""
     if isinstance(error, BadOperation):
-        return error.with_traceback(None)
+        error.__traceback__ = error.__context__ = error.__cause__ = None
+        return error
     return BadOperation(f"{op!r:.60}: {error}")
 
 
