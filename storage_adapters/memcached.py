@@ -477,7 +477,7 @@ class MemcachedEngine(ReportsChanges):
             packed = {s: (keys[s], self._pack(keys[s], v)) for s, v in new.items()}
         except BadOperation as e:
             self.counts["rejected"] += 1
-            return e  # type: ignore[return-value]
+            return rejection(mine, e)  # type: ignore[return-value]
         self._store(packed, new)
 
     def _version(self, mine: list[tuple[Slot, Any, list[Any]]], floor: int) -> Any:
@@ -494,7 +494,7 @@ class MemcachedEngine(ReportsChanges):
             packed = {s: (keys[s], self._pack(keys[s], v)) for s, v in new.items()}
         except BadOperation as e:
             self.counts["rejected"] += 1
-            return e
+            return rejection(mine, e)
         self._store(packed, new)
         return None
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from rubberband.engine import ROWS, BadOperation, Placement, RangeSet
+from rubberband.engine import ROWS, BadOperation, Placement, RangeSet, rejection
 from storage_adapters.scan.ops import Rows, Select, Write
 from storage_adapters.scan.plan import Probe, Stats, domain_of, make_plan
 from storage_adapters.scan.predicates import (
@@ -129,7 +129,7 @@ def execute(
             try:
                 results[pos] = hot.apply(pos, op, restriction(table, rs), placement)
             except BadOperation as exc:
-                results[pos] = exc
+                results[pos] = rejection(op, exc)
     if reads:
         results.update(_read(table, stats, reads, hot))
     if hot is not None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from rubberband.engine import BadOperation, Placement, RangeSet
+from rubberband.engine import BadOperation, Placement, RangeSet, rejection
 from storage_adapters.scan import clock
 from storage_adapters.scan.durability import Durability
 from storage_adapters.scan.migrate import Decoded, SendCursor
@@ -194,7 +194,7 @@ class ScanEngine:
                     compiled.basic = True
                 group.append((pos, compiled, ranges))
             except BadOperation as exc:
-                results[pos] = exc
+                results[pos] = rejection(op, exc)
         self._run(group, results, log)
         self._counters["rejected"] += sum(isinstance(r, BadOperation) for r in results)
         return results

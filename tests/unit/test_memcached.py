@@ -92,6 +92,15 @@ def test_values_over_the_item_limit_and_ttls_are_refused_whole() -> None:
         assert isinstance(res, BadOperation) and "cannot be stored" in str(res)
         stats = e.stats()
         assert stats["evictions"] == 0 and stats["rejected"] == 3
+        # An append past the limit, and a version of a key that holds no chain, are
+        # refused as answers that hold no frame (nor the refused value, while they wait).
+        e.apply([(("put", (("a", [1]), ("k", [1, 2]))), EVERYTHING)])
+        (grown,) = e.apply([(("append", (("a", big),)), EVERYTHING)])
+        (versioned,) = e.apply([(("version", (("k", [0]),), 0), EVERYTHING)])
+        assert isinstance(grown, BadOperation) and "item limit" in str(grown)
+        assert isinstance(versioned, BadOperation) and "no version chain" in str(versioned)
+        assert grown.__traceback__ is None and versioned.__traceback__ is None
+        assert versioned.__context__ is None
     finally:
         e.close()
 

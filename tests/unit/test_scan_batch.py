@@ -8,6 +8,8 @@ predicates, projections and aggregates, under range and hash placement).
 
 from __future__ import annotations
 
+import gc
+from collections import Counter
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 
 from rubberband.engine import EVERYTHING, BadOperation, Placement
 from storage_adapters.scan import ScanEngine, ScanOps
+from tests.garbage import garbage_kept
 from tests.unit.test_scan_sqlite import batches, engine_answer
 
 
@@ -90,3 +93,23 @@ def test_strict_reads_between_writes_of_one_batch_see_exactly_the_writes_before_
             assert result["partials"] == [len(live), sum(live.values())]
         else:
             assert result["partials"] == [sum(1 for v in live.values() if v > 0)]
+
+
+def test_rejected_operations_leave_no_cyclic_garbage() -> None:
+    """A rejection is kept in the batch's results; one that kept the traceback of its
+    raise held the frame that held those results, a cycle only the collector frees."""
+    ops = ScanOps({"t": "k"})
+    e = ScanEngine(Placement(), block_rows=32)
+    e.apply([(ops.create_table("t", [("k", "int64"), ("v", "varchar")], key="k"), EVERYTHING)])
+    e.apply([(ops.insert("t", [{"k": 1, "v": "a"}]), EVERYTHING)])
+    with garbage_kept() as garbage:
+        results = e.apply(
+            [
+                (ops.insert("t", [{"k": 1, "v": "b"}]), EVERYTHING),  # refused while applied
+                (("not", "an", "operation"), EVERYTHING),  # refused as it is compiled
+                (ops.select("nope"), EVERYTHING),
+            ]
+        )
+        assert all(isinstance(r, BadOperation) for r in results), results
+        del results
+        assert gc.collect() == 0, Counter(type(o).__name__ for o in garbage).most_common(5)
