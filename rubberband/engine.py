@@ -205,8 +205,10 @@ class Placed(tuple):  # type: ignore[type-arg]
     ``part_fun`` finding them again from the keys was a quarter of its time (the key
     encoded, sorted, its value's size measured).  A client takes the ranges as they are
     under range partitioning and asks ``part_fun`` otherwise; on the wire it is the
-    plain tuple.  Its maker answers for the ranges being ``part_fun``'s, and for the
-    operation being one ``part_fun`` would accept."""
+    plain tuple.  Its maker answers for the ranges being ``part_fun``'s, or, for a
+    write of many keys with ``places``, the one range around them
+    (:func:`rubberband.messages.placed_ranges`), and for the operation being one
+    ``part_fun`` would accept."""
 
     ranges: RangeSet
     places: tuple[EKey, ...] | None

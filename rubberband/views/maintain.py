@@ -47,7 +47,8 @@ from ecast.core import mutations
 from rubberband import versions
 from rubberband.changelog import Event
 from rubberband.engine import Placed
-from rubberband.keys import EKey, encode_key, points, with_point
+from rubberband.keys import EKey, encode_key, with_point
+from rubberband.messages import placed_ranges
 from rubberband.views.compute import ABSENT, Rows, base_change, source_bounds, source_place
 from rubberband.views.define import ViewDef, meta_key, progress_keys, reclaim_key, row_key
 
@@ -368,7 +369,7 @@ class Maintainer:
         for part in parts:
             j = i + len(part)
             mine = tuple(places[i:j])
-            rows.append(Placed(("version", tuple(part), floor, low), points(mine), mine))
+            rows.append(Placed(("version", tuple(part), floor, low), placed_ranges(mine), mine))
             i = j
         # (with rows only: :meth:`in_order` adds the ordered progress to the last row write)
         extra = self._reclaims(low) if rows else []

@@ -166,19 +166,22 @@ MAINTAINED = [
         st.tuples(
             st.integers(0, 1), st.integers(0, 29), st.none() | group_values, st.integers(0, 4)
         ),
-        max_size=25,
+        max_size=80,
     ),
-    per_page=st.integers(1, 6),
+    per_page=st.sampled_from([1, 2, 6, 80]),
 )
 def test_a_maintainers_rows_carry_the_ranges_its_engine_would_find(
     view: Any, old: list[int], changes: list[tuple[int, int, Any, int]], per_page: int
 ) -> None:
     """A maintainer's row writes carry their ranges (``Placed``): the ones ``part_fun``
-    finds from their keys, on the writes as :meth:`Maintainer.in_order` sends them
-    too.  A value nested too deep to sit in a row's key makes no row (before, an index
-    on it raised in the maintainer, and other kinds made a write refused at every
-    try)."""
+    finds from their keys, or past :data:`~rubberband.messages.EXACT_RANGES` keys the
+    one range from the lowest to the highest of those, on the writes as
+    :meth:`Maintainer.in_order` sends them too.  A value nested too deep to sit in a
+    row's key makes no row (before, an index on it raised in the maintainer, and other
+    kinds made a write refused at every try)."""
     from rubberband.engine import Placed, Placement
+    from rubberband.keys import covers
+    from rubberband.messages import EXACT_RANGES
     from rubberband.views.define import row_key
     from storage_adapters.memory import KVOps
 
@@ -201,11 +204,40 @@ def test_a_maintainers_rows_carry_the_ranges_its_engine_would_find(
             continue
         for op in [*made, *Maintainer.in_order(made)[0]]:
             if type(op) is Placed:
-                assert op.ranges == ops.part_fun(tuple(op), ranged).ranges
+                want = ops.part_fun(tuple(op), ranged).ranges
+                if len(want) <= EXACT_RANGES:
+                    assert op.ranges == want
+                else:  # every key's point, and nothing below the lowest or above the highest
+                    assert covers(op.ranges, want) and len(op.ranges) <= 2, op.ranges
+                    assert (op.ranges[0][0], op.ranges[-1][1]) == (want[0][0], want[-1][1])
                 assert op.places == tuple(encode_key(key) for key, _entry in op[1])
             else:
                 assert not any(key[:2] == ("~view", view.name) and len(key) == 3
                                for key, _entry in op[1]), op  # fmt: skip
+
+
+def test_a_write_of_many_rows_names_the_range_around_them_and_travels_as_before() -> None:
+    """Past ``EXACT_RANGES`` rows a write names the one range from its lowest key to
+    its highest, where the maintainer flattened and sorted every key for their points;
+    the message a client makes of it names what it named then (a range around the keys
+    of each piece of the ring), and travels packed."""
+    from rubberband.engine import Placed, Placement
+    from rubberband.messages import EXACT_RANGES, Messages
+    from storage_adapters.memory import KVOps
+
+    view = MAINTAINED[1]  # an index of the keys 0-29 on g
+    m = Maintainer(view)
+    m.start([], [[([(k, {"g": 0, "n": 1}) for k in range(30)], 1)]], 0.0)
+    moved = [Event(3, tuple((k, "put", {"g": 1 + k % 4, "n": 1}) for k in range(30)))]
+    rows = [op for op in m.page(0, 4, moved, 0.0) if type(op) is Placed]
+    assert [len(op[1]) for op in rows] == [60]  # each row written absent, and anew
+    (op,) = rows
+    want = KVOps().part_fun(tuple(op), Placement()).ranges
+    assert len(want) == 60 > EXACT_RANGES
+    assert op.ranges == ((want[0][0], want[-1][1]),)
+    payload, header = Messages(KVOps()).write_message(op)
+    assert header == Messages(KVOps())._alone(tuple(op), want)[1]
+    assert type(payload) is bytes and header[H.PACKED] == 1
 
 
 def test_a_placed_write_goes_where_it_says_under_range_partitioning_alone() -> None:
