@@ -132,6 +132,28 @@ def test_a_pages_rows_are_cut_into_messages_by_count_and_by_bytes() -> None:
     assert _parts(absent) == [absent]
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(
+        st.one_of(st.none(), st.integers(0, 40), st.sampled_from([200 << 10, (1 << 20) + 1])),
+        max_size=1_200,
+    )
+)
+def test_a_pages_messages_are_cut_as_each_rows_measure_cuts_them(sizes: list[Any]) -> None:
+    """Measured a message at a time (most pages: small rows) or row by row (a large
+    one among them), the rows are cut alike, and a row over the limit is refused."""
+    from rubberband.views.maintain import RowTooLarge, _measured, _parts
+
+    entries = [(("~view", "v", i), [1] if n is None else [1, "x" * n]) for i, n in enumerate(sizes)]
+    try:
+        want = _measured(entries)
+    except RowTooLarge:
+        with pytest.raises(RowTooLarge):
+            _parts(entries)
+        return
+    assert _parts(entries) == want
+
+
 def _nested(depth: int) -> Any:
     value: Any = 1
     for _ in range(depth):
