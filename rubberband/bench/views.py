@@ -516,24 +516,40 @@ async def _staleness(c: Cluster, a: argparse.Namespace, rate: float, views: int)
     meanwhile and how busy the machine's CPUs were: a view that falls behind on a
     machine with no core to spare is slow for want of CPU, not of a round trip.  With
     no view (``views`` 0) the load alone: no maintainer, no probe."""
-    pids = cluster_pids(c.d) | ({"probe": os.getpid()} if views else {})
-    if c.maintainer is not None:
-        pids["maintainer"] = c.maintainer.pid
+    pids = _pids(c) | ({"probe": os.getpid()} if views else {})
     before, machine_before, t = process_cpu(pids), cpu_times(), time.monotonic()
     probe = asyncio.create_task(_probe(c, a.duration, f"v{views - 1}")) if views else None
     half = await asyncio.to_thread(_load, c.d, a.procs, a.clients, a.duration, rate, a.keys)
     fresh = await probe if probe is not None else {}
     took = time.monotonic() - t
-    after, busy = process_cpu(pids), busy_between(machine_before, cpu_times())
-    cores: dict[str, float] = {"load": half.pop("cpu_s") / a.duration}
-    for name, used in after.items():
-        if name in before:
-            role = name if name in ("probe", "maintainer") else process_role(name)
-            cores[role] = cores.get(role, 0.0) + (used - before[name]) / took
-    fresh["cpu_cores"] = {r: round(v, 2) for r, v in sorted(cores.items())}
+    busy = busy_between(machine_before, cpu_times())
+    cpu = _cpu_by_role(pids, before, half.pop("cpu_s"))
+    # (the load processes' own CPU is of their load alone: a.duration of it)
+    fresh["cpu_cores"] = {
+        r: round(v / (a.duration if r == "load" else took), 2) for r, v in sorted(cpu.items())
+    }
     fresh["machine_busy"] = busy
     fresh["machine_cores"] = os.cpu_count()
     return half, fresh
+
+
+def _pids(c: Cluster) -> dict[str, int]:
+    """The cluster's processes by name, its views' maintainer as ``maintainer``."""
+    pids = cluster_pids(c.d)
+    if c.maintainer is not None:
+        pids["maintainer"] = c.maintainer.pid
+    return pids
+
+
+def _cpu_by_role(pids: dict[str, int], before: dict[str, float], load: float) -> dict[str, float]:
+    """CPU seconds each role's processes used since ``before`` (``process_cpu`` of
+    ``pids``), the load processes' ``load`` among them."""
+    cpu: dict[str, float] = {"load": load}
+    for name, used in process_cpu(pids).items():
+        if name in before:
+            role = name if name in ("probe", "maintainer") else process_role(name)
+            cpu[role] = cpu.get(role, 0.0) + used - before[name]
+    return cpu
 
 
 STALENESS_RUNS = {"2": "staleness", "1": "staleness_index_alone", "0": "at_rate_without_views"}
@@ -600,7 +616,16 @@ def _writes(a: argparse.Namespace, base: Path) -> dict[int, Any]:
                 if n:
                     c.maintain()
                     asyncio.run(_define(c, n, a.keys))
+                pids = _pids(c)
+                before = process_cpu(pids)
                 r = _load(c.d, a.procs, a.clients, a.duration, 0.0, a.keys)
+                cpu = _cpu_by_role(pids, before, r.pop("cpu_s"))
+            # CPU a base write, by role: less at the mercy of the machine's phase than
+            # writes/s (a view's cost in it is the same work whatever the peak).
+            writes = r["writes_per_s"] * a.duration
+            r["cpu_us_per_write"] = {
+                role: round(1e6 * used / writes, 1) for role, used in sorted(cpu.items())
+            } if writes else {}  # fmt: skip
             runs[n].append(r)
             without = runs[0][i] if 0 in runs and len(runs[0]) > i else None
             cost = ""
@@ -611,8 +636,12 @@ def _writes(a: argparse.Namespace, base: Path) -> dict[int, Any]:
                 r["cost"] = round(1 - r["writes_per_s"] / without["writes_per_s"], 3)
                 cost = f"  cost {100 * r['cost']:.0f} % of the writes without views"
             run = f" (run {i + 1} of {a.repeat})" if a.repeat > 1 else ""
+            per = r["cpu_us_per_write"]
+            roles = ", ".join(f"{role} {us:g}" for role, us in per.items())
             print(f"views {n:>2}: {r['writes_per_s']:>7,} writes/s  p50 {r['p50_ms']} ms  "
-                  f"p99 {r['p99_ms']} ms{cost}{run}", flush=True)  # fmt: skip
+                  f"p99 {r['p99_ms']} ms{cost}{run}\n"
+                  f"          CPU {sum(per.values()):.1f} µs a write ({roles})",
+                  flush=True)  # fmt: skip
     out: dict[int, Any] = {}
     for n in counts:
         r = out[n] = _median_run(runs[n], runs.get(0))

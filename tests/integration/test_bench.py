@@ -221,6 +221,11 @@ def test_views_cost_staleness_and_lookups_that_answer_right(tmp_path: Path) -> N
         assert r["failed"] == 0, r
     assert one["cost"] == pytest.approx(1 - one["writes_per_s"] / without["writes_per_s"],
                                         abs=0.001)  # fmt: skip
+    # The CPU of a base write by role: the maintainer's only where there is a view.
+    roles = {"routers", "storage", "super", "load"}
+    for r, want in ((without, roles), (one, roles | {"maintainer"})):
+        per = r["cpu_us_per_write"]
+        assert set(per) == want and all(per[role] > 0 for role in want - {"super"}), per
     fresh = out["staleness_index_alone"]
     # The paced load holds its rate: none sent ahead of it, and not far behind.
     assert 200 <= fresh["writes"]["writes_per_s"] <= 300 and fresh["reads"] > 0, fresh
