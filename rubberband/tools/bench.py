@@ -23,6 +23,7 @@ EXPERIMENTS = {
     "peers": ("rubberband.bench.peers:main", "the same writes against etcd, ZooKeeper, PySyncObj"),
     "spark": ("rubberband.bench.spark:main", "Spark rows per second into a fresh cluster"),
     "views": ("rubberband.bench.views:main", "base writes/s with 0-10 views, staleness, lookups"),
+    "maintainer": ("rubberband.bench.maintainer:main", "a view maintainer's CPU per base change"),
     "scan-engine": (
         "storage_adapters.scan.bench:main",
         "the scan engine against SQLite and DuckDB on a Ticket-like table (2.10)",

@@ -149,3 +149,24 @@ def test_the_views_bench_refuses_a_lookup_that_answers_other_rows() -> None:
     ):
         with pytest.raises(AssertionError, match="lookup of"):
             _check_found(data, [7, 8], wrong)
+
+
+def test_the_maintainer_benchmark_measures_each_kind_and_prints_json_last(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rubberband bench maintainer``: a maintainer's core alone, its CPU per change
+    and the row versions a change made (an index moves a row: two versions of most)."""
+    from rubberband.bench import maintainer
+    from rubberband.bench.maintainer import KINDS, main, measure
+
+    monkeypatch.setattr(maintainer, "tune_process", lambda **_: None)  # (not this process's)
+
+    for kind in KINDS:
+        r = measure(kind, keys=300, page=30, rounds=2)
+        assert 0 < r["us_per_change_min"] <= r["us_per_change_median"], r
+        assert 0 < r["row_versions_per_change"] <= 2, r
+    assert measure("index", keys=300, page=30, rounds=2)["row_versions_per_change"] > 1.5
+    assert main(["--keys", "300", "--page", "30", "--rounds", "2", "--json"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "µs of CPU a base change" in out[0]
+    assert json.loads(out[-1])["experiment"] == "maintainer"
