@@ -94,6 +94,8 @@ def test_a_version_operation_of_the_wrong_shape_is_refused_clearly() -> None:
         (("version", ((1, []),), 0), "entry"),
         (("version", ((1, ["3", "a"]),), 0), "position"),
         (("version", ((1,),), 0), "pairs"),
+        (("version", 5, 0), "pairs"),  # (no pairs at all: refused as such, not a TypeError)
+        (("version", "ab", 0), "pairs"),
     ]:
         with pytest.raises(BadOperation, match=says):
             check_version_op(op)
