@@ -347,3 +347,40 @@ def test_a_pages_rows_travel_a_message_a_piece_of_the_ring_the_progress_last() -
     held = [msgpack.packb(sorted(s.engine.items())) for s in whole.storage.values()]
     assert held == [msgpack.packb(sorted(s.engine.items())) for s in split.storage.values()]
     assert sum(len(s.engine.items()) for s in split.storage.values()) == 2 * len(op[1])
+
+
+_VKEYS = st.recursive(
+    st.integers(-(2**63), 2**63 - 1) | st.text(max_size=4) | st.binary(max_size=4)
+    | st.floats(allow_nan=False) | st.booleans(),
+    lambda inner: st.tuples(inner, inner),
+    max_leaves=4,
+)  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(vkeys=st.lists(_VKEYS, min_size=1, max_size=30), bulk=st.sampled_from([0, 2_500]))
+def test_dead_rows_are_kept_packed_and_dropped_a_budget_at_a_time(
+    vkeys: list[Any], bulk: int
+) -> None:
+    """A row written absent is kept, until the reclaim floor passes it, packed with the
+    others of its write (a pair of objects each took 266 bytes); the drops give back
+    every key as it was (a tuple as a tuple, bytes as bytes, a float as a float), in
+    order, at most ``RECLAIMS`` a page, the rest the next."""
+    from rubberband.views.define import row_key
+    from rubberband.views.maintain import BATCH_KEYS, RECLAIMS
+
+    keys = [row_key("idx", v) for v in vkeys] + [row_key("idx", ("bulk", i)) for i in range(bulk)]
+    old = list({encode_key(key): key for key in reversed(keys)}.values())[::-1]  # (a view's
+    # rows, as a read gives them: each key once, told apart as Rubberband tells keys apart)
+    m = Maintainer(MAINTAINED[1])
+    m.start([(key, [0, 1]) for key in old], [[([], 1)]], 0.0)  # none is in the view now
+    assert len(m.dead) == 1 and type(m.dead[0][1]) is bytes
+    m._upto = m.position  # (its reclaim floor written and stable)
+    dropped: list[Any] = []
+    for _ in range(3):
+        ops = [op for op in m._reclaims(m.position) if op[0] == "reclaim"]
+        assert sum(len(op[1]) for op in ops) <= RECLAIMS
+        assert all(len(op[1]) <= BATCH_KEYS for op in ops)
+        dropped += [key for op in ops for key in op[1]]
+    assert [repr(k) for k in dropped] == [repr(k) for k in old]
+    assert not m.dead and m.reclaimed == len(dropped)
