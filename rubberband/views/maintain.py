@@ -180,7 +180,7 @@ class Maintainer:
         reclaim floor passes them, a ``WINDOW`` of positions (minutes under load), and
         an index on a full table moves a row with most base writes: about 7 million dead
         rows at 15,000 writes a second.  As ``(position, key)`` pairs a dead row took 266
-        bytes in three objects, each walked by the collector (two gigabytes at that
+        bytes in three objects, each walked by the collector (nearly two gigabytes at that
         rate); packed, 17 bytes (``rubberband bench maintainer``'s keys)."""
         self.reclaimed = 0
         """Dead rows it has asked to drop."""
