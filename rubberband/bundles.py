@@ -47,7 +47,7 @@ def _no_extension(code: int, data: bytes) -> Any:
     raise ValueError(f"extension type {code} in a client's packed bytes")
 
 
-def _unpack(blob: bytes) -> Any:
+def unpack_payload(blob: bytes) -> Any:
     """``blob`` decoded as the wire decodes a payload (tuples for arrays, any key in a
     map), refusing extension values (:func:`_no_extension`)."""
     return msgpack.unpackb(
@@ -65,7 +65,7 @@ def unpacked(msg: Message) -> Message:
     if type(blob) is not bytes or type(h) is not dict or H.PACKED not in h:
         return msg
     try:
-        op = _unpack(blob)
+        op = unpack_payload(blob)
     except Exception:
         return msg
     return msg._replace(payload=op)
@@ -89,7 +89,7 @@ def unbundle(msg: Message) -> tuple[Any, ...] | None:
     if type(blob) is not bytes or type(n) is not int:
         return None
     try:
-        subs = _unpack(blob)
+        subs = unpack_payload(blob)
     except Exception:
         return None
     return subs if type(subs) is tuple and len(subs) == n else None

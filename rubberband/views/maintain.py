@@ -45,6 +45,7 @@ import msgpack
 
 from ecast.core import mutations
 from rubberband import versions
+from rubberband.bundles import unpack_payload
 from rubberband.changelog import Event
 from rubberband.engine import Placed
 from rubberband.keys import EKey, encode_key, with_point
@@ -444,9 +445,9 @@ def _pack_keys(keys: list[Any]) -> bytes:
 
 
 def _unpack_keys(packed: bytes) -> list[Any]:
-    """Keys as :func:`_pack_keys` had them: a key's tuples come back as tuples, its
-    bytes as bytes, its strings as strings."""
-    return list(msgpack.unpackb(packed, use_list=False, raw=False, strict_map_key=False))
+    """Keys as :func:`_pack_keys` had them, decoded as the wire decodes a payload: a
+    key's tuples come back as tuples, its bytes as bytes, its strings as strings."""
+    return list(unpack_payload(packed))
 
 
 def _parts(entries: list[tuple[Any, list[Any]]]) -> list[list[tuple[Any, list[Any]]]]:
