@@ -439,6 +439,7 @@ METRICS = (
     ("events", "counter", "base writes applied since the maintainer started or connected anew"),
     ("versions", "counter", "row versions written"),
     ("reclaimed", "counter", "rows that left the view, sent to be dropped"),
+    ("dead_rows", "gauge", "rows that left the view, not yet dropped at its replicas"),
     ("starts", "counter", "starts from a snapshot (the first, and each start over)"),
     ("failures", "counter", "steps that failed (a start over follows)"),
     ("halted", "gauge", "1: the view stopped at its position (why: /health)"),

@@ -102,6 +102,8 @@ class Figures:
     versions: int = 0
     reclaimed: int = 0
     """Rows that left the view, sent to be dropped (module docstring)."""
+    dead_rows: int = 0
+    """Rows that left the view and wait for the reclaim floor (:attr:`Maintainer.dead_rows`)."""
     starts: int = 0
     """Times it started from a snapshot (the first, and each start over)."""
     failures: int = 0
@@ -185,6 +187,13 @@ class Maintainer:
         rate); packed, 17 bytes (``rubberband bench maintainer``'s keys)."""
         self.reclaimed = 0
         """Dead rows it has asked to drop."""
+        self.dead_rows = 0
+        """Rows it wrote absent and has not asked to drop yet (those in :attr:`dead`).
+        Each stays meanwhile at every replica of its segment, as its version chain ending
+        in the absence: its old value and all (about 820 bytes in the memory engine for a
+        row of two small fields), so on a full table an index whose rows move holds
+        gigabytes of them at each replica under a sustained load (docs/views.md).  An
+        operator reads it as ``rubberband_view_dead_rows``."""
         self.housekeeping = 0
         """How many of its last writes (the first ones) are drops and its reclaim floor:
         a few bytes each, not rows (a maintainer's pipeline counts rows' messages)."""
@@ -284,6 +293,7 @@ class Maintainer:
         dead = [(entry[0], key) for key, entry in entries if len(entry) == 1]
         if dead:
             self.dead.append((max(at for at, _key in dead), _pack_keys([k for _, k in dead])))
+            self.dead_rows += len(dead)
         try:
             writes = self._writes(entries, places)
         except RowTooLarge as e:
@@ -401,6 +411,7 @@ class Maintainer:
         for i in range(0, len(keys), BATCH_KEYS):
             out.append(("reclaim", tuple(keys[i : i + BATCH_KEYS]), self._upto))
         self.reclaimed += len(keys)
+        self.dead_rows -= len(keys)
         step = max(versions.WINDOW, self.position - self._want) * (len(self.view.parts) + 1) >> 8
         if self._floor_sent is None and self._want > self._upto + step:
             # (each floor write adds a version to the floor's chain, which keeps at most

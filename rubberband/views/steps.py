@@ -587,6 +587,7 @@ class Progress(NamedTuple):
     asked: float
     maintainer: Maintainer
     reclaimed: int = 0
+    dead_rows: int = 0
 
 
 def _started(m: Maintainer, figures: Figures, asked: float, now: float) -> None:
@@ -598,7 +599,7 @@ def _started(m: Maintainer, figures: Figures, asked: float, now: float) -> None:
 
 def _progress(m: Maintainer, asked: float) -> Progress:
     return Progress(unit_name(m.view), m.position, m.written_floor, len(m.rows.rows), m.events,
-                    m.versions, asked, m, m.reclaimed)  # fmt: skip
+                    m.versions, asked, m, m.reclaimed, m.dead_rows)  # fmt: skip
 
 
 def _publish(group: Group, made: list[tuple[Any, Progress]], now: float) -> None:
@@ -612,6 +613,7 @@ def _publish(group: Group, made: list[tuple[Any, Progress]], now: float) -> None
 def _set(figures: Figures, p: Progress, now: float) -> None:
     figures.position, figures.floor, figures.rows = p.position, p.floor, p.rows
     figures.events, figures.versions, figures.reclaimed = p.events, p.versions, p.reclaimed
+    figures.dead_rows = p.dead_rows
     figures.published_at, figures.fresh_as_of = now, p.asked
 
 

@@ -365,7 +365,9 @@ def test_dead_rows_are_kept_packed_and_dropped_a_budget_at_a_time(
     """A row written absent is kept, until the reclaim floor passes it, packed with the
     others of its write (a pair of objects each took 266 bytes); the drops give back
     every key as it was (a tuple as a tuple, bytes as bytes, a float as a float), in
-    order, at most ``RECLAIMS`` a page, the rest the next."""
+    order, at most ``RECLAIMS`` a page, the rest the next.  ``dead_rows`` (the
+    operator's gauge of what the replicas still hold for them) counts those not yet
+    sent, down to none."""
     from rubberband.views.define import row_key
     from rubberband.views.maintain import BATCH_KEYS, RECLAIMS
 
@@ -375,6 +377,7 @@ def test_dead_rows_are_kept_packed_and_dropped_a_budget_at_a_time(
     m = Maintainer(MAINTAINED[1])
     m.start([(key, [0, 1]) for key in old], [[([], 1)]], 0.0)  # none is in the view now
     assert len(m.dead) == 1 and type(m.dead[0][1]) is bytes
+    assert m.dead_rows == len(old)
     m._upto = m.position  # (its reclaim floor written and stable)
     dropped: list[Any] = []
     for _ in range(3):
@@ -382,5 +385,6 @@ def test_dead_rows_are_kept_packed_and_dropped_a_budget_at_a_time(
         assert sum(len(op[1]) for op in ops) <= RECLAIMS
         assert all(len(op[1]) <= BATCH_KEYS for op in ops)
         dropped += [key for op in ops for key in op[1]]
+        assert m.dead_rows == len(old) - len(dropped)
     assert [repr(k) for k in dropped] == [repr(k) for k in old]
     assert not m.dead and m.reclaimed == len(dropped)

@@ -12,7 +12,8 @@ from rubberband.views.steps import Figures
 
 
 def test_each_metric_family_keeps_its_series_together_with_staleness_per_view() -> None:
-    b = Figures(position=7, fresh_as_of=10.0, page_seconds=0.25, page_changes=40, pages=12)
+    b = Figures(position=7, fresh_as_of=10.0, page_seconds=0.25, page_changes=40, pages=12,
+                dead_rows=3_000)  # fmt: skip
     text = metrics_text({"b": b, "a": Figures()}, 12.5)
     lines = text.splitlines()
     names = [line.split("{")[0] for line in lines if not line.startswith("#")]
@@ -23,6 +24,8 @@ def test_each_metric_family_keeps_its_series_together_with_staleness_per_view() 
     assert 'rubberband_view_page_seconds{view="b"} 0.25' in lines  # its rounds
     assert 'rubberband_view_page_changes{view="b"} 40' in lines
     assert 'rubberband_view_pages_total{view="b"} 12' in lines  # its rounds so far
+    assert 'rubberband_view_dead_rows{view="b"} 3000' in lines  # held by every replica
+    assert "# TYPE rubberband_view_dead_rows gauge" in lines
     never = next(ln for ln in lines if ln.startswith('rubberband_view_staleness_seconds{view="a"}'))
     assert math.isnan(float(never.split()[-1]))  # no progress yet: unknown, not fresh
     assert "# TYPE rubberband_view_starts_total counter" in lines
