@@ -190,8 +190,8 @@ class Maintainer:
         self.dead_rows = 0
         """Rows it wrote absent and has not asked to drop yet (those in :attr:`dead`).
         Each stays meanwhile at every replica of its segment, as its version chain ending
-        in the absence: its old value and all (about 820 bytes in the memory engine for a
-        row of two small fields), so on a full table an index whose rows move holds
+        in the absence: its old value and all (about 1,100 bytes in the memory engine for a
+        row of one small field), so on a full table an index whose rows move holds
         gigabytes of them at each replica under a sustained load (docs/views.md).  An
         operator reads it as ``rubberband_view_dead_rows``."""
         self.housekeeping = 0
