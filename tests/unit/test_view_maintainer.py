@@ -388,3 +388,35 @@ def test_dead_rows_are_kept_packed_and_dropped_a_budget_at_a_time(
         assert m.dead_rows == len(old) - len(dropped)
     assert [repr(k) for k in dropped] == [repr(k) for k in old]
     assert not m.dead and m.reclaimed == len(dropped)
+
+
+def test_a_start_writes_no_row_absent_again_yet_drops_it_in_its_turn() -> None:
+    """A start among an earlier maintainer's rows: one still present but no longer in
+    the view is written absent at the start, one back in the view is written present,
+    and one whose chain ends in an absence already is written nothing (no reader at the
+    start or after sees it either way: under load a start rewrote hundreds of
+    thousands of them) yet is dropped with the others once the reclaim floor passes
+    the start."""
+    from rubberband.versions import dead_by, merge
+    from rubberband.views.define import row_key
+
+    m = Maintainer(VIEW)
+    row = lambda g, k: row_key("by_g", (g, k))  # noqa: E731
+    old = {
+        row(1, 5): [0, [2, {"g": 1}]],  # present, but key 5 is in group 2 now
+        row(2, 5): [0, [3, {"g": 2}], [4]],  # left once, back at the start
+        row(3, 6): [0, [2, {"g": 3}], [6]],  # left the view, and still out of it
+        row(0, 7): [0, [1, {"g": 0}], [3]],  # the same
+    }
+    writes = m.start(list(old.items()), [[([(5, {"g": 2}), (8, {"g": 0})], 10)]], 0.0)
+    written = {k: e for op in writes if op[0] == "version" for k, e in op[1] if k in old}
+    assert written == {row(1, 5): [10], row(2, 5): [10, {"g": 2}]}
+    assert m.dead_rows == 3  # the one written absent, and the two absent already
+    # Each replica holds the chains; once the reclaim floor passes the start, the
+    # drops name every row that is absent, and each such chain is dead by then.
+    chains = {k: merge(c, [written[k]], 0, k) if k in written else c for k, c in old.items()}
+    m._upto = 10  # (its reclaim floor written and stable)
+    drops = [k for op in m._reclaims(10) if op[0] == "reclaim" for k in op[1]]
+    assert sorted(map(repr, drops)) == sorted(map(repr, [row(1, 5), row(3, 6), row(0, 7)]))
+    assert all(dead_by(chains[k], 10) for k in drops) and not dead_by(chains[row(2, 5)], 10)
+    assert m.dead_rows == 0
