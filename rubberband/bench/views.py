@@ -50,10 +50,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ecast import tune_process
+from ecast import local, tune_process
 from rubberband.bench.harness import (
     busy_between,
     check_idle,
@@ -205,6 +206,7 @@ class Cluster:
         self.d = Path(tempfile.mkdtemp(prefix="rbviews-", dir=base))
         self.engine = engine
         self.maintainer: subprocess.Popen[bytes] | None = None
+        self.metrics = ""  # its maintainer's /metrics, once it runs
 
     def __enter__(self) -> Cluster:
         out = _cli("cluster", "up", "--state-dir", str(self.d), "--no-auto-repair",
@@ -215,10 +217,23 @@ class Cluster:
 
     def maintain(self) -> None:
         log = (self.d / "maintainer.log").open("ab")
+        self.metrics = f"127.0.0.1:{local.free_port()}"
         self.maintainer = subprocess.Popen(
             [sys.executable, "-m", "rubberband.tools.cli", "views", "maintain", "--state-dir",
-             str(self.d)], stdout=log, stderr=subprocess.STDOUT,
+             str(self.d), "--metrics", self.metrics], stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
+
+    def starts(self) -> dict[str, int]:
+        """Per view, how many times its maintainer started it from a snapshot (1: never
+        over: a feed compacted under a maintainer that fell behind starts it over)."""
+        name = "rubberband_view_starts_total{view="
+        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        return {
+            line[len(name) + 1 : line.index('"}')]: int(float(line.split()[-1]))
+            for line in text.splitlines()
+            if line.startswith(name)
+        }
 
     def st(self) -> dict[str, Any]:
         return dict(json.loads((self.d / "cluster.json").read_text()))
@@ -250,6 +265,22 @@ async def _ready(rb: Any, name: str, timeout: float) -> float:
             return time.monotonic()
         await asyncio.sleep(0.1)
     raise TimeoutError(f"view {name} was not backfilled in {timeout:.0f} s")
+
+
+async def _lag(c: Cluster) -> dict[str, Any]:
+    """Where the views stand as the load stops: per view, the positions its progress is
+    behind a sequential read now (``behind``) and its maintainer's starts.  A view whose
+    maintainer fell behind through the run was not kept at the rate the base ran at:
+    its cost there is not what keeping it costs."""
+    from rubberband.tools.views import view_status
+
+    rb = await _client(c, "lag")
+    try:
+        behind = {v.name: (await view_status(rb, v)).get("behind") for v in await rb.views()}
+    finally:
+        await rb.close()
+    starts = await asyncio.to_thread(c.starts)
+    return {name: {"behind": b, "starts": starts.get(name)} for name, b in sorted(behind.items())}
 
 
 async def _define(c: Cluster, n: int, keys: int = ROWS) -> None:
@@ -620,6 +651,8 @@ def _writes(a: argparse.Namespace, base: Path) -> dict[int, Any]:
                 before = process_cpu(pids)
                 r = _load(c.d, a.procs, a.clients, a.duration, 0.0, a.keys)
                 cpu = _cpu_by_role(pids, before, r.pop("cpu_s"))
+                if n:
+                    r["views_at_end"] = asyncio.run(_lag(c))
             # CPU a base write, by role: less at the mercy of the machine's phase than
             # writes/s (a view's cost in it is the same work whatever the peak).
             writes = r["writes_per_s"] * a.duration
@@ -642,6 +675,8 @@ def _writes(a: argparse.Namespace, base: Path) -> dict[int, Any]:
                   f"p99 {r['p99_ms']} ms{cost}{run}\n"
                   f"          CPU {sum(per.values()):.1f} µs a write ({roles})",
                   flush=True)  # fmt: skip
+            if n:
+                print(f"          {_behind_text(r, a.duration)}", flush=True)
     out: dict[int, Any] = {}
     for n in counts:
         r = out[n] = _median_run(runs[n], runs.get(0))
@@ -650,6 +685,21 @@ def _writes(a: argparse.Namespace, base: Path) -> dict[int, Any]:
             print(f"views {n:>2}: median {r['writes_per_s']:,} writes/s{cost}  runs "
                   f"{', '.join(f'{x:,}' for x in r['runs'])}", flush=True)  # fmt: skip
     return out
+
+
+def _behind_text(r: dict[str, Any], duration: float) -> str:
+    """How far behind the load each view ended, in positions and in seconds of the
+    run's writes, and its starts: the writes/s above kept the views only where they
+    ended a moment behind, started once."""
+    rate = r["writes_per_s"] or 1
+    parts = []
+    for name, v in r["views_at_end"].items():
+        behind = v["behind"]
+        lag = "never published"
+        if behind is not None:
+            lag = f"{behind:,} positions behind ({behind / rate:.1f} s of writes)"
+        parts.append(f"{name} {lag}, started {v['starts']}x")
+    return "views at the end: " + "; ".join(parts)
 
 
 def _worker_main(args: list[str]) -> int:

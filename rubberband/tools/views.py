@@ -188,7 +188,7 @@ async def run(args: argparse.Namespace) -> Any:
                 out["malformed"] = [{"key": k, "error": e} for k, e in malformed]
             return out
         if args.command == "status":
-            return {"views": [await _status(rb, v) for v in await rb.views()
+            return {"views": [await view_status(rb, v) for v in await rb.views()
                               if not args.names or v.name in args.names]}  # fmt: skip
         if args.command == "read":
             return await _read(rb, args)
@@ -254,7 +254,7 @@ async def _reconnect(
     return rb
 
 
-async def _status(rb: Any, view: Any) -> dict[str, Any]:
+async def view_status(rb: Any, view: Any) -> dict[str, Any]:
     """A view's progress and staleness: positions behind a sequential read now (of its
     part furthest behind, for a view split in parts)."""
     from rubberband.views.define import progress_keys, units
