@@ -49,6 +49,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -267,20 +268,47 @@ async def _ready(rb: Any, name: str, timeout: float) -> float:
     raise TimeoutError(f"view {name} was not backfilled in {timeout:.0f} s")
 
 
-async def _lag(c: Cluster) -> dict[str, Any]:
-    """Where the views stand as the load stops: per view, the positions its progress is
-    behind a sequential read now (``behind``) and its maintainer's starts.  A view whose
+async def _lag(c: Cluster, during: threading.Event | None = None) -> dict[str, Any]:
+    """Where the views stand: per view, the positions its progress is behind a
+    sequential read (``behind``), sampled every second while ``during`` is not set (the
+    most, ``behind_max``), then once more; and its maintainer's starts.  A view whose
     maintainer fell behind through the run was not kept at the rate the base ran at:
-    its cost there is not what keeping it costs."""
+    its cost there is not what keeping it costs.  Read once the load stopped alone, a
+    view caught up in the moment before (it was 4 positions behind after 8-s runs
+    where, over a minute, it fell behind by thousands of writes a second)."""
     from rubberband.tools.views import view_status
 
     rb = await _client(c, "lag")
+    most: dict[str, int] = {}
     try:
-        behind = {v.name: (await view_status(rb, v)).get("behind") for v in await rb.views()}
+        while True:
+            behind = {v.name: (await view_status(rb, v)).get("behind") for v in await rb.views()}
+            if during is None or during.is_set():
+                break
+            for name, b in behind.items():
+                most[name] = max(most.get(name, 0), b or 0)
+            await asyncio.sleep(1.0)
     finally:
         await rb.close()
     starts = await asyncio.to_thread(c.starts)
-    return {name: {"behind": b, "starts": starts.get(name)} for name, b in sorted(behind.items())}
+    return {
+        name: {"behind_max": most.get(name), "behind": b, "starts": starts.get(name)}
+        for name, b in sorted(behind.items())
+    }
+
+
+def _load_watched(c: Cluster, a: argparse.Namespace) -> dict[str, Any]:
+    """The peak load (:func:`_load`) with the views' lag watched meanwhile (:func:`_lag`)."""
+    stop, lag = threading.Event(), {}
+    watch = threading.Thread(target=lambda: lag.update(asyncio.run(_lag(c, stop))), daemon=True)
+    watch.start()
+    try:
+        r = _load(c.d, a.procs, a.clients, a.duration, 0.0, a.keys)
+    finally:
+        stop.set()
+        watch.join(60)
+    r["views_at_end"] = lag
+    return r
 
 
 async def _define(c: Cluster, n: int, keys: int = ROWS) -> None:
@@ -649,10 +677,11 @@ def _writes(a: argparse.Namespace, base: Path) -> dict[int, Any]:
                     asyncio.run(_define(c, n, a.keys))
                 pids = _pids(c)
                 before = process_cpu(pids)
-                r = _load(c.d, a.procs, a.clients, a.duration, 0.0, a.keys)
-                cpu = _cpu_by_role(pids, before, r.pop("cpu_s"))
                 if n:
-                    r["views_at_end"] = asyncio.run(_lag(c))
+                    r = _load_watched(c, a)
+                else:
+                    r = _load(c.d, a.procs, a.clients, a.duration, 0.0, a.keys)
+                cpu = _cpu_by_role(pids, before, r.pop("cpu_s"))
             # CPU a base write, by role: less at the mercy of the machine's phase than
             # writes/s (a view's cost in it is the same work whatever the peak).
             writes = r["writes_per_s"] * a.duration
@@ -676,7 +705,7 @@ def _writes(a: argparse.Namespace, base: Path) -> dict[int, Any]:
                   f"          CPU {sum(per.values()):.1f} µs a write ({roles})",
                   flush=True)  # fmt: skip
             if n:
-                print(f"          {_behind_text(r, a.duration)}", flush=True)
+                print(f"          {_behind_text(r)}", flush=True)
     out: dict[int, Any] = {}
     for n in counts:
         r = out[n] = _median_run(runs[n], runs.get(0))
@@ -687,19 +716,18 @@ def _writes(a: argparse.Namespace, base: Path) -> dict[int, Any]:
     return out
 
 
-def _behind_text(r: dict[str, Any], duration: float) -> str:
-    """How far behind the load each view ended, in positions and in seconds of the
-    run's writes, and its starts: the writes/s above kept the views only where they
-    ended a moment behind, started once."""
+def _behind_text(r: dict[str, Any]) -> str:
+    """How far behind the load each view fell (the most a sample found while it ran, in
+    positions and in seconds of the run's writes), where it stood once the load stopped,
+    and its starts: the writes/s above kept a view only where it stayed a moment
+    behind, started once."""
     rate = r["writes_per_s"] or 1
     parts = []
     for name, v in r["views_at_end"].items():
-        behind = v["behind"]
-        lag = "never published"
-        if behind is not None:
-            lag = f"{behind:,} positions behind ({behind / rate:.1f} s of writes)"
-        parts.append(f"{name} {lag}, started {v['starts']}x")
-    return "views at the end: " + "; ".join(parts)
+        most, after = v["behind_max"], v["behind"]
+        during = "no sample" if most is None else f"{most:,} ({most / rate:.2f} s of writes)"
+        parts.append(f"{name} behind at most {during}, {after} after; started {v['starts']}x")
+    return "views behind the load: " + "; ".join(parts)
 
 
 def _worker_main(args: list[str]) -> int:
