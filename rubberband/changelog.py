@@ -72,8 +72,13 @@ HISTORY_TWICE = mutations.declare(
 )  # fmt: skip
 FROM_NOW = -1
 """``since`` of a feed's first read when it starts at the read itself."""
-MAX_CHANGES = 100_000
-"""Changes a storage process keeps by default (each key changed counts one)."""
+MAX_CHANGES = 500_000
+"""Changes a storage process keeps by default (each key changed counts one): about 40 s
+of a holder's changes at the views benchmark's peak.  At 100,000 (about 9 s there) a
+view's maintainer that fell behind the peak had its feed compacted under it, and each
+start over from a snapshot (about 10 s) ended behind the log again, for as long as the
+load lasted.  The price is memory: about 250 MB more a storage process there, a log
+entry holding the value a write replaced (docs/decisions.md)."""
 MAX_AGE = 600.0
 """Seconds a storage process keeps a change by default."""
 TRIM_SLACK = 5
