@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import random
@@ -49,13 +50,12 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from ecast import local, tune_process
+from rubberband.bench import view_lag
 from rubberband.bench.harness import (
     busy_between,
     check_idle,
@@ -224,18 +224,6 @@ class Cluster:
              str(self.d), "--metrics", self.metrics], stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
-    def starts(self) -> dict[str, int]:
-        """Per view, how many times its maintainer started it from a snapshot (1: never
-        over: a feed compacted under a maintainer that fell behind starts it over)."""
-        name = "rubberband_view_starts_total{view="
-        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        return {
-            line[len(name) + 1 : line.index('"}')]: int(float(line.split()[-1]))
-            for line in text.splitlines()
-            if line.startswith(name)
-        }
-
     def st(self) -> dict[str, Any]:
         return dict(json.loads((self.d / "cluster.json").read_text()))
 
@@ -266,49 +254,6 @@ async def _ready(rb: Any, name: str, timeout: float) -> float:
             return time.monotonic()
         await asyncio.sleep(0.1)
     raise TimeoutError(f"view {name} was not backfilled in {timeout:.0f} s")
-
-
-async def _lag(c: Cluster, during: threading.Event | None = None) -> dict[str, Any]:
-    """Where the views stand: per view, the positions its progress is behind a
-    sequential read (``behind``), sampled every second while ``during`` is not set (the
-    most, ``behind_max``), then once more; and its maintainer's starts.  A view whose
-    maintainer fell behind through the run was not kept at the rate the base ran at:
-    its cost there is not what keeping it costs.  Read once the load stopped alone, a
-    view caught up in the moment before (it was 4 positions behind after 8-s runs
-    where, over a minute, it fell behind by thousands of writes a second)."""
-    from rubberband.tools.views import view_status
-
-    rb = await _client(c, "lag")
-    most: dict[str, int] = {}
-    try:
-        while True:
-            behind = {v.name: (await view_status(rb, v)).get("behind") for v in await rb.views()}
-            if during is None or during.is_set():
-                break
-            for name, b in behind.items():
-                most[name] = max(most.get(name, 0), b or 0)
-            await asyncio.sleep(1.0)
-    finally:
-        await rb.close()
-    starts = await asyncio.to_thread(c.starts)
-    return {
-        name: {"behind_max": most.get(name), "behind": b, "starts": starts.get(name)}
-        for name, b in sorted(behind.items())
-    }
-
-
-def _load_watched(c: Cluster, a: argparse.Namespace) -> dict[str, Any]:
-    """The peak load (:func:`_load`) with the views' lag watched meanwhile (:func:`_lag`)."""
-    stop, lag = threading.Event(), {}
-    watch = threading.Thread(target=lambda: lag.update(asyncio.run(_lag(c, stop))), daemon=True)
-    watch.start()
-    try:
-        r = _load(c.d, a.procs, a.clients, a.duration, 0.0, a.keys)
-    finally:
-        stop.set()
-        watch.join(60)
-    r["views_at_end"] = lag
-    return r
 
 
 async def _define(c: Cluster, n: int, keys: int = ROWS) -> None:
@@ -677,10 +622,9 @@ def _writes(a: argparse.Namespace, base: Path) -> dict[int, Any]:
                     asyncio.run(_define(c, n, a.keys))
                 pids = _pids(c)
                 before = process_cpu(pids)
-                if n:
-                    r = _load_watched(c, a)
-                else:
-                    r = _load(c.d, a.procs, a.clients, a.duration, 0.0, a.keys)
+                load = functools.partial(_load, c.d, a.procs, a.clients, a.duration, 0.0, a.keys)
+                connect = functools.partial(_client, c, "lag")
+                r = view_lag.watched(load, connect, c.metrics) if n else load()
                 cpu = _cpu_by_role(pids, before, r.pop("cpu_s"))
             # CPU a base write, by role: less at the mercy of the machine's phase than
             # writes/s (a view's cost in it is the same work whatever the peak).
@@ -705,7 +649,7 @@ def _writes(a: argparse.Namespace, base: Path) -> dict[int, Any]:
                   f"          CPU {sum(per.values()):.1f} µs a write ({roles})",
                   flush=True)  # fmt: skip
             if n:
-                print(f"          {_behind_text(r)}", flush=True)
+                print(f"          {view_lag.behind_text(r)}", flush=True)
     out: dict[int, Any] = {}
     for n in counts:
         r = out[n] = _median_run(runs[n], runs.get(0))
@@ -714,20 +658,6 @@ def _writes(a: argparse.Namespace, base: Path) -> dict[int, Any]:
             print(f"views {n:>2}: median {r['writes_per_s']:,} writes/s{cost}  runs "
                   f"{', '.join(f'{x:,}' for x in r['runs'])}", flush=True)  # fmt: skip
     return out
-
-
-def _behind_text(r: dict[str, Any]) -> str:
-    """How far behind the load each view fell (the most a sample found while it ran, in
-    positions and in seconds of the run's writes), where it stood once the load stopped,
-    and its starts: the writes/s above kept a view only where it stayed a moment
-    behind, started once."""
-    rate = r["writes_per_s"] or 1
-    parts = []
-    for name, v in r["views_at_end"].items():
-        most, after = v["behind_max"], v["behind"]
-        during = "no sample" if most is None else f"{most:,} ({most / rate:.2f} s of writes)"
-        parts.append(f"{name} behind at most {during}, {after} after; started {v['starts']}x")
-    return "views behind the load: " + "; ".join(parts)
 
 
 def _worker_main(args: list[str]) -> int:
