@@ -38,8 +38,9 @@ async def lag(connect: Callable[[], Awaitable[Any]], metrics: str, during: threa
     rb = await connect()
     most: dict[str, int] = {}
     try:
+        views = await rb.views()  # (defined before the load: read once)
         while True:
-            behind = {v.name: (await view_status(rb, v)).get("behind") for v in await rb.views()}
+            behind = {v.name: (await view_status(rb, v)).get("behind") for v in views}
             if during.is_set():
                 break
             for name, b in behind.items():

@@ -298,8 +298,7 @@ class Maintainer:
                     entries.append((key, [start]))
                     places.append(place)
             if gone:
-                self.dead.append((start, _pack_keys(gone)))
-                self.dead_rows += len(gone)
+                self._bury(start, gone)
             self.position = self.floor = start
             self._marks.append((now, start))
         if horizon > self.position:
@@ -309,8 +308,7 @@ class Maintainer:
             return []
         dead = [(entry[0], key) for key, entry in entries if len(entry) == 1]
         if dead:
-            self.dead.append((max(at for at, _key in dead), _pack_keys([k for _, k in dead])))
-            self.dead_rows += len(dead)
+            self._bury(max(at for at, _key in dead), [k for _, k in dead])
         try:
             writes = self._writes(entries, places)
         except RowTooLarge as e:
@@ -411,6 +409,12 @@ class Maintainer:
         extra = self._reclaims(low) if rows else []
         self.housekeeping = len(extra)
         return [*extra, *rows, ("version", progress, floor, low)]
+
+    def _bury(self, at: int, keys: list[Any]) -> None:
+        """Keep ``keys``, rows absent since ``at`` or before, until the reclaim floor
+        passes ``at`` (:meth:`_reclaims` drops them)."""
+        self.dead.append((at, _pack_keys(keys)))
+        self.dead_rows += len(keys)
 
     def _reclaims(self, low: int) -> list[Any]:
         """The drops of the dead rows at or below the stable reclaim floor, and the
