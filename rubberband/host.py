@@ -466,6 +466,9 @@ class StorageHost(_Host):
     def _feed(self, items: list[tuple[Any, ...]]) -> Effects:
         core = self.core
         fx = Effects()
+        # The core's clock: its change log keeps changes for an age by it (at 0 it
+        # kept every change, whatever --change-log-age said).
+        now = time.monotonic()
         directs: list[tuple[NodeId, Any]] = []
         # Adjacent batches of deliveries go to the core as one: one engine batch, and on
         # a durable engine one group commit.  The SDK hands deliveries over a packet at
@@ -480,14 +483,13 @@ class StorageHost(_Host):
                 run += item[1]
             else:
                 if run:
-                    fx.extend(core.on_deliveries(run))
+                    fx.extend(core.on_deliveries(run, now))
                     run = []
                 directs.append((item[1], item[2]))
         if run:
-            fx.extend(core.on_deliveries(run))
+            fx.extend(core.on_deliveries(run, now))
         if directs:
             fx.extend(core.on_directs(directs))
-        now = time.monotonic()
         if now - self._figured_at >= FIGURES_EVERY:
             self._figured_at = now
             self.figures = core.figures()

@@ -603,3 +603,38 @@ async def test_a_durable_engine_that_fails_a_batch_confirms_none_of_it() -> None
         engine.close()
     assert "engine failed" in why and "disk full" in why
     assert client.confirmed == []
+
+
+def test_a_storage_process_keeps_changes_for_its_change_log_age_by_the_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The host gives the core the time with each step: the change log's age bound
+    (``--change-log-age``) held in the simulator, which passed the time, and in no
+    daemon, whose core stood at 0 and so kept every change forever."""
+    import time
+
+    from ecast import Message
+    from ecast.core.endpoint import Delivery
+    from rubberband.changelog import ChangeLog
+    from rubberband.keys import EVERYTHING
+    from rubberband.messages import Messages
+    from storage_adapters.memory import KVOps
+
+    log = ChangeLog(max_age=60.0)
+    h = StorageHost(FakeClient(0), StorageCore("storage:1", MemoryEngine(), changes=log))  # type: ignore[arg-type]
+    h.core.joined({"rubberband": [1, "range", 0, [], [], [], [], [], [], [], []]})
+    h.core.owned = EVERYTHING
+
+    def put(t: int) -> Delivery:
+        payload, header = Messages(KVOps()).write_message(("put", ((t, t),)))
+        return Delivery(t, Message("client:c", (("c", 0, ""), t), header, payload))
+
+    clock = [1_000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    h._feed([(DELIVERIES, [put(1), put(2)])])
+    clock[0] += 30.0
+    h._feed([(DELIVERIES, [put(3)])])
+    assert log.floor < 1 and log.figures()["changes"] == 3  # none older than 60 s yet
+    clock[0] += 45.0  # the first two are 75 s old, the third 45 s
+    h._feed([(DELIVERIES, [put(4)])])
+    assert log.floor == 2 and log.figures()["changes"] == 2
