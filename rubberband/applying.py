@@ -391,6 +391,9 @@ class Apply:
             core.changes if core._logged else None, core.incomplete, m, mine, t
         )
         core.send(m.sender, Answer(rid, covered, found, error, t, True))
+        since = m.header.get(H.SINCE)
+        if core._logged and type(since) is int and since >= 0:
+            core.holds.read(m.sender, since, core.changes.share_after(since, core.now), core.now)
 
     def _item(self, m: Message, mine: RangeSet, t: int) -> None:
         core = self.core

@@ -31,6 +31,7 @@ with its history.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
@@ -616,6 +617,18 @@ class ChangeLog:
                 out.append([self._t[i], mine])
                 room -= len(mine)
         return out
+
+    def share_after(self, since: int, now: float) -> float:
+        """About what share of its span this log holds after ``since`` (1: a reader
+        there is next to be compacted under; inf: it was), by whichever bound is nearer:
+        changes, bytes (each taken as the entries' mean: a bisection, not a walk), age."""
+        n, i = len(self._t), bisect_right(self._t, since, self._head)
+        if since < self.floor or not self.enabled:
+            return math.inf
+        if i == n:
+            return 0.0
+        full = max(self._count / self.max_changes, self._bytes / self.max_bytes)
+        return max((n - i) / (n - self._head) * full, (now - self._at[i]) / self.max_age)
 
     def changed_after(self, since: int, ranges: RangeSet, keys: Any = None) -> bool:
         """Has a key in ``ranges`` (and in the encoded key range ``keys``, if any) a

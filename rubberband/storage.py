@@ -39,6 +39,7 @@ from rubberband.bundles import Segments, unpacked
 from rubberband.changelog import ChangeLog, peek_answer, revised_op
 from rubberband.config import CLIENTS, STORAGE, SUPER
 from rubberband.engine import BadOperation, Engine, Placement, changed_key
+from rubberband.holds import Holds
 from rubberband.keys import (
     AFTER_TAIL,
     NOTHING,
@@ -192,6 +193,8 @@ class StorageCore:
         self._wholes = self._positions and hasattr(engine, "whole")
         self.changes.place = lambda key: self.engine.placement.ekey(changed_key(key))
         self.now = 0.0
+        self.holds = Holds()
+        """The maintainers' holds on this process's intake (the host paces by them)."""
         self.kept = kept
         self.level_next: dict[Any, int] = {}  # (super, round) -> the next slice it takes
         self.level_tail: Any = None  # ((epoch, position, after), records) last sent

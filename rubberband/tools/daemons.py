@@ -347,9 +347,7 @@ def storage_metrics(
     m.add("rubberband_incomplete", 1 if st["incomplete"] else 0, "a copy broke off: needs repair")
     m.add("rubberband_queued", st["queued"], "delivered items waiting for their ranges")
     m.add(
-        "rubberband_reads_held_total",
-        st["reads_held"],
-        "sequential reads that waited for a copy into this process",
+        "rubberband_reads_held_total", st["reads_held"], "sequential reads that waited for a copy"
     )
     m.add("rubberband_transfers", st["transfers_in"], "migrations running", direction="in")
     m.add("rubberband_transfers", st["transfers_out"], "migrations running", direction="out")
@@ -362,6 +360,8 @@ def storage_metrics(
         changes.get("floor", -1),
         "feeds may continue only after this position (older changes dropped)",
     )
+    m.add("rubberband_intake_held", int(core.holds.limit is not None), "views hold writers back")
+    m.add("rubberband_intake_held_seconds_total", core.holds.held_seconds, "seconds views held it")
     for key, value in sorted(core.engine.stats().items()):
         if type(value) in (int, float):
             m.add("rubberband_engine", value, "the engine's own figures", stat=key)

@@ -28,7 +28,7 @@ class FakeClient:
         await asyncio.sleep(0)
         first = self.taken
         self.taken = min(self.n, first + max_items)
-        return [SimpleNamespace(i=i) for i in range(first, self.taken)]
+        return [SimpleNamespace(i=i, t=i) for i in range(first, self.taken)]
 
     async def receive_direct(self) -> tuple[str, Any]:
         return await self.direct.get()

@@ -1,0 +1,129 @@
+"""Holding the writers back while a view's maintainer falls behind its feed.
+
+A storage process's change log keeps a bounded span of changes
+(:mod:`rubberband.changelog`).  A view's maintainer that falls further behind than that
+gets :class:`~rubberband.errors.Compacted` and starts the view over from a snapshot, and
+under a load whose upkeep the machine cannot follow it falls behind again: an index over
+a full table started six times in 100 s at the views benchmark's peak
+(docs/benchmarks.md), a view never kept for as long as the load lasted.
+
+So a storage process holds its intake back while a maintainer's feed read finds that
+maintainer in the older half of what the log keeps (:data:`HOLD_AT`): it takes
+deliveries no faster, in positions of the total order a second, than :data:`PACE`
+times the rate at which that maintainer's reads move on, until a read finds it in the
+newer quarter (:data:`RELEASE_AT`).  The deliveries it does not take wait in its E-Cast
+client, which then stops reading from the routers, and E-Cast's flow control slows the
+writers down, the path by which an engine that falls behind slows them
+(:mod:`rubberband.host`).  The intake is slowed, never stopped: the maintainer's own
+feed reads and row writes come in through it, in the total order.
+
+Only a process named ``maintainer:`` (which it proved, docs/security.md) holds anyone
+back.  A client's feed (``rb.watch``, a Spark stream) that falls behind is compacted
+under as before: writers waiting for any reader would put every writer at the mercy of
+the slowest consumer, while a view is the cluster's own and is worth nothing unless
+kept.  A maintainer that stops reading (it failed, or starts over from a snapshot)
+holds no one back after :data:`READER_TTL`.
+
+Sans I/O: :meth:`Holds.read` is called by the storage core in its steps, with the
+step's time; :meth:`Holds.pause` by the host's intake on the event loop.  The two share
+one value, :attr:`Holds.limit`, replaced whole.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ecast import NodeId
+from rubberband.config import MAINTAINER
+
+HOLD_AT = 0.5
+"""Share of the change log's span behind a maintainer's read at which its holder starts
+holding the writers back: the other half is the margin for a start over that would
+otherwise follow (a start over a full table took about 10 s, docs/benchmarks.md)."""
+RELEASE_AT = 0.25
+"""Share at which the hold ends: a gap between the two, or the hold would go on and off
+with every read."""
+PACE = 0.8
+"""The intake's rate while held, relative to the maintainer's: the maintainer gains a
+fifth of its own rate a second."""
+READER_TTL = 30.0
+"""Seconds after a maintainer's last read at this holder that its hold lapses (its reads
+at one holder come every few rounds, since a read goes to one replica of each segment,
+in turns; a round takes seconds when its pages are full)."""
+MAX_PAUSE = 0.5
+"""Seconds the intake waits at most before it looks again (a hold that ends, or lapses,
+is seen within this)."""
+
+
+@dataclass(slots=True)
+class _Reader:
+    since: int
+    at: float
+    rate: float | None = None
+    """Positions a second its reads moved on (None: not measured yet)."""
+    holding: bool = False
+
+
+class Holds:
+    """A storage process's holds on its intake, by the maintainers reading its feed."""
+
+    def __init__(self) -> None:
+        self.readers: dict[NodeId, _Reader] = {}
+        self.limit: tuple[float, float] | None = None
+        """``(positions a second, until when)`` the intake may take, while a hold lasts
+        (None: none)."""
+        self.held_seconds = 0.0
+        """Seconds the intake waited for holds, in all (a counter for ``/metrics``)."""
+        self._upto = -1
+        self._due = 0.0
+
+    def read(self, reader: NodeId, since: int, share: float, now: float) -> None:
+        """A feed read of ``reader``'s from position ``since`` was answered here, at
+        ``now``, ``share`` of the log's span behind (inf: compacted under)."""
+        if not reader.startswith(MAINTAINER):
+            return
+        r = self.readers.get(reader)
+        if share == math.inf:  # it starts over from a snapshot: nothing here to keep
+            self.readers.pop(reader, None)
+        elif r is None:
+            self.readers[reader] = _Reader(since, now, None, share >= HOLD_AT)
+        else:
+            if since < r.since:  # it started over: its old rate says nothing
+                r.rate = None
+            elif now > r.at:
+                rate = (since - r.since) / (now - r.at)
+                r.rate = rate if r.rate is None else (r.rate + rate) / 2
+            r.since, r.at = since, now
+            if share >= HOLD_AT:
+                r.holding = True
+            elif share <= RELEASE_AT:
+                r.holding = False
+        self._limit(now)
+
+    def _limit(self, now: float) -> None:
+        limit: tuple[float, float] | None = None
+        for name, r in list(self.readers.items()):
+            if now - r.at > READER_TTL:
+                del self.readers[name]
+            elif r.holding and r.rate is not None:
+                rate = PACE * r.rate
+                if limit is None or rate < limit[0]:
+                    limit = (rate, r.at + READER_TTL)
+        self.limit = limit
+
+    def pause(self, upto: int, now: float) -> float:
+        """Seconds the intake waits before it takes more, having taken deliveries up to
+        position ``upto`` at ``now``."""
+        last, self._upto = self._upto, max(self._upto, upto)
+        limit = self.limit
+        if limit is None or now > limit[1] or last < 0:
+            self._due = now
+            return 0.0
+        if limit[0] <= 0:
+            self._due = now + MAX_PAUSE
+        else:
+            self._due = max(self._due, now) + (self._upto - last) / limit[0]
+        wait = min(MAX_PAUSE, self._due - now)
+        self.held_seconds += wait
+        return wait

@@ -1,0 +1,119 @@
+"""A view's maintainer far behind a storage process's change log holds that process's
+intake back (rubberband.holds), so the writers slow down to what the view keeps up with
+instead of the maintainer being compacted under and starting over; no other reader
+holds anyone back, and a hold ends, or lapses, on its own."""
+
+from __future__ import annotations
+
+import math
+
+from rubberband.changelog import ChangeLog
+from rubberband.holds import MAX_PAUSE, PACE, READER_TTL, Holds
+from tests.rubberband_client_rig import Rig
+from tests.unit.test_changes import logged, page
+
+M = "maintainer:m"
+
+
+def taken_in(holds: Holds, seconds: float, step: int = 100) -> int:
+    """Positions an intake that takes ``step`` positions at a time, as fast as
+    ``holds`` lets it, takes in ``seconds`` of virtual time."""
+    now, upto = 0.0, 0
+    holds.pause(upto, now)
+    for _ in range(100_000):  # an intake never held takes a step in no time
+        if now >= seconds:
+            break
+        upto += step
+        now += holds.pause(upto, now)
+    return upto
+
+
+def test_a_maintainer_in_the_older_half_of_the_log_paces_the_intake_to_its_own_rate() -> None:
+    holds = Holds()
+    holds.read(M, 0, 0.6, -2.0)
+    holds.read(M, 2_000, 0.6, -1.0)  # 2,000 positions a second
+    holds.read(M, 4_000, 0.6, 0.0)
+    assert holds.limit is not None and holds.limit[0] == PACE * 2_000
+    taken = taken_in(holds, 10.0)
+    assert abs(taken - 10.0 * PACE * 2_000) <= 200, taken  # within a step or two
+    assert holds.held_seconds > 9.0
+
+
+def test_a_hold_ends_in_the_newer_quarter_and_not_before() -> None:
+    holds = Holds()
+    holds.read(M, 0, 0.6, 0.0)
+    holds.read(M, 1_000, 0.4, 1.0)  # between the marks: still held
+    assert holds.limit is not None
+    holds.read(M, 2_000, 0.3, 2.0)
+    assert holds.limit is not None
+    holds.read(M, 3_000, 0.2, 3.0)
+    assert holds.limit is None
+    assert taken_in(holds, 1.0) == 100_000 * 100  # the intake never waits
+    holds.read(M, 4_000, 0.4, 4.0)  # back up, below the mark: not held again yet
+    assert holds.limit is None
+    holds.read(M, 5_000, 0.5, 5.0)
+    assert holds.limit is not None
+
+
+def test_only_a_maintainer_holds_the_intake_back() -> None:
+    holds = Holds()
+    for reader in ("client:spark", "storage:2", "super:1"):
+        holds.read(reader, 0, 0.9, 0.0)
+        holds.read(reader, 10, 0.9, 1.0)
+    assert holds.limit is None and holds.readers == {}
+
+
+def test_a_hold_lapses_when_its_maintainer_stops_reading_or_starts_over() -> None:
+    holds = Holds()
+    holds.read(M, 0, 0.9, 0.0)
+    holds.read(M, 100, 0.9, 1.0)  # 80 positions a second allowed
+    assert 0 < holds.pause(0, 1.0) + holds.pause(1_000, 1.0) <= MAX_PAUSE
+    # No read for longer than the lapse: the intake takes what it is given.
+    assert holds.pause(100_000, 1.0 + READER_TTL + 0.1) == 0.0
+    holds.read(M, 200, 0.9, 50.0)
+    holds.read(M, 300, 0.9, 51.0)
+    assert holds.limit is not None
+    holds.read(M, 300, math.inf, 52.0)  # compacted under: it starts over, holds nothing
+    assert holds.limit is None and M not in holds.readers
+
+
+def test_a_maintainer_that_makes_no_progress_slows_the_intake_without_stopping_it() -> None:
+    holds = Holds()
+    holds.read(M, 500, 0.9, 0.0)
+    holds.read(M, 500, 0.9, 1.0)
+    assert holds.limit is not None and holds.limit[0] == 0.0
+    taken = taken_in(holds, 10.0)
+    assert 10.0 / MAX_PAUSE * 100 <= taken <= (10.0 / MAX_PAUSE + 2) * 100
+
+
+def test_the_share_of_the_log_behind_a_position_by_count_and_by_age() -> None:
+    log = ChangeLog(max_changes=100, max_age=1_000.0)
+    for t in range(1, 51):
+        log.record(t, float(t), ((t, "put", t),))
+    # Half full, by count: a reader at 25 has half of what is held, a quarter of the span.
+    assert abs(log.share_after(25, 50.0) - 0.25) < 0.02
+    assert log.share_after(50, 50.0) == 0.0
+    for t in range(51, 151):
+        log.record(t, float(t), ((t, "put", t),))
+    assert log.floor == 50
+    assert abs(log.share_after(100, 150.0) - 0.5) < 0.02
+    assert log.share_after(49, 150.0) == math.inf  # compacted under
+    # By age, when that is nearer: a change 600 s old of 1,000 kept.
+    assert abs(log.share_after(140, 750.0) - (750.0 - 141.0) / 1_000.0) < 1e-9
+
+
+def test_a_storage_process_takes_its_maintainers_feed_reads_as_holds_and_no_one_elses() -> None:
+    m, rig, start = logged(1, max_changes=20)
+    for i in range(16):
+        m.write(("put", ((i, i),)))
+    m.settle()
+    page(rig, start)  # a client's read: no hold
+    for core in m.storage.values():
+        assert core.holds.readers == {}
+    maintainer = Rig(m)
+    maintainer.name = M
+    for core in m.storage.values():
+        core.now = 1.0
+    page(maintainer, start)  # 16 of 20 behind it: a hold, at the replica it asked
+    held = [core.holds for core in m.storage.values() if M in core.holds.readers]
+    assert len(held) == 1 and held[0].readers[M].holding
