@@ -638,3 +638,29 @@ def test_a_storage_process_keeps_changes_for_its_change_log_age_by_the_clock(
     clock[0] += 45.0  # the first two are 75 s old, the third 45 s
     h._feed([(DELIVERIES, [put(4)])])
     assert log.floor == 2 and log.figures()["changes"] == 2
+
+
+async def test_an_intake_held_for_a_view_takes_deliveries_at_the_holds_pace() -> None:
+    """While a maintainer far behind holds the process (``core.holds.limit``, positions
+    a second), the host takes deliveries from the SDK no faster; the rest wait there,
+    where E-Cast's flow control slows the writers.  Released, it takes the rest at once."""
+    import time
+
+    client = FakeClient(100 * BATCH)  # positions 0, 1, 2, ...: one a delivery
+    h = host(client)
+    h.core.holds.limit = (20.0 * BATCH, time.monotonic() + 60)  # twenty batches a second
+
+    async def drain() -> None:
+        while True:
+            await h._batch()
+
+    reader = asyncio.ensure_future(h._read_deliveries())
+    worker = asyncio.ensure_future(drain())
+    await asyncio.sleep(0.5)
+    held = client.taken
+    assert BATCH <= held <= 16 * BATCH, held  # about ten batches; unheld, all hundred
+    assert h.core.holds.held_seconds > 0.3
+    h.core.holds.limit = None
+    await until(lambda: client.taken == client.n)
+    reader.cancel()
+    worker.cancel()
