@@ -391,9 +391,10 @@ class Apply:
             core.changes if core._logged else None, core.incomplete, m, mine, t
         )
         core.send(m.sender, Answer(rid, covered, found, error, t, True))
-        since = m.header.get(H.SINCE)
-        if core._logged and type(since) is int and since >= 0:
-            core.holds.read(m.sender, since, core.changes.share_after(since, core.now), core.now)
+        if error is None and type(found) is list:
+            # Where the reader's next read starts: the page's cut, or its position.
+            core.holds.read(m.sender, found[-1][0] if found and found[-1][1] is None else t,
+                            core.now)  # fmt: skip
 
     def _item(self, m: Message, mine: RangeSet, t: int) -> None:
         core = self.core

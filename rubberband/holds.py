@@ -7,15 +7,18 @@ under a load whose upkeep the machine cannot follow it falls behind again: an in
 a full table started six times in 100 s at the views benchmark's peak
 (docs/benchmarks.md), a view never kept for as long as the load lasted.
 
-So a storage process holds its intake back while a maintainer's feed read finds that
-maintainer in the older half of what the log keeps (:data:`HOLD_AT`): it takes
-deliveries no faster, in positions of the total order a second, than :data:`PACE`
-times the rate at which that maintainer's reads move on, until a read finds it in the
-newer quarter (:data:`RELEASE_AT`).  The deliveries it does not take wait in its E-Cast
-client, which then stops reading from the routers, and E-Cast's flow control slows the
-writers down, the path by which an engine that falls behind slows them
-(:mod:`rubberband.host`).  The intake is slowed, never stopped: the maintainer's own
-feed reads and row writes come in through it, in the total order.
+So a storage process holds its intake back while the changes it logged after where a
+maintainer's next read starts (the end of the last page it gave that maintainer) fill
+the older half of what the log keeps (:data:`HOLD_AT`), judged after every step: it
+takes deliveries no faster, in positions of the total order a second, than
+:data:`PACE` times the rate at which that maintainer's reads move on, until they fill
+no more than a quarter (:data:`RELEASE_AT`).  A maintainer's reads go to the replicas
+of a segment in turns, so each replica holds by the page it gave last, a few rounds
+old at worst, which holds more, not less.  The deliveries it does not take wait in its
+E-Cast client unconfirmed (:mod:`rubberband.host`), unstable at the routers, and
+E-Cast's flow control slows the writers down, the path by which an engine that falls
+behind slows them.  The intake is slowed, never stopped: the maintainer's own feed
+reads and row writes come in through it, in the total order.
 
 Only a process named ``maintainer:`` (which it proved, docs/security.md) holds anyone
 back.  A client's feed (``rb.watch``, a Spark stream) that falls behind is compacted
@@ -24,14 +27,16 @@ the slowest consumer, while a view is the cluster's own and is worth nothing unl
 kept.  A maintainer that stops reading (it failed, or starts over from a snapshot)
 holds no one back after :data:`READER_TTL`.
 
-Sans I/O: :meth:`Holds.read` is called by the storage core in its steps, with the
-step's time; :meth:`Holds.pause` by the host's intake on the event loop.  The two share
+Sans I/O: :meth:`Holds.read` and :meth:`Holds.update` are called by the storage core
+in its steps, with the step's time; :meth:`Holds.pause` by the host's intake on the
+event loop.  The two share
 one value, :attr:`Holds.limit`, replaced whole.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ecast import NodeId
@@ -58,7 +63,8 @@ is seen within this)."""
 
 @dataclass(slots=True)
 class _Reader:
-    since: int
+    resume: int
+    """Where its next read starts: the end of the last page this process gave it."""
     at: float
     rate: float | None = None
     """Positions a second its reads moved on (None: not measured yet)."""
@@ -78,36 +84,43 @@ class Holds:
         self._upto = -1
         self._due = 0.0
 
-    def read(self, reader: NodeId, since: int, share: float, now: float) -> None:
-        """A feed read of ``reader``'s from position ``since`` was answered here, at
-        ``now``, ``share`` of the log's span behind (inf: compacted under)."""
+    def read(self, reader: NodeId, resume: int, now: float) -> None:
+        """A feed read of ``reader``'s was answered here at ``now`` with a page that ends
+        at position ``resume``, where its next read starts."""
         if not reader.startswith(MAINTAINER):
             return
         r = self.readers.get(reader)
-        if share == math.inf:  # it starts over from a snapshot: nothing here to keep
-            self.readers.pop(reader, None)
-        elif r is None:
-            self.readers[reader] = _Reader(since, now, None, share >= HOLD_AT)
-        else:
-            if since < r.since:  # it started over: its old rate says nothing
-                r.rate = None
-            elif now > r.at:
-                rate = (since - r.since) / (now - r.at)
-                r.rate = rate if r.rate is None else (r.rate + rate) / 2
-            r.since, r.at = since, now
+        if r is None:
+            self.readers[reader] = _Reader(resume, now)
+            return
+        if resume < r.resume:  # it started over: its old rate says nothing
+            r.rate = None
+        elif now > r.at:
+            rate = (resume - r.resume) / (now - r.at)
+            r.rate = rate if r.rate is None else (r.rate + rate) / 2
+        r.resume, r.at = resume, now
+
+    def update(self, share_of: Callable[[int], float], now: float) -> None:
+        """After each step (its writes logged, its reads answered): hold the intake, or
+        let it go, by the share of the log's span that now lies after where each
+        maintainer's next read starts (``share_of``: inf where it was compacted under).
+        After every step, not only at a maintainer's reads: a slow maintainer's round
+        took seconds, and an intake that ran free until its next read turned the
+        whole log over before it."""
+        limit: tuple[float, float] | None = None
+        for name, r in list(self.readers.items()):
+            share = share_of(r.resume)
+            if now - r.at > READER_TTL or share == math.inf:
+                del self.readers[name]  # gone, or starting over from a snapshot
+                continue
             if share >= HOLD_AT:
                 r.holding = True
             elif share <= RELEASE_AT:
                 r.holding = False
-        self._limit(now)
-
-    def _limit(self, now: float) -> None:
-        limit: tuple[float, float] | None = None
-        for name, r in list(self.readers.items()):
-            if now - r.at > READER_TTL:
-                del self.readers[name]
-            elif r.holding and r.rate is not None:
-                rate = PACE * r.rate
+            if r.holding:
+                # Its pace unknown yet (its first read here, or its first since a start
+                # over): a batch every MAX_PAUSE until its next read here says it.
+                rate = 0.0 if r.rate is None else PACE * r.rate
                 if limit is None or rate < limit[0]:
                     limit = (rate, r.at + READER_TTL)
         self.limit = limit

@@ -39,9 +39,10 @@ T = TypeVar("T")
 BATCH = 512
 INBOX_HIGH = 4 * BATCH
 """Deliveries waiting for the engine beyond which the host stops taking more from E-Cast:
-the SDK's queue then fills, it stops reading from the routers, and E-Cast's flow control
-slows the writers down to what the engine applies (an unbounded inbox hid a slow engine
-from flow control: it grew without end, and a keyspace message behind it waited too)."""
+what the SDK then holds is unconfirmed (a storage process confirms deliveries as it
+takes them), so unstable at the routers, and E-Cast's flow control slows the writers
+down to what the engine applies (an unbounded inbox hid a slow engine from flow control:
+it grew without end, and a keyspace message behind it waited too)."""
 HISTORY = 3600
 """Seconds of load figures a super keeps for its console."""
 EVENTS = 500
@@ -151,17 +152,17 @@ class _Host:
                 behind = self._behind
                 while behind and behind[0][0] <= self._taken:
                     self.inbox.put_nowait(behind.popleft()[1])
+                await self._on_taken(batch)
                 if self._waiting >= INBOX_HIGH:
                     self._room.clear()
                     await self._room.wait()
-                await self._paced(batch)
         except Exception as e:  # the process was suspected, or lost every router
             self._stop(f"E-Cast stopped: {e}")
             return
         self._stop("E-Cast closed")
 
-    async def _paced(self, batch: list[Any]) -> None:
-        """Wait, if the intake is held back, before taking deliveries after ``batch``."""
+    async def _on_taken(self, batch: list[Any]) -> None:
+        """``batch`` is in the inbox: what to do before taking more deliveries."""
 
     def pong_figures(self) -> dict[str, Any]:
         return self.figures
@@ -320,13 +321,23 @@ class StorageHost(_Host):
         self.queued_since: float | None = None
         """Since when delivered items have waited for their ranges (None: nothing waits)."""
         self._figured_at = -FIGURES_EVERY
+        self._durable = getattr(core.engine, "durable", False) is True
 
     def pong_figures(self) -> dict[str, Any]:
         """The figures and their age: an idle process refreshes none, so the clients
         they name are those of its last work, which the supers then count no more."""
         return {**self.figures, "age_s": round(time.monotonic() - self._figured_at, 2)}
 
-    async def _paced(self, batch: list[Any]) -> None:
+    async def _on_taken(self, batch: list[Any]) -> None:
+        # Confirmed as taken, not as received: what waits in the E-Cast client is
+        # unstable at the routers, whose flow control then slows the writers as soon
+        # as this process falls behind, not once the client's queue of 10,000 is full.
+        # A view's feed read waits behind what is queued here, and behind a full queue
+        # an intake held back for the view (below) took the read longer than its
+        # timeout: the view failed and started over.  (A durable engine's deliveries
+        # are confirmed once on disk, after their step.)
+        if not self._durable:
+            self.client.durable(batch[-1].t)
         # A maintainer far behind this process's change log holds the intake back
         # (rubberband.holds); the core, on whichever thread steps it, replaces the
         # hold's limit whole, and only the intake reads it.

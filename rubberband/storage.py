@@ -251,6 +251,7 @@ class StorageCore:
         fx = self._begin()
         self.now = now
         self._deliver(deliveries)
+        _hold(self)
         return fx
 
     def deliver(self, items: Iterable[tuple[int, Message]]) -> Effects:
@@ -258,6 +259,7 @@ class StorageCore:
         own join among them is passed over (:meth:`joined` takes its state)."""
         fx = self._begin()
         self._deliver([Delivery(t, m) for t, m in items], joins=False)
+        _hold(self)
         return fx
 
     def deliver_unsafe(self, msg: Message, frontier: int | None, accepted: bool) -> Effects:
@@ -621,6 +623,13 @@ class StorageCore:
 
     def status(self) -> dict[str, Any]:
         return status_of(self)
+
+
+def _hold(core: StorageCore) -> None:
+    """The maintainers' holds on the intake, after a step (:mod:`rubberband.holds`)."""
+    if core.holds.readers:
+        now, log = core.now, core.changes
+        core.holds.update(lambda since: log.share_after(since, now), now)
 
 
 def answer_unsafe(core: StorageCore, msg: Message, frontier: int | None, accepted: bool) -> None:

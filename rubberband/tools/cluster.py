@@ -134,7 +134,7 @@ def up(args: argparse.Namespace) -> int:
         ],
     )
     storage_args = [f"--mutation={m}" for m in args.mutation if m in planted_in_storage]
-    storage_args += [f"--engine-arg={pair}" for pair in args.engine_arg]
+    storage_args += [f"--engine-arg={pair}" for pair in args.engine_arg] + args.storage_arg
     state = cluster.state
     t0 = time.monotonic()
     routers = cluster.start_group(args.routers)
@@ -536,12 +536,14 @@ def cluster_main(argv: list[str] | None = None) -> int:
     )
     u.add_argument("--timeout", type=float, default=60.0)
     u.add_argument("--state-dir", required=True)
-    u.add_argument(
-        "--router-arg",
-        action="append",
-        default=[],
-        help="an extra flag for every router, e.g. --router-arg=--no-clumping (repeatable)",
-    )
+    for role, example in (("router", "--no-clumping"), ("storage", "--change-log=20000")):
+        u.add_argument(
+            f"--{role}-arg",
+            action="append",
+            default=[],
+            help=f"an extra flag for every {role} process, e.g. --{role}-arg={example} "
+            "(repeatable)",
+        )
     u.add_argument(
         "--mutation",
         action="append",

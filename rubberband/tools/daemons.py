@@ -274,16 +274,16 @@ def _stop_on_signals(stop: asyncio.Event, received: list[int] | None = None) -> 
             loop.add_signal_handler(sig, on, sig)
 
 
-async def _connect(args: argparse.Namespace, durable: bool = False) -> ecast.Client:
-    """``durable``: deliveries are confirmed once the engine has them on disk, not on
-    arrival (:class:`~rubberband.host.StorageHost` says when)."""
+async def _connect(args: argparse.Namespace, confirms: bool = False) -> ecast.Client:
+    """``confirms``: deliveries are confirmed when the process says so, not on arrival
+    (a storage process: as it takes them in, :class:`~rubberband.host.StorageHost`)."""
     return await ecast.connect(
         args.routers.split(","),
         name=args.name,
         **_auth(args),
         listen=args.listen,
         timeout=args.join_timeout,
-        params=ecast.EndpointParams(confirm_when_durable=True) if durable else None,
+        params=ecast.EndpointParams(confirm_when_durable=True) if confirms else None,
     )
 
 
@@ -541,7 +541,7 @@ async def run_storage(args: argparse.Namespace) -> int:
     if kept is None:
         _start_empty(engine)
     try:
-        client = await _connect(args, durable=getattr(engine, "durable", False) is True)
+        client = await _connect(args, confirms=True)
     except BaseException:
         engine.close()
         raise

@@ -6,6 +6,7 @@ holds anyone back, and a hold ends, or lapses, on its own."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from rubberband.changelog import ChangeLog
 from rubberband.holds import MAX_PAUSE, PACE, READER_TTL, Holds
@@ -28,59 +29,93 @@ def taken_in(holds: Holds, seconds: float, step: int = 100) -> int:
     return upto
 
 
+def at(share: float) -> Callable[[int], float]:
+    """A log in which ``share`` of its span lies after any position."""
+    return lambda _since: share
+
+
 def test_a_maintainer_in_the_older_half_of_the_log_paces_the_intake_to_its_own_rate() -> None:
     holds = Holds()
-    holds.read(M, 0, 0.6, -2.0)
-    holds.read(M, 2_000, 0.6, -1.0)  # 2,000 positions a second
-    holds.read(M, 4_000, 0.6, 0.0)
+    holds.read(M, 0, -2.0)
+    holds.read(M, 2_000, -1.0)  # 2,000 positions a second
+    holds.read(M, 4_000, 0.0)
+    holds.update(at(0.4), 0.0)
+    assert holds.limit is None  # not in the older half yet
+    holds.update(at(0.6), 0.0)
     assert holds.limit is not None and holds.limit[0] == PACE * 2_000
     taken = taken_in(holds, 10.0)
     assert abs(taken - 10.0 * PACE * 2_000) <= 200, taken  # within a step or two
     assert holds.held_seconds > 9.0
 
 
+def test_a_hold_starts_between_reads_as_the_log_fills_behind_a_slow_maintainer() -> None:
+    """A maintainer's round can take seconds: the hold starts when the intake since its
+    last read fills half the log, not at its next read."""
+    log = ChangeLog(max_changes=100)
+    holds = Holds()
+    log.record(1, 0.0, ((1, "put", 1),))
+    holds.read(M, 1, 0.0)  # its next read starts after position 1
+    for t in range(2, 50):
+        log.record(t, 0.0, ((t, "put", t),))
+        holds.update(lambda since: log.share_after(since, 0.0), 0.1)
+        assert holds.limit is None, t
+    log.record(50, 0.0, ((50, "put", 50),))
+    log.record(51, 0.0, ((51, "put", 51),))
+    holds.update(lambda since: log.share_after(since, 0.0), 0.1)
+    assert holds.limit is not None  # half of 100 changes after it, before any read
+
+
 def test_a_hold_ends_in_the_newer_quarter_and_not_before() -> None:
     holds = Holds()
-    holds.read(M, 0, 0.6, 0.0)
-    holds.read(M, 1_000, 0.4, 1.0)  # between the marks: still held
+    holds.read(M, 0, 0.0)
+    holds.update(at(0.6), 0.0)  # held, its pace not known yet
+    assert holds.limit is not None and holds.limit[0] == 0.0
+    holds.read(M, 1_000, 1.0)
+    holds.update(at(0.4), 1.0)  # between the marks: still held
+    assert holds.limit is not None and holds.limit[0] == PACE * 1_000
+    holds.update(at(0.3), 2.0)
     assert holds.limit is not None
-    holds.read(M, 2_000, 0.3, 2.0)
-    assert holds.limit is not None
-    holds.read(M, 3_000, 0.2, 3.0)
+    holds.update(at(0.2), 3.0)
     assert holds.limit is None
     assert taken_in(holds, 1.0) == 100_000 * 100  # the intake never waits
-    holds.read(M, 4_000, 0.4, 4.0)  # back up, below the mark: not held again yet
+    holds.update(at(0.4), 4.0)  # back up, below the mark: not held again yet
     assert holds.limit is None
-    holds.read(M, 5_000, 0.5, 5.0)
+    holds.update(at(0.5), 5.0)
     assert holds.limit is not None
 
 
 def test_only_a_maintainer_holds_the_intake_back() -> None:
     holds = Holds()
     for reader in ("client:spark", "storage:2", "super:1"):
-        holds.read(reader, 0, 0.9, 0.0)
-        holds.read(reader, 10, 0.9, 1.0)
+        holds.read(reader, 0, 0.0)
+        holds.read(reader, 10, 1.0)
+    holds.update(at(0.9), 1.0)
     assert holds.limit is None and holds.readers == {}
 
 
 def test_a_hold_lapses_when_its_maintainer_stops_reading_or_starts_over() -> None:
     holds = Holds()
-    holds.read(M, 0, 0.9, 0.0)
-    holds.read(M, 100, 0.9, 1.0)  # 80 positions a second allowed
+    holds.read(M, 0, 0.0)
+    holds.read(M, 100, 1.0)  # 80 positions a second allowed
+    holds.update(at(0.9), 1.0)
     assert 0 < holds.pause(0, 1.0) + holds.pause(1_000, 1.0) <= MAX_PAUSE
     # No read for longer than the lapse: the intake takes what it is given.
     assert holds.pause(100_000, 1.0 + READER_TTL + 0.1) == 0.0
-    holds.read(M, 200, 0.9, 50.0)
-    holds.read(M, 300, 0.9, 51.0)
+    holds.update(at(0.9), 1.0 + READER_TTL + 0.1)
+    assert holds.limit is None and M not in holds.readers
+    holds.read(M, 200, 50.0)
+    holds.read(M, 300, 51.0)
+    holds.update(at(0.9), 51.0)
     assert holds.limit is not None
-    holds.read(M, 300, math.inf, 52.0)  # compacted under: it starts over, holds nothing
+    holds.update(at(math.inf), 52.0)  # compacted under: it starts over, holds nothing
     assert holds.limit is None and M not in holds.readers
 
 
 def test_a_maintainer_that_makes_no_progress_slows_the_intake_without_stopping_it() -> None:
     holds = Holds()
-    holds.read(M, 500, 0.9, 0.0)
-    holds.read(M, 500, 0.9, 1.0)
+    holds.read(M, 500, 0.0)
+    holds.read(M, 500, 1.0)
+    holds.update(at(0.9), 1.0)
     assert holds.limit is not None and holds.limit[0] == 0.0
     taken = taken_in(holds, 10.0)
     assert 10.0 / MAX_PAUSE * 100 <= taken <= (10.0 / MAX_PAUSE + 2) * 100
@@ -112,8 +147,12 @@ def test_a_storage_process_takes_its_maintainers_feed_reads_as_holds_and_no_one_
         assert core.holds.readers == {}
     maintainer = Rig(m)
     maintainer.name = M
-    for core in m.storage.values():
-        core.now = 1.0
-    page(maintainer, start)  # 16 of 20 behind it: a hold, at the replica it asked
-    held = [core.holds for core in m.storage.values() if M in core.holds.readers]
-    assert len(held) == 1 and held[0].readers[M].holding
+    first = page(maintainer, start)
+    read = [core for core in m.storage.values() if M in core.holds.readers]
+    assert len(read) == 1  # the replica it asked
+    core = read[0]
+    assert core.holds.readers[M].resume == first.position and core.holds.limit is None
+    for i in range(11):  # 11 of 20 after where its next read starts: held
+        m.write(("put", ((i, -i),)))
+    m.settle()
+    assert core.holds.limit is not None

@@ -41,6 +41,10 @@ class FakeClient:
     def send_direct_nowait(self, *_: Any) -> None:
         pass
 
+    def durable(self, upto: int) -> None:
+        """The host confirms deliveries up to ``upto`` (the SDK waits for it to)."""
+        self.confirmed = max(getattr(self, "confirmed", -1), upto)
+
 
 async def until(condition: Callable[[], bool], timeout: float = 10) -> None:
     """Waits for a condition rather than a fixed time: under a full test run the loop may
@@ -65,9 +69,10 @@ async def test_the_host_stops_taking_deliveries_while_the_engine_is_behind() -> 
     await until(lambda: h._waiting >= INBOX_HIGH)
     for _ in range(50):
         await asyncio.sleep(0)
-    # It stopped at the mark: the rest stays in the SDK, whose full queue pauses the
-    # routers' connections (E-Cast's flow control then slows the writers).
+    # It stopped at the mark: the rest stays in the SDK, unconfirmed (unstable at the
+    # routers, whose flow control then slows the writers).
     assert h._waiting == INBOX_HIGH and client.taken == INBOX_HIGH
+    assert client.confirmed == INBOX_HIGH - 1  # each delivery is at its index
     got = []
     while len(got) < 5 * INBOX_HIGH:
         batch = await h._batch()
@@ -77,6 +82,7 @@ async def test_the_host_stops_taking_deliveries_while_the_engine_is_behind() -> 
         await asyncio.sleep(0)
         assert h._waiting <= INBOX_HIGH
     assert got == list(range(5 * INBOX_HIGH))  # nothing lost, in order
+    assert client.confirmed == 5 * INBOX_HIGH - 1
     reader.cancel()
 
 
