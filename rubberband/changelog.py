@@ -507,7 +507,13 @@ class ChangeLog:
         return self.held_after(ranges), parts, revised
 
     def adopt(
-        self, ranges: RangeSet, after: Any, entries: list[Any], upto: int, revised: Any = ()
+        self,
+        ranges: RangeSet,
+        after: Any,
+        entries: list[Any],
+        upto: int,
+        revised: Any = (),
+        now: float | None = None,
     ) -> None:
         """A copy's history from its source: our changes of ``ranges`` are complete
         after ``after`` now, not only after the keyspace message that gave them to us.
@@ -518,7 +524,7 @@ class ChangeLog:
         (we applied every later write).  Malformed, it is not taken (the ranges stay
         as they were: a feed from before them is told it was compacted, never given
         a gap).  ``revised``: the source's revisions of the keys in ``ranges`` as of
-        ``upto``; ours after it are the changes we logged since."""
+        ``upto``; ours after it are the changes we logged since (all as of ``now``)."""
         try:
             adopted = [
                 (int(t), tuple((c[0], _kind(c[1]), c[2]) for c in changes))
@@ -533,7 +539,7 @@ class ChangeLog:
         adopted = [e for e in adopted if max(after, self.floor) < e[0] <= upto]
         self._starts = [*self._others(ranges), (ranges, after)]
         live = range(self._head, len(self._t))
-        now = self._at[-1] if live else 0.0
+        now = (self._at[-1] if live else 0.0) if now is None else now
         mine = []
         place = self.place
         for i in live:
@@ -782,18 +788,6 @@ def key_filter(op: Any) -> Any:
     return (lo, hi)
 
 
-__all__ = [
-    "COMPACTED",
-    "ChangeLog",
-    "Changed",
-    "Changes",
-    "Event",
-    "Page",
-    "Revisions",
-    "changes_ranges",
-    "key_filter",
-    "merge",
-    "page",
-    "peek_answer",
-    "revised_op",
-]
+__all__ = ["COMPACTED", "ChangeLog", "Changed", "Changes", "Event", "Page", "Revisions",
+           "changes_ranges", "key_filter", "merge", "page", "peek_answer",
+           "revised_op"]  # fmt: skip

@@ -501,7 +501,7 @@ class StorageHost(_Host):
         for item in items:
             if item[0] == DELIVERIES:
                 if directs:  # in order: a basic read before a keyspace change stays so
-                    fx.extend(core.on_directs(directs))
+                    fx.extend(core.on_directs(directs, now))
                     directs = []
                 run += item[1]
             else:
@@ -512,7 +512,7 @@ class StorageHost(_Host):
         if run:
             fx.extend(core.on_deliveries(run, now))
         if directs:
-            fx.extend(core.on_directs(directs))
+            fx.extend(core.on_directs(directs, now))
         if now - self._figured_at >= FIGURES_EVERY:
             self._figured_at = now
             self.figures = core.figures()

@@ -267,14 +267,17 @@ class StorageCore:
         answer_unsafe(self, msg, frontier, accepted)
         return fx
 
-    def on_direct(self, src: NodeId, msg: Any, now: float = 0.0) -> Effects:
+    def on_direct(self, src: NodeId, msg: Any, now: float | None = None) -> Effects:
         """A peer's pull, chunk, abort or refusal, or a client's basic read."""
-        return self.on_directs(((src, msg),))
+        return self.on_directs(((src, msg),), now)
 
-    def on_directs(self, items: Iterable[tuple[NodeId, Any]], now: float = 0.0) -> Effects:
+    def on_directs(self, items: Iterable[tuple[NodeId, Any]], now: float | None = None) -> Effects:
         """Several direct messages in their order, as :meth:`on_direct` takes each, with
-        one set of effects: basic reads come by the thousand per second."""
+        one set of effects: basic reads come by the thousand per second.  ``now``: the
+        time, if given (a copy's history is logged at it)."""
         fx = self._begin()
+        if now is not None:
+            self.now = now
         for src, msg in items:
             self._direct(src, msg)
         return fx

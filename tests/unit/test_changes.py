@@ -257,6 +257,25 @@ def test_a_malformed_history_is_not_taken_and_the_range_says_compacted() -> None
     assert log.read(1, ranges, 50).startswith("compacted")  # the source's own start
 
 
+def test_a_copys_history_is_kept_for_the_log_age_from_when_it_came() -> None:
+    """A new holder's log, empty, adopts a copy's history as of the time it came: kept
+    as of time 0, every entry of it was older than the age bound at the holder's next
+    write in a daemon (whose clock is the machine's), and a feed over the range was
+    compacted under."""
+    ranges = ((encode_key(100), encode_key(200)),)
+    log = ChangeLog(max_age=600.0)
+    log.gained(ranges, 40)
+    log.adopt(ranges, 2, [[5, [[150, "put", 1]]], [30, [[160, "put", 2]]]], 40, (), 50_000.0)
+    log.record(41, 50_001.0, ((170, "put", 3),))
+    assert log.read(2, ranges, 50) == [
+        [5, [[150, "put", 1]]],
+        [30, [[160, "put", 2]]],
+        [41, [[170, "put", 3]]],
+    ]
+    log.record(42, 50_700.0, ((171, "put", 4),))  # 700 s on: the copy's are too old now
+    assert log.read(2, ranges, 50).startswith("compacted")
+
+
 @pytest.mark.parametrize("planted", [False, True])
 def test_a_copy_into_a_range_already_logged_replaces_its_history_up_to_the_copy(
     planted: bool,

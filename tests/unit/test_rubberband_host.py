@@ -541,9 +541,9 @@ def test_a_steps_adjacent_delivery_batches_reach_the_engine_as_one() -> None:
     order: list[Any] = []
     on_directs = h.core.on_directs
 
-    def directs(items: Any) -> Any:
+    def directs(items: Any, now: float | None = None) -> Any:
         order.append(("direct", len(batches)))
-        return on_directs(items)
+        return on_directs(items, now)
 
     h.core.on_directs = directs  # type: ignore[method-assign]
 
