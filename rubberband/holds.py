@@ -29,8 +29,7 @@ holds no one back after :data:`READER_TTL`.
 
 Sans I/O: :meth:`Holds.read` and :meth:`Holds.update` are called by the storage core
 in its steps, with the step's time; :meth:`Holds.pause` by the host's intake on the
-event loop.  The two share
-one value, :attr:`Holds.limit`, replaced whole.
+event loop.  The two share one value, :attr:`Holds.limit`, replaced whole.
 """
 
 from __future__ import annotations
@@ -43,9 +42,9 @@ from ecast import NodeId
 from rubberband.config import MAINTAINER
 
 HOLD_AT = 0.5
-"""Share of the change log's span behind a maintainer's read at which its holder starts
-holding the writers back: the other half is the margin for a start over that would
-otherwise follow (a start over a full table took about 10 s, docs/benchmarks.md)."""
+"""Share of the change log's span logged after where a maintainer's next read starts at
+which its holder starts holding the writers back: the other half is the margin for the
+maintainer's round under way and for the writes the routers hold already."""
 RELEASE_AT = 0.25
 """Share at which the hold ends: a gap between the two, or the hold would go on and off
 with every read."""

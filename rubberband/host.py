@@ -331,11 +331,10 @@ class StorageHost(_Host):
     async def _on_taken(self, batch: list[Any]) -> None:
         # Confirmed as taken, not as received: what waits in the E-Cast client is
         # unstable at the routers, whose flow control then slows the writers as soon
-        # as this process falls behind, not once the client's queue of 10,000 is full.
-        # A view's feed read waits behind what is queued here, and behind a full queue
-        # an intake held back for the view (below) took the read longer than its
-        # timeout: the view failed and started over.  (A durable engine's deliveries
-        # are confirmed once on disk, after their step.)
+        # as this process falls behind, not once the client's queue of 10,000 is full
+        # (with the intake held for a slowed maintainer, below, its view was compacted
+        # under in two runs of three so: tests/integration/test_view_holds.py).  A
+        # durable engine's deliveries are confirmed once on disk, after their step.
         if not self._durable:
             self.client.durable(batch[-1].t)
         # A maintainer far behind this process's change log holds the intake back
@@ -443,7 +442,7 @@ class StorageHost(_Host):
         # A durable engine has a batch on disk when it returns from it: only then are
         # the batch's deliveries confirmed (the client was connected so), and so an
         # acknowledged write is on disk at every replica.
-        durable = getattr(self.core.engine, "durable", False) is True
+        durable = self._durable
         # An engine whose operations on single keys are short runs a batch of nothing
         # else on the loop: the thread hop cost the storage processes about a fifth of
         # their CPU a write (6,000 writes/s, docs/benchmarks.md); scans and the rest
