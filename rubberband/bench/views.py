@@ -624,7 +624,8 @@ def _writes(a: argparse.Namespace, base: Path) -> dict[int, Any]:
                 before = process_cpu(pids)
                 load = functools.partial(_load, c.d, a.procs, a.clients, a.duration, 0.0, a.keys)
                 connect = functools.partial(_client, c, "lag")
-                r = view_lag.watched(load, connect, c.metrics) if n else load()
+                storage = [f"127.0.0.1:{port}" for port in c.st()["storage"].values()]
+                r = view_lag.watched(load, connect, c.metrics, storage) if n else load()
                 cpu = _cpu_by_role(pids, before, r.pop("cpu_s"))
             # CPU a base write, by role: less at the mercy of the machine's phase than
             # writes/s (a view's cost in it is the same work whatever the peak).

@@ -232,6 +232,9 @@ def test_views_cost_staleness_and_lookups_that_answer_right(tmp_path: Path) -> N
     assert "views_at_end" not in without
     end = one["views_at_end"]["v0"]
     assert end["behind_max"] >= 0 and end["behind"] >= 0 and end["starts"] >= 1, end
+    # And how long the storage processes held the writers back for it (a view kept by
+    # slowing the writers), summed from their /metrics.
+    assert one["writers_held_s"] >= 0 and "writers_held_s" not in without, one
     fresh = out["staleness_index_alone"]
     # The paced load holds its rate: none sent ahead of it, and not far behind.
     assert 200 <= fresh["writes"]["writes_per_s"] <= 300 and fresh["reads"] > 0, fresh
