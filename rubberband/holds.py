@@ -46,8 +46,8 @@ HOLD_AT = 0.5
 which its holder starts holding the writers back: the other half is the margin for the
 maintainer's round under way and for the writes the routers hold already."""
 RELEASE_AT = 0.25
-"""Share at which the hold ends: a gap between the two, or the hold would go on and off
-with every read."""
+"""Share at which the hold ends (half of where it starts, whatever that is set to): a gap
+between the two, or the hold would go on and off with every step."""
 PACE = 0.8
 """The intake's rate while held, relative to the maintainer's: the maintainer gains a
 fifth of its own rate a second."""
@@ -73,7 +73,10 @@ class _Reader:
 class Holds:
     """A storage process's holds on its intake, by the maintainers reading its feed."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold_at: float = HOLD_AT) -> None:
+        """``hold_at``: the share of the log at which to hold (a storage process's
+        ``--view-hold-at``); the hold ends at half of it; 0: never hold."""
+        self.hold_at, self.release_at = hold_at, hold_at * RELEASE_AT / HOLD_AT
         self.readers: dict[NodeId, _Reader] = {}
         self.limit: tuple[float, float] | None = None
         """``(positions a second, until when)`` the intake may take, while a hold lasts
@@ -86,7 +89,7 @@ class Holds:
     def read(self, reader: NodeId, resume: int, now: float) -> None:
         """A feed read of ``reader``'s was answered here at ``now`` with a page that ends
         at position ``resume``, where its next read starts."""
-        if not reader.startswith(MAINTAINER):
+        if not reader.startswith(MAINTAINER) or self.hold_at <= 0:
             return
         r = self.readers.get(reader)
         if r is None:
@@ -112,9 +115,9 @@ class Holds:
             if now - r.at > READER_TTL or share == math.inf:
                 del self.readers[name]  # gone, or starting over from a snapshot
                 continue
-            if share >= HOLD_AT:
+            if share >= self.hold_at:
                 r.holding = True
-            elif share <= RELEASE_AT:
+            elif share <= self.release_at:
                 r.holding = False
             if r.holding:
                 # Its pace unknown yet (its first read here, or its first since a start

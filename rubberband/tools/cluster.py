@@ -42,7 +42,6 @@ from ecast import local
 from ecast.core import mutations
 from rubberband.errors import BadKey
 from rubberband.keys import text_key
-from rubberband.tools.daemons import DURABLE
 from rubberband.tools.restart import (
     KEYSPACE_FILE,
     check_holders,
@@ -51,6 +50,7 @@ from rubberband.tools.restart import (
     restored,
     stopped_storage,
 )
+from rubberband.tools.settings import DURABLE
 
 
 def storage_mutations() -> dict[str, mutations.Mutation]:

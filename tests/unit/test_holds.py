@@ -156,3 +156,24 @@ def test_a_storage_process_takes_its_maintainers_feed_reads_as_holds_and_no_one_
         m.write(("put", ((i, -i),)))
     m.settle()
     assert core.holds.limit is not None
+
+
+def test_the_mark_is_set_per_process_and_zero_never_holds() -> None:
+    """``--view-hold-at``: a storage process may hold later (the release at half the
+    mark), or never, leaving a maintainer that falls behind to be compacted under."""
+    later = Holds(0.8)
+    later.read(M, 0, 0.0)
+    later.read(M, 1_000, 1.0)
+    later.update(at(0.7), 1.0)
+    assert later.limit is None
+    later.update(at(0.8), 1.0)
+    assert later.limit is not None
+    later.update(at(0.45), 2.0)
+    assert later.limit is not None  # above half the mark: still held
+    later.update(at(0.4), 2.0)
+    assert later.limit is None
+    never = Holds(0.0)
+    never.read(M, 0, 0.0)
+    never.read(M, 1_000, 1.0)
+    never.update(at(1.0), 1.0)
+    assert never.limit is None and never.readers == {}
