@@ -513,7 +513,8 @@ class ChangeLog:
         entries: list[Any],
         upto: int,
         revised: Any = (),
-        now: float | None = None,
+        *,
+        now: float,
     ) -> None:
         """A copy's history from its source: our changes of ``ranges`` are complete
         after ``after`` now, not only after the keyspace message that gave them to us.
@@ -524,7 +525,8 @@ class ChangeLog:
         (we applied every later write).  Malformed, it is not taken (the ranges stay
         as they were: a feed from before them is told it was compacted, never given
         a gap).  ``revised``: the source's revisions of the keys in ``ranges`` as of
-        ``upto``; ours after it are the changes we logged since (all as of ``now``)."""
+        ``upto``; ours after it are the changes we logged since.  All are kept as of
+        ``now``, when the copy came: the newest change's time of an empty log was 0."""
         try:
             adopted = [
                 (int(t), tuple((c[0], _kind(c[1]), c[2]) for c in changes))
@@ -539,7 +541,6 @@ class ChangeLog:
         adopted = [e for e in adopted if max(after, self.floor) < e[0] <= upto]
         self._starts = [*self._others(ranges), (ranges, after)]
         live = range(self._head, len(self._t))
-        now = (self._at[-1] if live else 0.0) if now is None else now
         mine = []
         place = self.place
         for i in live:

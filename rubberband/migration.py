@@ -199,7 +199,7 @@ class Migration:
         del self.incoming[tid]
         if rec.after is not None:
             history = [] if mutations.on(HISTORY_DROPPED) else rec.history
-            core.changes.adopt(rec.ranges, rec.after, history, rec.t, rec.revised, core.now)
+            core.changes.adopt(rec.ranges, rec.after, history, rec.t, rec.revised, now=core.now)
         self.aborted = difference(self.aborted, rec.ranges)  # whole again
         core.drain()
         core.instruction_done(rec.version)

@@ -145,6 +145,7 @@ class StorageCore:
         chunk_bytes: int = CHUNK_BYTES,
         changes: ChangeLog | None = None,
         kept: tuple[NodeId, ...] | None = None,
+        holds: Holds | None = None,
     ) -> None:
         """``kept``: the names the data an earlier process left in the engine was
         written under (``--keep-data``; :func:`rubberband.restart.drop_kept`)."""
@@ -193,7 +194,7 @@ class StorageCore:
         self._wholes = self._positions and hasattr(engine, "whole")
         self.changes.place = lambda key: self.engine.placement.ekey(changed_key(key))
         self.now = 0.0
-        self.holds = Holds()
+        self.holds = holds or Holds()
         """The maintainers' holds on this process's intake (the host paces by them)."""
         self.kept = kept
         self.level_next: dict[Any, int] = {}  # (super, round) -> the next slice it takes

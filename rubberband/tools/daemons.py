@@ -203,7 +203,9 @@ def storage_metrics(
     m.add("rubberband_incomplete", 1 if st["incomplete"] else 0, "a copy broke off: needs repair")
     m.add("rubberband_queued", st["queued"], "delivered items waiting for their ranges")
     m.add(
-        "rubberband_reads_held_total", st["reads_held"], "sequential reads that waited for a copy"
+        "rubberband_reads_held_total",
+        st["reads_held"],
+        "sequential reads that waited for a copy into this process",
     )
     m.add("rubberband_transfers", st["transfers_in"], "migrations running", direction="in")
     m.add("rubberband_transfers", st["transfers_out"], "migrations running", direction="out")
@@ -404,8 +406,9 @@ async def run_storage(args: argparse.Namespace) -> int:
     changes = ChangeLog(
         max_changes=args.change_log, max_age=args.change_log_age, max_bytes=args.change_log_bytes
     )
-    core = StorageCore(args.name, engine, changes=changes, kept=kept)
-    core.holds = Holds(args.view_hold_at)
+    core = StorageCore(
+        args.name, engine, changes=changes, kept=kept, holds=Holds(args.view_hold_at)
+    )
     host = StorageHost(client, core)
     recording = asyncio.ensure_future(_record_holder(core, engine, args.name))
     log.info("event=joined name=%s engine=%s", args.name, args.engine)

@@ -248,11 +248,11 @@ def test_a_malformed_history_is_not_taken_and_the_range_says_compacted() -> None
     ):
         log = ChangeLog()
         log.gained(ranges, 40)
-        log.adopt(ranges, 2, bad, 40)  # type: ignore[arg-type]
+        log.adopt(ranges, 2, bad, 40, now=0.0)  # type: ignore[arg-type]
         assert log.read(3, ranges, 50) == "compacted: continue from position 40", bad
     log = ChangeLog()
     log.gained(ranges, 40)
-    log.adopt(ranges, 2, [[5, [[150, "put", 1]]], [30, [[160, "delete", None]]]], 40)
+    log.adopt(ranges, 2, [[5, [[150, "put", 1]]], [30, [[160, "delete", None]]]], 40, now=0.0)
     assert log.read(3, ranges, 50) == [[5, [[150, "put", 1]]], [30, [[160, "delete", None]]]]
     assert log.read(1, ranges, 50).startswith("compacted")  # the source's own start
 
@@ -265,7 +265,7 @@ def test_a_copys_history_is_kept_for_the_log_age_from_when_it_came() -> None:
     ranges = ((encode_key(100), encode_key(200)),)
     log = ChangeLog(max_age=600.0)
     log.gained(ranges, 40)
-    log.adopt(ranges, 2, [[5, [[150, "put", 1]]], [30, [[160, "put", 2]]]], 40, (), 50_000.0)
+    log.adopt(ranges, 2, [[5, [[150, "put", 1]]], [30, [[160, "put", 2]]]], 40, now=50_000.0)
     log.record(41, 50_001.0, ((170, "put", 3),))
     assert log.read(2, ranges, 50) == [
         [5, [[150, "put", 1]]],
@@ -293,7 +293,9 @@ def test_a_copy_into_a_range_already_logged_replaces_its_history_up_to_the_copy(
     log.record(10, 0.0, [(150, "put", [1]), (300, "put", "x")])  # 150: logged incomplete
     log.record(20, 0.0, [(150, "put", [1, 2])])
     log.record(50, 0.0, [(150, "put", [0, 1, 2, 3])])  # after the copy: ours
-    log.adopt(ranges, 2, [[10, [[150, "put", [0, 1]]]], [20, [[150, "put", [0, 1, 2]]]]], 40)
+    log.adopt(
+        ranges, 2, [[10, [[150, "put", [0, 1]]]], [20, [[150, "put", [0, 1, 2]]]]], 40, now=0.0
+    )
     assert log.read(3, ranges, 60) == [
         [10, [[150, "put", [0, 1]]]],
         [20, [[150, "put", [0, 1, 2]]]],
