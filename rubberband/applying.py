@@ -393,8 +393,9 @@ class Apply:
         core.send(m.sender, Answer(rid, covered, found, error, t, True))
         if error is None and type(found) is list:
             # Where the reader's next read starts: the page's cut, or its position.
+            # By the ranges it reads: a maintainer follows a feed for each group of views.
             core.holds.read(m.sender, found[-1][0] if found and found[-1][1] is None else t,
-                            core.now)  # fmt: skip
+                            core.now, repr(m.header.get(H.READS)))  # fmt: skip
 
     def _item(self, m: Message, mine: RangeSet, t: int) -> None:
         core = self.core

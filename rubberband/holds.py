@@ -24,8 +24,11 @@ Only a process named ``maintainer:`` (which it proved, docs/security.md) holds a
 back.  A client's feed (``rb.watch``, a Spark stream) that falls behind is compacted
 under as before: writers waiting for any reader would put every writer at the mercy of
 the slowest consumer, while a view is the cluster's own and is worth nothing unless
-kept.  A maintainer that stops reading (it failed, or starts over from a snapshot)
-holds no one back after :data:`READER_TTL`.
+kept.  A maintainer that stops reading a feed here (it failed, or starts over from a
+snapshot) holds no one back for it after a few of its usual gaps between reads here
+(:data:`LAPSE_GAPS`, between :data:`FIRST_TTL` and :data:`READER_TTL`).  Each feed a
+maintainer follows holds apart: a maintainer keeps one feed for each group of views
+over the same sources, each at its own place.
 
 Sans I/O: :meth:`Holds.read` and :meth:`Holds.update` are called by the storage core
 in its steps, with the step's time; :meth:`Holds.pause` by the host's intake on the
@@ -35,7 +38,7 @@ event loop.  The two share one value, :attr:`Holds.limit`, replaced whole.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass
 
 from ecast import NodeId
@@ -52,9 +55,17 @@ PACE = 0.8
 """The intake's rate while held, relative to the maintainer's: the maintainer gains a
 fifth of its own rate a second."""
 READER_TTL = 30.0
-"""Seconds after a maintainer's last read at this holder that its hold lapses (its reads
-at one holder come every few rounds, since a read goes to one replica of each segment,
-in turns; a round takes seconds when its pages are full)."""
+"""Seconds after a maintainer's last read at this holder that its hold lapses at the
+latest (its reads at one holder come every few rounds, since a read goes to one replica
+of each segment, in turns; a round takes seconds when its pages are full)."""
+LAPSE_GAPS = 4
+"""A feed's hold lapses sooner: after this many of its usual gaps between reads here
+(and :data:`FIRST_TTL` at the soonest).  A maintainer that failed, or started over,
+held every writer for the whole :data:`READER_TTL` at its old pace (the simulator's
+maintainers, crashed or halted, held the final reads past their deadline)."""
+FIRST_TTL = 10.0
+"""Seconds a feed read here only once is remembered (it holds nothing before its pace is
+known), and the least any feed holds after its last read here."""
 MAX_PAUSE = 0.5
 """Seconds the intake waits at most before it looks again (a hold that ends, or lapses,
 is seen within this)."""
@@ -67,17 +78,29 @@ class _Reader:
     at: float
     rate: float | None = None
     """Positions a second its reads moved on (None: not measured yet)."""
+    gap: float | None = None
+    """Seconds between its reads here, smoothed (None: one read so far)."""
     holding: bool = False
+
+    def ttl(self) -> float:
+        """Seconds after its last read here that its hold lapses."""
+        if self.gap is None:
+            return FIRST_TTL
+        return min(READER_TTL, max(FIRST_TTL, LAPSE_GAPS * self.gap))
 
 
 class Holds:
     """A storage process's holds on its intake, by the maintainers reading its feed."""
 
-    def __init__(self, hold_at: float = HOLD_AT) -> None:
+    def __init__(self, hold_at: float = HOLD_AT, also: Collection[NodeId] = ()) -> None:
         """``hold_at``: the share of the log at which to hold (a storage process's
-        ``--view-hold-at``); the hold ends at half of it; 0: never hold."""
+        ``--view-hold-at``); the hold ends at half of it; 0: never hold.  ``also``:
+        processes held for besides the maintainers (the simulator's recorder of the
+        base's history, which its checkers need whole)."""
         self.hold_at, self.release_at = hold_at, hold_at * RELEASE_AT / HOLD_AT
-        self.readers: dict[NodeId, _Reader] = {}
+        self.also = frozenset(also)
+        self.readers: dict[tuple[NodeId, Hashable], _Reader] = {}
+        """By reader and feed (:meth:`read`)."""
         self.limit: tuple[float, float] | None = None
         """``(positions a second, until when)`` the intake may take, while a hold lasts
         (None: none)."""
@@ -86,20 +109,27 @@ class Holds:
         self._upto = -1
         self._due = 0.0
 
-    def read(self, reader: NodeId, resume: int, now: float) -> None:
+    def read(self, reader: NodeId, resume: int, now: float, feed: Hashable = None) -> None:
         """A feed read of ``reader``'s was answered here at ``now`` with a page that ends
-        at position ``resume``, where its next read starts."""
-        if not reader.startswith(MAINTAINER) or self.hold_at <= 0:
+        at position ``resume``, where its next read starts.  ``feed``: which of its
+        feeds (the ranges it reads): a maintainer follows one feed for each group of
+        views over the same sources, each at its own place, and one place for all of
+        them, the last read's, took the one furthest on for the maintainer's (the
+        simulator's maintainers, six views in four groups, compacted under so)."""
+        if self.hold_at <= 0 or not (reader.startswith(MAINTAINER) or reader in self.also):
             return
-        r = self.readers.get(reader)
+        key = (reader, feed)
+        r = self.readers.get(key)
         if r is None:
-            self.readers[reader] = _Reader(resume, now)
+            self.readers[key] = _Reader(resume, now)
             return
         if resume < r.resume:  # it started over: its old rate says nothing
             r.rate = None
         elif now > r.at:
             rate = (resume - r.resume) / (now - r.at)
             r.rate = rate if r.rate is None else (r.rate + rate) / 2
+        gap = now - r.at
+        r.gap = gap if r.gap is None else (r.gap + gap) / 2
         r.resume, r.at = resume, now
 
     def update(self, share_of: Callable[[int], float], now: float) -> None:
@@ -112,19 +142,22 @@ class Holds:
         limit: tuple[float, float] | None = None
         for name, r in list(self.readers.items()):
             share = share_of(r.resume)
-            if now - r.at > READER_TTL or share == math.inf:
+            if now - r.at > r.ttl() or share == math.inf:
                 del self.readers[name]  # gone, or starting over from a snapshot
                 continue
             if share >= self.hold_at:
                 r.holding = True
             elif share <= self.release_at:
                 r.holding = False
-            if r.holding:
+            if r.holding and r.rate is not None:
                 # Its pace unknown yet (its first read here, or its first since a start
-                # over): a batch every MAX_PAUSE until its next read here says it.
-                rate = 0.0 if r.rate is None else PACE * r.rate
+                # over), it holds nothing until its next read here says it: a feed read
+                # here once (a view's start, a replica asked once, ranges that moved
+                # away) held the intake to a batch every MAX_PAUSE and never read here
+                # again (the simulator's writers stood still for 10 s so).
+                rate = PACE * r.rate
                 if limit is None or rate < limit[0]:
-                    limit = (rate, r.at + READER_TTL)
+                    limit = (rate, r.at + r.ttl())
         self.limit = limit
 
     def pause(self, upto: int, now: float) -> float:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 from rubberband.changelog import ChangeLog
-from rubberband.holds import MAX_PAUSE, PACE, READER_TTL, Holds
+from rubberband.holds import FIRST_TTL, MAX_PAUSE, PACE, READER_TTL, Holds
 from tests.rubberband_client_rig import Rig
 from tests.unit.test_changes import logged, page
 
@@ -53,6 +54,7 @@ def test_a_hold_starts_between_reads_as_the_log_fills_behind_a_slow_maintainer()
     last read fills half the log, not at its next read."""
     log = ChangeLog(max_changes=100)
     holds = Holds()
+    holds.read(M, 0, -1.0)
     log.record(1, 0.0, ((1, "put", 1),))
     holds.read(M, 1, 0.0)  # its next read starts after position 1
     for t in range(2, 50):
@@ -68,9 +70,11 @@ def test_a_hold_starts_between_reads_as_the_log_fills_behind_a_slow_maintainer()
 def test_a_hold_ends_in_the_newer_quarter_and_not_before() -> None:
     holds = Holds()
     holds.read(M, 0, 0.0)
-    holds.update(at(0.6), 0.0)  # held, its pace not known yet
-    assert holds.limit is not None and holds.limit[0] == 0.0
+    holds.update(at(0.6), 0.0)  # its pace not known yet: not held before it is
+    assert holds.limit is None
     holds.read(M, 1_000, 1.0)
+    holds.update(at(0.6), 1.0)
+    assert holds.limit is not None and holds.limit[0] == PACE * 1_000
     holds.update(at(0.4), 1.0)  # between the marks: still held
     assert holds.limit is not None and holds.limit[0] == PACE * 1_000
     holds.update(at(0.3), 2.0)
@@ -102,13 +106,13 @@ def test_a_hold_lapses_when_its_maintainer_stops_reading_or_starts_over() -> Non
     # No read for longer than the lapse: the intake takes what it is given.
     assert holds.pause(100_000, 1.0 + READER_TTL + 0.1) == 0.0
     holds.update(at(0.9), 1.0 + READER_TTL + 0.1)
-    assert holds.limit is None and M not in holds.readers
+    assert holds.limit is None and (M, None) not in holds.readers
     holds.read(M, 200, 50.0)
     holds.read(M, 300, 51.0)
     holds.update(at(0.9), 51.0)
     assert holds.limit is not None
     holds.update(at(math.inf), 52.0)  # compacted under: it starts over, holds nothing
-    assert holds.limit is None and M not in holds.readers
+    assert holds.limit is None and (M, None) not in holds.readers
 
 
 def test_a_maintainer_that_makes_no_progress_slows_the_intake_without_stopping_it() -> None:
@@ -148,10 +152,12 @@ def test_a_storage_process_takes_its_maintainers_feed_reads_as_holds_and_no_one_
     maintainer = Rig(m)
     maintainer.name = M
     first = page(maintainer, start)
-    read = [core for core in m.storage.values() if M in core.holds.readers]
+    read = [core for core in m.storage.values() if _of(core.holds, M)]
     assert len(read) == 1  # the replica it asked
     core = read[0]
-    assert core.holds.readers[M].resume == first.position and core.holds.limit is None
+    (r,) = _of(core.holds, M)  # one feed
+    assert r.resume == first.position and core.holds.limit is None
+    r.rate = 1_000.0  # its pace, as its next read would say (the model's steps take no time)
     for i in range(11):  # 11 of 20 after where its next read starts: held
         m.write(("put", ((i, -i),)))
     m.settle()
@@ -177,3 +183,44 @@ def test_the_mark_is_set_per_process_and_zero_never_holds() -> None:
     never.read(M, 1_000, 1.0)
     never.update(at(1.0), 1.0)
     assert never.limit is None and never.readers == {}
+
+
+def test_each_feed_of_a_maintainer_holds_by_its_own_place() -> None:
+    """A maintainer follows one feed per group of views (over other sources), each at
+    its own place: the one far behind holds, though a read of another is further on
+    and came last (one place per maintainer took that one's, and the first was
+    compacted under in the simulator)."""
+    holds = Holds()
+    holds.read(M, 0, 0.0, feed="a")
+    holds.read(M, 1_000, 1.0, feed="a")
+    holds.read(M, 0, 0.0, feed="b")
+    holds.read(M, 9_000, 1.0, feed="b")  # the last read, far ahead of feed a's
+    holds.update(lambda since: 0.6 if since < 5_000 else 0.0, 1.0)
+    assert holds.limit is not None and abs(holds.limit[0] - PACE * 1_000) < 1e-9
+
+
+def test_a_feed_that_stops_being_read_lapses_after_a_few_of_its_gaps() -> None:
+    """A feed read here every 2 s holds for four of its gaps after its last read, but
+    FIRST_TTL at the soonest; every 5 s, four gaps; every 20 s, READER_TTL at most.  One
+    read here once holds nothing (its pace unknown) and is forgotten after FIRST_TTL."""
+    behind = at(0.9)
+    once = Holds()
+    once.read(M, 0, 0.0)
+    once.update(behind, 1.0)
+    assert once.limit is None and once.readers
+    once.update(behind, FIRST_TTL + 0.01)
+    assert not once.readers
+    for gaps, lapses in ((2.0, FIRST_TTL), (5.0, 20.0), (20.0, READER_TTL)):
+        holds = Holds()
+        last = 3 * gaps
+        for i in range(4):
+            holds.read(M, 1_000 * i, i * gaps)
+        holds.update(behind, last + lapses - 0.01)
+        assert holds.limit is not None, gaps
+        holds.update(behind, last + lapses + 0.01)
+        assert holds.limit is None and not holds.readers, gaps
+
+
+def _of(holds: Holds, reader: str) -> list[Any]:
+    """``reader``'s records at ``holds``, one for each feed it reads."""
+    return [r for (who, _feed), r in holds.readers.items() if who == reader]
