@@ -96,6 +96,11 @@ def carry_out(fx: Effects, io: IO) -> None:
 
 T = TypeVar("T")
 
+INTAKE_BATCH = 512
+"""Deliveries a storage process's host takes in at a time: each batch confirmed as taken,
+then paused for as long as the holds say (:mod:`rubberband.holds`); the simulator's
+storage processes take theirs in alike."""
+
 SLOW = 0.02
 """Seconds of CPU a step may take on the loop; more, twice within :data:`REPEAT`, and
 the next ones go to the thread."""

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import msgpack
 
 from ecast import Client, Effects, MessageTooLarge, NodeId, daemon_kit, step_kept
-from rubberband.driver import LoopGate, carry_out
+from rubberband.driver import INTAKE_BATCH, LoopGate, carry_out
 from rubberband.outputs import Submit
 from rubberband.proto import Answer, Answers, BasicRead, Left, Peek, Ping, Whole
 from rubberband.storage import StorageCore, short_batches
@@ -36,7 +36,7 @@ from rubberband.supervision import LeaveDone, Leaving, Reconfigured, Stalled, Vo
 log = logging.getLogger("rubberband")
 T = TypeVar("T")
 
-BATCH = 512
+BATCH = INTAKE_BATCH
 INBOX_HIGH = 4 * BATCH
 """Deliveries waiting for the engine beyond which the host stops taking more from E-Cast:
 what the SDK then holds is unconfirmed (a storage process confirms deliveries as it

@@ -59,6 +59,14 @@ def parser() -> argparse.ArgumentParser:
                     help="with --views: rows leave the views, maintainers drop them")  # fmt: skip
     ap.add_argument("--chunk-bytes", type=int, default=400,
                     help="a migration's chunks: smaller ones make copies last longer")  # fmt: skip
+    ap.add_argument("--change-log", type=int, default=None,
+                    help="changes each storage process keeps (small: the views' maintainers "
+                    "fall behind, and the intakes are held for them)")  # fmt: skip
+    ap.add_argument("--view-hold-at", type=float, default=0.5,
+                    help="share of the change log at which storage processes hold the "
+                    "writers back for a view's maintainer (0: never)")  # fmt: skip
+    ap.add_argument("--intake-batch", type=int, default=512,
+                    help="deliveries a storage process takes in at a time")  # fmt: skip
     ap.add_argument("--mixed-appends", action="store_true",
                     help="some bulky writes append to two keys, mostly refused in one")  # fmt: skip
     ap.add_argument("--json", action="store_true")
@@ -95,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         churn=args.churn,
         mixed_appends=args.mixed_appends,
         chunk_bytes=args.chunk_bytes,
+        change_log=args.change_log,
+        intake_batch=args.intake_batch,
+        view_hold_at=args.view_hold_at,
     )
     if args.mutation:
         import os

@@ -5,11 +5,18 @@ endpoint's upcalls (deliveries, acknowledgements, sheds), direct messages and th
 and carries out the core's effects with :func:`rubberband.driver.carry_out`, as the
 asyncio hosts and the SDK do.  Only the I/O differs: direct messages leave through the
 simulated links, submissions go straight into the endpoint.
+
+A storage process takes its deliveries in as its host does (:mod:`rubberband.host`):
+it confirms them to its routers as it takes them (its endpoint confirms when told they
+are durable), and takes no more while its holds pause the intake for a view's maintainer
+far behind its change log (:mod:`rubberband.holds`); what waits meanwhile stays
+unconfirmed, unstable at the routers, whose flow control slows the writers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ecast import (
@@ -42,7 +49,10 @@ class RbNode:
     def __init__(self, run: RubberbandRun, pid: NodeId, routers: list[NodeId], core: Core) -> None:
         self.run = run
         self.pid = pid
-        self.ep = Endpoint(pid, routers, run.cfg.endpoint, incarnation=1, role_of=run.role_of)
+        params = run.cfg.endpoint
+        if isinstance(core, StorageCore):
+            params = replace(params, confirm_when_durable=True)
+        self.ep = Endpoint(pid, routers, params, incarnation=1, role_of=run.role_of)
         self.core = core
         self.role = pid.split(":")[0]
         self.tokens: dict[Any, Any] = {}
@@ -56,6 +66,11 @@ class RbNode:
         self._fx: Effects = Effects()
         self._now = 0.0
         self._core_wake: float | None = None
+        self.intake: list[Delivery] = []
+        """A storage process's deliveries not taken in yet (held for a view)."""
+        self._held_until = 0.0
+        self.held_pauses = 0
+        """Times its intake paused for a view's maintainer."""
 
     @property
     def storage(self) -> StorageCore | None:
@@ -119,6 +134,8 @@ class RbNode:
         self._begin(now)
         self._endpoint(self.ep.on_tick(now))
         if self.ep.terminated is None:
+            if self.intake:
+                self._take()
             carry_out(self.core.on_tick(now), self)
             if self.on_step is not None:
                 self.on_step(now)
@@ -148,6 +165,8 @@ class RbNode:
     def _end(self) -> Effects:
         fx = self._fx
         fx.wake(self._core_wake)
+        if self.intake:
+            fx.wake(self._held_until)
         if self.next_wake is not None:
             fx.wake(self.next_wake())
         return fx
@@ -204,7 +223,24 @@ class RbNode:
     def _deliver(self, deliveries: list[Delivery]) -> None:
         core = self.core
         if isinstance(core, StorageCore):
-            carry_out(core.on_deliveries(deliveries, self._now), self)
+            self.intake.extend(deliveries)
+            self._take()
         elif isinstance(core, SuperCore):
             carry_out(core.on_deliveries(deliveries, self._now), self)
             self.run.on_super_deliveries(self, deliveries)
+
+    def _take(self) -> None:
+        """A storage process takes in what waits, a batch at a time, each confirmed and
+        then paused for as long as its holds say (the host's ``_on_taken``)."""
+        now = self._now
+        core = self.core
+        assert isinstance(core, StorageCore)
+        size = self.run.cfg.intake_batch
+        while self.intake and now >= self._held_until:
+            batch, self.intake = self.intake[:size], self.intake[size:]
+            carry_out(core.on_deliveries(batch, now), self)
+            self._endpoint(self.ep.durable(batch[-1].t, now))
+            wait = core.holds.pause(batch[-1].t, now)
+            if wait > 0:
+                self.held_pauses += 1
+                self._held_until = now + wait

@@ -39,10 +39,13 @@ from ecast import (
     RouterParams,
 )
 from ecast.core import mutations
+from rubberband.changelog import ChangeLog
 from rubberband.checkers.history import Op as HistoryOp
 from rubberband.checkers.list_append import check
 from rubberband.client import ClientCore
 from rubberband.config import RubberbandConfig
+from rubberband.driver import INTAKE_BATCH
+from rubberband.holds import HOLD_AT, Holds
 from rubberband.outputs import Submit
 from rubberband.sdk import load_ops
 from rubberband.sim.checks import (
@@ -156,6 +159,17 @@ class RbRunConfig(GroupRunConfig):
     applied segment by segment, and every holder of each segment must end alike (the
     replicas' check), through the faults and migrations.  Outside the list-append
     history, as the puts are; off by default, as it changes every schedule's draws."""
+    change_log: int | None = None
+    """Changes each storage process's change log keeps (None: the daemons' default).
+    Small, the views' maintainers fall far behind it, and the storage processes hold
+    their intake back for them (:mod:`rubberband.holds`)."""
+    view_hold_at: float = HOLD_AT
+    """Where storage processes start holding the writers back for a view's maintainer
+    (a share of the change log; 0: never), as their ``--view-hold-at``."""
+    intake_batch: int = INTAKE_BATCH
+    """Deliveries a storage process takes in at a time (its host's), each batch paused
+    after as its holds say: with a small ``change_log``, a small one, as a batch is to
+    the daemons' change logs."""
     mutation: str | None = None
     router: RouterParams = field(default_factory=RouterParams)
     endpoint: EndpointParams = field(default_factory=EndpointParams)
@@ -226,9 +240,12 @@ def _expand_violations(avail: dict[str, Any], target: float) -> list[str]:
     return out
 
 
-def _count_situations(situations: dict[str, int], nodes: list[RbNode]) -> None:
-    """What the processes counted themselves: clients' refused snapshots and retries, and
-    the reconfigurations supers held back for copies in flight."""
+def _count_situations(
+    situations: dict[str, int], nodes: list[RbNode], views: dict[NodeId, ViewProcess]
+) -> None:
+    """What the processes counted themselves: clients' refused snapshots and retries,
+    the reconfigurations supers held back for copies in flight, the storage processes'
+    pauses for holds, and the maintainers' feeds compacted under them."""
     clients = [n.client for n in nodes if n.client]
     supers = [n.super for n in nodes if n.super]
     situations["snapshot_rejected_then_accepted"] += sum(
@@ -236,6 +253,10 @@ def _count_situations(situations: dict[str, int], nodes: list[RbNode]) -> None:
     )
     situations["read_retries"] = sum(c.counts.get("retries", 0) for c in clients)
     situations["plan_waited_for_copies"] = sum(s.reconfigurations.counts["waited"] for s in supers)
+    situations["intake_held"] = sum(n.held_pauses for n in nodes)
+    situations["views_compacted"] = sum(
+        f.compacted for vp in views.values() for group in vp.groups for f in group.figures.values()
+    )
 
 
 class RubberbandRun(Nemesis, EcastGroupRun):
@@ -295,7 +316,17 @@ class RubberbandRun(Nemesis, EcastGroupRun):
         role = pid.split(":")[0]
         core: Any
         if role == "storage":
-            core = StorageCore(pid, load_ops(cfg.engine), chunk_bytes=cfg.chunk_bytes)
+            changes, holds = None, Holds(cfg.view_hold_at)
+            if cfg.change_log:
+                # The feed's follower records the base's history for the checkers: a
+                # client's feed that falls behind a small log is compacted under (by
+                # design), so it holds the writers back as the maintainers do.
+                changes = ChangeLog(max_changes=cfg.change_log)
+                holds = Holds(cfg.view_hold_at, also=(FEED,))
+            core = StorageCore(
+                pid, load_ops(cfg.engine), chunk_bytes=cfg.chunk_bytes, changes=changes,
+                holds=holds,
+            )  # fmt: skip
         elif role == "super":
             core = SuperCore(
                 pid,
@@ -651,7 +682,7 @@ class RubberbandRun(Nemesis, EcastGroupRun):
         for r in self.history:
             if r["type"] in outcomes and r["f"] == "txn":
                 outcomes[r["type"]] += 1
-        _count_situations(self.situations, list(self.procs.values()))
+        _count_situations(self.situations, list(self.procs.values()), self.view_processes)
         scenario = self.cfg.scenario
         if scenario not in (None, "expand") and (outcomes["fail"] or outcomes["info"]):
             violations.append(

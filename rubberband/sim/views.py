@@ -378,6 +378,8 @@ class ViewProcess:
         self.catalog: dict[Any, Any] | None = None
         """The catalog as the reader's last read found it, after healing."""
         self._n = 0
+        self.groups: list[Group] = []
+        """The maintainer's loops, each with its views' figures."""
         node.on_upcall = lambda _node, item, now: [d.upcall(item, now) for d in list(self.driven)]
         node.next_wake = self._next_wake
         node.on_step = self.tick
@@ -444,8 +446,9 @@ class ViewProcess:
                     self.defined = True
                     self._define(now)
                 for views in groups(VIEWS):  # as `rubberband views maintain` groups them
-                    steps = maintain_group_steps(Group(views), POLL, PAGE_ROWS)
-                    self._start(steps, lambda *_: None, now)
+                    group = Group(views)
+                    self.groups.append(group)
+                    self._start(maintain_group_steps(group, POLL, PAGE_ROWS), lambda *_: None, now)
             return
         for d in list(self.driven):
             d.tick(now)

@@ -442,6 +442,7 @@ METRICS = (
     ("dead_rows", "gauge", "rows that left the view, not yet dropped at its replicas"),
     ("starts", "counter", "starts from a snapshot (the first, and each start over)"),
     ("failures", "counter", "steps that failed (a start over follows)"),
+    ("compacted", "counter", "failures that were the feed compacted under the maintainer"),
     ("halted", "gauge", "1: the view stopped at its position (why: /health)"),
     ("page_seconds", "gauge", "seconds between the maintainer's last two feed pages (its round)"),
     ("page_changes", "gauge", "base changes in the maintainer's last feed page"),

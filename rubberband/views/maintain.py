@@ -107,6 +107,10 @@ class Figures:
     starts: int = 0
     """Times it started from a snapshot (the first, and each start over)."""
     failures: int = 0
+    compacted: int = 0
+    """Failures that were its feed compacted under it (counted in ``failures`` too):
+    the base's changes it had yet to read went out of a change log.  Storage processes
+    hold their writers back so that this stays 0 (:mod:`rubberband.holds`)."""
     published_at: float = 0.0
     """When the last progress was written."""
     fresh_as_of: float = 0.0

@@ -126,6 +126,7 @@ def maintain_group_steps(group: Group, poll: float = 0.05, page_rows: int = 0) -
         except Compacted:  # the base's changes went under it: from new snapshots
             for figures in group.figures.values():
                 figures.failures += 1
+                figures.compacted += 1
         except RubberbandError:
             for figures in group.figures.values():
                 figures.failures += 1

@@ -160,10 +160,17 @@ DRIVER_IMPORTS = {
 """What a driver may import of Rubberband: the cores and their upcalls, the driver, the
 typed messages, the errors; the simulator also its own modules, the checkers, the engine
 protocol (it builds engines) and the SDK's ``load_ops``."""
-DRIVER_CONSTANTS = {"BUNDLE_LIMIT"}
+DRIVER_CONSTANTS = {"BUNDLE_LIMIT", "INTAKE_BATCH"}
 """Constants a driver may take from a core: defaults of its own signatures."""
-WIRING = {("rubberband.config", "RubberbandConfig")}
-"""A driver may name the config class it hands the routers (the simulator starts them)."""
+WIRING = {
+    ("rubberband.config", "RubberbandConfig"),
+    ("rubberband.changelog", "ChangeLog"),
+    ("rubberband.holds", "Holds"),
+    ("rubberband.holds", "HOLD_AT"),
+}
+"""A driver may name the config class it hands the routers (the simulator starts them),
+and the parts it builds a storage core with (its change log and holds, sized as a
+daemon's flags size them)."""
 
 
 def driver_problems(path: Path, source: str) -> list[str]:
