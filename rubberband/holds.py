@@ -128,7 +128,7 @@ class Holds:
         if r is None:
             self.readers[key] = _Reader(resume, now)
             return
-        if resume < r.resume:  # it started over: its old rate says nothing
+        if resume < r.resume:  # it started over (or a read asked again was cut sooner)
             r.rate = None
         elif now > r.at:
             rate = (resume - r.resume) / (now - r.at)
@@ -154,12 +154,12 @@ class Holds:
                 r.holding = True
             elif share <= self.release_at:
                 r.holding = False
+            # Its pace unknown yet (its first read here, or its first since a start
+            # over), it holds nothing until its next read here says it: a feed read here
+            # once (a view's start, a replica asked once, ranges that moved away) held
+            # the intake to a batch every MAX_PAUSE and was never read here again (the
+            # simulator's writers stood still for 10 s so).
             if r.holding and r.rate is not None:
-                # Its pace unknown yet (its first read here, or its first since a start
-                # over), it holds nothing until its next read here says it: a feed read
-                # here once (a view's start, a replica asked once, ranges that moved
-                # away) held the intake to a batch every MAX_PAUSE and never read here
-                # again (the simulator's writers stood still for 10 s so).
                 # Overdue here (not back for OVERDUE of its usual gaps), its pace as this
                 # holder last measured it may be long gone: it reads other replicas, or
                 # it slowed, and the log turns over under it at its old pace (a slowed
