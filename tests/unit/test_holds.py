@@ -221,19 +221,21 @@ def test_a_feed_that_stops_being_read_lapses_after_a_few_of_its_gaps() -> None:
         assert holds.limit is None and not holds.readers, gaps
 
 
-def test_a_maintainer_overdue_at_a_holder_is_held_hardest_until_it_reads_there_again() -> None:
+def test_a_maintainer_late_at_a_holder_is_taken_as_slowed_by_as_much() -> None:
     """Its pace as this holder last measured it may be long gone (it slowed since, or
-    reads other replicas): not back for twice its usual gap, the intake lets a batch in
-    every MAX_PAUSE; its next read here says its pace again."""
+    reads other replicas): not back for twice its usual gap, half its pace; for ten
+    times, a tenth; its next read here says its pace again."""
     holds = Holds()
     for i in range(3):
         holds.read(M, 1_000 * i, float(i))  # every second, 1,000 positions a second
-    holds.update(at(0.6), 2.0 + 1.9)
+    holds.update(at(0.6), 2.0 + 1.0)
     assert holds.limit is not None and holds.limit[0] == PACE * 1_000
-    holds.update(at(0.6), 2.0 + 2.1)
-    assert holds.limit is not None and holds.limit[0] == 0.0
-    holds.read(M, 2_300, 5.0)  # back, slower
-    holds.update(at(0.6), 5.0)
+    holds.update(at(0.6), 2.0 + 2.0)
+    assert holds.limit is not None and abs(holds.limit[0] - PACE * 500) < 1e-6
+    holds.update(at(0.6), 2.0 + 10.0)
+    assert holds.limit is not None and abs(holds.limit[0] - PACE * 100) < 1e-6
+    holds.read(M, 2_300, 12.0)  # back, slower: its pace measured again
+    holds.update(at(0.6), 12.0)
     assert holds.limit is not None and 0 < holds.limit[0] < PACE * 1_000
 
 
