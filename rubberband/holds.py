@@ -161,8 +161,8 @@ class Holds:
                 # measured it may be long gone (it slowed, or reads other replicas) and
                 # the log turned over under it at its old pace (a slowed maintainer in
                 # real-daemon runs): taken as slowed by as much as it is late.  (Held to a
-                # batch every MAX_PAUSE once twice as late, a base write's p99 rose from
-                # 128 to 506 ms at the views benchmark's peak.)
+                # batch every MAX_PAUSE once twice as late, a base write's p99 was 506 ms
+                # at the views benchmark's peak, against 300-369 ms so.)
                 usual = max(r.gap or 0.0, MAX_PAUSE)
                 rate = PACE * r.rate * min(1.0, usual / max(now - r.at, 1e-9))
                 if limit is None or rate < limit[0]:
