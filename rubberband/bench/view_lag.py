@@ -34,6 +34,12 @@ def starts(metrics: str) -> dict[str, int]:
     }
 
 
+def storage_metrics(st: dict[str, Any]) -> list[str]:
+    """The ``/metrics`` addresses of a local cluster's storage processes (``st``: its
+    ``cluster.json``)."""
+    return [f"127.0.0.1:{port}" for port in st["storage"].values()]
+
+
 def held(storage: list[str]) -> float:
     """Seconds the storage processes serving ``/metrics`` at ``storage`` held their
     intake back for views' maintainers far behind them (``rubberband.holds``), summed:

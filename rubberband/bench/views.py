@@ -624,7 +624,7 @@ def _writes(a: argparse.Namespace, base: Path) -> dict[int, Any]:
                 before = process_cpu(pids)
                 load = functools.partial(_load, c.d, a.procs, a.clients, a.duration, 0.0, a.keys)
                 connect = functools.partial(_client, c, "lag")
-                storage = [f"127.0.0.1:{port}" for port in c.st()["storage"].values()]
+                storage = view_lag.storage_metrics(c.st())
                 r = view_lag.watched(load, connect, c.metrics, storage) if n else load()
                 cpu = _cpu_by_role(pids, before, r.pop("cpu_s"))
             # CPU a base write, by role: less at the mercy of the machine's phase than

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from rubberband.driver import INTAKE_BATCH
+from rubberband.holds import HOLD_AT
 from rubberband.sim import MUTATIONS, RB_FAULTS, SCENARIOS, RbRunConfig, run_rubberband
 from rubberband.sim.run import unsupported
 
@@ -62,10 +64,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--change-log", type=int, default=None,
                     help="changes each storage process keeps (small: the views' maintainers "
                     "fall behind, and the intakes are held for them)")  # fmt: skip
-    ap.add_argument("--view-hold-at", type=float, default=0.5,
+    ap.add_argument("--view-hold-at", type=float, default=HOLD_AT,
                     help="share of the change log at which storage processes hold the "
                     "writers back for a view's maintainer (0: never)")  # fmt: skip
-    ap.add_argument("--intake-batch", type=int, default=512,
+    ap.add_argument("--intake-batch", type=int, default=INTAKE_BATCH,
                     help="deliveries a storage process takes in at a time")  # fmt: skip
     ap.add_argument("--mixed-appends", action="store_true",
                     help="some bulky writes append to two keys, mostly refused in one")  # fmt: skip

@@ -316,13 +316,12 @@ class RubberbandRun(Nemesis, EcastGroupRun):
         role = pid.split(":")[0]
         core: Any
         if role == "storage":
-            changes, holds = None, Holds(cfg.view_hold_at)
-            if cfg.change_log:
-                # The feed's follower records the base's history for the checkers: a
-                # client's feed that falls behind a small log is compacted under (by
-                # design), so it holds the writers back as the maintainers do.
-                changes = ChangeLog(max_changes=cfg.change_log)
-                holds = Holds(cfg.view_hold_at, also=(FEED,))
+            # With a small log, the feed's follower, which records the base's history for
+            # the checkers, holds the writers back as the maintainers do: a client's feed
+            # that falls behind is compacted under (by design).
+            small = bool(cfg.change_log)
+            changes = ChangeLog(max_changes=cfg.change_log) if small else None
+            holds = Holds(cfg.view_hold_at, also=(FEED,) if small else ())
             core = StorageCore(
                 pid, load_ops(cfg.engine), chunk_bytes=cfg.chunk_bytes, changes=changes,
                 holds=holds,

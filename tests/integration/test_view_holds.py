@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from ecast import local
-from rubberband.bench.view_lag import held
+from rubberband.bench.view_lag import held, storage_metrics
 from rubberband.checkers.views import ViewRead, check_view_reads
 from rubberband.errors import Indeterminate
 from rubberband.views import view_def
@@ -43,8 +43,7 @@ VIEW = view_def("by_g", "index", (0, KEYS), on="g", columns=["n"])
 
 def _held_seconds(d: Path) -> float:
     """Seconds the storage processes' intakes waited for holds, summed."""
-    ports = json.loads((d / "cluster.json").read_text())["storage"].values()
-    return held([f"127.0.0.1:{port}" for port in ports])
+    return held(storage_metrics(json.loads((d / "cluster.json").read_text())))
 
 
 def _slowed(pid: int, done: threading.Event) -> None:
