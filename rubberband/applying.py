@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Any
 from ecast import Message
 from ecast.core import mutations
 from rubberband.bundles import cut, read_items, unbundle, write_items
-from rubberband.changelog import feed_answer, revised_op
+from rubberband.changelog import FROM_NOW, feed_answer, revised_op
 from rubberband.config import MAINTAINER
 from rubberband.engine import BadOperation
+from rubberband.holds import feed_key
 from rubberband.keys import NOTHING, RangeSet, covers, difference, is_range_set
-from rubberband.proto import Answer, Answers, H, Whole, written
+from rubberband.proto import Answer, Answers, FeedRead, H, Whole, written
 from rubberband.versions import (
     CATALOG_KEYS,
     MAINTAINED_KEYS,
@@ -392,10 +393,19 @@ class Apply:
         )
         core.send(m.sender, Answer(rid, covered, found, error, t, True))
         if error is None and type(found) is list:
-            # Where the reader's next read starts: the page's cut, or its position.
-            # By the ranges it reads: a maintainer follows a feed for each group of views.
-            core.holds.read(m.sender, found[-1][0] if found and found[-1][1] is None else t,
-                            core.now, repr(m.header.get(H.READS)))  # fmt: skip
+            # Where the read started (it may be asked again from there) and where the
+            # next starts (the page's cut, or the read's position); by the ranges it
+            # reads: a maintainer follows a feed for each group of views.
+            since = m.header[H.SINCE]  # an int: feed_answer checked
+            since = t if since == FROM_NOW else since
+            resume = found[-1][0] if found and found[-1][1] is None else t
+            feed = feed_key(m.header.get(H.READS))
+            if core.holds.read(m.sender, resume, core.now, feed, t, since) and core.keyspace:
+                # The other holders of what it read hear of it too: the next read of
+                # these ranges may go to any of them, and one never asked could not hold.
+                note = FeedRead(m.sender, feed, t, since, resume)
+                for peer in sorted(core.keyspace.overlapping(mine) - {core.me}):
+                    core.send(peer, note)
 
     def _item(self, m: Message, mine: RangeSet, t: int) -> None:
         core = self.core

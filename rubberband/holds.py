@@ -8,17 +8,20 @@ a full table started six times in 100 s at the views benchmark's peak
 (docs/benchmarks.md), a view never kept for as long as the load lasted.
 
 So a storage process holds its intake back while the changes it logged after where a
-maintainer's next read starts (the end of the last page it gave that maintainer) fill
-the older half of what the log keeps (:data:`HOLD_AT`), judged after every step: it
-takes deliveries no faster, in positions of the total order a second, than
-:data:`PACE` times the rate at which that maintainer's reads move on, until they fill
-no more than a quarter (:data:`RELEASE_AT`).  A maintainer's reads go to the replicas
-of a segment in turns, so each replica holds by the page it gave last, a few rounds
-old at worst, which holds more, not less.  The deliveries it does not take wait in its
-E-Cast client unconfirmed (:mod:`rubberband.host`), unstable at the routers, and
-E-Cast's flow control slows the writers down, the path by which an engine that falls
-behind slows them.  The intake is slowed, never stopped: the maintainer's own feed
-reads and row writes come in through it, in the total order.
+maintainer's last feed read started fill the older half of what the log keeps
+(:data:`HOLD_AT`), judged after every step: it takes deliveries no faster, in positions
+of the total order a second, than :data:`PACE` times the rate at which that maintainer's
+reads move on, until those after where its next read starts fill no more than a quarter
+(:data:`RELEASE_AT`; :meth:`Holds.update` says why two places). A maintainer's reads go
+to one replica of each segment, in turns; the replica that answers tells the other
+holders of what it answered (:class:`~rubberband.proto.FeedRead`), so every holder knows
+every read of a feed and holds by the latest (a replica that was never asked, or a new
+holder after a migration, held no one back and turned its log over under the maintainer
+at its first read there). The deliveries it does not take wait in its E-Cast client
+unconfirmed (:mod:`rubberband.host`), unstable at the routers, and E-Cast's flow control
+slows the writers down, the path by which an engine that falls behind slows them. The
+intake is slowed, never stopped: the maintainer's own feed reads and row writes come in
+through it, in the total order.
 
 Only a process named ``maintainer:`` (which it proved, docs/security.md) holds anyone
 back.  A client's feed (``rb.watch``, a Spark stream) that falls behind is compacted
@@ -28,9 +31,8 @@ kept.  A maintainer that stops reading a feed here (it failed, or starts over fr
 snapshot) holds no one back for it after a few of its usual gaps between reads here
 (:data:`LAPSE_GAPS`, between :data:`FIRST_TTL` and :data:`READER_TTL`).  Each feed a
 maintainer follows holds apart: a maintainer keeps one feed for each group of views
-over the same sources, each at its own place.  A holder knows a maintainer's pace
-only from the reads it answered; one late there (past its usual gap) is taken as
-slowed by as much as it is late, until it reads there again.
+over the same sources, each at its own place.  A maintainer late (past its usual gap
+between reads) is taken as slowed by as much as it is late, until it reads again.
 
 Sans I/O: :meth:`Holds.read` and :meth:`Holds.update` are called by the storage core
 in its steps, with the step's time; :meth:`Holds.pause` by the host's intake on the
@@ -39,6 +41,7 @@ event loop.  The two share one value, :attr:`Holds.limit`, replaced whole.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass
@@ -47,7 +50,7 @@ from ecast import NodeId
 from rubberband.config import MAINTAINER
 
 HOLD_AT = 0.5
-"""Share of the change log's span logged after where a maintainer's next read starts at
+"""Share of the change log's span logged after where a maintainer's last read started at
 which its holder starts holding the writers back: the other half is the margin for the
 maintainer's round under way and for the writes the routers hold already."""
 RELEASE_AT = 0.25
@@ -73,16 +76,33 @@ MAX_PAUSE = 0.5
 is seen within this)."""
 
 
+MAX_READERS = 4096
+"""Feeds a storage process holds for at most: news of more (a storage peer may tell of
+any maintainer's reads, :class:`~rubberband.proto.FeedRead`) is not kept."""
+FEED_KEY = 16
+"""Characters of a feed's key (:func:`feed_key`)."""
+
+
+def feed_key(ranges: object) -> str:
+    """The key a feed is held by: a digest of the ranges it reads (up to thousands of
+    ranges, too long to send to the other holders with every read's news)."""
+    return hashlib.blake2b(repr(ranges).encode(), digest_size=FEED_KEY // 2).hexdigest()
+
+
 @dataclass(slots=True)
 class _Reader:
+    since: int
+    """Where its last read started: it may ask again from there (:meth:`Holds.read`)."""
     resume: int
-    """Where its next read starts: the end of the last page this process gave it."""
+    """Where its next read starts: the earliest end of that read's pages."""
     at: float
     rate: float | None = None
     """Positions a second its reads moved on (None: not measured yet)."""
     gap: float | None = None
     """Seconds between its reads here, smoothed (None: one read so far)."""
     holding: bool = False
+    read_at: int | None = None
+    """The position of that read in the total order (None: not said)."""
 
     def ttl(self) -> float:
         """Seconds after its last read here that its hold lapses."""
@@ -111,51 +131,87 @@ class Holds:
         self._upto = -1
         self._due = 0.0
 
-    def read(self, reader: NodeId, resume: int, now: float, feed: Hashable = None) -> None:
-        """A feed read of ``reader``'s was answered here at ``now`` with a page that ends
-        at position ``resume``, where its next read starts.  ``feed``: which of its
-        feeds (the ranges it reads): a maintainer follows one feed for each group of
-        views over the same sources, each at its own place, and one place for all of
-        them, the last read's, took the one furthest on for the maintainer's (the
-        simulator's maintainers, six views in four groups, compacted under so)."""
+    def read(
+        self,
+        reader: NodeId,
+        resume: int,
+        now: float,
+        feed: Hashable = None,
+        read_at: int | None = None,
+        since: int | None = None,
+    ) -> bool:
+        """A feed read of ``reader``'s from position ``since`` (``resume`` if not said) was
+        answered at ``now`` with a page that ends at ``resume``, where its next read
+        starts; whether it is one held for (a maintainer's, or one of ``also``).
+        ``feed``: which of its feeds (the ranges it reads): a maintainer follows one
+        feed for each group of views over the same sources, each at its own place, and
+        one place for all of them, the last read's, took the one furthest on for the
+        maintainer's (the simulator's maintainers, six views in four groups, compacted
+        under so). ``read_at``: the read's position in the total order; each holder of
+        what it read hears of it (:class:`~rubberband.proto.FeedRead`), and counts it
+        once, at the earliest end any holder's page had; news of an older read changes
+        nothing."""
         if self.hold_at <= 0 or not (reader.startswith(MAINTAINER) or reader in self.also):
-            return
+            return False
+        if since is None:
+            since = resume
         key = (reader, feed)
         r = self.readers.get(key)
         if r is None:
-            self.readers[key] = _Reader(resume, now)
-            return
-        if resume < r.resume:  # it started over (or a read asked again was cut sooner)
+            if len(self.readers) >= MAX_READERS:
+                return False
+            self.readers[key] = _Reader(since, resume, now, read_at=read_at)
+            return True
+        if read_at is not None and r.read_at is not None and read_at <= r.read_at:
+            if read_at == r.read_at:
+                r.resume = min(r.resume, resume)  # another holder's page, cut sooner
+            return True
+        if resume < r.resume:  # it started over (or asks again, from further back)
             r.rate = None
         elif now > r.at:
             rate = (resume - r.resume) / (now - r.at)
             r.rate = rate if r.rate is None else (r.rate + rate) / 2
         gap = now - r.at
         r.gap = gap if r.gap is None else (r.gap + gap) / 2
-        r.resume, r.at = resume, now
+        r.since, r.resume, r.at, r.read_at = since, resume, now, read_at
+        return True
+
+    def forget(self, reader: NodeId) -> None:
+        """``reader`` was declared faulty (its lease ran out): it reads no more, and its
+        holds end now rather than a few of its gaps later (a crashed maintainer held
+        the simulator's final reads past their deadline)."""
+        for key in [k for k in self.readers if k[0] == reader]:
+            del self.readers[key]
 
     def update(self, share_of: Callable[[int], float], now: float) -> None:
         """After each step (its writes logged, its reads answered): hold the intake, or
-        let it go, by the share of the log's span that now lies after where each
-        maintainer's next read starts (``share_of``: inf where it was compacted under).
-        After every step, not only at a maintainer's reads: a slow maintainer's round
-        took seconds, and an intake that ran free until its next read turned the
-        whole log over before it."""
+        let it go, by the share of the log's span that now lies after each maintainer's
+        place (``share_of``: inf where it was compacted under).  After every step, not
+        only at a maintainer's reads: a slow maintainer's round took seconds, and an
+        intake that ran free until its next read turned the whole log over before it.
+
+        A hold starts by where the last read started: an answer of another holder may be
+        lost, and the reader then asks again from there (the simulator's feed follower,
+        held for by its pages' end, was compacted under so).  It ends by where the next
+        read starts: held until the next read moved the start on, the maintainer's reads,
+        which come in through the held intake too, came too slowly to move it, and the
+        hold never ended (the simulator's final reads stood still behind it)."""
         limit: tuple[float, float] | None = None
         for name, r in list(self.readers.items()):
-            share = share_of(r.resume)
+            share = share_of(r.since)
             if now - r.at > r.ttl() or share == math.inf:
                 del self.readers[name]  # gone, or starting over from a snapshot
                 continue
             if share >= self.hold_at:
                 r.holding = True
-            elif share <= self.release_at:
+            elif share_of(r.resume) <= self.release_at:
                 r.holding = False
-            # Its pace unknown yet (its first read here, or its first since a start
-            # over), it holds nothing until its next read here says it: a feed read here
-            # once (a view's start, a replica asked once, ranges that moved away) held
-            # the intake to a batch every MAX_PAUSE and was never read here again (the
-            # simulator's writers stood still for 10 s so).
+            # Its pace unknown yet (its first read, or its first since a start over),
+            # it holds nothing until its next read says it: a feed read once (a view's
+            # start, a maintainer that failed) held the intake to a batch every
+            # MAX_PAUSE for as long as it was remembered (the simulator's writers stood
+            # still for 10 s so; held so for a second after it, one run got 14 writes
+            # done).
             if r.holding and r.rate is not None:
                 # Not back for longer than its usual gap, its pace as this holder last
                 # measured it may be long gone (it slowed, or reads other replicas) and

@@ -270,6 +270,24 @@ class Levelled:
     position: int
 
 
+# ------------------------------------------------------------------ storage <-> storage
+@dataclass(frozen=True, slots=True)
+class FeedRead:
+    """storage -> storage: a feed read of ``reader``'s from position ``since``
+    (delivered at position ``read_at``, reading the ranges whose key is ``feed``:
+    :func:`rubberband.holds.feed_key`) was answered here with a page that ends at
+    ``resume``.  Sent to the other holders of
+    what was answered: a read goes to one replica of each segment, and a replica that
+    never answers a maintainer could not hold the writers back for it
+    (``rubberband.holds``)."""
+
+    reader: NodeId
+    feed: str
+    read_at: int
+    since: int
+    resume: int
+
+
 MESSAGES: tuple[type, ...] = (
     Answer,
     Answers,
@@ -293,6 +311,7 @@ MESSAGES: tuple[type, ...] = (
     LevelApply,
     Levelled,
     Peek,
+    FeedRead,
 )
 """Every direct message, in the order of their wire codes (64 on)."""
 FIRST_CODE = 64

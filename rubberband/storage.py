@@ -39,7 +39,7 @@ from rubberband.bundles import Segments, unpacked
 from rubberband.changelog import ChangeLog, peek_answer, revised_op
 from rubberband.config import CLIENTS, STORAGE, SUPER
 from rubberband.engine import BadOperation, Engine, Placement, changed_key
-from rubberband.holds import Holds
+from rubberband.holds import FEED_KEY, Holds
 from rubberband.keys import (
     AFTER_TAIL,
     NOTHING,
@@ -64,6 +64,7 @@ from rubberband.proto import (
     Answer,
     BasicRead,
     Chunk,
+    FeedRead,
     H,
     History,
     LevelApply,
@@ -290,7 +291,7 @@ class StorageCore:
         mig = self.migration
         if t is BasicRead:
             self.senders.add(src)
-            self._basic(src, msg)
+            _basic(self, src, msg)
         elif t is Peek:
             self.senders.add(src)
             mine = basic_cover(self, src, msg) if is_range_set(msg.ranges) else None
@@ -307,6 +308,9 @@ class StorageCore:
             mig.on_refuse(src, msg)
         elif t is History:
             mig.on_history(src, msg)
+        elif t is FeedRead and src.startswith(STORAGE) and len(msg.feed) == FEED_KEY:
+            # A replica beside this one answered a maintainer's feed read.
+            self.holds.read(msg.reader, msg.resume, self.now, msg.feed, msg.read_at, msg.since)
         elif (t is LevelAsk or t is LevelApply) and src.startswith(SUPER):
             answer_level(self, src, msg)  # a whole-cluster restart, before the restore
 
@@ -407,19 +411,6 @@ class StorageCore:
 
     def _pieces(self, mine: RangeSet) -> list[RangeSet]:
         return self._segments.pieces(mine, self.keyspace, self.owned)
-
-    def _basic(self, src: NodeId, msg: BasicRead) -> None:
-        """A basic read (4.5.2): straight from the client, answered from the current state
-        if the client routed it by this process's keyspace version; only the ranges held
-        in full are answered (``covered``), the client asks another replica for the rest."""
-        if not is_range_set(msg.ranges):
-            return
-        if mutations.on(SKIP_VERSION_CHECK):
-            self._answer(src, msg.request, msg.op, msg.ranges, self.version)
-            return
-        mine = basic_cover(self, src, msg)
-        if mine is not None:
-            self._answer(src, msg.request, msg.op, mine, self.version)
 
     # ================================================================== the queue
     def _blocked(self, ranges: RangeSet, t: int) -> bool:
@@ -604,6 +595,7 @@ class StorageCore:
     def _gone(self, gone: NodeId) -> None:
         """``gone`` was voted out, or parted: every transfer with it is void."""
         self.suspected.add(gone)
+        self.holds.forget(gone)
         self.migration.suspected(gone)
         # Writes waiting for an aborted range run now: the range is broken (no reads come
         # here any more) but later transfers and deletes must not wait for ever.
@@ -627,6 +619,20 @@ class StorageCore:
 
     def status(self) -> dict[str, Any]:
         return status_of(self)
+
+
+def _basic(core: StorageCore, src: NodeId, msg: BasicRead) -> None:
+    """A basic read (4.5.2): straight from the client, answered from the current state if
+    the client routed it by this process's keyspace version; only the ranges held in full
+    are answered (``covered``), the client asks another replica for the rest."""
+    if not is_range_set(msg.ranges):
+        return
+    if mutations.on(SKIP_VERSION_CHECK):
+        core._answer(src, msg.request, msg.op, msg.ranges, core.version)
+        return
+    mine = basic_cover(core, src, msg)
+    if mine is not None:
+        core._answer(src, msg.request, msg.op, mine, core.version)
 
 
 def _hold(core: StorageCore) -> None:

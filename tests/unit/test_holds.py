@@ -142,7 +142,7 @@ def test_the_share_of_the_log_behind_a_position_by_count_and_by_age() -> None:
 
 
 def test_a_storage_process_takes_its_maintainers_feed_reads_as_holds_and_no_one_elses() -> None:
-    m, rig, start = logged(1, max_changes=20)
+    m, rig, start = logged(3, max_changes=20)
     for i in range(16):
         m.write(("put", ((i, i),)))
     m.settle()
@@ -152,16 +152,64 @@ def test_a_storage_process_takes_its_maintainers_feed_reads_as_holds_and_no_one_
     maintainer = Rig(m)
     maintainer.name = M
     first = page(maintainer, start)
-    read = [core for core in m.storage.values() if _of(core.holds, M)]
-    assert len(read) == 1  # the replica it asked
-    core = read[0]
-    (r,) = _of(core.holds, M)  # one feed
-    assert r.resume == first.position and core.holds.limit is None
-    r.rate = 1_000.0  # its pace, as its next read would say (the model's steps take no time)
-    for i in range(11):  # 11 of 20 after where its next read starts: held
+    second = page(maintainer, first.position)
+    # One replica answered each read; the others heard of it from that one (FeedRead)
+    # and keep it alike: the next read of these ranges may go to any of them.  Each is
+    # held by where the last read started: a part of it lost is asked again from there.
+    places = {
+        tuple((r.since, r.read_at) for r in _of(core.holds, M)) for core in m.storage.values()
+    }
+    assert len(m.storage) == 3 and len(places) == 1, places
+    ((since, read_at),) = places.pop()
+    assert since == first.position and read_at == second.position
+    for core in m.storage.values():
+        assert core.holds.limit is None
+        (r,) = _of(core.holds, M)  # one feed
+        r.rate = 1_000.0  # its pace, as its reads would say (the model's steps take no time)
+    for i in range(11):  # 11 of 20 after where its last read started: held
         m.write(("put", ((i, -i),)))
     m.settle()
-    assert core.holds.limit is not None
+    assert all(core.holds.limit is not None for core in m.storage.values())
+
+
+def test_a_replica_never_asked_learns_a_maintainers_pace_from_the_replica_that_answered() -> None:
+    """A maintainer's reads go to one replica of each segment; a replica it never read
+    from kept no hold for it and turned its log over under it (the simulator's feed
+    follower, compacted at its first read of a replica).  Each read's news reaches
+    every holder of what it read, and counts once there however many tell it."""
+    holds = Holds()
+    assert holds.read(M, 100, 0.0, "f", read_at=150, since=50)  # a neighbour's answer
+    assert holds.read(M, 90, 0.1, "f", read_at=150, since=50)  # another's page, cut sooner
+    assert holds.read(M, 120, 0.2, "f", read_at=140, since=40)  # an older read, come late
+    (r,) = _of(holds, M)
+    assert (r.since, r.resume, r.at, r.gap, r.rate) == (50, 90, 0.0, None, None)
+    assert not holds.read("client:c", 0, 0.0, "f", read_at=150)  # held for no client
+    holds.read(M, 1_090, 1.0, "f", read_at=1_200, since=90)  # 1,000 positions in a second
+    assert (r.since, r.resume, r.read_at, r.rate) == (90, 1_090, 1_200, 1_000.0)
+    holds.update(at(0.6), 1.0)
+    assert holds.limit is not None and abs(holds.limit[0] - PACE * 1_000) < 1e-9
+
+
+def test_a_hold_starts_where_the_last_read_started_and_ends_where_the_next_starts() -> None:
+    """A part of a read answered elsewhere may be lost and asked again from where the
+    read started, so the hold starts by that place (the simulator's feed follower,
+    held for by its pages' end, was compacted under before its read came again); it
+    ends by where the next read starts, or a maintainer whose reads come in through the
+    held intake never moved its start on fast enough to end it (the simulator's final
+    reads stood still behind such a hold)."""
+    holds = Holds()
+    holds.read(M, 1_000, 0.0, since=0, read_at=1_000)
+    holds.read(M, 2_000, 1.0, since=1_000, read_at=2_000)
+
+    def shares(started: float, next_starts: float) -> Callable[[int], float]:
+        return lambda since: started if since == 1_000 else next_starts
+
+    holds.update(shares(0.55, 0.1), 1.0)  # the page's end far from the log's floor
+    assert holds.limit is not None and abs(holds.limit[0] - PACE * 1_000) < 1e-9
+    holds.update(shares(0.45, 0.3), 1.0)
+    assert holds.limit is not None  # held until where the next read starts is released
+    holds.update(shares(0.45, 0.25), 1.0)
+    assert holds.limit is None
 
 
 def test_the_mark_is_set_per_process_and_zero_never_holds() -> None:
@@ -242,3 +290,38 @@ def test_a_maintainer_late_at_a_holder_is_taken_as_slowed_by_as_much() -> None:
 def _of(holds: Holds, reader: str) -> list[Any]:
     """``reader``'s records at ``holds``, one for each feed it reads."""
     return [r for (who, _feed), r in holds.readers.items() if who == reader]
+
+
+def test_news_of_reads_is_taken_from_storage_processes_only_and_bounded() -> None:
+    """Any peer may send a :class:`FeedRead`: only a storage process's news is taken (a
+    client cannot make the writers wait), its feed a key's length, and a process keeps
+    at most ``MAX_READERS`` feeds however many it hears of."""
+    from rubberband.holds import FEED_KEY, MAX_READERS, feed_key
+    from rubberband.proto import FeedRead
+    from tests.rubberband_model import Model
+
+    core = next(iter(Model(f=3).ring_of(1).storage.values()))
+    feed = feed_key(((b"a", b"b"),))
+    assert len(feed) == FEED_KEY
+    core.on_direct("client:c", FeedRead(M, feed, 5, 5, 5))
+    core.on_direct("storage:9", FeedRead(M, feed + "x", 5, 5, 5))
+    assert core.holds.readers == {}
+    core.on_direct("storage:9", FeedRead(M, feed, 5, 4, 5))
+    assert list(core.holds.readers) == [(M, feed)]
+    holds = Holds()
+    for i in range(MAX_READERS + 10):
+        holds.read(f"{M}{i}", 0, 0.0, feed, read_at=1)
+    assert len(holds.readers) == MAX_READERS
+
+
+def test_a_maintainer_declared_faulty_holds_no_one_back_from_then_on() -> None:
+    """Its lease ran out and the routers suspected it: it reads no more, and its holds
+    end at once rather than a few of its gaps later; another maintainer's stay."""
+    holds = Holds()
+    other = "maintainer:n"
+    for who in (M, other):
+        holds.read(who, 0, 0.0, feed="a")
+        holds.read(who, 1_000, 1.0, feed="a")
+    holds.read(M, 0, 0.0, feed="b")
+    holds.forget(M)
+    assert list(holds.readers) == [(other, "a")]
