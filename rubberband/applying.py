@@ -404,7 +404,8 @@ class Apply:
                 # The other holders of what it read hear of it too: the next read of
                 # these ranges may go to any of them, and one never asked could not hold.
                 note = FeedRead(m.sender, feed, t, since, resume)
-                for peer in sorted(core.keyspace.overlapping(mine) - {core.me}):
+                peers = core.keyspace.overlapping(mine) - core.suspected - {core.me}
+                for peer in sorted(peers):
                     core.send(peer, note)
 
     def _item(self, m: Message, mine: RangeSet, t: int) -> None:
