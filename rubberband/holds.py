@@ -178,8 +178,8 @@ class Holds:
 
     def forget(self, reader: NodeId) -> None:
         """``reader`` was declared faulty (its lease ran out): it reads no more, and its
-        holds end now rather than a few of its gaps later (a crashed maintainer held
-        the simulator's final reads past their deadline)."""
+        holds end now rather than a few of its gaps between reads (10 s at the soonest)
+        later."""
         for key in [k for k in self.readers if k[0] == reader]:
             del self.readers[key]
 

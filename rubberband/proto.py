@@ -276,10 +276,9 @@ class FeedRead:
     """storage -> storage: a feed read of ``reader``'s from position ``since``
     (delivered at position ``read_at``, reading the ranges whose key is ``feed``:
     :func:`rubberband.holds.feed_key`) was answered here with a page that ends at
-    ``resume``.  Sent to the other holders of
-    what was answered: a read goes to one replica of each segment, and a replica that
-    never answers a maintainer could not hold the writers back for it
-    (``rubberband.holds``)."""
+    ``resume``.  Sent to the other holders of what was answered: a read goes to one
+    replica of each segment, and a replica that never answers a maintainer could not
+    hold the writers back for it (``rubberband.holds``)."""
 
     reader: NodeId
     feed: str

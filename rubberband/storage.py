@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ecast import JOIN, KIND, PART, SUSPECT, Delivery, Direct, Effects, Message, NodeId
+from ecast import JOIN, KIND, PART, ROUTERS, SUSPECT, Delivery, Direct, Effects, Message, NodeId
 from ecast.core import mutations
 from rubberband.applying import Apply, answer_bundle, not_a_read
 from rubberband.bundles import Segments, unpacked
@@ -374,6 +374,8 @@ class StorageCore:
                     self._keyspace(t, msg)
                 elif kind == SUSPECT and msg.sender.startswith(SUPER):
                     self._suspected(h.get("who"))
+                elif kind == SUSPECT and msg.sender == ROUTERS:
+                    _leases_out(self, h.get("who"))
                 elif kind == PART and msg.sender != self.me and msg.sender.startswith(STORAGE):
                     self._gone(msg.sender)
             if self.stopped is not None:
@@ -595,7 +597,6 @@ class StorageCore:
     def _gone(self, gone: NodeId) -> None:
         """``gone`` was voted out, or parted: every transfer with it is void."""
         self.suspected.add(gone)
-        self.holds.forget(gone)
         self.migration.suspected(gone)
         # Writes waiting for an aborted range run now: the range is broken (no reads come
         # here any more) but later transfers and deletes must not wait for ever.
@@ -633,6 +634,15 @@ def _basic(core: StorageCore, src: NodeId, msg: BasicRead) -> None:
     mine = basic_cover(core, src, msg)
     if mine is not None:
         core._answer(src, msg.request, msg.op, mine, core.version)
+
+
+def _leases_out(core: StorageCore, who: Any) -> None:
+    """The routers declared these clients faulty, their leases run out: a maintainer
+    among them reads no more, and holds no one back from now on."""
+    if type(who) in (list, tuple):
+        for name in who:
+            if type(name) is str:
+                core.holds.forget(name)
 
 
 def _hold(core: StorageCore) -> None:

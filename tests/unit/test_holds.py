@@ -325,3 +325,26 @@ def test_a_maintainer_declared_faulty_holds_no_one_back_from_then_on() -> None:
     holds.read(M, 0, 0.0, feed="b")
     holds.forget(M)
     assert list(holds.readers) == [(other, "a")]
+
+
+def test_a_storage_process_drops_the_holds_of_a_maintainer_whose_lease_ran_out() -> None:
+    """The routers' suspicion of a client (its lease ran out) is delivered to every
+    member: a storage process drops that maintainer's holds at once; a super's vote
+    about a storage process, or a suspicion sent by a client, drops none."""
+    from ecast import KIND, ROUTERS, SUSPECT, Delivery, Message
+
+    m, _rig, _start = logged(1, max_changes=20)
+    core = next(iter(m.storage.values()))
+    other = "maintainer:n"
+    for who in (M, other):
+        core.holds.read(who, 0, 0.0, feed="a")
+
+    def suspicion(sender: str, who: list[str], t: int) -> Delivery:
+        return Delivery(t, Message(sender, (sender, t), {KIND: SUSPECT, "who": who}, None))
+
+    t = core.delivered
+    core.on_deliveries([suspicion("client:c", [M], t + 1)])
+    core.on_deliveries([suspicion("super:s1", [M], t + 2)])
+    assert {who for who, _feed in core.holds.readers} == {M, other}
+    core.on_deliveries([suspicion(ROUTERS, [M], t + 3)])
+    assert {who for who, _feed in core.holds.readers} == {other}
