@@ -12,14 +12,14 @@ maintainer's last feed read started fill the older half of what the log keeps
 (:data:`HOLD_AT`), judged after every step: it takes deliveries no faster, in positions
 of the total order a second, than :data:`PACE` times the rate at which that maintainer's
 reads move on, until those after where its next read starts fill no more than a quarter
-(:data:`RELEASE_AT`; :meth:`Holds.update` says why two places). A maintainer's reads go
+(:data:`RELEASE_AT`; :meth:`Holds.update` says why two places).  A maintainer's reads go
 to one replica of each segment, in turns; the replica that answers tells the other
 holders of what it answered (:class:`~rubberband.proto.FeedRead`), so every holder knows
 every read of a feed and holds by the latest (a replica that was never asked, or a new
 holder after a migration, held no one back and turned its log over under the maintainer
-at its first read there). The deliveries it does not take wait in its E-Cast client
+at its first read there).  The deliveries it does not take wait in its E-Cast client
 unconfirmed (:mod:`rubberband.host`), unstable at the routers, and E-Cast's flow control
-slows the writers down, the path by which an engine that falls behind slows them. The
+slows the writers down, the path by which an engine that falls behind slows them.  The
 intake is slowed, never stopped: the maintainer's own feed reads and row writes come in
 through it, in the total order.
 
@@ -147,7 +147,7 @@ class Holds:
         feed for each group of views over the same sources, each at its own place, and
         one place for all of them, the last read's, took the one furthest on for the
         maintainer's (the simulator's maintainers, six views in four groups, compacted
-        under so). ``read_at``: the read's position in the total order; each holder of
+        under so).  ``read_at``: the read's position in the total order; each holder of
         what it read hears of it (:class:`~rubberband.proto.FeedRead`), and counts it
         once, at the earliest end any holder's page had; news of an older read changes
         nothing."""
