@@ -24,11 +24,11 @@ from rubberband.errors import BadOperation, RubberbandError
 from rubberband.views import LEVELS, view_def
 from rubberband.views.define import CATALOG, ViewDef, catalog_key, from_dict, rows_bounds
 from rubberband.views.reads import read_steps
+from rubberband.views.snapshots import KeyPage, page_read
 from rubberband.views.steps import (
     Ahead,
     Both,
     Group,
-    KeyPage,
     Pipe,
     Read,
     Settle,
@@ -37,7 +37,6 @@ from rubberband.views.steps import (
     Write,
     groups,
     maintain_group_steps,
-    page_read,
 )
 
 if TYPE_CHECKING:

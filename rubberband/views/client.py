@@ -44,21 +44,19 @@ from rubberband.views.define import (
     view_def,
 )
 from rubberband.views.reads import Layout, Session, read_steps
+from rubberband.views.snapshots import KeyPage, TableRows, page_read
 from rubberband.views.steps import (
     Ahead,
     Both,
     Figures,
     Group,
-    KeyPage,
     Pipe,
     Read,
     Settle,
     Sleep,
     Steps,
-    TableRows,
     Write,
     maintain_group_steps,
-    page_read,
 )
 
 log = logging.getLogger("rubberband.views")

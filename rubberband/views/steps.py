@@ -11,20 +11,16 @@ ships, as it does for every other core.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Generator, Iterable
 from typing import Any, NamedTuple
 
 from rubberband.changelog import Changed, Changes
-from rubberband.engine import row_key
 from rubberband.errors import (
     Compacted,
     Indeterminate,
-    Rejected,
     RubberbandError,
     Unavailable,
 )
-from rubberband.keys import MAX_EKEY, MIN_EKEY, encode_key
 from rubberband.views.define import (
     ViewDef,
     part_bounds,
@@ -35,6 +31,7 @@ from rubberband.views.define import (
 from rubberband.views.looks import Looks, confirm, leave
 from rubberband.views.maintain import Figures, Maintainer
 from rubberband.views.requests import Ahead, Both, Pipe, Read, Settle, Sleep, Steps, Write
+from rubberband.views.snapshots import PAGE_ROWS, key_pages, table_pages
 
 LEVELS = ("sequential", "read-your-writes", "snapshot", "any")
 RETRY = 1.0
@@ -138,16 +135,16 @@ def _start(view: ViewDef, figures: Figures, page_rows: int) -> Steps:
     returns its maintainer and the time."""
     m = Maintainer(view)
     figures.starts += 1
-    pages = yield from _pages(*part_bounds(view), page_rows)
+    pages = yield from key_pages(*part_bounds(view), page_rows)
     old = [row for rows, _position, _now in pages for row in rows]
     asked = pages[0][2]
     snapshots = []
     for side, (lo, hi) in enumerate(view.sources):
         table = view.table_of(side)
         if table is None:
-            pages = yield from _pages(lo, hi, page_rows)
+            pages = yield from key_pages(lo, hi, page_rows)
         else:
-            pages = yield from _table_pages(table, lo, hi, page_rows)
+            pages = yield from table_pages(table, lo, hi, page_rows)
         snapshots.append([(rows, position) for rows, position, _now in pages])
     doubted, now = yield from confirm([view])
     if doubted:
@@ -155,133 +152,6 @@ def _start(view: ViewDef, figures: Figures, page_rows: int) -> Steps:
     now = yield from _write(m.start(old, snapshots, now), now)
     _started(m, figures, asked, now)
     return m, now
-
-
-PAGE_ROWS = 10_000
-"""Rows a snapshot's scan reads at once: an answer must fit a frame (16 MiB), and a
-table of a million rows did not."""
-
-
-class KeyPage(NamedTuple):
-    """A page of the keys in ``[lo, hi)`` (``hi`` None: unbounded): a sequential scan of
-    at most ``rows`` of them from ``lo``, kept to the one primary segment (as the
-    driver's client knows the keyspace) that holds ``place`` (placement space; None:
-    ``lo``'s place), built by :func:`page_read`.  The reply is ``((rows, end),
-    position)``, ``end`` the place the next segment starts at, or None where the page
-    reached ``hi``.
-
-    Why one segment: every holder a read reaches answers a scan with a limit with that
-    many rows of each segment it holds, so a page of 10,000 rows over four segments,
-    each held by three processes, came back as up to 120,000 rows, and a view's backfill
-    read its source a dozen times over."""
-
-    lo: Any
-    hi: Any
-    rows: int
-    place: Any = None
-
-
-def page_read(page: KeyPage, ordered: bool, segments: Iterable[Any]) -> tuple[Any, Any, Any]:
-    """``(op, within, end)``: the scan that reads ``page``, the placement ranges it is
-    kept to (None: all of it), and the place the next segment starts (None: none before
-    ``hi``).  Under hash partitioning every bucket holds part of any key range: the
-    scan is not kept to one."""
-    op = ("scan", page.lo, page.hi, page.rows)
-    if not ordered:
-        return op, None, None
-    start = page.place
-    if start is None:
-        start = MIN_EKEY if page.lo is None else encode_key(page.lo)
-    stop = MAX_EKEY if page.hi is None else encode_key(page.hi)
-    for segment in segments:
-        for a, b in segment:
-            if a <= start < b:
-                return (op, ((start, stop),), None) if stop <= b else (op, ((start, b),), b)
-    # A keyspace the client does not know (yet, or any more): the rest at once.
-    return op, (None if page.place is None else ((start, stop),)), None
-
-
-def _pages(lo: Any, hi: Any, page_rows: int) -> Steps:
-    """``[lo, hi)`` read in pages of ``page_rows``, each a sequential scan at its own
-    position from just after the last page's last key, within one segment
-    (:class:`KeyPage`): ``[(rows, position, now)]``."""
-    pages: list[tuple[list[Any], int, float]] = []
-    start, place = lo, None
-    while True:
-        ((rows, end), position), now = yield Read(KeyPage(start, hi, page_rows + 1, place),
-                                                  "sequential", None, True)  # fmt: skip
-        rows = list(rows)
-        if place is None and pages and rows and same_key(rows[0][0], start):
-            rows = rows[1:]  # the last page's last key, where this page began (a page
-            # from a segment's start begins past it: its first row may be key None)
-        pages.append((rows[:page_rows], position, now))
-        if len(rows) >= page_rows:
-            start, place = rows[page_rows - 1][0], None
-        elif end is None:
-            return pages
-        else:
-            place = end  # the rest of this segment was in the page: on to the next
-
-
-class TableRows(NamedTuple):
-    """A read of a table's rows with keys in ``[lo, hi)`` (None: unbounded): the driver
-    asks the engine's client-side operations to build it (Rubberband builds no engine's
-    operations); the reply is ``[(row key, row), ...]`` in any order (``keys_only``:
-    the rows hold their key column alone)."""
-
-    table: str
-    key: str
-    lo: Any
-    hi: Any
-    keys_only: bool = False
-
-
-def _table_pages(table: tuple[str, str], lo: Any, hi: Any, page_rows: int) -> Steps:
-    """A table's rows in ``[lo, hi)`` in pages of about ``page_rows``, each at its own
-    position, named as the feed names them: ``[(rows, position, now)]``.  A select has
-    no key order to page by, so the keys come first (a select of the key column alone,
-    a tenth or less of the rows' bytes), and the pages are the key ranges between every
-    ``page_rows``-th of them: a table whose rows do not fit one answer (16 MiB a holder)
-    backfills all the same, and a page refused as too large to send (rows bigger than
-    most) is halved until it fits.  Pages at different positions are what the
-    key-value backfill reads too (:meth:`~rubberband.views.maintain.Maintainer.start`)."""
-    (keyed, _), now = yield Read(TableRows(table[0], table[1], lo, hi, True), "sequential",
-                                 None, True)  # fmt: skip
-    keys = sorted_keys([k for k, _row in keyed])
-    n = len(keys)
-
-    def bound(i: int, end: Any) -> Any:
-        return end if i in (0, n) else keys[i]
-
-    todo = deque((i, min(i + page_rows, n)) for i in range(0, n, max(1, page_rows)))
-    todo = todo or deque([(0, 0)])
-    pages = []
-    while todo:
-        i, j = todo.popleft()
-        read = TableRows(table[0], table[1], bound(i, lo), bound(j, hi))
-        try:
-            (rows, position), now = yield Read(read, "sequential", None, True)
-        except Rejected:
-            if j - i < 2:  # one row too large to send: nothing to split
-                raise
-            # Refused (too large to send: rows bigger than most): halve it.
-            m = (i + j) // 2
-            todo.extendleft([(m, j), (i, m)])
-            continue
-        pages.append(([(row_key(table[0], k), {"row": row}) for k, row in rows], position, now))
-    return pages
-
-
-def sorted_keys(keys: list[Any]) -> list[Any]:
-    """A key column's values in the order its comparisons use (one type a column)."""
-    try:
-        return sorted(keys)
-    except TypeError:
-        return sorted(keys, key=encode_key)
-
-
-def same_key(a: Any, b: Any) -> bool:
-    return bool(encode_key(a) == encode_key(b))
 
 
 def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
@@ -312,7 +182,10 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
                 held, flight, writes = [], Flight(), {}
             name, view, parent, figures = due
             began = now  # (its look at the catalog is sent after this)
-            started, now = yield from _begin(view, parent, figures, page_rows)
+            start = _begin(view, parent, figures, page_rows)
+            if parent is None:  # the others follow their feeds meanwhile
+                start = _alongside(start, group, members, looks)
+            started, now = yield from start
             looks.begun(members, name, view, started, began, now)
         _stops(group, members, writes, halted)
         if not members:  # the last progress of views that stopped still goes out
@@ -343,15 +216,10 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
                 now = yield from _catch_up(group, members, flight, held, writes, writes_asked, now)
                 held, flight = [], Flight()
                 page, now = yield from _retry(read)
-            writes, writes_asked = {}, asked
             _paged(group, page, now)
             if read.ahead and page.events:
                 ahead = yield from _ask_ahead(members, side, read, page)
-            for name, m in members.items():
-                if m.view.over is None:
-                    events = [e for e in page.events if e.position > m.since[side]]
-                    writes[name] = m.page(side, page.position, events, now)
-            _over(members, writes, now)
+            writes, writes_asked = _computed(members, side, page, now), asked
             idle = idle and not page.events
             level = level and not (page.events and page.position == page.events[-1].position)
         now = yield from looks.look(members, writes, now)
@@ -363,6 +231,65 @@ def _maintain(group: Group, poll: float, page_rows: int) -> Steps:
             now, pause = yield from _idle(group, members, now, poll, pause, looks)
         else:
             pause = IDLE_FIRST
+
+
+def _computed(members: dict[str, Maintainer], side: int, page: Any, now: float) -> dict[str, Any]:
+    """The writes each member makes of source ``side``'s ``page``, views over views last."""
+    writes = {}
+    for name, m in members.items():
+        if m.view.over is None:
+            events = [e for e in page.events if e.position > m.since[side]]
+            writes[name] = m.page(side, page.position, events, now)
+    _over(members, writes, now)
+    return writes
+
+
+FOLLOW_EVERY = 0.05
+"""Seconds at least between the rounds in which a group's members follow their feeds
+while another view of the group starts."""
+
+
+def _alongside(start: Steps, group: Group, members: dict[str, Maintainer], looks: Looks) -> Steps:
+    """``start``, a view's start from snapshots of its sources, with a round of the
+    group's members (:func:`_follow`) after its steps, one each :data:`FOLLOW_EVERY`
+    at most.  They stood where they were while the start lasted (47 s for a million
+    rows), their feeds compacted under them past the change log's span, and the whole
+    group then started over from snapshots: one view defined beside another made both
+    start again (the simulator's logs of 100 changes, where the starts took a second)."""
+    reply: Any = None
+    error: Exception | None = None
+    last: float | None = None
+    while True:
+        try:
+            request = start.send(reply) if error is None else start.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        error = None
+        try:
+            reply = yield request
+        except Exception as e:  # (the start's own failure: thrown into it)
+            error = e
+            continue
+        now = reply[1]
+        last = now if last is None else last
+        if now - last >= FOLLOW_EVERY:
+            last = now = yield from _follow(group, members, looks, now)
+            reply = (reply[0], now)
+
+
+def _follow(group: Group, members: dict[str, Maintainer], looks: Looks, now: float) -> Steps:
+    """A page of each source for ``members``, their writes made through (nothing in
+    flight: :func:`_alongside`'s start comes next); returns the time."""
+    for side, (lo, hi) in enumerate(group.sources or ()):
+        if all(m.view.over is not None for m in members.values()):
+            break  # (none: the group's first start, or all left)
+        asked = now
+        page, now = yield from _retry(_feed_read(members, side, lo, hi, False))
+        _paged(group, page, now)
+        writes = _computed(members, side, page, now)
+        now = yield from looks.look(members, writes, now)
+        now = yield from _write_through(group, members, [], writes, asked, now)
+    return now
 
 
 def _paged(group: Group, page: Any, now: float) -> None:
@@ -688,7 +615,7 @@ def _start_over(view: ViewDef, figures: Figures, parent: Maintainer, page_rows: 
     its position; its old rows are read as any view's are."""
     m = Maintainer(view)
     figures.starts += 1
-    pages = yield from _pages(*rows_bounds(view.name), page_rows)
+    pages = yield from key_pages(*rows_bounds(view.name), page_rows)
     old = [row for rows, _position, _now in pages for row in rows]
     asked = pages[0][2]
     doubted, now = yield from confirm([view])

@@ -187,15 +187,8 @@ def test_a_table_backfills_in_pages_each_at_its_own_position(
 
     from rubberband.changelog import Changes, Page
     from rubberband.errors import Rejected
-    from rubberband.views.steps import (
-        Both,
-        KeyPage,
-        Pipe,
-        Read,
-        TableRows,
-        Write,
-        maintain_group_steps,
-    )
+    from rubberband.views.snapshots import KeyPage, TableRows
+    from rubberband.views.steps import Both, Pipe, Read, Write, maintain_group_steps
 
     rng = random.Random(seed)
     view = VIEWS[1]  # the aggregate over table rows with keys in [0, 20)
