@@ -362,7 +362,7 @@ def _long(request: Any, reply: Any) -> bool:
         request = request.read
     elif kind is not Read:
         return False  # a write's outcome, a pause: the next request follows at once
-    if type(request.op) is Changed or request.aside:
+    if type(request.op) is Changed or (request.aside and not request.long):
         return False  # a peek's yes or no, a look at definitions: the next follows at once
     if type(request.op) is not Changes or request.long:
         return True  # a snapshot's or a table's page, or a view's start after it

@@ -26,7 +26,7 @@ definition as the loop has it is not started again."""
 
 
 def confirm(
-    views: list[ViewDef],
+    views: list[ViewDef], long: bool = False
 ) -> Generator[Read, tuple[Any, float], tuple[set[str], float]]:
     """The units among ``views`` whose definition the catalog does not hold (dropped,
     defined anew, or not written), read in order after the pages whose rows are about
@@ -39,9 +39,9 @@ def confirm(
     from a page is the view its catalog held at a position past that page.  A look
     a round would lengthen every round by a round trip; one a while
     (:data:`CONFIRMED_FOR`) holds as long, since a new definition comes that long
-    after a drop."""
+    after a drop.  ``long``: the step after it computes much (a view's start)."""
     keys = tuple(dict.fromkeys(catalog_key(v.name) for v in views))
-    got, now = yield Read(("get", keys), "sequential", aside=True)
+    got, now = yield Read(("get", keys), "sequential", long=long, aside=True)
     doubted = set()
     for view in views:
         key = catalog_key(view.name)

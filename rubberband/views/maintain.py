@@ -212,6 +212,7 @@ class Maintainer:
         old_rows: Sequence[tuple[Any, Any]],
         snapshots: Sequence[Sequence[tuple[Any, int]]],
         now: float,
+        fed: Sequence[tuple[int, Sequence[Event]] | None] = (),
     ) -> list[Any]:
         """``old_rows``: the view's rows as they are (``(row key, chain)``): rebuilt
         anew, and those no longer there written absent; ``snapshots``: per source, its
@@ -222,14 +223,22 @@ class Maintainer:
         and the changes applied in position order give every key its value at the last
         page's position (a change before its key's page is repeated by the page).  The
         view starts at the last page's position, once every source's feed has reached
-        it."""
+        it.  ``fed``: per source, its feed as read meanwhile (where to, and its events)
+        or None: its events after the first page's position join the pages in position
+        order, and the feed goes on from where it was read to."""
         self._start = start = max(position for pages in snapshots for _rows, position in pages)
         meta = meta_key(self.view.name)
         self._old = [(k, versions.dead_by(chain, start)) for k, chain in old_rows if k != meta]
         for side, pages in enumerate(snapshots):
-            self.since[side] = pages[0][1]
-            for rows, position in pages:
-                self._pending[side].append(Event(position, tuple((k, "put", v) for k, v in rows)))
+            self.since[side] = first = pages[0][1]
+            events = [Event(position, tuple((k, "put", v) for k, v in rows))
+                      for rows, position in pages]  # fmt: skip
+            got = fed[side] if side < len(fed) else None
+            if got is not None and got[0] > first:
+                events += [e for e in got[1] if e.position > first]
+                events.sort(key=lambda e: e.position)
+                self.since[side] = got[0]
+            self._pending[side].extend(events)
         return self._advance(now)
 
     def page(self, side: int, position: int, events: Sequence[Event], now: float) -> list[Any]:

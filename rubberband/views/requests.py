@@ -22,8 +22,9 @@ class Read(NamedTuple):
     """The step after the reply is short whatever the page: it sends the next page's
     read ahead (:class:`Ahead`) and computes this one the step after."""
     aside: bool = False
-    """A short read made while one sent ahead is out (a maintainer's look at its
-    definitions): that one stays ahead, for the request that takes it."""
+    """A read made while one sent ahead is out (a maintainer's look at its
+    definitions): that one stays ahead, for the request that takes it.  Short unless
+    ``long`` (a start's look, after which the view is computed whole)."""
 
 
 class Write(NamedTuple):
