@@ -246,11 +246,14 @@ async def _client(c: Cluster, name: str, ops: Any = None, role: str = "client") 
 
 
 async def _ready(rb: Any, name: str, timeout: float) -> float:
-    """When the view's maintainer first published its progress (its backfill done)."""
+    """When the view's maintainer first published its progress (its backfill done):
+    ``create_view`` starts the progress chain absent, so a chain alone says nothing
+    (taken for the progress, it made every ``backfill_s`` about 0)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = await rb.read(("get", (meta_key(name),)), "sequential")
-        if got:
+        chain = got.get(meta_key(name))
+        if chain and len(chain[-1]) > 1:  # (a maintainer's progress carries its floor)
             return time.monotonic()
         await asyncio.sleep(0.1)
     raise TimeoutError(f"view {name} was not backfilled in {timeout:.0f} s")

@@ -152,7 +152,12 @@ def _start(view: ViewDef, figures: Figures, page_rows: int) -> Steps:
     doubted, now = yield from confirm([view], long=True)  # (then computed whole)
     if doubted:
         return None, now
-    now = yield from _write(m.start(old, snapshots, now, fed.pages()), now)
+    writes = m.start(old, snapshots, now, fed.pages())
+    fed.events = [[] for _ in view.sources]  # (handed over)
+    now = yield from _between(_write(writes, now), fed.read)
+    for side, got in enumerate(fed.pages()):  # the changes read as its rows went out
+        if got is not None and got[1]:  # (the loop reads on from where they end)
+            now = yield from _write(m.page(side, got[0], got[1], now), now)
     _started(m, figures, asked, now)
     return m, now
 
@@ -254,7 +259,8 @@ FOLLOW_EVERY = 0.05
 
 class Fed:
     """A starting view's sources' feeds, each read from its snapshot's first page on
-    while the rest of the snapshot is read, for :meth:`Maintainer.start`.  Read only
+    while the rest of the snapshot is read, for :meth:`Maintainer.start`, and on while
+    its rows are written (a million of them take seconds).  Read only
     after the start, a feed was compacted under a start that took longer than the
     change log's span (a million rows took 47 s) and the view started over, for ever
     under a load that kept that up; and its holders held no one back for it, its reads
