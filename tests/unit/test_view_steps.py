@@ -1658,6 +1658,17 @@ def test_a_view_defined_anew_takes_no_progress_from_the_old_ones_maintainer(leve
     assert got == ([], free + 1) if level != "sequential" else got is None  # (no later one)
 
 
+def _an_index(c: Cluster, seed: int) -> tuple[random.Random, Group, Any, Any]:
+    """40 base rows in ``c`` and the steps of an index over them, pages of 3 rows:
+    ``(rng, group, steps, first request)``."""
+    rng = random.Random(seed)
+    for k in range(40):
+        c.base(k, {"g": rng.randrange(4), "x": rng.randrange(100)})
+    group = defined(c, VIEWS[:1])
+    gen = maintain_group_steps(group, poll=0.01, page_rows=3)
+    return rng, group, gen, next(gen)
+
+
 def test_a_view_starting_beside_a_kept_one_leaves_it_following_its_feed() -> None:
     """A view defined beside one kept (the same source: one group) reads its snapshot
     in pages of 3 rows, a dozen reads and then its rows' writes; meanwhile the kept view
@@ -1666,13 +1677,8 @@ def test_a_view_starting_beside_a_kept_one_leaves_it_following_its_feed() -> Non
     change log keeps at the peak), was compacted under, and the whole group started over
     (the simulator's views with logs of 100 changes: 108 starts over in 18 seeds, 66
     since)."""
-    rng = random.Random(11)
     c = Cluster()
-    for k in range(40):
-        c.base(k, {"g": rng.randrange(4), "x": rng.randrange(100)})
-    group = defined(c, VIEWS[:1])
-    gen = maintain_group_steps(group, poll=0.01, page_rows=3)
-    request = next(gen)
+    rng, group, gen, request = _an_index(c, 11)
     kept, added = VIEWS[0].name, VIEWS[1].name
     moved: list[int] = []  # the kept view's progress, at each step of the added one's start
     for i in range(300):
@@ -1712,13 +1718,8 @@ def test_a_start_longer_than_the_change_log_follows_its_feed_and_starts_once() -
     and the view is exact.  Read only after the start, the feed was compacted under it
     every time and it started over for ever (a million rows took 47 s, more than a log
     keeps at the peak's rate)."""
-    rng = random.Random(4)
     c = _ShortLog()
-    for k in range(40):
-        c.base(k, {"g": rng.randrange(4), "x": rng.randrange(100)})
-    group = defined(c, VIEWS[:1])
-    gen = maintain_group_steps(group, poll=0.01, page_rows=3)
-    request = next(gen)
+    rng, group, gen, request = _an_index(c, 4)
     for i in range(200):
         for _ in range(2 if i < 160 else 0):
             c.base(rng.randrange(40), {"g": rng.randrange(4), "x": rng.randrange(100)})
