@@ -260,11 +260,11 @@ FOLLOW_EVERY = 0.05
 class Fed:
     """A starting view's sources' feeds, each read from its snapshot's first page on
     while the rest of the snapshot is read, for :meth:`Maintainer.start`, and on while
-    its rows are written (a million of them take seconds).  Read only
-    after the start, a feed was compacted under a start that took longer than the
-    change log's span (a million rows took 47 s) and the view started over, for ever
-    under a load that kept that up; and its holders held no one back for it, its reads
-    not begun (the simulator's first starts with logs of 100 changes)."""
+    its rows are written (a million of them take seconds).  Read only after the start,
+    a feed was compacted under a start that took longer than the change log's span (a
+    million rows took 47 s) and the view started over, for ever under a load that kept
+    that up; and its holders held no one back for it, its reads not begun (the
+    simulator's first starts with logs of 100 changes)."""
 
     def __init__(self, sources: tuple[tuple[Any, Any], ...]) -> None:
         self.sources = sources
