@@ -1073,10 +1073,6 @@ def test_a_group_changed_by_the_driver_leaves_a_steps_dicts_as_it_took_them() ->
     assert _due(g, {"by_g": None}, Looks(1.0), 0.0) is None  # type: ignore[dict-item]
 
 
-def _started_views(c: Cluster) -> bool:
-    return any(kv[0] == meta_key(VIEWS[0].name) for kv in c.data.values())
-
-
 VERSIONS = import_module("rubberband.versions")
 
 
