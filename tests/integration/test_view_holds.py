@@ -100,6 +100,7 @@ def test_a_slow_maintainer_holds_the_writers_back_and_its_view_is_never_compacte
             stop.set()
             writes = sum(await asyncio.gather(*writers))
             held = await _off(_held_seconds, d)
+            print(f"{writes} writes in 25 s, the storage processes held {held:.1f} s")
             done.set()
             slow.join()
             maintainer.send_signal(signal.SIGCONT)
