@@ -1023,9 +1023,9 @@ async def test_a_maintainers_short_steps_run_on_the_loop_and_long_ones_on_the_th
 def test_the_step_that_computes_a_view_whole_runs_off_the_loop_and_later_pages_do_not() -> None:
     """A view is computed whole from its snapshot's pages and its feed read meanwhile (a
     million rows: many seconds) in the step before its first rows are written: after
-    its start's look at the catalog.  The driver runs that step
-    off the loop (whose heartbeats would stop, and the routers take the maintainer for
-    dead: ``rubberband.views.client._long``); the feed pages after it are short again."""
+    its start's look at the catalog.  The driver runs that step off the loop (whose
+    heartbeats would stop, and the routers take the maintainer for dead:
+    ``rubberband.views.client._long``); the feed pages after it are short again."""
     from rubberband.changelog import Changes
     from rubberband.views.client import _long
 
@@ -1737,9 +1737,9 @@ def test_a_start_longer_than_the_change_log_follows_its_feed_and_starts_once() -
 
 def test_a_start_whose_snapshot_came_at_once_reads_its_feed_past_it_and_writes_its_rows() -> None:
     """An index starts from 40 base rows in pages of 3 read within a few ms, too soon
-    for its feed to be read between them (:data:`FOLLOW_EVERY`): its feed is read on
-    past the last page before the view is computed, so the view starts, rows written,
-    before the loop reads its first feed page.  Short of it, the view started only at
+    for its feed to be read between them (:data:`FOLLOW_EVERY`): its feed is read once
+    more, past the last page, before the view is computed, so the view starts, rows
+    written, before the loop reads its first feed page.  Short of it, the view started only at
     that page, its rows written there with no feed read between them, and its holders
     heard nothing of it for as long as they took (real daemons under a hold: 14 s, and
     a start over every 15 s)."""
