@@ -151,7 +151,7 @@ def _start(view: ViewDef, figures: Figures, page_rows: int) -> Steps:
         pages = yield from _between(snapshot, fed.read, lambda got, s=side: fed.begin(s, got))
         snapshots.append([(rows, position) for rows, position, _now in pages])
         now = pages[-1][2]
-    now = yield from fed.reach(max(p for got in snapshots for _rows, p in got), now)
+    now = yield from fed.reach(now)
     doubted, now = yield from confirm([view], long=True)  # (then computed whole)
     if doubted:
         return None, now
@@ -320,10 +320,10 @@ class Fed:
         self.events = [[] for _ in self.sources]
         self.folded = [{} for _ in self.sources]
 
-    def reach(self, position: int, now: float) -> Steps:
-        """A page of each feed not read past ``position`` yet, the snapshot's last
-        page's (a read sent after it is ordered after it, so it gets there unless its
-        page is cut); returns the time.  Its feeds short of it, the view started only
+    def reach(self, now: float) -> Steps:
+        """A page of each feed not read past the snapshot's last page yet (a read sent
+        after it is ordered after it, so it gets there unless its page is cut); returns
+        the time.  Its feeds short of it, the view started only
         when the loop's pages reached it, and its rows went out there, every write
         waited for and no feed read between them: as the last feed read came just
         before the last snapshot page or not, a start under a hold took 5 s and started
@@ -332,7 +332,7 @@ class Fed:
         a second, logs of 10,000 changes).  One page only: read on until it got there
         under writes whose pages were cut, the group's other views fell behind by the
         reads (the unit tests' six views in a version window of 300 positions)."""
-        if any(since is not None and since < position for since in self.since):
+        if any(since is not None and since < self.paged for since in self.since):
             now = yield from self.read(now)
         return now
 
