@@ -42,6 +42,7 @@ from rubberband.views.snapshots import KeyPage, page_read
 from rubberband.views.steps import (
     Ahead,
     Both,
+    Fed,
     Group,
     Pipe,
     Read,
@@ -1666,6 +1667,15 @@ def _an_index(c: Cluster, seed: int) -> tuple[random.Random, Group, Any, Any]:
     return rng, group, gen, next(gen)
 
 
+def _exact_at_progress(c: Cluster, view: Any) -> int:
+    """Where ``view``'s progress in ``c`` says it reached, its rows there checked equal
+    to the view recomputed from the base at that position."""
+    reached = _progress(c, meta_key(view.name))
+    want = {ek: v for ek, (_k, v) in recompute_over([view], [c.base_at(reached)]).items()}
+    assert c.view_rows(view.name, reached) == want, view.name
+    return reached
+
+
 def test_a_view_starting_beside_a_kept_one_leaves_it_following_its_feed() -> None:
     """A view defined beside one kept (the same source: one group) reads its snapshot
     in pages of 3 rows, a dozen reads and then its rows' writes; meanwhile the kept view
@@ -1691,10 +1701,8 @@ def test_a_view_starting_beside_a_kept_one_leaves_it_following_its_feed() -> Non
     assert group.figures[kept].starts == group.figures[added].starts == 1
     assert not progress_checks(c)[:3]
     for view in VIEWS[:2]:
-        reached = _progress(c, meta_key(view.name))
+        reached = _exact_at_progress(c, view)
         assert reached >= c.t - 40, (view.name, reached, c.t)
-        want = {ek: v for ek, (_k, v) in recompute_over([view], [c.base_at(reached)]).items()}
-        assert c.view_rows(view.name, reached) == want, view.name
 
 
 class _ShortLog(Cluster):
@@ -1729,20 +1737,18 @@ def test_a_start_longer_than_the_change_log_follows_its_feed_and_starts_once() -
     figures = group.figures[VIEWS[0].name]
     assert (figures.starts, figures.compacted) == (1, 0)
     assert not progress_checks(c)[:3]
-    reached = _progress(c, meta_key(VIEWS[0].name))
+    reached = _exact_at_progress(c, VIEWS[0])
     assert reached >= c.t - 40, (reached, c.t)
-    want = {ek: v for ek, (_k, v) in recompute_over(VIEWS[:1], [c.base_at(reached)]).items()}
-    assert c.view_rows(VIEWS[0].name, reached) == want
 
 
 def test_a_start_whose_snapshot_came_at_once_reads_its_feed_past_it_and_writes_its_rows() -> None:
     """An index starts from 40 base rows in pages of 3 read within a few ms, too soon
     for its feed to be read between them (:data:`FOLLOW_EVERY`): its feed is read once
     more, past the last page, before the view is computed, so the view starts, rows
-    written, before the loop reads its first feed page.  Short of it, the view started only at
-    that page, its rows written there with no feed read between them, and its holders
-    heard nothing of it for as long as they took (real daemons under a hold: 14 s, and
-    a start over every 15 s)."""
+    written, before the loop reads its first feed page.  Short of it, the view started
+    only at that page, its rows written there with no feed read between them, and its
+    holders heard nothing of it for as long as they took (real daemons under a hold:
+    14 s, and a start over every 15 s)."""
     c = Cluster()
     rng, group, gen, request = _an_index(c, 7)
     figures = group.figures[VIEWS[0].name]
@@ -1757,9 +1763,7 @@ def test_a_start_whose_snapshot_came_at_once_reads_its_feed_past_it_and_writes_i
     assert figures.pages > 0 and figures.starts == 1
     assert before[-1] >= 0, before[-5:]  # started, rows written, before the loop's pages
     assert not progress_checks(c)[:3]
-    reached = _progress(c, meta_key(VIEWS[0].name))
-    want = {ek: v for ek, (_k, v) in recompute_over(VIEWS[:1], [c.base_at(reached)]).items()}
-    assert c.view_rows(VIEWS[0].name, reached) == want
+    _exact_at_progress(c, VIEWS[0])
 
 
 def test_a_start_under_many_writes_keeps_its_feeds_changes_folded_by_key() -> None:
@@ -1768,9 +1772,8 @@ def test_a_start_under_many_writes_keeps_its_feeds_changes_folded_by_key() -> No
     the last change of each key up to the newest page, and the changes after it (a
     step's), not every write since the first page (some 300 here; a million for a real
     start of 47 s at 20,000 writes a second); the view is exact."""
-    steps_module = import_module("rubberband.views.steps")
     held: list[int] = []
-    fold = steps_module.Fed._fold
+    fold = Fed._fold
 
     def counted(fed: Any) -> None:
         fold(fed)
@@ -1778,7 +1781,7 @@ def test_a_start_under_many_writes_keeps_its_feeds_changes_folded_by_key() -> No
 
     c = Cluster()
     rng, group, gen, request = _an_index(c, 3)
-    with patch.object(steps_module.Fed, "_fold", counted):
+    with patch.object(Fed, "_fold", counted):
         for i in range(200):
             for _ in range(20):
                 c.base(rng.randrange(40), {"g": rng.randrange(4), "x": rng.randrange(100)})
@@ -1787,6 +1790,4 @@ def test_a_start_under_many_writes_keeps_its_feeds_changes_folded_by_key() -> No
     assert figures.starts == 1 and len(held) > 10
     assert max(held) <= 40 + 2 * 20, held  # the keys, and a step or two of changes
     assert not progress_checks(c)[:3]
-    reached = _progress(c, meta_key(VIEWS[0].name))
-    want = {ek: v for ek, (_k, v) in recompute_over(VIEWS[:1], [c.base_at(reached)]).items()}
-    assert c.view_rows(VIEWS[0].name, reached) == want
+    _exact_at_progress(c, VIEWS[0])
